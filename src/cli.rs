@@ -1,0 +1,50 @@
+//! The command line: `sluicegate [run] -c FILE`, `sluicegate check -c FILE`.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sluicegate",
+    version,
+    about = "An HTTP reverse proxy with rate limiting built in"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// The YAML configuration file.
+    #[arg(short, long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Least severe log level shown (error, warn, info, debug, trace).
+    #[arg(long, global = true, default_value = "info", value_name = "LEVEL")]
+    pub log_level: tracing::Level,
+    /// Log line format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, Subcommand, PartialEq, Eq)]
+pub enum Command {
+    /// Run the proxy (the default).
+    Run,
+    /// Validate the configuration, print every error, and exit (like `nginx -t`).
+    Check,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Sends log lines to stderr in the chosen format.
+pub fn init_tracing(cli: &Cli) {
+    let builder = tracing_subscriber::fmt()
+        .with_max_level(cli.log_level)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

@@ -1,0 +1,172 @@
+//! The configuration the request path uses, compiled once from the YAML file.
+//!
+//! `raw` mirrors the file, `validate` turns it into the types below (every error with
+//! its file, line, column and field path, all reported together), `position` maps
+//! field paths back to lines. Nothing here is parsed again per request.
+
+mod position;
+mod raw;
+pub mod units;
+mod validate;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::uri::Authority;
+use http::{HeaderMap, Method, StatusCode};
+use ipnet::IpNet;
+
+use crate::limit::key::KeySpec;
+pub use raw::HeaderMode;
+pub use units::Rate;
+
+#[derive(Debug)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub trusted_proxies: Vec<IpNet>,
+    pub header_read_timeout: Duration,
+    pub shutdown_grace: Duration,
+    pub ratelimit_headers: HeaderMode,
+    pub upstreams: Vec<Upstream>,
+    pub limits: Vec<Limit>,
+    pub routes: Vec<Route>,
+}
+
+#[derive(Debug)]
+pub struct Upstream {
+    pub name: String,
+    pub servers: Vec<Authority>,
+    pub connect_timeout: Duration,
+    /// Longest wait for the response headers once the request is sent.
+    pub timeout: Duration,
+}
+
+/// A request-rate limit with nginx `limit_req` semantics.
+#[derive(Debug)]
+pub struct Limit {
+    pub name: String,
+    pub key: KeySpec,
+    pub rate: Rate,
+    /// Excess requests admitted beyond the rate (nginx `burst`).
+    pub burst: u64,
+    /// Excess requests admitted without waiting: 0 by default (every excess request
+    /// waits), `burst` for `nodelay`, N for `delay: N`.
+    pub delay: u64,
+    pub status: StatusCode,
+    pub max_keys: usize,
+}
+
+#[derive(Debug)]
+pub struct Route {
+    pub name: String,
+    pub matcher: RouteMatch,
+    pub action: Action,
+    /// Indices into `Config::limits`, ascending: every request takes the locks of its
+    /// limits in this one order.
+    pub limits: Vec<usize>,
+}
+
+#[derive(Debug, Default)]
+pub struct RouteMatch {
+    /// Lower-case host without port; `*.example.com` matches any subdomain.
+    pub host: Option<String>,
+    pub path: PathMatch,
+    /// Empty: any method.
+    pub methods: Vec<Method>,
+}
+
+#[derive(Debug, Default)]
+pub enum PathMatch {
+    #[default]
+    Any,
+    Prefix(String),
+    Exact(String),
+}
+
+#[derive(Debug)]
+pub enum Action {
+    /// Index into `Config::upstreams`.
+    Forward(usize),
+    Respond(StaticResponse),
+}
+
+#[derive(Debug)]
+pub struct StaticResponse {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+/// One problem in the file, where it stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub file: String,
+    pub line: usize,
+    pub column: usize,
+    /// Field path such as `routes[1].limits[0]`; empty for the whole file.
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}: ", self.file, self.line, self.column)?;
+        if !self.path.is_empty() {
+            write!(f, "{}: ", self.path)?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{file}: cannot read: {source}")]
+    Read {
+        file: String,
+        source: std::io::Error,
+    },
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+    Invalid(Vec<ConfigError>),
+}
+
+/// Reads and compiles the file at `path`.
+pub fn load(path: &Path) -> Result<Config, LoadError> {
+    let file = path.display().to_string();
+    let src = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+        file: file.clone(),
+        source,
+    })?;
+    parse(&src, &file)
+}
+
+/// Compiles YAML `src`; `file` names it in errors.
+pub fn parse(src: &str, file: &str) -> Result<Config, LoadError> {
+    let mut path = String::new();
+    let raw = serde_saphyr::with_deserializer_from_str(src, |de| {
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            path = e.path().to_string();
+            e.into_inner()
+        })
+    });
+    let raw = raw.map_err(|e| {
+        let (line, column) = e
+            .location()
+            .map_or((1, 1), |l| (l.line() as usize, l.column() as usize));
+        // The plain message ends with the location we print in front instead.
+        let message = e.without_snippet().to_string();
+        let suffix = format!(" at line {line}, column {column}");
+        let message = message.strip_suffix(&suffix).unwrap_or(&message).to_owned();
+        let path = if path == "." { String::new() } else { path };
+        LoadError::Invalid(vec![ConfigError {
+            file: file.to_owned(),
+            line,
+            column,
+            path,
+            message,
+        }])
+    })?;
+    validate::compile(raw, &position::Positions::index(src), file).map_err(LoadError::Invalid)
+}

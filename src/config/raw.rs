@@ -1,0 +1,104 @@
+//! The serde mirror of the YAML file: field names, types and optionality, no logic.
+//!
+//! Unknown keys are rejected everywhere. Values with a syntax of their own (rates,
+//! durations, CIDRs, addresses) stay strings here and are parsed by `validate`, which
+//! can then report every such error at once with its position.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    pub listen: String,
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
+    #[serde(default)]
+    pub server: RawServer,
+    #[serde(default)]
+    pub ratelimit_headers: HeaderMode,
+    #[serde(default)]
+    pub upstreams: BTreeMap<String, RawUpstream>,
+    #[serde(default)]
+    pub limits: BTreeMap<String, RawLimit>,
+    #[serde(default)]
+    pub routes: Vec<RawRoute>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawServer {
+    pub header_read_timeout: Option<String>,
+    pub shutdown_grace: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstream {
+    pub servers: Vec<String>,
+    pub connect_timeout: Option<String>,
+    pub timeout: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimit {
+    pub key: RawKey,
+    pub rate: Option<String>,
+    pub burst: Option<u64>,
+    pub nodelay: Option<bool>,
+    pub delay: Option<u64>,
+    pub status: Option<u16>,
+    pub max_keys: Option<u64>,
+}
+
+/// `key: ip` or `key: [ip, "header:x-api-key"]`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum RawKey {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoute {
+    pub name: Option<String>,
+    #[serde(rename = "match", default)]
+    pub matcher: RawMatch,
+    pub upstream: Option<String>,
+    pub respond: Option<RawRespond>,
+    #[serde(default)]
+    pub limits: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMatch {
+    pub host: Option<String>,
+    pub path_prefix: Option<String>,
+    pub path: Option<String>,
+    pub methods: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRespond {
+    pub status: Option<u16>,
+    pub body: Option<String>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+}
+
+/// Which responses carry `RateLimit-Policy` / `RateLimit` headers.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HeaderMode {
+    None,
+    /// Only 429s (and other rejections).
+    #[default]
+    Rejected,
+    /// Rejections and every response of a route with limits.
+    All,
+}

@@ -1,0 +1,110 @@
+//! The small value syntaxes of the file: durations (`250ms`, `30s`, `1h`) and rates
+//! (`10r/s`, `600r/m`, `100r/15m`).
+
+use std::fmt;
+use std::time::Duration;
+
+/// `count` requests per `per`, kept exactly as written (nginx truncates `1r/m` to
+/// 16 milli-requests per second; we do not).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rate {
+    pub count: u64,
+    pub per: Duration,
+}
+
+impl Rate {
+    /// The emission interval `per / count` in nanoseconds, rounded to the nearest
+    /// nanosecond: the only approximation, a relative error below 1e-9 for any rate
+    /// slower than one request per microsecond.
+    pub fn period_ns(&self) -> u64 {
+        let per = self.per.as_nanos();
+        let count = u128::from(self.count);
+        u64::try_from((per + count / 2) / count).unwrap_or(u64::MAX)
+    }
+}
+
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}r/{}",
+            self.count,
+            humantime::format_duration(self.per)
+        )
+    }
+}
+
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text.trim())
+        .map_err(|e| format!("invalid duration {text:?} ({e}); write e.g. 250ms, 30s, 1m, 1h"))
+}
+
+pub fn parse_rate(text: &str) -> Result<Rate, String> {
+    let bad = |why: &str| {
+        format!("invalid rate {text:?}: {why}; write N r/DURATION, e.g. 10r/s, 600r/m, 100r/15m")
+    };
+    let (count, window) = text.split_once("r/").ok_or_else(|| bad("no \"r/\""))?;
+    let count: u64 = count
+        .trim()
+        .parse()
+        .map_err(|_| bad("the count must be a whole number"))?;
+    if count == 0 {
+        return Err(bad("the count must be positive"));
+    }
+    let window = window.trim();
+    // A bare unit (`r/s`, `r/m`) means one of it.
+    let per = if window.starts_with(|c: char| c.is_ascii_digit()) {
+        humantime::parse_duration(window)
+    } else {
+        humantime::parse_duration(&format!("1{window}"))
+    }
+    .map_err(|_| bad("unknown window"))?;
+    if per.is_zero() {
+        return Err(bad("the window must be positive"));
+    }
+    let rate = Rate { count, per };
+    if rate.period_ns() == 0 {
+        return Err(bad("faster than one request per nanosecond"));
+    }
+    Ok(rate)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_keep_full_precision() {
+        let r = parse_rate("1r/m").unwrap();
+        assert_eq!(r.period_ns(), 60_000_000_000);
+        assert_eq!(parse_rate("10r/s").unwrap().period_ns(), 100_000_000);
+        assert_eq!(parse_rate("5000r/h").unwrap().period_ns(), 720_000_000);
+        assert_eq!(parse_rate("100r/15m").unwrap().period_ns(), 9_000_000_000);
+        assert_eq!(parse_rate("3 r/m").unwrap().period_ns(), 20_000_000_000);
+        assert_eq!(parse_rate("7r/s").unwrap().period_ns(), 142_857_143);
+    }
+
+    #[test]
+    fn bad_rates_say_what_is_wrong() {
+        for bad in [
+            "",
+            "10",
+            "0r/s",
+            "-1r/s",
+            "1.5r/s",
+            "10r/",
+            "10r/parsec",
+            "10r/0s",
+        ] {
+            let err = parse_rate(bad).unwrap_err();
+            assert!(err.contains("invalid rate"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn durations_accept_common_units() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
+        assert!(parse_duration("soon").is_err());
+    }
+}

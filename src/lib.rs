@@ -1,0 +1,19 @@
+//! sluicegate: an HTTP reverse proxy with rate limiting built in.
+//!
+//! ```text
+//! accept (server)          HTTP/1.1 and h2c, header-read timeout, graceful shutdown
+//!   -> client address      peer, or rightmost untrusted X-Forwarded-For hop (proxy::headers)
+//!   -> route               first match on host, path, method (proxy::route)
+//!   -> keys                each limit hashes its key from the request (limit::key)
+//!   -> limits              all or nothing: pass, delay, or reject with 429 (limit)
+//!   -> forward / respond   pooled upstream client, bodies streamed (proxy::forward),
+//!                          or a static response; 404 / 502 / 504 made here (proxy::response)
+//! ```
+//!
+//! `config` turns the YAML file into the compiled `Config` the request path reads.
+
+pub mod cli;
+pub mod config;
+pub mod limit;
+pub mod proxy;
+pub mod server;

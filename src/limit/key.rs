@@ -1,0 +1,277 @@
+//! What a limit counts by: the key of a request, reduced to a fixed-size keyed hash.
+//!
+//! A key spec is parsed once from the config (`ip`, `header:NAME`, `bearer`,
+//! `query:NAME`, `cookie:NAME`, `method`, `path`, `host`, or a list of these). Per
+//! request the parts are fed into one SipHash with a per-process random seed, so a
+//! table stores 8 bytes per key whatever the key's length, and a client cannot
+//! choose values that collide.
+
+use std::hash::{BuildHasher, Hasher, RandomState};
+use std::net::IpAddr;
+use std::str::FromStr;
+
+use http::{HeaderMap, HeaderName, Method, Uri, header};
+
+/// One component of a key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeyPart {
+    Ip,
+    Header(HeaderName),
+    Bearer,
+    Query(Box<str>),
+    Cookie(Box<str>),
+    Method,
+    Path,
+    Host,
+}
+
+impl FromStr for KeyPart {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let named = |kind: &str, name: &str| -> Result<Box<str>, String> {
+            if name.is_empty() {
+                Err(format!("{kind}: needs a name, e.g. {kind}:x-api-key"))
+            } else {
+                Ok(name.into())
+            }
+        };
+        match s.split_once(':') {
+            None => match s {
+                "ip" => Ok(KeyPart::Ip),
+                "bearer" => Ok(KeyPart::Bearer),
+                "method" => Ok(KeyPart::Method),
+                "path" => Ok(KeyPart::Path),
+                "host" => Ok(KeyPart::Host),
+                _ => Err(format!(
+                    "unknown key {s:?} (expected ip, bearer, method, path, host, header:NAME, query:NAME or cookie:NAME)"
+                )),
+            },
+            Some(("header", name)) => {
+                let name = named("header", name)?;
+                HeaderName::from_str(&name)
+                    .map(KeyPart::Header)
+                    .map_err(|_| format!("invalid header name {name:?}"))
+            }
+            Some(("query", name)) => named("query", name).map(KeyPart::Query),
+            Some(("cookie", name)) => named("cookie", name).map(KeyPart::Cookie),
+            Some((kind, _)) => Err(format!(
+                "unknown key kind {kind:?} (expected header:, query: or cookie:)"
+            )),
+        }
+    }
+}
+
+/// A limit's key: one part, or a tuple of parts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeySpec(pub Box<[KeyPart]>);
+
+/// What of a request keys are taken from.
+pub struct KeySource<'a> {
+    pub client_ip: IpAddr,
+    pub method: &'a Method,
+    pub uri: &'a Uri,
+    pub headers: &'a HeaderMap,
+    /// The request's host, without port, as routing saw it.
+    pub host: Option<&'a str>,
+}
+
+impl KeySpec {
+    /// The key of `src` hashed with `seed`, or `None` when the request has no key for
+    /// this limit, which then does not count it (nginx's empty-key rule). A tuple key is
+    /// missing only when every part is missing, so leaving out one header does not
+    /// escape a limit keyed on `[ip, header:x]`.
+    pub fn hash(&self, src: &KeySource<'_>, seed: &RandomState) -> Option<u64> {
+        let mut h = seed.build_hasher();
+        let mut any = false;
+        for part in self.0.iter() {
+            let present = feed(part, src, &mut h);
+            h.write_u8(u8::from(present));
+            any |= present;
+        }
+        any.then(|| h.finish())
+    }
+}
+
+/// Writes `part` of `src` into `h`; false when the request lacks it.
+fn feed(part: &KeyPart, src: &KeySource<'_>, h: &mut impl Hasher) -> bool {
+    let mut bytes = |b: &[u8]| {
+        h.write(b);
+        h.write_usize(b.len());
+        true
+    };
+    match part {
+        KeyPart::Ip => match src.client_ip.to_canonical() {
+            IpAddr::V4(v4) => bytes(&v4.octets()),
+            IpAddr::V6(v6) => bytes(&v6.octets()),
+        },
+        KeyPart::Header(name) => src.headers.get(name).is_some_and(|v| bytes(v.as_bytes())),
+        KeyPart::Bearer => bearer_token(src.headers).is_some_and(bytes),
+        KeyPart::Query(name) => src.uri.query().is_some_and(|q| {
+            form_urlencoded::parse(q.as_bytes())
+                .find(|(k, _)| k == name.as_ref())
+                .is_some_and(|(_, v)| bytes(v.as_bytes()))
+        }),
+        KeyPart::Cookie(name) => cookie(src.headers, name).is_some_and(bytes),
+        KeyPart::Method => bytes(src.method.as_str().as_bytes()),
+        KeyPart::Path => bytes(src.uri.path().as_bytes()),
+        KeyPart::Host => src.host.is_some_and(|host| {
+            // Host names compare case-insensitively (RFC 9110 §4.2.3).
+            for b in host.bytes() {
+                h.write_u8(b.to_ascii_lowercase());
+            }
+            h.write_usize(host.len());
+            true
+        }),
+    }
+}
+
+/// The token of `Authorization: Bearer TOKEN` (RFC 6750 §2.1; the scheme is
+/// case-insensitive, RFC 9110 §11.1).
+fn bearer_token(headers: &HeaderMap) -> Option<&[u8]> {
+    let value = headers.get(header::AUTHORIZATION)?.as_bytes();
+    let (scheme, rest) = value.split_at_checked(6)?;
+    if !scheme.eq_ignore_ascii_case(b"bearer") || rest.first() != Some(&b' ') {
+        return None;
+    }
+    let token = rest.trim_ascii();
+    (!token.is_empty()).then_some(token)
+}
+
+/// The value of cookie `name` in the `Cookie` header(s) (RFC 6265 §5.4: `a=1; b=2`).
+/// A scan without allocation, where a cookie crate would build a struct per pair.
+fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h [u8]> {
+    headers.get_all(header::COOKIE).iter().find_map(|line| {
+        line.as_bytes().split(|&b| b == b';').find_map(|pair| {
+            let pair = pair.trim_ascii();
+            let eq = pair.iter().position(|&b| b == b'=')?;
+            (pair[..eq].trim_ascii() == name.as_bytes()).then(|| pair[eq + 1..].trim_ascii())
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(parts: &[&str]) -> KeySpec {
+        KeySpec(parts.iter().map(|p| p.parse().unwrap()).collect())
+    }
+
+    fn key(spec: &KeySpec, ip: &str, uri: &str, headers: &[(&str, &str)]) -> Option<u64> {
+        let mut map = HeaderMap::new();
+        for (k, v) in headers {
+            map.append(HeaderName::from_str(k).unwrap(), v.parse().unwrap());
+        }
+        let uri: Uri = uri.parse().unwrap();
+        let src = KeySource {
+            client_ip: ip.parse().unwrap(),
+            method: &Method::GET,
+            uri: &uri,
+            headers: &map,
+            host: Some("Example.com"),
+        };
+        spec.hash(&src, &SEED)
+    }
+
+    static SEED: std::sync::LazyLock<RandomState> = std::sync::LazyLock::new(RandomState::new);
+
+    #[test]
+    fn ipv4_mapped_ipv6_is_the_same_client_as_ipv4() {
+        let s = spec(&["ip"]);
+        assert_eq!(
+            key(&s, "10.0.0.1", "/", &[]),
+            key(&s, "::ffff:10.0.0.1", "/", &[])
+        );
+        assert_ne!(key(&s, "10.0.0.1", "/", &[]), key(&s, "10.0.0.2", "/", &[]));
+    }
+
+    #[test]
+    fn missing_header_means_no_key() {
+        let s = spec(&["header:x-key"]);
+        assert_eq!(key(&s, "10.0.0.1", "/", &[]), None);
+        assert!(key(&s, "10.0.0.1", "/", &[("x-key", "a")]).is_some());
+    }
+
+    #[test]
+    fn bearer_token_is_taken_from_authorization() {
+        let s = spec(&["bearer"]);
+        let a = key(&s, "10.0.0.1", "/", &[("authorization", "Bearer abc")]);
+        assert!(a.is_some());
+        assert_eq!(
+            a,
+            key(&s, "10.0.0.9", "/", &[("authorization", "bearer  abc")])
+        );
+        assert_eq!(
+            key(&s, "10.0.0.1", "/", &[("authorization", "Basic abc")]),
+            None
+        );
+        assert_eq!(
+            key(&s, "10.0.0.1", "/", &[("authorization", "Bearer ")]),
+            None
+        );
+    }
+
+    #[test]
+    fn query_values_are_percent_decoded() {
+        let s = spec(&["query:k"]);
+        assert_eq!(
+            key(&s, "10.0.0.1", "/?a=1&k=a%62", &[]),
+            key(&s, "10.0.0.1", "/?k=ab", &[])
+        );
+        assert_eq!(key(&s, "10.0.0.1", "/?kk=1", &[]), None);
+    }
+
+    #[test]
+    fn cookies_are_found_among_others() {
+        let s = spec(&["cookie:sid"]);
+        let a = key(&s, "10.0.0.1", "/", &[("cookie", "a=1; sid=xyz; b=2")]);
+        assert_eq!(
+            a,
+            key(
+                &s,
+                "10.0.0.1",
+                "/",
+                &[("cookie", "a=1"), ("cookie", "sid=xyz")]
+            )
+        );
+        assert_eq!(key(&s, "10.0.0.1", "/", &[("cookie", "sidx=1")]), None);
+    }
+
+    #[test]
+    fn tuple_key_differs_by_each_part_and_survives_a_missing_part() {
+        let s = spec(&["ip", "header:x-key"]);
+        let with = key(&s, "10.0.0.1", "/", &[("x-key", "a")]);
+        let without = key(&s, "10.0.0.1", "/", &[]);
+        assert!(without.is_some());
+        assert_ne!(with, without);
+        // The parts are delimited: ("ab", "") and ("a", "b") differ.
+        let hh = spec(&["header:x", "header:y"]);
+        assert_ne!(
+            key(&hh, "1.1.1.1", "/", &[("x", "ab"), ("y", "")]),
+            key(&hh, "1.1.1.1", "/", &[("x", "a"), ("y", "b")])
+        );
+    }
+
+    #[test]
+    fn unknown_key_kinds_are_explained() {
+        assert!(
+            "ipv4"
+                .parse::<KeyPart>()
+                .unwrap_err()
+                .contains("unknown key")
+        );
+        assert!(
+            "header:"
+                .parse::<KeyPart>()
+                .unwrap_err()
+                .contains("needs a name")
+        );
+        assert!(
+            "header:bad name"
+                .parse::<KeyPart>()
+                .unwrap_err()
+                .contains("invalid header name")
+        );
+    }
+}

@@ -1,0 +1,259 @@
+//! nginx `limit_req`, exactly: the per-key leaky bucket with burst and delay.
+//!
+//! nginx keeps `excess` (in requests) and `last` per key and on each request computes
+//! `excess' = max(0, excess - rate * elapsed + 1)`; a fresh key stores `excess = 0`. Note
+//! where the clamp sits: a request arriving exactly one period after the last one finds
+//! `excess' = 0`, so `burst: 0` admits a steady stream at the rate (the recorded nginx
+//! schedules `01_steady_under_rate` and `02_too_fast_no_burst` confirm this form).
+//! If `excess' > burst` the request is rejected and the state is left alone; otherwise
+//! it is stored and the request waits `(excess' - delay) / rate` when positive.
+//!
+//! We store one number instead of two: the instant `tat = last + excess / rate` at
+//! which the bucket is empty, in nanoseconds on the limiter clock. Then
+//! `excess' / rate = max(now, tat + period) - now`, every quantity is a time, and the
+//! arithmetic is exact integers, where nginx rounds the rate to milli-requests per
+//! second and time to milliseconds.
+//!
+//! governor implements the same GCRA family, but it commits inside its `check`, so it
+//! cannot check several limits first and then commit all or none, has no "admit after a
+//! delay" outcome, and its keyed store grows without bound; hence this small type.
+
+use crate::config::Rate;
+
+/// Per-key state: the instant, in ns, at which the bucket drains empty.
+pub type Tat = u64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeakyBucket {
+    /// Emission interval `1 / rate`, ns.
+    period: u64,
+    /// `burst * period`: how far ahead of now `tat` may run, ns.
+    burst: u64,
+    /// `delay * period`: how much excess passes without waiting, ns.
+    delay: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Store `tat`; the request waits `wait` ns; `remaining` more requests would be
+    /// admitted now; the bucket is empty again in `reset` ns.
+    Admit {
+        tat: Tat,
+        wait: u64,
+        remaining: u64,
+        reset: u64,
+    },
+    /// Nothing changes; the same request would be admitted in `retry_after` ns.
+    Reject { retry_after: u64, reset: u64 },
+}
+
+impl LeakyBucket {
+    pub fn new(rate: Rate, burst: u64, delay: u64) -> Self {
+        let period = rate.period_ns();
+        LeakyBucket {
+            period,
+            burst: burst.saturating_mul(period),
+            delay: delay.saturating_mul(period),
+        }
+    }
+
+    pub fn decide(&self, state: Option<Tat>, now: u64) -> Verdict {
+        let tat = match state {
+            None => now,
+            Some(tat) => now.max(tat.saturating_add(self.period)),
+        };
+        let excess = tat - now;
+        if excess > self.burst {
+            // Admitted once `tat + period - now' <= burst`.
+            Verdict::Reject {
+                retry_after: excess - self.burst,
+                reset: excess.saturating_sub(self.period),
+            }
+        } else {
+            Verdict::Admit {
+                tat,
+                wait: excess.saturating_sub(self.delay),
+                remaining: (self.burst - excess) / self.period,
+                reset: excess,
+            }
+        }
+    }
+
+    /// True when a stored key behaves exactly like a fresh one from `now` on, so
+    /// forgetting it loses nothing.
+    pub fn is_idle(&self, tat: Tat, now: u64) -> bool {
+        tat.saturating_add(self.period) <= now
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::units::parse_rate;
+
+    const MS: u64 = 1_000_000;
+
+    fn bucket(rate: &str, burst: u64, delay: u64) -> LeakyBucket {
+        LeakyBucket::new(parse_rate(rate).unwrap(), burst, delay)
+    }
+
+    /// Feeds arrivals (ms) to one key; returns each outcome as `Ok(wait_ms)` or `Err(retry_ms)`.
+    fn replay(b: &LeakyBucket, arrivals: &[u64]) -> Vec<Result<u64, u64>> {
+        let mut state = None;
+        arrivals
+            .iter()
+            .map(|&t| match b.decide(state, t * MS) {
+                Verdict::Admit { tat, wait, .. } => {
+                    state = Some(tat);
+                    Ok(wait / MS)
+                }
+                Verdict::Reject { retry_after, .. } => Err(retry_after / MS),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn burst_n_nodelay_admits_n_plus_one_at_once_then_one_per_period() {
+        // 2r/s, burst 5, nodelay: six at t=0 pass, the seventh waits 500 ms.
+        let b = bucket("2r/s", 5, 5);
+        let out = replay(&b, &[0, 0, 0, 0, 0, 0, 0, 250, 600, 700, 1200]);
+        assert_eq!(
+            out,
+            vec![
+                Ok(0),
+                Ok(0),
+                Ok(0),
+                Ok(0),
+                Ok(0),
+                Ok(0),
+                Err(500),
+                Err(250),
+                Ok(0),
+                Err(300),
+                Ok(0)
+            ]
+        );
+    }
+
+    #[test]
+    fn zero_burst_admits_a_steady_stream_at_exactly_the_rate() {
+        let b = bucket("10r/s", 0, 0);
+        assert!(
+            replay(&b, &[0, 100, 200, 300, 400])
+                .iter()
+                .all(Result::is_ok)
+        );
+        // ... and alternates when requests come every 60 ms.
+        assert_eq!(
+            replay(&b, &[0, 60, 120, 180]),
+            vec![Ok(0), Err(40), Ok(0), Err(40)]
+        );
+    }
+
+    #[test]
+    fn default_delay_queues_every_excess_request_at_the_rate() {
+        // 10r/s burst 5: one immediate, five spaced 100 ms apart, then rejections.
+        let b = bucket("10r/s", 5, 0);
+        let out = replay(&b, &[0; 8]);
+        assert_eq!(
+            out,
+            vec![
+                Ok(0),
+                Ok(100),
+                Ok(200),
+                Ok(300),
+                Ok(400),
+                Ok(500),
+                Err(100),
+                Err(100)
+            ]
+        );
+    }
+
+    #[test]
+    fn delay_n_lets_n_excess_requests_through_before_queueing() {
+        let b = bucket("10r/s", 6, 3);
+        let out = replay(&b, &[0; 10]);
+        assert_eq!(
+            out,
+            vec![
+                Ok(0),
+                Ok(0),
+                Ok(0),
+                Ok(0),
+                Ok(100),
+                Ok(200),
+                Ok(300),
+                Err(100),
+                Err(100),
+                Err(100)
+            ]
+        );
+    }
+
+    #[test]
+    fn rejection_leaves_state_untouched() {
+        let b = bucket("1r/s", 0, 0);
+        let Verdict::Admit { tat, .. } = b.decide(None, 0) else {
+            panic!("fresh key rejected")
+        };
+        // A hammering client is rejected again and again, and is admitted exactly one
+        // period after its last admitted request, not after its last attempt.
+        for t in [1, 10, 500, 999] {
+            assert!(matches!(
+                b.decide(Some(tat), t * MS),
+                Verdict::Reject { .. }
+            ));
+        }
+        assert!(matches!(
+            b.decide(Some(tat), 1000 * MS),
+            Verdict::Admit { .. }
+        ));
+    }
+
+    #[test]
+    fn rates_slower_than_nginx_can_express_are_exact() {
+        // nginx stores 1r/m as 16 milli-requests/s and admits again after 62.5 s; we do after 60 s.
+        let b = bucket("1r/m", 0, 0);
+        assert_eq!(replay(&b, &[0, 59_999, 60_000]), vec![Ok(0), Err(1), Ok(0)]);
+    }
+
+    #[test]
+    fn remaining_and_reset_describe_the_bucket_after_the_request() {
+        let b = bucket("10r/s", 2, 2);
+        assert_eq!(
+            b.decide(None, 0),
+            Verdict::Admit {
+                tat: 0,
+                wait: 0,
+                remaining: 2,
+                reset: 0
+            }
+        );
+        assert_eq!(
+            b.decide(Some(0), 0),
+            Verdict::Admit {
+                tat: 100 * MS,
+                wait: 0,
+                remaining: 1,
+                reset: 100 * MS
+            }
+        );
+        assert_eq!(
+            b.decide(Some(200 * MS), 0),
+            Verdict::Reject {
+                retry_after: 100 * MS,
+                reset: 200 * MS
+            }
+        );
+    }
+
+    #[test]
+    fn idle_keys_are_those_a_fresh_key_would_match() {
+        let b = bucket("10r/s", 2, 2);
+        assert!(!b.is_idle(100 * MS, 150 * MS));
+        assert!(b.is_idle(100 * MS, 200 * MS));
+        // Idle means: deciding from the stored state and from nothing agree.
+        assert_eq!(b.decide(Some(100 * MS), 200 * MS), b.decide(None, 200 * MS));
+    }
+}

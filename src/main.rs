@@ -1,0 +1,39 @@
+use std::process::ExitCode;
+
+use clap::Parser;
+use sluicegate::cli::{Cli, Command, init_tracing};
+use sluicegate::{config, server};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let Some(path) = &cli.config else {
+        eprintln!("sluicegate: no configuration given; use -c FILE (see config.example.yaml)");
+        return ExitCode::from(2);
+    };
+    let config = match config::load(path) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("{e}");
+            eprintln!("{}: configuration is invalid", path.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    if cli.command == Some(Command::Check) {
+        println!("{}: configuration is valid", path.display());
+        return ExitCode::SUCCESS;
+    }
+    init_tracing(&cli);
+    let server = match server::Server::bind(config).await {
+        Ok(server) => server,
+        Err(e) => {
+            eprintln!("sluicegate: cannot listen: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Ok(addr) = server.local_addr() {
+        tracing::info!(%addr, "listening");
+    }
+    server.run(server::shutdown_signal()).await;
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,55 @@
+//! Why a request could not be served, and the one mapping from that to a status.
+
+use std::time::Duration;
+
+use http::StatusCode;
+
+/// Each variant says who is at fault: the client (4xx) or the upstream (5xx).
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// The client asked for something no route serves.
+    #[error("no route matches")]
+    NoRoute,
+    /// The upstream refused the connection or could not be reached in time.
+    #[error("upstream {upstream} unreachable: {source}")]
+    UpstreamUnreachable {
+        upstream: String,
+        source: hyper_util::client::legacy::Error,
+    },
+    /// The connection was made but the exchange failed (reset, malformed response).
+    #[error("upstream {upstream} failed: {source}")]
+    UpstreamFailed {
+        upstream: String,
+        source: hyper_util::client::legacy::Error,
+    },
+    /// No response headers within the upstream's `timeout`.
+    #[error("upstream {upstream} sent no response within {timeout:?}")]
+    UpstreamTimeout { upstream: String, timeout: Duration },
+}
+
+impl ProxyError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::NoRoute => StatusCode::NOT_FOUND,
+            ProxyError::UpstreamUnreachable { .. } | ProxyError::UpstreamFailed { .. } => {
+                StatusCode::BAD_GATEWAY
+            }
+            ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_error_maps_to_its_status() {
+        assert_eq!(ProxyError::NoRoute.status(), StatusCode::NOT_FOUND);
+        let timeout = ProxyError::UpstreamTimeout {
+            upstream: "u".into(),
+            timeout: Duration::from_secs(1),
+        };
+        assert_eq!(timeout.status(), StatusCode::GATEWAY_TIMEOUT);
+    }
+}

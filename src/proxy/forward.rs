@@ -1,0 +1,122 @@
+//! Sending a request to its upstream: a pooled keep-alive HTTP/1.1 client per upstream,
+//! servers taken in turn, bodies streamed both ways, headers prepared for the next hop.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{HeaderValue, Request, Response, Uri, header};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+use super::error::ProxyError;
+use super::headers::{remove_hop_by_hop, set_forwarded};
+use crate::config::Upstream;
+
+/// Idle keep-alive connections to an upstream are closed after this long.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+pub struct UpstreamClient {
+    name: String,
+    servers: Box<[Authority]>,
+    next: AtomicUsize,
+    timeout: Duration,
+    client: Client<HttpConnector, Incoming>,
+}
+
+/// The hop that forwards: who sent the request to us and whether we trust it.
+pub struct Hop<'a> {
+    pub peer: IpAddr,
+    pub trusted_peer: bool,
+    pub host: Option<&'a str>,
+}
+
+impl UpstreamClient {
+    pub fn new(upstream: &Upstream) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(upstream.connect_timeout));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .build(connector);
+        UpstreamClient {
+            name: upstream.name.clone(),
+            servers: upstream.servers.clone().into(),
+            next: AtomicUsize::new(0),
+            timeout: upstream.timeout,
+            client,
+        }
+    }
+
+    /// Forwards `req` to the next server and returns its response, body still streaming.
+    pub async fn forward(
+        &self,
+        req: Request<Incoming>,
+        hop: Hop<'_>,
+    ) -> Result<Response<Incoming>, ProxyError> {
+        let server = &self.servers[self.next.fetch_add(1, Ordering::Relaxed) % self.servers.len()];
+        let req = prepare_upstream_request(req, server, &hop);
+        let response = tokio::time::timeout(self.timeout, self.client.request(req)).await;
+        let mut response = match response {
+            Err(_) => {
+                return Err(ProxyError::UpstreamTimeout {
+                    upstream: self.name.clone(),
+                    timeout: self.timeout,
+                });
+            }
+            Ok(Err(source)) if source.is_connect() => {
+                return Err(ProxyError::UpstreamUnreachable {
+                    upstream: self.name.clone(),
+                    source,
+                });
+            }
+            Ok(Err(source)) => {
+                return Err(ProxyError::UpstreamFailed {
+                    upstream: self.name.clone(),
+                    source,
+                });
+            }
+            Ok(Ok(response)) => response,
+        };
+        remove_hop_by_hop(response.headers_mut());
+        Ok(response)
+    }
+}
+
+/// Rewrites a client request for `server`: origin-form target, the client's `Host`
+/// kept (HTTP/2 clients send `:authority` instead, which becomes `Host`), hop-by-hop
+/// fields removed and `X-Forwarded-*` set.
+fn prepare_upstream_request(
+    req: Request<Incoming>,
+    server: &Authority,
+    hop: &Hop<'_>,
+) -> Request<Incoming> {
+    let (mut parts, body) = req.into_parts();
+    if !parts.headers.contains_key(header::HOST)
+        && let Some(value) = parts
+            .uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    {
+        parts.headers.insert(header::HOST, value);
+    }
+    let mut uri = Uri::builder()
+        .scheme(Scheme::HTTP)
+        .authority(server.clone());
+    uri = uri.path_and_query(
+        parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/")),
+    );
+    // Scheme, authority and an origin-form path always build a valid URI.
+    parts.uri = uri.build().unwrap_or_default();
+    parts.version = http::Version::HTTP_11;
+    remove_hop_by_hop(&mut parts.headers);
+    set_forwarded(&mut parts.headers, hop.peer, hop.trusted_peer, hop.host);
+    Request::from_parts(parts, body)
+}

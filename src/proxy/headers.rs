@@ -1,0 +1,199 @@
+//! Header work of a hop: the client's address behind trusted proxies, hop-by-hop
+//! removal and the `X-Forwarded-*` fields sent upstream.
+
+use std::net::{IpAddr, SocketAddr};
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use ipnet::IpNet;
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+
+pub fn is_trusted(ip: IpAddr, trusted: &[IpNet]) -> bool {
+    trusted.iter().any(|net| net.contains(&ip))
+}
+
+/// The client's address: the peer, or when the peer is a trusted proxy, the rightmost
+/// `X-Forwarded-For` entry that is not a trusted proxy. The entries left of it were
+/// written by the client itself and prove nothing, so the leftmost is never taken. An
+/// entry that does not parse ends the walk at the last good hop.
+pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
+    let mut client = peer.to_canonical();
+    if !is_trusted(client, trusted) {
+        return client;
+    }
+    for value in headers.get_all(&X_FORWARDED_FOR).iter().rev() {
+        let Ok(text) = value.to_str() else {
+            return client;
+        };
+        for hop in text.rsplit(',').map(str::trim).filter(|h| !h.is_empty()) {
+            let Some(ip) = parse_hop(hop) else {
+                return client;
+            };
+            client = ip.to_canonical();
+            if !is_trusted(client, trusted) {
+                return client;
+            }
+        }
+    }
+    client
+}
+
+/// `1.2.3.4`, `2001:db8::1`, `1.2.3.4:5678` or `[2001:db8::1]:443`.
+fn parse_hop(hop: &str) -> Option<IpAddr> {
+    hop.parse()
+        .ok()
+        .or_else(|| hop.parse::<SocketAddr>().ok().map(|s| s.ip()))
+}
+
+/// Removes the hop-by-hop fields (RFC 9110 §7.6.1): those named in `Connection`, and
+/// `Connection`, `Proxy-Connection`, `Keep-Alive`, `TE`, `Transfer-Encoding`, `Upgrade`.
+pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in [
+        &header::CONNECTION,
+        &PROXY_CONNECTION,
+        &KEEP_ALIVE,
+        &header::TE,
+        &header::TRANSFER_ENCODING,
+        &header::UPGRADE,
+    ] {
+        headers.remove(name);
+    }
+}
+
+/// Sets the `X-Forwarded-*` fields for the upstream. From a trusted proxy, the chain it
+/// sent is extended; from anyone else, incoming values are replaced, so the upstream
+/// never sees forwarding claims that no trusted hop vouched for.
+pub fn set_forwarded(
+    headers: &mut HeaderMap,
+    peer: IpAddr,
+    trusted_peer: bool,
+    host: Option<&str>,
+) {
+    let peer = peer.to_canonical().to_string();
+    let chain = if trusted_peer {
+        let earlier: Vec<&str> = headers
+            .get_all(&X_FORWARDED_FOR)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        if earlier.is_empty() {
+            peer
+        } else {
+            format!("{}, {peer}", earlier.join(", "))
+        }
+    } else {
+        peer
+    };
+    if let Ok(value) = HeaderValue::try_from(chain) {
+        headers.insert(&X_FORWARDED_FOR, value);
+    }
+    if !(trusted_peer && headers.contains_key(&X_FORWARDED_PROTO)) {
+        headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+    }
+    if !(trusted_peer && headers.contains_key(&X_FORWARDED_HOST)) {
+        headers.remove(&X_FORWARDED_HOST);
+        if let Some(value) = host.and_then(|h| HeaderValue::from_str(h).ok()) {
+            headers.insert(&X_FORWARDED_HOST, value);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nets(list: &[&str]) -> Vec<IpNet> {
+        list.iter().map(|n| n.parse().unwrap()).collect()
+    }
+
+    fn xff(values: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(&X_FORWARDED_FOR, v.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn untrusted_peer_is_the_client_whatever_it_claims() {
+        let h = xff(&["1.1.1.1"]);
+        assert_eq!(
+            client_ip("9.9.9.9".parse().unwrap(), &h, &nets(&["10.0.0.0/8"])),
+            "9.9.9.9".parse::<IpAddr>().unwrap()
+        );
+    }
+
+    #[test]
+    fn rightmost_untrusted_hop_is_the_client_never_the_leftmost() {
+        let trusted = nets(&["10.0.0.0/8"]);
+        let h = xff(&["6.6.6.6, 2.2.2.2", "10.0.0.7"]);
+        assert_eq!(
+            client_ip("10.0.0.1".parse().unwrap(), &h, &trusted),
+            "2.2.2.2".parse::<IpAddr>().unwrap()
+        );
+    }
+
+    #[test]
+    fn garbage_in_the_chain_stops_at_the_last_good_hop() {
+        let trusted = nets(&["10.0.0.0/8"]);
+        let h = xff(&["not-an-ip, 10.0.0.9"]);
+        assert_eq!(
+            client_ip("10.0.0.1".parse().unwrap(), &h, &trusted),
+            "10.0.0.9".parse::<IpAddr>().unwrap()
+        );
+        let h = xff(&["[2001:db8::1]:443"]);
+        assert_eq!(
+            client_ip("10.0.0.1".parse().unwrap(), &h, &trusted),
+            "2001:db8::1".parse::<IpAddr>().unwrap()
+        );
+    }
+
+    #[test]
+    fn connection_named_fields_are_removed() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, "keep-alive, x-secret".parse().unwrap());
+        h.insert("x-secret", "1".parse().unwrap());
+        h.insert("keep-alive", "timeout=5".parse().unwrap());
+        h.insert("x-kept", "1".parse().unwrap());
+        remove_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-kept"));
+    }
+
+    #[test]
+    fn forwarded_chain_is_extended_only_for_trusted_peers() {
+        let mut h = xff(&["1.1.1.1"]);
+        set_forwarded(
+            &mut h,
+            "10.0.0.1".parse().unwrap(),
+            true,
+            Some("example.com"),
+        );
+        assert_eq!(h[&X_FORWARDED_FOR], "1.1.1.1, 10.0.0.1");
+        let mut h = xff(&["1.1.1.1"]);
+        h.insert(&X_FORWARDED_HOST, "evil".parse().unwrap());
+        set_forwarded(
+            &mut h,
+            "9.9.9.9".parse().unwrap(),
+            false,
+            Some("example.com"),
+        );
+        assert_eq!(h[&X_FORWARDED_FOR], "9.9.9.9");
+        assert_eq!(h[&X_FORWARDED_HOST], "example.com");
+        assert_eq!(h[&X_FORWARDED_PROTO], "http");
+    }
+}

@@ -1,0 +1,106 @@
+//! Which route a request takes: the first, in file order, whose host, path and method
+//! all match.
+
+use http::{HeaderMap, Method, Uri, header};
+
+use crate::config::{PathMatch, Route, RouteMatch};
+
+/// The request's host without port: the `Host` field (HTTP/1.1), else the URI's
+/// authority (HTTP/2 `:authority`).
+pub fn request_host<'r>(uri: &'r Uri, headers: &'r HeaderMap) -> Option<&'r str> {
+    let raw = match headers.get(header::HOST) {
+        Some(value) => value.to_str().ok()?,
+        None => uri.authority()?.as_str(),
+    };
+    let host = if raw.starts_with('[') {
+        // IPv6 literal: keep the brackets, drop any port.
+        &raw[..=raw.find(']')?]
+    } else {
+        raw.rsplit_once(':').map_or(raw, |(host, _port)| host)
+    };
+    Some(host.trim_end_matches('.'))
+}
+
+pub fn match_route<'c>(
+    routes: &'c [Route],
+    method: &Method,
+    path: &str,
+    host: Option<&str>,
+) -> Option<&'c Route> {
+    routes
+        .iter()
+        .find(|route| matches(&route.matcher, method, path, host))
+}
+
+fn matches(m: &RouteMatch, method: &Method, path: &str, host: Option<&str>) -> bool {
+    let host_ok = match (&m.host, host) {
+        (None, _) => true,
+        (Some(_), None) => false,
+        (Some(want), Some(host)) => match want.strip_prefix("*.") {
+            Some(suffix) => {
+                host.len() > suffix.len() + 1
+                    && host[host.len() - suffix.len()..].eq_ignore_ascii_case(suffix)
+                    && host.as_bytes()[host.len() - suffix.len() - 1] == b'.'
+            }
+            None => host.eq_ignore_ascii_case(want),
+        },
+    };
+    let path_ok = match &m.path {
+        PathMatch::Any => true,
+        PathMatch::Prefix(prefix) => path.starts_with(prefix.as_str()),
+        PathMatch::Exact(exact) => path == exact,
+    };
+    host_ok && path_ok && (m.methods.is_empty() || m.methods.contains(method))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(host: Option<&str>, path: PathMatch, methods: &[Method]) -> RouteMatch {
+        RouteMatch {
+            host: host.map(str::to_owned),
+            path,
+            methods: methods.to_vec(),
+        }
+    }
+
+    #[test]
+    fn hosts_match_exactly_or_by_wildcard_without_port() {
+        let exact = m(Some("example.com"), PathMatch::Any, &[]);
+        assert!(matches(&exact, &Method::GET, "/", Some("EXAMPLE.com")));
+        assert!(!matches(&exact, &Method::GET, "/", Some("www.example.com")));
+        let wild = m(Some("*.example.com"), PathMatch::Any, &[]);
+        assert!(matches(&wild, &Method::GET, "/", Some("a.example.com")));
+        assert!(!matches(&wild, &Method::GET, "/", Some("example.com")));
+        assert!(!matches(&wild, &Method::GET, "/", Some("badexample.com")));
+    }
+
+    #[test]
+    fn host_is_read_without_port() {
+        let h = |v: &str| {
+            let mut map = HeaderMap::new();
+            map.insert(header::HOST, v.parse().unwrap());
+            map
+        };
+        let uri = Uri::from_static("/");
+        assert_eq!(
+            request_host(&uri, &h("example.com:8080")),
+            Some("example.com")
+        );
+        assert_eq!(request_host(&uri, &h("[::1]:8080")), Some("[::1]"));
+        let h2 = Uri::from_static("http://example.org:80/x");
+        assert_eq!(request_host(&h2, &HeaderMap::new()), Some("example.org"));
+    }
+
+    #[test]
+    fn paths_and_methods_narrow_a_route() {
+        let r = m(None, PathMatch::Prefix("/api".into()), &[Method::POST]);
+        assert!(matches(&r, &Method::POST, "/api/x", None));
+        assert!(!matches(&r, &Method::GET, "/api/x", None));
+        assert!(!matches(&r, &Method::POST, "/ap", None));
+        let e = m(None, PathMatch::Exact("/login".into()), &[]);
+        assert!(matches(&e, &Method::GET, "/login", None));
+        assert!(!matches(&e, &Method::GET, "/login/x", None));
+    }
+}
