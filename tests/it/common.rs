@@ -1,0 +1,299 @@
+//! Test helpers: a real backend in the test process, the real `sluicegate` binary as a
+//! child process, and a plain HTTP client. Everything listens on 127.0.0.1:0.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, channel::Channel};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+
+/// What the backend saw of one request.
+#[derive(Clone, Debug)]
+pub struct Hit {
+    pub at: Instant,
+    pub path_and_query: String,
+    pub headers: HeaderMap,
+}
+
+/// An HTTP/1.1 backend. Paths: `/sleep/MS`, `/status/CODE`, `/stream` (one chunk, then
+/// the rest once `release` is notified), `/upload` (answers the body's length, notifies
+/// `first_frame` when the first data arrives); anything else answers 200 `ok`.
+pub struct Backend {
+    pub addr: SocketAddr,
+    pub hits: Arc<Mutex<Vec<Hit>>>,
+    pub release: Arc<Notify>,
+    pub first_frame: Arc<Notify>,
+}
+
+type TestBody = http_body_util::combinators::BoxBody<Bytes, hyper::Error>;
+
+fn full(status: u16, body: impl Into<Bytes>) -> Response<TestBody> {
+    let mut r = Response::new(
+        Full::new(body.into())
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *r.status_mut() = StatusCode::from_u16(status).unwrap();
+    r
+}
+
+impl Backend {
+    pub async fn start() -> Backend {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let backend = Backend {
+            addr: listener.local_addr().unwrap(),
+            hits: Arc::default(),
+            release: Arc::default(),
+            first_frame: Arc::default(),
+        };
+        let (hits, release, first_frame) = (
+            backend.hits.clone(),
+            backend.release.clone(),
+            backend.first_frame.clone(),
+        );
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let (hits, release, first_frame) =
+                    (hits.clone(), release.clone(), first_frame.clone());
+                let service = service_fn(move |req: Request<Incoming>| {
+                    let (hits, release, first_frame) =
+                        (hits.clone(), release.clone(), first_frame.clone());
+                    async move {
+                        let path_and_query = req
+                            .uri()
+                            .path_and_query()
+                            .map(|p| p.to_string())
+                            .unwrap_or_default();
+                        hits.lock().unwrap().push(Hit {
+                            at: Instant::now(),
+                            path_and_query: path_and_query.clone(),
+                            headers: req.headers().clone(),
+                        });
+                        let path = req.uri().path().to_owned();
+                        let response = if let Some(ms) = path.strip_prefix("/sleep/") {
+                            tokio::time::sleep(Duration::from_millis(ms.parse().unwrap())).await;
+                            full(200, "slept")
+                        } else if let Some(code) = path.strip_prefix("/status/") {
+                            let mut r = full(code.parse().unwrap(), format!("status {code}"));
+                            r.headers_mut().insert("x-backend", "yes".parse().unwrap());
+                            r
+                        } else if path == "/stream" {
+                            let (mut tx, body) = Channel::<Bytes, hyper::Error>::new(1);
+                            tokio::spawn(async move {
+                                tx.send_data(Bytes::from_static(b"first\n")).await.unwrap();
+                                release.notified().await;
+                                tx.send_data(Bytes::from_static(b"rest\n")).await.unwrap();
+                            });
+                            Response::new(body.boxed())
+                        } else if path == "/upload" {
+                            let mut body = req.into_body();
+                            let mut total = 0;
+                            while let Some(frame) = body.frame().await {
+                                if let Ok(data) = frame.unwrap().into_data() {
+                                    if total == 0 {
+                                        first_frame.notify_one();
+                                    }
+                                    total += data.len();
+                                }
+                            }
+                            full(200, total.to_string())
+                        } else {
+                            full(200, "ok")
+                        };
+                        Ok::<_, hyper::Error>(response)
+                    }
+                });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service),
+                );
+            }
+        });
+        backend
+    }
+
+    pub fn hits(&self) -> Vec<Hit> {
+        self.hits.lock().unwrap().clone()
+    }
+}
+
+/// A running `sluicegate` process; killed on drop.
+pub struct Sluicegate {
+    pub addr: SocketAddr,
+    child: Child,
+    log: Arc<Mutex<String>>,
+    _dir: tempfile::TempDir,
+}
+
+/// Writes `yaml` to a file and runs `sluicegate` with `args` on it.
+pub fn config_file(yaml: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sluicegate.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    (dir, path)
+}
+
+pub fn binary() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_sluicegate"))
+}
+
+impl Sluicegate {
+    /// Starts the proxy with `yaml` and waits until it reports its listening address.
+    pub fn start(yaml: &str) -> Sluicegate {
+        let (dir, path) = config_file(yaml);
+        let mut child = binary()
+            .args(["--log-format", "json", "--log-level", "debug", "-c"])
+            .arg(&path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = mpsc::channel();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { return };
+                if let Ok(json) = serde_json::from_str::<serde_json::Value>(&line)
+                    && json["fields"]["message"] == "listening"
+                {
+                    let _ = tx.send(
+                        json["fields"]["addr"]
+                            .as_str()
+                            .unwrap()
+                            .parse::<SocketAddr>()
+                            .unwrap(),
+                    );
+                }
+                let mut sink = sink.lock().unwrap();
+                sink.push_str(&line);
+                sink.push('\n');
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| panic!("sluicegate did not start; log:\n{}", log.lock().unwrap()));
+        Sluicegate {
+            addr,
+            child,
+            log,
+            _dir: dir,
+        }
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Sends SIGTERM and waits for the exit.
+    pub fn terminate(&mut self) -> ExitStatus {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Sluicegate {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A response read in full.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|v| v.to_str().unwrap())
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// Sends one request on a new HTTP/1.1 connection and reads the whole response.
+pub async fn request<B>(addr: SocketAddr, req: Request<B>) -> Reply
+where
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let response = send(addr, req).await;
+    read(response).await
+}
+
+/// Sends one request on a new HTTP/1.1 connection; the body is left to stream.
+pub async fn send<B>(addr: SocketAddr, req: Request<B>) -> Response<Incoming>
+where
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    sender.send_request(req).await.unwrap()
+}
+
+pub async fn read(response: Response<Incoming>) -> Reply {
+    let (parts, body) = response.into_parts();
+    Reply {
+        status: parts.status.as_u16(),
+        headers: parts.headers,
+        body: body.collect().await.unwrap().to_bytes(),
+    }
+}
+
+/// `GET path` with extra `headers`.
+pub async fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Reply {
+    let mut req = Request::get(path).header("host", "test.local");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    request(addr, req.body(Full::new(Bytes::new())).unwrap()).await
+}
+
+/// Sends one request over HTTP/2 without TLS (h2c, prior knowledge).
+pub async fn get_h2(addr: SocketAddr, path: &str) -> Reply {
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = Request::get(format!("http://test.local{path}"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    read(sender.send_request(req).await.unwrap()).await
+}
+
+/// A port on which nothing listens (bound, then released).
+pub fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}

@@ -1,0 +1,116 @@
+use std::process::Output;
+
+use crate::common::*;
+
+fn check(yaml: &str) -> (Output, String) {
+    let (_dir, path) = config_file(yaml);
+    let out = binary().arg("check").arg("-c").arg(&path).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).replace(&path.display().to_string(), "FILE");
+    (out, stderr)
+}
+
+#[test]
+fn shipped_example_config_is_valid() {
+    let out = binary()
+        .args([
+            "check",
+            "-c",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/config.example.yaml"),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn acceptance_config_is_accepted() {
+    let yaml = r#"
+listen: 127.0.0.1:18080
+trusted_proxies: [127.0.0.1/32]
+upstreams:
+  backend: { servers: ["127.0.0.1:18081"] }
+limits:
+  per_ip: { key: ip, rate: 5r/s, burst: 2, nodelay: true }   # 3 at once, then 5 per second
+routes:
+  - match: { path_prefix: /static }
+    respond: { status: 200, body: "hello\n" }
+  - match: { path_prefix: / }
+    upstream: backend
+    limits: [per_ip]
+"#;
+    let (out, stderr) = check(yaml);
+    assert!(out.status.success(), "{stderr}");
+}
+
+const BASE: &str = "listen: 127.0.0.1:0\nlimits:\n";
+
+#[test]
+fn unknown_key_is_refused_with_line_and_path() {
+    let (out, stderr) = check(&format!("{BASE}  per_ip: {{ key: ip, rat: 5r/s }}\n"));
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("FILE:3:22: limits.per_ip.rat: unknown field `rat`"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn zero_burst_is_refused_with_line_and_path() {
+    let (out, stderr) = check(&format!(
+        "{BASE}  per_ip:\n    key: ip\n    rate: 5r/s\n    burst: 0\n"
+    ));
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("FILE:6:12: limits.per_ip.burst: must be a positive integer"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn bad_rate_is_refused_with_line_and_path() {
+    let (out, stderr) = check(&format!("{BASE}  per_ip: {{ key: ip, rate: 5/s }}\n"));
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("FILE:3:28: limits.per_ip.rate: invalid rate \"5/s\""),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn every_error_is_reported_at_once() {
+    let yaml = "listen: nowhere\nlimits:\n  a: { key: ip, rate: 0r/s }\nroutes:\n  - limits: [b]\n    respond: { status: 200 }\n";
+    let (out, stderr) = check(yaml);
+    assert!(!out.status.success());
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("FILE:") && !l.ends_with("configuration is invalid"))
+        .collect();
+    assert_eq!(errors.len(), 3, "{stderr}");
+    assert!(
+        errors[0].starts_with("FILE:1:9: listen: invalid address"),
+        "{stderr}"
+    );
+    assert!(
+        errors[1].starts_with("FILE:3:23: limits.a.rate: invalid rate"),
+        "{stderr}"
+    );
+    assert!(
+        errors[2].starts_with("FILE:5:14: routes[0].limits[0]: unknown limit \"b\" (defined: a)"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn run_refuses_to_start_with_an_invalid_config() {
+    let (_dir, path) = config_file("listen: 127.0.0.1:0\nroutes:\n  - upstream: missing\n");
+    let out = binary().arg("-c").arg(&path).output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("routes[0].upstream: unknown upstream \"missing\"")
+    );
+}

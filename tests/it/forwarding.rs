@@ -1,0 +1,182 @@
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::{BodyExt, Full, channel::Channel};
+
+use crate::common::*;
+
+fn config(upstream: &str, extra: &str) -> String {
+    format!(
+        "listen: 127.0.0.1:0\n{extra}\nupstreams:\n  app: {{ servers: [\"{upstream}\"], connect_timeout: 500ms, timeout: 300ms }}\nroutes:\n  - name: hello\n    match: {{ path: /hello }}\n    respond: {{ status: 203, body: \"hi\\n\", headers: {{ x-static: \"1\" }} }}\n  - name: app\n    match: {{ path_prefix: /app/ }}\n    upstream: app\n  - name: direct\n    match: {{ path_prefix: /, methods: [GET, POST] }}\n    upstream: app\n"
+    )
+}
+
+#[tokio::test]
+async fn static_route_answers_without_a_backend() {
+    let sg = Sluicegate::start(&config(&format!("127.0.0.1:{}", closed_port()), ""));
+    let r = get(sg.addr, "/hello", &[]).await;
+    assert_eq!((r.status, r.text().as_str()), (203, "hi\n"));
+    assert_eq!(r.header("x-static"), Some("1"));
+}
+
+#[tokio::test]
+async fn status_body_headers_and_query_pass_through() {
+    let backend = Backend::start().await;
+    let sg = Sluicegate::start(&config(&backend.addr.to_string(), ""));
+    let r = get(sg.addr, "/status/201?a=1&b=%20", &[]).await;
+    assert_eq!((r.status, r.text().as_str()), (201, "status 201"));
+    assert_eq!(r.header("x-backend"), Some("yes"));
+    assert_eq!(backend.hits()[0].path_and_query, "/status/201?a=1&b=%20");
+}
+
+#[tokio::test]
+async fn hop_by_hop_fields_are_removed_and_forwarded_fields_replaced_for_untrusted_peers() {
+    let backend = Backend::start().await;
+    let sg = Sluicegate::start(&config(&backend.addr.to_string(), ""));
+    let r = get(
+        sg.addr,
+        "/x",
+        &[
+            ("connection", "x-drop"),
+            ("x-drop", "1"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-connection", "keep-alive"),
+            ("x-keep", "1"),
+            ("x-forwarded-for", "6.6.6.6"),
+            ("x-forwarded-host", "evil.example"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let seen = &backend.hits()[0].headers;
+    for gone in ["x-drop", "keep-alive", "proxy-connection"] {
+        assert!(!seen.contains_key(gone), "{gone} was forwarded");
+    }
+    assert_eq!(seen["x-keep"], "1");
+    assert_eq!(seen["host"], "test.local");
+    assert_eq!(seen["x-forwarded-for"], "127.0.0.1");
+    assert_eq!(seen["x-forwarded-proto"], "http");
+    assert_eq!(seen["x-forwarded-host"], "test.local");
+}
+
+#[tokio::test]
+async fn forwarded_chain_of_a_trusted_proxy_is_extended() {
+    let backend = Backend::start().await;
+    let sg = Sluicegate::start(&config(
+        &backend.addr.to_string(),
+        "trusted_proxies: [127.0.0.0/8]",
+    ));
+    get(
+        sg.addr,
+        "/x",
+        &[
+            ("x-forwarded-for", "1.1.1.1"),
+            ("x-forwarded-proto", "https"),
+        ],
+    )
+    .await;
+    let seen = &backend.hits()[0].headers;
+    assert_eq!(seen["x-forwarded-for"], "1.1.1.1, 127.0.0.1");
+    assert_eq!(seen["x-forwarded-proto"], "https");
+}
+
+#[tokio::test]
+async fn response_body_streams_before_the_upstream_finishes() {
+    let backend = Backend::start().await;
+    let sg = Sluicegate::start(&config(&backend.addr.to_string(), ""));
+    let response = send(
+        sg.addr,
+        Request::get("/stream")
+            .body(Full::new(Bytes::new()))
+            .unwrap(),
+    )
+    .await;
+    let mut body = response.into_body();
+    // The backend holds back the rest until we have the first chunk: a proxy that
+    // buffered the body would never deliver it.
+    let first = tokio::time::timeout(Duration::from_secs(5), body.frame())
+        .await
+        .expect("first chunk not streamed");
+    assert_eq!(first.unwrap().unwrap().into_data().unwrap(), "first\n");
+    backend.release.notify_one();
+    let rest = body.collect().await.unwrap().to_bytes();
+    assert_eq!(rest, "rest\n");
+}
+
+#[tokio::test]
+async fn request_body_streams_to_the_upstream() {
+    let backend = Backend::start().await;
+    let sg = Sluicegate::start(&config(&backend.addr.to_string(), ""));
+    let (mut tx, body) = Channel::<Bytes, std::convert::Infallible>::new(4);
+    let req = Request::post("/upload").body(body).unwrap();
+    let pending = tokio::spawn(async move { request(sg.addr, req).await });
+    tx.send_data(Bytes::from(vec![b'x'; 1024])).await.unwrap();
+    // The backend has the first bytes while the client has not finished sending.
+    tokio::time::timeout(Duration::from_secs(5), backend.first_frame.notified())
+        .await
+        .expect("request body not streamed");
+    for _ in 0..256 {
+        tx.send_data(Bytes::from(vec![b'y'; 32 * 1024]))
+            .await
+            .unwrap();
+    }
+    drop(tx);
+    let r = pending.await.unwrap();
+    assert_eq!(r.text(), (1024 + 256 * 32 * 1024).to_string());
+}
+
+#[tokio::test]
+async fn unmatched_request_is_404() {
+    let sg = Sluicegate::start(&config(&format!("127.0.0.1:{}", closed_port()), ""));
+    let r = request(
+        sg.addr,
+        Request::delete("/x")
+            .header("host", "h")
+            .body(Full::new(Bytes::new()))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(r.status, 404);
+}
+
+#[tokio::test]
+async fn refused_upstream_is_502_and_logged_with_its_route() {
+    let sg = Sluicegate::start(&config(&format!("127.0.0.1:{}", closed_port()), ""));
+    let r = get(sg.addr, "/app/x", &[]).await;
+    assert_eq!(r.status, 502);
+    let log = sg.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("upstream error") && l.contains("\"route\":\"app\"")),
+        "{log}"
+    );
+}
+
+#[tokio::test]
+async fn slow_upstream_is_504_after_the_timeout() {
+    let backend = Backend::start().await;
+    let sg = Sluicegate::start(&config(&backend.addr.to_string(), ""));
+    let started = Instant::now();
+    let r = get(sg.addr, "/sleep/3000", &[]).await;
+    assert_eq!(r.status, 504);
+    assert!(
+        started.elapsed() < Duration::from_millis(2500),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn servers_of_an_upstream_take_turns() {
+    let (a, b) = (Backend::start().await, Backend::start().await);
+    let yaml = config(&a.addr.to_string(), "").replace(
+        &format!("\"{}\"", a.addr),
+        &format!("\"{}\", \"{}\"", a.addr, b.addr),
+    );
+    let sg = Sluicegate::start(&yaml);
+    for _ in 0..4 {
+        assert_eq!(get(sg.addr, "/x", &[]).await.status, 200);
+    }
+    assert_eq!((a.hits().len(), b.hits().len()), (2, 2));
+}

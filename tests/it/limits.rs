@@ -1,0 +1,216 @@
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::Full;
+
+use crate::common::*;
+
+/// The configuration of the foundation issue's acceptance, on ephemeral ports.
+fn acceptance(backend: &Backend) -> String {
+    format!(
+        r#"
+listen: 127.0.0.1:0
+trusted_proxies: [127.0.0.1/32]
+upstreams:
+  backend: {{ servers: ["{}"] }}
+limits:
+  per_ip: {{ key: ip, rate: 5r/s, burst: 2, nodelay: true }}   # 3 at once, then 5 per second
+routes:
+  - match: {{ path_prefix: /static }}
+    respond: {{ status: 200, body: "hello\n" }}
+  - match: {{ path_prefix: / }}
+    upstream: backend
+    limits: [per_ip]
+"#,
+        backend.addr
+    )
+}
+
+#[tokio::test]
+async fn burst_passes_then_429_with_retry_after_then_passes_again() {
+    let backend = Backend::start().await;
+    let sg = Sluicegate::start(&acceptance(&backend));
+    assert_eq!(get(sg.addr, "/static", &[]).await.text(), "hello\n");
+    for _ in 0..3 {
+        assert_eq!(get(sg.addr, "/x", &[]).await.status, 200);
+    }
+    let rejected = get(sg.addr, "/x", &[]).await;
+    assert_eq!(rejected.status, 429);
+    let retry: u64 = rejected.header("retry-after").unwrap().parse().unwrap();
+    assert!(retry >= 1);
+    assert_eq!(
+        rejected.header("ratelimit-policy"),
+        Some("\"per_ip\";q=5;w=1")
+    );
+    assert!(
+        rejected
+            .header("ratelimit")
+            .unwrap()
+            .starts_with("\"per_ip\";r=0;t=")
+    );
+    assert_eq!(
+        backend.hits().len(),
+        3,
+        "a rejected request reached the upstream"
+    );
+    // Another client behind the trusted proxy is unaffected.
+    assert_eq!(
+        get(sg.addr, "/x", &[("x-forwarded-for", "192.0.2.7")])
+            .await
+            .status,
+        200
+    );
+    // Retry-After is a promise: waiting that long is enough.
+    tokio::time::sleep(Duration::from_secs(retry)).await;
+    assert_eq!(get(sg.addr, "/x", &[]).await.status, 200);
+}
+
+#[tokio::test]
+async fn spoofed_leftmost_forwarded_for_does_not_change_the_key() {
+    let backend = Backend::start().await;
+    let sg = Sluicegate::start(&acceptance(&backend));
+    let mut statuses = Vec::new();
+    for i in 0..5 {
+        let xff = format!("203.0.113.{i}, 192.0.2.50");
+        statuses.push(
+            get(sg.addr, "/x", &[("x-forwarded-for", &xff)])
+                .await
+                .status,
+        );
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429]);
+}
+
+fn keyed(extra_limit: &str, routes: &str) -> String {
+    format!(
+        "listen: 127.0.0.1:0\nlimits:\n  by_key: {{ key: \"header:x-key\", rate: 1r/m, burst: 1, nodelay: true }}\n{extra_limit}\nroutes:\n{routes}"
+    )
+}
+
+const STATIC: &str = "    respond: { status: 200, body: ok }\n";
+
+#[tokio::test]
+async fn keys_are_independent_and_a_missing_key_is_not_counted() {
+    let sg = Sluicegate::start(&keyed("", &format!("  - limits: [by_key]\n{STATIC}")));
+    let mut seen = Vec::new();
+    for key in ["a", "a", "a", "b", "b", "b"] {
+        seen.push(get(sg.addr, "/", &[("x-key", key)]).await.status);
+    }
+    assert_eq!(seen, [200, 200, 429, 200, 200, 429]);
+    for _ in 0..5 {
+        assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
+    }
+}
+
+#[tokio::test]
+async fn routes_with_their_own_limits_are_independent() {
+    let routes = format!(
+        "  - match: {{ path_prefix: /a }}\n    limits: [by_key]\n{STATIC}  - match: {{ path_prefix: /b }}\n    limits: [other]\n{STATIC}"
+    );
+    let sg = Sluicegate::start(&keyed(
+        "  other: { key: \"header:x-key\", rate: 1r/m, nodelay: true }",
+        &routes,
+    ));
+    let statuses = [
+        get(sg.addr, "/a", &[("x-key", "k")]).await.status,
+        get(sg.addr, "/a", &[("x-key", "k")]).await.status,
+        get(sg.addr, "/a", &[("x-key", "k")]).await.status,
+        get(sg.addr, "/b", &[("x-key", "k")]).await.status,
+        get(sg.addr, "/b", &[("x-key", "k")]).await.status,
+    ];
+    assert_eq!(statuses, [200, 200, 429, 200, 429]);
+}
+
+#[tokio::test]
+async fn a_request_rejected_by_one_limit_consumes_no_quota_of_another() {
+    // /both is limited per client address and per key; /key only per key.
+    let routes = format!(
+        "  - match: {{ path_prefix: /both }}\n    limits: [per_ip, by_key]\n{STATIC}  - match: {{ path_prefix: /key }}\n    limits: [by_key]\n{STATIC}"
+    );
+    let sg = Sluicegate::start(&keyed(
+        "  per_ip: { key: ip, rate: 1r/m, nodelay: true }",
+        &routes,
+    ));
+    assert_eq!(get(sg.addr, "/both", &[("x-key", "k1")]).await.status, 200);
+    // per_ip rejects these, so key k2 must keep its whole quota (burst 1: two requests).
+    for _ in 0..3 {
+        assert_eq!(get(sg.addr, "/both", &[("x-key", "k2")]).await.status, 429);
+    }
+    let after: Vec<u16> = [
+        get(sg.addr, "/key", &[("x-key", "k2")]).await.status,
+        get(sg.addr, "/key", &[("x-key", "k2")]).await.status,
+        get(sg.addr, "/key", &[("x-key", "k2")]).await.status,
+    ]
+    .into();
+    assert_eq!(after, [200, 200, 429]);
+}
+
+#[tokio::test]
+async fn rejection_status_is_configurable_and_headers_can_come_on_every_response() {
+    let yaml = "listen: 127.0.0.1:0\nratelimit_headers: all\nlimits:\n  l: { key: ip, rate: 2r/m, burst: 1, nodelay: true, status: 503 }\nroutes:\n  - limits: [l]\n    respond: { status: 200, body: ok }\n";
+    let sg = Sluicegate::start(yaml);
+    let first = get(sg.addr, "/", &[]).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.header("ratelimit-policy"), Some("\"l\";q=2;w=60"));
+    assert_eq!(first.header("ratelimit"), Some("\"l\";r=1;t=0"));
+    let second = get(sg.addr, "/", &[]).await;
+    assert_eq!(second.header("ratelimit"), Some("\"l\";r=0;t=30"));
+    let third = get(sg.addr, "/", &[]).await;
+    assert_eq!(third.status, 503);
+    assert_eq!(third.header("retry-after"), Some("30"));
+}
+
+#[tokio::test]
+async fn delayed_burst_reaches_the_upstream_spaced_by_the_rate() {
+    let backend = Backend::start().await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nlimits:\n  l: {{ key: ip, rate: 10r/s, burst: 3 }}\nroutes:\n  - upstream: b\n    limits: [l]\n",
+        backend.addr
+    );
+    let sg = Sluicegate::start(&yaml);
+    let addr = sg.addr;
+    let requests: Vec<_> = (0..5)
+        .map(|_| tokio::spawn(async move { get(addr, "/", &[]).await.status }))
+        .collect();
+    let mut statuses = Vec::new();
+    for r in requests {
+        statuses.push(r.await.unwrap());
+    }
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 200, 200, 200, 429]);
+    let mut at: Vec<Instant> = backend.hits().iter().map(|h| h.at).collect();
+    at.sort();
+    for pair in at.windows(2) {
+        let gap = pair[1] - pair[0];
+        assert!(
+            gap >= Duration::from_millis(90) && gap <= Duration::from_millis(180),
+            "gap {gap:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn client_that_leaves_while_queued_never_reaches_the_upstream() {
+    let backend = Backend::start().await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nlimits:\n  l: {{ key: ip, rate: 2r/s, burst: 5 }}\nroutes:\n  - upstream: b\n    limits: [l]\n",
+        backend.addr
+    );
+    let sg = Sluicegate::start(&yaml);
+    assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
+    // The next request is queued for 500 ms; the client gives up after 100 ms.
+    let addr = sg.addr;
+    let queued = tokio::spawn(async move {
+        send(
+            addr,
+            Request::get("/").body(Full::new(Bytes::new())).unwrap(),
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    queued.abort();
+    // Past the instant it would have been released, the upstream has still seen one request.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert_eq!(backend.hits().len(), 1);
+}

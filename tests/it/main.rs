@@ -1,0 +1,10 @@
+//! End-to-end tests: the real `sluicegate` binary between a real client and backend.
+// A failed unwrap is a failed test; helpers outside #[test] functions unwrap too.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+mod config_errors;
+mod conformance;
+mod forwarding;
+mod limits;
+mod server;
