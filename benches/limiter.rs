@@ -1,1 +1,163 @@
-fn main() {}
+//! Hot paths of a request's limit decision, and governor's keyed limiter for scale.
+//!
+//! `cargo bench --bench limiter`. Besides criterion's timings it prints the resident
+//! memory per key of a table holding one million keys.
+
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr};
+use std::num::NonZeroU32;
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use http::{HeaderMap, Method, Uri};
+use sluicegate::config;
+use sluicegate::limit::Limiters;
+use sluicegate::limit::key::KeySource;
+
+fn limiters(key: &str, max_keys: usize) -> Limiters {
+    // Fast enough that the bench measures admissions, not rejections.
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nlimits:\n  l: {{ key: {key}, rate: 1000000r/s, burst: 1000, nodelay: true, max_keys: {max_keys} }}\nroutes:\n  - limits: [l]\n    respond: {{ status: 200 }}\n"
+    );
+    Limiters::new(&config::parse(&yaml, "bench").expect("bench config is valid"))
+}
+
+fn ip(i: u32) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i))
+}
+
+fn headers() -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert(
+        "x-api-key",
+        "0123456789abcdef0123456789abcdef"
+            .parse()
+            .expect("valid value"),
+    );
+    h.insert(
+        "authorization",
+        "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.abc"
+            .parse()
+            .expect("valid value"),
+    );
+    h.insert(
+        "cookie",
+        "theme=dark; session=9f8e7d6c5b4a; lang=en"
+            .parse()
+            .expect("valid value"),
+    );
+    h
+}
+
+fn decision(c: &mut Criterion) {
+    let uri = Uri::from_static("/api/v1/items?page=2");
+    let headers = headers();
+    let src = |i: u32| KeySource {
+        client_ip: ip(i),
+        method: &Method::GET,
+        uri: &uri,
+        headers: &headers,
+        host: Some("example.com"),
+    };
+    let mut group = c.benchmark_group("decision");
+    for keys in [1u32, 100_000, 1_000_000] {
+        let l = limiters("ip", keys as usize);
+        let mut now = 0u64;
+        for i in 0..keys {
+            l.check(&[0], &src(i), now);
+        }
+        let mut i = 0u32;
+        group.bench_function(BenchmarkId::new("sluicegate", keys), |b| {
+            b.iter(|| {
+                i = (i + 7919) % keys;
+                now += 1_000;
+                black_box(l.check(&[0], &src(i), now))
+            })
+        });
+    }
+    // governor's keyed GCRA over the same keys: a reference point, not a competitor
+    // (it cannot decide several limits all-or-nothing, nor delay).
+    for keys in [1u32, 100_000] {
+        let quota = governor::Quota::per_second(NonZeroU32::new(1_000_000).expect("non-zero"))
+            .allow_burst(NonZeroU32::new(1001).expect("non-zero"));
+        let g = governor::RateLimiter::keyed(quota);
+        let mut i = 0u32;
+        group.bench_function(BenchmarkId::new("governor_keyed", keys), |b| {
+            b.iter(|| {
+                i = (i + 7919) % keys;
+                black_box(g.check_key(&ip(i)).is_ok())
+            })
+        });
+    }
+    group.finish();
+}
+
+fn key_extraction(c: &mut Criterion) {
+    let uri = Uri::from_static("/api/v1/items?page=2&user=42");
+    let headers = headers();
+    let src = KeySource {
+        client_ip: ip(1),
+        method: &Method::GET,
+        uri: &uri,
+        headers: &headers,
+        host: Some("example.com"),
+    };
+    let mut group = c.benchmark_group("key");
+    for key in [
+        "ip",
+        "\"header:x-api-key\"",
+        "bearer",
+        "\"cookie:session\"",
+        "\"query:user\"",
+        "[ip, \"header:x-api-key\", path]",
+    ] {
+        let spec = config::parse(
+            &format!("listen: 127.0.0.1:0\nlimits:\n  l: {{ key: {key}, rate: 1r/s }}\n"),
+            "bench",
+        )
+        .expect("bench config is valid")
+        .limits
+        .remove(0)
+        .key;
+        let seed = std::hash::RandomState::new();
+        group.bench_function(key.replace('"', ""), |b| {
+            b.iter(|| black_box(spec.hash(&src, &seed)))
+        });
+    }
+    group.finish();
+}
+
+/// Resident set size of this process, in bytes (Linux).
+fn rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+}
+
+fn memory_per_key(_: &mut Criterion) {
+    let uri = Uri::from_static("/");
+    let headers = HeaderMap::new();
+    let keys = 1_000_000u32;
+    let before = rss();
+    let l = limiters("ip", keys as usize);
+    for i in 0..keys {
+        let src = KeySource {
+            client_ip: ip(i),
+            method: &Method::GET,
+            uri: &uri,
+            headers: &headers,
+            host: None,
+        };
+        l.check(&[0], &src, 0);
+    }
+    if let (Some(before), Some(after)) = (before, rss()) {
+        println!(
+            "memory: {} keys held, {:.1} bytes per key (RSS growth)",
+            keys,
+            (after - before) as f64 / f64::from(keys)
+        );
+    }
+    black_box(&l);
+}
+
+criterion_group!(benches, memory_per_key, decision, key_extraction);
+criterion_main!(benches);
