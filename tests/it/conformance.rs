@@ -152,39 +152,41 @@ async fn proxy_matches_nginx_in_real_time() {
         .filter(|s| REAL_TIME.contains(&s.scenario.as_str()))
         .collect();
     assert_eq!(chosen.len(), REAL_TIME.len());
+    // Start every proxy first (a blocking wait for readiness), then run all schedules
+    // from one instant, so no start-up stalls a schedule already running.
+    let proxies: Vec<Sluicegate> = chosen
+        .iter()
+        .map(|s| Sluicegate::start(&policy_yaml(s)))
+        .collect();
+    let start = tokio::time::Instant::now() + Duration::from_millis(100);
     let mut runs = Vec::new();
-    for s in chosen {
-        runs.push(tokio::spawn(async move {
-            let sg = Sluicegate::start(&policy_yaml(&s));
-            let start = tokio::time::Instant::now() + Duration::from_millis(200);
-            let tasks: Vec<_> = s
-                .requests
-                .iter()
-                .map(|r| {
-                    let (addr, key, at) = (
-                        sg.addr,
-                        r.key.clone(),
-                        start + Duration::from_millis(r.t_ms),
-                    );
-                    tokio::spawn(async move {
-                        tokio::time::sleep_until(at).await;
-                        let sent = Instant::now();
-                        let headers: Vec<(&str, &str)> =
-                            key.as_deref().map(|k| ("x-key", k)).into_iter().collect();
-                        let status = get(addr, "/", &headers).await.status;
-                        (status, sent.elapsed().as_secs_f64() * 1000.0)
-                    })
+    for (s, sg) in chosen.into_iter().zip(&proxies) {
+        let tasks: Vec<_> = s
+            .requests
+            .iter()
+            .map(|r| {
+                let (addr, key, at) = (
+                    sg.addr,
+                    r.key.clone(),
+                    start + Duration::from_millis(r.t_ms),
+                );
+                tokio::spawn(async move {
+                    tokio::time::sleep_until(at).await;
+                    let sent = Instant::now();
+                    let headers: Vec<(&str, &str)> =
+                        key.as_deref().map(|k| ("x-key", k)).into_iter().collect();
+                    let status = get(addr, "/", &headers).await.status;
+                    (status, sent.elapsed().as_secs_f64() * 1000.0)
                 })
-                .collect();
-            let mut outcomes = Vec::new();
-            for t in tasks {
-                outcomes.push(t.await.unwrap());
-            }
-            (s, outcomes)
-        }));
+            })
+            .collect();
+        runs.push((s, tasks));
     }
-    for run in runs {
-        let (s, outcomes) = run.await.unwrap();
+    for (s, tasks) in runs {
+        let mut outcomes = Vec::new();
+        for t in tasks {
+            outcomes.push(t.await.unwrap());
+        }
         let delays = nginx_delays_ms(&s);
         // Requests sent at the same instant with the same key may arrive in any order:
         // compare each such group as sorted (status, delay) lists.
