@@ -1,0 +1,359 @@
+#!/usr/bin/env bash
+# Whole-proxy load test: sluicegate vs. nginx (limit_req) in front of the same nginx backend.
+#
+#   benches/wrk/run.sh            (from anywhere; needs cargo, nginx, wrk, curl)
+#
+# Cases, all in one run so the ratios are comparable:
+#   a  backend direct (baseline)
+#   b  sluicegate, no limits
+#   c  sluicegate, a limit that never rejects (key: ip, 100000000r/s, burst 1000, nodelay)
+#   d  nginx reverse proxy, limit_req that never rejects, upstream keepalive,
+#      with worker_processes 1 and with worker_processes auto
+#   e  sluicegate, a limit that rejects almost everything (key: ip, 10r/s): the 429 path
+#   f  nginx, the same 429 case (limit_req_status 429), workers 1 and auto
+#
+# Everything listens on 127.0.0.1 only. Everything started here is killed on exit.
+# wrk, the backend and the proxy under test share the machine's cores; sluicegate runs a
+# tokio multi-thread runtime (one worker per core), hence nginx is also run with
+# worker_processes auto.
+#
+# Environment overrides (defaults in brackets):
+#   DURATION [10s]   measured wrk run per case     WARMUP [2s]   unmeasured wrk run before it
+#   CONNECTIONS [64] wrk -c                        THREADS [2]   wrk -t
+#   WRK_TIMEOUT [2s] wrk --timeout                 BASE_PORT [18480] first port tried
+#   SKIP_BUILD [0]   1: use the existing target/release/sluicegate
+#   KEEP_TMP [0]     1: keep the temp dir (configs, logs, raw wrk output)
+#
+# report.lua turns each wrk run into one parsable line; status.lua (not used by this
+# script) counts responses by status code when a case shows unexpected non-2xx.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+DURATION="${DURATION:-10s}"
+WARMUP="${WARMUP:-2s}"
+CONNECTIONS="${CONNECTIONS:-64}"
+THREADS="${THREADS:-2}"
+WRK_TIMEOUT="${WRK_TIMEOUT:-2s}"
+BASE_PORT="${BASE_PORT:-18480}"
+SKIP_BUILD="${SKIP_BUILD:-0}"
+KEEP_TMP="${KEEP_TMP:-0}"
+SG="$ROOT/target/release/sluicegate"
+
+log() { printf '>> %s\n' "$*" >&2; }
+die() { printf 'run.sh: %s\n' "$*" >&2; exit 1; }
+
+secs_of() { # "10s" | "10" -> 10 (wrk also accepts m/h, which this bound does not need)
+  local d="${1%s}"
+  [[ "$d" =~ ^[0-9]+$ ]] || die "durations must be whole seconds (got $1)"
+  echo "$d"
+}
+DUR_S="$(secs_of "$DURATION")"
+WARM_S="$(secs_of "$WARMUP")"
+
+# ---- tools ---------------------------------------------------------------------------
+if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null; then
+  [[ $(id -u) -eq 0 ]] || die "nginx and wrk are needed (apt-get install nginx wrk)"
+  log "installing nginx and wrk"
+  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y nginx wrk
+fi
+command -v curl >/dev/null || die "curl is needed"
+
+# ---- processes and cleanup -------------------------------------------------------------
+TMP="$(mktemp -d /tmp/sluicegate-wrk.XXXXXX)"
+chmod 755 "$TMP" # nginx workers run as nobody when started by root
+PIDS=()
+
+stop_pid() { # TERM, wait up to 5 s, then KILL
+  local pid="$1" i
+  kill -TERM "$pid" 2>/dev/null || return 0
+  for i in $(seq 50); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -KILL "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+
+cleanup() {
+  local pid
+  for pid in "${PIDS[@]}"; do stop_pid "$pid"; done
+  if [[ "$KEEP_TMP" == 1 ]]; then
+    log "kept $TMP"
+  else
+    rm -rf "$TMP"
+  fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+forget_pid() { # drop a stopped pid from PIDS
+  local keep=() p
+  for p in "${PIDS[@]}"; do [[ "$p" == "$1" ]] || keep+=("$p"); done
+  PIDS=("${keep[@]}")
+}
+
+NEXT_PORT="$BASE_PORT"
+free_port() { # first port >= NEXT_PORT on 127.0.0.1 that nothing answers on
+  local p="$NEXT_PORT"
+  while timeout 1 bash -c "exec 3<>/dev/tcp/127.0.0.1/$p" 2>/dev/null; do p=$((p + 1)); done
+  NEXT_PORT=$((p + 1))
+  echo "$p"
+}
+
+wait_ready() { # poll until the port answers HTTP (bounded: 100 tries x 0.1 s)
+  local port="$1" pid="$2" i
+  for i in $(seq 100); do
+    kill -0 "$pid" 2>/dev/null || die "process $pid for port $port died while starting"
+    if curl -s -o /dev/null --max-time 1 "http://127.0.0.1:$port/"; then return 0; fi
+    sleep 0.1
+  done
+  die "nothing answering on 127.0.0.1:$port"
+}
+
+# ---- nginx configs -------------------------------------------------------------------------
+nginx_common() { # $1 prefix dir, $2 workers
+  cat <<EOF
+worker_processes $2;
+daemon off;
+pid $1/nginx.pid;
+error_log $1/error.log warn;
+events { worker_connections 4096; }
+EOF
+}
+
+nginx_http_common() { # $1 prefix dir
+  cat <<EOF
+  access_log off;
+  client_body_temp_path $1/body;
+  proxy_temp_path $1/proxy;
+  fastcgi_temp_path $1/fastcgi;
+  uwsgi_temp_path $1/uwsgi;
+  scgi_temp_path $1/scgi;
+  keepalive_requests 1000000000;
+  keepalive_timeout 75s;
+EOF
+}
+
+write_backend_conf() { # $1 dir, $2 port
+  {
+    nginx_common "$1" 1
+    echo "http {"
+    nginx_http_common "$1"
+    cat <<EOF
+  server {
+    listen 127.0.0.1:$2;
+    location / { default_type text/plain; return 200 "ok\n"; }
+  }
+}
+EOF
+  } >"$1/nginx.conf"
+}
+
+write_nginx_proxy_conf() { # $1 dir, $2 port, $3 workers, $4 rate, $5 limit_req args
+  {
+    nginx_common "$1" "$3"
+    echo "http {"
+    nginx_http_common "$1"
+    cat <<EOF
+  limit_req_zone \$binary_remote_addr zone=per_ip:10m rate=$4;
+  upstream backend {
+    server 127.0.0.1:$BACKEND_PORT;
+    keepalive 64;
+    keepalive_requests 1000000000;
+  }
+  server {
+    listen 127.0.0.1:$2;
+    location / {
+      limit_req zone=per_ip $5;
+      limit_req_status 429;
+      limit_req_log_level info;   # rejections below the error_log level, like sluicegate --log-level warn
+      proxy_pass http://backend;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header Host \$host;
+      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+      proxy_set_header X-Forwarded-Proto \$scheme;
+      proxy_set_header X-Forwarded-Host \$host;
+    }
+  }
+}
+EOF
+  } >"$1/nginx.conf"
+}
+
+START_PID=""
+start_nginx() { # $1 dir, $2 port; sets START_PID
+  mkdir -p "$1"
+  nginx -t -q -e "$1/error.log" -p "$1" -c "$1/nginx.conf" || die "bad nginx config $1/nginx.conf"
+  nginx -e "$1/error.log" -p "$1" -c "$1/nginx.conf" 2>>"$1/error.log" &
+  START_PID=$!
+  PIDS+=("$START_PID")
+  wait_ready "$2" "$START_PID"
+}
+
+# ---- sluicegate configs ----------------------------------------------------------------------
+write_sg_conf() { # $1 file, $2 port, $3 limit yaml ("" for none)
+  {
+    cat <<EOF
+listen: 127.0.0.1:$2
+server:
+  shutdown_grace: 1s
+upstreams:
+  backend:
+    servers: ["127.0.0.1:$BACKEND_PORT"]
+EOF
+    if [[ -n "$3" ]]; then
+      printf 'limits:\n  per_ip:\n%s\n' "$3"
+      printf 'routes:\n  - upstream: backend\n    limits: [per_ip]\n'
+    else
+      printf 'routes:\n  - upstream: backend\n'
+    fi
+  } >"$1"
+  "$SG" check -c "$1" >/dev/null || die "sluicegate rejected $1"
+}
+
+start_sg() { # $1 config, $2 port, $3 log file; sets START_PID
+  "$SG" -c "$1" --log-level warn 2>"$3" &
+  START_PID=$!
+  PIDS+=("$START_PID")
+  wait_ready "$2" "$START_PID"
+}
+
+stop_started() { stop_pid "$1"; forget_pid "$1"; }
+
+# ---- measuring ------------------------------------------------------------------------------
+CLK_TCK="$(getconf CLK_TCK)"
+cpu_ticks() { # utime+stime of a process and its direct children (nginx workers)
+  local total=0 p f
+  for p in "$1" $(pgrep -P "$1" || true); do
+    if f=$(cat "/proc/$p/stat" 2>/dev/null); then
+      f="${f##*) }" # fields after "(comm) "; utime/stime are fields 14/15, here 12/13
+      read -r -a a <<<"$f"
+      total=$((total + a[11] + a[12]))
+    fi
+  done
+  echo "$total"
+}
+
+CASES=()
+declare -A RPS P50 P99 NON2XX SOCKERR CPU CPUREQ CODES
+
+run_case() { # $1 label, $2 port, $3 pid whose CPU (with children) is the thing under test
+  local label="$1" port="$2" pid="$3" out t0 t1 line
+  CODES[$label]="$(for _ in 1 2 3; do curl -s -o /dev/null -w '%{http_code} ' --max-time 2 "http://127.0.0.1:$port/"; done)"
+  log "$label: warm-up ${WARMUP}, then wrk -t$THREADS -c$CONNECTIONS -d$DURATION (pre-check status codes: ${CODES[$label]})"
+  timeout $((WARM_S + 30)) wrk -t"$THREADS" -c"$CONNECTIONS" -d"$WARMUP" --timeout "$WRK_TIMEOUT" \
+    "http://127.0.0.1:$port/" >/dev/null
+  out="$TMP/wrk-${label//[^A-Za-z0-9_.-]/_}.txt"
+  t0="$(cpu_ticks "$pid")"
+  timeout $((DUR_S + 30)) wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" --timeout "$WRK_TIMEOUT" \
+    --latency -s "$HERE/report.lua" "http://127.0.0.1:$port/" >"$out"
+  t1="$(cpu_ticks "$pid")"
+  line="$(grep '^WRKRESULT ' "$out")" || die "no result from wrk for $label (see $out)"
+  local rps requests p50_us p99_us non2xx connect read write timeout secs kv
+  for kv in ${line#WRKRESULT }; do local "${kv%%=*}=${kv#*=}"; done
+  CASES+=("$label")
+  RPS[$label]="$rps"
+  P50[$label]="$p50_us"
+  P99[$label]="$p99_us"
+  NON2XX[$label]="$non2xx"
+  SOCKERR[$label]="$connect/$read/$write/$timeout"
+  CPU[$label]="$(awk -v d=$((t1 - t0)) -v hz="$CLK_TCK" -v s="$secs" 'BEGIN{printf "%.0f", 100*d/hz/s}')"
+  CPUREQ[$label]="$(awk -v d=$((t1 - t0)) -v hz="$CLK_TCK" -v n="$requests" 'BEGIN{printf "%.1f", n ? 1e6*d/hz/n : 0}')"
+  log "$label: $rps req/s, p50 ${p50_us}us, p99 ${p99_us}us, non-2xx $non2xx, socket errors c/r/w/t ${SOCKERR[$label]}"
+}
+
+# ---- go ---------------------------------------------------------------------------------------
+if [[ "$SKIP_BUILD" != 1 ]]; then
+  log "cargo build --release"
+  (cd "$ROOT" && cargo build --release --quiet)
+fi
+[[ -x "$SG" ]] || die "no $SG"
+
+BACKEND_PORT="$(free_port)"
+mkdir -p "$TMP/backend"
+write_backend_conf "$TMP/backend" "$BACKEND_PORT"
+start_nginx "$TMP/backend" "$BACKEND_PORT"
+BACKEND_PID="$START_PID"
+log "backend nginx on 127.0.0.1:$BACKEND_PORT (worker_processes 1)"
+
+# a. backend direct
+run_case "a backend direct" "$BACKEND_PORT" "$BACKEND_PID"
+
+# b, c, e: sluicegate
+LIMIT_PASS="    key: ip
+    rate: 100000000r/s
+    burst: 1000
+    nodelay: true"
+LIMIT_REJECT="    key: ip
+    rate: 10r/s
+    status: 429"
+sg_case() { # $1 label, $2 tag, $3 limit yaml
+  local port conf
+  port="$(free_port)"
+  conf="$TMP/sg-$2.yaml"
+  write_sg_conf "$conf" "$port" "$3"
+  start_sg "$conf" "$port" "$TMP/sg-$2.log"
+  local pid="$START_PID"
+  run_case "$1" "$port" "$pid"
+  stop_started "$pid"
+}
+ng_case() { # $1 label, $2 tag, $3 workers, $4 rate, $5 limit_req args
+  local port dir
+  port="$(free_port)"
+  dir="$TMP/nginx-$2"
+  mkdir -p "$dir"
+  write_nginx_proxy_conf "$dir" "$port" "$3" "$4" "$5"
+  start_nginx "$dir" "$port"
+  local pid="$START_PID"
+  run_case "$1" "$port" "$pid"
+  stop_started "$pid"
+}
+
+sg_case "b sluicegate no limit" nolimit ""
+sg_case "c sluicegate limit (pass)" pass "$LIMIT_PASS"
+ng_case "d nginx limit_req (pass) w1" pass-w1 1 100000000r/s "burst=1000 nodelay"
+ng_case "d nginx limit_req (pass) wauto" pass-wauto auto 100000000r/s "burst=1000 nodelay"
+sg_case "e sluicegate limit (429)" reject "$LIMIT_REJECT"
+ng_case "f nginx limit_req (429) w1" reject-w1 1 10r/s "nodelay"
+ng_case "f nginx limit_req (429) wauto" reject-wauto auto 10r/s "nodelay"
+
+# ---- report ---------------------------------------------------------------------------------------
+REF_SG="${RPS[c sluicegate limit (pass)]}"
+REF_NG="${RPS[d nginx limit_req (pass) w1]}"
+echo
+echo "wrk -t$THREADS -c$CONNECTIONS -d$DURATION --timeout $WRK_TIMEOUT --latency (after a ${WARMUP} warm-up); $(nproc) cores shared by wrk, backend and proxy"
+echo "backend: nginx worker_processes 1, 'return 200 \"ok\\n\"'; wauto = worker_processes auto = $(nproc) workers"
+echo
+printf '%-32s %10s %9s %9s %9s %12s %6s %9s %8s %8s\n' \
+  case "req/s" "p50 ms" "p99 ms" non-2xx "sockerr" "CPU%" "CPUus/req" "/sg-lim" "/ng-lr1"
+for c in "${CASES[@]}"; do
+  awk -v c="$c" -v r="${RPS[$c]}" -v p50="${P50[$c]}" -v p99="${P99[$c]}" -v n="${NON2XX[$c]}" \
+    -v se="${SOCKERR[$c]}" -v cpu="${CPU[$c]}" -v cr="${CPUREQ[$c]}" -v rs="$REF_SG" -v rn="$REF_NG" \
+    'BEGIN{printf "%-32s %10.0f %9.3f %9.3f %9d %12s %6s %9s %8.2f %8.2f\n",
+      c, r, p50/1000, p99/1000, n, se, cpu, cr, r/rs, r/rn}'
+done
+echo
+echo "sockerr = wrk socket errors connect/read/write/timeout; CPU% = CPU of the process under test"
+echo "(nginx: master+workers; 200% = both cores) over the measured run; /sg-lim and /ng-lr1 = req/s"
+echo "relative to 'c sluicegate limit (pass)' and 'd nginx limit_req (pass) w1'."
+
+# Non-2xx where nothing should be rejected deserves a look (benches/wrk/status.lua shows which).
+for c in "${CASES[@]}"; do
+  if [[ "$c" != *429* && "${NON2XX[$c]}" != 0 ]]; then
+    echo
+    echo "NOTE: '$c' had ${NON2XX[$c]} non-2xx responses although nothing should be rejected;"
+    echo "      rerun it with 'wrk ... -s benches/wrk/status.lua' to see the status codes."
+  fi
+done
+
+# Anything the proxies logged at warn or above during the runs.
+shopt -s nullglob
+for f in "$TMP"/sg-*.log "$TMP"/*/error.log; do
+  if [[ -s "$f" ]]; then
+    echo
+    echo "log ${f#"$TMP"/} ($(wc -l <"$f") lines), last 5:"
+    tail -n 5 "$f"
+  fi
+done
