@@ -6,6 +6,7 @@
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
 use std::num::NonZeroU32;
+use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use http::{HeaderMap, Method, Uri};
@@ -13,7 +14,7 @@ use sluicegate::config;
 use sluicegate::limit::Limiters;
 use sluicegate::limit::key::KeySource;
 
-fn limiters(key: &str, max_keys: usize) -> Limiters {
+fn limiters(key: &str, max_keys: usize) -> Arc<Limiters> {
     // Fast enough that the bench measures admissions, not rejections.
     let yaml = format!(
         "listen: 127.0.0.1:0\nlimits:\n  l: {{ key: {key}, rate: 1000000r/s, burst: 1000, nodelay: true, max_keys: {max_keys} }}\nroutes:\n  - limits: [l]\n    respond: {{ status: 200 }}\n"
@@ -27,24 +28,9 @@ fn ip(i: u32) -> IpAddr {
 
 fn headers() -> HeaderMap {
     let mut h = HeaderMap::new();
-    h.insert(
-        "x-api-key",
-        "0123456789abcdef0123456789abcdef"
-            .parse()
-            .expect("valid value"),
-    );
-    h.insert(
-        "authorization",
-        "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.abc"
-            .parse()
-            .expect("valid value"),
-    );
-    h.insert(
-        "cookie",
-        "theme=dark; session=9f8e7d6c5b4a; lang=en"
-            .parse()
-            .expect("valid value"),
-    );
+    h.insert("x-api-key", "0123456789abcdef0123456789abcdef".parse().expect("valid value"));
+    h.insert("authorization", "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.abc".parse().expect("valid value"));
+    h.insert("cookie", "theme=dark; session=9f8e7d6c5b4a; lang=en".parse().expect("valid value"));
     h
 }
 
@@ -63,14 +49,14 @@ fn decision(c: &mut Criterion) {
         let l = limiters("ip", keys as usize);
         let mut now = 0u64;
         for i in 0..keys {
-            l.check(&[0], &src(i), now);
+            l.check(&[0], &src(i), || now);
         }
         let mut i = 0u32;
         group.bench_function(BenchmarkId::new("sluicegate", keys), |b| {
             b.iter(|| {
                 i = (i + 7919) % keys;
                 now += 1_000;
-                black_box(l.check(&[0], &src(i), now))
+                black_box(l.check(&[0], &src(i), || now))
             })
         });
     }
@@ -88,19 +74,16 @@ fn decision(c: &mut Criterion) {
             })
         });
     }
+    // The proxy reads the monotonic clock once per decision.
+    group.bench_function("clock", |b| b.iter(|| black_box(sluicegate::limit::now())));
     group.finish();
 }
 
 fn key_extraction(c: &mut Criterion) {
     let uri = Uri::from_static("/api/v1/items?page=2&user=42");
     let headers = headers();
-    let src = KeySource {
-        client_ip: ip(1),
-        method: &Method::GET,
-        uri: &uri,
-        headers: &headers,
-        host: Some("example.com"),
-    };
+    let src =
+        KeySource { client_ip: ip(1), method: &Method::GET, uri: &uri, headers: &headers, host: Some("example.com") };
     let mut group = c.benchmark_group("key");
     for key in [
         "ip",
@@ -110,18 +93,14 @@ fn key_extraction(c: &mut Criterion) {
         "\"query:user\"",
         "[ip, \"header:x-api-key\", path]",
     ] {
-        let spec = config::parse(
-            &format!("listen: 127.0.0.1:0\nlimits:\n  l: {{ key: {key}, rate: 1r/s }}\n"),
-            "bench",
-        )
-        .expect("bench config is valid")
-        .limits
-        .remove(0)
-        .key;
+        let spec =
+            config::parse(&format!("listen: 127.0.0.1:0\nlimits:\n  l: {{ key: {key}, rate: 1r/s }}\n"), "bench")
+                .expect("bench config is valid")
+                .limits
+                .remove(0)
+                .key;
         let seed = std::hash::RandomState::new();
-        group.bench_function(key.replace('"', ""), |b| {
-            b.iter(|| black_box(spec.hash(&src, &seed)))
-        });
+        group.bench_function(key.replace('"', ""), |b| b.iter(|| black_box(spec.hash(&src, &seed))));
     }
     group.finish();
 }
@@ -140,14 +119,8 @@ fn memory_per_key(_: &mut Criterion) {
     let before = rss();
     let l = limiters("ip", keys as usize);
     for i in 0..keys {
-        let src = KeySource {
-            client_ip: ip(i),
-            method: &Method::GET,
-            uri: &uri,
-            headers: &headers,
-            host: None,
-        };
-        l.check(&[0], &src, 0);
+        let src = KeySource { client_ip: ip(i), method: &Method::GET, uri: &uri, headers: &headers, host: None };
+        l.check(&[0], &src, || 0);
     }
     if let (Some(before), Some(after)) = (before, rss()) {
         println!(

@@ -5,11 +5,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Debug, Parser)]
-#[command(
-    name = "sluicegate",
-    version,
-    about = "An HTTP reverse proxy with rate limiting built in"
-)]
+#[command(name = "sluicegate", version, about = "An HTTP reverse proxy with rate limiting built in")]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -40,9 +36,7 @@ pub enum LogFormat {
 
 /// Sends log lines to stderr in the chosen format.
 pub fn init_tracing(cli: &Cli) {
-    let builder = tracing_subscriber::fmt()
-        .with_max_level(cli.log_level)
-        .with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_max_level(cli.log_level).with_writer(std::io::stderr);
     match cli.log_format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

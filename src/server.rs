@@ -27,10 +27,7 @@ impl Server {
     /// Binds the configured `listen` address.
     pub async fn bind(config: Config) -> std::io::Result<Server> {
         let listener = TcpListener::bind(config.listen).await?;
-        Ok(Server {
-            listener,
-            proxy: Arc::new(Proxy::new(config)),
-        })
+        Ok(Server { listener, proxy: Arc::new(Proxy::new(config)) })
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -41,11 +38,7 @@ impl Server {
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let config = self.proxy.config();
         let mut builder = auto::Builder::new(TokioExecutor::new());
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(config.header_read_timeout)
-            .keep_alive(true);
+        builder.http1().timer(TokioTimer::new()).header_read_timeout(config.header_read_timeout).keep_alive(true);
         let grace = config.shutdown_grace;
         let graceful = GracefulShutdown::new();
         tokio::pin!(shutdown);
@@ -68,9 +61,7 @@ impl Server {
                 let proxy = Arc::clone(&proxy);
                 async move { Ok::<_, Infallible>(proxy.handle(req, peer).await) }
             });
-            let connection = builder
-                .serve_connection(TokioIo::new(stream), service)
-                .into_owned();
+            let connection = builder.serve_connection(TokioIo::new(stream), service).into_owned();
             let connection = graceful.watch(connection);
             tokio::spawn(async move {
                 if let Err(e) = connection.await {
@@ -79,10 +70,7 @@ impl Server {
             });
         }
         drop(self.listener);
-        info!(
-            grace_ms = grace.as_millis() as u64,
-            "shutting down: finishing in-flight requests"
-        );
+        info!(grace_ms = grace.as_millis() as u64, "shutting down: finishing in-flight requests");
         tokio::select! {
             () = graceful.shutdown() => info!("all connections closed"),
             () = tokio::time::sleep(grace) => warn!("grace period over; closing the remaining connections"),

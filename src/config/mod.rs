@@ -20,7 +20,7 @@ use http::{HeaderMap, Method, StatusCode};
 use ipnet::IpNet;
 
 use crate::limit::key::KeySpec;
-pub use raw::HeaderMode;
+pub use raw::{HeaderMode, LogLevel};
 pub use units::Rate;
 
 #[derive(Debug)]
@@ -30,6 +30,8 @@ pub struct Config {
     pub header_read_timeout: Duration,
     pub shutdown_grace: Duration,
     pub ratelimit_headers: HeaderMode,
+    /// Log a keyed hash instead of the key's value.
+    pub redact_keys: bool,
     pub upstreams: Vec<Upstream>,
     pub limits: Vec<Limit>,
     pub routes: Vec<Route>,
@@ -44,19 +46,33 @@ pub struct Upstream {
     pub timeout: Duration,
 }
 
-/// A request-rate limit with nginx `limit_req` semantics.
 #[derive(Debug)]
 pub struct Limit {
     pub name: String,
     pub key: KeySpec,
-    pub rate: Rate,
-    /// Excess requests admitted beyond the rate (nginx `burst`).
-    pub burst: u64,
-    /// Excess requests admitted without waiting: 0 by default (every excess request
-    /// waits), `burst` for `nodelay`, N for `delay: N`.
-    pub delay: u64,
+    pub policy: Policy,
+    /// Status of a rejection.
     pub status: StatusCode,
     pub max_keys: usize,
+    /// Decide and keep state as if enforced, but never reject or delay.
+    pub dry_run: bool,
+    /// Level of rejection lines; delays log one level lower.
+    pub log_level: LogLevel,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// Request rate with nginx `limit_req` semantics.
+    Rate {
+        rate: Rate,
+        /// Excess requests admitted beyond the rate (nginx `burst`).
+        burst: u64,
+        /// Excess requests admitted without waiting: 0 by default (every excess
+        /// request waits), `burst` for `nodelay`, N for `delay: N`.
+        delay: u64,
+    },
+    /// Requests in progress (nginx `limit_conn`); a rejection says `Retry-After`.
+    Concurrency { max: u64, retry_after: Duration },
 }
 
 #[derive(Debug)]
@@ -124,10 +140,7 @@ impl fmt::Display for ConfigError {
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     #[error("{file}: cannot read: {source}")]
-    Read {
-        file: String,
-        source: std::io::Error,
-    },
+    Read { file: String, source: std::io::Error },
     #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
     Invalid(Vec<ConfigError>),
 }
@@ -135,10 +148,7 @@ pub enum LoadError {
 /// Reads and compiles the file at `path`.
 pub fn load(path: &Path) -> Result<Config, LoadError> {
     let file = path.display().to_string();
-    let src = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
-        file: file.clone(),
-        source,
-    })?;
+    let src = std::fs::read_to_string(path).map_err(|source| LoadError::Read { file: file.clone(), source })?;
     parse(&src, &file)
 }
 
@@ -152,21 +162,13 @@ pub fn parse(src: &str, file: &str) -> Result<Config, LoadError> {
         })
     });
     let raw = raw.map_err(|e| {
-        let (line, column) = e
-            .location()
-            .map_or((1, 1), |l| (l.line() as usize, l.column() as usize));
+        let (line, column) = e.location().map_or((1, 1), |l| (l.line() as usize, l.column() as usize));
         // The plain message ends with the location we print in front instead.
         let message = e.without_snippet().to_string();
         let suffix = format!(" at line {line}, column {column}");
         let message = message.strip_suffix(&suffix).unwrap_or(&message).to_owned();
         let path = if path == "." { String::new() } else { path };
-        LoadError::Invalid(vec![ConfigError {
-            file: file.to_owned(),
-            line,
-            column,
-            path,
-            message,
-        }])
+        LoadError::Invalid(vec![ConfigError { file: file.to_owned(), line, column, path, message }])
     })?;
     validate::compile(raw, &position::Positions::index(src), file).map_err(LoadError::Invalid)
 }

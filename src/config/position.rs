@@ -19,11 +19,7 @@ enum Frame {
 }
 
 fn child(parent: &str, key: &str) -> String {
-    if parent.is_empty() {
-        key.to_owned()
-    } else {
-        format!("{parent}.{key}")
-    }
+    if parent.is_empty() { key.to_owned() } else { format!("{parent}.{key}") }
 }
 
 impl Positions {
@@ -37,10 +33,7 @@ impl Positions {
             let pos = (span.start.line(), span.start.col() + 1);
             let is_node = matches!(
                 event,
-                Event::Scalar(..)
-                    | Event::SequenceStart(..)
-                    | Event::MappingStart(..)
-                    | Event::Alias(_)
+                Event::Scalar(..) | Event::SequenceStart(..) | Event::MappingStart(..) | Event::Alias(_)
             );
             let mut path = None;
             if is_node {
@@ -68,14 +61,8 @@ impl Positions {
                 map.entry(path.clone()).or_insert(pos);
             }
             match event {
-                Event::MappingStart(..) => stack.push(Frame::Map {
-                    path: path.unwrap_or_default(),
-                    key: None,
-                }),
-                Event::SequenceStart(..) => stack.push(Frame::Seq {
-                    path: path.unwrap_or_default(),
-                    next: 0,
-                }),
+                Event::MappingStart(..) => stack.push(Frame::Map { path: path.unwrap_or_default(), key: None }),
+                Event::SequenceStart(..) => stack.push(Frame::Seq { path: path.unwrap_or_default(), next: 0 }),
                 Event::MappingEnd | Event::SequenceEnd => {
                     stack.pop();
                 }

@@ -19,6 +19,8 @@ pub struct RawConfig {
     #[serde(default)]
     pub ratelimit_headers: HeaderMode,
     #[serde(default)]
+    pub redact_keys: bool,
+    #[serde(default)]
     pub upstreams: BTreeMap<String, RawUpstream>,
     #[serde(default)]
     pub limits: BTreeMap<String, RawLimit>,
@@ -49,8 +51,23 @@ pub struct RawLimit {
     pub burst: Option<u64>,
     pub nodelay: Option<bool>,
     pub delay: Option<u64>,
+    pub concurrency: Option<u64>,
+    pub retry_after: Option<String>,
     pub status: Option<u16>,
     pub max_keys: Option<u64>,
+    pub dry_run: Option<bool>,
+    pub log_level: Option<LogLevel>,
+}
+
+/// Level of a limit's rejection lines; its delay lines go one level lower (like nginx
+/// `limit_req_log_level`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
 }
 
 /// `key: ip` or `key: [ip, "header:x-api-key"]`.

@@ -25,12 +25,7 @@ impl Rate {
 
 impl fmt::Display for Rate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}r/{}",
-            self.count,
-            humantime::format_duration(self.per)
-        )
+        write!(f, "{}r/{}", self.count, humantime::format_duration(self.per))
     }
 }
 
@@ -40,14 +35,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 pub fn parse_rate(text: &str) -> Result<Rate, String> {
-    let bad = |why: &str| {
-        format!("invalid rate {text:?}: {why}; write N r/DURATION, e.g. 10r/s, 600r/m, 100r/15m")
-    };
+    let bad = |why: &str| format!("invalid rate {text:?}: {why}; write N r/DURATION, e.g. 10r/s, 600r/m, 100r/15m");
     let (count, window) = text.split_once("r/").ok_or_else(|| bad("no \"r/\""))?;
-    let count: u64 = count
-        .trim()
-        .parse()
-        .map_err(|_| bad("the count must be a whole number"))?;
+    let count: u64 = count.trim().parse().map_err(|_| bad("the count must be a whole number"))?;
     if count == 0 {
         return Err(bad("the count must be positive"));
     }
@@ -86,16 +76,7 @@ mod tests {
 
     #[test]
     fn bad_rates_say_what_is_wrong() {
-        for bad in [
-            "",
-            "10",
-            "0r/s",
-            "-1r/s",
-            "1.5r/s",
-            "10r/",
-            "10r/parsec",
-            "10r/0s",
-        ] {
+        for bad in ["", "10", "0r/s", "-1r/s", "1.5r/s", "10r/", "10r/parsec", "10r/0s"] {
             let err = parse_rate(bad).unwrap_err();
             assert!(err.contains("invalid rate"), "{bad}: {err}");
         }

@@ -15,7 +15,7 @@ use super::position::Positions;
 use super::raw::{RawConfig, RawKey, RawLimit, RawMatch, RawRespond, RawRoute, RawUpstream};
 use super::units::{parse_duration, parse_rate};
 use super::{
-    Action, Config, ConfigError, Limit, PathMatch, Route, RouteMatch, StaticResponse, Upstream,
+    Action, Config, ConfigError, Limit, LogLevel, PathMatch, Policy, Route, RouteMatch, StaticResponse, Upstream,
 };
 use crate::limit::key::{KeyPart, KeySpec};
 
@@ -23,6 +23,8 @@ const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
+/// `Retry-After` of a concurrency rejection unless the limit says otherwise.
+const DEFAULT_CONCURRENCY_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// Keys a local limit remembers before it evicts; about 5 MB at this size.
 pub const DEFAULT_MAX_KEYS: u64 = 100_000;
 
@@ -35,13 +37,7 @@ struct Errors<'a> {
 impl Errors<'_> {
     fn add(&mut self, path: String, message: impl Into<String>) {
         let (line, column) = self.positions.of(&path);
-        self.list.push(ConfigError {
-            file: self.file.to_owned(),
-            line,
-            column,
-            path,
-            message: message.into(),
-        });
+        self.list.push(ConfigError { file: self.file.to_owned(), line, column, path, message: message.into() });
     }
 
     /// The value of `result`, or None with its error recorded at `path`.
@@ -52,43 +48,22 @@ impl Errors<'_> {
     fn duration(&mut self, path: &str, text: Option<&String>, default: Duration) -> Duration {
         match text {
             None => default,
-            Some(text) => self
-                .check(|| path.to_owned(), parse_duration(text))
-                .unwrap_or(default),
+            Some(text) => self.check(|| path.to_owned(), parse_duration(text)).unwrap_or(default),
         }
     }
 }
 
 fn names<T>(map: &BTreeMap<String, T>) -> String {
-    if map.is_empty() {
-        "none".to_owned()
-    } else {
-        map.keys()
-            .map(String::as_str)
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
+    if map.is_empty() { "none".to_owned() } else { map.keys().map(String::as_str).collect::<Vec<_>>().join(", ") }
 }
 
-pub fn compile(
-    raw: RawConfig,
-    positions: &Positions,
-    file: &str,
-) -> Result<Config, Vec<ConfigError>> {
-    let mut e = Errors {
-        file,
-        positions,
-        list: Vec::new(),
-    };
+pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Config, Vec<ConfigError>> {
+    let mut e = Errors { file, positions, list: Vec::new() };
 
     let listen = e.check(
         || "listen".into(),
-        SocketAddr::from_str(&raw.listen).map_err(|_| {
-            format!(
-                "invalid address {:?}; write IP:PORT, e.g. 0.0.0.0:8080",
-                raw.listen
-            )
-        }),
+        SocketAddr::from_str(&raw.listen)
+            .map_err(|_| format!("invalid address {:?}; write IP:PORT, e.g. 0.0.0.0:8080", raw.listen)),
     );
     let trusted_proxies = raw
         .trusted_proxies
@@ -96,33 +71,14 @@ pub fn compile(
         .enumerate()
         .filter_map(|(i, text)| e.check(|| format!("trusted_proxies[{i}]"), parse_cidr(text)))
         .collect();
-    let header_read_timeout = e.duration(
-        "server.header_read_timeout",
-        raw.server.header_read_timeout.as_ref(),
-        DEFAULT_HEADER_READ_TIMEOUT,
-    );
-    let shutdown_grace = e.duration(
-        "server.shutdown_grace",
-        raw.server.shutdown_grace.as_ref(),
-        DEFAULT_SHUTDOWN_GRACE,
-    );
+    let header_read_timeout =
+        e.duration("server.header_read_timeout", raw.server.header_read_timeout.as_ref(), DEFAULT_HEADER_READ_TIMEOUT);
+    let shutdown_grace =
+        e.duration("server.shutdown_grace", raw.server.shutdown_grace.as_ref(), DEFAULT_SHUTDOWN_GRACE);
 
-    let upstreams = raw
-        .upstreams
-        .iter()
-        .map(|(name, u)| upstream(&mut e, name, u))
-        .collect();
-    let limits = raw
-        .limits
-        .iter()
-        .map(|(name, l)| limit(&mut e, name, l))
-        .collect();
-    let routes = raw
-        .routes
-        .iter()
-        .enumerate()
-        .map(|(i, r)| route(&mut e, i, r, &raw))
-        .collect();
+    let upstreams = raw.upstreams.iter().map(|(name, u)| upstream(&mut e, name, u)).collect();
+    let limits = raw.limits.iter().map(|(name, l)| limit(&mut e, name, l)).collect();
+    let routes = raw.routes.iter().enumerate().map(|(i, r)| route(&mut e, i, r, &raw)).collect();
 
     match listen {
         Some(listen) if e.list.is_empty() => Ok(Config {
@@ -131,6 +87,7 @@ pub fn compile(
             header_read_timeout,
             shutdown_grace,
             ratelimit_headers: raw.ratelimit_headers,
+            redact_keys: raw.redact_keys,
             upstreams,
             limits,
             routes,
@@ -146,22 +103,13 @@ fn parse_cidr(text: &str) -> Result<IpNet, String> {
     IpNet::from_str(text)
         .or_else(|_| IpAddr::from_str(text).map(IpNet::from))
         .map(|net| net.trunc())
-        .map_err(|_| {
-            format!("invalid CIDR {text:?}; write e.g. 10.0.0.0/8, 2001:db8::/32 or 127.0.0.1")
-        })
+        .map_err(|_| format!("invalid CIDR {text:?}; write e.g. 10.0.0.0/8, 2001:db8::/32 or 127.0.0.1"))
 }
 
 /// Names appear in log lines and, quoted, in `RateLimit` header fields.
 fn check_name(e: &mut Errors<'_>, at: &str, name: &str) {
-    if name.is_empty()
-        || !name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
-    {
-        e.add(
-            at.to_owned(),
-            format!("invalid name {name:?}: use letters, digits, '_', '-' and '.'"),
-        );
+    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b)) {
+        e.add(at.to_owned(), format!("invalid name {name:?}: use letters, digits, '_', '-' and '.'"));
     }
 }
 
@@ -169,25 +117,21 @@ fn upstream(e: &mut Errors<'_>, name: &str, raw: &RawUpstream) -> Upstream {
     let at = format!("upstreams.{name}");
     check_name(e, &at, name);
     if raw.servers.is_empty() {
-        e.add(
-            format!("{at}.servers"),
-            "needs at least one server (HOST:PORT)",
-        );
+        e.add(format!("{at}.servers"), "needs at least one server (HOST:PORT)");
     }
-    let servers = raw
-        .servers
-        .iter()
-        .enumerate()
-        .filter_map(|(i, s)| {
-            e.check(
-                || format!("{at}.servers[{i}]"),
-                Authority::from_str(s)
-                    .ok()
-                    .filter(|a| a.port_u16().is_some() && !s.contains('@'))
-                    .ok_or_else(|| format!("invalid server {s:?}; write HOST:PORT, e.g. 127.0.0.1:3000 (plain HTTP)")),
-            )
-        })
-        .collect();
+    let servers =
+        raw.servers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                e.check(
+                    || format!("{at}.servers[{i}]"),
+                    Authority::from_str(s).ok().filter(|a| a.port_u16().is_some() && !s.contains('@')).ok_or_else(
+                        || format!("invalid server {s:?}; write HOST:PORT, e.g. 127.0.0.1:3000 (plain HTTP)"),
+                    ),
+                )
+            })
+            .collect();
     Upstream {
         name: name.to_owned(),
         servers,
@@ -196,11 +140,7 @@ fn upstream(e: &mut Errors<'_>, name: &str, raw: &RawUpstream) -> Upstream {
             raw.connect_timeout.as_ref(),
             DEFAULT_CONNECT_TIMEOUT,
         ),
-        timeout: e.duration(
-            &format!("{at}.timeout"),
-            raw.timeout.as_ref(),
-            DEFAULT_UPSTREAM_TIMEOUT,
-        ),
+        timeout: e.duration(&format!("{at}.timeout"), raw.timeout.as_ref(), DEFAULT_UPSTREAM_TIMEOUT),
     }
 }
 
@@ -208,73 +148,78 @@ fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit) -> Limit {
     let at = format!("limits.{name}");
     check_name(e, &at, name);
     let parts: Vec<KeyPart> = match &raw.key {
-        RawKey::One(text) => e
-            .check(|| format!("{at}.key"), text.parse())
-            .into_iter()
-            .collect(),
+        RawKey::One(text) => e.check(|| format!("{at}.key"), text.parse()).into_iter().collect(),
         RawKey::Many(list) => {
             if list.is_empty() {
                 e.add(format!("{at}.key"), "needs at least one part");
             }
-            list.iter()
-                .enumerate()
-                .filter_map(|(i, text)| e.check(|| format!("{at}.key[{i}]"), text.parse()))
-                .collect()
+            list.iter().enumerate().filter_map(|(i, text)| e.check(|| format!("{at}.key[{i}]"), text.parse())).collect()
         }
     };
-    let rate = match &raw.rate {
-        Some(text) => e.check(|| format!("{at}.rate"), parse_rate(text)),
-        None => {
-            e.add(at.clone(), "missing field `rate` (e.g. rate: 10r/s)");
+    let policy = match (&raw.rate, raw.concurrency) {
+        (Some(_), Some(_)) => {
+            e.add(format!("{at}.concurrency"), "a limit has either `rate` or `concurrency`, not both");
+            None
+        }
+        (Some(rate), None) => rate_policy(e, &at, rate, raw),
+        (None, Some(max)) => concurrency_policy(e, &at, max, raw),
+        (None, None) => {
+            e.add(at.clone(), "needs `rate: N r/DURATION` (e.g. 10r/s) or `concurrency: N`");
             None
         }
     };
-    if raw.burst == Some(0) {
-        e.add(
-            format!("{at}.burst"),
-            "must be a positive integer (leave `burst` out for no burst)",
-        );
-    }
-    let burst = raw.burst.unwrap_or(0);
-    let delay = match (raw.nodelay, raw.delay) {
-        (Some(true), Some(_)) => {
-            e.add(
-                format!("{at}.delay"),
-                "give either `nodelay: true` or `delay: N`, not both",
-            );
-            0
-        }
-        (_, Some(d)) if d > burst => {
-            e.add(
-                format!("{at}.delay"),
-                format!("must not exceed burst ({burst}); use `nodelay: true` for no delay"),
-            );
-            0
-        }
-        (Some(true), None) => burst,
-        (_, delay) => delay.unwrap_or(0),
-    };
-    let status = status_in(
-        e,
-        || format!("{at}.status"),
-        raw.status.unwrap_or(429),
-        400..=599,
-    );
+    let status = status_in(e, || format!("{at}.status"), raw.status.unwrap_or(429), 400..=599);
     if raw.max_keys == Some(0) {
         e.add(format!("{at}.max_keys"), "must be a positive integer");
     }
     Limit {
         name: name.to_owned(),
         key: KeySpec(parts.into()),
-        rate: rate.unwrap_or(super::Rate {
-            count: 1,
-            per: Duration::from_secs(1),
-        }),
-        burst,
-        delay,
+        // A placeholder only where an error is already recorded: then no Config is built.
+        policy: policy.unwrap_or(Policy::Concurrency { max: 1, retry_after: Duration::ZERO }),
         status,
         max_keys: usize::try_from(raw.max_keys.unwrap_or(DEFAULT_MAX_KEYS)).unwrap_or(usize::MAX),
+        dry_run: raw.dry_run.unwrap_or(false),
+        log_level: raw.log_level.unwrap_or(LogLevel::Info),
     }
+}
+
+fn rate_policy(e: &mut Errors<'_>, at: &str, rate: &str, raw: &RawLimit) -> Option<Policy> {
+    if raw.retry_after.is_some() {
+        e.add(format!("{at}.retry_after"), "only for `concurrency` limits: a rate limit computes Retry-After");
+    }
+    let rate = e.check(|| format!("{at}.rate"), parse_rate(rate));
+    if raw.burst == Some(0) {
+        e.add(format!("{at}.burst"), "must be a positive integer (leave `burst` out for no burst)");
+    }
+    let burst = raw.burst.unwrap_or(0);
+    let delay = match (raw.nodelay, raw.delay) {
+        (Some(true), Some(_)) => {
+            e.add(format!("{at}.delay"), "give either `nodelay: true` or `delay: N`, not both");
+            0
+        }
+        (_, Some(d)) if d > burst => {
+            e.add(format!("{at}.delay"), format!("must not exceed burst ({burst}); use `nodelay: true` for no delay"));
+            0
+        }
+        (Some(true), None) => burst,
+        (_, delay) => delay.unwrap_or(0),
+    };
+    Some(Policy::Rate { rate: rate?, burst, delay })
+}
+
+fn concurrency_policy(e: &mut Errors<'_>, at: &str, max: u64, raw: &RawLimit) -> Option<Policy> {
+    let rate_only =
+        [("burst", raw.burst.is_some()), ("nodelay", raw.nodelay.is_some()), ("delay", raw.delay.is_some())];
+    for (field, _) in rate_only.iter().filter(|(_, given)| *given) {
+        e.add(format!("{at}.{field}"), "only for `rate` limits");
+    }
+    if max == 0 {
+        e.add(format!("{at}.concurrency"), "must be a positive integer");
+    }
+    let retry_after =
+        e.duration(&format!("{at}.retry_after"), raw.retry_after.as_ref(), DEFAULT_CONCURRENCY_RETRY_AFTER);
+    Some(Policy::Concurrency { max, retry_after })
 }
 
 fn status_in(
@@ -283,16 +228,10 @@ fn status_in(
     code: u16,
     range: std::ops::RangeInclusive<u16>,
 ) -> StatusCode {
-    let ok = range
-        .contains(&code)
-        .then(|| StatusCode::from_u16(code).ok())
-        .flatten();
+    let ok = range.contains(&code).then(|| StatusCode::from_u16(code).ok()).flatten();
     let (lo, hi) = (range.start(), range.end());
-    e.check(
-        path,
-        ok.ok_or_else(|| format!("must be a status from {lo} to {hi}, not {code}")),
-    )
-    .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    e.check(path, ok.ok_or_else(|| format!("must be a status from {lo} to {hi}, not {code}")))
+        .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
 fn route(e: &mut Errors<'_>, i: usize, raw: &RawRoute, config: &RawConfig) -> Route {
@@ -304,29 +243,18 @@ fn route(e: &mut Errors<'_>, i: usize, raw: &RawRoute, config: &RawConfig) -> Ro
             None => {
                 e.add(
                     format!("{at}.upstream"),
-                    format!(
-                        "unknown upstream {name:?} (defined: {})",
-                        names(&config.upstreams)
-                    ),
+                    format!("unknown upstream {name:?} (defined: {})", names(&config.upstreams)),
                 );
                 Action::Forward(0)
             }
         },
-        (None, Some(respond)) => {
-            Action::Respond(static_response(e, &format!("{at}.respond"), respond))
-        }
+        (None, Some(respond)) => Action::Respond(static_response(e, &format!("{at}.respond"), respond)),
         (Some(_), Some(_)) => {
-            e.add(
-                format!("{at}.respond"),
-                "a route has either `upstream` or `respond`, not both",
-            );
+            e.add(format!("{at}.respond"), "a route has either `upstream` or `respond`, not both");
             Action::Forward(0)
         }
         (None, None) => {
-            e.add(
-                at.clone(),
-                "needs `upstream: NAME` or `respond: {status, body}`",
-            );
+            e.add(at.clone(), "needs `upstream: NAME` or `respond: {status, body}`");
             Action::Forward(0)
         }
     };
@@ -334,49 +262,31 @@ fn route(e: &mut Errors<'_>, i: usize, raw: &RawRoute, config: &RawConfig) -> Ro
     let mut seen = HashSet::new();
     for (j, name) in raw.limits.iter().enumerate() {
         match config.limits.keys().position(|n| n == name) {
-            Some(_) if !seen.insert(name) => e.add(
-                format!("{at}.limits[{j}]"),
-                format!("limit {name:?} is listed twice"),
-            ),
+            Some(_) if !seen.insert(name) => {
+                e.add(format!("{at}.limits[{j}]"), format!("limit {name:?} is listed twice"))
+            }
             Some(index) => limits.push(index),
             None => e.add(
                 format!("{at}.limits[{j}]"),
-                format!(
-                    "unknown limit {name:?} (defined: {})",
-                    names(&config.limits)
-                ),
+                format!("unknown limit {name:?} (defined: {})", names(&config.limits)),
             ),
         }
     }
     limits.sort_unstable();
-    Route {
-        name: raw.name.clone().unwrap_or(at),
-        matcher,
-        action,
-        limits,
-    }
+    Route { name: raw.name.clone().unwrap_or(at), matcher, action, limits }
 }
 
 fn route_match(e: &mut Errors<'_>, at: &str, raw: &RawMatch) -> RouteMatch {
-    let host = raw
-        .host
-        .as_ref()
-        .map(|h| h.trim_end_matches('.').to_ascii_lowercase());
+    let host = raw.host.as_ref().map(|h| h.trim_end_matches('.').to_ascii_lowercase());
     let mut path_of = |field: &str, value: &String| {
         if !value.starts_with('/') {
-            e.add(
-                format!("{at}.{field}"),
-                format!("must start with '/', not {value:?}"),
-            );
+            e.add(format!("{at}.{field}"), format!("must start with '/', not {value:?}"));
         }
         value.clone()
     };
     let path = match (&raw.path_prefix, &raw.path) {
         (Some(_), Some(_)) => {
-            e.add(
-                format!("{at}.path"),
-                "give either `path` (exact) or `path_prefix`, not both",
-            );
+            e.add(format!("{at}.path"), "give either `path` (exact) or `path_prefix`, not both");
             PathMatch::Any
         }
         (Some(prefix), None) => PathMatch::Prefix(path_of("path_prefix", prefix)),
@@ -392,49 +302,27 @@ fn route_match(e: &mut Errors<'_>, at: &str, raw: &RawMatch) -> RouteMatch {
             let parsed = Method::from_bytes(m.as_bytes())
                 .ok()
                 .filter(|_| !m.bytes().any(|b| b.is_ascii_lowercase()))
-                .ok_or_else(|| {
-                    format!("invalid method {m:?}; methods are upper case, e.g. GET, POST")
-                });
+                .ok_or_else(|| format!("invalid method {m:?}; methods are upper case, e.g. GET, POST"));
             e.check(|| format!("{at}.methods[{i}]"), parsed)
         })
         .collect();
-    RouteMatch {
-        host,
-        path,
-        methods,
-    }
+    RouteMatch { host, path, methods }
 }
 
 fn static_response(e: &mut Errors<'_>, at: &str, raw: &RawRespond) -> StaticResponse {
-    let status = status_in(
-        e,
-        || format!("{at}.status"),
-        raw.status.unwrap_or(200),
-        100..=599,
-    );
+    let status = status_in(e, || format!("{at}.status"), raw.status.unwrap_or(200), 100..=599);
     let mut headers = HeaderMap::new();
     for (name, value) in &raw.headers {
-        let parsed = HeaderName::from_str(name)
-            .map_err(|_| format!("invalid header name {name:?}"))
-            .and_then(|n| {
-                HeaderValue::from_str(value)
-                    .map(|v| (n, v))
-                    .map_err(|_| format!("invalid value for header {name:?}"))
-            });
+        let parsed = HeaderName::from_str(name).map_err(|_| format!("invalid header name {name:?}")).and_then(|n| {
+            HeaderValue::from_str(value).map(|v| (n, v)).map_err(|_| format!("invalid value for header {name:?}"))
+        });
         if let Some((n, v)) = e.check(|| format!("{at}.headers.{name}"), parsed) {
             headers.append(n, v);
         }
     }
     let body = Bytes::from(raw.body.clone().unwrap_or_default());
     if !body.is_empty() && !headers.contains_key(CONTENT_TYPE) {
-        headers.insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; charset=utf-8"),
-        );
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
     }
-    StaticResponse {
-        status,
-        headers,
-        body,
-    }
+    StaticResponse { status, headers, body }
 }

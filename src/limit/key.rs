@@ -6,6 +6,8 @@
 //! table stores 8 bytes per key whatever the key's length, and a client cannot
 //! choose values that collide.
 
+use std::borrow::Cow;
+use std::fmt;
 use std::hash::{BuildHasher, Hasher, RandomState};
 use std::net::IpAddr;
 use std::str::FromStr;
@@ -30,11 +32,7 @@ impl FromStr for KeyPart {
 
     fn from_str(s: &str) -> Result<Self, String> {
         let named = |kind: &str, name: &str| -> Result<Box<str>, String> {
-            if name.is_empty() {
-                Err(format!("{kind}: needs a name, e.g. {kind}:x-api-key"))
-            } else {
-                Ok(name.into())
-            }
+            if name.is_empty() { Err(format!("{kind}: needs a name, e.g. {kind}:x-api-key")) } else { Ok(name.into()) }
         };
         match s.split_once(':') {
             None => match s {
@@ -49,15 +47,11 @@ impl FromStr for KeyPart {
             },
             Some(("header", name)) => {
                 let name = named("header", name)?;
-                HeaderName::from_str(&name)
-                    .map(KeyPart::Header)
-                    .map_err(|_| format!("invalid header name {name:?}"))
+                HeaderName::from_str(&name).map(KeyPart::Header).map_err(|_| format!("invalid header name {name:?}"))
             }
             Some(("query", name)) => named("query", name).map(KeyPart::Query),
             Some(("cookie", name)) => named("cookie", name).map(KeyPart::Cookie),
-            Some((kind, _)) => Err(format!(
-                "unknown key kind {kind:?} (expected header:, query: or cookie:)"
-            )),
+            Some((kind, _)) => Err(format!("unknown key kind {kind:?} (expected header:, query: or cookie:)")),
         }
     }
 }
@@ -93,36 +87,89 @@ impl KeySpec {
     }
 }
 
+/// The value of one key part in a request.
+enum Value<'a> {
+    Ip(IpAddr),
+    Bytes(Cow<'a, [u8]>),
+    /// Compared case-insensitively (RFC 9110 §4.2.3).
+    Host(&'a str),
+}
+
+/// `part` of `src`, or None when the request lacks it.
+fn value<'a>(part: &KeyPart, src: &KeySource<'a>) -> Option<Value<'a>> {
+    let bytes = |b: &'a [u8]| Some(Value::Bytes(Cow::Borrowed(b)));
+    match part {
+        KeyPart::Ip => Some(Value::Ip(src.client_ip.to_canonical())),
+        KeyPart::Header(name) => bytes(src.headers.get(name)?.as_bytes()),
+        KeyPart::Bearer => bytes(bearer_token(src.headers)?),
+        KeyPart::Query(name) => {
+            let (_, v) = form_urlencoded::parse(src.uri.query()?.as_bytes()).find(|(k, _)| k == name.as_ref())?;
+            Some(Value::Bytes(match v {
+                Cow::Borrowed(v) => Cow::Borrowed(v.as_bytes()),
+                Cow::Owned(v) => Cow::Owned(v.into_bytes()),
+            }))
+        }
+        KeyPart::Cookie(name) => bytes(cookie(src.headers, name)?),
+        KeyPart::Method => bytes(src.method.as_str().as_bytes()),
+        KeyPart::Path => bytes(src.uri.path().as_bytes()),
+        KeyPart::Host => Some(Value::Host(src.host?)),
+    }
+}
+
 /// Writes `part` of `src` into `h`; false when the request lacks it.
 fn feed(part: &KeyPart, src: &KeySource<'_>, h: &mut impl Hasher) -> bool {
     let mut bytes = |b: &[u8]| {
         h.write(b);
         h.write_usize(b.len());
-        true
     };
-    match part {
-        KeyPart::Ip => match src.client_ip.to_canonical() {
-            IpAddr::V4(v4) => bytes(&v4.octets()),
-            IpAddr::V6(v6) => bytes(&v6.octets()),
-        },
-        KeyPart::Header(name) => src.headers.get(name).is_some_and(|v| bytes(v.as_bytes())),
-        KeyPart::Bearer => bearer_token(src.headers).is_some_and(bytes),
-        KeyPart::Query(name) => src.uri.query().is_some_and(|q| {
-            form_urlencoded::parse(q.as_bytes())
-                .find(|(k, _)| k == name.as_ref())
-                .is_some_and(|(_, v)| bytes(v.as_bytes()))
-        }),
-        KeyPart::Cookie(name) => cookie(src.headers, name).is_some_and(bytes),
-        KeyPart::Method => bytes(src.method.as_str().as_bytes()),
-        KeyPart::Path => bytes(src.uri.path().as_bytes()),
-        KeyPart::Host => src.host.is_some_and(|host| {
-            // Host names compare case-insensitively (RFC 9110 §4.2.3).
+    match value(part, src) {
+        None => return false,
+        Some(Value::Ip(IpAddr::V4(v4))) => bytes(&v4.octets()),
+        Some(Value::Ip(IpAddr::V6(v6))) => bytes(&v6.octets()),
+        Some(Value::Bytes(b)) => bytes(&b),
+        Some(Value::Host(host)) => {
             for b in host.bytes() {
                 h.write_u8(b.to_ascii_lowercase());
             }
             h.write_usize(host.len());
-            true
-        }),
+        }
+    }
+    true
+}
+
+impl fmt::Display for KeyPart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyPart::Ip => f.write_str("ip"),
+            KeyPart::Header(name) => write!(f, "header:{name}"),
+            KeyPart::Bearer => f.write_str("bearer"),
+            KeyPart::Query(name) => write!(f, "query:{name}"),
+            KeyPart::Cookie(name) => write!(f, "cookie:{name}"),
+            KeyPart::Method => f.write_str("method"),
+            KeyPart::Path => f.write_str("path"),
+            KeyPart::Host => f.write_str("host"),
+        }
+    }
+}
+
+impl KeySpec {
+    /// The key of `src` for log lines: `ip=192.0.2.1 header:x-key=abc`, each value cut
+    /// to 64 bytes, missing parts as `-`.
+    pub fn describe(&self, src: &KeySource<'_>) -> String {
+        let mut out = String::new();
+        for part in self.0.iter() {
+            if !out.is_empty() {
+                out.push(' ');
+            }
+            let text = match value(part, src) {
+                None => "-".to_owned(),
+                Some(Value::Ip(ip)) => ip.to_string(),
+                Some(Value::Host(host)) => host.to_ascii_lowercase(),
+                Some(Value::Bytes(b)) => String::from_utf8_lossy(&b[..b.len().min(64)]).into_owned(),
+            };
+            out.push_str(&format!("{part}={text}"));
+        }
+        out
     }
 }
 
@@ -179,10 +226,7 @@ mod tests {
     #[test]
     fn ipv4_mapped_ipv6_is_the_same_client_as_ipv4() {
         let s = spec(&["ip"]);
-        assert_eq!(
-            key(&s, "10.0.0.1", "/", &[]),
-            key(&s, "::ffff:10.0.0.1", "/", &[])
-        );
+        assert_eq!(key(&s, "10.0.0.1", "/", &[]), key(&s, "::ffff:10.0.0.1", "/", &[]));
         assert_ne!(key(&s, "10.0.0.1", "/", &[]), key(&s, "10.0.0.2", "/", &[]));
     }
 
@@ -198,27 +242,15 @@ mod tests {
         let s = spec(&["bearer"]);
         let a = key(&s, "10.0.0.1", "/", &[("authorization", "Bearer abc")]);
         assert!(a.is_some());
-        assert_eq!(
-            a,
-            key(&s, "10.0.0.9", "/", &[("authorization", "bearer  abc")])
-        );
-        assert_eq!(
-            key(&s, "10.0.0.1", "/", &[("authorization", "Basic abc")]),
-            None
-        );
-        assert_eq!(
-            key(&s, "10.0.0.1", "/", &[("authorization", "Bearer ")]),
-            None
-        );
+        assert_eq!(a, key(&s, "10.0.0.9", "/", &[("authorization", "bearer  abc")]));
+        assert_eq!(key(&s, "10.0.0.1", "/", &[("authorization", "Basic abc")]), None);
+        assert_eq!(key(&s, "10.0.0.1", "/", &[("authorization", "Bearer ")]), None);
     }
 
     #[test]
     fn query_values_are_percent_decoded() {
         let s = spec(&["query:k"]);
-        assert_eq!(
-            key(&s, "10.0.0.1", "/?a=1&k=a%62", &[]),
-            key(&s, "10.0.0.1", "/?k=ab", &[])
-        );
+        assert_eq!(key(&s, "10.0.0.1", "/?a=1&k=a%62", &[]), key(&s, "10.0.0.1", "/?k=ab", &[]));
         assert_eq!(key(&s, "10.0.0.1", "/?kk=1", &[]), None);
     }
 
@@ -226,15 +258,7 @@ mod tests {
     fn cookies_are_found_among_others() {
         let s = spec(&["cookie:sid"]);
         let a = key(&s, "10.0.0.1", "/", &[("cookie", "a=1; sid=xyz; b=2")]);
-        assert_eq!(
-            a,
-            key(
-                &s,
-                "10.0.0.1",
-                "/",
-                &[("cookie", "a=1"), ("cookie", "sid=xyz")]
-            )
-        );
+        assert_eq!(a, key(&s, "10.0.0.1", "/", &[("cookie", "a=1"), ("cookie", "sid=xyz")]));
         assert_eq!(key(&s, "10.0.0.1", "/", &[("cookie", "sidx=1")]), None);
     }
 
@@ -254,24 +278,25 @@ mod tests {
     }
 
     #[test]
+    fn keys_are_described_for_log_lines() {
+        let s = spec(&["ip", "header:x-key", "query:q", "host"]);
+        let mut headers = HeaderMap::new();
+        headers.insert("x-key", "abc".parse().unwrap());
+        let uri: Uri = "/?q=a%20b".parse().unwrap();
+        let src = KeySource {
+            client_ip: "::ffff:10.0.0.1".parse().unwrap(),
+            method: &Method::GET,
+            uri: &uri,
+            headers: &headers,
+            host: Some("Example.com"),
+        };
+        assert_eq!(s.describe(&src), "ip=10.0.0.1 header:x-key=abc query:q=a b host=example.com");
+    }
+
+    #[test]
     fn unknown_key_kinds_are_explained() {
-        assert!(
-            "ipv4"
-                .parse::<KeyPart>()
-                .unwrap_err()
-                .contains("unknown key")
-        );
-        assert!(
-            "header:"
-                .parse::<KeyPart>()
-                .unwrap_err()
-                .contains("needs a name")
-        );
-        assert!(
-            "header:bad name"
-                .parse::<KeyPart>()
-                .unwrap_err()
-                .contains("invalid header name")
-        );
+        assert!("ipv4".parse::<KeyPart>().unwrap_err().contains("unknown key"));
+        assert!("header:".parse::<KeyPart>().unwrap_err().contains("needs a name"));
+        assert!("header:bad name".parse::<KeyPart>().unwrap_err().contains("invalid header name"));
     }
 }

@@ -18,6 +18,7 @@
 //! cannot check several limits first and then commit all or none, has no "admit after a
 //! delay" outcome, and its keyed store grows without bound; hence this small type.
 
+use super::Verdict;
 use crate::config::Rate;
 
 /// Per-key state: the instant, in ns, at which the bucket drains empty.
@@ -33,28 +34,10 @@ pub struct LeakyBucket {
     delay: u64,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
-    /// Store `tat`; the request waits `wait` ns; `remaining` more requests would be
-    /// admitted now; the bucket is empty again in `reset` ns.
-    Admit {
-        tat: Tat,
-        wait: u64,
-        remaining: u64,
-        reset: u64,
-    },
-    /// Nothing changes; the same request would be admitted in `retry_after` ns.
-    Reject { retry_after: u64, reset: u64 },
-}
-
 impl LeakyBucket {
     pub fn new(rate: Rate, burst: u64, delay: u64) -> Self {
         let period = rate.period_ns();
-        LeakyBucket {
-            period,
-            burst: burst.saturating_mul(period),
-            delay: delay.saturating_mul(period),
-        }
+        LeakyBucket { period, burst: burst.saturating_mul(period), delay: delay.saturating_mul(period) }
     }
 
     pub fn decide(&self, state: Option<Tat>, now: u64) -> Verdict {
@@ -63,18 +46,23 @@ impl LeakyBucket {
             Some(tat) => now.max(tat.saturating_add(self.period)),
         };
         let excess = tat - now;
+        // nginx's `excess'`, in requests, for log lines.
+        let requests = excess as f64 / self.period as f64;
         if excess > self.burst {
-            // Admitted once `tat + period - now' <= burst`.
+            // Admitted once `tat + period - now' <= burst`; `reset`: when the bucket,
+            // left as it is, is empty.
             Verdict::Reject {
                 retry_after: excess - self.burst,
                 reset: excess.saturating_sub(self.period),
+                excess: requests,
             }
         } else {
             Verdict::Admit {
-                tat,
+                state: tat,
                 wait: excess.saturating_sub(self.delay),
                 remaining: (self.burst - excess) / self.period,
                 reset: excess,
+                excess: requests,
             }
         }
     }
@@ -103,7 +91,7 @@ mod tests {
         arrivals
             .iter()
             .map(|&t| match b.decide(state, t * MS) {
-                Verdict::Admit { tat, wait, .. } => {
+                Verdict::Admit { state: tat, wait, .. } => {
                     state = Some(tat);
                     Ok(wait / MS)
                 }
@@ -117,37 +105,15 @@ mod tests {
         // 2r/s, burst 5, nodelay: six at t=0 pass, the seventh waits 500 ms.
         let b = bucket("2r/s", 5, 5);
         let out = replay(&b, &[0, 0, 0, 0, 0, 0, 0, 250, 600, 700, 1200]);
-        assert_eq!(
-            out,
-            vec![
-                Ok(0),
-                Ok(0),
-                Ok(0),
-                Ok(0),
-                Ok(0),
-                Ok(0),
-                Err(500),
-                Err(250),
-                Ok(0),
-                Err(300),
-                Ok(0)
-            ]
-        );
+        assert_eq!(out, vec![Ok(0), Ok(0), Ok(0), Ok(0), Ok(0), Ok(0), Err(500), Err(250), Ok(0), Err(300), Ok(0)]);
     }
 
     #[test]
     fn zero_burst_admits_a_steady_stream_at_exactly_the_rate() {
         let b = bucket("10r/s", 0, 0);
-        assert!(
-            replay(&b, &[0, 100, 200, 300, 400])
-                .iter()
-                .all(Result::is_ok)
-        );
+        assert!(replay(&b, &[0, 100, 200, 300, 400]).iter().all(Result::is_ok));
         // ... and alternates when requests come every 60 ms.
-        assert_eq!(
-            replay(&b, &[0, 60, 120, 180]),
-            vec![Ok(0), Err(40), Ok(0), Err(40)]
-        );
+        assert_eq!(replay(&b, &[0, 60, 120, 180]), vec![Ok(0), Err(40), Ok(0), Err(40)]);
     }
 
     #[test]
@@ -155,60 +121,26 @@ mod tests {
         // 10r/s burst 5: one immediate, five spaced 100 ms apart, then rejections.
         let b = bucket("10r/s", 5, 0);
         let out = replay(&b, &[0; 8]);
-        assert_eq!(
-            out,
-            vec![
-                Ok(0),
-                Ok(100),
-                Ok(200),
-                Ok(300),
-                Ok(400),
-                Ok(500),
-                Err(100),
-                Err(100)
-            ]
-        );
+        assert_eq!(out, vec![Ok(0), Ok(100), Ok(200), Ok(300), Ok(400), Ok(500), Err(100), Err(100)]);
     }
 
     #[test]
     fn delay_n_lets_n_excess_requests_through_before_queueing() {
         let b = bucket("10r/s", 6, 3);
         let out = replay(&b, &[0; 10]);
-        assert_eq!(
-            out,
-            vec![
-                Ok(0),
-                Ok(0),
-                Ok(0),
-                Ok(0),
-                Ok(100),
-                Ok(200),
-                Ok(300),
-                Err(100),
-                Err(100),
-                Err(100)
-            ]
-        );
+        assert_eq!(out, vec![Ok(0), Ok(0), Ok(0), Ok(0), Ok(100), Ok(200), Ok(300), Err(100), Err(100), Err(100)]);
     }
 
     #[test]
     fn rejection_leaves_state_untouched() {
         let b = bucket("1r/s", 0, 0);
-        let Verdict::Admit { tat, .. } = b.decide(None, 0) else {
-            panic!("fresh key rejected")
-        };
+        let Verdict::Admit { state: tat, .. } = b.decide(None, 0) else { panic!("fresh key rejected") };
         // A hammering client is rejected again and again, and is admitted exactly one
         // period after its last admitted request, not after its last attempt.
         for t in [1, 10, 500, 999] {
-            assert!(matches!(
-                b.decide(Some(tat), t * MS),
-                Verdict::Reject { .. }
-            ));
+            assert!(matches!(b.decide(Some(tat), t * MS), Verdict::Reject { .. }));
         }
-        assert!(matches!(
-            b.decide(Some(tat), 1000 * MS),
-            Verdict::Admit { .. }
-        ));
+        assert!(matches!(b.decide(Some(tat), 1000 * MS), Verdict::Admit { .. }));
     }
 
     #[test]
@@ -221,31 +153,11 @@ mod tests {
     #[test]
     fn remaining_and_reset_describe_the_bucket_after_the_request() {
         let b = bucket("10r/s", 2, 2);
-        assert_eq!(
-            b.decide(None, 0),
-            Verdict::Admit {
-                tat: 0,
-                wait: 0,
-                remaining: 2,
-                reset: 0
-            }
-        );
-        assert_eq!(
-            b.decide(Some(0), 0),
-            Verdict::Admit {
-                tat: 100 * MS,
-                wait: 0,
-                remaining: 1,
-                reset: 100 * MS
-            }
-        );
-        assert_eq!(
-            b.decide(Some(200 * MS), 0),
-            Verdict::Reject {
-                retry_after: 100 * MS,
-                reset: 200 * MS
-            }
-        );
+        assert_eq!(b.decide(None, 0), Verdict::Admit { state: 0, wait: 0, remaining: 2, reset: 0, excess: 0.0 });
+        let second = Verdict::Admit { state: 100 * MS, wait: 0, remaining: 1, reset: 100 * MS, excess: 1.0 };
+        assert_eq!(b.decide(Some(0), 0), second);
+        let over = Verdict::Reject { retry_after: 100 * MS, reset: 200 * MS, excess: 3.0 };
+        assert_eq!(b.decide(Some(200 * MS), 0), over);
     }
 
     #[test]

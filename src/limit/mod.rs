@@ -1,26 +1,30 @@
 //! The limits of a route, decided together for one request.
 //!
-//! Each configured limit has a leaky bucket (its policy) and a key table (its state).
+//! Each configured limit has an algorithm (its policy) and a key table (its state).
 //! `Limiters::check` locks the shard of every applicable limit (in ascending limit
 //! order, so two requests never wait on each other's locks crosswise), decides each,
-//! and stores the new states only if every limit admits: a rejected request consumes
-//! no quota anywhere. The request then waits the longest delay any limit asked for.
+//! and stores the new states only if every enforced limit admits: a rejected request
+//! consumes no quota anywhere and takes no concurrency slot. The request then waits the
+//! longest delay any enforced limit asked for, holding its concurrency slots in
+//! `Permits` until its response is done.
 
+pub mod concurrency;
 pub mod key;
 pub mod leaky_bucket;
 pub mod table;
 
 use std::hash::RandomState;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use smallvec::SmallVec;
 
-use crate::config::{Config, Limit};
+use crate::config::{Config, Limit, Policy};
+use concurrency::Concurrency;
 use key::{KeySource, KeySpec};
-use leaky_bucket::{LeakyBucket, Tat, Verdict};
-use table::KeyTable;
+use leaky_bucket::LeakyBucket;
+use table::{KeyTable, Shard};
 
 /// Nanoseconds on the monotonic limiter clock (its origin: the first call).
 pub fn now() -> u64 {
@@ -28,11 +32,45 @@ pub fn now() -> u64 {
     u64::try_from(ORIGIN.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// What one limit makes of one request; times in ns.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Verdict {
+    /// Store `state`; the request waits `wait`; `remaining` more requests would be
+    /// admitted now; the full quota is back in `reset`; `excess` is nginx's excess (in
+    /// requests) or the requests in flight, for log lines.
+    Admit { state: u64, wait: u64, remaining: u64, reset: u64, excess: f64 },
+    /// Nothing changes; the same request would be admitted in `retry_after`.
+    Reject { retry_after: u64, reset: u64, excess: f64 },
+}
+
+enum Algorithm {
+    LeakyBucket(LeakyBucket),
+    Concurrency(Concurrency),
+}
+
 struct Limiter {
     key: KeySpec,
+    algorithm: Algorithm,
+    table: KeyTable<u64>,
     status: StatusCode,
-    bucket: LeakyBucket,
-    table: KeyTable<Tat>,
+    dry_run: bool,
+}
+
+impl Limiter {
+    fn decide(&self, shard: &Shard<u64>, key: u64, now: u64) -> Verdict {
+        match &self.algorithm {
+            Algorithm::LeakyBucket(bucket) => bucket.decide(shard.get(key), now),
+            Algorithm::Concurrency(c) => c.decide(shard.get(key), shard.is_full()),
+        }
+    }
+
+    /// True when `state` equals a fresh key's, so the table may forget it.
+    fn is_idle(&self, state: u64, now: u64) -> bool {
+        match &self.algorithm {
+            Algorithm::LeakyBucket(bucket) => bucket.is_idle(state, now),
+            Algorithm::Concurrency(_) => state == 0,
+        }
+    }
 }
 
 /// Every configured limit, indexed like `Config::limits`.
@@ -41,54 +79,67 @@ pub struct Limiters {
     limits: Box<[Limiter]>,
 }
 
-/// Where one limit stands for the current request (for the `RateLimit` header).
+/// How a request fared with one limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Passed,
+    Delayed(Duration),
+    /// With the time after which it would pass.
+    Rejected(Duration),
+}
+
+/// Where one limit stands for the current request.
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Standing {
     /// Index into `Config::limits`.
     pub limit: usize,
+    /// As decided, even for a dry-run limit that then did not act on it.
+    pub outcome: Outcome,
     /// Further requests this key could make right now without rejection.
     pub remaining: u64,
     /// Until the key's full quota is back.
     pub reset: Duration,
+    pub excess: f64,
 }
 
 /// What the limits of a route make of a request. A rejection is an outcome, not an error.
-#[derive(Debug, PartialEq, Eq)]
 pub enum Decision {
-    /// Forward after `wait` (zero for most requests).
-    Pass {
-        wait: Duration,
-        standings: SmallVec<[Standing; 4]>,
-    },
-    /// Answer `status` now; `limit` (index into `Config::limits`) is the rejecting limit
-    /// that would admit the request last, after `retry_after`.
-    Reject {
-        limit: usize,
-        status: StatusCode,
-        retry_after: Duration,
-        standings: SmallVec<[Standing; 4]>,
-    },
+    /// Go on after `wait` (zero for most requests), holding `permits` until the
+    /// response is done.
+    Pass { wait: Duration, standings: SmallVec<[Standing; 4]>, permits: Permits },
+    /// Answer `status` now; `limit` (index into `Config::limits`) is the enforced
+    /// rejecting limit that would admit the request last, after `retry_after`.
+    Reject { limit: usize, status: StatusCode, retry_after: Duration, standings: SmallVec<[Standing; 4]> },
+}
+
+/// The concurrency slots a request holds, given back when this is dropped or released.
+#[derive(Default)]
+pub struct Permits {
+    limiters: Option<Arc<Limiters>>,
+    slots: SmallVec<[(usize, u64); 2]>,
+}
+
+impl Permits {
+    /// Gives the slots back now rather than at drop.
+    pub fn release(&mut self) {
+        if let Some(limiters) = self.limiters.take() {
+            for (limit, key) in self.slots.drain(..) {
+                limiters.release(limit, key);
+            }
+        }
+    }
+}
+
+impl Drop for Permits {
+    fn drop(&mut self) {
+        self.release();
+    }
 }
 
 impl Limiters {
-    pub fn new(config: &Config) -> Self {
-        Self::from_limits(&config.limits)
-    }
-
-    pub fn from_limits(limits: &[Limit]) -> Self {
-        let limits = limits
-            .iter()
-            .map(|l| Limiter {
-                key: l.key.clone(),
-                status: l.status,
-                bucket: LeakyBucket::new(l.rate, l.burst, l.delay),
-                table: KeyTable::new(l.max_keys),
-            })
-            .collect();
-        Limiters {
-            seed: RandomState::new(),
-            limits,
-        }
+    pub fn new(config: &Config) -> Arc<Self> {
+        let limits = config.limits.iter().map(limiter).collect();
+        Arc::new(Limiters { seed: RandomState::new(), limits })
     }
 
     /// Keys dropped with live state by limit `index` since start.
@@ -96,62 +147,196 @@ impl Limiters {
         self.limits[index].table.evictions()
     }
 
-    /// Decides the request `src` against `limits` (ascending indices) at `now`.
-    pub fn check(&self, limits: &[usize], src: &KeySource<'_>, now: u64) -> Decision {
-        let keyed: SmallVec<[(usize, u64); 4]> = limits
-            .iter()
-            .filter_map(|&i| self.limits[i].key.hash(src, &self.seed).map(|k| (i, k)))
-            .collect();
+    /// Keys held by limit `index` now.
+    pub fn keys(&self, index: usize) -> usize {
+        self.limits[index].table.len()
+    }
+
+    /// How log lines name the key of `src` for limit `index`: its value, or with
+    /// `redact`, its keyed hash (stable while the process runs).
+    pub fn key_label(&self, index: usize, src: &KeySource<'_>, redact: bool) -> String {
+        let spec = &self.limits[index].key;
+        match (redact, spec.hash(src, &self.seed)) {
+            (_, None) => "-".to_owned(),
+            (true, Some(hash)) => format!("#{hash:016x}"),
+            (false, Some(_)) => spec.describe(src),
+        }
+    }
+
+    /// Decides the request `src` against `limits` (ascending indices) at the time
+    /// `clock` gives. The clock is read once every lock is held: read earlier, a request
+    /// delayed on its way to the lock could find a later instant already stored by
+    /// another thread and count the difference as excess.
+    pub fn check(self: &Arc<Self>, limits: &[usize], src: &KeySource<'_>, clock: impl FnOnce() -> u64) -> Decision {
+        let keyed: SmallVec<[(usize, u64); 4]> =
+            limits.iter().filter_map(|&i| self.limits[i].key.hash(src, &self.seed).map(|k| (i, k))).collect();
+        let shards: SmallVec<[_; 4]> = keyed.iter().map(|&(i, key)| self.limits[i].table.lock(key)).collect();
+        let now = clock();
         let mut held: SmallVec<[_; 4]> = SmallVec::new();
-        for &(i, key) in &keyed {
-            let limiter = &self.limits[i];
-            let shard = limiter.table.lock(key);
-            let verdict = limiter.bucket.decide(shard.get(key), now);
+        for (&(i, key), shard) in keyed.iter().zip(shards) {
+            let verdict = self.limits[i].decide(&shard, key, now);
             held.push((i, key, shard, verdict));
         }
 
         let mut rejected: Option<(usize, u64)> = None;
         let mut standings = SmallVec::new();
         for (i, _, _, verdict) in &held {
-            let (remaining, reset) = match *verdict {
-                Verdict::Admit {
-                    remaining, reset, ..
-                } => (remaining, reset),
-                Verdict::Reject { retry_after, reset } => {
-                    if rejected.is_none_or(|(_, longest)| retry_after > longest) {
+            let standing = match *verdict {
+                Verdict::Admit { wait, remaining, reset, excess, .. } => {
+                    let outcome = if wait > 0 { Outcome::Delayed(Duration::from_nanos(wait)) } else { Outcome::Passed };
+                    Standing { limit: *i, outcome, remaining, reset: Duration::from_nanos(reset), excess }
+                }
+                Verdict::Reject { retry_after, reset, excess } => {
+                    if !self.limits[*i].dry_run && rejected.is_none_or(|(_, longest)| retry_after > longest) {
                         rejected = Some((*i, retry_after));
                     }
-                    (0, reset)
+                    let outcome = Outcome::Rejected(Duration::from_nanos(retry_after));
+                    Standing { limit: *i, outcome, remaining: 0, reset: Duration::from_nanos(reset), excess }
                 }
             };
-            standings.push(Standing {
-                limit: *i,
-                remaining,
-                reset: Duration::from_nanos(reset),
-            });
+            standings.push(standing);
         }
         if let Some((limit, retry_after)) = rejected {
-            return Decision::Reject {
-                limit,
-                status: self.limits[limit].status,
-                retry_after: Duration::from_nanos(retry_after),
-                standings,
-            };
+            let (status, retry_after) = (self.limits[limit].status, Duration::from_nanos(retry_after));
+            return Decision::Reject { limit, status, retry_after, standings };
         }
 
         let mut wait = 0;
+        let mut permits = Permits::default();
         for (i, key, mut shard, verdict) in held {
-            if let Verdict::Admit { tat, wait: w, .. } = verdict {
-                let limiter = &self.limits[i];
-                limiter.table.put(&mut shard, key, tat, now, |&t| {
-                    limiter.bucket.is_idle(t, now)
-                });
+            // A dry-run limit that would reject keeps its state, as if it had.
+            let Verdict::Admit { state, wait: w, .. } = verdict else { continue };
+            let limiter = &self.limits[i];
+            limiter.table.put(&mut shard, key, state, now, |&s| limiter.is_idle(s, now));
+            if !limiter.dry_run {
                 wait = wait.max(w);
             }
+            if let Algorithm::Concurrency(_) = limiter.algorithm {
+                permits.limiters.get_or_insert_with(|| Arc::clone(self));
+                permits.slots.push((i, key));
+            }
         }
-        Decision::Pass {
-            wait: Duration::from_nanos(wait),
-            standings,
+        Decision::Pass { wait: Duration::from_nanos(wait), standings, permits }
+    }
+
+    fn release(&self, limit: usize, key: u64) {
+        let table = &self.limits[limit].table;
+        let mut shard = table.lock(key);
+        match shard.get(key) {
+            Some(in_flight) if in_flight > 1 => shard.replace(key, in_flight - 1),
+            _ => shard.remove(key),
         }
+    }
+}
+
+fn limiter(limit: &Limit) -> Limiter {
+    let algorithm = match limit.policy {
+        Policy::Rate { rate, burst, delay } => Algorithm::LeakyBucket(LeakyBucket::new(rate, burst, delay)),
+        Policy::Concurrency { max, retry_after } => Algorithm::Concurrency(Concurrency::new(max, retry_after)),
+    };
+    Limiter {
+        key: limit.key.clone(),
+        algorithm,
+        table: KeyTable::new(limit.max_keys),
+        status: limit.status,
+        dry_run: limit.dry_run,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr};
+
+    use http::{HeaderMap, Method, Uri};
+
+    use super::*;
+
+    fn limiters(limits: &str) -> Arc<Limiters> {
+        let yaml = format!("listen: 127.0.0.1:0\nlimits:\n{limits}");
+        Limiters::new(&crate::config::parse(&yaml, "test").unwrap())
+    }
+
+    fn check(l: &Arc<Limiters>, limits: &[usize], ip: u32, now_ms: u64) -> Decision {
+        let (uri, headers) = (Uri::from_static("/"), HeaderMap::new());
+        let src = KeySource {
+            client_ip: IpAddr::V4(Ipv4Addr::from(ip)),
+            method: &Method::GET,
+            uri: &uri,
+            headers: &headers,
+            host: None,
+        };
+        l.check(limits, &src, || now_ms * 1_000_000)
+    }
+
+    fn passes(d: &Decision) -> bool {
+        matches!(d, Decision::Pass { .. })
+    }
+
+    #[test]
+    fn a_flood_of_random_addresses_stays_within_max_keys() {
+        let l = limiters("  l: { key: ip, rate: 1r/m, burst: 5, max_keys: 10000 }\n");
+        let mut x: u32 = 0x2545_F491;
+        for t in 0..300_000u64 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            check(&l, &[0], x, t / 1000);
+        }
+        assert!(l.keys(0) <= 10_000 + 63, "{} keys", l.keys(0));
+        assert!(l.evictions(0) > 0);
+    }
+
+    #[test]
+    fn concurrency_slots_return_when_permits_drop_and_in_flight_keys_are_never_evicted() {
+        let l = limiters("  c: { key: ip, concurrency: 2, max_keys: 4 }\n");
+        let mut held = Vec::new();
+        for ip in 1..=4 {
+            held.push(check(&l, &[0], ip, 0));
+            held.push(check(&l, &[0], ip, 0));
+        }
+        assert!(held.iter().all(passes));
+        // Each of the four keys has two requests in flight: a third is refused, and so is
+        // a fifth key, since the table may not forget a key with requests in flight.
+        assert!(!passes(&check(&l, &[0], 1, 0)));
+        assert!(!passes(&check(&l, &[0], 5, 0)));
+        assert_eq!(l.keys(0), 4);
+        held.pop();
+        assert!(passes(&check(&l, &[0], 4, 0)));
+        held.clear();
+        assert_eq!(l.keys(0), 0, "released keys are removed");
+    }
+
+    #[test]
+    fn a_rejection_takes_no_concurrency_slot() {
+        // Limit 0 admits up to 1 in flight; limit 1 rejects every request after the first.
+        let l = limiters("  a: { key: ip, concurrency: 1 }\n  b: { key: ip, rate: 1r/m }\n");
+        let first = check(&l, &[0, 1], 1, 0);
+        assert!(passes(&first));
+        drop(first);
+        for _ in 0..3 {
+            assert!(!passes(&check(&l, &[0, 1], 1, 0)));
+        }
+        assert_eq!(l.keys(0), 0);
+        assert!(passes(&check(&l, &[0], 1, 0)));
+    }
+
+    #[test]
+    fn dry_run_never_rejects_or_delays_but_keeps_state_as_if_enforced() {
+        let l = limiters("  d: { key: ip, rate: 1r/s, burst: 1, dry_run: true }\n");
+        let outcomes: Vec<Outcome> = (0..3)
+            .map(|_| match check(&l, &[0], 1, 0) {
+                Decision::Pass { wait, standings, .. } => {
+                    assert_eq!(wait, Duration::ZERO);
+                    standings[0].outcome
+                }
+                Decision::Reject { .. } => panic!("a dry-run limit rejected"),
+            })
+            .collect();
+        let delayed = Outcome::Delayed(Duration::from_secs(1));
+        assert_eq!(outcomes, [Outcome::Passed, delayed, Outcome::Rejected(Duration::from_secs(1))]);
+        // The would-be rejection stored nothing: one second later the key is where two
+        // admitted requests left it.
+        let Decision::Pass { standings, .. } = check(&l, &[0], 1, 1000) else { panic!() };
+        assert_eq!(standings[0].outcome, delayed);
     }
 }

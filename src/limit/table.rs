@@ -56,18 +56,8 @@ impl<S: Copy> KeyTable<S> {
     pub fn new(max_keys: usize) -> Self {
         let shards = (max_keys / 4096).next_power_of_two().clamp(1, 64);
         let cap = max_keys.div_ceil(shards).max(1);
-        let shards = (0..shards)
-            .map(|_| {
-                Mutex::new(Shard {
-                    map: HashMap::default(),
-                    cap,
-                })
-            })
-            .collect();
-        KeyTable {
-            shards,
-            evictions: AtomicU64::new(0),
-        }
+        let shards = (0..shards).map(|_| Mutex::new(Shard { map: HashMap::default(), cap })).collect();
+        KeyTable { shards, evictions: AtomicU64::new(0) }
     }
 
     /// Locks the shard that holds `key`.
@@ -76,9 +66,7 @@ impl<S: Copy> KeyTable<S> {
         let index = (key >> 40) as usize & (self.shards.len() - 1);
         // A panic while holding a shard cannot leave a half-written state (each write
         // is one insert), so a poisoned lock is still good to use.
-        self.shards[index]
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.shards[index].lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Keys forgotten while they still had state (least recently used evictions).
@@ -88,10 +76,7 @@ impl<S: Copy> KeyTable<S> {
 
     /// Keys held now (takes every shard's lock: for tests and metrics, not the request path).
     pub fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).map.len())
-            .sum()
+        self.shards.iter().map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).map.len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -100,14 +85,7 @@ impl<S: Copy> KeyTable<S> {
 
     /// Stores `state` for `key` in its locked `shard`; `idle(state)` tells which stored
     /// states a fresh key would equal.
-    pub fn put(
-        &self,
-        shard: &mut Shard<S>,
-        key: u64,
-        state: S,
-        now: u64,
-        idle: impl Fn(&S) -> bool,
-    ) {
+    pub fn put(&self, shard: &mut Shard<S>, key: u64, state: S, now: u64, idle: impl Fn(&S) -> bool) {
         if let Some(slot) = shard.map.get_mut(&key) {
             *slot = Slot { state, used: now };
             return;
@@ -123,6 +101,22 @@ impl<S: Copy> KeyTable<S> {
 impl<S: Copy> Shard<S> {
     pub fn get(&self, key: u64) -> Option<S> {
         self.map.get(&key).map(|slot| slot.state)
+    }
+
+    /// True when a new key would make `put` evict.
+    pub fn is_full(&self) -> bool {
+        self.map.len() >= self.cap
+    }
+
+    /// Changes the state of a stored key without counting it as a use.
+    pub fn replace(&mut self, key: u64, state: S) {
+        if let Some(slot) = self.map.get_mut(&key) {
+            slot.state = state;
+        }
+    }
+
+    pub fn remove(&mut self, key: u64) {
+        self.map.remove(&key);
     }
 
     /// Frees at least one slot; returns how many keys with state were evicted.

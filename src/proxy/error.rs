@@ -12,16 +12,10 @@ pub enum ProxyError {
     NoRoute,
     /// The upstream refused the connection or could not be reached in time.
     #[error("upstream {upstream} unreachable: {source}")]
-    UpstreamUnreachable {
-        upstream: String,
-        source: hyper_util::client::legacy::Error,
-    },
+    UpstreamUnreachable { upstream: String, source: hyper_util::client::legacy::Error },
     /// The connection was made but the exchange failed (reset, malformed response).
     #[error("upstream {upstream} failed: {source}")]
-    UpstreamFailed {
-        upstream: String,
-        source: hyper_util::client::legacy::Error,
-    },
+    UpstreamFailed { upstream: String, source: hyper_util::client::legacy::Error },
     /// No response headers within the upstream's `timeout`.
     #[error("upstream {upstream} sent no response within {timeout:?}")]
     UpstreamTimeout { upstream: String, timeout: Duration },
@@ -31,9 +25,7 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
-            ProxyError::UpstreamUnreachable { .. } | ProxyError::UpstreamFailed { .. } => {
-                StatusCode::BAD_GATEWAY
-            }
+            ProxyError::UpstreamUnreachable { .. } | ProxyError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -46,10 +38,7 @@ mod tests {
     #[test]
     fn each_error_maps_to_its_status() {
         assert_eq!(ProxyError::NoRoute.status(), StatusCode::NOT_FOUND);
-        let timeout = ProxyError::UpstreamTimeout {
-            upstream: "u".into(),
-            timeout: Duration::from_secs(1),
-        };
+        let timeout = ProxyError::UpstreamTimeout { upstream: "u".into(), timeout: Duration::from_secs(1) };
         assert_eq!(timeout.status(), StatusCode::GATEWAY_TIMEOUT);
     }
 }

@@ -39,9 +39,7 @@ impl UpstreamClient {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(upstream.connect_timeout));
         connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .build(connector);
+        let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(POOL_IDLE_TIMEOUT).build(connector);
         UpstreamClient {
             name: upstream.name.clone(),
             servers: upstream.servers.clone().into(),
@@ -52,32 +50,19 @@ impl UpstreamClient {
     }
 
     /// Forwards `req` to the next server and returns its response, body still streaming.
-    pub async fn forward(
-        &self,
-        req: Request<Incoming>,
-        hop: Hop<'_>,
-    ) -> Result<Response<Incoming>, ProxyError> {
+    pub async fn forward(&self, req: Request<Incoming>, hop: Hop<'_>) -> Result<Response<Incoming>, ProxyError> {
         let server = &self.servers[self.next.fetch_add(1, Ordering::Relaxed) % self.servers.len()];
         let req = prepare_upstream_request(req, server, &hop);
         let response = tokio::time::timeout(self.timeout, self.client.request(req)).await;
         let mut response = match response {
             Err(_) => {
-                return Err(ProxyError::UpstreamTimeout {
-                    upstream: self.name.clone(),
-                    timeout: self.timeout,
-                });
+                return Err(ProxyError::UpstreamTimeout { upstream: self.name.clone(), timeout: self.timeout });
             }
             Ok(Err(source)) if source.is_connect() => {
-                return Err(ProxyError::UpstreamUnreachable {
-                    upstream: self.name.clone(),
-                    source,
-                });
+                return Err(ProxyError::UpstreamUnreachable { upstream: self.name.clone(), source });
             }
             Ok(Err(source)) => {
-                return Err(ProxyError::UpstreamFailed {
-                    upstream: self.name.clone(),
-                    source,
-                });
+                return Err(ProxyError::UpstreamFailed { upstream: self.name.clone(), source });
             }
             Ok(Ok(response)) => response,
         };
@@ -89,30 +74,15 @@ impl UpstreamClient {
 /// Rewrites a client request for `server`: origin-form target, the client's `Host`
 /// kept (HTTP/2 clients send `:authority` instead, which becomes `Host`), hop-by-hop
 /// fields removed and `X-Forwarded-*` set.
-fn prepare_upstream_request(
-    req: Request<Incoming>,
-    server: &Authority,
-    hop: &Hop<'_>,
-) -> Request<Incoming> {
+fn prepare_upstream_request(req: Request<Incoming>, server: &Authority, hop: &Hop<'_>) -> Request<Incoming> {
     let (mut parts, body) = req.into_parts();
     if !parts.headers.contains_key(header::HOST)
-        && let Some(value) = parts
-            .uri
-            .authority()
-            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        && let Some(value) = parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok())
     {
         parts.headers.insert(header::HOST, value);
     }
-    let mut uri = Uri::builder()
-        .scheme(Scheme::HTTP)
-        .authority(server.clone());
-    uri = uri.path_and_query(
-        parts
-            .uri
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| PathAndQuery::from_static("/")),
-    );
+    let mut uri = Uri::builder().scheme(Scheme::HTTP).authority(server.clone());
+    uri = uri.path_and_query(parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/")));
     // Scheme, authority and an origin-form path always build a valid URI.
     parts.uri = uri.build().unwrap_or_default();
     parts.version = http::Version::HTTP_11;

@@ -44,9 +44,7 @@ pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr
 
 /// `1.2.3.4`, `2001:db8::1`, `1.2.3.4:5678` or `[2001:db8::1]:443`.
 fn parse_hop(hop: &str) -> Option<IpAddr> {
-    hop.parse()
-        .ok()
-        .or_else(|| hop.parse::<SocketAddr>().ok().map(|s| s.ip()))
+    hop.parse().ok().or_else(|| hop.parse::<SocketAddr>().ok().map(|s| s.ip()))
 }
 
 /// Removes the hop-by-hop fields (RFC 9110 §7.6.1): those named in `Connection`, and
@@ -62,14 +60,9 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
     for name in named {
         headers.remove(name);
     }
-    for name in [
-        &header::CONNECTION,
-        &PROXY_CONNECTION,
-        &KEEP_ALIVE,
-        &header::TE,
-        &header::TRANSFER_ENCODING,
-        &header::UPGRADE,
-    ] {
+    for name in
+        [&header::CONNECTION, &PROXY_CONNECTION, &KEEP_ALIVE, &header::TE, &header::TRANSFER_ENCODING, &header::UPGRADE]
+    {
         headers.remove(name);
     }
 }
@@ -77,24 +70,11 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
 /// Sets the `X-Forwarded-*` fields for the upstream. From a trusted proxy, the chain it
 /// sent is extended; from anyone else, incoming values are replaced, so the upstream
 /// never sees forwarding claims that no trusted hop vouched for.
-pub fn set_forwarded(
-    headers: &mut HeaderMap,
-    peer: IpAddr,
-    trusted_peer: bool,
-    host: Option<&str>,
-) {
+pub fn set_forwarded(headers: &mut HeaderMap, peer: IpAddr, trusted_peer: bool, host: Option<&str>) {
     let peer = peer.to_canonical().to_string();
     let chain = if trusted_peer {
-        let earlier: Vec<&str> = headers
-            .get_all(&X_FORWARDED_FOR)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .collect();
-        if earlier.is_empty() {
-            peer
-        } else {
-            format!("{}, {peer}", earlier.join(", "))
-        }
+        let earlier: Vec<&str> = headers.get_all(&X_FORWARDED_FOR).iter().filter_map(|v| v.to_str().ok()).collect();
+        if earlier.is_empty() { peer } else { format!("{}, {peer}", earlier.join(", ")) }
     } else {
         peer
     };
@@ -141,25 +121,16 @@ mod tests {
     fn rightmost_untrusted_hop_is_the_client_never_the_leftmost() {
         let trusted = nets(&["10.0.0.0/8"]);
         let h = xff(&["6.6.6.6, 2.2.2.2", "10.0.0.7"]);
-        assert_eq!(
-            client_ip("10.0.0.1".parse().unwrap(), &h, &trusted),
-            "2.2.2.2".parse::<IpAddr>().unwrap()
-        );
+        assert_eq!(client_ip("10.0.0.1".parse().unwrap(), &h, &trusted), "2.2.2.2".parse::<IpAddr>().unwrap());
     }
 
     #[test]
     fn garbage_in_the_chain_stops_at_the_last_good_hop() {
         let trusted = nets(&["10.0.0.0/8"]);
         let h = xff(&["not-an-ip, 10.0.0.9"]);
-        assert_eq!(
-            client_ip("10.0.0.1".parse().unwrap(), &h, &trusted),
-            "10.0.0.9".parse::<IpAddr>().unwrap()
-        );
+        assert_eq!(client_ip("10.0.0.1".parse().unwrap(), &h, &trusted), "10.0.0.9".parse::<IpAddr>().unwrap());
         let h = xff(&["[2001:db8::1]:443"]);
-        assert_eq!(
-            client_ip("10.0.0.1".parse().unwrap(), &h, &trusted),
-            "2001:db8::1".parse::<IpAddr>().unwrap()
-        );
+        assert_eq!(client_ip("10.0.0.1".parse().unwrap(), &h, &trusted), "2001:db8::1".parse::<IpAddr>().unwrap());
     }
 
     #[test]
@@ -177,21 +148,11 @@ mod tests {
     #[test]
     fn forwarded_chain_is_extended_only_for_trusted_peers() {
         let mut h = xff(&["1.1.1.1"]);
-        set_forwarded(
-            &mut h,
-            "10.0.0.1".parse().unwrap(),
-            true,
-            Some("example.com"),
-        );
+        set_forwarded(&mut h, "10.0.0.1".parse().unwrap(), true, Some("example.com"));
         assert_eq!(h[&X_FORWARDED_FOR], "1.1.1.1, 10.0.0.1");
         let mut h = xff(&["1.1.1.1"]);
         h.insert(&X_FORWARDED_HOST, "evil".parse().unwrap());
-        set_forwarded(
-            &mut h,
-            "9.9.9.9".parse().unwrap(),
-            false,
-            Some("example.com"),
-        );
+        set_forwarded(&mut h, "9.9.9.9".parse().unwrap(), false, Some("example.com"));
         assert_eq!(h[&X_FORWARDED_FOR], "9.9.9.9");
         assert_eq!(h[&X_FORWARDED_HOST], "example.com");
         assert_eq!(h[&X_FORWARDED_PROTO], "http");

@@ -11,22 +11,22 @@ pub mod response;
 pub mod route;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use http::{Request, Response};
-use http_body_util::Either;
 use hyper::body::Incoming;
-use tracing::{debug, info, warn};
+use tracing::{Level, debug, warn};
 
-use crate::config::{Action, Config, HeaderMode};
+use crate::config::{Action, Config, HeaderMode, LogLevel, Route};
 use crate::limit::key::KeySource;
-use crate::limit::{self, Decision, Limiters};
+use crate::limit::{self, Decision, Limiters, Outcome, Standing};
 use error::ProxyError;
 use forward::{Hop, UpstreamClient};
 use response::ProxyBody;
 
 pub struct Proxy {
     config: Config,
-    limiters: Limiters,
+    limiters: Arc<Limiters>,
     upstreams: Box<[UpstreamClient]>,
     /// Each limit's `RateLimit-Policy` item, by limit index.
     policies: Box<[String]>,
@@ -59,79 +59,82 @@ impl Proxy {
         }
     }
 
-    async fn handle_inner(
-        &self,
-        req: Request<Incoming>,
-        peer: SocketAddr,
-    ) -> Result<Response<ProxyBody>, ProxyError> {
+    async fn handle_inner(&self, req: Request<Incoming>, peer: SocketAddr) -> Result<Response<ProxyBody>, ProxyError> {
         let config = &self.config;
         let trusted_peer = headers::is_trusted(peer.ip().to_canonical(), &config.trusted_proxies);
         let client_ip = headers::client_ip(peer.ip(), req.headers(), &config.trusted_proxies);
         let host = route::request_host(req.uri(), req.headers());
-        let route = route::match_route(&config.routes, req.method(), req.uri().path(), host)
-            .ok_or(ProxyError::NoRoute)?;
+        let route =
+            route::match_route(&config.routes, req.method(), req.uri().path(), host).ok_or(ProxyError::NoRoute)?;
 
-        let src = KeySource {
-            client_ip,
-            method: req.method(),
-            uri: req.uri(),
-            headers: req.headers(),
-            host,
-        };
-        let standings = match self.limiters.check(&route.limits, &src, limit::now()) {
-            Decision::Reject {
-                limit,
-                status,
-                retry_after,
-                standings,
-            } => {
-                info!(route = %route.name, limit = %config.limits[limit].name, client = %client_ip,
-                      retry_after_ms = retry_after.as_millis() as u64, "request rejected");
+        let src = KeySource { client_ip, method: req.method(), uri: req.uri(), headers: req.headers(), host };
+        let decision = self.limiters.check(&route.limits, &src, limit::now);
+        let (standings, permits) = match decision {
+            Decision::Reject { status, retry_after, standings, .. } => {
+                self.log_outcomes(route, &standings, &src, true);
                 let mut response = response::rejected(status, retry_after);
                 if config.ratelimit_headers != HeaderMode::None {
-                    response::add_ratelimit_headers(
-                        response.headers_mut(),
-                        &standings,
-                        &config.limits,
-                        &self.policies,
-                    );
+                    response::add_ratelimit_headers(response.headers_mut(), &standings, &config.limits, &self.policies);
                 }
                 return Ok(response);
             }
-            Decision::Pass { wait, standings } => {
+            Decision::Pass { wait, standings, permits } => {
+                self.log_outcomes(route, &standings, &src, false);
                 if !wait.is_zero() {
-                    debug!(route = %route.name, client = %client_ip, wait_ms = wait.as_millis() as u64, "request delayed");
-                    // A client that goes away while waiting drops this future here, and
-                    // its request never reaches the upstream.
+                    // A client that goes away while waiting drops this future here: its
+                    // request never reaches the upstream and its permits are released.
                     tokio::time::sleep(wait).await;
                 }
-                standings
+                (standings, permits)
             }
         };
 
-        let mut response = match &route.action {
+        let response = match &route.action {
             Action::Respond(r) => response::static_response(r),
             Action::Forward(upstream) => {
                 let host = host.map(str::to_owned);
-                let hop = Hop {
-                    peer: peer.ip(),
-                    trusted_peer,
-                    host: host.as_deref(),
-                };
+                let hop = Hop { peer: peer.ip(), trusted_peer, host: host.as_deref() };
                 let forwarded = self.upstreams[*upstream].forward(req, hop).await;
                 forwarded
                     .inspect_err(|e| warn!(route = %route.name, error = %e, "upstream error"))?
-                    .map(Either::Left)
+                    .map(ProxyBody::streamed)
             }
         };
+        let mut response = response.map(|body| body.holding(permits));
         if config.ratelimit_headers == HeaderMode::All {
-            response::add_ratelimit_headers(
-                response.headers_mut(),
-                &standings,
-                &config.limits,
-                &self.policies,
-            );
+            response::add_ratelimit_headers(response.headers_mut(), &standings, &config.limits, &self.policies);
         }
         Ok(response)
+    }
+
+    /// One log line per limit that rejected or delayed the request, or would have in dry
+    /// run. Delays log one level below rejections, like nginx.
+    fn log_outcomes(&self, route: &Route, standings: &[Standing], src: &KeySource<'_>, rejected: bool) {
+        for s in standings {
+            let limit = &self.config.limits[s.limit];
+            let (message, lowered, ms) = match (s.outcome, limit.dry_run) {
+                (Outcome::Passed, _) => continue,
+                // The request is refused anyway: its delays would not have happened.
+                (Outcome::Delayed(_), _) if rejected => continue,
+                (Outcome::Rejected(after), false) => ("request rejected", false, after),
+                (Outcome::Rejected(after), true) => ("dry run: request would be rejected", false, after),
+                (Outcome::Delayed(wait), false) => ("request delayed", true, wait),
+                (Outcome::Delayed(wait), true) => ("dry run: request would be delayed", true, wait),
+            };
+            let key = self.limiters.key_label(s.limit, src, self.config.redact_keys);
+            macro_rules! emit {
+                ($level:expr) => {
+                    tracing::event!($level, route = %route.name, limit = %limit.name, key = %key,
+                        excess = format_args!("{:.3}", s.excess), ms = ms.as_millis() as u64, "{message}")
+                };
+            }
+            match (limit.log_level, lowered) {
+                (LogLevel::Error, false) => emit!(Level::ERROR),
+                (LogLevel::Error, true) | (LogLevel::Warn, false) => emit!(Level::WARN),
+                (LogLevel::Warn, true) | (LogLevel::Info, false) => emit!(Level::INFO),
+                (LogLevel::Info, true) | (LogLevel::Debug, false) => emit!(Level::DEBUG),
+                (LogLevel::Debug, true) => emit!(Level::TRACE),
+            }
+        }
     }
 }

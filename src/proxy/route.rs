@@ -21,15 +21,8 @@ pub fn request_host<'r>(uri: &'r Uri, headers: &'r HeaderMap) -> Option<&'r str>
     Some(host.trim_end_matches('.'))
 }
 
-pub fn match_route<'c>(
-    routes: &'c [Route],
-    method: &Method,
-    path: &str,
-    host: Option<&str>,
-) -> Option<&'c Route> {
-    routes
-        .iter()
-        .find(|route| matches(&route.matcher, method, path, host))
+pub fn match_route<'c>(routes: &'c [Route], method: &Method, path: &str, host: Option<&str>) -> Option<&'c Route> {
+    routes.iter().find(|route| matches(&route.matcher, method, path, host))
 }
 
 fn matches(m: &RouteMatch, method: &Method, path: &str, host: Option<&str>) -> bool {
@@ -58,11 +51,7 @@ mod tests {
     use super::*;
 
     fn m(host: Option<&str>, path: PathMatch, methods: &[Method]) -> RouteMatch {
-        RouteMatch {
-            host: host.map(str::to_owned),
-            path,
-            methods: methods.to_vec(),
-        }
+        RouteMatch { host: host.map(str::to_owned), path, methods: methods.to_vec() }
     }
 
     #[test]
@@ -84,10 +73,7 @@ mod tests {
             map
         };
         let uri = Uri::from_static("/");
-        assert_eq!(
-            request_host(&uri, &h("example.com:8080")),
-            Some("example.com")
-        );
+        assert_eq!(request_host(&uri, &h("example.com:8080")), Some("example.com"));
         assert_eq!(request_host(&uri, &h("[::1]:8080")), Some("[::1]"));
         let h2 = Uri::from_static("http://example.org:80/x");
         assert_eq!(request_host(&h2, &HeaderMap::new()), Some("example.org"));

@@ -37,11 +37,7 @@ pub struct Backend {
 type TestBody = http_body_util::combinators::BoxBody<Bytes, hyper::Error>;
 
 fn full(status: u16, body: impl Into<Bytes>) -> Response<TestBody> {
-    let mut r = Response::new(
-        Full::new(body.into())
-            .map_err(|never| match never {})
-            .boxed(),
-    );
+    let mut r = Response::new(Full::new(body.into()).map_err(|never| match never {}).boxed());
     *r.status_mut() = StatusCode::from_u16(status).unwrap();
     r
 }
@@ -55,27 +51,17 @@ impl Backend {
             release: Arc::default(),
             first_frame: Arc::default(),
         };
-        let (hits, release, first_frame) = (
-            backend.hits.clone(),
-            backend.release.clone(),
-            backend.first_frame.clone(),
-        );
+        let (hits, release, first_frame) = (backend.hits.clone(), backend.release.clone(), backend.first_frame.clone());
         tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
-                let (hits, release, first_frame) =
-                    (hits.clone(), release.clone(), first_frame.clone());
+                let (hits, release, first_frame) = (hits.clone(), release.clone(), first_frame.clone());
                 let service = service_fn(move |req: Request<Incoming>| {
-                    let (hits, release, first_frame) =
-                        (hits.clone(), release.clone(), first_frame.clone());
+                    let (hits, release, first_frame) = (hits.clone(), release.clone(), first_frame.clone());
                     async move {
-                        let path_and_query = req
-                            .uri()
-                            .path_and_query()
-                            .map(|p| p.to_string())
-                            .unwrap_or_default();
+                        let path_and_query = req.uri().path_and_query().map(|p| p.to_string()).unwrap_or_default();
                         hits.lock().unwrap().push(Hit {
                             at: Instant::now(),
                             path_and_query: path_and_query.clone(),
@@ -116,8 +102,7 @@ impl Backend {
                     }
                 });
                 tokio::spawn(
-                    hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service),
+                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service),
                 );
             }
         });
@@ -170,13 +155,7 @@ impl Sluicegate {
                 if let Ok(json) = serde_json::from_str::<serde_json::Value>(&line)
                     && json["fields"]["message"] == "listening"
                 {
-                    let _ = tx.send(
-                        json["fields"]["addr"]
-                            .as_str()
-                            .unwrap()
-                            .parse::<SocketAddr>()
-                            .unwrap(),
-                    );
+                    let _ = tx.send(json["fields"]["addr"].as_str().unwrap().parse::<SocketAddr>().unwrap());
                 }
                 let mut sink = sink.lock().unwrap();
                 sink.push_str(&line);
@@ -186,12 +165,7 @@ impl Sluicegate {
         let addr = rx
             .recv_timeout(Duration::from_secs(20))
             .unwrap_or_else(|_| panic!("sluicegate did not start; log:\n{}", log.lock().unwrap()));
-        Sluicegate {
-            addr,
-            child,
-            log,
-            _dir: dir,
-        }
+        Sluicegate { addr, child, log, _dir: dir }
     }
 
     pub fn log(&self) -> String {
@@ -200,10 +174,7 @@ impl Sluicegate {
 
     /// Sends SIGTERM and waits for the exit.
     pub fn terminate(&mut self) -> ExitStatus {
-        let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .unwrap();
+        let status = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
         assert!(status.success());
         self.child.wait().unwrap()
     }
@@ -253,20 +224,14 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let stream = TcpStream::connect(addr).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
     tokio::spawn(conn);
     sender.send_request(req).await.unwrap()
 }
 
 pub async fn read(response: Response<Incoming>) -> Reply {
     let (parts, body) = response.into_parts();
-    Reply {
-        status: parts.status.as_u16(),
-        headers: parts.headers,
-        body: body.collect().await.unwrap().to_bytes(),
-    }
+    Reply { status: parts.status.as_u16(), headers: parts.headers, body: body.collect().await.unwrap().to_bytes() }
 }
 
 /// `GET path` with extra `headers`.
@@ -282,13 +247,9 @@ pub async fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Repl
 pub async fn get_h2(addr: SocketAddr, path: &str) -> Reply {
     let stream = TcpStream::connect(addr).await.unwrap();
     let (mut sender, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-            .await
-            .unwrap();
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await.unwrap();
     tokio::spawn(conn);
-    let req = Request::get(format!("http://test.local{path}"))
-        .body(Full::new(Bytes::new()))
-        .unwrap();
+    let req = Request::get(format!("http://test.local{path}")).body(Full::new(Bytes::new())).unwrap();
     read(sender.send_request(req).await.unwrap()).await
 }
 

@@ -11,19 +11,9 @@ fn check(yaml: &str) -> (Output, String) {
 
 #[test]
 fn shipped_example_config_is_valid() {
-    let out = binary()
-        .args([
-            "check",
-            "-c",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/config.example.yaml"),
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out =
+        binary().args(["check", "-c", concat!(env!("CARGO_MANIFEST_DIR"), "/config.example.yaml")]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 #[test]
@@ -52,32 +42,21 @@ const BASE: &str = "listen: 127.0.0.1:0\nlimits:\n";
 fn unknown_key_is_refused_with_line_and_path() {
     let (out, stderr) = check(&format!("{BASE}  per_ip: {{ key: ip, rat: 5r/s }}\n"));
     assert!(!out.status.success());
-    assert!(
-        stderr.contains("FILE:3:22: limits.per_ip.rat: unknown field `rat`"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("FILE:3:22: limits.per_ip.rat: unknown field `rat`"), "{stderr}");
 }
 
 #[test]
 fn zero_burst_is_refused_with_line_and_path() {
-    let (out, stderr) = check(&format!(
-        "{BASE}  per_ip:\n    key: ip\n    rate: 5r/s\n    burst: 0\n"
-    ));
+    let (out, stderr) = check(&format!("{BASE}  per_ip:\n    key: ip\n    rate: 5r/s\n    burst: 0\n"));
     assert!(!out.status.success());
-    assert!(
-        stderr.contains("FILE:6:12: limits.per_ip.burst: must be a positive integer"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("FILE:6:12: limits.per_ip.burst: must be a positive integer"), "{stderr}");
 }
 
 #[test]
 fn bad_rate_is_refused_with_line_and_path() {
     let (out, stderr) = check(&format!("{BASE}  per_ip: {{ key: ip, rate: 5/s }}\n"));
     assert!(!out.status.success());
-    assert!(
-        stderr.contains("FILE:3:28: limits.per_ip.rate: invalid rate \"5/s\""),
-        "{stderr}"
-    );
+    assert!(stderr.contains("FILE:3:28: limits.per_ip.rate: invalid rate \"5/s\""), "{stderr}");
 }
 
 #[test]
@@ -85,23 +64,12 @@ fn every_error_is_reported_at_once() {
     let yaml = "listen: nowhere\nlimits:\n  a: { key: ip, rate: 0r/s }\nroutes:\n  - limits: [b]\n    respond: { status: 200 }\n";
     let (out, stderr) = check(yaml);
     assert!(!out.status.success());
-    let errors: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.starts_with("FILE:") && !l.ends_with("configuration is invalid"))
-        .collect();
+    let errors: Vec<&str> =
+        stderr.lines().filter(|l| l.starts_with("FILE:") && !l.ends_with("configuration is invalid")).collect();
     assert_eq!(errors.len(), 3, "{stderr}");
-    assert!(
-        errors[0].starts_with("FILE:1:9: listen: invalid address"),
-        "{stderr}"
-    );
-    assert!(
-        errors[1].starts_with("FILE:3:23: limits.a.rate: invalid rate"),
-        "{stderr}"
-    );
-    assert!(
-        errors[2].starts_with("FILE:5:14: routes[0].limits[0]: unknown limit \"b\" (defined: a)"),
-        "{stderr}"
-    );
+    assert!(errors[0].starts_with("FILE:1:9: listen: invalid address"), "{stderr}");
+    assert!(errors[1].starts_with("FILE:3:23: limits.a.rate: invalid rate"), "{stderr}");
+    assert!(errors[2].starts_with("FILE:5:14: routes[0].limits[0]: unknown limit \"b\" (defined: a)"), "{stderr}");
 }
 
 #[test]
@@ -109,8 +77,23 @@ fn run_refuses_to_start_with_an_invalid_config() {
     let (_dir, path) = config_file("listen: 127.0.0.1:0\nroutes:\n  - upstream: missing\n");
     let out = binary().arg("-c").arg(&path).output().unwrap();
     assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("routes[0].upstream: unknown upstream \"missing\""));
+}
+
+#[test]
+fn concurrency_and_rate_fields_are_not_mixed() {
+    let yaml = format!(
+        "{BASE}  a: {{ key: ip, concurrency: 2, burst: 3 }}\n  b: {{ key: ip, rate: 1r/s, concurrency: 2 }}\n  c: {{ key: ip }}\n"
+    );
+    let (out, stderr) = check(&yaml);
+    assert!(!out.status.success());
+    assert!(stderr.contains("FILE:3:40: limits.a.burst: only for `rate` limits"), "{stderr}");
     assert!(
-        String::from_utf8_lossy(&out.stderr)
-            .contains("routes[0].upstream: unknown upstream \"missing\"")
+        stderr.contains("FILE:4:42: limits.b.concurrency: a limit has either `rate` or `concurrency`, not both"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("FILE:5:6: limits.c: needs `rate: N r/DURATION` (e.g. 10r/s) or `concurrency: N`"),
+        "{stderr}"
     );
 }

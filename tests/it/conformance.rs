@@ -38,10 +38,7 @@ struct Recorded {
 }
 
 fn scenarios() -> Vec<Scenario> {
-    let dir = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/nginx-limit-req"
-    );
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/nginx-limit-req");
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -49,10 +46,7 @@ fn scenarios() -> Vec<Scenario> {
         .collect();
     files.sort();
     assert!(files.len() >= 9, "fixtures missing");
-    files
-        .iter()
-        .map(|f| serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap())
-        .collect()
+    files.iter().map(|f| serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap()).collect()
 }
 
 /// The sluicegate equivalent of the scenario's `limit_req` line.
@@ -76,11 +70,7 @@ fn policy_yaml(s: &Scenario) -> String {
 /// nginx's delay of each request: its latency less the scenario's fastest answer (the
 /// cost of a round trip through nginx).
 fn nginx_delays_ms(s: &Scenario) -> Vec<f64> {
-    let base = s
-        .requests
-        .iter()
-        .map(|r| r.latency_ms)
-        .fold(f64::INFINITY, f64::min);
+    let base = s.requests.iter().map(|r| r.latency_ms).fold(f64::INFINITY, f64::min);
     s.requests.iter().map(|r| r.latency_ms - base).collect()
 }
 
@@ -110,15 +100,11 @@ fn limiter_matches_nginx_on_a_fake_clock() {
                 headers: &headers,
                 host: None,
             };
-            let (status, wait) = match limiters.check(&[0], &src, r.t_ms * 1_000_000) {
+            let (status, wait) = match limiters.check(&[0], &src, || r.t_ms * 1_000_000) {
                 Decision::Pass { wait, .. } => (200, wait),
                 Decision::Reject { status, .. } => (status.as_u16(), Duration::ZERO),
             };
-            assert_eq!(
-                status, r.status,
-                "{} request {i} at {} ms",
-                s.scenario, r.t_ms
-            );
+            assert_eq!(status, r.status, "{} request {i} at {} ms", s.scenario, r.t_ms);
             let ours = wait.as_secs_f64() * 1000.0;
             let theirs = expected_delays[i];
             assert!(
@@ -147,17 +133,11 @@ type Outcomes = Vec<(u16, f64)>;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_matches_nginx_in_real_time() {
-    let chosen: Vec<Scenario> = scenarios()
-        .into_iter()
-        .filter(|s| REAL_TIME.contains(&s.scenario.as_str()))
-        .collect();
+    let chosen: Vec<Scenario> = scenarios().into_iter().filter(|s| REAL_TIME.contains(&s.scenario.as_str())).collect();
     assert_eq!(chosen.len(), REAL_TIME.len());
     // Start every proxy first (a blocking wait for readiness), then run all schedules
     // from one instant, so no start-up stalls a schedule already running.
-    let proxies: Vec<Sluicegate> = chosen
-        .iter()
-        .map(|s| Sluicegate::start(&policy_yaml(s)))
-        .collect();
+    let proxies: Vec<Sluicegate> = chosen.iter().map(|s| Sluicegate::start(&policy_yaml(s))).collect();
     let start = tokio::time::Instant::now() + Duration::from_millis(100);
     let mut runs = Vec::new();
     for (s, sg) in chosen.into_iter().zip(&proxies) {
@@ -165,16 +145,11 @@ async fn proxy_matches_nginx_in_real_time() {
             .requests
             .iter()
             .map(|r| {
-                let (addr, key, at) = (
-                    sg.addr,
-                    r.key.clone(),
-                    start + Duration::from_millis(r.t_ms),
-                );
+                let (addr, key, at) = (sg.addr, r.key.clone(), start + Duration::from_millis(r.t_ms));
                 tokio::spawn(async move {
                     tokio::time::sleep_until(at).await;
                     let sent = Instant::now();
-                    let headers: Vec<(&str, &str)> =
-                        key.as_deref().map(|k| ("x-key", k)).into_iter().collect();
+                    let headers: Vec<(&str, &str)> = key.as_deref().map(|k| ("x-key", k)).into_iter().collect();
                     let status = get(addr, "/", &headers).await.status;
                     (status, sent.elapsed().as_secs_f64() * 1000.0)
                 })
@@ -200,12 +175,7 @@ async fn proxy_matches_nginx_in_real_time() {
             ours.sort_by(|a, b| a.partial_cmp(b).unwrap());
             theirs.sort_by(|a, b| a.partial_cmp(b).unwrap());
             let statuses = |v: &[(u16, f64)]| v.iter().map(|x| x.0).collect::<Vec<_>>();
-            assert_eq!(
-                statuses(&ours),
-                statuses(&theirs),
-                "{} at {t} ms key {key:?}",
-                s.scenario
-            );
+            assert_eq!(statuses(&ours), statuses(&theirs), "{} at {t} ms key {key:?}", s.scenario);
             for ((_, o), (_, n)) in ours.iter().zip(&theirs) {
                 // Real time adds our own round trip and the machine's scheduling noise.
                 assert!(

@@ -63,19 +63,8 @@ async fn hop_by_hop_fields_are_removed_and_forwarded_fields_replaced_for_untrust
 #[tokio::test]
 async fn forwarded_chain_of_a_trusted_proxy_is_extended() {
     let backend = Backend::start().await;
-    let sg = Sluicegate::start(&config(
-        &backend.addr.to_string(),
-        "trusted_proxies: [127.0.0.0/8]",
-    ));
-    get(
-        sg.addr,
-        "/x",
-        &[
-            ("x-forwarded-for", "1.1.1.1"),
-            ("x-forwarded-proto", "https"),
-        ],
-    )
-    .await;
+    let sg = Sluicegate::start(&config(&backend.addr.to_string(), "trusted_proxies: [127.0.0.0/8]"));
+    get(sg.addr, "/x", &[("x-forwarded-for", "1.1.1.1"), ("x-forwarded-proto", "https")]).await;
     let seen = &backend.hits()[0].headers;
     assert_eq!(seen["x-forwarded-for"], "1.1.1.1, 127.0.0.1");
     assert_eq!(seen["x-forwarded-proto"], "https");
@@ -85,19 +74,11 @@ async fn forwarded_chain_of_a_trusted_proxy_is_extended() {
 async fn response_body_streams_before_the_upstream_finishes() {
     let backend = Backend::start().await;
     let sg = Sluicegate::start(&config(&backend.addr.to_string(), ""));
-    let response = send(
-        sg.addr,
-        Request::get("/stream")
-            .body(Full::new(Bytes::new()))
-            .unwrap(),
-    )
-    .await;
+    let response = send(sg.addr, Request::get("/stream").body(Full::new(Bytes::new())).unwrap()).await;
     let mut body = response.into_body();
     // The backend holds back the rest until we have the first chunk: a proxy that
     // buffered the body would never deliver it.
-    let first = tokio::time::timeout(Duration::from_secs(5), body.frame())
-        .await
-        .expect("first chunk not streamed");
+    let first = tokio::time::timeout(Duration::from_secs(5), body.frame()).await.expect("first chunk not streamed");
     assert_eq!(first.unwrap().unwrap().into_data().unwrap(), "first\n");
     backend.release.notify_one();
     let rest = body.collect().await.unwrap().to_bytes();
@@ -117,9 +98,7 @@ async fn request_body_streams_to_the_upstream() {
         .await
         .expect("request body not streamed");
     for _ in 0..256 {
-        tx.send_data(Bytes::from(vec![b'y'; 32 * 1024]))
-            .await
-            .unwrap();
+        tx.send_data(Bytes::from(vec![b'y'; 32 * 1024])).await.unwrap();
     }
     drop(tx);
     let r = pending.await.unwrap();
@@ -129,14 +108,7 @@ async fn request_body_streams_to_the_upstream() {
 #[tokio::test]
 async fn unmatched_request_is_404() {
     let sg = Sluicegate::start(&config(&format!("127.0.0.1:{}", closed_port()), ""));
-    let r = request(
-        sg.addr,
-        Request::delete("/x")
-            .header("host", "h")
-            .body(Full::new(Bytes::new()))
-            .unwrap(),
-    )
-    .await;
+    let r = request(sg.addr, Request::delete("/x").header("host", "h").body(Full::new(Bytes::new())).unwrap()).await;
     assert_eq!(r.status, 404);
 }
 
@@ -146,11 +118,7 @@ async fn refused_upstream_is_502_and_logged_with_its_route() {
     let r = get(sg.addr, "/app/x", &[]).await;
     assert_eq!(r.status, 502);
     let log = sg.log();
-    assert!(
-        log.lines()
-            .any(|l| l.contains("upstream error") && l.contains("\"route\":\"app\"")),
-        "{log}"
-    );
+    assert!(log.lines().any(|l| l.contains("upstream error") && l.contains("\"route\":\"app\"")), "{log}");
 }
 
 #[tokio::test]
@@ -160,20 +128,14 @@ async fn slow_upstream_is_504_after_the_timeout() {
     let started = Instant::now();
     let r = get(sg.addr, "/sleep/3000", &[]).await;
     assert_eq!(r.status, 504);
-    assert!(
-        started.elapsed() < Duration::from_millis(2500),
-        "{:?}",
-        started.elapsed()
-    );
+    assert!(started.elapsed() < Duration::from_millis(2500), "{:?}", started.elapsed());
 }
 
 #[tokio::test]
 async fn servers_of_an_upstream_take_turns() {
     let (a, b) = (Backend::start().await, Backend::start().await);
-    let yaml = config(&a.addr.to_string(), "").replace(
-        &format!("\"{}\"", a.addr),
-        &format!("\"{}\", \"{}\"", a.addr, b.addr),
-    );
+    let yaml =
+        config(&a.addr.to_string(), "").replace(&format!("\"{}\"", a.addr), &format!("\"{}\", \"{}\"", a.addr, b.addr));
     let sg = Sluicegate::start(&yaml);
     for _ in 0..4 {
         assert_eq!(get(sg.addr, "/x", &[]).await.status, 200);

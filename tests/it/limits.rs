@@ -39,28 +39,11 @@ async fn burst_passes_then_429_with_retry_after_then_passes_again() {
     assert_eq!(rejected.status, 429);
     let retry: u64 = rejected.header("retry-after").unwrap().parse().unwrap();
     assert!(retry >= 1);
-    assert_eq!(
-        rejected.header("ratelimit-policy"),
-        Some("\"per_ip\";q=5;w=1")
-    );
-    assert!(
-        rejected
-            .header("ratelimit")
-            .unwrap()
-            .starts_with("\"per_ip\";r=0;t=")
-    );
-    assert_eq!(
-        backend.hits().len(),
-        3,
-        "a rejected request reached the upstream"
-    );
+    assert_eq!(rejected.header("ratelimit-policy"), Some("\"per_ip\";q=5;w=1"));
+    assert!(rejected.header("ratelimit").unwrap().starts_with("\"per_ip\";r=0;t="));
+    assert_eq!(backend.hits().len(), 3, "a rejected request reached the upstream");
     // Another client behind the trusted proxy is unaffected.
-    assert_eq!(
-        get(sg.addr, "/x", &[("x-forwarded-for", "192.0.2.7")])
-            .await
-            .status,
-        200
-    );
+    assert_eq!(get(sg.addr, "/x", &[("x-forwarded-for", "192.0.2.7")]).await.status, 200);
     // Retry-After is a promise: waiting that long is enough.
     tokio::time::sleep(Duration::from_secs(retry)).await;
     assert_eq!(get(sg.addr, "/x", &[]).await.status, 200);
@@ -73,11 +56,7 @@ async fn spoofed_leftmost_forwarded_for_does_not_change_the_key() {
     let mut statuses = Vec::new();
     for i in 0..5 {
         let xff = format!("203.0.113.{i}, 192.0.2.50");
-        statuses.push(
-            get(sg.addr, "/x", &[("x-forwarded-for", &xff)])
-                .await
-                .status,
-        );
+        statuses.push(get(sg.addr, "/x", &[("x-forwarded-for", &xff)]).await.status);
     }
     assert_eq!(statuses, [200, 200, 200, 429, 429]);
 }
@@ -108,10 +87,7 @@ async fn routes_with_their_own_limits_are_independent() {
     let routes = format!(
         "  - match: {{ path_prefix: /a }}\n    limits: [by_key]\n{STATIC}  - match: {{ path_prefix: /b }}\n    limits: [other]\n{STATIC}"
     );
-    let sg = Sluicegate::start(&keyed(
-        "  other: { key: \"header:x-key\", rate: 1r/m, nodelay: true }",
-        &routes,
-    ));
+    let sg = Sluicegate::start(&keyed("  other: { key: \"header:x-key\", rate: 1r/m, nodelay: true }", &routes));
     let statuses = [
         get(sg.addr, "/a", &[("x-key", "k")]).await.status,
         get(sg.addr, "/a", &[("x-key", "k")]).await.status,
@@ -128,10 +104,7 @@ async fn a_request_rejected_by_one_limit_consumes_no_quota_of_another() {
     let routes = format!(
         "  - match: {{ path_prefix: /both }}\n    limits: [per_ip, by_key]\n{STATIC}  - match: {{ path_prefix: /key }}\n    limits: [by_key]\n{STATIC}"
     );
-    let sg = Sluicegate::start(&keyed(
-        "  per_ip: { key: ip, rate: 1r/m, nodelay: true }",
-        &routes,
-    ));
+    let sg = Sluicegate::start(&keyed("  per_ip: { key: ip, rate: 1r/m, nodelay: true }", &routes));
     assert_eq!(get(sg.addr, "/both", &[("x-key", "k1")]).await.status, 200);
     // per_ip rejects these, so key k2 must keep its whole quota (burst 1: two requests).
     for _ in 0..3 {
@@ -170,9 +143,7 @@ async fn delayed_burst_reaches_the_upstream_spaced_by_the_rate() {
     );
     let sg = Sluicegate::start(&yaml);
     let addr = sg.addr;
-    let requests: Vec<_> = (0..5)
-        .map(|_| tokio::spawn(async move { get(addr, "/", &[]).await.status }))
-        .collect();
+    let requests: Vec<_> = (0..5).map(|_| tokio::spawn(async move { get(addr, "/", &[]).await.status })).collect();
     let mut statuses = Vec::new();
     for r in requests {
         statuses.push(r.await.unwrap());
@@ -183,10 +154,7 @@ async fn delayed_burst_reaches_the_upstream_spaced_by_the_rate() {
     at.sort();
     for pair in at.windows(2) {
         let gap = pair[1] - pair[0];
-        assert!(
-            gap >= Duration::from_millis(90) && gap <= Duration::from_millis(180),
-            "gap {gap:?}"
-        );
+        assert!(gap >= Duration::from_millis(90) && gap <= Duration::from_millis(180), "gap {gap:?}");
     }
 }
 
@@ -201,13 +169,8 @@ async fn client_that_leaves_while_queued_never_reaches_the_upstream() {
     assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
     // The next request is queued for 500 ms; the client gives up after 100 ms.
     let addr = sg.addr;
-    let queued = tokio::spawn(async move {
-        send(
-            addr,
-            Request::get("/").body(Full::new(Bytes::new())).unwrap(),
-        )
-        .await
-    });
+    let queued =
+        tokio::spawn(async move { send(addr, Request::get("/").body(Full::new(Bytes::new())).unwrap()).await });
     tokio::time::sleep(Duration::from_millis(100)).await;
     queued.abort();
     // Past the instant it would have been released, the upstream has still seen one request.

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+mod concurrency;
 mod config_errors;
 mod conformance;
 mod forwarding;

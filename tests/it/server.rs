@@ -33,16 +33,9 @@ async fn malformed_request_gets_400_and_the_server_lives_on() {
 #[tokio::test]
 async fn oversized_request_headers_get_431() {
     let sg = Sluicegate::start(STATIC);
-    let request = format!(
-        "GET / HTTP/1.1\r\nHost: h\r\nX-Big: {}\r\n\r\n",
-        "a".repeat(1 << 20)
-    );
+    let request = format!("GET / HTTP/1.1\r\nHost: h\r\nX-Big: {}\r\n\r\n", "a".repeat(1 << 20));
     let answer = raw_exchange(sg.addr, request.as_bytes()).await;
-    assert!(
-        answer.starts_with("HTTP/1.1 431"),
-        "{:?}",
-        &answer[..answer.len().min(200)]
-    );
+    assert!(answer.starts_with("HTTP/1.1 431"), "{:?}", &answer[..answer.len().min(200)]);
 }
 
 #[tokio::test]
@@ -51,16 +44,10 @@ async fn client_that_never_finishes_its_headers_is_cut_off() {
         "listen: 127.0.0.1:0\nserver: { header_read_timeout: 300ms }\nroutes:\n  - respond: { status: 200 }\n",
     );
     let mut stream = TcpStream::connect(sg.addr).await.unwrap();
-    stream
-        .write_all(b"GET / HTTP/1.1\r\nHost: h\r\n")
-        .await
-        .unwrap();
+    stream.write_all(b"GET / HTTP/1.1\r\nHost: h\r\n").await.unwrap();
     let mut out = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut out)).await;
-    assert!(
-        read.is_ok(),
-        "connection still open after the header-read timeout"
-    );
+    assert!(read.is_ok(), "connection still open after the header-read timeout");
 }
 
 #[tokio::test]
@@ -87,8 +74,5 @@ async fn sigterm_lets_in_flight_requests_finish_and_stops_accepting() {
     let (status, log) = exit.await.unwrap();
     assert!(status.success(), "{status:?}\n{log}");
     assert!(log.contains("all connections closed"), "{log}");
-    assert!(
-        TcpStream::connect(addr).await.is_err(),
-        "still accepting after shutdown"
-    );
+    assert!(TcpStream::connect(addr).await.is_err(), "still accepting after shutdown");
 }

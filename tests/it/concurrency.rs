@@ -1,0 +1,125 @@
+use std::time::Duration;
+
+use crate::common::*;
+
+fn config(upstream: &str, limit: &str) -> String {
+    format!(
+        "listen: 127.0.0.1:0\nupstreams:\n  b: {{ servers: [\"{upstream}\"], timeout: 1s }}\nlimits:\n  c: {{ key: ip, {limit} }}\nroutes:\n  - upstream: b\n    limits: [c]\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_slow_requests_beyond_the_limit_are_rejected_until_slots_free() {
+    let backend = Backend::start().await;
+    let sg = Sluicegate::start(&config(&backend.addr.to_string(), "concurrency: 2, retry_after: 2s"));
+    let addr = sg.addr;
+    let slow: Vec<_> = (0..2).map(|_| tokio::spawn(async move { get(addr, "/sleep/600", &[]).await.status })).collect();
+    // Ready when both are in flight at the backend.
+    while backend.hits().len() < 2 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let third = get(addr, "/", &[]).await;
+    assert_eq!(third.status, 429);
+    assert_eq!(third.header("retry-after"), Some("2"));
+    assert_eq!(third.header("ratelimit-policy"), Some("\"c\";q=2"));
+    for s in slow {
+        assert_eq!(s.await.unwrap(), 200);
+    }
+    // Both responses are complete: their slots are back.
+    assert_eq!(get(addr, "/", &[]).await.status, 200);
+    assert_eq!(get(addr, "/", &[]).await.status, 200);
+}
+
+#[tokio::test]
+async fn slot_is_released_after_an_upstream_error() {
+    let sg = Sluicegate::start(&config(&format!("127.0.0.1:{}", closed_port()), "concurrency: 1"));
+    for _ in 0..3 {
+        assert_eq!(get(sg.addr, "/", &[]).await.status, 502);
+    }
+}
+
+#[tokio::test]
+async fn slot_is_released_after_an_upstream_timeout() {
+    let backend = Backend::start().await;
+    let sg = Sluicegate::start(&config(&backend.addr.to_string(), "concurrency: 1"));
+    for _ in 0..2 {
+        assert_eq!(get(sg.addr, "/sleep/3000", &[]).await.status, 504);
+    }
+    assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slot_is_released_when_the_client_goes_away() {
+    let backend = Backend::start().await;
+    let sg = Sluicegate::start(&config(&backend.addr.to_string(), "concurrency: 1"));
+    let addr = sg.addr;
+    let abandoned = tokio::spawn(async move { get(addr, "/sleep/5000", &[]).await });
+    while backend.hits().is_empty() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(get(addr, "/", &[]).await.status, 429);
+    abandoned.abort();
+    // The proxy learns of the disconnect asynchronously; poll, bounded.
+    let mut status = 0;
+    for _ in 0..100 {
+        status = get(addr, "/", &[]).await.status;
+        if status == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(status, 200, "slot not released after the client left");
+}
+
+#[tokio::test]
+async fn dry_run_never_rejects_and_logs_what_it_would_have_done() {
+    let yaml = "listen: 127.0.0.1:0\nlimits:\n  d: { key: ip, rate: 1r/m, dry_run: true }\nroutes:\n  - name: r\n    limits: [d]\n    respond: { status: 200 }\n";
+    let sg = Sluicegate::start(yaml);
+    for _ in 0..3 {
+        assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
+    }
+    let log = sg.log();
+    let would = log.lines().filter(|l| l.contains("dry run: request would be rejected")).count();
+    assert_eq!(would, 2, "{log}");
+}
+
+/// Sends the four requests of a `1r/m, burst: 2, delay: 1` limit: two pass, the third is
+/// queued for a minute (left waiting), the fourth is rejected.
+async fn pass_delay_reject(sg: &Sluicegate) {
+    for _ in 0..2 {
+        assert_eq!(get(sg.addr, "/", &[("x-user", "alice")]).await.status, 200);
+    }
+    let addr = sg.addr;
+    let queued = tokio::spawn(async move { get(addr, "/", &[("x-user", "alice")]).await });
+    while !sg.log().contains("request delayed") {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(get(sg.addr, "/", &[("x-user", "alice")]).await.status, 429);
+    queued.abort();
+}
+
+#[tokio::test]
+async fn log_lines_name_route_limit_key_and_excess_at_the_configured_levels() {
+    let yaml = "listen: 127.0.0.1:0\nredact_keys: REDACT\nlimits:\n  l: { key: \"header:x-user\", rate: 1r/m, burst: 2, delay: 1, log_level: warn }\nroutes:\n  - name: api\n    limits: [l]\n    respond: { status: 200 }\n";
+    let plain = Sluicegate::start(&yaml.replace("REDACT", "false"));
+    pass_delay_reject(&plain).await;
+    let log = plain.log();
+    let line = log.lines().find(|l| l.contains("request rejected")).unwrap_or_else(|| panic!("{log}"));
+    for field in [
+        "\"level\":\"WARN\"",
+        "\"route\":\"api\"",
+        "\"limit\":\"l\"",
+        "\"key\":\"header:x-user=alice\"",
+        "\"excess\":\"3.000\"",
+    ] {
+        assert!(line.contains(field), "{field} missing in {line}");
+    }
+    let delayed = log.lines().find(|l| l.contains("request delayed")).unwrap_or_else(|| panic!("{log}"));
+    assert!(delayed.contains("\"level\":\"INFO\"") && delayed.contains("\"excess\":\"2.000\""), "{delayed}");
+
+    let redacted = Sluicegate::start(&yaml.replace("REDACT", "true"));
+    pass_delay_reject(&redacted).await;
+    let log = redacted.log();
+    let line = log.lines().find(|l| l.contains("request rejected")).unwrap_or_else(|| panic!("{log}"));
+    assert!(!line.contains("alice") && line.contains("\"key\":\"#"), "{line}");
+}
