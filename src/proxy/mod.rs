@@ -48,14 +48,10 @@ impl Proxy {
 
     /// Serves one request from `peer`. Never fails: every outcome is a response.
     pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<ProxyBody> {
-        let (method, path) = (req.method().clone(), req.uri().path().to_owned());
         match self.handle_inner(req, peer).await {
             Ok(response) => response,
-            Err(e) => {
-                // Upstream faults were logged with their route where they happened.
-                debug!(%method, %path, error = %e, "request answered with an error");
-                response::error(&e)
-            }
+            // Each fault was logged where it happened, with what it concerned.
+            Err(e) => response::error(&e),
         }
     }
 
@@ -64,8 +60,10 @@ impl Proxy {
         let trusted_peer = headers::is_trusted(peer.ip().to_canonical(), &config.trusted_proxies);
         let client_ip = headers::client_ip(peer.ip(), req.headers(), &config.trusted_proxies);
         let host = route::request_host(req.uri(), req.headers());
-        let route =
-            route::match_route(&config.routes, req.method(), req.uri().path(), host).ok_or(ProxyError::NoRoute)?;
+        let Some(route) = route::match_route(&config.routes, req.method(), req.uri().path(), host) else {
+            debug!(method = %req.method(), path = req.uri().path(), host, "no route matches");
+            return Err(ProxyError::NoRoute);
+        };
 
         let src = KeySource { client_ip, method: req.method(), uri: req.uri(), headers: req.headers(), host };
         let decision = self.limiters.check(&route.limits, &src, limit::now);
