@@ -119,6 +119,7 @@ pub struct Sluicegate {
     pub addr: SocketAddr,
     child: Child,
     log: Arc<Mutex<String>>,
+    log_done: Arc<std::sync::atomic::AtomicBool>,
     _dir: tempfile::TempDir,
 }
 
@@ -149,9 +150,11 @@ impl Sluicegate {
         let log = Arc::new(Mutex::new(String::new()));
         let (tx, rx) = mpsc::channel();
         let sink = log.clone();
+        let log_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let done = log_done.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { return };
+                let Ok(line) = line else { break };
                 if let Ok(json) = serde_json::from_str::<serde_json::Value>(&line)
                     && json["fields"]["message"] == "listening"
                 {
@@ -161,22 +164,46 @@ impl Sluicegate {
                 sink.push_str(&line);
                 sink.push('\n');
             }
+            done.store(true, std::sync::atomic::Ordering::Release);
         });
         let addr = rx
             .recv_timeout(Duration::from_secs(20))
             .unwrap_or_else(|_| panic!("sluicegate did not start; log:\n{}", log.lock().unwrap()));
-        Sluicegate { addr, child, log, _dir: dir }
+        Sluicegate { addr, child, log, log_done, _dir: dir }
     }
 
+    /// The log read so far. Lines arrive through a pipe and a reader thread: to see a
+    /// line written before a response, use `wait_for_log`.
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()
+    }
+
+    /// Waits (at most 10 s) until `ready` holds for the log, and returns the log.
+    pub fn wait_for_log(&self, ready: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let log = self.log();
+            if ready(&log) || Instant::now() > deadline {
+                return log;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Waits until the process has exited and its log has been read to the end.
+    fn wait_for_exit(&mut self) -> ExitStatus {
+        let status = self.child.wait().unwrap();
+        while !self.log_done.load(std::sync::atomic::Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        status
     }
 
     /// Sends SIGTERM and waits for the exit.
     pub fn terminate(&mut self) -> ExitStatus {
         let status = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
         assert!(status.success());
-        self.child.wait().unwrap()
+        self.wait_for_exit()
     }
 }
 
