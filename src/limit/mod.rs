@@ -51,17 +51,24 @@ enum Algorithm {
 struct Limiter {
     key: KeySpec,
     algorithm: Algorithm,
-    table: KeyTable<u64>,
+    table: KeyTable,
     status: StatusCode,
     dry_run: bool,
 }
 
 impl Limiter {
-    fn decide(&self, shard: &Shard<u64>, key: u64, now: u64) -> Verdict {
+    fn decide(&self, shard: &Shard, key: u64, now: u64) -> Verdict {
         match &self.algorithm {
             Algorithm::LeakyBucket(bucket) => bucket.decide(shard.get(key), now),
             Algorithm::Concurrency(c) => c.decide(shard.get(key), shard.is_full()),
         }
+    }
+
+    /// Which states a full table forgets first (lowest): for the leaky bucket the instant
+    /// it drains, so the keys closest to fresh go. Concurrency tables never evict: a new
+    /// key is rejected when they are full.
+    fn rank(&self, state: u64) -> u64 {
+        state
     }
 
     /// True when `state` equals a fresh key's, so the table may forget it.
@@ -207,7 +214,7 @@ impl Limiters {
             // A dry-run limit that would reject keeps its state, as if it had.
             let Verdict::Admit { state, wait: w, .. } = verdict else { continue };
             let limiter = &self.limits[i];
-            limiter.table.put(&mut shard, key, state, now, |&s| limiter.is_idle(s, now));
+            limiter.table.put(&mut shard, key, state, |s| limiter.is_idle(s, now), |s| limiter.rank(s));
             if !limiter.dry_run {
                 wait = wait.max(w);
             }

@@ -1,71 +1,70 @@
 //! A bounded, sharded map from key hash to limiter state.
 //!
-//! Keys arrive already hashed (keyed SipHash, see `key`), so the map uses them as they
-//! are. Each shard holds at most its share of `max_keys`. When a shard is full it first
+//! Keys arrive already hashed (keyed SipHash, see `key`), so the table uses them as they
+//! are. Each shard is a flat open-addressing table with linear probing whose 16-byte
+//! slots hold key and state together: a lookup at a million keys costs one cache miss
+//! where a SwissTable (std's `HashMap`) costs two, control bytes then bucket, and that
+//! miss was most of a decision's time. Hence this small table of our own.
+//!
+//! Each shard holds at most its share of `max_keys`. When a shard is full it first
 //! forgets the keys whose state is that of a fresh key (lossless: the limiter decides
 //! the same without them), and if that frees less than an eighth of the shard, it
-//! evicts the least recently used eighth (counted in `evictions`). Both are one pass
-//! over the shard that frees many slots at once, so the cost per insert stays O(1)
-//! amortized and memory never passes the bound, however many distinct keys arrive.
+//! evicts the eighth whose states rank lowest by the limiter's `rank`: for the leaky
+//! bucket, the instant its bucket drains, so the keys forgotten are those closest to
+//! fresh, whose loss changes the fewest decisions (among equally loaded keys, this is
+//! least recently used). Evictions are counted. Both are one pass over the shard that
+//! frees many slots at once, so the cost per insert stays O(1) amortized and memory
+//! never passes the bound, however many distinct keys arrive.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-/// Passes a key hash through: the keys are keyed-hash outputs already.
-#[derive(Default)]
-pub struct KeyHasher(u64);
+/// `[key, state]`; key 0 marks an empty slot.
+type Slot = [u64; 2];
+const KEY: usize = 0;
+const STATE: usize = 1;
 
-impl Hasher for KeyHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        // Only `write_u64` is used by `u64` keys; fold anything else in anyway.
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-struct Slot<S> {
-    state: S,
-    /// Limiter-clock ns of the last request that stored this state.
-    used: u64,
-}
-
-pub struct Shard<S> {
-    map: HashMap<u64, Slot<S>, BuildHasherDefault<KeyHasher>>,
+pub struct Shard {
+    /// A power of two long, at most three quarters full; it doubles as keys arrive, up
+    /// to the size `cap` needs, so a lightly used table stays small and dense.
+    slots: Box<[Slot]>,
+    len: usize,
     cap: usize,
 }
 
-pub struct KeyTable<S> {
-    shards: Box<[Mutex<Shard<S>>]>,
+/// Slots of a new shard.
+const MIN_SLOTS: usize = 16;
+
+fn empty_slots(n: usize) -> Box<[Slot]> {
+    vec![[0u64; 2]; n].into_boxed_slice()
+}
+
+pub struct KeyTable {
+    shards: Box<[Mutex<Shard>]>,
     evictions: AtomicU64,
 }
 
-impl<S: Copy> KeyTable<S> {
+/// Key 0 is the empty mark; the key hash 0 shares a slot with 1 (one chance in 2^63).
+fn stored(key: u64) -> u64 {
+    key.max(1)
+}
+
+impl KeyTable {
     /// A table that holds at most about `max_keys` keys (rounded up to a multiple of the
     /// shard count, at most 63 more).
     pub fn new(max_keys: usize) -> Self {
         let shards = (max_keys / 4096).next_power_of_two().clamp(1, 64);
         let cap = max_keys.div_ceil(shards).max(1);
-        let shards = (0..shards).map(|_| Mutex::new(Shard { map: HashMap::default(), cap })).collect();
+        let shards = (0..shards).map(|_| Mutex::new(Shard { slots: empty_slots(MIN_SLOTS), len: 0, cap })).collect();
         KeyTable { shards, evictions: AtomicU64::new(0) }
     }
 
     /// Locks the shard that holds `key`.
-    pub fn lock(&self, key: u64) -> MutexGuard<'_, Shard<S>> {
-        // Bits away from those hashbrown uses for the bucket (low) and tag (top 7).
+    pub fn lock(&self, key: u64) -> MutexGuard<'_, Shard> {
+        // High bits pick the shard, low bits the slot within it.
         let index = (key >> 40) as usize & (self.shards.len() - 1);
         // A panic while holding a shard cannot leave a half-written state (each write
-        // is one insert), so a poisoned lock is still good to use.
+        // is one slot), so a poisoned lock is still good to use.
         self.shards[index].lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -76,73 +75,136 @@ impl<S: Copy> KeyTable<S> {
 
     /// Keys held now (takes every shard's lock: for tests and metrics, not the request path).
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).map.len()).sum()
+        self.shards.iter().map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Stores `state` for `key` in its locked `shard`; `idle(state)` tells which stored
-    /// states a fresh key would equal.
-    pub fn put(&self, shard: &mut Shard<S>, key: u64, state: S, now: u64, idle: impl Fn(&S) -> bool) {
-        if let Some(slot) = shard.map.get_mut(&key) {
-            *slot = Slot { state, used: now };
-            return;
+    /// Stores `state` for `key` in its locked `shard`. If room must be made, `idle(state)`
+    /// tells which stored states a fresh key would equal, and `rank(state)` which to
+    /// evict first (lowest).
+    pub fn put(&self, shard: &mut Shard, key: u64, state: u64, idle: impl Fn(u64) -> bool, rank: impl Fn(u64) -> u64) {
+        let key = stored(key);
+        let mut i = shard.find(key);
+        if shard.slots[i][KEY] == 0 {
+            if shard.len >= shard.cap {
+                let evicted = shard.make_room(idle, rank);
+                self.evictions.fetch_add(evicted, Ordering::Relaxed);
+                i = shard.find(key);
+            } else if (shard.len + 1) * 4 > shard.slots.len() * 3 {
+                shard.rebuild(shard.slots.len() * 2, |_| true);
+                i = shard.find(key);
+            }
+            shard.len += 1;
         }
-        if shard.map.len() >= shard.cap {
-            let evicted = shard.make_room(idle);
-            self.evictions.fetch_add(evicted, Ordering::Relaxed);
-        }
-        shard.map.insert(key, Slot { state, used: now });
+        shard.slots[i] = [key, state];
     }
 }
 
-impl<S: Copy> Shard<S> {
-    pub fn get(&self, key: u64) -> Option<S> {
-        self.map.get(&key).map(|slot| slot.state)
+impl Shard {
+    fn mask(&self) -> usize {
+        self.slots.len() - 1
+    }
+
+    /// The slot holding `key`, or the empty slot where it would go.
+    fn find(&self, key: u64) -> usize {
+        let mask = self.mask();
+        let mut i = key as usize & mask;
+        loop {
+            let k = self.slots[i][KEY];
+            if k == key || k == 0 {
+                return i;
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    pub fn get(&self, key: u64) -> Option<u64> {
+        let slot = &self.slots[self.find(stored(key))];
+        (slot[KEY] != 0).then_some(slot[STATE])
     }
 
     /// True when a new key would make `put` evict.
     pub fn is_full(&self) -> bool {
-        self.map.len() >= self.cap
+        self.len >= self.cap
     }
 
     /// Changes the state of a stored key without counting it as a use.
-    pub fn replace(&mut self, key: u64, state: S) {
-        if let Some(slot) = self.map.get_mut(&key) {
-            slot.state = state;
+    pub fn replace(&mut self, key: u64, state: u64) {
+        let i = self.find(stored(key));
+        if self.slots[i][KEY] != 0 {
+            self.slots[i][STATE] = state;
         }
     }
 
     pub fn remove(&mut self, key: u64) {
-        self.map.remove(&key);
+        let i = self.find(stored(key));
+        if self.slots[i][KEY] != 0 {
+            self.remove_at(i);
+        }
+    }
+
+    /// Empties slot `hole` and moves later entries of its probe run back into it, so
+    /// every key stays reachable from its home slot without tombstones.
+    fn remove_at(&mut self, mut hole: usize) {
+        let mask = self.mask();
+        let mut j = hole;
+        loop {
+            j = (j + 1) & mask;
+            let key = self.slots[j][KEY];
+            if key == 0 {
+                break;
+            }
+            let home = key as usize & mask;
+            // The entry at j may fill the hole unless its home lies cyclically in (hole, j].
+            let stays = if hole <= j { hole < home && home <= j } else { hole < home || home <= j };
+            if !stays {
+                self.slots[hole] = self.slots[j];
+                hole = j;
+            }
+        }
+        self.slots[hole] = [0; 2];
+        self.len -= 1;
+    }
+
+    /// Rebuilds the table `size` slots long with the entries `keep` accepts.
+    fn rebuild(&mut self, size: usize, keep: impl Fn(&Slot) -> bool) {
+        let old = std::mem::replace(&mut self.slots, empty_slots(size));
+        self.len = 0;
+        for slot in old.iter().filter(|s| s[KEY] != 0 && keep(s)) {
+            let i = self.find(slot[KEY]);
+            self.slots[i] = *slot;
+            self.len += 1;
+        }
     }
 
     /// Frees at least one slot; returns how many keys with state were evicted.
-    fn make_room(&mut self, idle: impl Fn(&S) -> bool) -> u64 {
-        self.map.retain(|_, slot| !idle(&slot.state));
+    fn make_room(&mut self, idle: impl Fn(u64) -> bool, rank: impl Fn(u64) -> u64) -> u64 {
+        self.rebuild(self.slots.len(), |s| !idle(s[STATE]));
         let target = self.cap - self.cap.div_ceil(8);
-        if self.map.len() <= target {
+        if self.len <= target {
             return 0;
         }
-        // Evict the least recently used down to the target: find the cut-off instant.
-        let mut used: Vec<u64> = self.map.values().map(|slot| slot.used).collect();
-        let excess = self.map.len() - target;
-        let (_, &mut cutoff, _) = used.select_nth_unstable(excess - 1);
-        let before = self.map.len();
-        let mut ties = excess - used.iter().filter(|&&u| u < cutoff).count();
-        self.map.retain(|_, slot| {
-            if slot.used < cutoff {
+        // Evict the lowest ranked down to the target: find the cut-off rank.
+        let mut ranks: Vec<u64> = self.slots.iter().filter(|s| s[KEY] != 0).map(|s| rank(s[STATE])).collect();
+        let excess = self.len - target;
+        let (_, &mut cutoff, _) = ranks.select_nth_unstable(excess - 1);
+        let before = self.len;
+        let ties = std::cell::Cell::new(excess - ranks.iter().filter(|&&r| r < cutoff).count());
+        self.rebuild(self.slots.len(), |s| {
+            let r = rank(s[STATE]);
+            if r < cutoff {
                 return false;
             }
-            if slot.used == cutoff && ties > 0 {
-                ties -= 1;
+            if r == cutoff && ties.get() > 0 {
+                ties.set(ties.get() - 1);
                 return false;
             }
             true
         });
-        (before - self.map.len()) as u64
+        (before - self.len) as u64
     }
 }
 
@@ -152,14 +214,14 @@ mod tests {
 
     #[test]
     fn idle_keys_go_first_and_lose_nothing() {
-        let table = KeyTable::<u64>::new(8);
-        for key in 0..8u64 {
+        let table = KeyTable::new(8);
+        for key in 1..=8u64 {
             let mut shard = table.lock(key);
             // Even keys hold a state of 0, which the test calls idle.
-            table.put(&mut shard, key, key % 2, key, |&s| s == 0);
+            table.put(&mut shard, key, key % 2, |s| s == 0, |s| s);
         }
         let mut shard = table.lock(100);
-        table.put(&mut shard, 100, 1, 100, |&s| s == 0);
+        table.put(&mut shard, 100, 1, |s| s == 0, |s| s);
         drop(shard);
         assert_eq!(table.evictions(), 0);
         assert_eq!(table.len(), 5);
@@ -168,34 +230,56 @@ mod tests {
     }
 
     #[test]
-    fn least_recently_used_keys_are_evicted_when_none_is_idle() {
-        let table = KeyTable::<u64>::new(16);
-        for key in 0..16u64 {
+    fn lowest_ranked_keys_are_evicted_when_none_is_idle() {
+        let table = KeyTable::new(16);
+        // The state is the rank here: key k ranks k.
+        for key in 1..=16u64 {
             let mut shard = table.lock(key);
-            table.put(&mut shard, key, 1, key, |_| false);
+            table.put(&mut shard, key, key, |_| false, |s| s);
         }
-        // Touch key 0 so that it is the most recent.
-        let mut shard = table.lock(0);
-        table.put(&mut shard, 0, 1, 100, |_| false);
-        table.put(&mut shard, 1000, 1, 101, |_| false);
+        // Raise key 1 to the top.
+        let mut shard = table.lock(1);
+        table.put(&mut shard, 1, 100, |_| false, |s| s);
+        table.put(&mut shard, 1000, 101, |_| false, |s| s);
         drop(shard);
         assert_eq!(table.evictions(), 2);
         assert_eq!(table.len(), 15);
-        assert!(table.lock(0).get(0).is_some());
-        assert!(table.lock(1).get(1).is_none() && table.lock(2).get(2).is_none());
-        assert!(table.lock(3).get(3).is_some());
+        assert!(table.lock(1).get(1).is_some());
+        assert!(table.lock(2).get(2).is_none() && table.lock(3).get(3).is_none());
+        assert!(table.lock(4).get(4).is_some());
+    }
+
+    #[test]
+    fn removal_keeps_every_other_key_of_a_probe_run_reachable() {
+        let table = KeyTable::new(64);
+        let mut shard = table.lock(0);
+        let slots = shard.slots.len() as u64;
+        // Keys with the same home slot, and one wrapping around the end of the table.
+        let keys = [5, 5 + slots, 5 + 2 * slots, 6, slots - 1, 2 * slots - 1];
+        for (n, &k) in keys.iter().enumerate() {
+            table.put(&mut shard, k, n as u64 + 10, |_| false, |s| s);
+        }
+        for (n, &gone) in keys.iter().enumerate() {
+            shard.remove(gone);
+            assert_eq!(shard.get(gone), None);
+            for (m, &k) in keys.iter().enumerate().skip(n + 1) {
+                assert_eq!(shard.get(k), Some(m as u64 + 10), "key {k} lost after removing {gone}");
+            }
+        }
+        assert_eq!(shard.len, 0);
+        assert!(shard.slots.iter().all(|s| s[KEY] == 0));
     }
 
     #[test]
     fn a_flood_of_distinct_keys_stays_within_the_bound() {
-        let table = KeyTable::<u64>::new(10_000);
+        let table = KeyTable::new(10_000);
         let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
         for now in 0..200_000u64 {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
             let mut shard = table.lock(x);
-            table.put(&mut shard, x, now, now, |_| false);
+            table.put(&mut shard, x, now, |_| false, |s| s);
         }
         assert!(table.len() <= 10_000 + 63, "{}", table.len());
         assert!(table.evictions() >= 190_000);
