@@ -113,10 +113,10 @@ pub struct Standing {
 pub enum Decision {
     /// Go on after `wait` (zero for most requests), holding `permits` until the
     /// response is done.
-    Pass { wait: Duration, standings: SmallVec<[Standing; 4]>, permits: Permits },
+    Pass { wait: Duration, standings: SmallVec<[Standing; 2]>, permits: Permits },
     /// Answer `status` now; `limit` (index into `Config::limits`) is the enforced
     /// rejecting limit that would admit the request last, after `retry_after`.
-    Reject { limit: usize, status: StatusCode, retry_after: Duration, standings: SmallVec<[Standing; 4]> },
+    Reject { limit: usize, status: StatusCode, retry_after: Duration, standings: SmallVec<[Standing; 2]> },
 }
 
 /// The concurrency slots a request holds, given back when this is dropped or released.
@@ -175,11 +175,11 @@ impl Limiters {
     /// delayed on its way to the lock could find a later instant already stored by
     /// another thread and count the difference as excess.
     pub fn check(self: &Arc<Self>, limits: &[usize], src: &KeySource<'_>, clock: impl FnOnce() -> u64) -> Decision {
-        let keyed: SmallVec<[(usize, u64); 4]> =
+        let keyed: SmallVec<[(usize, u64); 2]> =
             limits.iter().filter_map(|&i| self.limits[i].key.hash(src, &self.seed).map(|k| (i, k))).collect();
-        let shards: SmallVec<[_; 4]> = keyed.iter().map(|&(i, key)| self.limits[i].table.lock(key)).collect();
+        let shards: SmallVec<[_; 2]> = keyed.iter().map(|&(i, key)| self.limits[i].table.lock(key)).collect();
         let now = clock();
-        let mut held: SmallVec<[_; 4]> = SmallVec::new();
+        let mut held: SmallVec<[_; 2]> = SmallVec::new();
         for (&(i, key), shard) in keyed.iter().zip(shards) {
             let verdict = self.limits[i].decide(&shard, key, now);
             held.push((i, key, shard, verdict));
