@@ -62,7 +62,8 @@ pub struct Limit {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
-    /// Request rate with nginx `limit_req` semantics.
+    /// Request rate with nginx `limit_req` semantics. GCRA, the token bucket and the
+    /// minimum interval are this with other parameters (see `validate`).
     Rate {
         rate: Rate,
         /// Excess requests admitted beyond the rate (nginx `burst`).
@@ -71,6 +72,8 @@ pub enum Policy {
         /// request waits), `burst` for `nodelay`, N for `delay: N`.
         delay: u64,
     },
+    /// At most `limit` requests per `window`, windows aligned to the Unix epoch.
+    FixedWindow { limit: u64, window: Duration },
     /// Requests in progress (nginx `limit_conn`); a rejection says `Retry-After`.
     Concurrency { max: u64, retry_after: Duration },
 }

@@ -47,16 +47,33 @@ pub struct RawUpstream {
 #[serde(deny_unknown_fields)]
 pub struct RawLimit {
     pub key: RawKey,
+    pub algorithm: Option<AlgorithmName>,
     pub rate: Option<String>,
     pub burst: Option<u64>,
     pub nodelay: Option<bool>,
     pub delay: Option<u64>,
+    pub limit: Option<u64>,
+    pub window: Option<String>,
+    pub capacity: Option<u64>,
+    pub refill: Option<String>,
+    pub interval: Option<String>,
     pub concurrency: Option<u64>,
     pub retry_after: Option<String>,
     pub status: Option<u16>,
     pub max_keys: Option<u64>,
     pub dry_run: Option<bool>,
     pub log_level: Option<LogLevel>,
+}
+
+/// `algorithm:` of a limit (default: the nginx leaky bucket).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AlgorithmName {
+    LeakyBucket,
+    Gcra,
+    TokenBucket,
+    MinInterval,
+    FixedWindow,
 }
 
 /// Level of a limit's rejection lines; its delay lines go one level lower (like nginx

@@ -12,7 +12,7 @@ use http::{HeaderMap, Method, StatusCode};
 use ipnet::IpNet;
 
 use super::position::Positions;
-use super::raw::{RawConfig, RawKey, RawLimit, RawMatch, RawRespond, RawRoute, RawUpstream};
+use super::raw::{AlgorithmName, RawConfig, RawKey, RawLimit, RawMatch, RawRespond, RawRoute, RawUpstream};
 use super::units::{parse_duration, parse_rate};
 use super::{
     Action, Config, ConfigError, Limit, LogLevel, PathMatch, Policy, Route, RouteMatch, StaticResponse, Upstream,
@@ -156,18 +156,7 @@ fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit) -> Limit {
             list.iter().enumerate().filter_map(|(i, text)| e.check(|| format!("{at}.key[{i}]"), text.parse())).collect()
         }
     };
-    let policy = match (&raw.rate, raw.concurrency) {
-        (Some(_), Some(_)) => {
-            e.add(format!("{at}.concurrency"), "a limit has either `rate` or `concurrency`, not both");
-            None
-        }
-        (Some(rate), None) => rate_policy(e, &at, rate, raw),
-        (None, Some(max)) => concurrency_policy(e, &at, max, raw),
-        (None, None) => {
-            e.add(at.clone(), "needs `rate: N r/DURATION` (e.g. 10r/s) or `concurrency: N`");
-            None
-        }
-    };
+    let policy = policy(e, &at, raw);
     let status = status_in(e, || format!("{at}.status"), raw.status.unwrap_or(429), 400..=599);
     if raw.max_keys == Some(0) {
         e.add(format!("{at}.max_keys"), "must be a positive integer");
@@ -184,42 +173,167 @@ fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit) -> Limit {
     }
 }
 
-fn rate_policy(e: &mut Errors<'_>, at: &str, rate: &str, raw: &RawLimit) -> Option<Policy> {
-    if raw.retry_after.is_some() {
-        e.add(format!("{at}.retry_after"), "only for `concurrency` limits: a rate limit computes Retry-After");
+/// What a limit counts, as written: its kind decides which fields apply.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Algorithm(AlgorithmName),
+    Concurrency,
+}
+
+impl Kind {
+    fn describe(self) -> &'static str {
+        match self {
+            Kind::Algorithm(AlgorithmName::LeakyBucket) => "the leaky bucket (the default algorithm)",
+            Kind::Algorithm(AlgorithmName::Gcra) => "algorithm gcra",
+            Kind::Algorithm(AlgorithmName::TokenBucket) => "algorithm token_bucket",
+            Kind::Algorithm(AlgorithmName::MinInterval) => "algorithm min_interval",
+            Kind::Algorithm(AlgorithmName::FixedWindow) => "algorithm fixed_window",
+            Kind::Concurrency => "concurrency limits",
+        }
     }
-    let rate = e.check(|| format!("{at}.rate"), parse_rate(rate));
+
+    fn fields(self) -> &'static [&'static str] {
+        match self {
+            Kind::Algorithm(AlgorithmName::LeakyBucket) => &["rate", "burst", "nodelay", "delay"],
+            Kind::Algorithm(AlgorithmName::Gcra) => &["rate", "burst"],
+            Kind::Algorithm(AlgorithmName::TokenBucket) => &["capacity", "refill"],
+            Kind::Algorithm(AlgorithmName::MinInterval) => &["interval"],
+            Kind::Algorithm(AlgorithmName::FixedWindow) => &["limit", "window"],
+            Kind::Concurrency => &["concurrency", "retry_after"],
+        }
+    }
+}
+
+/// Largest `limit` of a fixed window: its count is kept in 24 bits of the key's state.
+const MAX_WINDOW_LIMIT: u64 = (1 << 24) - 1;
+
+fn policy(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Policy> {
+    let kind = match (raw.algorithm, raw.concurrency) {
+        (Some(_), Some(_)) => {
+            e.add(format!("{at}.algorithm"), "a concurrency limit has no `algorithm`");
+            return None;
+        }
+        (None, Some(_)) => Kind::Concurrency,
+        (algorithm, None) => Kind::Algorithm(algorithm.unwrap_or(AlgorithmName::LeakyBucket)),
+    };
+    let given = [
+        ("rate", raw.rate.is_some()),
+        ("burst", raw.burst.is_some()),
+        ("nodelay", raw.nodelay.is_some()),
+        ("delay", raw.delay.is_some()),
+        ("limit", raw.limit.is_some()),
+        ("window", raw.window.is_some()),
+        ("capacity", raw.capacity.is_some()),
+        ("refill", raw.refill.is_some()),
+        ("interval", raw.interval.is_some()),
+        ("retry_after", raw.retry_after.is_some()),
+    ];
+    for (field, _) in given.iter().filter(|(field, given)| *given && !kind.fields().contains(field)) {
+        let fields = kind.fields().join(", ");
+        e.add(format!("{at}.{field}"), format!("does not apply to {} (its fields: {fields})", kind.describe()));
+    }
+    let missing = |e: &mut Errors<'_>, field: &str, example: &str| {
+        e.add(at.to_owned(), format!("{} needs `{field}` (e.g. {field}: {example})", kind.describe()));
+    };
+    match kind {
+        Kind::Algorithm(AlgorithmName::LeakyBucket) if raw.rate.is_none() => {
+            e.add(at.to_owned(), "needs `rate: N r/DURATION` (e.g. 10r/s), `concurrency: N`, or an `algorithm`");
+            None
+        }
+        Kind::Algorithm(AlgorithmName::LeakyBucket) => {
+            let (rate, burst) = (rate(e, at, "rate", raw.rate.as_deref()), burst(e, at, raw));
+            let delay = match (raw.nodelay, raw.delay) {
+                (Some(true), Some(_)) => {
+                    e.add(format!("{at}.delay"), "give either `nodelay: true` or `delay: N`, not both");
+                    0
+                }
+                (_, Some(d)) if d > burst => {
+                    e.add(
+                        format!("{at}.delay"),
+                        format!("must not exceed burst ({burst}); use `nodelay: true` for no delay"),
+                    );
+                    0
+                }
+                (Some(true), None) => burst,
+                (_, delay) => delay.unwrap_or(0),
+            };
+            Some(Policy::Rate { rate: rate?, burst, delay })
+        }
+        // GCRA (governor's, redis-cell's): the leaky bucket with `nodelay`. Both store the
+        // instant the bucket drains; GCRA's is one period later, with the same decisions.
+        Kind::Algorithm(AlgorithmName::Gcra) => {
+            if raw.rate.is_none() {
+                missing(e, "rate", "10r/s");
+            }
+            let (rate, burst) = (rate(e, at, "rate", raw.rate.as_deref()), burst(e, at, raw));
+            Some(Policy::Rate { rate: rate?, burst, delay: burst })
+        }
+        // A token bucket refilled continuously is GCRA with a burst of `capacity - 1`.
+        Kind::Algorithm(AlgorithmName::TokenBucket) => {
+            if raw.capacity.is_none() {
+                missing(e, "capacity", "100");
+            }
+            if raw.refill.is_none() {
+                missing(e, "refill", "10r/s");
+            }
+            if raw.capacity == Some(0) {
+                e.add(format!("{at}.capacity"), "must be a positive integer");
+            }
+            let rate = rate(e, at, "refill", raw.refill.as_deref())?;
+            let burst = raw.capacity.filter(|&c| c > 0)? - 1;
+            Some(Policy::Rate { rate, burst, delay: burst })
+        }
+        // One request per interval: a rate of 1 per interval, no burst.
+        Kind::Algorithm(AlgorithmName::MinInterval) => {
+            let Some(text) = &raw.interval else {
+                missing(e, "interval", "1s");
+                return None;
+            };
+            let per = e.check(|| format!("{at}.interval"), positive_duration(text))?;
+            Some(Policy::Rate { rate: super::Rate { count: 1, per }, burst: 0, delay: 0 })
+        }
+        Kind::Algorithm(AlgorithmName::FixedWindow) => {
+            if raw.limit.is_none() {
+                missing(e, "limit", "100");
+            }
+            if raw.window.is_none() {
+                missing(e, "window", "1m");
+            }
+            let limit = raw.limit?;
+            if !(1..=MAX_WINDOW_LIMIT).contains(&limit) {
+                e.add(format!("{at}.limit"), format!("must be from 1 to {MAX_WINDOW_LIMIT}"));
+            }
+            let window = e.check(|| format!("{at}.window"), positive_duration(raw.window.as_deref()?))?;
+            if window < Duration::from_millis(1) {
+                e.add(format!("{at}.window"), "must be at least 1ms");
+            }
+            Some(Policy::FixedWindow { limit, window })
+        }
+        Kind::Concurrency => {
+            let max = raw.concurrency.unwrap_or(0);
+            if max == 0 {
+                e.add(format!("{at}.concurrency"), "must be a positive integer");
+            }
+            let retry_after =
+                e.duration(&format!("{at}.retry_after"), raw.retry_after.as_ref(), DEFAULT_CONCURRENCY_RETRY_AFTER);
+            Some(Policy::Concurrency { max, retry_after })
+        }
+    }
+}
+
+fn rate(e: &mut Errors<'_>, at: &str, field: &str, text: Option<&str>) -> Option<super::Rate> {
+    e.check(|| format!("{at}.{field}"), parse_rate(text?))
+}
+
+fn burst(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> u64 {
     if raw.burst == Some(0) {
         e.add(format!("{at}.burst"), "must be a positive integer (leave `burst` out for no burst)");
     }
-    let burst = raw.burst.unwrap_or(0);
-    let delay = match (raw.nodelay, raw.delay) {
-        (Some(true), Some(_)) => {
-            e.add(format!("{at}.delay"), "give either `nodelay: true` or `delay: N`, not both");
-            0
-        }
-        (_, Some(d)) if d > burst => {
-            e.add(format!("{at}.delay"), format!("must not exceed burst ({burst}); use `nodelay: true` for no delay"));
-            0
-        }
-        (Some(true), None) => burst,
-        (_, delay) => delay.unwrap_or(0),
-    };
-    Some(Policy::Rate { rate: rate?, burst, delay })
+    raw.burst.unwrap_or(0)
 }
 
-fn concurrency_policy(e: &mut Errors<'_>, at: &str, max: u64, raw: &RawLimit) -> Option<Policy> {
-    let rate_only =
-        [("burst", raw.burst.is_some()), ("nodelay", raw.nodelay.is_some()), ("delay", raw.delay.is_some())];
-    for (field, _) in rate_only.iter().filter(|(_, given)| *given) {
-        e.add(format!("{at}.{field}"), "only for `rate` limits");
-    }
-    if max == 0 {
-        e.add(format!("{at}.concurrency"), "must be a positive integer");
-    }
-    let retry_after =
-        e.duration(&format!("{at}.retry_after"), raw.retry_after.as_ref(), DEFAULT_CONCURRENCY_RETRY_AFTER);
-    Some(Policy::Concurrency { max, retry_after })
+fn positive_duration(text: &str) -> Result<Duration, String> {
+    parse_duration(text).and_then(|d| if d.is_zero() { Err("must be longer than zero".into()) } else { Ok(d) })
 }
 
 fn status_in(

@@ -169,3 +169,40 @@ mod tests {
         assert_eq!(b.decide(Some(100 * MS), 200 * MS), b.decide(None, 200 * MS));
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::config::Rate;
+
+    proptest! {
+        /// In every interval [a, b] between two admitted requests, at most
+        /// `burst + 1 + (b - a) / period` are admitted, whatever the arrivals and delay.
+        #[test]
+        fn admissions_never_exceed_burst_plus_one_plus_rate_times_t(
+            period_ms in 1u64..500,
+            burst in 0u64..6,
+            delay_share in 0u64..=100,
+            gaps in proptest::collection::vec(0u64..1500, 1..120),
+        ) {
+            let period = period_ms * 1_000_000;
+            let b = LeakyBucket::new(Rate { count: 1, per: std::time::Duration::from_nanos(period) }, burst, burst * delay_share / 100);
+            let (mut now, mut state, mut admitted) = (1_000_000_000_000u64, None, Vec::new());
+            for gap in gaps {
+                now += gap * period / 500;
+                if let Verdict::Admit { state: s, .. } = b.decide(state, now) {
+                    state = Some(s);
+                    admitted.push(now);
+                }
+            }
+            for i in 0..admitted.len() {
+                for j in i..admitted.len() {
+                    let bound = burst + 1 + (admitted[j] - admitted[i]) / period;
+                    prop_assert!((j - i + 1) as u64 <= bound, "{} admitted in {} ns", j - i + 1, admitted[j] - admitted[i]);
+                }
+            }
+        }
+    }
+}

@@ -9,27 +9,35 @@
 //! `Permits` until its response is done.
 
 pub mod concurrency;
+pub mod fixed_window;
 pub mod key;
 pub mod leaky_bucket;
 pub mod table;
 
 use std::hash::RandomState;
 use std::sync::{Arc, LazyLock};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use http::StatusCode;
 use smallvec::SmallVec;
 
 use crate::config::{Config, Limit, Policy};
 use concurrency::Concurrency;
+use fixed_window::FixedWindow;
 use key::{KeySource, KeySpec};
 use leaky_bucket::LeakyBucket;
 use table::{KeyTable, Shard};
 
-/// Nanoseconds on the monotonic limiter clock (its origin: the first call).
+/// The limiter clock: nanoseconds since the Unix epoch, read from the wall clock once
+/// and advanced by the monotonic clock since, so it never steps back when the system
+/// time is adjusted, and fixed windows align with every other instance's.
 pub fn now() -> u64 {
-    static ORIGIN: LazyLock<Instant> = LazyLock::new(Instant::now);
-    u64::try_from(ORIGIN.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    static ORIGIN: LazyLock<(Instant, u64)> = LazyLock::new(|| {
+        let wall = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        (Instant::now(), u64::try_from(wall.as_nanos()).unwrap_or(0))
+    });
+    let (instant, wall) = *ORIGIN;
+    wall.saturating_add(u64::try_from(instant.elapsed().as_nanos()).unwrap_or(u64::MAX))
 }
 
 /// What one limit makes of one request; times in ns.
@@ -45,6 +53,7 @@ pub enum Verdict {
 
 enum Algorithm {
     LeakyBucket(LeakyBucket),
+    FixedWindow(FixedWindow),
     Concurrency(Concurrency),
 }
 
@@ -60,13 +69,15 @@ impl Limiter {
     fn decide(&self, shard: &Shard, key: u64, now: u64) -> Verdict {
         match &self.algorithm {
             Algorithm::LeakyBucket(bucket) => bucket.decide(shard.get(key), now),
+            Algorithm::FixedWindow(window) => window.decide(shard.get(key), now),
             Algorithm::Concurrency(c) => c.decide(shard.get(key), shard.is_full()),
         }
     }
 
     /// Which states a full table forgets first (lowest): for the leaky bucket the instant
-    /// it drains, so the keys closest to fresh go. Concurrency tables never evict: a new
-    /// key is rejected when they are full.
+    /// it drains, so the keys closest to fresh go; for a fixed window, older windows and
+    /// then smaller counts. Concurrency tables never evict: a new key is rejected when
+    /// they are full.
     fn rank(&self, state: u64) -> u64 {
         state
     }
@@ -75,6 +86,7 @@ impl Limiter {
     fn is_idle(&self, state: u64, now: u64) -> bool {
         match &self.algorithm {
             Algorithm::LeakyBucket(bucket) => bucket.is_idle(state, now),
+            Algorithm::FixedWindow(window) => window.is_idle(state, now),
             Algorithm::Concurrency(_) => state == 0,
         }
     }
@@ -239,6 +251,7 @@ impl Limiters {
 fn limiter(limit: &Limit) -> Limiter {
     let algorithm = match limit.policy {
         Policy::Rate { rate, burst, delay } => Algorithm::LeakyBucket(LeakyBucket::new(rate, burst, delay)),
+        Policy::FixedWindow { limit, window } => Algorithm::FixedWindow(FixedWindow::new(limit, window)),
         Policy::Concurrency { max, retry_after } => Algorithm::Concurrency(Concurrency::new(max, retry_after)),
     };
     Limiter {
@@ -345,5 +358,55 @@ mod tests {
         // admitted requests left it.
         let Decision::Pass { standings, .. } = check(&l, &[0], 1, 1000) else { panic!() };
         assert_eq!(standings[0].outcome, delayed);
+    }
+
+    /// GCRA and the token bucket decide as governor's GCRA does, request by request.
+    #[test]
+    fn gcra_and_token_bucket_agree_with_governor() {
+        use std::num::NonZeroU32;
+
+        use governor::clock::FakeRelativeClock;
+        use proptest::prelude::*;
+        use proptest::test_runner::{Config, TestRunner};
+
+        let strategy = (1u64..1000, 0u32..8, any::<bool>(), proptest::collection::vec(0u64..3000, 1..100));
+        TestRunner::new(Config::with_cases(128))
+            .run(&strategy, |(period_ms, burst, as_token_bucket, gaps)| {
+                let limit = if as_token_bucket {
+                    format!(
+                        "  l: {{ key: ip, algorithm: token_bucket, capacity: {}, refill: 1r/{period_ms}ms }}\n",
+                        burst + 1
+                    )
+                } else if burst == 0 {
+                    format!("  l: {{ key: ip, algorithm: gcra, rate: 1r/{period_ms}ms }}\n")
+                } else {
+                    format!("  l: {{ key: ip, algorithm: gcra, rate: 1r/{period_ms}ms, burst: {burst} }}\n")
+                };
+                let ours = limiters(&limit);
+                let quota = governor::Quota::with_period(Duration::from_millis(period_ms))
+                    .expect("non-zero period")
+                    .allow_burst(NonZeroU32::new(burst + 1).expect("non-zero"));
+                let clock = FakeRelativeClock::default();
+                let theirs = governor::RateLimiter::direct_with_clock(quota, clock.clone());
+                let mut now_ns = 1_000_000_000_000u64;
+                for (n, gap) in gaps.into_iter().enumerate() {
+                    let gap_ns = gap * period_ms * 1_000_000 / 1000;
+                    now_ns += gap_ns;
+                    clock.advance(Duration::from_nanos(gap_ns));
+                    let uri = Uri::from_static("/");
+                    let headers = HeaderMap::new();
+                    let src = KeySource {
+                        client_ip: [10, 0, 0, 1].into(),
+                        method: &Method::GET,
+                        uri: &uri,
+                        headers: &headers,
+                        host: None,
+                    };
+                    let ours = passes(&ours.check(&[0], &src, || now_ns));
+                    prop_assert_eq!(ours, theirs.check().is_ok(), "request {}", n);
+                }
+                Ok(())
+            })
+            .unwrap();
     }
 }

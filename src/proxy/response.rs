@@ -98,11 +98,11 @@ fn ceil_secs(d: Duration) -> u64 {
 /// scaled to one second). Built once per limit.
 /// A concurrency limit has a quota and no window: `"uploads";q=4`.
 pub fn policy_item(limit: &Limit) -> String {
-    let rate = match limit.policy {
-        Policy::Rate { rate, .. } => rate,
+    let (count, per) = match limit.policy {
+        Policy::Rate { rate, .. } => (rate.count, rate.per),
+        Policy::FixedWindow { limit, window } => (limit, window),
         Policy::Concurrency { max, .. } => return format!("\"{}\";q={max}", limit.name),
     };
-    let (count, per) = (rate.count, rate.per);
     let (q, w) = if per.subsec_nanos() == 0 {
         (count, per.as_secs())
     } else {

@@ -87,13 +87,41 @@ fn concurrency_and_rate_fields_are_not_mixed() {
     );
     let (out, stderr) = check(&yaml);
     assert!(!out.status.success());
-    assert!(stderr.contains("FILE:3:40: limits.a.burst: only for `rate` limits"), "{stderr}");
+    let expected = [
+        "FILE:3:40: limits.a.burst: does not apply to concurrency limits (its fields: concurrency, retry_after)",
+        "FILE:4:23: limits.b.rate: does not apply to concurrency limits",
+        "FILE:5:6: limits.c: needs `rate: N r/DURATION` (e.g. 10r/s), `concurrency: N`, or an `algorithm`",
+    ];
+    for line in expected {
+        assert!(stderr.contains(line), "{line}\nnot in\n{stderr}");
+    }
+}
+
+#[test]
+fn algorithm_fields_are_checked_per_algorithm() {
+    let yaml = format!(
+        "{BASE}  a: {{ key: ip, algorithm: token_bucket, capacity: 4 }}\n  b: {{ key: ip, algorithm: fixed_window, limit: 4, window: 1h, burst: 2 }}\n"
+    );
+    let (out, stderr) = check(&yaml);
+    assert!(!out.status.success());
     assert!(
-        stderr.contains("FILE:4:42: limits.b.concurrency: a limit has either `rate` or `concurrency`, not both"),
+        stderr.contains("FILE:3:6: limits.a: algorithm token_bucket needs `refill` (e.g. refill: 10r/s)"),
         "{stderr}"
     );
     assert!(
-        stderr.contains("FILE:5:6: limits.c: needs `rate: N r/DURATION` (e.g. 10r/s) or `concurrency: N`"),
+        stderr.contains("limits.b.burst: does not apply to algorithm fixed_window (its fields: limit, window)"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn unknown_algorithm_lists_the_known_ones() {
+    let (out, stderr) = check(&format!("{BASE}  c: {{ key: ip, algorithm: sliding_stuff }}\n"));
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(
+            "FILE:3:28: limits.c.algorithm: unknown variant `sliding_stuff`, expected one of leaky_bucket, gcra"
+        ),
         "{stderr}"
     );
 }
