@@ -47,6 +47,8 @@ pub struct RawUpstream {
 #[serde(deny_unknown_fields)]
 pub struct RawLimit {
     pub key: RawKey,
+    pub ipv4_prefix: Option<u8>,
+    pub ipv6_prefix: Option<u8>,
     pub algorithm: Option<AlgorithmName>,
     pub rate: Option<String>,
     pub burst: Option<u64>,

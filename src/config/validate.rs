@@ -17,7 +17,7 @@ use super::units::{parse_duration, parse_rate};
 use super::{
     Action, Config, ConfigError, Limit, LogLevel, PathMatch, Policy, Route, RouteMatch, StaticResponse, Upstream,
 };
-use crate::limit::key::{KeyPart, KeySpec};
+use crate::limit::key::{DEFAULT_IP_PREFIX, KeyPart, KeySpec};
 
 const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -156,6 +156,7 @@ fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit) -> Limit {
             list.iter().enumerate().filter_map(|(i, text)| e.check(|| format!("{at}.key[{i}]"), text.parse())).collect()
         }
     };
+    let parts = ip_prefix(e, &at, raw, parts);
     let policy = policy(e, &at, raw);
     let status = status_in(e, || format!("{at}.status"), raw.status.unwrap_or(429), 400..=599);
     if raw.max_keys == Some(0) {
@@ -171,6 +172,31 @@ fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit) -> Limit {
         dry_run: raw.dry_run.unwrap_or(false),
         log_level: raw.log_level.unwrap_or(LogLevel::Info),
     }
+}
+
+/// Applies the limit's `ipv4_prefix` / `ipv6_prefix` to its `ip` key parts.
+fn ip_prefix(e: &mut Errors<'_>, at: &str, raw: &RawLimit, mut parts: Vec<KeyPart>) -> Vec<KeyPart> {
+    let mut prefix = DEFAULT_IP_PREFIX;
+    for (field, given, max, slot) in
+        [("ipv4_prefix", raw.ipv4_prefix, 32, &mut prefix.v4), ("ipv6_prefix", raw.ipv6_prefix, 128, &mut prefix.v6)]
+    {
+        match given {
+            Some(len) if len > max => e.add(format!("{at}.{field}"), format!("must be from 0 to {max}")),
+            Some(len) => *slot = len,
+            None => {}
+        }
+    }
+    let has_ip = parts.iter().any(|p| matches!(p, KeyPart::Ip(_)));
+    if !has_ip && (raw.ipv4_prefix.is_some() || raw.ipv6_prefix.is_some()) {
+        let field = if raw.ipv4_prefix.is_some() { "ipv4_prefix" } else { "ipv6_prefix" };
+        e.add(format!("{at}.{field}"), "applies only to limits whose key includes `ip`");
+    }
+    for part in &mut parts {
+        if let KeyPart::Ip(p) = part {
+            *p = prefix;
+        }
+    }
+    parts
 }
 
 /// What a limit counts, as written: its kind decides which fields apply.

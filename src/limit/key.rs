@@ -14,10 +14,42 @@ use std::str::FromStr;
 
 use http::{HeaderMap, HeaderName, Method, Uri, header};
 
+/// Prefix lengths an `ip` key keeps of IPv4 and IPv6 addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IpPrefix {
+    pub v4: u8,
+    pub v6: u8,
+}
+
+/// A whole IPv4 address, an IPv6 /64: one IPv6 subscriber usually holds a /64 and could
+/// otherwise step through it to escape a limit.
+pub const DEFAULT_IP_PREFIX: IpPrefix = IpPrefix { v4: 32, v6: 64 };
+
+impl IpPrefix {
+    /// `ip` with the bits past the prefix cleared.
+    pub fn mask(self, ip: IpAddr) -> IpAddr {
+        match ip {
+            IpAddr::V4(v4) => {
+                let keep = u32::MAX.checked_shl(32 - u32::from(self.v4)).unwrap_or(0);
+                IpAddr::V4((u32::from(v4) & keep).into())
+            }
+            IpAddr::V6(v6) => {
+                let keep = u128::MAX.checked_shl(128 - u32::from(self.v6)).unwrap_or(0);
+                IpAddr::V6((u128::from(v6) & keep).into())
+            }
+        }
+    }
+
+    fn len(self, ip: IpAddr) -> u8 {
+        if ip.is_ipv4() { self.v4 } else { self.v6 }
+    }
+}
+
 /// One component of a key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KeyPart {
-    Ip,
+    /// The client address, masked to a prefix.
+    Ip(IpPrefix),
     Header(HeaderName),
     Bearer,
     Query(Box<str>),
@@ -36,7 +68,7 @@ impl FromStr for KeyPart {
         };
         match s.split_once(':') {
             None => match s {
-                "ip" => Ok(KeyPart::Ip),
+                "ip" => Ok(KeyPart::Ip(DEFAULT_IP_PREFIX)),
                 "bearer" => Ok(KeyPart::Bearer),
                 "method" => Ok(KeyPart::Method),
                 "path" => Ok(KeyPart::Path),
@@ -89,7 +121,8 @@ impl KeySpec {
 
 /// The value of one key part in a request.
 enum Value<'a> {
-    Ip(IpAddr),
+    /// A masked address and its prefix length.
+    Ip(IpAddr, u8),
     Bytes(Cow<'a, [u8]>),
     /// Compared case-insensitively (RFC 9110 §4.2.3).
     Host(&'a str),
@@ -99,7 +132,10 @@ enum Value<'a> {
 fn value<'a>(part: &KeyPart, src: &KeySource<'a>) -> Option<Value<'a>> {
     let bytes = |b: &'a [u8]| Some(Value::Bytes(Cow::Borrowed(b)));
     match part {
-        KeyPart::Ip => Some(Value::Ip(src.client_ip.to_canonical())),
+        KeyPart::Ip(prefix) => {
+            let ip = src.client_ip.to_canonical();
+            Some(Value::Ip(prefix.mask(ip), prefix.len(ip)))
+        }
         KeyPart::Header(name) => bytes(src.headers.get(name)?.as_bytes()),
         KeyPart::Bearer => bytes(bearer_token(src.headers)?),
         KeyPart::Query(name) => {
@@ -124,8 +160,8 @@ fn feed(part: &KeyPart, src: &KeySource<'_>, h: &mut impl Hasher) -> bool {
     };
     match value(part, src) {
         None => return false,
-        Some(Value::Ip(IpAddr::V4(v4))) => bytes(&v4.octets()),
-        Some(Value::Ip(IpAddr::V6(v6))) => bytes(&v6.octets()),
+        Some(Value::Ip(IpAddr::V4(v4), _)) => bytes(&v4.octets()),
+        Some(Value::Ip(IpAddr::V6(v6), _)) => bytes(&v6.octets()),
         Some(Value::Bytes(b)) => bytes(&b),
         Some(Value::Host(host)) => {
             for b in host.bytes() {
@@ -140,7 +176,7 @@ fn feed(part: &KeyPart, src: &KeySource<'_>, h: &mut impl Hasher) -> bool {
 impl fmt::Display for KeyPart {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            KeyPart::Ip => f.write_str("ip"),
+            KeyPart::Ip(_) => f.write_str("ip"),
             KeyPart::Header(name) => write!(f, "header:{name}"),
             KeyPart::Bearer => f.write_str("bearer"),
             KeyPart::Query(name) => write!(f, "query:{name}"),
@@ -163,7 +199,8 @@ impl KeySpec {
             }
             let text = match value(part, src) {
                 None => "-".to_owned(),
-                Some(Value::Ip(ip)) => ip.to_string(),
+                Some(Value::Ip(ip, len)) if len < if ip.is_ipv4() { 32 } else { 128 } => format!("{ip}/{len}"),
+                Some(Value::Ip(ip, _)) => ip.to_string(),
                 Some(Value::Host(host)) => host.to_ascii_lowercase(),
                 Some(Value::Bytes(b)) => String::from_utf8_lossy(&b[..b.len().min(64)]).into_owned(),
             };
@@ -231,6 +268,19 @@ mod tests {
     }
 
     #[test]
+    fn ipv6_clients_are_keyed_by_their_64_and_prefixes_can_be_set() {
+        let s = spec(&["ip"]);
+        assert_eq!(key(&s, "2001:db8:1:2::1", "/", &[]), key(&s, "2001:db8:1:2:ffff::9", "/", &[]));
+        assert_ne!(key(&s, "2001:db8:1:2::1", "/", &[]), key(&s, "2001:db8:1:3::1", "/", &[]));
+        assert_ne!(key(&s, "10.0.0.1", "/", &[]), key(&s, "10.0.0.2", "/", &[]));
+        let v4_24 = KeySpec(Box::new([KeyPart::Ip(IpPrefix { v4: 24, v6: 128 })]));
+        assert_eq!(key(&v4_24, "10.0.0.1", "/", &[]), key(&v4_24, "10.0.0.200", "/", &[]));
+        assert_ne!(key(&v4_24, "2001:db8::1", "/", &[]), key(&v4_24, "2001:db8::2", "/", &[]));
+        let zero = IpPrefix { v4: 0, v6: 0 };
+        assert_eq!(zero.mask("10.1.2.3".parse().unwrap()), "0.0.0.0".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
     fn missing_header_means_no_key() {
         let s = spec(&["header:x-key"]);
         assert_eq!(key(&s, "10.0.0.1", "/", &[]), None);
@@ -291,6 +341,8 @@ mod tests {
             host: Some("Example.com"),
         };
         assert_eq!(s.describe(&src), "ip=10.0.0.1 header:x-key=abc query:q=a b host=example.com");
+        let v6 = KeySource { client_ip: "2001:db8:1:2::7".parse().unwrap(), ..src };
+        assert_eq!(spec(&["ip"]).describe(&v6), "ip=2001:db8:1:2::/64");
     }
 
     #[test]

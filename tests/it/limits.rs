@@ -177,3 +177,16 @@ async fn client_that_leaves_while_queued_never_reaches_the_upstream() {
     tokio::time::sleep(Duration::from_millis(900)).await;
     assert_eq!(backend.hits().len(), 1);
 }
+
+#[tokio::test]
+async fn ipv6_clients_share_their_64_and_prefixes_are_configurable() {
+    let yaml = "listen: 127.0.0.1:0\ntrusted_proxies: [127.0.0.1]\nlimits:\n  l: { key: ip, rate: 1r/m, ipv4_prefix: 24 }\nroutes:\n  - limits: [l]\n    respond: { status: 200 }\n";
+    let sg = Sluicegate::start(yaml);
+    let from = |ip: &'static str| [("x-forwarded-for", ip)];
+    assert_eq!(get(sg.addr, "/", &from("2001:db8:1:2::1")).await.status, 200);
+    assert_eq!(get(sg.addr, "/", &from("2001:db8:1:2:aaaa::1")).await.status, 429);
+    assert_eq!(get(sg.addr, "/", &from("2001:db8:1:3::1")).await.status, 200);
+    assert_eq!(get(sg.addr, "/", &from("192.0.2.1")).await.status, 200);
+    assert_eq!(get(sg.addr, "/", &from("192.0.2.200")).await.status, 429);
+    assert_eq!(get(sg.addr, "/", &from("192.0.3.1")).await.status, 200);
+}
