@@ -20,7 +20,7 @@ use http::{HeaderMap, Method, StatusCode};
 use ipnet::IpNet;
 
 use crate::limit::key::KeySpec;
-pub use raw::{HeaderMode, LogLevel};
+pub use raw::{HeaderMode, HeaderStyle, LogLevel, RejectionBody};
 pub use units::Rate;
 
 #[derive(Debug)]
@@ -30,6 +30,8 @@ pub struct Config {
     pub header_read_timeout: Duration,
     pub shutdown_grace: Duration,
     pub ratelimit_headers: HeaderMode,
+    pub ratelimit_header_style: HeaderStyle,
+    pub rejection_body: RejectionBody,
     /// Log a keyed hash instead of the key's value.
     pub redact_keys: bool,
     pub upstreams: Vec<Upstream>,

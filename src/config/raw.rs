@@ -19,6 +19,10 @@ pub struct RawConfig {
     #[serde(default)]
     pub ratelimit_headers: HeaderMode,
     #[serde(default)]
+    pub ratelimit_header_style: HeaderStyle,
+    #[serde(default)]
+    pub rejection_body: RejectionBody,
+    #[serde(default)]
     pub redact_keys: bool,
     #[serde(default)]
     pub upstreams: BTreeMap<String, RawUpstream>,
@@ -137,4 +141,27 @@ pub enum HeaderMode {
     Rejected,
     /// Rejections and every response of a route with limits.
     All,
+}
+
+/// Which rate-limit header fields are sent.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HeaderStyle {
+    /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers).
+    #[default]
+    Draft,
+    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset`.
+    Legacy,
+    Both,
+}
+
+/// The body of a rejection.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectionBody {
+    /// The status's reason phrase, as text.
+    #[default]
+    Text,
+    /// `application/problem+json` (RFC 9457) naming the violated limits.
+    ProblemJson,
 }

@@ -87,6 +87,8 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
             header_read_timeout,
             shutdown_grace,
             ratelimit_headers: raw.ratelimit_headers,
+            ratelimit_header_style: raw.ratelimit_header_style,
+            rejection_body: raw.rejection_body,
             redact_keys: raw.redact_keys,
             upstreams,
             limits,

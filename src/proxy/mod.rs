@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
+use smallvec::SmallVec;
 use tracing::{Level, debug, warn};
 
 use crate::config::{Action, Config, HeaderMode, LogLevel, Route};
@@ -28,8 +29,8 @@ pub struct Proxy {
     config: Config,
     limiters: Arc<Limiters>,
     upstreams: Box<[UpstreamClient]>,
-    /// Each limit's `RateLimit-Policy` item, by limit index.
-    policies: Box<[String]>,
+    /// What the rate-limit headers say of each limit, by limit index.
+    quotas: Box<[response::Quota]>,
 }
 
 impl Proxy {
@@ -37,7 +38,7 @@ impl Proxy {
         Proxy {
             limiters: Limiters::new(&config),
             upstreams: config.upstreams.iter().map(UpstreamClient::new).collect(),
-            policies: config.limits.iter().map(response::policy_item).collect(),
+            quotas: config.limits.iter().map(response::quota).collect(),
             config,
         }
     }
@@ -70,9 +71,14 @@ impl Proxy {
         let (standings, permits) = match decision {
             Decision::Reject { status, retry_after, standings, .. } => {
                 self.log_outcomes(route, &standings, &src, true);
-                let mut response = response::rejected(status, retry_after);
+                let violated: SmallVec<[&str; 2]> = standings
+                    .iter()
+                    .filter(|s| matches!(s.outcome, Outcome::Rejected(_)) && !config.limits[s.limit].dry_run)
+                    .map(|s| config.limits[s.limit].name.as_str())
+                    .collect();
+                let mut response = response::rejected(status, retry_after, config.rejection_body, &violated);
                 if config.ratelimit_headers != HeaderMode::None {
-                    response::add_ratelimit_headers(response.headers_mut(), &standings, &config.limits, &self.policies);
+                    self.add_ratelimit_headers(&mut response, &standings);
                 }
                 return Ok(response);
             }
@@ -100,9 +106,14 @@ impl Proxy {
         };
         let mut response = response.map(|body| body.holding(permits));
         if config.ratelimit_headers == HeaderMode::All {
-            response::add_ratelimit_headers(response.headers_mut(), &standings, &config.limits, &self.policies);
+            self.add_ratelimit_headers(&mut response, &standings);
         }
         Ok(response)
+    }
+
+    fn add_ratelimit_headers(&self, response: &mut Response<ProxyBody>, standings: &[Standing]) {
+        let (limits, style) = (&self.config.limits, self.config.ratelimit_header_style);
+        response::add_ratelimit_headers(response.headers_mut(), standings, limits, &self.quotas, style);
     }
 
     /// One log line per limit that rejected or delayed the request, or would have in dry

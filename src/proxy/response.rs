@@ -10,9 +10,10 @@ use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
 use http_body_util::{Either, Full};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
+use smallvec::SmallVec;
 
 use super::error::ProxyError;
-use crate::config::{Limit, Policy, StaticResponse};
+use crate::config::{HeaderStyle, Limit, Policy, RejectionBody, StaticResponse};
 use crate::limit::{Permits, Standing};
 
 /// A response body, streamed from the upstream or made here in full, carrying the
@@ -83,9 +84,31 @@ pub fn error(e: &ProxyError) -> Response<ProxyBody> {
 
 /// The rejection: `Retry-After` in whole seconds, rounded up and at least 1, so a client
 /// that waits exactly that long is not rejected again for being early (RFC 9110 §10.2.3).
-pub fn rejected(status: StatusCode, retry_after: Duration) -> Response<ProxyBody> {
-    let mut response = made_here(status, format!("{}\n", status.canonical_reason().unwrap_or("rejected")));
-    response.headers_mut().insert(RETRY_AFTER, HeaderValue::from(ceil_secs(retry_after).max(1)));
+/// The body is a line of text, or with `RejectionBody::ProblemJson` a problem details
+/// object (RFC 9457) naming the `violated` limits.
+pub fn rejected(
+    status: StatusCode,
+    retry_after: Duration,
+    body: RejectionBody,
+    violated: &[&str],
+) -> Response<ProxyBody> {
+    let title = status.canonical_reason().unwrap_or("Rejected");
+    let retry_after = ceil_secs(retry_after).max(1);
+    let mut response = match body {
+        RejectionBody::Text => made_here(status, format!("{title}\n")),
+        RejectionBody::ProblemJson => {
+            // Limit names are letters, digits, '_', '-' and '.': nothing to escape.
+            let names = violated.iter().map(|n| format!("\"{n}\"")).collect::<Vec<_>>().join(",");
+            let json = format!(
+                "{{\"type\":\"about:blank\",\"title\":\"{title}\",\"status\":{},\"detail\":\"Request rate limit exceeded; retry after {retry_after} s.\",\"violated_limits\":[{names}],\"retry_after\":{retry_after}}}\n",
+                status.as_u16()
+            );
+            let mut response = made_here(status, json);
+            response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+            response
+        }
+    };
+    response.headers_mut().insert(RETRY_AFTER, HeaderValue::from(retry_after));
     response
 }
 
@@ -93,15 +116,22 @@ fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
-/// The quota policy item of a limit, e.g. `"per_ip";q=10;w=1`: the sustained rate as
-/// quota per window, the window in whole seconds (a sub-second or fractional window is
-/// scaled to one second). Built once per limit.
-/// A concurrency limit has a quota and no window: `"uploads";q=4`.
-pub fn policy_item(limit: &Limit) -> String {
+/// What the rate-limit header fields say of one limit, computed once per limit.
+pub struct Quota {
+    /// The `RateLimit-Policy` item, e.g. `"per_ip";q=10;w=1`.
+    pub item: String,
+    /// Its `q`: requests per window (or in flight, for a concurrency limit).
+    pub quota: u64,
+}
+
+/// The quota of `limit`: the sustained rate as requests per window in whole seconds (a
+/// sub-second or fractional window is scaled to one second); a concurrency limit has a
+/// quota and no window: `"uploads";q=4`.
+pub fn quota(limit: &Limit) -> Quota {
     let (count, per) = match limit.policy {
         Policy::Rate { rate, .. } => (rate.count, rate.per),
         Policy::FixedWindow { limit, window } => (limit, window),
-        Policy::Concurrency { max, .. } => return format!("\"{}\";q={max}", limit.name),
+        Policy::Concurrency { max, .. } => return Quota { item: format!("\"{}\";q={max}", limit.name), quota: max },
     };
     let (q, w) = if per.subsec_nanos() == 0 {
         (count, per.as_secs())
@@ -109,26 +139,48 @@ pub fn policy_item(limit: &Limit) -> String {
         let per_second = u128::from(count) * 1_000_000_000 / per.as_nanos().max(1);
         (u64::try_from(per_second).unwrap_or(u64::MAX).max(1), 1)
     };
-    format!("\"{}\";q={q};w={w}", limit.name)
+    Quota { item: format!("\"{}\";q={q};w={w}", limit.name), quota: q }
 }
 
-/// Adds `RateLimit-Policy` and `RateLimit` for `standings`; `policies` holds each
-/// limit's policy item by limit index.
-pub fn add_ratelimit_headers(headers: &mut HeaderMap, standings: &[Standing], limits: &[Limit], policies: &[String]) {
-    if standings.is_empty() {
+static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// Adds the rate-limit fields for `standings` in `style`; `quotas` holds each limit's
+/// quota by limit index. The legacy `X-RateLimit-*` fields can describe one limit only:
+/// the one with the fewest requests remaining (then the longest reset); their reset is
+/// in seconds from now, like the draft's `t`.
+pub fn add_ratelimit_headers(
+    headers: &mut HeaderMap,
+    standings: &[Standing],
+    limits: &[Limit],
+    quotas: &[Quota],
+    style: HeaderStyle,
+) {
+    let Some(tightest) = standings.iter().min_by_key(|s| (s.remaining, std::cmp::Reverse(s.reset))) else {
         return;
-    }
-    let mut policy = String::new();
-    let mut current = String::new();
-    for s in standings {
-        if !policy.is_empty() {
-            policy.push_str(", ");
-            current.push_str(", ");
+    };
+    let mut fields: SmallVec<[(&HeaderName, String); 5]> = SmallVec::new();
+    if style != HeaderStyle::Legacy {
+        let mut policy = String::new();
+        let mut current = String::new();
+        for s in standings {
+            if !policy.is_empty() {
+                policy.push_str(", ");
+                current.push_str(", ");
+            }
+            policy.push_str(&quotas[s.limit].item);
+            current.push_str(&format!("\"{}\";r={};t={}", limits[s.limit].name, s.remaining, ceil_secs(s.reset)));
         }
-        policy.push_str(&policies[s.limit]);
-        current.push_str(&format!("\"{}\";r={};t={}", limits[s.limit].name, s.remaining, ceil_secs(s.reset)));
+        fields.push((&RATELIMIT_POLICY, policy));
+        fields.push((&RATELIMIT, current));
     }
-    for (name, value) in [(&RATELIMIT_POLICY, policy), (&RATELIMIT, current)] {
+    if style != HeaderStyle::Draft {
+        fields.push((&X_RATELIMIT_LIMIT, quotas[tightest.limit].quota.to_string()));
+        fields.push((&X_RATELIMIT_REMAINING, tightest.remaining.to_string()));
+        fields.push((&X_RATELIMIT_RESET, ceil_secs(tightest.reset).to_string()));
+    }
+    for (name, value) in fields {
         if let Ok(value) = HeaderValue::try_from(value) {
             headers.insert(name, value);
         }
@@ -156,25 +208,24 @@ mod tests {
 
     #[test]
     fn retry_after_rounds_up_and_is_never_zero() {
-        let r = rejected(StatusCode::TOO_MANY_REQUESTS, Duration::from_millis(1));
-        assert_eq!(r.headers()[RETRY_AFTER], "1");
-        let r = rejected(StatusCode::TOO_MANY_REQUESTS, Duration::from_millis(2001));
-        assert_eq!(r.headers()[RETRY_AFTER], "3");
-        let r = rejected(StatusCode::TOO_MANY_REQUESTS, Duration::from_secs(2));
-        assert_eq!(r.headers()[RETRY_AFTER], "2");
+        let retry =
+            |d| rejected(StatusCode::TOO_MANY_REQUESTS, d, RejectionBody::Text, &[]).headers()[RETRY_AFTER].clone();
+        assert_eq!(retry(Duration::from_millis(1)), "1");
+        assert_eq!(retry(Duration::from_millis(2001)), "3");
+        assert_eq!(retry(Duration::from_secs(2)), "2");
     }
 
     #[test]
     fn policy_items_state_quota_and_window_in_seconds() {
-        assert_eq!(policy_item(&limit("a", "10r/s")), "\"a\";q=10;w=1");
-        assert_eq!(policy_item(&limit("a", "100r/15m")), "\"a\";q=100;w=900");
-        assert_eq!(policy_item(&limit("a", "10r/500ms")), "\"a\";q=20;w=1");
+        assert_eq!(quota(&limit("a", "10r/s")).item, "\"a\";q=10;w=1");
+        assert_eq!(quota(&limit("a", "100r/15m")).item, "\"a\";q=100;w=900");
+        assert_eq!(quota(&limit("a", "10r/500ms")).item, "\"a\";q=20;w=1");
     }
 
     #[test]
     fn ratelimit_fields_list_every_standing() {
         let limits = [limit("a", "10r/s"), limit("b", "1r/m")];
-        let policies: Vec<String> = limits.iter().map(policy_item).collect();
+        let quotas: Vec<Quota> = limits.iter().map(quota).collect();
         let standings = [
             Standing {
                 limit: 0,
@@ -192,8 +243,37 @@ mod tests {
             },
         ];
         let mut h = HeaderMap::new();
-        add_ratelimit_headers(&mut h, &standings, &limits, &policies);
+        add_ratelimit_headers(&mut h, &standings, &limits, &quotas, HeaderStyle::Draft);
         assert_eq!(h[&RATELIMIT_POLICY], "\"a\";q=10;w=1, \"b\";q=1;w=60");
         assert_eq!(h[&RATELIMIT], "\"a\";r=2;t=1, \"b\";r=0;t=59");
+        assert!(!h.contains_key(&X_RATELIMIT_LIMIT));
+        let mut h = HeaderMap::new();
+        add_ratelimit_headers(&mut h, &standings, &limits, &quotas, HeaderStyle::Legacy);
+        assert!(!h.contains_key(&RATELIMIT));
+        assert_eq!(
+            (&h[&X_RATELIMIT_LIMIT], &h[&X_RATELIMIT_REMAINING], &h[&X_RATELIMIT_RESET]),
+            (
+                &"1".parse::<HeaderValue>().unwrap(),
+                &"0".parse::<HeaderValue>().unwrap(),
+                &"59".parse::<HeaderValue>().unwrap()
+            )
+        );
+    }
+
+    #[test]
+    fn problem_json_names_the_violated_limits() {
+        let r = rejected(
+            StatusCode::TOO_MANY_REQUESTS,
+            Duration::from_millis(1500),
+            RejectionBody::ProblemJson,
+            &["a", "b"],
+        );
+        assert_eq!(r.headers()[CONTENT_TYPE], "application/problem+json");
+        let Either::Right(full) = &r.body().inner else { panic!("not made here") };
+        let body = format!("{full:?}");
+        assert!(
+            body.contains(r#"\"violated_limits\":[\"a\",\"b\"]"#) && body.contains(r#"\"retry_after\":2"#),
+            "{body}"
+        );
     }
 }

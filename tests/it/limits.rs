@@ -190,3 +190,21 @@ async fn ipv6_clients_share_their_64_and_prefixes_are_configurable() {
     assert_eq!(get(sg.addr, "/", &from("192.0.2.200")).await.status, 429);
     assert_eq!(get(sg.addr, "/", &from("192.0.3.1")).await.status, 200);
 }
+
+#[tokio::test]
+async fn legacy_headers_and_problem_json_rejections_on_request() {
+    let yaml = "listen: 127.0.0.1:0\nratelimit_header_style: both\nrejection_body: problem_json\nlimits:\n  per_ip: { key: ip, rate: 1r/m }\n  watch: { key: ip, rate: 1r/m, dry_run: true }\nroutes:\n  - limits: [per_ip, watch]\n    respond: { status: 200 }\n";
+    let sg = Sluicegate::start(yaml);
+    assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
+    let r = get(sg.addr, "/", &[]).await;
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(body["status"], 429);
+    // Only enforced limits are named: the dry-run one rejected nothing.
+    assert_eq!(body["violated_limits"], serde_json::json!(["per_ip"]));
+    assert_eq!(body["retry_after"].as_u64().map(|s| s >= 59), Some(true));
+    assert_eq!(r.header("x-ratelimit-limit"), Some("1"));
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
+    assert!(r.header("ratelimit-policy").unwrap().contains("\"per_ip\";q=1;w=60"));
+}
