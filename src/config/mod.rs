@@ -60,6 +60,16 @@ pub struct Limit {
     pub dry_run: bool,
     /// Level of rejection lines; delays log one level lower.
     pub log_level: LogLevel,
+    /// A key this limit rejects is refused for a while.
+    pub ban: Option<Ban>,
+}
+
+/// `ban` and `ban_max` of a limit: a first ban lasts `base`; a repeat within `max` of the
+/// last ban's end doubles it, up to `max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ban {
+    pub base: Duration,
+    pub max: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -69,6 +69,8 @@ pub struct RawLimit {
     pub max_keys: Option<u64>,
     pub dry_run: Option<bool>,
     pub log_level: Option<LogLevel>,
+    pub ban: Option<String>,
+    pub ban_max: Option<String>,
 }
 
 /// `algorithm:` of a limit (default: the nginx leaky bucket).

@@ -173,6 +173,7 @@ fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit) -> Limit {
         max_keys: usize::try_from(raw.max_keys.unwrap_or(DEFAULT_MAX_KEYS)).unwrap_or(usize::MAX),
         dry_run: raw.dry_run.unwrap_or(false),
         log_level: raw.log_level.unwrap_or(LogLevel::Info),
+        ban: ban(e, &at, raw),
     }
 }
 
@@ -347,6 +348,30 @@ fn policy(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Policy> {
             Some(Policy::Concurrency { max, retry_after })
         }
     }
+}
+
+fn ban(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<super::Ban> {
+    let Some(text) = &raw.ban else {
+        if raw.ban_max.is_some() {
+            e.add(format!("{at}.ban_max"), "needs `ban` (the first ban's length)");
+        }
+        return None;
+    };
+    let base = e.check(|| format!("{at}.ban"), positive_duration(text))?;
+    let max = match &raw.ban_max {
+        None => base,
+        Some(text) => {
+            let max = e.check(|| format!("{at}.ban_max"), positive_duration(text))?;
+            if max < base {
+                e.add(
+                    format!("{at}.ban_max"),
+                    format!("must not be shorter than `ban` ({text} < {})", raw.ban.as_deref().unwrap_or_default()),
+                );
+            }
+            max
+        }
+    };
+    Some(super::Ban { base, max })
 }
 
 fn rate(e: &mut Errors<'_>, at: &str, field: &str, text: Option<&str>) -> Option<super::Rate> {

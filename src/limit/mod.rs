@@ -8,6 +8,7 @@
 //! longest delay any enforced limit asked for, holding its concurrency slots in
 //! `Permits` until its response is done.
 
+pub mod ban;
 pub mod concurrency;
 pub mod fixed_window;
 pub mod key;
@@ -22,6 +23,7 @@ use http::StatusCode;
 use smallvec::SmallVec;
 
 use crate::config::{Config, Limit, Policy};
+use ban::Bans;
 use concurrency::Concurrency;
 use fixed_window::FixedWindow;
 use key::{KeySource, KeySpec};
@@ -61,6 +63,7 @@ struct Limiter {
     key: KeySpec,
     algorithm: Algorithm,
     table: KeyTable,
+    bans: Option<Bans>,
     status: StatusCode,
     dry_run: bool,
 }
@@ -119,6 +122,8 @@ pub struct Standing {
     /// Until the key's full quota is back.
     pub reset: Duration,
     pub excess: f64,
+    /// The ban this request started (the limit rejected it and bans).
+    pub banned: Option<Duration>,
 }
 
 /// What the limits of a route make of a request. A rejection is an outcome, not an error.
@@ -161,6 +166,11 @@ impl Limiters {
         Arc::new(Limiters { seed: RandomState::new(), limits })
     }
 
+    /// Bans imposed by limit `index` since start.
+    pub fn bans(&self, index: usize) -> u64 {
+        self.limits[index].bans.as_ref().map_or(0, Bans::imposed)
+    }
+
     /// Keys dropped with live state by limit `index` since start.
     pub fn evictions(&self, index: usize) -> u64 {
         self.limits[index].table.evictions()
@@ -189,40 +199,51 @@ impl Limiters {
     pub fn check(self: &Arc<Self>, limits: &[usize], src: &KeySource<'_>, clock: impl FnOnce() -> u64) -> Decision {
         let keyed: SmallVec<[(usize, u64); 2]> =
             limits.iter().filter_map(|&i| self.limits[i].key.hash(src, &self.seed).map(|k| (i, k))).collect();
-        let shards: SmallVec<[_; 2]> = keyed.iter().map(|&(i, key)| self.limits[i].table.lock(key)).collect();
+        // Each limit's shard, then its ban shard: one order for every request.
+        let shards: SmallVec<[_; 2]> = keyed
+            .iter()
+            .map(|&(i, key)| (self.limits[i].table.lock(key), self.limits[i].bans.as_ref().map(|b| b.lock(key))))
+            .collect();
         let now = clock();
         let mut held: SmallVec<[_; 2]> = SmallVec::new();
-        for (&(i, key), shard) in keyed.iter().zip(shards) {
-            let verdict = self.limits[i].decide(&shard, key, now);
-            held.push((i, key, shard, verdict));
+        let mut standings: SmallVec<[Standing; 2]> = SmallVec::new();
+        for (&(i, key), (shard, ban_shard)) in keyed.iter().zip(shards) {
+            let limiter = &self.limits[i];
+            // A banned key is refused for the time left, whatever the algorithm says.
+            let left = limiter.bans.as_ref().zip(ban_shard.as_ref()).and_then(|(b, s)| b.left(s, key, now));
+            let verdict = match left {
+                Some(left) => Verdict::Reject { retry_after: left, reset: left, excess: 0.0 },
+                None => limiter.decide(&shard, key, now),
+            };
+            standings.push(standing(i, &verdict));
+            held.push((i, key, shard, ban_shard, verdict, left.is_some()));
         }
 
-        let mut rejected: Option<(usize, u64)> = None;
-        let mut standings = SmallVec::new();
-        for (i, _, _, verdict) in &held {
-            let standing = match *verdict {
-                Verdict::Admit { wait, remaining, reset, excess, .. } => {
-                    let outcome = if wait > 0 { Outcome::Delayed(Duration::from_nanos(wait)) } else { Outcome::Passed };
-                    Standing { limit: *i, outcome, remaining, reset: Duration::from_nanos(reset), excess }
-                }
-                Verdict::Reject { retry_after, reset, excess } => {
-                    if !self.limits[*i].dry_run && rejected.is_none_or(|(_, longest)| retry_after > longest) {
-                        rejected = Some((*i, retry_after));
-                    }
-                    let outcome = Outcome::Rejected(Duration::from_nanos(retry_after));
-                    Standing { limit: *i, outcome, remaining: 0, reset: Duration::from_nanos(reset), excess }
-                }
-            };
-            standings.push(standing);
+        // A rejection by an enforced limit that bans starts a ban (unless one is running).
+        for ((i, key, _, ban_shard, verdict, banned), standing) in held.iter_mut().zip(standings.iter_mut()) {
+            let limiter = &self.limits[*i];
+            if let (Verdict::Reject { .. }, false, false, Some(bans), Some(ban_shard)) =
+                (*verdict, *banned, limiter.dry_run, &limiter.bans, ban_shard.as_mut())
+            {
+                let length = bans.impose(ban_shard, *key, now);
+                standing.outcome = Outcome::Rejected(Duration::from_nanos(length));
+                standing.banned = Some(Duration::from_nanos(length));
+            }
         }
-        if let Some((limit, retry_after)) = rejected {
-            let (status, retry_after) = (self.limits[limit].status, Duration::from_nanos(retry_after));
-            return Decision::Reject { limit, status, retry_after, standings };
+        let enforced_rejection = standings
+            .iter()
+            .filter_map(|s| match s.outcome {
+                Outcome::Rejected(after) if !self.limits[s.limit].dry_run => Some((s.limit, after)),
+                _ => None,
+            })
+            .max_by_key(|&(_, after)| after);
+        if let Some((limit, retry_after)) = enforced_rejection {
+            return Decision::Reject { limit, status: self.limits[limit].status, retry_after, standings };
         }
 
         let mut wait = 0;
         let mut permits = Permits::default();
-        for (i, key, mut shard, verdict) in held {
+        for (i, key, mut shard, _, verdict, _) in held {
             // A dry-run limit that would reject keeps its state, as if it had.
             let Verdict::Admit { state, wait: w, .. } = verdict else { continue };
             let limiter = &self.limits[i];
@@ -248,6 +269,20 @@ impl Limiters {
     }
 }
 
+/// Where a limit stands after deciding `verdict` for limit `i`.
+fn standing(i: usize, verdict: &Verdict) -> Standing {
+    match *verdict {
+        Verdict::Admit { wait, remaining, reset, excess, .. } => {
+            let outcome = if wait > 0 { Outcome::Delayed(Duration::from_nanos(wait)) } else { Outcome::Passed };
+            Standing { limit: i, outcome, remaining, reset: Duration::from_nanos(reset), excess, banned: None }
+        }
+        Verdict::Reject { retry_after, reset, excess } => {
+            let outcome = Outcome::Rejected(Duration::from_nanos(retry_after));
+            Standing { limit: i, outcome, remaining: 0, reset: Duration::from_nanos(reset), excess, banned: None }
+        }
+    }
+}
+
 fn limiter(limit: &Limit) -> Limiter {
     let algorithm = match limit.policy {
         Policy::Rate { rate, burst, delay } => Algorithm::LeakyBucket(LeakyBucket::new(rate, burst, delay)),
@@ -258,6 +293,7 @@ fn limiter(limit: &Limit) -> Limiter {
         key: limit.key.clone(),
         algorithm,
         table: KeyTable::new(limit.max_keys),
+        bans: limit.ban.map(|ban| Bans::new(ban.base, ban.max, limit.max_keys)),
         status: limit.status,
         dry_run: limit.dry_run,
     }
@@ -408,5 +444,27 @@ mod tests {
                 Ok(())
             })
             .unwrap();
+    }
+
+    #[test]
+    fn a_rejection_bans_the_key_for_the_ban_and_only_enforced_limits_ban() {
+        let l =
+            limiters("  b: { key: ip, rate: 10r/s, ban: 1m }\n  d: { key: ip, rate: 10r/s, ban: 1m, dry_run: true }\n");
+        let retry = |d: Decision| match d {
+            Decision::Reject { retry_after, .. } => Some(retry_after),
+            Decision::Pass { .. } => None,
+        };
+        assert!(passes(&check(&l, &[0], 1, 0)));
+        assert_eq!(retry(check(&l, &[0], 1, 10)), Some(Duration::from_secs(60)));
+        // Long after the rate would admit again, the ban still refuses, for the time left.
+        assert_eq!(retry(check(&l, &[0], 1, 1_000)), Some(Duration::from_millis(59_010)));
+        assert!(passes(&check(&l, &[0], 2, 1_000)), "another key is not banned");
+        assert_eq!(l.bans(0), 1);
+        assert!(passes(&check(&l, &[0], 1, 60_010)));
+        // The dry-run limit would reject and ban, but does neither.
+        assert!(passes(&check(&l, &[1], 3, 0)));
+        assert!(passes(&check(&l, &[1], 3, 10)));
+        assert!(passes(&check(&l, &[1], 3, 1_000)));
+        assert_eq!(l.bans(1), 0);
     }
 }

@@ -203,6 +203,7 @@ mod tests {
             max_keys: 1,
             dry_run: false,
             log_level: crate::config::LogLevel::Info,
+            ban: None,
         }
     }
 
@@ -233,6 +234,7 @@ mod tests {
                 remaining: 2,
                 reset: Duration::from_millis(300),
                 excess: 0.0,
+                banned: None,
             },
             Standing {
                 limit: 1,
@@ -240,6 +242,7 @@ mod tests {
                 remaining: 0,
                 reset: Duration::from_secs(59),
                 excess: 1.5,
+                banned: None,
             },
         ];
         let mut h = HeaderMap::new();

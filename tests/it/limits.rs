@@ -208,3 +208,23 @@ async fn legacy_headers_and_problem_json_rejections_on_request() {
     assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
     assert!(r.header("ratelimit-policy").unwrap().contains("\"per_ip\";q=1;w=60"));
 }
+
+#[tokio::test]
+async fn a_banned_key_is_refused_for_the_ban_while_others_pass() {
+    let yaml = "listen: 127.0.0.1:0\ntrusted_proxies: [127.0.0.1]\nlimits:\n  bn: { key: ip, rate: 20r/s, nodelay: true, ban: 1h }\nroutes:\n  - name: login\n    limits: [bn]\n    respond: { status: 200 }\n";
+    let sg = Sluicegate::start(yaml);
+    let from = |ip: &'static str| [("x-forwarded-for", ip)];
+    assert_eq!(get(sg.addr, "/", &from("192.0.2.1")).await.status, 200);
+    let banned = get(sg.addr, "/", &from("192.0.2.1")).await;
+    assert_eq!((banned.status, banned.header("retry-after")), (429, Some("3600")));
+    // The rate alone would admit again after 50 ms; the ban does not.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let still = get(sg.addr, "/", &from("192.0.2.1")).await;
+    assert_eq!(still.status, 429);
+    let retry: u64 = still.header("retry-after").unwrap().parse().unwrap();
+    assert!((3599..=3600).contains(&retry), "{retry}");
+    assert_eq!(get(sg.addr, "/", &from("192.0.2.2")).await.status, 200);
+    let log = sg.wait_for_log(|log| log.contains("key banned"));
+    let line = log.lines().find(|l| l.contains("key banned")).unwrap();
+    assert!(line.contains("\"route\":\"login\"") && line.contains("\"ms\":3600000"), "{line}");
+}

@@ -1,0 +1,105 @@
+//! Temporary bans: once a limit with `ban` rejects a key, every request with that key
+//! is refused until the ban ends, with `Retry-After` the time left. With escalation, a
+//! key banned again less than `max` after its last ban ended gets twice that ban, up to
+//! `max`.
+//!
+//! A ban table per limit, bounded like the limit's own (see `table`). State: the ban's
+//! end in milliseconds since the Unix epoch (48 bits, good until the year 10889) and the
+//! number of bans in a row (16 bits), in one `u64`.
+
+use std::sync::MutexGuard;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use super::table::{KeyTable, Shard};
+
+const MS: u64 = 1_000_000;
+const STRIKE_SHIFT: u32 = 48;
+const UNTIL_MASK: u64 = (1 << STRIKE_SHIFT) - 1;
+
+pub struct Bans {
+    base: u64,
+    max: u64,
+    table: KeyTable,
+    imposed: AtomicU64,
+}
+
+fn unpack(state: u64) -> (u64, u64) {
+    ((state & UNTIL_MASK) * MS, state >> STRIKE_SHIFT)
+}
+
+impl Bans {
+    /// Bans of `base`, doubling on repeat up to `max` (no escalation when equal).
+    pub fn new(base: Duration, max: Duration, max_keys: usize) -> Self {
+        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        Bans { base: ns(base), max: ns(max).max(ns(base)), table: KeyTable::new(max_keys), imposed: AtomicU64::new(0) }
+    }
+
+    pub fn lock(&self, key: u64) -> MutexGuard<'_, Shard> {
+        self.table.lock(key)
+    }
+
+    /// How long `key` stays banned from `now`, if it is.
+    pub fn left(&self, shard: &Shard, key: u64, now: u64) -> Option<u64> {
+        let (until, _) = unpack(shard.get(key)?);
+        (until > now).then(|| until - now)
+    }
+
+    /// Bans `key` from `now`; returns the ban's length.
+    pub fn impose(&self, shard: &mut Shard, key: u64, now: u64) -> u64 {
+        let strikes = match shard.get(key).map(unpack) {
+            Some((until, strikes)) if now < until.saturating_add(self.max) => strikes + 1,
+            _ => 1,
+        };
+        let length = self.base.saturating_mul(1u64.checked_shl((strikes - 1) as u32).unwrap_or(u64::MAX)).min(self.max);
+        // Kept to the millisecond, rounded down, so that a `Retry-After` of `length` is
+        // never earlier than the ban's end.
+        let until = (now + length) / MS;
+        let state = (strikes.min(u64::from(u16::MAX)) << STRIKE_SHIFT) | (until & UNTIL_MASK);
+        let max = self.max;
+        self.table.put(shard, key, state, |s| unpack(s).0.saturating_add(max) <= now, |s| s & UNTIL_MASK);
+        self.imposed.fetch_add(1, Ordering::Relaxed);
+        length
+    }
+
+    /// Bans imposed since start.
+    pub fn imposed(&self) -> u64 {
+        self.imposed.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn a_ban_lasts_its_length_then_ends() {
+        let bans = Bans::new(Duration::from_secs(60), Duration::from_secs(60), 100);
+        let mut shard = bans.lock(7);
+        let now = 1_700_000_000 * S;
+        assert_eq!(bans.impose(&mut shard, 7, now), 60 * S);
+        assert_eq!(bans.left(&shard, 7, now + 10 * S), Some(50 * S));
+        assert_eq!(bans.left(&shard, 7, now + 60 * S), None);
+        assert_eq!(bans.left(&shard, 8, now), None);
+        assert_eq!(bans.imposed(), 1);
+    }
+
+    #[test]
+    fn repeat_offenders_get_doubled_bans_up_to_the_maximum() {
+        let bans = Bans::new(Duration::from_secs(60), Duration::from_secs(200), 100);
+        let mut shard = bans.lock(7);
+        let mut now = 1_700_000_000 * S;
+        let mut lengths = Vec::new();
+        for _ in 0..4 {
+            let length = bans.impose(&mut shard, 7, now);
+            lengths.push(length / S);
+            now += length + S; // banned again a second after the ban ends
+        }
+        assert_eq!(lengths, [60, 120, 200, 200]);
+        // Good behaviour for longer than the maximum starts over.
+        now += 200 * S;
+        assert_eq!(bans.impose(&mut shard, 7, now), 60 * S);
+    }
+}
