@@ -82,6 +82,7 @@ pub enum AlgorithmName {
     TokenBucket,
     MinInterval,
     FixedWindow,
+    SlidingWindow,
 }
 
 /// Level of a limit's rejection lines; its delay lines go one level lower (like nginx

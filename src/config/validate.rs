@@ -217,6 +217,7 @@ impl Kind {
             Kind::Algorithm(AlgorithmName::TokenBucket) => "algorithm token_bucket",
             Kind::Algorithm(AlgorithmName::MinInterval) => "algorithm min_interval",
             Kind::Algorithm(AlgorithmName::FixedWindow) => "algorithm fixed_window",
+            Kind::Algorithm(AlgorithmName::SlidingWindow) => "algorithm sliding_window",
             Kind::Concurrency => "concurrency limits",
         }
     }
@@ -227,13 +228,13 @@ impl Kind {
             Kind::Algorithm(AlgorithmName::Gcra) => &["rate", "burst"],
             Kind::Algorithm(AlgorithmName::TokenBucket) => &["capacity", "refill"],
             Kind::Algorithm(AlgorithmName::MinInterval) => &["interval"],
-            Kind::Algorithm(AlgorithmName::FixedWindow) => &["limit", "window"],
+            Kind::Algorithm(AlgorithmName::FixedWindow | AlgorithmName::SlidingWindow) => &["limit", "window"],
             Kind::Concurrency => &["concurrency", "retry_after"],
         }
     }
 }
 
-/// Largest `limit` of a fixed window: its count is kept in 24 bits of the key's state.
+/// Largest `limit` of a fixed window.
 const MAX_WINDOW_LIMIT: u64 = (1 << 24) - 1;
 
 fn policy(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Policy> {
@@ -321,7 +322,7 @@ fn policy(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Policy> {
             let per = e.check(|| format!("{at}.interval"), positive_duration(text))?;
             Some(Policy::Rate { rate: super::Rate { count: 1, per }, burst: 0, delay: 0 })
         }
-        Kind::Algorithm(AlgorithmName::FixedWindow) => {
+        Kind::Algorithm(name @ (AlgorithmName::FixedWindow | AlgorithmName::SlidingWindow)) => {
             if raw.limit.is_none() {
                 missing(e, "limit", "100");
             }
@@ -329,14 +330,19 @@ fn policy(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Policy> {
                 missing(e, "window", "1m");
             }
             let limit = raw.limit?;
-            if !(1..=MAX_WINDOW_LIMIT).contains(&limit) {
-                e.add(format!("{at}.limit"), format!("must be from 1 to {MAX_WINDOW_LIMIT}"));
+            // The counts are kept in 24 (fixed) or 32 (sliding) bits of the key's state.
+            let max = if name == AlgorithmName::FixedWindow { MAX_WINDOW_LIMIT } else { u64::from(u32::MAX) };
+            if !(1..=max).contains(&limit) {
+                e.add(format!("{at}.limit"), format!("must be from 1 to {max}"));
             }
             let window = e.check(|| format!("{at}.window"), positive_duration(raw.window.as_deref()?))?;
             if window < Duration::from_millis(1) {
                 e.add(format!("{at}.window"), "must be at least 1ms");
             }
-            Some(Policy::FixedWindow { limit, window })
+            Some(match name {
+                AlgorithmName::FixedWindow => Policy::FixedWindow { limit, window },
+                _ => Policy::SlidingWindow { limit, window },
+            })
         }
         Kind::Concurrency => {
             let max = raw.concurrency.unwrap_or(0);

@@ -13,10 +13,11 @@ pub mod concurrency;
 pub mod fixed_window;
 pub mod key;
 pub mod leaky_bucket;
+pub mod sliding_window;
 pub mod table;
 
 use std::hash::RandomState;
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use http::StatusCode;
@@ -28,6 +29,7 @@ use concurrency::Concurrency;
 use fixed_window::FixedWindow;
 use key::{KeySource, KeySpec};
 use leaky_bucket::LeakyBucket;
+use sliding_window::SlidingWindow;
 use table::{KeyTable, Shard};
 
 /// The limiter clock: nanoseconds since the Unix epoch, read from the wall clock once
@@ -53,44 +55,81 @@ pub enum Verdict {
     Reject { retry_after: u64, reset: u64, excess: f64 },
 }
 
+/// A limit's algorithm with the table of its keys' state.
 enum Algorithm {
-    LeakyBucket(LeakyBucket),
-    FixedWindow(FixedWindow),
-    Concurrency(Concurrency),
+    LeakyBucket(LeakyBucket, KeyTable),
+    FixedWindow(FixedWindow, KeyTable),
+    SlidingWindow(SlidingWindow, KeyTable<[u64; 2]>),
+    Concurrency(Concurrency, KeyTable),
+}
+
+/// A limit's algorithm with the locked shard that holds one key.
+enum Held<'a> {
+    LeakyBucket(&'a LeakyBucket, &'a KeyTable, MutexGuard<'a, Shard>),
+    FixedWindow(&'a FixedWindow, &'a KeyTable, MutexGuard<'a, Shard>),
+    SlidingWindow(&'a SlidingWindow, &'a KeyTable<[u64; 2]>, MutexGuard<'a, Shard<[u64; 2]>>),
+    Concurrency(&'a Concurrency, &'a KeyTable, MutexGuard<'a, Shard>),
 }
 
 struct Limiter {
     key: KeySpec,
     algorithm: Algorithm,
-    table: KeyTable,
     bans: Option<Bans>,
     status: StatusCode,
     dry_run: bool,
 }
 
-impl Limiter {
-    fn decide(&self, shard: &Shard, key: u64, now: u64) -> Verdict {
-        match &self.algorithm {
-            Algorithm::LeakyBucket(bucket) => bucket.decide(shard.get(key), now),
-            Algorithm::FixedWindow(window) => window.decide(shard.get(key), now),
-            Algorithm::Concurrency(c) => c.decide(shard.get(key), shard.is_full()),
+impl Algorithm {
+    #[inline]
+    fn lock(&self, key: u64) -> Held<'_> {
+        match self {
+            Algorithm::LeakyBucket(a, t) => Held::LeakyBucket(a, t, t.lock(key)),
+            Algorithm::FixedWindow(a, t) => Held::FixedWindow(a, t, t.lock(key)),
+            Algorithm::SlidingWindow(a, t) => Held::SlidingWindow(a, t, t.lock(key)),
+            Algorithm::Concurrency(a, t) => Held::Concurrency(a, t, t.lock(key)),
         }
     }
 
-    /// Which states a full table forgets first (lowest): for the leaky bucket the instant
-    /// it drains, so the keys closest to fresh go; for a fixed window, older windows and
-    /// then smaller counts. Concurrency tables never evict: a new key is rejected when
-    /// they are full.
-    fn rank(&self, state: u64) -> u64 {
-        state
+    fn keys(&self) -> usize {
+        match self {
+            Algorithm::LeakyBucket(_, t) | Algorithm::FixedWindow(_, t) | Algorithm::Concurrency(_, t) => t.len(),
+            Algorithm::SlidingWindow(_, t) => t.len(),
+        }
     }
 
-    /// True when `state` equals a fresh key's, so the table may forget it.
-    fn is_idle(&self, state: u64, now: u64) -> bool {
-        match &self.algorithm {
-            Algorithm::LeakyBucket(bucket) => bucket.is_idle(state, now),
-            Algorithm::FixedWindow(window) => window.is_idle(state, now),
-            Algorithm::Concurrency(_) => state == 0,
+    fn evictions(&self) -> u64 {
+        match self {
+            Algorithm::LeakyBucket(_, t) | Algorithm::FixedWindow(_, t) | Algorithm::Concurrency(_, t) => t.evictions(),
+            Algorithm::SlidingWindow(_, t) => t.evictions(),
+        }
+    }
+}
+
+impl Held<'_> {
+    #[inline]
+    fn decide(&self, key: u64, now: u64) -> Verdict {
+        match self {
+            Held::LeakyBucket(a, _, shard) => a.decide(shard.get(key), now),
+            Held::FixedWindow(a, _, shard) => a.decide(shard.get(key), now),
+            Held::SlidingWindow(a, _, shard) => a.decide(shard.get(key), now),
+            Held::Concurrency(a, _, shard) => a.decide(shard.get(key), shard.is_full()),
+        }
+    }
+
+    /// Stores an admission's `state` for `key`. When the shard is full it forgets first
+    /// the keys whose state equals a fresh key's, then the lowest ranked: for the leaky
+    /// bucket the soonest to drain, for the windows the oldest window, so the keys closest
+    /// to fresh go. Concurrency tables never evict: a new key is rejected when they are
+    /// full, before this.
+    #[inline]
+    fn store(&mut self, key: u64, state: u64, now: u64) {
+        match self {
+            Held::LeakyBucket(a, t, shard) => t.put(shard, key, state, |s| a.is_idle(s, now), |s| s),
+            Held::FixedWindow(a, t, shard) => t.put(shard, key, state, |s| a.is_idle(s, now), |s| s),
+            Held::SlidingWindow(a, t, shard) => {
+                t.put(shard, key, a.stored(state, now), |s| a.is_idle(s, now), |[index, _]| index);
+            }
+            Held::Concurrency(_, t, shard) => t.put(shard, key, state, |s| s == 0, |s| s),
         }
     }
 }
@@ -122,8 +161,8 @@ pub struct Standing {
     /// Until the key's full quota is back.
     pub reset: Duration,
     pub excess: f64,
-    /// The ban this request started (the limit rejected it and bans).
-    pub banned: Option<Duration>,
+    /// This request started a ban, as long as its `Rejected` outcome says.
+    pub banned: bool,
 }
 
 /// What the limits of a route make of a request. A rejection is an outcome, not an error.
@@ -173,12 +212,12 @@ impl Limiters {
 
     /// Keys dropped with live state by limit `index` since start.
     pub fn evictions(&self, index: usize) -> u64 {
-        self.limits[index].table.evictions()
+        self.limits[index].algorithm.evictions()
     }
 
     /// Keys held by limit `index` now.
     pub fn keys(&self, index: usize) -> usize {
-        self.limits[index].table.len()
+        self.limits[index].algorithm.keys()
     }
 
     /// How log lines name the key of `src` for limit `index`: its value, or with
@@ -202,7 +241,7 @@ impl Limiters {
         // Each limit's shard, then its ban shard: one order for every request.
         let shards: SmallVec<[_; 2]> = keyed
             .iter()
-            .map(|&(i, key)| (self.limits[i].table.lock(key), self.limits[i].bans.as_ref().map(|b| b.lock(key))))
+            .map(|&(i, key)| (self.limits[i].algorithm.lock(key), self.limits[i].bans.as_ref().map(|b| b.lock(key))))
             .collect();
         let now = clock();
         let mut held: SmallVec<[_; 2]> = SmallVec::new();
@@ -213,7 +252,7 @@ impl Limiters {
             let left = limiter.bans.as_ref().zip(ban_shard.as_ref()).and_then(|(b, s)| b.left(s, key, now));
             let verdict = match left {
                 Some(left) => Verdict::Reject { retry_after: left, reset: left, excess: 0.0 },
-                None => limiter.decide(&shard, key, now),
+                None => shard.decide(key, now),
             };
             standings.push(standing(i, &verdict));
             held.push((i, key, shard, ban_shard, verdict, left.is_some()));
@@ -227,7 +266,7 @@ impl Limiters {
             {
                 let length = bans.impose(ban_shard, *key, now);
                 standing.outcome = Outcome::Rejected(Duration::from_nanos(length));
-                standing.banned = Some(Duration::from_nanos(length));
+                standing.banned = true;
             }
         }
         let enforced_rejection = standings
@@ -247,11 +286,11 @@ impl Limiters {
             // A dry-run limit that would reject keeps its state, as if it had.
             let Verdict::Admit { state, wait: w, .. } = verdict else { continue };
             let limiter = &self.limits[i];
-            limiter.table.put(&mut shard, key, state, |s| limiter.is_idle(s, now), |s| limiter.rank(s));
+            shard.store(key, state, now);
             if !limiter.dry_run {
                 wait = wait.max(w);
             }
-            if let Algorithm::Concurrency(_) = limiter.algorithm {
+            if let Algorithm::Concurrency(..) = limiter.algorithm {
                 permits.limiters.get_or_insert_with(|| Arc::clone(self));
                 permits.slots.push((i, key));
             }
@@ -260,7 +299,7 @@ impl Limiters {
     }
 
     fn release(&self, limit: usize, key: u64) {
-        let table = &self.limits[limit].table;
+        let Algorithm::Concurrency(_, table) = &self.limits[limit].algorithm else { return };
         let mut shard = table.lock(key);
         match shard.get(key) {
             Some(in_flight) if in_flight > 1 => shard.replace(key, in_flight - 1),
@@ -274,25 +313,28 @@ fn standing(i: usize, verdict: &Verdict) -> Standing {
     match *verdict {
         Verdict::Admit { wait, remaining, reset, excess, .. } => {
             let outcome = if wait > 0 { Outcome::Delayed(Duration::from_nanos(wait)) } else { Outcome::Passed };
-            Standing { limit: i, outcome, remaining, reset: Duration::from_nanos(reset), excess, banned: None }
+            Standing { limit: i, outcome, remaining, reset: Duration::from_nanos(reset), excess, banned: false }
         }
         Verdict::Reject { retry_after, reset, excess } => {
             let outcome = Outcome::Rejected(Duration::from_nanos(retry_after));
-            Standing { limit: i, outcome, remaining: 0, reset: Duration::from_nanos(reset), excess, banned: None }
+            Standing { limit: i, outcome, remaining: 0, reset: Duration::from_nanos(reset), excess, banned: false }
         }
     }
 }
 
 fn limiter(limit: &Limit) -> Limiter {
+    let table = || KeyTable::new(limit.max_keys);
     let algorithm = match limit.policy {
-        Policy::Rate { rate, burst, delay } => Algorithm::LeakyBucket(LeakyBucket::new(rate, burst, delay)),
-        Policy::FixedWindow { limit, window } => Algorithm::FixedWindow(FixedWindow::new(limit, window)),
-        Policy::Concurrency { max, retry_after } => Algorithm::Concurrency(Concurrency::new(max, retry_after)),
+        Policy::Rate { rate, burst, delay } => Algorithm::LeakyBucket(LeakyBucket::new(rate, burst, delay), table()),
+        Policy::FixedWindow { limit, window } => Algorithm::FixedWindow(FixedWindow::new(limit, window), table()),
+        Policy::SlidingWindow { limit: n, window } => {
+            Algorithm::SlidingWindow(SlidingWindow::new(n, window), KeyTable::new(limit.max_keys))
+        }
+        Policy::Concurrency { max, retry_after } => Algorithm::Concurrency(Concurrency::new(max, retry_after), table()),
     };
     Limiter {
         key: limit.key.clone(),
         algorithm,
-        table: KeyTable::new(limit.max_keys),
         bans: limit.ban.map(|ban| Bans::new(ban.base, ban.max, limit.max_keys)),
         status: limit.status,
         dry_run: limit.dry_run,

@@ -1,8 +1,8 @@
 //! A bounded, sharded map from key hash to limiter state.
 //!
 //! Keys arrive already hashed (keyed SipHash, see `key`), so the table uses them as they
-//! are. Each shard is a flat open-addressing table with linear probing whose 16-byte
-//! slots hold key and state together: a lookup at a million keys costs one cache miss
+//! are. Each shard is a flat open-addressing table with linear probing whose slots hold
+//! key and state together (16 bytes for a `u64` state): a lookup at a million keys costs one cache miss
 //! where a SwissTable (std's `HashMap`) costs two, control bytes then bucket, and that
 //! miss was most of a decision's time. Hence this small table of our own.
 //!
@@ -19,15 +19,21 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-/// `[key, state]`; key 0 marks an empty slot.
-type Slot = [u64; 2];
-const KEY: usize = 0;
-const STATE: usize = 1;
+/// A key and its state; key 0 marks an empty slot.
+#[derive(Clone, Copy, Default)]
+struct Slot<S> {
+    key: u64,
+    state: S,
+}
 
-pub struct Shard {
+/// State of one key: a `u64` for most limiters (16-byte slots), wider where needed.
+pub trait State: Copy + Default {}
+impl<S: Copy + Default> State for S {}
+
+pub struct Shard<S = u64> {
     /// A power of two long, at most three quarters full; it doubles as keys arrive, up
     /// to the size `cap` needs, so a lightly used table stays small and dense.
-    slots: Box<[Slot]>,
+    slots: Box<[Slot<S>]>,
     len: usize,
     cap: usize,
 }
@@ -35,12 +41,12 @@ pub struct Shard {
 /// Slots of a new shard.
 const MIN_SLOTS: usize = 16;
 
-fn empty_slots(n: usize) -> Box<[Slot]> {
-    vec![[0u64; 2]; n].into_boxed_slice()
+fn empty_slots<S: State>(n: usize) -> Box<[Slot<S>]> {
+    vec![Slot::default(); n].into_boxed_slice()
 }
 
-pub struct KeyTable {
-    shards: Box<[Mutex<Shard>]>,
+pub struct KeyTable<S = u64> {
+    shards: Box<[Mutex<Shard<S>>]>,
     evictions: AtomicU64,
 }
 
@@ -49,7 +55,7 @@ fn stored(key: u64) -> u64 {
     key.max(1)
 }
 
-impl KeyTable {
+impl<S: State> KeyTable<S> {
     /// A table that holds at most about `max_keys` keys (rounded up to a multiple of the
     /// shard count, at most 63 more).
     pub fn new(max_keys: usize) -> Self {
@@ -60,7 +66,7 @@ impl KeyTable {
     }
 
     /// Locks the shard that holds `key`.
-    pub fn lock(&self, key: u64) -> MutexGuard<'_, Shard> {
+    pub fn lock(&self, key: u64) -> MutexGuard<'_, Shard<S>> {
         // High bits pick the shard, low bits the slot within it.
         let index = (key >> 40) as usize & (self.shards.len() - 1);
         // A panic while holding a shard cannot leave a half-written state (each write
@@ -85,10 +91,10 @@ impl KeyTable {
     /// Stores `state` for `key` in its locked `shard`. If room must be made, `idle(state)`
     /// tells which stored states a fresh key would equal, and `rank(state)` which to
     /// evict first (lowest).
-    pub fn put(&self, shard: &mut Shard, key: u64, state: u64, idle: impl Fn(u64) -> bool, rank: impl Fn(u64) -> u64) {
+    pub fn put(&self, shard: &mut Shard<S>, key: u64, state: S, idle: impl Fn(S) -> bool, rank: impl Fn(S) -> u64) {
         let key = stored(key);
         let mut i = shard.find(key);
-        if shard.slots[i][KEY] == 0 {
+        if shard.slots[i].key == 0 {
             if shard.len >= shard.cap {
                 let evicted = shard.make_room(idle, rank);
                 self.evictions.fetch_add(evicted, Ordering::Relaxed);
@@ -99,11 +105,11 @@ impl KeyTable {
             }
             shard.len += 1;
         }
-        shard.slots[i] = [key, state];
+        shard.slots[i] = Slot { key, state };
     }
 }
 
-impl Shard {
+impl<S: State> Shard<S> {
     fn mask(&self) -> usize {
         self.slots.len() - 1
     }
@@ -113,7 +119,7 @@ impl Shard {
         let mask = self.mask();
         let mut i = key as usize & mask;
         loop {
-            let k = self.slots[i][KEY];
+            let k = self.slots[i].key;
             if k == key || k == 0 {
                 return i;
             }
@@ -121,9 +127,9 @@ impl Shard {
         }
     }
 
-    pub fn get(&self, key: u64) -> Option<u64> {
+    pub fn get(&self, key: u64) -> Option<S> {
         let slot = &self.slots[self.find(stored(key))];
-        (slot[KEY] != 0).then_some(slot[STATE])
+        (slot.key != 0).then_some(slot.state)
     }
 
     /// True when a new key would make `put` evict.
@@ -132,16 +138,16 @@ impl Shard {
     }
 
     /// Changes the state of a stored key without counting it as a use.
-    pub fn replace(&mut self, key: u64, state: u64) {
+    pub fn replace(&mut self, key: u64, state: S) {
         let i = self.find(stored(key));
-        if self.slots[i][KEY] != 0 {
-            self.slots[i][STATE] = state;
+        if self.slots[i].key != 0 {
+            self.slots[i].state = state;
         }
     }
 
     pub fn remove(&mut self, key: u64) {
         let i = self.find(stored(key));
-        if self.slots[i][KEY] != 0 {
+        if self.slots[i].key != 0 {
             self.remove_at(i);
         }
     }
@@ -153,7 +159,7 @@ impl Shard {
         let mut j = hole;
         loop {
             j = (j + 1) & mask;
-            let key = self.slots[j][KEY];
+            let key = self.slots[j].key;
             if key == 0 {
                 break;
             }
@@ -165,36 +171,36 @@ impl Shard {
                 hole = j;
             }
         }
-        self.slots[hole] = [0; 2];
+        self.slots[hole] = Slot::default();
         self.len -= 1;
     }
 
     /// Rebuilds the table `size` slots long with the entries `keep` accepts.
-    fn rebuild(&mut self, size: usize, keep: impl Fn(&Slot) -> bool) {
+    fn rebuild(&mut self, size: usize, keep: impl Fn(&Slot<S>) -> bool) {
         let old = std::mem::replace(&mut self.slots, empty_slots(size));
         self.len = 0;
-        for slot in old.iter().filter(|s| s[KEY] != 0 && keep(s)) {
-            let i = self.find(slot[KEY]);
+        for slot in old.iter().filter(|s| s.key != 0 && keep(s)) {
+            let i = self.find(slot.key);
             self.slots[i] = *slot;
             self.len += 1;
         }
     }
 
     /// Frees at least one slot; returns how many keys with state were evicted.
-    fn make_room(&mut self, idle: impl Fn(u64) -> bool, rank: impl Fn(u64) -> u64) -> u64 {
-        self.rebuild(self.slots.len(), |s| !idle(s[STATE]));
+    fn make_room(&mut self, idle: impl Fn(S) -> bool, rank: impl Fn(S) -> u64) -> u64 {
+        self.rebuild(self.slots.len(), |s| !idle(s.state));
         let target = self.cap - self.cap.div_ceil(8);
         if self.len <= target {
             return 0;
         }
         // Evict the lowest ranked down to the target: find the cut-off rank.
-        let mut ranks: Vec<u64> = self.slots.iter().filter(|s| s[KEY] != 0).map(|s| rank(s[STATE])).collect();
+        let mut ranks: Vec<u64> = self.slots.iter().filter(|s| s.key != 0).map(|s| rank(s.state)).collect();
         let excess = self.len - target;
         let (_, &mut cutoff, _) = ranks.select_nth_unstable(excess - 1);
         let before = self.len;
         let ties = std::cell::Cell::new(excess - ranks.iter().filter(|&&r| r < cutoff).count());
         self.rebuild(self.slots.len(), |s| {
-            let r = rank(s[STATE]);
+            let r = rank(s.state);
             if r < cutoff {
                 return false;
             }
@@ -267,7 +273,7 @@ mod tests {
             }
         }
         assert_eq!(shard.len, 0);
-        assert!(shard.slots.iter().all(|s| s[KEY] == 0));
+        assert!(shard.slots.iter().all(|s| s.key == 0));
     }
 
     #[test]

@@ -126,9 +126,7 @@ impl Proxy {
                 // The request is refused anyway: its delays would not have happened.
                 (Outcome::Delayed(_), _) if rejected => continue,
                 // A new ban is one line, with the ban's length.
-                (Outcome::Rejected(_), false) if s.banned.is_some() => {
-                    ("request rejected, key banned", false, s.banned.unwrap_or_default())
-                }
+                (Outcome::Rejected(length), false) if s.banned => ("request rejected, key banned", false, length),
                 (Outcome::Rejected(after), false) => ("request rejected", false, after),
                 (Outcome::Rejected(after), true) => ("dry run: request would be rejected", false, after),
                 (Outcome::Delayed(wait), false) => ("request delayed", true, wait),

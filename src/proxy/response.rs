@@ -130,7 +130,7 @@ pub struct Quota {
 pub fn quota(limit: &Limit) -> Quota {
     let (count, per) = match limit.policy {
         Policy::Rate { rate, .. } => (rate.count, rate.per),
-        Policy::FixedWindow { limit, window } => (limit, window),
+        Policy::FixedWindow { limit, window } | Policy::SlidingWindow { limit, window } => (limit, window),
         Policy::Concurrency { max, .. } => return Quota { item: format!("\"{}\";q={max}", limit.name), quota: max },
     };
     let (q, w) = if per.subsec_nanos() == 0 {
@@ -234,7 +234,7 @@ mod tests {
                 remaining: 2,
                 reset: Duration::from_millis(300),
                 excess: 0.0,
-                banned: None,
+                banned: false,
             },
             Standing {
                 limit: 1,
@@ -242,7 +242,7 @@ mod tests {
                 remaining: 0,
                 reset: Duration::from_secs(59),
                 excess: 1.5,
-                banned: None,
+                banned: false,
             },
         ];
         let mut h = HeaderMap::new();
