@@ -134,6 +134,15 @@ impl Held<'_> {
     }
 }
 
+/// One limit's part in a decision: its key, its locked shards, what it decided.
+struct Entry<'a> {
+    limit: usize,
+    key: u64,
+    shard: Held<'a>,
+    bans: Option<MutexGuard<'a, Shard>>,
+    verdict: Option<Verdict>,
+}
+
 /// Every configured limit, indexed like `Config::limits`.
 pub struct Limiters {
     seed: RandomState,
@@ -236,63 +245,63 @@ impl Limiters {
     /// delayed on its way to the lock could find a later instant already stored by
     /// another thread and count the difference as excess.
     pub fn check(self: &Arc<Self>, limits: &[usize], src: &KeySource<'_>, clock: impl FnOnce() -> u64) -> Decision {
-        let keyed: SmallVec<[(usize, u64); 2]> =
-            limits.iter().filter_map(|&i| self.limits[i].key.hash(src, &self.seed).map(|k| (i, k))).collect();
-        // Each limit's shard, then its ban shard: one order for every request.
-        let shards: SmallVec<[_; 2]> = keyed
-            .iter()
-            .map(|&(i, key)| (self.limits[i].algorithm.lock(key), self.limits[i].bans.as_ref().map(|b| b.lock(key))))
-            .collect();
-        let now = clock();
-        let mut held: SmallVec<[_; 2]> = SmallVec::new();
-        let mut standings: SmallVec<[Standing; 2]> = SmallVec::new();
-        for (&(i, key), (shard, ban_shard)) in keyed.iter().zip(shards) {
-            let limiter = &self.limits[i];
-            // A banned key is refused for the time left, whatever the algorithm says.
-            let left = limiter.bans.as_ref().zip(ban_shard.as_ref()).and_then(|(b, s)| b.left(s, key, now));
-            let verdict = match left {
-                Some(left) => Verdict::Reject { retry_after: left, reset: left, excess: 0.0 },
-                None => shard.decide(key, now),
-            };
-            standings.push(standing(i, &verdict));
-            held.push((i, key, shard, ban_shard, verdict, left.is_some()));
-        }
-
-        // A rejection by an enforced limit that bans starts a ban (unless one is running).
-        for ((i, key, _, ban_shard, verdict, banned), standing) in held.iter_mut().zip(standings.iter_mut()) {
-            let limiter = &self.limits[*i];
-            if let (Verdict::Reject { .. }, false, false, Some(bans), Some(ban_shard)) =
-                (*verdict, *banned, limiter.dry_run, &limiter.bans, ban_shard.as_mut())
-            {
-                let length = bans.impose(ban_shard, *key, now);
-                standing.outcome = Outcome::Rejected(Duration::from_nanos(length));
-                standing.banned = true;
+        let mut entries: SmallVec<[Entry<'_>; 2]> = SmallVec::new();
+        for &limit in limits {
+            let limiter = &self.limits[limit];
+            if let Some(key) = limiter.key.hash(src, &self.seed) {
+                // The limit's shard, then its ban shard: one order for every request.
+                let shard = limiter.algorithm.lock(key);
+                let bans = limiter.bans.as_ref().map(|b| b.lock(key));
+                entries.push(Entry { limit, key, shard, bans, verdict: None });
             }
         }
-        let enforced_rejection = standings
-            .iter()
-            .filter_map(|s| match s.outcome {
-                Outcome::Rejected(after) if !self.limits[s.limit].dry_run => Some((s.limit, after)),
+        let now = clock();
+        let mut standings: SmallVec<[Standing; 2]> = SmallVec::new();
+        let mut rejected: Option<(usize, Duration)> = None;
+        for e in &mut entries {
+            let limiter = &self.limits[e.limit];
+            // A banned key is refused for the time left, whatever the algorithm says.
+            let left = match (&limiter.bans, &e.bans) {
+                (Some(bans), Some(shard)) => bans.left(shard, e.key, now),
                 _ => None,
-            })
-            .max_by_key(|&(_, after)| after);
-        if let Some((limit, retry_after)) = enforced_rejection {
+            };
+            let verdict = match left {
+                Some(left) => Verdict::Reject { retry_after: left, reset: left, excess: 0.0 },
+                None => e.shard.decide(e.key, now),
+            };
+            let mut standing = standing(e.limit, &verdict);
+            // A rejection by an enforced limit that bans starts a ban (unless one runs).
+            if let (Verdict::Reject { .. }, None, false, Some(bans), Some(shard)) =
+                (verdict, left, limiter.dry_run, &limiter.bans, e.bans.as_mut())
+            {
+                standing.outcome = Outcome::Rejected(Duration::from_nanos(bans.impose(shard, e.key, now)));
+                standing.banned = true;
+            }
+            if let (Outcome::Rejected(after), false) = (standing.outcome, limiter.dry_run)
+                && rejected.is_none_or(|(_, longest)| after > longest)
+            {
+                rejected = Some((e.limit, after));
+            }
+            standings.push(standing);
+            e.verdict = Some(verdict);
+        }
+        if let Some((limit, retry_after)) = rejected {
             return Decision::Reject { limit, status: self.limits[limit].status, retry_after, standings };
         }
 
         let mut wait = 0;
         let mut permits = Permits::default();
-        for (i, key, mut shard, _, verdict, _) in held {
+        for e in &mut entries {
             // A dry-run limit that would reject keeps its state, as if it had.
-            let Verdict::Admit { state, wait: w, .. } = verdict else { continue };
-            let limiter = &self.limits[i];
-            shard.store(key, state, now);
+            let Some(Verdict::Admit { state, wait: w, .. }) = e.verdict else { continue };
+            e.shard.store(e.key, state, now);
+            let limiter = &self.limits[e.limit];
             if !limiter.dry_run {
                 wait = wait.max(w);
             }
             if let Algorithm::Concurrency(..) = limiter.algorithm {
                 permits.limiters.get_or_insert_with(|| Arc::clone(self));
-                permits.slots.push((i, key));
+                permits.slots.push((e.limit, e.key));
             }
         }
         Decision::Pass { wait: Duration::from_nanos(wait), standings, permits }
