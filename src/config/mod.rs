@@ -19,6 +19,7 @@ use http::uri::Authority;
 use http::{HeaderMap, Method, StatusCode};
 use ipnet::IpNet;
 
+use crate::limit::allow::Allow;
 use crate::limit::key::KeySpec;
 pub use raw::{HeaderMode, HeaderStyle, LogLevel, RejectionBody};
 pub use units::Rate;
@@ -62,6 +63,8 @@ pub struct Limit {
     pub log_level: LogLevel,
     /// A key this limit rejects is refused for a while.
     pub ban: Option<Ban>,
+    /// Requests this limit does not count.
+    pub allow: Allow,
 }
 
 /// `ban` and `ban_max` of a limit: a first ban lasts `base`; a repeat within `max` of the
@@ -100,6 +103,8 @@ pub struct Route {
     /// Indices into `Config::limits`, ascending: every request takes the locks of its
     /// limits in this one order.
     pub limits: Vec<usize>,
+    /// Requests that skip all of the route's limits.
+    pub allow: Allow,
 }
 
 #[derive(Debug, Default)]

@@ -71,6 +71,7 @@ pub struct RawLimit {
     pub log_level: Option<LogLevel>,
     pub ban: Option<String>,
     pub ban_max: Option<String>,
+    pub allow: Option<RawAllow>,
 }
 
 /// `algorithm:` of a limit (default: the nginx leaky bucket).
@@ -114,6 +115,19 @@ pub struct RawRoute {
     pub respond: Option<RawRespond>,
     #[serde(default)]
     pub limits: Vec<String>,
+    pub allow: Option<RawAllow>,
+}
+
+/// Requests exempt from limits: any matching entry is enough.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAllow {
+    #[serde(default)]
+    pub cidrs: Vec<String>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub tokens: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -12,11 +12,12 @@ use http::{HeaderMap, Method, StatusCode};
 use ipnet::IpNet;
 
 use super::position::Positions;
-use super::raw::{AlgorithmName, RawConfig, RawKey, RawLimit, RawMatch, RawRespond, RawRoute, RawUpstream};
+use super::raw::{AlgorithmName, RawAllow, RawConfig, RawKey, RawLimit, RawMatch, RawRespond, RawRoute, RawUpstream};
 use super::units::{parse_duration, parse_rate};
 use super::{
     Action, Config, ConfigError, Limit, LogLevel, PathMatch, Policy, Route, RouteMatch, StaticResponse, Upstream,
 };
+use crate::limit::allow::Allow;
 use crate::limit::key::{DEFAULT_IP_PREFIX, KeyPart, KeySpec};
 
 const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -174,6 +175,7 @@ fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit) -> Limit {
         dry_run: raw.dry_run.unwrap_or(false),
         log_level: raw.log_level.unwrap_or(LogLevel::Info),
         ban: ban(e, &at, raw),
+        allow: allow(e, &format!("{at}.allow"), raw.allow.as_ref()),
     }
 }
 
@@ -356,6 +358,31 @@ fn policy(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Policy> {
     }
 }
 
+fn allow(e: &mut Errors<'_>, at: &str, raw: Option<&RawAllow>) -> Allow {
+    let Some(raw) = raw else { return Allow::default() };
+    let nets = raw
+        .cidrs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, text)| e.check(|| format!("{at}.cidrs[{i}]"), parse_cidr(text)))
+        .collect();
+    let headers = raw
+        .headers
+        .iter()
+        .filter_map(|(name, value)| {
+            let parsed =
+                HeaderName::from_str(name).map_err(|_| format!("invalid header name {name:?}")).and_then(|n| {
+                    HeaderValue::from_str(value)
+                        .map(|v| (n, v))
+                        .map_err(|_| format!("invalid value for header {name:?}"))
+                });
+            e.check(|| format!("{at}.headers.{name}"), parsed)
+        })
+        .collect();
+    let tokens = raw.tokens.iter().map(|t| t.as_bytes().into()).collect();
+    Allow { nets, headers, tokens }
+}
+
 fn ban(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<super::Ban> {
     let Some(text) = &raw.ban else {
         if raw.ban_max.is_some() {
@@ -446,7 +473,8 @@ fn route(e: &mut Errors<'_>, i: usize, raw: &RawRoute, config: &RawConfig) -> Ro
         }
     }
     limits.sort_unstable();
-    Route { name: raw.name.clone().unwrap_or(at), matcher, action, limits }
+    let allow = allow(e, &format!("{at}.allow"), raw.allow.as_ref());
+    Route { name: raw.name.clone().unwrap_or(at), matcher, action, limits, allow }
 }
 
 fn route_match(e: &mut Errors<'_>, at: &str, raw: &RawMatch) -> RouteMatch {

@@ -212,7 +212,7 @@ impl KeySpec {
 
 /// The token of `Authorization: Bearer TOKEN` (RFC 6750 §2.1; the scheme is
 /// case-insensitive, RFC 9110 §11.1).
-fn bearer_token(headers: &HeaderMap) -> Option<&[u8]> {
+pub fn bearer_token(headers: &HeaderMap) -> Option<&[u8]> {
     let value = headers.get(header::AUTHORIZATION)?.as_bytes();
     let (scheme, rest) = value.split_at_checked(6)?;
     if !scheme.eq_ignore_ascii_case(b"bearer") || rest.first() != Some(&b' ') {

@@ -8,6 +8,7 @@
 //! longest delay any enforced limit asked for, holding its concurrency slots in
 //! `Permits` until its response is done.
 
+pub mod allow;
 pub mod ban;
 pub mod concurrency;
 pub mod fixed_window;
@@ -24,6 +25,7 @@ use http::StatusCode;
 use smallvec::SmallVec;
 
 use crate::config::{Config, Limit, Policy};
+use allow::Allow;
 use ban::Bans;
 use concurrency::Concurrency;
 use fixed_window::FixedWindow;
@@ -73,6 +75,8 @@ enum Held<'a> {
 
 struct Limiter {
     key: KeySpec,
+    /// Requests this limit lets through without counting them.
+    allow: Allow,
     algorithm: Algorithm,
     bans: Option<Bans>,
     status: StatusCode,
@@ -248,6 +252,9 @@ impl Limiters {
         let mut entries: SmallVec<[Entry<'_>; 2]> = SmallVec::new();
         for &limit in limits {
             let limiter = &self.limits[limit];
+            if !limiter.allow.is_empty() && limiter.allow.admits(src) {
+                continue;
+            }
             if let Some(key) = limiter.key.hash(src, &self.seed) {
                 // The limit's shard, then its ban shard: one order for every request.
                 let shard = limiter.algorithm.lock(key);
@@ -343,6 +350,7 @@ fn limiter(limit: &Limit) -> Limiter {
     };
     Limiter {
         key: limit.key.clone(),
+        allow: limit.allow.clone(),
         algorithm,
         bans: limit.ban.map(|ban| Bans::new(ban.base, ban.max, limit.max_keys)),
         status: limit.status,

@@ -67,7 +67,9 @@ impl Proxy {
         };
 
         let src = KeySource { client_ip, method: req.method(), uri: req.uri(), headers: req.headers(), host };
-        let decision = self.limiters.check(&route.limits, &src, limit::now);
+        // An exempt request skips the route's limits altogether.
+        let limits = if route.allow.admits(&src) { &[][..] } else { &route.limits[..] };
+        let decision = self.limiters.check(limits, &src, limit::now);
         let (standings, permits) = match decision {
             Decision::Reject { status, retry_after, standings, .. } => {
                 self.log_outcomes(route, &standings, &src, true);

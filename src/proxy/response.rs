@@ -204,6 +204,7 @@ mod tests {
             dry_run: false,
             log_level: crate::config::LogLevel::Info,
             ban: None,
+            allow: Default::default(),
         }
     }
 

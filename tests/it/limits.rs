@@ -228,3 +228,40 @@ async fn a_banned_key_is_refused_for_the_ban_while_others_pass() {
     let line = log.lines().find(|l| l.contains("key banned")).unwrap();
     assert!(line.contains("\"route\":\"login\"") && line.contains("\"ms\":3600000"), "{line}");
 }
+
+#[tokio::test]
+async fn allow_lists_exempt_requests_from_a_route_or_from_one_limit() {
+    let yaml = r#"
+listen: 127.0.0.1:0
+trusted_proxies: [127.0.0.1]
+limits:
+  per_ip: { key: ip, rate: 1r/m }
+  per_token: { key: bearer, rate: 1r/m, allow: { tokens: [partner] } }
+routes:
+  - match: { path_prefix: /a }
+    limits: [per_ip]
+    allow: { cidrs: [10.0.0.0/8], headers: { x-internal: "yes" } }
+    respond: { status: 200 }
+  - match: { path_prefix: /b }
+    limits: [per_token]
+    respond: { status: 200 }
+"#;
+    let sg = Sluicegate::start(yaml);
+    let statuses = |replies: Vec<Reply>| replies.iter().map(|r| r.status).collect::<Vec<_>>();
+    let mut replies = Vec::new();
+    for headers in [
+        vec![("x-forwarded-for", "192.0.2.1")],
+        vec![("x-forwarded-for", "192.0.2.1")],
+        vec![("x-forwarded-for", "10.1.1.1")],
+        vec![("x-forwarded-for", "10.1.1.1")],
+        vec![("x-forwarded-for", "192.0.2.1"), ("x-internal", "yes")],
+    ] {
+        replies.push(get(sg.addr, "/a", &headers).await);
+    }
+    assert_eq!(statuses(replies), [200, 429, 200, 200, 200]);
+    let mut replies = Vec::new();
+    for token in ["Bearer someone", "Bearer someone", "Bearer partner", "Bearer partner"] {
+        replies.push(get(sg.addr, "/b", &[("authorization", token)]).await);
+    }
+    assert_eq!(statuses(replies), [200, 429, 200, 200]);
+}
