@@ -53,7 +53,8 @@ pub struct Upstream {
 pub struct Limit {
     pub name: String,
     pub key: KeySpec,
-    pub policy: Policy,
+    /// What the limit allows: one policy, or one per window with `rates:` (all must admit).
+    pub windows: Vec<Policy>,
     /// Status of a rejection.
     pub status: StatusCode,
     pub max_keys: usize,

@@ -55,6 +55,7 @@ pub struct RawLimit {
     pub ipv6_prefix: Option<u8>,
     pub algorithm: Option<AlgorithmName>,
     pub rate: Option<String>,
+    pub rates: Option<Vec<String>>,
     pub burst: Option<u64>,
     pub nodelay: Option<bool>,
     pub delay: Option<u64>,

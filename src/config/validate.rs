@@ -160,7 +160,10 @@ fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit) -> Limit {
         }
     };
     let parts = ip_prefix(e, &at, raw, parts);
-    let policy = policy(e, &at, raw);
+    let policy = match &raw.rates {
+        Some(rates) => windows(e, &at, raw, rates),
+        None => policy(e, &at, raw).map(|p| vec![p]),
+    };
     let status = status_in(e, || format!("{at}.status"), raw.status.unwrap_or(429), 400..=599);
     if raw.max_keys == Some(0) {
         e.add(format!("{at}.max_keys"), "must be a positive integer");
@@ -169,7 +172,7 @@ fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit) -> Limit {
         name: name.to_owned(),
         key: KeySpec(parts.into()),
         // A placeholder only where an error is already recorded: then no Config is built.
-        policy: policy.unwrap_or(Policy::Concurrency { max: 1, retry_after: Duration::ZERO }),
+        windows: policy.unwrap_or_default(),
         status,
         max_keys: usize::try_from(raw.max_keys.unwrap_or(DEFAULT_MAX_KEYS)).unwrap_or(usize::MAX),
         dry_run: raw.dry_run.unwrap_or(false),
@@ -381,6 +384,34 @@ fn allow(e: &mut Errors<'_>, at: &str, raw: Option<&RawAllow>) -> Allow {
         .collect();
     let tokens = raw.tokens.iter().map(|t| t.as_bytes().into()).collect();
     Allow { nets, headers, tokens }
+}
+
+/// `rates: [10r/s, 10000r/d]`: each window admits N per W (a token bucket of capacity N
+/// refilled at N per W), and a request must fit every window.
+fn windows(e: &mut Errors<'_>, at: &str, raw: &RawLimit, rates: &[String]) -> Option<Vec<Policy>> {
+    let others = [
+        ("rate", raw.rate.is_some()),
+        ("burst", raw.burst.is_some()),
+        ("nodelay", raw.nodelay.is_some()),
+        ("delay", raw.delay.is_some()),
+        ("algorithm", raw.algorithm.is_some()),
+        ("concurrency", raw.concurrency.is_some()),
+    ];
+    for (field, _) in others.iter().filter(|(_, given)| *given) {
+        e.add(format!("{at}.{field}"), "does not go with `rates` (each window admits N per its duration)");
+    }
+    if rates.is_empty() {
+        e.add(format!("{at}.rates"), "needs at least one rate");
+    }
+    let windows: Vec<Policy> = rates
+        .iter()
+        .enumerate()
+        .filter_map(|(i, text)| {
+            let rate = e.check(|| format!("{at}.rates[{i}]"), parse_rate(text))?;
+            Some(Policy::Rate { rate, burst: rate.count - 1, delay: rate.count - 1 })
+        })
+        .collect();
+    (windows.len() == rates.len() && !windows.is_empty()).then_some(windows)
 }
 
 fn ban(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<super::Ban> {

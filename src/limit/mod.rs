@@ -77,7 +77,8 @@ struct Limiter {
     key: KeySpec,
     /// Requests this limit lets through without counting them.
     allow: Allow,
-    algorithm: Algorithm,
+    /// One algorithm per window (usually one); a request must fit all.
+    windows: Box<[Algorithm]>,
     bans: Option<Bans>,
     status: StatusCode,
     dry_run: bool,
@@ -141,6 +142,7 @@ impl Held<'_> {
 /// One limit's part in a decision: its key, its locked shards, what it decided.
 struct Entry<'a> {
     limit: usize,
+    window: usize,
     key: u64,
     shard: Held<'a>,
     bans: Option<MutexGuard<'a, Shard>>,
@@ -167,6 +169,8 @@ pub enum Outcome {
 pub struct Standing {
     /// Index into `Config::limits`.
     pub limit: usize,
+    /// Which of the limit's windows (0 unless it has `rates:`).
+    pub window: usize,
     /// As decided, even for a dry-run limit that then did not act on it.
     pub outcome: Outcome,
     /// Further requests this key could make right now without rejection.
@@ -225,12 +229,12 @@ impl Limiters {
 
     /// Keys dropped with live state by limit `index` since start.
     pub fn evictions(&self, index: usize) -> u64 {
-        self.limits[index].algorithm.evictions()
+        self.limits[index].windows.iter().map(Algorithm::evictions).sum()
     }
 
     /// Keys held by limit `index` now.
     pub fn keys(&self, index: usize) -> usize {
-        self.limits[index].algorithm.keys()
+        self.limits[index].windows.iter().map(Algorithm::keys).max().unwrap_or(0)
     }
 
     /// How log lines name the key of `src` for limit `index`: its value, or with
@@ -256,19 +260,22 @@ impl Limiters {
                 continue;
             }
             if let Some(key) = limiter.key.hash(src, &self.seed) {
-                // The limit's shard, then its ban shard: one order for every request.
-                let shard = limiter.algorithm.lock(key);
-                let bans = limiter.bans.as_ref().map(|b| b.lock(key));
-                entries.push(Entry { limit, key, shard, bans, verdict: None });
+                // The limit's shards in window order, then its ban shard (held by the
+                // first window's entry): one order for every request.
+                for (window, algorithm) in limiter.windows.iter().enumerate() {
+                    let shard = algorithm.lock(key);
+                    entries.push(Entry { limit, window, key, shard, bans: None, verdict: None });
+                }
+                if let (Some(bans), Some(first)) = (&limiter.bans, entries.len().checked_sub(limiter.windows.len())) {
+                    entries[first].bans = Some(bans.lock(key));
+                }
             }
         }
         let now = clock();
         let mut standings: SmallVec<[Standing; 2]> = SmallVec::new();
-        let mut rejected: Option<(usize, Duration)> = None;
         for e in &mut entries {
-            let limiter = &self.limits[e.limit];
             // A banned key is refused for the time left, whatever the algorithm says.
-            let left = match (&limiter.bans, &e.bans) {
+            let left = match (&self.limits[e.limit].bans, &e.bans) {
                 (Some(bans), Some(shard)) => bans.left(shard, e.key, now),
                 _ => None,
             };
@@ -276,23 +283,35 @@ impl Limiters {
                 Some(left) => Verdict::Reject { retry_after: left, reset: left, excess: 0.0 },
                 None => e.shard.decide(e.key, now),
             };
-            let mut standing = standing(e.limit, &verdict);
-            // A rejection by an enforced limit that bans starts a ban (unless one runs).
-            if let (Verdict::Reject { .. }, None, false, Some(bans), Some(shard)) =
-                (verdict, left, limiter.dry_run, &limiter.bans, e.bans.as_mut())
-            {
-                standing.outcome = Outcome::Rejected(Duration::from_nanos(bans.impose(shard, e.key, now)));
-                standing.banned = true;
-            }
-            if let (Outcome::Rejected(after), false) = (standing.outcome, limiter.dry_run)
-                && rejected.is_none_or(|(_, longest)| after > longest)
-            {
-                rejected = Some((e.limit, after));
-            }
-            standings.push(standing);
+            standings.push(standing(e.limit, e.window, &verdict));
             e.verdict = Some(verdict);
         }
+        // A rejection by any window of an enforced limit that bans starts a ban, unless
+        // one runs; the ban's length is then that rejection's wait. (Entries and standings
+        // are aligned; a limit's ban shard is held by its first window's entry.)
+        for (n, e) in entries.iter_mut().enumerate() {
+            let limiter = &self.limits[e.limit];
+            let (Some(bans), Some(shard), false) = (&limiter.bans, e.bans.as_mut(), limiter.dry_run) else { continue };
+            let rejects =
+                standings[n..n + limiter.windows.len()].iter().any(|s| matches!(s.outcome, Outcome::Rejected(_)));
+            if rejects && bans.left(shard, e.key, now).is_none() {
+                standings[n].outcome = Outcome::Rejected(Duration::from_nanos(bans.impose(shard, e.key, now)));
+                standings[n].banned = true;
+            }
+        }
+        let rejected = standings
+            .iter()
+            .filter(|s| !self.limits[s.limit].dry_run)
+            .filter_map(|s| match s.outcome {
+                Outcome::Rejected(after) => Some((s.limit, after)),
+                _ => None,
+            })
+            .max_by_key(|&(_, after)| after);
         if let Some((limit, retry_after)) = rejected {
+            // The others describe the key as if this request had counted; it did not.
+            for s in standings.iter_mut().filter(|s| !matches!(s.outcome, Outcome::Rejected(_))) {
+                s.remaining += 1;
+            }
             return Decision::Reject { limit, status: self.limits[limit].status, retry_after, standings };
         }
 
@@ -306,7 +325,7 @@ impl Limiters {
             if !limiter.dry_run {
                 wait = wait.max(w);
             }
-            if let Algorithm::Concurrency(..) = limiter.algorithm {
+            if let Held::Concurrency(..) = e.shard {
                 permits.limiters.get_or_insert_with(|| Arc::clone(self));
                 permits.slots.push((e.limit, e.key));
             }
@@ -315,7 +334,7 @@ impl Limiters {
     }
 
     fn release(&self, limit: usize, key: u64) {
-        let Algorithm::Concurrency(_, table) = &self.limits[limit].algorithm else { return };
+        let Some(Algorithm::Concurrency(_, table)) = self.limits[limit].windows.first() else { return };
         let mut shard = table.lock(key);
         match shard.get(key) {
             Some(in_flight) if in_flight > 1 => shard.replace(key, in_flight - 1),
@@ -325,22 +344,22 @@ impl Limiters {
 }
 
 /// Where a limit stands after deciding `verdict` for limit `i`.
-fn standing(i: usize, verdict: &Verdict) -> Standing {
-    match *verdict {
+fn standing(limit: usize, window: usize, verdict: &Verdict) -> Standing {
+    let (outcome, remaining, reset, excess) = match *verdict {
         Verdict::Admit { wait, remaining, reset, excess, .. } => {
             let outcome = if wait > 0 { Outcome::Delayed(Duration::from_nanos(wait)) } else { Outcome::Passed };
-            Standing { limit: i, outcome, remaining, reset: Duration::from_nanos(reset), excess, banned: false }
+            (outcome, remaining, reset, excess)
         }
         Verdict::Reject { retry_after, reset, excess } => {
-            let outcome = Outcome::Rejected(Duration::from_nanos(retry_after));
-            Standing { limit: i, outcome, remaining: 0, reset: Duration::from_nanos(reset), excess, banned: false }
+            (Outcome::Rejected(Duration::from_nanos(retry_after)), 0, reset, excess)
         }
-    }
+    };
+    Standing { limit, window, outcome, remaining, reset: Duration::from_nanos(reset), excess, banned: false }
 }
 
 fn limiter(limit: &Limit) -> Limiter {
     let table = || KeyTable::new(limit.max_keys);
-    let algorithm = match limit.policy {
+    let algorithm = |policy: &Policy| match *policy {
         Policy::Rate { rate, burst, delay } => Algorithm::LeakyBucket(LeakyBucket::new(rate, burst, delay), table()),
         Policy::FixedWindow { limit, window } => Algorithm::FixedWindow(FixedWindow::new(limit, window), table()),
         Policy::SlidingWindow { limit: n, window } => {
@@ -351,7 +370,7 @@ fn limiter(limit: &Limit) -> Limiter {
     Limiter {
         key: limit.key.clone(),
         allow: limit.allow.clone(),
-        algorithm,
+        windows: limit.windows.iter().map(algorithm).collect(),
         bans: limit.ban.map(|ban| Bans::new(ban.base, ban.max, limit.max_keys)),
         status: limit.status,
         dry_run: limit.dry_run,
@@ -525,5 +544,31 @@ mod tests {
         assert!(passes(&check(&l, &[1], 3, 10)));
         assert!(passes(&check(&l, &[1], 3, 1_000)));
         assert_eq!(l.bans(1), 0);
+    }
+
+    #[test]
+    fn several_windows_all_must_admit_and_the_slowest_sets_retry_after() {
+        // 3 per second and 5 per minute, each a bucket of its size, banning on rejection.
+        let l = limiters("  w: { key: ip, rates: [3r/s, 5r/m], ban: 10m }\n  x: { key: ip, rates: [3r/s, 5r/m] }\n");
+        let outcome = |d: Decision| match d {
+            Decision::Pass { .. } => Ok(()),
+            Decision::Reject { retry_after, .. } => Err(retry_after),
+        };
+        let per_second: Vec<_> = (0..4).map(|_| outcome(check(&l, &[1], 1, 0))).collect();
+        assert_eq!(per_second[..3], [Ok(()), Ok(()), Ok(())]);
+        // The fourth does not fit the second's bucket (for 333 ms); it would fit the minute's.
+        assert_eq!(per_second[3], Err(Duration::from_nanos(333_333_333)));
+        let later: Vec<_> = [1_000, 2_000, 2_001].iter().map(|&t| outcome(check(&l, &[1], 1, t))).collect();
+        // Two more pass (5 in the minute); then the minute's bucket, refilling one per 12 s
+        // since t = 0, refuses until t = 12 s.
+        assert_eq!(later[..2], [Ok(()), Ok(())]);
+        assert_eq!(later[2], Err(Duration::from_millis(9_999)));
+        // With a ban, the minute window's rejection bans the key for ten minutes.
+        for _ in 0..3 {
+            assert!(passes(&check(&l, &[0], 2, 0)));
+        }
+        assert!(passes(&check(&l, &[0], 2, 1_000)) && passes(&check(&l, &[0], 2, 2_000)));
+        assert_eq!(outcome(check(&l, &[0], 2, 3_000)), Err(Duration::from_secs(600)));
+        assert_eq!(l.bans(0), 1);
     }
 }

@@ -30,7 +30,7 @@ pub struct Proxy {
     limiters: Arc<Limiters>,
     upstreams: Box<[UpstreamClient]>,
     /// What the rate-limit headers say of each limit, by limit index.
-    quotas: Box<[response::Quota]>,
+    quotas: Box<[Box<[response::Quota]>]>,
 }
 
 impl Proxy {
@@ -38,7 +38,7 @@ impl Proxy {
         Proxy {
             limiters: Limiters::new(&config),
             upstreams: config.upstreams.iter().map(UpstreamClient::new).collect(),
-            quotas: config.limits.iter().map(response::quota).collect(),
+            quotas: config.limits.iter().map(response::quotas).collect(),
             config,
         }
     }
@@ -114,8 +114,8 @@ impl Proxy {
     }
 
     fn add_ratelimit_headers(&self, response: &mut Response<ProxyBody>, standings: &[Standing]) {
-        let (limits, style) = (&self.config.limits, self.config.ratelimit_header_style);
-        response::add_ratelimit_headers(response.headers_mut(), standings, limits, &self.quotas, style);
+        let style = self.config.ratelimit_header_style;
+        response::add_ratelimit_headers(response.headers_mut(), standings, &self.quotas, style);
     }
 
     /// One log line per limit that rejected or delayed the request, or would have in dry

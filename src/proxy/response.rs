@@ -116,22 +116,37 @@ fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
-/// What the rate-limit header fields say of one limit, computed once per limit.
+/// What the rate-limit header fields say of one window of a limit, computed once.
 pub struct Quota {
     /// The `RateLimit-Policy` item, e.g. `"per_ip";q=10;w=1`.
     pub item: String,
+    /// Its name.
+    pub name: String,
     /// Its `q`: requests per window (or in flight, for a concurrency limit).
     pub quota: u64,
 }
 
-/// The quota of `limit`: the sustained rate as requests per window in whole seconds (a
-/// sub-second or fractional window is scaled to one second); a concurrency limit has a
+/// The quotas of `limit`, one per window, named after the limit (and the window's
+/// length, when it has several: `"api/1s"`, `"api/1day"`).
+pub fn quotas(limit: &Limit) -> Box<[Quota]> {
+    let several = limit.windows.len() > 1;
+    let name = |policy: &Policy| match policy {
+        Policy::Rate { rate, .. } if several => format!("{}/{}", limit.name, humantime::format_duration(rate.per)),
+        _ => limit.name.clone(),
+    };
+    limit.windows.iter().map(|policy| quota(&name(policy), policy)).collect()
+}
+
+/// The quota of one window: the sustained rate as requests per window in whole seconds
+/// (a sub-second or fractional window is scaled to one second); a concurrency limit has a
 /// quota and no window: `"uploads";q=4`.
-pub fn quota(limit: &Limit) -> Quota {
-    let (count, per) = match limit.policy {
+fn quota(name: &str, policy: &Policy) -> Quota {
+    let (count, per) = match *policy {
         Policy::Rate { rate, .. } => (rate.count, rate.per),
         Policy::FixedWindow { limit, window } | Policy::SlidingWindow { limit, window } => (limit, window),
-        Policy::Concurrency { max, .. } => return Quota { item: format!("\"{}\";q={max}", limit.name), quota: max },
+        Policy::Concurrency { max, .. } => {
+            return Quota { item: format!("\"{name}\";q={max}"), name: name.to_owned(), quota: max };
+        }
     };
     let (q, w) = if per.subsec_nanos() == 0 {
         (count, per.as_secs())
@@ -139,7 +154,7 @@ pub fn quota(limit: &Limit) -> Quota {
         let per_second = u128::from(count) * 1_000_000_000 / per.as_nanos().max(1);
         (u64::try_from(per_second).unwrap_or(u64::MAX).max(1), 1)
     };
-    Quota { item: format!("\"{}\";q={q};w={w}", limit.name), quota: q }
+    Quota { item: format!("\"{name}\";q={q};w={w}"), name: name.to_owned(), quota: q }
 }
 
 static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -147,14 +162,13 @@ static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-
 static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 /// Adds the rate-limit fields for `standings` in `style`; `quotas` holds each limit's
-/// quota by limit index. The legacy `X-RateLimit-*` fields can describe one limit only:
+/// quotas (by window) by limit index. The legacy `X-RateLimit-*` fields can describe one limit only:
 /// the one with the fewest requests remaining (then the longest reset); their reset is
 /// in seconds from now, like the draft's `t`.
 pub fn add_ratelimit_headers(
     headers: &mut HeaderMap,
     standings: &[Standing],
-    limits: &[Limit],
-    quotas: &[Quota],
+    quotas: &[Box<[Quota]>],
     style: HeaderStyle,
 ) {
     let Some(tightest) = standings.iter().min_by_key(|s| (s.remaining, std::cmp::Reverse(s.reset))) else {
@@ -169,14 +183,15 @@ pub fn add_ratelimit_headers(
                 policy.push_str(", ");
                 current.push_str(", ");
             }
-            policy.push_str(&quotas[s.limit].item);
-            current.push_str(&format!("\"{}\";r={};t={}", limits[s.limit].name, s.remaining, ceil_secs(s.reset)));
+            let quota = &quotas[s.limit][s.window];
+            policy.push_str(&quota.item);
+            current.push_str(&format!("\"{}\";r={};t={}", quota.name, s.remaining, ceil_secs(s.reset)));
         }
         fields.push((&RATELIMIT_POLICY, policy));
         fields.push((&RATELIMIT, current));
     }
     if style != HeaderStyle::Draft {
-        fields.push((&X_RATELIMIT_LIMIT, quotas[tightest.limit].quota.to_string()));
+        fields.push((&X_RATELIMIT_LIMIT, quotas[tightest.limit][tightest.window].quota.to_string()));
         fields.push((&X_RATELIMIT_REMAINING, tightest.remaining.to_string()));
         fields.push((&X_RATELIMIT_RESET, ceil_secs(tightest.reset).to_string()));
     }
@@ -198,7 +213,7 @@ mod tests {
         Limit {
             name: name.into(),
             key: KeySpec(Box::new([])),
-            policy: Policy::Rate { rate: parse_rate(rate).unwrap(), burst: 0, delay: 0 },
+            windows: vec![Policy::Rate { rate: parse_rate(rate).unwrap(), burst: 0, delay: 0 }],
             status: StatusCode::TOO_MANY_REQUESTS,
             max_keys: 1,
             dry_run: false,
@@ -219,18 +234,23 @@ mod tests {
 
     #[test]
     fn policy_items_state_quota_and_window_in_seconds() {
-        assert_eq!(quota(&limit("a", "10r/s")).item, "\"a\";q=10;w=1");
-        assert_eq!(quota(&limit("a", "100r/15m")).item, "\"a\";q=100;w=900");
-        assert_eq!(quota(&limit("a", "10r/500ms")).item, "\"a\";q=20;w=1");
+        assert_eq!(quotas(&limit("a", "10r/s"))[0].item, "\"a\";q=10;w=1");
+        assert_eq!(quotas(&limit("a", "100r/15m"))[0].item, "\"a\";q=100;w=900");
+        assert_eq!(quotas(&limit("a", "10r/500ms"))[0].item, "\"a\";q=20;w=1");
+        let mut two = limit("a", "10r/s");
+        two.windows.push(Policy::Rate { rate: parse_rate("10000r/d").unwrap(), burst: 9999, delay: 9999 });
+        let items: Vec<String> = quotas(&two).iter().map(|q| q.item.clone()).collect();
+        assert_eq!(items, ["\"a/1s\";q=10;w=1", "\"a/1day\";q=10000;w=86400"]);
     }
 
     #[test]
     fn ratelimit_fields_list_every_standing() {
         let limits = [limit("a", "10r/s"), limit("b", "1r/m")];
-        let quotas: Vec<Quota> = limits.iter().map(quota).collect();
+        let quotas: Vec<Box<[Quota]>> = limits.iter().map(quotas).collect();
         let standings = [
             Standing {
                 limit: 0,
+                window: 0,
                 outcome: Outcome::Passed,
                 remaining: 2,
                 reset: Duration::from_millis(300),
@@ -239,6 +259,7 @@ mod tests {
             },
             Standing {
                 limit: 1,
+                window: 0,
                 outcome: Outcome::Rejected(Duration::from_secs(1)),
                 remaining: 0,
                 reset: Duration::from_secs(59),
@@ -247,12 +268,12 @@ mod tests {
             },
         ];
         let mut h = HeaderMap::new();
-        add_ratelimit_headers(&mut h, &standings, &limits, &quotas, HeaderStyle::Draft);
+        add_ratelimit_headers(&mut h, &standings, &quotas, HeaderStyle::Draft);
         assert_eq!(h[&RATELIMIT_POLICY], "\"a\";q=10;w=1, \"b\";q=1;w=60");
         assert_eq!(h[&RATELIMIT], "\"a\";r=2;t=1, \"b\";r=0;t=59");
         assert!(!h.contains_key(&X_RATELIMIT_LIMIT));
         let mut h = HeaderMap::new();
-        add_ratelimit_headers(&mut h, &standings, &limits, &quotas, HeaderStyle::Legacy);
+        add_ratelimit_headers(&mut h, &standings, &quotas, HeaderStyle::Legacy);
         assert!(!h.contains_key(&RATELIMIT));
         assert_eq!(
             (&h[&X_RATELIMIT_LIMIT], &h[&X_RATELIMIT_REMAINING], &h[&X_RATELIMIT_RESET]),

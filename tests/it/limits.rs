@@ -265,3 +265,19 @@ routes:
     }
     assert_eq!(statuses(replies), [200, 429, 200, 200]);
 }
+
+#[tokio::test]
+async fn several_windows_on_one_key_report_one_policy_item_each() {
+    let yaml = "listen: 127.0.0.1:0\nlimits:\n  api: { key: ip, rates: [2r/s, 3r/h] }\nroutes:\n  - limits: [api]\n    respond: { status: 200 }\n";
+    let sg = Sluicegate::start(yaml);
+    assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
+    assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
+    let r = get(sg.addr, "/", &[]).await;
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("ratelimit-policy"), Some("\"api/1s\";q=2;w=1, \"api/1h\";q=3;w=3600"));
+    assert!(
+        r.header("ratelimit").unwrap().starts_with("\"api/1s\";r=0;t=1, \"api/1h\";r=1;t="),
+        "{:?}",
+        r.header("ratelimit")
+    );
+}
