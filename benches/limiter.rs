@@ -50,14 +50,14 @@ fn decision(c: &mut Criterion) {
         let l = limiters("ip", 2 * keys as usize);
         let mut now = 0u64;
         for i in 0..keys {
-            l.check(&[0], &src(i), || now);
+            l.check(&[0], &src(i), 1, || now);
         }
         let mut i = 0u32;
         group.bench_function(BenchmarkId::new("sluicegate", keys), |b| {
             b.iter(|| {
                 i = (i + 7919) % keys;
                 now += 1_000;
-                black_box(l.check(&[0], &src(i), || now))
+                black_box(l.check(&[0], &src(i), 1, || now))
             })
         });
     }
@@ -121,7 +121,7 @@ fn memory_per_key(_: &mut Criterion) {
     let l = limiters("ip", keys as usize);
     for i in 0..keys {
         let src = KeySource { client_ip: ip(i), method: &Method::GET, uri: &uri, headers: &headers, host: None };
-        l.check(&[0], &src, || 0);
+        l.check(&[0], &src, 1, || 0);
     }
     if let (Some(before), Some(after)) = (before, rss()) {
         println!(

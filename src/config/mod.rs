@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::uri::Authority;
-use http::{HeaderMap, Method, StatusCode};
+use http::{HeaderMap, HeaderName, Method, StatusCode};
 use ipnet::IpNet;
 
 use crate::limit::allow::Allow;
@@ -106,6 +106,16 @@ pub struct Route {
     pub limits: Vec<usize>,
     /// Requests that skip all of the route's limits.
     pub allow: Allow,
+    /// What a request weighs in the route's limits.
+    pub cost: Cost,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cost {
+    /// Every request weighs this many units (default 1).
+    Fixed(u64),
+    /// A positive integer in this request header (1 when the header is absent).
+    Header(HeaderName),
 }
 
 #[derive(Debug, Default)]

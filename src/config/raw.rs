@@ -117,6 +117,8 @@ pub struct RawRoute {
     #[serde(default)]
     pub limits: Vec<String>,
     pub allow: Option<RawAllow>,
+    pub cost: Option<u64>,
+    pub cost_header: Option<String>,
 }
 
 /// Requests exempt from limits: any matching entry is enough.

@@ -15,7 +15,7 @@ use super::position::Positions;
 use super::raw::{AlgorithmName, RawAllow, RawConfig, RawKey, RawLimit, RawMatch, RawRespond, RawRoute, RawUpstream};
 use super::units::{parse_duration, parse_rate};
 use super::{
-    Action, Config, ConfigError, Limit, LogLevel, PathMatch, Policy, Route, RouteMatch, StaticResponse, Upstream,
+    Action, Config, ConfigError, Cost, Limit, LogLevel, PathMatch, Policy, Route, RouteMatch, StaticResponse, Upstream,
 };
 use crate::limit::allow::Allow;
 use crate::limit::key::{DEFAULT_IP_PREFIX, KeyPart, KeySpec};
@@ -505,7 +505,49 @@ fn route(e: &mut Errors<'_>, i: usize, raw: &RawRoute, config: &RawConfig) -> Ro
     }
     limits.sort_unstable();
     let allow = allow(e, &format!("{at}.allow"), raw.allow.as_ref());
-    Route { name: raw.name.clone().unwrap_or(at), matcher, action, limits, allow }
+    let cost = match (raw.cost, &raw.cost_header) {
+        (Some(_), Some(_)) => {
+            e.add(format!("{at}.cost_header"), "give either `cost` or `cost_header`, not both");
+            Cost::Fixed(1)
+        }
+        (_, Some(name)) => match HeaderName::from_str(name) {
+            Ok(name) => Cost::Header(name),
+            Err(_) => {
+                e.add(format!("{at}.cost_header"), format!("invalid header name {name:?}"));
+                Cost::Fixed(1)
+            }
+        },
+        (Some(0), None) => {
+            e.add(format!("{at}.cost"), "must be a positive integer");
+            Cost::Fixed(1)
+        }
+        (cost, None) => {
+            let cost = cost.unwrap_or(1);
+            // A fixed cost above what a limit admits at once would reject every request.
+            for (j, name) in raw.limits.iter().enumerate() {
+                let capacity = config.limits.get(name).and_then(raw_capacity);
+                if let Some(capacity) = capacity.filter(|&c| cost > c) {
+                    e.add(format!("{at}.cost"), format!("{cost} can never fit limit {name:?} (routes[{i}].limits[{j}]), which admits at most {capacity} at once"));
+                }
+            }
+            Cost::Fixed(cost)
+        }
+    };
+    Route { name: raw.name.clone().unwrap_or(at), matcher, action, limits, allow, cost }
+}
+
+/// What a limit admits at once, as written (`None`: no bound on cost, or not valid).
+fn raw_capacity(raw: &RawLimit) -> Option<u64> {
+    match (raw.algorithm, &raw.rates) {
+        (_, Some(rates)) => rates.iter().filter_map(|r| parse_rate(r).ok()).map(|r| r.count).min(),
+        (Some(AlgorithmName::TokenBucket), _) => raw.capacity,
+        (Some(AlgorithmName::FixedWindow | AlgorithmName::SlidingWindow), _) => raw.limit,
+        (Some(AlgorithmName::MinInterval), _) => Some(1),
+        (Some(AlgorithmName::Gcra | AlgorithmName::LeakyBucket) | None, _) if raw.concurrency.is_none() => {
+            Some(raw.burst.unwrap_or(0) + 1)
+        }
+        _ => None,
+    }
 }
 
 fn route_match(e: &mut Errors<'_>, at: &str, raw: &RawMatch) -> RouteMatch {

@@ -42,14 +42,15 @@ impl FixedWindow {
         }
     }
 
-    pub fn decide(&self, state: Option<u64>, now: u64) -> Verdict {
+    /// Decides a request of `cost` (≥ 1) units.
+    pub fn decide(&self, state: Option<u64>, now: u64, cost: u64) -> Verdict {
         let count = self.count(state, now);
         let index = now / self.window;
         let reset = (index + 1) * self.window - now;
-        if count >= self.limit {
+        if count + cost > self.limit {
             return Verdict::Reject { retry_after: reset, reset, excess: count as f64 };
         }
-        let count = count + 1;
+        let count = count + cost;
         Verdict::Admit {
             state: pack(index, count),
             wait: 0,
@@ -57,6 +58,11 @@ impl FixedWindow {
             reset,
             excess: count as f64,
         }
+    }
+
+    /// The largest cost ever admitted at once.
+    pub fn capacity(&self) -> u64 {
+        self.limit
     }
 
     /// A count from an earlier window is a fresh key's.
@@ -75,7 +81,7 @@ mod tests {
         let mut state = None;
         arrivals_s
             .iter()
-            .map(|&t| match w.decide(state, (t * S as f64) as u64) {
+            .map(|&t| match w.decide(state, (t * S as f64) as u64, 1) {
                 Verdict::Admit { state: s, .. } => {
                     state = Some(s);
                     true
@@ -97,9 +103,9 @@ mod tests {
     #[test]
     fn rejection_says_when_the_window_ends() {
         let w = FixedWindow::new(1, Duration::from_secs(10));
-        let Verdict::Admit { state, remaining: 0, reset, .. } = w.decide(None, 12 * S) else { panic!() };
+        let Verdict::Admit { state, remaining: 0, reset, .. } = w.decide(None, 12 * S, 1) else { panic!() };
         assert_eq!(reset, 8 * S);
-        assert_eq!(w.decide(Some(state), 15 * S), Verdict::Reject { retry_after: 5 * S, reset: 5 * S, excess: 1.0 });
+        assert_eq!(w.decide(Some(state), 15 * S, 1), Verdict::Reject { retry_after: 5 * S, reset: 5 * S, excess: 1.0 });
         assert!(w.is_idle(state, 20 * S) && !w.is_idle(state, 19 * S));
     }
 }
@@ -124,7 +130,7 @@ mod properties {
             let (mut now, mut state, mut admitted) = (1_700_000_000_000_000_000u64, None, Vec::new());
             for gap in gaps {
                 now += gap * window / 100;
-                if let Verdict::Admit { state: s, .. } = w.decide(state, now) {
+                if let Verdict::Admit { state: s, .. } = w.decide(state, now, 1) {
                     state = Some(s);
                     admitted.push(now);
                 }

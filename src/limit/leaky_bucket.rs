@@ -40,22 +40,22 @@ impl LeakyBucket {
         LeakyBucket { period, burst: burst.saturating_mul(period), delay: delay.saturating_mul(period) }
     }
 
-    pub fn decide(&self, state: Option<Tat>, now: u64) -> Verdict {
-        let tat = match state {
+    /// Decides a request of `cost` (≥ 1) units: as `cost` requests at the same instant,
+    /// admitted all together or not at all.
+    pub fn decide(&self, state: Option<Tat>, now: u64, cost: u64) -> Verdict {
+        let first = match state {
             None => now,
             Some(tat) => now.max(tat.saturating_add(self.period)),
         };
+        let tat = first.saturating_add((cost - 1).saturating_mul(self.period));
         let excess = tat - now;
         // nginx's `excess'`, in requests, for log lines.
         let requests = excess as f64 / self.period as f64;
         if excess > self.burst {
-            // Admitted once `tat + period - now' <= burst`; `reset`: when the bucket,
+            // Admitted once `tat + cost·period - now' <= burst`; `reset`: when the bucket,
             // left as it is, is empty.
-            Verdict::Reject {
-                retry_after: excess - self.burst,
-                reset: excess.saturating_sub(self.period),
-                excess: requests,
-            }
+            let reset = state.map_or(0, |tat| tat.saturating_sub(now));
+            Verdict::Reject { retry_after: excess - self.burst, reset, excess: requests }
         } else {
             Verdict::Admit {
                 state: tat,
@@ -65,6 +65,11 @@ impl LeakyBucket {
                 excess: requests,
             }
         }
+    }
+
+    /// The largest cost this bucket can ever admit at once: `burst + 1`.
+    pub fn capacity(&self) -> u64 {
+        self.burst / self.period + 1
     }
 
     /// True when a stored key behaves exactly like a fresh one from `now` on, so
@@ -90,7 +95,7 @@ mod tests {
         let mut state = None;
         arrivals
             .iter()
-            .map(|&t| match b.decide(state, t * MS) {
+            .map(|&t| match b.decide(state, t * MS, 1) {
                 Verdict::Admit { state: tat, wait, .. } => {
                     state = Some(tat);
                     Ok(wait / MS)
@@ -134,13 +139,13 @@ mod tests {
     #[test]
     fn rejection_leaves_state_untouched() {
         let b = bucket("1r/s", 0, 0);
-        let Verdict::Admit { state: tat, .. } = b.decide(None, 0) else { panic!("fresh key rejected") };
+        let Verdict::Admit { state: tat, .. } = b.decide(None, 0, 1) else { panic!("fresh key rejected") };
         // A hammering client is rejected again and again, and is admitted exactly one
         // period after its last admitted request, not after its last attempt.
         for t in [1, 10, 500, 999] {
-            assert!(matches!(b.decide(Some(tat), t * MS), Verdict::Reject { .. }));
+            assert!(matches!(b.decide(Some(tat), t * MS, 1), Verdict::Reject { .. }));
         }
-        assert!(matches!(b.decide(Some(tat), 1000 * MS), Verdict::Admit { .. }));
+        assert!(matches!(b.decide(Some(tat), 1000 * MS, 1), Verdict::Admit { .. }));
     }
 
     #[test]
@@ -153,11 +158,25 @@ mod tests {
     #[test]
     fn remaining_and_reset_describe_the_bucket_after_the_request() {
         let b = bucket("10r/s", 2, 2);
-        assert_eq!(b.decide(None, 0), Verdict::Admit { state: 0, wait: 0, remaining: 2, reset: 0, excess: 0.0 });
+        assert_eq!(b.decide(None, 0, 1), Verdict::Admit { state: 0, wait: 0, remaining: 2, reset: 0, excess: 0.0 });
         let second = Verdict::Admit { state: 100 * MS, wait: 0, remaining: 1, reset: 100 * MS, excess: 1.0 };
-        assert_eq!(b.decide(Some(0), 0), second);
+        assert_eq!(b.decide(Some(0), 0, 1), second);
         let over = Verdict::Reject { retry_after: 100 * MS, reset: 200 * MS, excess: 3.0 };
-        assert_eq!(b.decide(Some(200 * MS), 0), over);
+        assert_eq!(b.decide(Some(200 * MS), 0, 1), over);
+    }
+
+    #[test]
+    fn a_costly_request_counts_as_that_many_at_once_all_or_nothing() {
+        let b = bucket("10r/s", 4, 4);
+        assert_eq!(b.capacity(), 5);
+        let Verdict::Admit { state, remaining: 1, .. } = b.decide(None, 0, 4) else { panic!("cost 4 of 5 refused") };
+        // Two more units do not fit; nothing is taken, and one still does.
+        assert_eq!(
+            b.decide(Some(state), 0, 2),
+            Verdict::Reject { retry_after: 100 * MS, reset: 300 * MS, excess: 5.0 }
+        );
+        assert!(matches!(b.decide(Some(state), 0, 1), Verdict::Admit { remaining: 0, .. }));
+        assert!(matches!(b.decide(None, 0, 6), Verdict::Reject { .. }), "more than burst + 1 never fits");
     }
 
     #[test]
@@ -166,7 +185,7 @@ mod tests {
         assert!(!b.is_idle(100 * MS, 150 * MS));
         assert!(b.is_idle(100 * MS, 200 * MS));
         // Idle means: deciding from the stored state and from nothing agree.
-        assert_eq!(b.decide(Some(100 * MS), 200 * MS), b.decide(None, 200 * MS));
+        assert_eq!(b.decide(Some(100 * MS), 200 * MS, 1), b.decide(None, 200 * MS, 1));
     }
 }
 
@@ -192,7 +211,7 @@ mod properties {
             let (mut now, mut state, mut admitted) = (1_000_000_000_000u64, None, Vec::new());
             for gap in gaps {
                 now += gap * period / 500;
-                if let Verdict::Admit { state: s, .. } = b.decide(state, now) {
+                if let Verdict::Admit { state: s, .. } = b.decide(state, now, 1) {
                     state = Some(s);
                     admitted.push(now);
                 }

@@ -112,11 +112,12 @@ impl Algorithm {
 
 impl Held<'_> {
     #[inline]
-    fn decide(&self, key: u64, now: u64) -> Verdict {
+    /// Decides a request of `cost` units; a concurrency slot is one per request.
+    fn decide(&self, key: u64, now: u64, cost: u64) -> Verdict {
         match self {
-            Held::LeakyBucket(a, _, shard) => a.decide(shard.get(key), now),
-            Held::FixedWindow(a, _, shard) => a.decide(shard.get(key), now),
-            Held::SlidingWindow(a, _, shard) => a.decide(shard.get(key), now),
+            Held::LeakyBucket(a, _, shard) => a.decide(shard.get(key), now, cost),
+            Held::FixedWindow(a, _, shard) => a.decide(shard.get(key), now, cost),
+            Held::SlidingWindow(a, _, shard) => a.decide(shard.get(key), now, cost),
             Held::Concurrency(a, _, shard) => a.decide(shard.get(key), shard.is_full()),
         }
     }
@@ -227,6 +228,20 @@ impl Limiters {
         self.limits[index].bans.as_ref().map_or(0, Bans::imposed)
     }
 
+    /// The largest cost limit `index` can ever admit at once (`None`: no limit on cost).
+    pub fn capacity(&self, index: usize) -> Option<u64> {
+        self.limits[index]
+            .windows
+            .iter()
+            .filter_map(|w| match w {
+                Algorithm::LeakyBucket(a, _) => Some(a.capacity()),
+                Algorithm::FixedWindow(a, _) => Some(a.capacity()),
+                Algorithm::SlidingWindow(a, _) => Some(a.capacity()),
+                Algorithm::Concurrency(..) => None,
+            })
+            .min()
+    }
+
     /// Keys dropped with live state by limit `index` since start.
     pub fn evictions(&self, index: usize) -> u64 {
         self.limits[index].windows.iter().map(Algorithm::evictions).sum()
@@ -248,11 +263,17 @@ impl Limiters {
         }
     }
 
-    /// Decides the request `src` against `limits` (ascending indices) at the time
-    /// `clock` gives. The clock is read once every lock is held: read earlier, a request
+    /// Decides the request `src`, weighing `cost` units (≥ 1, and no more than every
+    /// limit's `capacity`), against `limits` (ascending indices) at the time `clock` gives. The clock is read once every lock is held: read earlier, a request
     /// delayed on its way to the lock could find a later instant already stored by
     /// another thread and count the difference as excess.
-    pub fn check(self: &Arc<Self>, limits: &[usize], src: &KeySource<'_>, clock: impl FnOnce() -> u64) -> Decision {
+    pub fn check(
+        self: &Arc<Self>,
+        limits: &[usize],
+        src: &KeySource<'_>,
+        cost: u64,
+        clock: impl FnOnce() -> u64,
+    ) -> Decision {
         let mut entries: SmallVec<[Entry<'_>; 2]> = SmallVec::new();
         for &limit in limits {
             let limiter = &self.limits[limit];
@@ -281,7 +302,7 @@ impl Limiters {
             };
             let verdict = match left {
                 Some(left) => Verdict::Reject { retry_after: left, reset: left, excess: 0.0 },
-                None => e.shard.decide(e.key, now),
+                None => e.shard.decide(e.key, now, cost),
             };
             standings.push(standing(e.limit, e.window, &verdict));
             e.verdict = Some(verdict);
@@ -399,7 +420,7 @@ mod tests {
             headers: &headers,
             host: None,
         };
-        l.check(limits, &src, || now_ms * 1_000_000)
+        l.check(limits, &src, 1, || now_ms * 1_000_000)
     }
 
     fn passes(d: &Decision) -> bool {
@@ -516,7 +537,7 @@ mod tests {
                         headers: &headers,
                         host: None,
                     };
-                    let ours = passes(&ours.check(&[0], &src, || now_ns));
+                    let ours = passes(&ours.check(&[0], &src, 1, || now_ns));
                     prop_assert_eq!(ours, theirs.check().is_ok(), "request {}", n);
                 }
                 Ok(())

@@ -44,21 +44,20 @@ impl SlidingWindow {
         }
     }
 
-    /// Decides a request at `now`; an admission's `state` is the counts word (see `stored`).
-    pub fn decide(&self, state: Option<[u64; 2]>, now: u64) -> Verdict {
+    /// Decides a request of `cost` (≥ 1) units at `now`; an admission's `state` is the
+    /// counts word (see `stored`).
+    pub fn decide(&self, state: Option<[u64; 2]>, now: u64, cost: u64) -> Verdict {
         let (w, limit) = (u128::from(self.window), u128::from(self.limit));
+        let units = u128::from(cost) * w;
         let (prev, curr) = self.counts(state, now);
         let elapsed = now % self.window;
         let left = u128::from(self.window - elapsed);
         // Everything in count·ns, so the comparison is exact.
         let weighted = u128::from(prev) * left + u128::from(curr) * w;
         let excess = weighted as f64 / w as f64;
-        if weighted + w > limit * w {
-            return Verdict::Reject {
-                retry_after: self.retry_after(prev, curr, elapsed),
-                reset: self.reset(prev, curr, elapsed),
-                excess,
-            };
+        if weighted + units > limit * w {
+            let retry_after = self.retry_after(prev, curr, elapsed, cost);
+            return Verdict::Reject { retry_after, reset: self.reset(prev, curr, elapsed), excess };
         }
         let curr = curr + 1;
         let remaining = (limit * w - (weighted + w)) / w;
@@ -67,24 +66,29 @@ impl SlidingWindow {
             wait: 0,
             remaining: u64::try_from(remaining).unwrap_or(u64::MAX),
             reset: self.reset(prev, curr, elapsed),
-            excess: excess + 1.0,
+            excess: excess + cost as f64,
         }
     }
 
-    /// From `elapsed` into the current window, when `estimate + 1 ≤ limit` holds again
-    /// (rounded so as never to be early).
-    fn retry_after(&self, prev: u64, curr: u64, elapsed: u64) -> u64 {
-        let (w, limit) = (u128::from(self.window), u128::from(self.limit));
+    /// The largest cost ever admitted at once.
+    pub fn capacity(&self) -> u64 {
+        self.limit
+    }
+
+    /// From `elapsed` into the current window, when `estimate + cost ≤ limit` holds again
+    /// (rounded so as never to be early; `cost ≤ limit`).
+    fn retry_after(&self, prev: u64, curr: u64, elapsed: u64, cost: u64) -> u64 {
+        let (w, limit, cost) = (u128::from(self.window), u128::from(self.limit), u128::from(cost));
         // Within this window, as the previous one's weight fades.
-        if curr < self.limit && prev > 0 {
-            let room = (limit - 1 - u128::from(curr)) * w;
+        if u128::from(curr) + cost <= limit && prev > 0 {
+            let room = (limit - cost - u128::from(curr)) * w;
             let at = w - room / u128::from(prev);
             if at < w {
                 return u64::try_from(at).unwrap_or(u64::MAX).saturating_sub(elapsed).max(1);
             }
         }
         // In the next window, where this window's count becomes the fading one.
-        let at = if curr == 0 { 0 } else { w - (limit - 1) * w / u128::from(curr) };
+        let at = if curr == 0 { 0 } else { w - (limit - cost) * w / u128::from(curr) };
         (self.window - elapsed).saturating_add(u64::try_from(at).unwrap_or(u64::MAX))
     }
 
@@ -115,7 +119,7 @@ mod tests {
             .iter()
             .map(|&t| {
                 let now = (t * S as f64) as u64;
-                match w.decide(state, now) {
+                match w.decide(state, now, 1) {
                     Verdict::Admit { state: counts, .. } => {
                         state = Some(w.stored(counts, now));
                         Ok(())
@@ -147,11 +151,14 @@ mod tests {
             let mut state = None;
             let mut now = (start * S as f64) as u64;
             for _ in 0..20 {
-                match w.decide(state, now) {
+                match w.decide(state, now, 1) {
                     Verdict::Admit { state: counts, .. } => state = Some(w.stored(counts, now)),
                     Verdict::Reject { retry_after, .. } => {
                         now += retry_after;
-                        assert!(matches!(w.decide(state, now), Verdict::Admit { .. }), "not admitted at Retry-After");
+                        assert!(
+                            matches!(w.decide(state, now, 1), Verdict::Admit { .. }),
+                            "not admitted at Retry-After"
+                        );
                     }
                 }
             }
@@ -179,7 +186,7 @@ mod properties {
             let (mut now, mut state, mut admitted) = (1_700_000_000_000_000_000u64, None, Vec::new());
             for gap in gaps {
                 now += gap * window / 100;
-                if let Verdict::Admit { state: counts, .. } = w.decide(state, now) {
+                if let Verdict::Admit { state: counts, .. } = w.decide(state, now, 1) {
                     state = Some(w.stored(counts, now));
                     admitted.push(now);
                 }

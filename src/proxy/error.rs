@@ -10,6 +10,12 @@ pub enum ProxyError {
     /// The client asked for something no route serves.
     #[error("no route matches")]
     NoRoute,
+    /// The request's cost header is not a positive integer.
+    #[error("{header} must be a positive integer, not {value:?}")]
+    InvalidCost { header: String, value: String },
+    /// The request weighs more than a limit ever admits at once: waiting will not help.
+    #[error("a cost of {cost} can never fit limit {limit:?}, which admits at most {capacity} at once")]
+    CostTooHigh { cost: u64, limit: String, capacity: u64 },
     /// The upstream refused the connection or could not be reached in time.
     #[error("upstream {upstream} unreachable: {source}")]
     UpstreamUnreachable { upstream: String, source: hyper_util::client::legacy::Error },
@@ -25,6 +31,7 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
+            ProxyError::InvalidCost { .. } | ProxyError::CostTooHigh { .. } => StatusCode::BAD_REQUEST,
             ProxyError::UpstreamUnreachable { .. } | ProxyError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         }

@@ -18,7 +18,7 @@ use hyper::body::Incoming;
 use smallvec::SmallVec;
 use tracing::{Level, debug, warn};
 
-use crate::config::{Action, Config, HeaderMode, LogLevel, Route};
+use crate::config::{Action, Config, Cost, HeaderMode, LogLevel, Route};
 use crate::limit::key::KeySource;
 use crate::limit::{self, Decision, Limiters, Outcome, Standing};
 use error::ProxyError;
@@ -69,7 +69,8 @@ impl Proxy {
         let src = KeySource { client_ip, method: req.method(), uri: req.uri(), headers: req.headers(), host };
         // An exempt request skips the route's limits altogether.
         let limits = if route.allow.admits(&src) { &[][..] } else { &route.limits[..] };
-        let decision = self.limiters.check(limits, &src, limit::now);
+        let cost = self.cost(route, req.headers())?;
+        let decision = self.limiters.check(limits, &src, cost, limit::now);
         let (standings, permits) = match decision {
             Decision::Reject { status, retry_after, standings, .. } => {
                 self.log_outcomes(route, &standings, &src, true);
@@ -111,6 +112,27 @@ impl Proxy {
             self.add_ratelimit_headers(&mut response, &standings);
         }
         Ok(response)
+    }
+
+    /// What the request weighs in the route's limits.
+    fn cost(&self, route: &Route, headers: &http::HeaderMap) -> Result<u64, ProxyError> {
+        let name = match &route.cost {
+            Cost::Fixed(cost) => return Ok(*cost), // checked against the limits at load
+            Cost::Header(name) => name,
+        };
+        let Some(value) = headers.get(name) else { return Ok(1) };
+        let cost = value.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok()).filter(|&c| c >= 1);
+        let cost = cost.ok_or_else(|| ProxyError::InvalidCost {
+            header: name.to_string(),
+            value: String::from_utf8_lossy(value.as_bytes()).into_owned(),
+        })?;
+        for &limit in &route.limits {
+            if let Some(capacity) = self.limiters.capacity(limit).filter(|&c| cost > c) {
+                let limit = self.config.limits[limit].name.clone();
+                return Err(ProxyError::CostTooHigh { cost, limit, capacity });
+            }
+        }
+        Ok(cost)
     }
 
     fn add_ratelimit_headers(&self, response: &mut Response<ProxyBody>, standings: &[Standing]) {

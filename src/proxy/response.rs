@@ -77,9 +77,13 @@ pub fn static_response(r: &StaticResponse) -> Response<ProxyBody> {
     response
 }
 
+/// The answer to a failed request: the reason phrase, and for the client's own faults
+/// what was wrong (an upstream's failure is logged, not shown).
 pub fn error(e: &ProxyError) -> Response<ProxyBody> {
     let status = e.status();
-    made_here(status, format!("{}\n", status.canonical_reason().unwrap_or("error")))
+    let reason = status.canonical_reason().unwrap_or("error");
+    let body = if status.is_client_error() { format!("{reason}: {e}\n") } else { format!("{reason}\n") };
+    made_here(status, body)
 }
 
 /// The rejection: `Retry-After` in whole seconds, rounded up and at least 1, so a client

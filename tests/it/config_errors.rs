@@ -125,3 +125,13 @@ fn unknown_algorithm_lists_the_known_ones() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_fixed_cost_that_can_never_fit_is_refused() {
+    let yaml = format!(
+        "{BASE}  l: {{ key: ip, rate: 1r/s, burst: 2 }}\nroutes:\n  - cost: 4\n    limits: [l]\n    respond: {{ status: 200 }}\n"
+    );
+    let (out, stderr) = check(&yaml);
+    assert!(!out.status.success());
+    assert!(stderr.contains("FILE:5:11: routes[0].cost: 4 can never fit limit \"l\" (routes[0].limits[0]), which admits at most 3 at once"), "{stderr}");
+}

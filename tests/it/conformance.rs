@@ -100,7 +100,7 @@ fn limiter_matches_nginx_on_a_fake_clock() {
                 headers: &headers,
                 host: None,
             };
-            let (status, wait) = match limiters.check(&[0], &src, || r.t_ms * 1_000_000) {
+            let (status, wait) = match limiters.check(&[0], &src, 1, || r.t_ms * 1_000_000) {
                 Decision::Pass { wait, .. } => (200, wait),
                 Decision::Reject { status, .. } => (status.as_u16(), Duration::ZERO),
             };

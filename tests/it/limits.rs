@@ -281,3 +281,24 @@ async fn several_windows_on_one_key_report_one_policy_item_each() {
         r.header("ratelimit")
     );
 }
+
+#[tokio::test]
+async fn weighted_requests_spend_their_cost_and_a_cost_that_never_fits_is_a_400() {
+    let yaml = "listen: 127.0.0.1:0\nlimits:\n  tokens: { key: ip, algorithm: token_bucket, capacity: 10, refill: 1r/h }\nroutes:\n  - cost_header: x-cost\n    limits: [tokens]\n    respond: { status: 200 }\n";
+    let sg = Sluicegate::start(yaml);
+    let mut statuses = Vec::new();
+    for cost in ["4", "4", "4", "2"] {
+        statuses.push(get(sg.addr, "/", &[("x-cost", cost)]).await.status);
+    }
+    // 4 + 4 pass; the third 4 does not fit the 2 left and spends nothing; 2 does.
+    assert_eq!(statuses, [200, 200, 429, 200]);
+    let never = get(sg.addr, "/", &[("x-cost", "11")]).await;
+    assert_eq!(never.status, 400);
+    assert!(
+        never.text().contains("a cost of 11 can never fit limit \"tokens\", which admits at most 10 at once"),
+        "{}",
+        never.text()
+    );
+    assert_eq!(get(sg.addr, "/", &[("x-cost", "lots")]).await.status, 400);
+    assert_eq!(get(sg.addr, "/", &[("x-cost", "0")]).await.status, 400);
+}
