@@ -92,6 +92,8 @@ pub enum Policy {
     FixedWindow { limit: u64, window: Duration },
     /// `prev · (1 − elapsed/window) + curr` at most `limit`, windows aligned to the epoch.
     SlidingWindow { limit: u64, window: Duration },
+    /// At most `limit` admissions in any interval of `window`, exactly.
+    SlidingLog { limit: u64, window: Duration },
     /// Requests in progress (nginx `limit_conn`); a rejection says `Retry-After`.
     Concurrency { max: u64, retry_after: Duration },
 }

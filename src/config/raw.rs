@@ -85,6 +85,7 @@ pub enum AlgorithmName {
     MinInterval,
     FixedWindow,
     SlidingWindow,
+    SlidingLog,
 }
 
 /// Level of a limit's rejection lines; its delay lines go one level lower (like nginx

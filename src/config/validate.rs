@@ -223,6 +223,7 @@ impl Kind {
             Kind::Algorithm(AlgorithmName::MinInterval) => "algorithm min_interval",
             Kind::Algorithm(AlgorithmName::FixedWindow) => "algorithm fixed_window",
             Kind::Algorithm(AlgorithmName::SlidingWindow) => "algorithm sliding_window",
+            Kind::Algorithm(AlgorithmName::SlidingLog) => "algorithm sliding_log",
             Kind::Concurrency => "concurrency limits",
         }
     }
@@ -233,11 +234,16 @@ impl Kind {
             Kind::Algorithm(AlgorithmName::Gcra) => &["rate", "burst"],
             Kind::Algorithm(AlgorithmName::TokenBucket) => &["capacity", "refill"],
             Kind::Algorithm(AlgorithmName::MinInterval) => &["interval"],
-            Kind::Algorithm(AlgorithmName::FixedWindow | AlgorithmName::SlidingWindow) => &["limit", "window"],
+            Kind::Algorithm(AlgorithmName::FixedWindow | AlgorithmName::SlidingWindow | AlgorithmName::SlidingLog) => {
+                &["limit", "window"]
+            }
             Kind::Concurrency => &["concurrency", "retry_after"],
         }
     }
 }
+
+/// Largest `limit` of a sliding log: 512 KiB of timestamps per key at most.
+const MAX_LOG_LIMIT: u64 = 65_536;
 
 /// Largest `limit` of a fixed window.
 const MAX_WINDOW_LIMIT: u64 = (1 << 24) - 1;
@@ -327,7 +333,9 @@ fn policy(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Policy> {
             let per = e.check(|| format!("{at}.interval"), positive_duration(text))?;
             Some(Policy::Rate { rate: super::Rate { count: 1, per }, burst: 0, delay: 0 })
         }
-        Kind::Algorithm(name @ (AlgorithmName::FixedWindow | AlgorithmName::SlidingWindow)) => {
+        Kind::Algorithm(
+            name @ (AlgorithmName::FixedWindow | AlgorithmName::SlidingWindow | AlgorithmName::SlidingLog),
+        ) => {
             if raw.limit.is_none() {
                 missing(e, "limit", "100");
             }
@@ -335,8 +343,13 @@ fn policy(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Policy> {
                 missing(e, "window", "1m");
             }
             let limit = raw.limit?;
-            // The counts are kept in 24 (fixed) or 32 (sliding) bits of the key's state.
-            let max = if name == AlgorithmName::FixedWindow { MAX_WINDOW_LIMIT } else { u64::from(u32::MAX) };
+            // Fixed and sliding windows keep their counts in 24 and 32 bits of the key's
+            // state; a sliding log keeps a timestamp per request, 8 bytes each.
+            let max = match name {
+                AlgorithmName::FixedWindow => MAX_WINDOW_LIMIT,
+                AlgorithmName::SlidingLog => MAX_LOG_LIMIT,
+                _ => u64::from(u32::MAX),
+            };
             if !(1..=max).contains(&limit) {
                 e.add(format!("{at}.limit"), format!("must be from 1 to {max}"));
             }
@@ -346,6 +359,7 @@ fn policy(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Policy> {
             }
             Some(match name {
                 AlgorithmName::FixedWindow => Policy::FixedWindow { limit, window },
+                AlgorithmName::SlidingLog => Policy::SlidingLog { limit, window },
                 _ => Policy::SlidingWindow { limit, window },
             })
         }
@@ -541,7 +555,7 @@ fn raw_capacity(raw: &RawLimit) -> Option<u64> {
     match (raw.algorithm, &raw.rates) {
         (_, Some(rates)) => rates.iter().filter_map(|r| parse_rate(r).ok()).map(|r| r.count).min(),
         (Some(AlgorithmName::TokenBucket), _) => raw.capacity,
-        (Some(AlgorithmName::FixedWindow | AlgorithmName::SlidingWindow), _) => raw.limit,
+        (Some(AlgorithmName::FixedWindow | AlgorithmName::SlidingWindow | AlgorithmName::SlidingLog), _) => raw.limit,
         (Some(AlgorithmName::MinInterval), _) => Some(1),
         (Some(AlgorithmName::Gcra | AlgorithmName::LeakyBucket) | None, _) if raw.concurrency.is_none() => {
             Some(raw.burst.unwrap_or(0) + 1)

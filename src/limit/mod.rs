@@ -14,6 +14,7 @@ pub mod concurrency;
 pub mod fixed_window;
 pub mod key;
 pub mod leaky_bucket;
+pub mod sliding_log;
 pub mod sliding_window;
 pub mod table;
 
@@ -31,6 +32,7 @@ use concurrency::Concurrency;
 use fixed_window::FixedWindow;
 use key::{KeySource, KeySpec};
 use leaky_bucket::LeakyBucket;
+use sliding_log::{LogShard, LogTable, SlidingLog};
 use sliding_window::SlidingWindow;
 use table::{KeyTable, Shard};
 
@@ -62,6 +64,7 @@ enum Algorithm {
     LeakyBucket(LeakyBucket, KeyTable),
     FixedWindow(FixedWindow, KeyTable),
     SlidingWindow(SlidingWindow, KeyTable<[u64; 2]>),
+    SlidingLog(SlidingLog, LogTable),
     Concurrency(Concurrency, KeyTable),
 }
 
@@ -70,6 +73,7 @@ enum Held<'a> {
     LeakyBucket(&'a LeakyBucket, &'a KeyTable, MutexGuard<'a, Shard>),
     FixedWindow(&'a FixedWindow, &'a KeyTable, MutexGuard<'a, Shard>),
     SlidingWindow(&'a SlidingWindow, &'a KeyTable<[u64; 2]>, MutexGuard<'a, Shard<[u64; 2]>>),
+    SlidingLog(&'a SlidingLog, &'a LogTable, MutexGuard<'a, LogShard>),
     Concurrency(&'a Concurrency, &'a KeyTable, MutexGuard<'a, Shard>),
 }
 
@@ -91,6 +95,7 @@ impl Algorithm {
             Algorithm::LeakyBucket(a, t) => Held::LeakyBucket(a, t, t.lock(key)),
             Algorithm::FixedWindow(a, t) => Held::FixedWindow(a, t, t.lock(key)),
             Algorithm::SlidingWindow(a, t) => Held::SlidingWindow(a, t, t.lock(key)),
+            Algorithm::SlidingLog(a, t) => Held::SlidingLog(a, t, t.lock(key)),
             Algorithm::Concurrency(a, t) => Held::Concurrency(a, t, t.lock(key)),
         }
     }
@@ -99,6 +104,7 @@ impl Algorithm {
         match self {
             Algorithm::LeakyBucket(_, t) | Algorithm::FixedWindow(_, t) | Algorithm::Concurrency(_, t) => t.len(),
             Algorithm::SlidingWindow(_, t) => t.len(),
+            Algorithm::SlidingLog(_, t) => t.keys(),
         }
     }
 
@@ -106,6 +112,7 @@ impl Algorithm {
         match self {
             Algorithm::LeakyBucket(_, t) | Algorithm::FixedWindow(_, t) | Algorithm::Concurrency(_, t) => t.evictions(),
             Algorithm::SlidingWindow(_, t) => t.evictions(),
+            Algorithm::SlidingLog(_, t) => t.evictions(),
         }
     }
 }
@@ -118,6 +125,7 @@ impl Held<'_> {
             Held::LeakyBucket(a, _, shard) => a.decide(shard.get(key), now, cost),
             Held::FixedWindow(a, _, shard) => a.decide(shard.get(key), now, cost),
             Held::SlidingWindow(a, _, shard) => a.decide(shard.get(key), now, cost),
+            Held::SlidingLog(a, _, shard) => a.decide(shard.get(key), now, cost),
             Held::Concurrency(a, _, shard) => a.decide(shard.get(key), shard.is_full()),
         }
     }
@@ -128,13 +136,14 @@ impl Held<'_> {
     /// to fresh go. Concurrency tables never evict: a new key is rejected when they are
     /// full, before this.
     #[inline]
-    fn store(&mut self, key: u64, state: u64, now: u64) {
+    fn store(&mut self, key: u64, state: u64, now: u64, cost: u64) {
         match self {
             Held::LeakyBucket(a, t, shard) => t.put(shard, key, state, |s| a.is_idle(s, now), |s| s),
             Held::FixedWindow(a, t, shard) => t.put(shard, key, state, |s| a.is_idle(s, now), |s| s),
             Held::SlidingWindow(a, t, shard) => {
                 t.put(shard, key, a.stored(state, now), |s| a.is_idle(s, now), |[index, _]| index);
             }
+            Held::SlidingLog(a, t, shard) => t.record(shard, a, key, now, cost),
             Held::Concurrency(_, t, shard) => t.put(shard, key, state, |s| s == 0, |s| s),
         }
     }
@@ -237,6 +246,7 @@ impl Limiters {
                 Algorithm::LeakyBucket(a, _) => Some(a.capacity()),
                 Algorithm::FixedWindow(a, _) => Some(a.capacity()),
                 Algorithm::SlidingWindow(a, _) => Some(a.capacity()),
+                Algorithm::SlidingLog(a, _) => Some(a.capacity()),
                 Algorithm::Concurrency(..) => None,
             })
             .min()
@@ -341,7 +351,7 @@ impl Limiters {
         for e in &mut entries {
             // A dry-run limit that would reject keeps its state, as if it had.
             let Some(Verdict::Admit { state, wait: w, .. }) = e.verdict else { continue };
-            e.shard.store(e.key, state, now);
+            e.shard.store(e.key, state, now, cost);
             let limiter = &self.limits[e.limit];
             if !limiter.dry_run {
                 wait = wait.max(w);
@@ -385,6 +395,9 @@ fn limiter(limit: &Limit) -> Limiter {
         Policy::FixedWindow { limit, window } => Algorithm::FixedWindow(FixedWindow::new(limit, window), table()),
         Policy::SlidingWindow { limit: n, window } => {
             Algorithm::SlidingWindow(SlidingWindow::new(n, window), KeyTable::new(limit.max_keys))
+        }
+        Policy::SlidingLog { limit: n, window } => {
+            Algorithm::SlidingLog(SlidingLog::new(n, window), LogTable::new(limit.max_keys))
         }
         Policy::Concurrency { max, retry_after } => Algorithm::Concurrency(Concurrency::new(max, retry_after), table()),
     };

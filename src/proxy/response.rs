@@ -147,7 +147,9 @@ pub fn quotas(limit: &Limit) -> Box<[Quota]> {
 fn quota(name: &str, policy: &Policy) -> Quota {
     let (count, per) = match *policy {
         Policy::Rate { rate, .. } => (rate.count, rate.per),
-        Policy::FixedWindow { limit, window } | Policy::SlidingWindow { limit, window } => (limit, window),
+        Policy::FixedWindow { limit, window }
+        | Policy::SlidingWindow { limit, window }
+        | Policy::SlidingLog { limit, window } => (limit, window),
         Policy::Concurrency { max, .. } => {
             return Quota { item: format!("\"{name}\";q={max}"), name: name.to_owned(), quota: max };
         }

@@ -5,12 +5,14 @@ const CONFIG: &str = r#"
 listen: 127.0.0.1:0
 limits:
   fw: { key: ip, algorithm: fixed_window,   limit: 4, window: 1h }
+  sl: { key: ip, algorithm: sliding_log,    limit: 4, window: 1h }
   sw: { key: ip, algorithm: sliding_window, limit: 4, window: 1h }
   tb: { key: ip, algorithm: token_bucket,   capacity: 4, refill: 1r/h }
   gc: { key: ip, algorithm: gcra,           rate: 1r/h, burst: 3 }
   mi: { key: ip, algorithm: min_interval,   interval: 1h }
 routes:
   - { match: { path: /fw }, limits: [fw], respond: { status: 200 } }
+  - { match: { path: /sl }, limits: [sl], respond: { status: 200 } }
   - { match: { path: /sw }, limits: [sw], respond: { status: 200 } }
   - { match: { path: /tb }, limits: [tb], respond: { status: 200 } }
   - { match: { path: /gc }, limits: [gc], respond: { status: 200 } }
@@ -33,6 +35,7 @@ async fn each_algorithm_admits_its_documented_burst_then_rejects_with_headers() 
     let sg = Sluicegate::start(CONFIG);
     for (path, expected, policy) in [
         ("/fw", 4, "\"fw\";q=4;w=3600"),
+        ("/sl", 4, "\"sl\";q=4;w=3600"),
         ("/sw", 4, "\"sw\";q=4;w=3600"),
         ("/tb", 4, "\"tb\";q=1;w=3600"),
         ("/gc", 4, "\"gc\";q=1;w=3600"),

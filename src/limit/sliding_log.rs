@@ -1,0 +1,198 @@
+//! Sliding window log: exact. A key keeps the instant of each request it was admitted
+//! for within the last `window`; a request is admitted while fewer than `limit` remain.
+//! No interval of one window's length ever holds more than `limit` admissions.
+//!
+//! The cost is memory: up to `limit` timestamps (8 bytes each) per key, so choose it for
+//! small limits where exactness matters (logins, expensive endpoints), and a counter
+//! elsewhere. The log of each key lives in its own table (`LogTable`), bounded to
+//! `max_keys` keys like the others: a full shard first forgets keys whose log has
+//! expired (lossless), then the eighth whose newest request is oldest.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use super::Verdict;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlidingLog {
+    limit: u64,
+    window: u64,
+}
+
+pub struct LogShard {
+    logs: HashMap<u64, VecDeque<u64>>,
+    cap: usize,
+}
+
+pub struct LogTable {
+    shards: Box<[Mutex<LogShard>]>,
+    evictions: AtomicU64,
+}
+
+impl SlidingLog {
+    /// `limit` at most 65 536 (checked by the config).
+    pub fn new(limit: u64, window: Duration) -> Self {
+        SlidingLog { limit, window: u64::try_from(window.as_nanos()).unwrap_or(u64::MAX).max(1) }
+    }
+
+    /// Index of the first timestamp still inside the window at `now`.
+    fn first_live(&self, log: &VecDeque<u64>, now: u64) -> usize {
+        log.partition_point(|&t| t.saturating_add(self.window) <= now)
+    }
+
+    /// Decides a request of `cost` units at `now` from `log` (oldest first).
+    pub fn decide(&self, log: Option<&VecDeque<u64>>, now: u64, cost: u64) -> Verdict {
+        let empty = VecDeque::new();
+        let log = log.unwrap_or(&empty);
+        let first = self.first_live(log, now);
+        let live = (log.len() - first) as u64;
+        let reset = log.back().map_or(0, |&newest| (newest + self.window).saturating_sub(now));
+        if live + cost > self.limit {
+            // Enough of the oldest live requests must expire to make room for `cost`.
+            let expire = first + (live + cost - self.limit - 1) as usize;
+            let retry_after = log.get(expire).map_or(self.window, |&t| t + self.window - now);
+            return Verdict::Reject { retry_after, reset, excess: live as f64 };
+        }
+        let remaining = self.limit - live - cost;
+        Verdict::Admit { state: 0, wait: 0, remaining, reset: self.window, excess: (live + cost) as f64 }
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.limit
+    }
+}
+
+impl LogTable {
+    pub fn new(max_keys: usize) -> Self {
+        let shards = (max_keys / 4096).next_power_of_two().clamp(1, 64);
+        let cap = max_keys.div_ceil(shards).max(1);
+        let shards = (0..shards).map(|_| Mutex::new(LogShard { logs: HashMap::new(), cap })).collect();
+        LogTable { shards, evictions: AtomicU64::new(0) }
+    }
+
+    pub fn lock(&self, key: u64) -> MutexGuard<'_, LogShard> {
+        let index = (key >> 40) as usize & (self.shards.len() - 1);
+        self.shards[index].lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Keys held now (takes every shard's lock: for tests and metrics).
+    pub fn keys(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).logs.len()).sum()
+    }
+
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
+    }
+
+    /// Records an admission of `cost` units at `now` for `key`.
+    pub fn record(&self, shard: &mut LogShard, algorithm: &SlidingLog, key: u64, now: u64, cost: u64) {
+        if !shard.logs.contains_key(&key) && shard.logs.len() >= shard.cap {
+            let evicted = shard.make_room(algorithm, now);
+            self.evictions.fetch_add(evicted, Ordering::Relaxed);
+        }
+        let log = shard.logs.entry(key).or_default();
+        let first = algorithm.first_live(log, now);
+        log.drain(..first);
+        log.extend(std::iter::repeat_n(now, cost as usize));
+    }
+}
+
+impl LogShard {
+    pub fn get(&self, key: u64) -> Option<&VecDeque<u64>> {
+        self.logs.get(&key)
+    }
+
+    /// Frees at least one key; returns how many live logs were dropped.
+    fn make_room(&mut self, algorithm: &SlidingLog, now: u64) -> u64 {
+        self.logs.retain(|_, log| log.back().is_some_and(|&newest| newest + algorithm.window > now));
+        let target = self.cap - self.cap.div_ceil(8);
+        if self.logs.len() <= target {
+            return 0;
+        }
+        let mut newest: Vec<u64> = self.logs.values().map(|log| log.back().copied().unwrap_or(0)).collect();
+        let excess = self.logs.len() - target;
+        let (_, &mut cutoff, _) = newest.select_nth_unstable(excess - 1);
+        let before = self.logs.len();
+        self.logs.retain(|_, log| log.back().copied().unwrap_or(0) > cutoff);
+        (before - self.logs.len()) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn exactly_limit_per_sliding_window_with_exact_retry_after() {
+        let alg = SlidingLog::new(3, Duration::from_secs(10));
+        let table = LogTable::new(16);
+        let mut shard = table.lock(1);
+        let mut at = |t: u64| {
+            let verdict = alg.decide(shard.get(1), t * S, 1);
+            if let Verdict::Admit { .. } = verdict {
+                table.record(&mut shard, &alg, 1, t * S, 1);
+            }
+            verdict
+        };
+        for t in [0, 4, 8] {
+            assert!(matches!(at(t), Verdict::Admit { .. }));
+        }
+        // Full until the request of t = 0 leaves the window at t = 10.
+        assert_eq!(at(9), Verdict::Reject { retry_after: S, reset: 9 * S, excess: 3.0 });
+        assert!(matches!(at(10), Verdict::Admit { remaining: 0, .. }));
+        // Now 4, 8, 10 are live: the next room opens at 14.
+        assert!(matches!(at(13), Verdict::Reject { retry_after: 1_000_000_000, .. }));
+    }
+
+    #[test]
+    fn a_full_table_forgets_expired_logs_first_then_the_stalest() {
+        let alg = SlidingLog::new(2, Duration::from_secs(10));
+        let table = LogTable::new(8);
+        let mut shard = table.lock(0);
+        for key in 0..8 {
+            table.record(&mut shard, &alg, key, key * S, 1);
+        }
+        // At t = 15, keys 0..=5 have expired: room is made without loss.
+        table.record(&mut shard, &alg, 100, 15 * S, 1);
+        assert_eq!(table.evictions(), 0);
+        assert_eq!(shard.logs.len(), 3);
+    }
+}
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// No interval of one window's length holds more than `limit` admissions.
+        #[test]
+        fn never_more_than_limit_in_any_window(
+            limit in 1u64..6,
+            window_ms in 1u64..1000,
+            gaps in proptest::collection::vec(0u64..400, 1..150),
+        ) {
+            let window = window_ms * 1_000_000;
+            let alg = SlidingLog::new(limit, Duration::from_nanos(window));
+            let table = LogTable::new(4);
+            let mut shard = table.lock(7);
+            let (mut now, mut admitted) = (1_700_000_000_000_000_000u64, Vec::new());
+            for gap in gaps {
+                now += gap * window / 100;
+                if let Verdict::Admit { .. } = alg.decide(shard.get(7), now, 1) {
+                    table.record(&mut shard, &alg, 7, now, 1);
+                    admitted.push(now);
+                }
+            }
+            for (i, &a) in admitted.iter().enumerate() {
+                let within = admitted[i..].iter().take_while(|&&t| t - a < window).count() as u64;
+                prop_assert!(within <= limit);
+            }
+        }
+    }
+}
