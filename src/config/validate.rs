@@ -386,15 +386,7 @@ fn allow(e: &mut Errors<'_>, at: &str, raw: Option<&RawAllow>) -> Allow {
     let headers = raw
         .headers
         .iter()
-        .filter_map(|(name, value)| {
-            let parsed =
-                HeaderName::from_str(name).map_err(|_| format!("invalid header name {name:?}")).and_then(|n| {
-                    HeaderValue::from_str(value)
-                        .map(|v| (n, v))
-                        .map_err(|_| format!("invalid value for header {name:?}"))
-                });
-            e.check(|| format!("{at}.headers.{name}"), parsed)
-        })
+        .filter_map(|(name, value)| e.check(|| format!("{at}.headers.{name}"), header(name, value)))
         .collect();
     let tokens = raw.tokens.iter().map(|t| t.as_bytes().into()).collect();
     Allow { nets, headers, tokens }
@@ -597,14 +589,16 @@ fn route_match(e: &mut Errors<'_>, at: &str, raw: &RawMatch) -> RouteMatch {
     RouteMatch { host, path, methods }
 }
 
+fn header(name: &str, value: &str) -> Result<(HeaderName, HeaderValue), String> {
+    let parsed = HeaderName::from_str(name).map_err(|_| format!("invalid header name {name:?}"))?;
+    Ok((parsed, HeaderValue::from_str(value).map_err(|_| format!("invalid value for header {name:?}"))?))
+}
+
 fn static_response(e: &mut Errors<'_>, at: &str, raw: &RawRespond) -> StaticResponse {
     let status = status_in(e, || format!("{at}.status"), raw.status.unwrap_or(200), 100..=599);
     let mut headers = HeaderMap::new();
     for (name, value) in &raw.headers {
-        let parsed = HeaderName::from_str(name).map_err(|_| format!("invalid header name {name:?}")).and_then(|n| {
-            HeaderValue::from_str(value).map(|v| (n, v)).map_err(|_| format!("invalid value for header {name:?}"))
-        });
-        if let Some((n, v)) = e.check(|| format!("{at}.headers.{name}"), parsed) {
+        if let Some((n, v)) = e.check(|| format!("{at}.headers.{name}"), header(name, value)) {
             headers.append(n, v);
         }
     }

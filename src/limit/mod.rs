@@ -411,6 +411,32 @@ fn limiter(limit: &Limit) -> Limiter {
     }
 }
 
+/// Random schedules for the algorithms' property tests.
+#[cfg(test)]
+pub(crate) mod schedule {
+    /// Arrival instants (ns since the epoch, from late 2023): each gap counts hundredths
+    /// of `unit`.
+    pub fn arrivals(gaps: &[u64], unit: u64) -> impl Iterator<Item = u64> + '_ {
+        gaps.iter().scan(1_700_000_000_000_000_000u64, move |now, gap| {
+            *now += gap * unit / 100;
+            Some(*now)
+        })
+    }
+
+    /// The most admissions (sorted instants) in any interval of `len` ns.
+    pub fn most_within(admitted: &[u64], len: u64) -> u64 {
+        (0..admitted.len())
+            .map(|i| admitted[i..].iter().take_while(|&&t| t - admitted[i] < len).count() as u64)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The most admissions in one window `[k·len, (k+1)·len)`.
+    pub fn most_in_aligned(admitted: &[u64], len: u64) -> u64 {
+        admitted.chunk_by(|a, b| a / len == b / len).map(|w| w.len() as u64).max().unwrap_or(0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::{IpAddr, Ipv4Addr};

@@ -171,6 +171,7 @@ mod properties {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::limit::schedule::*;
 
     proptest! {
         /// Each aligned window admits at most `limit`; any interval of a window's length
@@ -183,20 +184,15 @@ mod properties {
         ) {
             let window = window_ms * 1_000_000;
             let w = SlidingWindow::new(limit, Duration::from_nanos(window));
-            let (mut now, mut state, mut admitted) = (1_700_000_000_000_000_000u64, None, Vec::new());
-            for gap in gaps {
-                now += gap * window / 100;
-                if let Verdict::Admit { state: counts, .. } = w.decide(state, now, 1) {
-                    state = Some(w.stored(counts, now));
-                    admitted.push(now);
-                }
-            }
-            for (i, &a) in admitted.iter().enumerate() {
-                let same_window = admitted[i..].iter().take_while(|&&t| t / window == a / window).count() as u64;
-                prop_assert!(same_window <= limit);
-                let within = admitted[i..].iter().take_while(|&&t| t - a < window).count() as u64;
-                prop_assert!(within < 2 * limit);
-            }
+            let mut state = None;
+            let admitted: Vec<u64> = arrivals(&gaps, window)
+                .filter(|&now| match w.decide(state, now, 1) {
+                    Verdict::Admit { state: counts, .. } => { state = Some(w.stored(counts, now)); true }
+                    Verdict::Reject { .. } => false,
+                })
+                .collect();
+            prop_assert!(most_in_aligned(&admitted, window) <= limit);
+            prop_assert!(most_within(&admitted, window) < 2 * limit);
         }
     }
 }
