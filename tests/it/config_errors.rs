@@ -49,7 +49,12 @@ fn unknown_key_is_refused_with_line_and_path() {
 fn zero_burst_is_refused_with_line_and_path() {
     let (out, stderr) = check(&format!("{BASE}  per_ip:\n    key: ip\n    rate: 5r/s\n    burst: 0\n"));
     assert!(!out.status.success());
-    assert!(stderr.contains("FILE:6:12: limits.per_ip.burst: must be a positive integer"), "{stderr}");
+    assert!(
+        stderr.contains(
+            "FILE:6:12: limits.per_ip.burst: must be a positive integer: it is the queue of delayed requests"
+        ),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -134,4 +139,12 @@ fn a_fixed_cost_that_can_never_fit_is_refused() {
     let (out, stderr) = check(&yaml);
     assert!(!out.status.success());
     assert!(stderr.contains("FILE:5:11: routes[0].cost: 4 can never fit limit \"l\" (routes[0].limits[0]), which admits at most 3 at once"), "{stderr}");
+}
+
+#[test]
+fn zero_burst_is_accepted_where_nothing_is_delayed() {
+    let (out, stderr) = check(&format!(
+        "{BASE}  a: {{ key: ip, rate: 1r/s, burst: 0, nodelay: true }}\n  b: {{ key: ip, algorithm: gcra, rate: 1r/s, burst: 0 }}\n"
+    ));
+    assert!(out.status.success(), "{stderr}");
 }
