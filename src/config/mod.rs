@@ -66,6 +66,8 @@ pub struct Limit {
     pub ban: Option<Ban>,
     /// Requests this limit does not count.
     pub allow: Allow,
+    /// Only responses with these statuses count (`None`: all).
+    pub count: Option<Box<[u16]>>,
 }
 
 /// `ban` and `ban_max` of a limit: a first ban lasts `base`; a repeat within `max` of the

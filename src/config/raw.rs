@@ -73,6 +73,7 @@ pub struct RawLimit {
     pub ban: Option<String>,
     pub ban_max: Option<String>,
     pub allow: Option<RawAllow>,
+    pub count: Option<Vec<u16>>,
 }
 
 /// `algorithm:` of a limit (default: the nginx leaky bucket).

@@ -179,6 +179,7 @@ fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit) -> Limit {
         log_level: raw.log_level.unwrap_or(LogLevel::Info),
         ban: ban(e, &at, raw),
         allow: allow(e, &format!("{at}.allow"), raw.allow.as_ref()),
+        count: count(e, &at, raw),
     }
 }
 
@@ -419,6 +420,22 @@ fn windows(e: &mut Errors<'_>, at: &str, raw: &RawLimit, rates: &[String]) -> Op
         })
         .collect();
     (windows.len() == rates.len() && !windows.is_empty()).then_some(windows)
+}
+
+fn count(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Box<[u16]>> {
+    let statuses = raw.count.as_ref()?;
+    if raw.concurrency.is_some() {
+        e.add(format!("{at}.count"), "does not apply to concurrency limits (a slot is held by every request)");
+    }
+    if statuses.is_empty() {
+        e.add(format!("{at}.count"), "needs at least one status (leave `count` out to count every response)");
+    }
+    for (i, &status) in statuses.iter().enumerate() {
+        if !(100..=599).contains(&status) {
+            e.add(format!("{at}.count[{i}]"), format!("must be a status from 100 to 599, not {status}"));
+        }
+    }
+    Some(statuses.clone().into())
 }
 
 fn ban(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<super::Ban> {

@@ -60,6 +60,16 @@ impl FixedWindow {
         }
     }
 
+    /// Takes back an admission of `cost` units made at `at`, if its window still runs.
+    pub fn refund(&self, state: u64, cost: u64, at: u64) -> u64 {
+        if state >> COUNT_BITS == (at / self.window) & INDEX_MASK {
+            let count = state & ((1 << COUNT_BITS) - 1);
+            (state & !((1 << COUNT_BITS) - 1)) | count.saturating_sub(cost)
+        } else {
+            state
+        }
+    }
+
     /// The largest cost ever admitted at once.
     pub fn capacity(&self) -> u64 {
         self.limit

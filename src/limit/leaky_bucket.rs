@@ -72,6 +72,11 @@ impl LeakyBucket {
         self.burst / self.period + 1
     }
 
+    /// Takes back an admission of `cost` units: the bucket drains that much sooner.
+    pub fn refund(&self, tat: Tat, cost: u64) -> Tat {
+        tat.saturating_sub(cost.saturating_mul(self.period))
+    }
+
     /// True when a stored key behaves exactly like a fresh one from `now` on, so
     /// forgetting it loses nothing.
     pub fn is_idle(&self, tat: Tat, now: u64) -> bool {
@@ -177,6 +182,14 @@ mod tests {
         );
         assert!(matches!(b.decide(Some(state), 0, 1), Verdict::Admit { remaining: 0, .. }));
         assert!(matches!(b.decide(None, 0, 6), Verdict::Reject { .. }), "more than burst + 1 never fits");
+    }
+
+    #[test]
+    fn a_refund_gives_the_units_back() {
+        let b = bucket("10r/s", 2, 2);
+        let Verdict::Admit { state, .. } = b.decide(Some(0), 0, 2) else { panic!() };
+        assert!(matches!(b.decide(Some(state), 0, 1), Verdict::Reject { .. }));
+        assert!(matches!(b.decide(Some(b.refund(state, 2)), 0, 2), Verdict::Admit { .. }));
     }
 
     #[test]

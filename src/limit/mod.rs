@@ -83,6 +83,8 @@ struct Limiter {
     allow: Allow,
     /// One algorithm per window (usually one); a request must fit all.
     windows: Box<[Algorithm]>,
+    /// Statuses that count: an admission whose response has another is taken back.
+    counted: Option<Box<[u16]>>,
     bans: Option<Bans>,
     status: StatusCode,
     dry_run: bool,
@@ -127,6 +129,30 @@ impl Held<'_> {
             Held::SlidingWindow(a, _, shard) => a.decide(shard.get(key), now, cost),
             Held::SlidingLog(a, _, shard) => a.decide(shard.get(key), now, cost),
             Held::Concurrency(a, _, shard) => a.decide(shard.get(key), shard.is_full()),
+        }
+    }
+
+    /// Takes back an admission of `cost` units made at `at` (a concurrency slot is given
+    /// back by its permit instead).
+    fn refund(&mut self, key: u64, cost: u64, at: u64) {
+        match self {
+            Held::LeakyBucket(a, _, shard) => {
+                if let Some(state) = shard.get(key) {
+                    shard.replace(key, a.refund(state, cost));
+                }
+            }
+            Held::FixedWindow(a, _, shard) => {
+                if let Some(state) = shard.get(key) {
+                    shard.replace(key, a.refund(state, cost, at));
+                }
+            }
+            Held::SlidingWindow(a, _, shard) => {
+                if let Some(state) = shard.get(key) {
+                    shard.replace(key, a.refund(state, cost, at));
+                }
+            }
+            Held::SlidingLog(_, _, shard) => shard.refund(key, cost, at),
+            Held::Concurrency(..) => {}
         }
     }
 
@@ -195,8 +221,8 @@ pub struct Standing {
 /// What the limits of a route make of a request. A rejection is an outcome, not an error.
 pub enum Decision {
     /// Go on after `wait` (zero for most requests), holding `permits` until the
-    /// response is done.
-    Pass { wait: Duration, standings: SmallVec<[Standing; 2]>, permits: Permits },
+    /// response is done, and settling `pending` with the response's status.
+    Pass { wait: Duration, standings: SmallVec<[Standing; 2]>, permits: Permits, pending: Pending },
     /// Answer `status` now; `limit` (index into `Config::limits`) is the enforced
     /// rejecting limit that would admit the request last, after `retry_after`.
     Reject { limit: usize, status: StatusCode, retry_after: Duration, standings: SmallVec<[Standing; 2]> },
@@ -207,6 +233,33 @@ pub enum Decision {
 pub struct Permits {
     limiters: Option<Arc<Limiters>>,
     slots: SmallVec<[(usize, u64); 2]>,
+}
+
+/// Admissions by limits that count only some responses (`count:`), to be kept or taken
+/// back once the response's status is known. Dropped unsettled (the client went away
+/// before an answer), they stay counted.
+#[derive(Default)]
+pub struct Pending {
+    limiters: Option<Arc<Limiters>>,
+    /// (limit, key) of each admission, all of `cost` units at `at`.
+    admissions: SmallVec<[(usize, u64); 1]>,
+    cost: u64,
+    at: u64,
+}
+
+impl Pending {
+    /// Takes back the admissions of limits that do not count `status`.
+    pub fn settle(self, status: u16) {
+        let Some(limiters) = &self.limiters else { return };
+        for &(limit, key) in &self.admissions {
+            let limiter = &limiters.limits[limit];
+            if limiter.counted.as_ref().is_some_and(|counted| !counted.contains(&status)) {
+                for algorithm in limiter.windows.iter() {
+                    algorithm.lock(key).refund(key, self.cost, self.at);
+                }
+            }
+        }
+    }
 }
 
 impl Permits {
@@ -348,6 +401,7 @@ impl Limiters {
 
         let mut wait = 0;
         let mut permits = Permits::default();
+        let mut pending = Pending { cost, at: now, ..Pending::default() };
         for e in &mut entries {
             // A dry-run limit that would reject keeps its state, as if it had.
             let Some(Verdict::Admit { state, wait: w, .. }) = e.verdict else { continue };
@@ -360,8 +414,12 @@ impl Limiters {
                 permits.limiters.get_or_insert_with(|| Arc::clone(self));
                 permits.slots.push((e.limit, e.key));
             }
+            if limiter.counted.is_some() && e.window == 0 {
+                pending.limiters.get_or_insert_with(|| Arc::clone(self));
+                pending.admissions.push((e.limit, e.key));
+            }
         }
-        Decision::Pass { wait: Duration::from_nanos(wait), standings, permits }
+        Decision::Pass { wait: Duration::from_nanos(wait), standings, permits, pending }
     }
 
     fn release(&self, limit: usize, key: u64) {
@@ -405,6 +463,7 @@ fn limiter(limit: &Limit) -> Limiter {
         key: limit.key.clone(),
         allow: limit.allow.clone(),
         windows: limit.windows.iter().map(algorithm).collect(),
+        counted: limit.count.clone(),
         bans: limit.ban.map(|ban| Bans::new(ban.base, ban.max, limit.max_keys)),
         status: limit.status,
         dry_run: limit.dry_run,
@@ -630,5 +689,39 @@ mod tests {
         assert!(passes(&check(&l, &[0], 2, 1_000)) && passes(&check(&l, &[0], 2, 2_000)));
         assert_eq!(outcome(check(&l, &[0], 2, 3_000)), Err(Duration::from_secs(600)));
         assert_eq!(l.bans(0), 1);
+    }
+
+    #[test]
+    fn only_counted_statuses_keep_their_quota_for_every_algorithm() {
+        for limit in [
+            "rate: 1r/h, burst: 1, nodelay: true",
+            "algorithm: token_bucket, capacity: 2, refill: 1r/h",
+            "algorithm: fixed_window, limit: 2, window: 1h",
+            "algorithm: sliding_window, limit: 2, window: 1h",
+            "algorithm: sliding_log, limit: 2, window: 1h",
+        ] {
+            let l = limiters(&format!("  login: {{ key: ip, {limit}, count: [401, 403] }}\n"));
+            let settle = |d: Decision, status: u16| match d {
+                Decision::Pass { pending, .. } => pending.settle(status),
+                Decision::Reject { .. } => panic!("{limit}: rejected"),
+            };
+            // A realistic clock: a refund subtracts time, which must not run below zero.
+            let t = |ms: u64| 1_700_000_000_000 + ms;
+            // Successful logins are taken back: any number pass.
+            for ms in 0..5 {
+                settle(check(&l, &[0], 1, t(ms)), 200);
+            }
+            // Failures count: two, then the key is refused.
+            settle(check(&l, &[0], 1, t(10)), 401);
+            settle(check(&l, &[0], 1, t(11)), 403);
+            assert!(!passes(&check(&l, &[0], 1, t(12))), "{limit}");
+            // Requests in flight hold their quota until answered: two parallel attempts
+            // of another client take both units before either is settled.
+            let (a, b) = (check(&l, &[0], 2, t(20)), check(&l, &[0], 2, t(20)));
+            assert!(passes(&a) && passes(&b) && !passes(&check(&l, &[0], 2, t(20))), "{limit}");
+            settle(a, 200);
+            assert!(passes(&check(&l, &[0], 2, t(21))), "{limit}: refund not applied");
+            drop(b);
+        }
     }
 }

@@ -100,6 +100,18 @@ impl LogTable {
 }
 
 impl LogShard {
+    /// Takes back an admission of `cost` units made at `at`.
+    pub fn refund(&mut self, key: u64, cost: u64, at: u64) {
+        if let Some(log) = self.logs.get_mut(&key) {
+            for _ in 0..cost {
+                match log.iter().rposition(|&t| t == at) {
+                    Some(i) => drop(log.remove(i)),
+                    None => break,
+                }
+            }
+        }
+    }
+
     pub fn get(&self, key: u64) -> Option<&VecDeque<u64>> {
         self.logs.get(&key)
     }

@@ -70,6 +70,17 @@ impl SlidingWindow {
         }
     }
 
+    /// Takes back an admission of `cost` units made at `at`: from the current count if
+    /// its window still runs, from the previous one if that is where it now lies.
+    pub fn refund(&self, [index, counts]: [u64; 2], cost: u64, at: u64) -> [u64; 2] {
+        let (prev, curr) = (counts >> 32, counts & LOW);
+        match index.checked_sub(at / self.window) {
+            Some(0) => [index, (prev << 32) | curr.saturating_sub(cost)],
+            Some(1) => [index, (prev.saturating_sub(cost) << 32) | curr],
+            _ => [index, counts],
+        }
+    }
+
     /// The largest cost ever admitted at once.
     pub fn capacity(&self) -> u64 {
         self.limit

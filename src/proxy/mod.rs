@@ -71,7 +71,7 @@ impl Proxy {
         let limits = if route.allow.admits(&src) { &[][..] } else { &route.limits[..] };
         let cost = self.cost(route, req.headers())?;
         let decision = self.limiters.check(limits, &src, cost, limit::now);
-        let (standings, permits) = match decision {
+        let (standings, permits, pending) = match decision {
             Decision::Reject { status, retry_after, standings, .. } => {
                 self.log_outcomes(route, &standings, &src, true);
                 let violated: SmallVec<[&str; 2]> = standings
@@ -85,29 +85,31 @@ impl Proxy {
                 }
                 return Ok(response);
             }
-            Decision::Pass { wait, standings, permits } => {
+            Decision::Pass { wait, standings, permits, pending } => {
                 self.log_outcomes(route, &standings, &src, false);
                 if !wait.is_zero() {
                     // A client that goes away while waiting drops this future here: its
                     // request never reaches the upstream and its permits are released.
                     tokio::time::sleep(wait).await;
                 }
-                (standings, permits)
+                (standings, permits, pending)
             }
         };
 
         let response = match &route.action {
-            Action::Respond(r) => response::static_response(r),
+            Action::Respond(r) => Ok(response::static_response(r)),
             Action::Forward(upstream) => {
                 let host = host.map(str::to_owned);
                 let hop = Hop { peer: peer.ip(), trusted_peer, host: host.as_deref() };
                 let forwarded = self.upstreams[*upstream].forward(req, hop).await;
                 forwarded
-                    .inspect_err(|e| warn!(route = %route.name, error = %e, "upstream error"))?
-                    .map(ProxyBody::streamed)
+                    .inspect_err(|e| warn!(route = %route.name, error = %e, "upstream error"))
+                    .map(|response| response.map(ProxyBody::streamed))
             }
         };
-        let mut response = response.map(|body| body.holding(permits));
+        // Limits that count only some statuses keep or take back this request now.
+        pending.settle(response.as_ref().map_or_else(|e| e.status(), Response::status).as_u16());
+        let mut response = response?.map(|body| body.holding(permits));
         if config.ratelimit_headers == HeaderMode::All {
             self.add_ratelimit_headers(&mut response, &standings);
         }

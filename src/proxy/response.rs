@@ -226,6 +226,7 @@ mod tests {
             log_level: crate::config::LogLevel::Info,
             ban: None,
             allow: Default::default(),
+            count: None,
         }
     }
 

@@ -302,3 +302,22 @@ async fn weighted_requests_spend_their_cost_and_a_cost_that_never_fits_is_a_400(
     assert_eq!(get(sg.addr, "/", &[("x-cost", "lots")]).await.status, 400);
     assert_eq!(get(sg.addr, "/", &[("x-cost", "0")]).await.status, 400);
 }
+
+#[tokio::test]
+async fn only_counted_responses_spend_quota() {
+    let backend = Backend::start().await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nlimits:\n  login: {{ key: ip, algorithm: sliding_log, limit: 2, window: 1h, count: [401] }}\nroutes:\n  - upstream: b\n    limits: [login]\n",
+        backend.addr
+    );
+    let sg = Sluicegate::start(&yaml);
+    let mut statuses = Vec::new();
+    for path in
+        ["/status/200", "/status/200", "/status/200", "/status/401", "/status/200", "/status/401", "/status/200"]
+    {
+        statuses.push(get(sg.addr, path, &[]).await.status);
+    }
+    // Successes are free; the second failure spends the quota, and the key is refused.
+    assert_eq!(statuses, [200, 200, 200, 401, 200, 401, 429]);
+    assert_eq!(backend.hits().len(), 6, "the refused request reached the upstream");
+}
