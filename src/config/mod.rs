@@ -68,6 +68,9 @@ pub struct Limit {
     pub allow: Allow,
     /// Only responses with these statuses count (`None`: all).
     pub count: Option<Box<[u16]>>,
+    /// Requests matching an override are decided by that limit (index into
+    /// `Config::limits`) instead: a paid tier with its own rate, say.
+    pub overrides: Vec<(Allow, usize)>,
 }
 
 /// `ban` and `ban_max` of a limit: a first ban lasts `base`; a repeat within `max` of the

@@ -74,6 +74,18 @@ pub struct RawLimit {
     pub ban_max: Option<String>,
     pub allow: Option<RawAllow>,
     pub count: Option<Vec<u16>>,
+    #[serde(default)]
+    pub overrides: Vec<RawOverride>,
+}
+
+/// Requests matching `match` are decided by the limit named in `use` instead.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawOverride {
+    #[serde(rename = "match")]
+    pub matcher: RawAllow,
+    #[serde(rename = "use")]
+    pub target: String,
 }
 
 /// `algorithm:` of a limit (default: the nginx leaky bucket).

@@ -78,7 +78,7 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
         e.duration("server.shutdown_grace", raw.server.shutdown_grace.as_ref(), DEFAULT_SHUTDOWN_GRACE);
 
     let upstreams = raw.upstreams.iter().map(|(name, u)| upstream(&mut e, name, u)).collect();
-    let limits = raw.limits.iter().map(|(name, l)| limit(&mut e, name, l)).collect();
+    let limits = raw.limits.iter().map(|(name, l)| limit(&mut e, name, l, &raw.limits)).collect();
     let routes = raw.routes.iter().enumerate().map(|(i, r)| route(&mut e, i, r, &raw)).collect();
 
     match listen {
@@ -147,7 +147,7 @@ fn upstream(e: &mut Errors<'_>, name: &str, raw: &RawUpstream) -> Upstream {
     }
 }
 
-fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit) -> Limit {
+fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeMap<String, RawLimit>) -> Limit {
     let at = format!("limits.{name}");
     check_name(e, &at, name);
     let parts: Vec<KeyPart> = match &raw.key {
@@ -180,6 +180,7 @@ fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit) -> Limit {
         ban: ban(e, &at, raw),
         allow: allow(e, &format!("{at}.allow"), raw.allow.as_ref()),
         count: count(e, &at, raw),
+        overrides: overrides(e, &at, name, raw, all),
     }
 }
 
@@ -420,6 +421,32 @@ fn windows(e: &mut Errors<'_>, at: &str, raw: &RawLimit, rates: &[String]) -> Op
         })
         .collect();
     (windows.len() == rates.len() && !windows.is_empty()).then_some(windows)
+}
+
+fn overrides(
+    e: &mut Errors<'_>,
+    at: &str,
+    name: &str,
+    raw: &RawLimit,
+    all: &BTreeMap<String, RawLimit>,
+) -> Vec<(Allow, usize)> {
+    let mut compiled = Vec::new();
+    for (i, o) in raw.overrides.iter().enumerate() {
+        let here = format!("{at}.overrides[{i}]");
+        let matcher = allow(e, &format!("{here}.match"), Some(&o.matcher));
+        match all.keys().position(|n| *n == o.target) {
+            None => e.add(format!("{here}.use"), format!("unknown limit {:?} (defined: {})", o.target, names(all))),
+            Some(_) if o.target == name => e.add(format!("{here}.use"), "a limit cannot override itself"),
+            Some(_) if !all[&o.target].overrides.is_empty() => {
+                e.add(
+                    format!("{here}.use"),
+                    format!("limit {:?} has overrides of its own; overrides do not chain", o.target),
+                );
+            }
+            Some(index) => compiled.push((matcher, index)),
+        }
+    }
+    compiled
 }
 
 fn count(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Box<[u16]>> {

@@ -85,6 +85,8 @@ struct Limiter {
     windows: Box<[Algorithm]>,
     /// Statuses that count: an admission whose response has another is taken back.
     counted: Option<Box<[u16]>>,
+    /// Requests matching one are decided by that limit instead.
+    overrides: Box<[(Allow, usize)]>,
     bans: Option<Bans>,
     status: StatusCode,
     dry_run: bool,
@@ -337,8 +339,22 @@ impl Limiters {
         cost: u64,
         clock: impl FnOnce() -> u64,
     ) -> Decision {
+        // An override swaps a limit for another: sort again so that locks are still
+        // taken in ascending order.
+        let mut chosen: SmallVec<[usize; 2]> = SmallVec::from_slice(limits);
+        let mut swapped = false;
+        for limit in chosen.iter_mut() {
+            if let Some(&(_, other)) = self.limits[*limit].overrides.iter().find(|(m, _)| m.admits(src)) {
+                *limit = other;
+                swapped = true;
+            }
+        }
+        if swapped {
+            chosen.sort_unstable();
+            chosen.dedup();
+        }
         let mut entries: SmallVec<[Entry<'_>; 2]> = SmallVec::new();
-        for &limit in limits {
+        for &limit in &chosen {
             let limiter = &self.limits[limit];
             if !limiter.allow.is_empty() && limiter.allow.admits(src) {
                 continue;
@@ -464,6 +480,7 @@ fn limiter(limit: &Limit) -> Limiter {
         allow: limit.allow.clone(),
         windows: limit.windows.iter().map(algorithm).collect(),
         counted: limit.count.clone(),
+        overrides: limit.overrides.clone().into(),
         bans: limit.ban.map(|ban| Bans::new(ban.base, ban.max, limit.max_keys)),
         status: limit.status,
         dry_run: limit.dry_run,

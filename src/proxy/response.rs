@@ -227,6 +227,7 @@ mod tests {
             ban: None,
             allow: Default::default(),
             count: None,
+            overrides: Vec::new(),
         }
     }
 

@@ -148,3 +148,19 @@ fn zero_burst_is_accepted_where_nothing_is_delayed() {
     ));
     assert!(out.status.success(), "{stderr}");
 }
+
+#[test]
+fn overrides_must_name_another_limit_without_overrides_of_its_own() {
+    let yaml = format!(
+        "{BASE}  a: {{ key: ip, rate: 1r/s, overrides: [ {{ match: {{ cidrs: [10.0.0.0/8] }}, use: b }}, {{ match: {{ tokens: [t] }}, use: a }}, {{ match: {{ tokens: [u] }}, use: zz }} ] }}\n  b: {{ key: ip, rate: 2r/s, overrides: [ {{ match: {{ tokens: [v] }}, use: c }} ] }}\n  c: {{ key: ip, rate: 3r/s }}\n"
+    );
+    let (out, stderr) = check(&yaml);
+    assert!(!out.status.success());
+    for expected in [
+        "limits.a.overrides[0].use: limit \"b\" has overrides of its own; overrides do not chain",
+        "limits.a.overrides[1].use: a limit cannot override itself",
+        "limits.a.overrides[2].use: unknown limit \"zz\" (defined: a, b, c)",
+    ] {
+        assert!(stderr.contains(expected), "{expected}\nnot in\n{stderr}");
+    }
+}

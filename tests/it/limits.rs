@@ -321,3 +321,29 @@ async fn only_counted_responses_spend_quota() {
     assert_eq!(statuses, [200, 200, 200, 401, 200, 401, 429]);
     assert_eq!(backend.hits().len(), 6, "the refused request reached the upstream");
 }
+
+#[tokio::test]
+async fn an_override_gives_matching_keys_their_own_limit() {
+    let yaml = r#"
+listen: 127.0.0.1:0
+limits:
+  per_token:
+    key: bearer
+    rate: 1r/m
+    overrides: [ { match: { tokens: [gold-1] }, use: gold } ]
+  gold: { key: bearer, algorithm: token_bucket, capacity: 3, refill: 1r/m }
+routes:
+  - limits: [per_token]
+    respond: { status: 200 }
+"#;
+    let sg = Sluicegate::start(yaml);
+    let as_token = |token: &'static str| [("authorization", token)];
+    assert_eq!(get(sg.addr, "/", &as_token("Bearer basic")).await.status, 200);
+    let basic = get(sg.addr, "/", &as_token("Bearer basic")).await;
+    assert_eq!((basic.status, basic.header("ratelimit-policy")), (429, Some("\"per_token\";q=1;w=60")));
+    for _ in 0..3 {
+        assert_eq!(get(sg.addr, "/", &as_token("Bearer gold-1")).await.status, 200);
+    }
+    let gold = get(sg.addr, "/", &as_token("Bearer gold-1")).await;
+    assert_eq!((gold.status, gold.header("ratelimit-policy")), (429, Some("\"gold\";q=1;w=60")));
+}
