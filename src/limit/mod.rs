@@ -741,4 +741,12 @@ mod tests {
             drop(b);
         }
     }
+
+    #[test]
+    fn min_interval_admits_one_request_per_interval() {
+        let l = limiters("  m: { key: ip, algorithm: min_interval, interval: 2s }\n");
+        let at = |ms: u64| passes(&check(&l, &[0], 1, 1_700_000_000_000 + ms));
+        // 0 passes; 1 999 ms later is too soon; 2 000 ms after the last admission passes.
+        assert_eq!([at(0), at(1_999), at(2_000), at(3_000), at(4_000)], [true, false, true, false, true]);
+    }
 }

@@ -124,3 +124,34 @@ async fn log_lines_name_route_limit_key_and_excess_at_the_configured_levels() {
     let line = log.lines().find(|l| l.contains("request rejected")).unwrap_or_else(|| panic!("{log}"));
     assert!(!line.contains("alice") && line.contains("\"key\":\"#"), "{line}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_streams_of_one_connection_count_separately() {
+    use bytes::Bytes;
+    use http::Request;
+    use http_body_util::Full;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    let backend = Backend::start().await;
+    let sg = Sluicegate::start(&config(&backend.addr.to_string(), "concurrency: 2"));
+    let stream = tokio::net::TcpStream::connect(sg.addr).await.unwrap();
+    let (sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await.unwrap();
+    tokio::spawn(conn);
+    let send = |path: &'static str| {
+        let mut sender = sender.clone();
+        async move {
+            let req = Request::get(format!("http://test.local{path}")).body(Full::new(Bytes::new())).unwrap();
+            read(sender.send_request(req).await.unwrap()).await.status
+        }
+    };
+    let slow: Vec<_> = (0..2).map(|_| tokio::spawn(send("/sleep/500"))).collect();
+    while backend.hits().len() < 2 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(send("/").await, 429, "a third stream on the same connection was not counted");
+    for s in slow {
+        assert_eq!(s.await.unwrap(), 200);
+    }
+    assert_eq!(send("/").await, 200);
+}
