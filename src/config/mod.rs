@@ -1,9 +1,10 @@
 //! The configuration the request path uses, compiled once from the YAML file.
 //!
-//! `raw` mirrors the file, `validate` turns it into the types below (every error with
-//! its file, line, column and field path, all reported together), `position` maps
-//! field paths back to lines. Nothing here is parsed again per request.
+//! `raw` mirrors the file, `validate` (with `limits` for each limit) turns it into the
+//! types below (every error with its file, line, column and field path, all reported
+//! together), `position` maps field paths back to lines. Nothing here is parsed again per request.
 
+mod limits;
 mod position;
 mod raw;
 pub mod units;
@@ -84,7 +85,7 @@ pub struct Ban {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
     /// Request rate with nginx `limit_req` semantics. GCRA, the token bucket and the
-    /// minimum interval are this with other parameters (see `validate`).
+    /// minimum interval are this with other parameters (see `limits`).
     Rate {
         rate: Rate,
         /// Excess requests admitted beyond the rate (nginx `burst`).

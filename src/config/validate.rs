@@ -11,42 +11,36 @@ use http::uri::Authority;
 use http::{HeaderMap, Method, StatusCode};
 use ipnet::IpNet;
 
+use super::limits;
 use super::position::Positions;
-use super::raw::{AlgorithmName, RawAllow, RawConfig, RawKey, RawLimit, RawMatch, RawRespond, RawRoute, RawUpstream};
-use super::units::{parse_duration, parse_rate};
-use super::{
-    Action, Config, ConfigError, Cost, Limit, LogLevel, PathMatch, Policy, Route, RouteMatch, StaticResponse, Upstream,
-};
+use super::raw::{RawAllow, RawConfig, RawMatch, RawRespond, RawRoute, RawUpstream};
+use super::units::parse_duration;
+use super::{Action, Config, ConfigError, Cost, PathMatch, Route, RouteMatch, StaticResponse, Upstream};
 use crate::limit::allow::Allow;
-use crate::limit::key::{DEFAULT_IP_PREFIX, KeyPart, KeySpec};
 
 const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
-/// `Retry-After` of a concurrency rejection unless the limit says otherwise.
-const DEFAULT_CONCURRENCY_RETRY_AFTER: Duration = Duration::from_secs(1);
-/// Keys a local limit remembers before it evicts; about 5 MB at this size.
-pub const DEFAULT_MAX_KEYS: u64 = 100_000;
 
-struct Errors<'a> {
+pub(super) struct Errors<'a> {
     file: &'a str,
     positions: &'a Positions,
     list: Vec<ConfigError>,
 }
 
 impl Errors<'_> {
-    fn add(&mut self, path: String, message: impl Into<String>) {
+    pub(super) fn add(&mut self, path: String, message: impl Into<String>) {
         let (line, column) = self.positions.of(&path);
         self.list.push(ConfigError { file: self.file.to_owned(), line, column, path, message: message.into() });
     }
 
     /// The value of `result`, or None with its error recorded at `path`.
-    fn check<T>(&mut self, path: impl FnOnce() -> String, result: Result<T, String>) -> Option<T> {
+    pub(super) fn check<T>(&mut self, path: impl FnOnce() -> String, result: Result<T, String>) -> Option<T> {
         result.map_err(|message| self.add(path(), message)).ok()
     }
 
-    fn duration(&mut self, path: &str, text: Option<&String>, default: Duration) -> Duration {
+    pub(super) fn duration(&mut self, path: &str, text: Option<&String>, default: Duration) -> Duration {
         match text {
             None => default,
             Some(text) => self.check(|| path.to_owned(), parse_duration(text)).unwrap_or(default),
@@ -54,7 +48,7 @@ impl Errors<'_> {
     }
 }
 
-fn names<T>(map: &BTreeMap<String, T>) -> String {
+pub(super) fn names<T>(map: &BTreeMap<String, T>) -> String {
     if map.is_empty() { "none".to_owned() } else { map.keys().map(String::as_str).collect::<Vec<_>>().join(", ") }
 }
 
@@ -78,7 +72,7 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
         e.duration("server.shutdown_grace", raw.server.shutdown_grace.as_ref(), DEFAULT_SHUTDOWN_GRACE);
 
     let upstreams = raw.upstreams.iter().map(|(name, u)| upstream(&mut e, name, u)).collect();
-    let limits = raw.limits.iter().map(|(name, l)| limit(&mut e, name, l, &raw.limits)).collect();
+    let limits = raw.limits.iter().map(|(name, l)| limits::limit(&mut e, name, l, &raw.limits)).collect();
     let routes = raw.routes.iter().enumerate().map(|(i, r)| route(&mut e, i, r, &raw)).collect();
 
     match listen {
@@ -110,7 +104,7 @@ fn parse_cidr(text: &str) -> Result<IpNet, String> {
 }
 
 /// Names appear in log lines and, quoted, in `RateLimit` header fields.
-fn check_name(e: &mut Errors<'_>, at: &str, name: &str) {
+pub(super) fn check_name(e: &mut Errors<'_>, at: &str, name: &str) {
     if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b)) {
         e.add(at.to_owned(), format!("invalid name {name:?}: use letters, digits, '_', '-' and '.'"));
     }
@@ -147,238 +141,7 @@ fn upstream(e: &mut Errors<'_>, name: &str, raw: &RawUpstream) -> Upstream {
     }
 }
 
-fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeMap<String, RawLimit>) -> Limit {
-    let at = format!("limits.{name}");
-    check_name(e, &at, name);
-    let parts: Vec<KeyPart> = match &raw.key {
-        RawKey::One(text) => e.check(|| format!("{at}.key"), text.parse()).into_iter().collect(),
-        RawKey::Many(list) => {
-            if list.is_empty() {
-                e.add(format!("{at}.key"), "needs at least one part");
-            }
-            list.iter().enumerate().filter_map(|(i, text)| e.check(|| format!("{at}.key[{i}]"), text.parse())).collect()
-        }
-    };
-    let parts = ip_prefix(e, &at, raw, parts);
-    let policy = match &raw.rates {
-        Some(rates) => windows(e, &at, raw, rates),
-        None => policy(e, &at, raw).map(|p| vec![p]),
-    };
-    let status = status_in(e, || format!("{at}.status"), raw.status.unwrap_or(429), 400..=599);
-    if raw.max_keys == Some(0) {
-        e.add(format!("{at}.max_keys"), "must be a positive integer");
-    }
-    Limit {
-        name: name.to_owned(),
-        key: KeySpec(parts.into()),
-        // A placeholder only where an error is already recorded: then no Config is built.
-        windows: policy.unwrap_or_default(),
-        status,
-        max_keys: usize::try_from(raw.max_keys.unwrap_or(DEFAULT_MAX_KEYS)).unwrap_or(usize::MAX),
-        dry_run: raw.dry_run.unwrap_or(false),
-        log_level: raw.log_level.unwrap_or(LogLevel::Info),
-        ban: ban(e, &at, raw),
-        allow: allow(e, &format!("{at}.allow"), raw.allow.as_ref()),
-        count: count(e, &at, raw),
-        overrides: overrides(e, &at, name, raw, all),
-    }
-}
-
-/// Applies the limit's `ipv4_prefix` / `ipv6_prefix` to its `ip` key parts.
-fn ip_prefix(e: &mut Errors<'_>, at: &str, raw: &RawLimit, mut parts: Vec<KeyPart>) -> Vec<KeyPart> {
-    let mut prefix = DEFAULT_IP_PREFIX;
-    for (field, given, max, slot) in
-        [("ipv4_prefix", raw.ipv4_prefix, 32, &mut prefix.v4), ("ipv6_prefix", raw.ipv6_prefix, 128, &mut prefix.v6)]
-    {
-        match given {
-            Some(len) if len > max => e.add(format!("{at}.{field}"), format!("must be from 0 to {max}")),
-            Some(len) => *slot = len,
-            None => {}
-        }
-    }
-    let has_ip = parts.iter().any(|p| matches!(p, KeyPart::Ip(_)));
-    if !has_ip && (raw.ipv4_prefix.is_some() || raw.ipv6_prefix.is_some()) {
-        let field = if raw.ipv4_prefix.is_some() { "ipv4_prefix" } else { "ipv6_prefix" };
-        e.add(format!("{at}.{field}"), "applies only to limits whose key includes `ip`");
-    }
-    for part in &mut parts {
-        if let KeyPart::Ip(p) = part {
-            *p = prefix;
-        }
-    }
-    parts
-}
-
-/// What a limit counts, as written: its kind decides which fields apply.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Algorithm(AlgorithmName),
-    Concurrency,
-}
-
-impl Kind {
-    fn describe(self) -> &'static str {
-        match self {
-            Kind::Algorithm(AlgorithmName::LeakyBucket) => "the leaky bucket (the default algorithm)",
-            Kind::Algorithm(AlgorithmName::Gcra) => "algorithm gcra",
-            Kind::Algorithm(AlgorithmName::TokenBucket) => "algorithm token_bucket",
-            Kind::Algorithm(AlgorithmName::MinInterval) => "algorithm min_interval",
-            Kind::Algorithm(AlgorithmName::FixedWindow) => "algorithm fixed_window",
-            Kind::Algorithm(AlgorithmName::SlidingWindow) => "algorithm sliding_window",
-            Kind::Algorithm(AlgorithmName::SlidingLog) => "algorithm sliding_log",
-            Kind::Concurrency => "concurrency limits",
-        }
-    }
-
-    fn fields(self) -> &'static [&'static str] {
-        match self {
-            Kind::Algorithm(AlgorithmName::LeakyBucket) => &["rate", "burst", "nodelay", "delay"],
-            Kind::Algorithm(AlgorithmName::Gcra) => &["rate", "burst"],
-            Kind::Algorithm(AlgorithmName::TokenBucket) => &["capacity", "refill"],
-            Kind::Algorithm(AlgorithmName::MinInterval) => &["interval"],
-            Kind::Algorithm(AlgorithmName::FixedWindow | AlgorithmName::SlidingWindow | AlgorithmName::SlidingLog) => {
-                &["limit", "window"]
-            }
-            Kind::Concurrency => &["concurrency", "retry_after"],
-        }
-    }
-}
-
-/// Largest `limit` of a sliding log: 512 KiB of timestamps per key at most.
-const MAX_LOG_LIMIT: u64 = 65_536;
-
-/// Largest `limit` of a fixed window.
-const MAX_WINDOW_LIMIT: u64 = (1 << 24) - 1;
-
-fn policy(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Policy> {
-    let kind = match (raw.algorithm, raw.concurrency) {
-        (Some(_), Some(_)) => {
-            e.add(format!("{at}.algorithm"), "a concurrency limit has no `algorithm`");
-            return None;
-        }
-        (None, Some(_)) => Kind::Concurrency,
-        (algorithm, None) => Kind::Algorithm(algorithm.unwrap_or(AlgorithmName::LeakyBucket)),
-    };
-    let given = [
-        ("rate", raw.rate.is_some()),
-        ("burst", raw.burst.is_some()),
-        ("nodelay", raw.nodelay.is_some()),
-        ("delay", raw.delay.is_some()),
-        ("limit", raw.limit.is_some()),
-        ("window", raw.window.is_some()),
-        ("capacity", raw.capacity.is_some()),
-        ("refill", raw.refill.is_some()),
-        ("interval", raw.interval.is_some()),
-        ("retry_after", raw.retry_after.is_some()),
-    ];
-    for (field, _) in given.iter().filter(|(field, given)| *given && !kind.fields().contains(field)) {
-        let fields = kind.fields().join(", ");
-        e.add(format!("{at}.{field}"), format!("does not apply to {} (its fields: {fields})", kind.describe()));
-    }
-    let missing = |e: &mut Errors<'_>, field: &str, example: &str| {
-        e.add(at.to_owned(), format!("{} needs `{field}` (e.g. {field}: {example})", kind.describe()));
-    };
-    match kind {
-        Kind::Algorithm(AlgorithmName::LeakyBucket) if raw.rate.is_none() => {
-            e.add(at.to_owned(), "needs `rate: N r/DURATION` (e.g. 10r/s), `concurrency: N`, or an `algorithm`");
-            None
-        }
-        Kind::Algorithm(AlgorithmName::LeakyBucket) => {
-            let delays = raw.nodelay != Some(true);
-            let (rate, burst) = (rate(e, at, "rate", raw.rate.as_deref()), burst(e, at, raw, delays));
-            let delay = match (raw.nodelay, raw.delay) {
-                (Some(true), Some(_)) => {
-                    e.add(format!("{at}.delay"), "give either `nodelay: true` or `delay: N`, not both");
-                    0
-                }
-                (_, Some(d)) if d > burst => {
-                    e.add(
-                        format!("{at}.delay"),
-                        format!("must not exceed burst ({burst}); use `nodelay: true` for no delay"),
-                    );
-                    0
-                }
-                (Some(true), None) => burst,
-                (_, delay) => delay.unwrap_or(0),
-            };
-            Some(Policy::Rate { rate: rate?, burst, delay })
-        }
-        // GCRA (governor's, redis-cell's): the leaky bucket with `nodelay`. Both store the
-        // instant the bucket drains; GCRA's is one period later, with the same decisions.
-        Kind::Algorithm(AlgorithmName::Gcra) => {
-            if raw.rate.is_none() {
-                missing(e, "rate", "10r/s");
-            }
-            let (rate, burst) = (rate(e, at, "rate", raw.rate.as_deref()), burst(e, at, raw, false));
-            Some(Policy::Rate { rate: rate?, burst, delay: burst })
-        }
-        // A token bucket refilled continuously is GCRA with a burst of `capacity - 1`.
-        Kind::Algorithm(AlgorithmName::TokenBucket) => {
-            if raw.capacity.is_none() {
-                missing(e, "capacity", "100");
-            }
-            if raw.refill.is_none() {
-                missing(e, "refill", "10r/s");
-            }
-            if raw.capacity == Some(0) {
-                e.add(format!("{at}.capacity"), "must be a positive integer");
-            }
-            let rate = rate(e, at, "refill", raw.refill.as_deref())?;
-            let burst = raw.capacity.filter(|&c| c > 0)? - 1;
-            Some(Policy::Rate { rate, burst, delay: burst })
-        }
-        // One request per interval: a rate of 1 per interval, no burst.
-        Kind::Algorithm(AlgorithmName::MinInterval) => {
-            let Some(text) = &raw.interval else {
-                missing(e, "interval", "1s");
-                return None;
-            };
-            let per = e.check(|| format!("{at}.interval"), positive_duration(text))?;
-            Some(Policy::Rate { rate: super::Rate { count: 1, per }, burst: 0, delay: 0 })
-        }
-        Kind::Algorithm(
-            name @ (AlgorithmName::FixedWindow | AlgorithmName::SlidingWindow | AlgorithmName::SlidingLog),
-        ) => {
-            if raw.limit.is_none() {
-                missing(e, "limit", "100");
-            }
-            if raw.window.is_none() {
-                missing(e, "window", "1m");
-            }
-            let limit = raw.limit?;
-            // Fixed and sliding windows keep their counts in 24 and 32 bits of the key's
-            // state; a sliding log keeps a timestamp per request, 8 bytes each.
-            let max = match name {
-                AlgorithmName::FixedWindow => MAX_WINDOW_LIMIT,
-                AlgorithmName::SlidingLog => MAX_LOG_LIMIT,
-                _ => u64::from(u32::MAX),
-            };
-            if !(1..=max).contains(&limit) {
-                e.add(format!("{at}.limit"), format!("must be from 1 to {max}"));
-            }
-            let window = e.check(|| format!("{at}.window"), positive_duration(raw.window.as_deref()?))?;
-            if window < Duration::from_millis(1) {
-                e.add(format!("{at}.window"), "must be at least 1ms");
-            }
-            Some(match name {
-                AlgorithmName::FixedWindow => Policy::FixedWindow { limit, window },
-                AlgorithmName::SlidingLog => Policy::SlidingLog { limit, window },
-                _ => Policy::SlidingWindow { limit, window },
-            })
-        }
-        Kind::Concurrency => {
-            let max = raw.concurrency.unwrap_or(0);
-            if max == 0 {
-                e.add(format!("{at}.concurrency"), "must be a positive integer");
-            }
-            let retry_after =
-                e.duration(&format!("{at}.retry_after"), raw.retry_after.as_ref(), DEFAULT_CONCURRENCY_RETRY_AFTER);
-            Some(Policy::Concurrency { max, retry_after })
-        }
-    }
-}
-
-fn allow(e: &mut Errors<'_>, at: &str, raw: Option<&RawAllow>) -> Allow {
+pub(super) fn allow(e: &mut Errors<'_>, at: &str, raw: Option<&RawAllow>) -> Allow {
     let Some(raw) = raw else { return Allow::default() };
     let nets = raw
         .cidrs
@@ -395,123 +158,11 @@ fn allow(e: &mut Errors<'_>, at: &str, raw: Option<&RawAllow>) -> Allow {
     Allow { nets, headers, tokens }
 }
 
-/// `rates: [10r/s, 10000r/d]`: each window admits N per W (a token bucket of capacity N
-/// refilled at N per W), and a request must fit every window.
-fn windows(e: &mut Errors<'_>, at: &str, raw: &RawLimit, rates: &[String]) -> Option<Vec<Policy>> {
-    let others = [
-        ("rate", raw.rate.is_some()),
-        ("burst", raw.burst.is_some()),
-        ("nodelay", raw.nodelay.is_some()),
-        ("delay", raw.delay.is_some()),
-        ("algorithm", raw.algorithm.is_some()),
-        ("concurrency", raw.concurrency.is_some()),
-    ];
-    for (field, _) in others.iter().filter(|(_, given)| *given) {
-        e.add(format!("{at}.{field}"), "does not go with `rates` (each window admits N per its duration)");
-    }
-    if rates.is_empty() {
-        e.add(format!("{at}.rates"), "needs at least one rate");
-    }
-    let windows: Vec<Policy> = rates
-        .iter()
-        .enumerate()
-        .filter_map(|(i, text)| {
-            let rate = e.check(|| format!("{at}.rates[{i}]"), parse_rate(text))?;
-            Some(Policy::Rate { rate, burst: rate.count - 1, delay: rate.count - 1 })
-        })
-        .collect();
-    (windows.len() == rates.len() && !windows.is_empty()).then_some(windows)
-}
-
-fn overrides(
-    e: &mut Errors<'_>,
-    at: &str,
-    name: &str,
-    raw: &RawLimit,
-    all: &BTreeMap<String, RawLimit>,
-) -> Vec<(Allow, usize)> {
-    let mut compiled = Vec::new();
-    for (i, o) in raw.overrides.iter().enumerate() {
-        let here = format!("{at}.overrides[{i}]");
-        let matcher = allow(e, &format!("{here}.match"), Some(&o.matcher));
-        match all.keys().position(|n| *n == o.target) {
-            None => e.add(format!("{here}.use"), format!("unknown limit {:?} (defined: {})", o.target, names(all))),
-            Some(_) if o.target == name => e.add(format!("{here}.use"), "a limit cannot override itself"),
-            Some(_) if !all[&o.target].overrides.is_empty() => {
-                e.add(
-                    format!("{here}.use"),
-                    format!("limit {:?} has overrides of its own; overrides do not chain", o.target),
-                );
-            }
-            Some(index) => compiled.push((matcher, index)),
-        }
-    }
-    compiled
-}
-
-fn count(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Box<[u16]>> {
-    let statuses = raw.count.as_ref()?;
-    if raw.concurrency.is_some() {
-        e.add(format!("{at}.count"), "does not apply to concurrency limits (a slot is held by every request)");
-    }
-    if statuses.is_empty() {
-        e.add(format!("{at}.count"), "needs at least one status (leave `count` out to count every response)");
-    }
-    for (i, &status) in statuses.iter().enumerate() {
-        if !(100..=599).contains(&status) {
-            e.add(format!("{at}.count[{i}]"), format!("must be a status from 100 to 599, not {status}"));
-        }
-    }
-    Some(statuses.clone().into())
-}
-
-fn ban(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<super::Ban> {
-    let Some(text) = &raw.ban else {
-        if raw.ban_max.is_some() {
-            e.add(format!("{at}.ban_max"), "needs `ban` (the first ban's length)");
-        }
-        return None;
-    };
-    let base = e.check(|| format!("{at}.ban"), positive_duration(text))?;
-    let max = match &raw.ban_max {
-        None => base,
-        Some(text) => {
-            let max = e.check(|| format!("{at}.ban_max"), positive_duration(text))?;
-            if max < base {
-                e.add(
-                    format!("{at}.ban_max"),
-                    format!("must not be shorter than `ban` ({text} < {})", raw.ban.as_deref().unwrap_or_default()),
-                );
-            }
-            max
-        }
-    };
-    Some(super::Ban { base, max })
-}
-
-fn rate(e: &mut Errors<'_>, at: &str, field: &str, text: Option<&str>) -> Option<super::Rate> {
-    e.check(|| format!("{at}.{field}"), parse_rate(text?))
-}
-
-/// The burst of a rate limit. Where excess requests are delayed (the leaky bucket without
-/// `nodelay`), `burst` is the length of their queue, and `burst: 0` asks for delays while
-/// allowing none: refused as the likely mistake it is. With `nodelay` (and in GCRA, which
-/// never delays) `burst: 0` plainly says "no burst".
-fn burst(e: &mut Errors<'_>, at: &str, raw: &RawLimit, delays: bool) -> u64 {
-    if raw.burst == Some(0) && delays {
-        e.add(
-            format!("{at}.burst"),
-            "must be a positive integer: it is the queue of delayed requests (leave `burst` out for none, or set `nodelay: true`)",
-        );
-    }
-    raw.burst.unwrap_or(0)
-}
-
-fn positive_duration(text: &str) -> Result<Duration, String> {
+pub(super) fn positive_duration(text: &str) -> Result<Duration, String> {
     parse_duration(text).and_then(|d| if d.is_zero() { Err("must be longer than zero".into()) } else { Ok(d) })
 }
 
-fn status_in(
+pub(super) fn status_in(
     e: &mut Errors<'_>,
     path: impl FnOnce() -> String,
     code: u16,
@@ -583,7 +234,7 @@ fn route(e: &mut Errors<'_>, i: usize, raw: &RawRoute, config: &RawConfig) -> Ro
             let cost = cost.unwrap_or(1);
             // A fixed cost above what a limit admits at once would reject every request.
             for (j, name) in raw.limits.iter().enumerate() {
-                let capacity = config.limits.get(name).and_then(raw_capacity);
+                let capacity = config.limits.get(name).and_then(limits::raw_capacity);
                 if let Some(capacity) = capacity.filter(|&c| cost > c) {
                     e.add(format!("{at}.cost"), format!("{cost} can never fit limit {name:?} (routes[{i}].limits[{j}]), which admits at most {capacity} at once"));
                 }
@@ -592,20 +243,6 @@ fn route(e: &mut Errors<'_>, i: usize, raw: &RawRoute, config: &RawConfig) -> Ro
         }
     };
     Route { name: raw.name.clone().unwrap_or(at), matcher, action, limits, allow, cost }
-}
-
-/// What a limit admits at once, as written (`None`: no bound on cost, or not valid).
-fn raw_capacity(raw: &RawLimit) -> Option<u64> {
-    match (raw.algorithm, &raw.rates) {
-        (_, Some(rates)) => rates.iter().filter_map(|r| parse_rate(r).ok()).map(|r| r.count).min(),
-        (Some(AlgorithmName::TokenBucket), _) => raw.capacity,
-        (Some(AlgorithmName::FixedWindow | AlgorithmName::SlidingWindow | AlgorithmName::SlidingLog), _) => raw.limit,
-        (Some(AlgorithmName::MinInterval), _) => Some(1),
-        (Some(AlgorithmName::Gcra | AlgorithmName::LeakyBucket) | None, _) if raw.concurrency.is_none() => {
-            Some(raw.burst.unwrap_or(0) + 1)
-        }
-        _ => None,
-    }
 }
 
 fn route_match(e: &mut Errors<'_>, at: &str, raw: &RawMatch) -> RouteMatch {

@@ -8,12 +8,14 @@
 //! longest delay any enforced limit asked for, holding its concurrency slots in
 //! `Permits` until its response is done.
 
+pub mod algorithm;
 pub mod allow;
 pub mod ban;
 pub mod concurrency;
 pub mod fixed_window;
 pub mod key;
 pub mod leaky_bucket;
+pub mod receipt;
 pub mod sliding_log;
 pub mod sliding_window;
 pub mod table;
@@ -25,16 +27,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use http::StatusCode;
 use smallvec::SmallVec;
 
-use crate::config::{Config, Limit, Policy};
+use crate::config::{Config, Limit};
+use algorithm::{Algorithm, Held};
 use allow::Allow;
 use ban::Bans;
-use concurrency::Concurrency;
-use fixed_window::FixedWindow;
 use key::{KeySource, KeySpec};
-use leaky_bucket::LeakyBucket;
-use sliding_log::{LogShard, LogTable, SlidingLog};
-use sliding_window::SlidingWindow;
-use table::{KeyTable, Shard};
+pub use receipt::{Pending, Permits};
+use table::Shard;
 
 /// The limiter clock: nanoseconds since the Unix epoch, read from the wall clock once
 /// and advanced by the monotonic clock since, so it never steps back when the system
@@ -59,24 +58,6 @@ pub enum Verdict {
     Reject { retry_after: u64, reset: u64, excess: f64 },
 }
 
-/// A limit's algorithm with the table of its keys' state.
-enum Algorithm {
-    LeakyBucket(LeakyBucket, KeyTable),
-    FixedWindow(FixedWindow, KeyTable),
-    SlidingWindow(SlidingWindow, KeyTable<[u64; 2]>),
-    SlidingLog(SlidingLog, LogTable),
-    Concurrency(Concurrency, KeyTable),
-}
-
-/// A limit's algorithm with the locked shard that holds one key.
-enum Held<'a> {
-    LeakyBucket(&'a LeakyBucket, &'a KeyTable, MutexGuard<'a, Shard>),
-    FixedWindow(&'a FixedWindow, &'a KeyTable, MutexGuard<'a, Shard>),
-    SlidingWindow(&'a SlidingWindow, &'a KeyTable<[u64; 2]>, MutexGuard<'a, Shard<[u64; 2]>>),
-    SlidingLog(&'a SlidingLog, &'a LogTable, MutexGuard<'a, LogShard>),
-    Concurrency(&'a Concurrency, &'a KeyTable, MutexGuard<'a, Shard>),
-}
-
 struct Limiter {
     key: KeySpec,
     /// Requests this limit lets through without counting them.
@@ -90,91 +71,6 @@ struct Limiter {
     bans: Option<Bans>,
     status: StatusCode,
     dry_run: bool,
-}
-
-impl Algorithm {
-    #[inline]
-    fn lock(&self, key: u64) -> Held<'_> {
-        match self {
-            Algorithm::LeakyBucket(a, t) => Held::LeakyBucket(a, t, t.lock(key)),
-            Algorithm::FixedWindow(a, t) => Held::FixedWindow(a, t, t.lock(key)),
-            Algorithm::SlidingWindow(a, t) => Held::SlidingWindow(a, t, t.lock(key)),
-            Algorithm::SlidingLog(a, t) => Held::SlidingLog(a, t, t.lock(key)),
-            Algorithm::Concurrency(a, t) => Held::Concurrency(a, t, t.lock(key)),
-        }
-    }
-
-    fn keys(&self) -> usize {
-        match self {
-            Algorithm::LeakyBucket(_, t) | Algorithm::FixedWindow(_, t) | Algorithm::Concurrency(_, t) => t.len(),
-            Algorithm::SlidingWindow(_, t) => t.len(),
-            Algorithm::SlidingLog(_, t) => t.keys(),
-        }
-    }
-
-    fn evictions(&self) -> u64 {
-        match self {
-            Algorithm::LeakyBucket(_, t) | Algorithm::FixedWindow(_, t) | Algorithm::Concurrency(_, t) => t.evictions(),
-            Algorithm::SlidingWindow(_, t) => t.evictions(),
-            Algorithm::SlidingLog(_, t) => t.evictions(),
-        }
-    }
-}
-
-impl Held<'_> {
-    #[inline]
-    /// Decides a request of `cost` units; a concurrency slot is one per request.
-    fn decide(&self, key: u64, now: u64, cost: u64) -> Verdict {
-        match self {
-            Held::LeakyBucket(a, _, shard) => a.decide(shard.get(key), now, cost),
-            Held::FixedWindow(a, _, shard) => a.decide(shard.get(key), now, cost),
-            Held::SlidingWindow(a, _, shard) => a.decide(shard.get(key), now, cost),
-            Held::SlidingLog(a, _, shard) => a.decide(shard.get(key), now, cost),
-            Held::Concurrency(a, _, shard) => a.decide(shard.get(key), shard.is_full()),
-        }
-    }
-
-    /// Takes back an admission of `cost` units made at `at` (a concurrency slot is given
-    /// back by its permit instead).
-    fn refund(&mut self, key: u64, cost: u64, at: u64) {
-        match self {
-            Held::LeakyBucket(a, _, shard) => {
-                if let Some(state) = shard.get(key) {
-                    shard.replace(key, a.refund(state, cost));
-                }
-            }
-            Held::FixedWindow(a, _, shard) => {
-                if let Some(state) = shard.get(key) {
-                    shard.replace(key, a.refund(state, cost, at));
-                }
-            }
-            Held::SlidingWindow(a, _, shard) => {
-                if let Some(state) = shard.get(key) {
-                    shard.replace(key, a.refund(state, cost, at));
-                }
-            }
-            Held::SlidingLog(_, _, shard) => shard.refund(key, cost, at),
-            Held::Concurrency(..) => {}
-        }
-    }
-
-    /// Stores an admission's `state` for `key`. When the shard is full it forgets first
-    /// the keys whose state equals a fresh key's, then the lowest ranked: for the leaky
-    /// bucket the soonest to drain, for the windows the oldest window, so the keys closest
-    /// to fresh go. Concurrency tables never evict: a new key is rejected when they are
-    /// full, before this.
-    #[inline]
-    fn store(&mut self, key: u64, state: u64, now: u64, cost: u64) {
-        match self {
-            Held::LeakyBucket(a, t, shard) => t.put(shard, key, state, |s| a.is_idle(s, now), |s| s),
-            Held::FixedWindow(a, t, shard) => t.put(shard, key, state, |s| a.is_idle(s, now), |s| s),
-            Held::SlidingWindow(a, t, shard) => {
-                t.put(shard, key, a.stored(state, now), |s| a.is_idle(s, now), |[index, _]| index);
-            }
-            Held::SlidingLog(a, t, shard) => t.record(shard, a, key, now, cost),
-            Held::Concurrency(_, t, shard) => t.put(shard, key, state, |s| s == 0, |s| s),
-        }
-    }
 }
 
 /// One limit's part in a decision: its key, its locked shards, what it decided.
@@ -230,57 +126,6 @@ pub enum Decision {
     Reject { limit: usize, status: StatusCode, retry_after: Duration, standings: SmallVec<[Standing; 2]> },
 }
 
-/// The concurrency slots a request holds, given back when this is dropped or released.
-#[derive(Default)]
-pub struct Permits {
-    limiters: Option<Arc<Limiters>>,
-    slots: SmallVec<[(usize, u64); 2]>,
-}
-
-/// Admissions by limits that count only some responses (`count:`), to be kept or taken
-/// back once the response's status is known. Dropped unsettled (the client went away
-/// before an answer), they stay counted.
-#[derive(Default)]
-pub struct Pending {
-    limiters: Option<Arc<Limiters>>,
-    /// (limit, key) of each admission, all of `cost` units at `at`.
-    admissions: SmallVec<[(usize, u64); 1]>,
-    cost: u64,
-    at: u64,
-}
-
-impl Pending {
-    /// Takes back the admissions of limits that do not count `status`.
-    pub fn settle(self, status: u16) {
-        let Some(limiters) = &self.limiters else { return };
-        for &(limit, key) in &self.admissions {
-            let limiter = &limiters.limits[limit];
-            if limiter.counted.as_ref().is_some_and(|counted| !counted.contains(&status)) {
-                for algorithm in limiter.windows.iter() {
-                    algorithm.lock(key).refund(key, self.cost, self.at);
-                }
-            }
-        }
-    }
-}
-
-impl Permits {
-    /// Gives the slots back now rather than at drop.
-    pub fn release(&mut self) {
-        if let Some(limiters) = self.limiters.take() {
-            for (limit, key) in self.slots.drain(..) {
-                limiters.release(limit, key);
-            }
-        }
-    }
-}
-
-impl Drop for Permits {
-    fn drop(&mut self) {
-        self.release();
-    }
-}
-
 impl Limiters {
     pub fn new(config: &Config) -> Arc<Self> {
         let limits = config.limits.iter().map(limiter).collect();
@@ -294,17 +139,7 @@ impl Limiters {
 
     /// The largest cost limit `index` can ever admit at once (`None`: no limit on cost).
     pub fn capacity(&self, index: usize) -> Option<u64> {
-        self.limits[index]
-            .windows
-            .iter()
-            .filter_map(|w| match w {
-                Algorithm::LeakyBucket(a, _) => Some(a.capacity()),
-                Algorithm::FixedWindow(a, _) => Some(a.capacity()),
-                Algorithm::SlidingWindow(a, _) => Some(a.capacity()),
-                Algorithm::SlidingLog(a, _) => Some(a.capacity()),
-                Algorithm::Concurrency(..) => None,
-            })
-            .min()
+        self.limits[index].windows.iter().filter_map(Algorithm::capacity).min()
     }
 
     /// Keys dropped with live state by limit `index` since start.
@@ -438,6 +273,16 @@ impl Limiters {
         Decision::Pass { wait: Duration::from_nanos(wait), standings, permits, pending }
     }
 
+    /// Takes back an admission of limit `limit` for `key` unless it counts `status`.
+    fn settle(&self, limit: usize, key: u64, cost: u64, at: u64, status: u16) {
+        let limiter = &self.limits[limit];
+        if limiter.counted.as_ref().is_some_and(|counted| !counted.contains(&status)) {
+            for algorithm in limiter.windows.iter() {
+                algorithm.lock(key).refund(key, cost, at);
+            }
+        }
+    }
+
     fn release(&self, limit: usize, key: u64) {
         let Some(Algorithm::Concurrency(_, table)) = self.limits[limit].windows.first() else { return };
         let mut shard = table.lock(key);
@@ -463,22 +308,10 @@ fn standing(limit: usize, window: usize, verdict: &Verdict) -> Standing {
 }
 
 fn limiter(limit: &Limit) -> Limiter {
-    let table = || KeyTable::new(limit.max_keys);
-    let algorithm = |policy: &Policy| match *policy {
-        Policy::Rate { rate, burst, delay } => Algorithm::LeakyBucket(LeakyBucket::new(rate, burst, delay), table()),
-        Policy::FixedWindow { limit, window } => Algorithm::FixedWindow(FixedWindow::new(limit, window), table()),
-        Policy::SlidingWindow { limit: n, window } => {
-            Algorithm::SlidingWindow(SlidingWindow::new(n, window), KeyTable::new(limit.max_keys))
-        }
-        Policy::SlidingLog { limit: n, window } => {
-            Algorithm::SlidingLog(SlidingLog::new(n, window), LogTable::new(limit.max_keys))
-        }
-        Policy::Concurrency { max, retry_after } => Algorithm::Concurrency(Concurrency::new(max, retry_after), table()),
-    };
     Limiter {
         key: limit.key.clone(),
         allow: limit.allow.clone(),
-        windows: limit.windows.iter().map(algorithm).collect(),
+        windows: limit.windows.iter().map(|policy| Algorithm::new(policy, limit.max_keys)).collect(),
         counted: limit.count.clone(),
         overrides: limit.overrides.clone().into(),
         bans: limit.ban.map(|ban| Bans::new(ban.base, ban.max, limit.max_keys)),

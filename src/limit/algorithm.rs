@@ -1,0 +1,147 @@
+//! A limit's algorithm paired with the table of its keys' state, and the same pair
+//! locked for one key: the one place that knows which state each algorithm keeps.
+
+use std::sync::MutexGuard;
+
+use super::Verdict;
+use super::concurrency::Concurrency;
+use super::fixed_window::FixedWindow;
+use super::leaky_bucket::LeakyBucket;
+use super::sliding_log::{LogShard, LogTable, SlidingLog};
+use super::sliding_window::SlidingWindow;
+use super::table::{KeyTable, Shard};
+use crate::config::Policy;
+
+/// A limit's algorithm with the table of its keys' state.
+pub(super) enum Algorithm {
+    LeakyBucket(LeakyBucket, KeyTable),
+    FixedWindow(FixedWindow, KeyTable),
+    SlidingWindow(SlidingWindow, KeyTable<[u64; 2]>),
+    SlidingLog(SlidingLog, LogTable),
+    Concurrency(Concurrency, KeyTable),
+}
+
+/// A limit's algorithm with the locked shard that holds one key.
+pub(super) enum Held<'a> {
+    LeakyBucket(&'a LeakyBucket, &'a KeyTable, MutexGuard<'a, Shard>),
+    FixedWindow(&'a FixedWindow, &'a KeyTable, MutexGuard<'a, Shard>),
+    SlidingWindow(&'a SlidingWindow, &'a KeyTable<[u64; 2]>, MutexGuard<'a, Shard<[u64; 2]>>),
+    SlidingLog(&'a SlidingLog, &'a LogTable, MutexGuard<'a, LogShard>),
+    Concurrency(&'a Concurrency, &'a KeyTable, MutexGuard<'a, Shard>),
+}
+
+impl Algorithm {
+    pub fn new(policy: &Policy, max_keys: usize) -> Self {
+        match *policy {
+            Policy::Rate { rate, burst, delay } => {
+                Algorithm::LeakyBucket(LeakyBucket::new(rate, burst, delay), KeyTable::new(max_keys))
+            }
+            Policy::FixedWindow { limit, window } => {
+                Algorithm::FixedWindow(FixedWindow::new(limit, window), KeyTable::new(max_keys))
+            }
+            Policy::SlidingWindow { limit, window } => {
+                Algorithm::SlidingWindow(SlidingWindow::new(limit, window), KeyTable::new(max_keys))
+            }
+            Policy::SlidingLog { limit, window } => {
+                Algorithm::SlidingLog(SlidingLog::new(limit, window), LogTable::new(max_keys))
+            }
+            Policy::Concurrency { max, retry_after } => {
+                Algorithm::Concurrency(Concurrency::new(max, retry_after), KeyTable::new(max_keys))
+            }
+        }
+    }
+
+    /// The largest cost this ever admits at once (`None` for concurrency: one slot each).
+    pub fn capacity(&self) -> Option<u64> {
+        match self {
+            Algorithm::LeakyBucket(a, _) => Some(a.capacity()),
+            Algorithm::FixedWindow(a, _) => Some(a.capacity()),
+            Algorithm::SlidingWindow(a, _) => Some(a.capacity()),
+            Algorithm::SlidingLog(a, _) => Some(a.capacity()),
+            Algorithm::Concurrency(..) => None,
+        }
+    }
+
+    #[inline]
+    pub fn lock(&self, key: u64) -> Held<'_> {
+        match self {
+            Algorithm::LeakyBucket(a, t) => Held::LeakyBucket(a, t, t.lock(key)),
+            Algorithm::FixedWindow(a, t) => Held::FixedWindow(a, t, t.lock(key)),
+            Algorithm::SlidingWindow(a, t) => Held::SlidingWindow(a, t, t.lock(key)),
+            Algorithm::SlidingLog(a, t) => Held::SlidingLog(a, t, t.lock(key)),
+            Algorithm::Concurrency(a, t) => Held::Concurrency(a, t, t.lock(key)),
+        }
+    }
+
+    pub fn keys(&self) -> usize {
+        match self {
+            Algorithm::LeakyBucket(_, t) | Algorithm::FixedWindow(_, t) | Algorithm::Concurrency(_, t) => t.len(),
+            Algorithm::SlidingWindow(_, t) => t.len(),
+            Algorithm::SlidingLog(_, t) => t.keys(),
+        }
+    }
+
+    pub fn evictions(&self) -> u64 {
+        match self {
+            Algorithm::LeakyBucket(_, t) | Algorithm::FixedWindow(_, t) | Algorithm::Concurrency(_, t) => t.evictions(),
+            Algorithm::SlidingWindow(_, t) => t.evictions(),
+            Algorithm::SlidingLog(_, t) => t.evictions(),
+        }
+    }
+}
+
+impl Held<'_> {
+    #[inline]
+    /// Decides a request of `cost` units; a concurrency slot is one per request.
+    pub fn decide(&self, key: u64, now: u64, cost: u64) -> Verdict {
+        match self {
+            Held::LeakyBucket(a, _, shard) => a.decide(shard.get(key), now, cost),
+            Held::FixedWindow(a, _, shard) => a.decide(shard.get(key), now, cost),
+            Held::SlidingWindow(a, _, shard) => a.decide(shard.get(key), now, cost),
+            Held::SlidingLog(a, _, shard) => a.decide(shard.get(key), now, cost),
+            Held::Concurrency(a, _, shard) => a.decide(shard.get(key), shard.is_full()),
+        }
+    }
+
+    /// Takes back an admission of `cost` units made at `at` (a concurrency slot is given
+    /// back by its permit instead).
+    pub fn refund(&mut self, key: u64, cost: u64, at: u64) {
+        match self {
+            Held::LeakyBucket(a, _, shard) => {
+                if let Some(state) = shard.get(key) {
+                    shard.replace(key, a.refund(state, cost));
+                }
+            }
+            Held::FixedWindow(a, _, shard) => {
+                if let Some(state) = shard.get(key) {
+                    shard.replace(key, a.refund(state, cost, at));
+                }
+            }
+            Held::SlidingWindow(a, _, shard) => {
+                if let Some(state) = shard.get(key) {
+                    shard.replace(key, a.refund(state, cost, at));
+                }
+            }
+            Held::SlidingLog(_, _, shard) => shard.refund(key, cost, at),
+            Held::Concurrency(..) => {}
+        }
+    }
+
+    /// Stores an admission's `state` for `key`. When the shard is full it forgets first
+    /// the keys whose state equals a fresh key's, then the lowest ranked: for the leaky
+    /// bucket the soonest to drain, for the windows the oldest window, so the keys closest
+    /// to fresh go. Concurrency tables never evict: a new key is rejected when they are
+    /// full, before this.
+    #[inline]
+    pub fn store(&mut self, key: u64, state: u64, now: u64, cost: u64) {
+        match self {
+            Held::LeakyBucket(a, t, shard) => t.put(shard, key, state, |s| a.is_idle(s, now), |s| s),
+            Held::FixedWindow(a, t, shard) => t.put(shard, key, state, |s| a.is_idle(s, now), |s| s),
+            Held::SlidingWindow(a, t, shard) => {
+                t.put(shard, key, a.stored(state, now), |s| a.is_idle(s, now), |[index, _]| index);
+            }
+            Held::SlidingLog(a, t, shard) => t.record(shard, a, key, now, cost),
+            Held::Concurrency(_, t, shard) => t.put(shard, key, state, |s| s == 0, |s| s),
+        }
+    }
+}
