@@ -54,7 +54,7 @@ impl Bans {
         let length = self.base.saturating_mul(1u64.checked_shl((strikes - 1) as u32).unwrap_or(u64::MAX)).min(self.max);
         // Kept to the millisecond, rounded down, so that a `Retry-After` of `length` is
         // never earlier than the ban's end.
-        let until = (now + length) / MS;
+        let until = now.saturating_add(length) / MS;
         let state = (strikes.min(u64::from(u16::MAX)) << STRIKE_SHIFT) | (until & UNTIL_MASK);
         let max = self.max;
         self.table.put(shard, key, state, |s| unpack(s).0.saturating_add(max) <= now, |s| s & UNTIL_MASK);

@@ -47,7 +47,7 @@ impl FixedWindow {
         let count = self.count(state, now);
         let index = now / self.window;
         let reset = (index + 1) * self.window - now;
-        if count + cost > self.limit {
+        if count.saturating_add(cost) > self.limit {
             return Verdict::Reject { retry_after: reset, reset, excess: count as f64 };
         }
         let count = count + cost;

@@ -49,9 +49,10 @@ impl SlidingLog {
         let first = self.first_live(log, now);
         let live = (log.len() - first) as u64;
         let reset = log.back().map_or(0, |&newest| (newest + self.window).saturating_sub(now));
-        if live + cost > self.limit {
+        if live.saturating_add(cost) > self.limit {
             // Enough of the oldest live requests must expire to make room for `cost`.
-            let expire = first + (live + cost - self.limit - 1) as usize;
+            let expire =
+                first.saturating_add(usize::try_from(live.saturating_add(cost) - self.limit - 1).unwrap_or(usize::MAX));
             let retry_after = log.get(expire).map_or(self.window, |&t| t + self.window - now);
             return Verdict::Reject { retry_after, reset, excess: live as f64 };
         }

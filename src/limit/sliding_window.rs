@@ -99,7 +99,8 @@ impl SlidingWindow {
             }
         }
         // In the next window, where this window's count becomes the fading one.
-        let at = if curr == 0 { 0 } else { w - (limit - cost) * w / u128::from(curr) };
+        // (A cost above the limit never fits; the config and the proxy refuse one first.)
+        let at = if curr == 0 { 0 } else { w - limit.saturating_sub(cost) * w / u128::from(curr) };
         (self.window - elapsed).saturating_add(u64::try_from(at).unwrap_or(u64::MAX))
     }
 

@@ -128,10 +128,13 @@ impl Proxy {
             header: name.to_string(),
             value: String::from_utf8_lossy(value.as_bytes()).into_owned(),
         })?;
-        for &limit in &route.limits {
+        // Against the route's limits and the limits their overrides may hand it to.
+        let limits = &self.config.limits;
+        let candidates =
+            route.limits.iter().flat_map(|&i| std::iter::once(i).chain(limits[i].overrides.iter().map(|o| o.1)));
+        for limit in candidates {
             if let Some(capacity) = self.limiters.capacity(limit).filter(|&c| cost > c) {
-                let limit = self.config.limits[limit].name.clone();
-                return Err(ProxyError::CostTooHigh { cost, limit, capacity });
+                return Err(ProxyError::CostTooHigh { cost, limit: limits[limit].name.clone(), capacity });
             }
         }
         Ok(cost)

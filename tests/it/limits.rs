@@ -347,3 +347,28 @@ routes:
     let gold = get(sg.addr, "/", &as_token("Bearer gold-1")).await;
     assert_eq!((gold.status, gold.header("ratelimit-policy")), (429, Some("\"gold\";q=1;w=60")));
 }
+
+#[tokio::test]
+async fn a_cost_too_large_for_an_override_target_is_refused_before_any_algorithm() {
+    let yaml = r#"
+listen: 127.0.0.1:0
+limits:
+  base:
+    key: bearer
+    algorithm: sliding_window
+    limit: 100
+    window: 1m
+    overrides: [ { match: { tokens: [small] }, use: small } ]
+  small: { key: bearer, algorithm: sliding_log, limit: 3, window: 1m }
+routes:
+  - cost_header: x-cost
+    limits: [base]
+    respond: { status: 200 }
+"#;
+    let sg = Sluicegate::start(yaml);
+    for cost in ["5", "18446744073709551615"] {
+        let r = get(sg.addr, "/", &[("authorization", "Bearer small"), ("x-cost", cost)]).await;
+        assert_eq!(r.status, 400, "cost {cost}");
+    }
+    assert_eq!(get(sg.addr, "/", &[("authorization", "Bearer small"), ("x-cost", "3")]).await.status, 200);
+}
