@@ -4,8 +4,10 @@
 //! accept (server)          HTTP/1.1 and h2c, header-read timeout, graceful shutdown
 //!   -> client address      peer, or rightmost untrusted X-Forwarded-For hop (proxy::headers)
 //!   -> route               first match on host, path, method (proxy::route)
-//!   -> keys                each limit hashes its key from the request (limit::key)
+//!   -> allow-list, cost    exempt requests skip the limits; what a request weighs
+//!   -> keys                each limit hashes its key, or an override picks another limit
 //!   -> limits              all or nothing: pass, delay, or reject with 429 (limit)
+//!   -> receipts            slots held until the body is sent; `count:` refunds by status
 //!   -> forward / respond   pooled upstream client, bodies streamed (proxy::forward),
 //!                          or a static response; 404 / 502 / 504 made here (proxy::response)
 //! ```
