@@ -253,8 +253,14 @@ impl Limiters {
         let mut wait = 0;
         let mut permits = Permits::default();
         let mut pending = Pending { cost, at: now, ..Pending::default() };
-        for e in &mut entries {
-            // A dry-run limit that would reject keeps its state, as if it had.
+        for (n, e) in entries.iter_mut().enumerate() {
+            // A dry-run limit that would reject, in any of its windows, keeps all of its
+            // state, as it would have if enforced. (Its windows are entries n - window..)
+            let first = n - e.window;
+            let windows = self.limits[e.limit].windows.len();
+            if standings[first..first + windows].iter().any(|s| matches!(s.outcome, Outcome::Rejected(_))) {
+                continue;
+            }
             let Some(Verdict::Admit { state, wait: w, .. }) = e.verdict else { continue };
             e.shard.store(e.key, state, now, cost);
             let limiter = &self.limits[e.limit];
@@ -581,5 +587,25 @@ mod tests {
         let at = |ms: u64| passes(&check(&l, &[0], 1, 1_700_000_000_000 + ms));
         // 0 passes; 1 999 ms later is too soon; 2 000 ms after the last admission passes.
         assert_eq!([at(0), at(1_999), at(2_000), at(3_000), at(4_000)], [true, false, true, false, true]);
+    }
+
+    #[test]
+    fn a_dry_run_limit_stores_no_window_when_one_would_reject() {
+        let l = limiters(
+            "  d: { key: ip, rates: [1r/s, 100r/h], dry_run: true }\n  e: { key: ip, rates: [1r/s, 100r/h] }\n",
+        );
+        let t = |ms: u64| 1_700_000_000_000 + ms;
+        // Enforced: the second request at once is rejected by the per-second window and
+        // the hour window does not count it.
+        assert!(passes(&check(&l, &[1], 1, t(0))));
+        assert!(!passes(&check(&l, &[1], 1, t(1))));
+        // Dry run: the same requests pass, and the hour window must show the same count
+        // as the enforced one: 99 remaining, not 98.
+        assert!(passes(&check(&l, &[0], 1, t(0))));
+        assert!(passes(&check(&l, &[0], 1, t(1))));
+        let remaining = |d: Decision| match d {
+            Decision::Pass { standings, .. } | Decision::Reject { standings, .. } => standings[1].remaining,
+        };
+        assert_eq!(remaining(check(&l, &[0], 1, t(2_000))), remaining(check(&l, &[1], 1, t(2_000))));
     }
 }
