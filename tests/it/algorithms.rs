@@ -1,15 +1,16 @@
 use crate::common::*;
 
-/// Issue 4's acceptance limits that exist so far, each on its own route.
+/// Issue 4's acceptance configuration, as written, each limit on its own route.
 const CONFIG: &str = r#"
 listen: 127.0.0.1:0
 limits:
-  fw: { key: ip, algorithm: fixed_window,   limit: 4, window: 1h }
-  sl: { key: ip, algorithm: sliding_log,    limit: 4, window: 1h }
-  sw: { key: ip, algorithm: sliding_window, limit: 4, window: 1h }
-  tb: { key: ip, algorithm: token_bucket,   capacity: 4, refill: 1r/h }
-  gc: { key: ip, algorithm: gcra,           rate: 1r/h, burst: 3 }
-  mi: { key: ip, algorithm: min_interval,   interval: 1h }
+  fw: { key: ip, algorithm: fixed_window,   limit: 4, window: 1h }     # 4
+  sl: { key: ip, algorithm: sliding_log,    limit: 4, window: 1h }     # 4
+  sw: { key: ip, algorithm: sliding_window, limit: 4, window: 1h }     # 4
+  tb: { key: ip, algorithm: token_bucket,   capacity: 4, refill: 1r/h } # 4
+  gc: { key: ip, algorithm: gcra,           rate: 1r/h, burst: 3 }     # 4 (burst + 1, as nginx)
+  mi: { key: ip, algorithm: min_interval,   interval: 1h }             # 1
+  bn: { key: ip, rate: 1r/s, burst: 0, nodelay: true, ban: 1h }        # 1, then refused for an hour
 routes:
   - { match: { path: /fw }, limits: [fw], respond: { status: 200 } }
   - { match: { path: /sl }, limits: [sl], respond: { status: 200 } }
@@ -17,6 +18,7 @@ routes:
   - { match: { path: /tb }, limits: [tb], respond: { status: 200 } }
   - { match: { path: /gc }, limits: [gc], respond: { status: 200 } }
   - { match: { path: /mi }, limits: [mi], respond: { status: 200 } }
+  - { match: { path: /bn }, limits: [bn], respond: { status: 200 } }
 "#;
 
 /// Sends requests until the first rejection; returns how many passed and the rejection.
@@ -54,30 +56,11 @@ async fn each_algorithm_admits_its_documented_burst_then_rejects_with_headers() 
     }
 }
 
-/// Issue 4's acceptance configuration, as written: each route admits its number of
-/// immediate requests, and `bn` then refuses the key for an hour.
+/// Each route admits its number of immediate requests, and `bn` then refuses the key
+/// for an hour.
 #[tokio::test]
 async fn the_acceptance_limits_admit_their_documented_counts() {
-    let yaml = r#"
-listen: 127.0.0.1:0
-limits:
-  fw: { key: ip, algorithm: fixed_window,   limit: 4, window: 1h }     # 4
-  sl: { key: ip, algorithm: sliding_log,    limit: 4, window: 1h }     # 4
-  sw: { key: ip, algorithm: sliding_window, limit: 4, window: 1h }     # 4
-  tb: { key: ip, algorithm: token_bucket,   capacity: 4, refill: 1r/h } # 4
-  gc: { key: ip, algorithm: gcra,           rate: 1r/h, burst: 3 }     # 4 (burst + 1, as nginx)
-  mi: { key: ip, algorithm: min_interval,   interval: 1h }             # 1
-  bn: { key: ip, rate: 1r/s, burst: 0, nodelay: true, ban: 1h }        # 1, then refused for an hour
-routes:
-  - { match: { path: /fw }, limits: [fw], respond: { status: 200 } }
-  - { match: { path: /sl }, limits: [sl], respond: { status: 200 } }
-  - { match: { path: /sw }, limits: [sw], respond: { status: 200 } }
-  - { match: { path: /tb }, limits: [tb], respond: { status: 200 } }
-  - { match: { path: /gc }, limits: [gc], respond: { status: 200 } }
-  - { match: { path: /mi }, limits: [mi], respond: { status: 200 } }
-  - { match: { path: /bn }, limits: [bn], respond: { status: 200 } }
-"#;
-    let sg = Sluicegate::start(yaml);
+    let sg = Sluicegate::start(CONFIG);
     for (path, expected) in [("/fw", 4), ("/sl", 4), ("/sw", 4), ("/tb", 4), ("/gc", 4), ("/mi", 1), ("/bn", 1)] {
         let (passed, _) = admitted_at_once(&sg, path).await;
         assert_eq!(passed, expected, "{path}");
