@@ -28,10 +28,9 @@ pub struct UpstreamClient {
 }
 
 /// The hop that forwards: who sent the request to us and whether we trust it.
-pub struct Hop<'a> {
+pub struct Hop {
     pub peer: IpAddr,
     pub trusted_peer: bool,
-    pub host: Option<&'a str>,
 }
 
 impl UpstreamClient {
@@ -50,7 +49,7 @@ impl UpstreamClient {
     }
 
     /// Forwards `req` to the next server and returns its response, body still streaming.
-    pub async fn forward(&self, req: Request<Incoming>, hop: Hop<'_>) -> Result<Response<Incoming>, ProxyError> {
+    pub async fn forward(&self, req: Request<Incoming>, hop: Hop) -> Result<Response<Incoming>, ProxyError> {
         let server = &self.servers[self.next.fetch_add(1, Ordering::Relaxed) % self.servers.len()];
         let req = prepare_upstream_request(req, server, &hop);
         let response = tokio::time::timeout(self.timeout, self.client.request(req)).await;
@@ -74,7 +73,7 @@ impl UpstreamClient {
 /// Rewrites a client request for `server`: origin-form target, the client's `Host`
 /// kept (HTTP/2 clients send `:authority` instead, which becomes `Host`), hop-by-hop
 /// fields removed and `X-Forwarded-*` set.
-fn prepare_upstream_request(req: Request<Incoming>, server: &Authority, hop: &Hop<'_>) -> Request<Incoming> {
+fn prepare_upstream_request(req: Request<Incoming>, server: &Authority, hop: &Hop) -> Request<Incoming> {
     let (mut parts, body) = req.into_parts();
     if !parts.headers.contains_key(header::HOST)
         && let Some(value) = parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok())
@@ -87,6 +86,6 @@ fn prepare_upstream_request(req: Request<Incoming>, server: &Authority, hop: &Ho
     parts.uri = uri.build().unwrap_or_default();
     parts.version = http::Version::HTTP_11;
     remove_hop_by_hop(&mut parts.headers);
-    set_forwarded(&mut parts.headers, hop.peer, hop.trusted_peer, hop.host);
+    set_forwarded(&mut parts.headers, hop.peer, hop.trusted_peer);
     Request::from_parts(parts, body)
 }

@@ -69,8 +69,9 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
 
 /// Sets the `X-Forwarded-*` fields for the upstream. From a trusted proxy, the chain it
 /// sent is extended; from anyone else, incoming values are replaced, so the upstream
-/// never sees forwarding claims that no trusted hop vouched for.
-pub fn set_forwarded(headers: &mut HeaderMap, peer: IpAddr, trusted_peer: bool, host: Option<&str>) {
+/// never sees forwarding claims that no trusted hop vouched for. `X-Forwarded-Host` is
+/// the request's `Host`, as the client sent it.
+pub fn set_forwarded(headers: &mut HeaderMap, peer: IpAddr, trusted_peer: bool) {
     let peer = peer.to_canonical().to_string();
     let chain = if trusted_peer {
         let earlier: Vec<&str> = headers.get_all(&X_FORWARDED_FOR).iter().filter_map(|v| v.to_str().ok()).collect();
@@ -85,10 +86,10 @@ pub fn set_forwarded(headers: &mut HeaderMap, peer: IpAddr, trusted_peer: bool, 
         headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static("http"));
     }
     if !(trusted_peer && headers.contains_key(&X_FORWARDED_HOST)) {
-        headers.remove(&X_FORWARDED_HOST);
-        if let Some(value) = host.and_then(|h| HeaderValue::from_str(h).ok()) {
-            headers.insert(&X_FORWARDED_HOST, value);
-        }
+        match headers.get(header::HOST).cloned() {
+            Some(host) => headers.insert(&X_FORWARDED_HOST, host),
+            None => headers.remove(&X_FORWARDED_HOST),
+        };
     }
 }
 
@@ -148,11 +149,12 @@ mod tests {
     #[test]
     fn forwarded_chain_is_extended_only_for_trusted_peers() {
         let mut h = xff(&["1.1.1.1"]);
-        set_forwarded(&mut h, "10.0.0.1".parse().unwrap(), true, Some("example.com"));
+        set_forwarded(&mut h, "10.0.0.1".parse().unwrap(), true);
         assert_eq!(h[&X_FORWARDED_FOR], "1.1.1.1, 10.0.0.1");
         let mut h = xff(&["1.1.1.1"]);
         h.insert(&X_FORWARDED_HOST, "evil".parse().unwrap());
-        set_forwarded(&mut h, "9.9.9.9".parse().unwrap(), false, Some("example.com"));
+        h.insert(header::HOST, "example.com".parse().unwrap());
+        set_forwarded(&mut h, "9.9.9.9".parse().unwrap(), false);
         assert_eq!(h[&X_FORWARDED_FOR], "9.9.9.9");
         assert_eq!(h[&X_FORWARDED_HOST], "example.com");
         assert_eq!(h[&X_FORWARDED_PROTO], "http");

@@ -99,8 +99,7 @@ impl Proxy {
         let response = match &route.action {
             Action::Respond(r) => Ok(response::static_response(r)),
             Action::Forward(upstream) => {
-                let host = host.map(str::to_owned);
-                let hop = Hop { peer: peer.ip(), trusted_peer, host: host.as_deref() };
+                let hop = Hop { peer: peer.ip(), trusted_peer };
                 let forwarded = self.upstreams[*upstream].forward(req, hop).await;
                 forwarded
                     .inspect_err(|e| warn!(route = %route.name, error = %e, "upstream error"))
