@@ -29,10 +29,7 @@ pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeM
         }
     };
     let parts = ip_prefix(e, &at, raw, parts);
-    let policy = match &raw.rates {
-        Some(rates) => windows(e, &at, raw, rates),
-        None => policy(e, &at, raw).map(|p| vec![p]),
-    };
+    let policy = policy(e, &at, raw);
     let status = status_in(e, || format!("{at}.status"), raw.status.unwrap_or(429), 400..=599);
     if raw.max_keys == Some(0) {
         e.add(format!("{at}.max_keys"), "must be a positive integer");
@@ -82,6 +79,8 @@ fn ip_prefix(e: &mut Errors<'_>, at: &str, raw: &RawLimit, mut parts: Vec<KeyPar
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Algorithm(AlgorithmName),
+    /// `rates: [..]`, several windows on one key.
+    Windows,
     Concurrency,
 }
 
@@ -95,6 +94,7 @@ impl Kind {
             Kind::Algorithm(AlgorithmName::FixedWindow) => "algorithm fixed_window",
             Kind::Algorithm(AlgorithmName::SlidingWindow) => "algorithm sliding_window",
             Kind::Algorithm(AlgorithmName::SlidingLog) => "algorithm sliding_log",
+            Kind::Windows => "several windows (`rates`)",
             Kind::Concurrency => "concurrency limits",
         }
     }
@@ -108,6 +108,7 @@ impl Kind {
             Kind::Algorithm(AlgorithmName::FixedWindow | AlgorithmName::SlidingWindow | AlgorithmName::SlidingLog) => {
                 &["limit", "window"]
             }
+            Kind::Windows => &["rates"],
             Kind::Concurrency => &["concurrency", "retry_after"],
         }
     }
@@ -119,16 +120,20 @@ const MAX_LOG_LIMIT: u64 = 65_536;
 /// Largest `limit` of a fixed window.
 const MAX_WINDOW_LIMIT: u64 = (1 << 24) - 1;
 
-fn policy(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Policy> {
-    let kind = match (raw.algorithm, raw.concurrency) {
-        (Some(_), Some(_)) => {
-            e.add(format!("{at}.algorithm"), "a concurrency limit has no `algorithm`");
+/// The limit's policies (one per window): what kind of limit it is decides which fields
+/// apply, and every other field given is an error.
+fn policy(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Vec<Policy>> {
+    let kind = match (raw.algorithm, &raw.rates, raw.concurrency) {
+        (algorithm, None, None) => Kind::Algorithm(algorithm.unwrap_or(AlgorithmName::LeakyBucket)),
+        (None, Some(_), None) => Kind::Windows,
+        (None, None, Some(_)) => Kind::Concurrency,
+        _ => {
+            e.add(at.to_owned(), "give one of `algorithm`, `rates` or `concurrency`");
             return None;
         }
-        (None, Some(_)) => Kind::Concurrency,
-        (algorithm, None) => Kind::Algorithm(algorithm.unwrap_or(AlgorithmName::LeakyBucket)),
     };
     let given = [
+        ("rates", raw.rates.is_some()),
         ("rate", raw.rate.is_some()),
         ("burst", raw.burst.is_some()),
         ("nodelay", raw.nodelay.is_some()),
@@ -147,7 +152,8 @@ fn policy(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Policy> {
     let missing = |e: &mut Errors<'_>, field: &str, example: &str| {
         e.add(at.to_owned(), format!("{} needs `{field}` (e.g. {field}: {example})", kind.describe()));
     };
-    match kind {
+    let one = match kind {
+        Kind::Windows => return windows(e, at, raw.rates.as_deref().unwrap_or_default()),
         Kind::Algorithm(AlgorithmName::LeakyBucket) if raw.rate.is_none() => {
             e.add(at.to_owned(), "needs `rate: N r/DURATION` (e.g. 10r/s), `concurrency: N`, or an `algorithm`");
             None
@@ -244,23 +250,13 @@ fn policy(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Policy> {
                 e.duration(&format!("{at}.retry_after"), raw.retry_after.as_ref(), DEFAULT_CONCURRENCY_RETRY_AFTER);
             Some(Policy::Concurrency { max, retry_after })
         }
-    }
+    };
+    one.map(|policy| vec![policy])
 }
 
 /// `rates: [10r/s, 10000r/d]`: each window admits N per W (a token bucket of capacity N
 /// refilled at N per W), and a request must fit every window.
-fn windows(e: &mut Errors<'_>, at: &str, raw: &RawLimit, rates: &[String]) -> Option<Vec<Policy>> {
-    let others = [
-        ("rate", raw.rate.is_some()),
-        ("burst", raw.burst.is_some()),
-        ("nodelay", raw.nodelay.is_some()),
-        ("delay", raw.delay.is_some()),
-        ("algorithm", raw.algorithm.is_some()),
-        ("concurrency", raw.concurrency.is_some()),
-    ];
-    for (field, _) in others.iter().filter(|(_, given)| *given) {
-        e.add(format!("{at}.{field}"), "does not go with `rates` (each window admits N per its duration)");
-    }
+fn windows(e: &mut Errors<'_>, at: &str, rates: &[String]) -> Option<Vec<Policy>> {
     if rates.is_empty() {
         e.add(format!("{at}.rates"), "needs at least one rate");
     }

@@ -75,8 +75,8 @@ impl Algorithm {
 
     pub fn keys(&self) -> usize {
         match self {
-            Algorithm::LeakyBucket(_, t) | Algorithm::FixedWindow(_, t) | Algorithm::Concurrency(_, t) => t.len(),
-            Algorithm::SlidingWindow(_, t) => t.len(),
+            Algorithm::LeakyBucket(_, t) | Algorithm::FixedWindow(_, t) | Algorithm::Concurrency(_, t) => t.keys(),
+            Algorithm::SlidingWindow(_, t) => t.keys(),
             Algorithm::SlidingLog(_, t) => t.keys(),
         }
     }

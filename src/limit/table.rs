@@ -80,12 +80,8 @@ impl<S: State> KeyTable<S> {
     }
 
     /// Keys held now (takes every shard's lock: for tests and metrics, not the request path).
-    pub fn len(&self) -> usize {
+    pub fn keys(&self) -> usize {
         self.shards.iter().map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len).sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// Stores `state` for `key` in its locked `shard`. If room must be made, `idle(state)`
@@ -230,7 +226,7 @@ mod tests {
         table.put(&mut shard, 100, 1, |s| s == 0, |s| s);
         drop(shard);
         assert_eq!(table.evictions(), 0);
-        assert_eq!(table.len(), 5);
+        assert_eq!(table.keys(), 5);
         assert_eq!(table.lock(1).get(1), Some(1));
         assert_eq!(table.lock(2).get(2), None);
     }
@@ -249,7 +245,7 @@ mod tests {
         table.put(&mut shard, 1000, 101, |_| false, |s| s);
         drop(shard);
         assert_eq!(table.evictions(), 2);
-        assert_eq!(table.len(), 15);
+        assert_eq!(table.keys(), 15);
         assert!(table.lock(1).get(1).is_some());
         assert!(table.lock(2).get(2).is_none() && table.lock(3).get(3).is_none());
         assert!(table.lock(4).get(4).is_some());
@@ -287,7 +283,7 @@ mod tests {
             let mut shard = table.lock(x);
             table.put(&mut shard, x, now, |_| false, |s| s);
         }
-        assert!(table.len() <= 10_000 + 63, "{}", table.len());
+        assert!(table.keys() <= 10_000 + 63, "{}", table.keys());
         assert!(table.evictions() >= 190_000);
     }
 }

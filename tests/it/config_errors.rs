@@ -164,3 +164,19 @@ fn overrides_must_name_another_limit_without_overrides_of_its_own() {
         assert!(stderr.contains(expected), "{expected}\nnot in\n{stderr}");
     }
 }
+
+#[test]
+fn rates_take_no_other_rate_fields_and_exclude_an_algorithm() {
+    let yaml = format!(
+        "{BASE}  a: {{ key: ip, rates: [10r/s, 1000r/d], burst: 5 }}\n  b: {{ key: ip, rates: [10r/s], algorithm: gcra }}\n  c: {{ key: ip, rates: [] }}\n"
+    );
+    let (out, stderr) = check(&yaml);
+    assert!(!out.status.success());
+    for expected in [
+        "FILE:3:49: limits.a.burst: does not apply to several windows (`rates`) (its fields: rates)",
+        "FILE:4:6: limits.b: give one of `algorithm`, `rates` or `concurrency`",
+        "limits.c.rates: needs at least one rate",
+    ] {
+        assert!(stderr.contains(expected), "{expected}\nnot in\n{stderr}");
+    }
+}
