@@ -160,10 +160,12 @@ impl Proxy {
                 (Outcome::Delayed(wait), false) => ("request delayed", true, wait),
                 (Outcome::Delayed(wait), true) => ("dry run: request would be delayed", true, wait),
             };
-            let key = self.limiters.key_label(s.limit, src, self.config.redact_keys);
+            // Field values are only computed when the level is enabled: no key label is
+            // built for lines nobody reads.
             macro_rules! emit {
                 ($level:expr) => {
-                    tracing::event!($level, route = %route.name, limit = %limit.name, key = %key,
+                    tracing::event!($level, route = %route.name, limit = %limit.name,
+                        key = %self.limiters.key_label(s.limit, src, self.config.redact_keys),
                         excess = format_args!("{:.3}", s.excess), ms = ms.as_millis() as u64, "{message}")
                 };
             }
