@@ -19,3 +19,4 @@ pub mod config;
 pub mod limit;
 pub mod proxy;
 pub mod server;
+pub mod store;

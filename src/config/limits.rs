@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::raw::{AlgorithmName, RawKey, RawLimit};
 use super::units::parse_rate;
+use super::store::scope;
 use super::validate::{Errors, allow, check_name, names, positive_duration, status_in};
 use super::{Ban, Limit, LogLevel, Policy, Rate};
 use crate::limit::allow::Allow;
@@ -34,6 +35,7 @@ pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeM
     if raw.max_keys == Some(0) {
         e.add(format!("{at}.max_keys"), "must be a positive integer");
     }
+    let scope = scope(e, &at, raw, policy.as_deref().unwrap_or_default());
     Limit {
         name: name.to_owned(),
         key: KeySpec(parts.into()),
@@ -47,6 +49,7 @@ pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeM
         allow: allow(e, &format!("{at}.allow"), raw.allow.as_ref()),
         count: count(e, &at, raw),
         overrides: overrides(e, &at, name, raw, all),
+        scope,
     }
 }
 

@@ -7,6 +7,7 @@
 mod limits;
 mod position;
 mod raw;
+mod store;
 pub mod units;
 mod validate;
 
@@ -22,7 +23,7 @@ use ipnet::IpNet;
 
 use crate::limit::allow::Allow;
 use crate::limit::key::KeySpec;
-pub use raw::{HeaderMode, HeaderStyle, LogLevel, RejectionBody};
+pub use raw::{HeaderMode, HeaderStyle, LogLevel, OnStoreError, RejectionBody};
 pub use units::Rate;
 
 #[derive(Debug)]
@@ -37,6 +38,8 @@ pub struct Config {
     /// Log a keyed hash instead of the key's value.
     pub redact_keys: bool,
     pub upstreams: Vec<Upstream>,
+    /// The Redis of global limits (required when one is global).
+    pub redis: Option<Redis>,
     pub limits: Vec<Limit>,
     pub routes: Vec<Route>,
 }
@@ -48,6 +51,43 @@ pub struct Upstream {
     pub connect_timeout: Duration,
     /// Longest wait for the response headers once the request is sent.
     pub timeout: Duration,
+}
+
+/// The `redis:` section: where global limits keep their state, and how long sluicegate
+/// waits for it.
+#[derive(Debug, Clone)]
+pub struct Redis {
+    /// `redis://` or `rediss://` (TLS), with optional credentials and database.
+    pub url: String,
+    /// `url` is one node of a Redis Cluster; the others are discovered.
+    pub cluster: bool,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    /// Longest wait for one decision; past it, each global limit's `on_store_error` applies.
+    pub timeout: Duration,
+    pub connect_timeout: Duration,
+    /// Multiplexed connections; concurrent requests are pipelined on each.
+    pub connections: usize,
+    /// Start of every key sluicegate writes.
+    pub key_prefix: String,
+    /// Failed calls in a row that open the circuit breaker.
+    pub breaker_failures: u32,
+    /// How long an open breaker skips Redis before one call probes it again.
+    pub breaker_cooldown: Duration,
+    /// Lifetime of a global concurrency slot unless renewed (its holder renews it while
+    /// the request lives).
+    pub lease_ttl: Duration,
+    /// Keys known to be over a global limit, remembered per limit (0: no near-cache).
+    pub near_cache_keys: usize,
+}
+
+/// Where a limit keeps its state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// In this process.
+    Local,
+    /// In Redis, shared by every instance; `instances` divides the local fallback's rate.
+    Global { on_store_error: OnStoreError, instances: u64 },
 }
 
 #[derive(Debug)]
@@ -72,6 +112,7 @@ pub struct Limit {
     /// Requests matching an override are decided by that limit (index into
     /// `Config::limits`) instead: a paid tier with its own rate, say.
     pub overrides: Vec<(Allow, usize)>,
+    pub scope: Scope,
 }
 
 /// `ban` and `ban_max` of a limit: a first ban lasts `base`; a repeat within `max` of the
@@ -102,6 +143,12 @@ pub enum Policy {
     SlidingLog { limit: u64, window: Duration },
     /// Requests in progress (nginx `limit_conn`); a rejection says `Retry-After`.
     Concurrency { max: u64, retry_after: Duration },
+}
+
+impl Policy {
+    pub fn is_concurrency(&self) -> bool {
+        matches!(self, Policy::Concurrency { .. })
+    }
 }
 
 #[derive(Debug)]

@@ -26,6 +26,7 @@ pub struct RawConfig {
     pub redact_keys: bool,
     #[serde(default)]
     pub upstreams: BTreeMap<String, RawUpstream>,
+    pub redis: Option<RawRedis>,
     #[serde(default)]
     pub limits: BTreeMap<String, RawLimit>,
     #[serde(default)]
@@ -45,6 +46,25 @@ pub struct RawUpstream {
     pub servers: Vec<String>,
     pub connect_timeout: Option<String>,
     pub timeout: Option<String>,
+}
+
+/// The Redis that global limits share.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRedis {
+    pub url: String,
+    #[serde(default)]
+    pub cluster: bool,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub timeout: Option<String>,
+    pub connect_timeout: Option<String>,
+    pub connections: Option<u64>,
+    pub key_prefix: Option<String>,
+    pub breaker_failures: Option<u32>,
+    pub breaker_cooldown: Option<String>,
+    pub lease_ttl: Option<String>,
+    pub near_cache_keys: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -76,6 +96,29 @@ pub struct RawLimit {
     pub count: Option<Vec<u16>>,
     #[serde(default)]
     pub overrides: Vec<RawOverride>,
+    pub scope: Option<ScopeName>,
+    pub on_store_error: Option<OnStoreError>,
+    pub instances: Option<u64>,
+}
+
+/// Where a limit keeps its state: in this process, or in Redis, shared by every instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScopeName {
+    Local,
+    Global,
+}
+
+/// What a global limit does while Redis cannot answer in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnStoreError {
+    /// Admit the request (fail open).
+    Allow,
+    /// Refuse it with 503 (fail closed).
+    Deny,
+    /// Decide it with a local limiter of the same policy (its rate divided by `instances`).
+    Local,
 }
 
 /// Requests matching `match` are decided by the limit named in `use` instead.

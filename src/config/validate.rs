@@ -11,7 +11,7 @@ use http::uri::Authority;
 use http::{HeaderMap, Method, StatusCode};
 use ipnet::IpNet;
 
-use super::limits;
+use super::{limits, store};
 use super::position::Positions;
 use super::raw::{RawAllow, RawConfig, RawMatch, RawRespond, RawRoute, RawUpstream};
 use super::units::parse_duration;
@@ -72,7 +72,11 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
         e.duration("server.shutdown_grace", raw.server.shutdown_grace.as_ref(), DEFAULT_SHUTDOWN_GRACE);
 
     let upstreams = raw.upstreams.iter().map(|(name, u)| upstream(&mut e, name, u)).collect();
-    let limits = raw.limits.iter().map(|(name, l)| limits::limit(&mut e, name, l, &raw.limits)).collect();
+    let redis = raw.redis.as_ref().map(|r| store::redis(&mut e, r));
+    let limits: Vec<_> = raw.limits.iter().map(|(name, l)| limits::limit(&mut e, name, l, &raw.limits)).collect();
+    if redis.is_none() {
+        store::require_redis(&mut e, &limits);
+    }
     let routes = raw.routes.iter().enumerate().map(|(i, r)| route(&mut e, i, r, &raw)).collect();
 
     match listen {
@@ -86,6 +90,7 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
             rejection_body: raw.rejection_body,
             redact_keys: raw.redact_keys,
             upstreams,
+            redis,
             limits,
             routes,
         }),

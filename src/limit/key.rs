@@ -109,13 +109,50 @@ impl KeySpec {
     /// escape a limit keyed on `[ip, header:x]`.
     pub fn hash(&self, src: &KeySource<'_>, seed: &RandomState) -> Option<u64> {
         let mut h = seed.build_hasher();
+        self.feed(src, &mut h).then(|| h.finish())
+    }
+
+    /// The key of `src` as every instance computes it, for global limits: 128 bits of
+    /// SHA-1 in hex (a fixed function, unlike `hash`, whose seed is per process; and
+    /// one that keeps key values such as tokens out of Redis).
+    pub fn global(&self, src: &KeySource<'_>) -> Option<String> {
+        let mut h = Sha1Hasher(sha1_smol::Sha1::new());
+        if !self.feed(src, &mut h) {
+            return None;
+        }
+        let digest = h.0.digest().bytes();
+        Some(digest[..16].iter().map(|b| format!("{b:02x}")).collect())
+    }
+
+    /// Feeds every part of `src` into `h`; false when all are missing.
+    fn feed(&self, src: &KeySource<'_>, h: &mut impl Hasher) -> bool {
         let mut any = false;
         for part in self.0.iter() {
-            let present = feed(part, src, &mut h);
+            let present = feed(part, src, h);
             h.write_u8(u8::from(present));
             any |= present;
         }
-        any.then(|| h.finish())
+        any
+    }
+}
+
+/// SHA-1 behind the `Hasher` interface that key parts are fed through (`finish` is not
+/// used: the digest is read in full).
+struct Sha1Hasher(sha1_smol::Sha1);
+
+impl Hasher for Sha1Hasher {
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        // Fixed width, so that 32- and 64-bit instances agree.
+        self.0.update(&(n as u64).to_le_bytes());
+    }
+
+    fn finish(&self) -> u64 {
+        let d = self.0.digest().bytes();
+        u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
     }
 }
 

@@ -13,6 +13,7 @@ pub mod allow;
 pub mod ban;
 pub mod concurrency;
 pub mod fixed_window;
+mod global;
 pub mod key;
 pub mod leaky_bucket;
 pub mod receipt;
@@ -27,7 +28,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use http::StatusCode;
 use smallvec::SmallVec;
 
-use crate::config::{Config, Limit};
+use crate::config::{Config, Limit, Policy, Rate, Scope};
+use crate::store::Store;
 use algorithm::{Algorithm, Held};
 use allow::Allow;
 use ban::Bans;
@@ -71,6 +73,7 @@ struct Limiter {
     bans: Option<Bans>,
     status: StatusCode,
     dry_run: bool,
+    scope: Scope,
 }
 
 /// One limit's part in a decision: its key, its locked shards, what it decided.
@@ -87,6 +90,8 @@ struct Entry<'a> {
 pub struct Limiters {
     seed: RandomState,
     limits: Box<[Limiter]>,
+    /// Where global limits are decided (`None`: every limit is local).
+    store: Option<Arc<Store>>,
 }
 
 /// How a request fared with one limit.
@@ -119,17 +124,25 @@ pub struct Standing {
 /// What the limits of a route make of a request. A rejection is an outcome, not an error.
 pub enum Decision {
     /// Go on after `wait` (zero for most requests), holding `permits` until the
-    /// response is done, and settling `pending` with the response's status.
-    Pass { wait: Duration, standings: SmallVec<[Standing; 2]>, permits: Permits, pending: Pending },
+    /// response is done, and settling `pending` with the response's status. The local
+    /// limits decided at `at`.
+    Pass { wait: Duration, standings: SmallVec<[Standing; 2]>, permits: Permits, pending: Pending, at: u64 },
     /// Answer `status` now; `limit` (index into `Config::limits`) is the enforced
     /// rejecting limit that would admit the request last, after `retry_after`.
     Reject { limit: usize, status: StatusCode, retry_after: Duration, standings: SmallVec<[Standing; 2]> },
 }
 
 impl Limiters {
+    /// The limiters of `config`; with global limits, this connects to Redis in the
+    /// background (call within a Tokio runtime).
     pub fn new(config: &Config) -> Arc<Self> {
         let limits = config.limits.iter().map(limiter).collect();
-        Arc::new(Limiters { seed: RandomState::new(), limits })
+        Arc::new(Limiters { seed: RandomState::new(), limits, store: Store::new(config) })
+    }
+
+    /// The Redis store of global limits, if any.
+    pub fn store(&self) -> Option<&Arc<Store>> {
+        self.store.as_ref()
     }
 
     /// Bans imposed by limit `index` since start.
@@ -164,9 +177,9 @@ impl Limiters {
     }
 
     /// Decides the request `src`, weighing `cost` units (≥ 1, and no more than every
-    /// limit's `capacity`), against `limits` (ascending indices) at the time `clock` gives. The clock is read once every lock is held: read earlier, a request
-    /// delayed on its way to the lock could find a later instant already stored by
-    /// another thread and count the difference as excess.
+    /// limit's `capacity`), against `limits` (ascending indices) at the time `clock` gives,
+    /// all locally (a global limit by its local fallback): see `decide` for the request
+    /// path.
     pub fn check(
         self: &Arc<Self>,
         limits: &[usize],
@@ -174,8 +187,14 @@ impl Limiters {
         cost: u64,
         clock: impl FnOnce() -> u64,
     ) -> Decision {
-        // An override swaps a limit for another: sort again so that locks are still
-        // taken in ascending order.
+        let chosen = self.choose(limits, src);
+        self.check_chosen(&chosen, src, cost, clock)
+    }
+
+    /// The limits that decide `src`: `limits` with overrides applied (sorted again, so
+    /// that locks are still taken in ascending order), less those whose allow-list
+    /// exempts it.
+    fn choose(&self, limits: &[usize], src: &KeySource<'_>) -> SmallVec<[usize; 2]> {
         let mut chosen: SmallVec<[usize; 2]> = SmallVec::from_slice(limits);
         let mut swapped = false;
         for limit in chosen.iter_mut() {
@@ -188,12 +207,26 @@ impl Limiters {
             chosen.sort_unstable();
             chosen.dedup();
         }
+        chosen.retain(|&mut limit| {
+            let allow = &self.limits[limit].allow;
+            allow.is_empty() || !allow.admits(src)
+        });
+        chosen
+    }
+
+    /// Decides `src` against the `chosen` limits, all local. The clock is read once every
+    /// lock is held: read earlier, a request delayed on its way to the lock could find a
+    /// later instant already stored by another thread and count the difference as excess.
+    fn check_chosen(
+        self: &Arc<Self>,
+        chosen: &[usize],
+        src: &KeySource<'_>,
+        cost: u64,
+        clock: impl FnOnce() -> u64,
+    ) -> Decision {
         let mut entries: SmallVec<[Entry<'_>; 2]> = SmallVec::new();
-        for &limit in &chosen {
+        for &limit in chosen {
             let limiter = &self.limits[limit];
-            if !limiter.allow.is_empty() && limiter.allow.admits(src) {
-                continue;
-            }
             if let Some(key) = limiter.key.hash(src, &self.seed) {
                 // The limit's shards in window order, then its ban shard (held by the
                 // first window's entry): one order for every request.
@@ -234,25 +267,13 @@ impl Limiters {
                 standings[n].banned = true;
             }
         }
-        let rejected = standings
-            .iter()
-            .filter(|s| !self.limits[s.limit].dry_run)
-            .filter_map(|s| match s.outcome {
-                Outcome::Rejected(after) => Some((s.limit, after)),
-                _ => None,
-            })
-            .max_by_key(|&(_, after)| after);
-        if let Some((limit, retry_after)) = rejected {
-            // The others describe the key as if this request had counted; it did not.
-            for s in standings.iter_mut().filter(|s| !matches!(s.outcome, Outcome::Rejected(_))) {
-                s.remaining += 1;
-            }
-            return Decision::Reject { limit, status: self.limits[limit].status, retry_after, standings };
+        if let Some(rejection) = self.rejection(&standings) {
+            return self.reject(rejection, standings);
         }
 
         let mut wait = 0;
         let mut permits = Permits::default();
-        let mut pending = Pending { cost, at: now, ..Pending::default() };
+        let mut pending = Pending { cost, ..Pending::default() };
         for (n, e) in entries.iter_mut().enumerate() {
             // A dry-run limit that would reject, in any of its windows, keeps all of its
             // state, as it would have if enforced. (Its windows are entries n - window..)
@@ -273,10 +294,43 @@ impl Limiters {
             }
             if limiter.counted.is_some() && e.window == 0 {
                 pending.limiters.get_or_insert_with(|| Arc::clone(self));
-                pending.admissions.push((e.limit, e.key));
+                pending.admissions.push((e.limit, e.key, now));
             }
         }
-        Decision::Pass { wait: Duration::from_nanos(wait), standings, permits, pending }
+        Decision::Pass { wait: Duration::from_nanos(wait), standings, permits, pending, at: now }
+    }
+
+    /// The enforced limit that rejects, if one does: the one that would admit last.
+    fn rejection(&self, standings: &[Standing]) -> Option<(usize, Duration)> {
+        standings
+            .iter()
+            .filter(|s| !self.limits[s.limit].dry_run)
+            .filter_map(|s| match s.outcome {
+                Outcome::Rejected(after) => Some((s.limit, after)),
+                _ => None,
+            })
+            .max_by_key(|&(_, after)| after)
+    }
+
+    /// The rejection of a request by `limit`, with the standings of all its limits.
+    fn reject(&self, (limit, retry_after): (usize, Duration), mut standings: SmallVec<[Standing; 2]>) -> Decision {
+        // The others describe the key as if this request had counted; it did not.
+        for s in standings.iter_mut().filter(|s| !matches!(s.outcome, Outcome::Rejected(_))) {
+            s.remaining += 1;
+        }
+        Decision::Reject { limit, status: self.limits[limit].status, retry_after, standings }
+    }
+
+    /// Takes back every admission of a passed decision (its `standings`, decided at
+    /// `at`): another part of the request's limits refused it after all.
+    fn undo(&self, standings: &[Standing], src: &KeySource<'_>, cost: u64, at: u64) {
+        for s in standings {
+            let limiter = &self.limits[s.limit];
+            let rejects = standings.iter().any(|o| o.limit == s.limit && matches!(o.outcome, Outcome::Rejected(_)));
+            if let (false, Some(key)) = (rejects, limiter.key.hash(src, &self.seed)) {
+                limiter.windows[s.window].lock(key).refund(key, cost, at);
+            }
+        }
     }
 
     /// Takes back an admission of limit `limit` for `key` unless it counts `status`.
@@ -313,16 +367,39 @@ fn standing(limit: usize, window: usize, verdict: &Verdict) -> Standing {
     Standing { limit, window, outcome, remaining, reset: Duration::from_nanos(reset), excess, banned: false }
 }
 
+/// A limit's local limiter. A global limit's is its `on_store_error: local` fallback,
+/// each window's rate divided by `instances` (rounded up, so never to zero).
 fn limiter(limit: &Limit) -> Limiter {
+    let share = match limit.scope {
+        Scope::Global { instances, .. } => instances,
+        Scope::Local => 1,
+    };
+    let windows = limit.windows.iter().map(|policy| Algorithm::new(&shared(policy, share), limit.max_keys)).collect();
     Limiter {
         key: limit.key.clone(),
         allow: limit.allow.clone(),
-        windows: limit.windows.iter().map(|policy| Algorithm::new(policy, limit.max_keys)).collect(),
+        windows,
         counted: limit.count.clone(),
         overrides: limit.overrides.clone().into(),
         bans: limit.ban.map(|ban| Bans::new(ban.base, ban.max, limit.max_keys)),
         status: limit.status,
         dry_run: limit.dry_run,
+        scope: limit.scope,
+    }
+}
+
+/// `policy` with its rate divided among `instances`.
+fn shared(policy: &Policy, instances: u64) -> Policy {
+    let part = |n: u64| n.div_ceil(instances).max(1);
+    match *policy {
+        Policy::Rate { rate, burst, delay } => {
+            let per = rate.per.saturating_mul(u32::try_from(instances).unwrap_or(u32::MAX));
+            Policy::Rate { rate: Rate { count: rate.count, per }, burst, delay }
+        }
+        Policy::FixedWindow { limit, window } => Policy::FixedWindow { limit: part(limit), window },
+        Policy::SlidingWindow { limit, window } => Policy::SlidingWindow { limit: part(limit), window },
+        Policy::SlidingLog { limit, window } => Policy::SlidingLog { limit: part(limit), window },
+        Policy::Concurrency { max, retry_after } => Policy::Concurrency { max: part(max), retry_after },
     }
 }
 

@@ -1,17 +1,21 @@
 //! What a passed request carries until its response is known: the concurrency slots it
-//! holds (`Permits`) and the admissions that only some statuses keep (`Pending`).
+//! holds (`Permits`: local slots and global leases) and the admissions that only some
+//! statuses keep (`Pending`).
 
 use std::sync::Arc;
 
 use smallvec::SmallVec;
 
 use super::Limiters;
+use crate::store::{Admissions, Lease};
 
 /// The concurrency slots a request holds, given back when this is dropped or released.
 #[derive(Default)]
 pub struct Permits {
     pub(super) limiters: Option<Arc<Limiters>>,
     pub(super) slots: SmallVec<[(usize, u64); 2]>,
+    /// Slots in global concurrency limits; each is given back when dropped.
+    pub(super) leases: Vec<Lease>,
 }
 
 /// Admissions by limits that count only some responses (`count:`), to be kept or taken
@@ -20,19 +24,30 @@ pub struct Permits {
 #[derive(Default)]
 pub struct Pending {
     pub(super) limiters: Option<Arc<Limiters>>,
-    /// (limit, key) of each admission, all of `cost` units at `at`.
-    pub(super) admissions: SmallVec<[(usize, u64); 1]>,
+    /// (limit, key, instant) of each local admission, all of `cost` units.
+    pub(super) admissions: SmallVec<[(usize, u64, u64); 1]>,
     pub(super) cost: u64,
-    pub(super) at: u64,
+    /// Global admissions, boxed: most requests have none.
+    pub(super) global: Option<Box<Admissions>>,
 }
 
 impl Pending {
     /// Takes back the admissions of limits that do not count `status`.
     pub fn settle(self, status: u16) {
-        let Some(limiters) = &self.limiters else { return };
-        for &(limit, key) in &self.admissions {
-            limiters.settle(limit, key, self.cost, self.at, status);
+        if let Some(limiters) = &self.limiters {
+            for &(limit, key, at) in &self.admissions {
+                limiters.settle(limit, key, self.cost, at, status);
+            }
         }
+        if let Some(global) = &self.global {
+            global.settle(self.cost, status);
+        }
+    }
+
+    /// Adds `other`'s admissions (the same request's, decided in a second step).
+    pub(super) fn absorb(&mut self, other: Pending) {
+        self.limiters = self.limiters.take().or(other.limiters);
+        self.admissions.extend(other.admissions);
     }
 }
 
@@ -44,6 +59,14 @@ impl Permits {
                 limiters.release(limit, key);
             }
         }
+        self.leases.clear();
+    }
+
+    /// Adds `other`'s slots (the same request's, taken in a second step).
+    pub(super) fn absorb(&mut self, mut other: Permits) {
+        self.limiters = self.limiters.take().or(other.limiters.take());
+        self.slots.extend(other.slots.drain(..));
+        self.leases.append(&mut other.leases);
     }
 }
 

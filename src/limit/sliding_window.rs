@@ -59,8 +59,8 @@ impl SlidingWindow {
             let retry_after = self.retry_after(prev, curr, elapsed, cost);
             return Verdict::Reject { retry_after, reset: self.reset(prev, curr, elapsed), excess };
         }
-        let curr = curr + 1;
-        let remaining = (limit * w - (weighted + w)) / w;
+        let curr = curr + cost;
+        let remaining = (limit * w - (weighted + units)) / w;
         Verdict::Admit {
             state: (prev << 32) | curr,
             wait: 0,
@@ -140,6 +140,15 @@ mod tests {
                 }
             })
             .collect()
+    }
+
+    #[test]
+    fn a_costly_request_counts_as_its_cost() {
+        let w = SlidingWindow::new(3, Duration::from_secs(1));
+        let Verdict::Admit { state, remaining: 1, .. } = w.decide(None, 0, 2) else { panic!("cost 2 of 3 refused") };
+        let stored = Some(w.stored(state, 0));
+        assert!(matches!(w.decide(stored, 0, 2), Verdict::Reject { .. }));
+        assert!(matches!(w.decide(stored, 0, 1), Verdict::Admit { remaining: 0, .. }));
     }
 
     #[test]

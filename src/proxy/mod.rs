@@ -20,7 +20,7 @@ use tracing::{Level, debug, warn};
 
 use crate::config::{Action, Config, Cost, HeaderMode, LogLevel, Route};
 use crate::limit::key::KeySource;
-use crate::limit::{self, Decision, Limiters, Outcome, Standing};
+use crate::limit::{Decision, Limiters, Outcome, Standing};
 use error::ProxyError;
 use forward::{Hop, UpstreamClient};
 use response::ProxyBody;
@@ -70,7 +70,7 @@ impl Proxy {
         // An exempt request skips the route's limits altogether.
         let limits = if route.allow.admits(&src) { &[][..] } else { &route.limits[..] };
         let cost = self.cost(route, req.headers())?;
-        let decision = self.limiters.check(limits, &src, cost, limit::now);
+        let decision = self.limiters.decide(limits, &src, cost).await;
         let (standings, permits, pending) = match decision {
             Decision::Reject { status, retry_after, standings, .. } => {
                 self.log_outcomes(route, &standings, &src, true);
@@ -85,7 +85,7 @@ impl Proxy {
                 }
                 return Ok(response);
             }
-            Decision::Pass { wait, standings, permits, pending } => {
+            Decision::Pass { wait, standings, permits, pending, .. } => {
                 self.log_outcomes(route, &standings, &src, false);
                 if !wait.is_zero() {
                     // A client that goes away while waiting drops this future here: its

@@ -228,6 +228,7 @@ mod tests {
             allow: Default::default(),
             count: None,
             overrides: Vec::new(),
+            scope: crate::config::Scope::Local,
         }
     }
 

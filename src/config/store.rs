@@ -1,0 +1,120 @@
+//! The `redis:` section, and what a limit's `scope: global` asks of it and of its policy.
+
+use std::time::Duration;
+
+use redis::IntoConnectionInfo;
+
+use super::raw::{OnStoreError, RawLimit, RawRedis, ScopeName};
+use super::validate::{Errors, positive_duration};
+use super::{Limit, Policy, Redis, Scope};
+
+const DEFAULT_TIMEOUT: Duration = Duration::from_millis(20);
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+const DEFAULT_BREAKER_FAILURES: u32 = 5;
+const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_secs(1);
+const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
+const DEFAULT_NEAR_CACHE_KEYS: u64 = 100_000;
+pub const DEFAULT_KEY_PREFIX: &str = "sluicegate:";
+
+/// Global scripts compute in Lua numbers (doubles), exact up to 2^53; spans of time up to
+/// 2^52 ns (52 days) and products of counts and microseconds up to 2^52 leave room.
+const EXACT: u128 = 1 << 52;
+
+pub(super) fn redis(e: &mut Errors<'_>, raw: &RawRedis) -> Redis {
+    if let Err(err) = raw.url.as_str().into_connection_info() {
+        e.add("redis.url".into(), format!("invalid Redis URL {:?}: {err}", raw.url));
+    }
+    let positive = |e: &mut Errors<'_>, field: &str, text: Option<&String>, default: Duration| match text {
+        None => default,
+        Some(text) => e.check(|| format!("redis.{field}"), positive_duration(text)).unwrap_or(default),
+    };
+    let connections = raw.connections.unwrap_or(1);
+    if !(1..=64).contains(&connections) {
+        e.add("redis.connections".into(), "must be from 1 to 64");
+    }
+    if raw.breaker_failures == Some(0) {
+        e.add("redis.breaker_failures".into(), "must be a positive integer");
+    }
+    let key_prefix = raw.key_prefix.clone().unwrap_or_else(|| DEFAULT_KEY_PREFIX.to_owned());
+    if key_prefix.contains(['{', '}']) {
+        e.add("redis.key_prefix".into(), "must not contain '{' or '}': sluicegate places the cluster hash tag itself");
+    }
+    let lease_ttl = positive(e, "lease_ttl", raw.lease_ttl.as_ref(), DEFAULT_LEASE_TTL);
+    if lease_ttl < Duration::from_millis(300) {
+        e.add("redis.lease_ttl".into(), "must be at least 300ms (leases are renewed every third of it)");
+    }
+    Redis {
+        url: raw.url.clone(),
+        cluster: raw.cluster,
+        username: raw.username.clone(),
+        password: raw.password.clone(),
+        timeout: positive(e, "timeout", raw.timeout.as_ref(), DEFAULT_TIMEOUT),
+        connect_timeout: positive(e, "connect_timeout", raw.connect_timeout.as_ref(), DEFAULT_CONNECT_TIMEOUT),
+        connections: usize::try_from(connections.clamp(1, 64)).unwrap_or(1),
+        key_prefix,
+        breaker_failures: raw.breaker_failures.unwrap_or(DEFAULT_BREAKER_FAILURES).max(1),
+        breaker_cooldown: positive(e, "breaker_cooldown", raw.breaker_cooldown.as_ref(), DEFAULT_BREAKER_COOLDOWN),
+        lease_ttl,
+        near_cache_keys: usize::try_from(raw.near_cache_keys.unwrap_or(DEFAULT_NEAR_CACHE_KEYS)).unwrap_or(usize::MAX),
+    }
+}
+
+/// Global limits need the `redis:` section.
+pub(super) fn require_redis(e: &mut Errors<'_>, limits: &[Limit]) {
+    for limit in limits.iter().filter(|l| matches!(l.scope, Scope::Global { .. })) {
+        e.add(
+            format!("limits.{}.scope", limit.name),
+            "a global limit needs a `redis:` section (e.g. redis: { url: \"redis://127.0.0.1:6379\" })",
+        );
+    }
+}
+
+/// The limit's `scope`, `on_store_error` and `instances`, and whether its policy fits the
+/// exact arithmetic of the global scripts.
+pub(super) fn scope(e: &mut Errors<'_>, at: &str, raw: &RawLimit, windows: &[Policy]) -> Scope {
+    if raw.scope != Some(ScopeName::Global) {
+        for (field, given) in [("on_store_error", raw.on_store_error.is_some()), ("instances", raw.instances.is_some())]
+        {
+            if given {
+                e.add(format!("{at}.{field}"), "applies only to global limits (`scope: global`)");
+            }
+        }
+        return Scope::Local;
+    }
+    let on_store_error = raw.on_store_error.unwrap_or(OnStoreError::Local);
+    match raw.instances {
+        Some(0) => e.add(format!("{at}.instances"), "must be a positive integer"),
+        Some(_) if on_store_error != OnStoreError::Local => {
+            e.add(format!("{at}.instances"), "applies only with `on_store_error: local`")
+        }
+        _ => {}
+    }
+    for policy in windows {
+        if let Err(message) = fits_globally(policy) {
+            e.add(at.to_owned(), message);
+        }
+    }
+    Scope::Global { on_store_error, instances: raw.instances.unwrap_or(1).max(1) }
+}
+
+fn fits_globally(policy: &Policy) -> Result<(), String> {
+    let ns = |d: Duration| d.as_nanos();
+    match *policy {
+        Policy::Rate { rate, burst, .. } if u128::from(rate.period_ns()) * u128::from(burst + 1) > EXACT => {
+            return Err("a global rate limit must drain within 52 days (burst + 1 periods)".into());
+        }
+        Policy::FixedWindow { window, .. } | Policy::SlidingWindow { window, .. }
+            if window.subsec_nanos() % 1_000_000 != 0 =>
+        {
+            return Err("a global window must be a whole number of milliseconds".into());
+        }
+        Policy::SlidingWindow { limit, window } if u128::from(limit) * window.as_micros() > EXACT => {
+            return Err("a global sliding window allows limit × window (in µs) up to 2^52: lower one of them".into());
+        }
+        Policy::SlidingLog { window, .. } if ns(window) > EXACT => {
+            return Err("a global sliding log's window must be at most 52 days".into());
+        }
+        _ => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,170 @@
+//! A request's local and global limits, decided together, all or nothing.
+//!
+//! 1. A global limit whose key the near-cache knows to be over its limit refuses at once.
+//! 2. The local limits decide (`check`); a local rejection costs Redis nothing.
+//! 3. One `Store::decide` call decides every global limit. If one rejects, the local
+//!    admissions of step 2 are taken back: no quota is spent anywhere.
+//! 4. If Redis fails or the breaker is open, each global limit's `on_store_error` decides:
+//!    `allow` admits, `deny` refuses with 503, `local` asks the limit's local twin (its
+//!    rate divided by `instances`), all or nothing with step 2.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+use smallvec::{SmallVec, smallvec};
+
+use super::key::KeySource;
+use super::{Decision, Limiters, Outcome, Standing, now};
+use crate::config::{OnStoreError, Scope};
+use crate::store::{Admissions, Call, Store, Verdicts};
+
+/// `Retry-After` of a request refused because Redis cannot answer (`on_store_error: deny`).
+const DENIED_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+impl Limiters {
+    /// Decides the request `src`, weighing `cost` units, against `limits` (ascending
+    /// indices), local and global.
+    pub async fn decide(self: &Arc<Self>, limits: &[usize], src: &KeySource<'_>, cost: u64) -> Decision {
+        let Some(store) = &self.store else { return self.check(limits, src, cost, now) };
+        let chosen = self.choose(limits, src);
+        let (global, local): (SmallVec<[usize; 2]>, SmallVec<[usize; 2]>) =
+            chosen.into_iter().partition(|&limit| store.is_global(limit));
+        let calls: SmallVec<[Call; 2]> = global
+            .iter()
+            .filter_map(|&limit| {
+                let hash = self.limits[limit].key.global(src)?;
+                let near = u64::from_str_radix(&hash[..16], 16).unwrap_or(0);
+                Some(Call { limit, base: store.base(limit, &hash), near })
+            })
+            .collect();
+        if let Some(refused) = self.near_refused(store, &calls) {
+            return refused;
+        }
+        let first = self.check_chosen(&local, src, cost, now);
+        if calls.is_empty() || matches!(first, Decision::Reject { .. }) {
+            return first;
+        }
+        match store.decide(&calls, cost, None).await {
+            Ok(verdicts) => self.with_global(first, verdicts, store, src, cost),
+            Err(_) => self.fall_back(first, &calls, store, src, cost),
+        }
+    }
+
+    /// The near-cache's refusal of the longest-refused enforced global limit, if any.
+    fn near_refused(&self, store: &Store, calls: &[Call]) -> Option<Decision> {
+        let t = now();
+        let (limit, left) = calls
+            .iter()
+            .filter(|c| !self.limits[c.limit].dry_run)
+            .filter_map(|c| Some((c.limit, Duration::from_nanos(store.near_refused(c, t)?))))
+            .max_by_key(|&(_, left)| left)?;
+        let standing = Standing {
+            limit,
+            window: 0,
+            outcome: Outcome::Rejected(left),
+            remaining: 0,
+            reset: left,
+            excess: 0.0,
+            banned: false,
+        };
+        Some(Decision::Reject { limit, status: self.limits[limit].status, retry_after: left, standings: smallvec![standing] })
+    }
+
+    /// The local decision `first` (a pass) joined with what Redis decided.
+    fn with_global(
+        &self,
+        first: Decision,
+        verdicts: Verdicts,
+        store: &Arc<Store>,
+        src: &KeySource<'_>,
+        cost: u64,
+    ) -> Decision {
+        let Decision::Pass { wait, mut standings, mut permits, mut pending, at } = first else { return first };
+        if verdicts.rejected {
+            self.undo(&standings, src, cost, at);
+        }
+        let global_wait = verdicts
+            .standings
+            .iter()
+            .filter(|s| !self.limits[s.limit].dry_run)
+            .filter_map(|s| match s.outcome {
+                Outcome::Delayed(wait) => Some(wait),
+                _ => None,
+            })
+            .max()
+            .unwrap_or_default();
+        standings.extend(verdicts.standings);
+        standings.sort_by_key(|s| (s.limit, s.window));
+        if let Some(rejection) = self.rejection(&standings) {
+            return self.reject(rejection, standings);
+        }
+        permits.leases = verdicts.leases;
+        let counted: SmallVec<_> =
+            verdicts.admissions.into_iter().filter(|a| self.limits[a.limit].counted.is_some()).collect();
+        if !counted.is_empty() {
+            pending.global = Some(Box::new(Admissions { store: Arc::clone(store), list: counted }));
+        }
+        Decision::Pass { wait: wait.max(global_wait), standings, permits, pending, at }
+    }
+
+    /// Decides the global limits of `calls` by their `on_store_error`, after `first` (a
+    /// pass) decided the local ones.
+    fn fall_back(
+        self: &Arc<Self>,
+        first: Decision,
+        calls: &[Call],
+        store: &Store,
+        src: &KeySource<'_>,
+        cost: u64,
+    ) -> Decision {
+        let Decision::Pass { wait, mut standings, mut permits, mut pending, at } = first else { return first };
+        let mut local: SmallVec<[usize; 2]> = SmallVec::new();
+        let mut denied = None;
+        for call in calls {
+            let limiter = &self.limits[call.limit];
+            let Scope::Global { on_store_error, .. } = limiter.scope else { continue };
+            store.fell_back(on_store_error);
+            match on_store_error {
+                OnStoreError::Allow => {}
+                OnStoreError::Deny if !limiter.dry_run => denied = Some(call.limit),
+                OnStoreError::Deny => {}
+                OnStoreError::Local => local.push(call.limit),
+            }
+        }
+        if let Some(limit) = denied {
+            self.undo(&standings, src, cost, at);
+            let standing = Standing {
+                limit,
+                window: 0,
+                outcome: Outcome::Rejected(DENIED_RETRY_AFTER),
+                remaining: 0,
+                reset: DENIED_RETRY_AFTER,
+                excess: 0.0,
+                banned: false,
+            };
+            return Decision::Reject {
+                limit,
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                retry_after: DENIED_RETRY_AFTER,
+                standings: smallvec![standing],
+            };
+        }
+        if local.is_empty() {
+            return Decision::Pass { wait, standings, permits, pending, at };
+        }
+        match self.check_chosen(&local, src, cost, now) {
+            rejection @ Decision::Reject { .. } => {
+                self.undo(&standings, src, cost, at);
+                rejection
+            }
+            Decision::Pass { wait: w, standings: s, permits: p, pending: q, .. } => {
+                standings.extend(s);
+                standings.sort_by_key(|s| (s.limit, s.window));
+                permits.absorb(p);
+                pending.absorb(q);
+                Decision::Pass { wait: wait.max(w), standings, permits, pending, at }
+            }
+        }
+    }
+}

@@ -1,0 +1,130 @@
+//! Connections to Redis, made without blocking start-up.
+//!
+//! A standalone Redis is reached through redis-rs `ConnectionManager`s: one multiplexed
+//! connection each (concurrent requests are pipelined on it), connected lazily and
+//! reconnected by redis-rs after an I/O error. A cluster client needs its first
+//! connection to learn the slots, so it is made by a background task that retries until
+//! Redis answers; until then every call fails at once (and `on_store_error` applies).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{Client, IntoConnectionInfo, RedisError, RedisResult, ScriptInvocation, Value};
+use tracing::{info, warn};
+
+use crate::config::Redis;
+
+#[derive(Clone)]
+enum Connection {
+    Standalone(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+pub struct Connections {
+    slots: Arc<[OnceLock<Connection>]>,
+    next: AtomicUsize,
+}
+
+/// The URL's connection details with the section's `username` / `password` applied.
+fn connection_info(config: &Redis) -> RedisResult<redis::ConnectionInfo> {
+    let mut info = config.url.as_str().into_connection_info()?;
+    let mut settings = info.redis_settings().clone();
+    if let Some(username) = &config.username {
+        settings = settings.set_username(username);
+    }
+    if let Some(password) = &config.password {
+        settings = settings.set_password(password);
+    }
+    info = info.set_redis_settings(settings);
+    Ok(info)
+}
+
+impl Connections {
+    /// Starts connecting (in the background: this never waits for Redis).
+    pub fn new(config: &Redis) -> Connections {
+        if config.url.starts_with("rediss://") {
+            // rustls needs a process-wide crypto provider; a second install is a no-op error.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        let slots: Arc<[OnceLock<Connection>]> = (0..config.connections).map(|_| OnceLock::new()).collect();
+        let info = match connection_info(config) {
+            Ok(info) => info,
+            Err(e) => {
+                // Validated with the config; kept for completeness: every call then fails.
+                warn!(error = %e, "invalid Redis URL: global limits use their on_store_error");
+                return Connections { slots, next: AtomicUsize::new(0) };
+            }
+        };
+        if config.cluster {
+            let builder = ClusterClientBuilder::new(vec![info])
+                .connection_timeout(config.connect_timeout)
+                .response_timeout(Duration::from_secs(60));
+            let slots = Arc::clone(&slots);
+            tokio::spawn(async move {
+                let Ok(client) = builder.build() else { return };
+                let mut backoff = Duration::from_millis(100);
+                let mut logged = false;
+                for slot in slots.iter() {
+                    loop {
+                        match client.get_async_connection().await {
+                            Ok(connection) => {
+                                let _ = slot.set(Connection::Cluster(connection));
+                                break;
+                            }
+                            Err(e) => {
+                                if !logged {
+                                    warn!(error = %e, "Redis Cluster unreachable; retrying in the background");
+                                    logged = true;
+                                }
+                                tokio::time::sleep(backoff).await;
+                                backoff = (backoff * 2).min(Duration::from_secs(2));
+                            }
+                        }
+                    }
+                }
+                info!("connected to Redis Cluster");
+            });
+        } else {
+            let manager_config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(config.connect_timeout))
+                .set_number_of_retries(2)
+                .set_min_delay(Duration::from_millis(50))
+                .set_max_delay(Duration::from_millis(500));
+            for slot in slots.iter() {
+                match Client::open(info.clone())
+                    .and_then(|client| ConnectionManager::new_lazy_with_config(client, manager_config.clone()))
+                {
+                    Ok(manager) => {
+                        let _ = slot.set(Connection::Standalone(manager));
+                    }
+                    Err(e) => warn!(error = %e, "cannot set up a Redis connection"),
+                }
+            }
+        }
+        Connections { slots, next: AtomicUsize::new(0) }
+    }
+
+    /// Runs `invocation` on the next connection in turn.
+    pub async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> RedisResult<Value> {
+        let n = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        match self.slots[n].get().cloned() {
+            Some(Connection::Standalone(mut c)) => invocation.invoke_async(&mut c).await,
+            Some(Connection::Cluster(mut c)) => invocation.invoke_async(&mut c).await,
+            None => Err(RedisError::from((redis::ErrorKind::Io, "not connected to Redis yet"))),
+        }
+    }
+
+    /// Runs one command (a lease's release) on the next connection in turn.
+    pub async fn command(&self, cmd: &redis::Cmd) -> RedisResult<Value> {
+        let n = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        match self.slots[n].get().cloned() {
+            Some(Connection::Standalone(mut c)) => cmd.query_async(&mut c).await,
+            Some(Connection::Cluster(mut c)) => cmd.query_async(&mut c).await,
+            None => Err(RedisError::from((redis::ErrorKind::Io, "not connected to Redis yet"))),
+        }
+    }
+}

@@ -1,0 +1,79 @@
+//! Global concurrency slots: a lease per request in a Redis sorted set, which lapses by
+//! itself after `lease_ttl` unless renewed. Every live lease of this instance is renewed
+//! every third of `lease_ttl` by one background task, and a lease is released when the
+//! request's `Permits` drop it; so an instance that dies takes its slots with it for at
+//! most `lease_ttl`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+
+use futures_util::future::join_all;
+use tracing::debug;
+
+use super::Store;
+use super::script::RENEW;
+
+/// One request's slot in a global concurrency limit, released on drop.
+pub struct Lease {
+    pub(super) store: Arc<Store>,
+    pub(super) key: String,
+    pub(super) id: String,
+}
+
+/// The live leases of this instance: id -> key.
+#[derive(Default)]
+pub struct Book(Mutex<HashMap<String, String>>);
+
+impl Book {
+    pub fn add(&self, id: &str, key: &str) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).insert(id.to_owned(), key.to_owned());
+    }
+
+    fn remove(&self, id: &str) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).remove(id);
+    }
+
+    fn snapshot(&self) -> Vec<(String, String)> {
+        let book = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        book.iter().map(|(id, key)| (id.clone(), key.clone())).collect()
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.store.leases.remove(&self.id);
+        let (store, key, id) = (Arc::clone(&self.store), std::mem::take(&mut self.key), std::mem::take(&mut self.id));
+        // Outside a runtime (at exit) the lease simply lapses.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let release = redis::cmd("ZREM").arg(&key).arg(&id).clone();
+                if let Err(e) = tokio::time::timeout(store.timeout, store.connections.command(&release)).await {
+                    debug!(error = %e, key, "lease release timed out; it lapses by itself");
+                }
+            });
+        }
+    }
+}
+
+/// Renews this instance's leases every third of their ttl while `store` lives.
+pub async fn renew(store: Weak<Store>) {
+    let Some(period) = store.upgrade().map(|s| s.lease_ttl / 3) else { return };
+    let mut ticks = tokio::time::interval(period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let Some(store) = store.upgrade() else { return };
+        let ttl = store.lease_ttl.as_millis().to_string();
+        let leases = store.leases.snapshot();
+        let calls = leases.iter().map(|(id, key)| {
+            let mut invocation = RENEW.prepare_invoke();
+            invocation.key(key).arg(&ttl).arg(id);
+            let store = &store;
+            async move { tokio::time::timeout(store.timeout * 4, store.connections.invoke(&invocation)).await }
+        });
+        let failed = join_all(calls).await.into_iter().filter(|r| !matches!(r, Ok(Ok(_)))).count();
+        if failed > 0 {
+            debug!(failed, of = leases.len(), "lease renewals failed; retried next period");
+        }
+    }
+}

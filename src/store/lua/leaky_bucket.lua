@@ -1,0 +1,28 @@
+-- nginx limit_req's leaky bucket, as `limit/leaky_bucket.rs` keeps it: the instant `tat`
+-- at which the bucket drains empty. p = {period, burst · period, delay · period} in ns.
+local leaky_bucket = {}
+
+function leaky_bucket.decide(key, p, now, cost)
+  local period, burst, delay = p[1], p[2], p[3]
+  local tat = parse(redis.call('GET', key))
+  local first = 0
+  if tat then first = math.max(0, since(tat, now) + period) end
+  local excess = first + (cost - 1) * period
+  if excess > burst then
+    local reset = 0
+    if tat then reset = math.max(0, since(tat, now)) end
+    return { admit = false, retry = excess - burst, reset = reset, excess = excess / period }
+  end
+  return { admit = true, wait = math.max(0, excess - delay), remaining = idiv(burst - excess, period),
+           reset = excess, excess = excess / period }
+end
+
+-- The key is a fresh one's equal once `tat + period` has passed: it expires then.
+function leaky_bucket.store(key, p, now, cost, v)
+  redis.call('SET', key, format(plus(now, v.reset)), 'PX', ttl_ms(v.reset + p[1]))
+end
+
+function leaky_bucket.refund(key, p, at, cost)
+  local tat = parse(redis.call('GET', key))
+  if tat then redis.call('SET', key, format(plus(tat, -cost * p[1])), 'KEEPTTL') end
+end

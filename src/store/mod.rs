@@ -1,0 +1,420 @@
+//! Global limits: their state in Redis, shared by every sluicegate instance.
+//!
+//! `Store::decide` sends one `DECIDE` script call with every global limit of a request
+//! (on a Redis Cluster, one per hash slot, concurrently), bounded by `redis.timeout` and
+//! guarded by a circuit breaker. Keys are `{prefix}{limit:hash}:kind+window`: the hash
+//! tag holds a limit's key together (its windows and its ban share one slot). What the
+//! request path does when this fails is the limits' `on_store_error` (see
+//! `limit::global`); this module counts failures and fallbacks and logs them at most
+//! once per `REPORT_EVERY`.
+
+pub mod breaker;
+mod connection;
+pub mod lease;
+pub mod near_cache;
+mod script;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use redis::cluster_routing::Slot;
+use redis::{FromRedisValue, RedisError};
+use smallvec::SmallVec;
+use tracing::{info, warn};
+
+use crate::config::{Config, OnStoreError, Scope};
+use crate::limit::{Outcome, Standing};
+use breaker::{Breaker, Change};
+use connection::Connections;
+pub use lease::Lease;
+use near_cache::NearCache;
+use script::{DECIDE, REFUND, REPLY_FIELDS, Spec};
+
+/// Fallback log lines come at most this often, each with the counts since the last.
+const REPORT_EVERY: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("circuit breaker open")]
+    Open,
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    #[error("{0}")]
+    Redis(#[from] RedisError),
+    #[error("unexpected reply from the decide script ({0} integers)")]
+    Reply(usize),
+}
+
+/// Counts since start, for log lines and tests.
+#[derive(Default, Debug)]
+pub struct Stats {
+    /// Decide calls sent (one per request, or per slot on a cluster).
+    pub calls: AtomicU64,
+    /// Calls that failed or timed out.
+    pub errors: AtomicU64,
+    /// Requests decided without Redis because the breaker was open.
+    pub skipped: AtomicU64,
+    /// Requests refused from the near-cache, without a round trip.
+    pub near_hits: AtomicU64,
+    /// Global limit decisions made by `on_store_error`: allow, deny, local.
+    pub fallbacks: [AtomicU64; 3],
+}
+
+/// One global limit of a request: its index and the Redis key base of the request's key.
+pub struct Call {
+    pub limit: usize,
+    pub base: String,
+    /// The key's 64-bit hash, for the near-cache.
+    pub near: u64,
+}
+
+/// A global admission that `settle` may take back.
+pub struct Admission {
+    pub limit: usize,
+    /// The key base.
+    pub base: String,
+    /// Redis time of the admission, (s, µs).
+    pub at: (u64, u64),
+}
+
+/// A request's global admissions by limits that count only some statuses.
+pub struct Admissions {
+    pub store: Arc<Store>,
+    pub list: SmallVec<[Admission; 1]>,
+}
+
+impl Admissions {
+    /// Takes back the admissions whose limit does not count `status` (`count:`).
+    pub fn settle(&self, cost: u64, status: u16) {
+        for a in &self.list {
+            if self.store.spec(a.limit).counted.as_ref().is_some_and(|counted| !counted.contains(&status)) {
+                self.store.refund(a.limit, a.base.clone(), a.at, cost);
+            }
+        }
+    }
+}
+
+/// Calls (indices) that go to Redis in one script call.
+type Batch = SmallVec<[usize; 2]>;
+
+/// What Redis made of a request's global limits.
+pub struct Verdicts {
+    /// One per window, in call order.
+    pub standings: SmallVec<[Standing; 2]>,
+    /// An enforced global limit rejected: nothing was stored anywhere.
+    pub rejected: bool,
+    /// The slots the request holds in global concurrency limits.
+    pub leases: Vec<Lease>,
+    /// The admissions, for `settle`.
+    pub admissions: SmallVec<[Admission; 1]>,
+}
+
+pub struct Store {
+    connections: Connections,
+    /// Per limit, indexed like `Config::limits` (`None`: local).
+    specs: Box<[Option<Spec>]>,
+    prefix: String,
+    cluster: bool,
+    timeout: Duration,
+    lease_ttl: Duration,
+    breaker: Breaker,
+    near: NearCache,
+    leases: lease::Book,
+    /// Lease ids: this instance's random tag and a sequence number.
+    instance: u64,
+    lease_seq: AtomicU64,
+    pub stats: Stats,
+    /// When the last fallback line was logged, and the counts it reported.
+    reported: Mutex<(Option<Instant>, [u64; 5])>,
+}
+
+impl Store {
+    /// The store of `config`'s global limits, if it has any; starts connecting and
+    /// renewing leases in the background (call within a Tokio runtime).
+    pub fn new(config: &Config) -> Option<Arc<Store>> {
+        let redis = config.redis.as_ref()?;
+        let global = |scope: &Scope| matches!(scope, Scope::Global { .. });
+        if !config.limits.iter().any(|l| global(&l.scope)) {
+            return None;
+        }
+        let lease_ttl_ms = u64::try_from(redis.lease_ttl.as_millis()).unwrap_or(u64::MAX);
+        let store = Arc::new(Store {
+            connections: Connections::new(redis),
+            specs: config.limits.iter().map(|l| global(&l.scope).then(|| Spec::new(l, lease_ttl_ms))).collect(),
+            prefix: redis.key_prefix.clone(),
+            cluster: redis.cluster,
+            timeout: redis.timeout,
+            lease_ttl: redis.lease_ttl,
+            breaker: Breaker::new(redis.breaker_failures, redis.breaker_cooldown),
+            near: NearCache::new(config.limits.iter().map(|l| global(&l.scope)), redis.near_cache_keys),
+            leases: lease::Book::default(),
+            instance: std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), Instant::now()),
+            lease_seq: AtomicU64::new(0),
+            stats: Stats::default(),
+            reported: Mutex::new((None, [0; 5])),
+        });
+        if config.limits.iter().any(|l| global(&l.scope) && l.windows.iter().any(|p| p.is_concurrency())) {
+            tokio::spawn(lease::renew(Arc::downgrade(&store)));
+        }
+        Some(store)
+    }
+
+    pub fn is_global(&self, limit: usize) -> bool {
+        self.specs[limit].is_some()
+    }
+
+    /// The Redis key base of `limit` for a request whose key hashes to `hash`.
+    pub fn base(&self, limit: usize, hash: &str) -> String {
+        let name = self.specs[limit].as_ref().map_or("", |s| s.name.as_str());
+        format!("{}{{{name}:{hash}}}", self.prefix)
+    }
+
+    /// How long the near-cache still refuses `call` from `now`, if it does.
+    pub fn near_refused(&self, call: &Call, now: u64) -> Option<u64> {
+        let left = self.near.refused(call.limit, call.near, now)?;
+        self.stats.near_hits.fetch_add(1, Ordering::Relaxed);
+        Some(left)
+    }
+
+    /// Decides `calls` (a request's global limits) for `cost` units, all or nothing, at
+    /// Redis's time (or `clock`, as (s, µs), for tests replaying a schedule).
+    pub async fn decide(
+        self: &Arc<Self>,
+        calls: &[Call],
+        cost: u64,
+        clock: Option<(u64, u64)>,
+    ) -> Result<Verdicts, StoreError> {
+        let now = crate::limit::now();
+        if !self.breaker.allows(now) {
+            self.stats.skipped.fetch_add(1, Ordering::Relaxed);
+            return Err(StoreError::Open);
+        }
+        let ids: SmallVec<[String; 2]> = calls
+            .iter()
+            .map(|c| match self.spec(c.limit).leases(0) {
+                true => format!("{:016x}-{}", self.instance, self.lease_seq.fetch_add(1, Ordering::Relaxed)),
+                false => String::new(),
+            })
+            .collect();
+        let batches = self.batches(calls.iter().map(|c| c.base.as_str()));
+        let sent = batches.iter().map(|batch| self.decide_batch(calls, batch, &ids, cost, clock));
+        self.stats.calls.fetch_add(batches.len() as u64, Ordering::Relaxed);
+        let replies = match tokio::time::timeout(self.timeout, join_all(sent)).await {
+            Ok(replies) => replies.into_iter().collect::<Result<Vec<_>, _>>(),
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
+        };
+        let replies = match replies {
+            Ok(replies) => replies,
+            Err(e) => {
+                self.failed(&e);
+                // A lease a late reply may still have taken is given back (or lapses).
+                for (call, id) in calls.iter().zip(&ids).filter(|(_, id)| !id.is_empty()) {
+                    drop(Lease { store: Arc::clone(self), key: self.spec(call.limit).key(&call.base, 0), id: id.clone() });
+                }
+                return Err(e);
+            }
+        };
+        if self.breaker.succeeded() == Change::Closed {
+            info!("Redis answers again: global limits are decided by Redis");
+        }
+        Ok(self.verdicts(calls, &batches, &replies, &ids, cost, now))
+    }
+
+    /// Turns the replies into standings; on a rejection, takes back what other slots'
+    /// calls admitted (a cluster only), and remembers the refused keys.
+    fn verdicts(
+        self: &Arc<Self>,
+        calls: &[Call],
+        batches: &[Batch],
+        replies: &[Vec<u64>],
+        ids: &[String],
+        cost: u64,
+        now: u64,
+    ) -> Verdicts {
+        let mut standings = SmallVec::new();
+        let mut committed: SmallVec<[(usize, (u64, u64)); 2]> = SmallVec::new();
+        for (batch, reply) in batches.iter().zip(replies) {
+            let at = (reply[0], reply[1]);
+            let mut fields = reply[2..].chunks_exact(REPLY_FIELDS);
+            let mut batch_rejects = false;
+            for &c in batch {
+                let spec = self.spec(calls[c].limit);
+                let mut longest = None;
+                for window in 0..spec.windows() {
+                    let Some(f) = fields.next() else { break };
+                    let standing = standing(calls[c].limit, window, f);
+                    if let Outcome::Rejected(after) = standing.outcome
+                        && !spec.dry_run
+                    {
+                        batch_rejects = true;
+                        if !spec.leases(window) {
+                            longest = longest.max(Some(after));
+                        }
+                    }
+                    standings.push(standing);
+                }
+                // The near-cache knows when a request of one unit passes again.
+                if let (Some(after), 1) = (longest, cost) {
+                    let until = now.saturating_add(u64::try_from(after.as_nanos()).unwrap_or(u64::MAX));
+                    self.near.remember(calls[c].limit, calls[c].near, until, now);
+                }
+            }
+            if !batch_rejects {
+                committed.extend(batch.iter().map(|&c| (c, at)));
+            }
+        }
+        let rejected = committed.len() < calls.len();
+        let mut verdicts = Verdicts { standings, rejected, leases: Vec::new(), admissions: SmallVec::new() };
+        for (c, at) in committed {
+            let call = &calls[c];
+            let spec = self.spec(call.limit);
+            if spec.leases(0) {
+                let lease = Lease { store: Arc::clone(self), key: spec.key(&call.base, 0), id: ids[c].clone() };
+                if !rejected {
+                    self.leases.add(&lease.id, &lease.key);
+                }
+                // Dropped at once when the request is rejected: the slot goes back.
+                verdicts.leases.push(lease);
+            } else if rejected {
+                self.refund(call.limit, call.base.clone(), at, cost);
+            } else {
+                verdicts.admissions.push(Admission { limit: call.limit, base: call.base.clone(), at });
+            }
+        }
+        if rejected {
+            verdicts.leases.clear();
+        }
+        verdicts
+    }
+
+    /// Calls grouped by Redis Cluster slot (all in one on a standalone Redis).
+    fn batches<'a>(&self, bases: impl Iterator<Item = &'a str>) -> SmallVec<[Batch; 1]> {
+        let mut batches: SmallVec<[(Option<Slot>, Batch); 1]> = SmallVec::new();
+        for (i, base) in bases.enumerate() {
+            let slot = self.cluster.then(|| Slot::for_key(base));
+            match batches.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, batch)) => batch.push(i),
+                None => batches.push((slot, SmallVec::from_slice(&[i]))),
+            }
+        }
+        batches.into_iter().map(|(_, batch)| batch).collect()
+    }
+
+    async fn decide_batch(
+        &self,
+        calls: &[Call],
+        batch: &[usize],
+        ids: &[String],
+        cost: u64,
+        clock: Option<(u64, u64)>,
+    ) -> Result<Vec<u64>, StoreError> {
+        let (mut keys, mut args) = (Vec::new(), Vec::new());
+        let (s, us) = clock.map_or((String::new(), String::new()), |(s, us)| (s.to_string(), us.to_string()));
+        args.extend([s, us, cost.to_string(), batch.len().to_string()]);
+        let mut windows = 0;
+        for &c in batch {
+            let spec = self.spec(calls[c].limit);
+            spec.push_decide(&calls[c].base, &ids[c], &mut keys, &mut args);
+            windows += spec.windows();
+        }
+        let mut invocation = DECIDE.prepare_invoke();
+        for key in &keys {
+            invocation.key(key);
+        }
+        for arg in &args {
+            invocation.arg(arg);
+        }
+        let value = self.connections.invoke(&invocation).await?;
+        let reply = Vec::<u64>::from_redis_value(value).map_err(|_| StoreError::Reply(0))?;
+        if reply.len() != 2 + windows * REPLY_FIELDS {
+            return Err(StoreError::Reply(reply.len()));
+        }
+        Ok(reply)
+    }
+
+    /// Takes back an admission of `cost` by `limit` for `base` made at Redis time `at`
+    /// (in the background; a failure leaves it counted).
+    pub fn refund(self: &Arc<Self>, limit: usize, base: String, at: (u64, u64), cost: u64) {
+        let store = Arc::clone(self);
+        tokio::spawn(async move {
+            let (mut keys, mut args) = (Vec::new(), vec![at.0.to_string(), at.1.to_string(), cost.to_string()]);
+            store.spec(limit).push_refund(&base, &mut keys, &mut args);
+            let mut invocation = REFUND.prepare_invoke();
+            for key in &keys {
+                invocation.key(key);
+            }
+            for arg in &args {
+                invocation.arg(arg);
+            }
+            if let Ok(Err(e)) | Err(e) = tokio::time::timeout(store.timeout * 4, store.connections.invoke(&invocation))
+                .await
+                .map_err(|_| StoreError::Timeout(store.timeout * 4))
+                .map(|r| r.map_err(StoreError::from))
+            {
+                warn!(limit = %store.spec(limit).name, error = %e, "a global admission could not be taken back");
+            }
+        });
+    }
+
+    /// Counts a decision made by `on_store_error` and reports now and then.
+    pub fn fell_back(&self, how: OnStoreError) {
+        self.stats.fallbacks[how as usize].fetch_add(1, Ordering::Relaxed);
+        self.report(None);
+    }
+
+    fn failed(&self, error: &StoreError) {
+        self.stats.errors.fetch_add(1, Ordering::Relaxed);
+        if self.breaker.failed(crate::limit::now()) == Change::Opened {
+            warn!(error = %error, "Redis keeps failing: circuit breaker open, global limits use on_store_error until a probe succeeds");
+        }
+        self.report(Some(error));
+    }
+
+    /// One warn line per `REPORT_EVERY` at most, with what happened since the last.
+    fn report(&self, error: Option<&StoreError>) {
+        let Ok(mut reported) = self.reported.try_lock() else { return };
+        let (last, before) = &mut *reported;
+        if last.is_some_and(|at| at.elapsed() < REPORT_EVERY) {
+            return;
+        }
+        let s = &self.stats;
+        let now = [&s.errors, &s.skipped, &s.fallbacks[0], &s.fallbacks[1], &s.fallbacks[2]].map(|c| c.load(Ordering::Relaxed));
+        let d: Vec<u64> = now.iter().zip(before.iter()).map(|(n, b)| n - b).collect();
+        warn!(
+            errors = d[0],
+            skipped = d[1],
+            allowed = d[2],
+            denied = d[3],
+            local = d[4],
+            error = error.map(ToString::to_string).unwrap_or_default(),
+            "global limits without Redis: on_store_error decided (counts since the last such line)"
+        );
+        *last = Some(Instant::now());
+        *before = now;
+    }
+
+    fn spec(&self, limit: usize) -> &Spec {
+        self.specs[limit].as_ref().expect("only global limits reach the store")
+    }
+}
+
+/// A window's reply fields as a standing of `limit`.
+fn standing(limit: usize, window: usize, f: &[u64]) -> Standing {
+    let t = Duration::from_nanos(f[1]);
+    let outcome = match (f[0], t.is_zero()) {
+        (1, true) => Outcome::Passed,
+        (1, false) => Outcome::Delayed(t),
+        _ => Outcome::Rejected(t),
+    };
+    Standing {
+        limit,
+        window,
+        outcome,
+        remaining: f[2],
+        reset: Duration::from_nanos(f[3]),
+        excess: f[4] as f64 / 1000.0,
+        banned: f[5] == 1,
+    }
+}
