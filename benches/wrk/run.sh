@@ -11,6 +11,9 @@
 #      with worker_processes 1 and with worker_processes auto
 #   e  sluicegate, a limit that rejects almost everything (key: ip, 10r/s): the 429 path
 #   f  nginx, the same 429 case (limit_req_status 429), workers 1 and auto
+#   g  sluicegate, case c's limit with scope: global, against a local redis-server
+#   h  sluicegate, case e's limit with scope: global (the near-cache answers most 429s)
+#   For g and h the table adds Redis commands per request (INFO stats, measured run only).
 #
 # Everything listens on 127.0.0.1 only. Everything started here is killed on exit.
 # wrk, the backend and the proxy under test share the machine's cores; sluicegate runs a
@@ -52,10 +55,10 @@ DUR_S="$(secs_of "$DURATION")"
 WARM_S="$(secs_of "$WARMUP")"
 
 # ---- tools ---------------------------------------------------------------------------
-if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null; then
-  [[ $(id -u) -eq 0 ]] || die "nginx and wrk are needed (apt-get install nginx wrk)"
-  log "installing nginx and wrk"
-  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y nginx wrk
+if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null || ! command -v redis-server >/dev/null; then
+  [[ $(id -u) -eq 0 ]] || die "nginx, wrk and redis-server are needed (apt-get install nginx wrk redis-server)"
+  log "installing nginx, wrk and redis-server"
+  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y nginx wrk redis-server
 fi
 command -v curl >/dev/null || die "curl is needed"
 
@@ -237,7 +240,10 @@ cpu_ticks() { # utime+stime of a process and its direct children (nginx workers)
 }
 
 CASES=()
-declare -A RPS P50 P99 NON2XX SOCKERR CPU CPUREQ CODES
+declare -A RPS P50 P99 NON2XX SOCKERR CPU CPUREQ CODES RCMD
+REDIS_PORT=""      # set while a case uses Redis: its commands per request are measured
+
+redis_commands() { redis-cli -p "$REDIS_PORT" info stats | awk -F: '/^total_commands_processed/ {print $2+0}'; }
 
 run_case() { # $1 label, $2 port, $3 pid whose CPU (with children) is the thing under test
   local label="$1" port="$2" pid="$3" out t0 t1 line
@@ -246,10 +252,14 @@ run_case() { # $1 label, $2 port, $3 pid whose CPU (with children) is the thing 
   timeout $((WARM_S + 30)) wrk -t"$THREADS" -c"$CONNECTIONS" -d"$WARMUP" --timeout "$WRK_TIMEOUT" \
     "http://127.0.0.1:$port/" >/dev/null
   out="$TMP/wrk-${label//[^A-Za-z0-9_.-]/_}.txt"
+  local r0=""
+  [[ -z "$REDIS_PORT" ]] || r0="$(redis_commands)"
   t0="$(cpu_ticks "$pid")"
   timeout $((DUR_S + 30)) wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" --timeout "$WRK_TIMEOUT" \
     --latency -s "$HERE/report.lua" "http://127.0.0.1:$port/" >"$out"
   t1="$(cpu_ticks "$pid")"
+  local r1=""
+  [[ -z "$REDIS_PORT" ]] || r1="$(redis_commands)"
   line="$(grep '^WRKRESULT ' "$out")" || die "no result from wrk for $label (see $out)"
   local rps requests p50_us p99_us non2xx connect read write timeout secs kv
   for kv in ${line#WRKRESULT }; do local "${kv%%=*}=${kv#*=}"; done
@@ -260,6 +270,9 @@ run_case() { # $1 label, $2 port, $3 pid whose CPU (with children) is the thing 
   NON2XX[$label]="$non2xx"
   SOCKERR[$label]="$connect/$read/$write/$timeout"
   CPU[$label]="$(awk -v d=$((t1 - t0)) -v hz="$CLK_TCK" -v s="$secs" 'BEGIN{printf "%.0f", 100*d/hz/s}')"
+  RCMD[$label]="-"
+  # (r1 - r0 - 1: the INFO command that read r0 counts too)
+  [[ -z "$r0" ]] || RCMD[$label]="$(awk -v d=$((r1 - r0 - 1)) -v n="$requests" 'BEGIN{printf "%.3f", n ? d/n : 0}')"
   CPUREQ[$label]="$(awk -v d=$((t1 - t0)) -v hz="$CLK_TCK" -v n="$requests" 'BEGIN{printf "%.1f", n ? 1e6*d/hz/n : 0}')"
   log "$label: $rps req/s, p50 ${p50_us}us, p99 ${p99_us}us, non-2xx $non2xx, socket errors c/r/w/t ${SOCKERR[$label]}"
 }
@@ -289,11 +302,11 @@ LIMIT_PASS="    key: ip
 LIMIT_REJECT="    key: ip
     rate: 10r/s
     status: 429"
-sg_case() { # $1 label, $2 tag, $3 limit yaml
+sg_case() { # $1 label, $2 tag, $3 limit yaml, $4 more top-level yaml
   local port conf
   port="$(free_port)"
   conf="$TMP/sg-$2.yaml"
-  write_sg_conf "$conf" "$port" "$3"
+  write_sg_conf "$conf" "$port" "$3" "${4:-}"
   start_sg "$conf" "$port" "$TMP/sg-$2.log"
   local pid="$START_PID"
   run_case "$1" "$port" "$pid"
@@ -319,6 +332,17 @@ sg_case "e sluicegate limit (429)" reject "$LIMIT_REJECT"
 ng_case "f nginx limit_req (429) w1" reject-w1 1 10r/s "nodelay"
 ng_case "f nginx limit_req (429) wauto" reject-wauto auto 10r/s "nodelay"
 
+# g, h: the same limits, global, against a local Redis (no persistence)
+REDIS_PORT="$(free_port)"
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --logfile "$TMP/redis.log" &
+PIDS+=("$!")
+for _ in $(seq 100); do redis-cli -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
+REDIS_YAML="redis: { url: \"redis://127.0.0.1:$REDIS_PORT\", timeout: 50ms }"
+sg_case "g sluicegate global (pass)" global-pass "$LIMIT_PASS
+    scope: global" "$REDIS_YAML"
+sg_case "h sluicegate global (429)" global-reject "$LIMIT_REJECT
+    scope: global" "$REDIS_YAML"
+
 # ---- report ---------------------------------------------------------------------------------------
 REF_SG="${RPS[c sluicegate limit (pass)]}"
 REF_NG="${RPS[d nginx limit_req (pass) w1]}"
@@ -326,18 +350,20 @@ echo
 echo "wrk -t$THREADS -c$CONNECTIONS -d$DURATION --timeout $WRK_TIMEOUT --latency (after a ${WARMUP} warm-up); $(nproc) cores shared by wrk, backend and proxy"
 echo "backend: nginx worker_processes 1, 'return 200 \"ok\\n\"'; wauto = worker_processes auto = $(nproc) workers"
 echo
-printf '%-32s %10s %9s %9s %9s %12s %6s %9s %8s %8s\n' \
-  case "req/s" "p50 ms" "p99 ms" non-2xx "sockerr" "CPU%" "CPUus/req" "/sg-lim" "/ng-lr1"
+printf '%-32s %10s %9s %9s %9s %12s %6s %9s %8s %8s %9s\n' \
+  case "req/s" "p50 ms" "p99 ms" non-2xx "sockerr" "CPU%" "CPUus/req" "/sg-lim" "/ng-lr1" "redis/req"
 for c in "${CASES[@]}"; do
   awk -v c="$c" -v r="${RPS[$c]}" -v p50="${P50[$c]}" -v p99="${P99[$c]}" -v n="${NON2XX[$c]}" \
     -v se="${SOCKERR[$c]}" -v cpu="${CPU[$c]}" -v cr="${CPUREQ[$c]}" -v rs="$REF_SG" -v rn="$REF_NG" \
-    'BEGIN{printf "%-32s %10.0f %9.3f %9.3f %9d %12s %6s %9s %8.2f %8.2f\n",
-      c, r, p50/1000, p99/1000, n, se, cpu, cr, r/rs, r/rn}'
+    -v rc="${RCMD[$c]}" \
+    'BEGIN{printf "%-32s %10.0f %9.3f %9.3f %9d %12s %6s %9s %8.2f %8.2f %9s\n",
+      c, r, p50/1000, p99/1000, n, se, cpu, cr, r/rs, r/rn, rc}'
 done
 echo
 echo "sockerr = wrk socket errors connect/read/write/timeout; CPU% = CPU of the process under test"
 echo "(nginx: master+workers; 200% = both cores) over the measured run; /sg-lim and /ng-lr1 = req/s"
-echo "relative to 'c sluicegate limit (pass)' and 'd nginx limit_req (pass) w1'."
+echo "relative to 'c sluicegate limit (pass)' and 'd nginx limit_req (pass) w1'; redis/req = Redis"
+echo "commands per request during the measured run (redis-server runs on the same cores)."
 
 # Non-2xx where nothing should be rejected deserves a look (benches/wrk/status.lua shows which).
 for c in "${CASES[@]}"; do

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::raw::{AlgorithmName, RawKey, RawLimit};
-use super::units::parse_rate;
 use super::store::scope;
+use super::units::parse_rate;
 use super::validate::{Errors, allow, check_name, names, positive_duration, status_in};
 use super::{Ban, Limit, LogLevel, Policy, Rate};
 use crate::limit::allow::Allow;

@@ -11,11 +11,11 @@ use http::uri::Authority;
 use http::{HeaderMap, Method, StatusCode};
 use ipnet::IpNet;
 
-use super::{limits, store};
 use super::position::Positions;
 use super::raw::{RawAllow, RawConfig, RawMatch, RawRespond, RawRoute, RawUpstream};
 use super::units::parse_duration;
 use super::{Action, Config, ConfigError, Cost, PathMatch, Route, RouteMatch, StaticResponse, Upstream};
+use super::{limits, store};
 use crate::limit::allow::Allow;
 
 const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);

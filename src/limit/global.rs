@@ -68,7 +68,12 @@ impl Limiters {
             excess: 0.0,
             banned: false,
         };
-        Some(Decision::Reject { limit, status: self.limits[limit].status, retry_after: left, standings: smallvec![standing] })
+        Some(Decision::Reject {
+            limit,
+            status: self.limits[limit].status,
+            retry_after: left,
+            standings: smallvec![standing],
+        })
     }
 
     /// The local decision `first` (a pass) joined with what Redis decided.

@@ -211,7 +211,11 @@ impl Store {
                 self.failed(&e);
                 // A lease a late reply may still have taken is given back (or lapses).
                 for (call, id) in calls.iter().zip(&ids).filter(|(_, id)| !id.is_empty()) {
-                    drop(Lease { store: Arc::clone(self), key: self.spec(call.limit).key(&call.base, 0), id: id.clone() });
+                    drop(Lease {
+                        store: Arc::clone(self),
+                        key: self.spec(call.limit).key(&call.base, 0),
+                        id: id.clone(),
+                    });
                 }
                 return Err(e);
             }
@@ -380,7 +384,8 @@ impl Store {
             return;
         }
         let s = &self.stats;
-        let now = [&s.errors, &s.skipped, &s.fallbacks[0], &s.fallbacks[1], &s.fallbacks[2]].map(|c| c.load(Ordering::Relaxed));
+        let now = [&s.errors, &s.skipped, &s.fallbacks[0], &s.fallbacks[1], &s.fallbacks[2]]
+            .map(|c| c.load(Ordering::Relaxed));
         let d: Vec<u64> = now.iter().zip(before.iter()).map(|(n, b)| n - b).collect();
         warn!(
             errors = d[0],

@@ -8,5 +8,7 @@ mod concurrency;
 mod config_errors;
 mod conformance;
 mod forwarding;
+mod global;
 mod limits;
+mod redis;
 mod server;

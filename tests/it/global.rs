@@ -1,0 +1,433 @@
+//! Global limits against a real Redis: the same decisions as local ones, one budget
+//! shared by several instances, and what happens when Redis fails, is paused, forgets
+//! its scripts, is a cluster, or when an instance dies holding concurrency slots.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::{HeaderMap, Method, Uri};
+use sluicegate::config::parse;
+use sluicegate::limit::key::KeySource;
+use sluicegate::limit::{Decision, Limiters, Outcome, Standing};
+use sluicegate::store::Call;
+
+use crate::common::{Backend, Sluicegate, get};
+use crate::redis::{Cluster, Redis};
+
+/// The policies compared, each with periods long enough that the keys' TTLs (in Redis's
+/// real time) outlast the replay (in schedule time).
+const POLICIES: [&str; 12] = [
+    "rate: 10r/m, burst: 3",
+    "rate: 10r/m, burst: 5, delay: 2",
+    "rate: 7r/m, burst: 2, nodelay: true",
+    "algorithm: gcra, rate: 3r/m, burst: 1",
+    "algorithm: token_bucket, capacity: 4, refill: 5r/m",
+    "algorithm: min_interval, interval: 9s",
+    "algorithm: fixed_window, limit: 4, window: 30s",
+    "algorithm: sliding_window, limit: 4, window: 30s",
+    "algorithm: sliding_log, limit: 4, window: 30s",
+    "rates: [3r/m, 10r/h]",
+    "rate: 5r/m, burst: 1, nodelay: true, ban: 40s, ban_max: 3m",
+    "algorithm: sliding_window, limit: 3, window: 20s, ban: 1m",
+];
+
+/// Arrival instants as (s, µs) (Redis time has µs resolution): bursts at one instant,
+/// short gaps and long ones.
+fn schedule(seed: u64, n: usize) -> Vec<(u64, u64)> {
+    let mut x = seed | 1;
+    let mut t: u64 = 1_700_000_000_123_457;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            t += match x % 10 {
+                0..=2 => 0,
+                3..=6 => x % 2_000_000,
+                _ => x % 12_000_000,
+            };
+            (t / 1_000_000, t % 1_000_000)
+        })
+        .collect()
+}
+
+fn outcomes(standings: &[Standing]) -> Vec<(Outcome, bool)> {
+    standings.iter().map(|s| (s.outcome, s.banned)).collect()
+}
+
+/// For each policy and cost, the local limiter and the Redis script see the same
+/// schedule; every request must get the same outcome from both, to the nanosecond.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_and_redis_decide_every_schedule_alike() {
+    let redis = Redis::start();
+    let mut yaml = format!("listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 2s }}\nlimits:\n", redis.url());
+    for (i, policy) in POLICIES.iter().enumerate() {
+        yaml += &format!("  l{i:02}: {{ key: ip, scope: global, {policy} }}\n");
+    }
+    let limiters = Limiters::new(&parse(&yaml, "test").unwrap());
+    let store = Arc::clone(limiters.store().unwrap());
+    let (uri, headers) = (Uri::from_static("/"), HeaderMap::new());
+    let mut compared = 0;
+    for (i, policy) in POLICIES.iter().enumerate() {
+        let costs: &[u64] = if policy.contains("min_interval") { &[1] } else { &[1, 2] };
+        for &cost in costs {
+            let client = Ipv4Addr::new(10, 0, i as u8, cost as u8);
+            let src = KeySource {
+                client_ip: IpAddr::V4(client),
+                method: &Method::GET,
+                uri: &uri,
+                headers: &headers,
+                host: None,
+            };
+            let call = || Call { limit: i, base: store.base(i, &format!("{client}")), near: 0 };
+            for (n, (s, us)) in schedule(i as u64 * 31 + cost, 150).into_iter().enumerate() {
+                let local = match limiters.check(&[i], &src, cost, || s * 1_000_000_000 + us * 1000) {
+                    Decision::Pass { standings, .. } | Decision::Reject { standings, .. } => outcomes(&standings),
+                };
+                let global = store.decide(&[call()], cost, Some((s, us))).await.unwrap();
+                assert_eq!(outcomes(&global.standings), local, "{policy}, cost {cost}, request {n} at {s}.{us:06}");
+                compared += 1;
+            }
+        }
+    }
+    assert!(compared > 3000);
+}
+
+fn respond_route(limits: &str) -> String {
+    format!("  - match: {{ path_prefix: / }}\n    respond: {{ status: 200, body: ok }}\n    limits: [{limits}]\n")
+}
+
+/// Evalsha calls Redis has run so far (not counting those that found no script).
+fn evalsha_calls(redis: &Redis) -> u64 {
+    let stats = redis.command(&["INFO", "commandstats"]);
+    let Some(line) = stats.lines().find_map(|l| l.strip_prefix("cmdstat_evalsha:")) else { return 0 };
+    let field = |name: &str| -> u64 {
+        line.split(',').find_map(|f| f.strip_prefix(name)?.strip_prefix('=')).unwrap().parse().unwrap()
+    };
+    field("calls") - field("failed_calls")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_admit_exactly_the_global_budget_between_them() {
+    let redis = Redis::start();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\" }}\nlimits:\n  shared: {{ key: \"header:x-key\", rate: 1r/m, burst: 9, nodelay: true, scope: global }}\nroutes:\n{}",
+        redis.url(),
+        respond_route("shared")
+    );
+    let (a, b) = (Sluicegate::start(&yaml), Sluicegate::start(&yaml));
+    let tasks: Vec<_> = (0..40)
+        .map(|n| {
+            let addr = if n % 2 == 0 { a.addr } else { b.addr };
+            tokio::spawn(async move { get(addr, "/", &[("x-key", "team-1")]).await.status })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for task in tasks {
+        statuses.push(task.await.unwrap());
+    }
+    assert_eq!(statuses.iter().filter(|&&s| s == 200).count(), 10, "{statuses:?}");
+    assert_eq!(statuses.iter().filter(|&&s| s == 429).count(), 30);
+    // Another key has its own budget.
+    assert_eq!(get(b.addr, "/", &[("x-key", "team-2")]).await.status, 200);
+}
+
+/// Several global limits on a route take one round trip per request, refuse all or
+/// nothing, and a key known to be refused is refused without a round trip until it
+/// may pass, with the exact time left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_round_trip_all_or_nothing_and_the_near_cache() {
+    let redis = Redis::start();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 1s }}\nlimits:
+  big: {{ key: ip, rate: 1r/m, burst: 9, nodelay: true, scope: global }}
+  small: {{ key: ip, algorithm: fixed_window, limit: 2, window: 1h, scope: global }}
+  local: {{ key: ip, rate: 1r/m, burst: 9, nodelay: true }}
+routes:
+  - match: {{ path: /both }}
+    respond: {{ status: 200 }}
+    limits: [big, small, local]
+  - match: {{ path: /big }}
+    respond: {{ status: 200 }}
+    limits: [big]
+  - match: {{ path: /local }}
+    respond: {{ status: 200 }}
+    limits: [local]
+",
+        redis.url()
+    );
+    let sg = Sluicegate::start(&yaml);
+    let before = evalsha_calls(&redis);
+    assert_eq!(get(sg.addr, "/both", &[]).await.status, 200);
+    assert_eq!(get(sg.addr, "/both", &[]).await.status, 200);
+    assert_eq!(evalsha_calls(&redis) - before, 2, "one call per request for two global limits");
+    // `small` refuses the third: `big` and the local limit keep their quota.
+    let refused = get(sg.addr, "/both", &[]).await;
+    assert_eq!(refused.status, 429);
+    let first_retry: u64 = refused.header("retry-after").unwrap().parse().unwrap();
+    assert!(first_retry > 0 && first_retry <= 3600);
+    // Now known: further refusals need no round trip, and say the same time left.
+    let calls = evalsha_calls(&redis);
+    for _ in 0..5 {
+        let again = get(sg.addr, "/both", &[]).await;
+        assert_eq!(again.status, 429);
+        let retry: u64 = again.header("retry-after").unwrap().parse().unwrap();
+        assert!(retry <= first_retry && retry + 2 >= first_retry, "{retry} vs {first_retry}");
+    }
+    assert_eq!(evalsha_calls(&redis), calls, "the near-cache answered");
+    // 10 - 2 left in `big`, 10 - 2 in the local limit.
+    let big: Vec<u16> = futures_statuses(sg.addr, "/big", 9).await;
+    assert_eq!(big.iter().filter(|&&s| s == 200).count(), 8, "{big:?}");
+    let local: Vec<u16> = futures_statuses(sg.addr, "/local", 9).await;
+    assert_eq!(local.iter().filter(|&&s| s == 200).count(), 8, "{local:?}");
+}
+
+async fn futures_statuses(addr: std::net::SocketAddr, path: &str, n: usize) -> Vec<u16> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(get(addr, path, &[]).await.status);
+    }
+    out
+}
+
+/// A global refusal takes back what the local limits admitted for the same request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_global_refusal_takes_back_local_admissions() {
+    let redis = Redis::start();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 1s, near_cache_keys: 0 }}\nlimits:
+  local: {{ key: ip, rate: 1r/m, burst: 2, nodelay: true }}
+  global: {{ key: ip, algorithm: sliding_log, limit: 1, window: 1h, scope: global }}
+routes:
+  - match: {{ path: /both }}
+    respond: {{ status: 200 }}
+    limits: [local, global]
+  - match: {{ path: /local }}
+    respond: {{ status: 200 }}
+    limits: [local]
+",
+        redis.url()
+    );
+    let sg = Sluicegate::start(&yaml);
+    assert_eq!(futures_statuses(sg.addr, "/both", 4).await, [200, 429, 429, 429]);
+    // Only the first request counted locally: two of three remain.
+    assert_eq!(futures_statuses(sg.addr, "/local", 3).await, [200, 200, 429]);
+}
+
+/// Redis killed under load: no request waits past the timeout, each limit does as its
+/// `on_store_error` says, one report line stands for many fallbacks, and Redis is used
+/// again once it is back, without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_under_load_then_restarted() {
+    let mut redis = Redis::start();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 50ms, breaker_failures: 3, breaker_cooldown: 200ms }}\nlimits:
+  open: {{ key: ip, rate: 100r/s, burst: 100, nodelay: true, scope: global, on_store_error: allow }}
+  closed: {{ key: ip, rate: 100r/s, burst: 100, nodelay: true, scope: global, on_store_error: deny }}
+  twin: {{ key: ip, rate: 1r/m, burst: 5, nodelay: true, scope: global, on_store_error: local, instances: 2 }}
+routes:
+  - match: {{ path: /open }}
+    respond: {{ status: 200 }}
+    limits: [open]
+  - match: {{ path: /closed }}
+    respond: {{ status: 200 }}
+    limits: [closed]
+  - match: {{ path: /twin }}
+    respond: {{ status: 200 }}
+    limits: [twin]
+",
+        redis.url()
+    );
+    let sg = Sluicegate::start(&yaml);
+    for path in ["/open", "/closed", "/twin"] {
+        assert_eq!(get(sg.addr, path, &[]).await.status, 200);
+    }
+    redis.kill();
+    let mut statuses = std::collections::BTreeMap::<&str, Vec<u16>>::new();
+    for round in 0..20 {
+        for path in ["/open", "/closed", "/twin"] {
+            let started = Instant::now();
+            let reply = get(sg.addr, path, &[]).await;
+            let took = started.elapsed();
+            assert!(took < Duration::from_millis(500), "{path} (round {round}) took {took:?}");
+            if path == "/closed" {
+                assert_eq!(reply.header("retry-after"), Some("1"));
+            }
+            statuses.entry(path).or_default().push(reply.status);
+        }
+    }
+    assert!(statuses["/open"].iter().all(|&s| s == 200), "{:?}", statuses["/open"]);
+    assert!(statuses["/closed"].iter().all(|&s| s == 503), "{:?}", statuses["/closed"]);
+    // The local twin: burst 5 (6 at once), its rate halved; fresh, as Redis kept the state.
+    let twin = &statuses["/twin"];
+    assert_eq!(twin.iter().filter(|&&s| s == 200).count(), 6, "{twin:?}");
+    let log = sg.wait_for_log(|l| l.contains("circuit breaker open"));
+    assert!(log.contains("circuit breaker open"), "{log}");
+    let reports = log.matches("global limits without Redis").count();
+    assert!((1..=2).contains(&reports), "{reports} report lines for 60 fallbacks:\n{log}");
+
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        get(sg.addr, "/closed", &[]).await;
+        if redis.command(&["DBSIZE"]) != "0" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "Redis is not used again:\n{}", sg.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(get(sg.addr, "/closed", &[]).await.status, 200);
+    assert!(sg.wait_for_log(|l| l.contains("Redis answers again")).contains("Redis answers again"));
+}
+
+/// Redis paused (SIGSTOP): requests still get their answer within the timeout; after
+/// SIGCONT, Redis decides again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_paused_then_resumed() {
+    let redis = Redis::start();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 40ms, breaker_failures: 2, breaker_cooldown: 100ms }}\nlimits:\n  g: {{ key: ip, algorithm: fixed_window, limit: 1000, window: 1h, scope: global, on_store_error: allow }}\nroutes:\n{}",
+        redis.url(),
+        respond_route("g")
+    );
+    let sg = Sluicegate::start(&yaml);
+    assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
+    redis.pause();
+    for n in 0..10 {
+        let started = Instant::now();
+        assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
+        let took = started.elapsed();
+        assert!(took < Duration::from_millis(400), "request {n} took {took:?} with Redis paused");
+    }
+    redis.resume();
+    let key = redis.command(&["KEYS", "*"]);
+    let count = |r: &Redis| r.command(&["GET", &key]).split(' ').nth(1).unwrap_or("0").parse::<u64>().unwrap();
+    let before = count(&redis);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while count(&redis) <= before {
+        assert!(Instant::now() < deadline, "Redis is not used after SIGCONT:\n{}", sg.log());
+        get(sg.addr, "/", &[]).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `SCRIPT FLUSH` mid-run: the next call finds NOSCRIPT, loads the script again, and
+/// decides; no request falls back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushed_scripts_are_loaded_again() {
+    let redis = Redis::start();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 1s }}\nlimits:\n  g: {{ key: ip, rate: 1r/m, burst: 9, nodelay: true, scope: global, on_store_error: deny }}\nroutes:\n{}",
+        redis.url(),
+        respond_route("g")
+    );
+    let sg = Sluicegate::start(&yaml);
+    let mut statuses = futures_statuses(sg.addr, "/", 5).await;
+    assert_eq!(redis.command(&["SCRIPT", "FLUSH"]), "OK");
+    statuses.extend(futures_statuses(sg.addr, "/", 10).await);
+    assert_eq!(statuses.iter().filter(|&&s| s == 200).count(), 10, "{statuses:?}");
+    assert!(statuses[10..].iter().all(|&s| s == 429), "{statuses:?}");
+    assert!(!sg.log().contains("global limits without Redis"), "{}", sg.log());
+}
+
+/// Started without Redis: sluicegate serves (here failing open), and uses Redis once it
+/// appears.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starts_without_redis_and_uses_it_once_it_appears() {
+    let mut redis = Redis::start();
+    redis.kill();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 30ms, breaker_cooldown: 100ms }}\nlimits:\n  g: {{ key: ip, rate: 1r/m, burst: 2, nodelay: true, scope: global, on_store_error: allow }}\nroutes:\n{}",
+        redis.url(),
+        respond_route("g")
+    );
+    let sg = Sluicegate::start(&yaml);
+    assert_eq!(futures_statuses(sg.addr, "/", 5).await, [200; 5]);
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while get(sg.addr, "/", &[]).await.status != 429 {
+        assert!(Instant::now() < deadline, "the global limit never applied:\n{}", sg.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A Redis Cluster of three masters: limits whose keys live in different slots are
+/// decided by one call per slot, still all or nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_cluster_decides_global_limits() {
+    let cluster = Cluster::start(3);
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", cluster: true, timeout: 1s }}\nlimits:
+  per_key: {{ key: \"header:x-key\", rate: 1r/m, burst: 4, nodelay: true, scope: global, on_store_error: deny }}
+  per_ip: {{ key: ip, algorithm: sliding_window, limit: 1000, window: 1h, scope: global, on_store_error: deny }}
+routes:
+{}",
+        cluster.url(),
+        respond_route("per_key, per_ip")
+    );
+    let sg = Sluicegate::start(&yaml);
+    sg.wait_for_log(|l| l.contains("connected to Redis Cluster"));
+    let mut statuses = Vec::new();
+    for _ in 0..8 {
+        statuses.push(get(sg.addr, "/", &[("x-key", "k0")]).await.status);
+    }
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429, 429], "{}", sg.log());
+    // The keys are spread over the nodes by their hash tags: one per limit and key.
+    let keys: usize = cluster.nodes.iter().map(|n| n.command(&["DBSIZE"]).parse::<usize>().unwrap()).sum();
+    assert_eq!(keys, 2);
+    // per_ip counted only the five admitted requests: refusals were taken back.
+    let per_ip = cluster
+        .nodes
+        .iter()
+        .flat_map(|n| n.command(&["KEYS", "*per_ip*"]).lines().map(|k| (n, k.to_owned())).collect::<Vec<_>>())
+        .next()
+        .unwrap();
+    // "index prev curr": 5 in all, whether or not an hour began meanwhile.
+    let state = per_ip.0.command(&["GET", &per_ip.1]);
+    let counted: u64 = state.split(' ').skip(1).map(|n| n.parse::<u64>().unwrap()).sum();
+    assert_eq!(counted, 5, "per_ip state {state:?}");
+}
+
+/// An instance killed while holding a global concurrency slot: the slot comes back by
+/// itself once its lease lapses, while a live request keeps its slot by renewing it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_of_a_killed_instance_lapse_and_live_ones_are_renewed() {
+    let redis = Redis::start();
+    let backend = Backend::start().await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 1s, lease_ttl: 600ms }}\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nlimits:\n  slots: {{ key: ip, concurrency: 1, scope: global, on_store_error: deny }}\nroutes:\n  - match: {{ path_prefix: / }}\n    upstream: b\n    limits: [slots]\n",
+        redis.url(),
+        backend.addr
+    );
+    let (a, b) = (Sluicegate::start(&yaml), Sluicegate::start(&yaml));
+    // A request through `a` holds the slot for 1.5 s, longer than the lease's ttl.
+    let a_addr = a.addr;
+    let long = tokio::spawn(async move { get(a_addr, "/sleep/1500", &[]).await.status });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while backend.hits().is_empty() {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(get(b.addr, "/", &[]).await.status, 429, "renewed past its ttl, the lease still holds");
+    assert_eq!(long.await.unwrap(), 200);
+    assert_eq!(get(b.addr, "/", &[]).await.status, 200, "released at the end of the request");
+
+    // Now `a` dies mid-request: its slot returns within one lease ttl.
+    let long = tokio::spawn(async move { get(a_addr, "/sleep/5000", &[]).await });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while backend.hits().len() < 3 {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(get(b.addr, "/", &[]).await.status, 429);
+    drop(a); // SIGKILL
+    let killed = Instant::now();
+    while get(b.addr, "/", &[]).await.status != 200 {
+        assert!(killed.elapsed() < Duration::from_secs(3), "the dead instance's slot never came back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(killed.elapsed() <= Duration::from_millis(600 + 300), "{:?}", killed.elapsed());
+    long.abort();
+}
