@@ -13,7 +13,7 @@
 #   f  nginx, the same 429 case (limit_req_status 429), workers 1 and auto
 #   g  sluicegate, case c's limit with scope: global, against a local redis-server
 #   h  sluicegate, case e's limit with scope: global (the near-cache answers most 429s)
-#   For g and h the table adds Redis commands per request (INFO stats, measured run only).
+#   For g and h the table adds Redis script calls (EVALSHA) per request, measured run only.
 #
 # Everything listens on 127.0.0.1 only. Everything started here is killed on exit.
 # wrk, the backend and the proxy under test share the machine's cores; sluicegate runs a
@@ -196,7 +196,7 @@ start_nginx() { # $1 dir, $2 port; sets START_PID
 }
 
 # ---- sluicegate configs ----------------------------------------------------------------------
-write_sg_conf() { # $1 file, $2 port, $3 limit yaml ("" for none)
+write_sg_conf() { # $1 file, $2 port, $3 limit yaml ("" for none), $4 more top-level yaml
   {
     cat <<EOF
 listen: 127.0.0.1:$2
@@ -206,6 +206,7 @@ upstreams:
   backend:
     servers: ["127.0.0.1:$BACKEND_PORT"]
 EOF
+    [[ -z "${4:-}" ]] || printf '%s\n' "$4"
     if [[ -n "$3" ]]; then
       printf 'limits:\n  per_ip:\n%s\n' "$3"
       printf 'routes:\n  - upstream: backend\n    limits: [per_ip]\n'
@@ -243,7 +244,8 @@ CASES=()
 declare -A RPS P50 P99 NON2XX SOCKERR CPU CPUREQ CODES RCMD
 REDIS_PORT=""      # set while a case uses Redis: its commands per request are measured
 
-redis_commands() { redis-cli -p "$REDIS_PORT" info stats | awk -F: '/^total_commands_processed/ {print $2+0}'; }
+# Script calls Redis ran (the commands a script runs inside count separately, not here).
+redis_calls() { redis-cli -p "$REDIS_PORT" info commandstats | awk -F'[:=,]' '/^cmdstat_evalsha:/ {print $3+0}'; }
 
 run_case() { # $1 label, $2 port, $3 pid whose CPU (with children) is the thing under test
   local label="$1" port="$2" pid="$3" out t0 t1 line
@@ -253,13 +255,13 @@ run_case() { # $1 label, $2 port, $3 pid whose CPU (with children) is the thing 
     "http://127.0.0.1:$port/" >/dev/null
   out="$TMP/wrk-${label//[^A-Za-z0-9_.-]/_}.txt"
   local r0=""
-  [[ -z "$REDIS_PORT" ]] || r0="$(redis_commands)"
+  [[ -z "$REDIS_PORT" ]] || r0="$(redis_calls)"
   t0="$(cpu_ticks "$pid")"
   timeout $((DUR_S + 30)) wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" --timeout "$WRK_TIMEOUT" \
     --latency -s "$HERE/report.lua" "http://127.0.0.1:$port/" >"$out"
   t1="$(cpu_ticks "$pid")"
   local r1=""
-  [[ -z "$REDIS_PORT" ]] || r1="$(redis_commands)"
+  [[ -z "$REDIS_PORT" ]] || r1="$(redis_calls)"
   line="$(grep '^WRKRESULT ' "$out")" || die "no result from wrk for $label (see $out)"
   local rps requests p50_us p99_us non2xx connect read write timeout secs kv
   for kv in ${line#WRKRESULT }; do local "${kv%%=*}=${kv#*=}"; done
@@ -271,8 +273,7 @@ run_case() { # $1 label, $2 port, $3 pid whose CPU (with children) is the thing 
   SOCKERR[$label]="$connect/$read/$write/$timeout"
   CPU[$label]="$(awk -v d=$((t1 - t0)) -v hz="$CLK_TCK" -v s="$secs" 'BEGIN{printf "%.0f", 100*d/hz/s}')"
   RCMD[$label]="-"
-  # (r1 - r0 - 1: the INFO command that read r0 counts too)
-  [[ -z "$r0" ]] || RCMD[$label]="$(awk -v d=$((r1 - r0 - 1)) -v n="$requests" 'BEGIN{printf "%.3f", n ? d/n : 0}')"
+  [[ -z "$r0" ]] || RCMD[$label]="$(awk -v d=$((r1 - r0)) -v n="$requests" 'BEGIN{printf "%.3f", n ? d/n : 0}')"
   CPUREQ[$label]="$(awk -v d=$((t1 - t0)) -v hz="$CLK_TCK" -v n="$requests" 'BEGIN{printf "%.1f", n ? 1e6*d/hz/n : 0}')"
   log "$label: $rps req/s, p50 ${p50_us}us, p99 ${p99_us}us, non-2xx $non2xx, socket errors c/r/w/t ${SOCKERR[$label]}"
 }
@@ -363,7 +364,7 @@ echo
 echo "sockerr = wrk socket errors connect/read/write/timeout; CPU% = CPU of the process under test"
 echo "(nginx: master+workers; 200% = both cores) over the measured run; /sg-lim and /ng-lr1 = req/s"
 echo "relative to 'c sluicegate limit (pass)' and 'd nginx limit_req (pass) w1'; redis/req = Redis"
-echo "commands per request during the measured run (redis-server runs on the same cores)."
+echo "script calls (EVALSHA) per request during the measured run (redis-server shares the cores)."
 
 # Non-2xx where nothing should be rejected deserves a look (benches/wrk/status.lua shows which).
 for c in "${CASES[@]}"; do

@@ -63,6 +63,9 @@ pub struct Redis {
     pub cluster: bool,
     pub username: Option<String>,
     pub password: Option<String>,
+    /// With `rediss://`: the PEM certificate(s) of the CA to trust instead of the public
+    /// roots (a private CA).
+    pub tls_ca: Option<Vec<u8>>,
     /// Longest wait for one decision; past it, each global limit's `on_store_error` applies.
     pub timeout: Duration,
     pub connect_timeout: Duration,

@@ -57,6 +57,7 @@ pub struct RawRedis {
     pub cluster: bool,
     pub username: Option<String>,
     pub password: Option<String>,
+    pub tls_ca_file: Option<String>,
     pub timeout: Option<String>,
     pub connect_timeout: Option<String>,
     pub connections: Option<u64>,

@@ -43,11 +43,19 @@ pub(super) fn redis(e: &mut Errors<'_>, raw: &RawRedis) -> Redis {
     if lease_ttl < Duration::from_millis(300) {
         e.add("redis.lease_ttl".into(), "must be at least 300ms (leases are renewed every third of it)");
     }
+    let tls_ca = raw.tls_ca_file.as_ref().and_then(|file| {
+        if !raw.url.starts_with("rediss://") {
+            e.add("redis.tls_ca_file".into(), "applies only to TLS URLs (`rediss://`)");
+        }
+        let read = std::fs::read(file).map_err(|err| format!("cannot read {file:?}: {err}"));
+        e.check(|| "redis.tls_ca_file".into(), read)
+    });
     Redis {
         url: raw.url.clone(),
         cluster: raw.cluster,
         username: raw.username.clone(),
         password: raw.password.clone(),
+        tls_ca,
         timeout: positive(e, "timeout", raw.timeout.as_ref(), DEFAULT_TIMEOUT),
         connect_timeout: positive(e, "connect_timeout", raw.connect_timeout.as_ref(), DEFAULT_CONNECT_TIMEOUT),
         connections: usize::try_from(connections.clamp(1, 64)).unwrap_or(1),

@@ -13,7 +13,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::{Client, IntoConnectionInfo, RedisError, RedisResult, ScriptInvocation, Value};
+use redis::{Client, IntoConnectionInfo, RedisError, RedisResult, ScriptInvocation, TlsCertificates, Value};
 use tracing::{info, warn};
 
 use crate::config::Redis;
@@ -59,10 +59,15 @@ impl Connections {
                 return Connections { slots, next: AtomicUsize::new(0) };
             }
         };
+        // A private CA replaces the public roots.
+        let certs = || TlsCertificates { client_tls: None, root_cert: config.tls_ca.clone() };
         if config.cluster {
-            let builder = ClusterClientBuilder::new(vec![info])
+            let mut builder = ClusterClientBuilder::new(vec![info])
                 .connection_timeout(config.connect_timeout)
                 .response_timeout(Duration::from_secs(60));
+            if config.tls_ca.is_some() {
+                builder = builder.certs(certs());
+            }
             let slots = Arc::clone(&slots);
             tokio::spawn(async move {
                 let Ok(client) = builder.build() else { return };
@@ -95,8 +100,11 @@ impl Connections {
                 .set_min_delay(Duration::from_millis(50))
                 .set_max_delay(Duration::from_millis(500));
             for slot in slots.iter() {
-                match Client::open(info.clone())
-                    .and_then(|client| ConnectionManager::new_lazy_with_config(client, manager_config.clone()))
+                let client = match config.tls_ca {
+                    Some(_) => Client::build_with_tls(info.clone(), certs()),
+                    None => Client::open(info.clone()),
+                };
+                match client.and_then(|client| ConnectionManager::new_lazy_with_config(client, manager_config.clone()))
                 {
                     Ok(manager) => {
                         let _ = slot.set(Connection::Standalone(manager));

@@ -30,7 +30,7 @@ use breaker::{Breaker, Change};
 use connection::Connections;
 pub use lease::Lease;
 use near_cache::NearCache;
-use script::{DECIDE, REFUND, REPLY_FIELDS, Spec};
+use script::{REFUND, REPLY_FIELDS, Spec};
 
 /// Fallback log lines come at most this often, each with the counts since the last.
 const REPORT_EVERY: Duration = Duration::from_secs(10);
@@ -193,7 +193,7 @@ impl Store {
         }
         let ids: SmallVec<[String; 2]> = calls
             .iter()
-            .map(|c| match self.spec(c.limit).leases(0) {
+            .map(|c| match self.spec(c.limit).leases {
                 true => format!("{:016x}-{}", self.instance, self.lease_seq.fetch_add(1, Ordering::Relaxed)),
                 false => String::new(),
             })
@@ -253,7 +253,7 @@ impl Store {
                         && !spec.dry_run
                     {
                         batch_rejects = true;
-                        if !spec.leases(window) {
+                        if !spec.leases {
                             longest = longest.max(Some(after));
                         }
                     }
@@ -274,7 +274,7 @@ impl Store {
         for (c, at) in committed {
             let call = &calls[c];
             let spec = self.spec(call.limit);
-            if spec.leases(0) {
+            if spec.leases {
                 let lease = Lease { store: Arc::clone(self), key: spec.key(&call.base, 0), id: ids[c].clone() };
                 if !rejected {
                     self.leases.add(&lease.id, &lease.key);
@@ -314,21 +314,18 @@ impl Store {
         cost: u64,
         clock: Option<(u64, u64)>,
     ) -> Result<Vec<u64>, StoreError> {
-        let (mut keys, mut args) = (Vec::new(), Vec::new());
-        let (s, us) = clock.map_or((String::new(), String::new()), |(s, us)| (s.to_string(), us.to_string()));
-        args.extend([s, us, cost.to_string(), batch.len().to_string()]);
+        let modules = batch.iter().fold(0, |m, &c| m | self.spec(calls[c].limit).modules);
+        let mut invocation = script::decide(modules).prepare_invoke();
+        match clock {
+            Some((s, us)) => invocation.arg(s).arg(us),
+            None => invocation.arg("").arg(""),
+        };
+        invocation.arg(cost).arg(batch.len());
         let mut windows = 0;
         for &c in batch {
             let spec = self.spec(calls[c].limit);
-            spec.push_decide(&calls[c].base, &ids[c], &mut keys, &mut args);
+            spec.push_decide(&calls[c].base, &ids[c], &mut invocation);
             windows += spec.windows();
-        }
-        let mut invocation = DECIDE.prepare_invoke();
-        for key in &keys {
-            invocation.key(key);
-        }
-        for arg in &args {
-            invocation.arg(arg);
         }
         let value = self.connections.invoke(&invocation).await?;
         let reply = Vec::<u64>::from_redis_value(value).map_err(|_| StoreError::Reply(0))?;
@@ -343,15 +340,9 @@ impl Store {
     pub fn refund(self: &Arc<Self>, limit: usize, base: String, at: (u64, u64), cost: u64) {
         let store = Arc::clone(self);
         tokio::spawn(async move {
-            let (mut keys, mut args) = (Vec::new(), vec![at.0.to_string(), at.1.to_string(), cost.to_string()]);
-            store.spec(limit).push_refund(&base, &mut keys, &mut args);
             let mut invocation = REFUND.prepare_invoke();
-            for key in &keys {
-                invocation.key(key);
-            }
-            for arg in &args {
-                invocation.arg(arg);
-            }
+            invocation.arg(at.0).arg(at.1).arg(cost);
+            store.spec(limit).push_refund(&base, &mut invocation);
             if let Ok(Err(e)) | Err(e) = tokio::time::timeout(store.timeout * 4, store.connections.invoke(&invocation))
                 .await
                 .map_err(|_| StoreError::Timeout(store.timeout * 4))

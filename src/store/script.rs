@@ -1,52 +1,69 @@
 //! The Lua side of global limits: the scripts, and each limit's arguments to them.
 //!
 //! One Lua module per algorithm (`lua/*.lua`, each the Redis twin of a `limit/*.rs`)
-//! and a driver per operation are joined into three scripts: `DECIDE` runs every global
-//! limit of a request in one atomic call, `REFUND` takes admissions back, `RENEW`
-//! extends concurrency leases. Each is sent as `EVALSHA` and loaded again on `NOSCRIPT`
+//! and a driver per operation are joined into scripts: `decide` runs every global limit
+//! of a request in one atomic call, `REFUND` takes admissions back, `RENEW` extends
+//! concurrency leases. Each is sent as `EVALSHA` and loaded again on `NOSCRIPT`
 //! (redis-rs's `Script` does both).
 
-use std::sync::LazyLock;
+use std::sync::{LazyLock, OnceLock};
 
-use redis::Script;
+use redis::{Script, ScriptInvocation};
 
 use crate::config::{Limit, Policy};
 
-const ALGORITHMS: &str = concat!(
-    include_str!("lua/time.lua"),
-    include_str!("lua/leaky_bucket.lua"),
-    include_str!("lua/fixed_window.lua"),
-    include_str!("lua/sliding_window.lua"),
-    include_str!("lua/sliding_log.lua"),
-    include_str!("lua/concurrency.lua"),
-    include_str!("lua/ban.lua"),
-);
+/// The algorithm modules, each with the code that names it in the scripts' arguments.
+const MODULES: [(&str, &str); 6] = [
+    ("lb", include_str!("lua/leaky_bucket.lua")),
+    ("fw", include_str!("lua/fixed_window.lua")),
+    ("sw", include_str!("lua/sliding_window.lua")),
+    ("sl", include_str!("lua/sliding_log.lua")),
+    ("cc", include_str!("lua/concurrency.lua")),
+    ("ban", include_str!("lua/ban.lua")),
+];
 
-pub static DECIDE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&format!("{ALGORITHMS}{}", include_str!("lua/decide.lua"))));
-pub static REFUND: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&format!("{ALGORITHMS}{}", include_str!("lua/refund.lua"))));
-pub static RENEW: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&format!("{ALGORITHMS}{}", include_str!("lua/renew.lua"))));
+/// A script: the time helpers, the modules in `modules` (a bit per entry of `MODULES`;
+/// the others stay empty tables), then `driver`.
+fn script(modules: u8, driver: &str) -> Script {
+    let mut source = String::from(include_str!("lua/time.lua"));
+    source +=
+        "local leaky_bucket, fixed_window, sliding_window, sliding_log, concurrency, ban = {}, {}, {}, {}, {}, {}\n";
+    for (bit, (_, module)) in MODULES.iter().enumerate() {
+        if modules & (1 << bit) != 0 {
+            source += module;
+        }
+    }
+    Script::new(&(source + driver))
+}
+
+/// The `DECIDE` script with just the modules a call needs (`Spec::modules`, or-ed):
+/// Redis runs the whole script on every call, so one that defines only the algorithms
+/// in use costs it less. At most 64 variants, each made (and its SHA-1 computed) once.
+pub fn decide(modules: u8) -> &'static Script {
+    static SCRIPTS: [OnceLock<Script>; 64] = [const { OnceLock::new() }; 64];
+    SCRIPTS[usize::from(modules & 63)].get_or_init(|| script(modules, include_str!("lua/decide.lua")))
+}
+
+pub static REFUND: LazyLock<Script> = LazyLock::new(|| script(0b1111, include_str!("lua/refund.lua")));
+pub static RENEW: LazyLock<Script> = LazyLock::new(|| script(0, include_str!("lua/renew.lua")));
 
 /// Integers in each window's reply: admitted, wait or retry ns, remaining, reset ns,
 /// excess in thousandths, banned.
 pub const REPLY_FIELDS: usize = 6;
 
-/// One window of a global limit as the scripts take it.
-#[derive(Debug)]
-struct Window {
-    kind: &'static str,
-    params: [u64; 3],
-}
-
-/// A global limit's fixed part of every call: its windows' parameters and its ban.
+/// A global limit's fixed part of every call, formatted once.
 #[derive(Debug)]
 pub struct Spec {
     pub name: String,
-    windows: Vec<Window>,
-    /// Ban and ban_max, ns (0: no ban).
-    ban: [u64; 2],
+    /// Per window: the key suffix (kind and window index), the kind and its parameters.
+    windows: Vec<(String, [String; 4])>,
+    /// `DECIDE`'s group header: dry run, window count, ban and ban_max in ns.
+    header: [String; 4],
+    has_ban: bool,
+    /// The modules its windows and ban need (bits of `MODULES`).
+    pub modules: u8,
+    /// Whether its (single) window is a concurrency limit, whose admissions take leases.
+    pub leases: bool,
     pub dry_run: bool,
     pub counted: Option<Box<[u16]>>,
 }
@@ -55,32 +72,48 @@ fn ns(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
+fn module(kind: &str) -> u8 {
+    1 << MODULES.iter().position(|(k, _)| *k == kind).unwrap_or(0)
+}
+
 impl Spec {
     pub fn new(limit: &Limit, lease_ttl_ms: u64) -> Spec {
-        let windows = limit
+        let windows: Vec<(String, [String; 4])> = limit
             .windows
             .iter()
-            .map(|policy| match *policy {
-                Policy::Rate { rate, burst, delay } => {
-                    let period = rate.period_ns();
-                    Window { kind: "lb", params: [period, burst * period, delay * period] }
-                }
-                Policy::FixedWindow { limit, window } => {
-                    Window { kind: "fw", params: [limit, window.as_millis() as u64, 0] }
-                }
-                Policy::SlidingWindow { limit, window } => {
-                    Window { kind: "sw", params: [limit, window.as_millis() as u64, 0] }
-                }
-                Policy::SlidingLog { limit, window } => Window { kind: "sl", params: [limit, ns(window), 0] },
-                Policy::Concurrency { max, retry_after } => {
-                    Window { kind: "cc", params: [max, ns(retry_after), lease_ttl_ms] }
-                }
+            .enumerate()
+            .map(|(i, policy)| {
+                let (kind, params) = match *policy {
+                    Policy::Rate { rate, burst, delay } => {
+                        let period = rate.period_ns();
+                        ("lb", [period, burst * period, delay * period])
+                    }
+                    Policy::FixedWindow { limit, window } => ("fw", [limit, window.as_millis() as u64, 0]),
+                    Policy::SlidingWindow { limit, window } => ("sw", [limit, window.as_millis() as u64, 0]),
+                    Policy::SlidingLog { limit, window } => ("sl", [limit, ns(window), 0]),
+                    Policy::Concurrency { max, retry_after } => ("cc", [max, ns(retry_after), lease_ttl_ms]),
+                };
+                let [a, b, c] = params.map(|p| p.to_string());
+                (format!(":{kind}{i}"), [kind.to_owned(), a, b, c])
             })
             .collect();
+        let ban = limit.ban.map_or([0, 0], |b| [ns(b.base), ns(b.max)]);
+        let mut modules = windows.iter().fold(0, |m, (_, w)| m | module(&w[0]));
+        if ban[0] > 0 {
+            modules |= module("ban");
+        }
         Spec {
             name: limit.name.clone(),
+            leases: windows.first().is_some_and(|(_, w)| w[0] == "cc"),
+            header: [
+                if limit.dry_run { "1" } else { "0" }.to_owned(),
+                windows.len().to_string(),
+                ban[0].to_string(),
+                ban[1].to_string(),
+            ],
+            has_ban: ban[0] > 0,
             windows,
-            ban: limit.ban.map_or([0, 0], |b| [ns(b.base), ns(b.max)]),
+            modules,
             dry_run: limit.dry_run,
             counted: limit.count.clone(),
         }
@@ -90,40 +123,37 @@ impl Spec {
         self.windows.len()
     }
 
-    /// Whether its window `window` is a concurrency limit, whose admissions take a lease.
-    pub fn leases(&self, window: usize) -> bool {
-        self.windows[window].kind == "cc"
-    }
-
     /// The Redis key of window `window` for the key `base`.
     pub fn key(&self, base: &str, window: usize) -> String {
-        format!("{base}:{}{window}", self.windows[window].kind)
+        format!("{base}{}", self.windows[window].0)
     }
 
-    /// Appends this limit's group to a `DECIDE` call for the key `base`; `lease` names
-    /// the lease a concurrency window takes.
-    pub fn push_decide(&self, base: &str, lease: &str, keys: &mut Vec<String>, args: &mut Vec<String>) {
-        args.push(if self.dry_run { "1" } else { "0" }.to_owned());
-        args.push(self.windows.len().to_string());
-        args.extend(self.ban.iter().map(u64::to_string));
-        for (i, w) in self.windows.iter().enumerate() {
-            keys.push(self.key(base, i));
-            args.push(w.kind.to_owned());
-            args.extend(w.params.iter().map(u64::to_string));
-            args.push(if w.kind == "cc" { lease.to_owned() } else { String::new() });
+    /// Adds this limit's group to a `DECIDE` call for the key `base`; `lease` names the
+    /// lease a concurrency window takes.
+    pub fn push_decide(&self, base: &str, lease: &str, invocation: &mut ScriptInvocation<'_>) {
+        for field in &self.header {
+            invocation.arg(field);
         }
-        if self.ban[0] > 0 {
-            keys.push(format!("{base}:ban"));
+        for (i, (_, params)) in self.windows.iter().enumerate() {
+            invocation.key(self.key(base, i));
+            for p in params {
+                invocation.arg(p);
+            }
+            invocation.arg(if self.leases { lease } else { "" });
+        }
+        if self.has_ban {
+            invocation.key(format!("{base}:ban"));
         }
     }
 
-    /// Appends this limit's windows to a `REFUND` call for the key `base`.
-    pub fn push_refund(&self, base: &str, keys: &mut Vec<String>, args: &mut Vec<String>) {
-        for (i, w) in self.windows.iter().enumerate() {
-            keys.push(self.key(base, i));
-            args.push(w.kind.to_owned());
-            args.extend(w.params.iter().map(u64::to_string));
-            args.push(String::new());
+    /// Adds this limit's windows to a `REFUND` call for the key `base`.
+    pub fn push_refund(&self, base: &str, invocation: &mut ScriptInvocation<'_>) {
+        for (i, (_, params)) in self.windows.iter().enumerate() {
+            invocation.key(self.key(base, i));
+            for p in params {
+                invocation.arg(p);
+            }
+            invocation.arg("");
         }
     }
 }

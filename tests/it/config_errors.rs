@@ -180,3 +180,36 @@ fn rates_take_no_other_rate_fields_and_exclude_an_algorithm() {
         assert!(stderr.contains(expected), "{expected}\nnot in\n{stderr}");
     }
 }
+
+#[test]
+fn global_limits_are_checked_against_the_redis_section_and_their_scripts() {
+    let yaml = "listen: 127.0.0.1:0
+limits:
+  a: { key: ip, rate: 1r/s, scope: global }
+  b: { key: ip, rate: 1r/s, on_store_error: deny }
+  c: { key: ip, algorithm: fixed_window, limit: 5, window: 1500us, scope: global, instances: 0 }
+  d: { key: ip, rate: 1r/d, burst: 60, nodelay: true, scope: global, on_store_error: allow, instances: 2 }
+";
+    let (out, stderr) = check(yaml);
+    assert!(!out.status.success());
+    for line in [
+        "FILE:3:36: limits.a.scope: a global limit needs a `redis:` section",
+        "FILE:4:45: limits.b.on_store_error: applies only to global limits (`scope: global`)",
+        "FILE:5:6: limits.c: a global window must be a whole number of milliseconds",
+        "FILE:5:94: limits.c.instances: must be a positive integer",
+        "FILE:6:6: limits.d: a global rate limit must drain within 52 days",
+        "FILE:6:104: limits.d.instances: applies only with `on_store_error: local`",
+    ] {
+        assert!(stderr.contains(line), "{line}\nnot in\n{stderr}");
+    }
+    let (out, stderr) = check(&format!("{yaml}redis: {{ url: \"http://x\", timeout: 0s, key_prefix: \"{{a}}\" }}\n"));
+    assert!(!out.status.success());
+    for line in [
+        "redis.url: invalid Redis URL \"http://x\"",
+        "redis.timeout: must be longer than zero",
+        "redis.key_prefix: must not contain",
+    ] {
+        assert!(stderr.contains(line), "{line}\nnot in\n{stderr}");
+    }
+    assert!(!stderr.contains("needs a `redis:` section"), "{stderr}");
+}

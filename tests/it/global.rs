@@ -431,3 +431,89 @@ async fn leases_of_a_killed_instance_lapse_and_live_ones_are_renewed() {
     assert!(killed.elapsed() <= Duration::from_millis(600 + 300), "{:?}", killed.elapsed());
     long.abort();
 }
+
+/// `count: [401]` on a global limit: other statuses are taken back in Redis; every key
+/// written carries a TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_counted_statuses_keep_global_quota_and_keys_expire() {
+    let redis = Redis::start();
+    let backend = Backend::start().await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 1s }}\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nlimits:
+  login: {{ key: ip, algorithm: sliding_log, limit: 2, window: 1h, count: [401], scope: global, ban: 1m }}
+  pace: {{ key: ip, rate: 10r/m, burst: 20, nodelay: true, scope: global }}
+routes:
+  - match: {{ path_prefix: / }}
+    upstream: b
+    limits: [login, pace]
+",
+        redis.url(),
+        backend.addr
+    );
+    let sg = Sluicegate::start(&yaml);
+    for _ in 0..4 {
+        assert_eq!(get(sg.addr, "/status/200", &[]).await.status, 200);
+    }
+    assert_eq!(get(sg.addr, "/status/401", &[]).await.status, 401);
+    assert_eq!(get(sg.addr, "/status/401", &[]).await.status, 401);
+    let refused = get(sg.addr, "/status/200", &[]).await;
+    assert_eq!(refused.status, 429, "two failures spent the quota; successes were taken back");
+    assert_eq!(refused.header("retry-after"), Some("60"), "and the key is banned");
+    let keys = redis.command(&["KEYS", "*"]);
+    assert_eq!(keys.lines().count(), 3, "{keys}");
+    for key in keys.lines() {
+        let ttl: i64 = redis.command(&["PTTL", key]).parse().unwrap();
+        assert!(ttl > 0, "{key} has no TTL ({ttl})");
+    }
+}
+
+/// Writes a private CA (`ca.pem`) and a certificate for 127.0.0.1 signed by it
+/// (`server.pem`, `server.key`) into `dir`, with the openssl command.
+fn private_ca(dir: &std::path::Path) {
+    let openssl = |args: &[&str]| {
+        let out = std::process::Command::new("openssl").args(args).current_dir(dir).output().expect("openssl");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    openssl(
+        &["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem"]
+            .into_iter()
+            .chain(["-days", "2", "-subj", "/CN=sluicegate test CA"])
+            .collect::<Vec<_>>(),
+    );
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    openssl(
+        &["x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial"]
+            .into_iter()
+            .chain(["-out", "server.pem", "-days", "2", "-extfile", "ext.cnf"])
+            .collect::<Vec<_>>(),
+    );
+}
+
+/// `rediss://` with a private CA: decisions go through TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn global_limits_over_tls_with_a_private_ca() {
+    let certs = tempfile::tempdir().unwrap();
+    private_ca(certs.path());
+    let redis = Redis::start_tls(certs.path());
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nredis: {{ url: \"rediss://127.0.0.1:{}\", tls_ca_file: \"{}\", timeout: 1s }}\nlimits:\n  g: {{ key: ip, rate: 1r/m, burst: 1, nodelay: true, scope: global, on_store_error: deny }}\nroutes:\n{}",
+        redis.tls_port,
+        certs.path().join("ca.pem").display(),
+        respond_route("g")
+    );
+    let sg = Sluicegate::start(&yaml);
+    assert_eq!(futures_statuses(sg.addr, "/", 3).await, [200, 200, 429], "{}", sg.log());
+    assert_eq!(redis.command(&["DBSIZE"]), "1");
+}

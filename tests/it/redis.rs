@@ -18,6 +18,8 @@ const START_ATTEMPTS: usize = 5;
 /// A `redis-server` child process; killed on drop.
 pub struct Redis {
     pub port: u16,
+    /// The TLS port of a server started with `start_tls` (0 otherwise).
+    pub tls_port: u16,
     /// Arguments after the common ones (cluster settings).
     extra_args: Vec<String>,
     child: Option<Child>,
@@ -27,13 +29,19 @@ pub struct Redis {
 impl Redis {
     /// Starts a server on a free port and waits until it answers PING.
     pub fn start() -> Redis {
-        Redis::start_on_free_ports(false)
+        Redis::start_on_free_ports(false, None)
+    }
+
+    /// Starts a server that also serves TLS on `tls_port`, with the certificate
+    /// `server.pem` and key `server.key` from `certs`.
+    pub fn start_tls(certs: &std::path::Path) -> Redis {
+        Redis::start_on_free_ports(false, Some(certs))
     }
 
     /// Starts a server, picking new ports if the process exits before it is ready.
-    fn start_on_free_ports(cluster: bool) -> Redis {
+    fn start_on_free_ports(cluster: bool, tls: Option<&std::path::Path>) -> Redis {
         let dir = tempfile::tempdir().unwrap();
-        let mut redis = Redis { port: 0, extra_args: Vec::new(), child: None, dir };
+        let mut redis = Redis { port: 0, tls_port: 0, extra_args: Vec::new(), child: None, dir };
         let mut failures = Vec::new();
         for _ in 0..START_ATTEMPTS {
             let ports = free_ports(2);
@@ -46,6 +54,20 @@ impl Redis {
                     .chain(["--cluster-port", &bus_port])
                     .map(String::from)
                     .collect();
+            }
+            if let Some(certs) = tls {
+                redis.tls_port = ports[1];
+                let file = |name: &str| certs.join(name).display().to_string();
+                redis.extra_args = vec![
+                    "--tls-port".into(),
+                    ports[1].to_string(),
+                    "--tls-cert-file".into(),
+                    file("server.pem"),
+                    "--tls-key-file".into(),
+                    file("server.key"),
+                    "--tls-auth-clients".into(),
+                    "no".into(),
+                ];
             }
             match redis.spawn_and_wait() {
                 Ok(()) => return redis,
@@ -180,7 +202,7 @@ impl Cluster {
     /// until every node reports `cluster_state:ok`.
     pub fn start(n: usize) -> Cluster {
         assert!(n >= 3, "a Redis cluster needs at least 3 masters, got {n}");
-        let nodes: Vec<Redis> = (0..n).map(|_| Redis::start_on_free_ports(true)).collect();
+        let nodes: Vec<Redis> = (0..n).map(|_| Redis::start_on_free_ports(true, None)).collect();
         let cluster = Cluster { nodes };
         cluster.create();
         for node in &cluster.nodes {

@@ -58,17 +58,18 @@ if not rejected then
   end
 end
 
-local reply = { now.s, now.us }
+local reply, n = { now.s, now.us }, 2
 for _, group in ipairs(groups) do
   for _, window in ipairs(group.windows) do
     local v = window.v
-    local admitted, t = 0, v.retry
-    if v.admit then admitted, t = 1, v.wait end
-    local banned = 0
-    if v.banned then banned = 1 end
-    for _, x in ipairs({ admitted, t, v.remaining or 0, v.reset, math.floor(v.excess * 1000), banned }) do
-      reply[#reply + 1] = x
+    if v.admit then
+      reply[n + 1], reply[n + 2] = 1, v.wait
+    else
+      reply[n + 1], reply[n + 2] = 0, v.retry
     end
+    reply[n + 3], reply[n + 4], reply[n + 5] = v.remaining or 0, v.reset, math.floor(v.excess * 1000)
+    reply[n + 6] = v.banned and 1 or 0
+    n = n + 6
   end
 end
 return reply
