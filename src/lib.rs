@@ -6,7 +6,8 @@
 //!   -> route               first match on host, path, method (proxy::route)
 //!   -> allow-list, cost    exempt requests skip the limits; what a request weighs
 //!   -> keys                each limit hashes its key, or an override picks another limit
-//!   -> limits              all or nothing: pass, delay, or reject with 429 (limit)
+//!   -> limits              all or nothing: pass, delay, or reject with 429; local ones
+//!                          first (limit), then global ones in one Redis call (store)
 //!   -> receipts            slots held until the body is sent; `count:` refunds by status
 //!   -> forward / respond   pooled upstream client, bodies streamed (proxy::forward),
 //!                          or a static response; 404 / 502 / 504 made here (proxy::response)

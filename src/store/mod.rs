@@ -47,19 +47,15 @@ pub enum StoreError {
     Reply(usize),
 }
 
-/// Counts since start, for log lines and tests.
+/// Counts since start, for the fallback log lines (no metrics endpoint exports them yet).
 #[derive(Default, Debug)]
-pub struct Stats {
-    /// Decide calls sent (one per request, or per slot on a cluster).
-    pub calls: AtomicU64,
+struct Stats {
     /// Calls that failed or timed out.
-    pub errors: AtomicU64,
+    errors: AtomicU64,
     /// Requests decided without Redis because the breaker was open.
-    pub skipped: AtomicU64,
-    /// Requests refused from the near-cache, without a round trip.
-    pub near_hits: AtomicU64,
+    skipped: AtomicU64,
     /// Global limit decisions made by `on_store_error`: allow, deny, local.
-    pub fallbacks: [AtomicU64; 3],
+    fallbacks: [AtomicU64; 3],
 }
 
 /// One global limit of a request: its index and the Redis key base of the request's key.
@@ -125,7 +121,7 @@ pub struct Store {
     /// Lease ids: this instance's random tag and a sequence number.
     instance: u64,
     lease_seq: AtomicU64,
-    pub stats: Stats,
+    stats: Stats,
     /// When the last fallback line was logged, and the counts it reported.
     reported: Mutex<(Option<Instant>, [u64; 5])>,
 }
@@ -173,9 +169,7 @@ impl Store {
 
     /// How long the near-cache still refuses `call` from `now`, if it does.
     pub fn near_refused(&self, call: &Call, now: u64) -> Option<u64> {
-        let left = self.near.refused(call.limit, call.near, now)?;
-        self.stats.near_hits.fetch_add(1, Ordering::Relaxed);
-        Some(left)
+        self.near.refused(call.limit, call.near, now)
     }
 
     /// Decides `calls` (a request's global limits) for `cost` units, all or nothing, at
@@ -200,7 +194,6 @@ impl Store {
             .collect();
         let batches = self.batches(calls.iter().map(|c| c.base.as_str()));
         let sent = batches.iter().map(|batch| self.decide_batch(calls, batch, &ids, cost, clock));
-        self.stats.calls.fetch_add(batches.len() as u64, Ordering::Relaxed);
         let replies = match tokio::time::timeout(self.timeout, join_all(sent)).await {
             Ok(replies) => replies.into_iter().collect::<Result<Vec<_>, _>>(),
             Err(_) => Err(StoreError::Timeout(self.timeout)),
