@@ -4,18 +4,20 @@
 //! success closes it, a failure opens it for another `cooldown`.
 //!
 //! Written here rather than taken from a crate: the check runs on every request with a
-//! global limit, so it is two atomic loads on the limiter clock, and half-open admits a
-//! single probe, not every caller (as the circuit-breaker crates we looked at do).
+//! global limit, so it is one atomic load on the limiter clock; half-open admits a single
+//! probe per cooldown, not every caller; and a probe whose request is abandoned cannot
+//! leave the breaker stuck open.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 pub struct Breaker {
     threshold: u32,
     cooldown: u64,
     failures: AtomicU32,
-    /// Limiter-clock ns until which calls are skipped (0: closed).
+    /// Limiter-clock ns until which calls are skipped (0: closed). A probe moves it one
+    /// cooldown ahead as it starts, so a probe that never finishes (its client left)
+    /// only delays the next one.
     open_until: AtomicU64,
-    probing: AtomicBool,
 }
 
 /// A change of state worth one log line.
@@ -33,7 +35,6 @@ impl Breaker {
             cooldown: u64::try_from(cooldown.as_nanos()).unwrap_or(u64::MAX),
             failures: AtomicU32::new(0),
             open_until: AtomicU64::new(0),
-            probing: AtomicBool::new(false),
         }
     }
 
@@ -42,31 +43,35 @@ impl Breaker {
         match self.open_until.load(Ordering::Acquire) {
             0 => true,
             until if now < until => false,
-            _ => self.probing.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_ok(),
+            until => {
+                self.open_until.compare_exchange(until, self.reopen(now), Ordering::AcqRel, Ordering::Acquire).is_ok()
+            }
         }
     }
 
     pub fn succeeded(&self) -> Change {
         self.failures.store(0, Ordering::Relaxed);
-        self.probing.store(false, Ordering::Release);
         if self.open_until.swap(0, Ordering::AcqRel) != 0 { Change::Closed } else { Change::None }
     }
 
     pub fn failed(&self, now: u64) -> Change {
-        if self.probing.swap(false, Ordering::AcqRel) {
-            self.open_until.store(now.saturating_add(self.cooldown).max(1), Ordering::Release);
+        if self.open_until.load(Ordering::Acquire) != 0 {
+            // A probe (or a call that started before the breaker opened) failed.
+            self.open_until.store(self.reopen(now), Ordering::Release);
             return Change::None;
         }
         let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
         if failures >= self.threshold
-            && self
-                .open_until
-                .compare_exchange(0, now.saturating_add(self.cooldown).max(1), Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
+            && self.open_until.compare_exchange(0, self.reopen(now), Ordering::AcqRel, Ordering::Acquire).is_ok()
         {
             return Change::Opened;
         }
         Change::None
+    }
+
+    /// The end of a cooldown starting `now` (never 0, which means closed).
+    fn reopen(&self, now: u64) -> u64 {
+        now.saturating_add(self.cooldown).max(1)
     }
 }
 
@@ -95,5 +100,14 @@ mod tests {
         assert!(b.allows(202 * MS));
         assert_eq!(b.succeeded(), Change::Closed);
         assert!(b.allows(202 * MS) && b.allows(202 * MS));
+    }
+
+    #[test]
+    fn a_probe_that_never_finishes_only_delays_the_next_one() {
+        let b = Breaker::new(1, Duration::from_millis(100));
+        assert_eq!(b.failed(0), Change::Opened);
+        assert!(b.allows(100 * MS), "the probe starts, and is dropped without an outcome");
+        assert!(!b.allows(150 * MS));
+        assert!(b.allows(200 * MS), "another probe, one cooldown later");
     }
 }

@@ -142,7 +142,7 @@ async fn one_round_trip_all_or_nothing_and_the_near_cache() {
     let yaml = format!(
         "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 1s }}\nlimits:
   big: {{ key: ip, rate: 1r/m, burst: 9, nodelay: true, scope: global }}
-  small: {{ key: ip, algorithm: fixed_window, limit: 2, window: 1h, scope: global }}
+  small: {{ key: ip, algorithm: sliding_log, limit: 2, window: 1h, scope: global }}
   local: {{ key: ip, rate: 1r/m, burst: 9, nodelay: true }}
 routes:
   - match: {{ path: /both }}
@@ -166,7 +166,7 @@ routes:
     let refused = get(sg.addr, "/both", &[]).await;
     assert_eq!(refused.status, 429);
     let first_retry: u64 = refused.header("retry-after").unwrap().parse().unwrap();
-    assert!(first_retry > 0 && first_retry <= 3600);
+    assert!((3598..=3600).contains(&first_retry), "{first_retry}");
     // Now known: further refusals need no round trip, and say the same time left.
     let calls = evalsha_calls(&redis);
     for _ in 0..5 {
@@ -428,7 +428,8 @@ async fn leases_of_a_killed_instance_lapse_and_live_ones_are_renewed() {
         assert!(killed.elapsed() < Duration::from_secs(3), "the dead instance's slot never came back");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(killed.elapsed() <= Duration::from_millis(600 + 300), "{:?}", killed.elapsed());
+    // Lapsed within one ttl of its last renewal, plus a poll.
+    assert!(killed.elapsed() <= Duration::from_millis(600 + 400), "{:?}", killed.elapsed());
     long.abort();
 }
 
