@@ -17,7 +17,7 @@ use crate::redis::{Cluster, Redis};
 
 /// The policies compared, each with periods long enough that the keys' TTLs (in Redis's
 /// real time) outlast the replay (in schedule time).
-const POLICIES: [&str; 12] = [
+const POLICIES: [&str; 14] = [
     "rate: 10r/m, burst: 3",
     "rate: 10r/m, burst: 5, delay: 2",
     "rate: 7r/m, burst: 2, nodelay: true",
@@ -30,6 +30,8 @@ const POLICIES: [&str; 12] = [
     "rates: [3r/m, 10r/h]",
     "rate: 5r/m, burst: 1, nodelay: true, ban: 40s, ban_max: 3m",
     "algorithm: sliding_window, limit: 3, window: 20s, ban: 1m",
+    "rates: [2r/m, 5r/h], dry_run: true",
+    "algorithm: fixed_window, limit: 3, window: 45s, ban: 2m, dry_run: true",
 ];
 
 /// Arrival instants as (s, µs) (Redis time has µs resolution): bursts at one instant,
@@ -223,8 +225,8 @@ async fn redis_killed_under_load_then_restarted() {
     let mut redis = Redis::start();
     let yaml = format!(
         "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 50ms, breaker_failures: 3, breaker_cooldown: 200ms }}\nlimits:
-  open: {{ key: ip, rate: 100r/s, burst: 100, nodelay: true, scope: global, on_store_error: allow }}
-  closed: {{ key: ip, rate: 100r/s, burst: 100, nodelay: true, scope: global, on_store_error: deny }}
+  open: {{ key: ip, rate: 1000r/s, burst: 1000, nodelay: true, scope: global, on_store_error: allow }}
+  closed: {{ key: ip, rate: 1000r/s, burst: 1000, nodelay: true, scope: global, on_store_error: deny }}
   twin: {{ key: ip, rate: 1r/m, burst: 5, nodelay: true, scope: global, on_store_error: local, instances: 2 }}
 routes:
   - match: {{ path: /open }}
@@ -239,18 +241,47 @@ routes:
 ",
         redis.url()
     );
-    let sg = Sluicegate::start(&yaml);
+    let sg = Arc::new(Sluicegate::start(&yaml));
     for path in ["/open", "/closed", "/twin"] {
         assert_eq!(get(sg.addr, path, &[]).await.status, 200);
     }
+    // Four clients keep requesting while Redis dies.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load: Vec<_> = (0..4)
+        .map(|n| {
+            let (addr, stop) = (sg.addr, Arc::clone(&stop));
+            tokio::spawn(async move {
+                let path = if n % 2 == 0 { "/open" } else { "/closed" };
+                let mut seen = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let started = Instant::now();
+                    let status = get(addr, path, &[]).await.status;
+                    seen.push((path, status, started.elapsed()));
+                }
+                seen
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
     redis.kill();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut seen = Vec::new();
+    for task in load {
+        seen.extend(task.await.unwrap());
+    }
+    assert!(seen.len() > 40, "{} requests", seen.len());
+    for (path, status, took) in &seen {
+        assert!(*took < Duration::from_millis(500), "{path} took {took:?}");
+        let expected: &[u16] = if *path == "/open" { &[200] } else { &[200, 503] };
+        assert!(expected.contains(status), "{path}: {status}");
+    }
+    assert!(seen.iter().any(|&(p, s, _)| p == "/closed" && s == 503), "deny never applied");
+    // Sequentially now, with Redis gone: each limit as its on_store_error says.
     let mut statuses = std::collections::BTreeMap::<&str, Vec<u16>>::new();
-    for round in 0..20 {
+    for _ in 0..10 {
         for path in ["/open", "/closed", "/twin"] {
-            let started = Instant::now();
             let reply = get(sg.addr, path, &[]).await;
-            let took = started.elapsed();
-            assert!(took < Duration::from_millis(500), "{path} (round {round}) took {took:?}");
             if path == "/closed" {
                 assert_eq!(reply.header("retry-after"), Some("1"));
             }
@@ -265,7 +296,8 @@ routes:
     let log = sg.wait_for_log(|l| l.contains("circuit breaker open"));
     assert!(log.contains("circuit breaker open"), "{log}");
     let reports = log.matches("global limits without Redis").count();
-    assert!((1..=2).contains(&reports), "{reports} report lines for 60 fallbacks:\n{log}");
+    let fallbacks = seen.len() + 30;
+    assert!((1..=2).contains(&reports), "{reports} report lines for {fallbacks} requests:\n{log}");
 
     redis.restart();
     let deadline = Instant::now() + Duration::from_secs(15);
