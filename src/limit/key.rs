@@ -120,8 +120,14 @@ impl KeySpec {
         if !self.feed(src, &mut h) {
             return None;
         }
+        const HEX: &[u8; 16] = b"0123456789abcdef";
         let digest = h.0.digest().bytes();
-        Some(digest[..16].iter().map(|b| format!("{b:02x}")).collect())
+        let mut hex = String::with_capacity(32);
+        for b in &digest[..16] {
+            hex.push(char::from(HEX[usize::from(b >> 4)]));
+            hex.push(char::from(HEX[usize::from(b & 15)]));
+        }
+        Some(hex)
     }
 
     /// Feeds every part of `src` into `h`; false when all are missing.

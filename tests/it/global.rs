@@ -466,13 +466,13 @@ async fn leases_of_a_killed_instance_lapse_and_live_ones_are_renewed() {
 }
 
 /// `count: [401]` on a global limit: other statuses are taken back in Redis; every key
-/// written carries a TTL.
+/// written carries the prefix and a TTL (here over three multiplexed connections).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_counted_statuses_keep_global_quota_and_keys_expire() {
     let redis = Redis::start();
     let backend = Backend::start().await;
     let yaml = format!(
-        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 1s }}\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nlimits:
+        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 1s, key_prefix: \"edge-7:\", connections: 3 }}\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nlimits:
   login: {{ key: ip, algorithm: sliding_log, limit: 2, window: 1h, count: [401], scope: global, ban: 1m }}
   pace: {{ key: ip, rate: 10r/m, burst: 20, nodelay: true, scope: global }}
 routes:
@@ -495,6 +495,7 @@ routes:
     let keys = redis.command(&["KEYS", "*"]);
     assert_eq!(keys.lines().count(), 3, "{keys}");
     for key in keys.lines() {
+        assert!(key.starts_with("edge-7:{"), "{key}");
         let ttl: i64 = redis.command(&["PTTL", key]).parse().unwrap();
         assert!(ttl > 0, "{key} has no TTL ({ttl})");
     }
@@ -549,4 +550,23 @@ async fn global_limits_over_tls_with_a_private_ca() {
     let sg = Sluicegate::start(&yaml);
     assert_eq!(futures_statuses(sg.addr, "/", 3).await, [200, 200, 429], "{}", sg.log());
     assert_eq!(redis.command(&["DBSIZE"]), "1");
+}
+
+/// A Redis with a password: the right one is used; with a wrong one Redis refuses every
+/// call, and `on_store_error` decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_are_sent_and_a_refusal_is_a_store_error() {
+    let redis = Redis::start();
+    assert_eq!(redis.command(&["CONFIG", "SET", "requirepass", "s3cret"]), "OK");
+    let config = |password: &str| {
+        format!(
+            "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", password: \"{password}\", timeout: 1s }}\nlimits:\n  g: {{ key: ip, rate: 1r/m, burst: 1, nodelay: true, scope: global, on_store_error: deny }}\nroutes:\n{}",
+            redis.url(),
+            respond_route("g")
+        )
+    };
+    let right = Sluicegate::start(&config("s3cret"));
+    assert_eq!(futures_statuses(right.addr, "/", 3).await, [200, 200, 429], "{}", right.log());
+    let wrong = Sluicegate::start(&config("guess"));
+    assert_eq!(futures_statuses(wrong.addr, "/", 2).await, [503, 503], "{}", wrong.log());
 }
