@@ -635,7 +635,9 @@ mod tests {
         ] {
             let l = limiters(&format!("  login: {{ key: ip, {limit}, count: [401, 403] }}\n"));
             let settle = |d: Decision, status: u16| match d {
-                Decision::Pass { pending, .. } => pending.settle(status),
+                Decision::Pass { pending, .. } => {
+                    futures_util::FutureExt::now_or_never(pending.settle(status)).expect("local settling never waits")
+                }
                 Decision::Reject { .. } => panic!("{limit}: rejected"),
             };
             // A realistic clock: a refund subtracts time, which must not run below zero.

@@ -32,15 +32,16 @@ pub struct Pending {
 }
 
 impl Pending {
-    /// Takes back the admissions of limits that do not count `status`.
-    pub fn settle(self, status: u16) {
+    /// Takes back the admissions of limits that do not count `status` (global ones in
+    /// Redis, awaited).
+    pub async fn settle(self, status: u16) {
         if let Some(limiters) = &self.limiters {
             for &(limit, key, at) in &self.admissions {
                 limiters.settle(limit, key, self.cost, at, status);
             }
         }
         if let Some(global) = &self.global {
-            global.settle(self.cost, status);
+            global.settle(self.cost, status).await;
         }
     }
 

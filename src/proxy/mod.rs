@@ -107,7 +107,7 @@ impl Proxy {
             }
         };
         // Limits that count only some statuses keep or take back this request now.
-        pending.settle(response.as_ref().map_or_else(|e| e.status(), Response::status).as_u16());
+        pending.settle(response.as_ref().map_or_else(|e| e.status(), Response::status).as_u16()).await;
         let mut response = response?.map(|body| body.holding(permits));
         if config.ratelimit_headers == HeaderMode::All {
             self.add_ratelimit_headers(&mut response, &standings);

@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::task::{Context, Waker};
 
 use futures_util::future::join_all;
 use tracing::debug;
@@ -44,13 +45,19 @@ impl Drop for Lease {
         self.store.leases.remove(&self.id);
         let (store, key, id) = (Arc::clone(&self.store), std::mem::take(&mut self.key), std::mem::take(&mut self.id));
         // Outside a runtime (at exit) the lease simply lapses.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let release = redis::cmd("ZREM").arg(&key).arg(&id).clone();
-                if let Err(e) = tokio::time::timeout(store.timeout, store.connections.command(&release)).await {
-                    debug!(error = %e, key, "lease release timed out; it lapses by itself");
-                }
-            });
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let mut release = Box::pin(async move {
+            let release = redis::cmd("ZREM").arg(&key).arg(&id).clone();
+            if tokio::time::timeout(store.timeout * 4, store.connections.command(&release)).await.is_err() {
+                debug!(key, "lease release timed out; it lapses by itself");
+            }
+        });
+        // Polled once here, the ZREM is queued on the connection before this request's
+        // client can send another (whose decision then queues behind it); the reply is
+        // awaited in the background.
+        let _guard = runtime.enter();
+        if release.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_pending() {
+            runtime.spawn(release);
         }
     }
 }

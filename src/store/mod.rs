@@ -82,11 +82,12 @@ pub struct Admissions {
 }
 
 impl Admissions {
-    /// Takes back the admissions whose limit does not count `status` (`count:`).
-    pub fn settle(&self, cost: u64, status: u16) {
+    /// Takes back the admissions whose limit does not count `status` (`count:`), before
+    /// the response goes out, so that the client's next request finds its quota back.
+    pub async fn settle(&self, cost: u64, status: u16) {
         for a in &self.list {
             if self.store.spec(a.limit).counted.as_ref().is_some_and(|counted| !counted.contains(&status)) {
-                self.store.refund(a.limit, a.base.clone(), a.at, cost);
+                self.store.take_back(a.limit, &a.base, a.at, cost).await;
             }
         }
     }
@@ -231,38 +232,44 @@ impl Store {
         now: u64,
     ) -> Verdicts {
         let mut standings = SmallVec::new();
+        // Calls whose state the script stored: those of batches no enforced limit
+        // rejected, less dry-run limits that would have (they store nothing).
         let mut committed: SmallVec<[(usize, (u64, u64)); 2]> = SmallVec::new();
+        let mut rejected = false;
         for (batch, reply) in batches.iter().zip(replies) {
             let at = (reply[0], reply[1]);
             let mut fields = reply[2..].chunks_exact(REPLY_FIELDS);
-            let mut batch_rejects = false;
+            let (mut batch_rejects, mut stored) = (false, Batch::new());
             for &c in batch {
                 let spec = self.spec(calls[c].limit);
                 let mut longest = None;
                 for window in 0..spec.windows() {
                     let Some(f) = fields.next() else { break };
                     let standing = standing(calls[c].limit, window, f);
-                    if let Outcome::Rejected(after) = standing.outcome
-                        && !spec.dry_run
-                    {
-                        batch_rejects = true;
-                        if !spec.leases {
-                            longest = longest.max(Some(after));
-                        }
+                    if let Outcome::Rejected(after) = standing.outcome {
+                        longest = longest.max(Some(after));
                     }
                     standings.push(standing);
                 }
-                // The near-cache knows when a request of one unit passes again.
-                if let (Some(after), 1) = (longest, cost) {
-                    let until = now.saturating_add(u64::try_from(after.as_nanos()).unwrap_or(u64::MAX));
-                    self.near.remember(calls[c].limit, calls[c].near, until, now);
+                match (longest, spec.dry_run) {
+                    (None, _) => stored.push(c),
+                    (Some(_), true) => {}
+                    (Some(after), false) => {
+                        batch_rejects = true;
+                        // The near-cache knows when a request of one unit passes again
+                        // (a concurrency slot may free up any moment: not for those).
+                        if cost == 1 && !spec.leases {
+                            let until = now.saturating_add(u64::try_from(after.as_nanos()).unwrap_or(u64::MAX));
+                            self.near.remember(calls[c].limit, calls[c].near, until, now);
+                        }
+                    }
                 }
             }
+            rejected |= batch_rejects;
             if !batch_rejects {
-                committed.extend(batch.iter().map(|&c| (c, at)));
+                committed.extend(stored.into_iter().map(|c| (c, at)));
             }
         }
-        let rejected = committed.len() < calls.len();
         let mut verdicts = Verdicts { standings, rejected, leases: Vec::new(), admissions: SmallVec::new() };
         for (c, at) in committed {
             let call = &calls[c];
@@ -328,22 +335,25 @@ impl Store {
         Ok(reply)
     }
 
-    /// Takes back an admission of `cost` by `limit` for `base` made at Redis time `at`
-    /// (in the background; a failure leaves it counted).
+    /// Takes back an admission of `cost` by `limit` for `base` made at Redis time `at`,
+    /// in the background.
     pub fn refund(self: &Arc<Self>, limit: usize, base: String, at: (u64, u64), cost: u64) {
         let store = Arc::clone(self);
-        tokio::spawn(async move {
-            let mut invocation = REFUND.prepare_invoke();
-            invocation.arg(at.0).arg(at.1).arg(cost);
-            store.spec(limit).push_refund(&base, &mut invocation);
-            if let Ok(Err(e)) | Err(e) = tokio::time::timeout(store.timeout * 4, store.connections.invoke(&invocation))
-                .await
-                .map_err(|_| StoreError::Timeout(store.timeout * 4))
-                .map(|r| r.map_err(StoreError::from))
-            {
-                warn!(limit = %store.spec(limit).name, error = %e, "a global admission could not be taken back");
-            }
-        });
+        tokio::spawn(async move { store.take_back(limit, &base, at, cost).await });
+    }
+
+    /// Takes back an admission now, waiting at most a few timeouts (a failure leaves it
+    /// counted, and is logged).
+    async fn take_back(&self, limit: usize, base: &str, at: (u64, u64), cost: u64) {
+        let mut invocation = REFUND.prepare_invoke();
+        invocation.arg(at.0).arg(at.1).arg(cost);
+        self.spec(limit).push_refund(base, &mut invocation);
+        let wait = self.timeout * 4;
+        let result = tokio::time::timeout(wait, self.connections.invoke(&invocation)).await;
+        if let Ok(Err(e)) | Err(e) = result.map_err(|_| StoreError::Timeout(wait)).map(|r| r.map_err(StoreError::from))
+        {
+            warn!(limit = %self.spec(limit).name, error = %e, "a global admission could not be taken back");
+        }
     }
 
     /// Counts a decision made by `on_store_error` and reports now and then.
