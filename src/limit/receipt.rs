@@ -53,14 +53,30 @@ impl Pending {
 }
 
 impl Permits {
-    /// Gives the slots back now rather than at drop.
-    pub fn release(&mut self) {
+    /// Gives the local slots back now, and returns the release of the global ones, to
+    /// be awaited (`None`: there are none).
+    pub fn finish(&mut self) -> Option<impl Future<Output = ()> + Send + 'static> {
+        self.release_local();
+        if self.leases.is_empty() {
+            return None;
+        }
+        let leases = std::mem::take(&mut self.leases);
+        Some(async move {
+            futures_util::future::join_all(leases.into_iter().map(Lease::release)).await;
+        })
+    }
+
+    /// Whether global slots are held (their release is to be awaited).
+    pub fn holds_leases(&self) -> bool {
+        !self.leases.is_empty()
+    }
+
+    fn release_local(&mut self) {
         if let Some(limiters) = self.limiters.take() {
             for (limit, key) in self.slots.drain(..) {
                 limiters.release(limit, key);
             }
         }
-        self.leases.clear();
     }
 
     /// Adds `other`'s slots (the same request's, taken in a second step).
@@ -72,7 +88,8 @@ impl Permits {
 }
 
 impl Drop for Permits {
+    /// Local slots are given back at once; each lease queues its own release.
     fn drop(&mut self) {
-        self.release();
+        self.release_local();
     }
 }

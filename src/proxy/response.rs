@@ -22,15 +22,19 @@ use crate::limit::{Permits, Standing};
 pub struct ProxyBody {
     inner: Either<Incoming, Full<Bytes>>,
     permits: Permits,
+    /// The release of global slots under way, and the frame (or end) it holds back.
+    releasing: Option<(Release, Option<Frame<Bytes>>)>,
 }
+
+type Release = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 impl ProxyBody {
     pub fn streamed(body: Incoming) -> Self {
-        ProxyBody { inner: Either::Left(body), permits: Permits::default() }
+        ProxyBody { inner: Either::Left(body), permits: Permits::default(), releasing: None }
     }
 
     pub fn full(body: impl Into<Bytes>) -> Self {
-        ProxyBody { inner: Either::Right(Full::new(body.into())), permits: Permits::default() }
+        ProxyBody { inner: Either::Right(Full::new(body.into())), permits: Permits::default(), releasing: None }
     }
 
     pub fn holding(self, permits: Permits) -> Self {
@@ -42,17 +46,36 @@ impl Body for ProxyBody {
     type Data = Bytes;
     type Error = Box<dyn std::error::Error + Send + Sync>;
 
+    /// Slots are given back when the body ends. The last frame (or the end) waits until
+    /// global slots are released in Redis, so the client cannot see its response done
+    /// while the slot still counts.
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.get_mut();
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        if let Poll::Ready(None) = polled {
-            this.permits.release();
+        if let Some((release, _)) = &mut this.releasing {
+            std::task::ready!(release.as_mut().poll(cx));
+            let held = this.releasing.take().and_then(|(_, frame)| frame);
+            return Poll::Ready(held.map(Ok));
         }
-        polled
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        let ends = match &polled {
+            Poll::Ready(None) => true,
+            Poll::Ready(Some(Ok(_))) => this.inner.is_end_stream(),
+            _ => false,
+        };
+        if !ends {
+            return polled;
+        }
+        let Some(release) = this.permits.finish() else { return polled };
+        let frame = match polled {
+            Poll::Ready(Some(Ok(frame))) => Some(frame),
+            _ => None,
+        };
+        this.releasing = Some((Box::pin(release), frame));
+        Pin::new(this).poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.releasing.is_none() && !self.permits.holds_leases() && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {

@@ -1,7 +1,9 @@
 //! Global concurrency slots: a lease per request in a Redis sorted set, which lapses by
 //! itself after `lease_ttl` unless renewed. Every live lease of this instance is renewed
-//! every third of `lease_ttl` by one background task, and a lease is released when the
-//! request's `Permits` drop it; so an instance that dies takes its slots with it for at
+//! every third of `lease_ttl` by one background task. A lease is released at the end
+//! of the response (its last bytes wait for Redis to confirm, so that the client's next
+//! request, through any instance, finds the slot free), or when the request's
+//! `Permits` are dropped early; an instance that dies takes its slots with it for at
 //! most `lease_ttl`.
 
 use std::collections::HashMap;
@@ -40,21 +42,38 @@ impl Book {
     }
 }
 
-impl Drop for Lease {
-    fn drop(&mut self) {
+impl Lease {
+    /// Gives the slot back, and waits (at most a few timeouts) until Redis has.
+    pub async fn release(mut self) {
+        if let Some(release) = self.take() {
+            release.await;
+        }
+    }
+
+    /// The release, taken out of the lease (which then has nothing left to do on drop).
+    fn take(&mut self) -> Option<impl Future<Output = ()> + Send + 'static> {
+        if self.id.is_empty() {
+            return None;
+        }
         self.store.leases.remove(&self.id);
         let (store, key, id) = (Arc::clone(&self.store), std::mem::take(&mut self.key), std::mem::take(&mut self.id));
-        // Outside a runtime (at exit) the lease simply lapses.
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        let mut release = Box::pin(async move {
+        Some(async move {
             let release = redis::cmd("ZREM").arg(&key).arg(&id).clone();
             if tokio::time::timeout(store.timeout * 4, store.connections.command(&release)).await.is_err() {
                 debug!(key, "lease release timed out; it lapses by itself");
             }
-        });
-        // Polled once here, the ZREM is queued on the connection before this request's
-        // client can send another (whose decision then queues behind it); the reply is
+        })
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        // Outside a runtime (at exit) the lease simply lapses.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let Some(release) = self.take() else { return };
+        // Polled once here, the ZREM is queued on the connection at once; the reply is
         // awaited in the background.
+        let mut release = Box::pin(release);
         let _guard = runtime.enter();
         if release.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_pending() {
             runtime.spawn(release);
