@@ -96,6 +96,16 @@ async fn local_and_redis_decide_every_schedule_alike() {
     assert!(compared > 3000);
 }
 
+/// `GET path`, failing the test if no answer comes within `limit` (Redis is failing:
+/// no request may hang).
+async fn get_within(addr: std::net::SocketAddr, path: &str, limit: Duration) -> (u16, Option<String>, Duration) {
+    let started = Instant::now();
+    let reply = tokio::time::timeout(limit, get(addr, path, &[]))
+        .await
+        .unwrap_or_else(|_| panic!("{path}: no answer within {limit:?}"));
+    (reply.status, reply.header("retry-after").map(str::to_owned), started.elapsed())
+}
+
 fn respond_route(limits: &str) -> String {
     format!("  - match: {{ path_prefix: / }}\n    respond: {{ status: 200, body: ok }}\n    limits: [{limits}]\n")
 }
@@ -254,9 +264,8 @@ routes:
                 let path = if n % 2 == 0 { "/open" } else { "/closed" };
                 let mut seen = Vec::new();
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let started = Instant::now();
-                    let status = get(addr, path, &[]).await.status;
-                    seen.push((path, status, started.elapsed()));
+                    let (status, _, took) = get_within(addr, path, Duration::from_secs(5)).await;
+                    seen.push((path, status, took));
                 }
                 seen
             })
@@ -281,11 +290,11 @@ routes:
     let mut statuses = std::collections::BTreeMap::<&str, Vec<u16>>::new();
     for _ in 0..10 {
         for path in ["/open", "/closed", "/twin"] {
-            let reply = get(sg.addr, path, &[]).await;
+            let (status, retry_after, _) = get_within(sg.addr, path, Duration::from_secs(5)).await;
             if path == "/closed" {
-                assert_eq!(reply.header("retry-after"), Some("1"));
+                assert_eq!(retry_after.as_deref(), Some("1"));
             }
-            statuses.entry(path).or_default().push(reply.status);
+            statuses.entry(path).or_default().push(status);
         }
     }
     assert!(statuses["/open"].iter().all(|&s| s == 200), "{:?}", statuses["/open"]);
@@ -327,9 +336,8 @@ async fn redis_paused_then_resumed() {
     assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
     redis.pause();
     for n in 0..10 {
-        let started = Instant::now();
-        assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
-        let took = started.elapsed();
+        let (status, _, took) = get_within(sg.addr, "/", Duration::from_secs(5)).await;
+        assert_eq!(status, 200);
         assert!(took < Duration::from_millis(400), "request {n} took {took:?} with Redis paused");
     }
     redis.resume();
