@@ -131,6 +131,7 @@ impl KeySpec {
     }
 
     /// Feeds every part of `src` into `h`; false when all are missing.
+    #[inline]
     fn feed(&self, src: &KeySource<'_>, h: &mut impl Hasher) -> bool {
         let mut any = false;
         for part in self.0.iter() {

@@ -74,6 +74,8 @@ struct Limiter {
     status: StatusCode,
     dry_run: bool,
     scope: Scope,
+    /// Neither overrides nor an allow-list: it decides every request it is listed for.
+    plain: bool,
 }
 
 /// One limit's part in a decision: its key, its locked shards, what it decided.
@@ -187,8 +189,14 @@ impl Limiters {
         cost: u64,
         clock: impl FnOnce() -> u64,
     ) -> Decision {
-        let chosen = self.choose(limits, src);
-        self.check_chosen(&chosen, src, cost, clock)
+        let chosen;
+        let limits = if limits.iter().all(|&l| self.limits[l].plain) {
+            limits
+        } else {
+            chosen = self.choose(limits, src);
+            &chosen
+        };
+        self.check_chosen(limits, src, cost, clock)
     }
 
     /// The limits that decide `src`: `limits` with overrides applied (sorted again, so
@@ -217,6 +225,7 @@ impl Limiters {
     /// Decides `src` against the `chosen` limits, all local. The clock is read once every
     /// lock is held: read earlier, a request delayed on its way to the lock could find a
     /// later instant already stored by another thread and count the difference as excess.
+    #[inline]
     fn check_chosen(
         self: &Arc<Self>,
         chosen: &[usize],
@@ -385,6 +394,7 @@ fn limiter(limit: &Limit) -> Limiter {
         status: limit.status,
         dry_run: limit.dry_run,
         scope: limit.scope,
+        plain: limit.overrides.is_empty() && limit.allow.is_empty(),
     }
 }
 
