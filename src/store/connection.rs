@@ -62,6 +62,8 @@ impl Connections {
         // A private CA replaces the public roots.
         let certs = || TlsCertificates { client_tls: None, root_cert: config.tls_ca.clone() };
         if config.cluster {
+            // Every call is bounded by `redis.timeout` in `Store`; the client's own
+            // response timeout only has to stay out of its way.
             let mut builder = ClusterClientBuilder::new(vec![info])
                 .connection_timeout(config.connect_timeout)
                 .response_timeout(Duration::from_secs(60));
