@@ -34,8 +34,7 @@ impl Limiters {
             .iter()
             .filter_map(|&limit| {
                 let hash = self.limits[limit].key.global(src)?;
-                let near = u64::from_str_radix(&hash[..16], 16).unwrap_or(0);
-                Some(Call { limit, base: store.base(limit, &hash), near })
+                Some(Call { limit, base: store.base(limit, hash), near: (hash >> 64) as u64 })
             })
             .collect();
         if let Some(refused) = self.near_refused(store, &calls) {
@@ -59,21 +58,7 @@ impl Limiters {
             .filter(|c| !self.limits[c.limit].dry_run)
             .filter_map(|c| Some((c.limit, Duration::from_nanos(store.near_refused(c, t)?))))
             .max_by_key(|&(_, left)| left)?;
-        let standing = Standing {
-            limit,
-            window: 0,
-            outcome: Outcome::Rejected(left),
-            remaining: 0,
-            reset: left,
-            excess: 0.0,
-            banned: false,
-        };
-        Some(Decision::Reject {
-            limit,
-            status: self.limits[limit].status,
-            retry_after: left,
-            standings: smallvec![standing],
-        })
+        Some(refusal(limit, self.limits[limit].status, left))
     }
 
     /// The local decision `first` (a pass) joined with what Redis decided.
@@ -139,21 +124,7 @@ impl Limiters {
         }
         if let Some(limit) = denied {
             self.undo(&standings, src, cost, at);
-            let standing = Standing {
-                limit,
-                window: 0,
-                outcome: Outcome::Rejected(DENIED_RETRY_AFTER),
-                remaining: 0,
-                reset: DENIED_RETRY_AFTER,
-                excess: 0.0,
-                banned: false,
-            };
-            return Decision::Reject {
-                limit,
-                status: StatusCode::SERVICE_UNAVAILABLE,
-                retry_after: DENIED_RETRY_AFTER,
-                standings: smallvec![standing],
-            };
+            return refusal(limit, StatusCode::SERVICE_UNAVAILABLE, DENIED_RETRY_AFTER);
         }
         if local.is_empty() {
             return Decision::Pass { wait, standings, permits, pending, at };
@@ -172,4 +143,18 @@ impl Limiters {
             }
         }
     }
+}
+
+/// A refusal by `limit` alone, decided without asking Redis: with `status`, for `after`.
+fn refusal(limit: usize, status: StatusCode, after: Duration) -> Decision {
+    let standing = Standing {
+        limit,
+        window: 0,
+        outcome: Outcome::Rejected(after),
+        remaining: 0,
+        reset: after,
+        excess: 0.0,
+        banned: false,
+    };
+    Decision::Reject { limit, status, retry_after: after, standings: smallvec![standing] }
 }

@@ -113,21 +113,17 @@ impl KeySpec {
     }
 
     /// The key of `src` as every instance computes it, for global limits: 128 bits of
-    /// SHA-1 in hex (a fixed function, unlike `hash`, whose seed is per process; and
-    /// one that keeps key values such as tokens out of Redis).
-    pub fn global(&self, src: &KeySource<'_>) -> Option<String> {
+    /// SHA-1 (a fixed function, unlike `hash`, whose seed is per process; and one that
+    /// keeps key values such as tokens out of Redis).
+    pub fn global(&self, src: &KeySource<'_>) -> Option<u128> {
         let mut h = Sha1Hasher(sha1_smol::Sha1::new());
         if !self.feed(src, &mut h) {
             return None;
         }
-        const HEX: &[u8; 16] = b"0123456789abcdef";
         let digest = h.0.digest().bytes();
-        let mut hex = String::with_capacity(32);
-        for b in &digest[..16] {
-            hex.push(char::from(HEX[usize::from(b >> 4)]));
-            hex.push(char::from(HEX[usize::from(b & 15)]));
-        }
-        Some(hex)
+        let mut first = [0; 16];
+        first.copy_from_slice(&digest[..16]);
+        Some(u128::from_be_bytes(first))
     }
 
     /// Feeds every part of `src` into `h`; false when all are missing.

@@ -48,7 +48,7 @@ pub enum StoreError {
 }
 
 /// Counts since start, for the fallback log lines (no metrics endpoint exports them yet).
-#[derive(Default, Debug)]
+#[derive(Default)]
 struct Stats {
     /// Calls that failed or timed out.
     errors: AtomicU64,
@@ -163,9 +163,9 @@ impl Store {
     }
 
     /// The Redis key base of `limit` for a request whose key hashes to `hash`.
-    pub fn base(&self, limit: usize, hash: &str) -> String {
+    pub fn base(&self, limit: usize, hash: u128) -> String {
         let name = self.specs[limit].as_ref().map_or("", |s| s.name.as_str());
-        format!("{}{{{name}:{hash}}}", self.prefix)
+        format!("{}{{{name}:{hash:032x}}}", self.prefix)
     }
 
     /// How long the near-cache still refuses `call` from `now`, if it does.

@@ -212,4 +212,17 @@ limits:
         assert!(stderr.contains(line), "{line}\nnot in\n{stderr}");
     }
     assert!(!stderr.contains("needs a `redis:` section"), "{stderr}");
+    let (out, stderr) = check(&format!(
+        "{yaml}redis: {{ url: \"redis://127.0.0.1\", connections: 0, breaker_failures: 0, lease_ttl: 100ms, tls_ca_file: /no/such/ca.pem }}\n"
+    ));
+    assert!(!out.status.success());
+    for line in [
+        "redis.connections: must be from 1 to 64",
+        "redis.breaker_failures: must be a positive integer",
+        "redis.lease_ttl: must be at least 300ms",
+        "redis.tls_ca_file: applies only to TLS URLs (`rediss://`)",
+        "redis.tls_ca_file: cannot read \"/no/such/ca.pem\"",
+    ] {
+        assert!(stderr.contains(line), "{line}\nnot in\n{stderr}");
+    }
 }

@@ -82,7 +82,7 @@ async fn local_and_redis_decide_every_schedule_alike() {
                 headers: &headers,
                 host: None,
             };
-            let call = || Call { limit: i, base: store.base(i, &format!("{client}")), near: 0 };
+            let call = || Call { limit: i, base: store.base(i, u128::from(client.to_bits())), near: 0 };
             for (n, (s, us)) in schedule(i as u64 * 31 + cost, 150).into_iter().enumerate() {
                 let local = match limiters.check(&[i], &src, cost, || s * 1_000_000_000 + us * 1000) {
                     Decision::Pass { standings, .. } | Decision::Reject { standings, .. } => outcomes(&standings),
