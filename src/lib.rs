@@ -1,7 +1,7 @@
 //! sluicegate: an HTTP reverse proxy with rate limiting built in.
 //!
 //! ```text
-//! accept (server)          HTTP/1.1 and h2c, header-read timeout, graceful shutdown
+//! accept (server)          HTTP/1.1 and h2c, connection cap, timeouts (watchdog), graceful shutdown
 //!   -> client address      peer, or rightmost untrusted X-Forwarded-For hop (proxy::headers)
 //!   -> route               first match on host, path, method (proxy::route)
 //!   -> allow-list, cost    exempt requests skip the limits; what a request weighs
@@ -21,3 +21,4 @@ pub mod limit;
 pub mod proxy;
 pub mod server;
 pub mod store;
+pub mod watchdog;

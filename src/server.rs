@@ -1,6 +1,6 @@
-//! The listener: accepts connections, serves HTTP/1.1 and h2c on each (hyper-util's
-//! auto builder), and on shutdown stops accepting and lets in-flight requests finish
-//! within the grace period.
+//! The listener: accepts connections up to `server.max_connections`, serves HTTP/1.1 and
+//! h2c on each (hyper-util's auto builder) under the connection watchdog's timeouts, and
+//! on shutdown stops accepting and lets in-flight requests finish within the grace period.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -8,26 +8,40 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::Request;
+use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
+use tokio::sync::{Semaphore, watch};
 use tracing::{debug, info, warn};
 
 use crate::config::Config;
 use crate::proxy::Proxy;
+use crate::watchdog::{self, DriveError, Timeouts, Watch, WatchedBody, WatchedIo};
+
+/// Connections the kernel queues before `accept`; it caps this at `net.core.somaxconn`.
+const LISTEN_BACKLOG: u32 = 4096;
+/// Open files kept for what is not a client connection: the listener, Redis, logs.
+const RESERVED_FILES: u64 = 64;
 
 pub struct Server {
     listener: TcpListener,
     proxy: Arc<Proxy>,
+    max_connections: usize,
 }
 
 impl Server {
-    /// Binds the configured `listen` address.
+    /// Raises the open-file limit and binds the configured `listen` address.
     pub async fn bind(config: Config) -> std::io::Result<Server> {
-        let listener = TcpListener::bind(config.listen).await?;
-        Ok(Server { listener, proxy: Arc::new(Proxy::new(config)) })
+        let max_connections = config.max_connections.unwrap_or_else(|| default_max_connections(open_file_limit()));
+        let socket = if config.listen.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+        socket.set_reuseaddr(true)?;
+        socket.bind(config.listen)?;
+        let listener = socket.listen(LISTEN_BACKLOG)?;
+        info!(max_connections, "connection limit");
+        Ok(Server { listener, proxy: Arc::new(Proxy::new(config)), max_connections })
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -37,45 +51,99 @@ impl Server {
     /// Serves until `shutdown` completes, then drains.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let config = self.proxy.config();
+        let timeouts =
+            Timeouts { header_read: config.header_read_timeout, idle: config.idle_timeout, send: config.send_timeout };
         let mut builder = auto::Builder::new(TokioExecutor::new());
-        builder.http1().timer(TokioTimer::new()).header_read_timeout(config.header_read_timeout).keep_alive(true);
+        // The watchdog times request headers; hyper's own timer would also cut idle
+        // keep-alive connections at `header_read_timeout`.
+        builder.http1().timer(TokioTimer::new()).header_read_timeout(None).keep_alive(true);
         let grace = config.shutdown_grace;
-        let graceful = GracefulShutdown::new();
+        // Established connections keep being served at the cap; new ones wait in the
+        // listen backlog until one closes (as nginx does at `worker_connections`).
+        let slots = Arc::new(Semaphore::new(self.max_connections));
+        let (stop, stopping) = watch::channel(());
         tokio::pin!(shutdown);
         loop {
-            let (stream, peer) = tokio::select! {
-                accepted = self.listener.accept() => match accepted {
-                    Ok(accepted) => accepted,
-                    Err(e) => {
-                        // Out of file descriptors and the like: back off instead of spinning.
-                        warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
+            let accepted = tokio::select! {
+                accepted = accept(&self.listener, &slots) => accepted,
                 () = &mut shutdown => break,
             };
+            let Some((stream, peer, slot)) = accepted else { continue };
+            debug!(%peer, "connection accepted");
             let _ = stream.set_nodelay(true);
             let proxy = Arc::clone(&self.proxy);
-            let service = service_fn(move |req| {
+            let watch = Watch::new();
+            let requests = Arc::clone(&watch);
+            let service = service_fn(move |req: Request<Incoming>| {
                 let proxy = Arc::clone(&proxy);
-                async move { Ok::<_, Infallible>(proxy.handle(req, peer).await) }
+                let in_flight = requests.request(req.version());
+                async move { Ok::<_, Infallible>(proxy.handle(req, peer).await.map(|b| WatchedBody::new(b, in_flight))) }
             });
-            let connection = builder.serve_connection(TokioIo::new(stream), service).into_owned();
-            let connection = graceful.watch(connection);
+            let io = WatchedIo::new(TokioIo::new(stream), Arc::clone(&watch));
+            let connection = builder.serve_connection(io, service).into_owned();
+            let mut stopping = stopping.clone();
             tokio::spawn(async move {
-                if let Err(e) = connection.await {
-                    debug!(%peer, error = %e, "connection ended with an error");
+                let shutdown = async move {
+                    let _ = stopping.changed().await;
+                };
+                let goodbye = |conn: std::pin::Pin<&mut _>| auto::Connection::graceful_shutdown(conn);
+                match watchdog::drive(connection, goodbye, &watch, timeouts, shutdown).await {
+                    Ok(()) => {}
+                    Err(DriveError::Connection(e)) => debug!(%peer, error = %e, "connection ended with an error"),
+                    Err(DriveError::Expired(why)) => debug!(%peer, timeout = why.as_str(), "connection closed"),
                 }
+                drop(slot);
             });
         }
         drop(self.listener);
         info!(grace_ms = grace.as_millis() as u64, "shutting down: finishing in-flight requests");
+        let _ = stop.send(());
+        drop(stopping);
         tokio::select! {
-            () = graceful.shutdown() => info!("all connections closed"),
+            () = stop.closed() => info!("all connections closed"),
             () = tokio::time::sleep(grace) => warn!("grace period over; closing the remaining connections"),
         }
     }
+}
+
+/// The next connection, once a slot is free; `None` when accepting failed.
+async fn accept(
+    listener: &TcpListener,
+    slots: &Arc<Semaphore>,
+) -> Option<(tokio::net::TcpStream, SocketAddr, tokio::sync::OwnedSemaphorePermit)> {
+    // The semaphore is never closed.
+    let slot = Arc::clone(slots).acquire_owned().await.ok()?;
+    match listener.accept().await {
+        Ok((stream, peer)) => Some((stream, peer, slot)),
+        Err(e) => {
+            // Out of file descriptors and the like: back off instead of spinning.
+            warn!(error = %e, "accept failed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            None
+        }
+    }
+}
+
+/// Raises the soft open-file limit to the hard one (as nginx's `worker_rlimit_nofile`
+/// and Go's runtime do) and returns it.
+fn open_file_limit() -> u64 {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) => {
+            info!(limit, "open-file limit");
+            limit
+        }
+        Err(e) => {
+            let limit = rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1024, |(soft, _)| soft);
+            warn!(error = %e, limit, "cannot raise the open-file limit");
+            limit
+        }
+    }
+}
+
+/// Each client connection may hold one upstream connection too, so half of the files
+/// left after the reserved ones.
+fn default_max_connections(open_files: u64) -> usize {
+    usize::try_from((open_files.saturating_sub(RESERVED_FILES) / 2).max(1)).unwrap_or(usize::MAX)
 }
 
 /// Completes on SIGINT or SIGTERM.

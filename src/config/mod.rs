@@ -30,7 +30,15 @@ pub use units::Rate;
 pub struct Config {
     pub listen: SocketAddr,
     pub trusted_proxies: Vec<IpNet>,
+    /// Longest wait for a request's headers: from accept to the first request (protocol
+    /// preface included), and on HTTP/1 from a request's first byte to its last header.
     pub header_read_timeout: Duration,
+    /// A connection with no request in progress is closed after this long.
+    pub idle_timeout: Duration,
+    /// A connection whose client reads nothing of its response for this long is closed.
+    pub send_timeout: Duration,
+    /// Connections served at once; `None`: derived from the open-file limit at start.
+    pub max_connections: Option<usize>,
     pub shutdown_grace: Duration,
     pub ratelimit_headers: HeaderMode,
     pub ratelimit_header_style: HeaderStyle,

@@ -37,6 +37,9 @@ pub struct RawConfig {
 #[serde(deny_unknown_fields)]
 pub struct RawServer {
     pub header_read_timeout: Option<String>,
+    pub idle_timeout: Option<String>,
+    pub send_timeout: Option<String>,
+    pub max_connections: Option<u64>,
     pub shutdown_grace: Option<String>,
 }
 

@@ -20,6 +20,12 @@ use crate::limit::allow::Allow;
 
 const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(60);
+/// Longest connection timeout accepted: past a day a timeout protects nothing.
+const MAX_CONNECTION_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+/// More connections than any one process can hold open.
+const MAX_CONNECTIONS: u64 = 10_000_000;
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -70,6 +76,19 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
         e.duration("server.header_read_timeout", raw.server.header_read_timeout.as_ref(), DEFAULT_HEADER_READ_TIMEOUT);
     let shutdown_grace =
         e.duration("server.shutdown_grace", raw.server.shutdown_grace.as_ref(), DEFAULT_SHUTDOWN_GRACE);
+    let idle_timeout =
+        connection_timeout(&mut e, "server.idle_timeout", raw.server.idle_timeout.as_ref(), DEFAULT_IDLE_TIMEOUT);
+    let send_timeout =
+        connection_timeout(&mut e, "server.send_timeout", raw.server.send_timeout.as_ref(), DEFAULT_SEND_TIMEOUT);
+    let max_connections = raw.server.max_connections.and_then(|n| {
+        e.check(
+            || "server.max_connections".into(),
+            match n {
+                1..=MAX_CONNECTIONS => Ok(n as usize),
+                _ => Err(format!("must be from 1 to {MAX_CONNECTIONS}, not {n}")),
+            },
+        )
+    });
 
     let upstreams = raw.upstreams.iter().map(|(name, u)| upstream(&mut e, name, u)).collect();
     let redis = raw.redis.as_ref().map(|r| store::redis(&mut e, r));
@@ -84,6 +103,9 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
             listen,
             trusted_proxies,
             header_read_timeout,
+            idle_timeout,
+            send_timeout,
+            max_connections,
             shutdown_grace,
             ratelimit_headers: raw.ratelimit_headers,
             ratelimit_header_style: raw.ratelimit_header_style,
@@ -99,6 +121,15 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
             Err(e.list)
         }
     }
+}
+
+/// A timeout of the connection watchdog: longer than zero, at most a day.
+fn connection_timeout(e: &mut Errors<'_>, path: &str, text: Option<&String>, default: Duration) -> Duration {
+    let Some(text) = text else { return default };
+    let bounded = positive_duration(text).and_then(|d| {
+        if d <= MAX_CONNECTION_TIMEOUT { Ok(d) } else { Err(format!("{text:?} is too long; at most 24h")) }
+    });
+    e.check(|| path.to_owned(), bounded).unwrap_or(default)
 }
 
 fn parse_cidr(text: &str) -> Result<IpNet, String> {

@@ -24,7 +24,8 @@ pub struct Hit {
     pub headers: HeaderMap,
 }
 
-/// An HTTP/1.1 backend. Paths: `/sleep/MS`, `/status/CODE`, `/stream` (one chunk, then
+/// An HTTP/1.1 backend. Paths: `/sleep/MS`, `/status/CODE`, `/large/BYTES` (a body of
+/// that many bytes), `/stream` (one chunk, then
 /// the rest once `release` is notified), `/upload` (answers the body's length, notifies
 /// `first_frame` when the first data arrives); anything else answers 200 `ok`.
 pub struct Backend {
@@ -75,6 +76,8 @@ impl Backend {
                             let mut r = full(code.parse().unwrap(), format!("status {code}"));
                             r.headers_mut().insert("x-backend", "yes".parse().unwrap());
                             r
+                        } else if let Some(len) = path.strip_prefix("/large/") {
+                            full(200, vec![b'x'; len.parse().unwrap()])
                         } else if path == "/stream" {
                             let (mut tx, body) = Channel::<Bytes, hyper::Error>::new(1);
                             tokio::spawn(async move {

@@ -7,6 +7,7 @@ mod common;
 mod concurrency;
 mod config_errors;
 mod conformance;
+mod connections;
 mod forwarding;
 mod global;
 mod limits;

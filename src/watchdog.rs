@@ -1,0 +1,344 @@
+//! The connection watchdog: closes connections that say nothing or read nothing.
+//!
+//! One `Watch` per connection is shared by the socket (`WatchedIo`), every response body
+//! (`WatchedBody`) and the task that drives the connection (`drive`). Events only store a
+//! time or bump a counter; the driver's one timer wakes at the earliest deadline, or at
+//! the latest one "shortest timeout" after its last look, and then checks lazily. So no
+//! timer is reset per byte, per frame or per request.
+//!
+//! hyper offers no hook for these (its HTTP/1 header timer also runs while a keep-alive
+//! connection is idle, the auto builder waits for the protocol preface without a timer,
+//! HTTP/2 has no idle timer, and neither protocol a send timeout); no crate wraps a
+//! socket with them either, hence this module.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper::body::{Body, Frame, SizeHint};
+use hyper::rt::{Read, ReadBufCursor, Write};
+use tokio::time::Instant;
+
+/// How long an idle connection told to go away (HTTP/2: GOAWAY) may take to close.
+const GOODBYE_GRACE: Duration = Duration::from_secs(1);
+
+/// The timeouts of `server:`.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    pub header_read: Duration,
+    pub idle: Duration,
+    pub send: Duration,
+}
+
+impl Timeouts {
+    fn shortest(&self) -> Duration {
+        self.header_read.min(self.idle).min(self.send)
+    }
+}
+
+/// What one connection is doing, as its socket and its requests report it. Times are
+/// nanoseconds since `opened`, plus one so that 0 means "not now".
+pub struct Watch {
+    opened: Instant,
+    in_flight: AtomicUsize,
+    /// A request has been received: the connection is past its opening.
+    served: AtomicBool,
+    /// The connection speaks HTTP/2: its reads are frames, not the start of a request.
+    h2: AtomicBool,
+    /// When the last request in flight ended.
+    idle_since: AtomicU64,
+    /// HTTP/1: when the first byte of the next request came.
+    head_since: AtomicU64,
+    /// When a write to the socket found it full, with no write done since.
+    write_blocked_since: AtomicU64,
+    /// When a response body handed out a frame the connection has not taken on from.
+    body_waiting_since: AtomicU64,
+}
+
+/// Why a connection was closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expiry {
+    /// No complete request within `header_read_timeout`.
+    Header,
+    /// No request in progress for `idle_timeout`.
+    Idle,
+    /// The client took nothing of its response for `send_timeout`.
+    Send,
+}
+
+impl Expiry {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Expiry::Header => "header_read_timeout",
+            Expiry::Idle => "idle_timeout",
+            Expiry::Send => "send_timeout",
+        }
+    }
+}
+
+impl Watch {
+    pub fn new() -> Arc<Watch> {
+        Arc::new(Watch {
+            opened: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            served: AtomicBool::new(false),
+            h2: AtomicBool::new(false),
+            idle_since: AtomicU64::new(0),
+            head_since: AtomicU64::new(0),
+            write_blocked_since: AtomicU64::new(0),
+            body_waiting_since: AtomicU64::new(0),
+        })
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.opened.elapsed().as_nanos()).unwrap_or(u64::MAX - 1) + 1
+    }
+
+    fn at(&self, stamp: u64) -> Instant {
+        self.opened + Duration::from_nanos(stamp - 1)
+    }
+
+    /// A request arrived; the returned guard, kept with its response, ends it.
+    pub fn request(self: &Arc<Self>, version: http::Version) -> InFlight {
+        self.in_flight.fetch_add(1, Relaxed);
+        self.served.store(true, Relaxed);
+        self.head_since.store(0, Relaxed);
+        if version == http::Version::HTTP_2 {
+            self.h2.store(true, Relaxed);
+        }
+        InFlight(Arc::clone(self))
+    }
+
+    /// The earliest deadline now in force, and which timeout it is.
+    fn deadline(&self, t: &Timeouts) -> Option<(Instant, Expiry)> {
+        let mut earliest: Option<(Instant, Expiry)> = None;
+        let mut consider = |stamp: u64, timeout: Duration, why: Expiry| {
+            if stamp != 0 {
+                let at = self.at(stamp) + timeout;
+                if earliest.is_none_or(|(e, _)| at < e) {
+                    earliest = Some((at, why));
+                }
+            }
+        };
+        consider(self.write_blocked_since.load(Relaxed), t.send, Expiry::Send);
+        consider(self.body_waiting_since.load(Relaxed), t.send, Expiry::Send);
+        if self.in_flight.load(Relaxed) == 0 {
+            if !self.served.load(Relaxed) {
+                consider(1, t.header_read, Expiry::Header);
+            } else {
+                match self.head_since.load(Relaxed) {
+                    0 => consider(self.idle_since.load(Relaxed), t.idle, Expiry::Idle),
+                    head => consider(head, t.header_read, Expiry::Header),
+                }
+            }
+        }
+        earliest
+    }
+}
+
+/// One request in flight on a connection, until its response body is done or dropped.
+pub struct InFlight(Arc<Watch>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let watch = &self.0;
+        watch.body_waiting_since.store(0, Relaxed);
+        if watch.in_flight.fetch_sub(1, Relaxed) == 1 {
+            watch.idle_since.store(watch.now(), Relaxed);
+        }
+    }
+}
+
+/// Drives `conn` until it ends, closing it when a timeout of `timeouts` expires: an
+/// idle one is asked to go away (`goodbye`: HTTP/2 sends GOAWAY), any other is dropped
+/// at once (the client is not listening). `shutdown` asks it to finish gracefully.
+pub async fn drive<C, E>(
+    conn: C,
+    goodbye: impl Fn(Pin<&mut C>),
+    watch: &Watch,
+    timeouts: Timeouts,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), DriveError<E>>
+where
+    C: Future<Output = Result<(), E>>,
+{
+    tokio::pin!(conn);
+    tokio::pin!(shutdown);
+    let shortest = timeouts.shortest();
+    let sleep = tokio::time::sleep(shortest);
+    tokio::pin!(sleep);
+    let mut shutting_down = false;
+    let mut leaving: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            biased;
+            ended = conn.as_mut() => return ended.map_err(DriveError::Connection),
+            () = &mut shutdown, if !shutting_down => {
+                shutting_down = true;
+                goodbye(conn.as_mut());
+            }
+            () = &mut sleep => {
+                let now = Instant::now();
+                // Every deadline is set at least `shortest` after the moment it is set,
+                // so looking again `shortest` from now misses none.
+                let mut next = now + shortest;
+                match watch.deadline(&timeouts) {
+                    Some((at, Expiry::Idle)) if at <= now => match leaving {
+                        None => {
+                            goodbye(conn.as_mut());
+                            leaving = Some(now + GOODBYE_GRACE);
+                            next = now + GOODBYE_GRACE;
+                        }
+                        Some(until) if now >= until => return Err(DriveError::Expired(Expiry::Idle)),
+                        Some(until) => next = until,
+                    },
+                    Some((at, why)) if at <= now => return Err(DriveError::Expired(why)),
+                    Some((at, _)) => next = next.min(at),
+                    None => {}
+                }
+                sleep.as_mut().reset(next);
+            }
+        }
+    }
+}
+
+/// How a driven connection ended, when not cleanly.
+#[derive(Debug)]
+pub enum DriveError<E> {
+    Connection(E),
+    Expired(Expiry),
+}
+
+/// The socket of a connection: reports the first byte of a request and writes that
+/// find it full.
+pub struct WatchedIo<T> {
+    inner: T,
+    watch: Arc<Watch>,
+}
+
+impl<T> WatchedIo<T> {
+    pub fn new(inner: T, watch: Arc<Watch>) -> Self {
+        WatchedIo { inner, watch }
+    }
+}
+
+impl<T: Read + Unpin> Read for WatchedIo<T> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, mut buf: ReadBufCursor<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let watch = &this.watch;
+        // A byte read between HTTP/1 requests starts the next request's header timer.
+        let between_requests = watch.served.load(Relaxed)
+            && watch.in_flight.load(Relaxed) == 0
+            && watch.head_since.load(Relaxed) == 0
+            && !watch.h2.load(Relaxed);
+        if !between_requests {
+            return Pin::new(&mut this.inner).poll_read(cx, buf);
+        }
+        // The cursor cannot tell how much a read filled (without unsafe code): read into
+        // a buffer on the stack first, once per request.
+        let mut head = [0u8; 512];
+        let room = buf.remaining().min(head.len());
+        let mut probe = hyper::rt::ReadBuf::new(&mut head[..room]);
+        std::task::ready!(Pin::new(&mut this.inner).poll_read(cx, probe.unfilled()))?;
+        if !probe.filled().is_empty() {
+            watch.head_since.store(watch.now(), Relaxed);
+            buf.put_slice(probe.filled());
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<T: Write + Unpin> WatchedIo<T> {
+    fn note<R>(&self, written: &Poll<io::Result<R>>) {
+        let blocked = &self.watch.write_blocked_since;
+        match written {
+            Poll::Pending => {
+                if blocked.load(Relaxed) == 0 {
+                    blocked.store(self.watch.now(), Relaxed);
+                }
+            }
+            Poll::Ready(_) => {
+                if blocked.load(Relaxed) != 0 {
+                    blocked.store(0, Relaxed);
+                }
+            }
+        }
+    }
+}
+
+impl<T: Write + Unpin> Write for WatchedIo<T> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let written = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.note(&written);
+        written
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let written = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.note(&written);
+        written
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+/// A response body that ends its request's `InFlight` when done, and reports a frame
+/// handed out that the connection does not come back for (HTTP/2: the client's flow
+/// control window stays shut; HTTP/1: hyper's write buffer stays full).
+pub struct WatchedBody<B> {
+    inner: B,
+    in_flight: Option<InFlight>,
+}
+
+impl<B> WatchedBody<B> {
+    pub fn new(inner: B, in_flight: InFlight) -> Self {
+        WatchedBody { inner, in_flight: Some(in_flight) }
+    }
+}
+
+impl<B: Body + Unpin> Body for WatchedBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Some(in_flight) = &this.in_flight {
+            let waiting = &in_flight.0.body_waiting_since;
+            match &polled {
+                Poll::Ready(Some(Ok(_))) if !this.inner.is_end_stream() => waiting.store(in_flight.0.now(), Relaxed),
+                Poll::Ready(_) => this.in_flight = None,
+                Poll::Pending => waiting.store(0, Relaxed),
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

@@ -1,0 +1,165 @@
+//! Connections that say nothing, read nothing or come in floods: the watchdog's
+//! timeouts and `server.max_connections`, against the real binary.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::Full;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::common::*;
+
+fn proxy(server: &str) -> Sluicegate {
+    Sluicegate::start(&format!(
+        "listen: 127.0.0.1:0\nserver: {{ {server} }}\nroutes:\n  - respond: {{ status: 200, body: ok }}\n"
+    ))
+}
+
+/// Reads until the server closes the connection (at most `limit`); the bytes read, or
+/// `None` if it was still open then.
+async fn until_closed(stream: &mut TcpStream, limit: Duration) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    match tokio::time::timeout(limit, stream.read_to_end(&mut out)).await {
+        Ok(_) => Some(out),
+        Err(_) => None,
+    }
+}
+
+/// Sends `GET /` on `stream` and reads its whole `200 ok` answer.
+async fn answered_ok(stream: &mut TcpStream) {
+    stream.write_all(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n").await.unwrap();
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 256];
+    while !(answer.starts_with(b"HTTP/1.1 200") && answer.ends_with(b"\r\n\r\nok")) {
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut chunk)).await.unwrap().unwrap();
+        assert!(n > 0, "closed before the answer: {:?}", String::from_utf8_lossy(&answer));
+        answer.extend_from_slice(&chunk[..n]);
+    }
+}
+
+#[tokio::test]
+async fn connections_that_send_nothing_are_closed_after_the_header_read_timeout() {
+    let sg = proxy("header_read_timeout: 300ms");
+    let mut silent = Vec::new();
+    for _ in 0..50 {
+        silent.push(TcpStream::connect(sg.addr).await.unwrap());
+    }
+    for stream in &mut silent {
+        let answer = until_closed(stream, Duration::from_secs(10)).await;
+        assert_eq!(answer.as_deref(), Some(&b""[..]), "a silent connection was left open or answered");
+    }
+    assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
+}
+
+#[tokio::test]
+async fn a_partial_http2_preface_is_closed_after_the_header_read_timeout() {
+    let sg = proxy("header_read_timeout: 300ms");
+    let mut stream = TcpStream::connect(sg.addr).await.unwrap();
+    stream.write_all(b"PRI * HTTP").await.unwrap();
+    assert!(until_closed(&mut stream, Duration::from_secs(10)).await.is_some(), "partial preface left open");
+}
+
+#[tokio::test]
+async fn an_http1_request_head_begun_on_a_keep_alive_connection_gets_the_header_read_timeout() {
+    let sg = proxy("header_read_timeout: 300ms, idle_timeout: 1h");
+    let mut stream = TcpStream::connect(sg.addr).await.unwrap();
+    answered_ok(&mut stream).await;
+    stream.write_all(b"GET / HTTP/1.1\r\nHo").await.unwrap();
+    let rest = until_closed(&mut stream, Duration::from_secs(10)).await;
+    assert_eq!(rest.as_deref(), Some(&b""[..]), "a half-sent request head was left open");
+}
+
+#[tokio::test]
+async fn an_idle_http1_keep_alive_connection_is_closed_after_the_idle_timeout_not_before() {
+    let idle = Duration::from_millis(1500);
+    let sg = proxy("header_read_timeout: 200ms, idle_timeout: 1500ms");
+    let mut stream = TcpStream::connect(sg.addr).await.unwrap();
+    answered_ok(&mut stream).await;
+    let answered = Instant::now();
+    let rest = until_closed(&mut stream, Duration::from_secs(15)).await;
+    assert_eq!(rest.as_deref(), Some(&b""[..]), "idle keep-alive connection still open");
+    // Closed by the idle timer, not by the (shorter) header timer.
+    assert!(answered.elapsed() >= idle - Duration::from_millis(100), "closed after {:?}", answered.elapsed());
+}
+
+#[tokio::test]
+async fn an_idle_http2_connection_is_closed_after_the_idle_timeout_not_before() {
+    let idle = Duration::from_millis(1500);
+    let sg = proxy("header_read_timeout: 200ms, idle_timeout: 1500ms");
+    let stream = TcpStream::connect(sg.addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let req = Request::get("http://test.local/").body(Full::new(Bytes::new())).unwrap();
+    let reply = read(sender.send_request(req).await.unwrap()).await;
+    let answered = Instant::now();
+    assert_eq!(reply.status, 200);
+    let ended = tokio::time::timeout(Duration::from_secs(15), conn).await;
+    assert!(ended.is_ok(), "idle HTTP/2 connection still open");
+    assert!(answered.elapsed() >= idle - Duration::from_millis(100), "closed after {:?}", answered.elapsed());
+}
+
+#[tokio::test]
+async fn at_max_connections_established_clients_are_served_and_new_ones_wait() {
+    const CAP: usize = 8;
+    let sg = proxy(&format!("header_read_timeout: 3s, max_connections: {CAP}"));
+    let accepted = |sg: &Sluicegate| sg.log().matches("connection accepted").count();
+
+    // An established keep-alive client.
+    let stream = TcpStream::connect(sg.addr).await.unwrap();
+    let (mut established, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+    tokio::spawn(conn);
+    let ask = |sender: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>| {
+        let req = Request::get("/").header("host", "h").body(Full::new(Bytes::new())).unwrap();
+        sender.send_request(req)
+    };
+    assert_eq!(ask(&mut established).await.unwrap().status(), 200);
+
+    // A flood of silent connections fills the other slots, and more wait beyond the cap.
+    let mut silent = Vec::new();
+    for _ in 0..CAP * 3 {
+        silent.push(TcpStream::connect(sg.addr).await.unwrap());
+    }
+    sg.wait_for_log(|_| accepted(&sg) >= CAP);
+    let late = tokio::spawn(get(sg.addr, "/", &[]));
+
+    for _ in 0..5 {
+        let answer = tokio::time::timeout(Duration::from_secs(2), ask(&mut established)).await;
+        assert_eq!(answer.expect("established client not answered at the cap").unwrap().status(), 200);
+    }
+    assert_eq!(accepted(&sg), CAP, "a connection beyond the cap was accepted");
+    assert!(!late.is_finished(), "a connection beyond the cap was answered");
+
+    // The silent ones are cut at the header timeout, and the waiting client gets its turn.
+    let reply = tokio::time::timeout(Duration::from_secs(30), late).await.expect("waiting client never served");
+    assert_eq!(reply.unwrap().status, 200);
+}
+
+// The backend runs on the test's runtime while the test waits for the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_reads_nothing_is_closed_after_the_send_timeout() {
+    const LEN: usize = 64 << 20;
+    let backend = Backend::start().await;
+    let sg = Sluicegate::start(&format!(
+        "listen: 127.0.0.1:0\nserver: {{ send_timeout: 500ms }}\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nroutes:\n  - upstream: b\n",
+        backend.addr
+    ));
+    let mut stream = TcpStream::connect(sg.addr).await.unwrap();
+    stream.write_all(format!("GET /large/{LEN} HTTP/1.1\r\nHost: h\r\n\r\n").as_bytes()).await.unwrap();
+    // Read nothing until the proxy gives up on us.
+    let log = sg.wait_for_log(|log| log.contains("send_timeout"));
+    assert!(log.contains("send_timeout"), "no send timeout:\n{log}");
+    let mut got = 0;
+    let mut chunk = vec![0u8; 1 << 16];
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), stream.read(&mut chunk)).await {
+            Ok(Ok(0) | Err(_)) => break,
+            Ok(Ok(n)) => got += n,
+            Err(_) => panic!("connection still open after the send timeout"),
+        }
+    }
+    assert!(got < LEN, "the whole body arrived ({got} bytes)");
+}
