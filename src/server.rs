@@ -23,6 +23,12 @@ use crate::watchdog::{self, DriveError, Timeouts, Watch, WatchedBody, WatchedIo}
 
 /// Connections the kernel queues before `accept`; it caps this at `net.core.somaxconn`.
 const LISTEN_BACKLOG: u32 = 4096;
+/// Bytes of a response hyper holds for a client that reads slowly (HTTP/1 write
+/// buffer), and reads ahead from an upstream: nginx's `proxy_buffers 8 4k`. hyper's
+/// default, ~400 KiB each, held about 1.3 MB per client that reads nothing; this, about
+/// 155 KB. It bounds an HTTP/1 request head too (hyper answers 431 past it), and an
+/// upstream's response head (a 502 past it; nginx allows 4 or 8 KiB).
+pub const BUFFER_BYTES: usize = 32 * 1024;
 /// Open files kept for what is not a client connection: the listener, Redis, logs.
 const RESERVED_FILES: u64 = 64;
 
@@ -56,7 +62,7 @@ impl Server {
         let mut builder = auto::Builder::new(TokioExecutor::new());
         // The watchdog times request headers; hyper's own timer would also cut idle
         // keep-alive connections at `header_read_timeout`.
-        builder.http1().timer(TokioTimer::new()).header_read_timeout(None).keep_alive(true);
+        builder.http1().timer(TokioTimer::new()).header_read_timeout(None).keep_alive(true).max_buf_size(BUFFER_BYTES);
         let grace = config.shutdown_grace;
         // Established connections keep being served at the cap; new ones wait in the
         // listen backlog until one closes (as nginx does at `worker_connections`).

@@ -38,7 +38,10 @@ impl UpstreamClient {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(upstream.connect_timeout));
         connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(POOL_IDLE_TIMEOUT).build(connector);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .http1_max_buf_size(crate::server::BUFFER_BYTES)
+            .build(connector);
         UpstreamClient {
             name: upstream.name.clone(),
             servers: upstream.servers.clone().into(),

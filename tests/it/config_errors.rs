@@ -226,3 +226,16 @@ limits:
         assert!(stderr.contains(line), "{line}\nnot in\n{stderr}");
     }
 }
+
+#[test]
+fn connection_limits_are_bounded() {
+    let yaml = "listen: 127.0.0.1:0\nserver:\n  idle_timeout: 0s\n  send_timeout: 2d\n  max_connections: 0\n";
+    let (out, stderr) = check(yaml);
+    assert!(!out.status.success());
+    assert!(stderr.contains("FILE:3:17: server.idle_timeout: must be longer than zero"), "{stderr}");
+    assert!(stderr.contains("FILE:4:17: server.send_timeout: \"2d\" is too long; at most 24h"), "{stderr}");
+    assert!(stderr.contains("FILE:5:20: server.max_connections: must be from 1 to 10000000, not 0"), "{stderr}");
+    let (out, stderr) =
+        check("listen: 127.0.0.1:0\nserver: { idle_timeout: 24h, send_timeout: 1s, max_connections: 1 }\n");
+    assert!(out.status.success(), "{stderr}");
+}

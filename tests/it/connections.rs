@@ -138,15 +138,19 @@ async fn at_max_connections_established_clients_are_served_and_new_ones_wait() {
     assert_eq!(reply.unwrap().status, 200);
 }
 
+fn proxy_to(backend: &Backend, server: &str) -> Sluicegate {
+    Sluicegate::start(&format!(
+        "listen: 127.0.0.1:0\nserver: {{ {server} }}\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nroutes:\n  - upstream: b\n",
+        backend.addr
+    ))
+}
+
 // The backend runs on the test's runtime while the test waits for the log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_reads_nothing_is_closed_after_the_send_timeout() {
     const LEN: usize = 64 << 20;
     let backend = Backend::start().await;
-    let sg = Sluicegate::start(&format!(
-        "listen: 127.0.0.1:0\nserver: {{ send_timeout: 500ms }}\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nroutes:\n  - upstream: b\n",
-        backend.addr
-    ));
+    let sg = proxy_to(&backend, "send_timeout: 500ms");
     let mut stream = TcpStream::connect(sg.addr).await.unwrap();
     stream.write_all(format!("GET /large/{LEN} HTTP/1.1\r\nHost: h\r\n\r\n").as_bytes()).await.unwrap();
     // Read nothing until the proxy gives up on us.
@@ -162,4 +166,22 @@ async fn a_client_that_reads_nothing_is_closed_after_the_send_timeout() {
         }
     }
     assert!(got < LEN, "the whole body arrived ({got} bytes)");
+}
+
+// HTTP/2: the client's flow-control window stays shut, so nothing blocks on the socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_client_that_reads_nothing_is_closed_after_the_send_timeout() {
+    let backend = Backend::start().await;
+    let sg = proxy_to(&backend, "send_timeout: 500ms");
+    let stream = TcpStream::connect(sg.addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let req = Request::get(format!("http://test.local/large/{}", 64 << 20)).body(Full::new(Bytes::new())).unwrap();
+    let response = sender.send_request(req).await.unwrap();
+    assert_eq!(response.status(), 200);
+    // The body is held, never read.
+    let ended = tokio::time::timeout(Duration::from_secs(15), conn).await;
+    assert!(ended.is_ok(), "HTTP/2 connection still open after the send timeout");
+    drop(response);
 }
