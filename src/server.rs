@@ -89,7 +89,9 @@ impl Server {
             let connection = builder.serve_connection(io, service).into_owned();
             let mut stopping = stopping.clone();
             tokio::spawn(async move {
-                let shutdown = async move {
+                // Borrowed, not moved: the receiver must live until the connection ends,
+                // as the shutdown waits for every receiver to go.
+                let shutdown = async {
                     let _ = stopping.changed().await;
                 };
                 let goodbye = |conn: std::pin::Pin<&mut _>| auto::Connection::graceful_shutdown(conn);
@@ -98,7 +100,7 @@ impl Server {
                     Err(DriveError::Connection(e)) => debug!(%peer, error = %e, "connection ended with an error"),
                     Err(DriveError::Expired(why)) => debug!(%peer, timeout = why.as_str(), "connection closed"),
                 }
-                drop(slot);
+                drop((slot, stopping));
             });
         }
         drop(self.listener);
