@@ -117,8 +117,8 @@ impl Watch {
     fn deadline(&self, t: &Timeouts) -> Option<(Instant, Expiry)> {
         let mut earliest: Option<(Instant, Expiry)> = None;
         let mut consider = |stamp: u64, timeout: Duration, why: Expiry| {
-            if stamp != 0 {
-                let at = self.at(stamp) + timeout;
+            // A deadline past what `Instant` can hold is never.
+            if let Some(at) = (stamp != 0).then(|| self.at(stamp).checked_add(timeout)).flatten() {
                 if earliest.is_none_or(|(e, _)| at < e) {
                     earliest = Some((at, why));
                 }
@@ -169,7 +169,7 @@ where
     tokio::pin!(conn);
     tokio::pin!(shutdown);
     let shortest = timeouts.shortest();
-    let sleep = tokio::time::sleep(shortest);
+    let sleep = tokio::time::sleep_until(later(Instant::now(), shortest));
     tokio::pin!(sleep);
     let mut shutting_down = false;
     let mut leaving: Option<Instant> = None;
@@ -185,7 +185,7 @@ where
                 let now = Instant::now();
                 // Every deadline is set at least `shortest` after the moment it is set,
                 // so looking again `shortest` from now misses none.
-                let mut next = now + shortest;
+                let mut next = later(now, shortest);
                 match watch.deadline(&timeouts) {
                     Some((at, Expiry::Idle)) if at <= now => match leaving {
                         None => {
@@ -204,6 +204,11 @@ where
             }
         }
     }
+}
+
+/// `at + after`, or a day after `at` when that is past what `Instant` can hold.
+fn later(at: Instant, after: Duration) -> Instant {
+    at.checked_add(after).unwrap_or(at + Duration::from_secs(86_400))
 }
 
 /// How a driven connection ended, when not cleanly.
