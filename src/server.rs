@@ -17,7 +17,7 @@ use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{Semaphore, watch};
 use tracing::{debug, info, warn};
 
-use crate::config::Config;
+use crate::config::{Config, MAX_CONNECTIONS};
 use crate::proxy::Proxy;
 use crate::watchdog::{self, DriveError, Timeouts, Watch, WatchedBody, WatchedIo};
 
@@ -149,9 +149,10 @@ fn open_file_limit() -> u64 {
 }
 
 /// Each client connection may hold one upstream connection too, so half of the files
-/// left after the reserved ones.
+/// left after the reserved ones (within what the configuration would accept).
 fn default_max_connections(open_files: u64) -> usize {
-    usize::try_from((open_files.saturating_sub(RESERVED_FILES) / 2).max(1)).unwrap_or(usize::MAX)
+    let half = (open_files.saturating_sub(RESERVED_FILES) / 2).clamp(1, MAX_CONNECTIONS);
+    usize::try_from(half).unwrap_or(1)
 }
 
 /// Completes on SIGINT or SIGTERM.

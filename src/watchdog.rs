@@ -347,3 +347,43 @@ impl<B: Body + Unpin> Body for WatchedBody<B> {
         self.inner.size_hint()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Timeouts =
+        Timeouts { header_read: Duration::from_secs(10), idle: Duration::from_secs(60), send: Duration::from_secs(30) };
+
+    fn why(watch: &Watch) -> Option<(Duration, Expiry)> {
+        watch.deadline(&T).map(|(at, why)| (at - watch.opened, why))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_state_has_its_timer() {
+        let watch = Watch::new();
+        let secs = Duration::from_secs;
+        assert_eq!(why(&watch), Some((secs(10), Expiry::Header)), "opening");
+        let request = watch.request(http::Version::HTTP_11);
+        assert_eq!(why(&watch), None, "busy");
+        tokio::time::advance(secs(100)).await;
+        drop(request);
+        assert_eq!(why(&watch), Some((secs(160), Expiry::Idle)), "idle from the end of the request");
+        tokio::time::advance(secs(5)).await;
+        watch.head_since.store(watch.now(), Relaxed);
+        assert_eq!(why(&watch), Some((secs(115), Expiry::Header)), "a request head begun");
+        let request = watch.request(http::Version::HTTP_11);
+        tokio::time::advance(secs(1)).await;
+        watch.write_blocked_since.store(watch.now(), Relaxed);
+        assert_eq!(why(&watch), Some((secs(136), Expiry::Send)), "a write waits for the client");
+        drop(request);
+        assert_eq!(why(&watch), Some((secs(136), Expiry::Send)), "still waiting, and sooner than idle");
+    }
+
+    #[test]
+    fn a_deadline_past_what_instant_holds_is_never() {
+        let watch = Watch::new();
+        let forever = Timeouts { header_read: Duration::MAX, ..T };
+        assert_eq!(watch.deadline(&forever), None);
+    }
+}

@@ -25,6 +25,7 @@ use crate::limit::allow::Allow;
 use crate::limit::key::KeySpec;
 pub use raw::{HeaderMode, HeaderStyle, LogLevel, OnStoreError, RejectionBody};
 pub use units::Rate;
+pub use validate::MAX_CONNECTIONS;
 
 #[derive(Debug)]
 pub struct Config {

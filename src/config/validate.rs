@@ -25,7 +25,7 @@ const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(60);
 /// Longest connection timeout accepted: past a day a timeout protects nothing.
 const MAX_CONNECTION_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 /// More connections than any one process can hold open.
-const MAX_CONNECTIONS: u64 = 10_000_000;
+pub const MAX_CONNECTIONS: u64 = 10_000_000;
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
 
