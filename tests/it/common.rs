@@ -25,7 +25,7 @@ pub struct Hit {
 }
 
 /// An HTTP/1.1 backend. Paths: `/sleep/MS`, `/status/CODE`, `/large/BYTES` (a body of
-/// that many bytes), `/stream` (one chunk, then
+/// that many bytes, at most 64 MiB), `/stream` (one chunk, then
 /// the rest once `release` is notified), `/upload` (answers the body's length, notifies
 /// `first_frame` when the first data arrives); anything else answers 200 `ok`.
 pub struct Backend {
@@ -41,6 +41,12 @@ fn full(status: u16, body: impl Into<Bytes>) -> Response<TestBody> {
     let mut r = Response::new(Full::new(body.into()).map_err(|never| match never {}).boxed());
     *r.status_mut() = StatusCode::from_u16(status).unwrap();
     r
+}
+
+/// `len` bytes of `x`, one buffer shared by every response (at most 64 MiB).
+fn large(len: usize) -> Bytes {
+    static LARGE: std::sync::OnceLock<Bytes> = std::sync::OnceLock::new();
+    LARGE.get_or_init(|| Bytes::from(vec![b'x'; 64 << 20])).slice(..len)
 }
 
 impl Backend {
@@ -77,7 +83,7 @@ impl Backend {
                             r.headers_mut().insert("x-backend", "yes".parse().unwrap());
                             r
                         } else if let Some(len) = path.strip_prefix("/large/") {
-                            full(200, vec![b'x'; len.parse().unwrap()])
+                            full(200, large(len.parse().unwrap()))
                         } else if path == "/stream" {
                             let (mut tx, body) = Channel::<Bytes, hyper::Error>::new(1);
                             tokio::spawn(async move {
@@ -173,6 +179,13 @@ impl Sluicegate {
             .recv_timeout(Duration::from_secs(20))
             .unwrap_or_else(|_| panic!("sluicegate did not start; log:\n{}", log.lock().unwrap()));
         Sluicegate { addr, child, log, log_done, _dir: dir }
+    }
+
+    /// The resident memory of the process, in bytes.
+    pub fn rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let kb = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).unwrap();
+        kb.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap() * 1024
     }
 
     /// The log read so far. Lines arrive through a pipe and a reader thread: to see a

@@ -187,3 +187,40 @@ async fn an_http2_client_that_reads_nothing_is_closed_after_the_send_timeout() {
     assert!(ended.is_ok(), "HTTP/2 connection still open after the send timeout");
     drop(response);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_reads_nothing_holds_a_bounded_amount_of_memory() {
+    const CLIENTS: usize = 40;
+    // Longer than the socket buffers on the way can take, so the proxy's own fill up.
+    const LEN: usize = 48 << 20;
+    let backend = Backend::start().await;
+    let sg = proxy_to(&backend, "send_timeout: 1h");
+    assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
+    let before = sg.rss();
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        let mut stream = TcpStream::connect(sg.addr).await.unwrap();
+        stream.write_all(format!("GET /large/{LEN} HTTP/1.1\r\nHost: h\r\n\r\n").as_bytes()).await.unwrap();
+        clients.push(stream);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while backend.hits().len() <= CLIENTS && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(backend.hits().len(), CLIENTS + 1, "not every request reached the backend");
+    // Ready when what the proxy holds stops growing.
+    let mut held = sg.rss();
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = sg.rss();
+        if now <= held + held / 100 || Instant::now() > deadline {
+            held = now.max(held);
+            break;
+        }
+        held = now;
+    }
+    let per_client = held.saturating_sub(before) / CLIENTS as u64;
+    // About 155 KB measured; hyper's defaults held about 1.3 MB.
+    assert!(per_client < 512 << 10, "{per_client} bytes held per client that reads nothing");
+    drop(clients);
+}
