@@ -240,7 +240,7 @@ impl<T: Read + Unpin> Read for WatchedIo<T> {
             && watch.in_flight.load(Relaxed) == 0
             && watch.head_since.load(Relaxed) == 0
             && !watch.h2.load(Relaxed);
-        if !between_requests {
+        if !between_requests || buf.remaining() == 0 {
             return Pin::new(&mut this.inner).poll_read(cx, buf);
         }
         // The cursor cannot tell how much a read filled (without unsafe code): read into
