@@ -11,7 +11,7 @@ use std::time::Duration;
 use http::Request;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{Semaphore, watch};
@@ -62,7 +62,7 @@ impl Server {
         let mut builder = auto::Builder::new(TokioExecutor::new());
         // The watchdog times request headers; hyper's own timer would also cut idle
         // keep-alive connections at `header_read_timeout`.
-        builder.http1().timer(TokioTimer::new()).header_read_timeout(None).keep_alive(true).max_buf_size(BUFFER_BYTES);
+        builder.http1().header_read_timeout(None).keep_alive(true).max_buf_size(BUFFER_BYTES);
         let grace = config.shutdown_grace;
         // Established connections keep being served at the cap; new ones wait in the
         // listen backlog until one closes (as nginx does at `worker_connections`).
