@@ -41,6 +41,7 @@ fn decision(c: &mut Criterion) {
         client_ip: ip(i),
         method: &Method::GET,
         uri: &uri,
+        path: uri.path().as_bytes(),
         headers: &headers,
         host: Some("example.com"),
     };
@@ -83,8 +84,14 @@ fn decision(c: &mut Criterion) {
 fn key_extraction(c: &mut Criterion) {
     let uri = Uri::from_static("/api/v1/items?page=2&user=42");
     let headers = headers();
-    let src =
-        KeySource { client_ip: ip(1), method: &Method::GET, uri: &uri, headers: &headers, host: Some("example.com") };
+    let src = KeySource {
+        client_ip: ip(1),
+        method: &Method::GET,
+        uri: &uri,
+        path: uri.path().as_bytes(),
+        headers: &headers,
+        host: Some("example.com"),
+    };
     let mut group = c.benchmark_group("key");
     for key in [
         "ip",
@@ -120,7 +127,14 @@ fn memory_per_key(_: &mut Criterion) {
     let before = rss();
     let l = limiters("ip", keys as usize);
     for i in 0..keys {
-        let src = KeySource { client_ip: ip(i), method: &Method::GET, uri: &uri, headers: &headers, host: None };
+        let src = KeySource {
+            client_ip: ip(i),
+            method: &Method::GET,
+            uri: &uri,
+            path: uri.path().as_bytes(),
+            headers: &headers,
+            host: None,
+        };
         l.check(&[0], &src, 1, || 0);
     }
     if let (Some(before), Some(after)) = (before, rss()) {

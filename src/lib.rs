@@ -3,7 +3,7 @@
 //! ```text
 //! accept (server)          HTTP/1.1 and h2c, connection cap, timeouts (watchdog), graceful shutdown
 //!   -> client address      peer, or rightmost untrusted X-Forwarded-For hop (proxy::headers)
-//!   -> route               first match on host, path, method (proxy::route)
+//!   -> route               first match on host, normalized path (path), method (proxy::route)
 //!   -> allow-list, cost    exempt requests skip the limits; what a request weighs
 //!   -> keys                each limit hashes its key, or an override picks another limit
 //!   -> limits              all or nothing: pass, delay, or reject with 429; local ones
@@ -18,6 +18,7 @@
 pub mod cli;
 pub mod config;
 pub mod limit;
+pub mod path;
 pub mod proxy;
 pub mod server;
 pub mod store;

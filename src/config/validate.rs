@@ -1,5 +1,6 @@
 //! Raw file -> compiled `Config`: every check, every error collected with its position.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
@@ -286,6 +287,11 @@ fn route_match(e: &mut Errors<'_>, at: &str, raw: &RawMatch) -> RouteMatch {
     let mut path_of = |field: &str, value: &String| {
         if !value.starts_with('/') {
             e.add(format!("{at}.{field}"), format!("must start with '/', not {value:?}"));
+        } else if !matches!(crate::path::normalize(value), Ok(Cow::Borrowed(_))) {
+            // Requests are matched by their normalized path: this spelling never would.
+            let normal = crate::path::normalize(value).map(|p| String::from_utf8_lossy(&p).into_owned());
+            let hint = normal.map_or_else(|e| e.to_string(), |p| format!("write it as {p:?}"));
+            e.add(format!("{at}.{field}"), format!("{value:?} is not a normalized path: {hint}"));
         }
         value.clone()
     };

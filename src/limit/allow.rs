@@ -45,6 +45,7 @@ mod tests {
             client_ip: ip.parse().unwrap(),
             method: &Method::GET,
             uri: &uri,
+            path: uri.path().as_bytes(),
             headers: &map,
             host: None,
         })
@@ -68,6 +69,7 @@ mod tests {
             client_ip: "10.0.0.1".parse().unwrap(),
             method: &Method::GET,
             uri: &Uri::from_static("/"),
+            path: b"/",
             headers: &HeaderMap::new(),
             host: None
         }));

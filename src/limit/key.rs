@@ -97,6 +97,8 @@ pub struct KeySource<'a> {
     pub client_ip: IpAddr,
     pub method: &'a Method,
     pub uri: &'a Uri,
+    /// The normalized path (`proxy::path`), which routes and `path` keys see.
+    pub path: &'a [u8],
     pub headers: &'a HeaderMap,
     /// The request's host, without port, as routing saw it.
     pub host: Option<&'a str>,
@@ -187,7 +189,7 @@ fn value<'a>(part: &KeyPart, src: &KeySource<'a>) -> Option<Value<'a>> {
         }
         KeyPart::Cookie(name) => bytes(cookie(src.headers, name)?),
         KeyPart::Method => bytes(src.method.as_str().as_bytes()),
-        KeyPart::Path => bytes(src.uri.path().as_bytes()),
+        KeyPart::Path => bytes(src.path),
         KeyPart::Host => Some(Value::Host(src.host?)),
     }
 }
@@ -292,6 +294,7 @@ mod tests {
             client_ip: ip.parse().unwrap(),
             method: &Method::GET,
             uri: &uri,
+            path: uri.path().as_bytes(),
             headers: &map,
             host: Some("Example.com"),
         };
@@ -377,6 +380,7 @@ mod tests {
             client_ip: "::ffff:10.0.0.1".parse().unwrap(),
             method: &Method::GET,
             uri: &uri,
+            path: uri.path().as_bytes(),
             headers: &headers,
             host: Some("Example.com"),
         };

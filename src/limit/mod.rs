@@ -458,6 +458,7 @@ mod tests {
             client_ip: IpAddr::V4(Ipv4Addr::from(ip)),
             method: &Method::GET,
             uri: &uri,
+            path: uri.path().as_bytes(),
             headers: &headers,
             host: None,
         };
@@ -575,6 +576,7 @@ mod tests {
                         client_ip: [10, 0, 0, 1].into(),
                         method: &Method::GET,
                         uri: &uri,
+                        path: uri.path().as_bytes(),
                         headers: &headers,
                         host: None,
                     };

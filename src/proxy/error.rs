@@ -10,6 +10,10 @@ pub enum ProxyError {
     /// The client asked for something no route serves.
     #[error("no route matches")]
     NoRoute,
+    /// The request's path cannot be normalized: it climbs above the root, holds an
+    /// encoded NUL or a broken escape. Never forwarded.
+    #[error("invalid request path: {0}")]
+    BadPath(#[from] crate::path::BadPath),
     /// The request's cost header is not a positive integer.
     #[error("{header} must be a positive integer, not {value:?}")]
     InvalidCost { header: String, value: String },
@@ -31,7 +35,9 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
-            ProxyError::InvalidCost { .. } | ProxyError::CostTooHigh { .. } => StatusCode::BAD_REQUEST,
+            ProxyError::BadPath(_) | ProxyError::InvalidCost { .. } | ProxyError::CostTooHigh { .. } => {
+                StatusCode::BAD_REQUEST
+            }
             ProxyError::UpstreamUnreachable { .. } | ProxyError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         }

@@ -21,6 +21,7 @@ use tracing::{Level, debug, warn};
 use crate::config::{Action, Config, Cost, HeaderMode, LogLevel, Route};
 use crate::limit::key::KeySource;
 use crate::limit::{Decision, Limiters, Outcome, Standing};
+use crate::path;
 use error::ProxyError;
 use forward::{Hop, UpstreamClient};
 use response::ProxyBody;
@@ -61,12 +62,15 @@ impl Proxy {
         let trusted_peer = headers::is_trusted(peer.ip().to_canonical(), &config.trusted_proxies);
         let client_ip = headers::client_ip(peer.ip(), req.headers(), &config.trusted_proxies);
         let host = route::request_host(req.uri(), req.headers());
-        let Some(route) = route::match_route(&config.routes, req.method(), req.uri().path(), host) else {
+        // Routes and keys see the path as nginx would; the upstream gets it as sent.
+        let path = path::normalize(req.uri().path()).map_err(ProxyError::BadPath)?;
+        let Some(route) = route::match_route(&config.routes, req.method(), &path, host) else {
             debug!(method = %req.method(), path = req.uri().path(), host, "no route matches");
             return Err(ProxyError::NoRoute);
         };
 
-        let src = KeySource { client_ip, method: req.method(), uri: req.uri(), headers: req.headers(), host };
+        let src =
+            KeySource { client_ip, method: req.method(), uri: req.uri(), path: &path, headers: req.headers(), host };
         // An exempt request skips the route's limits altogether.
         let limits = if route.allow.admits(&src) { &[][..] } else { &route.limits[..] };
         let cost = self.cost(route, req.headers())?;

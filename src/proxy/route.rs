@@ -21,11 +21,12 @@ pub fn request_host<'r>(uri: &'r Uri, headers: &'r HeaderMap) -> Option<&'r str>
     Some(host.trim_end_matches('.'))
 }
 
-pub fn match_route<'c>(routes: &'c [Route], method: &Method, path: &str, host: Option<&str>) -> Option<&'c Route> {
+/// `path` is the normalized path (`proxy::path`): its bytes need not be UTF-8.
+pub fn match_route<'c>(routes: &'c [Route], method: &Method, path: &[u8], host: Option<&str>) -> Option<&'c Route> {
     routes.iter().find(|route| matches(&route.matcher, method, path, host))
 }
 
-fn matches(m: &RouteMatch, method: &Method, path: &str, host: Option<&str>) -> bool {
+fn matches(m: &RouteMatch, method: &Method, path: &[u8], host: Option<&str>) -> bool {
     let host_ok = match (&m.host, host) {
         (None, _) => true,
         (Some(_), None) => false,
@@ -40,8 +41,8 @@ fn matches(m: &RouteMatch, method: &Method, path: &str, host: Option<&str>) -> b
     };
     let path_ok = match &m.path {
         PathMatch::Any => true,
-        PathMatch::Prefix(prefix) => path.starts_with(prefix.as_str()),
-        PathMatch::Exact(exact) => path == exact,
+        PathMatch::Prefix(prefix) => path.starts_with(prefix.as_bytes()),
+        PathMatch::Exact(exact) => path == exact.as_bytes(),
     };
     host_ok && path_ok && (m.methods.is_empty() || m.methods.contains(method))
 }
@@ -57,12 +58,12 @@ mod tests {
     #[test]
     fn hosts_match_exactly_or_by_wildcard_without_port() {
         let exact = m(Some("example.com"), PathMatch::Any, &[]);
-        assert!(matches(&exact, &Method::GET, "/", Some("EXAMPLE.com")));
-        assert!(!matches(&exact, &Method::GET, "/", Some("www.example.com")));
+        assert!(matches(&exact, &Method::GET, b"/", Some("EXAMPLE.com")));
+        assert!(!matches(&exact, &Method::GET, b"/", Some("www.example.com")));
         let wild = m(Some("*.example.com"), PathMatch::Any, &[]);
-        assert!(matches(&wild, &Method::GET, "/", Some("a.example.com")));
-        assert!(!matches(&wild, &Method::GET, "/", Some("example.com")));
-        assert!(!matches(&wild, &Method::GET, "/", Some("badexample.com")));
+        assert!(matches(&wild, &Method::GET, b"/", Some("a.example.com")));
+        assert!(!matches(&wild, &Method::GET, b"/", Some("example.com")));
+        assert!(!matches(&wild, &Method::GET, b"/", Some("badexample.com")));
     }
 
     #[test]
@@ -82,11 +83,11 @@ mod tests {
     #[test]
     fn paths_and_methods_narrow_a_route() {
         let r = m(None, PathMatch::Prefix("/api".into()), &[Method::POST]);
-        assert!(matches(&r, &Method::POST, "/api/x", None));
-        assert!(!matches(&r, &Method::GET, "/api/x", None));
-        assert!(!matches(&r, &Method::POST, "/ap", None));
+        assert!(matches(&r, &Method::POST, b"/api/x", None));
+        assert!(!matches(&r, &Method::GET, b"/api/x", None));
+        assert!(!matches(&r, &Method::POST, b"/ap", None));
         let e = m(None, PathMatch::Exact("/login".into()), &[]);
-        assert!(matches(&e, &Method::GET, "/login", None));
-        assert!(!matches(&e, &Method::GET, "/login/x", None));
+        assert!(matches(&e, &Method::GET, b"/login", None));
+        assert!(!matches(&e, &Method::GET, b"/login/x", None));
     }
 }

@@ -239,3 +239,21 @@ fn connection_limits_are_bounded() {
         check("listen: 127.0.0.1:0\nserver: { idle_timeout: 24h, send_timeout: 1s, max_connections: 1 }\n");
     assert!(out.status.success(), "{stderr}");
 }
+
+#[test]
+fn a_route_path_that_no_normalized_request_path_matches_is_refused() {
+    let yaml = "listen: 127.0.0.1:0\nroutes:\n  - match: { path_prefix: /api//v1 }\n    respond: { status: 200 }\n  - match: { path: /x/../y }\n    respond: { status: 200 }\n  - match: { path: /%41 }\n    respond: { status: 200 }\n";
+    let (out, stderr) = check(yaml);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(
+            "FILE:3:27: routes[0].match.path_prefix: \"/api//v1\" is not a normalized path: write it as \"/api/v1\""
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("routes[1].match.path: \"/x/../y\" is not a normalized path: write it as \"/y\""),
+        "{stderr}"
+    );
+    assert!(stderr.contains("routes[2].match.path: \"/%41\" is not a normalized path: write it as \"/A\""), "{stderr}");
+}

@@ -97,6 +97,7 @@ fn limiter_matches_nginx_on_a_fake_clock() {
                 client_ip: [127, 0, 0, 1].into(),
                 method: &Method::GET,
                 uri: &uri,
+                path: uri.path().as_bytes(),
                 headers: &headers,
                 host: None,
             };

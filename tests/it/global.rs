@@ -79,6 +79,7 @@ async fn local_and_redis_decide_every_schedule_alike() {
                 client_ip: IpAddr::V4(client),
                 method: &Method::GET,
                 uri: &uri,
+                path: uri.path().as_bytes(),
                 headers: &headers,
                 host: None,
             };

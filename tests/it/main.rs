@@ -11,5 +11,6 @@ mod connections;
 mod forwarding;
 mod global;
 mod limits;
+mod paths;
 mod redis;
 mod server;

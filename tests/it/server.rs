@@ -14,14 +14,6 @@ async fn h2c_requests_are_served() {
     assert_eq!((r.status, r.text().as_str()), (200, "ok"));
 }
 
-async fn raw_exchange(addr: std::net::SocketAddr, bytes: &[u8]) -> String {
-    let mut stream = TcpStream::connect(addr).await.unwrap();
-    stream.write_all(bytes).await.unwrap();
-    let mut out = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut out)).await;
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 #[tokio::test]
 async fn malformed_request_gets_400_and_the_server_lives_on() {
     let sg = Sluicegate::start(STATIC);
