@@ -41,6 +41,8 @@ pub struct Config {
     /// Connections served at once; `None`: derived from the open-file limit at start.
     pub max_connections: Option<usize>,
     pub shutdown_grace: Duration,
+    /// The admin listener (`None`: off).
+    pub admin: Option<Admin>,
     pub ratelimit_headers: HeaderMode,
     pub ratelimit_header_style: HeaderStyle,
     pub rejection_body: RejectionBody,
@@ -51,6 +53,14 @@ pub struct Config {
     pub redis: Option<Redis>,
     pub limits: Vec<Limit>,
     pub routes: Vec<Route>,
+}
+
+/// `admin:`: where health, metrics and the admin API are served.
+#[derive(Debug, Clone)]
+pub struct Admin {
+    pub listen: SocketAddr,
+    /// When set, every admin call must carry `Authorization: Bearer TOKEN`.
+    pub token: Option<String>,
 }
 
 #[derive(Debug)]

@@ -152,6 +152,19 @@ impl Limiters {
         self.limits[index].bans.as_ref().map_or(0, Bans::imposed)
     }
 
+    /// Keys banned now by limit `index`.
+    pub fn bans_active(&self, index: usize) -> usize {
+        self.limits[index].bans.as_ref().map_or(0, |b| b.active(now()))
+    }
+
+    /// Requests in flight under limit `index`, if it is a concurrency limit (else 0).
+    pub fn in_flight(&self, index: usize) -> usize {
+        let Some(Algorithm::Concurrency(_, table)) = self.limits[index].windows.first() else { return 0 };
+        let mut n = 0u64;
+        table.each(|in_flight| n += in_flight);
+        usize::try_from(n).unwrap_or(usize::MAX)
+    }
+
     /// The largest cost limit `index` can ever admit at once (`None`: no limit on cost).
     pub fn capacity(&self, index: usize) -> Option<u64> {
         self.limits[index].windows.iter().filter_map(Algorithm::capacity).min()
