@@ -140,6 +140,22 @@ async fn reset_counts_until_the_full_burst_is_back() {
     assert_eq!(third.header("ratelimit"), Some("\"l\";r=0;t=60"));
 }
 
+/// Redis's refusal of a weighted request reports the units still left, not 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_weighted_request_reports_the_units_left() {
+    let redis = Redis::start();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nratelimit_headers: all\nredis: {{ url: \"{}\", timeout: 1s }}\nlimits:\n  l: {{ key: ip, rate: 1r/m, burst: 3, nodelay: true, scope: global, on_store_error: deny }}\nroutes:\n  - limits: [l]\n    cost_header: x-cost\n    respond: {{ status: 200 }}\n",
+        redis.url()
+    );
+    let sg = Sluicegate::start(&yaml);
+    let first = get(sg.addr, "/", &[("x-cost", "3")]).await;
+    assert_eq!((first.status, first.header("ratelimit")), (200, Some("\"l\";r=1;t=180")));
+    let refused = get(sg.addr, "/", &[("x-cost", "3")]).await;
+    assert_eq!((refused.status, refused.header("retry-after")), (429, Some("120")));
+    assert_eq!(refused.header("ratelimit"), Some("\"l\";r=1;t=180"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_admit_exactly_the_global_budget_between_them() {
     let redis = Redis::start();

@@ -387,3 +387,15 @@ routes:
     }
     assert_eq!(get(sg.addr, "/", &[("authorization", "Bearer small"), ("x-cost", "3")]).await.status, 200);
 }
+
+/// A refused weighted request reports the units still left, not 0.
+#[tokio::test]
+async fn a_refused_weighted_request_reports_the_units_left() {
+    let yaml = "listen: 127.0.0.1:0\nratelimit_headers: all\nlimits:\n  l: { key: ip, rate: 1r/m, burst: 3, nodelay: true }\nroutes:\n  - limits: [l]\n    cost_header: x-cost\n    respond: { status: 200 }\n";
+    let sg = Sluicegate::start(yaml);
+    let first = get(sg.addr, "/", &[("x-cost", "3")]).await;
+    assert_eq!((first.status, first.header("ratelimit")), (200, Some("\"l\";r=1;t=180")));
+    let refused = get(sg.addr, "/", &[("x-cost", "3")]).await;
+    assert_eq!((refused.status, refused.header("retry-after")), (429, Some("120")));
+    assert_eq!(refused.header("ratelimit"), Some("\"l\";r=1;t=180"));
+}

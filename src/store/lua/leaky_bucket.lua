@@ -12,7 +12,10 @@ function leaky_bucket.decide(key, p, now, cost)
     -- reset: until the full burst is back, one period after the bucket drains.
     local reset = 0
     if tat then reset = first end
-    return { admit = false, retry = excess - burst, reset = reset, excess = excess / period }
+    -- Units that still fit now: those whose single-unit excess stays within burst.
+    local remaining = 0
+    if first <= burst then remaining = idiv(burst - first, period) + 1 end
+    return { admit = false, retry = excess - burst, remaining = remaining, reset = reset, excess = excess / period }
   end
   return { admit = true, wait = math.max(0, excess - delay), remaining = idiv(burst - excess, period),
            reset = excess + period, excess = excess / period }
