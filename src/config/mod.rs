@@ -94,6 +94,9 @@ pub struct Redis {
     pub key_prefix: String,
     /// Failed calls in a row that open the circuit breaker.
     pub breaker_failures: u32,
+    /// How long failures must go on (first to latest of the streak) before the breaker
+    /// opens: one batch of calls that timed out together does not open it.
+    pub breaker_window: Duration,
     /// How long an open breaker skips Redis before one call probes it again.
     pub breaker_cooldown: Duration,
     /// Lifetime of a global concurrency slot unless renewed (its holder renews it while

@@ -75,6 +75,7 @@ pub struct RawRedis {
     pub connections: Option<u64>,
     pub key_prefix: Option<String>,
     pub breaker_failures: Option<u32>,
+    pub breaker_window: Option<String>,
     pub breaker_cooldown: Option<String>,
     pub lease_ttl: Option<String>,
     pub near_cache_keys: Option<u64>,

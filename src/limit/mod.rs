@@ -56,8 +56,9 @@ pub enum Verdict {
     /// admitted now; the full quota is back in `reset`; `excess` is nginx's excess (in
     /// requests) or the requests in flight, for log lines.
     Admit { state: u64, wait: u64, remaining: u64, reset: u64, excess: f64 },
-    /// Nothing changes; the same request would be admitted in `retry_after`.
-    Reject { retry_after: u64, reset: u64, excess: f64 },
+    /// Nothing changes; the same request would be admitted in `retry_after`; `remaining`
+    /// units would still be admitted now (fewer than this request's cost).
+    Reject { retry_after: u64, remaining: u64, reset: u64, excess: f64 },
 }
 
 struct Limiter {
@@ -270,7 +271,7 @@ impl Limiters {
                 _ => None,
             };
             let verdict = match left {
-                Some(left) => Verdict::Reject { retry_after: left, reset: left, excess: 0.0 },
+                Some(left) => Verdict::Reject { retry_after: left, remaining: 0, reset: left, excess: 0.0 },
                 None => e.shard.decide(e.key, now, cost),
             };
             standings.push(standing(e.limit, e.window, &verdict));
@@ -382,8 +383,8 @@ fn standing(limit: usize, window: usize, verdict: &Verdict) -> Standing {
             let outcome = if wait > 0 { Outcome::Delayed(Duration::from_nanos(wait)) } else { Outcome::Passed };
             (outcome, remaining, reset, excess)
         }
-        Verdict::Reject { retry_after, reset, excess } => {
-            (Outcome::Rejected(Duration::from_nanos(retry_after)), 0, reset, excess)
+        Verdict::Reject { retry_after, remaining, reset, excess } => {
+            (Outcome::Rejected(Duration::from_nanos(retry_after)), remaining, reset, excess)
         }
     };
     Standing { limit, window, outcome, remaining, reset: Duration::from_nanos(reset), excess, banned: false }

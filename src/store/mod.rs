@@ -158,7 +158,7 @@ impl Store {
             cluster: redis.cluster,
             timeout: redis.timeout,
             lease_ttl: redis.lease_ttl,
-            breaker: Breaker::new(redis.breaker_failures, redis.breaker_cooldown),
+            breaker: Breaker::new(redis.breaker_failures, redis.breaker_window, redis.breaker_cooldown),
             near: NearCache::new(config.limits.iter().map(|l| global(&l.scope)), redis.near_cache_keys),
             leases: lease::Book::default(),
             instance: std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), Instant::now()),
