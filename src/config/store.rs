@@ -114,11 +114,6 @@ fn fits_globally(policy: &Policy) -> Result<(), String> {
         Policy::Rate { rate, burst, .. } if u128::from(rate.period_ns()) * u128::from(burst + 1) > EXACT => {
             return Err("a global rate limit must drain within 52 days (burst + 1 periods)".into());
         }
-        Policy::FixedWindow { window, .. } | Policy::SlidingWindow { window, .. }
-            if window.subsec_nanos() % 1_000_000 != 0 =>
-        {
-            return Err("a global window must be a whole number of milliseconds".into());
-        }
         Policy::SlidingWindow { limit, window } if u128::from(limit) * window.as_micros() > EXACT => {
             return Err("a global sliding window allows limit × window (in µs) up to 2^52: lower one of them".into());
         }
