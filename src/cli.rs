@@ -9,7 +9,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
-    /// The YAML configuration file.
+    /// The YAML configuration file (required by `run` and `check`).
+    // Not `required = true`: clap would then refuse `--help` and `--version` without it.
     #[arg(short, long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Least severe log level shown (error, warn, info, debug, trace).

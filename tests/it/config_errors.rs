@@ -226,3 +226,11 @@ limits:
         assert!(stderr.contains(line), "{line}\nnot in\n{stderr}");
     }
 }
+
+#[test]
+fn help_says_that_run_and_check_need_a_configuration() {
+    let out = binary().arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("required by `run` and `check`"), "{help}");
+}
