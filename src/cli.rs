@@ -1,5 +1,6 @@
 //! The command line: `sluicegate [run] -c FILE`, `sluicegate check -c FILE`.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -35,9 +36,13 @@ pub enum LogFormat {
     Json,
 }
 
-/// Sends log lines to stderr in the chosen format.
+/// Sends log lines to stderr in the chosen format. Colours only on a terminal, and never
+/// when `NO_COLOR` is set to anything non-empty (https://no-color.org): escape codes in a
+/// file or a log collector are noise.
 pub fn init_tracing(cli: &Cli) {
-    let builder = tracing_subscriber::fmt().with_max_level(cli.log_level).with_writer(std::io::stderr);
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+    let ansi = std::io::stderr().is_terminal() && !no_color;
+    let builder = tracing_subscriber::fmt().with_max_level(cli.log_level).with_writer(std::io::stderr).with_ansi(ansi);
     match cli.log_format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

@@ -234,3 +234,22 @@ fn help_says_that_run_and_check_need_a_configuration() {
     let help = String::from_utf8_lossy(&out.stdout);
     assert!(help.contains("required by `run` and `check`"), "{help}");
 }
+
+#[test]
+fn text_logs_carry_no_colour_codes_when_stderr_is_not_a_terminal() {
+    use std::io::BufRead;
+    let (_dir, path) = config_file("listen: 127.0.0.1:0\nroutes:\n  - respond: { status: 200 }\n");
+    let mut child = binary()
+        .args(["--log-format", "text", "-c"])
+        .arg(&path)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stderr.take().unwrap()).read_line(&mut line).unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(line.contains("listening"), "{line}");
+    assert!(!line.contains('\u{1b}'), "escape codes in {line:?}");
+}
