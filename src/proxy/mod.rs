@@ -199,7 +199,7 @@ impl Proxy {
                 ($level:expr) => {
                     tracing::event!($level, route = %route.name, limit = %limit.name,
                         key = %self.limiters.key_label(s.limit, src, self.config.redact_keys),
-                        excess = format_args!("{:.3}", s.excess), ms = ms.as_millis() as u64, "{message}")
+                        excess = round_to_thousandths(s.excess), ms = ms.as_millis() as u64, "{message}")
                 };
             }
             match (limit.log_level, lowered) {
@@ -211,4 +211,10 @@ impl Proxy {
             }
         }
     }
+}
+
+/// `excess` is logged as a number (JSON keeps its type) with three decimals: the
+/// nginx-style figure is in requests, and finer digits are float noise.
+fn round_to_thousandths(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
 }
