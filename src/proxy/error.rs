@@ -10,6 +10,9 @@ pub enum ProxyError {
     /// The client asked for something no route serves.
     #[error("no route matches")]
     NoRoute,
+    /// `CONNECT` asks for a tunnel: this is a reverse proxy, not a forward proxy.
+    #[error("CONNECT is not served: this is a reverse proxy")]
+    Connect,
     /// The request's cost header is not a positive integer.
     #[error("{header} must be a positive integer, not {value:?}")]
     InvalidCost { header: String, value: String },
@@ -31,6 +34,7 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
+            ProxyError::Connect => StatusCode::METHOD_NOT_ALLOWED,
             ProxyError::InvalidCost { .. } | ProxyError::CostTooHigh { .. } => StatusCode::BAD_REQUEST,
             ProxyError::UpstreamUnreachable { .. } | ProxyError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -45,6 +49,7 @@ mod tests {
     #[test]
     fn each_error_maps_to_its_status() {
         assert_eq!(ProxyError::NoRoute.status(), StatusCode::NOT_FOUND);
+        assert_eq!(ProxyError::Connect.status(), StatusCode::METHOD_NOT_ALLOWED);
         let timeout = ProxyError::UpstreamTimeout { upstream: "u".into(), timeout: Duration::from_secs(1) };
         assert_eq!(timeout.status(), StatusCode::GATEWAY_TIMEOUT);
     }

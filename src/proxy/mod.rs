@@ -58,6 +58,10 @@ impl Proxy {
 
     async fn handle_inner(&self, req: Request<Incoming>, peer: SocketAddr) -> Result<Response<ProxyBody>, ProxyError> {
         let config = &self.config;
+        // Before routing: a catch-all route must not turn into an open tunnel.
+        if req.method() == http::Method::CONNECT {
+            return Err(ProxyError::Connect);
+        }
         let trusted_peer = headers::is_trusted(peer.ip().to_canonical(), &config.trusted_proxies);
         let client_ip = headers::client_ip(peer.ip(), req.headers(), &config.trusted_proxies);
         let host = route::request_host(req.uri(), req.headers());

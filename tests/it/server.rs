@@ -39,6 +39,20 @@ async fn oversized_request_headers_get_431() {
 }
 
 #[tokio::test]
+async fn connect_gets_405_and_never_reaches_the_upstream() {
+    let backend = Backend::start().await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nroutes:\n  - upstream: b\n",
+        backend.addr
+    );
+    let sg = Sluicegate::start(&yaml);
+    let request = format!("CONNECT {0} HTTP/1.1\r\nHost: {0}\r\nConnection: close\r\n\r\n", backend.addr);
+    let answer = raw_exchange(sg.addr, request.as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 405"), "{answer:?}");
+    assert!(backend.hits().is_empty(), "CONNECT reached the upstream");
+}
+
+#[tokio::test]
 async fn client_that_never_finishes_its_headers_is_cut_off() {
     let sg = Sluicegate::start(
         "listen: 127.0.0.1:0\nserver: { header_read_timeout: 300ms }\nroutes:\n  - respond: { status: 200 }\n",
