@@ -19,6 +19,10 @@ pub enum ProxyError {
     /// The request weighs more than a limit ever admits at once: waiting will not help.
     #[error("a cost of {cost} can never fit limit {limit:?}, which admits at most {capacity} at once")]
     CostTooHigh { cost: u64, limit: String, capacity: u64 },
+    /// The client's request body broke off or was malformed (a bad chunk size, fewer
+    /// bytes than its `Content-Length`) while it was being forwarded.
+    #[error("the client's request body is malformed or incomplete: {source}")]
+    ClientBody { source: hyper_util::client::legacy::Error },
     /// The upstream refused the connection or could not be reached in time.
     #[error("upstream {upstream} unreachable: {source}")]
     UpstreamUnreachable { upstream: String, source: hyper_util::client::legacy::Error },
@@ -35,7 +39,9 @@ impl ProxyError {
         match self {
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::Connect => StatusCode::METHOD_NOT_ALLOWED,
-            ProxyError::InvalidCost { .. } | ProxyError::CostTooHigh { .. } => StatusCode::BAD_REQUEST,
+            ProxyError::InvalidCost { .. } | ProxyError::CostTooHigh { .. } | ProxyError::ClientBody { .. } => {
+                StatusCode::BAD_REQUEST
+            }
             ProxyError::UpstreamUnreachable { .. } | ProxyError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         }

@@ -106,7 +106,11 @@ impl Proxy {
                 let hop = Hop { peer: peer.ip(), trusted_peer };
                 let forwarded = self.upstreams[*upstream].forward(req, hop).await;
                 forwarded
-                    .inspect_err(|e| warn!(route = %route.name, error = %e, "upstream error"))
+                    .inspect_err(|e| match e.status().is_client_error() {
+                        // The client's fault says nothing about the upstream's health.
+                        true => debug!(route = %route.name, error = %e, "client error while forwarding"),
+                        false => warn!(route = %route.name, error = %e, "upstream error"),
+                    })
                     .map(|response| response.map(ProxyBody::streamed))
             }
         };

@@ -52,6 +52,30 @@ async fn connect_gets_405_and_never_reaches_the_upstream() {
     assert!(backend.hits().is_empty(), "CONNECT reached the upstream");
 }
 
+/// A body that breaks off is the client's fault: 400, and no warning about the upstream.
+#[tokio::test]
+async fn broken_request_bodies_get_400_not_502() {
+    let backend = Backend::start().await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nroutes:\n  - upstream: b\n",
+        backend.addr
+    );
+    let sg = Sluicegate::start(&yaml);
+    let bad_chunk = "POST /upload HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n";
+    let answer = raw_exchange(sg.addr, bad_chunk.as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer:?}");
+
+    // Fewer bytes than announced, then the client stops sending.
+    let mut stream = TcpStream::connect(sg.addr).await.unwrap();
+    stream.write_all(b"POST /upload HTTP/1.1\r\nHost: h\r\nContent-Length: 100\r\n\r\nshort").await.unwrap();
+    stream.shutdown().await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut out)).await;
+    let answer = String::from_utf8_lossy(&out);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer:?}");
+    assert!(!sg.log().contains("upstream error"), "{}", sg.log());
+}
+
 #[tokio::test]
 async fn client_that_never_finishes_its_headers_is_cut_off() {
     let sg = Sluicegate::start(
