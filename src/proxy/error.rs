@@ -10,6 +10,9 @@ pub enum ProxyError {
     /// The client asked for something no route serves.
     #[error("no route matches")]
     NoRoute,
+    /// The request's `Host` is missing, repeated or invalid.
+    #[error("{0}")]
+    BadHost(&'static str),
     /// `CONNECT` asks for a tunnel: this is a reverse proxy, not a forward proxy.
     #[error("CONNECT is not served: this is a reverse proxy")]
     Connect,
@@ -39,9 +42,10 @@ impl ProxyError {
         match self {
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::Connect => StatusCode::METHOD_NOT_ALLOWED,
-            ProxyError::InvalidCost { .. } | ProxyError::CostTooHigh { .. } | ProxyError::ClientBody { .. } => {
-                StatusCode::BAD_REQUEST
-            }
+            ProxyError::InvalidCost { .. }
+            | ProxyError::CostTooHigh { .. }
+            | ProxyError::ClientBody { .. }
+            | ProxyError::BadHost(_) => StatusCode::BAD_REQUEST,
             ProxyError::UpstreamUnreachable { .. } | ProxyError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         }

@@ -62,6 +62,10 @@ impl Proxy {
         if req.method() == http::Method::CONNECT {
             return Err(ProxyError::Connect);
         }
+        if let Some(fault) = route::host_fault(req.version(), req.uri(), req.headers()) {
+            debug!(peer = %peer, fault, "bad Host");
+            return Err(ProxyError::BadHost(fault));
+        }
         let trusted_peer = headers::is_trusted(peer.ip().to_canonical(), &config.trusted_proxies);
         let client_ip = headers::client_ip(peer.ip(), req.headers(), &config.trusted_proxies);
         let host = route::request_host(req.uri(), req.headers());

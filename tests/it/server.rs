@@ -76,6 +76,33 @@ async fn broken_request_bodies_get_400_not_502() {
     assert!(!sg.log().contains("upstream error"), "{}", sg.log());
 }
 
+/// RFC 9112 §3.2: exactly one valid `Host` on HTTP/1.1, or 400 and nothing forwarded.
+#[tokio::test]
+async fn missing_repeated_or_invalid_host_gets_400() {
+    let backend = Backend::start().await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nroutes:\n  - upstream: b\n",
+        backend.addr
+    );
+    let sg = Sluicegate::start(&yaml);
+    for head in [
+        "GET / HTTP/1.1\r\n",
+        "GET / HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\n",
+        "GET / HTTP/1.1\r\nHost: a b\r\n",
+        "GET / HTTP/1.1\r\nHost: user@a.example\r\n",
+        "GET / HTTP/1.0\r\nHost: a.example\r\nHost: b.example\r\n",
+    ] {
+        let answer = raw_exchange(sg.addr, format!("{head}Connection: close\r\n\r\n").as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.") && answer[8..].starts_with(" 400 "), "{head:?}: {answer:?}");
+    }
+    assert!(backend.hits().is_empty(), "a request with a bad Host reached the upstream");
+    // HTTP/1.0 may omit Host; one valid Host passes.
+    for head in ["GET / HTTP/1.0\r\n", "GET / HTTP/1.1\r\nHost: a.example:8080\r\n"] {
+        let answer = raw_exchange(sg.addr, format!("{head}Connection: close\r\n\r\n").as_bytes()).await;
+        assert!(answer.contains(" 200 "), "{head:?}: {answer:?}");
+    }
+}
+
 #[tokio::test]
 async fn client_that_never_finishes_its_headers_is_cut_off() {
     let sg = Sluicegate::start(
