@@ -14,4 +14,5 @@ mod global;
 mod limits;
 mod paths;
 mod redis;
+mod reload;
 mod server;
