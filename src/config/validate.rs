@@ -15,7 +15,9 @@ use ipnet::IpNet;
 use super::position::Positions;
 use super::raw::{RawAdmin, RawAllow, RawConfig, RawMatch, RawRespond, RawRoute, RawUpstream};
 use super::units::parse_duration;
-use super::{Action, Admin, Config, ConfigError, Cost, PathMatch, Route, RouteMatch, StaticResponse, Upstream};
+use super::{
+    AccessLogConfig, Action, Admin, Config, ConfigError, Cost, PathMatch, Route, RouteMatch, StaticResponse, Upstream,
+};
 use super::{limits, store};
 use crate::limit::allow::Allow;
 
@@ -122,6 +124,10 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
             max_connections,
             shutdown_grace,
             admin,
+            access_log: raw
+                .access_log
+                .as_ref()
+                .map(|a| AccessLogConfig { format: a.format, path: a.path.clone().filter(|p| p != "stderr") }),
             ratelimit_headers: raw.ratelimit_headers,
             ratelimit_header_style: raw.ratelimit_header_style,
             rejection_body: raw.rejection_body,
