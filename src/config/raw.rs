@@ -6,9 +6,10 @@
 
 use std::collections::BTreeMap;
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
     pub listen: String,
@@ -35,7 +36,7 @@ pub struct RawConfig {
     pub routes: Vec<RawRoute>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawServer {
     pub header_read_timeout: Option<String>,
@@ -46,14 +47,14 @@ pub struct RawServer {
 }
 
 /// The admin listener: health, metrics, admin API.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawAdmin {
     pub listen: String,
     pub token: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawUpstream {
     pub servers: Vec<String>,
@@ -62,7 +63,7 @@ pub struct RawUpstream {
 }
 
 /// The Redis that global limits share.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawRedis {
     pub url: String,
@@ -82,7 +83,7 @@ pub struct RawRedis {
     pub near_cache_keys: Option<u64>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawLimit {
     pub key: RawKey,
@@ -118,7 +119,7 @@ pub struct RawLimit {
 }
 
 /// Where a limit keeps its state: in this process, or in Redis, shared by every instance.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ScopeName {
     Local,
@@ -126,7 +127,7 @@ pub enum ScopeName {
 }
 
 /// What a global limit does while Redis cannot answer in time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum OnStoreError {
     /// Admit the request (fail open).
@@ -138,7 +139,7 @@ pub enum OnStoreError {
 }
 
 /// Requests matching `match` are decided by the limit named in `use` instead.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawOverride {
     #[serde(rename = "match")]
@@ -148,7 +149,7 @@ pub struct RawOverride {
 }
 
 /// `algorithm:` of a limit (default: the nginx leaky bucket).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum AlgorithmName {
     LeakyBucket,
@@ -162,7 +163,7 @@ pub enum AlgorithmName {
 
 /// Level of a limit's rejection lines; its delay lines go one level lower (like nginx
 /// `limit_req_log_level`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum LogLevel {
     Error,
@@ -172,14 +173,14 @@ pub enum LogLevel {
 }
 
 /// `key: ip` or `key: [ip, "header:x-api-key"]`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum RawKey {
     One(String),
     Many(Vec<String>),
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawRoute {
     pub name: Option<String>,
@@ -195,7 +196,7 @@ pub struct RawRoute {
 }
 
 /// Requests exempt from limits: any matching entry is enough.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawAllow {
     #[serde(default)]
@@ -206,7 +207,7 @@ pub struct RawAllow {
     pub tokens: Vec<String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawMatch {
     pub host: Option<String>,
@@ -215,7 +216,7 @@ pub struct RawMatch {
     pub methods: Option<Vec<String>>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawRespond {
     pub status: Option<u16>,
@@ -225,7 +226,7 @@ pub struct RawRespond {
 }
 
 /// `access_log:`: one line per request.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawAccessLog {
     #[serde(default)]
@@ -234,7 +235,7 @@ pub struct RawAccessLog {
     pub path: Option<String>,
 }
 
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum AccessFormat {
     /// One JSON object per line.
@@ -245,7 +246,7 @@ pub enum AccessFormat {
 }
 
 /// Which responses carry `RateLimit-Policy` / `RateLimit` headers.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum HeaderMode {
     None,
@@ -257,7 +258,7 @@ pub enum HeaderMode {
 }
 
 /// Which rate-limit header fields are sent.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum HeaderStyle {
     /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers).
@@ -269,7 +270,7 @@ pub enum HeaderStyle {
 }
 
 /// The body of a rejection.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RejectionBody {
     /// The status's reason phrase, as text.
