@@ -40,6 +40,11 @@ pub struct Config {
     pub send_timeout: Duration,
     /// Connections served at once; `None`: derived from the open-file limit at start.
     pub max_connections: Option<usize>,
+    /// A request whose header fields weigh more than this gets 431 (see
+    /// `proxy::head::header_section_bytes` for how they are counted).
+    pub max_header_bytes: usize,
+    /// A request whose target (path and query) is longer than this gets 414.
+    pub max_uri_bytes: usize,
     pub shutdown_grace: Duration,
     /// The admin listener (`None`: off).
     pub admin: Option<Admin>,

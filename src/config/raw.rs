@@ -41,6 +41,8 @@ pub struct RawServer {
     pub idle_timeout: Option<String>,
     pub send_timeout: Option<String>,
     pub max_connections: Option<u64>,
+    pub max_header_bytes: Option<u64>,
+    pub max_uri_bytes: Option<u64>,
     pub shutdown_grace: Option<String>,
 }
 

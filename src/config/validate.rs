@@ -27,6 +27,13 @@ const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_CONNECTION_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 /// More connections than any one process can hold open.
 pub const MAX_CONNECTIONS: u64 = 10_000_000;
+/// nginx's `large_client_header_buffers 4 8k` holds a 32 KiB head; one buffer, 8 KiB,
+/// holds the request line.
+const DEFAULT_MAX_HEADER_BYTES: u64 = 32 * 1024;
+const DEFAULT_MAX_URI_BYTES: u64 = 8 * 1024;
+/// Bounds of both head limits: below 1 KiB common requests fail (a browser's cookies
+/// alone), above 1 MiB a limit no longer bounds the memory a client can hold.
+const HEAD_LIMIT_BYTES: std::ops::RangeInclusive<u64> = 1024..=1024 * 1024;
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -102,6 +109,9 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
             },
         )
     });
+    let max_header_bytes =
+        head_limit(&mut e, "server.max_header_bytes", raw.server.max_header_bytes, DEFAULT_MAX_HEADER_BYTES);
+    let max_uri_bytes = head_limit(&mut e, "server.max_uri_bytes", raw.server.max_uri_bytes, DEFAULT_MAX_URI_BYTES);
 
     let admin = raw.admin.as_ref().and_then(|a| admin(&mut e, a));
     let upstreams = raw.upstreams.iter().map(|(name, u)| upstream(&mut e, name, u)).collect();
@@ -120,6 +130,8 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
             idle_timeout,
             send_timeout,
             max_connections,
+            max_header_bytes,
+            max_uri_bytes,
             shutdown_grace,
             admin,
             ratelimit_headers: raw.ratelimit_headers,
@@ -136,6 +148,18 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
             Err(e.list)
         }
     }
+}
+
+/// `server.max_header_bytes` or `server.max_uri_bytes`: a size in bytes within
+/// `HEAD_LIMIT_BYTES`.
+fn head_limit(e: &mut Errors<'_>, path: &str, value: Option<u64>, default: u64) -> usize {
+    let n = value.unwrap_or(default);
+    let (lo, hi) = (HEAD_LIMIT_BYTES.start(), HEAD_LIMIT_BYTES.end());
+    let checked = match usize::try_from(n) {
+        Ok(bytes) if HEAD_LIMIT_BYTES.contains(&n) => Ok(bytes),
+        _ => Err(format!("must be from {lo} to {hi} bytes (1 KiB to 1 MiB), not {n}")),
+    };
+    e.check(|| path.to_owned(), checked).unwrap_or(default as usize)
 }
 
 /// A timeout of the connection watchdog: longer than zero, at most a day.

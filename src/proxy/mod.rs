@@ -6,6 +6,7 @@
 
 pub mod error;
 mod forward;
+mod head;
 pub mod headers;
 mod log_budget;
 pub mod response;
@@ -93,6 +94,8 @@ impl Proxy {
 
     async fn handle_inner(&self, req: Request<Incoming>, peer: SocketAddr) -> Result<Response<ProxyBody>, ProxyError> {
         let config = &self.config;
+        // Before anything reads the head: an oversized one is refused as a whole.
+        head::check_head(&req, config)?;
         // Before routing: a catch-all route must not turn into an open tunnel.
         if req.method() == http::Method::CONNECT {
             return Err(ProxyError::Connect);
