@@ -9,6 +9,7 @@ mod concurrency;
 mod config_errors;
 mod conformance;
 mod connections;
+mod eviction;
 mod forwarding;
 mod global;
 mod limits;
