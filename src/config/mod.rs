@@ -23,7 +23,7 @@ use ipnet::IpNet;
 
 use crate::limit::allow::Allow;
 use crate::limit::key::KeySpec;
-pub use raw::{HeaderMode, HeaderStyle, LogLevel, OnStoreError, RejectionBody};
+pub use raw::{HeaderMode, HeaderStyle, LogKeys, LogLevel, OnStoreError, RejectionBody};
 pub use units::Rate;
 pub use validate::MAX_CONNECTIONS;
 
@@ -51,8 +51,8 @@ pub struct Config {
     pub ratelimit_headers: HeaderMode,
     pub ratelimit_header_style: HeaderStyle,
     pub rejection_body: RejectionBody,
-    /// Log a keyed hash instead of the key's value.
-    pub redact_keys: bool,
+    /// How log lines show keys: credentials hashed unless the operator opts in.
+    pub log_keys: LogKeys,
     pub upstreams: Vec<Upstream>,
     /// The Redis of global limits (required when one is global).
     pub redis: Option<Redis>,

@@ -23,6 +23,8 @@ pub struct RawConfig {
     pub ratelimit_header_style: HeaderStyle,
     #[serde(default)]
     pub rejection_body: RejectionBody,
+    pub log_keys: Option<LogKeys>,
+    /// The older spelling of `log_keys: hashed` (`true`); `false` changes nothing.
     #[serde(default)]
     pub redact_keys: bool,
     #[serde(default)]
@@ -258,4 +260,18 @@ pub enum RejectionBody {
     Text,
     /// `application/problem+json` (RFC 9457) naming the violated limits.
     ProblemJson,
+}
+
+/// How log lines show the keys of limits.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogKeys {
+    /// Key parts that carry credentials (`bearer`, cookies, `Authorization`, API-key and
+    /// token headers and query parameters) as their keyed hash, the rest as sent.
+    #[default]
+    HashedSecrets,
+    /// The whole key as its keyed hash.
+    Hashed,
+    /// Every part as sent: the operator opts in to credentials in the logs.
+    Clear,
 }

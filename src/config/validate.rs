@@ -13,7 +13,7 @@ use http::{HeaderMap, Method, StatusCode};
 use ipnet::IpNet;
 
 use super::position::Positions;
-use super::raw::{RawAdmin, RawAllow, RawConfig, RawMatch, RawRespond, RawRoute, RawUpstream};
+use super::raw::{LogKeys, RawAdmin, RawAllow, RawConfig, RawMatch, RawRespond, RawRoute, RawUpstream};
 use super::units::parse_duration;
 use super::{Action, Admin, Config, ConfigError, Cost, PathMatch, Route, RouteMatch, StaticResponse, Upstream};
 use super::{limits, store};
@@ -112,6 +112,15 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
     let max_header_bytes =
         head_limit(&mut e, "server.max_header_bytes", raw.server.max_header_bytes, DEFAULT_MAX_HEADER_BYTES);
     let max_uri_bytes = head_limit(&mut e, "server.max_uri_bytes", raw.server.max_uri_bytes, DEFAULT_MAX_URI_BYTES);
+    let log_keys = match (raw.log_keys, raw.redact_keys) {
+        (Some(mode), false) => mode,
+        (None, false) => LogKeys::default(),
+        (None, true) => LogKeys::Hashed,
+        (Some(_), true) => {
+            e.add("redact_keys".into(), "give either `log_keys` or `redact_keys: true` (its older spelling), not both");
+            LogKeys::Hashed
+        }
+    };
 
     let admin = raw.admin.as_ref().and_then(|a| admin(&mut e, a));
     let upstreams = raw.upstreams.iter().map(|(name, u)| upstream(&mut e, name, u)).collect();
@@ -137,7 +146,7 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
             ratelimit_headers: raw.ratelimit_headers,
             ratelimit_header_style: raw.ratelimit_header_style,
             rejection_body: raw.rejection_body,
-            redact_keys: raw.redact_keys,
+            log_keys,
             upstreams,
             redis,
             limits,

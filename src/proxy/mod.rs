@@ -239,7 +239,7 @@ impl Proxy {
                 continue;
             }
             let key = self.limiters.key_hash(s.limit, src).unwrap_or(0);
-            let label = || self.limiters.key_label(s.limit, src, self.config.redact_keys);
+            let label = || self.limiters.key_label(s.limit, src, self.config.log_keys);
             let take = self.log_budgets[s.limit].take(limit::now() / 1_000_000_000, key, label);
             if let Some(summary) = take.summary {
                 log_summary(level, &limit.name, &summary);
