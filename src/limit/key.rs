@@ -292,16 +292,57 @@ pub fn bearer_token(headers: &HeaderMap) -> Option<&[u8]> {
     (!token.is_empty()).then_some(token)
 }
 
-/// The value of cookie `name` in the `Cookie` header(s) (RFC 6265 §5.4: `a=1; b=2`).
+/// The values of cookie `name` in the `Cookie` header(s) (RFC 6265 §5.4: `a=1; b=2`).
 /// A scan without allocation, where a cookie crate would build a struct per pair.
-fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h [u8]> {
-    headers.get_all(header::COOKIE).iter().find_map(|line| {
-        line.as_bytes().split(|&b| b == b';').find_map(|pair| {
+fn cookies<'h>(headers: &'h HeaderMap, name: &str) -> impl Iterator<Item = &'h [u8]> {
+    headers.get_all(header::COOKIE).into_iter().flat_map(move |line| {
+        line.as_bytes().split(|&b| b == b';').filter_map(move |pair| {
             let pair = pair.trim_ascii();
             let eq = pair.iter().position(|&b| b == b'=')?;
             (pair[..eq].trim_ascii() == name.as_bytes()).then(|| pair[eq + 1..].trim_ascii())
         })
     })
+}
+
+fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h [u8]> {
+    cookies(headers, name).next()
+}
+
+impl KeyPart {
+    /// Where a request carries this part, for messages to the client.
+    pub fn field(&self) -> String {
+        match self {
+            KeyPart::Header(name) => format!("the header `{name}`"),
+            KeyPart::Bearer => "the `Authorization` header".to_owned(),
+            KeyPart::Query(name) => format!("the query parameter `{name}`"),
+            KeyPart::Cookie(name) => format!("the cookie `{name}`"),
+            KeyPart::Ip(_) => "the client address".to_owned(),
+            KeyPart::Method => "the method".to_owned(),
+            KeyPart::Path => "the path".to_owned(),
+            KeyPart::Host => "the `Host` header".to_owned(),
+        }
+    }
+}
+
+impl KeySpec {
+    /// The first part of the key that `src` carries more than once. A key reads the
+    /// first of repeated fields, while an upstream may read another (the last, or all
+    /// joined): a client could show the limiter one value and the upstream another.
+    pub fn duplicated(&self, src: &KeySource<'_>) -> Option<&KeyPart> {
+        let repeated = |name: &HeaderName| src.headers.get_all(name).iter().nth(1).is_some();
+        self.0.iter().find(|part| match part {
+            // HTTP/2 clients may split `Cookie` into one field per cookie (RFC 9113
+            // §8.2.3): a whole-header key sees only the first one, as it would anyway.
+            KeyPart::Header(name) => *name != header::COOKIE && repeated(name),
+            KeyPart::Bearer => repeated(&header::AUTHORIZATION),
+            KeyPart::Cookie(name) => cookies(src.headers, name).nth(1).is_some(),
+            KeyPart::Query(name) => src.uri.query().is_some_and(|q| {
+                form_urlencoded::parse(q.as_bytes()).filter(|(k, _)| k == name.as_ref()).nth(1).is_some()
+            }),
+            // One address, one method, one path; a repeated `Host` is refused before.
+            KeyPart::Ip(_) | KeyPart::Method | KeyPart::Path | KeyPart::Host => false,
+        })
+    }
 }
 
 #[cfg(test)]
@@ -449,6 +490,34 @@ mod tests {
             assert!(KeyPart::Header(HeaderName::from_static(name)).is_secret(), "{name}");
         }
         assert!(!KeyPart::Header(HeaderName::from_static("x-tenant")).is_secret());
+    }
+
+    #[test]
+    fn repeated_fields_of_a_key_are_found() {
+        let s = spec(&["ip", "bearer", "header:x-key", "query:q", "cookie:sid"]);
+        let uri: Uri = "/?q=1&r=2&r=3".parse().unwrap();
+        let check = |headers: &[(&str, &str)], uri: &Uri| {
+            let mut map = HeaderMap::new();
+            for (k, v) in headers {
+                map.append(HeaderName::from_str(k).unwrap(), v.parse().unwrap());
+            }
+            let src = KeySource {
+                client_ip: "10.0.0.1".parse().unwrap(),
+                method: &Method::GET,
+                uri,
+                path: uri.path().as_bytes(),
+                headers: &map,
+                host: None,
+            };
+            s.duplicated(&src).map(ToString::to_string)
+        };
+        let once = [("authorization", "Bearer a"), ("x-key", "k"), ("cookie", "sid=1; other=2"), ("cookie", "o=3")];
+        assert_eq!(check(&once, &uri), None);
+        assert_eq!(check(&[("authorization", "Bearer a"), ("authorization", "Bearer b")], &uri).unwrap(), "bearer");
+        assert_eq!(check(&[("x-key", "a"), ("x-key", "b")], &uri).unwrap(), "header:x-key");
+        assert_eq!(check(&[("cookie", "sid=1"), ("cookie", "sid=2")], &uri).unwrap(), "cookie:sid");
+        assert_eq!(check(&[("cookie", "sid=1; sid=2")], &uri).unwrap(), "cookie:sid");
+        assert_eq!(check(&[], &"/?q=1&q=2".parse().unwrap()).unwrap(), "query:q");
     }
 
     #[test]

@@ -26,6 +26,10 @@ pub enum ProxyError {
     /// `CONNECT` asks for a tunnel: this is a reverse proxy, not a forward proxy.
     #[error("CONNECT is not served: this is a reverse proxy")]
     Connect,
+    /// The request repeats a field that a limit of its route is keyed on: the limiter
+    /// would count one value while the upstream may act on another.
+    #[error("limit {limit:?} counts requests by {field}, which this request carries more than once; send it once")]
+    DuplicateKeyField { limit: String, field: String },
     /// The request's cost header is not a positive integer.
     #[error("{header} must be a positive integer, not {value:?}")]
     InvalidCost { header: String, value: String },
@@ -58,6 +62,7 @@ impl ProxyError {
             | ProxyError::InvalidCost { .. }
             | ProxyError::CostTooHigh { .. }
             | ProxyError::ClientBody { .. }
+            | ProxyError::DuplicateKeyField { .. }
             | ProxyError::BadHost(_) => StatusCode::BAD_REQUEST,
             ProxyError::UpstreamUnreachable { .. } | ProxyError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,

@@ -120,6 +120,7 @@ impl Proxy {
             KeySource { client_ip, method: req.method(), uri: req.uri(), path: &path, headers: req.headers(), host };
         // An exempt request skips the route's limits altogether.
         let limits = if route.allow.admits(&src) { &[][..] } else { &route.limits[..] };
+        self.refuse_duplicated_keys(limits, &src)?;
         let cost = self.cost(route, req.headers())?;
         let decision = self.limiters.decide(limits, &src, cost).await;
         let (standings, permits, pending) = match decision {
@@ -185,6 +186,22 @@ impl Proxy {
             self.add_ratelimit_headers(&mut response, &standings);
         }
         Ok(response)
+    }
+
+    /// Refuses a request that repeats a field one of `limits` (or a limit their
+    /// overrides may hand it to) is keyed on: a key reads the first value, and an
+    /// upstream that reads another would let a client spend one key's quota while
+    /// acting as someone else.
+    fn refuse_duplicated_keys(&self, limits: &[usize], src: &KeySource<'_>) -> Result<(), ProxyError> {
+        let all = &self.config.limits;
+        let candidates = limits.iter().flat_map(|&i| std::iter::once(i).chain(all[i].overrides.iter().map(|o| o.1)));
+        for limit in candidates {
+            if let Some(part) = all[limit].key.duplicated(src) {
+                debug!(limit = %all[limit].name, key = %part, "repeated key field");
+                return Err(ProxyError::DuplicateKeyField { limit: all[limit].name.clone(), field: part.field() });
+            }
+        }
+        Ok(())
     }
 
     /// What the request weighs in the route's limits.

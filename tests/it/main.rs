@@ -12,6 +12,7 @@ mod connections;
 mod eviction;
 mod forwarding;
 mod global;
+mod keys;
 mod limits;
 mod logs;
 mod paths;
