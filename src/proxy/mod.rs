@@ -19,7 +19,7 @@ use std::time::Instant;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use smallvec::SmallVec;
-use tracing::{Level, debug, warn};
+use tracing::{Level, debug, info, warn};
 
 use crate::config::{Action, Config, Cost, HeaderMode, LogLevel, Route};
 use crate::limit::key::KeySource;
@@ -196,10 +196,14 @@ impl Proxy {
         let all = &self.config.limits;
         let candidates = limits.iter().flat_map(|&i| std::iter::once(i).chain(all[i].overrides.iter().map(|o| o.1)));
         for limit in candidates {
-            if let Some(part) = all[limit].key.duplicated(src) {
-                debug!(limit = %all[limit].name, key = %part, "repeated key field");
-                return Err(ProxyError::DuplicateKeyField { limit: all[limit].name.clone(), field: part.field() });
+            let Some(part) = all[limit].key.duplicated(src) else { continue };
+            if all[limit].dry_run {
+                // A limit on trial never refuses anything.
+                info!(limit = %all[limit].name, key = %part, "dry run: request would be refused: repeated key field");
+                continue;
             }
+            debug!(limit = %all[limit].name, key = %part, "repeated key field");
+            return Err(ProxyError::DuplicateKeyField { limit: all[limit].name.clone(), field: part.field() });
         }
         Ok(())
     }
