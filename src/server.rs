@@ -29,9 +29,12 @@ const LISTEN_BACKLOG: u32 = 4096;
 /// Bytes of a response hyper holds for a client that reads slowly (HTTP/1 write
 /// buffer), and reads ahead from an upstream: nginx's `proxy_buffers 8 4k`. hyper's
 /// default, ~400 KiB each, held about 1.3 MB per client that reads nothing; this, about
-/// 155 KB. It bounds an HTTP/1 request head too (hyper answers 431 past it), and an
-/// upstream's response head (a 502 past it; nginx allows 4 or 8 KiB).
+/// 155 KB. It bounds an upstream's response head too (a 502 past it; nginx allows 4 or
+/// 8 KiB); a client's request head is bounded by `http1_buffer_bytes`.
 pub const BUFFER_BYTES: usize = 32 * 1024;
+/// Room in an HTTP/1 head beyond its target and header fields: the method, the version,
+/// the spaces and line ends, and whitespace hyper does not count.
+const HEAD_SLACK_BYTES: usize = 1024;
 /// Open files kept for what is not a client connection: the listener, Redis, logs.
 const RESERVED_FILES: u64 = 64;
 
@@ -105,7 +108,7 @@ impl Server {
         let mut builder = auto::Builder::new(TokioExecutor::new());
         // The watchdog times request headers; hyper's own timer would also cut idle
         // keep-alive connections at `header_read_timeout`.
-        builder.http1().header_read_timeout(None).keep_alive(true).max_buf_size(BUFFER_BYTES);
+        builder.http1().header_read_timeout(None).keep_alive(true);
         let admin = self.running.proxy().config().admin.clone();
         if let (Some(listener), Some(admin)) = (self.admin.take(), admin) {
             if let Ok(addr) = listener.local_addr() {
@@ -136,6 +139,10 @@ impl Server {
             let _ = stream.set_nodelay(true);
             let config = self.running.proxy.load();
             let config = config.config();
+            // Sized from the head limits of the configuration in force when the
+            // connection opens (a reload applies to later connections).
+            builder.http1().max_buf_size(http1_buffer_bytes(config));
+            builder.http2().max_header_list_size(http2_header_list_bytes(config));
             let timeouts = Timeouts {
                 header_read: config.header_read_timeout,
                 idle: config.idle_timeout,
@@ -303,6 +310,25 @@ fn open_file_limit() -> u64 {
 fn default_max_connections(open_files: u64) -> usize {
     let half = (open_files.saturating_sub(RESERVED_FILES) / 2).clamp(1, MAX_CONNECTIONS);
     usize::try_from(half).unwrap_or(1)
+}
+
+/// hyper's HTTP/1 buffer must hold a whole request head: one whose target and header
+/// fields are within their limits always fits, so that `proxy::head` answers 414 or 431
+/// with the limit that was passed. A head too large even for this gets hyper's own 431.
+/// The same size bounds the response bytes held for a slow reader: never below
+/// `BUFFER_BYTES`.
+fn http1_buffer_bytes(config: &Config) -> usize {
+    (config.max_header_bytes + config.max_uri_bytes + HEAD_SLACK_BYTES).max(BUFFER_BYTES)
+}
+
+/// HTTP/2 counts 32 bytes more per field than `proxy::head` (RFC 9113 §6.5.2), so a
+/// section within `max_header_bytes` there (5 bytes or more per field) can count up to
+/// 33/5 times as much here; the pseudo-header fields come on top. Past this, h2 answers
+/// 431 itself without decoding further.
+fn http2_header_list_bytes(config: &Config) -> u32 {
+    let bytes = 7 * config.max_header_bytes + config.max_uri_bytes + HEAD_SLACK_BYTES;
+    // At most 8 MiB with the limits validation accepts.
+    u32::try_from(bytes).unwrap_or(u32::MAX)
 }
 
 /// Completes on SIGINT or SIGTERM.

@@ -23,7 +23,7 @@ use ipnet::IpNet;
 
 use crate::limit::allow::Allow;
 use crate::limit::key::KeySpec;
-pub use raw::{AccessFormat, HeaderMode, HeaderStyle, LogLevel, OnStoreError, RejectionBody};
+pub use raw::{AccessFormat, HeaderMode, HeaderStyle, LogKeys, LogLevel, OnStoreError, RejectionBody};
 pub use units::Rate;
 pub use validate::MAX_CONNECTIONS;
 
@@ -40,6 +40,11 @@ pub struct Config {
     pub send_timeout: Duration,
     /// Connections served at once; `None`: derived from the open-file limit at start.
     pub max_connections: Option<usize>,
+    /// A request whose header fields weigh more than this gets 431 (see
+    /// `proxy::head::header_section_bytes` for how they are counted).
+    pub max_header_bytes: usize,
+    /// A request whose target (path and query) is longer than this gets 414.
+    pub max_uri_bytes: usize,
     pub shutdown_grace: Duration,
     /// The admin listener (`None`: off).
     pub admin: Option<Admin>,
@@ -48,8 +53,8 @@ pub struct Config {
     pub ratelimit_headers: HeaderMode,
     pub ratelimit_header_style: HeaderStyle,
     pub rejection_body: RejectionBody,
-    /// Log a keyed hash instead of the key's value.
-    pub redact_keys: bool,
+    /// How log lines show keys: credentials hashed unless the operator opts in.
+    pub log_keys: LogKeys,
     pub upstreams: Vec<Upstream>,
     /// The Redis of global limits (required when one is global).
     pub redis: Option<Redis>,

@@ -25,6 +25,8 @@ pub struct RawConfig {
     pub ratelimit_header_style: HeaderStyle,
     #[serde(default)]
     pub rejection_body: RejectionBody,
+    pub log_keys: Option<LogKeys>,
+    /// The older spelling of `log_keys: hashed` (`true`); `false` changes nothing.
     #[serde(default)]
     pub redact_keys: bool,
     #[serde(default)]
@@ -43,6 +45,8 @@ pub struct RawServer {
     pub idle_timeout: Option<String>,
     pub send_timeout: Option<String>,
     pub max_connections: Option<u64>,
+    pub max_header_bytes: Option<u64>,
+    pub max_uri_bytes: Option<u64>,
     pub shutdown_grace: Option<String>,
 }
 
@@ -278,4 +282,54 @@ pub enum RejectionBody {
     Text,
     /// `application/problem+json` (RFC 9457) naming the violated limits.
     ProblemJson,
+}
+
+/// How log lines show the keys of limits.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LogKeys {
+    /// Key parts that carry credentials (`bearer`, cookies, `Authorization`, API-key and
+    /// token headers and query parameters) as their keyed hash, the rest as sent.
+    #[default]
+    HashedSecrets,
+    /// The whole key as its keyed hash.
+    Hashed,
+    /// Every part as sent: the operator opts in to credentials in the logs.
+    Clear,
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every field of the file has a row in README's configuration reference (found as a
+    /// whole word in some row, which also catches the fields of `{cidrs, headers, tokens}`).
+    #[test]
+    fn every_field_is_in_the_readme_reference() {
+        let readme = include_str!("../../README.md");
+        let start = readme.find("## Configuration reference").expect("the reference section");
+        let end = readme[start + 1..].find("\n## ").map_or(readme.len(), |i| start + 1 + i);
+        let rows: Vec<&str> = readme[start..end].lines().filter(|l| l.starts_with("| `")).collect();
+        let has_word = |row: &str, word: &str| {
+            row.match_indices(word).any(|(i, _)| {
+                let edge = |c: Option<char>| !c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+                edge(row[..i].chars().next_back()) && edge(row[i + word.len()..].chars().next())
+            })
+        };
+        let mut rename = None;
+        let mut missing = Vec::new();
+        for line in include_str!("raw.rs").lines().map(str::trim) {
+            if let Some(rest) = line.strip_prefix("#[serde(rename = \"") {
+                rename = rest.split('"').next();
+                continue;
+            }
+            let Some((field, _)) = line.strip_prefix("pub ").and_then(|l| l.split_once(": ")) else { continue };
+            if field.contains(' ') {
+                continue;
+            }
+            let name = rename.take().unwrap_or(field);
+            if !rows.iter().any(|row| has_word(row, name)) {
+                missing.push(name);
+            }
+        }
+        assert!(missing.is_empty(), "fields missing from README's reference: {missing:?}");
+    }
 }

@@ -13,7 +13,7 @@ use http::{HeaderMap, Method, StatusCode};
 use ipnet::IpNet;
 
 use super::position::Positions;
-use super::raw::{RawAdmin, RawAllow, RawConfig, RawMatch, RawRespond, RawRoute, RawUpstream};
+use super::raw::{LogKeys, RawAdmin, RawAllow, RawConfig, RawMatch, RawRespond, RawRoute, RawUpstream};
 use super::units::parse_duration;
 use super::{
     AccessLogConfig, Action, Admin, Config, ConfigError, Cost, PathMatch, Route, RouteMatch, StaticResponse, Upstream,
@@ -29,6 +29,13 @@ const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_CONNECTION_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 /// More connections than any one process can hold open.
 pub const MAX_CONNECTIONS: u64 = 10_000_000;
+/// nginx's `large_client_header_buffers 4 8k` holds a 32 KiB head; one buffer, 8 KiB,
+/// holds the request line.
+const DEFAULT_MAX_HEADER_BYTES: u64 = 32 * 1024;
+const DEFAULT_MAX_URI_BYTES: u64 = 8 * 1024;
+/// Bounds of both head limits: below 1 KiB common requests fail (a browser's cookies
+/// alone), above 1 MiB a limit no longer bounds the memory a client can hold.
+const HEAD_LIMIT_BYTES: std::ops::RangeInclusive<u64> = 1024..=1024 * 1024;
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -104,6 +111,18 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
             },
         )
     });
+    let max_header_bytes =
+        head_limit(&mut e, "server.max_header_bytes", raw.server.max_header_bytes, DEFAULT_MAX_HEADER_BYTES);
+    let max_uri_bytes = head_limit(&mut e, "server.max_uri_bytes", raw.server.max_uri_bytes, DEFAULT_MAX_URI_BYTES);
+    let log_keys = match (raw.log_keys, raw.redact_keys) {
+        (Some(mode), false) => mode,
+        (None, false) => LogKeys::default(),
+        (None, true) => LogKeys::Hashed,
+        (Some(_), true) => {
+            e.add("redact_keys".into(), "give either `log_keys` or `redact_keys: true` (its older spelling), not both");
+            LogKeys::Hashed
+        }
+    };
 
     let admin = raw.admin.as_ref().and_then(|a| admin(&mut e, a));
     let upstreams = raw.upstreams.iter().map(|(name, u)| upstream(&mut e, name, u)).collect();
@@ -122,6 +141,8 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
             idle_timeout,
             send_timeout,
             max_connections,
+            max_header_bytes,
+            max_uri_bytes,
             shutdown_grace,
             admin,
             access_log: raw
@@ -131,7 +152,7 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
             ratelimit_headers: raw.ratelimit_headers,
             ratelimit_header_style: raw.ratelimit_header_style,
             rejection_body: raw.rejection_body,
-            redact_keys: raw.redact_keys,
+            log_keys,
             upstreams,
             redis,
             limits,
@@ -142,6 +163,18 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
             Err(e.list)
         }
     }
+}
+
+/// `server.max_header_bytes` or `server.max_uri_bytes`: a size in bytes within
+/// `HEAD_LIMIT_BYTES`.
+fn head_limit(e: &mut Errors<'_>, path: &str, value: Option<u64>, default: u64) -> usize {
+    let n = value.unwrap_or(default);
+    let (lo, hi) = (HEAD_LIMIT_BYTES.start(), HEAD_LIMIT_BYTES.end());
+    let checked = match usize::try_from(n) {
+        Ok(bytes) if HEAD_LIMIT_BYTES.contains(&n) => Ok(bytes),
+        _ => Err(format!("must be from {lo} to {hi} bytes (1 KiB to 1 MiB), not {n}")),
+    };
+    e.check(|| path.to_owned(), checked).unwrap_or(default as usize)
 }
 
 /// A timeout of the connection watchdog: longer than zero, at most a day.

@@ -88,6 +88,28 @@ impl FromStr for KeyPart {
     }
 }
 
+/// Words that mark a header or query parameter name as carrying a credential
+/// (`x-api-key`, `x-auth-token`, `proxy-authorization`, `?access_token=`).
+const SECRET_WORDS: [&str; 6] = ["key", "token", "secret", "auth", "password", "session"];
+
+impl KeyPart {
+    /// Whether the part's value is a credential, kept out of logs by default: the bearer
+    /// token, any cookie, `Cookie` itself, and headers or query parameters whose name
+    /// holds one of `SECRET_WORDS` (case-insensitive).
+    pub fn is_secret(&self) -> bool {
+        let named = |name: &str| {
+            let name = name.to_ascii_lowercase();
+            SECRET_WORDS.iter().any(|w| name.contains(w))
+        };
+        match self {
+            KeyPart::Bearer | KeyPart::Cookie(_) => true,
+            KeyPart::Header(name) => name == header::COOKIE || named(name.as_str()),
+            KeyPart::Query(name) => named(name),
+            KeyPart::Ip(_) | KeyPart::Method | KeyPart::Path | KeyPart::Host => false,
+        }
+    }
+}
+
 /// A limit's key: one part, or a tuple of parts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeySpec(pub Box<[KeyPart]>);
@@ -232,8 +254,9 @@ impl fmt::Display for KeyPart {
 
 impl KeySpec {
     /// The key of `src` for log lines: `ip=192.0.2.1 header:x-key=abc`, each value cut
-    /// to 64 bytes, missing parts as `-`.
-    pub fn describe(&self, src: &KeySource<'_>) -> String {
+    /// to 64 bytes, missing parts as `-`. With `secrets_seed`, parts that carry
+    /// credentials (`KeyPart::is_secret`) show their keyed hash instead: `bearer=#3f2a…`.
+    pub fn describe(&self, src: &KeySource<'_>, secrets_seed: Option<&RandomState>) -> String {
         let mut out = String::new();
         for part in self.0.iter() {
             if !out.is_empty() {
@@ -241,6 +264,11 @@ impl KeySpec {
             }
             let text = match value(part, src) {
                 None => "-".to_owned(),
+                Some(_) if let Some(seed) = secrets_seed.filter(|_| part.is_secret()) => {
+                    let mut h = seed.build_hasher();
+                    feed(part, src, &mut h);
+                    format!("#{:016x}", h.finish())
+                }
                 Some(Value::Ip(ip, len)) if len < if ip.is_ipv4() { 32 } else { 128 } => format!("{ip}/{len}"),
                 Some(Value::Ip(ip, _)) => ip.to_string(),
                 Some(Value::Host(host)) => host.to_ascii_lowercase(),
@@ -264,16 +292,57 @@ pub fn bearer_token(headers: &HeaderMap) -> Option<&[u8]> {
     (!token.is_empty()).then_some(token)
 }
 
-/// The value of cookie `name` in the `Cookie` header(s) (RFC 6265 §5.4: `a=1; b=2`).
+/// The values of cookie `name` in the `Cookie` header(s) (RFC 6265 §5.4: `a=1; b=2`).
 /// A scan without allocation, where a cookie crate would build a struct per pair.
-fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h [u8]> {
-    headers.get_all(header::COOKIE).iter().find_map(|line| {
-        line.as_bytes().split(|&b| b == b';').find_map(|pair| {
+fn cookies<'h>(headers: &'h HeaderMap, name: &str) -> impl Iterator<Item = &'h [u8]> {
+    headers.get_all(header::COOKIE).into_iter().flat_map(move |line| {
+        line.as_bytes().split(|&b| b == b';').filter_map(move |pair| {
             let pair = pair.trim_ascii();
             let eq = pair.iter().position(|&b| b == b'=')?;
             (pair[..eq].trim_ascii() == name.as_bytes()).then(|| pair[eq + 1..].trim_ascii())
         })
     })
+}
+
+fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h [u8]> {
+    cookies(headers, name).next()
+}
+
+impl KeyPart {
+    /// Where a request carries this part, for messages to the client.
+    pub fn field(&self) -> String {
+        match self {
+            KeyPart::Header(name) => format!("the header `{name}`"),
+            KeyPart::Bearer => "the `Authorization` header".to_owned(),
+            KeyPart::Query(name) => format!("the query parameter `{name}`"),
+            KeyPart::Cookie(name) => format!("the cookie `{name}`"),
+            KeyPart::Ip(_) => "the client address".to_owned(),
+            KeyPart::Method => "the method".to_owned(),
+            KeyPart::Path => "the path".to_owned(),
+            KeyPart::Host => "the `Host` header".to_owned(),
+        }
+    }
+}
+
+impl KeySpec {
+    /// The first part of the key that `src` carries more than once. A key reads the
+    /// first of repeated fields, while an upstream may read another (the last, or all
+    /// joined): a client could show the limiter one value and the upstream another.
+    pub fn duplicated(&self, src: &KeySource<'_>) -> Option<&KeyPart> {
+        let repeated = |name: &HeaderName| src.headers.get_all(name).iter().nth(1).is_some();
+        self.0.iter().find(|part| match part {
+            // HTTP/2 clients may split `Cookie` into one field per cookie (RFC 9113
+            // §8.2.3): a whole-header key sees only the first one, as it would anyway.
+            KeyPart::Header(name) => *name != header::COOKIE && repeated(name),
+            KeyPart::Bearer => repeated(&header::AUTHORIZATION),
+            KeyPart::Cookie(name) => cookies(src.headers, name).nth(1).is_some(),
+            KeyPart::Query(name) => src.uri.query().is_some_and(|q| {
+                form_urlencoded::parse(q.as_bytes()).filter(|(k, _)| k == name.as_ref()).nth(1).is_some()
+            }),
+            // One address, one method, one path; a repeated `Host` is refused before.
+            KeyPart::Ip(_) | KeyPart::Method | KeyPart::Path | KeyPart::Host => false,
+        })
+    }
 }
 
 #[cfg(test)]
@@ -384,9 +453,71 @@ mod tests {
             headers: &headers,
             host: Some("Example.com"),
         };
-        assert_eq!(s.describe(&src), "ip=10.0.0.1 header:x-key=abc query:q=a b host=example.com");
+        assert_eq!(s.describe(&src, None), "ip=10.0.0.1 header:x-key=abc query:q=a b host=example.com");
         let v6 = KeySource { client_ip: "2001:db8:1:2::7".parse().unwrap(), ..src };
-        assert_eq!(spec(&["ip"]).describe(&v6), "ip=2001:db8:1:2::/64");
+        assert_eq!(spec(&["ip"]).describe(&v6, None), "ip=2001:db8:1:2::/64");
+    }
+
+    #[test]
+    fn credentials_are_described_by_their_keyed_hash_unless_asked_for() {
+        let s = spec(&["ip", "bearer", "header:x-user", "header:X-Api-Key", "cookie:sid", "query:access_token"]);
+        let mut headers = HeaderMap::new();
+        headers.insert("authorization", "Bearer tok-123".parse().unwrap());
+        headers.insert("x-user", "alice".parse().unwrap());
+        headers.insert("x-api-key", "k-456".parse().unwrap());
+        headers.insert("cookie", "sid=s-789".parse().unwrap());
+        let uri: Uri = "/?access_token=q-000".parse().unwrap();
+        let src = KeySource {
+            client_ip: "10.0.0.1".parse().unwrap(),
+            method: &Method::GET,
+            uri: &uri,
+            path: uri.path().as_bytes(),
+            headers: &headers,
+            host: None,
+        };
+        let seed = RandomState::new();
+        let hashed = s.describe(&src, Some(&seed));
+        for secret in ["tok-123", "k-456", "s-789", "q-000"] {
+            assert!(!hashed.contains(secret), "{hashed}");
+        }
+        assert!(hashed.starts_with("ip=10.0.0.1 bearer=#") && hashed.contains(" header:x-user=alice "), "{hashed}");
+        assert_eq!(hashed, s.describe(&src, Some(&seed)), "stable while the process runs");
+        let clear = s.describe(&src, None);
+        for secret in ["tok-123", "k-456", "s-789", "q-000"] {
+            assert!(clear.contains(secret), "{clear}");
+        }
+        for name in ["authorization", "proxy-authorization", "cookie", "x-api-key", "x-auth-token", "x-secret"] {
+            assert!(KeyPart::Header(HeaderName::from_static(name)).is_secret(), "{name}");
+        }
+        assert!(!KeyPart::Header(HeaderName::from_static("x-tenant")).is_secret());
+    }
+
+    #[test]
+    fn repeated_fields_of_a_key_are_found() {
+        let s = spec(&["ip", "bearer", "header:x-key", "query:q", "cookie:sid"]);
+        let uri: Uri = "/?q=1&r=2&r=3".parse().unwrap();
+        let check = |headers: &[(&str, &str)], uri: &Uri| {
+            let mut map = HeaderMap::new();
+            for (k, v) in headers {
+                map.append(HeaderName::from_str(k).unwrap(), v.parse().unwrap());
+            }
+            let src = KeySource {
+                client_ip: "10.0.0.1".parse().unwrap(),
+                method: &Method::GET,
+                uri,
+                path: uri.path().as_bytes(),
+                headers: &map,
+                host: None,
+            };
+            s.duplicated(&src).map(ToString::to_string)
+        };
+        let once = [("authorization", "Bearer a"), ("x-key", "k"), ("cookie", "sid=1; other=2"), ("cookie", "o=3")];
+        assert_eq!(check(&once, &uri), None);
+        assert_eq!(check(&[("authorization", "Bearer a"), ("authorization", "Bearer b")], &uri).unwrap(), "bearer");
+        assert_eq!(check(&[("x-key", "a"), ("x-key", "b")], &uri).unwrap(), "header:x-key");
+        assert_eq!(check(&[("cookie", "sid=1"), ("cookie", "sid=2")], &uri).unwrap(), "cookie:sid");
+        assert_eq!(check(&[("cookie", "sid=1; sid=2")], &uri).unwrap(), "cookie:sid");
+        assert_eq!(check(&[], &"/?q=1&q=2".parse().unwrap()).unwrap(), "query:q");
     }
 
     #[test]

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use http::StatusCode;
 use smallvec::SmallVec;
 
-use crate::config::{Config, Limit, Policy, Rate, Scope};
+use crate::config::{Config, Limit, LogKeys, Policy, Rate, Scope};
 use crate::store::Store;
 use algorithm::{Algorithm, Held};
 use allow::Allow;
@@ -214,14 +214,15 @@ impl Limiters {
         self.limits[index].key.hash(src, &self.seed)
     }
 
-    /// How log lines name the key of `src` for limit `index`: its value, or with
-    /// `redact`, its keyed hash (stable while the process runs).
-    pub fn key_label(&self, index: usize, src: &KeySource<'_>, redact: bool) -> String {
+    /// How log lines name the key of `src` for limit `index`: its value, its keyed hash
+    /// (stable while the process runs), or its value with credentials hashed (`mode`).
+    pub fn key_label(&self, index: usize, src: &KeySource<'_>, mode: LogKeys) -> String {
         let spec = &self.limits[index].key;
-        match (redact, spec.hash(src, &self.seed)) {
+        match (mode, spec.hash(src, &self.seed)) {
             (_, None) => "-".to_owned(),
-            (true, Some(hash)) => inspect::label(hash),
-            (false, Some(_)) => spec.describe(src),
+            (LogKeys::Hashed, Some(hash)) => inspect::label(hash),
+            (LogKeys::HashedSecrets, Some(_)) => spec.describe(src, Some(&self.seed)),
+            (LogKeys::Clear, Some(_)) => spec.describe(src, None),
         }
     }
 

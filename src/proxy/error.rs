@@ -7,6 +7,12 @@ use http::StatusCode;
 /// Each variant says who is at fault: the client (4xx) or the upstream (5xx).
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
+    /// The request target (path and query) is longer than `server.max_uri_bytes`.
+    #[error("the request target is {bytes} bytes long; at most {max} are accepted")]
+    UriTooLong { bytes: usize, max: usize },
+    /// The request's header fields weigh more than `server.max_header_bytes`.
+    #[error("the request's header fields take {bytes} bytes; at most {max} are accepted")]
+    HeadersTooLarge { bytes: usize, max: usize },
     /// The client asked for something no route serves.
     #[error("no route matches")]
     NoRoute,
@@ -20,6 +26,10 @@ pub enum ProxyError {
     /// `CONNECT` asks for a tunnel: this is a reverse proxy, not a forward proxy.
     #[error("CONNECT is not served: this is a reverse proxy")]
     Connect,
+    /// The request repeats a field that a limit of its route is keyed on: the limiter
+    /// would count one value while the upstream may act on another.
+    #[error("limit {limit:?} counts requests by {field}, which this request carries more than once; send it once")]
+    DuplicateKeyField { limit: String, field: String },
     /// The request's cost header is not a positive integer.
     #[error("{header} must be a positive integer, not {value:?}")]
     InvalidCost { header: String, value: String },
@@ -46,10 +56,13 @@ impl ProxyError {
         match self {
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::Connect => StatusCode::METHOD_NOT_ALLOWED,
+            ProxyError::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
+            ProxyError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ProxyError::BadPath(_)
             | ProxyError::InvalidCost { .. }
             | ProxyError::CostTooHigh { .. }
             | ProxyError::ClientBody { .. }
+            | ProxyError::DuplicateKeyField { .. }
             | ProxyError::BadHost(_) => StatusCode::BAD_REQUEST,
             ProxyError::UpstreamUnreachable { .. } | ProxyError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -65,6 +78,9 @@ mod tests {
     fn each_error_maps_to_its_status() {
         assert_eq!(ProxyError::NoRoute.status(), StatusCode::NOT_FOUND);
         assert_eq!(ProxyError::Connect.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(ProxyError::UriTooLong { bytes: 2, max: 1 }.status(), StatusCode::URI_TOO_LONG);
+        let headers = ProxyError::HeadersTooLarge { bytes: 2, max: 1 };
+        assert_eq!(headers.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
         let timeout = ProxyError::UpstreamTimeout { upstream: "u".into(), timeout: Duration::from_secs(1) };
         assert_eq!(timeout.status(), StatusCode::GATEWAY_TIMEOUT);
     }

@@ -6,6 +6,7 @@
 
 pub mod error;
 mod forward;
+mod head;
 pub mod headers;
 mod log_budget;
 pub mod response;
@@ -30,6 +31,19 @@ use error::ProxyError;
 use forward::{Hop, UpstreamClient};
 use log_budget::LogBudget;
 use response::ProxyBody;
+
+/// `tracing::event!` at a level known only at run time (its callsites need a constant).
+macro_rules! event_at {
+    ($level:expr, $($rest:tt)+) => {
+        match $level {
+            Level::ERROR => tracing::event!(Level::ERROR, $($rest)+),
+            Level::WARN => tracing::event!(Level::WARN, $($rest)+),
+            Level::INFO => tracing::event!(Level::INFO, $($rest)+),
+            Level::DEBUG => tracing::event!(Level::DEBUG, $($rest)+),
+            _ => tracing::event!(Level::TRACE, $($rest)+),
+        }
+    };
+}
 
 pub struct Proxy {
     config: Config,
@@ -129,6 +143,8 @@ impl Proxy {
         trace: &mut Trace,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let config = &self.config;
+        // Before anything reads the head: an oversized one is refused as a whole.
+        head::check_head(&req, config)?;
         // Before routing: a catch-all route must not turn into an open tunnel.
         if req.method() == http::Method::CONNECT {
             return Err(ProxyError::Connect);
@@ -155,6 +171,7 @@ impl Proxy {
             KeySource { client_ip, method: req.method(), uri: req.uri(), path: &path, headers: req.headers(), host };
         // An exempt request skips the route's limits altogether.
         let limits = if route.allow.admits(&src) { &[][..] } else { &route.limits[..] };
+        self.refuse_duplicated_keys(limits, &src)?;
         let cost = self.cost(route, req.headers())?;
         let decision = self.limiters.decide(limits, &src, cost).await;
         let (standings, permits, pending) = match decision {
@@ -226,6 +243,32 @@ impl Proxy {
         Ok(response)
     }
 
+    /// Refuses a request that repeats a field one of `limits` (or a limit their
+    /// overrides may hand it to) is keyed on: a key reads the first value, and an
+    /// upstream that reads another would let a client spend one key's quota while
+    /// acting as someone else.
+    fn refuse_duplicated_keys(&self, limits: &[usize], src: &KeySource<'_>) -> Result<(), ProxyError> {
+        let all = &self.config.limits;
+        let candidates = limits.iter().flat_map(|&i| std::iter::once(i).chain(all[i].overrides.iter().map(|o| o.1)));
+        for limit in candidates {
+            let Some(part) = all[limit].key.duplicated(src) else { continue };
+            if all[limit].dry_run {
+                // A limit on trial never refuses anything; it says so within its log
+                // budget, at the level of its rejection lines.
+                let level = line_level(all[limit].log_level, false);
+                if self.line_allowed(limit, src, level) {
+                    event_at!(level, limit = %all[limit].name, field = %part,
+                        key = %self.limiters.key_label(limit, src, self.config.log_keys),
+                        "dry run: request would be refused: repeated key field");
+                }
+                continue;
+            }
+            debug!(limit = %all[limit].name, key = %part, "repeated key field");
+            return Err(ProxyError::DuplicateKeyField { limit: all[limit].name.clone(), field: part.field() });
+        }
+        Ok(())
+    }
+
     /// What the request weighs in the route's limits.
     fn cost(&self, route: &Route, headers: &http::HeaderMap) -> Result<u64, ProxyError> {
         let name = match &route.cost {
@@ -273,33 +316,30 @@ impl Proxy {
                 (Outcome::Delayed(wait), true) => ("dry run: request would be delayed", true, wait),
             };
             let level = line_level(limit.log_level, lowered);
-            // Nothing is computed for lines nobody reads: no key label, no budget.
-            if !enabled(level) {
+            if !self.line_allowed(s.limit, src, level) {
                 continue;
             }
-            let key = self.limiters.key_hash(s.limit, src).unwrap_or(0);
-            let label = || self.limiters.key_label(s.limit, src, self.config.redact_keys);
-            let take = self.log_budgets[s.limit].take(limit::now() / 1_000_000_000, key, label);
-            if let Some(summary) = take.summary {
-                log_summary(level, &limit.name, &summary);
-            }
-            if !take.write {
-                continue;
-            }
-            macro_rules! emit {
-                ($level:expr) => {
-                    tracing::event!($level, route = %route.name, limit = %limit.name, key = %label(),
-                        excess = round_to_thousandths(s.excess), ms = ms.as_millis() as u64, "{message}")
-                };
-            }
-            match level {
-                Level::ERROR => emit!(Level::ERROR),
-                Level::WARN => emit!(Level::WARN),
-                Level::INFO => emit!(Level::INFO),
-                Level::DEBUG => emit!(Level::DEBUG),
-                _ => emit!(Level::TRACE),
-            }
+            event_at!(level, route = %route.name, limit = %limit.name,
+                key = %self.limiters.key_label(s.limit, src, self.config.log_keys),
+                excess = round_to_thousandths(s.excess), ms = ms.as_millis() as u64, "{message}");
         }
+    }
+
+    /// Whether a line of limit `index` about `src` may be written at `level`: the level
+    /// is logged and the limit's `log_lines_per_second` is not spent (the summary of a
+    /// second that has ended is written first). Nothing is computed for lines nobody
+    /// reads: no key label, no budget.
+    fn line_allowed(&self, index: usize, src: &KeySource<'_>, level: Level) -> bool {
+        if !enabled(level) {
+            return false;
+        }
+        let key = self.limiters.key_hash(index, src).unwrap_or(0);
+        let label = || self.limiters.key_label(index, src, self.config.log_keys);
+        let take = self.log_budgets[index].take(limit::now() / 1_000_000_000, key, label);
+        if let Some(summary) = take.summary {
+            log_summary(level, &self.config.limits[index].name, &summary);
+        }
+        take.write
     }
 }
 
@@ -337,19 +377,8 @@ fn enabled(level: Level) -> bool {
 
 /// One line for a second's left-out rejection and delay lines of limit `name`.
 fn log_summary(level: Level, limit: &str, summary: &log_budget::Summary) {
-    macro_rules! emit {
-        ($level:expr) => {
-            tracing::event!($level, limit, left_out = summary.left_out, top_keys = %summary.top,
-                "rejection and delay lines left out in the last second (log_lines_per_second)")
-        };
-    }
-    match level {
-        Level::ERROR => emit!(Level::ERROR),
-        Level::WARN => emit!(Level::WARN),
-        Level::INFO => emit!(Level::INFO),
-        Level::DEBUG => emit!(Level::DEBUG),
-        _ => emit!(Level::TRACE),
-    }
+    event_at!(level, limit, left_out = summary.left_out, top_keys = %summary.top,
+        "rejection and delay lines left out in the last second (log_lines_per_second)");
 }
 
 /// Once a second, sums up what each limit left out in a second no later line closed;

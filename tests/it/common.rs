@@ -324,11 +324,16 @@ pub async fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Repl
 
 /// Sends one request over HTTP/2 without TLS (h2c, prior knowledge).
 pub async fn get_h2(addr: SocketAddr, path: &str) -> Reply {
+    request_h2(addr, Request::get(format!("http://test.local{path}")).body(Full::new(Bytes::new())).unwrap()).await
+}
+
+/// Sends `req` (an absolute URI: its authority becomes `:authority`) on a new h2c
+/// connection and reads the whole response.
+pub async fn request_h2(addr: SocketAddr, req: Request<Full<Bytes>>) -> Reply {
     let stream = TcpStream::connect(addr).await.unwrap();
     let (mut sender, conn) =
         hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await.unwrap();
     tokio::spawn(conn);
-    let req = Request::get(format!("http://test.local{path}")).body(Full::new(Bytes::new())).unwrap();
     read(sender.send_request(req).await.unwrap()).await
 }
 

@@ -279,6 +279,18 @@ fn connection_limits_are_bounded() {
 }
 
 #[test]
+fn head_limits_are_bounded() {
+    let yaml = "listen: 127.0.0.1:0\nserver:\n  max_header_bytes: 100\n  max_uri_bytes: 2000000\n";
+    let (out, stderr) = check(yaml);
+    assert!(!out.status.success());
+    let bounds = "must be from 1024 to 1048576 bytes (1 KiB to 1 MiB)";
+    assert!(stderr.contains(&format!("FILE:3:21: server.max_header_bytes: {bounds}, not 100")), "{stderr}");
+    assert!(stderr.contains(&format!("FILE:4:18: server.max_uri_bytes: {bounds}, not 2000000")), "{stderr}");
+    let (out, stderr) = check("listen: 127.0.0.1:0\nserver: { max_header_bytes: 1048576, max_uri_bytes: 1024 }\n");
+    assert!(out.status.success(), "{stderr}");
+}
+
+#[test]
 fn a_route_path_that_no_normalized_request_path_matches_is_refused() {
     let yaml = "listen: 127.0.0.1:0\nroutes:\n  - match: { path_prefix: /api//v1 }\n    respond: { status: 200 }\n  - match: { path: /x/../y }\n    respond: { status: 200 }\n  - match: { path: /%41 }\n    respond: { status: 200 }\n";
     let (out, stderr) = check(yaml);

@@ -1,4 +1,5 @@
-//! Rejection lines a flood cannot turn into a flood of log lines.
+//! Rejection lines: a flood cannot turn them into a flood of log lines, and credentials
+//! in keys stay out of them unless asked for.
 
 use crate::common::*;
 
@@ -112,4 +113,49 @@ async fn the_access_log_speaks_nginx_combined() {
     let line = &lines[0];
     assert!(line.starts_with("127.0.0.1 - - ["), "{line}");
     assert!(line.ends_with(r#"] "GET /a?b=c HTTP/1.1" 201 3 "http://r.example/" "curl/8.0""#), "{line}");
+}
+
+/// A bearer-keyed limit that admits one request a minute; `extra` is added at the top.
+fn bearer_limited(extra: &str) -> String {
+    format!(
+        "listen: 127.0.0.1:0\n{extra}\nlimits:\n  per_token: {{ key: [ip, bearer], rate: 1r/m, nodelay: true, log_level: warn }}\nroutes:\n  - name: api\n    limits: [per_token]\n    respond: {{ status: 200 }}\n"
+    )
+}
+
+/// The log line of the second request with `Authorization: Bearer TOKEN`, refused.
+async fn rejection_line(sg: &Sluicegate) -> String {
+    let auth = [("authorization", "Bearer key-A-secret-token")];
+    assert_eq!(get(sg.addr, "/", &auth).await.status, 200);
+    assert_eq!(get(sg.addr, "/", &auth).await.status, 429);
+    let log = sg.wait_for_log(|log| log.contains("request rejected"));
+    log.lines().find(|l| l.contains("request rejected")).unwrap_or_else(|| panic!("{log}")).to_owned()
+}
+
+#[tokio::test]
+async fn bearer_tokens_are_logged_hashed_unless_the_operator_asks_for_them() {
+    for extra in ["", "log_keys: hashed_secrets"] {
+        let sg = Sluicegate::start(&bearer_limited(extra));
+        let line = rejection_line(&sg).await;
+        assert!(line.contains("\"key\":\"ip=127.0.0.1 bearer=#"), "{line}");
+        assert!(!sg.log().contains("key-A-secret-token"), "{extra:?}: the token reached the log:\n{}", sg.log());
+    }
+    // The whole key hashed, and its older spelling.
+    for extra in ["log_keys: hashed", "redact_keys: true"] {
+        let sg = Sluicegate::start(&bearer_limited(extra));
+        let line = rejection_line(&sg).await;
+        assert!(line.contains("\"key\":\"#") && !line.contains("127.0.0.1"), "{extra}: {line}");
+        assert!(!sg.log().contains("key-A-secret-token"), "{extra:?}: the token reached the log");
+    }
+    let sg = Sluicegate::start(&bearer_limited("log_keys: clear"));
+    let line = rejection_line(&sg).await;
+    assert!(line.contains("\"key\":\"ip=127.0.0.1 bearer=key-A-secret-token\""), "{line}");
+}
+
+#[test]
+fn log_keys_and_redact_keys_together_are_refused() {
+    let (_dir, path) = config_file("listen: 127.0.0.1:0\nlog_keys: clear\nredact_keys: true\n");
+    let out = binary().arg("check").arg("-c").arg(&path).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains(":3:14: redact_keys: give either `log_keys` or `redact_keys: true`"), "{stderr}");
 }

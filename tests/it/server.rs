@@ -138,3 +138,66 @@ async fn sigterm_lets_in_flight_requests_finish_and_stops_accepting() {
     assert!(log.contains("all connections closed"), "{log}");
     assert!(TcpStream::connect(addr).await.is_err(), "still accepting after shutdown");
 }
+
+fn forwarding_config(backend: &Backend, server: &str) -> String {
+    format!(
+        "listen: 127.0.0.1:0\nserver: {server}\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nroutes:\n  - upstream: b\n",
+        backend.addr
+    )
+}
+
+/// The status line of an HTTP/1.1 exchange on a new connection.
+async fn h1_status(addr: std::net::SocketAddr, target: &str, header: &str) -> String {
+    let request = format!("GET {target} HTTP/1.1\r\nHost: h\r\nX-Big: {header}\r\nConnection: close\r\n\r\n");
+    let answer = raw_exchange(addr, request.as_bytes()).await;
+    answer.lines().next().unwrap_or_default().to_owned()
+}
+
+/// `server.max_uri_bytes` and `server.max_header_bytes` on HTTP/1: 414 and 431 at the
+/// configured sizes, whether below or above hyper's buffer, and nothing forwarded.
+#[tokio::test]
+async fn http1_heads_over_the_configured_sizes_get_414_and_431() {
+    let backend = Backend::start().await;
+    let sg = Sluicegate::start(&forwarding_config(&backend, "{ max_uri_bytes: 2048, max_header_bytes: 4096 }"));
+    let long_target = format!("/{}", "a".repeat(2100));
+    assert_eq!(h1_status(sg.addr, &long_target, "x").await, "HTTP/1.1 414 URI Too Long");
+    assert_eq!(h1_status(sg.addr, "/", &"b".repeat(4100)).await, "HTTP/1.1 431 Request Header Fields Too Large");
+    assert!(backend.hits().is_empty(), "an oversized head reached the upstream");
+    // Just within both limits: forwarded.
+    assert_eq!(h1_status(sg.addr, &format!("/{}", "a".repeat(2000)), &"b".repeat(3900)).await, "HTTP/1.1 200 OK");
+    assert_eq!(backend.hits().len(), 1);
+
+    // Limits above hyper's 32 KiB buffer hold too.
+    let backend = Backend::start().await;
+    let sg = Sluicegate::start(&forwarding_config(&backend, "{ max_uri_bytes: 40000, max_header_bytes: 100000 }"));
+    let (target, header) = (format!("/{}", "a".repeat(39000)), "b".repeat(90_000));
+    assert_eq!(h1_status(sg.addr, &target, &header).await, "HTTP/1.1 200 OK");
+    assert_eq!(backend.hits()[0].headers["x-big"].len(), 90_000);
+    assert_eq!(h1_status(sg.addr, &target, &"b".repeat(101_000)).await, "HTTP/1.1 431 Request Header Fields Too Large");
+    assert_eq!(h1_status(sg.addr, &format!("/{}", "a".repeat(41000)), "x").await, "HTTP/1.1 414 URI Too Long");
+    assert_eq!(backend.hits().len(), 1);
+}
+
+/// The defaults: 8 KiB of target, 32 KiB of header fields, on HTTP/1 and HTTP/2 alike.
+#[tokio::test]
+async fn default_head_limits_hold_on_http1_and_http2() {
+    let backend = Backend::start().await;
+    let sg = Sluicegate::start(&forwarding_config(&backend, "{}"));
+    assert_eq!(h1_status(sg.addr, &format!("/{}", "a".repeat(8200)), "x").await, "HTTP/1.1 414 URI Too Long");
+    assert_eq!(h1_status(sg.addr, "/", &"b".repeat(33 * 1024)).await, "HTTP/1.1 431 Request Header Fields Too Large");
+    assert!(backend.hits().is_empty(), "an oversized head reached the upstream");
+
+    let h2 = |path: String, header: String| {
+        let req = http::Request::get(format!("http://test.local{path}")).header("x-big", header);
+        request_h2(sg.addr, req.body(http_body_util::Full::new(bytes::Bytes::new())).unwrap())
+    };
+    assert_eq!(h2(format!("/{}", "a".repeat(8200)), "x".into()).await.status, 414);
+    assert_eq!(h2("/".into(), "b".repeat(33 * 1024)).await.status, 431);
+    // Far past the limit, h2 itself refuses the stream with 431.
+    assert_eq!(h2("/".into(), "b".repeat(400 * 1024)).await.status, 431);
+    assert!(backend.hits().is_empty(), "an oversized head reached the upstream");
+    // Within both: forwarded (hyper's own HTTP/2 default would have refused 16 KiB).
+    let reply = h2(format!("/{}", "a".repeat(8000)), "b".repeat(30 * 1024)).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(backend.hits().len(), 1);
+}
