@@ -232,6 +232,54 @@ routes:
     assert_eq!(local.iter().filter(|&&s| s == 200).count(), 8, "{local:?}");
 }
 
+/// The near-cache answers a one-unit request exactly as Redis did (the reset too, not
+/// the `Retry-After` again), and lets Redis answer heavier ones, whose wait is longer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_near_cache_answers_as_redis_and_only_for_one_unit() {
+    let redis = Redis::start();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nratelimit_headers: all\nredis: {{ url: \"{}\", timeout: 1s }}\nlimits:\n  l: {{ key: ip, rate: 1r/m, burst: 2, nodelay: true, scope: global }}\nroutes:\n  - limits: [l]\n    cost_header: x-cost\n    respond: {{ status: 200 }}\n",
+        redis.url()
+    );
+    let sg = Sluicegate::start(&yaml);
+    for _ in 0..3 {
+        assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
+    }
+    let answer = |r: &crate::common::Reply| {
+        (r.status, r.header("retry-after").map(str::to_owned), r.header("ratelimit").map(str::to_owned))
+    };
+    let refused = |after: &str| (429, Some(after.to_owned()), Some("\"l\";r=0;t=180".to_owned()));
+    let calls = evalsha_calls(&redis);
+    assert_eq!(answer(&get(sg.addr, "/", &[]).await), refused("60"), "Redis's answer");
+    assert_eq!(evalsha_calls(&redis), calls + 1);
+    assert_eq!(answer(&get(sg.addr, "/", &[]).await), refused("60"), "the near-cache's answer");
+    assert_eq!(evalsha_calls(&redis), calls + 1);
+    assert_eq!(answer(&get(sg.addr, "/", &[("x-cost", "2")]).await), refused("120"), "two units wait longer");
+    assert_eq!(evalsha_calls(&redis), calls + 2, "Redis answered two units");
+    assert_eq!(answer(&get(sg.addr, "/", &[]).await), refused("60"));
+    assert_eq!(evalsha_calls(&redis), calls + 2);
+}
+
+/// A client that waits the `Retry-After` it was given is not refused again, whatever its
+/// cost, even when a one-unit refusal of its key is in the near-cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_obeys_retry_after_passes_next_time() {
+    let redis = Redis::start();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 1s }}\nlimits:\n  l: {{ key: ip, rate: 1r/s, burst: 1, nodelay: true, scope: global }}\nroutes:\n  - limits: [l]\n    cost_header: x-cost\n    respond: {{ status: 200 }}\n",
+        redis.url()
+    );
+    let sg = Sluicegate::start(&yaml);
+    assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
+    assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
+    assert_eq!(get(sg.addr, "/", &[]).await.status, 429, "one unit refused: now in the near-cache");
+    let refused = get(sg.addr, "/", &[("x-cost", "2")]).await;
+    assert_eq!((refused.status, refused.header("retry-after")), (429, Some("2")));
+    // Obeying is the point of this test: the wait is the one the client was told.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(get(sg.addr, "/", &[("x-cost", "2")]).await.status, 200);
+}
+
 async fn futures_statuses(addr: std::net::SocketAddr, path: &str, n: usize) -> Vec<u16> {
     let mut out = Vec::new();
     for _ in 0..n {
