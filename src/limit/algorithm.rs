@@ -115,6 +115,15 @@ impl Held<'_> {
         }
     }
 
+    /// Sets `key` to have `units` left at `now`, as a global limit's local twin heard
+    /// from Redis. Only the leaky bucket family follows what it hears; the windows' twins
+    /// keep their own count (their share of the limit).
+    pub fn hear(&mut self, key: u64, units: u64, now: u64) {
+        if let Held::LeakyBucket(a, t, shard) = self {
+            t.put(shard, key, a.holding(units, now), |s| a.is_idle(s, now), |s| s);
+        }
+    }
+
     /// Takes back an admission of `cost` units made at `at` (a concurrency slot is given
     /// back by its permit instead).
     pub fn refund(&mut self, key: u64, cost: u64, at: u64) {

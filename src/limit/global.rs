@@ -7,7 +7,9 @@
 //!    admissions of step 2 are taken back: no quota is spent anywhere.
 //! 4. If Redis fails or the breaker is open, each global limit's `on_store_error` decides:
 //!    `allow` admits, `deny` refuses with 503, `local` asks the limit's local twin (its
-//!    rate divided by `instances`), all or nothing with step 2.
+//!    rate and capacity divided by `instances`), all or nothing with step 2. Each Redis
+//!    answer in step 3 sets the twin to its share of what Redis said is left, so a
+//!    fallback goes on from there rather than from a fresh key.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -79,6 +81,7 @@ impl Limiters {
         if verdicts.rejected {
             self.undo(&standings, src, cost, at);
         }
+        self.hear(&verdicts, src, cost);
         let global_wait = verdicts
             .standings
             .iter()
@@ -101,6 +104,21 @@ impl Limiters {
             pending.global = Some(Box::new(Admissions { store: Arc::clone(store), list: counted }));
         }
         Decision::Pass { wait: wait.max(global_wait), standings, permits, pending, at }
+    }
+
+    /// Keeps the local twins of `on_store_error: local` limits where Redis says the key
+    /// stands, each with its share (`remaining / instances`): if Redis then fails, the
+    /// twin goes on from there, not from a fresh key's full share.
+    fn hear(&self, verdicts: &Verdicts, src: &KeySource<'_>, cost: u64) {
+        let t = now();
+        for s in &verdicts.standings {
+            let limiter = &self.limits[s.limit];
+            let Scope::Global { on_store_error: OnStoreError::Local, instances } = limiter.scope else { continue };
+            let Some(key) = limiter.key.hash(src, &self.seed) else { continue };
+            // A window that admitted a request another limit refused got its units back.
+            let back = if verdicts.rejected && !matches!(s.outcome, Outcome::Rejected(_)) { cost } else { 0 };
+            limiter.windows[s.window].lock(key).hear(key, (s.remaining + back) / instances, t);
+        }
     }
 
     /// Decides the global limits of `calls` by their `on_store_error`, after `first` (a

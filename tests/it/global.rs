@@ -384,9 +384,10 @@ routes:
     }
     assert!(statuses["/open"].iter().all(|&s| s == 200), "{:?}", statuses["/open"]);
     assert!(statuses["/closed"].iter().all(|&s| s == 503), "{:?}", statuses["/closed"]);
-    // The local twin: burst 5 (6 at once), its rate halved; fresh, as Redis kept the state.
+    // The local twin: its share of 6 at once (burst 5) and of the rate, between two
+    // instances; it never heard of the key from Redis.
     let twin = &statuses["/twin"];
-    assert_eq!(twin.iter().filter(|&&s| s == 200).count(), 6, "{twin:?}");
+    assert_eq!(twin.iter().filter(|&&s| s == 200).count(), 3, "{twin:?}");
     let log = sg.wait_for_log(|l| l.contains("circuit breaker open"));
     assert!(log.contains("circuit breaker open"), "{log}");
     let reports = log.matches("global limits without Redis").count();
@@ -405,6 +406,98 @@ routes:
     }
     assert_eq!(get(sg.addr, "/closed", &[]).await.status, 200);
     assert!(sg.wait_for_log(|l| l.contains("Redis answers again")).contains("Redis answers again"));
+}
+
+/// When Redis goes, a key's local twin goes on from the units Redis last said were
+/// left (its share of them: all, for one instance), not from a fresh key's burst.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_local_twin_starts_from_what_redis_last_said() {
+    let mut redis = Redis::start();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 100ms }}\nlimits:\n  g: {{ key: ip, rate: 1r/m, burst: 5, nodelay: true, scope: global, on_store_error: local }}\nroutes:\n{}",
+        redis.url(),
+        respond_route("g")
+    );
+    let sg = Sluicegate::start(&yaml);
+    assert_eq!(futures_statuses(sg.addr, "/", 4).await, [200; 4], "decided by Redis: 2 of 6 left");
+    redis.kill();
+    assert_eq!(futures_statuses(sg.addr, "/", 4).await, [200, 200, 429, 429], "decided by the twin");
+}
+
+/// Three instances share a global limit (50 r/s, burst 20), held at its limit, while
+/// Redis pauses for 30 ms, then for 2 s. Each local twin starts from its share of what
+/// its instance last heard from Redis (next to nothing, for a key held at its limit),
+/// not from a full burst: the admissions stay within the budget plus the allowance
+/// README states, `rate × F` per time `F` the instances decide locally (the pause, at
+/// most a breaker cooldown and two timeouts more) plus the twins' starting units.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_keep_the_budget_through_redis_pauses() {
+    const RATE: f64 = 50.0;
+    let (timeout, cooldown) = (Duration::from_millis(20), Duration::from_millis(100));
+    let redis = Redis::start();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 20ms, breaker_cooldown: 100ms }}\nlimits:\n  g: {{ key: ip, rate: 50r/s, burst: 20, nodelay: true, scope: global, on_store_error: local, instances: 3 }}\nroutes:\n{}",
+        redis.url(),
+        respond_route("g")
+    );
+    let instances = [Sluicegate::start(&yaml), Sluicegate::start(&yaml), Sluicegate::start(&yaml)];
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let started = Instant::now();
+    // Two clients per instance, each far faster than the rate (paced, to spare the cores).
+    let load: Vec<_> = (0..6)
+        .map(|n| {
+            let (addr, stop) = (instances[n % 3].addr, Arc::clone(&stop));
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let (status, _, _) = get_within(addr, "/", Duration::from_secs(5)).await;
+                    seen.push((status, Instant::now()));
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                seen
+            })
+        })
+        .collect();
+    let mut paused = Vec::new();
+    for pause in [Duration::from_millis(30), Duration::from_secs(2)] {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let from = Instant::now();
+        redis.pause();
+        tokio::time::sleep(pause).await;
+        redis.resume();
+        paused.push((from, Instant::now()));
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut seen = Vec::new();
+    for task in load {
+        seen.extend(task.await.unwrap());
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    assert!(seen.iter().all(|&(s, _)| s == 200 || s == 429), "{:?}", seen.iter().map(|s| s.0).collect::<Vec<_>>());
+    let admitted = seen.iter().filter(|&&(s, _)| s == 200).count() as f64;
+    let (from, to) = paused[1];
+    assert!(
+        seen.iter().any(|&(s, at)| s == 200 && at > from + Duration::from_millis(500) && at < to),
+        "the local twins admit while Redis is paused"
+    );
+    // Budget: burst + 1 at once, then the rate. Allowance, per stretch F decided
+    // locally: the twins' starting units (their share of what they heard: at most one
+    // each, rounding) and min(rate × F, burst + 1), the quota Redis regains unused while
+    // the twins spend at the rate. Plus a fifth of a second of the rate, for a call that
+    // times out under load outside the pauses.
+    let budget = 21.0 + RATE * elapsed;
+    let allowance: f64 = paused
+        .iter()
+        .map(|(from, to)| 3.0 + (RATE * (*to - *from + cooldown + timeout * 2).as_secs_f64()).min(21.0))
+        .sum::<f64>()
+        + RATE * 0.2;
+    assert!(
+        admitted <= budget + allowance,
+        "{admitted} admitted in {elapsed:.2} s: budget {budget:.0} + allowance {allowance:.0}"
+    );
+    // And the limit held: far more requests came than it allows.
+    assert!(seen.len() as f64 > 2.0 * (budget + allowance), "{} requests", seen.len());
 }
 
 /// Redis paused (SIGSTOP): requests still get their answer within the timeout; after
