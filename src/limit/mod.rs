@@ -13,6 +13,8 @@ pub mod allow;
 pub mod ban;
 pub mod concurrency;
 pub mod fixed_window;
+#[cfg(test)]
+mod gcra_cases;
 mod global;
 pub mod key;
 pub mod leaky_bucket;
@@ -492,6 +494,37 @@ mod tests {
 
     fn passes(d: &Decision) -> bool {
         matches!(d, Decision::Pass { .. })
+    }
+
+    /// Each hand-worked schedule of `gcra_cases`, replayed on the injected clock.
+    #[test]
+    fn the_leaky_bucket_family_answers_as_worked_out_by_hand() {
+        use gcra_cases::{Answer, CASES};
+        let yaml: String =
+            CASES.iter().enumerate().map(|(i, c)| format!("  l{i}: {{ key: ip, {} }}\n", c.policy)).collect();
+        let l = limiters(&yaml);
+        let (uri, headers) = (Uri::from_static("/"), HeaderMap::new());
+        for (i, case) in CASES.iter().enumerate() {
+            for (n, step) in case.steps.iter().enumerate() {
+                let src = KeySource {
+                    client_ip: IpAddr::V4(Ipv4Addr::new(10, 0, 0, step.key)),
+                    method: &Method::GET,
+                    uri: &uri,
+                    path: uri.path().as_bytes(),
+                    headers: &headers,
+                    host: None,
+                };
+                let at = 1_700_000_000_000_000_000 + step.at * 1_000_000_000;
+                let (Decision::Pass { standings, .. } | Decision::Reject { standings, .. }) =
+                    l.check(&[i], &src, step.cost, || at);
+                let s = standings[0];
+                let retry = match s.outcome {
+                    Outcome::Rejected(retry) => Some(retry),
+                    _ => None,
+                };
+                assert_eq!(Answer::of(retry, s.remaining, s.reset), step.answer, "{}, request {n}", case.name);
+            }
+        }
     }
 
     #[test]

@@ -97,6 +97,32 @@ async fn local_and_redis_decide_every_schedule_alike() {
     assert!(compared > 3000);
 }
 
+/// The Redis script answers each hand-worked schedule of `gcra_cases` (the local
+/// limiter's unit tests replay them too), on a clock passed to the script.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_answers_the_leaky_bucket_schedules_as_worked_out_by_hand() {
+    use crate::gcra_cases::{Answer, CASES};
+    let redis = Redis::start();
+    let mut yaml = format!("listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 2s }}\nlimits:\n", redis.url());
+    for (i, case) in CASES.iter().enumerate() {
+        yaml += &format!("  l{i}: {{ key: ip, scope: global, {} }}\n", case.policy);
+    }
+    let limiters = Limiters::new(&parse(&yaml, "test").unwrap());
+    let store = Arc::clone(limiters.store().unwrap());
+    for (i, case) in CASES.iter().enumerate() {
+        for (n, step) in case.steps.iter().enumerate() {
+            let call = Call { limit: i, base: store.base(i, u128::from(step.key)), near: 0 };
+            let verdicts = store.decide(&[call], step.cost, Some((1_700_000_000 + step.at, 0))).await.unwrap();
+            let s = verdicts.standings[0];
+            let retry = match s.outcome {
+                Outcome::Rejected(retry) => Some(retry),
+                _ => None,
+            };
+            assert_eq!(Answer::of(retry, s.remaining, s.reset), step.answer, "{}, request {n}", case.name);
+        }
+    }
+}
+
 /// `GET path`, failing the test if no answer comes within `limit` (Redis is failing:
 /// no request may hang).
 async fn get_within(addr: std::net::SocketAddr, path: &str, limit: Duration) -> (u16, Option<String>, Duration) {

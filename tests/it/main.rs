@@ -10,6 +10,9 @@ mod config_errors;
 mod conformance;
 mod connections;
 mod forwarding;
+// The hand-worked GCRA schedules the local limiter's tests replay too.
+#[path = "../../src/limit/gcra_cases.rs"]
+mod gcra_cases;
 mod global;
 mod limits;
 mod paths;
