@@ -440,14 +440,27 @@ routes:
 async fn the_local_twin_starts_from_what_redis_last_said() {
     let mut redis = Redis::start();
     let yaml = format!(
-        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 100ms }}\nlimits:\n  g: {{ key: ip, rate: 1r/m, burst: 5, nodelay: true, scope: global, on_store_error: local }}\nroutes:\n{}",
-        redis.url(),
-        respond_route("g")
+        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 100ms }}\nlimits:
+  rate: {{ key: ip, rate: 1r/m, burst: 5, nodelay: true, scope: global, on_store_error: local }}
+  window: {{ key: ip, algorithm: fixed_window, limit: 6, window: 1d, scope: global, on_store_error: local }}
+routes:
+  - match: {{ path: /rate }}
+    respond: {{ status: 200 }}
+    limits: [rate]
+  - match: {{ path: /window }}
+    respond: {{ status: 200 }}
+    limits: [window]
+",
+        redis.url()
     );
     let sg = Sluicegate::start(&yaml);
-    assert_eq!(futures_statuses(sg.addr, "/", 4).await, [200; 4], "decided by Redis: 2 of 6 left");
+    for path in ["/rate", "/window"] {
+        assert_eq!(futures_statuses(sg.addr, path, 4).await, [200; 4], "{path} by Redis: 2 of 6 left");
+    }
     redis.kill();
-    assert_eq!(futures_statuses(sg.addr, "/", 4).await, [200, 200, 429, 429], "decided by the twin");
+    for path in ["/rate", "/window"] {
+        assert_eq!(futures_statuses(sg.addr, path, 4).await, [200, 200, 429, 429], "{path} by the twin");
+    }
 }
 
 /// Three instances share a global limit (50 r/s, burst 20), held at its limit, while
