@@ -151,6 +151,18 @@ impl Held<'_> {
         }
     }
 
+    /// Sets `key` to have `units` left at `now`, as a global limit's local twin heard
+    /// from Redis. The leaky bucket family and fixed windows (aligned alike everywhere)
+    /// follow what they hear; the sliding windows' and concurrency twins keep their own
+    /// count, their share of the limit.
+    pub fn hear(&mut self, key: u64, units: u64, now: u64) {
+        match self {
+            Held::LeakyBucket(a, t, shard) => t.put(shard, key, a.holding(units, now), |s| a.is_idle(s, now), |s| s),
+            Held::FixedWindow(a, t, shard) => t.put(shard, key, a.holding(units, now), |s| a.is_idle(s, now), |s| s),
+            Held::SlidingWindow(..) | Held::SlidingLog(..) | Held::Concurrency(..) => {}
+        }
+    }
+
     /// Takes back an admission of `cost` units made at `at` (a concurrency slot is given
     /// back by its permit instead).
     pub fn refund(&mut self, key: u64, cost: u64, at: u64) {

@@ -86,6 +86,11 @@ impl FixedWindow {
     }
 
     /// A count from an earlier window is a fresh key's.
+    /// The state of a key with `units` left in the window of `now`.
+    pub fn holding(&self, units: u64, now: u64) -> u64 {
+        pack(now / self.window, self.limit - units.min(self.limit))
+    }
+
     pub fn is_idle(&self, state: u64, now: u64) -> bool {
         self.count(Some(state), now) == 0
     }
@@ -109,6 +114,16 @@ mod tests {
                 Verdict::Reject { .. } => false,
             })
             .collect()
+    }
+
+    #[test]
+    fn a_key_holding_n_units_admits_n_until_the_window_ends() {
+        let w = FixedWindow::new(5, Duration::from_secs(10));
+        let state = w.holding(2, 12 * S);
+        assert!(matches!(w.decide(Some(state), 13 * S, 2), Verdict::Admit { remaining: 0, .. }));
+        assert!(matches!(w.decide(Some(state), 13 * S, 3), Verdict::Reject { remaining: 2, .. }));
+        assert!(matches!(w.decide(Some(state), 20 * S, 5), Verdict::Admit { .. }), "a new window");
+        assert!(matches!(w.decide(Some(w.holding(9, 12 * S)), 12 * S, 5), Verdict::Admit { .. }));
     }
 
     #[test]

@@ -1,12 +1,15 @@
 //! A request's local and global limits, decided together, all or nothing.
 //!
-//! 1. A global limit whose key the near-cache knows to be over its limit refuses at once.
+//! 1. A one-unit request for a key the near-cache knows Redis refuses one unit is refused
+//!    at once, as Redis would; heavier requests ask Redis (their wait is longer).
 //! 2. The local limits decide (`check`); a local rejection costs Redis nothing.
 //! 3. One `Store::decide` call decides every global limit. If one rejects, the local
 //!    admissions of step 2 are taken back: no quota is spent anywhere.
 //! 4. If Redis fails or the breaker is open, each global limit's `on_store_error` decides:
 //!    `allow` admits, `deny` refuses with 503, `local` asks the limit's local twin (its
-//!    rate divided by `instances`), all or nothing with step 2.
+//!    rate and capacity divided by `instances`), all or nothing with step 2. Each Redis
+//!    answer in step 3 sets the twin to its share of what Redis said is left, so a
+//!    fallback goes on from there rather than from a fresh key.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,7 +40,9 @@ impl Limiters {
                 Some(Call { limit, base: store.base(limit, hash), near: (hash >> 64) as u64 })
             })
             .collect();
-        if let Some(refused) = self.near_refused(store, &calls) {
+        if cost == 1
+            && let Some(refused) = self.near_refused(store, &calls)
+        {
             return refused;
         }
         let first = self.check_chosen(&local, src, cost, now);
@@ -50,15 +55,17 @@ impl Limiters {
         }
     }
 
-    /// The near-cache's refusal of the longest-refused enforced global limit, if any.
+    /// The near-cache's refusal of a one-unit request by the longest-refused enforced
+    /// global limit, if any: what Redis answered, with the times counted down since.
     fn near_refused(&self, store: &Store, calls: &[Call]) -> Option<Decision> {
         let t = now();
-        let (limit, left) = calls
+        let (limit, known) = calls
             .iter()
             .filter(|c| !self.limits[c.limit].dry_run)
-            .filter_map(|c| Some((c.limit, Duration::from_nanos(store.near_refused(c, t)?))))
-            .max_by_key(|&(_, left)| left)?;
-        Some(refusal(limit, self.limits[limit].status, left))
+            .filter_map(|c| Some((c.limit, store.near_refused(c, t)?)))
+            .max_by_key(|&(_, known)| known.until)?;
+        let left = |at: u64| Duration::from_nanos(at.saturating_sub(t));
+        Some(refusal(limit, known.window, self.limits[limit].status, left(known.until), left(known.reset)))
     }
 
     /// The local decision `first` (a pass) joined with what Redis decided.
@@ -74,6 +81,7 @@ impl Limiters {
         if verdicts.rejected {
             self.undo(&standings, src, cost, at);
         }
+        self.hear(&verdicts, src, cost);
         let global_wait = verdicts
             .standings
             .iter()
@@ -96,6 +104,21 @@ impl Limiters {
             pending.global = Some(Box::new(Admissions { store: Arc::clone(store), list: counted }));
         }
         Decision::Pass { wait: wait.max(global_wait), standings, permits, pending, at }
+    }
+
+    /// Keeps the local twins of `on_store_error: local` limits where Redis says the key
+    /// stands, each with its share (`remaining / instances`): if Redis then fails, the
+    /// twin goes on from there, not from a fresh key's full share.
+    fn hear(&self, verdicts: &Verdicts, src: &KeySource<'_>, cost: u64) {
+        let t = now();
+        for s in &verdicts.standings {
+            let limiter = &self.limits[s.limit];
+            let Scope::Global { on_store_error: OnStoreError::Local, instances } = limiter.scope else { continue };
+            let Some(key) = limiter.key.hash(src, &self.seed) else { continue };
+            // A window that admitted a request another limit refused got its units back.
+            let back = if verdicts.rejected && !matches!(s.outcome, Outcome::Rejected(_)) { cost } else { 0 };
+            limiter.windows[s.window].lock(key).hear(key, (s.remaining + back) / instances, t);
+        }
     }
 
     /// Decides the global limits of `calls` by their `on_store_error`, after `first` (a
@@ -124,7 +147,7 @@ impl Limiters {
         }
         if let Some(limit) = denied {
             self.undo(&standings, src, cost, at);
-            return refusal(limit, StatusCode::SERVICE_UNAVAILABLE, DENIED_RETRY_AFTER);
+            return refusal(limit, 0, StatusCode::SERVICE_UNAVAILABLE, DENIED_RETRY_AFTER, DENIED_RETRY_AFTER);
         }
         if local.is_empty() {
             return Decision::Pass { wait, standings, permits, pending, at };
@@ -145,16 +168,10 @@ impl Limiters {
     }
 }
 
-/// A refusal by `limit` alone, decided without asking Redis: with `status`, for `after`.
-fn refusal(limit: usize, status: StatusCode, after: Duration) -> Decision {
-    let standing = Standing {
-        limit,
-        window: 0,
-        outcome: Outcome::Rejected(after),
-        remaining: 0,
-        reset: after,
-        excess: 0.0,
-        banned: false,
-    };
+/// A refusal by `window` of `limit` alone, decided without asking Redis: with `status`,
+/// for `after`, no unit left, the full quota back after `reset`.
+fn refusal(limit: usize, window: usize, status: StatusCode, after: Duration, reset: Duration) -> Decision {
+    let standing =
+        Standing { limit, window, outcome: Outcome::Rejected(after), remaining: 0, reset, excess: 0.0, banned: false };
     Decision::Reject { limit, status, retry_after: after, standings: smallvec![standing] }
 }

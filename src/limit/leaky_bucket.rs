@@ -77,6 +77,13 @@ impl LeakyBucket {
         self.burst / self.period + 1
     }
 
+    /// The state of a key with `units` left at `now` (at most `capacity`): the next
+    /// `units` one-unit requests pass at once, then one per period.
+    pub fn holding(&self, units: u64, now: u64) -> Tat {
+        let units = units.min(self.capacity());
+        now.saturating_add(self.burst).saturating_sub(units.saturating_mul(self.period))
+    }
+
     /// Takes back an admission of `cost` units: the bucket drains that much sooner.
     pub fn refund(&self, tat: Tat, cost: u64) -> Tat {
         tat.saturating_sub(cost.saturating_mul(self.period))
@@ -200,6 +207,29 @@ mod tests {
         let Verdict::Admit { state, .. } = b.decide(Some(0), 0, 2) else { panic!() };
         assert!(matches!(b.decide(Some(state), 0, 1), Verdict::Reject { .. }));
         assert!(matches!(b.decide(Some(b.refund(state, 2)), 0, 2), Verdict::Admit { .. }));
+    }
+
+    #[test]
+    fn a_key_holding_n_units_admits_n_at_once_then_one_per_period() {
+        let b = bucket("10r/s", 4, 4);
+        let outcomes = |state| {
+            let mut state = Some(state);
+            (0..4)
+                .map(|_| match b.decide(state, 1_000 * MS, 1) {
+                    Verdict::Admit { state: tat, .. } => {
+                        state = Some(tat);
+                        Ok(())
+                    }
+                    Verdict::Reject { retry_after, .. } => Err(retry_after / MS),
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(outcomes(b.holding(2, 1_000 * MS)), vec![Ok(()), Ok(()), Err(100), Err(100)]);
+        assert_eq!(outcomes(b.holding(0, 1_000 * MS)), vec![Err(100); 4]);
+        // Heard 50 ms before: half a unit more is back.
+        assert_eq!(outcomes(b.holding(0, 950 * MS)), vec![Err(50); 4]);
+        // More than it can hold is a fresh key.
+        assert!(b.is_idle(b.holding(9, 1_000 * MS), 1_000 * MS));
     }
 
     #[test]

@@ -13,6 +13,8 @@ pub mod allow;
 pub mod ban;
 pub mod concurrency;
 pub mod fixed_window;
+#[cfg(test)]
+mod gcra_cases;
 mod global;
 pub mod inspect;
 pub mod key;
@@ -448,7 +450,7 @@ fn standing(limit: usize, window: usize, verdict: &Verdict) -> Standing {
 }
 
 /// A limit's local limiter. A global limit's is its `on_store_error: local` fallback,
-/// each window's rate divided by `instances` (rounded up, so never to zero).
+/// each window's rate and capacity divided by `instances` (rounded up, so never to zero).
 fn limiter(limit: &Limit) -> Limiter {
     let share = match limit.scope {
         Scope::Global { instances, .. } => instances,
@@ -470,13 +472,16 @@ fn limiter(limit: &Limit) -> Limiter {
     }
 }
 
-/// `policy` with its rate divided among `instances`.
+/// `policy` with its rate and capacity divided among `instances`: for a rate, the
+/// requests admitted at once (`burst + 1`) are shared, so that the instances' twins
+/// together hold no more than the limit does.
 fn shared(policy: &Policy, instances: u64) -> Policy {
     let part = |n: u64| n.div_ceil(instances).max(1);
     match *policy {
         Policy::Rate { rate, burst, delay } => {
             let per = rate.per.saturating_mul(u32::try_from(instances).unwrap_or(u32::MAX));
-            Policy::Rate { rate: Rate { count: rate.count, per }, burst, delay }
+            let burst = part(burst.saturating_add(1)) - 1;
+            Policy::Rate { rate: Rate { count: rate.count, per }, burst, delay: delay.min(burst) }
         }
         Policy::FixedWindow { limit, window } => Policy::FixedWindow { limit: part(limit), window },
         Policy::SlidingWindow { limit, window } => Policy::SlidingWindow { limit: part(limit), window },
@@ -539,6 +544,49 @@ mod tests {
 
     fn passes(d: &Decision) -> bool {
         matches!(d, Decision::Pass { .. })
+    }
+
+    /// Each hand-worked schedule of `gcra_cases`, replayed on the injected clock.
+    #[test]
+    fn the_leaky_bucket_family_answers_as_worked_out_by_hand() {
+        use gcra_cases::{Answer, CASES};
+        let yaml: String =
+            CASES.iter().enumerate().map(|(i, c)| format!("  l{i}: {{ key: ip, {} }}\n", c.policy)).collect();
+        let l = limiters(&yaml);
+        let (uri, headers) = (Uri::from_static("/"), HeaderMap::new());
+        for (i, case) in CASES.iter().enumerate() {
+            for (n, step) in case.steps.iter().enumerate() {
+                let src = KeySource {
+                    client_ip: IpAddr::V4(Ipv4Addr::new(10, 0, 0, step.key)),
+                    method: &Method::GET,
+                    uri: &uri,
+                    path: uri.path().as_bytes(),
+                    headers: &headers,
+                    host: None,
+                };
+                let at = 1_700_000_000_000_000_000 + step.at * 1_000_000_000;
+                let (Decision::Pass { standings, .. } | Decision::Reject { standings, .. }) =
+                    l.check(&[i], &src, step.cost, || at);
+                let s = standings[0];
+                let retry = match s.outcome {
+                    Outcome::Rejected(retry) => Some(retry),
+                    _ => None,
+                };
+                assert_eq!(Answer::of(retry, s.remaining, s.reset), step.answer, "{}, request {n}", case.name);
+            }
+        }
+    }
+
+    #[test]
+    fn a_global_limits_local_twin_gets_its_share_of_rate_and_burst() {
+        let rate = |count, secs| Rate { count, per: Duration::from_secs(secs) };
+        let policy = Policy::Rate { rate: rate(50, 1), burst: 20, delay: 20 };
+        // 21 at once among 3: 7 each (burst 6), at 50 per 3 s.
+        assert_eq!(shared(&policy, 3), Policy::Rate { rate: rate(50, 3), burst: 6, delay: 6 });
+        let strict = Policy::Rate { rate: rate(10, 1), burst: 0, delay: 0 };
+        assert_eq!(shared(&strict, 4), Policy::Rate { rate: rate(10, 4), burst: 0, delay: 0 });
+        let window = Policy::FixedWindow { limit: 10, window: Duration::from_secs(60) };
+        assert_eq!(shared(&window, 3), Policy::FixedWindow { limit: 4, window: Duration::from_secs(60) });
     }
 
     #[test]

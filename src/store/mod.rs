@@ -29,7 +29,7 @@ use crate::limit::{Outcome, Standing};
 use breaker::{Breaker, Change};
 use connection::Connections;
 pub use lease::Lease;
-use near_cache::NearCache;
+use near_cache::{NearCache, Refusal};
 use script::{REFUND, REPLY_FIELDS, Spec};
 
 /// Fallback log lines come at most this often, each with the counts since the last.
@@ -182,13 +182,13 @@ impl Store {
         format!("{}{{{name}:{hash:032x}}}", self.prefix)
     }
 
-    /// How long the near-cache still refuses `call` from `now`, if it does.
-    pub fn near_refused(&self, call: &Call, now: u64) -> Option<u64> {
-        let left = self.near.refused(call.limit, call.near, now);
-        if left.is_some() {
+    /// The near-cache's refusal of a one-unit request for `call` at `now`, if it has one.
+    pub fn near_refused(&self, call: &Call, now: u64) -> Option<Refusal> {
+        let refusal = self.near.refused(call.limit, call.near, now);
+        if refusal.is_some() {
             self.stats.near_hits.fetch_add(1, Ordering::Relaxed);
         }
-        left
+        refusal
     }
 
     /// What the store has counted since start, for `/metrics`.
@@ -249,7 +249,9 @@ impl Store {
         if self.breaker.succeeded() == Change::Closed {
             info!("Redis answers again: global limits are decided by Redis");
         }
-        Ok(self.verdicts(calls, &batches, &replies, &ids, cost, now))
+        // Refusals are remembered from the reply's arrival, at or after Redis decided:
+        // a client told the time left from then on is never early.
+        Ok(self.verdicts(calls, &batches, &replies, &ids, cost, crate::limit::now()))
     }
 
     /// Turns the replies into standings; on a rejection, takes back what other slots'
@@ -274,25 +276,28 @@ impl Store {
             let (mut batch_rejects, mut stored) = (false, Batch::new());
             for &c in batch {
                 let spec = self.spec(calls[c].limit);
-                let mut longest = None;
+                let mut longest: Option<(Duration, Duration, usize)> = None;
                 for window in 0..spec.windows() {
                     let Some(f) = fields.next() else { break };
                     let standing = standing(calls[c].limit, window, f);
-                    if let Outcome::Rejected(after) = standing.outcome {
-                        longest = longest.max(Some(after));
+                    if let Outcome::Rejected(after) = standing.outcome
+                        && longest.is_none_or(|(longest, ..)| after > longest)
+                    {
+                        longest = Some((after, standing.reset, window));
                     }
                     standings.push(standing);
                 }
                 match (longest, spec.dry_run) {
                     (None, _) => stored.push(c),
                     (Some(_), true) => {}
-                    (Some(after), false) => {
+                    (Some((after, reset, window)), false) => {
                         batch_rejects = true;
                         // The near-cache knows when a request of one unit passes again
                         // (a concurrency slot may free up any moment: not for those).
                         if cost == 1 && !spec.leases {
-                            let until = now.saturating_add(u64::try_from(after.as_nanos()).unwrap_or(u64::MAX));
-                            self.near.remember(calls[c].limit, calls[c].near, until, now);
+                            let at = |d: Duration| now.saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+                            let refusal = Refusal { until: at(after), reset: at(reset), window };
+                            self.near.remember(calls[c].limit, calls[c].near, refusal, now);
                         }
                     }
                 }

@@ -97,6 +97,32 @@ async fn local_and_redis_decide_every_schedule_alike() {
     assert!(compared > 3000);
 }
 
+/// The Redis script answers each hand-worked schedule of `gcra_cases` (the local
+/// limiter's unit tests replay them too), on a clock passed to the script.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_answers_the_leaky_bucket_schedules_as_worked_out_by_hand() {
+    use crate::gcra_cases::{Answer, CASES};
+    let redis = Redis::start();
+    let mut yaml = format!("listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 2s }}\nlimits:\n", redis.url());
+    for (i, case) in CASES.iter().enumerate() {
+        yaml += &format!("  l{i}: {{ key: ip, scope: global, {} }}\n", case.policy);
+    }
+    let limiters = Limiters::new(&parse(&yaml, "test").unwrap());
+    let store = Arc::clone(limiters.store().unwrap());
+    for (i, case) in CASES.iter().enumerate() {
+        for (n, step) in case.steps.iter().enumerate() {
+            let call = Call { limit: i, base: store.base(i, u128::from(step.key)), near: 0 };
+            let verdicts = store.decide(&[call], step.cost, Some((1_700_000_000 + step.at, 0))).await.unwrap();
+            let s = verdicts.standings[0];
+            let retry = match s.outcome {
+                Outcome::Rejected(retry) => Some(retry),
+                _ => None,
+            };
+            assert_eq!(Answer::of(retry, s.remaining, s.reset), step.answer, "{}, request {n}", case.name);
+        }
+    }
+}
+
 /// `GET path`, failing the test if no answer comes within `limit` (Redis is failing:
 /// no request may hang).
 async fn get_within(addr: std::net::SocketAddr, path: &str, limit: Duration) -> (u16, Option<String>, Duration) {
@@ -232,6 +258,54 @@ routes:
     assert_eq!(local.iter().filter(|&&s| s == 200).count(), 8, "{local:?}");
 }
 
+/// The near-cache answers a one-unit request exactly as Redis did (the reset too, not
+/// the `Retry-After` again), and lets Redis answer heavier ones, whose wait is longer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_near_cache_answers_as_redis_and_only_for_one_unit() {
+    let redis = Redis::start();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nratelimit_headers: all\nredis: {{ url: \"{}\", timeout: 1s }}\nlimits:\n  l: {{ key: ip, rate: 1r/m, burst: 2, nodelay: true, scope: global }}\nroutes:\n  - limits: [l]\n    cost_header: x-cost\n    respond: {{ status: 200 }}\n",
+        redis.url()
+    );
+    let sg = Sluicegate::start(&yaml);
+    for _ in 0..3 {
+        assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
+    }
+    let answer = |r: &crate::common::Reply| {
+        (r.status, r.header("retry-after").map(str::to_owned), r.header("ratelimit").map(str::to_owned))
+    };
+    let refused = |after: &str| (429, Some(after.to_owned()), Some("\"l\";r=0;t=180".to_owned()));
+    let calls = evalsha_calls(&redis);
+    assert_eq!(answer(&get(sg.addr, "/", &[]).await), refused("60"), "Redis's answer");
+    assert_eq!(evalsha_calls(&redis), calls + 1);
+    assert_eq!(answer(&get(sg.addr, "/", &[]).await), refused("60"), "the near-cache's answer");
+    assert_eq!(evalsha_calls(&redis), calls + 1);
+    assert_eq!(answer(&get(sg.addr, "/", &[("x-cost", "2")]).await), refused("120"), "two units wait longer");
+    assert_eq!(evalsha_calls(&redis), calls + 2, "Redis answered two units");
+    assert_eq!(answer(&get(sg.addr, "/", &[]).await), refused("60"));
+    assert_eq!(evalsha_calls(&redis), calls + 2);
+}
+
+/// A client that waits the `Retry-After` it was given is not refused again, whatever its
+/// cost, even when a one-unit refusal of its key is in the near-cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_obeys_retry_after_passes_next_time() {
+    let redis = Redis::start();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 1s }}\nlimits:\n  l: {{ key: ip, rate: 1r/s, burst: 1, nodelay: true, scope: global }}\nroutes:\n  - limits: [l]\n    cost_header: x-cost\n    respond: {{ status: 200 }}\n",
+        redis.url()
+    );
+    let sg = Sluicegate::start(&yaml);
+    assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
+    assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
+    assert_eq!(get(sg.addr, "/", &[]).await.status, 429, "one unit refused: now in the near-cache");
+    let refused = get(sg.addr, "/", &[("x-cost", "2")]).await;
+    assert_eq!((refused.status, refused.header("retry-after")), (429, Some("2")));
+    // Obeying is the point of this test: the wait is the one the client was told.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(get(sg.addr, "/", &[("x-cost", "2")]).await.status, 200);
+}
+
 async fn futures_statuses(addr: std::net::SocketAddr, path: &str, n: usize) -> Vec<u16> {
     let mut out = Vec::new();
     for _ in 0..n {
@@ -336,9 +410,10 @@ routes:
     }
     assert!(statuses["/open"].iter().all(|&s| s == 200), "{:?}", statuses["/open"]);
     assert!(statuses["/closed"].iter().all(|&s| s == 503), "{:?}", statuses["/closed"]);
-    // The local twin: burst 5 (6 at once), its rate halved; fresh, as Redis kept the state.
+    // The local twin: its share of 6 at once (burst 5) and of the rate, between two
+    // instances; it never heard of the key from Redis.
     let twin = &statuses["/twin"];
-    assert_eq!(twin.iter().filter(|&&s| s == 200).count(), 6, "{twin:?}");
+    assert_eq!(twin.iter().filter(|&&s| s == 200).count(), 3, "{twin:?}");
     let log = sg.wait_for_log(|l| l.contains("circuit breaker open"));
     assert!(log.contains("circuit breaker open"), "{log}");
     let reports = log.matches("global limits without Redis").count();
@@ -357,6 +432,111 @@ routes:
     }
     assert_eq!(get(sg.addr, "/closed", &[]).await.status, 200);
     assert!(sg.wait_for_log(|l| l.contains("Redis answers again")).contains("Redis answers again"));
+}
+
+/// When Redis goes, a key's local twin goes on from the units Redis last said were
+/// left (its share of them: all, for one instance), not from a fresh key's burst.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_local_twin_starts_from_what_redis_last_said() {
+    let mut redis = Redis::start();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 100ms }}\nlimits:
+  rate: {{ key: ip, rate: 1r/m, burst: 5, nodelay: true, scope: global, on_store_error: local }}
+  window: {{ key: ip, algorithm: fixed_window, limit: 6, window: 1d, scope: global, on_store_error: local }}
+routes:
+  - match: {{ path: /rate }}
+    respond: {{ status: 200 }}
+    limits: [rate]
+  - match: {{ path: /window }}
+    respond: {{ status: 200 }}
+    limits: [window]
+",
+        redis.url()
+    );
+    let sg = Sluicegate::start(&yaml);
+    for path in ["/rate", "/window"] {
+        assert_eq!(futures_statuses(sg.addr, path, 4).await, [200; 4], "{path} by Redis: 2 of 6 left");
+    }
+    redis.kill();
+    for path in ["/rate", "/window"] {
+        assert_eq!(futures_statuses(sg.addr, path, 4).await, [200, 200, 429, 429], "{path} by the twin");
+    }
+}
+
+/// Three instances share a global limit (50 r/s, burst 20), held at its limit, while
+/// Redis pauses for 30 ms, then for 2 s. Each local twin starts from its share of what
+/// its instance last heard from Redis (next to nothing, for a key held at its limit),
+/// not from a full burst: the admissions stay within the budget plus the allowance
+/// README states, `rate × F` per time `F` the instances decide locally (the pause, at
+/// most a breaker cooldown and two timeouts more) plus the twins' starting units.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_keep_the_budget_through_redis_pauses() {
+    const RATE: f64 = 50.0;
+    let (timeout, cooldown) = (Duration::from_millis(20), Duration::from_millis(100));
+    let redis = Redis::start();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 20ms, breaker_cooldown: 100ms }}\nlimits:\n  g: {{ key: ip, rate: 50r/s, burst: 20, nodelay: true, scope: global, on_store_error: local, instances: 3 }}\nroutes:\n{}",
+        redis.url(),
+        respond_route("g")
+    );
+    let instances = [Sluicegate::start(&yaml), Sluicegate::start(&yaml), Sluicegate::start(&yaml)];
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let started = Instant::now();
+    // Two clients per instance, each far faster than the rate (paced, to spare the cores).
+    let load: Vec<_> = (0..6)
+        .map(|n| {
+            let (addr, stop) = (instances[n % 3].addr, Arc::clone(&stop));
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let (status, _, _) = get_within(addr, "/", Duration::from_secs(5)).await;
+                    seen.push((status, Instant::now()));
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                seen
+            })
+        })
+        .collect();
+    let mut paused = Vec::new();
+    for pause in [Duration::from_millis(30), Duration::from_secs(2)] {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let from = Instant::now();
+        redis.pause();
+        tokio::time::sleep(pause).await;
+        redis.resume();
+        paused.push((from, Instant::now()));
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut seen = Vec::new();
+    for task in load {
+        seen.extend(task.await.unwrap());
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    assert!(seen.iter().all(|&(s, _)| s == 200 || s == 429), "{:?}", seen.iter().map(|s| s.0).collect::<Vec<_>>());
+    let admitted = seen.iter().filter(|&&(s, _)| s == 200).count() as f64;
+    let (from, to) = paused[1];
+    assert!(
+        seen.iter().any(|&(s, at)| s == 200 && at > from + Duration::from_millis(500) && at < to),
+        "the local twins admit while Redis is paused"
+    );
+    // Budget: burst + 1 at once, then the rate. Allowance, per stretch F decided
+    // locally: the twins' starting units (their share of what they heard: at most one
+    // each, rounding) and min(rate × F, burst + 1), the quota Redis regains unused while
+    // the twins spend at the rate. Plus a fifth of a second of the rate, for a call that
+    // times out under load outside the pauses.
+    let budget = 21.0 + RATE * elapsed;
+    let allowance: f64 = paused
+        .iter()
+        .map(|(from, to)| 3.0 + (RATE * (*to - *from + cooldown + timeout * 2).as_secs_f64()).min(21.0))
+        .sum::<f64>()
+        + RATE * 0.2;
+    assert!(
+        admitted <= budget + allowance,
+        "{admitted} admitted in {elapsed:.2} s: budget {budget:.0} + allowance {allowance:.0}"
+    );
+    // And the limit held: far more requests came than it allows.
+    assert!(seen.len() as f64 > 2.0 * (budget + allowance), "{} requests", seen.len());
 }
 
 /// Redis paused (SIGSTOP): requests still get their answer within the timeout; after

@@ -11,6 +11,9 @@ mod conformance;
 mod connections;
 mod eviction;
 mod forwarding;
+// The hand-worked GCRA schedules the local limiter's tests replay too.
+#[path = "../../src/limit/gcra_cases.rs"]
+mod gcra_cases;
 mod global;
 mod keys;
 mod limits;
