@@ -9,6 +9,7 @@ mod position;
 mod raw;
 mod store;
 pub mod units;
+mod upstreams;
 mod validate;
 
 use std::fmt;
@@ -56,10 +57,37 @@ pub struct Config {
 #[derive(Debug)]
 pub struct Upstream {
     pub name: String,
-    pub servers: Vec<Authority>,
+    pub servers: Vec<Server>,
+    pub balance: Balance,
     pub connect_timeout: Duration,
     /// Longest wait for the response headers once the request is sent.
     pub timeout: Duration,
+    /// Failures within `fail_timeout` that take a server out for `fail_timeout` (0: never).
+    pub max_fails: u32,
+    pub fail_timeout: Duration,
+    /// Further servers a request that could not be sent is tried on.
+    pub retries: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct Server {
+    pub address: Authority,
+    /// Its share of requests relative to the other servers' weights.
+    pub weight: u32,
+}
+
+/// How an upstream chooses a request's server among those not taken out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Balance {
+    /// In turn, by weight (nginx's smooth weighted round robin).
+    RoundRobin,
+    /// Fewest requests in progress per unit of weight.
+    LeastConn,
+    /// The less busy of two servers drawn at random by weight.
+    RandomTwo,
+    /// By a key of the request, consistently: the same key goes to the same server, and
+    /// adding a server moves only its share of keys.
+    Hash(KeySpec),
 }
 
 /// The `redis:` section: where global limits keep their state, and how long sluicegate

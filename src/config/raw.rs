@@ -46,9 +46,39 @@ pub struct RawServer {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawUpstream {
-    pub servers: Vec<String>,
+    pub servers: Vec<RawUpstreamServer>,
     pub connect_timeout: Option<String>,
     pub timeout: Option<String>,
+    pub balance: Option<BalanceName>,
+    pub hash_key: Option<RawKey>,
+    pub max_fails: Option<u32>,
+    pub fail_timeout: Option<String>,
+    pub retries: Option<u32>,
+}
+
+/// `"HOST:PORT"`, or `{ address: "HOST:PORT", weight: 3 }`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum RawUpstreamServer {
+    Address(String),
+    Weighted(RawWeightedServer),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawWeightedServer {
+    pub address: String,
+    pub weight: Option<u32>,
+}
+
+/// `balance:` of an upstream: how a request's server is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BalanceName {
+    RoundRobin,
+    LeastConn,
+    RandomTwo,
+    Hash,
 }
 
 /// The Redis that global limits share.

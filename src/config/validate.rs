@@ -8,15 +8,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
-use http::uri::Authority;
 use http::{HeaderMap, Method, StatusCode};
 use ipnet::IpNet;
 
 use super::position::Positions;
-use super::raw::{RawAllow, RawConfig, RawMatch, RawRespond, RawRoute, RawUpstream};
+use super::raw::{RawAllow, RawConfig, RawMatch, RawRespond, RawRoute};
 use super::units::parse_duration;
-use super::{Action, Config, ConfigError, Cost, PathMatch, Route, RouteMatch, StaticResponse, Upstream};
-use super::{limits, store};
+use super::{Action, Config, ConfigError, Cost, PathMatch, Route, RouteMatch, StaticResponse};
+use super::{limits, store, upstreams};
 use crate::limit::allow::Allow;
 
 const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -27,8 +26,6 @@ const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_CONNECTION_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 /// More connections than any one process can hold open.
 pub const MAX_CONNECTIONS: u64 = 10_000_000;
-const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub(super) struct Errors<'a> {
     file: &'a str,
@@ -91,7 +88,7 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
         )
     });
 
-    let upstreams = raw.upstreams.iter().map(|(name, u)| upstream(&mut e, name, u)).collect();
+    let upstreams = raw.upstreams.iter().map(|(name, u)| upstreams::upstream(&mut e, name, u)).collect();
     let redis = raw.redis.as_ref().map(|r| store::redis(&mut e, r));
     let limits: Vec<_> = raw.limits.iter().map(|(name, l)| limits::limit(&mut e, name, l, &raw.limits)).collect();
     if redis.is_none() {
@@ -144,37 +141,6 @@ fn parse_cidr(text: &str) -> Result<IpNet, String> {
 pub(super) fn check_name(e: &mut Errors<'_>, at: &str, name: &str) {
     if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b)) {
         e.add(at.to_owned(), format!("invalid name {name:?}: use letters, digits, '_', '-' and '.'"));
-    }
-}
-
-fn upstream(e: &mut Errors<'_>, name: &str, raw: &RawUpstream) -> Upstream {
-    let at = format!("upstreams.{name}");
-    check_name(e, &at, name);
-    if raw.servers.is_empty() {
-        e.add(format!("{at}.servers"), "needs at least one server (HOST:PORT)");
-    }
-    let servers =
-        raw.servers
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| {
-                e.check(
-                    || format!("{at}.servers[{i}]"),
-                    Authority::from_str(s).ok().filter(|a| a.port_u16().is_some() && !s.contains('@')).ok_or_else(
-                        || format!("invalid server {s:?}; write HOST:PORT, e.g. 127.0.0.1:3000 (plain HTTP)"),
-                    ),
-                )
-            })
-            .collect();
-    Upstream {
-        name: name.to_owned(),
-        servers,
-        connect_timeout: e.duration(
-            &format!("{at}.connect_timeout"),
-            raw.connect_timeout.as_ref(),
-            DEFAULT_CONNECT_TIMEOUT,
-        ),
-        timeout: e.duration(&format!("{at}.timeout"), raw.timeout.as_ref(), DEFAULT_UPSTREAM_TIMEOUT),
     }
 }
 

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use http::StatusCode;
+use http::uri::Authority;
 
 /// Each variant says who is at fault: the client (4xx) or the upstream (5xx).
 #[derive(Debug, thiserror::Error)]
@@ -20,15 +21,18 @@ pub enum ProxyError {
     /// The request weighs more than a limit ever admits at once: waiting will not help.
     #[error("a cost of {cost} can never fit limit {limit:?}, which admits at most {capacity} at once")]
     CostTooHigh { cost: u64, limit: String, capacity: u64 },
-    /// The upstream refused the connection or could not be reached in time.
-    #[error("upstream {upstream} unreachable: {source}")]
-    UpstreamUnreachable { upstream: String, source: hyper_util::client::legacy::Error },
+    /// No server of the upstream is in use: each failed lately (passive health).
+    #[error("upstream {upstream}: all servers are out after failures")]
+    NoServer { upstream: String },
+    /// The server refused the connection or could not be reached in time.
+    #[error("upstream {upstream} server {server} unreachable: {source}")]
+    UpstreamUnreachable { upstream: String, server: Authority, source: hyper_util::client::legacy::Error },
     /// The connection was made but the exchange failed (reset, malformed response).
-    #[error("upstream {upstream} failed: {source}")]
-    UpstreamFailed { upstream: String, source: hyper_util::client::legacy::Error },
+    #[error("upstream {upstream} server {server} failed: {source}")]
+    UpstreamFailed { upstream: String, server: Authority, source: hyper_util::client::legacy::Error },
     /// No response headers within the upstream's `timeout`.
-    #[error("upstream {upstream} sent no response within {timeout:?}")]
-    UpstreamTimeout { upstream: String, timeout: Duration },
+    #[error("upstream {upstream} server {server} sent no response within {timeout:?}")]
+    UpstreamTimeout { upstream: String, server: Authority, timeout: Duration },
 }
 
 impl ProxyError {
@@ -38,7 +42,9 @@ impl ProxyError {
             ProxyError::BadPath(_) | ProxyError::InvalidCost { .. } | ProxyError::CostTooHigh { .. } => {
                 StatusCode::BAD_REQUEST
             }
-            ProxyError::UpstreamUnreachable { .. } | ProxyError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
+            ProxyError::NoServer { .. }
+            | ProxyError::UpstreamUnreachable { .. }
+            | ProxyError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -51,7 +57,9 @@ mod tests {
     #[test]
     fn each_error_maps_to_its_status() {
         assert_eq!(ProxyError::NoRoute.status(), StatusCode::NOT_FOUND);
-        let timeout = ProxyError::UpstreamTimeout { upstream: "u".into(), timeout: Duration::from_secs(1) };
+        let server = Authority::from_static("127.0.0.1:80");
+        let timeout = ProxyError::UpstreamTimeout { upstream: "u".into(), server, timeout: Duration::from_secs(1) };
         assert_eq!(timeout.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(ProxyError::NoServer { upstream: "u".into() }.status(), StatusCode::BAD_GATEWAY);
     }
 }

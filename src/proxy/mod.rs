@@ -4,11 +4,14 @@
 //! `handle_inner`, a `?` pipeline, and turns a `ProxyError` into its response in one
 //! place. Rejections are not errors: they are a `Decision` answered with a 429.
 
+mod balance;
 pub mod error;
 mod forward;
 pub mod headers;
 pub mod response;
+mod retry;
 pub mod route;
+mod upstream;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -71,6 +74,10 @@ impl Proxy {
 
         let src =
             KeySource { client_ip, method: req.method(), uri: req.uri(), path: &path, headers: req.headers(), host };
+        let balance_key = match &route.action {
+            Action::Forward(upstream) => self.upstreams[*upstream].servers().balance_key(&src),
+            Action::Respond(_) => None,
+        };
         // An exempt request skips the route's limits altogether.
         let limits = if route.allow.admits(&src) { &[][..] } else { &route.limits[..] };
         let cost = self.cost(route, req.headers())?;
@@ -104,7 +111,7 @@ impl Proxy {
             Action::Respond(r) => Ok(response::static_response(r)),
             Action::Forward(upstream) => {
                 let hop = Hop { peer: peer.ip(), trusted_peer };
-                let forwarded = self.upstreams[*upstream].forward(req, hop).await;
+                let forwarded = self.upstreams[*upstream].forward(req, hop, balance_key).await;
                 forwarded
                     .inspect_err(|e| warn!(route = %route.name, error = %e, "upstream error"))
                     .map(|response| response.map(ProxyBody::streamed))

@@ -1,0 +1,90 @@
+//! The `upstreams:` section: servers with their weights, how one is chosen, and when a
+//! failing one is taken out.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use http::uri::Authority;
+
+use super::limits::key_parts;
+use super::raw::{BalanceName, RawUpstream, RawUpstreamServer};
+use super::validate::{Errors, check_name};
+use super::{Balance, Server, Upstream};
+use crate::limit::key::KeySpec;
+
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
+/// nginx's defaults: one failure takes a server out for ten seconds.
+const DEFAULT_MAX_FAILS: u32 = 1;
+const DEFAULT_FAIL_TIMEOUT: Duration = Duration::from_secs(10);
+const DEFAULT_RETRIES: u32 = 1;
+/// Weights past this say nothing a smaller ratio could not, and keep sums far from overflow.
+const MAX_WEIGHT: u32 = 10_000;
+
+pub(super) fn upstream(e: &mut Errors<'_>, name: &str, raw: &RawUpstream) -> Upstream {
+    let at = format!("upstreams.{name}");
+    check_name(e, &at, name);
+    if raw.servers.is_empty() {
+        e.add(format!("{at}.servers"), "needs at least one server (HOST:PORT)");
+    }
+    let servers =
+        raw.servers.iter().enumerate().filter_map(|(i, s)| server(e, &format!("{at}.servers[{i}]"), s)).collect();
+    let balance = match (raw.balance.unwrap_or(BalanceName::RoundRobin), &raw.hash_key) {
+        (BalanceName::Hash, Some(key)) => Balance::Hash(KeySpec(key_parts(e, &format!("{at}.hash_key"), key).into())),
+        (BalanceName::Hash, None) => {
+            e.add(
+                format!("{at}.balance"),
+                "`hash` needs `hash_key`, e.g. hash_key: ip or hash_key: \"cookie:session\"",
+            );
+            Balance::RoundRobin
+        }
+        (_, Some(_)) => {
+            e.add(format!("{at}.hash_key"), "only used with `balance: hash`");
+            Balance::RoundRobin
+        }
+        (BalanceName::RoundRobin, None) => Balance::RoundRobin,
+        (BalanceName::LeastConn, None) => Balance::LeastConn,
+        (BalanceName::RandomTwo, None) => Balance::RandomTwo,
+    };
+    let fail_timeout = e.duration(&format!("{at}.fail_timeout"), raw.fail_timeout.as_ref(), DEFAULT_FAIL_TIMEOUT);
+    if fail_timeout.is_zero() {
+        e.add(format!("{at}.fail_timeout"), "must be longer than zero (turn passive health off with max_fails: 0)");
+    }
+    Upstream {
+        name: name.to_owned(),
+        servers,
+        balance,
+        connect_timeout: e.duration(
+            &format!("{at}.connect_timeout"),
+            raw.connect_timeout.as_ref(),
+            DEFAULT_CONNECT_TIMEOUT,
+        ),
+        timeout: e.duration(&format!("{at}.timeout"), raw.timeout.as_ref(), DEFAULT_UPSTREAM_TIMEOUT),
+        max_fails: raw.max_fails.unwrap_or(DEFAULT_MAX_FAILS),
+        fail_timeout,
+        retries: raw.retries.unwrap_or(DEFAULT_RETRIES),
+    }
+}
+
+fn server(e: &mut Errors<'_>, at: &str, raw: &RawUpstreamServer) -> Option<Server> {
+    let (text, weight, address_at) = match raw {
+        RawUpstreamServer::Address(text) => (text, None, at.to_owned()),
+        RawUpstreamServer::Weighted(w) => (&w.address, w.weight, format!("{at}.address")),
+    };
+    let address = e.check(
+        || address_at,
+        Authority::from_str(text)
+            .ok()
+            .filter(|a| a.port_u16().is_some() && !text.contains('@'))
+            .ok_or_else(|| format!("invalid server {text:?}; write HOST:PORT, e.g. 127.0.0.1:3000 (plain HTTP)")),
+    );
+    let weight = match weight {
+        None => Some(1),
+        Some(w @ 1..=MAX_WEIGHT) => Some(w),
+        Some(w) => {
+            e.add(format!("{at}.weight"), format!("must be from 1 to {MAX_WEIGHT}, not {w}"));
+            None
+        }
+    };
+    Some(Server { address: address?, weight: weight? })
+}
