@@ -33,6 +33,8 @@ pub struct Backend {
     pub hits: Arc<Mutex<Vec<Hit>>>,
     pub release: Arc<Notify>,
     pub first_frame: Arc<Notify>,
+    /// The accept loop and every connection, ended by `kill`.
+    tasks: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
 }
 
 type TestBody = http_body_util::combinators::BoxBody<Bytes, hyper::Error>;
@@ -57,9 +59,11 @@ impl Backend {
             hits: Arc::default(),
             release: Arc::default(),
             first_frame: Arc::default(),
+            tasks: Arc::default(),
         };
         let (hits, release, first_frame) = (backend.hits.clone(), backend.release.clone(), backend.first_frame.clone());
-        tokio::spawn(async move {
+        let tasks = backend.tasks.clone();
+        let accept = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
@@ -110,12 +114,31 @@ impl Backend {
                         Ok::<_, hyper::Error>(response)
                     }
                 });
-                tokio::spawn(
+                let connection = tokio::spawn(
                     hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service),
                 );
+                tasks.lock().unwrap().push(connection.abort_handle());
             }
         });
+        backend.tasks.lock().unwrap().push(accept.abort_handle());
         backend
+    }
+
+    /// Stops the backend as a crash would: the port refuses connections and open ones
+    /// are closed, requests in progress with them.
+    pub async fn kill(&self) {
+        let tasks: Vec<_> = self.tasks.lock().unwrap().drain(..).collect();
+        for task in &tasks {
+            task.abort();
+        }
+        // Aborted tasks end (and close their sockets) when the runtime next runs them.
+        for _ in 0..1000 {
+            if tasks.iter().all(|t| t.is_finished()) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        panic!("backend tasks did not end");
     }
 
     pub fn hits(&self) -> Vec<Hit> {

@@ -257,3 +257,19 @@ fn a_route_path_that_no_normalized_request_path_matches_is_refused() {
     );
     assert!(stderr.contains("routes[2].match.path: \"/%41\" is not a normalized path: write it as \"/A\""), "{stderr}");
 }
+
+#[test]
+fn upstream_balancing_errors_are_reported_together_with_their_paths() {
+    let yaml = "listen: 127.0.0.1:0\nupstreams:\n  a:\n    servers: [{ address: \"127.0.0.1:1\", weight: 0 }, \"nohost\"]\n    balance: hash\n  b:\n    servers: [\"127.0.0.1:1\"]\n    balance: hash\n    hash_key: [ip, \"header:\"]\n    fail_timeout: 0s\n";
+    let (out, stderr) = check(yaml);
+    assert!(!out.status.success());
+    for expected in [
+        "upstreams.a.servers[0].weight: must be from 1 to 10000, not 0",
+        "upstreams.a.servers[1]: invalid server \"nohost\"",
+        "upstreams.a.balance: `hash` needs `hash_key`",
+        "upstreams.b.hash_key[1]: header: needs a name",
+        "upstreams.b.fail_timeout: must be longer than zero",
+    ] {
+        assert!(stderr.contains(expected), "{expected:?} missing from:\n{stderr}");
+    }
+}

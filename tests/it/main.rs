@@ -14,3 +14,4 @@ mod limits;
 mod paths;
 mod redis;
 mod server;
+mod upstreams;
