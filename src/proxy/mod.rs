@@ -15,6 +15,7 @@ mod upstream;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Instant;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
@@ -24,6 +25,7 @@ use tracing::{Level, debug, warn};
 use crate::config::{Action, Config, Cost, HeaderMode, LogLevel, Route};
 use crate::limit::key::KeySource;
 use crate::limit::{Decision, Limiters, Outcome, Standing};
+use crate::metrics::{Metrics, RequestOutcome, UpstreamResult};
 use crate::path;
 use error::ProxyError;
 use forward::{Hop, UpstreamClient};
@@ -32,6 +34,7 @@ use response::ProxyBody;
 pub struct Proxy {
     config: Config,
     limiters: Arc<Limiters>,
+    metrics: Arc<Metrics>,
     upstreams: Box<[UpstreamClient]>,
     /// What the rate-limit headers say of each limit, by limit index.
     quotas: Box<[Box<[response::Quota]>]>,
@@ -39,8 +42,10 @@ pub struct Proxy {
 
 impl Proxy {
     pub fn new(config: Config) -> Self {
+        let limiters = Limiters::new(&config);
         Proxy {
-            limiters: Limiters::new(&config),
+            metrics: Arc::new(Metrics::new(&config, &limiters)),
+            limiters,
             upstreams: config.upstreams.iter().map(UpstreamClient::new).collect(),
             quotas: config.limits.iter().map(response::quotas).collect(),
             config,
@@ -49,6 +54,10 @@ impl Proxy {
 
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     /// Serves one request from `peer`. Never fails: every outcome is a response.
@@ -67,10 +76,12 @@ impl Proxy {
         let host = route::request_host(req.uri(), req.headers());
         // Routes and keys see the path as nginx would; the upstream gets it as sent.
         let path = path::normalize(req.uri().path()).map_err(ProxyError::BadPath)?;
-        let Some(route) = route::match_route(&config.routes, req.method(), &path, host) else {
+        let Some(index) = route::match_route(&config.routes, req.method(), &path, host) else {
             debug!(method = %req.method(), path = req.uri().path(), host, "no route matches");
+            self.metrics.no_route();
             return Err(ProxyError::NoRoute);
         };
+        let route = &config.routes[index];
 
         let src =
             KeySource { client_ip, method: req.method(), uri: req.uri(), path: &path, headers: req.headers(), host };
@@ -85,6 +96,8 @@ impl Proxy {
         let (standings, permits, pending) = match decision {
             Decision::Reject { status, retry_after, standings, .. } => {
                 self.log_outcomes(route, &standings, &src, true);
+                let banned = standings.iter().any(|s| s.banned && !config.limits[s.limit].dry_run);
+                self.metrics.request(index, if banned { RequestOutcome::Banned } else { RequestOutcome::Rejected });
                 let violated: SmallVec<[&str; 2]> = standings
                     .iter()
                     .filter(|s| matches!(s.outcome, Outcome::Rejected(_)) && !config.limits[s.limit].dry_run)
@@ -98,6 +111,13 @@ impl Proxy {
             }
             Decision::Pass { wait, standings, permits, pending, .. } => {
                 self.log_outcomes(route, &standings, &src, false);
+                let dry_rejected = standings.iter().any(|s| matches!(s.outcome, Outcome::Rejected(_)));
+                let outcome = match (dry_rejected, wait.is_zero()) {
+                    (true, _) => RequestOutcome::DryRunRejected,
+                    (false, true) => RequestOutcome::Passed,
+                    (false, false) => RequestOutcome::Delayed,
+                };
+                self.metrics.request(index, outcome);
                 if !wait.is_zero() {
                     // A client that goes away while waiting drops this future here: its
                     // request never reaches the upstream and its permits are released.
@@ -111,7 +131,15 @@ impl Proxy {
             Action::Respond(r) => Ok(response::static_response(r)),
             Action::Forward(upstream) => {
                 let hop = Hop { peer: peer.ip(), trusted_peer };
+                let started = Instant::now();
                 let forwarded = self.upstreams[*upstream].forward(req, hop, balance_key).await;
+                let result = match &forwarded {
+                    Ok(response) => UpstreamResult::Status(response.status().as_u16()),
+                    Err(ProxyError::UpstreamTimeout { .. }) => UpstreamResult::Timeout,
+                    Err(ProxyError::UpstreamUnreachable { .. }) => UpstreamResult::ConnectError,
+                    Err(_) => UpstreamResult::Failed,
+                };
+                self.metrics.upstream(index, result, started.elapsed());
                 forwarded
                     .inspect_err(|e| warn!(route = %route.name, error = %e, "upstream error"))
                     .map(|response| response.map(ProxyBody::streamed))
@@ -160,6 +188,7 @@ impl Proxy {
     fn log_outcomes(&self, route: &Route, standings: &[Standing], src: &KeySource<'_>, rejected: bool) {
         for s in standings {
             let limit = &self.config.limits[s.limit];
+            self.metrics.decision(s.limit, s.outcome);
             let (message, lowered, ms) = match (s.outcome, limit.dry_run) {
                 (Outcome::Passed, _) => continue,
                 // The request is refused anyway: its delays would not have happened.

@@ -229,6 +229,14 @@ impl Sluicegate {
         }
     }
 
+    /// The admin listener's address, from its start-up log line.
+    pub fn admin_addr(&self) -> SocketAddr {
+        let log = self.wait_for_log(|log| log.contains("\"admin listening\""));
+        let line = log.lines().find(|l| l.contains("\"admin listening\"")).expect("no admin listener in the log");
+        let json: serde_json::Value = serde_json::from_str(line).unwrap();
+        json["fields"]["addr"].as_str().unwrap().parse().unwrap()
+    }
+
     /// Waits until the process has exited and its log has been read to the end.
     fn wait_for_exit(&mut self) -> ExitStatus {
         let status = self.child.wait().unwrap();
