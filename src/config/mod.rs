@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::uri::Authority;
-use http::{HeaderMap, HeaderName, Method, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use ipnet::IpNet;
 
 use crate::limit::allow::Allow;
@@ -216,6 +216,39 @@ pub struct Route {
     pub allow: Allow,
     /// What a request weighs in the route's limits.
     pub cost: Cost,
+    /// What a forwarded request and its response are changed in.
+    pub rewrite: Rewrite,
+}
+
+/// Changes to a forwarded request and its response, per route.
+#[derive(Debug, Default)]
+pub struct Rewrite {
+    pub path: Option<PathRewrite>,
+    pub set_request_headers: Vec<(HeaderName, HeaderValue)>,
+    pub remove_request_headers: Vec<HeaderName>,
+    pub set_response_headers: Vec<(HeaderName, HeaderValue)>,
+    pub upstream_host: UpstreamHost,
+}
+
+/// The path sent upstream, made from the normalized path that matched `prefix`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathRewrite {
+    /// Without the prefix (`strip_prefix: true`), still starting with `/`.
+    Strip(String),
+    /// `to` followed by what comes after `prefix`.
+    Replace { prefix: String, to: String },
+}
+
+/// The `Host` a forwarded request carries.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub enum UpstreamHost {
+    /// The client's.
+    #[default]
+    Keep,
+    /// The server's `HOST:PORT`.
+    Server,
+    /// This name.
+    Name(HeaderValue),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -220,6 +220,23 @@ pub struct RawRoute {
     pub allow: Option<RawAllow>,
     pub cost: Option<u64>,
     pub cost_header: Option<String>,
+    pub strip_prefix: Option<bool>,
+    pub rewrite: Option<RawRewrite>,
+    #[serde(default)]
+    pub set_request_headers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub remove_request_headers: Vec<String>,
+    #[serde(default)]
+    pub set_response_headers: BTreeMap<String, String>,
+    pub upstream_host: Option<String>,
+}
+
+/// `rewrite: { prefix: /api/, to: / }`: the path sent upstream.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRewrite {
+    pub prefix: String,
+    pub to: String,
 }
 
 /// Requests exempt from limits: any matching entry is enough.

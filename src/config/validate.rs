@@ -14,7 +14,10 @@ use ipnet::IpNet;
 use super::position::Positions;
 use super::raw::{RawAdmin, RawAllow, RawConfig, RawMatch, RawRespond, RawRoute};
 use super::units::parse_duration;
-use super::{Action, Admin, Config, ConfigError, Cost, PathMatch, Route, RouteMatch, StaticResponse};
+use super::{
+    Action, Admin, Config, ConfigError, Cost, PathMatch, PathRewrite, Rewrite, Route, RouteMatch, StaticResponse,
+    UpstreamHost,
+};
 use super::{limits, store, upstreams};
 use crate::limit::allow::Allow;
 
@@ -259,7 +262,62 @@ fn route(e: &mut Errors<'_>, i: usize, raw: &RawRoute, config: &RawConfig) -> Ro
             Cost::Fixed(cost)
         }
     };
-    Route { name: raw.name.clone().unwrap_or(at), matcher, action, limits, allow, cost }
+    let rewrite = rewrite(e, &at, raw, &matcher);
+    Route { name: raw.name.clone().unwrap_or(at), matcher, action, limits, allow, cost, rewrite }
+}
+
+/// `strip_prefix`, `rewrite`, the header fields and `upstream_host` of a route.
+fn rewrite(e: &mut Errors<'_>, at: &str, raw: &RawRoute, matcher: &RouteMatch) -> Rewrite {
+    let path = match (raw.strip_prefix.unwrap_or(false), &raw.rewrite) {
+        (true, Some(_)) => {
+            e.add(format!("{at}.rewrite"), "give either `strip_prefix` or `rewrite`, not both");
+            None
+        }
+        (true, None) => match &matcher.path {
+            PathMatch::Prefix(prefix) => Some(PathRewrite::Strip(prefix.clone())),
+            _ => {
+                e.add(format!("{at}.strip_prefix"), "needs `match.path_prefix`: the prefix to strip");
+                None
+            }
+        },
+        (false, Some(r)) => {
+            for (field, value) in [("prefix", &r.prefix), ("to", &r.to)] {
+                if !value.starts_with('/') {
+                    e.add(format!("{at}.rewrite.{field}"), format!("must start with '/', not {value:?}"));
+                }
+            }
+            Some(PathRewrite::Replace { prefix: r.prefix.clone(), to: r.to.clone() })
+        }
+        (false, None) => None,
+    };
+    let mut headers = |field: &str, map: &BTreeMap<String, String>| -> Vec<(HeaderName, HeaderValue)> {
+        map.iter().filter_map(|(name, value)| e.check(|| format!("{at}.{field}.{name}"), header(name, value))).collect()
+    };
+    let set_request_headers = headers("set_request_headers", &raw.set_request_headers);
+    let set_response_headers = headers("set_response_headers", &raw.set_response_headers);
+    let remove_request_headers = raw
+        .remove_request_headers
+        .iter()
+        .enumerate()
+        .filter_map(|(i, name)| {
+            let parsed = HeaderName::from_str(name).map_err(|_| format!("invalid header name {name:?}"));
+            e.check(|| format!("{at}.remove_request_headers[{i}]"), parsed)
+        })
+        .collect();
+    let upstream_host = match raw.upstream_host.as_deref() {
+        None | Some("keep") => UpstreamHost::Keep,
+        Some("server") => UpstreamHost::Server,
+        Some(name) => {
+            let valid = http::uri::Authority::from_str(name).ok().filter(|_| !name.contains('@'));
+            let value = valid.and_then(|a| HeaderValue::from_str(a.as_str()).ok());
+            e.check(
+                || format!("{at}.upstream_host"),
+                value.ok_or_else(|| format!("write keep, server, or a host name such as api.internal, not {name:?}")),
+            )
+            .map_or(UpstreamHost::Keep, UpstreamHost::Name)
+        }
+    };
+    Rewrite { path, set_request_headers, remove_request_headers, set_response_headers, upstream_host }
 }
 
 fn route_match(e: &mut Errors<'_>, at: &str, raw: &RawMatch) -> RouteMatch {

@@ -21,7 +21,7 @@ use super::error::ProxyError;
 use super::headers::{remove_hop_by_hop, set_forwarded};
 use super::retry::{AttemptBody, Replayable};
 use super::upstream::{InFlight, ServerSet};
-use crate::config::Upstream;
+use crate::config::{Upstream, UpstreamHost};
 
 /// Idle keep-alive connections to an upstream are closed after this long.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -69,12 +69,13 @@ impl UpstreamClient {
 
     /// Forwards `req` to a server and returns its response, body still streaming. A
     /// request that could not be sent goes to another server, at most `retries` times;
-    /// `balance_key` is what `hash` balancing goes by.
+    /// `balance_key` is what `hash` balancing goes by; `host` the `Host` it carries.
     pub async fn forward(
         &self,
         req: Request<Incoming>,
         hop: Hop,
         balance_key: Option<u64>,
+        host: &UpstreamHost,
     ) -> Result<Response<UpstreamBody>, ProxyError> {
         let upstream = self.servers.upstream();
         let (mut parts, body) = prepare_upstream_request(req, &hop).into_parts();
@@ -94,6 +95,16 @@ impl UpstreamClient {
             tried.push(server.index());
             let last = tried.len() > self.retries as usize;
             parts.uri = upstream_uri(&parts.uri, server.address());
+            match host {
+                UpstreamHost::Keep => {}
+                UpstreamHost::Name(name) => _ = parts.headers.insert(header::HOST, name.clone()),
+                UpstreamHost::Server => {
+                    // An authority is always a valid field value.
+                    if let Ok(value) = HeaderValue::from_str(server.address().as_str()) {
+                        parts.headers.insert(header::HOST, value);
+                    }
+                }
+            }
             // The parts stay for a further attempt; the last one takes them.
             let req = if last {
                 Request::from_parts(std::mem::replace(&mut parts, Request::new(()).into_parts().0), body.attempt())

@@ -10,6 +10,7 @@ mod forward;
 pub mod headers;
 pub mod response;
 mod retry;
+mod rewrite;
 pub mod route;
 mod upstream;
 
@@ -74,7 +75,8 @@ impl Proxy {
         let trusted_peer = headers::is_trusted(peer.ip().to_canonical(), &config.trusted_proxies);
         let client_ip = headers::client_ip(peer.ip(), req.headers(), &config.trusted_proxies);
         let host = route::request_host(req.uri(), req.headers());
-        // Routes and keys see the path as nginx would; the upstream gets it as sent.
+        // Routes and keys see the path as nginx would; the upstream gets it as sent, unless
+        // the route rewrites it.
         let path = path::normalize(req.uri().path()).map_err(ProxyError::BadPath)?;
         let Some(index) = route::match_route(&config.routes, req.method(), &path, host) else {
             debug!(method = %req.method(), path = req.uri().path(), host, "no route matches");
@@ -82,6 +84,7 @@ impl Proxy {
             return Err(ProxyError::NoRoute);
         };
         let route = &config.routes[index];
+        let target = rewrite::target(&route.rewrite, &path, req.uri());
 
         let src =
             KeySource { client_ip, method: req.method(), uri: req.uri(), path: &path, headers: req.headers(), host };
@@ -131,8 +134,17 @@ impl Proxy {
             Action::Respond(r) => Ok(response::static_response(r)),
             Action::Forward(upstream) => {
                 let hop = Hop { peer: peer.ip(), trusted_peer };
+                let mut req = req;
+                if let Some(target) = target {
+                    let mut uri = req.uri().clone().into_parts();
+                    uri.path_and_query = Some(target);
+                    // The parts of a valid URI with an origin-form path stay valid.
+                    *req.uri_mut() = http::Uri::from_parts(uri).unwrap_or_default();
+                }
+                rewrite::request_headers(&route.rewrite, req.headers_mut());
                 let started = Instant::now();
-                let forwarded = self.upstreams[*upstream].forward(req, hop, balance_key).await;
+                let upstream_host = &route.rewrite.upstream_host;
+                let forwarded = self.upstreams[*upstream].forward(req, hop, balance_key, upstream_host).await;
                 let result = match &forwarded {
                     Ok(response) => UpstreamResult::Status(response.status().as_u16()),
                     Err(ProxyError::UpstreamTimeout { .. }) => UpstreamResult::Timeout,
@@ -140,9 +152,12 @@ impl Proxy {
                     Err(_) => UpstreamResult::Failed,
                 };
                 self.metrics.upstream(index, result, started.elapsed());
-                forwarded
-                    .inspect_err(|e| warn!(route = %route.name, error = %e, "upstream error"))
-                    .map(|response| response.map(ProxyBody::streamed))
+                forwarded.inspect_err(|e| warn!(route = %route.name, error = %e, "upstream error")).map(
+                    |mut response| {
+                        rewrite::response_headers(&route.rewrite, response.headers_mut());
+                        response.map(ProxyBody::streamed)
+                    },
+                )
             }
         };
         // Limits that count only some statuses keep or take back this request now.
