@@ -15,12 +15,22 @@ pub enum ProxyError {
     /// encoded NUL or a broken escape. Never forwarded.
     #[error("invalid request path: {0}")]
     BadPath(#[from] crate::path::BadPath),
+    /// The request's `Host` is missing, repeated or invalid.
+    #[error("{0}")]
+    BadHost(&'static str),
+    /// `CONNECT` asks for a tunnel: this is a reverse proxy, not a forward proxy.
+    #[error("CONNECT is not served: this is a reverse proxy")]
+    Connect,
     /// The request's cost header is not a positive integer.
     #[error("{header} must be a positive integer, not {value:?}")]
     InvalidCost { header: String, value: String },
     /// The request weighs more than a limit ever admits at once: waiting will not help.
     #[error("a cost of {cost} can never fit limit {limit:?}, which admits at most {capacity} at once")]
     CostTooHigh { cost: u64, limit: String, capacity: u64 },
+    /// The client's request body broke off or was malformed (a bad chunk size, fewer
+    /// bytes than its `Content-Length`) while it was being forwarded.
+    #[error("the client's request body is malformed or incomplete: {source}")]
+    ClientBody { source: hyper_util::client::legacy::Error },
     /// No server of the upstream is in use: each failed lately (passive health).
     #[error("upstream {upstream}: all servers are out after failures")]
     NoServer { upstream: String },
@@ -39,9 +49,12 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
-            ProxyError::BadPath(_) | ProxyError::InvalidCost { .. } | ProxyError::CostTooHigh { .. } => {
-                StatusCode::BAD_REQUEST
-            }
+            ProxyError::Connect => StatusCode::METHOD_NOT_ALLOWED,
+            ProxyError::BadPath(_)
+            | ProxyError::InvalidCost { .. }
+            | ProxyError::CostTooHigh { .. }
+            | ProxyError::ClientBody { .. }
+            | ProxyError::BadHost(_) => StatusCode::BAD_REQUEST,
             ProxyError::NoServer { .. }
             | ProxyError::UpstreamUnreachable { .. }
             | ProxyError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
@@ -57,6 +70,7 @@ mod tests {
     #[test]
     fn each_error_maps_to_its_status() {
         assert_eq!(ProxyError::NoRoute.status(), StatusCode::NOT_FOUND);
+        assert_eq!(ProxyError::Connect.status(), StatusCode::METHOD_NOT_ALLOWED);
         let server = Authority::from_static("127.0.0.1:80");
         let timeout = ProxyError::UpstreamTimeout { upstream: "u".into(), server, timeout: Duration::from_secs(1) };
         assert_eq!(timeout.status(), StatusCode::GATEWAY_TIMEOUT);

@@ -2,6 +2,7 @@
 //! the server chosen by `upstream`, a request that could not be sent tried on the next
 //! server (`retry`), bodies streamed both ways, headers prepared for the next hop.
 
+use std::error::Error as _;
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -122,6 +123,11 @@ impl UpstreamClient {
                 Ok(Ok(mut response)) => {
                     server.succeeded(upstream);
                     remove_hop_by_hop(response.headers_mut());
+                    // The client connection speaks HTTP/1.1 whatever the upstream spoke:
+                    // hyper would otherwise answer `HTTP/1.0` and close the client's
+                    // keep-alive connection. A body of unknown length (an HTTP/1.0
+                    // upstream reading to EOF) is then sent chunked.
+                    *response.version_mut() = http::Version::HTTP_11;
                     return Ok(response.map(|body| UpstreamBody { body, _in_flight: server }));
                 }
                 Err(_) => {
@@ -133,6 +139,9 @@ impl UpstreamClient {
                         timeout: self.timeout,
                     });
                 }
+                // The client's fault says nothing of the server's health, and a body
+                // that failed cannot be sent again.
+                Ok(Err(source)) if client_body_failed(&source) => return Err(ProxyError::ClientBody { source }),
                 Ok(Err(error)) => error,
             };
             server.failed(upstream, Instant::now());
@@ -149,6 +158,23 @@ impl UpstreamClient {
             failed = Some(error);
         }
     }
+}
+
+/// Whether the exchange failed because the body being streamed from the client failed:
+/// hyper reports an error of the body it was sending as a "user" error whose cause is
+/// that body's own error, here the client connection's `hyper::Error`.
+fn client_body_failed(error: &hyper_util::client::legacy::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = cause {
+        if let Some(h) = e.downcast_ref::<hyper::Error>()
+            && h.is_user()
+            && h.source().is_some_and(|s| s.is::<hyper::Error>())
+        {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
 }
 
 /// The target of a request for `server`: origin-form path and query, as the client sent it.

@@ -72,6 +72,14 @@ impl Proxy {
 
     async fn handle_inner(&self, req: Request<Incoming>, peer: SocketAddr) -> Result<Response<ProxyBody>, ProxyError> {
         let config = &self.config;
+        // Before routing: a catch-all route must not turn into an open tunnel.
+        if req.method() == http::Method::CONNECT {
+            return Err(ProxyError::Connect);
+        }
+        if let Some(fault) = route::host_fault(req.version(), req.uri(), req.headers()) {
+            debug!(peer = %peer, fault, "bad Host");
+            return Err(ProxyError::BadHost(fault));
+        }
         let trusted_peer = headers::is_trusted(peer.ip().to_canonical(), &config.trusted_proxies);
         let client_ip = headers::client_ip(peer.ip(), req.headers(), &config.trusted_proxies);
         let host = route::request_host(req.uri(), req.headers());
@@ -152,12 +160,16 @@ impl Proxy {
                     Err(_) => UpstreamResult::Failed,
                 };
                 self.metrics.upstream(index, result, started.elapsed());
-                forwarded.inspect_err(|e| warn!(route = %route.name, error = %e, "upstream error")).map(
-                    |mut response| {
+                forwarded
+                    .inspect_err(|e| match e.status().is_client_error() {
+                        // The client's fault says nothing about the upstream's health.
+                        true => debug!(route = %route.name, error = %e, "client error while forwarding"),
+                        false => warn!(route = %route.name, error = %e, "upstream error"),
+                    })
+                    .map(|mut response| {
                         rewrite::response_headers(&route.rewrite, response.headers_mut());
                         response.map(ProxyBody::streamed)
-                    },
-                )
+                    })
             }
         };
         // Limits that count only some statuses keep or take back this request now.
@@ -221,7 +233,7 @@ impl Proxy {
                 ($level:expr) => {
                     tracing::event!($level, route = %route.name, limit = %limit.name,
                         key = %self.limiters.key_label(s.limit, src, self.config.redact_keys),
-                        excess = format_args!("{:.3}", s.excess), ms = ms.as_millis() as u64, "{message}")
+                        excess = round_to_thousandths(s.excess), ms = ms.as_millis() as u64, "{message}")
                 };
             }
             match (limit.log_level, lowered) {
@@ -233,4 +245,10 @@ impl Proxy {
             }
         }
     }
+}
+
+/// `excess` is logged as a number (JSON keeps its type) with three decimals: the
+/// nginx-style figure is in requests, and finer digits are float noise.
+fn round_to_thousandths(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
 }

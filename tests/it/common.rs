@@ -14,7 +14,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, Semaphore};
 
 /// What the backend saw of one request.
 #[derive(Clone, Debug)]
@@ -24,8 +24,10 @@ pub struct Hit {
     pub headers: HeaderMap,
 }
 
-/// An HTTP/1.1 backend. Paths: `/sleep/MS`, `/status/CODE`, `/large/BYTES` (a body of
-/// that many bytes, at most 64 MiB), `/stream` (one chunk, then
+/// An HTTP/1.1 backend. Paths: `/sleep/MS`, `/held` (answers once the test adds a permit
+/// to `gate`, so a request stays in flight exactly as long as the test needs, whatever the
+/// load), `/status/CODE`, `/large/BYTES` (a body of that many bytes, at most 64 MiB),
+/// `/stream` (one chunk, then
 /// the rest once `release` is notified), `/upload` (answers the body's length, notifies
 /// `first_frame` when the first data arrives); anything else answers 200 `ok`.
 pub struct Backend {
@@ -33,6 +35,7 @@ pub struct Backend {
     pub hits: Arc<Mutex<Vec<Hit>>>,
     pub release: Arc<Notify>,
     pub first_frame: Arc<Notify>,
+    pub gate: Arc<Semaphore>,
     /// The accept loop and every connection, ended by `kill`.
     tasks: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
 }
@@ -59,18 +62,22 @@ impl Backend {
             hits: Arc::default(),
             release: Arc::default(),
             first_frame: Arc::default(),
+            gate: Arc::new(Semaphore::new(0)),
             tasks: Arc::default(),
         };
-        let (hits, release, first_frame) = (backend.hits.clone(), backend.release.clone(), backend.first_frame.clone());
+        let (hits, release, first_frame, gate) =
+            (backend.hits.clone(), backend.release.clone(), backend.first_frame.clone(), backend.gate.clone());
         let tasks = backend.tasks.clone();
         let accept = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
-                let (hits, release, first_frame) = (hits.clone(), release.clone(), first_frame.clone());
+                let (hits, release, first_frame, gate) =
+                    (hits.clone(), release.clone(), first_frame.clone(), gate.clone());
                 let service = service_fn(move |req: Request<Incoming>| {
-                    let (hits, release, first_frame) = (hits.clone(), release.clone(), first_frame.clone());
+                    let (hits, release, first_frame, gate) =
+                        (hits.clone(), release.clone(), first_frame.clone(), gate.clone());
                     async move {
                         let path_and_query = req.uri().path_and_query().map(|p| p.to_string()).unwrap_or_default();
                         hits.lock().unwrap().push(Hit {
@@ -82,6 +89,9 @@ impl Backend {
                         let response = if let Some(ms) = path.strip_prefix("/sleep/") {
                             tokio::time::sleep(Duration::from_millis(ms.parse().unwrap())).await;
                             full(200, "slept")
+                        } else if path == "/held" {
+                            gate.acquire().await.unwrap().forget();
+                            full(200, "released")
                         } else if let Some(code) = path.strip_prefix("/status/") {
                             let mut r = full(code.parse().unwrap(), format!("status {code}"));
                             r.headers_mut().insert("x-backend", "yes".parse().unwrap());
@@ -99,8 +109,9 @@ impl Backend {
                         } else if path == "/upload" {
                             let mut body = req.into_body();
                             let mut total = 0;
-                            while let Some(frame) = body.frame().await {
-                                if let Ok(data) = frame.unwrap().into_data() {
+                            // A body that breaks off ends the upload; the exchange fails with it.
+                            while let Some(Ok(frame)) = body.frame().await {
+                                if let Ok(data) = frame.into_data() {
                                     if total == 0 {
                                         first_frame.notify_one();
                                     }

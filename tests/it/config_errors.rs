@@ -326,3 +326,33 @@ fn route_rewriting_errors_name_their_fields() {
         assert!(stderr.contains(expected), "{expected:?} missing from:\n{stderr}");
     }
 }
+
+#[test]
+fn help_says_that_run_and_check_need_a_configuration() {
+    let out = binary().arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("required by `run` and `check`"), "{help}");
+}
+
+#[test]
+fn text_logs_carry_no_colour_codes_when_stderr_is_not_a_terminal() {
+    use std::io::BufRead;
+    let (_dir, path) = config_file("listen: 127.0.0.1:0\nroutes:\n  - respond: { status: 200 }\n");
+    let mut child = binary()
+        .args(["--log-format", "text", "-c"])
+        .arg(&path)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The lines up to the one that says it listens (start-up writes a few).
+    let mut lines = String::new();
+    let mut reader = std::io::BufReader::new(child.stderr.take().unwrap());
+    while !lines.contains("listening") && reader.read_line(&mut lines).unwrap_or(0) > 0 {}
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let line = lines;
+    assert!(line.contains("listening"), "{line}");
+    assert!(!line.contains('\u{1b}'), "escape codes in {line:?}");
+}

@@ -74,7 +74,9 @@ async fn forwarded_chain_of_a_trusted_proxy_is_extended() {
 async fn response_body_streams_before_the_upstream_finishes() {
     let backend = Backend::start().await;
     let sg = Sluicegate::start(&config(&backend.addr.to_string(), ""));
-    let response = send(sg.addr, Request::get("/stream").body(Full::new(Bytes::new())).unwrap()).await;
+    let response =
+        send(sg.addr, Request::get("/stream").header("host", "test.local").body(Full::new(Bytes::new())).unwrap())
+            .await;
     let mut body = response.into_body();
     // The backend holds back the rest until we have the first chunk: a proxy that
     // buffered the body would never deliver it.
@@ -90,7 +92,7 @@ async fn request_body_streams_to_the_upstream() {
     let backend = Backend::start().await;
     let sg = Sluicegate::start(&config(&backend.addr.to_string(), ""));
     let (mut tx, body) = Channel::<Bytes, std::convert::Infallible>::new(4);
-    let req = Request::post("/upload").body(body).unwrap();
+    let req = Request::post("/upload").header("host", "test.local").body(body).unwrap();
     let pending = tokio::spawn(async move { request(sg.addr, req).await });
     tx.send_data(Bytes::from(vec![b'x'; 1024])).await.unwrap();
     // The backend has the first bytes while the client has not finished sending.
@@ -180,4 +182,55 @@ routes:
     assert_eq!((r.status, r.header("x-served-by")), (200, None));
     let hit = &backend.hits()[1];
     assert_eq!((hit.path_and_query.as_str(), &hit.headers["host"]), ("/v2/a%20b", &"api.internal".parse().unwrap()));
+}
+
+/// An HTTP/1.0 upstream (like `python3 -m http.server`): no Content-Length, the body
+/// ends when it closes the connection.
+async fn http10_backend() -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = stream.write_all(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nold server\n").await;
+                let _ = stream.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn an_http10_upstream_is_answered_as_http11_chunked_on_a_kept_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = http10_backend().await;
+    let sg = Sluicegate::start(&config(&upstream.to_string(), ""));
+    let mut client = tokio::net::TcpStream::connect(sg.addr).await.expect("connect");
+    for round in 0..2 {
+        client.write_all(b"GET /x HTTP/1.1\r\nHost: test.local\r\n\r\n").await.expect("write");
+        let mut reply = Vec::new();
+        let mut buf = [0u8; 1024];
+        let read_all = async {
+            while !reply.ends_with(b"0\r\n\r\n") {
+                let n = client.read(&mut buf).await.expect("read");
+                assert!(n > 0, "round {round}: connection closed after {:?}", String::from_utf8_lossy(&reply));
+                reply.extend_from_slice(&buf[..n]);
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), read_all).await.expect("a whole chunked reply");
+        let text = String::from_utf8_lossy(&reply).to_lowercase();
+        assert!(text.starts_with("http/1.1 200 ok\r\n"), "round {round}: {text}");
+        assert!(text.contains("\r\ntransfer-encoding: chunked\r\n"), "round {round}: {text}");
+        assert!(!text.contains("\r\nconnection: close\r\n"), "round {round}: {text}");
+        assert!(text.contains("old server\n"), "round {round}: {text}");
+    }
 }

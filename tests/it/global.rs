@@ -486,9 +486,10 @@ async fn leases_of_a_killed_instance_lapse_and_live_ones_are_renewed() {
         backend.addr
     );
     let (a, b) = (Sluicegate::start(&yaml), Sluicegate::start(&yaml));
-    // A request through `a` holds the slot for 1.5 s, longer than the lease's ttl.
+    // A request through `a` holds the slot, held at the backend until released, for
+    // longer than the lease's ttl.
     let a_addr = a.addr;
-    let long = tokio::spawn(async move { get(a_addr, "/sleep/1500", &[]).await.status });
+    let long = tokio::spawn(async move { get(a_addr, "/held", &[]).await.status });
     let deadline = Instant::now() + Duration::from_secs(5);
     while backend.hits().is_empty() {
         assert!(Instant::now() < deadline);
@@ -496,11 +497,12 @@ async fn leases_of_a_killed_instance_lapse_and_live_ones_are_renewed() {
     }
     tokio::time::sleep(Duration::from_millis(1000)).await;
     assert_eq!(get(b.addr, "/", &[]).await.status, 429, "renewed past its ttl, the lease still holds");
+    backend.gate.add_permits(1);
     assert_eq!(long.await.unwrap(), 200);
     assert_eq!(get(b.addr, "/", &[]).await.status, 200, "released at the end of the request");
 
     // Now `a` dies mid-request: its slot returns within one lease ttl.
-    let long = tokio::spawn(async move { get(a_addr, "/sleep/5000", &[]).await });
+    let long = tokio::spawn(async move { get(a_addr, "/held", &[]).await });
     let deadline = Instant::now() + Duration::from_secs(5);
     while backend.hits().len() < 3 {
         assert!(Instant::now() < deadline);
