@@ -77,6 +77,8 @@ pub struct Upstream {
     pub fail_timeout: Duration,
     /// Further servers a request that could not be sent is tried on.
     pub retries: u32,
+    /// Speak HTTP/2 to the servers (prior knowledge, h2c), not HTTP/1.1.
+    pub http2: bool,
 }
 
 #[derive(Debug, Clone)]

@@ -63,6 +63,7 @@ pub struct RawUpstream {
     pub max_fails: Option<u32>,
     pub fail_timeout: Option<String>,
     pub retries: Option<u32>,
+    pub http2: Option<bool>,
 }
 
 /// `"HOST:PORT"`, or `{ address: "HOST:PORT", weight: 3 }`.

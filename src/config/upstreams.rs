@@ -63,6 +63,7 @@ pub(super) fn upstream(e: &mut Errors<'_>, name: &str, raw: &RawUpstream) -> Ups
         max_fails: raw.max_fails.unwrap_or(DEFAULT_MAX_FAILS),
         fail_timeout,
         retries: raw.retries.unwrap_or(DEFAULT_RETRIES),
+        http2: raw.http2.unwrap_or(false),
     }
 }
 

@@ -55,6 +55,7 @@ impl UpstreamClient {
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .http1_max_buf_size(crate::server::BUFFER_BYTES)
+            .http2_only(upstream.http2)
             .build(connector);
         UpstreamClient {
             servers: ServerSet::new(upstream),

@@ -223,6 +223,7 @@ mod tests {
             max_fails,
             fail_timeout: Duration::from_secs(10),
             retries: 1,
+            http2: false,
         })
     }
 

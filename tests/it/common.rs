@@ -22,6 +22,7 @@ pub struct Hit {
     pub at: Instant,
     pub path_and_query: String,
     pub headers: HeaderMap,
+    pub version: http::Version,
 }
 
 /// An HTTP/1.1 backend. Paths: `/sleep/MS`, `/held` (answers once the test adds a permit
@@ -56,6 +57,15 @@ fn large(len: usize) -> Bytes {
 
 impl Backend {
     pub async fn start() -> Backend {
+        Backend::serve(false).await
+    }
+
+    /// The same backend speaking HTTP/2 only, without TLS (h2c, prior knowledge).
+    pub async fn start_h2() -> Backend {
+        Backend::serve(true).await
+    }
+
+    async fn serve(h2: bool) -> Backend {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let backend = Backend {
             addr: listener.local_addr().unwrap(),
@@ -84,6 +94,7 @@ impl Backend {
                             at: Instant::now(),
                             path_and_query: path_and_query.clone(),
                             headers: req.headers().clone(),
+                            version: req.version(),
                         });
                         let path = req.uri().path().to_owned();
                         let response = if let Some(ms) = path.strip_prefix("/sleep/") {
@@ -125,9 +136,14 @@ impl Backend {
                         Ok::<_, hyper::Error>(response)
                     }
                 });
-                let connection = tokio::spawn(
-                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service),
-                );
+                let io = TokioIo::new(stream);
+                let connection = if h2 {
+                    tokio::spawn(
+                        hyper::server::conn::http2::Builder::new(TokioExecutor::new()).serve_connection(io, service),
+                    )
+                } else {
+                    tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(io, service))
+                };
                 tasks.lock().unwrap().push(connection.abort_handle());
             }
         });

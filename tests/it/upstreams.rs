@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::Request;
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
 
@@ -179,4 +179,24 @@ async fn hash_keeps_each_key_on_one_server() {
         assert!(grew.contains(&4), "user {user} spread over servers: {grew:?}");
     }
     assert!(backends.iter().all(|b| !b.hits().is_empty()), "30 keys all on some servers only");
+}
+
+#[tokio::test]
+async fn an_http2_upstream_is_spoken_to_in_http2_and_bodies_still_stream() {
+    let backend = Backend::start_h2().await;
+    let sg = start(&[quoted(backend.addr)], ", http2: true");
+    let r = post(sg.addr, "/upload", "twelve bytes").await;
+    assert_eq!((r.status, r.text().as_str()), (200, "12"));
+    let hit = &backend.hits()[0];
+    assert_eq!(hit.version, http::Version::HTTP_2);
+    assert_eq!(hit.headers["x-forwarded-for"], "127.0.0.1");
+    // The response streams: the first chunk arrives while the backend holds the rest.
+    let response =
+        send(sg.addr, Request::get("/stream").header("host", "h").body(Full::new(Bytes::new())).unwrap()).await;
+    assert_eq!(response.version(), http::Version::HTTP_11);
+    let mut body = response.into_body();
+    let first = tokio::time::timeout(Duration::from_secs(5), body.frame()).await;
+    assert_eq!(first.expect("first chunk not streamed").unwrap().unwrap().into_data().unwrap(), "first\n");
+    backend.release.notify_one();
+    assert_eq!(body.collect().await.unwrap().to_bytes(), "rest\n");
 }
