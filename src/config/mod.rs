@@ -77,13 +77,27 @@ pub struct Upstream {
     pub fail_timeout: Duration,
     /// Further servers a request that could not be sent is tried on.
     pub retries: u32,
-    /// Speak HTTP/2 to the servers (prior knowledge, h2c), not HTTP/1.1.
+    /// Speak HTTP/2 to the servers (prior knowledge on `http://`, ALPN on `https://`).
     pub http2: bool,
+    /// How `https://` servers are verified.
+    pub tls: UpstreamTls,
+}
+
+#[derive(Debug, Clone)]
+pub struct UpstreamTls {
+    /// The CA certificates to trust instead of the public roots (a private CA).
+    pub roots: Option<Vec<rustls::pki_types::CertificateDer<'static>>>,
+    /// The name sent and verified instead of the server's host.
+    pub sni: Option<rustls::pki_types::ServerName<'static>>,
+    /// `false`: any certificate is accepted (tests only).
+    pub verify: bool,
 }
 
 #[derive(Debug, Clone)]
 pub struct Server {
     pub address: Authority,
+    /// `https://`: spoken to over TLS.
+    pub tls: bool,
     /// Its share of requests relative to the other servers' weights.
     pub weight: u32,
 }

@@ -64,6 +64,16 @@ pub struct RawUpstream {
     pub fail_timeout: Option<String>,
     pub retries: Option<u32>,
     pub http2: Option<bool>,
+    pub tls: Option<RawUpstreamTls>,
+}
+
+/// How `https://` servers are verified.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstreamTls {
+    pub ca_file: Option<String>,
+    pub sni: Option<String>,
+    pub verify: Option<bool>,
 }
 
 /// `"HOST:PORT"`, or `{ address: "HOST:PORT", weight: 3 }`.

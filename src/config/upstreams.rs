@@ -7,9 +7,12 @@ use std::time::Duration;
 use http::uri::Authority;
 
 use super::limits::key_parts;
-use super::raw::{BalanceName, RawUpstream, RawUpstreamServer};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+
+use super::raw::{BalanceName, RawUpstream, RawUpstreamServer, RawUpstreamTls};
 use super::validate::{Errors, check_name};
-use super::{Balance, Server, Upstream};
+use super::{Balance, Server, Upstream, UpstreamTls};
 use crate::limit::key::KeySpec;
 
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -50,8 +53,13 @@ pub(super) fn upstream(e: &mut Errors<'_>, name: &str, raw: &RawUpstream) -> Ups
     if fail_timeout.is_zero() {
         e.add(format!("{at}.fail_timeout"), "must be longer than zero (turn passive health off with max_fails: 0)");
     }
+    let servers: Vec<Server> = servers;
+    if raw.tls.is_some() && !servers.iter().any(|s| s.tls) {
+        e.add(format!("{at}.tls"), "applies only to https:// servers");
+    }
     Upstream {
         name: name.to_owned(),
+        tls: tls(e, &format!("{at}.tls"), raw.tls.as_ref()),
         servers,
         balance,
         connect_timeout: e.duration(
@@ -72,12 +80,20 @@ fn server(e: &mut Errors<'_>, at: &str, raw: &RawUpstreamServer) -> Option<Serve
         RawUpstreamServer::Address(text) => (text, None, at.to_owned()),
         RawUpstreamServer::Weighted(w) => (&w.address, w.weight, format!("{at}.address")),
     };
+    let (tls, authority) = match (text.strip_prefix("https://"), text.strip_prefix("http://")) {
+        (Some(rest), _) => (true, rest),
+        (None, Some(rest)) => (false, rest),
+        (None, None) => (false, text.as_str()),
+    };
     let address = e.check(
         || address_at,
-        Authority::from_str(text)
-            .ok()
-            .filter(|a| a.port_u16().is_some() && !text.contains('@'))
-            .ok_or_else(|| format!("invalid server {text:?}; write HOST:PORT, e.g. 127.0.0.1:3000 (plain HTTP)")),
+        Authority::from_str(authority).ok().filter(|a| a.port_u16().is_some() && !authority.contains('@')).ok_or_else(
+            || {
+                format!(
+                    "invalid server {text:?}; write HOST:PORT (plain HTTP) or https://HOST:PORT, e.g. 127.0.0.1:3000"
+                )
+            },
+        ),
     );
     let weight = match weight {
         None => Some(1),
@@ -87,5 +103,27 @@ fn server(e: &mut Errors<'_>, at: &str, raw: &RawUpstreamServer) -> Option<Serve
             None
         }
     };
-    Some(Server { address: address?, weight: weight? })
+    Some(Server { address: address?, tls, weight: weight? })
+}
+
+fn tls(e: &mut Errors<'_>, at: &str, raw: Option<&RawUpstreamTls>) -> UpstreamTls {
+    let Some(raw) = raw else { return UpstreamTls { roots: None, sni: None, verify: true } };
+    let roots = raw.ca_file.as_ref().and_then(|file| {
+        let read = std::fs::read(file).map_err(|err| format!("cannot read {file:?}: {err}"));
+        let pem = e.check(|| format!("{at}.ca_file"), read)?;
+        let certs: Result<Vec<_>, _> = CertificateDer::pem_slice_iter(&pem).collect();
+        let certs = certs
+            .map_err(|err| format!("{file:?} is not PEM certificates: {err}"))
+            .and_then(|c| if c.is_empty() { Err(format!("{file:?} holds no PEM certificate")) } else { Ok(c) });
+        e.check(|| format!("{at}.ca_file"), certs)
+    });
+    let sni = raw.sni.as_ref().and_then(|name| {
+        let parsed = ServerName::try_from(name.clone()).map_err(|_| format!("invalid server name {name:?}"));
+        e.check(|| format!("{at}.sni"), parsed)
+    });
+    let verify = raw.verify.unwrap_or(true);
+    if !verify && roots.is_some() {
+        e.add(format!("{at}.verify"), "`verify: false` accepts any certificate: `ca_file` would not be used");
+    }
+    UpstreamTls { roots, sni, verify }
 }

@@ -35,14 +35,27 @@ pub enum ProxyError {
     #[error("upstream {upstream}: all servers are out after failures")]
     NoServer { upstream: String },
     /// The server refused the connection or could not be reached in time.
-    #[error("upstream {upstream} server {server} unreachable: {source}")]
+    #[error("upstream {upstream} server {server} unreachable: {}", causes(.source))]
     UpstreamUnreachable { upstream: String, server: Authority, source: hyper_util::client::legacy::Error },
     /// The connection was made but the exchange failed (reset, malformed response).
-    #[error("upstream {upstream} server {server} failed: {source}")]
+    #[error("upstream {upstream} server {server} failed: {}", causes(.source))]
     UpstreamFailed { upstream: String, server: Authority, source: hyper_util::client::legacy::Error },
     /// No response headers within the upstream's `timeout`.
     #[error("upstream {upstream} server {server} sent no response within {timeout:?}")]
     UpstreamTimeout { upstream: String, server: Authority, timeout: Duration },
+}
+
+/// An error and its causes, `a: b: c`: hyper's errors say "client error (Connect)" and
+/// keep what went wrong (refused, a certificate not trusted) in their sources.
+fn causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
 }
 
 impl ProxyError {

@@ -13,11 +13,11 @@ use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderValue, Request, Response, Uri, header};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use smallvec::SmallVec;
 use tracing::warn;
 
+use super::connect::Connector;
 use super::error::ProxyError;
 use super::headers::{remove_hop_by_hop, set_forwarded};
 use super::retry::{AttemptBody, Replayable};
@@ -31,7 +31,7 @@ pub struct UpstreamClient {
     servers: ServerSet,
     timeout: Duration,
     retries: u32,
-    client: Client<HttpConnector, AttemptBody>,
+    client: Client<Connector, AttemptBody>,
 }
 
 /// The hop that forwards: who sent the request to us and whether we trust it.
@@ -49,9 +49,10 @@ pub struct UpstreamBody {
 
 impl UpstreamClient {
     pub fn new(upstream: &Upstream) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(upstream.connect_timeout));
-        connector.set_nodelay(true);
+        if !upstream.tls.verify {
+            warn!(upstream = %upstream.name, "TLS certificates of the servers are NOT verified (tls.verify: false): for tests only, never in production");
+        }
+        let connector = Connector::new(upstream);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .http1_max_buf_size(crate::server::BUFFER_BYTES)
@@ -96,7 +97,7 @@ impl UpstreamClient {
             };
             tried.push(server.index());
             let last = tried.len() > self.retries as usize;
-            parts.uri = upstream_uri(&parts.uri, server.address());
+            parts.uri = upstream_uri(&parts.uri, server.address(), server.tls());
             match host {
                 UpstreamHost::Keep => {}
                 UpstreamHost::Name(name) => _ = parts.headers.insert(header::HOST, name.clone()),
@@ -155,7 +156,7 @@ impl UpstreamClient {
             if !retry {
                 return Err(error);
             }
-            warn!(upstream, error = %error, "trying the next server");
+            warn!(upstream, error = %error, "attempt failed, trying another server");
             failed = Some(error);
         }
     }
@@ -178,11 +179,13 @@ fn client_body_failed(error: &hyper_util::client::legacy::Error) -> bool {
     false
 }
 
-/// The target of a request for `server`: origin-form path and query, as the client sent it.
-fn upstream_uri(uri: &Uri, server: &Authority) -> Uri {
+/// The target of a request for `server`: origin-form path and query, as the client sent
+/// it; the scheme tells the connector whether to speak TLS.
+fn upstream_uri(uri: &Uri, server: &Authority, tls: bool) -> Uri {
     let path = uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
+    let scheme = if tls { Scheme::HTTPS } else { Scheme::HTTP };
     // Scheme, authority and an origin-form path always build a valid URI.
-    Uri::builder().scheme(Scheme::HTTP).authority(server.clone()).path_and_query(path).build().unwrap_or_default()
+    Uri::builder().scheme(scheme).authority(server.clone()).path_and_query(path).build().unwrap_or_default()
 }
 
 /// Rewrites a client request for the next hop: the client's `Host` kept (HTTP/2

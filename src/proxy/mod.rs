@@ -5,6 +5,7 @@
 //! place. Rejections are not errors: they are a `Decision` answered with a 429.
 
 mod balance;
+mod connect;
 pub mod error;
 mod forward;
 pub mod headers;

@@ -28,6 +28,7 @@ pub struct ServerSet {
 
 struct ServerState {
     address: Authority,
+    tls: bool,
     in_flight: AtomicUsize,
     health: Mutex<Health>,
     /// Failures that take the server out (0: never).
@@ -65,6 +66,7 @@ impl ServerSet {
                 .map(|s| {
                     Arc::new(ServerState {
                         address: s.address.clone(),
+                        tls: s.tls,
                         in_flight: AtomicUsize::new(0),
                         health: Mutex::default(),
                         max_fails,
@@ -162,6 +164,11 @@ impl InFlight {
         &self.server.address
     }
 
+    /// Spoken to over TLS (`https://`).
+    pub fn tls(&self) -> bool {
+        self.server.tls
+    }
+
     pub fn index(&self) -> usize {
         self.index
     }
@@ -215,7 +222,7 @@ mod tests {
         ServerSet::new(&Upstream {
             name: "u".into(),
             servers: (0..servers)
-                .map(|i| Server { address: format!("127.0.0.1:{}", 8000 + i).parse().unwrap(), weight: 1 })
+                .map(|i| Server { address: format!("127.0.0.1:{}", 8000 + i).parse().unwrap(), tls: false, weight: 1 })
                 .collect(),
             balance: Balance::RoundRobin,
             connect_timeout: Duration::from_secs(1),
@@ -224,6 +231,7 @@ mod tests {
             fail_timeout: Duration::from_secs(10),
             retries: 1,
             http2: false,
+            tls: crate::config::UpstreamTls { roots: None, sni: None, verify: true },
         })
     }
 

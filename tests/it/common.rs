@@ -57,15 +57,22 @@ fn large(len: usize) -> Bytes {
 
 impl Backend {
     pub async fn start() -> Backend {
-        Backend::serve(false).await
+        Backend::serve(Wire::Http1).await
     }
 
     /// The same backend speaking HTTP/2 only, without TLS (h2c, prior knowledge).
     pub async fn start_h2() -> Backend {
-        Backend::serve(true).await
+        Backend::serve(Wire::Http2).await
     }
 
-    async fn serve(h2: bool) -> Backend {
+    /// The same backend over TLS (HTTP/1.1), with a certificate for `localhost` and
+    /// 127.0.0.1 from a private CA made now; returns the CA's certificate in PEM.
+    pub async fn start_tls() -> (Backend, String) {
+        let (acceptor, ca) = private_ca_acceptor();
+        (Backend::serve(Wire::Tls(acceptor)).await, ca)
+    }
+
+    async fn serve(wire: Wire) -> Backend {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let backend = Backend {
             addr: listener.local_addr().unwrap(),
@@ -136,13 +143,26 @@ impl Backend {
                         Ok::<_, hyper::Error>(response)
                     }
                 });
-                let io = TokioIo::new(stream);
-                let connection = if h2 {
-                    tokio::spawn(
-                        hyper::server::conn::http2::Builder::new(TokioExecutor::new()).serve_connection(io, service),
-                    )
-                } else {
-                    tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(io, service))
+                let connection = match &wire {
+                    Wire::Http1 => tokio::spawn(async move {
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(TokioIo::new(stream), service)
+                            .await;
+                    }),
+                    Wire::Http2 => tokio::spawn(async move {
+                        let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                            .serve_connection(TokioIo::new(stream), service)
+                            .await;
+                    }),
+                    Wire::Tls(acceptor) => {
+                        let handshake = acceptor.accept(stream);
+                        tokio::spawn(async move {
+                            let Ok(stream) = handshake.await else { return };
+                            let _ = hyper::server::conn::http1::Builder::new()
+                                .serve_connection(TokioIo::new(stream), service)
+                                .await;
+                        })
+                    }
                 };
                 tasks.lock().unwrap().push(connection.abort_handle());
             }
@@ -171,6 +191,37 @@ impl Backend {
     pub fn hits(&self) -> Vec<Hit> {
         self.hits.lock().unwrap().clone()
     }
+}
+
+/// What a test backend speaks.
+enum Wire {
+    Http1,
+    Http2,
+    Tls(tokio_rustls::TlsAcceptor),
+}
+
+/// A TLS acceptor with a certificate for `localhost` and 127.0.0.1 signed by a CA made
+/// for this call, and that CA's certificate in PEM.
+fn private_ca_acceptor() -> (tokio_rustls::TlsAcceptor, String) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![leaf.der().clone()], rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()))
+        .unwrap();
+    (tokio_rustls::TlsAcceptor::from(Arc::new(config)), ca.pem())
 }
 
 /// A running `sluicegate` process; killed on drop.

@@ -298,7 +298,7 @@ fn a_route_path_that_no_normalized_request_path_matches_is_refused() {
 
 #[test]
 fn upstream_balancing_errors_are_reported_together_with_their_paths() {
-    let yaml = "listen: 127.0.0.1:0\nupstreams:\n  a:\n    servers: [{ address: \"127.0.0.1:1\", weight: 0 }, \"nohost\"]\n    balance: hash\n  b:\n    servers: [\"127.0.0.1:1\"]\n    balance: hash\n    hash_key: [ip, \"header:\"]\n    fail_timeout: 0s\n";
+    let yaml = "listen: 127.0.0.1:0\nupstreams:\n  a:\n    servers: [{ address: \"127.0.0.1:1\", weight: 0 }, \"nohost\"]\n    balance: hash\n  b:\n    servers: [\"127.0.0.1:1\"]\n    balance: hash\n    hash_key: [ip, \"header:\"]\n    fail_timeout: 0s\n  c:\n    servers: [\"http://127.0.0.1:1\"]\n    tls: { ca_file: /nonexistent/ca.pem, sni: \"a b\" }\n";
     let (out, stderr) = check(yaml);
     assert!(!out.status.success());
     for expected in [
@@ -307,6 +307,9 @@ fn upstream_balancing_errors_are_reported_together_with_their_paths() {
         "upstreams.a.balance: `hash` needs `hash_key`",
         "upstreams.b.hash_key[1]: header: needs a name",
         "upstreams.b.fail_timeout: must be longer than zero",
+        "upstreams.c.tls: applies only to https:// servers",
+        "upstreams.c.tls.ca_file: cannot read \"/nonexistent/ca.pem\"",
+        "upstreams.c.tls.sni: invalid server name \"a b\"",
     ] {
         assert!(stderr.contains(expected), "{expected:?} missing from:\n{stderr}");
     }

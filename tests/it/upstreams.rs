@@ -62,7 +62,7 @@ async fn a_server_killed_mid_run_costs_no_client_an_error_and_is_skipped_after_m
     // One failure (max_fails) took it out; no later request went near it.
     let log = sg.wait_for_log(|log| count(log, "server taken out after failures") > 0);
     assert_eq!(count(&log, "server taken out after failures"), 1, "{log}");
-    assert_eq!(count(&log, "trying the next server"), 1, "{log}");
+    assert_eq!(count(&log, "attempt failed, trying another server"), 1, "{log}");
     assert!(log.contains(&format!("\"server\":\"{}\"", a.addr)), "{log}");
 }
 
@@ -120,7 +120,7 @@ async fn when_every_server_is_out_the_answer_is_502_at_once_with_a_line_naming_t
     assert!(line.contains(&format!("{}, {}", dead[0], dead[1])), "{line}");
     // Only the first request tried to connect.
     assert_eq!(count(&log, "server taken out after failures"), 2, "{log}");
-    assert_eq!(count(&log, "trying the next server"), 1, "{log}");
+    assert_eq!(count(&log, "attempt failed, trying another server"), 1, "{log}");
 }
 
 #[tokio::test]
@@ -199,4 +199,34 @@ async fn an_http2_upstream_is_spoken_to_in_http2_and_bodies_still_stream() {
     assert_eq!(first.expect("first chunk not streamed").unwrap().unwrap().into_data().unwrap(), "first\n");
     backend.release.notify_one();
     assert_eq!(body.collect().await.unwrap().to_bytes(), "rest\n");
+}
+
+#[tokio::test]
+async fn an_https_server_with_a_private_ca_is_verified_against_ca_file() {
+    let (backend, ca) = Backend::start_tls().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, &ca).unwrap();
+    let server = format!("\"https://{}\"", backend.addr);
+    let sg = start(std::slice::from_ref(&server), &format!(", tls: {{ ca_file: \"{}\" }}", ca_file.display()));
+    let r = post(sg.addr, "/upload", "twelve bytes").await;
+    assert_eq!((r.status, r.text().as_str()), (200, "12"));
+    assert_eq!(backend.hits()[0].headers["host"], "test.local");
+
+    // The public roots do not know the private CA: the handshake fails, 502.
+    let untrusted = start(std::slice::from_ref(&server), "");
+    assert_eq!(get(untrusted.addr, "/x", &[]).await.status, 502);
+    let log = untrusted.wait_for_log(|log| log.contains("upstream error"));
+    assert!(log.contains("certificate"), "{log}");
+    // A name the certificate does not hold is refused even by the right CA.
+    let wrong_name = start(
+        std::slice::from_ref(&server),
+        &format!(", tls: {{ ca_file: \"{}\", sni: other.example }}", ca_file.display()),
+    );
+    assert_eq!(get(wrong_name.addr, "/x", &[]).await.status, 502);
+    // verify: false takes any certificate, and says so loudly.
+    let blind = start(std::slice::from_ref(&server), ", tls: { verify: false }");
+    assert_eq!(get(blind.addr, "/x", &[]).await.status, 200);
+    assert!(blind.log().contains("NOT verified"), "{}", blind.log());
+    assert_eq!(backend.hits().len(), 2);
 }
