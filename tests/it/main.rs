@@ -14,5 +14,6 @@ mod global;
 mod limits;
 mod paths;
 mod redis;
+mod reload;
 mod server;
 mod upstreams;
