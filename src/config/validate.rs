@@ -263,6 +263,18 @@ fn route(e: &mut Errors<'_>, i: usize, raw: &RawRoute, config: &RawConfig) -> Ro
         }
     };
     let rewrite = rewrite(e, &at, raw, &matcher);
+    let rewrites = raw.strip_prefix.is_some()
+        || raw.rewrite.is_some()
+        || !raw.set_request_headers.is_empty()
+        || !raw.remove_request_headers.is_empty()
+        || !raw.set_response_headers.is_empty()
+        || raw.upstream_host.is_some();
+    if rewrites && raw.respond.is_some() {
+        e.add(
+            format!("{at}.respond"),
+            "a `respond` route forwards nothing: rewriting fields apply only with `upstream`",
+        );
+    }
     Route { name: raw.name.clone().unwrap_or(at), matcher, action, limits, allow, cost, rewrite }
 }
 

@@ -317,7 +317,7 @@ fn upstream_balancing_errors_are_reported_together_with_their_paths() {
 
 #[test]
 fn route_rewriting_errors_name_their_fields() {
-    let yaml = "listen: 127.0.0.1:0\nupstreams:\n  a: { servers: [\"127.0.0.1:1\"] }\nroutes:\n  - match: { path: /x }\n    upstream: a\n    strip_prefix: true\n  - upstream: a\n    rewrite: { prefix: api, to: / }\n    upstream_host: \"a b\"\n    remove_request_headers: [\"bad name\"]\n";
+    let yaml = "listen: 127.0.0.1:0\nupstreams:\n  a: { servers: [\"127.0.0.1:1\"] }\nroutes:\n  - match: { path: /x }\n    upstream: a\n    strip_prefix: true\n  - upstream: a\n    rewrite: { prefix: api, to: / }\n    upstream_host: \"a b\"\n    remove_request_headers: [\"bad name\"]\n  - respond: { status: 200 }\n    set_response_headers: { x-a: b }\n";
     let (out, stderr) = check(yaml);
     assert!(!out.status.success());
     for expected in [
@@ -325,6 +325,7 @@ fn route_rewriting_errors_name_their_fields() {
         "routes[1].rewrite.prefix: must start with '/'",
         "routes[1].upstream_host: write keep, server, or a host name",
         "routes[1].remove_request_headers[0]: invalid header name",
+        "routes[2].respond: a `respond` route forwards nothing",
     ] {
         assert!(stderr.contains(expected), "{expected:?} missing from:\n{stderr}");
     }
