@@ -81,6 +81,18 @@ pub struct Upstream {
     pub http2: bool,
     /// How `https://` servers are verified.
     pub tls: UpstreamTls,
+    pub health_check: Option<HealthCheck>,
+}
+
+/// Active health check: every `interval`, `GET path` on each server; a server that does
+/// not answer one of `expect_status` within `timeout` is out until a check passes.
+#[derive(Debug, Clone)]
+pub struct HealthCheck {
+    pub path: http::uri::PathAndQuery,
+    pub interval: Duration,
+    pub timeout: Duration,
+    /// Empty: any 2xx or 3xx.
+    pub expect_status: Vec<StatusCode>,
 }
 
 #[derive(Debug, Clone)]

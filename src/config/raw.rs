@@ -65,6 +65,17 @@ pub struct RawUpstream {
     pub retries: Option<u32>,
     pub http2: Option<bool>,
     pub tls: Option<RawUpstreamTls>,
+    pub health_check: Option<RawHealthCheck>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHealthCheck {
+    pub path: String,
+    pub interval: Option<String>,
+    pub timeout: Option<String>,
+    #[serde(default)]
+    pub expect_status: Vec<u16>,
 }
 
 /// How `https://` servers are verified.

@@ -10,9 +10,11 @@ use super::limits::key_parts;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 
-use super::raw::{BalanceName, RawUpstream, RawUpstreamServer, RawUpstreamTls};
-use super::validate::{Errors, check_name};
-use super::{Balance, Server, Upstream, UpstreamTls};
+use http::uri::PathAndQuery;
+
+use super::raw::{BalanceName, RawHealthCheck, RawUpstream, RawUpstreamServer, RawUpstreamTls};
+use super::validate::{Errors, check_name, positive_duration, status_in};
+use super::{Balance, HealthCheck, Server, Upstream, UpstreamTls};
 use crate::limit::key::KeySpec;
 
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -21,6 +23,8 @@ const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
 const DEFAULT_MAX_FAILS: u32 = 1;
 const DEFAULT_FAIL_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_RETRIES: u32 = 1;
+const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+const DEFAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 /// Weights past this say nothing a smaller ratio could not, and keep sums far from overflow.
 const MAX_WEIGHT: u32 = 10_000;
 
@@ -72,6 +76,7 @@ pub(super) fn upstream(e: &mut Errors<'_>, name: &str, raw: &RawUpstream) -> Ups
         fail_timeout,
         retries: raw.retries.unwrap_or(DEFAULT_RETRIES),
         http2: raw.http2.unwrap_or(false),
+        health_check: raw.health_check.as_ref().map(|h| health_check(e, &format!("{at}.health_check"), h)),
     }
 }
 
@@ -126,4 +131,25 @@ fn tls(e: &mut Errors<'_>, at: &str, raw: Option<&RawUpstreamTls>) -> UpstreamTl
         e.add(format!("{at}.verify"), "`verify: false` accepts any certificate: `ca_file` would not be used");
     }
     UpstreamTls { roots, sni, verify }
+}
+
+fn health_check(e: &mut Errors<'_>, at: &str, raw: &RawHealthCheck) -> HealthCheck {
+    let path = PathAndQuery::from_str(&raw.path).ok().filter(|_| raw.path.starts_with('/'));
+    let path = e.check(
+        || format!("{at}.path"),
+        path.ok_or_else(|| format!("must be a path starting with '/', such as /healthz, not {:?}", raw.path)),
+    );
+    let mut positive = |field: &str, text: Option<&String>, default: Duration| match text {
+        None => default,
+        Some(text) => e.check(|| format!("{at}.{field}"), positive_duration(text)).unwrap_or(default),
+    };
+    let interval = positive("interval", raw.interval.as_ref(), DEFAULT_CHECK_INTERVAL);
+    let timeout = positive("timeout", raw.timeout.as_ref(), DEFAULT_CHECK_TIMEOUT);
+    let expect_status = raw
+        .expect_status
+        .iter()
+        .enumerate()
+        .map(|(i, &code)| status_in(e, || format!("{at}.expect_status[{i}]"), code, 100..=599))
+        .collect();
+    HealthCheck { path: path.unwrap_or_else(|| PathAndQuery::from_static("/")), interval, timeout, expect_status }
 }

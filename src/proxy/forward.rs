@@ -20,6 +20,7 @@ use tracing::warn;
 use super::connect::Connector;
 use super::error::ProxyError;
 use super::headers::{remove_hop_by_hop, set_forwarded};
+use super::health::{self, Checker};
 use super::retry::{AttemptBody, Replayable};
 use super::upstream::{InFlight, ServerSet};
 use crate::config::{Upstream, UpstreamHost};
@@ -32,6 +33,8 @@ pub struct UpstreamClient {
     timeout: Duration,
     retries: u32,
     client: Client<Connector, AttemptBody>,
+    /// The active health check, stopped with this client.
+    _checker: Option<Checker>,
 }
 
 /// The hop that forwards: who sent the request to us and whether we trust it.
@@ -57,13 +60,11 @@ impl UpstreamClient {
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .http1_max_buf_size(crate::server::BUFFER_BYTES)
             .http2_only(upstream.http2)
-            .build(connector);
-        UpstreamClient {
-            servers: ServerSet::new(upstream),
-            timeout: upstream.timeout,
-            retries: upstream.retries,
-            client,
-        }
+            .build(connector.clone());
+        let servers = ServerSet::new(upstream);
+        let checker =
+            upstream.health_check.as_ref().and_then(|c| health::start(&servers, c, connector, upstream.http2));
+        UpstreamClient { servers, timeout: upstream.timeout, retries: upstream.retries, client, _checker: checker }
     }
 
     pub fn servers(&self) -> &ServerSet {

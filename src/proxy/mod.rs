@@ -9,6 +9,7 @@ mod connect;
 pub mod error;
 mod forward;
 pub mod headers;
+mod health;
 pub mod response;
 mod retry;
 mod rewrite;

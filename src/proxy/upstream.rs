@@ -5,7 +5,7 @@
 //! A server that fails `max_fails` times within `fail_timeout` is taken out for
 //! `fail_timeout`; then one request at a time probes it until one succeeds.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -31,6 +31,8 @@ struct ServerState {
     tls: bool,
     in_flight: AtomicUsize,
     health: Mutex<Health>,
+    /// Its last active health check failed: out until one passes.
+    check_failed: AtomicBool,
     /// Failures that take the server out (0: never).
     max_fails: u32,
     fail_timeout: Duration,
@@ -69,6 +71,7 @@ impl ServerSet {
                         tls: s.tls,
                         in_flight: AtomicUsize::new(0),
                         health: Mutex::default(),
+                        check_failed: AtomicBool::new(false),
                         max_fails,
                         fail_timeout: upstream.fail_timeout,
                     })
@@ -122,6 +125,11 @@ impl ServerSet {
         }
     }
 
+    /// Every server, for the active health check.
+    pub fn members(&self) -> impl Iterator<Item = Member> + '_ {
+        self.servers.iter().map(|s| Member(s.clone()))
+    }
+
     pub fn upstream(&self) -> &str {
         &self.upstream
     }
@@ -134,11 +142,15 @@ impl ServerSet {
 
 impl ServerState {
     fn usable(&self, now: Instant) -> bool {
-        self.max_fails == 0 || self.lock().out_until.is_none_or(|until| now >= until)
+        !self.check_failed.load(Ordering::Relaxed)
+            && (self.max_fails == 0 || self.lock().out_until.is_none_or(|until| now >= until))
     }
 
     /// Takes the server for a request; false when it is out and its probe already taken.
     fn claim(&self, now: Instant) -> bool {
+        if self.check_failed.load(Ordering::Relaxed) {
+            return false;
+        }
         if self.max_fails == 0 {
             return true;
         }
@@ -207,6 +219,25 @@ impl InFlight {
     }
 }
 
+/// A server as the active health check sees it.
+pub struct Member(Arc<ServerState>);
+
+impl Member {
+    pub fn address(&self) -> &Authority {
+        &self.0.address
+    }
+
+    pub fn tls(&self) -> bool {
+        self.0.tls
+    }
+
+    /// Records the outcome of a check: a failed one takes the server out until one passes.
+    /// True when that changed whether it is out.
+    pub fn checked(&self, passed: bool) -> bool {
+        self.0.check_failed.swap(!passed, Ordering::Relaxed) == passed
+    }
+}
+
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.server.in_flight.fetch_sub(1, Ordering::Relaxed);
@@ -232,6 +263,7 @@ mod tests {
             retries: 1,
             http2: false,
             tls: crate::config::UpstreamTls { roots: None, sni: None, verify: true },
+            health_check: None,
         })
     }
 
@@ -290,6 +322,18 @@ mod tests {
         let lone = self::set(1, 1);
         lone.pick(None, &[], t0).unwrap().failed("u", t0);
         assert_eq!(pick(&lone, t0), Some(0));
+    }
+
+    #[test]
+    fn a_failed_health_check_takes_a_server_out_until_one_passes() {
+        let set = set(2, 0);
+        let now = Instant::now();
+        let second = set.members().nth(1).unwrap();
+        assert!(second.checked(false));
+        assert!(!second.checked(false), "no change, nothing to log");
+        assert!((0..4).all(|_| pick(&set, now) == Some(0)));
+        assert!(second.checked(true));
+        assert_eq!(two(&set, now), [Some(0), Some(1)]);
     }
 
     #[test]

@@ -298,7 +298,7 @@ fn a_route_path_that_no_normalized_request_path_matches_is_refused() {
 
 #[test]
 fn upstream_balancing_errors_are_reported_together_with_their_paths() {
-    let yaml = "listen: 127.0.0.1:0\nupstreams:\n  a:\n    servers: [{ address: \"127.0.0.1:1\", weight: 0 }, \"nohost\"]\n    balance: hash\n  b:\n    servers: [\"127.0.0.1:1\"]\n    balance: hash\n    hash_key: [ip, \"header:\"]\n    fail_timeout: 0s\n  c:\n    servers: [\"http://127.0.0.1:1\"]\n    tls: { ca_file: /nonexistent/ca.pem, sni: \"a b\" }\n";
+    let yaml = "listen: 127.0.0.1:0\nupstreams:\n  a:\n    servers: [{ address: \"127.0.0.1:1\", weight: 0 }, \"nohost\"]\n    balance: hash\n  b:\n    servers: [\"127.0.0.1:1\"]\n    balance: hash\n    hash_key: [ip, \"header:\"]\n    fail_timeout: 0s\n  c:\n    servers: [\"http://127.0.0.1:1\"]\n    tls: { ca_file: /nonexistent/ca.pem, sni: \"a b\" }\n    health_check: { path: healthz, interval: 0s, expect_status: [99] }\n";
     let (out, stderr) = check(yaml);
     assert!(!out.status.success());
     for expected in [
@@ -310,6 +310,9 @@ fn upstream_balancing_errors_are_reported_together_with_their_paths() {
         "upstreams.c.tls: applies only to https:// servers",
         "upstreams.c.tls.ca_file: cannot read \"/nonexistent/ca.pem\"",
         "upstreams.c.tls.sni: invalid server name \"a b\"",
+        "upstreams.c.health_check.path: must be a path starting with '/'",
+        "upstreams.c.health_check.interval: must be longer than zero",
+        "upstreams.c.health_check.expect_status[0]: must be a status from 100 to 599, not 99",
     ] {
         assert!(stderr.contains(expected), "{expected:?} missing from:\n{stderr}");
     }

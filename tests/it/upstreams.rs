@@ -230,3 +230,26 @@ async fn an_https_server_with_a_private_ca_is_verified_against_ca_file() {
     assert!(blind.log().contains("NOT verified"), "{}", blind.log());
     assert_eq!(backend.hits().len(), 2);
 }
+
+#[tokio::test]
+async fn a_server_failing_its_health_check_gets_no_requests_until_one_passes() {
+    let (a, b) = (Backend::start().await, Backend::start().await);
+    // Passive health and retries off: only the active check keeps requests away from b.
+    let check = ", max_fails: 0, retries: 0, health_check: { path: /status/204, interval: 100ms, timeout: 500ms, expect_status: [204] }";
+    let sg = start(&[quoted(a.addr), quoted(b.addr)], check);
+    b.kill().await;
+    let log = sg.wait_for_log(|log| log.contains("health check failed: server out"));
+    let line = log.lines().find(|l| l.contains("health check failed: server out")).expect("no failed check");
+    assert!(line.contains(&b.addr.to_string()), "{line}");
+    for _ in 0..10 {
+        assert_eq!(get(sg.addr, "/x", &[]).await.status, 200);
+    }
+    assert!(a.hits().iter().filter(|h| h.path_and_query == "/x").count() == 10);
+    assert!(a.hits().iter().any(|h| h.path_and_query == "/status/204"), "a was never checked");
+
+    // A status not expected fails the check too: with every server out, 502 at once.
+    let sg = start(&[quoted(a.addr)], ", health_check: { path: /status/503, interval: 100ms }");
+    sg.wait_for_log(|log| log.contains("health check failed: server out"));
+    assert_eq!(get(sg.addr, "/x", &[]).await.status, 502);
+    assert!(sg.wait_for_log(|log| log.contains("all servers of the upstream are out")).contains("all servers"));
+}
