@@ -97,7 +97,8 @@ impl UpstreamClient {
                 }));
             };
             tried.push(server.index());
-            let last = tried.len() > self.retries as usize;
+            // No further attempt when retries are spent or every server has had its turn.
+            let last = tried.len() > self.retries as usize || tried.len() == self.servers.len();
             parts.uri = upstream_uri(&parts.uri, server.address(), server.tls());
             match host {
                 UpstreamHost::Keep => {}

@@ -130,6 +130,10 @@ impl ServerSet {
         self.servers.iter().map(|s| Member(s.clone()))
     }
 
+    pub fn len(&self) -> usize {
+        self.servers.len()
+    }
+
     pub fn upstream(&self) -> &str {
         &self.upstream
     }
