@@ -231,7 +231,8 @@ async fn an_https_server_with_a_private_ca_is_verified_against_ca_file() {
     assert_eq!(backend.hits().len(), 2);
 }
 
-#[tokio::test]
+// Several threads: the backends must answer checks while this thread waits on the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_failing_its_health_check_gets_no_requests_until_one_passes() {
     let (a, b) = (Backend::start().await, Backend::start().await);
     // Passive health and retries off: only the active check keeps requests away from b.
