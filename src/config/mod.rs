@@ -24,7 +24,7 @@ use ipnet::IpNet;
 
 use crate::limit::allow::Allow;
 use crate::limit::key::KeySpec;
-pub use raw::{HeaderMode, HeaderStyle, LogLevel, OnStoreError, RejectionBody};
+pub use raw::{AccessFormat, HeaderMode, HeaderStyle, LogLevel, OnStoreError, RejectionBody};
 pub use units::Rate;
 pub use validate::MAX_CONNECTIONS;
 
@@ -44,6 +44,8 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// The admin listener (`None`: off).
     pub admin: Option<Admin>,
+    /// The access log (`None`: off).
+    pub access_log: Option<AccessLogConfig>,
     pub ratelimit_headers: HeaderMode,
     pub ratelimit_header_style: HeaderStyle,
     pub rejection_body: RejectionBody,
@@ -54,6 +56,14 @@ pub struct Config {
     pub redis: Option<Redis>,
     pub limits: Vec<Limit>,
     pub routes: Vec<Route>,
+}
+
+/// `access_log:`: where and how request lines are written.
+#[derive(Debug, Clone)]
+pub struct AccessLogConfig {
+    pub format: AccessFormat,
+    /// `None`: stderr.
+    pub path: Option<String>,
 }
 
 /// `admin:`: where health, metrics and the admin API are served.
@@ -184,6 +194,9 @@ pub struct Limit {
     pub dry_run: bool,
     /// Level of rejection lines; delays log one level lower.
     pub log_level: LogLevel,
+    /// Rejection and delay lines written per second at most; the rest are summed up in
+    /// one line per second (0: none are written).
+    pub log_lines_per_second: u32,
     /// A key this limit rejects is refused for a while.
     pub ban: Option<Ban>,
     /// Requests this limit does not count.

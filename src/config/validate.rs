@@ -15,8 +15,8 @@ use super::position::Positions;
 use super::raw::{RawAdmin, RawAllow, RawConfig, RawMatch, RawRespond, RawRoute};
 use super::units::parse_duration;
 use super::{
-    Action, Admin, Config, ConfigError, Cost, PathMatch, PathRewrite, Rewrite, Route, RouteMatch, StaticResponse,
-    UpstreamHost,
+    AccessLogConfig, Action, Admin, Config, ConfigError, Cost, PathMatch, PathRewrite, Rewrite, Route, RouteMatch,
+    StaticResponse, UpstreamHost,
 };
 use super::{limits, store, upstreams};
 use crate::limit::allow::Allow;
@@ -122,6 +122,10 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
             max_connections,
             shutdown_grace,
             admin,
+            access_log: raw
+                .access_log
+                .as_ref()
+                .map(|a| AccessLogConfig { format: a.format, path: a.path.clone().filter(|p| p != "stderr") }),
             ratelimit_headers: raw.ratelimit_headers,
             ratelimit_header_style: raw.ratelimit_header_style,
             rejection_body: raw.rejection_body,

@@ -10,6 +10,7 @@ pub mod error;
 mod forward;
 pub mod headers;
 mod health;
+mod log_budget;
 pub mod response;
 mod retry;
 mod rewrite;
@@ -25,13 +26,15 @@ use hyper::body::Incoming;
 use smallvec::SmallVec;
 use tracing::{Level, debug, warn};
 
+use crate::access_log::{self, AccessLog};
 use crate::config::{Action, Config, Cost, HeaderMode, LogLevel, Route};
 use crate::limit::key::KeySource;
-use crate::limit::{Decision, Limiters, Outcome, Standing};
+use crate::limit::{self, Decision, Limiters, Outcome, Standing};
 use crate::metrics::{Metrics, RequestOutcome, UpstreamResult};
 use crate::path;
 use error::ProxyError;
 use forward::{Hop, UpstreamClient};
+use log_budget::LogBudget;
 use response::ProxyBody;
 
 pub struct Proxy {
@@ -41,10 +44,14 @@ pub struct Proxy {
     upstreams: Box<[UpstreamClient]>,
     /// What the rate-limit headers say of each limit, by limit index.
     quotas: Box<[Box<[response::Quota]>]>,
+    /// How many rejection and delay lines each limit may still write, by limit index.
+    log_budgets: Arc<[LogBudget]>,
+    access_log: Option<Arc<AccessLog>>,
 }
 
 impl Proxy {
-    pub fn new(config: Config) -> Self {
+    /// The proxy of `config`; fails only if its access log cannot be opened.
+    pub fn new(config: Config) -> std::io::Result<Self> {
         let limiters = Limiters::new(&config);
         let metrics = Metrics::new(&config, &limiters);
         Proxy::with(config, limiters, metrics)
@@ -53,14 +60,29 @@ impl Proxy {
     /// The proxy of `config`, reloaded while `old` served: limits keep their state as
     /// `Limiters::reloaded` says (it returns the names of the limits kept and started
     /// fresh), and metrics continue their series.
-    pub fn reloaded(config: Config, old: &Proxy) -> (Self, Vec<String>, Vec<String>) {
+    pub fn reloaded(config: Config, old: &Proxy) -> std::io::Result<(Self, Vec<String>, Vec<String>)> {
+        // Opened first: a log that cannot be opened fails the reload before any state moves.
+        let access_log = config.access_log.as_ref().map(AccessLog::open).transpose()?;
         let (limiters, kept, fresh) = Limiters::reloaded(&config, &old.limiters);
         let metrics = old.metrics.reloaded(&config, &limiters);
-        (Proxy::with(config, limiters, metrics), kept, fresh)
+        Ok((Proxy::assemble(config, limiters, metrics, access_log), kept, fresh))
     }
 
-    fn with(config: Config, limiters: Arc<Limiters>, metrics: Metrics) -> Self {
+    fn with(config: Config, limiters: Arc<Limiters>, metrics: Metrics) -> std::io::Result<Self> {
+        let access_log = config.access_log.as_ref().map(AccessLog::open).transpose()?;
+        Ok(Proxy::assemble(config, limiters, metrics, access_log))
+    }
+
+    fn assemble(config: Config, limiters: Arc<Limiters>, metrics: Metrics, access_log: Option<Arc<AccessLog>>) -> Self {
+        let log_budgets: Arc<[LogBudget]> =
+            config.limits.iter().map(|l| LogBudget::new(l.log_lines_per_second)).collect();
+        let levels = config.limits.iter().map(|l| (l.name.clone(), line_level(l.log_level, false))).collect();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(flush_log_budgets(Arc::downgrade(&log_budgets), levels));
+        }
         Proxy {
+            access_log,
+            log_budgets,
             metrics: Arc::new(metrics),
             limiters,
             upstreams: config.upstreams.iter().map(UpstreamClient::new).collect(),
@@ -79,14 +101,35 @@ impl Proxy {
 
     /// Serves one request from `peer`. Never fails: every outcome is a response.
     pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<ProxyBody> {
-        match self.handle_inner(req, peer).await {
+        let entry = self.access_log.as_ref().map(|log| access_log::Entry::begin(log, &req, peer.ip()));
+        let mut trace = Trace::default();
+        let response = match self.handle_inner(req, peer, &mut trace).await {
             Ok(response) => response,
             // Each fault was logged where it happened, with what it concerned.
             Err(e) => response::error(&e),
+        };
+        match entry {
+            None => response,
+            Some(mut entry) => {
+                entry.status = response.status().as_u16();
+                entry.route = trace.route.map(|i| self.config.routes[i].name.clone());
+                entry.outcome = trace.outcome.map_or("-", RequestOutcome::as_str);
+                entry.upstream = trace.upstream;
+                if let Some(client) = trace.client {
+                    entry.client = client;
+                }
+                // The line is written when the body is done.
+                response.map(|body| body.logged(entry))
+            }
         }
     }
 
-    async fn handle_inner(&self, req: Request<Incoming>, peer: SocketAddr) -> Result<Response<ProxyBody>, ProxyError> {
+    async fn handle_inner(
+        &self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        trace: &mut Trace,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
         let config = &self.config;
         // Before routing: a catch-all route must not turn into an open tunnel.
         if req.method() == http::Method::CONNECT {
@@ -98,6 +141,7 @@ impl Proxy {
         }
         let trusted_peer = headers::is_trusted(peer.ip().to_canonical(), &config.trusted_proxies);
         let client_ip = headers::client_ip(peer.ip(), req.headers(), &config.trusted_proxies);
+        trace.client = Some(client_ip);
         let host = route::request_host(req.uri(), req.headers());
         // Routes and keys see the path as nginx would; the upstream gets it as sent, unless
         // the route rewrites it.
@@ -109,6 +153,7 @@ impl Proxy {
         };
         let route = &config.routes[index];
         let target = rewrite::target(&route.rewrite, &path, req.uri());
+        trace.route = Some(index);
 
         let src =
             KeySource { client_ip, method: req.method(), uri: req.uri(), path: &path, headers: req.headers(), host };
@@ -124,7 +169,9 @@ impl Proxy {
             Decision::Reject { status, retry_after, standings, .. } => {
                 self.log_outcomes(route, &standings, &src, true);
                 let banned = standings.iter().any(|s| s.banned && !config.limits[s.limit].dry_run);
-                self.metrics.request(index, if banned { RequestOutcome::Banned } else { RequestOutcome::Rejected });
+                let outcome = if banned { RequestOutcome::Banned } else { RequestOutcome::Rejected };
+                self.metrics.request(index, outcome);
+                trace.outcome = Some(outcome);
                 let violated: SmallVec<[&str; 2]> = standings
                     .iter()
                     .filter(|s| matches!(s.outcome, Outcome::Rejected(_)) && !config.limits[s.limit].dry_run)
@@ -145,6 +192,7 @@ impl Proxy {
                     (false, false) => RequestOutcome::Delayed,
                 };
                 self.metrics.request(index, outcome);
+                trace.outcome = Some(outcome);
                 if !wait.is_zero() {
                     // A client that goes away while waiting drops this future here: its
                     // request never reaches the upstream and its permits are released.
@@ -175,6 +223,7 @@ impl Proxy {
                     Err(ProxyError::UpstreamUnreachable { .. }) => UpstreamResult::ConnectError,
                     Err(_) => UpstreamResult::Failed,
                 };
+                trace.upstream = Some(started.elapsed());
                 self.metrics.upstream(index, result, started.elapsed());
                 forwarded
                     .inspect_err(|e| match e.status().is_client_error() {
@@ -243,21 +292,97 @@ impl Proxy {
                 (Outcome::Delayed(wait), false) => ("request delayed", true, wait),
                 (Outcome::Delayed(wait), true) => ("dry run: request would be delayed", true, wait),
             };
-            // Field values are only computed when the level is enabled: no key label is
-            // built for lines nobody reads.
+            let level = line_level(limit.log_level, lowered);
+            // Nothing is computed for lines nobody reads: no key label, no budget.
+            if !enabled(level) {
+                continue;
+            }
+            let key = self.limiters.key_hash(s.limit, src).unwrap_or(0);
+            let label = || self.limiters.key_label(s.limit, src, self.config.redact_keys);
+            let take = self.log_budgets[s.limit].take(limit::now() / 1_000_000_000, key, label);
+            if let Some(summary) = take.summary {
+                log_summary(level, &limit.name, &summary);
+            }
+            if !take.write {
+                continue;
+            }
             macro_rules! emit {
                 ($level:expr) => {
-                    tracing::event!($level, route = %route.name, limit = %limit.name,
-                        key = %self.limiters.key_label(s.limit, src, self.config.redact_keys),
+                    tracing::event!($level, route = %route.name, limit = %limit.name, key = %label(),
                         excess = round_to_thousandths(s.excess), ms = ms.as_millis() as u64, "{message}")
                 };
             }
-            match (limit.log_level, lowered) {
-                (LogLevel::Error, false) => emit!(Level::ERROR),
-                (LogLevel::Error, true) | (LogLevel::Warn, false) => emit!(Level::WARN),
-                (LogLevel::Warn, true) | (LogLevel::Info, false) => emit!(Level::INFO),
-                (LogLevel::Info, true) | (LogLevel::Debug, false) => emit!(Level::DEBUG),
-                (LogLevel::Debug, true) => emit!(Level::TRACE),
+            match level {
+                Level::ERROR => emit!(Level::ERROR),
+                Level::WARN => emit!(Level::WARN),
+                Level::INFO => emit!(Level::INFO),
+                Level::DEBUG => emit!(Level::DEBUG),
+                _ => emit!(Level::TRACE),
+            }
+        }
+    }
+}
+
+/// What the request path found out about a request, for its access log line.
+#[derive(Default)]
+struct Trace {
+    client: Option<std::net::IpAddr>,
+    route: Option<usize>,
+    outcome: Option<RequestOutcome>,
+    upstream: Option<std::time::Duration>,
+}
+
+/// The level of a limit's rejection lines (`lowered`: its delay lines, one below, as
+/// nginx does with `limit_req_log_level`).
+fn line_level(level: LogLevel, lowered: bool) -> Level {
+    match (level, lowered) {
+        (LogLevel::Error, false) => Level::ERROR,
+        (LogLevel::Error, true) | (LogLevel::Warn, false) => Level::WARN,
+        (LogLevel::Warn, true) | (LogLevel::Info, false) => Level::INFO,
+        (LogLevel::Info, true) | (LogLevel::Debug, false) => Level::DEBUG,
+        (LogLevel::Debug, true) => Level::TRACE,
+    }
+}
+
+/// Whether lines at `level` are written (tracing's callsites need a constant level).
+fn enabled(level: Level) -> bool {
+    match level {
+        Level::ERROR => tracing::enabled!(Level::ERROR),
+        Level::WARN => tracing::enabled!(Level::WARN),
+        Level::INFO => tracing::enabled!(Level::INFO),
+        Level::DEBUG => tracing::enabled!(Level::DEBUG),
+        _ => tracing::enabled!(Level::TRACE),
+    }
+}
+
+/// One line for a second's left-out rejection and delay lines of limit `name`.
+fn log_summary(level: Level, limit: &str, summary: &log_budget::Summary) {
+    macro_rules! emit {
+        ($level:expr) => {
+            tracing::event!($level, limit, left_out = summary.left_out, top_keys = %summary.top,
+                "rejection and delay lines left out in the last second (log_lines_per_second)")
+        };
+    }
+    match level {
+        Level::ERROR => emit!(Level::ERROR),
+        Level::WARN => emit!(Level::WARN),
+        Level::INFO => emit!(Level::INFO),
+        Level::DEBUG => emit!(Level::DEBUG),
+        _ => emit!(Level::TRACE),
+    }
+}
+
+/// Once a second, sums up what each limit left out in a second no later line closed;
+/// ends with the proxy that owns the budgets.
+async fn flush_log_budgets(budgets: std::sync::Weak<[LogBudget]>, limits: Vec<(String, Level)>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let Some(budgets) = budgets.upgrade() else { return };
+        let second = limit::now() / 1_000_000_000;
+        for (budget, (name, level)) in budgets.iter().zip(&limits) {
+            if let Some(summary) = budget.flush(second) {
+                log_summary(*level, name, &summary);
             }
         }
     }

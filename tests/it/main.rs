@@ -12,6 +12,7 @@ mod connections;
 mod forwarding;
 mod global;
 mod limits;
+mod logs;
 mod paths;
 mod redis;
 mod reload;
