@@ -95,6 +95,10 @@ impl Proxy {
         &self.config
     }
 
+    pub fn limiters(&self) -> &Arc<Limiters> {
+        &self.limiters
+    }
+
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }
