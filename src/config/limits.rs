@@ -23,15 +23,7 @@ const DEFAULT_LOG_LINES_PER_SECOND: u32 = 5;
 pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeMap<String, RawLimit>) -> Limit {
     let at = format!("limits.{name}");
     check_name(e, &at, name);
-    let parts: Vec<KeyPart> = match &raw.key {
-        RawKey::One(text) => e.check(|| format!("{at}.key"), text.parse()).into_iter().collect(),
-        RawKey::Many(list) => {
-            if list.is_empty() {
-                e.add(format!("{at}.key"), "needs at least one part");
-            }
-            list.iter().enumerate().filter_map(|(i, text)| e.check(|| format!("{at}.key[{i}]"), text.parse())).collect()
-        }
-    };
+    let parts = key_parts(e, &format!("{at}.key"), &raw.key);
     let parts = ip_prefix(e, &at, raw, parts);
     let policy = policy(e, &at, raw);
     let status = status_in(e, || format!("{at}.status"), raw.status.unwrap_or(429), 400..=599);
@@ -54,6 +46,19 @@ pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeM
         count: count(e, &at, raw),
         overrides: overrides(e, &at, name, raw, all),
         scope,
+    }
+}
+
+/// The parts of a key spec (`ip`, `header:NAME`, a list of these), errors at `at`.
+pub(super) fn key_parts(e: &mut Errors<'_>, at: &str, raw: &RawKey) -> Vec<KeyPart> {
+    match raw {
+        RawKey::One(text) => e.check(|| at.to_owned(), text.parse()).into_iter().collect(),
+        RawKey::Many(list) => {
+            if list.is_empty() {
+                e.add(at.to_owned(), "needs at least one part");
+            }
+            list.iter().enumerate().filter_map(|(i, text)| e.check(|| format!("{at}[{i}]"), text.parse())).collect()
+        }
     }
 }
 

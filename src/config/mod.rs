@@ -9,6 +9,7 @@ mod position;
 mod raw;
 mod store;
 pub mod units;
+mod upstreams;
 mod validate;
 
 use std::fmt;
@@ -18,7 +19,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::uri::Authority;
-use http::{HeaderMap, HeaderName, Method, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use ipnet::IpNet;
 
 use crate::limit::allow::Allow;
@@ -81,10 +82,65 @@ pub struct Admin {
 #[derive(Debug)]
 pub struct Upstream {
     pub name: String,
-    pub servers: Vec<Authority>,
+    pub servers: Vec<Server>,
+    pub balance: Balance,
     pub connect_timeout: Duration,
     /// Longest wait for the response headers once the request is sent.
     pub timeout: Duration,
+    /// Failures within `fail_timeout` that take a server out for `fail_timeout` (0: never).
+    pub max_fails: u32,
+    pub fail_timeout: Duration,
+    /// Further servers a request that could not be sent is tried on.
+    pub retries: u32,
+    /// Speak HTTP/2 to the servers (prior knowledge on `http://`, ALPN on `https://`).
+    pub http2: bool,
+    /// How `https://` servers are verified.
+    pub tls: UpstreamTls,
+    pub health_check: Option<HealthCheck>,
+}
+
+/// Active health check: every `interval`, `GET path` on each server; a server that does
+/// not answer one of `expect_status` within `timeout` is out until a check passes.
+#[derive(Debug, Clone)]
+pub struct HealthCheck {
+    pub path: http::uri::PathAndQuery,
+    pub interval: Duration,
+    pub timeout: Duration,
+    /// Empty: any 2xx or 3xx.
+    pub expect_status: Vec<StatusCode>,
+}
+
+#[derive(Debug, Clone)]
+pub struct UpstreamTls {
+    /// The CA certificates to trust instead of the public roots (a private CA).
+    pub roots: Option<Vec<rustls::pki_types::CertificateDer<'static>>>,
+    /// The name sent and verified instead of the server's host.
+    pub sni: Option<rustls::pki_types::ServerName<'static>>,
+    /// `false`: any certificate is accepted (tests only).
+    pub verify: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Server {
+    pub address: Authority,
+    /// `https://`: spoken to over TLS.
+    pub tls: bool,
+    /// Its share of requests relative to the other servers' weights.
+    pub weight: u32,
+}
+
+/// How an upstream chooses a request's server among those not taken out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Balance {
+    /// In turn, by weight (nginx's smooth weighted round robin).
+    RoundRobin,
+    /// Fewest requests in progress per unit of weight.
+    LeastConn,
+    /// The less busy of two servers drawn at random by weight.
+    RandomTwo,
+    /// By a key of the request, consistently: the same key goes to the same server, and
+    /// adding a server moves only its share of keys.
+    Hash(KeySpec),
 }
 
 /// The `redis:` section: where global limits keep their state, and how long sluicegate
@@ -206,6 +262,39 @@ pub struct Route {
     pub allow: Allow,
     /// What a request weighs in the route's limits.
     pub cost: Cost,
+    /// What a forwarded request and its response are changed in.
+    pub rewrite: Rewrite,
+}
+
+/// Changes to a forwarded request and its response, per route.
+#[derive(Debug, Default)]
+pub struct Rewrite {
+    pub path: Option<PathRewrite>,
+    pub set_request_headers: Vec<(HeaderName, HeaderValue)>,
+    pub remove_request_headers: Vec<HeaderName>,
+    pub set_response_headers: Vec<(HeaderName, HeaderValue)>,
+    pub upstream_host: UpstreamHost,
+}
+
+/// The path sent upstream, made from the normalized path that matched `prefix`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathRewrite {
+    /// Without the prefix (`strip_prefix: true`), still starting with `/`.
+    Strip(String),
+    /// `to` followed by what comes after `prefix`.
+    Replace { prefix: String, to: String },
+}
+
+/// The `Host` a forwarded request carries.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub enum UpstreamHost {
+    /// The client's.
+    #[default]
+    Keep,
+    /// The server's `HOST:PORT`.
+    Server,
+    /// This name.
+    Name(HeaderValue),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -61,9 +61,61 @@ pub struct RawAdmin {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawUpstream {
-    pub servers: Vec<String>,
+    pub servers: Vec<RawUpstreamServer>,
     pub connect_timeout: Option<String>,
     pub timeout: Option<String>,
+    pub balance: Option<BalanceName>,
+    pub hash_key: Option<RawKey>,
+    pub max_fails: Option<u32>,
+    pub fail_timeout: Option<String>,
+    pub retries: Option<u32>,
+    pub http2: Option<bool>,
+    pub tls: Option<RawUpstreamTls>,
+    pub health_check: Option<RawHealthCheck>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawHealthCheck {
+    pub path: String,
+    pub interval: Option<String>,
+    pub timeout: Option<String>,
+    #[serde(default)]
+    pub expect_status: Vec<u16>,
+}
+
+/// How `https://` servers are verified.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstreamTls {
+    pub ca_file: Option<String>,
+    pub sni: Option<String>,
+    pub verify: Option<bool>,
+}
+
+/// `"HOST:PORT"`, or `{ address: "HOST:PORT", weight: 3 }`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum RawUpstreamServer {
+    Address(String),
+    Weighted(RawWeightedServer),
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawWeightedServer {
+    pub address: String,
+    pub weight: Option<u32>,
+}
+
+/// `balance:` of an upstream: how a request's server is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BalanceName {
+    RoundRobin,
+    LeastConn,
+    RandomTwo,
+    Hash,
 }
 
 /// The Redis that global limits share.
@@ -197,6 +249,23 @@ pub struct RawRoute {
     pub allow: Option<RawAllow>,
     pub cost: Option<u64>,
     pub cost_header: Option<String>,
+    pub strip_prefix: Option<bool>,
+    pub rewrite: Option<RawRewrite>,
+    #[serde(default)]
+    pub set_request_headers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub remove_request_headers: Vec<String>,
+    #[serde(default)]
+    pub set_response_headers: BTreeMap<String, String>,
+    pub upstream_host: Option<String>,
+}
+
+/// `rewrite: { prefix: /api/, to: / }`: the path sent upstream.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawRewrite {
+    pub prefix: String,
+    pub to: String,
 }
 
 /// Requests exempt from limits: any matching entry is enough.

@@ -8,17 +8,17 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
-use http::uri::Authority;
 use http::{HeaderMap, Method, StatusCode};
 use ipnet::IpNet;
 
 use super::position::Positions;
-use super::raw::{LogKeys, RawAdmin, RawAllow, RawConfig, RawMatch, RawRespond, RawRoute, RawUpstream};
+use super::raw::{LogKeys, RawAdmin, RawAllow, RawConfig, RawMatch, RawRespond, RawRoute};
 use super::units::parse_duration;
 use super::{
-    AccessLogConfig, Action, Admin, Config, ConfigError, Cost, PathMatch, Route, RouteMatch, StaticResponse, Upstream,
+    AccessLogConfig, Action, Admin, Config, ConfigError, Cost, PathMatch, PathRewrite, Rewrite, Route, RouteMatch,
+    StaticResponse, UpstreamHost,
 };
-use super::{limits, store};
+use super::{limits, store, upstreams};
 use crate::limit::allow::Allow;
 
 const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -36,8 +36,6 @@ const DEFAULT_MAX_URI_BYTES: u64 = 8 * 1024;
 /// Bounds of both head limits: below 1 KiB common requests fail (a browser's cookies
 /// alone), above 1 MiB a limit no longer bounds the memory a client can hold.
 const HEAD_LIMIT_BYTES: std::ops::RangeInclusive<u64> = 1024..=1024 * 1024;
-const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub(super) struct Errors<'a> {
     file: &'a str,
@@ -125,7 +123,7 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
     };
 
     let admin = raw.admin.as_ref().and_then(|a| admin(&mut e, a));
-    let upstreams = raw.upstreams.iter().map(|(name, u)| upstream(&mut e, name, u)).collect();
+    let upstreams = raw.upstreams.iter().map(|(name, u)| upstreams::upstream(&mut e, name, u)).collect();
     let redis = raw.redis.as_ref().map(|r| store::redis(&mut e, r));
     let limits: Vec<_> = raw.limits.iter().map(|(name, l)| limits::limit(&mut e, name, l, &raw.limits)).collect();
     if redis.is_none() {
@@ -197,37 +195,6 @@ fn parse_cidr(text: &str) -> Result<IpNet, String> {
 pub(super) fn check_name(e: &mut Errors<'_>, at: &str, name: &str) {
     if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b)) {
         e.add(at.to_owned(), format!("invalid name {name:?}: use letters, digits, '_', '-' and '.'"));
-    }
-}
-
-fn upstream(e: &mut Errors<'_>, name: &str, raw: &RawUpstream) -> Upstream {
-    let at = format!("upstreams.{name}");
-    check_name(e, &at, name);
-    if raw.servers.is_empty() {
-        e.add(format!("{at}.servers"), "needs at least one server (HOST:PORT)");
-    }
-    let servers =
-        raw.servers
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| {
-                e.check(
-                    || format!("{at}.servers[{i}]"),
-                    Authority::from_str(s).ok().filter(|a| a.port_u16().is_some() && !s.contains('@')).ok_or_else(
-                        || format!("invalid server {s:?}; write HOST:PORT, e.g. 127.0.0.1:3000 (plain HTTP)"),
-                    ),
-                )
-            })
-            .collect();
-    Upstream {
-        name: name.to_owned(),
-        servers,
-        connect_timeout: e.duration(
-            &format!("{at}.connect_timeout"),
-            raw.connect_timeout.as_ref(),
-            DEFAULT_CONNECT_TIMEOUT,
-        ),
-        timeout: e.duration(&format!("{at}.timeout"), raw.timeout.as_ref(), DEFAULT_UPSTREAM_TIMEOUT),
     }
 }
 
@@ -332,7 +299,74 @@ fn route(e: &mut Errors<'_>, i: usize, raw: &RawRoute, config: &RawConfig) -> Ro
             Cost::Fixed(cost)
         }
     };
-    Route { name: raw.name.clone().unwrap_or(at), matcher, action, limits, allow, cost }
+    let rewrite = rewrite(e, &at, raw, &matcher);
+    let rewrites = raw.strip_prefix.is_some()
+        || raw.rewrite.is_some()
+        || !raw.set_request_headers.is_empty()
+        || !raw.remove_request_headers.is_empty()
+        || !raw.set_response_headers.is_empty()
+        || raw.upstream_host.is_some();
+    if rewrites && raw.respond.is_some() {
+        e.add(
+            format!("{at}.respond"),
+            "a `respond` route forwards nothing: rewriting fields apply only with `upstream`",
+        );
+    }
+    Route { name: raw.name.clone().unwrap_or(at), matcher, action, limits, allow, cost, rewrite }
+}
+
+/// `strip_prefix`, `rewrite`, the header fields and `upstream_host` of a route.
+fn rewrite(e: &mut Errors<'_>, at: &str, raw: &RawRoute, matcher: &RouteMatch) -> Rewrite {
+    let path = match (raw.strip_prefix.unwrap_or(false), &raw.rewrite) {
+        (true, Some(_)) => {
+            e.add(format!("{at}.rewrite"), "give either `strip_prefix` or `rewrite`, not both");
+            None
+        }
+        (true, None) => match &matcher.path {
+            PathMatch::Prefix(prefix) => Some(PathRewrite::Strip(prefix.clone())),
+            _ => {
+                e.add(format!("{at}.strip_prefix"), "needs `match.path_prefix`: the prefix to strip");
+                None
+            }
+        },
+        (false, Some(r)) => {
+            for (field, value) in [("prefix", &r.prefix), ("to", &r.to)] {
+                if !value.starts_with('/') {
+                    e.add(format!("{at}.rewrite.{field}"), format!("must start with '/', not {value:?}"));
+                }
+            }
+            Some(PathRewrite::Replace { prefix: r.prefix.clone(), to: r.to.clone() })
+        }
+        (false, None) => None,
+    };
+    let mut headers = |field: &str, map: &BTreeMap<String, String>| -> Vec<(HeaderName, HeaderValue)> {
+        map.iter().filter_map(|(name, value)| e.check(|| format!("{at}.{field}.{name}"), header(name, value))).collect()
+    };
+    let set_request_headers = headers("set_request_headers", &raw.set_request_headers);
+    let set_response_headers = headers("set_response_headers", &raw.set_response_headers);
+    let remove_request_headers = raw
+        .remove_request_headers
+        .iter()
+        .enumerate()
+        .filter_map(|(i, name)| {
+            let parsed = HeaderName::from_str(name).map_err(|_| format!("invalid header name {name:?}"));
+            e.check(|| format!("{at}.remove_request_headers[{i}]"), parsed)
+        })
+        .collect();
+    let upstream_host = match raw.upstream_host.as_deref() {
+        None | Some("keep") => UpstreamHost::Keep,
+        Some("server") => UpstreamHost::Server,
+        Some(name) => {
+            let valid = http::uri::Authority::from_str(name).ok().filter(|_| !name.contains('@'));
+            let value = valid.and_then(|a| HeaderValue::from_str(a.as_str()).ok());
+            e.check(
+                || format!("{at}.upstream_host"),
+                value.ok_or_else(|| format!("write keep, server, or a host name such as api.internal, not {name:?}")),
+            )
+            .map_or(UpstreamHost::Keep, UpstreamHost::Name)
+        }
+    };
+    Rewrite { path, set_request_headers, remove_request_headers, set_response_headers, upstream_host }
 }
 
 fn route_match(e: &mut Errors<'_>, at: &str, raw: &RawMatch) -> RouteMatch {

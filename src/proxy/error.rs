@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use http::StatusCode;
+use http::uri::Authority;
 
 /// Each variant says who is at fault: the client (4xx) or the upstream (5xx).
 #[derive(Debug, thiserror::Error)]
@@ -40,15 +41,31 @@ pub enum ProxyError {
     /// bytes than its `Content-Length`) while it was being forwarded.
     #[error("the client's request body is malformed or incomplete: {source}")]
     ClientBody { source: hyper_util::client::legacy::Error },
-    /// The upstream refused the connection or could not be reached in time.
-    #[error("upstream {upstream} unreachable: {source}")]
-    UpstreamUnreachable { upstream: String, source: hyper_util::client::legacy::Error },
+    /// No server of the upstream is in use: each failed lately (passive health).
+    #[error("upstream {upstream}: all servers are out after failures")]
+    NoServer { upstream: String },
+    /// The server refused the connection or could not be reached in time.
+    #[error("upstream {upstream} server {server} unreachable: {}", causes(.source))]
+    UpstreamUnreachable { upstream: String, server: Authority, source: hyper_util::client::legacy::Error },
     /// The connection was made but the exchange failed (reset, malformed response).
-    #[error("upstream {upstream} failed: {source}")]
-    UpstreamFailed { upstream: String, source: hyper_util::client::legacy::Error },
+    #[error("upstream {upstream} server {server} failed: {}", causes(.source))]
+    UpstreamFailed { upstream: String, server: Authority, source: hyper_util::client::legacy::Error },
     /// No response headers within the upstream's `timeout`.
-    #[error("upstream {upstream} sent no response within {timeout:?}")]
-    UpstreamTimeout { upstream: String, timeout: Duration },
+    #[error("upstream {upstream} server {server} sent no response within {timeout:?}")]
+    UpstreamTimeout { upstream: String, server: Authority, timeout: Duration },
+}
+
+/// An error and its causes, `a: b: c`: hyper's errors say "client error (Connect)" and
+/// keep what went wrong (refused, a certificate not trusted) in their sources.
+fn causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
 }
 
 impl ProxyError {
@@ -64,7 +81,9 @@ impl ProxyError {
             | ProxyError::ClientBody { .. }
             | ProxyError::DuplicateKeyField { .. }
             | ProxyError::BadHost(_) => StatusCode::BAD_REQUEST,
-            ProxyError::UpstreamUnreachable { .. } | ProxyError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
+            ProxyError::NoServer { .. }
+            | ProxyError::UpstreamUnreachable { .. }
+            | ProxyError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -81,7 +100,9 @@ mod tests {
         assert_eq!(ProxyError::UriTooLong { bytes: 2, max: 1 }.status(), StatusCode::URI_TOO_LONG);
         let headers = ProxyError::HeadersTooLarge { bytes: 2, max: 1 };
         assert_eq!(headers.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
-        let timeout = ProxyError::UpstreamTimeout { upstream: "u".into(), timeout: Duration::from_secs(1) };
+        let server = Authority::from_static("127.0.0.1:80");
+        let timeout = ProxyError::UpstreamTimeout { upstream: "u".into(), server, timeout: Duration::from_secs(1) };
         assert_eq!(timeout.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(ProxyError::NoServer { upstream: "u".into() }.status(), StatusCode::BAD_GATEWAY);
     }
 }

@@ -1,31 +1,40 @@
 //! Sending a request to its upstream: a pooled keep-alive HTTP/1.1 client per upstream,
-//! servers taken in turn, bodies streamed both ways, headers prepared for the next hop.
+//! the server chosen by `upstream`, a request that could not be sent tried on the next
+//! server (`retry`), bodies streamed both ways, headers prepared for the next hop.
 
 use std::error::Error as _;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderValue, Request, Response, Uri, header};
-use hyper::body::Incoming;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use smallvec::SmallVec;
+use tracing::warn;
 
+use super::connect::Connector;
 use super::error::ProxyError;
 use super::headers::{remove_hop_by_hop, set_forwarded};
-use crate::config::Upstream;
+use super::health::{self, Checker};
+use super::retry::{AttemptBody, Replayable};
+use super::upstream::{InFlight, ServerSet};
+use crate::config::{Upstream, UpstreamHost};
 
 /// Idle keep-alive connections to an upstream are closed after this long.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 pub struct UpstreamClient {
-    name: String,
-    servers: Box<[Authority]>,
-    next: AtomicUsize,
+    servers: ServerSet,
     timeout: Duration,
-    client: Client<HttpConnector, Incoming>,
+    retries: u32,
+    client: Client<Connector, AttemptBody>,
+    /// The active health check, stopped with this client.
+    _checker: Option<Checker>,
 }
 
 /// The hop that forwards: who sent the request to us and whether we trust it.
@@ -34,48 +43,124 @@ pub struct Hop {
     pub trusted_peer: bool,
 }
 
+/// A response body from a server, which counts the request as in progress there until
+/// the body is dropped.
+pub struct UpstreamBody {
+    body: Incoming,
+    _in_flight: InFlight,
+}
+
 impl UpstreamClient {
     pub fn new(upstream: &Upstream) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(upstream.connect_timeout));
-        connector.set_nodelay(true);
+        if !upstream.tls.verify {
+            warn!(upstream = %upstream.name, "TLS certificates of the servers are NOT verified (tls.verify: false): for tests only, never in production");
+        }
+        let connector = Connector::new(upstream);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .http1_max_buf_size(crate::server::BUFFER_BYTES)
-            .build(connector);
-        UpstreamClient {
-            name: upstream.name.clone(),
-            servers: upstream.servers.clone().into(),
-            next: AtomicUsize::new(0),
-            timeout: upstream.timeout,
-            client,
-        }
+            .http2_only(upstream.http2)
+            .build(connector.clone());
+        let servers = ServerSet::new(upstream);
+        let checker =
+            upstream.health_check.as_ref().and_then(|c| health::start(&servers, c, connector, upstream.http2));
+        UpstreamClient { servers, timeout: upstream.timeout, retries: upstream.retries, client, _checker: checker }
     }
 
-    /// Forwards `req` to the next server and returns its response, body still streaming.
-    pub async fn forward(&self, req: Request<Incoming>, hop: Hop) -> Result<Response<Incoming>, ProxyError> {
-        let server = &self.servers[self.next.fetch_add(1, Ordering::Relaxed) % self.servers.len()];
-        let req = prepare_upstream_request(req, server, &hop);
-        let response = tokio::time::timeout(self.timeout, self.client.request(req)).await;
-        let mut response = match response {
-            Err(_) => {
-                return Err(ProxyError::UpstreamTimeout { upstream: self.name.clone(), timeout: self.timeout });
+    pub fn servers(&self) -> &ServerSet {
+        &self.servers
+    }
+
+    /// Forwards `req` to a server and returns its response, body still streaming. A
+    /// request that could not be sent goes to another server, at most `retries` times;
+    /// `balance_key` is what `hash` balancing goes by; `host` the `Host` it carries.
+    pub async fn forward(
+        &self,
+        req: Request<Incoming>,
+        hop: Hop,
+        balance_key: Option<u64>,
+        host: &UpstreamHost,
+    ) -> Result<Response<UpstreamBody>, ProxyError> {
+        let upstream = self.servers.upstream();
+        let (mut parts, body) = prepare_upstream_request(req, &hop).into_parts();
+        let body = Replayable::new(body);
+        let idempotent = parts.method.is_idempotent();
+        let mut tried: SmallVec<[usize; 4]> = SmallVec::new();
+        let mut failed = None;
+        loop {
+            let Some(server) = self.servers.pick(balance_key, &tried, Instant::now()) else {
+                // After a failure that could be retried, the others are out or tried:
+                // that failure is the answer.
+                return Err(failed.unwrap_or_else(|| {
+                    warn!(upstream, servers = %self.servers.addresses(), "all servers of the upstream are out");
+                    ProxyError::NoServer { upstream: upstream.to_owned() }
+                }));
+            };
+            tried.push(server.index());
+            // No further attempt when retries are spent or every server has had its turn.
+            let last = tried.len() > self.retries as usize || tried.len() == self.servers.len();
+            parts.uri = upstream_uri(&parts.uri, server.address(), server.tls());
+            match host {
+                UpstreamHost::Keep => {}
+                UpstreamHost::Name(name) => _ = parts.headers.insert(header::HOST, name.clone()),
+                UpstreamHost::Server => {
+                    // An authority is always a valid field value.
+                    if let Ok(value) = HeaderValue::from_str(server.address().as_str()) {
+                        parts.headers.insert(header::HOST, value);
+                    }
+                }
             }
-            Ok(Err(source)) if source.is_connect() => {
-                return Err(ProxyError::UpstreamUnreachable { upstream: self.name.clone(), source });
+            // The parts stay for a further attempt; the last one takes them.
+            let req = if last {
+                Request::from_parts(std::mem::replace(&mut parts, Request::new(()).into_parts().0), body.attempt())
+            } else {
+                let mut req = Request::new(body.attempt());
+                *req.method_mut() = parts.method.clone();
+                *req.uri_mut() = parts.uri.clone();
+                *req.version_mut() = parts.version;
+                *req.headers_mut() = parts.headers.clone();
+                req
+            };
+            let sent = tokio::time::timeout(self.timeout, self.client.request(req)).await;
+            let address = server.address().clone();
+            let error = match sent {
+                Ok(Ok(mut response)) => {
+                    server.succeeded(upstream);
+                    remove_hop_by_hop(response.headers_mut());
+                    // The client connection speaks HTTP/1.1 whatever the upstream spoke:
+                    // hyper would otherwise answer `HTTP/1.0` and close the client's
+                    // keep-alive connection. A body of unknown length (an HTTP/1.0
+                    // upstream reading to EOF) is then sent chunked.
+                    *response.version_mut() = http::Version::HTTP_11;
+                    return Ok(response.map(|body| UpstreamBody { body, _in_flight: server }));
+                }
+                Err(_) => {
+                    server.failed(upstream, Instant::now());
+                    // The request was sent and may be in progress there: not retried.
+                    return Err(ProxyError::UpstreamTimeout {
+                        upstream: upstream.to_owned(),
+                        server: address,
+                        timeout: self.timeout,
+                    });
+                }
+                // The client's fault says nothing of the server's health, and a body
+                // that failed cannot be sent again.
+                Ok(Err(source)) if client_body_failed(&source) => return Err(ProxyError::ClientBody { source }),
+                Ok(Err(error)) => error,
+            };
+            server.failed(upstream, Instant::now());
+            let retry = !last && body.may_retry(&error, idempotent);
+            let error = if error.is_connect() {
+                ProxyError::UpstreamUnreachable { upstream: upstream.to_owned(), server: address, source: error }
+            } else {
+                ProxyError::UpstreamFailed { upstream: upstream.to_owned(), server: address, source: error }
+            };
+            if !retry {
+                return Err(error);
             }
-            Ok(Err(source)) if client_body_failed(&source) => return Err(ProxyError::ClientBody { source }),
-            Ok(Err(source)) => {
-                return Err(ProxyError::UpstreamFailed { upstream: self.name.clone(), source });
-            }
-            Ok(Ok(response)) => response,
-        };
-        remove_hop_by_hop(response.headers_mut());
-        // The client connection speaks HTTP/1.1 whatever the upstream spoke: hyper would
-        // otherwise answer `HTTP/1.0` and close the client's keep-alive connection. A body
-        // of unknown length (an HTTP/1.0 upstream reading to EOF) is then sent chunked.
-        *response.version_mut() = http::Version::HTTP_11;
-        Ok(response)
+            warn!(upstream, error = %error, "attempt failed, trying another server");
+            failed = Some(error);
+        }
     }
 }
 
@@ -96,22 +181,44 @@ fn client_body_failed(error: &hyper_util::client::legacy::Error) -> bool {
     false
 }
 
-/// Rewrites a client request for `server`: origin-form target, the client's `Host`
-/// kept (HTTP/2 clients send `:authority` instead, which becomes `Host`), hop-by-hop
-/// fields removed and `X-Forwarded-*` set.
-fn prepare_upstream_request(req: Request<Incoming>, server: &Authority, hop: &Hop) -> Request<Incoming> {
+/// The target of a request for `server`: origin-form path and query, as the client sent
+/// it; the scheme tells the connector whether to speak TLS.
+fn upstream_uri(uri: &Uri, server: &Authority, tls: bool) -> Uri {
+    let path = uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
+    let scheme = if tls { Scheme::HTTPS } else { Scheme::HTTP };
+    // Scheme, authority and an origin-form path always build a valid URI.
+    Uri::builder().scheme(scheme).authority(server.clone()).path_and_query(path).build().unwrap_or_default()
+}
+
+/// Rewrites a client request for the next hop: the client's `Host` kept (HTTP/2
+/// clients send `:authority` instead, which becomes `Host`), hop-by-hop fields removed
+/// and `X-Forwarded-*` set.
+fn prepare_upstream_request(req: Request<Incoming>, hop: &Hop) -> Request<Incoming> {
     let (mut parts, body) = req.into_parts();
     if !parts.headers.contains_key(header::HOST)
         && let Some(value) = parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok())
     {
         parts.headers.insert(header::HOST, value);
     }
-    let mut uri = Uri::builder().scheme(Scheme::HTTP).authority(server.clone());
-    uri = uri.path_and_query(parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/")));
-    // Scheme, authority and an origin-form path always build a valid URI.
-    parts.uri = uri.build().unwrap_or_default();
     parts.version = http::Version::HTTP_11;
     remove_hop_by_hop(&mut parts.headers);
     set_forwarded(&mut parts.headers, hop.peer, hop.trusted_peer);
     Request::from_parts(parts, body)
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
 }

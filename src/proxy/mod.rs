@@ -4,13 +4,19 @@
 //! `handle_inner`, a `?` pipeline, and turns a `ProxyError` into its response in one
 //! place. Rejections are not errors: they are a `Decision` answered with a 429.
 
+mod balance;
+mod connect;
 pub mod error;
 mod forward;
 mod head;
 pub mod headers;
+mod health;
 mod log_budget;
 pub mod response;
+mod retry;
+mod rewrite;
 pub mod route;
+mod upstream;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -157,7 +163,8 @@ impl Proxy {
         let client_ip = headers::client_ip(peer.ip(), req.headers(), &config.trusted_proxies);
         trace.client = Some(client_ip);
         let host = route::request_host(req.uri(), req.headers());
-        // Routes and keys see the path as nginx would; the upstream gets it as sent.
+        // Routes and keys see the path as nginx would; the upstream gets it as sent, unless
+        // the route rewrites it.
         let path = path::normalize(req.uri().path()).map_err(ProxyError::BadPath)?;
         let Some(index) = route::match_route(&config.routes, req.method(), &path, host) else {
             debug!(method = %req.method(), path = req.uri().path(), host, "no route matches");
@@ -165,10 +172,15 @@ impl Proxy {
             return Err(ProxyError::NoRoute);
         };
         let route = &config.routes[index];
+        let target = rewrite::target(&route.rewrite, &path, req.uri());
         trace.route = Some(index);
 
         let src =
             KeySource { client_ip, method: req.method(), uri: req.uri(), path: &path, headers: req.headers(), host };
+        let balance_key = match &route.action {
+            Action::Forward(upstream) => self.upstreams[*upstream].servers().balance_key(&src),
+            Action::Respond(_) => None,
+        };
         // An exempt request skips the route's limits altogether.
         let limits = if route.allow.admits(&src) { &[][..] } else { &route.limits[..] };
         self.refuse_duplicated_keys(limits, &src)?;
@@ -215,8 +227,17 @@ impl Proxy {
             Action::Respond(r) => Ok(response::static_response(r)),
             Action::Forward(upstream) => {
                 let hop = Hop { peer: peer.ip(), trusted_peer };
+                let mut req = req;
+                if let Some(target) = target {
+                    let mut uri = req.uri().clone().into_parts();
+                    uri.path_and_query = Some(target);
+                    // The parts of a valid URI with an origin-form path stay valid.
+                    *req.uri_mut() = http::Uri::from_parts(uri).unwrap_or_default();
+                }
+                rewrite::request_headers(&route.rewrite, req.headers_mut());
                 let started = Instant::now();
-                let forwarded = self.upstreams[*upstream].forward(req, hop).await;
+                let upstream_host = &route.rewrite.upstream_host;
+                let forwarded = self.upstreams[*upstream].forward(req, hop, balance_key, upstream_host).await;
                 let result = match &forwarded {
                     Ok(response) => UpstreamResult::Status(response.status().as_u16()),
                     Err(ProxyError::UpstreamTimeout { .. }) => UpstreamResult::Timeout,
@@ -231,7 +252,10 @@ impl Proxy {
                         true => debug!(route = %route.name, error = %e, "client error while forwarding"),
                         false => warn!(route = %route.name, error = %e, "upstream error"),
                     })
-                    .map(|response| response.map(ProxyBody::streamed))
+                    .map(|mut response| {
+                        rewrite::response_headers(&route.rewrite, response.headers_mut());
+                        response.map(ProxyBody::streamed)
+                    })
             }
         };
         // Limits that count only some statuses keep or take back this request now.

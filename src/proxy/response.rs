@@ -9,10 +9,11 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
 use http_body_util::{Either, Full};
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::body::{Body, Frame, SizeHint};
 use smallvec::SmallVec;
 
 use super::error::ProxyError;
+use super::forward::UpstreamBody;
 use crate::access_log::Entry;
 use crate::config::{HeaderStyle, Limit, Policy, RejectionBody, StaticResponse};
 use crate::limit::{Permits, Standing};
@@ -21,7 +22,7 @@ use crate::limit::{Permits, Standing};
 /// request's concurrency slots: they are given back when the body has been sent to the
 /// end, or when hyper drops it because the client went away.
 pub struct ProxyBody {
-    inner: Either<Incoming, Full<Bytes>>,
+    inner: Either<UpstreamBody, Full<Bytes>>,
     permits: Permits,
     /// The release of global slots under way, and the frame (or end) it holds back.
     releasing: Option<(Release, Option<Frame<Bytes>>)>,
@@ -32,7 +33,7 @@ pub struct ProxyBody {
 type Release = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 impl ProxyBody {
-    pub fn streamed(body: Incoming) -> Self {
+    pub fn streamed(body: UpstreamBody) -> Self {
         ProxyBody { inner: Either::Left(body), permits: Permits::default(), releasing: None, access: None }
     }
 

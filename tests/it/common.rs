@@ -22,6 +22,7 @@ pub struct Hit {
     pub at: Instant,
     pub path_and_query: String,
     pub headers: HeaderMap,
+    pub version: http::Version,
 }
 
 /// An HTTP/1.1 backend. Paths: `/sleep/MS`, `/held` (answers once the test adds a permit
@@ -36,6 +37,8 @@ pub struct Backend {
     pub release: Arc<Notify>,
     pub first_frame: Arc<Notify>,
     pub gate: Arc<Semaphore>,
+    /// The accept loop and every connection, ended by `kill`.
+    tasks: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
 }
 
 type TestBody = http_body_util::combinators::BoxBody<Bytes, hyper::Error>;
@@ -54,6 +57,22 @@ fn large(len: usize) -> Bytes {
 
 impl Backend {
     pub async fn start() -> Backend {
+        Backend::serve(Wire::Http1).await
+    }
+
+    /// The same backend speaking HTTP/2 only, without TLS (h2c, prior knowledge).
+    pub async fn start_h2() -> Backend {
+        Backend::serve(Wire::Http2).await
+    }
+
+    /// The same backend over TLS (HTTP/1.1), with a certificate for `localhost` and
+    /// 127.0.0.1 from a private CA made now; returns the CA's certificate in PEM.
+    pub async fn start_tls() -> (Backend, String) {
+        let (acceptor, ca) = private_ca_acceptor();
+        (Backend::serve(Wire::Tls(acceptor)).await, ca)
+    }
+
+    async fn serve(wire: Wire) -> Backend {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let backend = Backend {
             addr: listener.local_addr().unwrap(),
@@ -61,10 +80,12 @@ impl Backend {
             release: Arc::default(),
             first_frame: Arc::default(),
             gate: Arc::new(Semaphore::new(0)),
+            tasks: Arc::default(),
         };
         let (hits, release, first_frame, gate) =
             (backend.hits.clone(), backend.release.clone(), backend.first_frame.clone(), backend.gate.clone());
-        tokio::spawn(async move {
+        let tasks = backend.tasks.clone();
+        let accept = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
@@ -80,6 +101,7 @@ impl Backend {
                             at: Instant::now(),
                             path_and_query: path_and_query.clone(),
                             headers: req.headers().clone(),
+                            version: req.version(),
                         });
                         let path = req.uri().path().to_owned();
                         let response = if let Some(ms) = path.strip_prefix("/sleep/") {
@@ -121,17 +143,85 @@ impl Backend {
                         Ok::<_, hyper::Error>(response)
                     }
                 });
-                tokio::spawn(
-                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service),
-                );
+                let connection = match &wire {
+                    Wire::Http1 => tokio::spawn(async move {
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(TokioIo::new(stream), service)
+                            .await;
+                    }),
+                    Wire::Http2 => tokio::spawn(async move {
+                        let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                            .serve_connection(TokioIo::new(stream), service)
+                            .await;
+                    }),
+                    Wire::Tls(acceptor) => {
+                        let handshake = acceptor.accept(stream);
+                        tokio::spawn(async move {
+                            let Ok(stream) = handshake.await else { return };
+                            let _ = hyper::server::conn::http1::Builder::new()
+                                .serve_connection(TokioIo::new(stream), service)
+                                .await;
+                        })
+                    }
+                };
+                tasks.lock().unwrap().push(connection.abort_handle());
             }
         });
+        backend.tasks.lock().unwrap().push(accept.abort_handle());
         backend
+    }
+
+    /// Stops the backend as a crash would: the port refuses connections and open ones
+    /// are closed, requests in progress with them.
+    pub async fn kill(&self) {
+        let tasks: Vec<_> = self.tasks.lock().unwrap().drain(..).collect();
+        for task in &tasks {
+            task.abort();
+        }
+        // Aborted tasks end (and close their sockets) when the runtime next runs them.
+        for _ in 0..1000 {
+            if tasks.iter().all(|t| t.is_finished()) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        panic!("backend tasks did not end");
     }
 
     pub fn hits(&self) -> Vec<Hit> {
         self.hits.lock().unwrap().clone()
     }
+}
+
+/// What a test backend speaks.
+enum Wire {
+    Http1,
+    Http2,
+    Tls(tokio_rustls::TlsAcceptor),
+}
+
+/// A TLS acceptor with a certificate for `localhost` and 127.0.0.1 signed by a CA made
+/// for this call, and that CA's certificate in PEM.
+fn private_ca_acceptor() -> (tokio_rustls::TlsAcceptor, String) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![leaf.der().clone()], rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()))
+        .unwrap();
+    (tokio_rustls::TlsAcceptor::from(Arc::new(config)), ca.pem())
 }
 
 /// A running `sluicegate` process; killed on drop.

@@ -309,6 +309,44 @@ fn a_route_path_that_no_normalized_request_path_matches_is_refused() {
 }
 
 #[test]
+fn upstream_balancing_errors_are_reported_together_with_their_paths() {
+    let yaml = "listen: 127.0.0.1:0\nupstreams:\n  a:\n    servers: [{ address: \"127.0.0.1:1\", weight: 0 }, \"nohost\"]\n    balance: hash\n  b:\n    servers: [\"127.0.0.1:1\"]\n    balance: hash\n    hash_key: [ip, \"header:\"]\n    fail_timeout: 0s\n  c:\n    servers: [\"http://127.0.0.1:1\"]\n    tls: { ca_file: /nonexistent/ca.pem, sni: \"a b\" }\n    health_check: { path: healthz, interval: 0s, expect_status: [99] }\n";
+    let (out, stderr) = check(yaml);
+    assert!(!out.status.success());
+    for expected in [
+        "upstreams.a.servers[0].weight: must be from 1 to 10000, not 0",
+        "upstreams.a.servers[1]: invalid server \"nohost\"",
+        "upstreams.a.balance: `hash` needs `hash_key`",
+        "upstreams.b.hash_key[1]: header: needs a name",
+        "upstreams.b.fail_timeout: must be longer than zero",
+        "upstreams.c.tls: applies only to https:// servers",
+        "upstreams.c.tls.ca_file: cannot read \"/nonexistent/ca.pem\"",
+        "upstreams.c.tls.sni: invalid server name \"a b\"",
+        "upstreams.c.health_check.path: must be a path starting with '/'",
+        "upstreams.c.health_check.interval: must be longer than zero",
+        "upstreams.c.health_check.expect_status[0]: must be a status from 100 to 599, not 99",
+    ] {
+        assert!(stderr.contains(expected), "{expected:?} missing from:\n{stderr}");
+    }
+}
+
+#[test]
+fn route_rewriting_errors_name_their_fields() {
+    let yaml = "listen: 127.0.0.1:0\nupstreams:\n  a: { servers: [\"127.0.0.1:1\"] }\nroutes:\n  - match: { path: /x }\n    upstream: a\n    strip_prefix: true\n  - upstream: a\n    rewrite: { prefix: api, to: / }\n    upstream_host: \"a b\"\n    remove_request_headers: [\"bad name\"]\n  - respond: { status: 200 }\n    set_response_headers: { x-a: b }\n";
+    let (out, stderr) = check(yaml);
+    assert!(!out.status.success());
+    for expected in [
+        "routes[0].strip_prefix: needs `match.path_prefix`",
+        "routes[1].rewrite.prefix: must start with '/'",
+        "routes[1].upstream_host: write keep, server, or a host name",
+        "routes[1].remove_request_headers[0]: invalid header name",
+        "routes[2].respond: a `respond` route forwards nothing",
+    ] {
+        assert!(stderr.contains(expected), "{expected:?} missing from:\n{stderr}");
+    }
+}
+
+#[test]
 fn help_says_that_run_check_and_reload_need_a_configuration() {
     let out = binary().arg("--help").output().unwrap();
     assert!(out.status.success());

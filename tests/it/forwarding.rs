@@ -145,6 +145,45 @@ async fn servers_of_an_upstream_take_turns() {
     assert_eq!((a.hits().len(), b.hits().len()), (2, 2));
 }
 
+#[tokio::test]
+async fn routes_rewrite_the_path_the_host_and_header_fields() {
+    let backend = Backend::start().await;
+    let b = backend.addr;
+    let sg = Sluicegate::start(&format!(
+        r#"listen: 127.0.0.1:0
+upstreams:
+  app: {{ servers: ["{b}"] }}
+routes:
+  - match: {{ path_prefix: /api/ }}
+    upstream: app
+    strip_prefix: true
+    upstream_host: server
+    set_request_headers: {{ x-added: "1", x-replaced: new }}
+    remove_request_headers: [x-secret]
+    set_response_headers: {{ x-served-by: sluicegate }}
+  - match: {{ path_prefix: /old/ }}
+    upstream: app
+    rewrite: {{ prefix: /old/, to: /v2/ }}
+    upstream_host: api.internal
+"#
+    ));
+    let r = get(sg.addr, "/api//users/./me?q=1", &[("x-secret", "s"), ("x-replaced", "old")]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-served-by"), Some("sluicegate"));
+    let hit = &backend.hits()[0];
+    assert_eq!(hit.path_and_query, "/users/me?q=1");
+    assert_eq!(hit.headers["host"], b.to_string());
+    // The client's host is still told, in X-Forwarded-Host.
+    assert_eq!(hit.headers["x-forwarded-host"], "test.local");
+    assert_eq!((&hit.headers["x-added"], &hit.headers["x-replaced"]), (&"1".parse().unwrap(), &"new".parse().unwrap()));
+    assert!(!hit.headers.contains_key("x-secret"));
+
+    let r = get(sg.addr, "/old/a%20b", &[]).await;
+    assert_eq!((r.status, r.header("x-served-by")), (200, None));
+    let hit = &backend.hits()[1];
+    assert_eq!((hit.path_and_query.as_str(), &hit.headers["host"]), ("/v2/a%20b", &"api.internal".parse().unwrap()));
+}
+
 /// An HTTP/1.0 upstream (like `python3 -m http.server`): no Content-Length, the body
 /// ends when it closes the connection.
 async fn http10_backend() -> std::net::SocketAddr {

@@ -22,3 +22,4 @@ mod paths;
 mod redis;
 mod reload;
 mod server;
+mod upstreams;

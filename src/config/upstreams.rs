@@ -1,0 +1,155 @@
+//! The `upstreams:` section: servers with their weights, how one is chosen, and when a
+//! failing one is taken out.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use http::uri::Authority;
+
+use super::limits::key_parts;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+
+use http::uri::PathAndQuery;
+
+use super::raw::{BalanceName, RawHealthCheck, RawUpstream, RawUpstreamServer, RawUpstreamTls};
+use super::validate::{Errors, check_name, positive_duration, status_in};
+use super::{Balance, HealthCheck, Server, Upstream, UpstreamTls};
+use crate::limit::key::KeySpec;
+
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
+/// nginx's defaults: one failure takes a server out for ten seconds.
+const DEFAULT_MAX_FAILS: u32 = 1;
+const DEFAULT_FAIL_TIMEOUT: Duration = Duration::from_secs(10);
+const DEFAULT_RETRIES: u32 = 1;
+const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+const DEFAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
+/// Weights past this say nothing a smaller ratio could not, and keep sums far from overflow.
+const MAX_WEIGHT: u32 = 10_000;
+
+pub(super) fn upstream(e: &mut Errors<'_>, name: &str, raw: &RawUpstream) -> Upstream {
+    let at = format!("upstreams.{name}");
+    check_name(e, &at, name);
+    if raw.servers.is_empty() {
+        e.add(format!("{at}.servers"), "needs at least one server (HOST:PORT)");
+    }
+    let servers =
+        raw.servers.iter().enumerate().filter_map(|(i, s)| server(e, &format!("{at}.servers[{i}]"), s)).collect();
+    let balance = match (raw.balance.unwrap_or(BalanceName::RoundRobin), &raw.hash_key) {
+        (BalanceName::Hash, Some(key)) => Balance::Hash(KeySpec(key_parts(e, &format!("{at}.hash_key"), key).into())),
+        (BalanceName::Hash, None) => {
+            e.add(
+                format!("{at}.balance"),
+                "`hash` needs `hash_key`, e.g. hash_key: ip or hash_key: \"cookie:session\"",
+            );
+            Balance::RoundRobin
+        }
+        (_, Some(_)) => {
+            e.add(format!("{at}.hash_key"), "only used with `balance: hash`");
+            Balance::RoundRobin
+        }
+        (BalanceName::RoundRobin, None) => Balance::RoundRobin,
+        (BalanceName::LeastConn, None) => Balance::LeastConn,
+        (BalanceName::RandomTwo, None) => Balance::RandomTwo,
+    };
+    let fail_timeout = e.duration(&format!("{at}.fail_timeout"), raw.fail_timeout.as_ref(), DEFAULT_FAIL_TIMEOUT);
+    if fail_timeout.is_zero() {
+        e.add(format!("{at}.fail_timeout"), "must be longer than zero (turn passive health off with max_fails: 0)");
+    }
+    let servers: Vec<Server> = servers;
+    if raw.tls.is_some() && !servers.iter().any(|s| s.tls) {
+        e.add(format!("{at}.tls"), "applies only to https:// servers");
+    }
+    Upstream {
+        name: name.to_owned(),
+        tls: tls(e, &format!("{at}.tls"), raw.tls.as_ref()),
+        servers,
+        balance,
+        connect_timeout: e.duration(
+            &format!("{at}.connect_timeout"),
+            raw.connect_timeout.as_ref(),
+            DEFAULT_CONNECT_TIMEOUT,
+        ),
+        timeout: e.duration(&format!("{at}.timeout"), raw.timeout.as_ref(), DEFAULT_UPSTREAM_TIMEOUT),
+        max_fails: raw.max_fails.unwrap_or(DEFAULT_MAX_FAILS),
+        fail_timeout,
+        retries: raw.retries.unwrap_or(DEFAULT_RETRIES),
+        http2: raw.http2.unwrap_or(false),
+        health_check: raw.health_check.as_ref().map(|h| health_check(e, &format!("{at}.health_check"), h)),
+    }
+}
+
+fn server(e: &mut Errors<'_>, at: &str, raw: &RawUpstreamServer) -> Option<Server> {
+    let (text, weight, address_at) = match raw {
+        RawUpstreamServer::Address(text) => (text, None, at.to_owned()),
+        RawUpstreamServer::Weighted(w) => (&w.address, w.weight, format!("{at}.address")),
+    };
+    let (tls, authority) = match (text.strip_prefix("https://"), text.strip_prefix("http://")) {
+        (Some(rest), _) => (true, rest),
+        (None, Some(rest)) => (false, rest),
+        (None, None) => (false, text.as_str()),
+    };
+    let address = e.check(
+        || address_at,
+        Authority::from_str(authority).ok().filter(|a| a.port_u16().is_some() && !authority.contains('@')).ok_or_else(
+            || {
+                format!(
+                    "invalid server {text:?}; write HOST:PORT (plain HTTP) or https://HOST:PORT, e.g. 127.0.0.1:3000"
+                )
+            },
+        ),
+    );
+    let weight = match weight {
+        None => Some(1),
+        Some(w @ 1..=MAX_WEIGHT) => Some(w),
+        Some(w) => {
+            e.add(format!("{at}.weight"), format!("must be from 1 to {MAX_WEIGHT}, not {w}"));
+            None
+        }
+    };
+    Some(Server { address: address?, tls, weight: weight? })
+}
+
+fn tls(e: &mut Errors<'_>, at: &str, raw: Option<&RawUpstreamTls>) -> UpstreamTls {
+    let Some(raw) = raw else { return UpstreamTls { roots: None, sni: None, verify: true } };
+    let roots = raw.ca_file.as_ref().and_then(|file| {
+        let read = std::fs::read(file).map_err(|err| format!("cannot read {file:?}: {err}"));
+        let pem = e.check(|| format!("{at}.ca_file"), read)?;
+        let certs: Result<Vec<_>, _> = CertificateDer::pem_slice_iter(&pem).collect();
+        let certs = certs
+            .map_err(|err| format!("{file:?} is not PEM certificates: {err}"))
+            .and_then(|c| if c.is_empty() { Err(format!("{file:?} holds no PEM certificate")) } else { Ok(c) });
+        e.check(|| format!("{at}.ca_file"), certs)
+    });
+    let sni = raw.sni.as_ref().and_then(|name| {
+        let parsed = ServerName::try_from(name.clone()).map_err(|_| format!("invalid server name {name:?}"));
+        e.check(|| format!("{at}.sni"), parsed)
+    });
+    let verify = raw.verify.unwrap_or(true);
+    if !verify && roots.is_some() {
+        e.add(format!("{at}.verify"), "`verify: false` accepts any certificate: `ca_file` would not be used");
+    }
+    UpstreamTls { roots, sni, verify }
+}
+
+fn health_check(e: &mut Errors<'_>, at: &str, raw: &RawHealthCheck) -> HealthCheck {
+    let path = PathAndQuery::from_str(&raw.path).ok().filter(|_| raw.path.starts_with('/'));
+    let path = e.check(
+        || format!("{at}.path"),
+        path.ok_or_else(|| format!("must be a path starting with '/', such as /healthz, not {:?}", raw.path)),
+    );
+    let mut positive = |field: &str, text: Option<&String>, default: Duration| match text {
+        None => default,
+        Some(text) => e.check(|| format!("{at}.{field}"), positive_duration(text)).unwrap_or(default),
+    };
+    let interval = positive("interval", raw.interval.as_ref(), DEFAULT_CHECK_INTERVAL);
+    let timeout = positive("timeout", raw.timeout.as_ref(), DEFAULT_CHECK_TIMEOUT);
+    let expect_status = raw
+        .expect_status
+        .iter()
+        .enumerate()
+        .map(|(i, &code)| status_in(e, || format!("{at}.expect_status[{i}]"), code, 100..=599))
+        .collect();
+    HealthCheck { path: path.unwrap_or_else(|| PathAndQuery::from_static("/")), interval, timeout, expect_status }
+}

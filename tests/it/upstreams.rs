@@ -1,0 +1,256 @@
+//! Upstreams with several servers: passive health, retries on the next server, and
+//! balancing, against real backends that die, stall or close without answering.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::{BodyExt, Full};
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpListener;
+
+use crate::common::*;
+
+/// A proxy whose route `/` goes to `servers` (YAML list items) with `extra` upstream fields.
+fn start(servers: &[String], extra: &str) -> Sluicegate {
+    let list = servers.join(", ");
+    Sluicegate::start(&format!(
+        "listen: 127.0.0.1:0\nupstreams:\n  app: {{ servers: [{list}], connect_timeout: 500ms, timeout: 1s{extra} }}\nroutes:\n  - match: {{ path_prefix: / }}\n    upstream: app\n"
+    ))
+}
+
+fn quoted(addr: SocketAddr) -> String {
+    format!("\"{addr}\"")
+}
+
+/// A server that reads the request head and closes the connection without a byte of
+/// response, every time.
+async fn hangs_up() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let mut buf = [0; 4096];
+            let _ = stream.read(&mut buf).await;
+        }
+    });
+    addr
+}
+
+fn count(log: &str, message: &str) -> usize {
+    log.lines().filter(|l| l.contains(&format!("\"message\":\"{message}\""))).count()
+}
+
+async fn post(addr: SocketAddr, path: &str, body: &'static str) -> Reply {
+    request(addr, Request::post(path).header("host", "test.local").body(Full::new(Bytes::from(body))).unwrap()).await
+}
+
+#[tokio::test]
+async fn a_server_killed_mid_run_costs_no_client_an_error_and_is_skipped_after_max_fails() {
+    let (a, b) = (Backend::start().await, Backend::start().await);
+    let sg = start(&[quoted(a.addr), quoted(b.addr)], ", max_fails: 1, fail_timeout: 60s");
+    for _ in 0..10 {
+        assert_eq!(get(sg.addr, "/x", &[]).await.status, 200);
+    }
+    assert_eq!((a.hits().len(), b.hits().len()), (5, 5));
+    a.kill().await;
+    for i in 0..20 {
+        assert_eq!(get(sg.addr, "/x", &[]).await.status, 200, "request {i} after the kill");
+    }
+    assert_eq!(b.hits().len(), 25);
+    // One failure (max_fails) took it out; no later request went near it.
+    let log = sg.wait_for_log(|log| count(log, "server taken out after failures") > 0);
+    assert_eq!(count(&log, "server taken out after failures"), 1, "{log}");
+    assert_eq!(count(&log, "attempt failed, trying another server"), 1, "{log}");
+    assert!(log.contains(&format!("\"server\":\"{}\"", a.addr)), "{log}");
+}
+
+#[tokio::test]
+async fn a_request_with_a_body_is_sent_again_whole_when_the_first_server_refused_it() {
+    let b = Backend::start().await;
+    // max_fails 0: the dead server keeps its turn, and every other request meets it.
+    let sg = start(&[format!("\"127.0.0.1:{}\"", closed_port()), quoted(b.addr)], ", max_fails: 0");
+    for _ in 0..6 {
+        let r = post(sg.addr, "/upload", "twelve bytes").await;
+        assert_eq!((r.status, r.text().as_str()), (200, "12"));
+    }
+    assert_eq!(b.hits().len(), 6);
+}
+
+#[tokio::test]
+async fn a_connection_closed_before_the_response_is_retried_only_when_that_is_safe() {
+    let b = Backend::start().await;
+    let servers = [quoted(hangs_up().await), quoted(b.addr)];
+    // The first request of each proxy goes to the first server.
+    let sg = start(&servers, ", max_fails: 0");
+    assert_eq!(get(sg.addr, "/x", &[]).await.status, 200, "an idempotent request goes to the next server");
+    let sg = start(&servers, ", max_fails: 0");
+    // A POST whose whole request was sent may have been acted on: never sent twice.
+    assert_eq!(post(sg.addr, "/x", "").await.status, 502);
+    assert_eq!(b.hits().len(), 1);
+    let sg = start(&servers, ", max_fails: 0, retries: 0");
+    assert_eq!(get(sg.addr, "/x", &[]).await.status, 502, "retries: 0 sends once");
+}
+
+#[tokio::test]
+async fn a_slow_server_answers_504_and_the_request_is_not_sent_again() {
+    let (slow, b) = (Backend::start().await, Backend::start().await);
+    let sg = start(&[quoted(slow.addr), quoted(b.addr)], "");
+    let started = Instant::now();
+    assert_eq!(get(sg.addr, "/sleep/3000", &[]).await.status, 504);
+    assert!(started.elapsed() < Duration::from_millis(2500), "{:?}", started.elapsed());
+    assert_eq!((slow.hits().len(), b.hits().len()), (1, 0));
+    // Not answering in time is a failure: the slow server is out, the other serves.
+    for _ in 0..3 {
+        assert_eq!(get(sg.addr, "/x", &[]).await.status, 200);
+    }
+    assert_eq!((slow.hits().len(), b.hits().len()), (1, 3));
+}
+
+#[tokio::test]
+async fn when_every_server_is_out_the_answer_is_502_at_once_with_a_line_naming_them() {
+    let dead = [format!("127.0.0.1:{}", closed_port()), format!("127.0.0.1:{}", closed_port())];
+    let sg = start(&dead.iter().map(|d| format!("\"{d}\"")).collect::<Vec<_>>(), ", fail_timeout: 60s");
+    // Tried on both, both taken out.
+    assert_eq!(get(sg.addr, "/x", &[]).await.status, 502);
+    assert_eq!(get(sg.addr, "/x", &[]).await.status, 502);
+    let log = sg.wait_for_log(|log| count(log, "all servers of the upstream are out") > 0);
+    let line = log.lines().find(|l| l.contains("all servers of the upstream are out")).expect("no line for all out");
+    assert!(line.contains(&format!("{}, {}", dead[0], dead[1])), "{line}");
+    // Only the first request tried to connect.
+    assert_eq!(count(&log, "server taken out after failures"), 2, "{log}");
+    assert_eq!(count(&log, "attempt failed, trying another server"), 1, "{log}");
+}
+
+#[tokio::test]
+async fn round_robin_shares_follow_the_weights() {
+    let backends = [Backend::start().await, Backend::start().await, Backend::start().await];
+    let servers: Vec<_> =
+        backends.iter().zip([1, 2, 3]).map(|(b, w)| format!("{{ address: \"{}\", weight: {w} }}", b.addr)).collect();
+    let sg = start(&servers, "");
+    for _ in 0..600 {
+        assert_eq!(get(sg.addr, "/x", &[]).await.status, 200);
+    }
+    let shares: Vec<_> = backends.iter().map(|b| b.hits().len()).collect();
+    assert_eq!(shares, [100, 200, 300]);
+}
+
+#[tokio::test]
+async fn random_two_shares_follow_the_weights_within_a_few_percent() {
+    let backends = [Backend::start().await, Backend::start().await];
+    let servers: Vec<_> =
+        backends.iter().zip([1, 3]).map(|(b, w)| format!("{{ address: \"{}\", weight: {w} }}", b.addr)).collect();
+    let sg = start(&servers, ", balance: random_two");
+    for _ in 0..1000 {
+        assert_eq!(get(sg.addr, "/x", &[]).await.status, 200);
+    }
+    // 250 expected on the first; five standard deviations (about 14) is within 7 %.
+    let first = backends[0].hits().len();
+    assert!(first.abs_diff(250) <= 70, "{first} of 1000, expected 250");
+}
+
+#[tokio::test]
+async fn least_conn_sends_new_requests_past_a_busy_server() {
+    let (a, b) = (Backend::start().await, Backend::start().await);
+    let sg = start(&[quoted(a.addr), quoted(b.addr)], ", balance: least_conn");
+    // A response in progress keeps its server busy until its body ends.
+    let held = send(sg.addr, Request::get("/stream").header("host", "h").body(Full::new(Bytes::new())).unwrap()).await;
+    let busy = if a.hits().len() == 1 { &a } else { &b };
+    for _ in 0..4 {
+        assert_eq!(get(sg.addr, "/x", &[]).await.status, 200);
+    }
+    assert_eq!(busy.hits().len(), 1, "a request went to the busy server");
+    busy.release.notify_one();
+    assert_eq!(read(held).await.text(), "first\nrest\n");
+}
+
+#[tokio::test]
+async fn hash_keeps_each_key_on_one_server() {
+    let backends = [Backend::start().await, Backend::start().await, Backend::start().await];
+    let servers: Vec<_> = backends.iter().map(|b| quoted(b.addr)).collect();
+    let sg = start(&servers, ", balance: hash, hash_key: \"header:x-user\"");
+    for user in 0..30 {
+        let before: Vec<_> = backends.iter().map(|b| b.hits().len()).collect();
+        for _ in 0..4 {
+            assert_eq!(get(sg.addr, "/x", &[("x-user", &user.to_string())]).await.status, 200);
+        }
+        let grew: Vec<_> = backends.iter().zip(&before).map(|(b, n)| b.hits().len() - n).collect();
+        assert!(grew.contains(&4), "user {user} spread over servers: {grew:?}");
+    }
+    assert!(backends.iter().all(|b| !b.hits().is_empty()), "30 keys all on some servers only");
+}
+
+#[tokio::test]
+async fn an_http2_upstream_is_spoken_to_in_http2_and_bodies_still_stream() {
+    let backend = Backend::start_h2().await;
+    let sg = start(&[quoted(backend.addr)], ", http2: true");
+    let r = post(sg.addr, "/upload", "twelve bytes").await;
+    assert_eq!((r.status, r.text().as_str()), (200, "12"));
+    let hit = &backend.hits()[0];
+    assert_eq!(hit.version, http::Version::HTTP_2);
+    assert_eq!(hit.headers["x-forwarded-for"], "127.0.0.1");
+    // The response streams: the first chunk arrives while the backend holds the rest.
+    let response =
+        send(sg.addr, Request::get("/stream").header("host", "h").body(Full::new(Bytes::new())).unwrap()).await;
+    assert_eq!(response.version(), http::Version::HTTP_11);
+    let mut body = response.into_body();
+    let first = tokio::time::timeout(Duration::from_secs(5), body.frame()).await;
+    assert_eq!(first.expect("first chunk not streamed").unwrap().unwrap().into_data().unwrap(), "first\n");
+    backend.release.notify_one();
+    assert_eq!(body.collect().await.unwrap().to_bytes(), "rest\n");
+}
+
+#[tokio::test]
+async fn an_https_server_with_a_private_ca_is_verified_against_ca_file() {
+    let (backend, ca) = Backend::start_tls().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, &ca).unwrap();
+    let server = format!("\"https://{}\"", backend.addr);
+    let sg = start(std::slice::from_ref(&server), &format!(", tls: {{ ca_file: \"{}\" }}", ca_file.display()));
+    let r = post(sg.addr, "/upload", "twelve bytes").await;
+    assert_eq!((r.status, r.text().as_str()), (200, "12"));
+    assert_eq!(backend.hits()[0].headers["host"], "test.local");
+
+    // The public roots do not know the private CA: the handshake fails, 502.
+    let untrusted = start(std::slice::from_ref(&server), "");
+    assert_eq!(get(untrusted.addr, "/x", &[]).await.status, 502);
+    let log = untrusted.wait_for_log(|log| log.contains("upstream error"));
+    assert!(log.contains("certificate"), "{log}");
+    // A name the certificate does not hold is refused even by the right CA.
+    let wrong_name = start(
+        std::slice::from_ref(&server),
+        &format!(", tls: {{ ca_file: \"{}\", sni: other.example }}", ca_file.display()),
+    );
+    assert_eq!(get(wrong_name.addr, "/x", &[]).await.status, 502);
+    // verify: false takes any certificate, and says so loudly.
+    let blind = start(std::slice::from_ref(&server), ", tls: { verify: false }");
+    assert_eq!(get(blind.addr, "/x", &[]).await.status, 200);
+    assert!(blind.log().contains("NOT verified"), "{}", blind.log());
+    assert_eq!(backend.hits().len(), 2);
+}
+
+// Several threads: the backends must answer checks while this thread waits on the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_failing_its_health_check_gets_no_requests_until_one_passes() {
+    let (a, b) = (Backend::start().await, Backend::start().await);
+    // Passive health and retries off: only the active check keeps requests away from b.
+    let check = ", max_fails: 0, retries: 0, health_check: { path: /status/204, interval: 100ms, timeout: 500ms, expect_status: [204] }";
+    let sg = start(&[quoted(a.addr), quoted(b.addr)], check);
+    b.kill().await;
+    let log = sg.wait_for_log(|log| log.contains("health check failed: server out"));
+    let line = log.lines().find(|l| l.contains("health check failed: server out")).expect("no failed check");
+    assert!(line.contains(&b.addr.to_string()), "{line}");
+    for _ in 0..10 {
+        assert_eq!(get(sg.addr, "/x", &[]).await.status, 200);
+    }
+    assert!(a.hits().iter().filter(|h| h.path_and_query == "/x").count() == 10);
+    assert!(a.hits().iter().any(|h| h.path_and_query == "/status/204"), "a was never checked");
+
+    // A status not expected fails the check too: with every server out, 502 at once.
+    let sg = start(&[quoted(a.addr)], ", health_check: { path: /status/503, interval: 100ms }");
+    sg.wait_for_log(|log| log.contains("health check failed: server out"));
+    assert_eq!(get(sg.addr, "/x", &[]).await.status, 502);
+    assert!(sg.wait_for_log(|log| log.contains("all servers of the upstream are out")).contains("all servers"));
+}
