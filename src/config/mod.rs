@@ -41,6 +41,9 @@ pub struct Config {
     /// Connections served at once; `None`: derived from the open-file limit at start.
     pub max_connections: Option<usize>,
     pub shutdown_grace: Duration,
+    /// Longest wait for the next piece of a request body once the upstream asks for it
+    /// (nginx `client_body_timeout`); past it the request is cut and answered 408.
+    pub body_read_timeout: Duration,
     pub ratelimit_headers: HeaderMode,
     pub ratelimit_header_style: HeaderStyle,
     pub rejection_body: RejectionBody,
@@ -175,6 +178,9 @@ pub struct Route {
     pub allow: Allow,
     /// What a request weighs in the route's limits.
     pub cost: Cost,
+    /// Largest request body forwarded (the route's own, else `server.max_body_bytes`);
+    /// `None`: unlimited.
+    pub max_body_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -41,6 +41,16 @@ pub struct RawServer {
     pub send_timeout: Option<String>,
     pub max_connections: Option<u64>,
     pub shutdown_grace: Option<String>,
+    pub max_body_bytes: Option<RawSize>,
+    pub body_read_timeout: Option<String>,
+}
+
+/// A byte count: a YAML integer, or text with a unit (`10m`).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum RawSize {
+    Bytes(u64),
+    Text(String),
 }
 
 #[derive(Debug, Deserialize)]
@@ -180,6 +190,7 @@ pub struct RawRoute {
     pub allow: Option<RawAllow>,
     pub cost: Option<u64>,
     pub cost_header: Option<String>,
+    pub max_body_bytes: Option<RawSize>,
 }
 
 /// Requests exempt from limits: any matching entry is enough.

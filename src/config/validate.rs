@@ -13,8 +13,9 @@ use http::{HeaderMap, Method, StatusCode};
 use ipnet::IpNet;
 
 use super::position::Positions;
+use super::raw::RawSize;
 use super::raw::{RawAllow, RawConfig, RawMatch, RawRespond, RawRoute, RawUpstream};
-use super::units::parse_duration;
+use super::units::{parse_duration, parse_size};
 use super::{Action, Config, ConfigError, Cost, PathMatch, Route, RouteMatch, StaticResponse, Upstream};
 use super::{limits, store};
 use crate::limit::allow::Allow;
@@ -23,6 +24,8 @@ const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(60);
+/// nginx's `client_body_timeout`.
+const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
 /// Longest connection timeout accepted: past a day a timeout protects nothing.
 const MAX_CONNECTION_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 /// More connections than any one process can hold open.
@@ -81,6 +84,13 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
         connection_timeout(&mut e, "server.idle_timeout", raw.server.idle_timeout.as_ref(), DEFAULT_IDLE_TIMEOUT);
     let send_timeout =
         connection_timeout(&mut e, "server.send_timeout", raw.server.send_timeout.as_ref(), DEFAULT_SEND_TIMEOUT);
+    let body_read_timeout = connection_timeout(
+        &mut e,
+        "server.body_read_timeout",
+        raw.server.body_read_timeout.as_ref(),
+        DEFAULT_BODY_READ_TIMEOUT,
+    );
+    let max_body_bytes = body_size(&mut e, "server.max_body_bytes", raw.server.max_body_bytes.as_ref());
     let max_connections = raw.server.max_connections.and_then(|n| {
         e.check(
             || "server.max_connections".into(),
@@ -97,7 +107,7 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
     if redis.is_none() {
         store::require_redis(&mut e, &limits);
     }
-    let routes = raw.routes.iter().enumerate().map(|(i, r)| route(&mut e, i, r, &raw)).collect();
+    let routes = raw.routes.iter().enumerate().map(|(i, r)| route(&mut e, i, r, &raw, max_body_bytes)).collect();
 
     match listen {
         Some(listen) if e.list.is_empty() => Ok(Config {
@@ -108,6 +118,7 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
             send_timeout,
             max_connections,
             shutdown_grace,
+            body_read_timeout,
             ratelimit_headers: raw.ratelimit_headers,
             ratelimit_header_style: raw.ratelimit_header_style,
             rejection_body: raw.rejection_body,
@@ -131,6 +142,17 @@ fn connection_timeout(e: &mut Errors<'_>, path: &str, text: Option<&String>, def
         if d <= MAX_CONNECTION_TIMEOUT { Ok(d) } else { Err(format!("{text:?} is too long; at most 24h")) }
     });
     e.check(|| path.to_owned(), bounded).unwrap_or(default)
+}
+
+/// A body size limit: a positive byte count.
+fn body_size(e: &mut Errors<'_>, path: &str, raw: Option<&RawSize>) -> Option<u64> {
+    let size = match raw? {
+        RawSize::Bytes(n) => Ok(*n),
+        RawSize::Text(text) => parse_size(text),
+    };
+    let positive =
+        size.and_then(|n| if n == 0 { Err("must be positive; leave it out for no limit".into()) } else { Ok(n) });
+    e.check(|| path.to_owned(), positive)
 }
 
 fn parse_cidr(text: &str) -> Result<IpNet, String> {
@@ -211,7 +233,7 @@ pub(super) fn status_in(
         .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
-fn route(e: &mut Errors<'_>, i: usize, raw: &RawRoute, config: &RawConfig) -> Route {
+fn route(e: &mut Errors<'_>, i: usize, raw: &RawRoute, config: &RawConfig, max_body_bytes: Option<u64>) -> Route {
     let at = format!("routes[{i}]");
     let matcher = route_match(e, &format!("{at}.match"), &raw.matcher);
     let action = match (&raw.upstream, &raw.respond) {
@@ -279,7 +301,8 @@ fn route(e: &mut Errors<'_>, i: usize, raw: &RawRoute, config: &RawConfig) -> Ro
             Cost::Fixed(cost)
         }
     };
-    Route { name: raw.name.clone().unwrap_or(at), matcher, action, limits, allow, cost }
+    let max_body_bytes = body_size(e, &format!("{at}.max_body_bytes"), raw.max_body_bytes.as_ref()).or(max_body_bytes);
+    Route { name: raw.name.clone().unwrap_or(at), matcher, action, limits, allow, cost, max_body_bytes }
 }
 
 fn route_match(e: &mut Errors<'_>, at: &str, raw: &RawMatch) -> RouteMatch {

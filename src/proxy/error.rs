@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use http::StatusCode;
 
+use super::body::BodyFault;
+
 /// Each variant says who is at fault: the client (4xx) or the upstream (5xx).
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
@@ -20,6 +22,13 @@ pub enum ProxyError {
     /// The request weighs more than a limit ever admits at once: waiting will not help.
     #[error("a cost of {cost} can never fit limit {limit:?}, which admits at most {capacity} at once")]
     CostTooHigh { cost: u64, limit: String, capacity: u64 },
+    /// The request body broke the route's size limit or `server.body_read_timeout`
+    /// before the upstream answered.
+    #[error("{0}")]
+    Body(super::body::BodyFault),
+    /// The declared `Content-Length` is over the route's limit: refused unread.
+    #[error("declared body of {length} bytes is larger than {limit}")]
+    BodyTooLarge { length: u64, limit: u64 },
     /// The upstream refused the connection or could not be reached in time.
     #[error("upstream {upstream} unreachable: {source}")]
     UpstreamUnreachable { upstream: String, source: hyper_util::client::legacy::Error },
@@ -38,6 +47,8 @@ impl ProxyError {
             ProxyError::BadPath(_) | ProxyError::InvalidCost { .. } | ProxyError::CostTooHigh { .. } => {
                 StatusCode::BAD_REQUEST
             }
+            ProxyError::BodyTooLarge { .. } | ProxyError::Body(BodyFault::TooLarge(_)) => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::Body(BodyFault::TooSlow(_)) => StatusCode::REQUEST_TIMEOUT,
             ProxyError::UpstreamUnreachable { .. } | ProxyError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         }

@@ -12,6 +12,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
+use super::body::{FaultCell, RequestBody};
 use super::error::ProxyError;
 use super::headers::{remove_hop_by_hop, set_forwarded};
 use crate::config::Upstream;
@@ -24,7 +25,7 @@ pub struct UpstreamClient {
     servers: Box<[Authority]>,
     next: AtomicUsize,
     timeout: Duration,
-    client: Client<HttpConnector, Incoming>,
+    client: Client<HttpConnector, RequestBody>,
 }
 
 /// The hop that forwards: who sent the request to us and whether we trust it.
@@ -52,7 +53,13 @@ impl UpstreamClient {
     }
 
     /// Forwards `req` to the next server and returns its response, body still streaming.
-    pub async fn forward(&self, req: Request<Incoming>, hop: Hop) -> Result<Response<Incoming>, ProxyError> {
+    /// A request body cut on the way (`fault`) is answered with its own status.
+    pub async fn forward(
+        &self,
+        req: Request<RequestBody>,
+        hop: Hop,
+        fault: &FaultCell,
+    ) -> Result<Response<Incoming>, ProxyError> {
         let server = &self.servers[self.next.fetch_add(1, Ordering::Relaxed) % self.servers.len()];
         let req = prepare_upstream_request(req, server, &hop);
         let response = tokio::time::timeout(self.timeout, self.client.request(req)).await;
@@ -60,6 +67,7 @@ impl UpstreamClient {
             Err(_) => {
                 return Err(ProxyError::UpstreamTimeout { upstream: self.name.clone(), timeout: self.timeout });
             }
+            Ok(Err(_)) if let Some(&fault) = fault.get() => return Err(ProxyError::Body(fault)),
             Ok(Err(source)) if source.is_connect() => {
                 return Err(ProxyError::UpstreamUnreachable { upstream: self.name.clone(), source });
             }
@@ -76,7 +84,7 @@ impl UpstreamClient {
 /// Rewrites a client request for `server`: origin-form target, the client's `Host`
 /// kept (HTTP/2 clients send `:authority` instead, which becomes `Host`), hop-by-hop
 /// fields removed and `X-Forwarded-*` set.
-fn prepare_upstream_request(req: Request<Incoming>, server: &Authority, hop: &Hop) -> Request<Incoming> {
+fn prepare_upstream_request(req: Request<RequestBody>, server: &Authority, hop: &Hop) -> Request<RequestBody> {
     let (mut parts, body) = req.into_parts();
     if !parts.headers.contains_key(header::HOST)
         && let Some(value) = parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok())

@@ -4,6 +4,7 @@
 //! `handle_inner`, a `?` pipeline, and turns a `ProxyError` into its response in one
 //! place. Rejections are not errors: they are a `Decision` answered with a 429.
 
+mod body;
 pub mod error;
 mod forward;
 pub mod headers;
@@ -69,6 +70,13 @@ impl Proxy {
             return Err(ProxyError::NoRoute);
         };
 
+        // Refused before it takes any quota, and unread: hyper sends no `100 Continue`.
+        let declared = hyper::body::Body::size_hint(req.body()).lower();
+        if let Some(limit) = route.max_body_bytes.filter(|&limit| declared > limit) {
+            debug!(route = %route.name, length = declared, limit, "request body too large");
+            return Err(ProxyError::BodyTooLarge { length: declared, limit });
+        }
+
         let src =
             KeySource { client_ip, method: req.method(), uri: req.uri(), path: &path, headers: req.headers(), host };
         // An exempt request skips the route's limits altogether.
@@ -104,7 +112,10 @@ impl Proxy {
             Action::Respond(r) => Ok(response::static_response(r)),
             Action::Forward(upstream) => {
                 let hop = Hop { peer: peer.ip(), trusted_peer };
-                let forwarded = self.upstreams[*upstream].forward(req, hop).await;
+                let fault = body::FaultCell::default();
+                let (limit, timeout) = (route.max_body_bytes, config.body_read_timeout);
+                let req = req.map(|b| body::RequestBody::new(b, limit, timeout, Arc::clone(&fault)));
+                let forwarded = self.upstreams[*upstream].forward(req, hop, &fault).await;
                 forwarded
                     .inspect_err(|e| warn!(route = %route.name, error = %e, "upstream error"))
                     .map(|response| response.map(ProxyBody::streamed))

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod algorithms;
+mod bodies;
 mod common;
 mod concurrency;
 mod config_errors;
