@@ -1,5 +1,6 @@
 //! The command line: `sluicegate [run] -c FILE`, `sluicegate check -c FILE`.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -9,7 +10,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
-    /// The YAML configuration file.
+    /// The YAML configuration file (required by `run` and `check`).
+    // Not `required = true`: clap would then refuse `--help` and `--version` without it.
     #[arg(short, long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Least severe log level shown (error, warn, info, debug, trace).
@@ -34,9 +36,13 @@ pub enum LogFormat {
     Json,
 }
 
-/// Sends log lines to stderr in the chosen format.
+/// Sends log lines to stderr in the chosen format. Colours only on a terminal, and never
+/// when `NO_COLOR` is set to anything non-empty (https://no-color.org): escape codes in a
+/// file or a log collector are noise.
 pub fn init_tracing(cli: &Cli) {
-    let builder = tracing_subscriber::fmt().with_max_level(cli.log_level).with_writer(std::io::stderr);
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+    let ansi = std::io::stderr().is_terminal() && !no_color;
+    let builder = tracing_subscriber::fmt().with_max_level(cli.log_level).with_writer(std::io::stderr).with_ansi(ansi);
     match cli.log_format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

@@ -15,9 +15,11 @@
 //!
 //! `config` turns the YAML file into the compiled `Config` the request path reads.
 
+pub mod admin;
 pub mod cli;
 pub mod config;
 pub mod limit;
+pub mod metrics;
 pub mod path;
 pub mod proxy;
 pub mod server;

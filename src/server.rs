@@ -34,6 +34,8 @@ const RESERVED_FILES: u64 = 64;
 
 pub struct Server {
     listener: TcpListener,
+    /// The admin listener, when `admin.listen` is set.
+    admin: Option<TcpListener>,
     proxy: Arc<Proxy>,
     max_connections: usize,
 }
@@ -47,7 +49,11 @@ impl Server {
         socket.bind(config.listen)?;
         let listener = socket.listen(LISTEN_BACKLOG)?;
         info!(max_connections, "connection limit");
-        Ok(Server { listener, proxy: Arc::new(Proxy::new(config)), max_connections })
+        let admin = match &config.admin {
+            Some(admin) => Some(TcpListener::bind(admin.listen).await?),
+            None => None,
+        };
+        Ok(Server { listener, admin, proxy: Arc::new(Proxy::new(config)), max_connections })
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -64,6 +70,12 @@ impl Server {
         // keep-alive connections at `header_read_timeout`.
         builder.http1().header_read_timeout(None).keep_alive(true).max_buf_size(BUFFER_BYTES);
         let grace = config.shutdown_grace;
+        if let (Some(listener), Some(admin)) = (self.admin, &config.admin) {
+            if let Ok(addr) = listener.local_addr() {
+                info!(%addr, "admin listening");
+            }
+            tokio::spawn(crate::admin::serve(listener, admin.clone(), Arc::clone(&self.proxy)));
+        }
         // Established connections keep being served at the cap; new ones wait in the
         // listen backlog until one closes (as nginx does at `worker_connections`).
         let slots = Arc::new(Semaphore::new(self.max_connections));

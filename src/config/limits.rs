@@ -162,8 +162,7 @@ fn policy(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Vec<Policy>> {
             None
         }
         Kind::Algorithm(AlgorithmName::LeakyBucket) => {
-            let delays = raw.nodelay != Some(true);
-            let (rate, burst) = (rate(e, at, "rate", raw.rate.as_deref()), burst(e, at, raw, delays));
+            let (rate, burst) = (rate(e, at, "rate", raw.rate.as_deref()), raw.burst.unwrap_or(0));
             let delay = match (raw.nodelay, raw.delay) {
                 (Some(true), Some(_)) => {
                     e.add(format!("{at}.delay"), "give either `nodelay: true` or `delay: N`, not both");
@@ -187,7 +186,7 @@ fn policy(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Vec<Policy>> {
             if raw.rate.is_none() {
                 missing(e, "rate", "10r/s");
             }
-            let (rate, burst) = (rate(e, at, "rate", raw.rate.as_deref()), burst(e, at, raw, false));
+            let (rate, burst) = (rate(e, at, "rate", raw.rate.as_deref()), raw.burst.unwrap_or(0));
             Some(Policy::Rate { rate: rate?, burst, delay: burst })
         }
         // A token bucket refilled continuously is GCRA with a burst of `capacity - 1`.
@@ -342,20 +341,6 @@ fn ban(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Ban> {
 
 fn rate(e: &mut Errors<'_>, at: &str, field: &str, text: Option<&str>) -> Option<Rate> {
     e.check(|| format!("{at}.{field}"), parse_rate(text?))
-}
-
-/// The burst of a rate limit. Where excess requests are delayed (the leaky bucket without
-/// `nodelay`), `burst` is the length of their queue, and `burst: 0` asks for delays while
-/// allowing none: refused as the likely mistake it is. With `nodelay` (and in GCRA, which
-/// never delays) `burst: 0` plainly says "no burst".
-fn burst(e: &mut Errors<'_>, at: &str, raw: &RawLimit, delays: bool) -> u64 {
-    if raw.burst == Some(0) && delays {
-        e.add(
-            format!("{at}.burst"),
-            "must be a positive integer: it is the queue of delayed requests (leave `burst` out for none, or set `nodelay: true`)",
-        );
-    }
-    raw.burst.unwrap_or(0)
 }
 
 /// What a limit admits at once, as written (`None`: no bound on cost, or not valid).

@@ -44,6 +44,8 @@ pub struct Config {
     /// Longest wait for the next piece of a request body once the upstream asks for it
     /// (nginx `client_body_timeout`); past it the request is cut and answered 408.
     pub body_read_timeout: Duration,
+    /// The admin listener (`None`: off).
+    pub admin: Option<Admin>,
     pub ratelimit_headers: HeaderMode,
     pub ratelimit_header_style: HeaderStyle,
     pub rejection_body: RejectionBody,
@@ -54,6 +56,14 @@ pub struct Config {
     pub redis: Option<Redis>,
     pub limits: Vec<Limit>,
     pub routes: Vec<Route>,
+}
+
+/// `admin:`: where health, metrics and the admin API are served.
+#[derive(Debug, Clone)]
+pub struct Admin {
+    pub listen: SocketAddr,
+    /// When set, every admin call must carry `Authorization: Bearer TOKEN`.
+    pub token: Option<String>,
 }
 
 #[derive(Debug)]
@@ -87,6 +97,9 @@ pub struct Redis {
     pub key_prefix: String,
     /// Failed calls in a row that open the circuit breaker.
     pub breaker_failures: u32,
+    /// How long failures must go on (first to latest of the streak) before the breaker
+    /// opens: one batch of calls that timed out together does not open it.
+    pub breaker_window: Duration,
     /// How long an open breaker skips Redis before one call probes it again.
     pub breaker_cooldown: Duration,
     /// Lifetime of a global concurrency slot unless renewed (its holder renews it while

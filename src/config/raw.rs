@@ -16,6 +16,7 @@ pub struct RawConfig {
     pub trusted_proxies: Vec<String>,
     #[serde(default)]
     pub server: RawServer,
+    pub admin: Option<RawAdmin>,
     #[serde(default)]
     pub ratelimit_headers: HeaderMode,
     #[serde(default)]
@@ -53,6 +54,14 @@ pub enum RawSize {
     Text(String),
 }
 
+/// The admin listener: health, metrics, admin API.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdmin {
+    pub listen: String,
+    pub token: Option<String>,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawUpstream {
@@ -76,6 +85,7 @@ pub struct RawRedis {
     pub connections: Option<u64>,
     pub key_prefix: Option<String>,
     pub breaker_failures: Option<u32>,
+    pub breaker_window: Option<String>,
     pub breaker_cooldown: Option<String>,
     pub lease_ttl: Option<String>,
     pub near_cache_keys: Option<u64>,

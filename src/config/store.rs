@@ -11,6 +11,7 @@ use super::{Limit, Policy, Redis, Scope};
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(20);
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const DEFAULT_BREAKER_FAILURES: u32 = 5;
+const DEFAULT_BREAKER_WINDOW: Duration = Duration::from_millis(200);
 const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_secs(1);
 const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
 const DEFAULT_NEAR_CACHE_KEYS: u64 = 100_000;
@@ -61,6 +62,8 @@ pub(super) fn redis(e: &mut Errors<'_>, raw: &RawRedis) -> Redis {
         connections: usize::try_from(connections.clamp(1, 64)).unwrap_or(1),
         key_prefix,
         breaker_failures: raw.breaker_failures.unwrap_or(DEFAULT_BREAKER_FAILURES).max(1),
+        // Zero is allowed: the breaker then counts failures in a row only.
+        breaker_window: e.duration("redis.breaker_window", raw.breaker_window.as_ref(), DEFAULT_BREAKER_WINDOW),
         breaker_cooldown: positive(e, "breaker_cooldown", raw.breaker_cooldown.as_ref(), DEFAULT_BREAKER_COOLDOWN),
         lease_ttl,
         near_cache_keys: usize::try_from(raw.near_cache_keys.unwrap_or(DEFAULT_NEAR_CACHE_KEYS)).unwrap_or(usize::MAX),
@@ -110,11 +113,6 @@ fn fits_globally(policy: &Policy) -> Result<(), String> {
     match *policy {
         Policy::Rate { rate, burst, .. } if u128::from(rate.period_ns()) * u128::from(burst + 1) > EXACT => {
             return Err("a global rate limit must drain within 52 days (burst + 1 periods)".into());
-        }
-        Policy::FixedWindow { window, .. } | Policy::SlidingWindow { window, .. }
-            if window.subsec_nanos() % 1_000_000 != 0 =>
-        {
-            return Err("a global window must be a whole number of milliseconds".into());
         }
         Policy::SlidingWindow { limit, window } if u128::from(limit) * window.as_micros() > EXACT => {
             return Err("a global sliding window allows limit × window (in µs) up to 2^52: lower one of them".into());

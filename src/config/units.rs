@@ -29,9 +29,58 @@ impl fmt::Display for Rate {
     }
 }
 
+/// The units durations and rate windows take, as nginx's time units do (minus years
+/// and months, whose length varies).
+const UNITS: &str = "ms, s, m, h, d";
+
+/// The longest duration any setting takes: a year. Longer values are surely typos, and
+/// a bound keeps every `Instant + Duration` in the process from overflowing.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// One or more `NUMBER UNIT` parts (`250ms`, `1h30m`, `1h 30m`), summed. Hand-written
+/// rather than humantime's parser, which also takes months (`M`), years and
+/// microseconds: `100r/M` read as "per month" when a minute was meant.
+fn parse_span(text: &str) -> Result<Duration, String> {
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return Err(format!("empty; the units are {UNITS}"));
+    }
+    let mut total = Duration::ZERO;
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        if digits == 0 {
+            return Err(format!("expected a number; the units are {UNITS}"));
+        }
+        let count: u64 = rest[..digits].parse().map_err(|_| "the number is too large".to_owned())?;
+        rest = rest[digits..].trim_start();
+        let unit_len = rest.find(|c: char| !c.is_alphabetic()).unwrap_or(rest.len());
+        let unit = &rest[..unit_len];
+        let nanos: u64 = match unit {
+            "ms" => 1_000_000,
+            "s" => 1_000_000_000,
+            "m" => 60_000_000_000,
+            "h" => 3_600_000_000_000,
+            "d" => 86_400_000_000_000,
+            "M" => return Err("unknown unit `M`: did you mean `m` (minute)?".into()),
+            "" => return Err(format!("a unit is missing; the units are {UNITS}")),
+            other => return Err(format!("unknown unit `{other}`; the units are {UNITS}")),
+        };
+        rest = rest[unit_len..].trim_start();
+        let part = u128::from(count) * u128::from(nanos);
+        total = total
+            .checked_add(Duration::from_nanos(u64::try_from(part).map_err(|_| "the number is too large".to_owned())?))
+            .ok_or("the number is too large")?;
+    }
+    Ok(total)
+}
+
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text.trim())
-        .map_err(|e| format!("invalid duration {text:?} ({e}); write e.g. 250ms, 30s, 1m, 1h"))
+    let d =
+        parse_span(text).map_err(|why| format!("invalid duration {text:?}: {why}; write e.g. 250ms, 30s, 1m, 1h"))?;
+    if d > MAX_DURATION {
+        return Err(format!("invalid duration {text:?}: must be at most 365d"));
+    }
+    Ok(d)
 }
 
 pub fn parse_rate(text: &str) -> Result<Rate, String> {
@@ -44,13 +93,16 @@ pub fn parse_rate(text: &str) -> Result<Rate, String> {
     let window = window.trim();
     // A bare unit (`r/s`, `r/m`) means one of it.
     let per = if window.starts_with(|c: char| c.is_ascii_digit()) {
-        humantime::parse_duration(window)
+        parse_span(window)
     } else {
-        humantime::parse_duration(&format!("1{window}"))
+        parse_span(&format!("1{window}"))
     }
-    .map_err(|_| bad("unknown window"))?;
+    .map_err(|why| bad(&format!("window: {why}")))?;
     if per.is_zero() {
         return Err(bad("the window must be positive"));
+    }
+    if per > MAX_DURATION {
+        return Err(bad("the window must be at most 365d"));
     }
     let rate = Rate { count, per };
     if rate.period_ns() == 0 {
@@ -115,6 +167,18 @@ mod tests {
     fn durations_accept_common_units() {
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
         assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
+        assert_eq!(parse_duration("1h 30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("2d").unwrap(), Duration::from_secs(2 * 86400));
         assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn units_outside_the_list_are_refused() {
+        for bad in ["1y", "1us", "5sec", "1w", "10", "300000000000y", "99999999999999999999s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+        assert!(parse_duration("366d").unwrap_err().contains("at most 365d"));
+        assert!(parse_rate("100r/M").unwrap_err().contains("did you mean `m` (minute)?"));
+        assert!(parse_rate("1r/w").unwrap_err().contains("the units are ms, s, m, h, d"));
     }
 }

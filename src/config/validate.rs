@@ -13,10 +13,9 @@ use http::{HeaderMap, Method, StatusCode};
 use ipnet::IpNet;
 
 use super::position::Positions;
-use super::raw::RawSize;
-use super::raw::{RawAllow, RawConfig, RawMatch, RawRespond, RawRoute, RawUpstream};
+use super::raw::{RawAdmin, RawAllow, RawConfig, RawMatch, RawRespond, RawRoute, RawSize, RawUpstream};
 use super::units::{parse_duration, parse_size};
-use super::{Action, Config, ConfigError, Cost, PathMatch, Route, RouteMatch, StaticResponse, Upstream};
+use super::{Action, Admin, Config, ConfigError, Cost, PathMatch, Route, RouteMatch, StaticResponse, Upstream};
 use super::{limits, store};
 use crate::limit::allow::Allow;
 
@@ -56,6 +55,18 @@ impl Errors<'_> {
             Some(text) => self.check(|| path.to_owned(), parse_duration(text)).unwrap_or(default),
         }
     }
+}
+
+fn admin(e: &mut Errors<'_>, raw: &RawAdmin) -> Option<Admin> {
+    let listen = e.check(
+        || "admin.listen".into(),
+        SocketAddr::from_str(&raw.listen)
+            .map_err(|_| format!("invalid address {:?}; write IP:PORT, e.g. 127.0.0.1:9901", raw.listen)),
+    );
+    if raw.token.as_ref().is_some_and(|t| t.is_empty() || HeaderValue::from_str(&format!("Bearer {t}")).is_err()) {
+        e.add("admin.token".into(), "must be a non-empty string of visible ASCII characters");
+    }
+    Some(Admin { listen: listen?, token: raw.token.clone() })
 }
 
 pub(super) fn names<T>(map: &BTreeMap<String, T>) -> String {
@@ -101,6 +112,7 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
         )
     });
 
+    let admin = raw.admin.as_ref().and_then(|a| admin(&mut e, a));
     let upstreams = raw.upstreams.iter().map(|(name, u)| upstream(&mut e, name, u)).collect();
     let redis = raw.redis.as_ref().map(|r| store::redis(&mut e, r));
     let limits: Vec<_> = raw.limits.iter().map(|(name, l)| limits::limit(&mut e, name, l, &raw.limits)).collect();
@@ -119,6 +131,7 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
             max_connections,
             shutdown_grace,
             body_read_timeout,
+            admin,
             ratelimit_headers: raw.ratelimit_headers,
             ratelimit_header_style: raw.ratelimit_header_style,
             rejection_body: raw.rejection_body,

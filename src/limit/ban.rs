@@ -62,6 +62,13 @@ impl Bans {
         length
     }
 
+    /// Keys banned at `now`.
+    pub fn active(&self, now: u64) -> usize {
+        let mut n = 0;
+        self.table.each(|state| n += usize::from(unpack(state).0 > now));
+        n
+    }
+
     /// Bans imposed since start.
     pub fn imposed(&self) -> u64 {
         self.imposed.load(Ordering::Relaxed)

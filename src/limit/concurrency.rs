@@ -27,7 +27,12 @@ impl Concurrency {
     pub fn decide(&self, in_flight: Option<u64>, table_full: bool) -> Verdict {
         let count = in_flight.unwrap_or(0);
         if count >= self.max || (in_flight.is_none() && table_full) {
-            return Verdict::Reject { retry_after: self.retry_after, reset: self.retry_after, excess: count as f64 };
+            return Verdict::Reject {
+                retry_after: self.retry_after,
+                remaining: 0,
+                reset: self.retry_after,
+                excess: count as f64,
+            };
         }
         Verdict::Admit { state: count + 1, wait: 0, remaining: self.max - count - 1, reset: 0, excess: count as f64 }
     }

@@ -48,7 +48,12 @@ impl FixedWindow {
         let index = now / self.window;
         let reset = (index + 1) * self.window - now;
         if count.saturating_add(cost) > self.limit {
-            return Verdict::Reject { retry_after: reset, reset, excess: count as f64 };
+            return Verdict::Reject {
+                retry_after: reset,
+                remaining: self.limit.saturating_sub(count),
+                reset,
+                excess: count as f64,
+            };
         }
         let count = count + cost;
         Verdict::Admit {
@@ -115,7 +120,10 @@ mod tests {
         let w = FixedWindow::new(1, Duration::from_secs(10));
         let Verdict::Admit { state, remaining: 0, reset, .. } = w.decide(None, 12 * S, 1) else { panic!() };
         assert_eq!(reset, 8 * S);
-        assert_eq!(w.decide(Some(state), 15 * S, 1), Verdict::Reject { retry_after: 5 * S, reset: 5 * S, excess: 1.0 });
+        assert_eq!(
+            w.decide(Some(state), 15 * S, 1),
+            Verdict::Reject { retry_after: 5 * S, remaining: 0, reset: 5 * S, excess: 1.0 }
+        );
         assert!(w.is_idle(state, 20 * S) && !w.is_idle(state, 19 * S));
     }
 }

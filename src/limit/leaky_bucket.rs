@@ -53,15 +53,20 @@ impl LeakyBucket {
         let requests = excess as f64 / self.period as f64;
         if excess > self.burst {
             // Admitted once `tat + cost·period - now' <= burst`; `reset`: when the bucket,
-            // left as it is, is empty.
-            let reset = state.map_or(0, |tat| tat.saturating_sub(now));
-            Verdict::Reject { retry_after: excess - self.burst, reset, excess: requests }
+            // left as it is, holds its full burst again (one period after it drains, as
+            // redis-cell's `reset_after`).
+            let reset = state.map_or(0, |tat| tat.saturating_add(self.period).saturating_sub(now));
+            // Units that still fit now: those whose single-unit excess stays within burst.
+            let one = excess - (cost - 1) * self.period;
+            let remaining = if one > self.burst { 0 } else { (self.burst - one) / self.period + 1 };
+            Verdict::Reject { retry_after: excess - self.burst, remaining, reset, excess: requests }
         } else {
             Verdict::Admit {
                 state: tat,
                 wait: excess.saturating_sub(self.delay),
                 remaining: (self.burst - excess) / self.period,
-                reset: excess,
+                // The full burst is back one period after the bucket drains at `tat`.
+                reset: excess.saturating_add(self.period),
                 excess: requests,
             }
         }
@@ -163,10 +168,14 @@ mod tests {
     #[test]
     fn remaining_and_reset_describe_the_bucket_after_the_request() {
         let b = bucket("10r/s", 2, 2);
-        assert_eq!(b.decide(None, 0, 1), Verdict::Admit { state: 0, wait: 0, remaining: 2, reset: 0, excess: 0.0 });
-        let second = Verdict::Admit { state: 100 * MS, wait: 0, remaining: 1, reset: 100 * MS, excess: 1.0 };
+        // One request on a fresh key: the full burst is back one period later, not now.
+        assert_eq!(
+            b.decide(None, 0, 1),
+            Verdict::Admit { state: 0, wait: 0, remaining: 2, reset: 100 * MS, excess: 0.0 }
+        );
+        let second = Verdict::Admit { state: 100 * MS, wait: 0, remaining: 1, reset: 200 * MS, excess: 1.0 };
         assert_eq!(b.decide(Some(0), 0, 1), second);
-        let over = Verdict::Reject { retry_after: 100 * MS, reset: 200 * MS, excess: 3.0 };
+        let over = Verdict::Reject { retry_after: 100 * MS, remaining: 0, reset: 300 * MS, excess: 3.0 };
         assert_eq!(b.decide(Some(200 * MS), 0, 1), over);
     }
 
@@ -175,11 +184,12 @@ mod tests {
         let b = bucket("10r/s", 4, 4);
         assert_eq!(b.capacity(), 5);
         let Verdict::Admit { state, remaining: 1, .. } = b.decide(None, 0, 4) else { panic!("cost 4 of 5 refused") };
-        // Two more units do not fit; nothing is taken, and one still does.
+        // Two more units do not fit; nothing is taken, and the refusal says one still does.
         assert_eq!(
             b.decide(Some(state), 0, 2),
-            Verdict::Reject { retry_after: 100 * MS, reset: 300 * MS, excess: 5.0 }
+            Verdict::Reject { retry_after: 100 * MS, remaining: 1, reset: 400 * MS, excess: 5.0 }
         );
+        assert!(matches!(b.decide(Some(state), 0, 3), Verdict::Reject { remaining: 1, .. }));
         assert!(matches!(b.decide(Some(state), 0, 1), Verdict::Admit { remaining: 0, .. }));
         assert!(matches!(b.decide(None, 0, 6), Verdict::Reject { .. }), "more than burst + 1 never fits");
     }

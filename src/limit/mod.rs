@@ -56,8 +56,9 @@ pub enum Verdict {
     /// admitted now; the full quota is back in `reset`; `excess` is nginx's excess (in
     /// requests) or the requests in flight, for log lines.
     Admit { state: u64, wait: u64, remaining: u64, reset: u64, excess: f64 },
-    /// Nothing changes; the same request would be admitted in `retry_after`.
-    Reject { retry_after: u64, reset: u64, excess: f64 },
+    /// Nothing changes; the same request would be admitted in `retry_after`; `remaining`
+    /// units would still be admitted now (fewer than this request's cost).
+    Reject { retry_after: u64, remaining: u64, reset: u64, excess: f64 },
 }
 
 struct Limiter {
@@ -150,6 +151,19 @@ impl Limiters {
     /// Bans imposed by limit `index` since start.
     pub fn bans(&self, index: usize) -> u64 {
         self.limits[index].bans.as_ref().map_or(0, Bans::imposed)
+    }
+
+    /// Keys banned now by limit `index`.
+    pub fn bans_active(&self, index: usize) -> usize {
+        self.limits[index].bans.as_ref().map_or(0, |b| b.active(now()))
+    }
+
+    /// Requests in flight under limit `index`, if it is a concurrency limit (else 0).
+    pub fn in_flight(&self, index: usize) -> usize {
+        let Some(Algorithm::Concurrency(_, table)) = self.limits[index].windows.first() else { return 0 };
+        let mut n = 0u64;
+        table.each(|in_flight| n += in_flight);
+        usize::try_from(n).unwrap_or(usize::MAX)
     }
 
     /// The largest cost limit `index` can ever admit at once (`None`: no limit on cost).
@@ -257,7 +271,7 @@ impl Limiters {
                 _ => None,
             };
             let verdict = match left {
-                Some(left) => Verdict::Reject { retry_after: left, reset: left, excess: 0.0 },
+                Some(left) => Verdict::Reject { retry_after: left, remaining: 0, reset: left, excess: 0.0 },
                 None => e.shard.decide(e.key, now, cost),
             };
             standings.push(standing(e.limit, e.window, &verdict));
@@ -369,8 +383,8 @@ fn standing(limit: usize, window: usize, verdict: &Verdict) -> Standing {
             let outcome = if wait > 0 { Outcome::Delayed(Duration::from_nanos(wait)) } else { Outcome::Passed };
             (outcome, remaining, reset, excess)
         }
-        Verdict::Reject { retry_after, reset, excess } => {
-            (Outcome::Rejected(Duration::from_nanos(retry_after)), 0, reset, excess)
+        Verdict::Reject { retry_after, remaining, reset, excess } => {
+            (Outcome::Rejected(Duration::from_nanos(retry_after)), remaining, reset, excess)
         }
     };
     Standing { limit, window, outcome, remaining, reset: Duration::from_nanos(reset), excess, banned: false }

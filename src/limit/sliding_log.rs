@@ -54,7 +54,12 @@ impl SlidingLog {
             let expire =
                 first.saturating_add(usize::try_from(live.saturating_add(cost) - self.limit - 1).unwrap_or(usize::MAX));
             let retry_after = log.get(expire).map_or(self.window, |&t| t + self.window - now);
-            return Verdict::Reject { retry_after, reset, excess: live as f64 };
+            return Verdict::Reject {
+                retry_after,
+                remaining: self.limit.saturating_sub(live),
+                reset,
+                excess: live as f64,
+            };
         }
         let remaining = self.limit - live - cost;
         Verdict::Admit { state: 0, wait: 0, remaining, reset: self.window, excess: (live + cost) as f64 }
@@ -155,7 +160,7 @@ mod tests {
             assert!(matches!(at(t), Verdict::Admit { .. }));
         }
         // Full until the request of t = 0 leaves the window at t = 10.
-        assert_eq!(at(9), Verdict::Reject { retry_after: S, reset: 9 * S, excess: 3.0 });
+        assert_eq!(at(9), Verdict::Reject { retry_after: S, remaining: 0, reset: 9 * S, excess: 3.0 });
         assert!(matches!(at(10), Verdict::Admit { remaining: 0, .. }));
         // Now 4, 8, 10 are live: the next room opens at 14.
         assert!(matches!(at(13), Verdict::Reject { retry_after: 1_000_000_000, .. }));

@@ -57,7 +57,8 @@ impl SlidingWindow {
         let excess = weighted as f64 / w as f64;
         if weighted + units > limit * w {
             let retry_after = self.retry_after(prev, curr, elapsed, cost);
-            return Verdict::Reject { retry_after, reset: self.reset(prev, curr, elapsed), excess };
+            let remaining = u64::try_from((limit * w).saturating_sub(weighted) / w).unwrap_or(u64::MAX);
+            return Verdict::Reject { retry_after, remaining, reset: self.reset(prev, curr, elapsed), excess };
         }
         let curr = curr + cost;
         let remaining = (limit * w - (weighted + units)) / w;

@@ -84,6 +84,15 @@ impl<S: State> KeyTable<S> {
         self.shards.iter().map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len).sum()
     }
 
+    /// Calls `f` with every stored state, one shard locked at a time (for metrics and
+    /// the admin API, not the request path).
+    pub fn each(&self, mut f: impl FnMut(S)) {
+        for shard in self.shards.iter() {
+            let shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            shard.slots.iter().filter(|slot| slot.key != 0).for_each(|slot| f(slot.state));
+        }
+    }
+
     /// Stores `state` for `key` in its locked `shard`. If room must be made, `idle(state)`
     /// tells which stored states a fresh key would equal, and `rank(state)` which to
     /// evict first (lowest).

@@ -77,6 +77,10 @@ impl UpstreamClient {
             Ok(Ok(response)) => response,
         };
         remove_hop_by_hop(response.headers_mut());
+        // The client connection speaks HTTP/1.1 whatever the upstream spoke: hyper would
+        // otherwise answer `HTTP/1.0` and close the client's keep-alive connection. A body
+        // of unknown length (an HTTP/1.0 upstream reading to EOF) is then sent chunked.
+        *response.version_mut() = http::Version::HTTP_11;
         Ok(response)
     }
 }

@@ -13,6 +13,7 @@ pub mod route;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Instant;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
@@ -22,6 +23,7 @@ use tracing::{Level, debug, warn};
 use crate::config::{Action, Config, Cost, HeaderMode, LogLevel, Route};
 use crate::limit::key::KeySource;
 use crate::limit::{Decision, Limiters, Outcome, Standing};
+use crate::metrics::{Metrics, RequestOutcome, UpstreamResult};
 use crate::path;
 use error::ProxyError;
 use forward::{Hop, UpstreamClient};
@@ -30,6 +32,7 @@ use response::ProxyBody;
 pub struct Proxy {
     config: Config,
     limiters: Arc<Limiters>,
+    metrics: Arc<Metrics>,
     upstreams: Box<[UpstreamClient]>,
     /// What the rate-limit headers say of each limit, by limit index.
     quotas: Box<[Box<[response::Quota]>]>,
@@ -37,8 +40,10 @@ pub struct Proxy {
 
 impl Proxy {
     pub fn new(config: Config) -> Self {
+        let limiters = Limiters::new(&config);
         Proxy {
-            limiters: Limiters::new(&config),
+            metrics: Arc::new(Metrics::new(&config, &limiters)),
+            limiters,
             upstreams: config.upstreams.iter().map(UpstreamClient::new).collect(),
             quotas: config.limits.iter().map(response::quotas).collect(),
             config,
@@ -47,6 +52,10 @@ impl Proxy {
 
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     /// Serves one request from `peer`. Never fails: every outcome is a response.
@@ -65,10 +74,12 @@ impl Proxy {
         let host = route::request_host(req.uri(), req.headers());
         // Routes and keys see the path as nginx would; the upstream gets it as sent.
         let path = path::normalize(req.uri().path()).map_err(ProxyError::BadPath)?;
-        let Some(route) = route::match_route(&config.routes, req.method(), &path, host) else {
+        let Some(index) = route::match_route(&config.routes, req.method(), &path, host) else {
             debug!(method = %req.method(), path = req.uri().path(), host, "no route matches");
+            self.metrics.no_route();
             return Err(ProxyError::NoRoute);
         };
+        let route = &config.routes[index];
 
         // Refused before it takes any quota, and unread: hyper sends no `100 Continue`.
         let declared = hyper::body::Body::size_hint(req.body()).lower();
@@ -86,6 +97,8 @@ impl Proxy {
         let (standings, permits, pending) = match decision {
             Decision::Reject { status, retry_after, standings, .. } => {
                 self.log_outcomes(route, &standings, &src, true);
+                let banned = standings.iter().any(|s| s.banned && !config.limits[s.limit].dry_run);
+                self.metrics.request(index, if banned { RequestOutcome::Banned } else { RequestOutcome::Rejected });
                 let violated: SmallVec<[&str; 2]> = standings
                     .iter()
                     .filter(|s| matches!(s.outcome, Outcome::Rejected(_)) && !config.limits[s.limit].dry_run)
@@ -99,6 +112,13 @@ impl Proxy {
             }
             Decision::Pass { wait, standings, permits, pending, .. } => {
                 self.log_outcomes(route, &standings, &src, false);
+                let dry_rejected = standings.iter().any(|s| matches!(s.outcome, Outcome::Rejected(_)));
+                let outcome = match (dry_rejected, wait.is_zero()) {
+                    (true, _) => RequestOutcome::DryRunRejected,
+                    (false, true) => RequestOutcome::Passed,
+                    (false, false) => RequestOutcome::Delayed,
+                };
+                self.metrics.request(index, outcome);
                 if !wait.is_zero() {
                     // A client that goes away while waiting drops this future here: its
                     // request never reaches the upstream and its permits are released.
@@ -115,7 +135,15 @@ impl Proxy {
                 let fault = body::FaultCell::default();
                 let (limit, timeout) = (route.max_body_bytes, config.body_read_timeout);
                 let req = req.map(|b| body::RequestBody::new(b, limit, timeout, Arc::clone(&fault)));
+                let started = Instant::now();
                 let forwarded = self.upstreams[*upstream].forward(req, hop, &fault).await;
+                let result = match &forwarded {
+                    Ok(response) => UpstreamResult::Status(response.status().as_u16()),
+                    Err(ProxyError::UpstreamTimeout { .. }) => UpstreamResult::Timeout,
+                    Err(ProxyError::UpstreamUnreachable { .. }) => UpstreamResult::ConnectError,
+                    Err(_) => UpstreamResult::Failed,
+                };
+                self.metrics.upstream(index, result, started.elapsed());
                 forwarded
                     .inspect_err(|e| warn!(route = %route.name, error = %e, "upstream error"))
                     .map(|response| response.map(ProxyBody::streamed))
@@ -164,6 +192,7 @@ impl Proxy {
     fn log_outcomes(&self, route: &Route, standings: &[Standing], src: &KeySource<'_>, rejected: bool) {
         for s in standings {
             let limit = &self.config.limits[s.limit];
+            self.metrics.decision(s.limit, s.outcome);
             let (message, lowered, ms) = match (s.outcome, limit.dry_run) {
                 (Outcome::Passed, _) => continue,
                 // The request is refused anyway: its delays would not have happened.
@@ -181,7 +210,7 @@ impl Proxy {
                 ($level:expr) => {
                     tracing::event!($level, route = %route.name, limit = %limit.name,
                         key = %self.limiters.key_label(s.limit, src, self.config.redact_keys),
-                        excess = format_args!("{:.3}", s.excess), ms = ms.as_millis() as u64, "{message}")
+                        excess = round_to_thousandths(s.excess), ms = ms.as_millis() as u64, "{message}")
                 };
             }
             match (limit.log_level, lowered) {
@@ -193,4 +222,10 @@ impl Proxy {
             }
         }
     }
+}
+
+/// `excess` is logged as a number (JSON keeps its type) with three decimals: the
+/// nginx-style figure is in requests, and finer digits are float noise.
+fn round_to_thousandths(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
 }

@@ -21,9 +21,10 @@ pub fn request_host<'r>(uri: &'r Uri, headers: &'r HeaderMap) -> Option<&'r str>
     Some(host.trim_end_matches('.'))
 }
 
-/// `path` is the normalized path (`proxy::path`): its bytes need not be UTF-8.
-pub fn match_route<'c>(routes: &'c [Route], method: &Method, path: &[u8], host: Option<&str>) -> Option<&'c Route> {
-    routes.iter().find(|route| matches(&route.matcher, method, path, host))
+/// The index of the route that serves the request. `path` is the normalized path
+/// (`crate::path`): its bytes need not be UTF-8.
+pub fn match_route(routes: &[Route], method: &Method, path: &[u8], host: Option<&str>) -> Option<usize> {
+    routes.iter().position(|route| matches(&route.matcher, method, path, host))
 }
 
 fn matches(m: &RouteMatch, method: &Method, path: &[u8], host: Option<&str>) -> bool {

@@ -50,12 +50,26 @@ pub enum StoreError {
 /// Counts since start, for the fallback log lines (no metrics endpoint exports them yet).
 #[derive(Default)]
 struct Stats {
+    /// Decisions asked of Redis (one per request, whatever the number of slots).
+    calls: AtomicU64,
+    /// Requests refused by the near-cache without a call.
+    near_hits: AtomicU64,
     /// Calls that failed or timed out.
     errors: AtomicU64,
     /// Requests decided without Redis because the breaker was open.
     skipped: AtomicU64,
     /// Global limit decisions made by `on_store_error`: allow, deny, local.
     fallbacks: [AtomicU64; 3],
+}
+
+/// Counts since start: see `Stats`.
+pub struct StoreCounts {
+    pub calls: u64,
+    pub near_hits: u64,
+    pub errors: u64,
+    pub skipped: u64,
+    /// By `on_store_error`: allow, deny, local.
+    pub fallbacks: [u64; 3],
 }
 
 /// One global limit of a request: its index and the Redis key base of the request's key.
@@ -144,7 +158,7 @@ impl Store {
             cluster: redis.cluster,
             timeout: redis.timeout,
             lease_ttl: redis.lease_ttl,
-            breaker: Breaker::new(redis.breaker_failures, redis.breaker_cooldown),
+            breaker: Breaker::new(redis.breaker_failures, redis.breaker_window, redis.breaker_cooldown),
             near: NearCache::new(config.limits.iter().map(|l| global(&l.scope)), redis.near_cache_keys),
             leases: lease::Book::default(),
             instance: std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), Instant::now()),
@@ -170,7 +184,24 @@ impl Store {
 
     /// How long the near-cache still refuses `call` from `now`, if it does.
     pub fn near_refused(&self, call: &Call, now: u64) -> Option<u64> {
-        self.near.refused(call.limit, call.near, now)
+        let left = self.near.refused(call.limit, call.near, now);
+        if left.is_some() {
+            self.stats.near_hits.fetch_add(1, Ordering::Relaxed);
+        }
+        left
+    }
+
+    /// What the store has counted since start, for `/metrics`.
+    pub fn counts(&self) -> StoreCounts {
+        let s = &self.stats;
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        StoreCounts {
+            calls: load(&s.calls),
+            near_hits: load(&s.near_hits),
+            errors: load(&s.errors),
+            skipped: load(&s.skipped),
+            fallbacks: [load(&s.fallbacks[0]), load(&s.fallbacks[1]), load(&s.fallbacks[2])],
+        }
     }
 
     /// Decides `calls` (a request's global limits) for `cost` units, all or nothing, at
@@ -186,6 +217,7 @@ impl Store {
             self.stats.skipped.fetch_add(1, Ordering::Relaxed);
             return Err(StoreError::Open);
         }
+        self.stats.calls.fetch_add(1, Ordering::Relaxed);
         let ids: SmallVec<[String; 2]> = calls
             .iter()
             .map(|c| match self.spec(c.limit).leases {

@@ -14,7 +14,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, Semaphore};
 
 /// What the backend saw of one request.
 #[derive(Clone, Debug)]
@@ -24,8 +24,10 @@ pub struct Hit {
     pub headers: HeaderMap,
 }
 
-/// An HTTP/1.1 backend. Paths: `/sleep/MS`, `/status/CODE`, `/large/BYTES` (a body of
-/// that many bytes, at most 64 MiB), `/stream` (one chunk, then
+/// An HTTP/1.1 backend. Paths: `/sleep/MS`, `/held` (answers once the test adds a permit
+/// to `gate`, so a request stays in flight exactly as long as the test needs, whatever the
+/// load), `/status/CODE`, `/large/BYTES` (a body of that many bytes, at most 64 MiB),
+/// `/stream` (one chunk, then
 /// the rest once `release` is notified), `/upload` (answers the body's length, notifies
 /// `first_frame` when the first data arrives); anything else answers 200 `ok`.
 pub struct Backend {
@@ -33,6 +35,7 @@ pub struct Backend {
     pub hits: Arc<Mutex<Vec<Hit>>>,
     pub release: Arc<Notify>,
     pub first_frame: Arc<Notify>,
+    pub gate: Arc<Semaphore>,
 }
 
 type TestBody = http_body_util::combinators::BoxBody<Bytes, hyper::Error>;
@@ -57,16 +60,20 @@ impl Backend {
             hits: Arc::default(),
             release: Arc::default(),
             first_frame: Arc::default(),
+            gate: Arc::new(Semaphore::new(0)),
         };
-        let (hits, release, first_frame) = (backend.hits.clone(), backend.release.clone(), backend.first_frame.clone());
+        let (hits, release, first_frame, gate) =
+            (backend.hits.clone(), backend.release.clone(), backend.first_frame.clone(), backend.gate.clone());
         tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
-                let (hits, release, first_frame) = (hits.clone(), release.clone(), first_frame.clone());
+                let (hits, release, first_frame, gate) =
+                    (hits.clone(), release.clone(), first_frame.clone(), gate.clone());
                 let service = service_fn(move |req: Request<Incoming>| {
-                    let (hits, release, first_frame) = (hits.clone(), release.clone(), first_frame.clone());
+                    let (hits, release, first_frame, gate) =
+                        (hits.clone(), release.clone(), first_frame.clone(), gate.clone());
                     async move {
                         let path_and_query = req.uri().path_and_query().map(|p| p.to_string()).unwrap_or_default();
                         hits.lock().unwrap().push(Hit {
@@ -78,6 +85,9 @@ impl Backend {
                         let response = if let Some(ms) = path.strip_prefix("/sleep/") {
                             tokio::time::sleep(Duration::from_millis(ms.parse().unwrap())).await;
                             full(200, "slept")
+                        } else if path == "/held" {
+                            gate.acquire().await.unwrap().forget();
+                            full(200, "released")
                         } else if let Some(code) = path.strip_prefix("/status/") {
                             let mut r = full(code.parse().unwrap(), format!("status {code}"));
                             r.headers_mut().insert("x-backend", "yes".parse().unwrap());
@@ -204,6 +214,14 @@ impl Sluicegate {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    /// The admin listener's address, from its start-up log line.
+    pub fn admin_addr(&self) -> SocketAddr {
+        let log = self.wait_for_log(|log| log.contains("\"admin listening\""));
+        let line = log.lines().find(|l| l.contains("\"admin listening\"")).expect("no admin listener in the log");
+        let json: serde_json::Value = serde_json::from_str(line).unwrap();
+        json["fields"]["addr"].as_str().unwrap().parse().unwrap()
     }
 
     /// Waits until the process has exited and its log has been read to the end.

@@ -45,14 +45,51 @@ fn unknown_key_is_refused_with_line_and_path() {
     assert!(stderr.contains("FILE:3:22: limits.per_ip.rat: unknown field `rat`"), "{stderr}");
 }
 
+/// `burst: 0` with delays is nginx's default (`limit_req zone=z;`): a strict rate, no queue.
+#[tokio::test]
+async fn zero_burst_with_delays_is_a_strict_rate_without_queue() {
+    let yaml = format!(
+        "{BASE}  per_ip:\n    key: ip\n    rate: 1r/h\n    burst: 0\nroutes:\n  - {{ limits: [per_ip], respond: {{ status: 200 }} }}\n"
+    );
+    let (out, stderr) = check(&yaml);
+    assert!(out.status.success(), "{stderr}");
+    let sg = Sluicegate::start(&yaml);
+    assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
+    // Refused at once, not queued: with a one-hour rate a queued request would hang.
+    let second = tokio::time::timeout(std::time::Duration::from_secs(10), get(sg.addr, "/", &[])).await;
+    assert_eq!(second.expect("refused at once, not delayed").status, 429);
+}
+
 #[test]
-fn zero_burst_is_refused_with_line_and_path() {
-    let (out, stderr) = check(&format!("{BASE}  per_ip:\n    key: ip\n    rate: 5r/s\n    burst: 0\n"));
-    assert!(!out.status.success());
+fn durations_have_an_upper_bound() {
+    let (out, stderr) = check("listen: 127.0.0.1:0\nserver: {header_read_timeout: 300000000000y}\n");
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
         stderr.contains(
-            "FILE:6:12: limits.per_ip.burst: must be a positive integer: it is the queue of delayed requests"
+            "FILE:2:31: server.header_read_timeout: invalid duration \"300000000000y\": unknown unit `y`; the units are ms, s, m, h, d"
         ),
+        "{stderr}"
+    );
+    let (out, stderr) = check("listen: 127.0.0.1:0\nserver: {header_read_timeout: 400d}\n");
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("FILE:2:31: server.header_read_timeout: invalid duration \"400d\": must be at most 365d"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn rate_units_are_listed_and_month_is_refused() {
+    let (out, stderr) = check(&format!("{BASE}  per_ip: {{ key: ip, rate: 100r/M }}\n"));
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("FILE:3:28: limits.per_ip.rate: invalid rate \"100r/M\": window: unknown unit `M`: did you mean `m` (minute)?"),
+        "{stderr}"
+    );
+    let (out, stderr) = check(&format!("{BASE}  per_ip: {{ key: ip, rate: 100r/w }}\n"));
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("FILE:3:28: limits.per_ip.rate: invalid rate \"100r/w\": window: unknown unit `w`; the units are ms, s, m, h, d"),
         "{stderr}"
     );
 }
@@ -195,7 +232,8 @@ limits:
     for line in [
         "FILE:3:36: limits.a.scope: a global limit needs a `redis:` section",
         "FILE:4:45: limits.b.on_store_error: applies only to global limits (`scope: global`)",
-        "FILE:5:6: limits.c: a global window must be a whole number of milliseconds",
+        // Durations are whole milliseconds, as the Redis scripts count them.
+        "FILE:5:60: limits.c.window: invalid duration \"1500us\": unknown unit `us`; the units are ms, s, m, h, d",
         "FILE:5:94: limits.c.instances: must be a positive integer",
         "FILE:6:6: limits.d: a global rate limit must drain within 52 days",
         "FILE:6:104: limits.d.instances: applies only with `on_store_error: local`",
@@ -256,4 +294,34 @@ fn a_route_path_that_no_normalized_request_path_matches_is_refused() {
         "{stderr}"
     );
     assert!(stderr.contains("routes[2].match.path: \"/%41\" is not a normalized path: write it as \"/A\""), "{stderr}");
+}
+
+#[test]
+fn help_says_that_run_and_check_need_a_configuration() {
+    let out = binary().arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("required by `run` and `check`"), "{help}");
+}
+
+#[test]
+fn text_logs_carry_no_colour_codes_when_stderr_is_not_a_terminal() {
+    use std::io::BufRead;
+    let (_dir, path) = config_file("listen: 127.0.0.1:0\nroutes:\n  - respond: { status: 200 }\n");
+    let mut child = binary()
+        .args(["--log-format", "text", "-c"])
+        .arg(&path)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The lines up to the one that says it listens (start-up writes a few).
+    let mut lines = String::new();
+    let mut reader = std::io::BufReader::new(child.stderr.take().unwrap());
+    while !lines.contains("listening") && reader.read_line(&mut lines).unwrap_or(0) > 0 {}
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let line = lines;
+    assert!(line.contains("listening"), "{line}");
+    assert!(!line.contains('\u{1b}'), "escape codes in {line:?}");
 }

@@ -142,3 +142,54 @@ async fn servers_of_an_upstream_take_turns() {
     }
     assert_eq!((a.hits().len(), b.hits().len()), (2, 2));
 }
+
+/// An HTTP/1.0 upstream (like `python3 -m http.server`): no Content-Length, the body
+/// ends when it closes the connection.
+async fn http10_backend() -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = stream.write_all(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nold server\n").await;
+                let _ = stream.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn an_http10_upstream_is_answered_as_http11_chunked_on_a_kept_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = http10_backend().await;
+    let sg = Sluicegate::start(&config(&upstream.to_string(), ""));
+    let mut client = tokio::net::TcpStream::connect(sg.addr).await.expect("connect");
+    for round in 0..2 {
+        client.write_all(b"GET /x HTTP/1.1\r\nHost: test.local\r\n\r\n").await.expect("write");
+        let mut reply = Vec::new();
+        let mut buf = [0u8; 1024];
+        let read_all = async {
+            while !reply.ends_with(b"0\r\n\r\n") {
+                let n = client.read(&mut buf).await.expect("read");
+                assert!(n > 0, "round {round}: connection closed after {:?}", String::from_utf8_lossy(&reply));
+                reply.extend_from_slice(&buf[..n]);
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), read_all).await.expect("a whole chunked reply");
+        let text = String::from_utf8_lossy(&reply).to_lowercase();
+        assert!(text.starts_with("http/1.1 200 ok\r\n"), "round {round}: {text}");
+        assert!(text.contains("\r\ntransfer-encoding: chunked\r\n"), "round {round}: {text}");
+        assert!(!text.contains("\r\nconnection: close\r\n"), "round {round}: {text}");
+        assert!(text.contains("old server\n"), "round {round}: {text}");
+    }
+}

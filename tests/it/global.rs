@@ -121,6 +121,42 @@ fn evalsha_calls(redis: &Redis) -> u64 {
     field("calls") - field("failed_calls")
 }
 
+/// Redis's `reset` matches the local one: until the full burst is back, one period after
+/// the bucket drains, so `t` is never below `Retry-After`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_counts_until_the_full_burst_is_back() {
+    let redis = Redis::start();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nratelimit_headers: all\nredis: {{ url: \"{}\", timeout: 1s }}\nlimits:\n  l: {{ key: ip, rate: 2r/m, burst: 1, nodelay: true, scope: global, on_store_error: deny }}\nroutes:\n{}",
+        redis.url(),
+        respond_route("l")
+    );
+    let sg = Sluicegate::start(&yaml);
+    let first = get(sg.addr, "/", &[]).await;
+    assert_eq!((first.status, first.header("ratelimit")), (200, Some("\"l\";r=1;t=30")));
+    let second = get(sg.addr, "/", &[]).await;
+    assert_eq!((second.status, second.header("ratelimit")), (200, Some("\"l\";r=0;t=60")));
+    let third = get(sg.addr, "/", &[]).await;
+    assert_eq!((third.status, third.header("retry-after")), (429, Some("30")));
+    assert_eq!(third.header("ratelimit"), Some("\"l\";r=0;t=60"));
+}
+
+/// Redis's refusal of a weighted request reports the units still left, not 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_weighted_request_reports_the_units_left() {
+    let redis = Redis::start();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nratelimit_headers: all\nredis: {{ url: \"{}\", timeout: 1s }}\nlimits:\n  l: {{ key: ip, rate: 1r/m, burst: 3, nodelay: true, scope: global, on_store_error: deny }}\nroutes:\n  - limits: [l]\n    cost_header: x-cost\n    respond: {{ status: 200 }}\n",
+        redis.url()
+    );
+    let sg = Sluicegate::start(&yaml);
+    let first = get(sg.addr, "/", &[("x-cost", "3")]).await;
+    assert_eq!((first.status, first.header("ratelimit")), (200, Some("\"l\";r=1;t=180")));
+    let refused = get(sg.addr, "/", &[("x-cost", "3")]).await;
+    assert_eq!((refused.status, refused.header("retry-after")), (429, Some("120")));
+    assert_eq!(refused.header("ratelimit"), Some("\"l\";r=1;t=180"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_admit_exactly_the_global_budget_between_them() {
     let redis = Redis::start();
@@ -450,9 +486,10 @@ async fn leases_of_a_killed_instance_lapse_and_live_ones_are_renewed() {
         backend.addr
     );
     let (a, b) = (Sluicegate::start(&yaml), Sluicegate::start(&yaml));
-    // A request through `a` holds the slot for 1.5 s, longer than the lease's ttl.
+    // A request through `a` holds the slot, held at the backend until released, for
+    // longer than the lease's ttl.
     let a_addr = a.addr;
-    let long = tokio::spawn(async move { get(a_addr, "/sleep/1500", &[]).await.status });
+    let long = tokio::spawn(async move { get(a_addr, "/held", &[]).await.status });
     let deadline = Instant::now() + Duration::from_secs(5);
     while backend.hits().is_empty() {
         assert!(Instant::now() < deadline);
@@ -460,11 +497,12 @@ async fn leases_of_a_killed_instance_lapse_and_live_ones_are_renewed() {
     }
     tokio::time::sleep(Duration::from_millis(1000)).await;
     assert_eq!(get(b.addr, "/", &[]).await.status, 429, "renewed past its ttl, the lease still holds");
+    backend.gate.add_permits(1);
     assert_eq!(long.await.unwrap(), 200);
     assert_eq!(get(b.addr, "/", &[]).await.status, 200, "released at the end of the request");
 
     // Now `a` dies mid-request: its slot returns within one lease ttl.
-    let long = tokio::spawn(async move { get(a_addr, "/sleep/5000", &[]).await });
+    let long = tokio::spawn(async move { get(a_addr, "/held", &[]).await });
     let deadline = Instant::now() + Duration::from_secs(5);
     while backend.hits().len() < 3 {
         assert!(Instant::now() < deadline);

@@ -126,12 +126,27 @@ async fn rejection_status_is_configurable_and_headers_can_come_on_every_response
     let first = get(sg.addr, "/", &[]).await;
     assert_eq!(first.status, 200);
     assert_eq!(first.header("ratelimit-policy"), Some("\"l\";q=2;w=60"));
-    assert_eq!(first.header("ratelimit"), Some("\"l\";r=1;t=0"));
+    // `t`: until the full burst is back, one period after the bucket drains.
+    assert_eq!(first.header("ratelimit"), Some("\"l\";r=1;t=30"));
     let second = get(sg.addr, "/", &[]).await;
-    assert_eq!(second.header("ratelimit"), Some("\"l\";r=0;t=30"));
+    assert_eq!(second.header("ratelimit"), Some("\"l\";r=0;t=60"));
     let third = get(sg.addr, "/", &[]).await;
     assert_eq!(third.status, 503);
     assert_eq!(third.header("retry-after"), Some("30"));
+    assert_eq!(third.header("ratelimit"), Some("\"l\";r=0;t=60"));
+}
+
+/// With `burst` left out, a refusal's `t` is never below its own `Retry-After`.
+#[tokio::test]
+async fn reset_is_never_below_retry_after_without_a_burst() {
+    let yaml = "listen: 127.0.0.1:0\nratelimit_headers: all\nlimits:\n  l: { key: ip, rate: 2r/m }\nroutes:\n  - limits: [l]\n    respond: { status: 200 }\n";
+    let sg = Sluicegate::start(yaml);
+    let first = get(sg.addr, "/", &[]).await;
+    assert_eq!((first.status, first.header("ratelimit")), (200, Some("\"l\";r=0;t=30")));
+    let refused = get(sg.addr, "/", &[]).await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(refused.header("retry-after"), Some("30"));
+    assert_eq!(refused.header("ratelimit"), Some("\"l\";r=0;t=30"));
 }
 
 #[tokio::test]
@@ -371,4 +386,16 @@ routes:
         assert_eq!(r.status, 400, "cost {cost}");
     }
     assert_eq!(get(sg.addr, "/", &[("authorization", "Bearer small"), ("x-cost", "3")]).await.status, 200);
+}
+
+/// A refused weighted request reports the units still left, not 0.
+#[tokio::test]
+async fn a_refused_weighted_request_reports_the_units_left() {
+    let yaml = "listen: 127.0.0.1:0\nratelimit_headers: all\nlimits:\n  l: { key: ip, rate: 1r/m, burst: 3, nodelay: true }\nroutes:\n  - limits: [l]\n    cost_header: x-cost\n    respond: { status: 200 }\n";
+    let sg = Sluicegate::start(yaml);
+    let first = get(sg.addr, "/", &[("x-cost", "3")]).await;
+    assert_eq!((first.status, first.header("ratelimit")), (200, Some("\"l\";r=1;t=180")));
+    let refused = get(sg.addr, "/", &[("x-cost", "3")]).await;
+    assert_eq!((refused.status, refused.header("retry-after")), (429, Some("120")));
+    assert_eq!(refused.header("ratelimit"), Some("\"l\";r=1;t=180"));
 }

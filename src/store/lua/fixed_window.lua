@@ -17,7 +17,7 @@ function fixed_window.decide(key, p, now, cost)
   local index, count = window_count(key, w, now)
   local reset = ((index + 1) * w - now.ms) * 1000000 - (now.n % 1000000)
   if count + cost > limit then
-    return { admit = false, retry = reset, reset = reset, excess = count }
+    return { admit = false, retry = reset, remaining = math.max(0, limit - count), reset = reset, excess = count }
   end
   count = count + cost
   return { admit = true, wait = 0, remaining = limit - count, reset = reset, excess = count, index = index }

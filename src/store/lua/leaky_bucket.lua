@@ -9,17 +9,22 @@ function leaky_bucket.decide(key, p, now, cost)
   if tat then first = math.max(0, since(tat, now) + period) end
   local excess = first + (cost - 1) * period
   if excess > burst then
+    -- reset: until the full burst is back, one period after the bucket drains.
     local reset = 0
-    if tat then reset = math.max(0, since(tat, now)) end
-    return { admit = false, retry = excess - burst, reset = reset, excess = excess / period }
+    if tat then reset = first end
+    -- Units that still fit now: those whose single-unit excess stays within burst.
+    local remaining = 0
+    if first <= burst then remaining = idiv(burst - first, period) + 1 end
+    return { admit = false, retry = excess - burst, remaining = remaining, reset = reset, excess = excess / period }
   end
   return { admit = true, wait = math.max(0, excess - delay), remaining = idiv(burst - excess, period),
-           reset = excess, excess = excess / period }
+           reset = excess + period, excess = excess / period }
 end
 
--- The key is a fresh one's equal once `tat + period` has passed: it expires then.
+-- The key is a fresh one's equal once `tat + period` (now + reset) has passed: it
+-- expires then.
 function leaky_bucket.store(key, p, now, cost, v)
-  redis.call('SET', key, format(plus(now, v.reset)), 'PX', ttl_ms(v.reset + p[1]))
+  redis.call('SET', key, format(plus(now, v.reset - p[1])), 'PX', ttl_ms(v.reset))
 end
 
 function leaky_bucket.refund(key, p, at, cost)

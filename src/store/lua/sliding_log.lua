@@ -19,7 +19,7 @@ function sliding_log.decide(key, p, now, cost)
     local t = redis.call('LINDEX', key, live + cost - limit - 1)
     local retry = window
     if t then retry = window - since(now, parse(t)) end
-    return { admit = false, retry = retry, reset = reset, excess = live }
+    return { admit = false, retry = retry, remaining = math.max(0, limit - live), reset = reset, excess = live }
   end
   return { admit = true, wait = 0, remaining = limit - live - cost, reset = window, excess = live + cost }
 end

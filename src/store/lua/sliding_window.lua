@@ -42,6 +42,7 @@ function sliding_window.decide(key, p, now, cost)
   local weighted = prev * (w - elapsed) + curr * w
   if weighted + cost * w > limit * w then
     return { admit = false, retry = retry_after(limit, w, prev, curr, elapsed, cost),
+             remaining = idiv(math.max(0, limit * w - weighted), w),
              reset = reset(w, prev, curr, elapsed) * 1000, excess = weighted / w }
   end
   return { admit = true, wait = 0, remaining = idiv(limit * w - weighted - cost * w, w),

@@ -1,0 +1,287 @@
+//! Prometheus metrics, served on the admin listener's `/metrics`.
+//!
+//! Counters the request path bumps are created once per route and limit at start, so a
+//! request costs a few atomic increments and no label lookup. What the limiters and the
+//! Redis store already count (keys held, evictions, bans, store errors) is read when
+//! `/metrics` is scraped. Labels are route and limit names and fixed words, never key
+//! values or client addresses, so the number of series is bounded by the configuration.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::config::Config;
+use crate::limit::{Limiters, Outcome};
+
+type Labels = Vec<(&'static str, String)>;
+
+/// What became of a request, for `sluicegate_requests_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestOutcome {
+    Passed,
+    Delayed,
+    Rejected,
+    /// Rejected, and the rejection started a ban.
+    Banned,
+    /// Passed only because the limits that would have refused it are in dry run.
+    DryRunRejected,
+}
+
+impl RequestOutcome {
+    const ALL: [RequestOutcome; 5] = [
+        RequestOutcome::Passed,
+        RequestOutcome::Delayed,
+        RequestOutcome::Rejected,
+        RequestOutcome::Banned,
+        RequestOutcome::DryRunRejected,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            RequestOutcome::Passed => "passed",
+            RequestOutcome::Delayed => "delayed",
+            RequestOutcome::Rejected => "rejected",
+            RequestOutcome::Banned => "banned",
+            RequestOutcome::DryRunRejected => "dry_run_rejected",
+        }
+    }
+}
+
+/// How an exchange with the upstream ended, for the upstream metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpstreamResult {
+    /// Response headers arrived with this status.
+    Status(u16),
+    /// Refused, unreachable or timed out while connecting.
+    ConnectError,
+    /// No response headers within the upstream's `timeout`.
+    Timeout,
+    /// The exchange failed after connecting (reset, malformed response).
+    Failed,
+}
+
+const DECISIONS: [&str; 3] = ["passed", "delayed", "rejected"];
+const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+const UPSTREAM_ERRORS: [&str; 3] = ["connect", "timeout", "failed"];
+
+struct RouteMetrics {
+    requests: [Counter; RequestOutcome::ALL.len()],
+    responses: [Counter; STATUS_CLASSES.len()],
+    errors: [Counter; UPSTREAM_ERRORS.len()],
+    latency: Histogram,
+}
+
+struct LimitMetrics {
+    decisions: [Counter; DECISIONS.len()],
+    delay: Histogram,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    routes: Box<[RouteMetrics]>,
+    no_route: Counter,
+    limits: Box<[LimitMetrics]>,
+    reloads: [Counter; 2],
+}
+
+impl Metrics {
+    pub fn new(config: &Config, limiters: &Arc<Limiters>) -> Metrics {
+        let mut registry = Registry::with_prefix("sluicegate");
+        let requests = Family::<Labels, Counter>::default();
+        let responses = Family::<Labels, Counter>::default();
+        let errors = Family::<Labels, Counter>::default();
+        let latency = Family::<Labels, Histogram>::new_with_constructor(latency_histogram as fn() -> Histogram);
+        let routes = config
+            .routes
+            .iter()
+            .map(|route| {
+                let with =
+                    |key: &'static str, value: &str| vec![("route", route.name.clone()), (key, value.to_owned())];
+                RouteMetrics {
+                    requests: RequestOutcome::ALL.map(|o| requests.get_or_create_owned(&with("outcome", o.as_str()))),
+                    responses: STATUS_CLASSES.map(|c| responses.get_or_create_owned(&with("class", c))),
+                    errors: UPSTREAM_ERRORS.map(|k| errors.get_or_create_owned(&with("kind", k))),
+                    latency: latency.get_or_create_owned(&vec![("route", route.name.clone())]),
+                }
+            })
+            .collect();
+        let no_route = requests.get_or_create_owned(&vec![("route", String::new()), ("outcome", "no_route".into())]);
+        let decisions = Family::<Labels, Counter>::default();
+        let delays = Family::<Labels, Histogram>::new_with_constructor(delay_histogram as fn() -> Histogram);
+        let limits = config
+            .limits
+            .iter()
+            .map(|limit| LimitMetrics {
+                decisions: DECISIONS.map(|d| {
+                    decisions.get_or_create_owned(&vec![("limit", limit.name.clone()), ("outcome", d.to_owned())])
+                }),
+                delay: delays.get_or_create_owned(&vec![("limit", limit.name.clone())]),
+            })
+            .collect();
+        let reload_family = Family::<Labels, Counter>::default();
+        let reloads = ["ok", "failed"].map(|r| reload_family.get_or_create_owned(&vec![("result", r.to_owned())]));
+        let build = Family::<Labels, Gauge>::default();
+        build.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_owned())]).set(1);
+
+        registry.register("requests", "Requests by route and outcome (no_route: no route matched)", requests);
+        registry.register("limit_decisions", "Decisions of each limit, dry-run limits included", decisions);
+        registry.register("limit_delay_seconds", "Delays asked by each limit", delays);
+        registry.register("upstream_responses", "Upstream responses by route and status class", responses);
+        registry.register("upstream_errors", "Upstream exchanges that got no response, by route and kind", errors);
+        registry.register("upstream_duration_seconds", "Time to the upstream's response headers", latency);
+        registry.register("reloads", "Configuration reloads by result", reload_family);
+        registry.register("build_info", "The running version", build);
+        registry.register_collector(Box::new(State { limiters: Arc::clone(limiters), names: names(config) }));
+        Metrics { registry, routes, no_route, limits, reloads }
+    }
+
+    /// Counts a request of route `route` (index into `Config::routes`).
+    pub fn request(&self, route: usize, outcome: RequestOutcome) {
+        self.routes[route].requests[RequestOutcome::ALL.iter().position(|&o| o == outcome).unwrap_or(0)].inc();
+    }
+
+    pub fn no_route(&self) {
+        self.no_route.inc();
+    }
+
+    /// Counts what limit `limit` decided.
+    pub fn decision(&self, limit: usize, outcome: Outcome) {
+        let m = &self.limits[limit];
+        match outcome {
+            Outcome::Passed => m.decisions[0].inc(),
+            Outcome::Delayed(wait) => {
+                m.delay.observe(wait.as_secs_f64());
+                m.decisions[1].inc()
+            }
+            Outcome::Rejected(_) => m.decisions[2].inc(),
+        };
+    }
+
+    /// Counts an exchange of route `route` with its upstream that took `elapsed`.
+    pub fn upstream(&self, route: usize, result: UpstreamResult, elapsed: Duration) {
+        let m = &self.routes[route];
+        match result {
+            UpstreamResult::Status(status) => {
+                m.latency.observe(elapsed.as_secs_f64());
+                m.responses[usize::from((status / 100).clamp(1, 5) - 1)].inc()
+            }
+            UpstreamResult::ConnectError => m.errors[0].inc(),
+            UpstreamResult::Timeout => m.errors[1].inc(),
+            UpstreamResult::Failed => m.errors[2].inc(),
+        };
+    }
+
+    pub fn reloaded(&self, ok: bool) {
+        self.reloads[usize::from(!ok)].inc();
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+fn delay_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+fn names(config: &Config) -> Box<[String]> {
+    config.limits.iter().map(|l| l.name.clone()).collect()
+}
+
+/// What the limiters and the store count themselves, read at scrape time.
+struct State {
+    limiters: Arc<Limiters>,
+    names: Box<[String]>,
+}
+
+impl std::fmt::Debug for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("State").field("limits", &self.names).finish_non_exhaustive()
+    }
+}
+
+impl State {
+    fn per_limit<M: EncodeMetric>(
+        &self,
+        encoder: &mut DescriptorEncoder,
+        name: &str,
+        help: &str,
+        kind: MetricType,
+        value: impl Fn(usize) -> M,
+    ) -> std::fmt::Result {
+        let mut family = encoder.encode_descriptor(name, help, None, kind)?;
+        for (i, limit) in self.names.iter().enumerate() {
+            value(i).encode(family.encode_family(&vec![("limit", limit.as_str())])?)?;
+        }
+        Ok(())
+    }
+}
+
+impl Collector for State {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let l = &self.limiters;
+        let gauge = |n: usize| ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX));
+        self.per_limit(
+            &mut encoder,
+            "limit_keys",
+            "Keys held by each limit (concurrency limits: keys with requests in flight)",
+            MetricType::Gauge,
+            |i| gauge(l.keys(i)),
+        )?;
+        self.per_limit(
+            &mut encoder,
+            "limit_in_flight",
+            "Requests in flight under each concurrency limit",
+            MetricType::Gauge,
+            |i| gauge(l.in_flight(i)),
+        )?;
+        self.per_limit(
+            &mut encoder,
+            "limit_evictions",
+            "Keys dropped with live state because the limit's table was full",
+            MetricType::Counter,
+            |i| ConstCounter::new(l.evictions(i)),
+        )?;
+        self.per_limit(&mut encoder, "bans", "Bans imposed by each limit", MetricType::Counter, |i| {
+            ConstCounter::new(l.bans(i))
+        })?;
+        self.per_limit(&mut encoder, "bans_active", "Keys banned now by each limit", MetricType::Gauge, |i| {
+            gauge(l.bans_active(i))
+        })?;
+        let Some(store) = l.store() else { return Ok(()) };
+        let c = store.counts();
+        let mut counter = |name: &str, help: &str, value: u64| -> std::fmt::Result {
+            ConstCounter::new(value).encode(encoder.encode_descriptor(name, help, None, MetricType::Counter)?)
+        };
+        counter("redis_calls", "Decisions asked of Redis", c.calls)?;
+        counter("redis_errors", "Redis calls that failed or timed out", c.errors)?;
+        counter("redis_skipped", "Requests decided without Redis while the circuit breaker was open", c.skipped)?;
+        counter("near_cache_hits", "Requests refused by the near-cache without a Redis call", c.near_hits)?;
+        let mut family = encoder.encode_descriptor(
+            "redis_fallbacks",
+            "Global limit decisions made by on_store_error, by kind",
+            None,
+            MetricType::Counter,
+        )?;
+        for (kind, value) in ["allow", "deny", "local"].into_iter().zip(c.fallbacks) {
+            ConstCounter::new(value).encode(family.encode_family(&vec![("kind", kind)])?)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,111 @@
+//! The admin listener: health, readiness, token, and metrics that match what was sent.
+
+use crate::common::*;
+
+fn config(backend: &Backend, token: &str) -> String {
+    format!(
+        r#"
+listen: 127.0.0.1:0
+admin: {{ listen: 127.0.0.1:0{token} }}
+upstreams:
+  b: {{ servers: ["{}"] }}
+  dead: {{ servers: ["127.0.0.1:{}"] }}
+limits:
+  strict: {{ key: ip, rate: 1r/m, ban: 10m }}
+  slots: {{ key: ip, concurrency: 5 }}
+  dry: {{ key: ip, rate: 1r/m, dry_run: true }}
+routes:
+  - name: login
+    match: {{ path: /login }}
+    respond: {{ status: 200 }}
+    limits: [strict]
+  - name: trial
+    match: {{ path: /trial }}
+    respond: {{ status: 200 }}
+    limits: [dry]
+  - name: gone
+    match: {{ path_prefix: /gone }}
+    upstream: dead
+  - name: api
+    match: {{ methods: [GET] }}
+    upstream: b
+    limits: [slots]
+"#,
+        backend.addr,
+        closed_port()
+    )
+}
+
+/// The value of the sample `series` (name with labels, as exposed) in `text`.
+fn sample(text: &str, series: &str) -> f64 {
+    let line = text.lines().find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '));
+    let line = line.unwrap_or_else(|| panic!("no {series} in\n{text}"));
+    line[series.len()..].trim().parse().unwrap()
+}
+
+#[tokio::test]
+async fn metrics_count_what_was_sent() {
+    let backend = Backend::start().await;
+    let sg = Sluicegate::start(&config(&backend, ""));
+    let admin = sg.admin_addr();
+    let mut statuses = Vec::new();
+    for path in ["/login", "/login", "/login", "/trial", "/trial", "/a", "/b", "/c", "/status/404", "/gone"] {
+        statuses.push(get(sg.addr, path, &[]).await.status);
+    }
+    let post = http::Request::post("/x").header("host", "test.local").body(String::new()).unwrap();
+    statuses.push(request(sg.addr, post).await.status);
+    assert_eq!(statuses, [200, 429, 429, 200, 200, 200, 200, 200, 404, 502, 404]);
+
+    let metrics = get(admin, "/metrics", &[]).await;
+    assert_eq!(metrics.status, 200);
+    assert!(metrics.header("content-type").unwrap().starts_with("application/openmetrics-text"));
+    let m = metrics.text();
+    let requests = |route: &str, outcome: &str| {
+        sample(&m, &format!("sluicegate_requests_total{{route=\"{route}\",outcome=\"{outcome}\"}}"))
+    };
+    assert_eq!(requests("login", "passed"), 1.0);
+    assert_eq!(requests("login", "banned"), 1.0, "the first rejection starts the ban");
+    assert_eq!(requests("login", "rejected"), 1.0);
+    assert_eq!(requests("trial", "passed"), 1.0);
+    assert_eq!(requests("trial", "dry_run_rejected"), 1.0);
+    assert_eq!(requests("api", "passed"), 4.0);
+    assert_eq!(requests("gone", "passed"), 1.0);
+    assert_eq!(requests("", "no_route"), 1.0);
+    let decisions = |limit: &str, outcome: &str| {
+        sample(&m, &format!("sluicegate_limit_decisions_total{{limit=\"{limit}\",outcome=\"{outcome}\"}}"))
+    };
+    assert_eq!(decisions("strict", "passed"), 1.0);
+    assert_eq!(decisions("strict", "rejected"), 2.0);
+    assert_eq!(decisions("dry", "rejected"), 1.0);
+    assert_eq!(decisions("slots", "passed"), 4.0);
+    assert_eq!(sample(&m, "sluicegate_bans_total{limit=\"strict\"}"), 1.0);
+    assert_eq!(sample(&m, "sluicegate_bans_active{limit=\"strict\"}"), 1.0);
+    assert_eq!(sample(&m, "sluicegate_limit_keys{limit=\"strict\"}"), 1.0);
+    assert_eq!(sample(&m, "sluicegate_limit_in_flight{limit=\"slots\"}"), 0.0, "slots are released");
+    assert_eq!(sample(&m, "sluicegate_upstream_responses_total{route=\"api\",class=\"2xx\"}"), 3.0);
+    assert_eq!(sample(&m, "sluicegate_upstream_responses_total{route=\"api\",class=\"4xx\"}"), 1.0);
+    assert_eq!(sample(&m, "sluicegate_upstream_errors_total{route=\"gone\",kind=\"connect\"}"), 1.0);
+    assert_eq!(sample(&m, "sluicegate_upstream_duration_seconds_count{route=\"api\"}"), 4.0);
+    assert_eq!(sample(&m, "sluicegate_build_info{version=\"0.1.0\"}"), 1.0);
+    assert!(!m.contains("127.0.0.1"), "a client address became a label:\n{m}");
+
+    assert_eq!(get(admin, "/healthz", &[]).await.status, 200);
+    assert_eq!(get(admin, "/readyz", &[]).await.status, 200);
+    assert_eq!(get(admin, "/nothing", &[]).await.status, 404);
+}
+
+#[tokio::test]
+async fn with_a_token_every_admin_call_needs_it() {
+    let backend = Backend::start().await;
+    let sg = Sluicegate::start(&config(&backend, ", token: s3cret"));
+    let admin = sg.admin_addr();
+    for path in ["/healthz", "/metrics"] {
+        let refused = get(admin, path, &[]).await;
+        assert_eq!(refused.status, 401, "{path}");
+        assert_eq!(refused.header("www-authenticate"), Some("Bearer"));
+        assert_eq!(get(admin, path, &[("authorization", "Bearer s3cre")]).await.status, 401);
+        assert_eq!(get(admin, path, &[("authorization", "Bearer s3cret")]).await.status, 200);
+    }
+    // The proxy's own listener serves no admin path: /metrics is the backend's.
+    assert_eq!(get(sg.addr, "/metrics", &[]).await.text(), "ok");
+}
