@@ -18,7 +18,7 @@ use tokio::sync::{Semaphore, watch};
 use tracing::{debug, info, warn};
 
 use crate::config::{Config, MAX_CONNECTIONS};
-use crate::proxy::Proxy;
+use crate::proxy::{ClientConn, Proxy};
 use crate::watchdog::{self, DriveError, Timeouts, Watch, WatchedBody, WatchedIo};
 
 /// Connections the kernel queues before `accept`; it caps this at `net.core.somaxconn`.
@@ -92,27 +92,29 @@ impl Server {
             let proxy = Arc::clone(&self.proxy);
             let watch = Watch::new();
             let requests = Arc::clone(&watch);
+            let mut stopping = stopping.clone();
+            let hold = Arc::new(ConnectionHold { _slot: slot, _draining: stopping.clone() });
+            let conn = Arc::new(ClientConn { peer, hold });
             let service = service_fn(move |req: Request<Incoming>| {
-                let proxy = Arc::clone(&proxy);
+                let (proxy, conn) = (Arc::clone(&proxy), Arc::clone(&conn));
                 let in_flight = requests.request(req.version());
-                async move { Ok::<_, Infallible>(proxy.handle(req, peer).await.map(|b| WatchedBody::new(b, in_flight))) }
+                async move { Ok::<_, Infallible>(proxy.handle(req, &conn).await.map(|b| WatchedBody::new(b, in_flight))) }
             });
             let io = WatchedIo::new(TokioIo::new(stream), Arc::clone(&watch));
-            let connection = builder.serve_connection(io, service).into_owned();
-            let mut stopping = stopping.clone();
+            let connection = builder.serve_connection_with_upgrades(io, service).into_owned();
             tokio::spawn(async move {
                 // Borrowed, not moved: the receiver must live until the connection ends,
                 // as the shutdown waits for every receiver to go.
                 let shutdown = async {
                     let _ = stopping.changed().await;
                 };
-                let goodbye = |conn: std::pin::Pin<&mut _>| auto::Connection::graceful_shutdown(conn);
+                let goodbye = |conn: std::pin::Pin<&mut _>| auto::UpgradeableConnection::graceful_shutdown(conn);
                 match watchdog::drive(connection, goodbye, &watch, timeouts, shutdown).await {
                     Ok(()) => {}
                     Err(DriveError::Connection(e)) => debug!(%peer, error = %e, "connection ended with an error"),
                     Err(DriveError::Expired(why)) => debug!(%peer, timeout = why.as_str(), "connection closed"),
                 }
-                drop((slot, stopping));
+                drop(stopping);
             });
         }
         drop(self.listener);
@@ -124,6 +126,14 @@ impl Server {
             () = tokio::time::sleep(grace) => warn!("grace period over; closing the remaining connections"),
         }
     }
+}
+
+/// What a client connection holds while it lives, and an upgraded connection (a tunnel)
+/// after hyper has let it go: its place under `max_connections`, and a receiver of the
+/// shutdown signal, which the shutdown waits (at most the grace period) to see dropped.
+pub struct ConnectionHold {
+    _slot: tokio::sync::OwnedSemaphorePermit,
+    _draining: watch::Receiver<()>,
 }
 
 /// The next connection, once a slot is free; `None` when accepting failed.

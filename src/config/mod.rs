@@ -73,6 +73,8 @@ pub struct Upstream {
     pub connect_timeout: Duration,
     /// Longest wait for the response headers once the request is sent.
     pub timeout: Duration,
+    /// An upgraded connection (WebSocket) through which nothing moves this long is closed.
+    pub tunnel_idle_timeout: Duration,
 }
 
 /// The `redis:` section: where global limits keep their state, and how long sluicegate

@@ -68,6 +68,7 @@ pub struct RawUpstream {
     pub servers: Vec<String>,
     pub connect_timeout: Option<String>,
     pub timeout: Option<String>,
+    pub tunnel_idle_timeout: Option<String>,
 }
 
 /// The Redis that global limits share.

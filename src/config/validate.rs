@@ -23,6 +23,7 @@ const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(60);
+const DEFAULT_TUNNEL_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
 /// nginx's `client_body_timeout`.
 const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
 /// Longest connection timeout accepted: past a day a timeout protects nothing.
@@ -210,6 +211,12 @@ fn upstream(e: &mut Errors<'_>, name: &str, raw: &RawUpstream) -> Upstream {
             DEFAULT_CONNECT_TIMEOUT,
         ),
         timeout: e.duration(&format!("{at}.timeout"), raw.timeout.as_ref(), DEFAULT_UPSTREAM_TIMEOUT),
+        tunnel_idle_timeout: connection_timeout(
+            e,
+            &format!("{at}.tunnel_idle_timeout"),
+            raw.tunnel_idle_timeout.as_ref(),
+            DEFAULT_TUNNEL_IDLE_TIMEOUT,
+        ),
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{HeaderValue, Request, Response, Uri, header};
+use http::{HeaderValue, Request, Response, StatusCode, Uri, header};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -14,7 +14,7 @@ use hyper_util::rt::TokioExecutor;
 
 use super::body::{FaultCell, RequestBody};
 use super::error::ProxyError;
-use super::headers::{remove_hop_by_hop, set_forwarded};
+use super::headers::{keep_upgrade, remove_hop_by_hop, set_forwarded};
 use crate::config::Upstream;
 
 /// Idle keep-alive connections to an upstream are closed after this long.
@@ -32,6 +32,8 @@ pub struct UpstreamClient {
 pub struct Hop {
     pub peer: IpAddr,
     pub trusted_peer: bool,
+    /// The protocol the client asks to switch to (`Upgrade`), carried to the upstream.
+    pub upgrade: Option<HeaderValue>,
 }
 
 impl UpstreamClient {
@@ -61,7 +63,8 @@ impl UpstreamClient {
         fault: &FaultCell,
     ) -> Result<Response<Incoming>, ProxyError> {
         let server = &self.servers[self.next.fetch_add(1, Ordering::Relaxed) % self.servers.len()];
-        let req = prepare_upstream_request(req, server, &hop);
+        let upgrading = hop.upgrade.is_some();
+        let req = prepare_upstream_request(req, server, hop);
         let response = tokio::time::timeout(self.timeout, self.client.request(req)).await;
         let mut response = match response {
             Err(_) => {
@@ -76,7 +79,12 @@ impl UpstreamClient {
             }
             Ok(Ok(response)) => response,
         };
+        let switched = response.headers().get(header::UPGRADE).cloned();
         remove_hop_by_hop(response.headers_mut());
+        if let Some(protocol) = switched.filter(|_| upgrading && response.status() == StatusCode::SWITCHING_PROTOCOLS) {
+            keep_upgrade(response.headers_mut(), protocol);
+            return Ok(response);
+        }
         // The client connection speaks HTTP/1.1 whatever the upstream spoke: hyper would
         // otherwise answer `HTTP/1.0` and close the client's keep-alive connection. A body
         // of unknown length (an HTTP/1.0 upstream reading to EOF) is then sent chunked.
@@ -88,7 +96,7 @@ impl UpstreamClient {
 /// Rewrites a client request for `server`: origin-form target, the client's `Host`
 /// kept (HTTP/2 clients send `:authority` instead, which becomes `Host`), hop-by-hop
 /// fields removed and `X-Forwarded-*` set.
-fn prepare_upstream_request(req: Request<RequestBody>, server: &Authority, hop: &Hop) -> Request<RequestBody> {
+fn prepare_upstream_request(req: Request<RequestBody>, server: &Authority, hop: Hop) -> Request<RequestBody> {
     let (mut parts, body) = req.into_parts();
     if !parts.headers.contains_key(header::HOST)
         && let Some(value) = parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok())
@@ -101,6 +109,9 @@ fn prepare_upstream_request(req: Request<RequestBody>, server: &Authority, hop: 
     parts.uri = uri.build().unwrap_or_default();
     parts.version = http::Version::HTTP_11;
     remove_hop_by_hop(&mut parts.headers);
+    if let Some(protocol) = hop.upgrade {
+        keep_upgrade(&mut parts.headers, protocol);
+    }
     set_forwarded(&mut parts.headers, hop.peer, hop.trusted_peer);
     Request::from_parts(parts, body)
 }

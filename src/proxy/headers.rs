@@ -67,6 +67,28 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// The protocol an HTTP/1.1 request asks to switch to: its `Upgrade` field, when its
+/// `Connection` field names `upgrade` (RFC 9110 §7.8). HTTP/2 has no such upgrade.
+pub fn upgrade_protocol(version: http::Version, headers: &HeaderMap) -> Option<HeaderValue> {
+    let asked = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
+    if version != http::Version::HTTP_11 || !asked {
+        return None;
+    }
+    headers.get(header::UPGRADE).cloned()
+}
+
+/// Puts back, after hop-by-hop removal, the two fields that carry an upgrade to the
+/// next hop: `Connection: upgrade` and `Upgrade: PROTOCOL`.
+pub fn keep_upgrade(headers: &mut HeaderMap, protocol: HeaderValue) {
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    headers.insert(header::UPGRADE, protocol);
+}
+
 /// Sets the `X-Forwarded-*` fields for the upstream. From a trusted proxy, the chain it
 /// sent is extended; from anyone else, incoming values are replaced, so the upstream
 /// never sees forwarding claims that no trusted hop vouched for. `X-Forwarded-Host` is
@@ -144,6 +166,17 @@ mod tests {
         remove_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("x-kept"));
+    }
+
+    #[test]
+    fn only_a_connection_upgrade_on_http11_is_an_upgrade() {
+        let mut h = HeaderMap::new();
+        h.insert(header::UPGRADE, "websocket".parse().unwrap());
+        assert_eq!(upgrade_protocol(http::Version::HTTP_11, &h), None);
+        h.insert(header::CONNECTION, "keep-alive, Upgrade".parse().unwrap());
+        assert_eq!(upgrade_protocol(http::Version::HTTP_11, &h).unwrap(), "websocket");
+        assert_eq!(upgrade_protocol(http::Version::HTTP_2, &h), None);
+        assert_eq!(upgrade_protocol(http::Version::HTTP_10, &h), None);
     }
 
     #[test]

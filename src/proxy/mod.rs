@@ -10,12 +10,13 @@ mod forward;
 pub mod headers;
 pub mod response;
 pub mod route;
+mod tunnel;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::{Request, Response};
+use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use smallvec::SmallVec;
 use tracing::{Level, debug, warn};
@@ -28,6 +29,14 @@ use crate::path;
 use error::ProxyError;
 use forward::{Hop, UpstreamClient};
 use response::ProxyBody;
+
+/// The client connection a request came on.
+pub struct ClientConn {
+    pub peer: SocketAddr,
+    /// Kept by a tunnel made of this connection: the connection still counts under
+    /// `max_connections`, and shutdown waits for it.
+    pub hold: Arc<crate::server::ConnectionHold>,
+}
 
 pub struct Proxy {
     config: Config,
@@ -58,17 +67,22 @@ impl Proxy {
         &self.metrics
     }
 
-    /// Serves one request from `peer`. Never fails: every outcome is a response.
-    pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<ProxyBody> {
-        match self.handle_inner(req, peer).await {
+    /// Serves one request that came on `conn`. Never fails: every outcome is a response.
+    pub async fn handle(&self, req: Request<Incoming>, conn: &ClientConn) -> Response<ProxyBody> {
+        match self.handle_inner(req, conn).await {
             Ok(response) => response,
             // Each fault was logged where it happened, with what it concerned.
             Err(e) => response::error(&e),
         }
     }
 
-    async fn handle_inner(&self, req: Request<Incoming>, peer: SocketAddr) -> Result<Response<ProxyBody>, ProxyError> {
+    async fn handle_inner(
+        &self,
+        mut req: Request<Incoming>,
+        conn: &ClientConn,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
         let config = &self.config;
+        let peer = conn.peer;
         let trusted_peer = headers::is_trusted(peer.ip().to_canonical(), &config.trusted_proxies);
         let client_ip = headers::client_ip(peer.ip(), req.headers(), &config.trusted_proxies);
         let host = route::request_host(req.uri(), req.headers());
@@ -128,10 +142,14 @@ impl Proxy {
             }
         };
 
+        let upgrade = headers::upgrade_protocol(req.version(), req.headers());
+        // Taken before the request is handed on: hyper gives the client's connection
+        // over once the `101` has been written.
+        let client_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut req));
         let response = match &route.action {
             Action::Respond(r) => Ok(response::static_response(r)),
             Action::Forward(upstream) => {
-                let hop = Hop { peer: peer.ip(), trusted_peer };
+                let hop = Hop { peer: peer.ip(), trusted_peer, upgrade };
                 let fault = body::FaultCell::default();
                 let (limit, timeout) = (route.max_body_bytes, config.body_read_timeout);
                 let req = req.map(|b| body::RequestBody::new(b, limit, timeout, Arc::clone(&fault)));
@@ -151,7 +169,22 @@ impl Proxy {
         };
         // Limits that count only some statuses keep or take back this request now.
         pending.settle(response.as_ref().map_or_else(|e| e.status(), Response::status).as_u16()).await;
-        let mut response = response?.map(|body| body.holding(permits));
+        let mut response = response?;
+        match (client_upgrade, &route.action) {
+            (Some(client), Action::Forward(upstream)) if response.status() == StatusCode::SWITCHING_PROTOCOLS => {
+                // The tunnel keeps the request's slots until it closes.
+                tunnel::Tunnel {
+                    client,
+                    upstream: hyper::upgrade::on(&mut response),
+                    idle_timeout: config.upstreams[*upstream].tunnel_idle_timeout,
+                    permits,
+                    hold: Arc::clone(&conn.hold),
+                    route: route.name.clone(),
+                }
+                .spawn();
+            }
+            _ => response = response.map(|body| body.holding(permits)),
+        }
         if config.ratelimit_headers == HeaderMode::All {
             self.add_ratelimit_headers(&mut response, &standings);
         }

@@ -16,3 +16,4 @@ mod limits;
 mod paths;
 mod redis;
 mod server;
+mod upgrades;
