@@ -103,6 +103,18 @@ impl Held<'_> {
         }
     }
 
+    /// Records that `key` was refused at `now`: it ranks as recently used when room is
+    /// made, while its state, and so every decision, stays as it was.
+    pub fn refuse(&mut self, key: u64, now: u64) {
+        match self {
+            Held::LeakyBucket(_, _, shard) | Held::FixedWindow(_, _, shard) | Held::Concurrency(_, _, shard) => {
+                shard.refuse(key, now)
+            }
+            Held::SlidingWindow(_, _, shard) => shard.refuse(key, now),
+            Held::SlidingLog(_, _, shard) => shard.refuse(key, now),
+        }
+    }
+
     /// Takes back an admission of `cost` units made at `at` (a concurrency slot is given
     /// back by its permit instead).
     pub fn refund(&mut self, key: u64, cost: u64, at: u64) {

@@ -291,6 +291,14 @@ impl Limiters {
             }
         }
         if let Some(rejection) = self.rejection(&standings) {
+            // A refusal counts as use in every table that holds the key (rank only, no
+            // state), so a flood of fresh keys cannot push the refused key out.
+            for e in &mut entries {
+                e.shard.refuse(e.key, now);
+                if let Some(shard) = e.bans.as_mut() {
+                    shard.refuse(e.key, now);
+                }
+            }
             return self.reject(rejection, standings);
         }
 
@@ -600,6 +608,45 @@ mod tests {
                 Ok(())
             })
             .unwrap();
+    }
+
+    #[test]
+    fn a_flood_of_fresh_keys_frees_neither_a_throttled_nor_a_banned_key() {
+        // Every algorithm, with room for 64 keys: key 1 is throttled, key 2 banned, then
+        // 10 × max_keys fresh keys pass, one request each, while both keep being refused.
+        for policy in [
+            "algorithm: leaky_bucket, rate: 1r/m",
+            "algorithm: leaky_bucket, rate: 1r/m, burst: 3, nodelay: true",
+            "algorithm: gcra, rate: 1r/m",
+            "algorithm: token_bucket, capacity: 2, refill: 1r/m",
+            "algorithm: min_interval, interval: 1m",
+            "algorithm: fixed_window, limit: 1, window: 1m",
+            "algorithm: sliding_window, limit: 1, window: 1m",
+            "algorithm: sliding_log, limit: 1, window: 1m",
+            "rates: [10r/s, 1r/m]",
+        ] {
+            let l = limiters(&format!(
+                "  a: {{ key: ip, max_keys: 64, {policy} }}\n  b: {{ key: ip, max_keys: 64, {policy}, ban: 10m }}\n"
+            ));
+            let mut now = 0;
+            let refuse = |limit: usize, key: u32, now: u64| {
+                while passes(&check(&l, &[limit], key, now)) {}
+            };
+            refuse(0, 1, now);
+            refuse(1, 2, now);
+            for fresh in 0..640 {
+                now += 1;
+                for limit in [0, 1] {
+                    assert!(passes(&check(&l, &[limit], 1000 + fresh, now)), "{policy}: fresh key {fresh} refused");
+                }
+                if fresh % 64 == 0 {
+                    assert!(!passes(&check(&l, &[0], 1, now)), "{policy}: throttled key freed after {fresh}");
+                    assert!(!passes(&check(&l, &[1], 2, now)), "{policy}: banned key freed after {fresh}");
+                }
+            }
+            assert!(!passes(&check(&l, &[0], 1, now)), "{policy}: throttled key freed");
+            assert!(!passes(&check(&l, &[1], 2, now)), "{policy}: banned key freed");
+        }
     }
 
     #[test]

@@ -14,6 +14,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use super::Verdict;
+use super::table::Refusals;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SlidingLog {
@@ -24,6 +25,7 @@ pub struct SlidingLog {
 pub struct LogShard {
     logs: HashMap<u64, VecDeque<u64>>,
     cap: usize,
+    refused: Refusals,
 }
 
 pub struct LogTable {
@@ -74,7 +76,9 @@ impl LogTable {
     pub fn new(max_keys: usize) -> Self {
         let shards = (max_keys / 4096).next_power_of_two().clamp(1, 64);
         let cap = max_keys.div_ceil(shards).max(1);
-        let shards = (0..shards).map(|_| Mutex::new(LogShard { logs: HashMap::new(), cap })).collect();
+        let shards = (0..shards)
+            .map(|_| Mutex::new(LogShard { logs: HashMap::new(), cap, refused: Refusals::default() }))
+            .collect();
         LogTable { shards, evictions: AtomicU64::new(0) }
     }
 
@@ -118,6 +122,13 @@ impl LogShard {
         }
     }
 
+    /// Records that stored `key` was refused at `now` (see `Refusals`).
+    pub fn refuse(&mut self, key: u64, now: u64) {
+        if self.logs.contains_key(&key) {
+            self.refused.note(key, now, self.cap);
+        }
+    }
+
     pub fn get(&self, key: u64) -> Option<&VecDeque<u64>> {
         self.logs.get(&key)
     }
@@ -129,11 +140,16 @@ impl LogShard {
         if self.logs.len() <= target {
             return 0;
         }
-        let mut newest: Vec<u64> = self.logs.values().map(|log| log.back().copied().unwrap_or(0)).collect();
+        // Refused keys last (see `Refusals`), then by newest request.
+        let refused = &self.refused;
+        let rank = |key: u64, log: &VecDeque<u64>| refused.rank(key, log.back().copied().unwrap_or(0));
+        let mut ranks: Vec<u64> = self.logs.iter().map(|(&key, log)| rank(key, log)).collect();
         let excess = self.logs.len() - target;
-        let (_, &mut cutoff, _) = newest.select_nth_unstable(excess - 1);
+        let (_, &mut cutoff, _) = ranks.select_nth_unstable(excess - 1);
         let before = self.logs.len();
-        self.logs.retain(|_, log| log.back().copied().unwrap_or(0) > cutoff);
+        self.logs.retain(|&key, log| rank(key, log) > cutoff);
+        let logs = &self.logs;
+        self.refused.retain(|key| logs.contains_key(&key));
         (before - self.logs.len()) as u64
     }
 }

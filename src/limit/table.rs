@@ -12,10 +12,13 @@
 //! evicts the eighth whose states rank lowest by the limiter's `rank`: for the leaky
 //! bucket, the instant its bucket drains, so the keys forgotten are those closest to
 //! fresh, whose loss changes the fewest decisions (among equally loaded keys, this is
-//! least recently used). Evictions are counted. Both are one pass over the shard that
+//! least recently used). A refusal counts as use: a key refused lately ranks above
+//! every key that was not, since forgetting it would hand the very client the limit is
+//! holding back a fresh key's answer (a flood of fresh keys must not free it). Evictions are counted. Both are one pass over the shard that
 //! frees many slots at once, so the cost per insert stays O(1) amortized and memory
 //! never passes the bound, however many distinct keys arrive.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -36,6 +39,46 @@ pub struct Shard<S = u64> {
     slots: Box<[Slot<S>]>,
     len: usize,
     cap: usize,
+    /// Stored keys refused lately; kept apart from the slots so they stay 16 bytes.
+    refused: Refusals,
+}
+
+/// Stored keys refused lately, with the instant of their last refusal: rank metadata
+/// only, never a limiter's state, so a rejection still changes no decision. At most
+/// half a shard's `cap` long (the older half is dropped when full), so a flood of
+/// refused keys costs bounded memory and can only push out keys refused before it.
+#[derive(Default)]
+pub struct Refusals(HashMap<u64, u64>);
+
+/// Added to a refused key's rank: ranks are instants well below 2^63 (ns until 2262),
+/// so every refused key ranks above every other, in the same order among themselves.
+const REFUSED: u64 = 1 << 63;
+
+impl Refusals {
+    pub fn note(&mut self, key: u64, now: u64, cap: usize) {
+        if self.0.len() >= cap.div_ceil(2) && !self.0.contains_key(&key) {
+            // Keep the newer half: one pass per `cap / 4` refusals, O(1) amortized.
+            let mut at: Vec<u64> = self.0.values().copied().collect();
+            let half = at.len() / 2;
+            let (_, &mut median, _) = at.select_nth_unstable(half);
+            self.0.retain(|_, &mut t| t > median);
+        }
+        self.0.insert(key, now);
+    }
+
+    /// `rank` of `key`, raised above every unrefused key's if it was refused.
+    pub fn rank(&self, key: u64, rank: u64) -> u64 {
+        if self.0.contains_key(&key) { rank | REFUSED } else { rank & !REFUSED }
+    }
+
+    pub fn forget(&mut self, key: u64) {
+        self.0.remove(&key);
+    }
+
+    /// Keeps the refusals of the keys `stored` still holds.
+    pub fn retain(&mut self, stored: impl Fn(u64) -> bool) {
+        self.0.retain(|&key, _| stored(key));
+    }
 }
 
 /// Slots of a new shard.
@@ -61,7 +104,9 @@ impl<S: State> KeyTable<S> {
     pub fn new(max_keys: usize) -> Self {
         let shards = (max_keys / 4096).next_power_of_two().clamp(1, 64);
         let cap = max_keys.div_ceil(shards).max(1);
-        let shards = (0..shards).map(|_| Mutex::new(Shard { slots: empty_slots(MIN_SLOTS), len: 0, cap })).collect();
+        let shards = (0..shards)
+            .map(|_| Mutex::new(Shard { slots: empty_slots(MIN_SLOTS), len: 0, cap, refused: Refusals::default() }))
+            .collect();
         KeyTable { shards, evictions: AtomicU64::new(0) }
     }
 
@@ -150,10 +195,20 @@ impl<S: State> Shard<S> {
         }
     }
 
+    /// Records that stored `key` was refused at `now`, so that it ranks as recently used
+    /// although its state did not change. A key not stored has nothing to protect.
+    pub fn refuse(&mut self, key: u64, now: u64) {
+        let key = stored(key);
+        if self.slots[self.find(key)].key != 0 {
+            self.refused.note(key, now, self.cap);
+        }
+    }
+
     pub fn remove(&mut self, key: u64) {
         let i = self.find(stored(key));
         if self.slots[i].key != 0 {
             self.remove_at(i);
+            self.refused.forget(stored(key));
         }
     }
 
@@ -193,19 +248,29 @@ impl<S: State> Shard<S> {
 
     /// Frees at least one slot; returns how many keys with state were evicted.
     fn make_room(&mut self, idle: impl Fn(S) -> bool, rank: impl Fn(S) -> u64) -> u64 {
+        // Idle keys go whether refused or not: a fresh key gets the same answer.
         self.rebuild(self.slots.len(), |s| !idle(s.state));
+        let mut refused = std::mem::take(&mut self.refused);
+        let evicted = self.evict_lowest(|s| refused.rank(s.key, rank(s.state)));
+        refused.retain(|key| self.slots[self.find(key)].key == key);
+        self.refused = refused;
+        evicted
+    }
+
+    /// Evicts the lowest ranked keys down to seven eighths of `cap`; returns how many.
+    fn evict_lowest(&mut self, rank: impl Fn(&Slot<S>) -> u64) -> u64 {
         let target = self.cap - self.cap.div_ceil(8);
         if self.len <= target {
             return 0;
         }
         // Evict the lowest ranked down to the target: find the cut-off rank.
-        let mut ranks: Vec<u64> = self.slots.iter().filter(|s| s.key != 0).map(|s| rank(s.state)).collect();
+        let mut ranks: Vec<u64> = self.slots.iter().filter(|s| s.key != 0).map(&rank).collect();
         let excess = self.len - target;
         let (_, &mut cutoff, _) = ranks.select_nth_unstable(excess - 1);
         let before = self.len;
         let ties = std::cell::Cell::new(excess - ranks.iter().filter(|&&r| r < cutoff).count());
         self.rebuild(self.slots.len(), |s| {
-            let r = rank(s.state);
+            let r = rank(s);
             if r < cutoff {
                 return false;
             }

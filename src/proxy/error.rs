@@ -16,6 +16,12 @@ pub enum ProxyError {
     /// encoded NUL or a broken escape. Never forwarded.
     #[error("invalid request path: {0}")]
     BadPath(#[from] crate::path::BadPath),
+    /// The request's `Host` is missing, repeated or invalid.
+    #[error("{0}")]
+    BadHost(&'static str),
+    /// `CONNECT` asks for a tunnel: this is a reverse proxy, not a forward proxy.
+    #[error("CONNECT is not served: this is a reverse proxy")]
+    Connect,
     /// The request's cost header is not a positive integer.
     #[error("{header} must be a positive integer, not {value:?}")]
     InvalidCost { header: String, value: String },
@@ -29,6 +35,10 @@ pub enum ProxyError {
     /// The declared `Content-Length` is over the route's limit: refused unread.
     #[error("declared body of {length} bytes is larger than {limit}")]
     BodyTooLarge { length: u64, limit: u64 },
+    /// The client's request body broke off or was malformed (a bad chunk size, fewer
+    /// bytes than its `Content-Length`) while it was being forwarded.
+    #[error("the client's request body is malformed or incomplete: {source}")]
+    ClientBody { source: hyper_util::client::legacy::Error },
     /// The upstream refused the connection or could not be reached in time.
     #[error("upstream {upstream} unreachable: {source}")]
     UpstreamUnreachable { upstream: String, source: hyper_util::client::legacy::Error },
@@ -44,9 +54,12 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
-            ProxyError::BadPath(_) | ProxyError::InvalidCost { .. } | ProxyError::CostTooHigh { .. } => {
-                StatusCode::BAD_REQUEST
-            }
+            ProxyError::Connect => StatusCode::METHOD_NOT_ALLOWED,
+            ProxyError::BadPath(_)
+            | ProxyError::InvalidCost { .. }
+            | ProxyError::CostTooHigh { .. }
+            | ProxyError::ClientBody { .. }
+            | ProxyError::BadHost(_) => StatusCode::BAD_REQUEST,
             ProxyError::BodyTooLarge { .. } | ProxyError::Body(BodyFault::TooLarge(_)) => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::Body(BodyFault::TooSlow(_)) => StatusCode::REQUEST_TIMEOUT,
             ProxyError::UpstreamUnreachable { .. } | ProxyError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
@@ -62,6 +75,7 @@ mod tests {
     #[test]
     fn each_error_maps_to_its_status() {
         assert_eq!(ProxyError::NoRoute.status(), StatusCode::NOT_FOUND);
+        assert_eq!(ProxyError::Connect.status(), StatusCode::METHOD_NOT_ALLOWED);
         let timeout = ProxyError::UpstreamTimeout { upstream: "u".into(), timeout: Duration::from_secs(1) };
         assert_eq!(timeout.status(), StatusCode::GATEWAY_TIMEOUT);
     }

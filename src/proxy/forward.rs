@@ -1,6 +1,7 @@
 //! Sending a request to its upstream: a pooled keep-alive HTTP/1.1 client per upstream,
 //! servers taken in turn, bodies streamed both ways, headers prepared for the next hop.
 
+use std::error::Error as _;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -74,6 +75,7 @@ impl UpstreamClient {
             Ok(Err(source)) if source.is_connect() => {
                 return Err(ProxyError::UpstreamUnreachable { upstream: self.name.clone(), source });
             }
+            Ok(Err(source)) if client_body_failed(&source) => return Err(ProxyError::ClientBody { source }),
             Ok(Err(source)) => {
                 return Err(ProxyError::UpstreamFailed { upstream: self.name.clone(), source });
             }
@@ -91,6 +93,23 @@ impl UpstreamClient {
         *response.version_mut() = http::Version::HTTP_11;
         Ok(response)
     }
+}
+
+/// Whether the exchange failed because the body being streamed from the client failed:
+/// hyper reports an error of the body it was sending as a "user" error whose cause is
+/// that body's own error, here the client connection's `hyper::Error`.
+fn client_body_failed(error: &hyper_util::client::legacy::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = cause {
+        if let Some(h) = e.downcast_ref::<hyper::Error>()
+            && h.is_user()
+            && h.source().is_some_and(|s| s.is::<hyper::Error>())
+        {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
 }
 
 /// Rewrites a client request for `server`: origin-form target, the client's `Host`

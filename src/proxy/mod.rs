@@ -83,6 +83,14 @@ impl Proxy {
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let config = &self.config;
         let peer = conn.peer;
+        // Before routing: a catch-all route must not turn into an open tunnel.
+        if req.method() == http::Method::CONNECT {
+            return Err(ProxyError::Connect);
+        }
+        if let Some(fault) = route::host_fault(req.version(), req.uri(), req.headers()) {
+            debug!(peer = %peer, fault, "bad Host");
+            return Err(ProxyError::BadHost(fault));
+        }
         let trusted_peer = headers::is_trusted(peer.ip().to_canonical(), &config.trusted_proxies);
         let client_ip = headers::client_ip(peer.ip(), req.headers(), &config.trusted_proxies);
         let host = route::request_host(req.uri(), req.headers());
@@ -163,7 +171,11 @@ impl Proxy {
                 };
                 self.metrics.upstream(index, result, started.elapsed());
                 forwarded
-                    .inspect_err(|e| warn!(route = %route.name, error = %e, "upstream error"))
+                    .inspect_err(|e| match e.status().is_client_error() {
+                        // The client's fault says nothing about the upstream's health.
+                        true => debug!(route = %route.name, error = %e, "client error while forwarding"),
+                        false => warn!(route = %route.name, error = %e, "upstream error"),
+                    })
                     .map(|response| response.map(ProxyBody::streamed))
             }
         };

@@ -1,9 +1,38 @@
 //! Which route a request takes: the first, in file order, whose host, path and method
 //! all match.
 
-use http::{HeaderMap, Method, Uri, header};
+use http::uri::Authority;
+use http::{HeaderMap, Method, Uri, Version, header};
 
 use crate::config::{PathMatch, Route, RouteMatch};
+
+/// Why a request's `Host` is unusable, if it is: HTTP/1.1 requires exactly one valid
+/// `Host` (RFC 9112 §3.2); HTTP/1.0 and HTTP/2 may omit it, never repeat or garble it;
+/// and an HTTP/2 `Host` naming another authority than `:authority` makes the request
+/// malformed (RFC 9113 §8.3.1), since routes would see one and the upstream the other.
+pub fn host_fault(version: Version, uri: &Uri, headers: &HeaderMap) -> Option<&'static str> {
+    let mut hosts = headers.get_all(header::HOST).iter();
+    let Some(host) = hosts.next() else {
+        return (version == Version::HTTP_11).then_some("an HTTP/1.1 request needs a Host header");
+    };
+    if hosts.next().is_some() {
+        return Some("more than one Host header");
+    }
+    // An authority without userinfo: `host[:port]`, nothing else.
+    let valid = !host.as_bytes().contains(&b'@') && host.to_str().is_ok_and(|h| h.parse::<Authority>().is_ok());
+    if !valid {
+        return Some("invalid Host header");
+    }
+    // HTTP/2's `:authority`, or an HTTP/1.1 absolute-form target (`GET http://a/x`), names
+    // the host too; RFC 9112 §3.2.2 says to believe the target over `Host`, but a request
+    // naming two hosts would be routed and limited as one and served as the other.
+    match uri.authority() {
+        Some(authority) if !authority.as_str().eq_ignore_ascii_case(host.to_str().ok()?) => {
+            Some("Host differs from the request target's authority")
+        }
+        _ => None,
+    }
+}
 
 /// The request's host without port: the `Host` field (HTTP/1.1), else the URI's
 /// authority (HTTP/2 `:authority`).

@@ -105,8 +105,9 @@ impl Backend {
                         } else if path == "/upload" {
                             let mut body = req.into_body();
                             let mut total = 0;
-                            while let Some(frame) = body.frame().await {
-                                if let Ok(data) = frame.unwrap().into_data() {
+                            // A body that breaks off ends the upload; the exchange fails with it.
+                            while let Some(Ok(frame)) = body.frame().await {
+                                if let Ok(data) = frame.into_data() {
                                     if total == 0 {
                                         first_frame.notify_one();
                                     }

@@ -74,7 +74,9 @@ async fn forwarded_chain_of_a_trusted_proxy_is_extended() {
 async fn response_body_streams_before_the_upstream_finishes() {
     let backend = Backend::start().await;
     let sg = Sluicegate::start(&config(&backend.addr.to_string(), ""));
-    let response = send(sg.addr, Request::get("/stream").body(Full::new(Bytes::new())).unwrap()).await;
+    let response =
+        send(sg.addr, Request::get("/stream").header("host", "test.local").body(Full::new(Bytes::new())).unwrap())
+            .await;
     let mut body = response.into_body();
     // The backend holds back the rest until we have the first chunk: a proxy that
     // buffered the body would never deliver it.
@@ -90,7 +92,7 @@ async fn request_body_streams_to_the_upstream() {
     let backend = Backend::start().await;
     let sg = Sluicegate::start(&config(&backend.addr.to_string(), ""));
     let (mut tx, body) = Channel::<Bytes, std::convert::Infallible>::new(4);
-    let req = Request::post("/upload").body(body).unwrap();
+    let req = Request::post("/upload").header("host", "test.local").body(body).unwrap();
     let pending = tokio::spawn(async move { request(sg.addr, req).await });
     tx.send_data(Bytes::from(vec![b'x'; 1024])).await.unwrap();
     // The backend has the first bytes while the client has not finished sending.

@@ -184,8 +184,9 @@ async fn client_that_leaves_while_queued_never_reaches_the_upstream() {
     assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
     // The next request is queued for 500 ms; the client gives up after 100 ms.
     let addr = sg.addr;
-    let queued =
-        tokio::spawn(async move { send(addr, Request::get("/").body(Full::new(Bytes::new())).unwrap()).await });
+    let queued = tokio::spawn(async move {
+        send(addr, Request::get("/").header("host", "test.local").body(Full::new(Bytes::new())).unwrap()).await
+    });
     tokio::time::sleep(Duration::from_millis(100)).await;
     queued.abort();
     // Past the instant it would have been released, the upstream has still seen one request.

@@ -31,6 +31,76 @@ async fn oversized_request_headers_get_431() {
 }
 
 #[tokio::test]
+async fn connect_gets_405_and_never_reaches_the_upstream() {
+    let backend = Backend::start().await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nroutes:\n  - upstream: b\n",
+        backend.addr
+    );
+    let sg = Sluicegate::start(&yaml);
+    let request = format!("CONNECT {0} HTTP/1.1\r\nHost: {0}\r\nConnection: close\r\n\r\n", backend.addr);
+    let answer = raw_exchange(sg.addr, request.as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 405"), "{answer:?}");
+    assert!(backend.hits().is_empty(), "CONNECT reached the upstream");
+}
+
+/// A body that breaks off is the client's fault: 400, and no warning about the upstream.
+#[tokio::test]
+async fn broken_request_bodies_get_400_not_502() {
+    let backend = Backend::start().await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nroutes:\n  - upstream: b\n",
+        backend.addr
+    );
+    let sg = Sluicegate::start(&yaml);
+    let bad_chunk = "POST /upload HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n";
+    let answer = raw_exchange(sg.addr, bad_chunk.as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer:?}");
+
+    // Fewer bytes than announced, then the client stops sending.
+    let mut stream = TcpStream::connect(sg.addr).await.unwrap();
+    stream.write_all(b"POST /upload HTTP/1.1\r\nHost: h\r\nContent-Length: 100\r\n\r\nshort").await.unwrap();
+    stream.shutdown().await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut out)).await;
+    let answer = String::from_utf8_lossy(&out);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer:?}");
+    assert!(!sg.log().contains("upstream error"), "{}", sg.log());
+}
+
+/// RFC 9112 §3.2: exactly one valid `Host` on HTTP/1.1, or 400 and nothing forwarded.
+#[tokio::test]
+async fn missing_repeated_or_invalid_host_gets_400() {
+    let backend = Backend::start().await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nroutes:\n  - upstream: b\n",
+        backend.addr
+    );
+    let sg = Sluicegate::start(&yaml);
+    for head in [
+        "GET / HTTP/1.1\r\n",
+        "GET / HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\n",
+        "GET / HTTP/1.1\r\nHost: a b\r\n",
+        "GET / HTTP/1.1\r\nHost: user@a.example\r\n",
+        "GET / HTTP/1.0\r\nHost: a.example\r\nHost: b.example\r\n",
+        "GET http://admin.example/ HTTP/1.1\r\nHost: a.example\r\n",
+    ] {
+        let answer = raw_exchange(sg.addr, format!("{head}Connection: close\r\n\r\n").as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.") && answer[8..].starts_with(" 400 "), "{head:?}: {answer:?}");
+    }
+    assert!(backend.hits().is_empty(), "a request with a bad Host reached the upstream");
+    // HTTP/1.0 may omit Host; one valid Host passes.
+    for head in [
+        "GET / HTTP/1.0\r\n",
+        "GET / HTTP/1.1\r\nHost: a.example:8080\r\n",
+        "GET http://a.example/ HTTP/1.1\r\nHost: A.example\r\n",
+    ] {
+        let answer = raw_exchange(sg.addr, format!("{head}Connection: close\r\n\r\n").as_bytes()).await;
+        assert!(answer.contains(" 200 "), "{head:?}: {answer:?}");
+    }
+}
+
+#[tokio::test]
 async fn client_that_never_finishes_its_headers_is_cut_off() {
     let sg = Sluicegate::start(
         "listen: 127.0.0.1:0\nserver: { header_read_timeout: 300ms }\nroutes:\n  - respond: { status: 200 }\n",
