@@ -19,7 +19,12 @@ async fn declared_body_over_the_limit_is_413_and_never_forwarded() {
     let backend = Backend::start().await;
     let sg = Sluicegate::start(&config(&backend.addr.to_string()));
     let upload = |method: &str, len: usize| {
-        Request::builder().method(method).uri("/upload").body(Full::new(Bytes::from(vec![b'x'; len]))).unwrap()
+        Request::builder()
+            .method(method)
+            .uri("/upload")
+            .header("host", "test.local")
+            .body(Full::new(Bytes::from(vec![b'x'; len])))
+            .unwrap()
     };
     let r = request(sg.addr, upload("POST", 1025)).await;
     assert_eq!(r.status, 413);
@@ -34,7 +39,9 @@ async fn chunked_body_growing_past_the_limit_is_cut_with_413() {
     let backend = Backend::start().await;
     let sg = Sluicegate::start(&config(&backend.addr.to_string()));
     let (mut tx, body) = Channel::<Bytes, std::convert::Infallible>::new(4);
-    let pending = tokio::spawn(async move { request(sg.addr, Request::post("/upload").body(body).unwrap()).await });
+    let pending = tokio::spawn(async move {
+        request(sg.addr, Request::post("/upload").header("host", "test.local").body(body).unwrap()).await
+    });
     tx.send_data(Bytes::from(vec![b'x'; 600])).await.unwrap();
     // The first chunk streams to the backend before the body is known to be too large.
     tokio::time::timeout(Duration::from_secs(10), backend.first_frame.notified()).await.expect("body not streamed");
@@ -50,7 +57,9 @@ async fn stalled_body_is_408_after_body_read_timeout() {
     let sg = Sluicegate::start(&config(&backend.addr.to_string()));
     let (mut tx, body) = Channel::<Bytes, std::convert::Infallible>::new(4);
     let started = Instant::now();
-    let pending = tokio::spawn(async move { request(sg.addr, Request::post("/upload").body(body).unwrap()).await });
+    let pending = tokio::spawn(async move {
+        request(sg.addr, Request::post("/upload").header("host", "test.local").body(body).unwrap()).await
+    });
     tx.send_data(Bytes::from_static(b"some")).await.unwrap();
     let r = tokio::time::timeout(Duration::from_secs(10), pending).await.expect("stalled body never cut").unwrap();
     assert_eq!(r.status, 408);
