@@ -31,8 +31,8 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if let Ok(addr) = server.local_addr() {
-        tracing::info!(%addr, "listening");
+    for (addr, tls) in server.local_addrs().unwrap_or_default() {
+        tracing::info!(%addr, tls, "listening");
     }
     server.run(server::shutdown_signal()).await;
     ExitCode::SUCCESS

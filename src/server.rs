@@ -1,6 +1,8 @@
-//! The listener: accepts connections up to `server.max_connections`, serves HTTP/1.1 and
-//! h2c on each (hyper-util's auto builder) under the connection watchdog's timeouts, and
-//! on shutdown stops accepting and lets in-flight requests finish within the grace period.
+//! The listeners: accept connections up to `server.max_connections` (all listeners
+//! together), end TLS where a listener has it, serve HTTP/1.1 and HTTP/2 on each
+//! (hyper-util's auto builder; h2c in plain text, ALPN over TLS) under the connection
+//! watchdog's timeouts, and on shutdown stop accepting and let in-flight requests and
+//! tunnels finish within the grace period.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -15,6 +17,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{Semaphore, watch};
+use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
 use crate::config::{Config, MAX_CONNECTIONS};
@@ -33,31 +36,47 @@ pub const BUFFER_BYTES: usize = 32 * 1024;
 const RESERVED_FILES: u64 = 64;
 
 pub struct Server {
-    listener: TcpListener,
+    listeners: Vec<(TcpListener, Option<TlsAcceptor>)>,
     /// The admin listener, when `admin.listen` is set.
     admin: Option<TcpListener>,
     proxy: Arc<Proxy>,
     max_connections: usize,
 }
 
+/// What every connection of every listener shares.
+struct Shared {
+    proxy: Arc<Proxy>,
+    builder: auto::Builder<TokioExecutor>,
+    timeouts: Timeouts,
+    /// Established connections keep being served at the cap; new ones wait in the
+    /// listen backlog until one closes (as nginx does at `worker_connections`).
+    slots: Arc<Semaphore>,
+}
+
 impl Server {
-    /// Raises the open-file limit and binds the configured `listen` address.
+    /// Raises the open-file limit and binds every configured listener.
     pub async fn bind(config: Config) -> std::io::Result<Server> {
         let max_connections = config.max_connections.unwrap_or_else(|| default_max_connections(open_file_limit()));
-        let socket = if config.listen.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
-        socket.set_reuseaddr(true)?;
-        socket.bind(config.listen)?;
-        let listener = socket.listen(LISTEN_BACKLOG)?;
+        let mut listeners = Vec::with_capacity(config.listeners.len());
+        for listener in &config.listeners {
+            let address = listener.address;
+            let socket = if address.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+            socket.set_reuseaddr(true)?;
+            socket.bind(address)?;
+            let tls = listener.tls.as_ref().map(|tls| TlsAcceptor::from(Arc::clone(&tls.server_config)));
+            listeners.push((socket.listen(LISTEN_BACKLOG)?, tls));
+        }
         info!(max_connections, "connection limit");
         let admin = match &config.admin {
             Some(admin) => Some(TcpListener::bind(admin.listen).await?),
             None => None,
         };
-        Ok(Server { listener, admin, proxy: Arc::new(Proxy::new(config)), max_connections })
+        Ok(Server { listeners, admin, proxy: Arc::new(Proxy::new(config)), max_connections })
     }
 
-    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.listener.local_addr()
+    /// Each listener's bound address, and whether it speaks TLS.
+    pub fn local_addrs(&self) -> std::io::Result<Vec<(SocketAddr, bool)>> {
+        self.listeners.iter().map(|(l, tls)| Ok((l.local_addr()?, tls.is_some()))).collect()
     }
 
     /// Serves until `shutdown` completes, then drains.
@@ -76,55 +95,92 @@ impl Server {
             }
             tokio::spawn(crate::admin::serve(listener, admin.clone(), Arc::clone(&self.proxy)));
         }
-        // Established connections keep being served at the cap; new ones wait in the
-        // listen backlog until one closes (as nginx does at `worker_connections`).
         let slots = Arc::new(Semaphore::new(self.max_connections));
+        let shared = Arc::new(Shared { proxy: Arc::clone(&self.proxy), builder, timeouts, slots });
         let (stop, stopping) = watch::channel(());
-        tokio::pin!(shutdown);
-        loop {
-            let accepted = tokio::select! {
-                accepted = accept(&self.listener, &slots) => accepted,
-                () = &mut shutdown => break,
-            };
-            let Some((stream, peer, slot)) = accepted else { continue };
-            debug!(%peer, "connection accepted");
-            let _ = stream.set_nodelay(true);
-            let proxy = Arc::clone(&self.proxy);
-            let watch = Watch::new();
-            let requests = Arc::clone(&watch);
-            let mut stopping = stopping.clone();
-            let hold = Arc::new(ConnectionHold { _slot: slot, _draining: stopping.clone() });
-            let conn = Arc::new(ClientConn { peer, hold });
-            let service = service_fn(move |req: Request<Incoming>| {
-                let (proxy, conn) = (Arc::clone(&proxy), Arc::clone(&conn));
-                let in_flight = requests.request(req.version());
-                async move { Ok::<_, Infallible>(proxy.handle(req, &conn).await.map(|b| WatchedBody::new(b, in_flight))) }
-            });
-            let io = WatchedIo::new(TokioIo::new(stream), Arc::clone(&watch));
-            let connection = builder.serve_connection_with_upgrades(io, service).into_owned();
-            tokio::spawn(async move {
-                // Borrowed, not moved: the receiver must live until the connection ends,
-                // as the shutdown waits for every receiver to go.
-                let shutdown = async {
-                    let _ = stopping.changed().await;
-                };
-                let goodbye = |conn: std::pin::Pin<&mut _>| auto::UpgradeableConnection::graceful_shutdown(conn);
-                match watchdog::drive(connection, goodbye, &watch, timeouts, shutdown).await {
-                    Ok(()) => {}
-                    Err(DriveError::Connection(e)) => debug!(%peer, error = %e, "connection ended with an error"),
-                    Err(DriveError::Expired(why)) => debug!(%peer, timeout = why.as_str(), "connection closed"),
-                }
-                drop(stopping);
-            });
+        for (listener, tls) in self.listeners {
+            tokio::spawn(accept_loop(listener, tls, Arc::clone(&shared), stopping.clone()));
         }
-        drop(self.listener);
+        shutdown.await;
         info!(grace_ms = grace.as_millis() as u64, "shutting down: finishing in-flight requests");
+        // The accept loops end (closing their listeners) and every connection starts
+        // its graceful shutdown.
         let _ = stop.send(());
         drop(stopping);
         tokio::select! {
             () = stop.closed() => info!("all connections closed"),
             () = tokio::time::sleep(grace) => warn!("grace period over; closing the remaining connections"),
         }
+    }
+}
+
+/// Accepts on one listener until the shutdown, each connection in its own task.
+async fn accept_loop(
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    shared: Arc<Shared>,
+    mut stopping: watch::Receiver<()>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            accepted = accept(&listener, &shared.slots) => accepted,
+            _ = stopping.changed() => return,
+        };
+        let Some((stream, peer, slot)) = accepted else { continue };
+        debug!(%peer, "connection accepted");
+        let _ = stream.set_nodelay(true);
+        let hold = Arc::new(ConnectionHold { _slot: slot, _draining: stopping.clone() });
+        let (shared, stopping) = (Arc::clone(&shared), stopping.clone());
+        match tls.clone() {
+            None => {
+                let conn = ClientConn { peer, tls: false, hold };
+                tokio::spawn(serve(TokioIo::new(stream), conn, Watch::new(), shared, stopping));
+            }
+            Some(acceptor) => {
+                tokio::spawn(async move {
+                    // The handshake counts against `header_read_timeout`, as the first
+                    // request's headers do: the watch starts now.
+                    let watch = Watch::new();
+                    let handshake = tokio::time::timeout(shared.timeouts.header_read, acceptor.accept(stream));
+                    match handshake.await {
+                        Ok(Ok(stream)) => {
+                            let conn = ClientConn { peer, tls: true, hold };
+                            serve(TokioIo::new(stream), conn, watch, shared, stopping).await;
+                        }
+                        Ok(Err(e)) => debug!(%peer, error = %e, "TLS handshake failed"),
+                        Err(_) => debug!(%peer, timeout = "header_read_timeout", "TLS handshake not done in time"),
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// Serves HTTP/1.1 (with upgrades) or HTTP/2 on one client connection under the
+/// watchdog, until it closes or the shutdown's graceful close ends it.
+async fn serve<I>(io: I, conn: ClientConn, watch: Arc<Watch>, shared: Arc<Shared>, mut stopping: watch::Receiver<()>)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let peer = conn.peer;
+    let (proxy, requests, conn) = (Arc::clone(&shared.proxy), Arc::clone(&watch), Arc::new(conn));
+    let service = service_fn(move |req: Request<Incoming>| {
+        let (proxy, conn) = (Arc::clone(&proxy), Arc::clone(&conn));
+        let in_flight = requests.request(req.version());
+        async move { Ok::<_, Infallible>(proxy.handle(req, &conn).await.map(|b| WatchedBody::new(b, in_flight))) }
+    });
+    let io = WatchedIo::new(io, Arc::clone(&watch));
+    let connection = shared.builder.serve_connection_with_upgrades(io, service);
+    // Borrowed, not moved: the receiver must live until the connection ends, as the
+    // shutdown waits for every receiver to go.
+    let shutdown = async {
+        let _ = stopping.changed().await;
+    };
+    let goodbye = |conn: std::pin::Pin<&mut _>| auto::UpgradeableConnection::graceful_shutdown(conn);
+    match watchdog::drive(connection, goodbye, &watch, shared.timeouts, shutdown).await {
+        Ok(()) => {}
+        Err(DriveError::Connection(e)) => debug!(%peer, error = %e, "connection ended with an error"),
+        Err(DriveError::Expired(why)) => debug!(%peer, timeout = why.as_str(), "connection closed"),
     }
 }
 

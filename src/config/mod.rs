@@ -8,6 +8,7 @@ mod limits;
 mod position;
 mod raw;
 mod store;
+pub mod tls;
 pub mod units;
 mod validate;
 
@@ -29,7 +30,8 @@ pub use validate::MAX_CONNECTIONS;
 
 #[derive(Debug)]
 pub struct Config {
-    pub listen: SocketAddr,
+    /// At least one.
+    pub listeners: Vec<Listener>,
     pub trusted_proxies: Vec<IpNet>,
     /// Longest wait for a request's headers: from accept to the first request (protocol
     /// preface included), and on HTTP/1 from a request's first byte to its last header.
@@ -64,6 +66,13 @@ pub struct Admin {
     pub listen: SocketAddr,
     /// When set, every admin call must carry `Authorization: Bearer TOKEN`.
     pub token: Option<String>,
+}
+
+/// An address to accept clients on, in plain text or TLS.
+#[derive(Debug)]
+pub struct Listener {
+    pub address: SocketAddr,
+    pub tls: Option<tls::Tls>,
 }
 
 #[derive(Debug)]

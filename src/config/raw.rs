@@ -11,7 +11,7 @@ use serde::Deserialize;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
-    pub listen: String,
+    pub listen: RawListen,
     #[serde(default)]
     pub trusted_proxies: Vec<String>,
     #[serde(default)]
@@ -32,6 +32,50 @@ pub struct RawConfig {
     pub limits: BTreeMap<String, RawLimit>,
     #[serde(default)]
     pub routes: Vec<RawRoute>,
+}
+
+/// `listen: 0.0.0.0:8080`, or a list of addresses and `{address, tls}` listeners.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum RawListen {
+    One(String),
+    Many(Vec<RawListener>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum RawListener {
+    Address(String),
+    Full(RawFullListener),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawFullListener {
+    pub address: String,
+    pub tls: Option<RawTls>,
+}
+
+/// `tls: {cert, key}` (one certificate for every name), or `tls: {certificates: [...]}`
+/// chosen by SNI.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTls {
+    pub cert: Option<String>,
+    pub key: Option<String>,
+    #[serde(default)]
+    pub certificates: Vec<RawCertificate>,
+    /// `"1.2"` (default) or `"1.3"`.
+    pub min_version: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCertificate {
+    pub cert: String,
+    pub key: String,
+    #[serde(default)]
+    pub names: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -13,10 +13,12 @@ use http::{HeaderMap, Method, StatusCode};
 use ipnet::IpNet;
 
 use super::position::Positions;
-use super::raw::{RawAdmin, RawAllow, RawConfig, RawMatch, RawRespond, RawRoute, RawSize, RawUpstream};
+use super::raw::{
+    RawAdmin, RawAllow, RawConfig, RawListen, RawListener, RawMatch, RawRespond, RawRoute, RawSize, RawUpstream,
+};
 use super::units::{parse_duration, parse_size};
 use super::{Action, Admin, Config, ConfigError, Cost, PathMatch, Route, RouteMatch, StaticResponse, Upstream};
-use super::{limits, store};
+use super::{Listener, limits, store, tls};
 use crate::limit::allow::Allow;
 
 const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -77,11 +79,7 @@ pub(super) fn names<T>(map: &BTreeMap<String, T>) -> String {
 pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Config, Vec<ConfigError>> {
     let mut e = Errors { file, positions, list: Vec::new() };
 
-    let listen = e.check(
-        || "listen".into(),
-        SocketAddr::from_str(&raw.listen)
-            .map_err(|_| format!("invalid address {:?}; write IP:PORT, e.g. 0.0.0.0:8080", raw.listen)),
-    );
+    let listeners = listeners(&mut e, &raw.listen);
     let trusted_proxies = raw
         .trusted_proxies
         .iter()
@@ -122,9 +120,9 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
     }
     let routes = raw.routes.iter().enumerate().map(|(i, r)| route(&mut e, i, r, &raw, max_body_bytes)).collect();
 
-    match listen {
-        Some(listen) if e.list.is_empty() => Ok(Config {
-            listen,
+    match listeners {
+        Some(listeners) if e.list.is_empty() => Ok(Config {
+            listeners,
             trusted_proxies,
             header_read_timeout,
             idle_timeout,
@@ -156,6 +154,44 @@ fn connection_timeout(e: &mut Errors<'_>, path: &str, text: Option<&String>, def
         if d <= MAX_CONNECTION_TIMEOUT { Ok(d) } else { Err(format!("{text:?} is too long; at most 24h")) }
     });
     e.check(|| path.to_owned(), bounded).unwrap_or(default)
+}
+
+/// `listen`: one address, or a list of addresses and `{address, tls}` listeners.
+fn listeners(e: &mut Errors<'_>, raw: &RawListen) -> Option<Vec<Listener>> {
+    let address = |e: &mut Errors<'_>, at: String, text: &str| {
+        e.check(
+            || at,
+            SocketAddr::from_str(text)
+                .map_err(|_| format!("invalid address {text:?}; write IP:PORT, e.g. 0.0.0.0:8080")),
+        )
+    };
+    match raw {
+        RawListen::One(text) => Some(vec![Listener { address: address(e, "listen".into(), text)?, tls: None }]),
+        RawListen::Many(list) if list.is_empty() => {
+            e.add("listen".into(), "needs at least one address");
+            None
+        }
+        RawListen::Many(list) => {
+            let mut listeners = Vec::new();
+            for (i, item) in list.iter().enumerate() {
+                let at = format!("listen[{i}]");
+                let listener = match item {
+                    RawListener::Address(text) => address(e, at, text).map(|address| Listener { address, tls: None }),
+                    RawListener::Full(full) => {
+                        let addr = address(e, format!("{at}.address"), &full.address);
+                        let tls = full.tls.as_ref().map(|t| tls::tls(e, &format!("{at}.tls"), t));
+                        match (addr, tls) {
+                            (Some(address), None) => Some(Listener { address, tls: None }),
+                            (Some(address), Some(Some(tls))) => Some(Listener { address, tls: Some(tls) }),
+                            _ => None,
+                        }
+                    }
+                };
+                listeners.extend(listener);
+            }
+            (listeners.len() == list.len()).then_some(listeners)
+        }
+    }
 }
 
 /// A body size limit: a positive byte count.

@@ -33,6 +33,8 @@ pub struct UpstreamClient {
 pub struct Hop {
     pub peer: IpAddr,
     pub trusted_peer: bool,
+    /// The client connection is TLS.
+    pub tls: bool,
     /// The protocol the client asks to switch to (`Upgrade`), carried to the upstream.
     pub upgrade: Option<HeaderValue>,
 }
@@ -131,6 +133,6 @@ fn prepare_upstream_request(req: Request<RequestBody>, server: &Authority, hop: 
     if let Some(protocol) = hop.upgrade {
         keep_upgrade(&mut parts.headers, protocol);
     }
-    set_forwarded(&mut parts.headers, hop.peer, hop.trusted_peer);
+    set_forwarded(&mut parts.headers, hop.peer, hop.trusted_peer, hop.tls);
     Request::from_parts(parts, body)
 }

@@ -93,7 +93,7 @@ pub fn keep_upgrade(headers: &mut HeaderMap, protocol: HeaderValue) {
 /// sent is extended; from anyone else, incoming values are replaced, so the upstream
 /// never sees forwarding claims that no trusted hop vouched for. `X-Forwarded-Host` is
 /// the request's `Host`, as the client sent it.
-pub fn set_forwarded(headers: &mut HeaderMap, peer: IpAddr, trusted_peer: bool) {
+pub fn set_forwarded(headers: &mut HeaderMap, peer: IpAddr, trusted_peer: bool, tls: bool) {
     let peer = peer.to_canonical().to_string();
     let chain = if trusted_peer {
         let earlier: Vec<&str> = headers.get_all(&X_FORWARDED_FOR).iter().filter_map(|v| v.to_str().ok()).collect();
@@ -105,7 +105,7 @@ pub fn set_forwarded(headers: &mut HeaderMap, peer: IpAddr, trusted_peer: bool) 
         headers.insert(&X_FORWARDED_FOR, value);
     }
     if !(trusted_peer && headers.contains_key(&X_FORWARDED_PROTO)) {
-        headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static(if tls { "https" } else { "http" }));
     }
     if !(trusted_peer && headers.contains_key(&X_FORWARDED_HOST)) {
         match headers.get(header::HOST).cloned() {
@@ -182,12 +182,12 @@ mod tests {
     #[test]
     fn forwarded_chain_is_extended_only_for_trusted_peers() {
         let mut h = xff(&["1.1.1.1"]);
-        set_forwarded(&mut h, "10.0.0.1".parse().unwrap(), true);
+        set_forwarded(&mut h, "10.0.0.1".parse().unwrap(), true, false);
         assert_eq!(h[&X_FORWARDED_FOR], "1.1.1.1, 10.0.0.1");
         let mut h = xff(&["1.1.1.1"]);
         h.insert(&X_FORWARDED_HOST, "evil".parse().unwrap());
         h.insert(header::HOST, "example.com".parse().unwrap());
-        set_forwarded(&mut h, "9.9.9.9".parse().unwrap(), false);
+        set_forwarded(&mut h, "9.9.9.9".parse().unwrap(), false, false);
         assert_eq!(h[&X_FORWARDED_FOR], "9.9.9.9");
         assert_eq!(h[&X_FORWARDED_HOST], "example.com");
         assert_eq!(h[&X_FORWARDED_PROTO], "http");

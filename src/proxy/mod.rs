@@ -33,6 +33,8 @@ use response::ProxyBody;
 /// The client connection a request came on.
 pub struct ClientConn {
     pub peer: SocketAddr,
+    /// The connection is TLS: `X-Forwarded-Proto: https`.
+    pub tls: bool,
     /// Kept by a tunnel made of this connection: the connection still counts under
     /// `max_connections`, and shutdown waits for it.
     pub hold: Arc<crate::server::ConnectionHold>,
@@ -157,7 +159,7 @@ impl Proxy {
         let response = match &route.action {
             Action::Respond(r) => Ok(response::static_response(r)),
             Action::Forward(upstream) => {
-                let hop = Hop { peer: peer.ip(), trusted_peer, upgrade };
+                let hop = Hop { peer: peer.ip(), trusted_peer, tls: conn.tls, upgrade };
                 let fault = body::FaultCell::default();
                 let (limit, timeout) = (route.max_body_bytes, config.body_read_timeout);
                 let req = req.map(|b| body::RequestBody::new(b, limit, timeout, Arc::clone(&fault)));
