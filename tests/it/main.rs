@@ -16,4 +16,5 @@ mod limits;
 mod paths;
 mod redis;
 mod server;
+mod tls;
 mod upgrades;
