@@ -1,4 +1,5 @@
-//! The command line: `sluicegate [run] -c FILE`, `sluicegate check -c FILE`.
+//! The command line: `sluicegate [run] -c FILE`, `sluicegate check -c FILE`,
+//! `sluicegate reload -c FILE`.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -10,7 +11,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
-    /// The YAML configuration file (required by `run` and `check`).
+    /// The YAML configuration file (required by `run`, `check` and `reload`).
     // Not `required = true`: clap would then refuse `--help` and `--version` without it.
     #[arg(short, long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -28,6 +29,9 @@ pub enum Command {
     Run,
     /// Validate the configuration, print every error, and exit (like `nginx -t`).
     Check,
+    /// Validate the configuration, then have the running instance reload it through its
+    /// admin listener (`admin.listen`; like `nginx -s reload`, or SIGHUP).
+    Reload,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]

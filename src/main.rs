@@ -19,12 +19,27 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if cli.command == Some(Command::Check) {
-        println!("{}: configuration is valid", path.display());
-        return ExitCode::SUCCESS;
+    match cli.command {
+        Some(Command::Check) => {
+            println!("{}: configuration is valid", path.display());
+            return ExitCode::SUCCESS;
+        }
+        Some(Command::Reload) => {
+            return match sluicegate::admin::request_reload(&config).await {
+                Ok(()) => {
+                    println!("{}: reload requested", path.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("sluicegate: cannot request a reload: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        Some(Command::Run) | None => {}
     }
     init_tracing(&cli);
-    let server = match server::Server::bind(config).await {
+    let server = match server::Server::bind(config, Some(path.clone())).await {
         Ok(server) => server,
         Err(e) => {
             eprintln!("sluicegate: cannot listen: {e}");
@@ -34,6 +49,15 @@ async fn main() -> ExitCode {
     for (addr, tls) in server.local_addrs().unwrap_or_default() {
         tracing::info!(%addr, tls, "listening");
     }
-    server.run(server::shutdown_signal()).await;
+    let shutdown = async {
+        server::shutdown_signal().await;
+        // A second SIGINT or SIGTERM while in-flight requests drain: stop at once.
+        tokio::spawn(async {
+            server::shutdown_signal().await;
+            tracing::warn!("second signal: exiting without waiting for in-flight requests");
+            std::process::exit(1);
+        });
+    };
+    server.run(shutdown).await;
     ExitCode::SUCCESS
 }

@@ -6,7 +6,7 @@
 //! `/metrics` is scraped. Labels are route and limit names and fixed words, never key
 //! values or client addresses, so the number of series is bounded by the configuration.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use prometheus_client::collector::Collector;
@@ -84,12 +84,28 @@ struct LimitMetrics {
     delay: Histogram,
 }
 
+/// The counters of one configuration's routes and limits, made from the families that
+/// every configuration since start shares, so that a reload continues each series.
 pub struct Metrics {
-    registry: Registry,
+    families: Arc<Families>,
     routes: Box<[RouteMetrics]>,
     no_route: Counter,
     limits: Box<[LimitMetrics]>,
     reloads: [Counter; 2],
+}
+
+/// The registry and its metric families, kept across reloads.
+struct Families {
+    registry: Registry,
+    requests: Family<Labels, Counter>,
+    responses: Family<Labels, Counter>,
+    errors: Family<Labels, Counter>,
+    latency: Family<Labels, Histogram>,
+    decisions: Family<Labels, Counter>,
+    delays: Family<Labels, Histogram>,
+    reloads: Family<Labels, Counter>,
+    /// What the scrape-time collector reads: the running configuration's limiters.
+    current: Arc<Mutex<Current>>,
 }
 
 impl Metrics {
@@ -99,6 +115,40 @@ impl Metrics {
         let responses = Family::<Labels, Counter>::default();
         let errors = Family::<Labels, Counter>::default();
         let latency = Family::<Labels, Histogram>::new_with_constructor(latency_histogram as fn() -> Histogram);
+        let decisions = Family::<Labels, Counter>::default();
+        let delays = Family::<Labels, Histogram>::new_with_constructor(delay_histogram as fn() -> Histogram);
+        let reloads = Family::<Labels, Counter>::default();
+        let build = Family::<Labels, Gauge>::default();
+        build.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_owned())]).set(1);
+        let current = Arc::new(Mutex::new(Current { limiters: Arc::clone(limiters), names: names(config) }));
+
+        registry.register("requests", "Requests by route and outcome (no_route: no route matched)", requests.clone());
+        registry.register("limit_decisions", "Decisions of each limit, dry-run limits included", decisions.clone());
+        registry.register("limit_delay_seconds", "Delays asked by each limit", delays.clone());
+        registry.register("upstream_responses", "Upstream responses by route and status class", responses.clone());
+        registry.register(
+            "upstream_errors",
+            "Upstream exchanges that got no response, by route and kind",
+            errors.clone(),
+        );
+        registry.register("upstream_duration_seconds", "Time to the upstream's response headers", latency.clone());
+        registry.register("reloads", "Configuration reloads by result", reloads.clone());
+        registry.register("build_info", "The running version", build);
+        registry.register_collector(Box::new(State(Arc::clone(&current))));
+        let families = Families { registry, requests, responses, errors, latency, decisions, delays, reloads, current };
+        Metrics::of(Arc::new(families), config)
+    }
+
+    /// The metrics of a reloaded `config`, continuing every series of this one.
+    pub fn reloaded(&self, config: &Config, limiters: &Arc<Limiters>) -> Metrics {
+        let mut current = self.families.current.lock().unwrap_or_else(PoisonError::into_inner);
+        *current = Current { limiters: Arc::clone(limiters), names: names(config) };
+        drop(current);
+        Metrics::of(Arc::clone(&self.families), config)
+    }
+
+    fn of(families: Arc<Families>, config: &Config) -> Metrics {
+        let f = &*families;
         let routes = config
             .routes
             .iter()
@@ -106,41 +156,26 @@ impl Metrics {
                 let with =
                     |key: &'static str, value: &str| vec![("route", route.name.clone()), (key, value.to_owned())];
                 RouteMetrics {
-                    requests: RequestOutcome::ALL.map(|o| requests.get_or_create_owned(&with("outcome", o.as_str()))),
-                    responses: STATUS_CLASSES.map(|c| responses.get_or_create_owned(&with("class", c))),
-                    errors: UPSTREAM_ERRORS.map(|k| errors.get_or_create_owned(&with("kind", k))),
-                    latency: latency.get_or_create_owned(&vec![("route", route.name.clone())]),
+                    requests: RequestOutcome::ALL.map(|o| f.requests.get_or_create_owned(&with("outcome", o.as_str()))),
+                    responses: STATUS_CLASSES.map(|c| f.responses.get_or_create_owned(&with("class", c))),
+                    errors: UPSTREAM_ERRORS.map(|k| f.errors.get_or_create_owned(&with("kind", k))),
+                    latency: f.latency.get_or_create_owned(&vec![("route", route.name.clone())]),
                 }
             })
             .collect();
-        let no_route = requests.get_or_create_owned(&vec![("route", String::new()), ("outcome", "no_route".into())]);
-        let decisions = Family::<Labels, Counter>::default();
-        let delays = Family::<Labels, Histogram>::new_with_constructor(delay_histogram as fn() -> Histogram);
+        let no_route = f.requests.get_or_create_owned(&vec![("route", String::new()), ("outcome", "no_route".into())]);
         let limits = config
             .limits
             .iter()
             .map(|limit| LimitMetrics {
                 decisions: DECISIONS.map(|d| {
-                    decisions.get_or_create_owned(&vec![("limit", limit.name.clone()), ("outcome", d.to_owned())])
+                    f.decisions.get_or_create_owned(&vec![("limit", limit.name.clone()), ("outcome", d.to_owned())])
                 }),
-                delay: delays.get_or_create_owned(&vec![("limit", limit.name.clone())]),
+                delay: f.delays.get_or_create_owned(&vec![("limit", limit.name.clone())]),
             })
             .collect();
-        let reload_family = Family::<Labels, Counter>::default();
-        let reloads = ["ok", "failed"].map(|r| reload_family.get_or_create_owned(&vec![("result", r.to_owned())]));
-        let build = Family::<Labels, Gauge>::default();
-        build.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_owned())]).set(1);
-
-        registry.register("requests", "Requests by route and outcome (no_route: no route matched)", requests);
-        registry.register("limit_decisions", "Decisions of each limit, dry-run limits included", decisions);
-        registry.register("limit_delay_seconds", "Delays asked by each limit", delays);
-        registry.register("upstream_responses", "Upstream responses by route and status class", responses);
-        registry.register("upstream_errors", "Upstream exchanges that got no response, by route and kind", errors);
-        registry.register("upstream_duration_seconds", "Time to the upstream's response headers", latency);
-        registry.register("reloads", "Configuration reloads by result", reload_family);
-        registry.register("build_info", "The running version", build);
-        registry.register_collector(Box::new(State { limiters: Arc::clone(limiters), names: names(config) }));
-        Metrics { registry, routes, no_route, limits, reloads }
+        let reloads = ["ok", "failed"].map(|r| f.reloads.get_or_create_owned(&vec![("result", r.to_owned())]));
+        Metrics { families, routes, no_route, limits, reloads }
     }
 
     /// Counts a request of route `route` (index into `Config::routes`).
@@ -179,7 +214,7 @@ impl Metrics {
         };
     }
 
-    pub fn reloaded(&self, ok: bool) {
+    pub fn reload_result(&self, ok: bool) {
         self.reloads[usize::from(!ok)].inc();
     }
 
@@ -187,7 +222,7 @@ impl Metrics {
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing to a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.families.registry);
         out
     }
 }
@@ -204,19 +239,22 @@ fn names(config: &Config) -> Box<[String]> {
     config.limits.iter().map(|l| l.name.clone()).collect()
 }
 
-/// What the limiters and the store count themselves, read at scrape time.
-struct State {
+/// The running configuration's limiters and their names.
+struct Current {
     limiters: Arc<Limiters>,
     names: Box<[String]>,
 }
 
+/// What the limiters and the store count themselves, read at scrape time.
+struct State(Arc<Mutex<Current>>);
+
 impl std::fmt::Debug for State {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("State").field("limits", &self.names).finish_non_exhaustive()
+        f.debug_struct("State").finish_non_exhaustive()
     }
 }
 
-impl State {
+impl Current {
     fn per_limit<M: EncodeMetric>(
         &self,
         encoder: &mut DescriptorEncoder,
@@ -235,33 +273,34 @@ impl State {
 
 impl Collector for State {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
-        let l = &self.limiters;
+        let current = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let (l, this) = (&current.limiters, &*current);
         let gauge = |n: usize| ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX));
-        self.per_limit(
+        this.per_limit(
             &mut encoder,
             "limit_keys",
             "Keys held by each limit (concurrency limits: keys with requests in flight)",
             MetricType::Gauge,
             |i| gauge(l.keys(i)),
         )?;
-        self.per_limit(
+        this.per_limit(
             &mut encoder,
             "limit_in_flight",
             "Requests in flight under each concurrency limit",
             MetricType::Gauge,
             |i| gauge(l.in_flight(i)),
         )?;
-        self.per_limit(
+        this.per_limit(
             &mut encoder,
             "limit_evictions",
             "Keys dropped with live state because the limit's table was full",
             MetricType::Counter,
             |i| ConstCounter::new(l.evictions(i)),
         )?;
-        self.per_limit(&mut encoder, "bans", "Bans imposed by each limit", MetricType::Counter, |i| {
+        this.per_limit(&mut encoder, "bans", "Bans imposed by each limit", MetricType::Counter, |i| {
             ConstCounter::new(l.bans(i))
         })?;
-        self.per_limit(&mut encoder, "bans_active", "Keys banned now by each limit", MetricType::Gauge, |i| {
+        this.per_limit(&mut encoder, "bans_active", "Keys banned now by each limit", MetricType::Gauge, |i| {
             gauge(l.bans_active(i))
         })?;
         let Some(store) = l.store() else { return Ok(()) };

@@ -1,13 +1,15 @@
 //! The listeners: accept connections up to `server.max_connections` (all listeners
 //! together), end TLS where a listener has it, serve HTTP/1.1 and HTTP/2 on each
 //! (hyper-util's auto builder; h2c in plain text, ALPN over TLS) under the connection
-//! watchdog's timeouts, and on shutdown stop accepting and let in-flight requests and
-//! tunnels finish within the grace period.
+//! watchdog's timeouts, reload the configuration (certificates included) on SIGHUP, and
+//! on shutdown stop accepting and let in-flight requests and tunnels finish within the
+//! grace period.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use http::Request;
@@ -16,11 +18,13 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpSocket};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Notify, Semaphore, watch};
 use tokio_rustls::TlsAcceptor;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
-use crate::config::{Config, MAX_CONNECTIONS};
+use arc_swap::ArcSwap;
+
+use crate::config::{self, Config, MAX_CONNECTIONS};
 use crate::proxy::{ClientConn, Proxy};
 use crate::watchdog::{self, DriveError, Timeouts, Watch, WatchedBody, WatchedIo};
 
@@ -36,75 +40,142 @@ pub const BUFFER_BYTES: usize = 32 * 1024;
 const RESERVED_FILES: u64 = 64;
 
 pub struct Server {
-    listeners: Vec<(TcpListener, Option<TlsAcceptor>)>,
+    /// One per `listen` entry, in the same order.
+    listeners: Vec<TcpListener>,
     /// The admin listener, when `admin.listen` is set.
     admin: Option<TcpListener>,
-    proxy: Arc<Proxy>,
+    running: Arc<Running>,
     max_connections: usize,
 }
 
-/// What every connection of every listener shares.
-struct Shared {
-    proxy: Arc<Proxy>,
-    builder: auto::Builder<TokioExecutor>,
-    timeouts: Timeouts,
-    /// Established connections keep being served at the cap; new ones wait in the
-    /// listen backlog until one closes (as nginx does at `worker_connections`).
-    slots: Arc<Semaphore>,
+/// What every connection, the admin listener and a reload share: the proxy of the
+/// configuration in force. A request takes the one current when it arrives and keeps it
+/// to its end, so a reload cuts no request short.
+pub struct Running {
+    proxy: ArcSwap<Proxy>,
+    /// Where the configuration is read from on a reload (`None`: no reloads).
+    source: Option<PathBuf>,
+    /// Why the last reload failed, if it did (cleared by a good one).
+    reload_failure: Mutex<Option<String>>,
+    /// Reloads asked for through the admin API.
+    reloads: Notify,
+}
+
+impl Running {
+    pub fn proxy(&self) -> Arc<Proxy> {
+        self.proxy.load_full()
+    }
+
+    pub fn reload_failure(&self) -> Option<String> {
+        self.reload_failure.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Asks the server to reload its configuration file (the admin API's `POST /reload`).
+    pub fn request_reload(&self) -> bool {
+        self.reloads.notify_one();
+        self.source.is_some()
+    }
 }
 
 impl Server {
-    /// Raises the open-file limit and binds every configured listener.
-    pub async fn bind(config: Config) -> std::io::Result<Server> {
+    /// Raises the open-file limit and binds the configured `listen` address. With a
+    /// `source`, SIGHUP (and the admin API's `POST /reload`) reload the configuration
+    /// from that file.
+    pub async fn bind(config: Config, source: Option<PathBuf>) -> std::io::Result<Server> {
         let max_connections = config.max_connections.unwrap_or_else(|| default_max_connections(open_file_limit()));
-        let mut listeners = Vec::with_capacity(config.listeners.len());
-        for listener in &config.listeners {
-            let address = listener.address;
-            let socket = if address.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
-            socket.set_reuseaddr(true)?;
-            socket.bind(address)?;
-            let tls = listener.tls.as_ref().map(|tls| TlsAcceptor::from(Arc::clone(&tls.server_config)));
-            listeners.push((socket.listen(LISTEN_BACKLOG)?, tls));
-        }
+        let listeners = config.listeners.iter().map(|l| listen(l.address)).collect::<std::io::Result<_>>()?;
         info!(max_connections, "connection limit");
         let admin = match &config.admin {
             Some(admin) => Some(TcpListener::bind(admin.listen).await?),
             None => None,
         };
-        Ok(Server { listeners, admin, proxy: Arc::new(Proxy::new(config)), max_connections })
+        let running = Running {
+            proxy: ArcSwap::from_pointee(Proxy::new(config)),
+            source,
+            reload_failure: Mutex::new(None),
+            reloads: Notify::new(),
+        };
+        Ok(Server { listeners, admin, running: Arc::new(running), max_connections })
     }
 
     /// Each listener's bound address, and whether it speaks TLS.
     pub fn local_addrs(&self) -> std::io::Result<Vec<(SocketAddr, bool)>> {
-        self.listeners.iter().map(|(l, tls)| Ok((l.local_addr()?, tls.is_some()))).collect()
+        let proxy = self.running.proxy();
+        let tls = |i: usize| proxy.config().listeners.get(i).is_some_and(|l| l.tls.is_some());
+        self.listeners.iter().enumerate().map(|(i, l)| Ok((l.local_addr()?, tls(i)))).collect()
     }
 
     /// Serves until `shutdown` completes, then drains.
-    pub async fn run(self, shutdown: impl Future<Output = ()>) {
-        let config = self.proxy.config();
-        let timeouts =
-            Timeouts { header_read: config.header_read_timeout, idle: config.idle_timeout, send: config.send_timeout };
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
         let mut builder = auto::Builder::new(TokioExecutor::new());
         // The watchdog times request headers; hyper's own timer would also cut idle
         // keep-alive connections at `header_read_timeout`.
         builder.http1().header_read_timeout(None).keep_alive(true).max_buf_size(BUFFER_BYTES);
-        let grace = config.shutdown_grace;
-        if let (Some(listener), Some(admin)) = (self.admin, &config.admin) {
+        let admin = self.running.proxy().config().admin.clone();
+        if let (Some(listener), Some(admin)) = (self.admin.take(), admin) {
             if let Ok(addr) = listener.local_addr() {
                 info!(%addr, "admin listening");
             }
-            tokio::spawn(crate::admin::serve(listener, admin.clone(), Arc::clone(&self.proxy)));
+            tokio::spawn(crate::admin::serve(listener, admin, Arc::clone(&self.running)));
         }
+        let mut hangups = hangups();
+        // Established connections keep being served at the cap; new ones wait in the
+        // listen backlog until one closes (as nginx does at `worker_connections`).
         let slots = Arc::new(Semaphore::new(self.max_connections));
-        let shared = Arc::new(Shared { proxy: Arc::clone(&self.proxy), builder, timeouts, slots });
         let (stop, stopping) = watch::channel(());
-        for (listener, tls) in self.listeners {
-            tokio::spawn(accept_loop(listener, tls, Arc::clone(&shared), stopping.clone()));
+        let mut turn = 0;
+        tokio::pin!(shutdown);
+        loop {
+            let accepted = tokio::select! {
+                accepted = accept(&self.listeners, &slots, &mut turn) => accepted,
+                Some(()) = hangups.recv() => {
+                    self.reload();
+                    continue;
+                }
+                () = self.running.reloads.notified() => {
+                    self.reload();
+                    continue;
+                }
+                () = &mut shutdown => break,
+            };
+            let Some((stream, peer, slot, index)) = accepted else { continue };
+            debug!(%peer, "connection accepted");
+            let _ = stream.set_nodelay(true);
+            let proxy = self.running.proxy();
+            let config = proxy.config();
+            let timeouts = Timeouts {
+                header_read: config.header_read_timeout,
+                idle: config.idle_timeout,
+                send: config.send_timeout,
+            };
+            // The certificates of the configuration in force: a reload's apply to the
+            // connections accepted after it.
+            let tls = config.listeners.get(index).and_then(|l| l.tls.as_ref());
+            let tls = tls.map(|t| TlsAcceptor::from(Arc::clone(&t.server_config)));
+            let stopping = stopping.clone();
+            let hold = Arc::new(ConnectionHold { _slot: slot, _draining: stopping.clone() });
+            let serving = Serving { running: Arc::clone(&self.running), builder: builder.clone(), timeouts, stopping };
+            tokio::spawn(async move {
+                // The handshake counts against `header_read_timeout`, as the first
+                // request's headers do: the watch starts before it.
+                let watch = Watch::new();
+                let Some(acceptor) = tls else {
+                    let conn = ClientConn { peer, tls: false, hold };
+                    return serving.serve(TokioIo::new(stream), conn, watch).await;
+                };
+                match tokio::time::timeout(timeouts.header_read, acceptor.accept(stream)).await {
+                    Ok(Ok(stream)) => {
+                        let conn = ClientConn { peer, tls: true, hold };
+                        serving.serve(TokioIo::new(stream), conn, watch).await;
+                    }
+                    Ok(Err(e)) => debug!(%peer, error = %e, "TLS handshake failed"),
+                    Err(_) => debug!(%peer, timeout = "header_read_timeout", "TLS handshake not done in time"),
+                }
+            });
         }
-        shutdown.await;
+        drop(std::mem::take(&mut self.listeners));
+        let grace = self.running.proxy().config().shutdown_grace;
         info!(grace_ms = grace.as_millis() as u64, "shutting down: finishing in-flight requests");
-        // The accept loops end (closing their listeners) and every connection starts
-        // its graceful shutdown.
         let _ = stop.send(());
         drop(stopping);
         tokio::select! {
@@ -114,73 +185,126 @@ impl Server {
     }
 }
 
-/// Accepts on one listener until the shutdown, each connection in its own task.
-async fn accept_loop(
-    listener: TcpListener,
-    tls: Option<TlsAcceptor>,
-    shared: Arc<Shared>,
-    mut stopping: watch::Receiver<()>,
-) {
-    loop {
-        let accepted = tokio::select! {
-            accepted = accept(&listener, &shared.slots) => accepted,
-            _ = stopping.changed() => return,
+impl Server {
+    /// Reloads the configuration from its file (certificates included): all of it or, if
+    /// it is invalid or a new `listen` address cannot be bound, none of it (every error is logged, the running
+    /// configuration stays, and `/readyz` and `sluicegate_reloads_total` say so).
+    fn reload(&mut self) {
+        let Some(path) = &self.running.source else {
+            warn!("reload asked for, but the configuration was not read from a file");
+            return;
         };
-        let Some((stream, peer, slot)) = accepted else { continue };
-        debug!(%peer, "connection accepted");
-        let _ = stream.set_nodelay(true);
-        let hold = Arc::new(ConnectionHold { _slot: slot, _draining: stopping.clone() });
-        let (shared, stopping) = (Arc::clone(&shared), stopping.clone());
-        match tls.clone() {
-            None => {
-                let conn = ClientConn { peer, tls: false, hold };
-                tokio::spawn(serve(TokioIo::new(stream), conn, Watch::new(), shared, stopping));
+        let old = self.running.proxy();
+        let fail = |why: String| {
+            error!(file = %path.display(), "reload failed; the running configuration stays");
+            old.metrics().reload_result(false);
+            *self.running.reload_failure.lock().unwrap_or_else(PoisonError::into_inner) = Some(why);
+        };
+        let config = match config::load(path) {
+            Ok(config) => config,
+            Err(e) => {
+                for line in e.to_string().lines() {
+                    error!("{line}");
+                }
+                return fail(e.to_string());
             }
-            Some(acceptor) => {
-                tokio::spawn(async move {
-                    // The handshake counts against `header_read_timeout`, as the first
-                    // request's headers do: the watch starts now.
-                    let watch = Watch::new();
-                    let handshake = tokio::time::timeout(shared.timeouts.header_read, acceptor.accept(stream));
-                    match handshake.await {
-                        Ok(Ok(stream)) => {
-                            let conn = ClientConn { peer, tls: true, hold };
-                            serve(TokioIo::new(stream), conn, watch, shared, stopping).await;
-                        }
-                        Ok(Err(e)) => debug!(%peer, error = %e, "TLS handshake failed"),
-                        Err(_) => debug!(%peer, timeout = "header_read_timeout", "TLS handshake not done in time"),
+        };
+        let addresses = |c: &Config| c.listeners.iter().map(|l| l.address).collect::<Vec<_>>();
+        let listeners = if addresses(&config) == addresses(old.config()) {
+            None
+        } else {
+            let mut bound = Vec::new();
+            for address in addresses(&config) {
+                match listen(address) {
+                    Ok(listener) => bound.push(listener),
+                    Err(e) => {
+                        error!(addr = %address, error = %e, "cannot listen on the reloaded address");
+                        return fail(format!("cannot listen on {address}: {e}"));
                     }
-                });
+                }
+            }
+            Some(bound)
+        };
+        if config.admin.as_ref().map(|a| a.listen) != old.config().admin.as_ref().map(|a| a.listen) {
+            warn!("admin.listen changes at the next restart; the admin listener stays where it is");
+        }
+        let (proxy, kept, fresh) = Proxy::reloaded(config, &old);
+        proxy.metrics().reload_result(true);
+        self.running.proxy.store(Arc::new(proxy));
+        *self.running.reload_failure.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        info!(file = %path.display(), kept = ?kept, fresh = ?fresh, "configuration reloaded: limits kept their state or started fresh");
+        if let Some(listeners) = listeners {
+            // Connections accepted on the old addresses are served to their end.
+            self.listeners = listeners;
+            for (addr, tls) in self.local_addrs().unwrap_or_default() {
+                info!(%addr, tls, "listening");
             }
         }
     }
 }
 
-/// Serves HTTP/1.1 (with upgrades) or HTTP/2 on one client connection under the
-/// watchdog, until it closes or the shutdown's graceful close ends it.
-async fn serve<I>(io: I, conn: ClientConn, watch: Arc<Watch>, shared: Arc<Shared>, mut stopping: watch::Receiver<()>)
-where
-    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-{
-    let peer = conn.peer;
-    let (proxy, requests, conn) = (Arc::clone(&shared.proxy), Arc::clone(&watch), Arc::new(conn));
-    let service = service_fn(move |req: Request<Incoming>| {
-        let (proxy, conn) = (Arc::clone(&proxy), Arc::clone(&conn));
-        let in_flight = requests.request(req.version());
-        async move { Ok::<_, Infallible>(proxy.handle(req, &conn).await.map(|b| WatchedBody::new(b, in_flight))) }
-    });
-    let io = WatchedIo::new(io, Arc::clone(&watch));
-    let connection = shared.builder.serve_connection_with_upgrades(io, service);
-    // Borrowed, not moved: the receiver must live until the connection ends, as the
-    // shutdown waits for every receiver to go.
-    let shutdown = async {
-        let _ = stopping.changed().await;
-    };
-    let goodbye = |conn: std::pin::Pin<&mut _>| auto::UpgradeableConnection::graceful_shutdown(conn);
-    match watchdog::drive(connection, goodbye, &watch, shared.timeouts, shutdown).await {
-        Ok(()) => {}
-        Err(DriveError::Connection(e)) => debug!(%peer, error = %e, "connection ended with an error"),
-        Err(DriveError::Expired(why)) => debug!(%peer, timeout = why.as_str(), "connection closed"),
+/// A listener on `addr` with a long accept backlog.
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
+/// SIGHUP, the reload signal of nginx and of `systemctl reload`. Without it (it cannot
+/// fail on Unix), no reloads by signal.
+fn hangups() -> tokio::sync::mpsc::Receiver<()> {
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(mut signal) => {
+            tokio::spawn(async move {
+                while signal.recv().await.is_some() {
+                    // One pending reload is enough: it reads the file as it is then.
+                    let _ = tx.try_send(());
+                }
+            });
+        }
+        Err(e) => warn!(error = %e, "cannot listen for SIGHUP"),
+    }
+    rx
+}
+
+/// What a connection task needs to serve its connection.
+struct Serving {
+    running: Arc<Running>,
+    builder: auto::Builder<TokioExecutor>,
+    timeouts: Timeouts,
+    stopping: watch::Receiver<()>,
+}
+
+impl Serving {
+    /// Serves HTTP/1.1 (with upgrades) or HTTP/2 on one client connection under the
+    /// watchdog, until it closes or the shutdown's graceful close ends it.
+    async fn serve<I>(mut self, io: I, conn: ClientConn, watch: Arc<Watch>)
+    where
+        I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    {
+        let peer = conn.peer;
+        let (running, requests, conn) = (Arc::clone(&self.running), Arc::clone(&watch), Arc::new(conn));
+        let service = service_fn(move |req: Request<Incoming>| {
+            let (proxy, conn) = (running.proxy(), Arc::clone(&conn));
+            let in_flight = requests.request(req.version());
+            async move { Ok::<_, Infallible>(proxy.handle(req, &conn).await.map(|b| WatchedBody::new(b, in_flight))) }
+        });
+        let io = WatchedIo::new(io, Arc::clone(&watch));
+        let connection = self.builder.serve_connection_with_upgrades(io, service);
+        // Borrowed, not moved: the receiver must live until the connection ends, as the
+        // shutdown waits for every receiver to go.
+        let stopping = &mut self.stopping;
+        let shutdown = async {
+            let _ = stopping.changed().await;
+        };
+        let goodbye = |conn: std::pin::Pin<&mut _>| auto::UpgradeableConnection::graceful_shutdown(conn);
+        match watchdog::drive(connection, goodbye, &watch, self.timeouts, shutdown).await {
+            Ok(()) => {}
+            Err(DriveError::Connection(e)) => debug!(%peer, error = %e, "connection ended with an error"),
+            Err(DriveError::Expired(why)) => debug!(%peer, timeout = why.as_str(), "connection closed"),
+        }
     }
 }
 
@@ -192,16 +316,30 @@ pub struct ConnectionHold {
     _draining: watch::Receiver<()>,
 }
 
-/// The next connection, once a slot is free; `None` when accepting failed.
+/// The next connection on any of `listeners`, once a slot is free, with the index of
+/// its listener; `None` when accepting failed. The listener asked first takes `turn`s,
+/// so a busy one cannot starve the others.
 async fn accept(
-    listener: &TcpListener,
+    listeners: &[TcpListener],
     slots: &Arc<Semaphore>,
-) -> Option<(tokio::net::TcpStream, SocketAddr, tokio::sync::OwnedSemaphorePermit)> {
+    turn: &mut usize,
+) -> Option<(tokio::net::TcpStream, SocketAddr, tokio::sync::OwnedSemaphorePermit, usize)> {
     // The semaphore is never closed.
     let slot = Arc::clone(slots).acquire_owned().await.ok()?;
-    match listener.accept().await {
-        Ok((stream, peer)) => Some((stream, peer, slot)),
-        Err(e) => {
+    *turn = turn.wrapping_add(1);
+    let first = *turn;
+    let accepted = std::future::poll_fn(|cx| {
+        for i in 0..listeners.len() {
+            let index = (first + i) % listeners.len();
+            if let std::task::Poll::Ready(result) = listeners[index].poll_accept(cx) {
+                return std::task::Poll::Ready((index, result));
+            }
+        }
+        std::task::Poll::Pending
+    });
+    match accepted.await {
+        (index, Ok((stream, peer))) => Some((stream, peer, slot, index)),
+        (_, Err(e)) => {
             // Out of file descriptors and the like: back off instead of spinning.
             warn!(error = %e, "accept failed");
             tokio::time::sleep(Duration::from_millis(50)).await;

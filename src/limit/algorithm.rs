@@ -1,7 +1,7 @@
 //! A limit's algorithm paired with the table of its keys' state, and the same pair
 //! locked for one key: the one place that knows which state each algorithm keeps.
 
-use std::sync::MutexGuard;
+use std::sync::{Arc, MutexGuard};
 
 use super::Verdict;
 use super::concurrency::Concurrency;
@@ -12,13 +12,15 @@ use super::sliding_window::SlidingWindow;
 use super::table::{KeyTable, Shard};
 use crate::config::Policy;
 
-/// A limit's algorithm with the table of its keys' state.
+/// A limit's algorithm with the table of its keys' state. The table is shared with the
+/// limit's previous configuration across a reload that keeps its state (`adopt`), so
+/// requests still running under the old one release their slots into the same table.
 pub(super) enum Algorithm {
-    LeakyBucket(LeakyBucket, KeyTable),
-    FixedWindow(FixedWindow, KeyTable),
-    SlidingWindow(SlidingWindow, KeyTable<[u64; 2]>),
-    SlidingLog(SlidingLog, LogTable),
-    Concurrency(Concurrency, KeyTable),
+    LeakyBucket(LeakyBucket, Arc<KeyTable>),
+    FixedWindow(FixedWindow, Arc<KeyTable>),
+    SlidingWindow(SlidingWindow, Arc<KeyTable<[u64; 2]>>),
+    SlidingLog(SlidingLog, Arc<LogTable>),
+    Concurrency(Concurrency, Arc<KeyTable>),
 }
 
 /// A limit's algorithm with the locked shard that holds one key.
@@ -34,21 +36,44 @@ impl Algorithm {
     pub fn new(policy: &Policy, max_keys: usize) -> Self {
         match *policy {
             Policy::Rate { rate, burst, delay } => {
-                Algorithm::LeakyBucket(LeakyBucket::new(rate, burst, delay), KeyTable::new(max_keys))
+                Algorithm::LeakyBucket(LeakyBucket::new(rate, burst, delay), Arc::new(KeyTable::new(max_keys)))
             }
             Policy::FixedWindow { limit, window } => {
-                Algorithm::FixedWindow(FixedWindow::new(limit, window), KeyTable::new(max_keys))
+                Algorithm::FixedWindow(FixedWindow::new(limit, window), Arc::new(KeyTable::new(max_keys)))
             }
             Policy::SlidingWindow { limit, window } => {
-                Algorithm::SlidingWindow(SlidingWindow::new(limit, window), KeyTable::new(max_keys))
+                Algorithm::SlidingWindow(SlidingWindow::new(limit, window), Arc::new(KeyTable::new(max_keys)))
             }
             Policy::SlidingLog { limit, window } => {
-                Algorithm::SlidingLog(SlidingLog::new(limit, window), LogTable::new(max_keys))
+                Algorithm::SlidingLog(SlidingLog::new(limit, window), Arc::new(LogTable::new(max_keys)))
             }
             Policy::Concurrency { max, retry_after } => {
-                Algorithm::Concurrency(Concurrency::new(max, retry_after), KeyTable::new(max_keys))
+                Algorithm::Concurrency(Concurrency::new(max, retry_after), Arc::new(KeyTable::new(max_keys)))
             }
         }
+    }
+
+    /// Takes over the key table of `old`, the same limit's algorithm in the configuration
+    /// being replaced, when its states mean the same here; true if it did. A leaky
+    /// bucket's state is the instant its bucket drains, whatever the rate (so GCRA, the
+    /// token bucket and the minimum interval share it); a concurrency table counts
+    /// requests in flight; a window's state is only meaningful for the same window.
+    pub fn adopt(&mut self, old: &Algorithm) -> bool {
+        match (self, old) {
+            (Algorithm::LeakyBucket(_, t), Algorithm::LeakyBucket(_, o))
+            | (Algorithm::Concurrency(_, t), Algorithm::Concurrency(_, o)) => *t = Arc::clone(o),
+            (Algorithm::FixedWindow(a, t), Algorithm::FixedWindow(b, o)) if a.window() == b.window() => {
+                *t = Arc::clone(o)
+            }
+            (Algorithm::SlidingWindow(a, t), Algorithm::SlidingWindow(b, o)) if a.window() == b.window() => {
+                *t = Arc::clone(o)
+            }
+            (Algorithm::SlidingLog(a, t), Algorithm::SlidingLog(b, o)) if a.window() == b.window() => {
+                *t = Arc::clone(o)
+            }
+            _ => return false,
+        }
+        true
     }
 
     /// The largest cost this ever admits at once (`None` for concurrency: one slot each).

@@ -7,8 +7,8 @@
 //! end in milliseconds since the Unix epoch (48 bits, good until the year 10889) and the
 //! number of bans in a row (16 bits), in one `u64`.
 
-use std::sync::MutexGuard;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
 use super::table::{KeyTable, Shard};
@@ -20,8 +20,9 @@ const UNTIL_MASK: u64 = (1 << STRIKE_SHIFT) - 1;
 pub struct Bans {
     base: u64,
     max: u64,
-    table: KeyTable,
-    imposed: AtomicU64,
+    /// Shared with the limit's previous configuration across a reload (`adopt`).
+    table: Arc<KeyTable>,
+    imposed: Arc<AtomicU64>,
 }
 
 fn unpack(state: u64) -> (u64, u64) {
@@ -32,7 +33,14 @@ impl Bans {
     /// Bans of `base`, doubling on repeat up to `max` (no escalation when equal).
     pub fn new(base: Duration, max: Duration, max_keys: usize) -> Self {
         let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-        Bans { base: ns(base), max: ns(max).max(ns(base)), table: KeyTable::new(max_keys), imposed: AtomicU64::new(0) }
+        let table = Arc::new(KeyTable::new(max_keys));
+        Bans { base: ns(base), max: ns(max).max(ns(base)), table, imposed: Arc::default() }
+    }
+
+    /// Keeps the bans (and their count) of `old`, the same limit's bans before a reload.
+    pub fn adopt(&mut self, old: &Bans) {
+        self.table = Arc::clone(&old.table);
+        self.imposed = Arc::clone(&old.imposed);
     }
 
     pub fn lock(&self, key: u64) -> MutexGuard<'_, Shard> {

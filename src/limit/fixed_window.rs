@@ -33,6 +33,11 @@ impl FixedWindow {
         FixedWindow { limit, window: u64::try_from(window.as_nanos()).unwrap_or(u64::MAX).max(1) }
     }
 
+    /// The window's length, ns.
+    pub fn window(&self) -> u64 {
+        self.window
+    }
+
     /// The count this window so far for `state` at `now` (ns since the Unix epoch).
     fn count(&self, state: Option<u64>, now: u64) -> u64 {
         let index = now / self.window;

@@ -62,6 +62,8 @@ pub enum Verdict {
 }
 
 struct Limiter {
+    /// The limit's name: with its key and algorithm, what a reload keeps state by.
+    name: String,
     key: KeySpec,
     /// Requests this limit lets through without counting them.
     allow: Allow,
@@ -141,6 +143,31 @@ impl Limiters {
     pub fn new(config: &Config) -> Arc<Self> {
         let limits = config.limits.iter().map(limiter).collect();
         Arc::new(Limiters { seed: RandomState::new(), limits, store: Store::new(config) })
+    }
+
+    /// The limiters of `config`, a reload of the configuration `old` was made from: a
+    /// local limit whose name, key and algorithm (and window, for windows) are unchanged
+    /// keeps every key's state, bans and requests in flight, with its new parameters
+    /// applying from now on; any other starts fresh. Returns the names of both kinds.
+    pub fn reloaded(config: &Config, old: &Limiters) -> (Arc<Self>, Vec<String>, Vec<String>) {
+        let (mut kept, mut fresh) = (Vec::new(), Vec::new());
+        let limits = config
+            .limits
+            .iter()
+            .map(|limit| {
+                let mut new = limiter(limit);
+                match old.limits.iter().find(|o| o.name == limit.name) {
+                    Some(before) if new.carry(before) => kept.push(limit.name.clone()),
+                    // A limit that adopted some windows' state but not all starts over.
+                    _ => {
+                        new = limiter(limit);
+                        fresh.push(limit.name.clone());
+                    }
+                }
+                new
+            })
+            .collect();
+        (Arc::new(Limiters { seed: old.seed.clone(), limits, store: Store::new(config) }), kept, fresh)
     }
 
     /// The Redis store of global limits, if any.
@@ -384,6 +411,21 @@ impl Limiters {
     }
 }
 
+impl Limiter {
+    /// Takes over the state of `old`, this limit before a reload, if its key, scope and
+    /// algorithms are the same; true if it did.
+    fn carry(&mut self, old: &Limiter) -> bool {
+        let same = old.key == self.key && old.scope == self.scope && old.windows.len() == self.windows.len();
+        if !same || !self.windows.iter_mut().zip(old.windows.iter()).all(|(new, old)| new.adopt(old)) {
+            return false;
+        }
+        if let (Some(bans), Some(old_bans)) = (&mut self.bans, &old.bans) {
+            bans.adopt(old_bans);
+        }
+        true
+    }
+}
+
 /// Where a limit stands after deciding `verdict` for limit `i`.
 fn standing(limit: usize, window: usize, verdict: &Verdict) -> Standing {
     let (outcome, remaining, reset, excess) = match *verdict {
@@ -407,6 +449,7 @@ fn limiter(limit: &Limit) -> Limiter {
     };
     let windows = limit.windows.iter().map(|policy| Algorithm::new(&shared(policy, share), limit.max_keys)).collect();
     Limiter {
+        name: limit.name.clone(),
         key: limit.key.clone(),
         allow: limit.allow.clone(),
         windows,

@@ -39,6 +39,11 @@ impl SlidingLog {
         SlidingLog { limit, window: u64::try_from(window.as_nanos()).unwrap_or(u64::MAX).max(1) }
     }
 
+    /// The window's length, ns.
+    pub fn window(&self) -> u64 {
+        self.window
+    }
+
     /// Index of the first timestamp still inside the window at `now`.
     fn first_live(&self, log: &VecDeque<u64>, now: u64) -> usize {
         log.partition_point(|&t| t.saturating_add(self.window) <= now)

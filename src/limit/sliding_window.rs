@@ -29,6 +29,11 @@ impl SlidingWindow {
         SlidingWindow { limit, window: u64::try_from(window.as_nanos()).unwrap_or(u64::MAX).max(1) }
     }
 
+    /// The window's length, ns.
+    pub fn window(&self) -> u64 {
+        self.window
+    }
+
     /// The state word stored for `counts` at `now`: the current window's index.
     pub fn stored(&self, counts: u64, now: u64) -> [u64; 2] {
         [now / self.window, counts]

@@ -52,8 +52,22 @@ pub struct Proxy {
 impl Proxy {
     pub fn new(config: Config) -> Self {
         let limiters = Limiters::new(&config);
+        let metrics = Metrics::new(&config, &limiters);
+        Proxy::with(config, limiters, metrics)
+    }
+
+    /// The proxy of `config`, reloaded while `old` served: limits keep their state as
+    /// `Limiters::reloaded` says (it returns the names of the limits kept and started
+    /// fresh), and metrics continue their series.
+    pub fn reloaded(config: Config, old: &Proxy) -> (Self, Vec<String>, Vec<String>) {
+        let (limiters, kept, fresh) = Limiters::reloaded(&config, &old.limiters);
+        let metrics = old.metrics.reloaded(&config, &limiters);
+        (Proxy::with(config, limiters, metrics), kept, fresh)
+    }
+
+    fn with(config: Config, limiters: Arc<Limiters>, metrics: Metrics) -> Self {
         Proxy {
-            metrics: Arc::new(Metrics::new(&config, &limiters)),
+            metrics: Arc::new(metrics),
             limiters,
             upstreams: config.upstreams.iter().map(UpstreamClient::new).collect(),
             quotas: config.limits.iter().map(response::quotas).collect(),

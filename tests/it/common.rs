@@ -140,6 +140,8 @@ pub struct Sluicegate {
     child: Child,
     log: Arc<Mutex<String>>,
     log_done: Arc<std::sync::atomic::AtomicBool>,
+    /// The configuration file it was started with (rewrite it, then `reload`).
+    pub config: std::path::PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -189,7 +191,7 @@ impl Sluicegate {
         let addr = rx
             .recv_timeout(Duration::from_secs(20))
             .unwrap_or_else(|_| panic!("sluicegate did not start; log:\n{}", log.lock().unwrap()));
-        Sluicegate { addr, child, log, log_done, _dir: dir }
+        Sluicegate { addr, child, log, log_done, config: path, _dir: dir }
     }
 
     /// The resident memory of the process, in bytes.
@@ -232,6 +234,21 @@ impl Sluicegate {
             std::thread::sleep(Duration::from_millis(5));
         }
         status
+    }
+
+    /// Writes `yaml` over the configuration file, sends SIGHUP, and waits (at most 10 s)
+    /// for the reload's log line: `configuration reloaded` or `reload failed`. Returns
+    /// the log from there on.
+    pub fn reload(&self, yaml: &str) -> String {
+        let before = self.log().len();
+        std::fs::write(&self.config, yaml).unwrap();
+        let status = Command::new("kill").args(["-HUP", &self.child.id().to_string()]).status().unwrap();
+        assert!(status.success());
+        let done =
+            |log: &str| log[before..].contains("configuration reloaded") || log[before..].contains("reload failed");
+        let log = self.wait_for_log(|log| log.len() > before && done(log));
+        assert!(done(&log), "no reload in the log:\n{}", &log[before..]);
+        log[before..].to_owned()
     }
 
     /// Sends SIGTERM and waits for the exit.

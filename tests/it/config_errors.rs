@@ -297,11 +297,11 @@ fn a_route_path_that_no_normalized_request_path_matches_is_refused() {
 }
 
 #[test]
-fn help_says_that_run_and_check_need_a_configuration() {
+fn help_says_that_run_check_and_reload_need_a_configuration() {
     let out = binary().arg("--help").output().unwrap();
     assert!(out.status.success());
     let help = String::from_utf8_lossy(&out.stdout);
-    assert!(help.contains("required by `run` and `check`"), "{help}");
+    assert!(help.contains("required by `run`, `check` and `reload`"), "{help}");
 }
 
 #[test]

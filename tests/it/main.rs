@@ -15,6 +15,7 @@ mod global;
 mod limits;
 mod paths;
 mod redis;
+mod reload;
 mod server;
 mod tls;
 mod upgrades;
