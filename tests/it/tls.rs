@@ -23,6 +23,7 @@ use crate::common::*;
 /// A private CA and two server certificates it signed, as PEM files in `dir`.
 struct Pki {
     dir: tempfile::TempDir,
+    issuer: CertifiedIssuer<'static, KeyPair>,
     ca: CertificateDer<'static>,
     /// The DER of the certificates for `a.test` and `*.b.test`.
     a: CertificateDer<'static>,
@@ -33,17 +34,22 @@ impl Pki {
     fn new() -> Pki {
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+        let issuer = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let leaf = |name: &str, file: &str| {
-            let key = KeyPair::generate().unwrap();
-            let cert = CertificateParams::new(vec![name.to_owned()]).unwrap().signed_by(&key, &ca).unwrap();
-            std::fs::write(dir.path().join(format!("{file}.crt")), cert.pem()).unwrap();
-            std::fs::write(dir.path().join(format!("{file}.key")), key.serialize_pem()).unwrap();
-            cert.der().clone()
-        };
-        let (a, b) = (leaf("a.test", "a"), leaf("*.b.test", "b"));
-        Pki { ca: ca.der().clone(), a, b, dir }
+        let placeholder = issuer.der().clone();
+        let mut pki = Pki { ca: issuer.der().clone(), a: placeholder.clone(), b: placeholder, dir, issuer };
+        pki.a = pki.issue("a.test", "a");
+        pki.b = pki.issue("*.b.test", "b");
+        pki
+    }
+
+    /// A new certificate for `name` in `file.crt` and `file.key`; its DER.
+    fn issue(&self, name: &str, file: &str) -> CertificateDer<'static> {
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec![name.to_owned()]).unwrap().signed_by(&key, &self.issuer).unwrap();
+        std::fs::write(self.path(&format!("{file}.crt")), cert.pem()).unwrap();
+        std::fs::write(self.path(&format!("{file}.key")), key.serialize_pem()).unwrap();
+        cert.der().clone()
     }
 
     fn path(&self, file: &str) -> PathBuf {
@@ -116,6 +122,26 @@ async fn sni_chooses_the_certificate_and_http1_is_served_with_forwarded_proto_ht
     // The plain listener of the same proxy still says http.
     assert_eq!(get(sg.addr, "/x", &[]).await.status, 200);
     assert_eq!(backend.hits()[1].headers["x-forwarded-proto"], "http");
+}
+
+#[tokio::test]
+async fn a_reload_serves_renewed_certificates_to_new_connections_and_keeps_old_ones() {
+    let pki = Pki::new();
+    let backend = Backend::start().await;
+    let yaml = pki.config(backend.addr, "");
+    let sg = Sluicegate::start(&yaml);
+    let addr = tls_addr(&sg);
+    let old = handshake(&pki, addr, "a.test", &[b"http/1.1"]).await;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(old)).await.unwrap();
+    tokio::spawn(conn);
+    let renewed = pki.issue("a.test", "a");
+    assert_ne!(renewed, pki.a);
+    let log = sg.reload(&yaml);
+    assert!(log.contains("configuration reloaded"), "{log}");
+    let tls = handshake(&pki, addr, "a.test", &[b"http/1.1"]).await;
+    assert_eq!(tls.get_ref().1.peer_certificates().unwrap()[0], renewed);
+    // The connection made before the reload goes on.
+    assert_eq!(read(sender.send_request(get_request()).await.unwrap()).await.status, 200);
 }
 
 #[tokio::test]
