@@ -24,7 +24,7 @@ use ipnet::IpNet;
 
 use crate::limit::allow::Allow;
 use crate::limit::key::KeySpec;
-pub use raw::{HeaderMode, HeaderStyle, LogLevel, OnStoreError, RejectionBody};
+pub use raw::{ForwardedMode, HeaderMode, HeaderStyle, LogLevel, OnStoreError, RejectionBody};
 pub use units::Rate;
 pub use validate::MAX_CONNECTIONS;
 
@@ -53,6 +53,8 @@ pub struct Config {
     pub rejection_body: RejectionBody,
     /// Log a keyed hash instead of the key's value.
     pub redact_keys: bool,
+    /// Forwarding fields sent upstream and read from trusted proxies.
+    pub forwarded: ForwardedMode,
     pub upstreams: Vec<Upstream>,
     /// The Redis of global limits (required when one is global).
     pub redis: Option<Redis>,

@@ -26,6 +26,8 @@ pub struct RawConfig {
     #[serde(default)]
     pub redact_keys: bool,
     #[serde(default)]
+    pub forwarded: ForwardedMode,
+    #[serde(default)]
     pub upstreams: BTreeMap<String, RawUpstream>,
     pub redis: Option<RawRedis>,
     #[serde(default)]
@@ -299,6 +301,20 @@ pub enum HeaderStyle {
     Draft,
     /// `X-RateLimit-Limit`, `-Remaining`, `-Reset`.
     Legacy,
+    Both,
+}
+
+/// Which forwarding fields go upstream, and which one names the client behind a
+/// trusted proxy.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ForwardedMode {
+    /// `X-Forwarded-For`, `-Proto`, `-Host`.
+    #[default]
+    XForwarded,
+    /// `Forwarded` (RFC 7239).
+    Rfc7239,
+    /// Both sent; the client is read from `Forwarded` when a request has one.
     Both,
 }
 

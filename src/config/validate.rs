@@ -135,6 +135,7 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
             ratelimit_header_style: raw.ratelimit_header_style,
             rejection_body: raw.rejection_body,
             redact_keys: raw.redact_keys,
+            forwarded: raw.forwarded,
             upstreams,
             redis,
             limits,

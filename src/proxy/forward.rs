@@ -16,7 +16,7 @@ use hyper_util::rt::TokioExecutor;
 use super::body::{FaultCell, RequestBody};
 use super::error::ProxyError;
 use super::headers::{keep_upgrade, remove_hop_by_hop, set_forwarded};
-use crate::config::Upstream;
+use crate::config::{ForwardedMode, Upstream};
 
 /// Idle keep-alive connections to an upstream are closed after this long.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -35,6 +35,8 @@ pub struct Hop {
     pub trusted_peer: bool,
     /// The client connection is TLS.
     pub tls: bool,
+    /// Which forwarding fields the upstream gets.
+    pub forwarded: ForwardedMode,
     /// The protocol the client asks to switch to (`Upgrade`), carried to the upstream.
     pub upgrade: Option<HeaderValue>,
 }
@@ -133,6 +135,6 @@ fn prepare_upstream_request(req: Request<RequestBody>, server: &Authority, hop: 
     if let Some(protocol) = hop.upgrade {
         keep_upgrade(&mut parts.headers, protocol);
     }
-    set_forwarded(&mut parts.headers, hop.peer, hop.trusted_peer, hop.tls);
+    set_forwarded(&mut parts.headers, hop.peer, hop.trusted_peer, hop.tls, hop.forwarded);
     Request::from_parts(parts, body)
 }

@@ -7,6 +7,7 @@
 mod body;
 pub mod error;
 mod forward;
+mod forwarded;
 pub mod headers;
 pub mod response;
 pub mod route;
@@ -108,7 +109,7 @@ impl Proxy {
             return Err(ProxyError::BadHost(fault));
         }
         let trusted_peer = headers::is_trusted(peer.ip().to_canonical(), &config.trusted_proxies);
-        let client_ip = headers::client_ip(peer.ip(), req.headers(), &config.trusted_proxies);
+        let client_ip = headers::client_ip(peer.ip(), req.headers(), &config.trusted_proxies, config.forwarded);
         let host = route::request_host(req.uri(), req.headers());
         // Routes and keys see the path as nginx would; the upstream gets it as sent.
         let path = path::normalize(req.uri().path()).map_err(ProxyError::BadPath)?;
@@ -173,7 +174,7 @@ impl Proxy {
         let response = match &route.action {
             Action::Respond(r) => Ok(response::static_response(r)),
             Action::Forward(upstream) => {
-                let hop = Hop { peer: peer.ip(), trusted_peer, tls: conn.tls, upgrade };
+                let hop = Hop { peer: peer.ip(), trusted_peer, tls: conn.tls, forwarded: config.forwarded, upgrade };
                 let fault = body::FaultCell::default();
                 let (limit, timeout) = (route.max_body_bytes, config.body_read_timeout);
                 let req = req.map(|b| body::RequestBody::new(b, limit, timeout, Arc::clone(&fault)));

@@ -10,6 +10,7 @@ mod concurrency;
 mod config_errors;
 mod conformance;
 mod connections;
+mod forwarded;
 mod forwarding;
 mod global;
 mod limits;
