@@ -17,6 +17,9 @@ const DEFAULT_CONCURRENCY_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// Keys a local limit remembers before it evicts; about 4 MB at this size.
 const DEFAULT_MAX_KEYS: u64 = 100_000;
 
+/// A flood of rejections writes a few lines a second per limit, then one summary.
+const DEFAULT_LOG_LINES_PER_SECOND: u32 = 5;
+
 pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeMap<String, RawLimit>) -> Limit {
     let at = format!("limits.{name}");
     check_name(e, &at, name);
@@ -45,6 +48,7 @@ pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeM
         max_keys: usize::try_from(raw.max_keys.unwrap_or(DEFAULT_MAX_KEYS)).unwrap_or(usize::MAX),
         dry_run: raw.dry_run.unwrap_or(false),
         log_level: raw.log_level.unwrap_or(LogLevel::Info),
+        log_lines_per_second: raw.log_lines_per_second.unwrap_or(DEFAULT_LOG_LINES_PER_SECOND),
         ban: ban(e, &at, raw),
         allow: allow(e, &format!("{at}.allow"), raw.allow.as_ref()),
         count: count(e, &at, raw),

@@ -144,6 +144,9 @@ pub struct Limit {
     pub dry_run: bool,
     /// Level of rejection lines; delays log one level lower.
     pub log_level: LogLevel,
+    /// Rejection and delay lines written per second at most; the rest are summed up in
+    /// one line per second (0: none are written).
+    pub log_lines_per_second: u32,
     /// A key this limit rejects is refused for a while.
     pub ban: Option<Ban>,
     /// Requests this limit does not count.

@@ -161,6 +161,7 @@ pub struct RawLimit {
     pub max_keys: Option<u64>,
     pub dry_run: Option<bool>,
     pub log_level: Option<LogLevel>,
+    pub log_lines_per_second: Option<u32>,
     pub ban: Option<String>,
     pub ban_max: Option<String>,
     pub allow: Option<RawAllow>,

@@ -208,6 +208,11 @@ impl Limiters {
         self.limits[index].windows.iter().map(Algorithm::keys).max().unwrap_or(0)
     }
 
+    /// The key of `src` for limit `index`, hashed (`None`: the request has none).
+    pub fn key_hash(&self, index: usize, src: &KeySource<'_>) -> Option<u64> {
+        self.limits[index].key.hash(src, &self.seed)
+    }
+
     /// How log lines name the key of `src` for limit `index`: its value, or with
     /// `redact`, its keyed hash (stable while the process runs).
     pub fn key_label(&self, index: usize, src: &KeySource<'_>, redact: bool) -> String {

@@ -9,6 +9,7 @@ pub mod error;
 mod forward;
 mod forwarded;
 pub mod headers;
+mod log_budget;
 pub mod response;
 pub mod route;
 mod tunnel;
@@ -24,11 +25,12 @@ use tracing::{Level, debug, warn};
 
 use crate::config::{Action, Config, Cost, HeaderMode, LogLevel, Route};
 use crate::limit::key::KeySource;
-use crate::limit::{Decision, Limiters, Outcome, Standing};
+use crate::limit::{self, Decision, Limiters, Outcome, Standing};
 use crate::metrics::{Metrics, RequestOutcome, UpstreamResult};
 use crate::path;
 use error::ProxyError;
 use forward::{Hop, UpstreamClient};
+use log_budget::LogBudget;
 use response::ProxyBody;
 
 /// The client connection a request came on.
@@ -48,6 +50,8 @@ pub struct Proxy {
     upstreams: Box<[UpstreamClient]>,
     /// What the rate-limit headers say of each limit, by limit index.
     quotas: Box<[Box<[response::Quota]>]>,
+    /// How many rejection and delay lines each limit may still write, by limit index.
+    log_budgets: Arc<[LogBudget]>,
 }
 
 impl Proxy {
@@ -67,7 +71,14 @@ impl Proxy {
     }
 
     fn with(config: Config, limiters: Arc<Limiters>, metrics: Metrics) -> Self {
+        let log_budgets: Arc<[LogBudget]> =
+            config.limits.iter().map(|l| LogBudget::new(l.log_lines_per_second)).collect();
+        let levels = config.limits.iter().map(|l| (l.name.clone(), line_level(l.log_level, false))).collect();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(flush_log_budgets(Arc::downgrade(&log_budgets), levels));
+        }
         Proxy {
+            log_budgets,
             metrics: Arc::new(metrics),
             limiters,
             upstreams: config.upstreams.iter().map(UpstreamClient::new).collect(),
@@ -266,21 +277,88 @@ impl Proxy {
                 (Outcome::Delayed(wait), false) => ("request delayed", true, wait),
                 (Outcome::Delayed(wait), true) => ("dry run: request would be delayed", true, wait),
             };
-            // Field values are only computed when the level is enabled: no key label is
-            // built for lines nobody reads.
+            let level = line_level(limit.log_level, lowered);
+            // Nothing is computed for lines nobody reads: no key label, no budget.
+            if !enabled(level) {
+                continue;
+            }
+            let key = self.limiters.key_hash(s.limit, src).unwrap_or(0);
+            let label = || self.limiters.key_label(s.limit, src, self.config.redact_keys);
+            let take = self.log_budgets[s.limit].take(limit::now() / 1_000_000_000, key, label);
+            if let Some(summary) = take.summary {
+                log_summary(level, &limit.name, &summary);
+            }
+            if !take.write {
+                continue;
+            }
             macro_rules! emit {
                 ($level:expr) => {
-                    tracing::event!($level, route = %route.name, limit = %limit.name,
-                        key = %self.limiters.key_label(s.limit, src, self.config.redact_keys),
+                    tracing::event!($level, route = %route.name, limit = %limit.name, key = %label(),
                         excess = round_to_thousandths(s.excess), ms = ms.as_millis() as u64, "{message}")
                 };
             }
-            match (limit.log_level, lowered) {
-                (LogLevel::Error, false) => emit!(Level::ERROR),
-                (LogLevel::Error, true) | (LogLevel::Warn, false) => emit!(Level::WARN),
-                (LogLevel::Warn, true) | (LogLevel::Info, false) => emit!(Level::INFO),
-                (LogLevel::Info, true) | (LogLevel::Debug, false) => emit!(Level::DEBUG),
-                (LogLevel::Debug, true) => emit!(Level::TRACE),
+            match level {
+                Level::ERROR => emit!(Level::ERROR),
+                Level::WARN => emit!(Level::WARN),
+                Level::INFO => emit!(Level::INFO),
+                Level::DEBUG => emit!(Level::DEBUG),
+                _ => emit!(Level::TRACE),
+            }
+        }
+    }
+}
+
+/// The level of a limit's rejection lines (`lowered`: its delay lines, one below, as
+/// nginx does with `limit_req_log_level`).
+fn line_level(level: LogLevel, lowered: bool) -> Level {
+    match (level, lowered) {
+        (LogLevel::Error, false) => Level::ERROR,
+        (LogLevel::Error, true) | (LogLevel::Warn, false) => Level::WARN,
+        (LogLevel::Warn, true) | (LogLevel::Info, false) => Level::INFO,
+        (LogLevel::Info, true) | (LogLevel::Debug, false) => Level::DEBUG,
+        (LogLevel::Debug, true) => Level::TRACE,
+    }
+}
+
+/// Whether lines at `level` are written (tracing's callsites need a constant level).
+fn enabled(level: Level) -> bool {
+    match level {
+        Level::ERROR => tracing::enabled!(Level::ERROR),
+        Level::WARN => tracing::enabled!(Level::WARN),
+        Level::INFO => tracing::enabled!(Level::INFO),
+        Level::DEBUG => tracing::enabled!(Level::DEBUG),
+        _ => tracing::enabled!(Level::TRACE),
+    }
+}
+
+/// One line for a second's left-out rejection and delay lines of limit `name`.
+fn log_summary(level: Level, limit: &str, summary: &log_budget::Summary) {
+    macro_rules! emit {
+        ($level:expr) => {
+            tracing::event!($level, limit, left_out = summary.left_out, top_keys = %summary.top,
+                "rejection and delay lines left out in the last second (log_lines_per_second)")
+        };
+    }
+    match level {
+        Level::ERROR => emit!(Level::ERROR),
+        Level::WARN => emit!(Level::WARN),
+        Level::INFO => emit!(Level::INFO),
+        Level::DEBUG => emit!(Level::DEBUG),
+        _ => emit!(Level::TRACE),
+    }
+}
+
+/// Once a second, sums up what each limit left out in a second no later line closed;
+/// ends with the proxy that owns the budgets.
+async fn flush_log_budgets(budgets: std::sync::Weak<[LogBudget]>, limits: Vec<(String, Level)>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let Some(budgets) = budgets.upgrade() else { return };
+        let second = limit::now() / 1_000_000_000;
+        for (budget, (name, level)) in budgets.iter().zip(&limits) {
+            if let Some(summary) = budget.flush(second) {
+                log_summary(*level, name, &summary);
             }
         }
     }

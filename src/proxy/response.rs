@@ -247,6 +247,7 @@ mod tests {
             max_keys: 1,
             dry_run: false,
             log_level: crate::config::LogLevel::Info,
+            log_lines_per_second: 5,
             ban: None,
             allow: Default::default(),
             count: None,

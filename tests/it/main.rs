@@ -14,6 +14,7 @@ mod forwarded;
 mod forwarding;
 mod global;
 mod limits;
+mod logs;
 mod paths;
 mod redis;
 mod reload;
