@@ -21,6 +21,9 @@ async fn main() -> ExitCode {
     };
     match cli.command {
         Some(Command::Check) => {
+            for warning in &config.warnings {
+                eprintln!("warning: {warning}");
+            }
             println!("{}: configuration is valid", path.display());
             return ExitCode::SUCCESS;
         }
@@ -39,6 +42,9 @@ async fn main() -> ExitCode {
         Some(Command::Run) | None => {}
     }
     init_tracing(&cli);
+    for warning in &config.warnings {
+        tracing::warn!("{warning}");
+    }
     let server = match server::Server::bind(config, Some(path.clone())).await {
         Ok(server) => server,
         Err(e) => {

@@ -201,7 +201,12 @@ impl Server {
             *self.running.reload_failure.lock().unwrap_or_else(PoisonError::into_inner) = Some(why);
         };
         let config = match config::load(path) {
-            Ok(config) => config,
+            Ok(config) => {
+                for warning in &config.warnings {
+                    warn!("{warning}");
+                }
+                config
+            }
             Err(e) => {
                 for line in e.to_string().lines() {
                     error!("{line}");

@@ -55,6 +55,9 @@ pub struct Config {
     pub redact_keys: bool,
     /// Forwarding fields sent upstream and read from trusted proxies.
     pub forwarded: ForwardedMode,
+    /// What is wrong but does not stop the load (an expired certificate): `check`
+    /// prints these, `run` and a reload log them.
+    pub warnings: Vec<ConfigError>,
     pub upstreams: Vec<Upstream>,
     /// The Redis of global limits (required when one is global).
     pub redis: Option<Redis>,

@@ -54,7 +54,10 @@ pub(super) fn tls(e: &mut Errors<'_>, at: &str, raw: &RawTls) -> Option<Tls> {
     let mut ok = true;
     match (&raw.cert, &raw.key, raw.certificates.is_empty()) {
         (Some(cert), Some(key), true) => match certified_key(cert, key, &provider) {
-            Ok(key) => certificates.push(Certificate { names: Vec::new(), key }),
+            Ok(key) => {
+                warn_if_expired(e, &format!("{at}.cert"), cert, &key);
+                certificates.push(Certificate { names: Vec::new(), key });
+            }
             Err((field, message)) => {
                 e.add(format!("{at}.{field}"), message);
                 ok = false;
@@ -67,10 +70,11 @@ pub(super) fn tls(e: &mut Errors<'_>, at: &str, raw: &RawTls) -> Option<Tls> {
                     ok = false;
                 }
                 match certified_key(&c.cert, &c.key, &provider) {
-                    Ok(key) => certificates.push(Certificate {
-                        names: c.names.iter().map(|n| n.trim_end_matches('.').to_ascii_lowercase()).collect(),
-                        key,
-                    }),
+                    Ok(key) => {
+                        warn_if_expired(e, &format!("{at}.certificates[{i}].cert"), &c.cert, &key);
+                        let names = c.names.iter().map(|n| n.trim_end_matches('.').to_ascii_lowercase()).collect();
+                        certificates.push(Certificate { names, key });
+                    }
                     Err((field, message)) => {
                         e.add(format!("{at}.certificates[{i}].{field}"), message);
                         ok = false;
@@ -130,6 +134,21 @@ fn certified_key(
     let certified = CertifiedKey::new(chain, signing);
     certified.keys_match().map_err(|_| ("key", format!("{key:?} is not the key of the certificate in {cert:?}")))?;
     Ok(Arc::new(certified))
+}
+
+/// An expired (or not yet valid) leaf certificate is a warning, not an error: the
+/// proxy still starts and serves its other listeners and routes, as nginx does.
+fn warn_if_expired(e: &mut Errors<'_>, at: &str, file: &str, key: &CertifiedKey) {
+    let Some(leaf) = key.cert.first() else { return };
+    let Ok((_, parsed)) = x509_parser::parse_x509_certificate(leaf) else { return };
+    let validity = parsed.validity();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let now = i64::try_from(now).unwrap_or(i64::MAX);
+    if validity.not_after.timestamp() < now {
+        e.warn(at.to_owned(), format!("the certificate in {file:?} expired on {}", validity.not_after));
+    } else if validity.not_before.timestamp() > now {
+        e.warn(at.to_owned(), format!("the certificate in {file:?} is not valid before {}", validity.not_before));
+    }
 }
 
 /// A file named by the configuration: a regular file of bounded size.

@@ -39,9 +39,17 @@ pub(super) struct Errors<'a> {
     file: &'a str,
     positions: &'a Positions,
     list: Vec<ConfigError>,
+    /// Problems that do not stop the configuration from loading.
+    warnings: Vec<ConfigError>,
 }
 
 impl Errors<'_> {
+    /// Records a warning at `path`: reported by `check` and logged, the load goes on.
+    pub(super) fn warn(&mut self, path: String, message: impl Into<String>) {
+        let (line, column) = self.positions.of(&path);
+        self.warnings.push(ConfigError { file: self.file.to_owned(), line, column, path, message: message.into() });
+    }
+
     pub(super) fn add(&mut self, path: String, message: impl Into<String>) {
         let (line, column) = self.positions.of(&path);
         self.list.push(ConfigError { file: self.file.to_owned(), line, column, path, message: message.into() });
@@ -77,7 +85,7 @@ pub(super) fn names<T>(map: &BTreeMap<String, T>) -> String {
 }
 
 pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Config, Vec<ConfigError>> {
-    let mut e = Errors { file, positions, list: Vec::new() };
+    let mut e = Errors { file, positions, list: Vec::new(), warnings: Vec::new() };
 
     let listeners = listeners(&mut e, &raw.listen);
     let trusted_proxies = raw
@@ -136,6 +144,7 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
             rejection_body: raw.rejection_body,
             redact_keys: raw.redact_keys,
             forwarded: raw.forwarded,
+            warnings: e.warnings,
             upstreams,
             redis,
             limits,

@@ -223,3 +223,25 @@ fn check_names_an_unreadable_file_and_a_key_of_another_certificate() {
         check(&listen(&p("a.crt"), &p("a.key")).replace(" }\nroutes", ", min_version: \"1.1\" }\nroutes"));
     assert!(bad_version.contains("listen[0].tls.min_version: must be"), "{bad_version}");
 }
+
+#[test]
+fn check_warns_of_an_expired_certificate_and_accepts_the_file() {
+    let pki = Pki::new();
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(vec!["old.test".to_owned()]).unwrap();
+    params.not_before = rcgen::date_time_ymd(2019, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2020, 1, 1);
+    let cert = params.signed_by(&key, &pki.issuer).unwrap();
+    std::fs::write(pki.path("old.crt"), cert.pem()).unwrap();
+    std::fs::write(pki.path("old.key"), key.serialize_pem()).unwrap();
+    let (cert, key) = (pki.path("old.crt").display().to_string(), pki.path("old.key").display().to_string());
+    let yaml = format!(
+        "listen:\n  - address: 127.0.0.1:0\n    tls: {{ cert: {cert}, key: {key} }}\nroutes:\n  - respond: {{}}\n"
+    );
+    let (_dir, path) = config_file(&yaml);
+    let out = binary().arg("check").arg("-c").arg(&path).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("warning: ") && stderr.contains(":3:"), "{stderr}");
+    assert!(stderr.contains("listen[0].tls.cert: the certificate in") && stderr.contains("expired on"), "{stderr}");
+}
