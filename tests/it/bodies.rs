@@ -67,3 +67,20 @@ async fn stalled_body_is_408_after_body_read_timeout() {
     assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
     drop(tx);
 }
+
+#[test]
+fn bad_sizes_and_timeouts_are_config_errors_at_their_field() {
+    let yaml = "listen: 127.0.0.1:0\nserver: { max_body_bytes: 0, body_read_timeout: 0s }\nupstreams:\n  app: { servers: [\"127.0.0.1:1\"], tunnel_idle_timeout: 2d }\nroutes:\n  - upstream: app\n    max_body_bytes: 10t\n";
+    let (_dir, path) = config_file(yaml);
+    let out = binary().arg("check").arg("-c").arg(&path).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    for wanted in [
+        "server.max_body_bytes: must be positive",
+        "server.body_read_timeout: must be longer than zero",
+        "upstreams.app.tunnel_idle_timeout: \"2d\" is too long",
+        ":7:21: routes[0].max_body_bytes: invalid size \"10t\"",
+    ] {
+        assert!(stderr.contains(wanted), "{wanted} not in:\n{stderr}");
+    }
+}
