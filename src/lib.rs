@@ -15,6 +15,7 @@
 //!
 //! `config` turns the YAML file into the compiled `Config` the request path reads.
 
+pub mod access_log;
 pub mod admin;
 pub mod cli;
 pub mod config;

@@ -48,7 +48,7 @@ async fn main() -> ExitCode {
     let server = match server::Server::bind(config, Some(path.clone())).await {
         Ok(server) => server,
         Err(e) => {
-            eprintln!("sluicegate: cannot listen: {e}");
+            eprintln!("sluicegate: cannot start: {e}");
             return ExitCode::FAILURE;
         }
     };

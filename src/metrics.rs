@@ -44,7 +44,7 @@ impl RequestOutcome {
         RequestOutcome::DryRunRejected,
     ];
 
-    fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             RequestOutcome::Passed => "passed",
             RequestOutcome::Delayed => "delayed",

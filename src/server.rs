@@ -90,7 +90,7 @@ impl Server {
             None => None,
         };
         let running = Running {
-            proxy: ArcSwap::from_pointee(Proxy::new(config)),
+            proxy: ArcSwap::from_pointee(Proxy::new(config)?),
             source,
             reload_failure: Mutex::new(None),
             reloads: Notify::new(),
@@ -233,7 +233,13 @@ impl Server {
         if config.admin.as_ref().map(|a| a.listen) != old.config().admin.as_ref().map(|a| a.listen) {
             warn!("admin.listen changes at the next restart; the admin listener stays where it is");
         }
-        let (proxy, kept, fresh) = Proxy::reloaded(config, &old);
+        let (proxy, kept, fresh) = match Proxy::reloaded(config, &old) {
+            Ok(reloaded) => reloaded,
+            Err(e) => {
+                error!(error = %e, "cannot open the reloaded access log");
+                return fail(format!("cannot open the access log: {e}"));
+            }
+        };
         proxy.metrics().reload_result(true);
         self.running.proxy.store(Arc::new(proxy));
         *self.running.reload_failure.lock().unwrap_or_else(PoisonError::into_inner) = None;

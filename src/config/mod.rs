@@ -24,7 +24,7 @@ use ipnet::IpNet;
 
 use crate::limit::allow::Allow;
 use crate::limit::key::KeySpec;
-pub use raw::{ForwardedMode, HeaderMode, HeaderStyle, LogLevel, OnStoreError, RejectionBody};
+pub use raw::{AccessFormat, ForwardedMode, HeaderMode, HeaderStyle, LogLevel, OnStoreError, RejectionBody};
 pub use units::Rate;
 pub use validate::MAX_CONNECTIONS;
 
@@ -48,6 +48,8 @@ pub struct Config {
     pub body_read_timeout: Duration,
     /// The admin listener (`None`: off).
     pub admin: Option<Admin>,
+    /// The access log (`None`: off).
+    pub access_log: Option<AccessLogConfig>,
     pub ratelimit_headers: HeaderMode,
     pub ratelimit_header_style: HeaderStyle,
     pub rejection_body: RejectionBody,
@@ -63,6 +65,14 @@ pub struct Config {
     pub redis: Option<Redis>,
     pub limits: Vec<Limit>,
     pub routes: Vec<Route>,
+}
+
+/// `access_log:`: where and how request lines are written.
+#[derive(Debug, Clone)]
+pub struct AccessLogConfig {
+    pub format: AccessFormat,
+    /// `None`: stderr.
+    pub path: Option<String>,
 }
 
 /// `admin:`: where health, metrics and the admin API are served.

@@ -17,6 +17,7 @@ pub struct RawConfig {
     #[serde(default)]
     pub server: RawServer,
     pub admin: Option<RawAdmin>,
+    pub access_log: Option<RawAccessLog>,
     #[serde(default)]
     pub ratelimit_headers: HeaderMode,
     #[serde(default)]
@@ -279,6 +280,26 @@ pub struct RawRespond {
     pub body: Option<String>,
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+}
+
+/// `access_log:`: one line per request.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAccessLog {
+    #[serde(default)]
+    pub format: AccessFormat,
+    /// A file to append to; stderr when left out.
+    pub path: Option<String>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AccessFormat {
+    /// One JSON object per line.
+    #[default]
+    Json,
+    /// nginx's `combined` format.
+    Combined,
 }
 
 /// Which responses carry `RateLimit-Policy` / `RateLimit` headers.

@@ -17,7 +17,9 @@ use super::raw::{
     RawAdmin, RawAllow, RawConfig, RawListen, RawListener, RawMatch, RawRespond, RawRoute, RawSize, RawUpstream,
 };
 use super::units::{parse_duration, parse_size};
-use super::{Action, Admin, Config, ConfigError, Cost, PathMatch, Route, RouteMatch, StaticResponse, Upstream};
+use super::{
+    AccessLogConfig, Action, Admin, Config, ConfigError, Cost, PathMatch, Route, RouteMatch, StaticResponse, Upstream,
+};
 use super::{Listener, limits, store, tls};
 use crate::limit::allow::Allow;
 
@@ -139,6 +141,10 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
             shutdown_grace,
             body_read_timeout,
             admin,
+            access_log: raw
+                .access_log
+                .as_ref()
+                .map(|a| AccessLogConfig { format: a.format, path: a.path.clone().filter(|p| p != "stderr") }),
             ratelimit_headers: raw.ratelimit_headers,
             ratelimit_header_style: raw.ratelimit_header_style,
             rejection_body: raw.rejection_body,

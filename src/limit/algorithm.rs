@@ -140,6 +140,17 @@ impl Held<'_> {
         }
     }
 
+    /// Forgets `key`: its next request is treated as a fresh key's (the admin API's reset).
+    pub fn forget(&mut self, key: u64) {
+        match self {
+            Held::LeakyBucket(_, _, shard) | Held::FixedWindow(_, _, shard) | Held::Concurrency(_, _, shard) => {
+                shard.remove(key)
+            }
+            Held::SlidingWindow(_, _, shard) => shard.remove(key),
+            Held::SlidingLog(_, _, shard) => shard.remove(key),
+        }
+    }
+
     /// Takes back an admission of `cost` units made at `at` (a concurrency slot is given
     /// back by its permit instead).
     pub fn refund(&mut self, key: u64, cost: u64, at: u64) {

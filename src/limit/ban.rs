@@ -73,8 +73,28 @@ impl Bans {
     /// Keys banned at `now`.
     pub fn active(&self, now: u64) -> usize {
         let mut n = 0;
-        self.table.each(|state| n += usize::from(unpack(state).0 > now));
+        self.table.each(|_, state| n += usize::from(unpack(state).0 > now));
         n
+    }
+
+    /// The keys banned at `now`, with the time each ban has left.
+    pub fn list(&self, now: u64) -> Vec<(u64, u64)> {
+        let mut banned = Vec::new();
+        self.table.each(|key, state| {
+            let (until, _) = unpack(state);
+            if until > now {
+                banned.push((key, until - now));
+            }
+        });
+        banned
+    }
+
+    /// Ends `key`'s ban, if it has one; true if it had.
+    pub fn lift(&self, key: u64, now: u64) -> bool {
+        let mut shard = self.table.lock(key);
+        let banned = self.left(&shard, key, now).is_some();
+        shard.remove(key);
+        banned
     }
 
     /// Bans imposed since start.

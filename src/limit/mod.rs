@@ -14,6 +14,7 @@ pub mod ban;
 pub mod concurrency;
 pub mod fixed_window;
 mod global;
+pub mod inspect;
 pub mod key;
 pub mod leaky_bucket;
 pub mod receipt;
@@ -189,7 +190,7 @@ impl Limiters {
     pub fn in_flight(&self, index: usize) -> usize {
         let Some(Algorithm::Concurrency(_, table)) = self.limits[index].windows.first() else { return 0 };
         let mut n = 0u64;
-        table.each(|in_flight| n += in_flight);
+        table.each(|_, in_flight| n += in_flight);
         usize::try_from(n).unwrap_or(usize::MAX)
     }
 
@@ -219,7 +220,7 @@ impl Limiters {
         let spec = &self.limits[index].key;
         match (redact, spec.hash(src, &self.seed)) {
             (_, None) => "-".to_owned(),
-            (true, Some(hash)) => format!("#{hash:016x}"),
+            (true, Some(hash)) => inspect::label(hash),
             (false, Some(_)) => spec.describe(src),
         }
     }

@@ -134,6 +134,10 @@ impl LogShard {
         }
     }
 
+    pub fn remove(&mut self, key: u64) {
+        self.logs.remove(&key);
+    }
+
     pub fn get(&self, key: u64) -> Option<&VecDeque<u64>> {
         self.logs.get(&key)
     }

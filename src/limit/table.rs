@@ -129,12 +129,12 @@ impl<S: State> KeyTable<S> {
         self.shards.iter().map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len).sum()
     }
 
-    /// Calls `f` with every stored state, one shard locked at a time (for metrics and
-    /// the admin API, not the request path).
-    pub fn each(&self, mut f: impl FnMut(S)) {
+    /// Calls `f` with every stored key and state, one shard locked at a time (for
+    /// metrics and the admin API, not the request path).
+    pub fn each(&self, mut f: impl FnMut(u64, S)) {
         for shard in self.shards.iter() {
             let shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
-            shard.slots.iter().filter(|slot| slot.key != 0).for_each(|slot| f(slot.state));
+            shard.slots.iter().filter(|slot| slot.key != 0).for_each(|slot| f(slot.key, slot.state));
         }
     }
 

@@ -23,6 +23,7 @@ use hyper::body::Incoming;
 use smallvec::SmallVec;
 use tracing::{Level, debug, warn};
 
+use crate::access_log::{self, AccessLog};
 use crate::config::{Action, Config, Cost, HeaderMode, LogLevel, Route};
 use crate::limit::key::KeySource;
 use crate::limit::{self, Decision, Limiters, Outcome, Standing};
@@ -52,10 +53,12 @@ pub struct Proxy {
     quotas: Box<[Box<[response::Quota]>]>,
     /// How many rejection and delay lines each limit may still write, by limit index.
     log_budgets: Arc<[LogBudget]>,
+    access_log: Option<Arc<AccessLog>>,
 }
 
 impl Proxy {
-    pub fn new(config: Config) -> Self {
+    /// The proxy of `config`; fails only if its access log cannot be opened.
+    pub fn new(config: Config) -> std::io::Result<Self> {
         let limiters = Limiters::new(&config);
         let metrics = Metrics::new(&config, &limiters);
         Proxy::with(config, limiters, metrics)
@@ -64,13 +67,20 @@ impl Proxy {
     /// The proxy of `config`, reloaded while `old` served: limits keep their state as
     /// `Limiters::reloaded` says (it returns the names of the limits kept and started
     /// fresh), and metrics continue their series.
-    pub fn reloaded(config: Config, old: &Proxy) -> (Self, Vec<String>, Vec<String>) {
+    pub fn reloaded(config: Config, old: &Proxy) -> std::io::Result<(Self, Vec<String>, Vec<String>)> {
+        // Opened first: a log that cannot be opened fails the reload before any state moves.
+        let access_log = config.access_log.as_ref().map(AccessLog::open).transpose()?;
         let (limiters, kept, fresh) = Limiters::reloaded(&config, &old.limiters);
         let metrics = old.metrics.reloaded(&config, &limiters);
-        (Proxy::with(config, limiters, metrics), kept, fresh)
+        Ok((Proxy::assemble(config, limiters, metrics, access_log), kept, fresh))
     }
 
-    fn with(config: Config, limiters: Arc<Limiters>, metrics: Metrics) -> Self {
+    fn with(config: Config, limiters: Arc<Limiters>, metrics: Metrics) -> std::io::Result<Self> {
+        let access_log = config.access_log.as_ref().map(AccessLog::open).transpose()?;
+        Ok(Proxy::assemble(config, limiters, metrics, access_log))
+    }
+
+    fn assemble(config: Config, limiters: Arc<Limiters>, metrics: Metrics, access_log: Option<Arc<AccessLog>>) -> Self {
         let log_budgets: Arc<[LogBudget]> =
             config.limits.iter().map(|l| LogBudget::new(l.log_lines_per_second)).collect();
         let levels = config.limits.iter().map(|l| (l.name.clone(), line_level(l.log_level, false))).collect();
@@ -78,6 +88,7 @@ impl Proxy {
             runtime.spawn(flush_log_budgets(Arc::downgrade(&log_budgets), levels));
         }
         Proxy {
+            access_log,
             log_budgets,
             metrics: Arc::new(metrics),
             limiters,
@@ -91,16 +102,36 @@ impl Proxy {
         &self.config
     }
 
+    pub fn limiters(&self) -> &Arc<Limiters> {
+        &self.limiters
+    }
+
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }
 
     /// Serves one request that came on `conn`. Never fails: every outcome is a response.
     pub async fn handle(&self, req: Request<Incoming>, conn: &ClientConn) -> Response<ProxyBody> {
-        match self.handle_inner(req, conn).await {
+        let entry = self.access_log.as_ref().map(|log| access_log::Entry::begin(log, &req, conn.peer.ip()));
+        let mut trace = Trace::default();
+        let response = match self.handle_inner(req, conn, &mut trace).await {
             Ok(response) => response,
             // Each fault was logged where it happened, with what it concerned.
             Err(e) => response::error(&e),
+        };
+        match entry {
+            None => response,
+            Some(mut entry) => {
+                entry.status = response.status().as_u16();
+                entry.route = trace.route.map(|i| self.config.routes[i].name.clone());
+                entry.outcome = trace.outcome.map_or("-", RequestOutcome::as_str);
+                entry.upstream = trace.upstream;
+                if let Some(client) = trace.client {
+                    entry.client = client;
+                }
+                // The line is written when the body is done.
+                response.map(|body| body.logged(entry))
+            }
         }
     }
 
@@ -108,6 +139,7 @@ impl Proxy {
         &self,
         mut req: Request<Incoming>,
         conn: &ClientConn,
+        trace: &mut Trace,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let config = &self.config;
         let peer = conn.peer;
@@ -121,6 +153,7 @@ impl Proxy {
         }
         let trusted_peer = headers::is_trusted(peer.ip().to_canonical(), &config.trusted_proxies);
         let client_ip = headers::client_ip(peer.ip(), req.headers(), &config.trusted_proxies, config.forwarded);
+        trace.client = Some(client_ip);
         let host = route::request_host(req.uri(), req.headers());
         // Routes and keys see the path as nginx would; the upstream gets it as sent.
         let path = path::normalize(req.uri().path()).map_err(ProxyError::BadPath)?;
@@ -130,6 +163,7 @@ impl Proxy {
             return Err(ProxyError::NoRoute);
         };
         let route = &config.routes[index];
+        trace.route = Some(index);
 
         // Refused before it takes any quota, and unread: hyper sends no `100 Continue`.
         let declared = hyper::body::Body::size_hint(req.body()).lower();
@@ -148,7 +182,9 @@ impl Proxy {
             Decision::Reject { status, retry_after, standings, .. } => {
                 self.log_outcomes(route, &standings, &src, true);
                 let banned = standings.iter().any(|s| s.banned && !config.limits[s.limit].dry_run);
-                self.metrics.request(index, if banned { RequestOutcome::Banned } else { RequestOutcome::Rejected });
+                let outcome = if banned { RequestOutcome::Banned } else { RequestOutcome::Rejected };
+                self.metrics.request(index, outcome);
+                trace.outcome = Some(outcome);
                 let violated: SmallVec<[&str; 2]> = standings
                     .iter()
                     .filter(|s| matches!(s.outcome, Outcome::Rejected(_)) && !config.limits[s.limit].dry_run)
@@ -169,6 +205,7 @@ impl Proxy {
                     (false, false) => RequestOutcome::Delayed,
                 };
                 self.metrics.request(index, outcome);
+                trace.outcome = Some(outcome);
                 if !wait.is_zero() {
                     // A client that goes away while waiting drops this future here: its
                     // request never reaches the upstream and its permits are released.
@@ -197,6 +234,7 @@ impl Proxy {
                     Err(ProxyError::UpstreamUnreachable { .. }) => UpstreamResult::ConnectError,
                     Err(_) => UpstreamResult::Failed,
                 };
+                trace.upstream = Some(started.elapsed());
                 self.metrics.upstream(index, result, started.elapsed());
                 forwarded
                     .inspect_err(|e| match e.status().is_client_error() {
@@ -306,6 +344,15 @@ impl Proxy {
             }
         }
     }
+}
+
+/// What the request path found out about a request, for its access log line.
+#[derive(Default)]
+struct Trace {
+    client: Option<std::net::IpAddr>,
+    route: Option<usize>,
+    outcome: Option<RequestOutcome>,
+    upstream: Option<std::time::Duration>,
 }
 
 /// The level of a limit's rejection lines (`lowered`: its delay lines, one below, as

@@ -13,6 +13,7 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 use smallvec::SmallVec;
 
 use super::error::ProxyError;
+use crate::access_log::Entry;
 use crate::config::{HeaderStyle, Limit, Policy, RejectionBody, StaticResponse};
 use crate::limit::{Permits, Standing};
 
@@ -24,21 +25,30 @@ pub struct ProxyBody {
     permits: Permits,
     /// The release of global slots under way, and the frame (or end) it holds back.
     releasing: Option<(Release, Option<Frame<Bytes>>)>,
+    /// The request's access log line, written when this body is dropped.
+    access: Option<Box<Entry>>,
 }
 
 type Release = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 impl ProxyBody {
     pub fn streamed(body: Incoming) -> Self {
-        ProxyBody { inner: Either::Left(body), permits: Permits::default(), releasing: None }
+        ProxyBody { inner: Either::Left(body), permits: Permits::default(), releasing: None, access: None }
     }
 
     pub fn full(body: impl Into<Bytes>) -> Self {
-        ProxyBody { inner: Either::Right(Full::new(body.into())), permits: Permits::default(), releasing: None }
+        let inner = Either::Right(Full::new(body.into()));
+        ProxyBody { inner, permits: Permits::default(), releasing: None, access: None }
     }
 
     pub fn holding(self, permits: Permits) -> Self {
         ProxyBody { permits, ..self }
+    }
+
+    /// Counts the bytes sent into `entry`, which writes its line when the body is dropped:
+    /// sent in full, or abandoned by the client.
+    pub fn logged(self, entry: Box<Entry>) -> Self {
+        ProxyBody { access: Some(entry), ..self }
     }
 }
 
@@ -57,6 +67,9 @@ impl Body for ProxyBody {
             return Poll::Ready(held.map(Ok));
         }
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let (Some(entry), Poll::Ready(Some(Ok(frame)))) = (&mut this.access, &polled) {
+            entry.bytes += frame.data_ref().map_or(0, |d| d.len() as u64);
+        }
         let ends = match &polled {
             Poll::Ready(None) => true,
             Poll::Ready(Some(Ok(_))) => this.inner.is_end_stream(),

@@ -109,3 +109,64 @@ async fn with_a_token_every_admin_call_needs_it() {
     // The proxy's own listener serves no admin path: /metrics is the backend's.
     assert_eq!(get(sg.addr, "/metrics", &[]).await.text(), "ok");
 }
+
+#[tokio::test]
+async fn the_admin_api_shows_resets_and_unbans_keys() {
+    let sg = Sluicegate::start(
+        r#"
+listen: 127.0.0.1:0
+admin: { listen: 127.0.0.1:0 }
+trusted_proxies: [127.0.0.1/32]
+limits:
+  login: { key: ip, rate: 1r/m, ban: 10m }
+  api: { key: [ip, "header:x-api-key"], rate: 10r/m, burst: 4, nodelay: true }
+routes:
+  - match: { path: /login }
+    respond: { status: 200 }
+    limits: [login]
+  - respond: { status: 200 }
+    limits: [api]
+"#,
+    );
+    let admin = sg.admin_addr();
+    let client = [("x-forwarded-for", "192.0.2.7"), ("x-api-key", "k1")];
+    for _ in 0..3 {
+        assert_eq!(get(sg.addr, "/x", &client).await.status, 200);
+    }
+    let state = get(admin, "/limits/api?ip=192.0.2.7&header:x-api-key=k1", &[]).await;
+    assert_eq!(state.status, 200, "{}", state.text());
+    let state: serde_json::Value = serde_json::from_slice(&state.body).unwrap();
+    assert_eq!(state["windows"][0]["remaining"], 2, "{state}");
+    assert_eq!(state["windows"][0]["admits"], true);
+    // Reset: the key is fresh again.
+    let mut req = http::Request::delete("/limits/api?ip=192.0.2.7&header:x-api-key=k1").header("host", "a");
+    req = req.header("content-length", "0");
+    assert_eq!(request(admin, req.body(String::new()).unwrap()).await.status, 204);
+    let state = get(admin, "/limits/api?ip=192.0.2.7&header:x-api-key=k1", &[]).await;
+    let state: serde_json::Value = serde_json::from_slice(&state.body).unwrap();
+    assert_eq!(state["windows"][0]["remaining"], 5, "{state}");
+
+    // A ban is listed by the key's keyed hash, and lifted by it.
+    let login = [("x-forwarded-for", "198.51.100.9")];
+    assert_eq!(get(sg.addr, "/login", &login).await.status, 200);
+    assert_eq!(get(sg.addr, "/login", &login).await.status, 429);
+    let bans: serde_json::Value = serde_json::from_slice(&get(admin, "/bans", &[]).await.body).unwrap();
+    let banned = bans["login"].as_array().unwrap();
+    assert_eq!(banned.len(), 1, "{bans}");
+    assert!(banned[0]["left_ms"].as_u64().unwrap() > 590_000);
+    let state: serde_json::Value =
+        serde_json::from_slice(&get(admin, "/limits/login?ip=198.51.100.9", &[]).await.body).unwrap();
+    assert_eq!(state["key"], banned[0]["key"], "the same key, by value or by hash");
+    assert!(state["ban_left_ms"].as_u64().unwrap() > 590_000);
+    let key = banned[0]["key"].as_str().unwrap().trim_start_matches('#').to_owned();
+    let lift = http::Request::delete(format!("/bans/login/{key}")).header("host", "a").body(String::new()).unwrap();
+    assert_eq!(request(admin, lift).await.status, 204);
+    let state: serde_json::Value =
+        serde_json::from_slice(&get(admin, "/limits/login?ip=198.51.100.9", &[]).await.body).unwrap();
+    assert!(state["ban_left_ms"].is_null(), "{state}");
+    // The bucket itself still refuses until its rate admits: lifting a ban is not a reset.
+    assert_eq!(get(sg.addr, "/login", &login).await.status, 429);
+    let config: serde_json::Value = serde_json::from_slice(&get(admin, "/config", &[]).await.body).unwrap();
+    assert_eq!(config["limits"][0]["name"], "api");
+    assert_eq!(get(admin, "/limits/nope?ip=1.2.3.4", &[]).await.status, 404);
+}

@@ -37,3 +37,79 @@ async fn a_flood_of_rejections_writes_a_few_lines_a_second_and_one_summary() {
     let summary = log.lines().find(|l| l.contains("lines left out")).unwrap();
     assert!(summary.contains("ip=192.0.2.1 ("), "the most refused key is named: {summary}");
 }
+
+/// The access log's lines, once `n` are written (at most 10 s).
+fn access_lines(path: &std::path::Path, n: usize) -> Vec<String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let lines: Vec<String> = text.lines().map(str::to_owned).collect();
+        if lines.len() >= n || std::time::Instant::now() > deadline {
+            return lines;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[tokio::test]
+async fn the_access_log_has_one_json_line_per_request_with_what_became_of_it() {
+    let backend = Backend::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("access.log");
+    let sg = Sluicegate::start(&format!(
+        r#"
+listen: 127.0.0.1:0
+access_log: {{ format: json, path: "{}" }}
+upstreams:
+  b: {{ servers: ["{}"] }}
+limits:
+  l: {{ key: ip, rate: 1r/h }}
+routes:
+  - name: hello
+    match: {{ path: /hello }}
+    respond: {{ status: 200, body: "hello\n" }}
+    limits: [l]
+  - name: api
+    match: {{ path_prefix: /api }}
+    upstream: b
+"#,
+        path.display(),
+        backend.addr
+    ));
+    assert_eq!(get(sg.addr, "/hello?x=1", &[("user-agent", "probe/1")]).await.status, 200);
+    assert_eq!(get(sg.addr, "/hello", &[]).await.status, 429);
+    assert_eq!(get(sg.addr, "/nothing", &[]).await.status, 404);
+    assert_eq!(get(sg.addr, "/api/x", &[]).await.status, 200);
+    let lines = access_lines(&path, 4);
+    let json: Vec<serde_json::Value> = lines.iter().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(json.len(), 4, "{lines:?}");
+    let field = |i: usize, name: &str| json[i][name].clone();
+    assert_eq!(field(0, "target"), "/hello?x=1");
+    assert_eq!((field(0, "status"), field(0, "bytes")), (200.into(), 6.into()));
+    assert_eq!((field(0, "route"), field(0, "outcome")), ("hello".into(), "passed".into()));
+    assert_eq!((field(0, "client"), field(0, "user_agent")), ("127.0.0.1".into(), "probe/1".into()));
+    assert_eq!((field(1, "status"), field(1, "outcome")), (429.into(), "rejected".into()));
+    assert_eq!(
+        (field(2, "status"), field(2, "route"), field(2, "outcome")),
+        (404.into(), serde_json::Value::Null, "-".into())
+    );
+    assert_eq!((field(3, "status"), field(3, "route"), field(3, "bytes")), (200.into(), "api".into(), 2.into()));
+    assert!(field(3, "upstream_ms").as_f64().unwrap() > 0.0);
+    assert!(field(0, "upstream_ms").is_null(), "a static route has no upstream time");
+    assert!(field(0, "time").as_str().unwrap().ends_with('Z'));
+}
+
+#[tokio::test]
+async fn the_access_log_speaks_nginx_combined() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("access.log");
+    let sg = Sluicegate::start(&format!(
+        "listen: 127.0.0.1:0\naccess_log: {{ format: combined, path: \"{}\" }}\nroutes:\n  - respond: {{ status: 201, body: abc }}\n",
+        path.display()
+    ));
+    get(sg.addr, "/a?b=c", &[("referer", "http://r.example/"), ("user-agent", "curl/8.0")]).await;
+    let lines = access_lines(&path, 1);
+    let line = &lines[0];
+    assert!(line.starts_with("127.0.0.1 - - ["), "{line}");
+    assert!(line.ends_with(r#"] "GET /a?b=c HTTP/1.1" 201 3 "http://r.example/" "curl/8.0""#), "{line}");
+}
