@@ -189,6 +189,22 @@ async fn a_client_offering_only_tls_1_1_is_refused() {
 }
 
 #[tokio::test]
+async fn min_version_1_3_refuses_a_tls_1_2_client() {
+    let pki = Pki::new();
+    let backend = Backend::start().await;
+    let yaml = pki
+        .config(backend.addr, "")
+        .replace("    tls:\n      certificates:", "    tls:\n      min_version: \"1.3\"\n      certificates:");
+    assert!(yaml.contains("min_version"));
+    let sg = Sluicegate::start(&yaml);
+    let addr = tls_addr(&sg);
+    let (ok, text) = tokio::task::spawn_blocking(move || s_client(addr, &["-tls1_2"])).await.unwrap();
+    assert!(!ok && text.contains("no peer certificate available"), "TLS 1.2 accepted:\n{text}");
+    let (ok, text) = tokio::task::spawn_blocking(move || s_client(addr, &["-tls1_3"])).await.unwrap();
+    assert!(ok && text.contains("TLSv1.3"), "{text}");
+}
+
+#[tokio::test]
 async fn a_client_that_never_sends_its_hello_is_closed_after_header_read_timeout() {
     let pki = Pki::new();
     let backend = Backend::start().await;
