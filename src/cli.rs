@@ -32,6 +32,8 @@ pub enum Command {
     /// Validate the configuration, then have the running instance reload it through its
     /// admin listener (`admin.listen`; like `nginx -s reload`, or SIGHUP).
     Reload,
+    /// Print the JSON Schema of the configuration file (for editors' YAML support).
+    Schema,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]

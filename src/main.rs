@@ -7,6 +7,10 @@ use sluicegate::{config, server};
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    if cli.command == Some(Command::Schema) {
+        println!("{}", sluicegate::config::schema());
+        return ExitCode::SUCCESS;
+    }
     let Some(path) = &cli.config else {
         eprintln!("sluicegate: no configuration given; use -c FILE (see config.example.yaml)");
         return ExitCode::from(2);
@@ -39,7 +43,7 @@ async fn main() -> ExitCode {
                 }
             };
         }
-        Some(Command::Run) | None => {}
+        Some(Command::Run | Command::Schema) | None => {}
     }
     init_tracing(&cli);
     for warning in &config.warnings {

@@ -46,6 +46,9 @@ pub struct Server {
     admin: Option<TcpListener>,
     running: Arc<Running>,
     max_connections: usize,
+    /// SIGHUPs, listened for from `bind` on: one that comes before `run` must not end
+    /// the process (the default action) but wait for it.
+    hangups: tokio::sync::mpsc::Receiver<()>,
 }
 
 /// What every connection, the admin listener and a reload share: the proxy of the
@@ -95,7 +98,7 @@ impl Server {
             reload_failure: Mutex::new(None),
             reloads: Notify::new(),
         };
-        Ok(Server { listeners, admin, running: Arc::new(running), max_connections })
+        Ok(Server { listeners, admin, running: Arc::new(running), max_connections, hangups: hangups() })
     }
 
     /// Each listener's bound address, and whether it speaks TLS.
@@ -118,7 +121,6 @@ impl Server {
             }
             tokio::spawn(crate::admin::serve(listener, admin, Arc::clone(&self.running)));
         }
-        let mut hangups = hangups();
         // Established connections keep being served at the cap; new ones wait in the
         // listen backlog until one closes (as nginx does at `worker_connections`).
         let slots = Arc::new(Semaphore::new(self.max_connections));
@@ -128,7 +130,7 @@ impl Server {
         loop {
             let accepted = tokio::select! {
                 accepted = accept(&self.listeners, &slots, &mut turn) => accepted,
-                Some(()) = hangups.recv() => {
+                Some(()) = self.hangups.recv() => {
                     self.reload();
                     continue;
                 }

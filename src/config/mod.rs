@@ -293,6 +293,14 @@ pub enum LoadError {
     Invalid(Vec<ConfigError>),
 }
 
+/// The JSON Schema of the configuration file, derived from the types that parse it
+/// (`raw`), so that it cannot drift from what `check` accepts. Values with a syntax of
+/// their own (rates, durations, addresses) are strings in it; `check` tells the rest.
+pub fn schema() -> String {
+    let schema = schemars::schema_for!(raw::RawConfig);
+    serde_json::to_string_pretty(&schema).unwrap_or_default()
+}
+
 /// Reads and compiles the file at `path`.
 pub fn load(path: &Path) -> Result<Config, LoadError> {
     let file = path.display().to_string();

@@ -6,9 +6,10 @@
 
 use std::collections::BTreeMap;
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
     pub listen: RawListen,
@@ -38,21 +39,21 @@ pub struct RawConfig {
 }
 
 /// `listen: 0.0.0.0:8080`, or a list of addresses and `{address, tls}` listeners.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum RawListen {
     One(String),
     Many(Vec<RawListener>),
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum RawListener {
     Address(String),
     Full(RawFullListener),
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawFullListener {
     pub address: String,
@@ -61,7 +62,7 @@ pub struct RawFullListener {
 
 /// `tls: {cert, key}` (one certificate for every name), or `tls: {certificates: [...]}`
 /// chosen by SNI.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawTls {
     pub cert: Option<String>,
@@ -72,7 +73,7 @@ pub struct RawTls {
     pub min_version: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawCertificate {
     pub cert: String,
@@ -81,7 +82,7 @@ pub struct RawCertificate {
     pub names: Vec<String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawServer {
     pub header_read_timeout: Option<String>,
@@ -94,7 +95,7 @@ pub struct RawServer {
 }
 
 /// A byte count: a YAML integer, or text with a unit (`10m`).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum RawSize {
     Bytes(u64),
@@ -102,14 +103,14 @@ pub enum RawSize {
 }
 
 /// The admin listener: health, metrics, admin API.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawAdmin {
     pub listen: String,
     pub token: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawUpstream {
     pub servers: Vec<String>,
@@ -119,7 +120,7 @@ pub struct RawUpstream {
 }
 
 /// The Redis that global limits share.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawRedis {
     pub url: String,
@@ -139,7 +140,7 @@ pub struct RawRedis {
     pub near_cache_keys: Option<u64>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawLimit {
     pub key: RawKey,
@@ -175,7 +176,7 @@ pub struct RawLimit {
 }
 
 /// Where a limit keeps its state: in this process, or in Redis, shared by every instance.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ScopeName {
     Local,
@@ -183,7 +184,7 @@ pub enum ScopeName {
 }
 
 /// What a global limit does while Redis cannot answer in time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum OnStoreError {
     /// Admit the request (fail open).
@@ -195,7 +196,7 @@ pub enum OnStoreError {
 }
 
 /// Requests matching `match` are decided by the limit named in `use` instead.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawOverride {
     #[serde(rename = "match")]
@@ -205,7 +206,7 @@ pub struct RawOverride {
 }
 
 /// `algorithm:` of a limit (default: the nginx leaky bucket).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum AlgorithmName {
     LeakyBucket,
@@ -219,7 +220,7 @@ pub enum AlgorithmName {
 
 /// Level of a limit's rejection lines; its delay lines go one level lower (like nginx
 /// `limit_req_log_level`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum LogLevel {
     Error,
@@ -229,14 +230,14 @@ pub enum LogLevel {
 }
 
 /// `key: ip` or `key: [ip, "header:x-api-key"]`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum RawKey {
     One(String),
     Many(Vec<String>),
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawRoute {
     pub name: Option<String>,
@@ -253,7 +254,7 @@ pub struct RawRoute {
 }
 
 /// Requests exempt from limits: any matching entry is enough.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawAllow {
     #[serde(default)]
@@ -264,7 +265,7 @@ pub struct RawAllow {
     pub tokens: Vec<String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawMatch {
     pub host: Option<String>,
@@ -273,7 +274,7 @@ pub struct RawMatch {
     pub methods: Option<Vec<String>>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawRespond {
     pub status: Option<u16>,
@@ -283,7 +284,7 @@ pub struct RawRespond {
 }
 
 /// `access_log:`: one line per request.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawAccessLog {
     #[serde(default)]
@@ -292,7 +293,7 @@ pub struct RawAccessLog {
     pub path: Option<String>,
 }
 
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum AccessFormat {
     /// One JSON object per line.
@@ -303,7 +304,7 @@ pub enum AccessFormat {
 }
 
 /// Which responses carry `RateLimit-Policy` / `RateLimit` headers.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum HeaderMode {
     None,
@@ -315,7 +316,7 @@ pub enum HeaderMode {
 }
 
 /// Which rate-limit header fields are sent.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum HeaderStyle {
     /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers).
@@ -328,7 +329,7 @@ pub enum HeaderStyle {
 
 /// Which forwarding fields go upstream, and which one names the client behind a
 /// trusted proxy.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ForwardedMode {
     /// `X-Forwarded-For`, `-Proto`, `-Host`.
@@ -341,7 +342,7 @@ pub enum ForwardedMode {
 }
 
 /// The body of a rejection.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RejectionBody {
     /// The status's reason phrase, as text.

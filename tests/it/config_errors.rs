@@ -325,3 +325,18 @@ fn text_logs_carry_no_colour_codes_when_stderr_is_not_a_terminal() {
     assert!(line.contains("listening"), "{line}");
     assert!(!line.contains('\u{1b}'), "escape codes in {line:?}");
 }
+
+#[test]
+fn the_printed_schema_accepts_the_example_and_refuses_unknown_keys() {
+    let out = binary().arg("schema").output().unwrap();
+    assert!(out.status.success());
+    let schema: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    let example = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config.example.yaml")).unwrap();
+    let example: serde_json::Value = serde_saphyr::from_str(&example).unwrap();
+    let errors: Vec<String> = validator.iter_errors(&example).map(|e| e.to_string()).collect();
+    assert!(errors.is_empty(), "{errors:?}");
+    let wrong: serde_json::Value =
+        serde_saphyr::from_str("listen: 127.0.0.1:8080\nlimits:\n  a: { key: ip, rat: 5r/s }\n").unwrap();
+    assert!(!validator.is_valid(&wrong), "an unknown key passed the schema");
+}
