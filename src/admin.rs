@@ -225,7 +225,12 @@ fn describe(config: &Config) -> serde_json::Value {
             })
         })
         .collect();
-    serde_json::json!({ "listen": config.listen.to_string(), "routes": routes, "limits": limits })
+    let listen: Vec<_> = config
+        .listeners
+        .iter()
+        .map(|l| serde_json::json!({ "address": l.address.to_string(), "tls": l.tls.is_some() }))
+        .collect();
+    serde_json::json!({ "listen": listen, "routes": routes, "limits": limits })
 }
 
 fn json(status: StatusCode, value: &impl serde::Serialize) -> Response<Full<Bytes>> {

@@ -1,7 +1,7 @@
 //! sluicegate: an HTTP reverse proxy with rate limiting built in.
 //!
 //! ```text
-//! accept (server)          HTTP/1.1 and h2c, connection cap, timeouts (watchdog), graceful shutdown
+//! accept (server)          listeners, TLS, HTTP/1.1 and HTTP/2, connection cap, timeouts (watchdog), graceful shutdown
 //!   -> client address      peer, or rightmost untrusted X-Forwarded-For hop (proxy::headers)
 //!   -> route               first match on host, normalized path (path), method (proxy::route)
 //!   -> allow-list, cost    exempt requests skip the limits; what a request weighs

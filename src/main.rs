@@ -25,6 +25,9 @@ async fn main() -> ExitCode {
     };
     match cli.command {
         Some(Command::Check) => {
+            for warning in &config.warnings {
+                eprintln!("warning: {warning}");
+            }
             println!("{}: configuration is valid", path.display());
             return ExitCode::SUCCESS;
         }
@@ -43,6 +46,9 @@ async fn main() -> ExitCode {
         Some(Command::Run | Command::Schema) | None => {}
     }
     init_tracing(&cli);
+    for warning in &config.warnings {
+        tracing::warn!("{warning}");
+    }
     let server = match server::Server::bind(config, Some(path.clone())).await {
         Ok(server) => server,
         Err(e) => {
@@ -50,8 +56,8 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if let Ok(addr) = server.local_addr() {
-        tracing::info!(%addr, "listening");
+    for (addr, tls) in server.local_addrs().unwrap_or_default() {
+        tracing::info!(%addr, tls, "listening");
     }
     let shutdown = async {
         server::shutdown_signal().await;

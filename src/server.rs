@@ -1,6 +1,9 @@
-//! The listener: accepts connections up to `server.max_connections`, serves HTTP/1.1 and
-//! h2c on each (hyper-util's auto builder) under the connection watchdog's timeouts, and
-//! on shutdown stops accepting and lets in-flight requests finish within the grace period.
+//! The listeners: accept connections up to `server.max_connections` (all listeners
+//! together), end TLS where a listener has it, serve HTTP/1.1 and HTTP/2 on each
+//! (hyper-util's auto builder; h2c in plain text, ALPN over TLS) under the connection
+//! watchdog's timeouts, reload the configuration (certificates included) on SIGHUP, and
+//! on shutdown stop accepting and let in-flight requests and tunnels finish within the
+//! grace period.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -16,12 +19,13 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{Notify, Semaphore, watch};
+use tokio_rustls::TlsAcceptor;
 use tracing::{debug, error, info, warn};
 
 use arc_swap::ArcSwap;
 
 use crate::config::{self, Config, MAX_CONNECTIONS};
-use crate::proxy::Proxy;
+use crate::proxy::{ClientConn, Proxy};
 use crate::watchdog::{self, DriveError, Timeouts, Watch, WatchedBody, WatchedIo};
 
 /// Connections the kernel queues before `accept`; it caps this at `net.core.somaxconn`.
@@ -39,7 +43,8 @@ const HEAD_SLACK_BYTES: usize = 1024;
 const RESERVED_FILES: u64 = 64;
 
 pub struct Server {
-    listener: TcpListener,
+    /// One per `listen` entry, in the same order.
+    listeners: Vec<TcpListener>,
     /// The admin listener, when `admin.listen` is set.
     admin: Option<TcpListener>,
     running: Arc<Running>,
@@ -84,7 +89,7 @@ impl Server {
     /// from that file.
     pub async fn bind(config: Config, source: Option<PathBuf>) -> std::io::Result<Server> {
         let max_connections = config.max_connections.unwrap_or_else(|| default_max_connections(open_file_limit()));
-        let listener = listen(config.listen)?;
+        let listeners = config.listeners.iter().map(|l| listen(l.address)).collect::<std::io::Result<_>>()?;
         info!(max_connections, "connection limit");
         let admin = match &config.admin {
             Some(admin) => Some(TcpListener::bind(admin.listen).await?),
@@ -96,11 +101,14 @@ impl Server {
             reload_failure: Mutex::new(None),
             reloads: Notify::new(),
         };
-        Ok(Server { listener, admin, running: Arc::new(running), max_connections, hangups: hangups() })
+        Ok(Server { listeners, admin, running: Arc::new(running), max_connections, hangups: hangups() })
     }
 
-    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.listener.local_addr()
+    /// Each listener's bound address, and whether it speaks TLS.
+    pub fn local_addrs(&self) -> std::io::Result<Vec<(SocketAddr, bool)>> {
+        let proxy = self.running.proxy();
+        let tls = |i: usize| proxy.config().listeners.get(i).is_some_and(|l| l.tls.is_some());
+        self.listeners.iter().enumerate().map(|(i, l)| Ok((l.local_addr()?, tls(i)))).collect()
     }
 
     /// Serves until `shutdown` completes, then drains.
@@ -120,10 +128,11 @@ impl Server {
         // listen backlog until one closes (as nginx does at `worker_connections`).
         let slots = Arc::new(Semaphore::new(self.max_connections));
         let (stop, stopping) = watch::channel(());
+        let mut turn = 0;
         tokio::pin!(shutdown);
         loop {
             let accepted = tokio::select! {
-                accepted = accept(&self.listener, &slots) => accepted,
+                accepted = accept(&self.listeners, &slots, &mut turn) => accepted,
                 Some(()) = self.hangups.recv() => {
                     self.reload();
                     continue;
@@ -134,11 +143,11 @@ impl Server {
                 }
                 () = &mut shutdown => break,
             };
-            let Some((stream, peer, slot)) = accepted else { continue };
+            let Some((stream, peer, slot, index)) = accepted else { continue };
             debug!(%peer, "connection accepted");
             let _ = stream.set_nodelay(true);
-            let config = self.running.proxy.load();
-            let config = config.config();
+            let proxy = self.running.proxy();
+            let config = proxy.config();
             // Sized from the head limits of the configuration in force when the
             // connection opens (a reload applies to later connections).
             builder.http1().max_buf_size(http1_buffer_bytes(config));
@@ -148,33 +157,32 @@ impl Server {
                 idle: config.idle_timeout,
                 send: config.send_timeout,
             };
-            let running = Arc::clone(&self.running);
-            let watch = Watch::new();
-            let requests = Arc::clone(&watch);
-            let service = service_fn(move |req: Request<Incoming>| {
-                let proxy = running.proxy();
-                let in_flight = requests.request(req.version());
-                async move { Ok::<_, Infallible>(proxy.handle(req, peer).await.map(|b| WatchedBody::new(b, in_flight))) }
-            });
-            let io = WatchedIo::new(TokioIo::new(stream), Arc::clone(&watch));
-            let connection = builder.serve_connection(io, service).into_owned();
-            let mut stopping = stopping.clone();
+            // The certificates of the configuration in force: a reload's apply to the
+            // connections accepted after it.
+            let tls = config.listeners.get(index).and_then(|l| l.tls.as_ref());
+            let tls = tls.map(|t| TlsAcceptor::from(Arc::clone(&t.server_config)));
+            let stopping = stopping.clone();
+            let hold = Arc::new(ConnectionHold { _slot: slot, _draining: stopping.clone() });
+            let serving = Serving { running: Arc::clone(&self.running), builder: builder.clone(), timeouts, stopping };
             tokio::spawn(async move {
-                // Borrowed, not moved: the receiver must live until the connection ends,
-                // as the shutdown waits for every receiver to go.
-                let shutdown = async {
-                    let _ = stopping.changed().await;
+                // The handshake counts against `header_read_timeout`, as the first
+                // request's headers do: the watch starts before it.
+                let watch = Watch::new();
+                let Some(acceptor) = tls else {
+                    let conn = ClientConn { peer, tls: false, hold };
+                    return serving.serve(TokioIo::new(stream), conn, watch).await;
                 };
-                let goodbye = |conn: std::pin::Pin<&mut _>| auto::Connection::graceful_shutdown(conn);
-                match watchdog::drive(connection, goodbye, &watch, timeouts, shutdown).await {
-                    Ok(()) => {}
-                    Err(DriveError::Connection(e)) => debug!(%peer, error = %e, "connection ended with an error"),
-                    Err(DriveError::Expired(why)) => debug!(%peer, timeout = why.as_str(), "connection closed"),
+                match tokio::time::timeout(timeouts.header_read, acceptor.accept(stream)).await {
+                    Ok(Ok(stream)) => {
+                        let conn = ClientConn { peer, tls: true, hold };
+                        serving.serve(TokioIo::new(stream), conn, watch).await;
+                    }
+                    Ok(Err(e)) => debug!(%peer, error = %e, "TLS handshake failed"),
+                    Err(_) => debug!(%peer, timeout = "header_read_timeout", "TLS handshake not done in time"),
                 }
-                drop((slot, stopping));
             });
         }
-        drop(self.listener);
+        drop(std::mem::take(&mut self.listeners));
         let grace = self.running.proxy().config().shutdown_grace;
         info!(grace_ms = grace.as_millis() as u64, "shutting down: finishing in-flight requests");
         let _ = stop.send(());
@@ -187,8 +195,8 @@ impl Server {
 }
 
 impl Server {
-    /// Reloads the configuration from its file: all of it or, if it is invalid or its
-    /// `listen` address cannot be bound, none of it (every error is logged, the running
+    /// Reloads the configuration from its file (certificates included): all of it or, if
+    /// it is invalid or a new `listen` address cannot be bound, none of it (every error is logged, the running
     /// configuration stays, and `/readyz` and `sluicegate_reloads_total` say so).
     fn reload(&mut self) {
         let Some(path) = &self.running.source else {
@@ -202,7 +210,12 @@ impl Server {
             *self.running.reload_failure.lock().unwrap_or_else(PoisonError::into_inner) = Some(why);
         };
         let config = match config::load(path) {
-            Ok(config) => config,
+            Ok(config) => {
+                for warning in &config.warnings {
+                    warn!("{warning}");
+                }
+                config
+            }
             Err(e) => {
                 for line in e.to_string().lines() {
                     error!("{line}");
@@ -210,16 +223,21 @@ impl Server {
                 return fail(e.to_string());
             }
         };
-        let listener = if config.listen == old.config().listen {
+        let addresses = |c: &Config| c.listeners.iter().map(|l| l.address).collect::<Vec<_>>();
+        let listeners = if addresses(&config) == addresses(old.config()) {
             None
         } else {
-            match listen(config.listen) {
-                Ok(listener) => Some(listener),
-                Err(e) => {
-                    error!(addr = %config.listen, error = %e, "cannot listen on the reloaded address");
-                    return fail(format!("cannot listen on {}: {e}", config.listen));
+            let mut bound = Vec::new();
+            for address in addresses(&config) {
+                match listen(address) {
+                    Ok(listener) => bound.push(listener),
+                    Err(e) => {
+                        error!(addr = %address, error = %e, "cannot listen on the reloaded address");
+                        return fail(format!("cannot listen on {address}: {e}"));
+                    }
                 }
             }
+            Some(bound)
         };
         if config.admin.as_ref().map(|a| a.listen) != old.config().admin.as_ref().map(|a| a.listen) {
             warn!("admin.listen changes at the next restart; the admin listener stays where it is");
@@ -235,12 +253,12 @@ impl Server {
         self.running.proxy.store(Arc::new(proxy));
         *self.running.reload_failure.lock().unwrap_or_else(PoisonError::into_inner) = None;
         info!(file = %path.display(), kept = ?kept, fresh = ?fresh, "configuration reloaded: limits kept their state or started fresh");
-        if let Some(listener) = listener {
-            if let Ok(addr) = listener.local_addr() {
-                info!(%addr, "listening");
+        if let Some(listeners) = listeners {
+            // Connections accepted on the old addresses are served to their end.
+            self.listeners = listeners;
+            for (addr, tls) in self.local_addrs().unwrap_or_default() {
+                info!(%addr, tls, "listening");
             }
-            // Connections accepted on the old address are served to their end.
-            self.listener = listener;
         }
     }
 }
@@ -271,16 +289,77 @@ fn hangups() -> tokio::sync::mpsc::Receiver<()> {
     rx
 }
 
-/// The next connection, once a slot is free; `None` when accepting failed.
+/// What a connection task needs to serve its connection.
+struct Serving {
+    running: Arc<Running>,
+    builder: auto::Builder<TokioExecutor>,
+    timeouts: Timeouts,
+    stopping: watch::Receiver<()>,
+}
+
+impl Serving {
+    /// Serves HTTP/1.1 (with upgrades) or HTTP/2 on one client connection under the
+    /// watchdog, until it closes or the shutdown's graceful close ends it.
+    async fn serve<I>(mut self, io: I, conn: ClientConn, watch: Arc<Watch>)
+    where
+        I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    {
+        let peer = conn.peer;
+        let (running, requests, conn) = (Arc::clone(&self.running), Arc::clone(&watch), Arc::new(conn));
+        let service = service_fn(move |req: Request<Incoming>| {
+            let (proxy, conn) = (running.proxy(), Arc::clone(&conn));
+            let in_flight = requests.request(req.version());
+            async move { Ok::<_, Infallible>(proxy.handle(req, &conn).await.map(|b| WatchedBody::new(b, in_flight))) }
+        });
+        let io = WatchedIo::new(io, Arc::clone(&watch));
+        let connection = self.builder.serve_connection_with_upgrades(io, service);
+        // Borrowed, not moved: the receiver must live until the connection ends, as the
+        // shutdown waits for every receiver to go.
+        let stopping = &mut self.stopping;
+        let shutdown = async {
+            let _ = stopping.changed().await;
+        };
+        let goodbye = |conn: std::pin::Pin<&mut _>| auto::UpgradeableConnection::graceful_shutdown(conn);
+        match watchdog::drive(connection, goodbye, &watch, self.timeouts, shutdown).await {
+            Ok(()) => {}
+            Err(DriveError::Connection(e)) => debug!(%peer, error = %e, "connection ended with an error"),
+            Err(DriveError::Expired(why)) => debug!(%peer, timeout = why.as_str(), "connection closed"),
+        }
+    }
+}
+
+/// What a client connection holds while it lives, and an upgraded connection (a tunnel)
+/// after hyper has let it go: its place under `max_connections`, and a receiver of the
+/// shutdown signal, which the shutdown waits (at most the grace period) to see dropped.
+pub struct ConnectionHold {
+    _slot: tokio::sync::OwnedSemaphorePermit,
+    _draining: watch::Receiver<()>,
+}
+
+/// The next connection on any of `listeners`, once a slot is free, with the index of
+/// its listener; `None` when accepting failed. The listener asked first takes `turn`s,
+/// so a busy one cannot starve the others.
 async fn accept(
-    listener: &TcpListener,
+    listeners: &[TcpListener],
     slots: &Arc<Semaphore>,
-) -> Option<(tokio::net::TcpStream, SocketAddr, tokio::sync::OwnedSemaphorePermit)> {
+    turn: &mut usize,
+) -> Option<(tokio::net::TcpStream, SocketAddr, tokio::sync::OwnedSemaphorePermit, usize)> {
     // The semaphore is never closed.
     let slot = Arc::clone(slots).acquire_owned().await.ok()?;
-    match listener.accept().await {
-        Ok((stream, peer)) => Some((stream, peer, slot)),
-        Err(e) => {
+    *turn = turn.wrapping_add(1);
+    let first = *turn;
+    let accepted = std::future::poll_fn(|cx| {
+        for i in 0..listeners.len() {
+            let index = (first + i) % listeners.len();
+            if let std::task::Poll::Ready(result) = listeners[index].poll_accept(cx) {
+                return std::task::Poll::Ready((index, result));
+            }
+        }
+        std::task::Poll::Pending
+    });
+    match accepted.await {
+        (index, Ok((stream, peer))) => Some((stream, peer, slot, index)),
+        (_, Err(e)) => {
             // Out of file descriptors and the like: back off instead of spinning.
             warn!(error = %e, "accept failed");
             tokio::time::sleep(Duration::from_millis(50)).await;

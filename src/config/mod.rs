@@ -8,6 +8,7 @@ mod limits;
 mod position;
 mod raw;
 mod store;
+pub mod tls;
 pub mod units;
 mod upstreams;
 mod validate;
@@ -24,13 +25,14 @@ use ipnet::IpNet;
 
 use crate::limit::allow::Allow;
 use crate::limit::key::KeySpec;
-pub use raw::{AccessFormat, HeaderMode, HeaderStyle, LogKeys, LogLevel, OnStoreError, RejectionBody};
+pub use raw::{AccessFormat, ForwardedMode, HeaderMode, HeaderStyle, LogKeys, LogLevel, OnStoreError, RejectionBody};
 pub use units::Rate;
 pub use validate::MAX_CONNECTIONS;
 
 #[derive(Debug)]
 pub struct Config {
-    pub listen: SocketAddr,
+    /// At least one.
+    pub listeners: Vec<Listener>,
     pub trusted_proxies: Vec<IpNet>,
     /// Longest wait for a request's headers: from accept to the first request (protocol
     /// preface included), and on HTTP/1 from a request's first byte to its last header.
@@ -47,6 +49,9 @@ pub struct Config {
     /// A request whose target (path and query) is longer than this gets 414.
     pub max_uri_bytes: usize,
     pub shutdown_grace: Duration,
+    /// Longest wait for the next piece of a request body once the upstream asks for it
+    /// (nginx `client_body_timeout`); past it the request is cut and answered 408.
+    pub body_read_timeout: Duration,
     /// The admin listener (`None`: off).
     pub admin: Option<Admin>,
     /// The access log (`None`: off).
@@ -56,6 +61,11 @@ pub struct Config {
     pub rejection_body: RejectionBody,
     /// How log lines show keys: credentials hashed unless the operator opts in.
     pub log_keys: LogKeys,
+    /// Forwarding fields sent upstream and read from trusted proxies.
+    pub forwarded: ForwardedMode,
+    /// What is wrong but does not stop the load (an expired certificate): `check`
+    /// prints these, `run` and a reload log them.
+    pub warnings: Vec<ConfigError>,
     pub upstreams: Vec<Upstream>,
     /// The Redis of global limits (required when one is global).
     pub redis: Option<Redis>,
@@ -79,6 +89,13 @@ pub struct Admin {
     pub token: Option<String>,
 }
 
+/// An address to accept clients on, in plain text or TLS.
+#[derive(Debug)]
+pub struct Listener {
+    pub address: SocketAddr,
+    pub tls: Option<tls::Tls>,
+}
+
 #[derive(Debug)]
 pub struct Upstream {
     pub name: String,
@@ -97,6 +114,8 @@ pub struct Upstream {
     /// How `https://` servers are verified.
     pub tls: UpstreamTls,
     pub health_check: Option<HealthCheck>,
+    /// An upgraded connection (WebSocket) through which nothing moves this long is closed.
+    pub tunnel_idle_timeout: Duration,
 }
 
 /// Active health check: every `interval`, `GET path` on each server; a server that does
@@ -264,6 +283,9 @@ pub struct Route {
     pub cost: Cost,
     /// What a forwarded request and its response are changed in.
     pub rewrite: Rewrite,
+    /// Largest request body forwarded (the route's own, else `server.max_body_bytes`);
+    /// `None`: unlimited.
+    pub max_body_bytes: Option<u64>,
 }
 
 /// Changes to a forwarded request and its response, per route.

@@ -12,7 +12,7 @@ use serde::Deserialize;
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
-    pub listen: String,
+    pub listen: RawListen,
     #[serde(default)]
     pub trusted_proxies: Vec<String>,
     #[serde(default)]
@@ -30,12 +30,58 @@ pub struct RawConfig {
     #[serde(default)]
     pub redact_keys: bool,
     #[serde(default)]
+    pub forwarded: ForwardedMode,
+    #[serde(default)]
     pub upstreams: BTreeMap<String, RawUpstream>,
     pub redis: Option<RawRedis>,
     #[serde(default)]
     pub limits: BTreeMap<String, RawLimit>,
     #[serde(default)]
     pub routes: Vec<RawRoute>,
+}
+
+/// `listen: 0.0.0.0:8080`, or a list of addresses and `{address, tls}` listeners.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum RawListen {
+    One(String),
+    Many(Vec<RawListener>),
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum RawListener {
+    Address(String),
+    Full(RawFullListener),
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawFullListener {
+    pub address: String,
+    pub tls: Option<RawTls>,
+}
+
+/// `tls: {cert, key}` (one certificate for every name), or `tls: {certificates: [...]}`
+/// chosen by SNI.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawTls {
+    pub cert: Option<String>,
+    pub key: Option<String>,
+    #[serde(default)]
+    pub certificates: Vec<RawCertificate>,
+    /// `"1.2"` (default) or `"1.3"`.
+    pub min_version: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawCertificate {
+    pub cert: String,
+    pub key: String,
+    #[serde(default)]
+    pub names: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize, JsonSchema)]
@@ -48,6 +94,16 @@ pub struct RawServer {
     pub max_header_bytes: Option<u64>,
     pub max_uri_bytes: Option<u64>,
     pub shutdown_grace: Option<String>,
+    pub max_body_bytes: Option<RawSize>,
+    pub body_read_timeout: Option<String>,
+}
+
+/// A byte count: a YAML integer, or text with a unit (`10m`).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum RawSize {
+    Bytes(u64),
+    Text(String),
 }
 
 /// The admin listener: health, metrics, admin API.
@@ -72,6 +128,7 @@ pub struct RawUpstream {
     pub http2: Option<bool>,
     pub tls: Option<RawUpstreamTls>,
     pub health_check: Option<RawHealthCheck>,
+    pub tunnel_idle_timeout: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -258,6 +315,7 @@ pub struct RawRoute {
     #[serde(default)]
     pub set_response_headers: BTreeMap<String, String>,
     pub upstream_host: Option<String>,
+    pub max_body_bytes: Option<RawSize>,
 }
 
 /// `rewrite: { prefix: /api/, to: / }`: the path sent upstream.
@@ -339,6 +397,20 @@ pub enum HeaderStyle {
     Draft,
     /// `X-RateLimit-Limit`, `-Remaining`, `-Reset`.
     Legacy,
+    Both,
+}
+
+/// Which forwarding fields go upstream, and which one names the client behind a
+/// trusted proxy.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ForwardedMode {
+    /// `X-Forwarded-For`, `-Proto`, `-Host`.
+    #[default]
+    XForwarded,
+    /// `Forwarded` (RFC 7239).
+    Rfc7239,
+    /// Both sent; the client is read from `Forwarded` when a request has one.
     Both,
 }
 

@@ -111,6 +111,24 @@ pub fn parse_rate(text: &str) -> Result<Rate, String> {
     Ok(rate)
 }
 
+/// A byte count as nginx writes it: `1048576`, `512k`, `10m`, `1g` (multiples of 1024;
+/// `KiB`/`MiB`/`GiB` and `kb`/`mb`/`gb` are read the same way).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let bad = || format!("invalid size {text:?}; write bytes or a number with k, m or g, e.g. 1048576, 512k, 10m");
+    let trimmed = text.trim();
+    let split = trimmed.find(|c: char| !c.is_ascii_digit()).unwrap_or(trimmed.len());
+    let (digits, unit) = trimmed.split_at(split);
+    let count: u64 = digits.parse().map_err(|_| bad())?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        _ => return Err(bad()),
+    };
+    count.checked_mul(1 << shift).ok_or_else(bad)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,6 +149,17 @@ mod tests {
         for bad in ["", "10", "0r/s", "-1r/s", "1.5r/s", "10r/", "10r/parsec", "10r/0s"] {
             let err = parse_rate(bad).unwrap_err();
             assert!(err.contains("invalid rate"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn sizes_are_bytes_or_binary_multiples() {
+        assert_eq!(parse_size("1048576").unwrap(), 1 << 20);
+        assert_eq!(parse_size("512k").unwrap(), 512 << 10);
+        assert_eq!(parse_size("10MiB").unwrap(), 10 << 20);
+        assert_eq!(parse_size("1 g").unwrap(), 1 << 30);
+        for bad in ["", "k", "1.5m", "10t", "-1", "99999999999999999999g"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
         }
     }
 

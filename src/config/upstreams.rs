@@ -28,6 +28,9 @@ const DEFAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 /// Weights past this say nothing a smaller ratio could not, and keep sums far from overflow.
 const MAX_WEIGHT: u32 = 10_000;
 
+/// An upgraded connection (WebSocket) idle this long is closed.
+const DEFAULT_TUNNEL_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
+
 pub(super) fn upstream(e: &mut Errors<'_>, name: &str, raw: &RawUpstream) -> Upstream {
     let at = format!("upstreams.{name}");
     check_name(e, &at, name);
@@ -77,6 +80,12 @@ pub(super) fn upstream(e: &mut Errors<'_>, name: &str, raw: &RawUpstream) -> Ups
         retries: raw.retries.unwrap_or(DEFAULT_RETRIES),
         http2: raw.http2.unwrap_or(false),
         health_check: raw.health_check.as_ref().map(|h| health_check(e, &format!("{at}.health_check"), h)),
+        tunnel_idle_timeout: super::validate::connection_timeout(
+            e,
+            &format!("{at}.tunnel_idle_timeout"),
+            raw.tunnel_idle_timeout.as_ref(),
+            DEFAULT_TUNNEL_IDLE_TIMEOUT,
+        ),
     }
 }
 

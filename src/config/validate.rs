@@ -12,19 +12,23 @@ use http::{HeaderMap, Method, StatusCode};
 use ipnet::IpNet;
 
 use super::position::Positions;
-use super::raw::{LogKeys, RawAdmin, RawAllow, RawConfig, RawMatch, RawRespond, RawRoute};
-use super::units::parse_duration;
+use super::raw::{
+    LogKeys, RawAdmin, RawAllow, RawConfig, RawListen, RawListener, RawMatch, RawRespond, RawRoute, RawSize,
+};
+use super::units::{parse_duration, parse_size};
 use super::{
     AccessLogConfig, Action, Admin, Config, ConfigError, Cost, PathMatch, PathRewrite, Rewrite, Route, RouteMatch,
     StaticResponse, UpstreamHost,
 };
-use super::{limits, store, upstreams};
+use super::{Listener, limits, store, tls, upstreams};
 use crate::limit::allow::Allow;
 
 const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(60);
+/// nginx's `client_body_timeout`.
+const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
 /// Longest connection timeout accepted: past a day a timeout protects nothing.
 const MAX_CONNECTION_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 /// More connections than any one process can hold open.
@@ -41,9 +45,17 @@ pub(super) struct Errors<'a> {
     file: &'a str,
     positions: &'a Positions,
     list: Vec<ConfigError>,
+    /// Problems that do not stop the configuration from loading.
+    warnings: Vec<ConfigError>,
 }
 
 impl Errors<'_> {
+    /// Records a warning at `path`: reported by `check` and logged, the load goes on.
+    pub(super) fn warn(&mut self, path: String, message: impl Into<String>) {
+        let (line, column) = self.positions.of(&path);
+        self.warnings.push(ConfigError { file: self.file.to_owned(), line, column, path, message: message.into() });
+    }
+
     pub(super) fn add(&mut self, path: String, message: impl Into<String>) {
         let (line, column) = self.positions.of(&path);
         self.list.push(ConfigError { file: self.file.to_owned(), line, column, path, message: message.into() });
@@ -79,13 +91,9 @@ pub(super) fn names<T>(map: &BTreeMap<String, T>) -> String {
 }
 
 pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Config, Vec<ConfigError>> {
-    let mut e = Errors { file, positions, list: Vec::new() };
+    let mut e = Errors { file, positions, list: Vec::new(), warnings: Vec::new() };
 
-    let listen = e.check(
-        || "listen".into(),
-        SocketAddr::from_str(&raw.listen)
-            .map_err(|_| format!("invalid address {:?}; write IP:PORT, e.g. 0.0.0.0:8080", raw.listen)),
-    );
+    let listeners = listeners(&mut e, &raw.listen);
     let trusted_proxies = raw
         .trusted_proxies
         .iter()
@@ -100,6 +108,13 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
         connection_timeout(&mut e, "server.idle_timeout", raw.server.idle_timeout.as_ref(), DEFAULT_IDLE_TIMEOUT);
     let send_timeout =
         connection_timeout(&mut e, "server.send_timeout", raw.server.send_timeout.as_ref(), DEFAULT_SEND_TIMEOUT);
+    let body_read_timeout = connection_timeout(
+        &mut e,
+        "server.body_read_timeout",
+        raw.server.body_read_timeout.as_ref(),
+        DEFAULT_BODY_READ_TIMEOUT,
+    );
+    let max_body_bytes = body_size(&mut e, "server.max_body_bytes", raw.server.max_body_bytes.as_ref());
     let max_connections = raw.server.max_connections.and_then(|n| {
         e.check(
             || "server.max_connections".into(),
@@ -129,11 +144,11 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
     if redis.is_none() {
         store::require_redis(&mut e, &limits);
     }
-    let routes = raw.routes.iter().enumerate().map(|(i, r)| route(&mut e, i, r, &raw)).collect();
+    let routes = raw.routes.iter().enumerate().map(|(i, r)| route(&mut e, i, r, &raw, max_body_bytes)).collect();
 
-    match listen {
-        Some(listen) if e.list.is_empty() => Ok(Config {
-            listen,
+    match listeners {
+        Some(listeners) if e.list.is_empty() => Ok(Config {
+            listeners,
             trusted_proxies,
             header_read_timeout,
             idle_timeout,
@@ -142,6 +157,7 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
             max_header_bytes,
             max_uri_bytes,
             shutdown_grace,
+            body_read_timeout,
             admin,
             access_log: raw
                 .access_log
@@ -151,6 +167,8 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
             ratelimit_header_style: raw.ratelimit_header_style,
             rejection_body: raw.rejection_body,
             log_keys,
+            forwarded: raw.forwarded,
+            warnings: e.warnings,
             upstreams,
             redis,
             limits,
@@ -176,12 +194,61 @@ fn head_limit(e: &mut Errors<'_>, path: &str, value: Option<u64>, default: u64) 
 }
 
 /// A timeout of the connection watchdog: longer than zero, at most a day.
-fn connection_timeout(e: &mut Errors<'_>, path: &str, text: Option<&String>, default: Duration) -> Duration {
+pub(super) fn connection_timeout(e: &mut Errors<'_>, path: &str, text: Option<&String>, default: Duration) -> Duration {
     let Some(text) = text else { return default };
     let bounded = positive_duration(text).and_then(|d| {
         if d <= MAX_CONNECTION_TIMEOUT { Ok(d) } else { Err(format!("{text:?} is too long; at most 24h")) }
     });
     e.check(|| path.to_owned(), bounded).unwrap_or(default)
+}
+
+/// `listen`: one address, or a list of addresses and `{address, tls}` listeners.
+fn listeners(e: &mut Errors<'_>, raw: &RawListen) -> Option<Vec<Listener>> {
+    let address = |e: &mut Errors<'_>, at: String, text: &str| {
+        e.check(
+            || at,
+            SocketAddr::from_str(text)
+                .map_err(|_| format!("invalid address {text:?}; write IP:PORT, e.g. 0.0.0.0:8080")),
+        )
+    };
+    match raw {
+        RawListen::One(text) => Some(vec![Listener { address: address(e, "listen".into(), text)?, tls: None }]),
+        RawListen::Many(list) if list.is_empty() => {
+            e.add("listen".into(), "needs at least one address");
+            None
+        }
+        RawListen::Many(list) => {
+            let mut listeners = Vec::new();
+            for (i, item) in list.iter().enumerate() {
+                let at = format!("listen[{i}]");
+                let listener = match item {
+                    RawListener::Address(text) => address(e, at, text).map(|address| Listener { address, tls: None }),
+                    RawListener::Full(full) => {
+                        let addr = address(e, format!("{at}.address"), &full.address);
+                        let tls = full.tls.as_ref().map(|t| tls::tls(e, &format!("{at}.tls"), t));
+                        match (addr, tls) {
+                            (Some(address), None) => Some(Listener { address, tls: None }),
+                            (Some(address), Some(Some(tls))) => Some(Listener { address, tls: Some(tls) }),
+                            _ => None,
+                        }
+                    }
+                };
+                listeners.extend(listener);
+            }
+            (listeners.len() == list.len()).then_some(listeners)
+        }
+    }
+}
+
+/// A body size limit: a positive byte count.
+fn body_size(e: &mut Errors<'_>, path: &str, raw: Option<&RawSize>) -> Option<u64> {
+    let size = match raw? {
+        RawSize::Bytes(n) => Ok(*n),
+        RawSize::Text(text) => parse_size(text),
+    };
+    let positive =
+        size.and_then(|n| if n == 0 { Err("must be positive; leave it out for no limit".into()) } else { Ok(n) });
+    e.check(|| path.to_owned(), positive)
 }
 
 fn parse_cidr(text: &str) -> Result<IpNet, String> {
@@ -231,7 +298,7 @@ pub(super) fn status_in(
         .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
-fn route(e: &mut Errors<'_>, i: usize, raw: &RawRoute, config: &RawConfig) -> Route {
+fn route(e: &mut Errors<'_>, i: usize, raw: &RawRoute, config: &RawConfig, max_body_bytes: Option<u64>) -> Route {
     let at = format!("routes[{i}]");
     let matcher = route_match(e, &format!("{at}.match"), &raw.matcher);
     let action = match (&raw.upstream, &raw.respond) {
@@ -312,7 +379,8 @@ fn route(e: &mut Errors<'_>, i: usize, raw: &RawRoute, config: &RawConfig) -> Ro
             "a `respond` route forwards nothing: rewriting fields apply only with `upstream`",
         );
     }
-    Route { name: raw.name.clone().unwrap_or(at), matcher, action, limits, allow, cost, rewrite }
+    let max_body_bytes = body_size(e, &format!("{at}.max_body_bytes"), raw.max_body_bytes.as_ref()).or(max_body_bytes);
+    Route { name: raw.name.clone().unwrap_or(at), matcher, action, limits, allow, cost, rewrite, max_body_bytes }
 }
 
 /// `strip_prefix`, `rewrite`, the header fields and `upstream_host` of a route.

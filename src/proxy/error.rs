@@ -5,6 +5,8 @@ use std::time::Duration;
 use http::StatusCode;
 use http::uri::Authority;
 
+use super::body::BodyFault;
+
 /// Each variant says who is at fault: the client (4xx) or the upstream (5xx).
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
@@ -37,6 +39,13 @@ pub enum ProxyError {
     /// The request weighs more than a limit ever admits at once: waiting will not help.
     #[error("a cost of {cost} can never fit limit {limit:?}, which admits at most {capacity} at once")]
     CostTooHigh { cost: u64, limit: String, capacity: u64 },
+    /// The request body broke the route's size limit or `server.body_read_timeout`
+    /// before the upstream answered.
+    #[error("{0}")]
+    Body(super::body::BodyFault),
+    /// The declared `Content-Length` is over the route's limit: refused unread.
+    #[error("declared body of {length} bytes is larger than {limit}")]
+    BodyTooLarge { length: u64, limit: u64 },
     /// The client's request body broke off or was malformed (a bad chunk size, fewer
     /// bytes than its `Content-Length`) while it was being forwarded.
     #[error("the client's request body is malformed or incomplete: {source}")]
@@ -81,6 +90,8 @@ impl ProxyError {
             | ProxyError::ClientBody { .. }
             | ProxyError::DuplicateKeyField { .. }
             | ProxyError::BadHost(_) => StatusCode::BAD_REQUEST,
+            ProxyError::BodyTooLarge { .. } | ProxyError::Body(BodyFault::TooLarge(_)) => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::Body(BodyFault::TooSlow(_)) => StatusCode::REQUEST_TIMEOUT,
             ProxyError::NoServer { .. }
             | ProxyError::UpstreamUnreachable { .. }
             | ProxyError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,

@@ -10,20 +10,21 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{HeaderValue, Request, Response, Uri, header};
+use http::{HeaderValue, Request, Response, StatusCode, Uri, header};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use smallvec::SmallVec;
 use tracing::warn;
 
+use super::body::{FaultCell, RequestBody};
 use super::connect::Connector;
 use super::error::ProxyError;
-use super::headers::{remove_hop_by_hop, set_forwarded};
+use super::headers::{keep_upgrade, remove_hop_by_hop, set_forwarded};
 use super::health::{self, Checker};
 use super::retry::{AttemptBody, Replayable};
 use super::upstream::{InFlight, ServerSet};
-use crate::config::{Upstream, UpstreamHost};
+use crate::config::{ForwardedMode, Upstream, UpstreamHost};
 
 /// Idle keep-alive connections to an upstream are closed after this long.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -41,6 +42,12 @@ pub struct UpstreamClient {
 pub struct Hop {
     pub peer: IpAddr,
     pub trusted_peer: bool,
+    /// The client connection is TLS.
+    pub tls: bool,
+    /// Which forwarding fields the upstream gets.
+    pub forwarded: ForwardedMode,
+    /// The protocol the client asks to switch to (`Upgrade`), carried to the upstream.
+    pub upgrade: Option<HeaderValue>,
 }
 
 /// A response body from a server, which counts the request as in progress there until
@@ -73,16 +80,19 @@ impl UpstreamClient {
 
     /// Forwards `req` to a server and returns its response, body still streaming. A
     /// request that could not be sent goes to another server, at most `retries` times;
-    /// `balance_key` is what `hash` balancing goes by; `host` the `Host` it carries.
+    /// `balance_key` is what `hash` balancing goes by; `host` the `Host` it carries. A
+    /// request body cut on the way (`fault`) is answered with its own status.
     pub async fn forward(
         &self,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
         hop: Hop,
+        fault: &FaultCell,
         balance_key: Option<u64>,
         host: &UpstreamHost,
     ) -> Result<Response<UpstreamBody>, ProxyError> {
         let upstream = self.servers.upstream();
-        let (mut parts, body) = prepare_upstream_request(req, &hop).into_parts();
+        let upgrading = hop.upgrade.is_some();
+        let (mut parts, body) = prepare_upstream_request(req, hop).into_parts();
         let body = Replayable::new(body);
         let idempotent = parts.method.is_idempotent();
         let mut tried: SmallVec<[usize; 4]> = SmallVec::new();
@@ -126,7 +136,13 @@ impl UpstreamClient {
             let error = match sent {
                 Ok(Ok(mut response)) => {
                     server.succeeded(upstream);
+                    let switched = response.headers().get(header::UPGRADE).cloned();
                     remove_hop_by_hop(response.headers_mut());
+                    let switching = upgrading && response.status() == StatusCode::SWITCHING_PROTOCOLS;
+                    if let Some(protocol) = switched.filter(|_| switching) {
+                        keep_upgrade(response.headers_mut(), protocol);
+                        return Ok(response.map(|body| UpstreamBody { body, _in_flight: server }));
+                    }
                     // The client connection speaks HTTP/1.1 whatever the upstream spoke:
                     // hyper would otherwise answer `HTTP/1.0` and close the client's
                     // keep-alive connection. A body of unknown length (an HTTP/1.0
@@ -145,6 +161,7 @@ impl UpstreamClient {
                 }
                 // The client's fault says nothing of the server's health, and a body
                 // that failed cannot be sent again.
+                Ok(Err(_)) if let Some(&fault) = fault.get() => return Err(ProxyError::Body(fault)),
                 Ok(Err(source)) if client_body_failed(&source) => return Err(ProxyError::ClientBody { source }),
                 Ok(Err(error)) => error,
             };
@@ -192,8 +209,8 @@ fn upstream_uri(uri: &Uri, server: &Authority, tls: bool) -> Uri {
 
 /// Rewrites a client request for the next hop: the client's `Host` kept (HTTP/2
 /// clients send `:authority` instead, which becomes `Host`), hop-by-hop fields removed
-/// and `X-Forwarded-*` set.
-fn prepare_upstream_request(req: Request<Incoming>, hop: &Hop) -> Request<Incoming> {
+/// (but an upgrade's) and the forwarding fields set.
+fn prepare_upstream_request(req: Request<RequestBody>, hop: Hop) -> Request<RequestBody> {
     let (mut parts, body) = req.into_parts();
     if !parts.headers.contains_key(header::HOST)
         && let Some(value) = parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok())
@@ -202,7 +219,10 @@ fn prepare_upstream_request(req: Request<Incoming>, hop: &Hop) -> Request<Incomi
     }
     parts.version = http::Version::HTTP_11;
     remove_hop_by_hop(&mut parts.headers);
-    set_forwarded(&mut parts.headers, hop.peer, hop.trusted_peer);
+    if let Some(protocol) = hop.upgrade {
+        keep_upgrade(&mut parts.headers, protocol);
+    }
+    set_forwarded(&mut parts.headers, hop.peer, hop.trusted_peer, hop.tls, hop.forwarded);
     Request::from_parts(parts, body)
 }
 

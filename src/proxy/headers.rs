@@ -6,6 +6,9 @@ use std::net::{IpAddr, SocketAddr};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use ipnet::IpNet;
 
+use super::forwarded::{self, Node};
+use crate::config::ForwardedMode;
+
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
@@ -17,12 +20,28 @@ pub fn is_trusted(ip: IpAddr, trusted: &[IpNet]) -> bool {
 }
 
 /// The client's address: the peer, or when the peer is a trusted proxy, the rightmost
-/// `X-Forwarded-For` entry that is not a trusted proxy. The entries left of it were
-/// written by the client itself and prove nothing, so the leftmost is never taken. An
-/// entry that does not parse ends the walk at the last good hop.
-pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
+/// `X-Forwarded-For` (or `Forwarded` `for=`, per `mode`) entry that is not a trusted
+/// proxy. The entries left of it were written by the client itself and prove nothing, so
+/// the leftmost is never taken. An entry that does not parse (or an `unknown` or
+/// obfuscated `Forwarded` node) ends the walk at the last good hop.
+pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet], mode: ForwardedMode) -> IpAddr {
     let mut client = peer.to_canonical();
     if !is_trusted(client, trusted) {
+        return client;
+    }
+    let rfc7239 = match mode {
+        ForwardedMode::XForwarded => false,
+        ForwardedMode::Rfc7239 => true,
+        ForwardedMode::Both => headers.contains_key(header::FORWARDED),
+    };
+    if rfc7239 {
+        for node in forwarded::for_nodes(headers.get_all(header::FORWARDED).iter()).into_iter().rev() {
+            let Node::Ip(ip) = node else { return client };
+            client = ip.to_canonical();
+            if !is_trusted(client, trusted) {
+                return client;
+            }
+        }
         return client;
     }
     for value in headers.get_all(&X_FORWARDED_FOR).iter().rev() {
@@ -67,11 +86,51 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// Sets the `X-Forwarded-*` fields for the upstream. From a trusted proxy, the chain it
-/// sent is extended; from anyone else, incoming values are replaced, so the upstream
-/// never sees forwarding claims that no trusted hop vouched for. `X-Forwarded-Host` is
-/// the request's `Host`, as the client sent it.
-pub fn set_forwarded(headers: &mut HeaderMap, peer: IpAddr, trusted_peer: bool) {
+/// The protocol an HTTP/1.1 request asks to switch to: its `Upgrade` field, when its
+/// `Connection` field names `upgrade` (RFC 9110 §7.8). HTTP/2 has no such upgrade.
+pub fn upgrade_protocol(version: http::Version, headers: &HeaderMap) -> Option<HeaderValue> {
+    let asked = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
+    if version != http::Version::HTTP_11 || !asked {
+        return None;
+    }
+    headers.get(header::UPGRADE).cloned()
+}
+
+/// Puts back, after hop-by-hop removal, the two fields that carry an upgrade to the
+/// next hop: `Connection: upgrade` and `Upgrade: PROTOCOL`.
+pub fn keep_upgrade(headers: &mut HeaderMap, protocol: HeaderValue) {
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    headers.insert(header::UPGRADE, protocol);
+}
+
+/// Sets the forwarding fields for the upstream: `X-Forwarded-*`, `Forwarded` (RFC 7239)
+/// or both, per `mode`. From a trusted proxy, the chain it sent is extended; from anyone
+/// else, incoming values are replaced (or, for the fields `mode` does not send, removed),
+/// so the upstream never sees forwarding claims that no trusted hop vouched for.
+/// `X-Forwarded-Host` and `host=` are the request's `Host`, as the client sent it.
+pub fn set_forwarded(headers: &mut HeaderMap, peer: IpAddr, trusted_peer: bool, tls: bool, mode: ForwardedMode) {
+    if mode != ForwardedMode::XForwarded {
+        let element = forwarded::element(peer, tls, headers.get(header::HOST));
+        let earlier: Vec<&str> = headers.get_all(header::FORWARDED).iter().filter_map(|v| v.to_str().ok()).collect();
+        let value =
+            if trusted_peer && !earlier.is_empty() { format!("{}, {element}", earlier.join(", ")) } else { element };
+        if let Ok(value) = HeaderValue::try_from(value) {
+            headers.insert(header::FORWARDED, value);
+        }
+    }
+    if mode == ForwardedMode::Rfc7239 {
+        if !trusted_peer {
+            for name in [&X_FORWARDED_FOR, &X_FORWARDED_PROTO, &X_FORWARDED_HOST] {
+                headers.remove(name);
+            }
+        }
+        return;
+    }
     let peer = peer.to_canonical().to_string();
     let chain = if trusted_peer {
         let earlier: Vec<&str> = headers.get_all(&X_FORWARDED_FOR).iter().filter_map(|v| v.to_str().ok()).collect();
@@ -83,7 +142,7 @@ pub fn set_forwarded(headers: &mut HeaderMap, peer: IpAddr, trusted_peer: bool) 
         headers.insert(&X_FORWARDED_FOR, value);
     }
     if !(trusted_peer && headers.contains_key(&X_FORWARDED_PROTO)) {
-        headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static(if tls { "https" } else { "http" }));
     }
     if !(trusted_peer && headers.contains_key(&X_FORWARDED_HOST)) {
         match headers.get(header::HOST).cloned() {
@@ -113,7 +172,7 @@ mod tests {
     fn untrusted_peer_is_the_client_whatever_it_claims() {
         let h = xff(&["1.1.1.1"]);
         assert_eq!(
-            client_ip("9.9.9.9".parse().unwrap(), &h, &nets(&["10.0.0.0/8"])),
+            client_ip("9.9.9.9".parse().unwrap(), &h, &nets(&["10.0.0.0/8"]), ForwardedMode::XForwarded),
             "9.9.9.9".parse::<IpAddr>().unwrap()
         );
     }
@@ -122,16 +181,41 @@ mod tests {
     fn rightmost_untrusted_hop_is_the_client_never_the_leftmost() {
         let trusted = nets(&["10.0.0.0/8"]);
         let h = xff(&["6.6.6.6, 2.2.2.2", "10.0.0.7"]);
-        assert_eq!(client_ip("10.0.0.1".parse().unwrap(), &h, &trusted), "2.2.2.2".parse::<IpAddr>().unwrap());
+        assert_eq!(
+            client_ip("10.0.0.1".parse().unwrap(), &h, &trusted, ForwardedMode::XForwarded),
+            "2.2.2.2".parse::<IpAddr>().unwrap()
+        );
     }
 
     #[test]
     fn garbage_in_the_chain_stops_at_the_last_good_hop() {
         let trusted = nets(&["10.0.0.0/8"]);
         let h = xff(&["not-an-ip, 10.0.0.9"]);
-        assert_eq!(client_ip("10.0.0.1".parse().unwrap(), &h, &trusted), "10.0.0.9".parse::<IpAddr>().unwrap());
+        assert_eq!(
+            client_ip("10.0.0.1".parse().unwrap(), &h, &trusted, ForwardedMode::XForwarded),
+            "10.0.0.9".parse::<IpAddr>().unwrap()
+        );
         let h = xff(&["[2001:db8::1]:443"]);
-        assert_eq!(client_ip("10.0.0.1".parse().unwrap(), &h, &trusted), "2001:db8::1".parse::<IpAddr>().unwrap());
+        assert_eq!(
+            client_ip("10.0.0.1".parse().unwrap(), &h, &trusted, ForwardedMode::XForwarded),
+            "2001:db8::1".parse::<IpAddr>().unwrap()
+        );
+    }
+
+    #[test]
+    fn forwarded_for_is_walked_from_the_right_like_x_forwarded_for() {
+        let trusted = nets(&["10.0.0.0/8"]);
+        let mut h = HeaderMap::new();
+        h.append(header::FORWARDED, "for=6.6.6.6, for=\"[2001:db8::2]\"".parse().unwrap());
+        h.append(header::FORWARDED, "for=10.0.0.7;proto=https".parse().unwrap());
+        h.append(&X_FORWARDED_FOR, "3.3.3.3".parse().unwrap());
+        let peer: IpAddr = "10.0.0.1".parse().unwrap();
+        let v6: IpAddr = "2001:db8::2".parse().unwrap();
+        assert_eq!(client_ip(peer, &h, &trusted, ForwardedMode::Rfc7239), v6);
+        assert_eq!(client_ip(peer, &h, &trusted, ForwardedMode::Both), v6);
+        assert_eq!(client_ip(peer, &h, &trusted, ForwardedMode::XForwarded), "3.3.3.3".parse::<IpAddr>().unwrap());
+        h.insert(header::FORWARDED, "for=5.5.5.5, for=unknown".parse().unwrap());
+        assert_eq!(client_ip(peer, &h, &trusted, ForwardedMode::Rfc7239), peer);
     }
 
     #[test]
@@ -147,14 +231,25 @@ mod tests {
     }
 
     #[test]
+    fn only_a_connection_upgrade_on_http11_is_an_upgrade() {
+        let mut h = HeaderMap::new();
+        h.insert(header::UPGRADE, "websocket".parse().unwrap());
+        assert_eq!(upgrade_protocol(http::Version::HTTP_11, &h), None);
+        h.insert(header::CONNECTION, "keep-alive, Upgrade".parse().unwrap());
+        assert_eq!(upgrade_protocol(http::Version::HTTP_11, &h).unwrap(), "websocket");
+        assert_eq!(upgrade_protocol(http::Version::HTTP_2, &h), None);
+        assert_eq!(upgrade_protocol(http::Version::HTTP_10, &h), None);
+    }
+
+    #[test]
     fn forwarded_chain_is_extended_only_for_trusted_peers() {
         let mut h = xff(&["1.1.1.1"]);
-        set_forwarded(&mut h, "10.0.0.1".parse().unwrap(), true);
+        set_forwarded(&mut h, "10.0.0.1".parse().unwrap(), true, false, ForwardedMode::XForwarded);
         assert_eq!(h[&X_FORWARDED_FOR], "1.1.1.1, 10.0.0.1");
         let mut h = xff(&["1.1.1.1"]);
         h.insert(&X_FORWARDED_HOST, "evil".parse().unwrap());
         h.insert(header::HOST, "example.com".parse().unwrap());
-        set_forwarded(&mut h, "9.9.9.9".parse().unwrap(), false);
+        set_forwarded(&mut h, "9.9.9.9".parse().unwrap(), false, false, ForwardedMode::XForwarded);
         assert_eq!(h[&X_FORWARDED_FOR], "9.9.9.9");
         assert_eq!(h[&X_FORWARDED_HOST], "example.com");
         assert_eq!(h[&X_FORWARDED_PROTO], "http");

@@ -5,9 +5,11 @@
 //! place. Rejections are not errors: they are a `Decision` answered with a 429.
 
 mod balance;
+mod body;
 mod connect;
 pub mod error;
 mod forward;
+mod forwarded;
 mod head;
 pub mod headers;
 mod health;
@@ -16,13 +18,14 @@ pub mod response;
 mod retry;
 mod rewrite;
 pub mod route;
+mod tunnel;
 mod upstream;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::{Request, Response};
+use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use smallvec::SmallVec;
 use tracing::{Level, debug, warn};
@@ -49,6 +52,16 @@ macro_rules! event_at {
             _ => tracing::event!(Level::TRACE, $($rest)+),
         }
     };
+}
+
+/// The client connection a request came on.
+pub struct ClientConn {
+    pub peer: SocketAddr,
+    /// The connection is TLS: `X-Forwarded-Proto: https`.
+    pub tls: bool,
+    /// Kept by a tunnel made of this connection: the connection still counts under
+    /// `max_connections`, and shutdown waits for it.
+    pub hold: Arc<crate::server::ConnectionHold>,
 }
 
 pub struct Proxy {
@@ -117,11 +130,11 @@ impl Proxy {
         &self.metrics
     }
 
-    /// Serves one request from `peer`. Never fails: every outcome is a response.
-    pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<ProxyBody> {
-        let entry = self.access_log.as_ref().map(|log| access_log::Entry::begin(log, &req, peer.ip()));
+    /// Serves one request that came on `conn`. Never fails: every outcome is a response.
+    pub async fn handle(&self, req: Request<Incoming>, conn: &ClientConn) -> Response<ProxyBody> {
+        let entry = self.access_log.as_ref().map(|log| access_log::Entry::begin(log, &req, conn.peer.ip()));
         let mut trace = Trace::default();
-        let response = match self.handle_inner(req, peer, &mut trace).await {
+        let response = match self.handle_inner(req, conn, &mut trace).await {
             Ok(response) => response,
             // Each fault was logged where it happened, with what it concerned.
             Err(e) => response::error(&e),
@@ -144,11 +157,12 @@ impl Proxy {
 
     async fn handle_inner(
         &self,
-        req: Request<Incoming>,
-        peer: SocketAddr,
+        mut req: Request<Incoming>,
+        conn: &ClientConn,
         trace: &mut Trace,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let config = &self.config;
+        let peer = conn.peer;
         // Before anything reads the head: an oversized one is refused as a whole.
         head::check_head(&req, config)?;
         // Before routing: a catch-all route must not turn into an open tunnel.
@@ -160,7 +174,7 @@ impl Proxy {
             return Err(ProxyError::BadHost(fault));
         }
         let trusted_peer = headers::is_trusted(peer.ip().to_canonical(), &config.trusted_proxies);
-        let client_ip = headers::client_ip(peer.ip(), req.headers(), &config.trusted_proxies);
+        let client_ip = headers::client_ip(peer.ip(), req.headers(), &config.trusted_proxies, config.forwarded);
         trace.client = Some(client_ip);
         let host = route::request_host(req.uri(), req.headers());
         // Routes and keys see the path as nginx would; the upstream gets it as sent, unless
@@ -174,6 +188,13 @@ impl Proxy {
         let route = &config.routes[index];
         let target = rewrite::target(&route.rewrite, &path, req.uri());
         trace.route = Some(index);
+
+        // Refused before it takes any quota, and unread: hyper sends no `100 Continue`.
+        let declared = hyper::body::Body::size_hint(req.body()).lower();
+        if let Some(limit) = route.max_body_bytes.filter(|&limit| declared > limit) {
+            debug!(route = %route.name, length = declared, limit, "request body too large");
+            return Err(ProxyError::BodyTooLarge { length: declared, limit });
+        }
 
         let src =
             KeySource { client_ip, method: req.method(), uri: req.uri(), path: &path, headers: req.headers(), host };
@@ -223,10 +244,14 @@ impl Proxy {
             }
         };
 
+        let upgrade = headers::upgrade_protocol(req.version(), req.headers());
+        // Taken before the request is handed on: hyper gives the client's connection
+        // over once the `101` has been written.
+        let client_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut req));
         let response = match &route.action {
             Action::Respond(r) => Ok(response::static_response(r)),
             Action::Forward(upstream) => {
-                let hop = Hop { peer: peer.ip(), trusted_peer };
+                let hop = Hop { peer: peer.ip(), trusted_peer, tls: conn.tls, forwarded: config.forwarded, upgrade };
                 let mut req = req;
                 if let Some(target) = target {
                     let mut uri = req.uri().clone().into_parts();
@@ -235,9 +260,12 @@ impl Proxy {
                     *req.uri_mut() = http::Uri::from_parts(uri).unwrap_or_default();
                 }
                 rewrite::request_headers(&route.rewrite, req.headers_mut());
+                let fault = body::FaultCell::default();
+                let (limit, timeout) = (route.max_body_bytes, config.body_read_timeout);
+                let req = req.map(|b| body::RequestBody::new(b, limit, timeout, Arc::clone(&fault)));
                 let started = Instant::now();
                 let upstream_host = &route.rewrite.upstream_host;
-                let forwarded = self.upstreams[*upstream].forward(req, hop, balance_key, upstream_host).await;
+                let forwarded = self.upstreams[*upstream].forward(req, hop, &fault, balance_key, upstream_host).await;
                 let result = match &forwarded {
                     Ok(response) => UpstreamResult::Status(response.status().as_u16()),
                     Err(ProxyError::UpstreamTimeout { .. }) => UpstreamResult::Timeout,
@@ -260,7 +288,22 @@ impl Proxy {
         };
         // Limits that count only some statuses keep or take back this request now.
         pending.settle(response.as_ref().map_or_else(|e| e.status(), Response::status).as_u16()).await;
-        let mut response = response?.map(|body| body.holding(permits));
+        let mut response = response?;
+        match (client_upgrade, &route.action) {
+            (Some(client), Action::Forward(upstream)) if response.status() == StatusCode::SWITCHING_PROTOCOLS => {
+                // The tunnel keeps the request's slots until it closes.
+                tunnel::Tunnel {
+                    client,
+                    upstream: hyper::upgrade::on(&mut response),
+                    idle_timeout: config.upstreams[*upstream].tunnel_idle_timeout,
+                    permits,
+                    hold: Arc::clone(&conn.hold),
+                    route: route.name.clone(),
+                }
+                .spawn();
+            }
+            _ => response = response.map(|body| body.holding(permits)),
+        }
         if config.ratelimit_headers == HeaderMode::All {
             self.add_ratelimit_headers(&mut response, &standings);
         }

@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::body::{Body, Frame, SizeHint};
+
+use super::body::RequestBody;
 
 type BoxError = Box<dyn StdError + Send + Sync>;
 
@@ -23,7 +25,7 @@ pub struct Replayable {
 }
 
 struct Shared {
-    body: Incoming,
+    body: RequestBody,
     /// The attempt that may read the body; an earlier one that hyper still polls on a
     /// dead connection gets an error instead of the next attempt's bytes.
     attempt: u32,
@@ -38,7 +40,7 @@ pub struct AttemptBody {
 }
 
 impl Replayable {
-    pub fn new(body: Incoming) -> Self {
+    pub fn new(body: RequestBody) -> Self {
         // A body known to be empty needs no sharing: each attempt sends nothing.
         let shared = (!body.is_end_stream()).then(|| Arc::new(Mutex::new(Shared { body, attempt: 0, taken: false })));
         Replayable { shared }
@@ -111,7 +113,7 @@ impl Body for AttemptBody {
         if let Poll::Ready(Some(Ok(_))) = &polled {
             shared.taken = true;
         }
-        polled.map(|frame| frame.map(|f| f.map_err(Into::into)))
+        polled
     }
 
     fn is_end_stream(&self) -> bool {

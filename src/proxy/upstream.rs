@@ -268,6 +268,7 @@ mod tests {
             http2: false,
             tls: crate::config::UpstreamTls { roots: None, sni: None, verify: true },
             health_check: None,
+            tunnel_idle_timeout: Duration::from_secs(3600),
         })
     }
 

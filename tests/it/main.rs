@@ -4,12 +4,14 @@
 
 mod admin;
 mod algorithms;
+mod bodies;
 mod common;
 mod concurrency;
 mod config_errors;
 mod conformance;
 mod connections;
 mod eviction;
+mod forwarded;
 mod forwarding;
 // The hand-worked GCRA schedules the local limiter's tests replay too.
 #[path = "../../src/limit/gcra_cases.rs"]
@@ -22,4 +24,6 @@ mod paths;
 mod redis;
 mod reload;
 mod server;
+mod tls;
+mod upgrades;
 mod upstreams;
