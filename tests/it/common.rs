@@ -158,6 +158,12 @@ pub fn binary() -> Command {
 impl Sluicegate {
     /// Starts the proxy with `yaml` and waits until it reports its listening address.
     pub fn start(yaml: &str) -> Sluicegate {
+        Self::try_start(yaml).unwrap_or_else(|log| panic!("sluicegate did not start; log:\n{log}"))
+    }
+
+    /// Starts the proxy with `yaml`: the running process once it reports its listening
+    /// address, or its whole log if it exits (or is still silent after 20 s) before that.
+    pub fn try_start(yaml: &str) -> Result<Sluicegate, String> {
         let (dir, path) = config_file(yaml);
         let mut child = binary()
             .args(["--log-format", "json", "--log-level", "debug", "-c"])
@@ -186,10 +192,16 @@ impl Sluicegate {
             }
             done.store(true, std::sync::atomic::Ordering::Release);
         });
-        let addr = rx
-            .recv_timeout(Duration::from_secs(20))
-            .unwrap_or_else(|_| panic!("sluicegate did not start; log:\n{}", log.lock().unwrap()));
-        Sluicegate { addr, child, log, log_done, _dir: dir }
+        if let Ok(addr) = rx.recv_timeout(Duration::from_secs(20)) {
+            return Ok(Sluicegate { addr, child, log, log_done, _dir: dir });
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        // The reader sees the end of the pipe once the process is gone.
+        while !log_done.load(std::sync::atomic::Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Err(log.lock().unwrap().clone())
     }
 
     /// The resident memory of the process, in bytes.
@@ -232,6 +244,13 @@ impl Sluicegate {
             std::thread::sleep(Duration::from_millis(5));
         }
         status
+    }
+
+    /// Kills the process and returns its whole log.
+    pub fn kill(&mut self) -> String {
+        let _ = self.child.kill();
+        self.wait_for_exit();
+        self.log()
     }
 
     /// Sends SIGTERM and waits for the exit.

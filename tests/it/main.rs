@@ -7,6 +7,7 @@ mod algorithms;
 mod common;
 mod concurrency;
 mod config_errors;
+mod config_fuzz;
 mod conformance;
 mod connections;
 mod forwarding;
