@@ -4,6 +4,7 @@
 //! types below (every error with its file, line, column and field path, all reported
 //! together), `position` maps field paths back to lines. Nothing here is parsed again per request.
 
+mod files;
 mod limits;
 mod position;
 mod raw;

@@ -349,3 +349,25 @@ pub async fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> String {
     let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut out)).await;
     String::from_utf8_lossy(&out).into_owned()
 }
+
+/// `check` on `yaml`: its exit code (None: killed by a signal) and stderr, the file's
+/// path written `FILE`. Bounded: a check that hangs fails the test instead of stalling it.
+pub fn check_bounded(yaml: &str) -> (Option<i32>, String) {
+    let (dir, path) = config_file(yaml);
+    let stderr_path = dir.path().join("stderr");
+    let stderr = std::fs::File::create(&stderr_path).unwrap();
+    let mut child = binary().arg("check").arg("-c").arg(&path).stdout(Stdio::null()).stderr(stderr).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("check did not finish within 20 s on:\n{yaml}");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+    (status.code(), stderr.replace(&path.display().to_string(), "FILE"))
+}

@@ -325,3 +325,23 @@ fn text_logs_carry_no_colour_codes_when_stderr_is_not_a_terminal() {
     assert!(line.contains("listening"), "{line}");
     assert!(!line.contains('\u{1b}'), "escape codes in {line:?}");
 }
+
+#[test]
+fn files_named_by_the_configuration_must_be_regular_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("ca.pem");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let big = dir.path().join("big.pem");
+    std::fs::write(&big, vec![b'x'; 2 << 20]).unwrap();
+    for (file, message) in [
+        ("/dev/zero".to_owned(), "\"/dev/zero\" is not a regular file".to_owned()),
+        // Opening a FIFO blocks until a writer comes: `check` would hang.
+        (fifo.display().to_string(), format!("{:?} is not a regular file", fifo.display().to_string())),
+        (big.display().to_string(), format!("{:?} is larger than 1024 KiB", big.display().to_string())),
+    ] {
+        let yaml = format!("listen: 127.0.0.1:0\nredis:\n  url: rediss://127.0.0.1\n  tls_ca_file: {file}\n");
+        let (code, stderr) = check_bounded(&yaml);
+        assert_eq!(code, Some(1), "{stderr}");
+        assert!(stderr.contains(&format!("FILE:4:16: redis.tls_ca_file: {message}\n")), "{stderr}");
+    }
+}

@@ -4,7 +4,6 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
@@ -220,27 +219,6 @@ fn mutate(rng: &mut Rng, lines: &mut Vec<String>) {
     }
 }
 
-/// `check` on `yaml`: its exit code (None: killed by a signal) and stderr. Bounded: a
-/// check that hangs fails the test instead of stalling it.
-fn check(yaml: &str) -> (Option<i32>, String) {
-    let (dir, path) = config_file(yaml);
-    let stderr_path = dir.path().join("stderr");
-    let stderr = std::fs::File::create(&stderr_path).unwrap();
-    let mut child = binary().arg("check").arg("-c").arg(&path).stdout(Stdio::null()).stderr(stderr).spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("check did not finish within 20 s on:\n{yaml}");
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    };
-    (status.code(), std::fs::read_to_string(&stderr_path).unwrap_or_default())
-}
-
 fn crashed(log: &str) -> bool {
     log.contains("panicked") || log.contains("memory allocation")
 }
@@ -282,7 +260,7 @@ fn mutated_configurations_are_refused_or_run_but_never_crash() {
             mutate(&mut rng, &mut lines);
         }
         let yaml = lines.join("\n") + "\n";
-        let (code, stderr) = check(&yaml);
+        let (code, stderr) = check_bounded(&yaml);
         assert!(
             matches!(code, Some(0 | 1)) && !crashed(&stderr),
             "check exited {code:?} on:\n{yaml}\nstderr:\n{stderr}"
