@@ -13,6 +13,11 @@ async fn main() -> ExitCode {
     };
     let config = match config::load(path) {
         Ok(config) => config,
+        // A file that cannot be read says so in one line; errors in it, then a summary.
+        Err(e @ config::LoadError::Read { .. }) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
         Err(e) => {
             eprintln!("{e}");
             eprintln!("{}: configuration is invalid", path.display());

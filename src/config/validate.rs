@@ -39,7 +39,7 @@ pub(super) struct Errors<'a> {
 impl Errors<'_> {
     pub(super) fn add(&mut self, path: String, message: impl Into<String>) {
         let (line, column) = self.positions.of(&path);
-        self.list.push(ConfigError { file: self.file.to_owned(), line, column, path, message: message.into() });
+        self.list.push(ConfigError::new(self.file, (line, column), &path, &message.into()));
     }
 
     /// The value of `result`, or None with its error recorded at `path`.

@@ -345,3 +345,71 @@ fn files_named_by_the_configuration_must_be_regular_files() {
         assert!(stderr.contains(&format!("FILE:4:16: redis.tls_ca_file: {message}\n")), "{stderr}");
     }
 }
+
+#[test]
+fn long_values_in_errors_are_cut_short() {
+    let key = "k".repeat(500_000);
+    let (code, stderr) = check_bounded(&format!("{BASE}  a: {{ key: ip, rate: 1r/s, {key}: 1 }}\n"));
+    assert_eq!(code, Some(1));
+    assert!(stderr.len() < 1000, "{} bytes of errors", stderr.len());
+    let cut = format!("{}…", "k".repeat(60));
+    assert!(
+        stderr.starts_with(&format!("FILE:3:29: limits.a.{cut}: unknown field `{cut}`, expected one of key,")),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn invalid_utf8_is_placed_by_line_and_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sluicegate.yaml");
+    std::fs::write(&path, b"listen: 127.0.0.1:0\nroutes:\n  - name: \xc3\xa9t\xe9\n").unwrap();
+    let out = binary().arg("check").arg("-c").arg(&path).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr).replace(&path.display().to_string(), "FILE");
+    assert!(stderr.starts_with("FILE:3:13: invalid UTF-8 (byte 0xE9); the file must be UTF-8\n"), "{stderr}");
+}
+
+/// Each error reads in the file's terms, at the place it names; never the parser's own.
+#[test]
+fn parse_errors_speak_of_the_file() {
+    for (yaml, line) in [
+        (
+            "listen: 127.0.0.1:0\nupstreams:\n  backend:\n    servers: [\"127.0.0.1:1\"]\n  other: { servers: [\"127.0.0.1:2\"] }\n  backend:\n    servers: [\"127.0.0.1:3\"]\n",
+            "FILE:6:3: upstreams: `backend` is defined twice, lines 3 and 6",
+        ),
+        ("listen: 127.0.0.1:0\nlisten: 127.0.0.1:1\n", "FILE:2:1: `listen` is defined twice, lines 1 and 2"),
+        (
+            &format!("{BASE}  a:\n    key: ip\n    rate: 1r/s\n    burst: -1\n"),
+            "FILE:6:12: limits.a.burst: must be a whole number ≥ 0",
+        ),
+        (
+            &format!("{BASE}  a: {{ key: ip, rate: 1r/s, burst: 20.5 }}\n"),
+            "FILE:3:36: limits.a.burst: must be a whole number ≥ 0",
+        ),
+        (
+            &format!("{BASE}  a: {{ key: ip, rate: 1r/s, status: 70000 }}\n"),
+            "FILE:3:37: limits.a.status: must be a whole number at most 65535",
+        ),
+        (
+            &format!("{BASE}  a:\n    key: ip\n\trate: 1r/s\n"),
+            "FILE:5:1: a tab in the indentation; YAML indents with spaces",
+        ),
+        ("", "FILE:1:1: the file is empty; a configuration needs at least `listen: IP:PORT`"),
+        ("# nothing yet\n\n", "FILE:1:1: the file is empty; a configuration needs at least `listen: IP:PORT`"),
+    ] {
+        let (code, stderr) = check_bounded(yaml);
+        assert_eq!(code, Some(1), "{stderr}");
+        assert_eq!(stderr, format!("{line}\nFILE: configuration is invalid\n"), "{yaml}");
+    }
+}
+
+#[test]
+fn a_missing_file_is_one_line_with_its_path_and_the_reason() {
+    let out = binary().args(["check", "-c", "/nonexistent/sluicegate.yaml"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "/nonexistent/sluicegate.yaml: cannot read: No such file or directory (os error 2)\n"
+    );
+}
