@@ -25,10 +25,16 @@ async fn main() -> ExitCode {
         }
     };
     if cli.command == Some(Command::Check) {
+        for warning in &config.warnings {
+            eprintln!("warning: {warning}");
+        }
         println!("{}: configuration is valid", path.display());
         return ExitCode::SUCCESS;
     }
     init_tracing(&cli);
+    for warning in &config.warnings {
+        tracing::warn!("{warning}");
+    }
     let server = match server::Server::bind(config).await {
         Ok(server) => server,
         Err(e) => {

@@ -9,6 +9,7 @@ mod limits;
 mod messages;
 mod position;
 mod raw;
+mod shadow;
 mod store;
 pub mod units;
 mod validate;
@@ -55,6 +56,8 @@ pub struct Config {
     pub redis: Option<Redis>,
     pub limits: Vec<Limit>,
     pub routes: Vec<Route>,
+    /// What is valid but likely a mistake (`check` prints these, `run` logs them).
+    pub warnings: Vec<ConfigError>,
 }
 
 /// `admin:`: where health, metrics and the admin API are served.

@@ -16,7 +16,7 @@ use super::position::Positions;
 use super::raw::{RawAdmin, RawAllow, RawConfig, RawMatch, RawRespond, RawRoute, RawUpstream};
 use super::units::parse_duration;
 use super::{Action, Admin, Config, ConfigError, Cost, PathMatch, Route, RouteMatch, StaticResponse, Upstream};
-use super::{limits, store};
+use super::{limits, shadow, store};
 use crate::limit::allow::Allow;
 
 const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -40,6 +40,11 @@ impl Errors<'_> {
     pub(super) fn add(&mut self, path: String, message: impl Into<String>) {
         let (line, column) = self.positions.of(&path);
         self.list.push(ConfigError::new(self.file, (line, column), &path, &message.into()));
+    }
+
+    /// The line of the value at `path`.
+    pub(super) fn line_of(&self, path: &str) -> usize {
+        self.positions.of(path).0
     }
 
     /// The value of `result`, or None with its error recorded at `path`.
@@ -110,7 +115,13 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
     if redis.is_none() {
         store::require_redis(&mut e, &limits);
     }
-    let routes = raw.routes.iter().enumerate().map(|(i, r)| route(&mut e, i, r, &raw)).collect();
+    let routes: Vec<_> = raw.routes.iter().enumerate().map(|(i, r)| route(&mut e, i, r, &raw)).collect();
+    shadow::check(&mut e, &routes);
+    let mut warnings = Vec::new();
+    if routes.is_empty() {
+        let message = "no routes: every request is answered 404";
+        warnings.push(ConfigError::new(file, positions.of("routes"), "routes", message));
+    }
 
     match listen {
         Some(listen) if e.list.is_empty() => Ok(Config {
@@ -130,6 +141,7 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
             redis,
             limits,
             routes,
+            warnings,
         }),
         _ => {
             e.list.sort_by_key(|err| (err.line, err.column));

@@ -413,3 +413,34 @@ fn a_missing_file_is_one_line_with_its_path_and_the_reason() {
         "/nonexistent/sluicegate.yaml: cannot read: No such file or directory (os error 2)\n"
     );
 }
+
+#[test]
+fn a_route_that_an_earlier_one_shadows_is_refused_naming_both_lines() {
+    let yaml = "listen: 127.0.0.1:0
+routes:
+  - match: { host: \"*.example.com\", path_prefix: /api, methods: [GET, POST] }
+    respond: { status: 200 }
+  - match: { host: shop.example.com, path: /api/cart, methods: [GET] }
+    respond: { status: 201 }
+  - match: { host: shop.example.com, path: /api/cart }
+    respond: { status: 202 }
+";
+    let (code, stderr) = check_bounded(yaml);
+    assert_eq!(code, Some(1), "{stderr}");
+    // The third route also takes PUT: it can still match.
+    assert_eq!(
+        stderr,
+        "FILE:5:5: routes[1]: can never match: routes[0] (line 3) comes first and takes every request it would\nFILE: configuration is invalid\n"
+    );
+}
+
+#[tokio::test]
+async fn no_routes_is_a_warning_of_check_and_of_run() {
+    let yaml = "listen: 127.0.0.1:0\nroutes: []\n";
+    let (code, stderr) = check_bounded(yaml);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(stderr, "warning: FILE:2:9: routes: no routes: every request is answered 404\n");
+    let sg = Sluicegate::start(yaml);
+    assert!(sg.log().contains("routes: no routes: every request is answered 404"), "{}", sg.log());
+    assert_eq!(get(sg.addr, "/", &[]).await.status, 404);
+}
