@@ -44,13 +44,18 @@ impl Server {
     /// Raises the open-file limit and binds the configured `listen` address.
     pub async fn bind(config: Config) -> std::io::Result<Server> {
         let max_connections = config.max_connections.unwrap_or_else(|| default_max_connections(open_file_limit()));
-        let socket = if config.listen.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
-        socket.set_reuseaddr(true)?;
-        socket.bind(config.listen)?;
-        let listener = socket.listen(LISTEN_BACKLOG)?;
+        // The error names the address: with two listeners, which one is taken matters.
+        let at = |addr: SocketAddr| move |e: std::io::Error| std::io::Error::new(e.kind(), format!("{addr}: {e}"));
+        let listen = || -> std::io::Result<TcpListener> {
+            let socket = if config.listen.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+            socket.set_reuseaddr(true)?;
+            socket.bind(config.listen)?;
+            socket.listen(LISTEN_BACKLOG)
+        };
+        let listener = listen().map_err(at(config.listen))?;
         info!(max_connections, "connection limit");
         let admin = match &config.admin {
-            Some(admin) => Some(TcpListener::bind(admin.listen).await?),
+            Some(admin) => Some(TcpListener::bind(admin.listen).await.map_err(at(admin.listen))?),
             None => None,
         };
         Ok(Server { listener, admin, proxy: Arc::new(Proxy::new(config)), max_connections })

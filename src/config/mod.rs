@@ -9,6 +9,7 @@ mod limits;
 mod messages;
 mod position;
 mod raw;
+mod resolve;
 mod shadow;
 mod store;
 pub mod units;
@@ -278,6 +279,20 @@ pub enum LoadError {
 
 /// Reads and compiles the file at `path`.
 pub fn load(path: &Path) -> Result<Config, LoadError> {
+    let (file, src) = read(path)?;
+    parse(&src, &file)
+}
+
+/// What `check` does: `load`, and then every upstream host must resolve (bounded in time).
+pub fn check(path: &Path) -> Result<Config, LoadError> {
+    let (file, src) = read(path)?;
+    let config = parse(&src, &file)?;
+    let unresolved = resolve::unresolved(&config, &src, &file);
+    if unresolved.is_empty() { Ok(config) } else { Err(LoadError::Invalid(unresolved)) }
+}
+
+/// The file's name for errors, and its text.
+fn read(path: &Path) -> Result<(String, String), LoadError> {
     let file = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|source| LoadError::Read { file: file.clone(), source })?;
     let src = String::from_utf8(bytes).map_err(|err| {
@@ -287,7 +302,7 @@ pub fn load(path: &Path) -> Result<Config, LoadError> {
         let message = format!("invalid UTF-8 (byte 0x{byte:02X}); the file must be UTF-8");
         LoadError::Invalid(vec![ConfigError::new(&file, position, "", &message)])
     })?;
-    parse(&src, &file)
+    Ok((file, src))
 }
 
 /// Compiles YAML `src`; `file` names it in errors.

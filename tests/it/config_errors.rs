@@ -444,3 +444,35 @@ async fn no_routes_is_a_warning_of_check_and_of_run() {
     assert!(sg.log().contains("routes: no routes: every request is answered 404"), "{}", sg.log());
     assert_eq!(get(sg.addr, "/", &[]).await.status, 404);
 }
+
+#[test]
+fn check_reports_an_upstream_host_that_does_not_resolve() {
+    let yaml = "listen: 127.0.0.1:0\nupstreams:\n  app:\n    servers: [\"localhost:3000\", \"nonexistent.invalid:80\", \"127.0.0.1:1\"]\n";
+    let started = std::time::Instant::now();
+    let (code, stderr) = check_bounded(yaml);
+    assert_eq!(code, Some(1), "{stderr}");
+    // RFC 6761: `.invalid` never resolves; a resolver that does not answer is waited for 5 s.
+    assert!(started.elapsed() < std::time::Duration::from_secs(15));
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("does not resolve")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(
+        errors[0].starts_with("FILE:4:33: upstreams.app.servers[1]: host \"nonexistent.invalid\" does not resolve: "),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_port_in_use_is_named_when_run_cannot_listen() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    for yaml in [
+        format!("listen: {addr}\nroutes:\n  - respond: {{ status: 200 }}\n"),
+        format!("listen: 127.0.0.1:0\nadmin: {{ listen: \"{addr}\" }}\nroutes:\n  - respond: {{ status: 200 }}\n"),
+    ] {
+        let (_dir, path) = config_file(&yaml);
+        let out = binary().arg("-c").arg(&path).stdout(std::process::Stdio::null()).output().unwrap();
+        assert_eq!(out.status.code(), Some(1));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(&format!("sluicegate: cannot listen: {addr}: Address already in use")), "{stderr}");
+    }
+}
