@@ -265,6 +265,8 @@ fn mutated_configurations_are_refused_or_run_but_never_crash() {
             matches!(code, Some(0 | 1)) && !crashed(&stderr),
             "check exited {code:?} on:\n{yaml}\nstderr:\n{stderr}"
         );
+        // Every error is one short line: a mutant never floods the terminal.
+        assert!(stderr.lines().all(|l| l.chars().count() < 600), "a long line on:\n{yaml}\nstderr:\n{stderr}");
         if code == Some(0) {
             accepted += 1;
             if runs < RUNS {
