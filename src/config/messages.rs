@@ -92,9 +92,12 @@ pub fn describe(error: &Error, src: &str, positions: &Positions, path: &str) -> 
             };
             if digits { format!("must be a whole number at most {max}") } else { "must be a whole number ≥ 0".into() }
         }
-        Error::InvalidScalar { ty: "bool", .. } => "must be true or false".into(),
+        Error::InvalidScalar { ty: "boolean", .. } | Error::InvalidBooleanStrict { .. } => {
+            "must be true or false".into()
+        }
         other => {
-            let message = other.to_string();
+            // The library's wording for users: no advice on its own options.
+            let message = other.render_with_formatter(&serde_saphyr::UserMessageFormatter);
             // The plain message ends with the location we print in front instead.
             let suffix = format!(" at line {line}, column {column}");
             let message = message.strip_suffix(&suffix).unwrap_or(&message).to_owned();

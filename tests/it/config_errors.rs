@@ -395,6 +395,10 @@ fn parse_errors_speak_of_the_file() {
             &format!("{BASE}  a:\n    key: ip\n\trate: 1r/s\n"),
             "FILE:5:1: a tab in the indentation; YAML indents with spaces",
         ),
+        (
+            &format!("{BASE}  a: {{ key: ip, rate: 1r/s, nodelay: maybe }}\n"),
+            "FILE:3:38: limits.a.nodelay: must be true or false",
+        ),
         ("", "FILE:1:1: the file is empty; a configuration needs at least `listen: IP:PORT`"),
         ("# nothing yet\n\n", "FILE:1:1: the file is empty; a configuration needs at least `listen: IP:PORT`"),
     ] {
