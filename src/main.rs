@@ -15,8 +15,15 @@ async fn main() -> ExitCode {
         eprintln!("sluicegate: no configuration given; use -c FILE (see config.example.yaml)");
         return ExitCode::from(2);
     };
-    let config = match config::load(path) {
+    let check = cli.command == Some(Command::Check);
+    let loaded = if check { config::check(path) } else { config::load(path) };
+    let config = match loaded {
         Ok(config) => config,
+        // A file that cannot be read says so in one line; errors in it, then a summary.
+        Err(e @ config::LoadError::Read { .. }) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
         Err(e) => {
             eprintln!("{e}");
             eprintln!("{}: configuration is invalid", path.display());

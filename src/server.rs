@@ -89,10 +89,16 @@ impl Server {
     /// from that file.
     pub async fn bind(config: Config, source: Option<PathBuf>) -> std::io::Result<Server> {
         let max_connections = config.max_connections.unwrap_or_else(|| default_max_connections(open_file_limit()));
-        let listeners = config.listeners.iter().map(|l| listen(l.address)).collect::<std::io::Result<_>>()?;
+        // The error names the address: with two listeners, which one is taken matters.
+        let at = |addr: SocketAddr| move |e: std::io::Error| std::io::Error::new(e.kind(), format!("{addr}: {e}"));
+        let listeners = config
+            .listeners
+            .iter()
+            .map(|l| listen(l.address).map_err(at(l.address)))
+            .collect::<std::io::Result<_>>()?;
         info!(max_connections, "connection limit");
         let admin = match &config.admin {
-            Some(admin) => Some(TcpListener::bind(admin.listen).await?),
+            Some(admin) => Some(TcpListener::bind(admin.listen).await.map_err(at(admin.listen))?),
             None => None,
         };
         let running = Running {

@@ -360,7 +360,7 @@ pub(super) fn raw_capacity(raw: &RawLimit) -> Option<u64> {
         (Some(AlgorithmName::FixedWindow | AlgorithmName::SlidingWindow | AlgorithmName::SlidingLog), _) => raw.limit,
         (Some(AlgorithmName::MinInterval), _) => Some(1),
         (Some(AlgorithmName::Gcra | AlgorithmName::LeakyBucket) | None, _) if raw.concurrency.is_none() => {
-            Some(raw.burst.unwrap_or(0) + 1)
+            Some(raw.burst.unwrap_or(0).saturating_add(1))
         }
         _ => None,
     }

@@ -4,9 +4,13 @@
 //! types below (every error with its file, line, column and field path, all reported
 //! together), `position` maps field paths back to lines. Nothing here is parsed again per request.
 
+mod files;
 mod limits;
+mod messages;
 mod position;
 mod raw;
+mod resolve;
+mod shadow;
 mod store;
 pub mod tls;
 pub mod units;
@@ -63,7 +67,7 @@ pub struct Config {
     pub log_keys: LogKeys,
     /// Forwarding fields sent upstream and read from trusted proxies.
     pub forwarded: ForwardedMode,
-    /// What is wrong but does not stop the load (an expired certificate): `check`
+    /// What is valid but likely a mistake (an expired certificate, no routes): `check`
     /// prints these, `run` and a reload log them.
     pub warnings: Vec<ConfigError>,
     pub upstreams: Vec<Upstream>,
@@ -369,6 +373,19 @@ pub struct ConfigError {
     pub message: String,
 }
 
+impl ConfigError {
+    /// The error at `position`; quoted values and names in the path are cut short.
+    pub fn new(file: &str, (line, column): (usize, usize), path: &str, message: &str) -> Self {
+        ConfigError {
+            file: file.to_owned(),
+            line,
+            column,
+            path: messages::shorten_path(path),
+            message: messages::shorten_quotes(message),
+        }
+    }
+}
+
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}:{}:{}: ", self.file, self.line, self.column)?;
@@ -397,9 +414,30 @@ pub fn schema() -> String {
 
 /// Reads and compiles the file at `path`.
 pub fn load(path: &Path) -> Result<Config, LoadError> {
-    let file = path.display().to_string();
-    let src = std::fs::read_to_string(path).map_err(|source| LoadError::Read { file: file.clone(), source })?;
+    let (file, src) = read(path)?;
     parse(&src, &file)
+}
+
+/// What `check` does: `load`, and then every upstream host must resolve (bounded in time).
+pub fn check(path: &Path) -> Result<Config, LoadError> {
+    let (file, src) = read(path)?;
+    let config = parse(&src, &file)?;
+    let unresolved = resolve::unresolved(&config, &src, &file);
+    if unresolved.is_empty() { Ok(config) } else { Err(LoadError::Invalid(unresolved)) }
+}
+
+/// The file's name for errors, and its text.
+fn read(path: &Path) -> Result<(String, String), LoadError> {
+    let file = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|source| LoadError::Read { file: file.clone(), source })?;
+    let src = String::from_utf8(bytes).map_err(|err| {
+        let valid_up_to = err.utf8_error().valid_up_to();
+        let position = messages::utf8_error_position(err.as_bytes(), valid_up_to);
+        let byte = err.as_bytes()[valid_up_to];
+        let message = format!("invalid UTF-8 (byte 0x{byte:02X}); the file must be UTF-8");
+        LoadError::Invalid(vec![ConfigError::new(&file, position, "", &message)])
+    })?;
+    Ok((file, src))
 }
 
 /// Compiles YAML `src`; `file` names it in errors.
@@ -411,14 +449,10 @@ pub fn parse(src: &str, file: &str) -> Result<Config, LoadError> {
             e.into_inner()
         })
     });
+    let positions = position::Positions::index(src);
     let raw = raw.map_err(|e| {
-        let (line, column) = e.location().map_or((1, 1), |l| (l.line() as usize, l.column() as usize));
-        // The plain message ends with the location we print in front instead.
-        let message = e.without_snippet().to_string();
-        let suffix = format!(" at line {line}, column {column}");
-        let message = message.strip_suffix(&suffix).unwrap_or(&message).to_owned();
-        let path = if path == "." { String::new() } else { path };
-        LoadError::Invalid(vec![ConfigError { file: file.to_owned(), line, column, path, message }])
+        let (line, column, path, message) = messages::describe(&e, src, &positions, &path);
+        LoadError::Invalid(vec![ConfigError::new(file, (line, column), &path, &message)])
     })?;
-    validate::compile(raw, &position::Positions::index(src), file).map_err(LoadError::Invalid)
+    validate::compile(raw, &positions, file).map_err(LoadError::Invalid)
 }

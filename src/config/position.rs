@@ -11,7 +11,11 @@ use serde_saphyr::granit_parser::{Event, Parser};
 /// Line and column (both 1-based) of a value in the file.
 pub type Position = (usize, usize);
 
-pub struct Positions(HashMap<String, Position>);
+pub struct Positions {
+    values: HashMap<String, Position>,
+    /// Lines of the keys, by the path of their value: a duplicated key names the first.
+    keys: HashMap<String, usize>,
+}
 
 enum Frame {
     Map { path: String, key: Option<String> },
@@ -27,6 +31,7 @@ impl Positions {
     /// deserializer reports it with its own position.
     pub fn index(src: &str) -> Self {
         let mut map = HashMap::new();
+        let mut keys = HashMap::new();
         let mut stack: Vec<Frame> = Vec::new();
         for event in Parser::new_from_str(src) {
             let Ok((event, span)) = event else { break };
@@ -42,6 +47,7 @@ impl Positions {
                         // This node is a key: remember it, the next node is its value.
                         None => {
                             if let Event::Scalar(text, ..) = &event {
+                                keys.entry(child(p, text)).or_insert(pos.0);
                                 *key = Some(text.to_string());
                             } else {
                                 *key = Some(String::new());
@@ -69,19 +75,24 @@ impl Positions {
                 _ => {}
             }
         }
-        Positions(map)
+        Positions { values: map, keys }
+    }
+
+    /// The line of the first key at `path`.
+    pub fn key_line(&self, path: &str) -> Option<usize> {
+        self.keys.get(path).copied()
     }
 
     /// The position of `path`, or of its nearest indexed ancestor (a missing field is
     /// reported where its parent stands).
     pub fn of(&self, mut path: &str) -> Position {
         loop {
-            if let Some(pos) = self.0.get(path) {
+            if let Some(pos) = self.values.get(path) {
                 return *pos;
             }
             match path.rfind(['.', '[']) {
                 Some(cut) => path = &path[..cut],
-                None => return self.0.get("").copied().unwrap_or((1, 1)),
+                None => return self.values.get("").copied().unwrap_or((1, 1)),
             }
         }
     }

@@ -48,8 +48,7 @@ pub(super) fn redis(e: &mut Errors<'_>, raw: &RawRedis) -> Redis {
         if !raw.url.starts_with("rediss://") {
             e.add("redis.tls_ca_file".into(), "applies only to TLS URLs (`rediss://`)");
         }
-        let read = std::fs::read(file).map_err(|err| format!("cannot read {file:?}: {err}"));
-        e.check(|| "redis.tls_ca_file".into(), read)
+        e.check(|| "redis.tls_ca_file".into(), super::files::read_regular(file))
     });
     Redis {
         url: raw.url.clone(),

@@ -18,9 +18,6 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use super::raw::RawTls;
 use super::validate::Errors;
 
-/// Largest certificate or key file read: a chain of a few certificates is a few KiB.
-const MAX_PEM_BYTES: u64 = 1 << 20;
-
 /// What a listener's `tls:` says, its files read and checked.
 pub struct Tls {
     pub server_config: Arc<ServerConfig>,
@@ -117,14 +114,14 @@ fn certified_key(
     key: &str,
     provider: &CryptoProvider,
 ) -> Result<Arc<CertifiedKey>, (&'static str, String)> {
-    let chain_pem = read_pem_file(cert).map_err(|m| ("cert", m))?;
+    let chain_pem = super::files::read_regular(cert).map_err(|m| ("cert", m))?;
     let chain = CertificateDer::pem_slice_iter(&chain_pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|err| ("cert", format!("{cert:?}: not a PEM certificate chain ({err})")))?;
     if chain.is_empty() {
         return Err(("cert", format!("{cert:?} holds no PEM certificate")));
     }
-    let key_pem = read_pem_file(key).map_err(|m| ("key", m))?;
+    let key_pem = super::files::read_regular(key).map_err(|m| ("key", m))?;
     let der = PrivateKeyDer::from_pem_slice(&key_pem)
         .map_err(|err| ("key", format!("{key:?}: no PEM private key ({err})")))?;
     let signing = provider
@@ -149,19 +146,6 @@ fn warn_if_expired(e: &mut Errors<'_>, at: &str, file: &str, key: &CertifiedKey)
     } else if validity.not_before.timestamp() > now {
         e.warn(at.to_owned(), format!("the certificate in {file:?} is not valid before {}", validity.not_before));
     }
-}
-
-/// A file named by the configuration: a regular file of bounded size.
-// One small function so it can move to a shared reader of configuration-named files.
-fn read_pem_file(path: &str) -> Result<Vec<u8>, String> {
-    let meta = std::fs::metadata(path).map_err(|err| format!("cannot read {path:?}: {err}"))?;
-    if !meta.is_file() {
-        return Err(format!("{path:?} is not a regular file"));
-    }
-    if meta.len() > MAX_PEM_BYTES {
-        return Err(format!("{path:?} is larger than {MAX_PEM_BYTES} bytes"));
-    }
-    std::fs::read(path).map_err(|err| format!("cannot read {path:?}: {err}"))
 }
 
 /// Picks the certificate for the name a client asks for (SNI): an exact name, then a

@@ -123,7 +123,7 @@ fn server(e: &mut Errors<'_>, at: &str, raw: &RawUpstreamServer) -> Option<Serve
 fn tls(e: &mut Errors<'_>, at: &str, raw: Option<&RawUpstreamTls>) -> UpstreamTls {
     let Some(raw) = raw else { return UpstreamTls { roots: None, sni: None, verify: true } };
     let roots = raw.ca_file.as_ref().and_then(|file| {
-        let read = std::fs::read(file).map_err(|err| format!("cannot read {file:?}: {err}"));
+        let read = super::files::read_regular(file);
         let pem = e.check(|| format!("{at}.ca_file"), read)?;
         let certs: Result<Vec<_>, _> = CertificateDer::pem_slice_iter(&pem).collect();
         let certs = certs

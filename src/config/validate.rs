@@ -20,7 +20,7 @@ use super::{
     AccessLogConfig, Action, Admin, Config, ConfigError, Cost, PathMatch, PathRewrite, Rewrite, Route, RouteMatch,
     StaticResponse, UpstreamHost,
 };
-use super::{Listener, limits, store, tls, upstreams};
+use super::{Listener, limits, shadow, store, tls, upstreams};
 use crate::limit::allow::Allow;
 
 const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -58,7 +58,12 @@ impl Errors<'_> {
 
     pub(super) fn add(&mut self, path: String, message: impl Into<String>) {
         let (line, column) = self.positions.of(&path);
-        self.list.push(ConfigError { file: self.file.to_owned(), line, column, path, message: message.into() });
+        self.list.push(ConfigError::new(self.file, (line, column), &path, &message.into()));
+    }
+
+    /// The line of the value at `path`.
+    pub(super) fn line_of(&self, path: &str) -> usize {
+        self.positions.of(path).0
     }
 
     /// The value of `result`, or None with its error recorded at `path`.
@@ -144,7 +149,12 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
     if redis.is_none() {
         store::require_redis(&mut e, &limits);
     }
-    let routes = raw.routes.iter().enumerate().map(|(i, r)| route(&mut e, i, r, &raw, max_body_bytes)).collect();
+    let routes: Vec<_> =
+        raw.routes.iter().enumerate().map(|(i, r)| route(&mut e, i, r, &raw, max_body_bytes)).collect();
+    shadow::check(&mut e, &routes);
+    if routes.is_empty() {
+        e.warn("routes".into(), "no routes: every request is answered 404");
+    }
 
     match listeners {
         Some(listeners) if e.list.is_empty() => Ok(Config {

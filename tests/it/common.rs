@@ -250,6 +250,12 @@ pub fn binary() -> Command {
 impl Sluicegate {
     /// Starts the proxy with `yaml` and waits until it reports its listening address.
     pub fn start(yaml: &str) -> Sluicegate {
+        Self::try_start(yaml).unwrap_or_else(|log| panic!("sluicegate did not start; log:\n{log}"))
+    }
+
+    /// Starts the proxy with `yaml`: the running process once it reports its listening
+    /// address, or its whole log if it exits (or is still silent after 20 s) before that.
+    pub fn try_start(yaml: &str) -> Result<Sluicegate, String> {
         let (dir, path) = config_file(yaml);
         let mut child = binary()
             .args(["--log-format", "json", "--log-level", "debug", "-c"])
@@ -278,10 +284,16 @@ impl Sluicegate {
             }
             done.store(true, std::sync::atomic::Ordering::Release);
         });
-        let addr = rx
-            .recv_timeout(Duration::from_secs(20))
-            .unwrap_or_else(|_| panic!("sluicegate did not start; log:\n{}", log.lock().unwrap()));
-        Sluicegate { addr, child, log, log_done, config: path, _dir: dir }
+        if let Ok(addr) = rx.recv_timeout(Duration::from_secs(20)) {
+            return Ok(Sluicegate { addr, child, log, log_done, config: path, _dir: dir });
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        // The reader sees the end of the pipe once the process is gone.
+        while !log_done.load(std::sync::atomic::Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Err(log.lock().unwrap().clone())
     }
 
     /// The resident memory of the process, in bytes.
@@ -339,6 +351,13 @@ impl Sluicegate {
         let log = self.wait_for_log(|log| log.len() > before && done(log));
         assert!(done(&log), "no reload in the log:\n{}", &log[before..]);
         log[before..].to_owned()
+    }
+
+    /// Kills the process and returns its whole log.
+    pub fn kill(&mut self) -> String {
+        let _ = self.child.kill();
+        self.wait_for_exit();
+        self.log()
     }
 
     /// Sends SIGTERM and waits for the exit.
@@ -441,4 +460,26 @@ pub async fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> String {
     let mut out = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut out)).await;
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `check` on `yaml`: its exit code (None: killed by a signal) and stderr, the file's
+/// path written `FILE`. Bounded: a check that hangs fails the test instead of stalling it.
+pub fn check_bounded(yaml: &str) -> (Option<i32>, String) {
+    let (dir, path) = config_file(yaml);
+    let stderr_path = dir.path().join("stderr");
+    let stderr = std::fs::File::create(&stderr_path).unwrap();
+    let mut child = binary().arg("check").arg("-c").arg(&path).stdout(Stdio::null()).stderr(stderr).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("check did not finish within 20 s on:\n{yaml}");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+    (status.code(), stderr.replace(&path.display().to_string(), "FILE"))
 }

@@ -390,3 +390,158 @@ fn the_printed_schema_accepts_the_example_and_refuses_unknown_keys() {
         serde_saphyr::from_str("listen: 127.0.0.1:8080\nlimits:\n  a: { key: ip, rat: 5r/s }\n").unwrap();
     assert!(!validator.is_valid(&wrong), "an unknown key passed the schema");
 }
+
+#[test]
+fn files_named_by_the_configuration_must_be_regular_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("ca.pem");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let big = dir.path().join("big.pem");
+    std::fs::write(&big, vec![b'x'; 2 << 20]).unwrap();
+    for (file, message) in [
+        ("/dev/zero".to_owned(), "\"/dev/zero\" is not a regular file".to_owned()),
+        // Opening a FIFO blocks until a writer comes: `check` would hang.
+        (fifo.display().to_string(), format!("{:?} is not a regular file", fifo.display().to_string())),
+        (big.display().to_string(), format!("{:?} is larger than 1024 KiB", big.display().to_string())),
+    ] {
+        let yaml = format!("listen: 127.0.0.1:0\nredis:\n  url: rediss://127.0.0.1\n  tls_ca_file: {file}\n");
+        let (code, stderr) = check_bounded(&yaml);
+        assert_eq!(code, Some(1), "{stderr}");
+        assert!(stderr.contains(&format!("FILE:4:16: redis.tls_ca_file: {message}\n")), "{stderr}");
+    }
+}
+
+#[test]
+fn long_values_in_errors_are_cut_short() {
+    let key = "k".repeat(500_000);
+    let (code, stderr) = check_bounded(&format!("{BASE}  a: {{ key: ip, rate: 1r/s, {key}: 1 }}\n"));
+    assert_eq!(code, Some(1));
+    assert!(stderr.len() < 1000, "{} bytes of errors", stderr.len());
+    let cut = format!("{}…", "k".repeat(60));
+    assert!(
+        stderr.starts_with(&format!("FILE:3:29: limits.a.{cut}: unknown field `{cut}`, expected one of key,")),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn invalid_utf8_is_placed_by_line_and_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sluicegate.yaml");
+    std::fs::write(&path, b"listen: 127.0.0.1:0\nroutes:\n  - name: \xc3\xa9t\xe9\n").unwrap();
+    let out = binary().arg("check").arg("-c").arg(&path).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr).replace(&path.display().to_string(), "FILE");
+    assert!(stderr.starts_with("FILE:3:13: invalid UTF-8 (byte 0xE9); the file must be UTF-8\n"), "{stderr}");
+}
+
+/// Each error reads in the file's terms, at the place it names; never the parser's own.
+#[test]
+fn parse_errors_speak_of_the_file() {
+    for (yaml, line) in [
+        (
+            "listen: 127.0.0.1:0\nupstreams:\n  backend:\n    servers: [\"127.0.0.1:1\"]\n  other: { servers: [\"127.0.0.1:2\"] }\n  backend:\n    servers: [\"127.0.0.1:3\"]\n",
+            "FILE:6:3: upstreams: `backend` is defined twice, lines 3 and 6",
+        ),
+        ("listen: 127.0.0.1:0\nlisten: 127.0.0.1:1\n", "FILE:2:1: `listen` is defined twice, lines 1 and 2"),
+        (
+            &format!("{BASE}  a:\n    key: ip\n    rate: 1r/s\n    burst: -1\n"),
+            "FILE:6:12: limits.a.burst: must be a whole number ≥ 0",
+        ),
+        (
+            &format!("{BASE}  a: {{ key: ip, rate: 1r/s, burst: 20.5 }}\n"),
+            "FILE:3:36: limits.a.burst: must be a whole number ≥ 0",
+        ),
+        (
+            &format!("{BASE}  a: {{ key: ip, rate: 1r/s, status: 70000 }}\n"),
+            "FILE:3:37: limits.a.status: must be a whole number at most 65535",
+        ),
+        (
+            &format!("{BASE}  a:\n    key: ip\n\trate: 1r/s\n"),
+            "FILE:5:1: a tab in the indentation; YAML indents with spaces",
+        ),
+        (
+            &format!("{BASE}  a: {{ key: ip, rate: 1r/s, nodelay: maybe }}\n"),
+            "FILE:3:38: limits.a.nodelay: must be true or false",
+        ),
+        ("", "FILE:1:1: the file is empty; a configuration needs at least `listen: IP:PORT`"),
+        ("# nothing yet\n\n", "FILE:1:1: the file is empty; a configuration needs at least `listen: IP:PORT`"),
+    ] {
+        let (code, stderr) = check_bounded(yaml);
+        assert_eq!(code, Some(1), "{stderr}");
+        assert_eq!(stderr, format!("{line}\nFILE: configuration is invalid\n"), "{yaml}");
+    }
+}
+
+#[test]
+fn a_missing_file_is_one_line_with_its_path_and_the_reason() {
+    let out = binary().args(["check", "-c", "/nonexistent/sluicegate.yaml"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "/nonexistent/sluicegate.yaml: cannot read: No such file or directory (os error 2)\n"
+    );
+}
+
+#[test]
+fn a_route_that_an_earlier_one_shadows_is_refused_naming_both_lines() {
+    let yaml = "listen: 127.0.0.1:0
+routes:
+  - match: { host: \"*.example.com\", path_prefix: /api, methods: [GET, POST] }
+    respond: { status: 200 }
+  - match: { host: shop.example.com, path: /api/cart, methods: [GET] }
+    respond: { status: 201 }
+  - match: { host: shop.example.com, path: /api/cart }
+    respond: { status: 202 }
+";
+    let (code, stderr) = check_bounded(yaml);
+    assert_eq!(code, Some(1), "{stderr}");
+    // The third route also takes PUT: it can still match.
+    assert_eq!(
+        stderr,
+        "FILE:5:5: routes[1]: can never match: routes[0] (line 3) comes first and takes every request it would\nFILE: configuration is invalid\n"
+    );
+}
+
+#[tokio::test]
+async fn no_routes_is_a_warning_of_check_and_of_run() {
+    let yaml = "listen: 127.0.0.1:0\nroutes: []\n";
+    let (code, stderr) = check_bounded(yaml);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(stderr, "warning: FILE:2:9: routes: no routes: every request is answered 404\n");
+    let sg = Sluicegate::start(yaml);
+    assert!(sg.log().contains("routes: no routes: every request is answered 404"), "{}", sg.log());
+    assert_eq!(get(sg.addr, "/", &[]).await.status, 404);
+}
+
+#[test]
+fn check_reports_an_upstream_host_that_does_not_resolve() {
+    let yaml = "listen: 127.0.0.1:0\nupstreams:\n  app:\n    servers: [\"localhost:3000\", \"nonexistent.invalid:80\", \"127.0.0.1:1\"]\n";
+    let started = std::time::Instant::now();
+    let (code, stderr) = check_bounded(yaml);
+    assert_eq!(code, Some(1), "{stderr}");
+    // RFC 6761: `.invalid` never resolves; a resolver that does not answer is waited for 5 s.
+    assert!(started.elapsed() < std::time::Duration::from_secs(15));
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("does not resolve")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(
+        errors[0].starts_with("FILE:4:33: upstreams.app.servers[1]: host \"nonexistent.invalid\" does not resolve: "),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_port_in_use_is_named_when_run_cannot_listen() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    for yaml in [
+        format!("listen: {addr}\nroutes:\n  - respond: {{ status: 200 }}\n"),
+        format!("listen: 127.0.0.1:0\nadmin: {{ listen: \"{addr}\" }}\nroutes:\n  - respond: {{ status: 200 }}\n"),
+    ] {
+        let (_dir, path) = config_file(&yaml);
+        let out = binary().arg("-c").arg(&path).stdout(std::process::Stdio::null()).output().unwrap();
+        assert_eq!(out.status.code(), Some(1));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(&format!("sluicegate: cannot start: {addr}: Address already in use")), "{stderr}");
+    }
+}

@@ -8,6 +8,7 @@ mod bodies;
 mod common;
 mod concurrency;
 mod config_errors;
+mod config_fuzz;
 mod conformance;
 mod connections;
 mod eviction;

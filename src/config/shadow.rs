@@ -1,0 +1,79 @@
+//! Routes that can never match: an earlier route, tried first, takes every request
+//! they would (routes are tried in file order, the first match wins).
+
+use super::validate::Errors;
+use super::{PathMatch, Route, RouteMatch};
+
+/// Records an error at each route that an earlier one shadows.
+pub(super) fn check(e: &mut Errors<'_>, routes: &[Route]) {
+    for (j, later) in routes.iter().enumerate() {
+        if let Some(i) = routes[..j].iter().position(|earlier| covers(&earlier.matcher, &later.matcher)) {
+            let line = e.line_of(&format!("routes[{i}]"));
+            e.add(
+                format!("routes[{j}]"),
+                format!("can never match: routes[{i}] (line {line}) comes first and takes every request it would"),
+            );
+        }
+    }
+}
+
+/// Whether every request `b` matches is also matched by `a` (see `proxy::route::matches`).
+fn covers(a: &RouteMatch, b: &RouteMatch) -> bool {
+    let host = match (&a.host, &b.host) {
+        (None, _) => true,
+        (Some(_), None) => false,
+        (Some(a), Some(b)) => match a.strip_prefix("*.") {
+            // `*.s` takes the strict subdomains of `s`: `x.s`, and every host of `*.s`
+            // or `*.x.s`.
+            Some(suffix) => match b.strip_prefix("*.") {
+                Some(base) => base == suffix || is_subdomain(base, suffix),
+                None => is_subdomain(b, suffix),
+            },
+            None => a == b,
+        },
+    };
+    let path = match (&a.path, &b.path) {
+        (PathMatch::Any, _) => true,
+        (PathMatch::Prefix(p), PathMatch::Prefix(q) | PathMatch::Exact(q)) => q.starts_with(p.as_str()),
+        (PathMatch::Exact(p), PathMatch::Exact(q)) => p == q,
+        _ => false,
+    };
+    let methods = a.methods.is_empty() || (!b.methods.is_empty() && b.methods.iter().all(|m| a.methods.contains(m)));
+    host && path && methods
+}
+
+/// `host` is a strict subdomain of `of`.
+fn is_subdomain(host: &str, of: &str) -> bool {
+    host.strip_suffix(of).is_some_and(|head| head.len() > 1 && head.ends_with('.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use http::Method;
+
+    use super::*;
+
+    fn m(host: Option<&str>, path: PathMatch, methods: &[Method]) -> RouteMatch {
+        RouteMatch { host: host.map(str::to_owned), path, methods: methods.to_vec() }
+    }
+
+    #[test]
+    fn a_route_covers_what_it_matches_in_every_respect() {
+        let prefix = |p: &str| PathMatch::Prefix(p.into());
+        let exact = |p: &str| PathMatch::Exact(p.into());
+        let get = [Method::GET];
+        assert!(covers(&m(None, PathMatch::Any, &[]), &m(Some("a.com"), exact("/x"), &get)));
+        assert!(covers(&m(None, prefix("/api"), &[]), &m(None, prefix("/api/v1"), &get)));
+        assert!(covers(&m(None, prefix("/api"), &[Method::GET, Method::POST]), &m(None, exact("/api"), &get)));
+        assert!(covers(&m(Some("*.a.com"), prefix("/"), &[]), &m(Some("x.a.com"), prefix("/"), &[])));
+        assert!(covers(&m(Some("*.a.com"), prefix("/"), &[]), &m(Some("*.x.a.com"), prefix("/"), &[])));
+        assert!(covers(&m(Some("*.a.com"), prefix("/"), &[]), &m(Some("*.a.com"), prefix("/"), &[])));
+        assert!(!covers(&m(Some("*.a.com"), prefix("/"), &[]), &m(Some("a.com"), prefix("/"), &[])));
+        assert!(!covers(&m(Some("*.a.com"), prefix("/"), &[]), &m(Some("xa.com"), prefix("/"), &[])));
+        assert!(!covers(&m(Some("a.com"), PathMatch::Any, &[]), &m(None, PathMatch::Any, &[])));
+        assert!(!covers(&m(None, exact("/api"), &[]), &m(None, prefix("/api"), &[])));
+        assert!(!covers(&m(None, prefix("/api/"), &[]), &m(None, prefix("/api"), &[])));
+        assert!(!covers(&m(None, PathMatch::Any, &get), &m(None, PathMatch::Any, &[])));
+        assert!(!covers(&m(None, PathMatch::Any, &get), &m(None, PathMatch::Any, &[Method::POST])));
+    }
+}
