@@ -9,18 +9,25 @@ pub const MAX_FILE_BYTES: u64 = 1 << 20;
 /// The contents of `path`, or why it cannot serve: a device such as `/dev/zero` would be
 /// read until memory runs out, a FIFO would block the load forever.
 pub fn read_regular(path: &str) -> Result<Vec<u8>, String> {
-    let cannot = |err: std::io::Error| format!("cannot read {path:?}: {err}");
+    read_bounded(std::path::Path::new(path), MAX_FILE_BYTES).map_err(|err| match err.kind() {
+        std::io::ErrorKind::InvalidInput => format!("{path:?} {err}"),
+        _ => format!("cannot read {path:?}: {err}"),
+    })
+}
+
+/// The contents of the regular file at `path`, if it holds at most `max` bytes; a
+/// device, a FIFO or a larger file is an `InvalidInput` error saying which.
+pub fn read_bounded(path: &std::path::Path, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::{Error, ErrorKind};
     // Checked before opening: opening a FIFO for reading blocks until a writer comes.
-    let meta = std::fs::metadata(path).map_err(cannot)?;
-    if !meta.is_file() {
-        return Err(format!("{path:?} is not a regular file"));
+    if !std::fs::metadata(path)?.is_file() {
+        return Err(Error::new(ErrorKind::InvalidInput, "is not a regular file"));
     }
-    let file = std::fs::File::open(path).map_err(cannot)?;
     let mut bytes = Vec::new();
     // Bounded here too: the file may have grown, or been replaced, since the check.
-    file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes).map_err(cannot)?;
-    if bytes.len() as u64 > MAX_FILE_BYTES {
-        return Err(format!("{path:?} is larger than {} KiB", MAX_FILE_BYTES / 1024));
+    std::fs::File::open(path)?.take(max + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(Error::new(ErrorKind::InvalidInput, format!("is larger than {} KiB", max / 1024)));
     }
     Ok(bytes)
 }

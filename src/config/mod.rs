@@ -427,9 +427,13 @@ pub fn check(path: &Path) -> Result<Config, LoadError> {
 }
 
 /// The file's name for errors, and its text.
+/// Far above any real configuration; `-c /dev/zero` must not read until memory runs out.
+const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
 fn read(path: &Path) -> Result<(String, String), LoadError> {
     let file = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|source| LoadError::Read { file: file.clone(), source })?;
+    let bytes =
+        files::read_bounded(path, MAX_CONFIG_BYTES).map_err(|source| LoadError::Read { file: file.clone(), source })?;
     let src = String::from_utf8(bytes).map_err(|err| {
         let valid_up_to = err.utf8_error().valid_up_to();
         let position = messages::utf8_error_position(err.as_bytes(), valid_up_to);

@@ -545,3 +545,10 @@ fn a_port_in_use_is_named_when_run_cannot_listen() {
         assert!(stderr.contains(&format!("sluicegate: cannot start: {addr}: Address already in use")), "{stderr}");
     }
 }
+
+#[test]
+fn a_configuration_that_is_not_a_regular_file_is_refused_at_once() {
+    let out = binary().args(["check", "-c", "/dev/zero"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/dev/zero: cannot read: is not a regular file"));
+}
