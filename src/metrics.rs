@@ -312,6 +312,12 @@ impl Collector for State {
         counter("redis_errors", "Redis calls that failed or timed out", c.errors)?;
         counter("redis_skipped", "Requests decided without Redis while the circuit breaker was open", c.skipped)?;
         counter("near_cache_hits", "Requests refused by the near-cache without a Redis call", c.near_hits)?;
+        ConstGauge::new(i64::from(c.breaker_open)).encode(encoder.encode_descriptor(
+            "redis_breaker_open",
+            "1 while the circuit breaker skips Redis and on_store_error decides",
+            None,
+            MetricType::Gauge,
+        )?)?;
         let mut family = encoder.encode_descriptor(
             "redis_fallbacks",
             "Global limit decisions made by on_store_error, by kind",

@@ -61,6 +61,11 @@ impl Breaker {
         }
     }
 
+    /// Calls are being skipped (open, or cooling down before the next probe).
+    pub fn is_open(&self) -> bool {
+        self.open_until.load(Ordering::Acquire) != 0
+    }
+
     pub fn succeeded(&self) -> Change {
         self.failures.store(0, Ordering::Relaxed);
         self.streak_start.store(0, Ordering::Relaxed);
@@ -106,7 +111,9 @@ mod tests {
         assert_eq!(b.failed(0), Change::None);
         assert_eq!(b.succeeded(), Change::None, "a success resets the count");
         assert_eq!([b.failed(0), b.failed(0)], [Change::None, Change::None]);
+        assert!(!b.is_open());
         assert_eq!(b.failed(MS), Change::Opened);
+        assert!(b.is_open());
         assert!(!b.allows(50 * MS));
         // Cooled down: one probe, not two.
         assert!(b.allows(101 * MS));
@@ -116,6 +123,7 @@ mod tests {
         assert!(!b.allows(150 * MS));
         assert!(b.allows(202 * MS));
         assert_eq!(b.succeeded(), Change::Closed);
+        assert!(!b.is_open());
         assert!(b.allows(202 * MS) && b.allows(202 * MS));
     }
 

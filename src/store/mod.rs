@@ -70,6 +70,8 @@ pub struct StoreCounts {
     pub skipped: u64,
     /// By `on_store_error`: allow, deny, local.
     pub fallbacks: [u64; 3],
+    /// The circuit breaker is open: global limits are decided by `on_store_error`.
+    pub breaker_open: bool,
 }
 
 /// One global limit of a request: its index and the Redis key base of the request's key.
@@ -201,6 +203,7 @@ impl Store {
             errors: load(&s.errors),
             skipped: load(&s.skipped),
             fallbacks: [load(&s.fallbacks[0]), load(&s.fallbacks[1]), load(&s.fallbacks[2])],
+            breaker_open: self.breaker.is_open(),
         }
     }
 
