@@ -66,11 +66,14 @@ pub enum UpstreamResult {
     Timeout,
     /// The exchange failed after connecting (reset, malformed response).
     Failed,
+    /// The client's request body failed (broken, too large, too slow): not the upstream's
+    /// fault.
+    ClientBody,
 }
 
 const DECISIONS: [&str; 3] = ["passed", "delayed", "rejected"];
 const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
-const UPSTREAM_ERRORS: [&str; 3] = ["connect", "timeout", "failed"];
+const UPSTREAM_ERRORS: [&str; 4] = ["connect", "timeout", "failed", "client_body"];
 
 struct RouteMetrics {
     requests: [Counter; RequestOutcome::ALL.len()],
@@ -211,6 +214,7 @@ impl Metrics {
             UpstreamResult::ConnectError => m.errors[0].inc(),
             UpstreamResult::Timeout => m.errors[1].inc(),
             UpstreamResult::Failed => m.errors[2].inc(),
+            UpstreamResult::ClientBody => m.errors[3].inc(),
         };
     }
 

@@ -270,6 +270,8 @@ impl Proxy {
                     Ok(response) => UpstreamResult::Status(response.status().as_u16()),
                     Err(ProxyError::UpstreamTimeout { .. }) => UpstreamResult::Timeout,
                     Err(ProxyError::UpstreamUnreachable { .. }) => UpstreamResult::ConnectError,
+                    // The request body broke off, grew too large or stalled: the client's doing.
+                    Err(e) if e.status().is_client_error() => UpstreamResult::ClientBody,
                     Err(_) => UpstreamResult::Failed,
                 };
                 trace.upstream = Some(started.elapsed());

@@ -10,7 +10,7 @@ use crate::common::*;
 
 fn config(upstream: &str) -> String {
     format!(
-        "listen: 127.0.0.1:0\nserver: {{ max_body_bytes: 1k, body_read_timeout: 300ms }}\nupstreams:\n  app: {{ servers: [\"{upstream}\"], timeout: 20s }}\nroutes:\n  - match: {{ methods: [PUT] }}\n    upstream: app\n    max_body_bytes: 1m\n  - upstream: app\n"
+        "listen: 127.0.0.1:0\nadmin: {{ listen: 127.0.0.1:0 }}\nserver: {{ max_body_bytes: 1k, body_read_timeout: 300ms }}\nupstreams:\n  app: {{ servers: [\"{upstream}\"], timeout: 20s }}\nroutes:\n  - match: {{ methods: [PUT] }}\n    upstream: app\n    max_body_bytes: 1m\n  - upstream: app\n"
     )
 }
 
@@ -57,8 +57,9 @@ async fn stalled_body_is_408_after_body_read_timeout() {
     let sg = Sluicegate::start(&config(&backend.addr.to_string()));
     let (mut tx, body) = Channel::<Bytes, std::convert::Infallible>::new(4);
     let started = Instant::now();
+    let addr = sg.addr;
     let pending = tokio::spawn(async move {
-        request(sg.addr, Request::post("/upload").header("host", "test.local").body(body).unwrap()).await
+        request(addr, Request::post("/upload").header("host", "test.local").body(body).unwrap()).await
     });
     tx.send_data(Bytes::from_static(b"some")).await.unwrap();
     let r = tokio::time::timeout(Duration::from_secs(10), pending).await.expect("stalled body never cut").unwrap();
@@ -66,6 +67,11 @@ async fn stalled_body_is_408_after_body_read_timeout() {
     // Well before the upstream's 20 s timeout.
     assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
     drop(tx);
+    // Counted as the client's doing, not as a failing upstream.
+    let metrics = get(sg.admin_addr(), "/metrics", &[]).await.text();
+    let errors = |kind: &str| format!("sluicegate_upstream_errors_total{{route=\"routes[1]\",kind=\"{kind}\"}}");
+    assert!(metrics.contains(&format!("{} 1\n", errors("client_body"))), "{metrics}");
+    assert!(metrics.contains(&format!("{} 0\n", errors("failed"))), "{metrics}");
 }
 
 #[test]
