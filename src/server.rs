@@ -5,9 +5,10 @@
 //! on shutdown stop accepting and let in-flight requests and tunnels finish within the
 //! grace period.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -133,6 +134,7 @@ impl Server {
         // Established connections keep being served at the cap; new ones wait in the
         // listen backlog until one closes (as nginx does at `worker_connections`).
         let slots = Arc::new(Semaphore::new(self.max_connections));
+        let peers = Arc::new(PeerCounts::default());
         let (stop, stopping) = watch::channel(());
         let mut turn = 0;
         tokio::pin!(shutdown);
@@ -168,7 +170,18 @@ impl Server {
             let tls = config.listeners.get(index).and_then(|l| l.tls.as_ref());
             let tls = tls.map(|t| TlsAcceptor::from(Arc::clone(&t.server_config)));
             let stopping = stopping.clone();
-            let hold = Arc::new(ConnectionHold { _slot: slot, _draining: stopping.clone() });
+            let peer_slot = match config.max_connections_per_ip {
+                None => None,
+                Some(max) => match peers.take(peer.ip(), max) {
+                    Some(place) => Some(place),
+                    None => {
+                        // Closed at once: waiting would let one host hold the backlog.
+                        debug!(%peer, max, "connection refused: max_connections_per_ip");
+                        continue;
+                    }
+                },
+            };
+            let hold = Arc::new(ConnectionHold { _slot: slot, _draining: stopping.clone(), _peer: peer_slot });
             let serving = Serving { running: Arc::clone(&self.running), builder: builder.clone(), timeouts, stopping };
             tokio::spawn(async move {
                 // The handshake counts against `header_read_timeout`, as the first
@@ -340,6 +353,52 @@ impl Serving {
 pub struct ConnectionHold {
     _slot: tokio::sync::OwnedSemaphorePermit,
     _draining: watch::Receiver<()>,
+    _peer: Option<PeerSlot>,
+}
+
+/// Connections open per client address (`server.max_connections_per_ip`), so that one
+/// host cannot take every slot of `max_connections`. An IPv6 client counts by its /64, as
+/// it can pick any address in it. Holds only addresses with connections open, so at
+/// most `max_connections` entries.
+#[derive(Default)]
+struct PeerCounts(Mutex<HashMap<IpAddr, usize>>);
+
+/// One connection's place in `PeerCounts`, given back when the connection ends.
+struct PeerSlot {
+    counts: Arc<PeerCounts>,
+    peer: IpAddr,
+}
+
+impl PeerCounts {
+    /// A place for a connection from `peer`, unless it already holds `max`.
+    fn take(self: &Arc<Self>, peer: IpAddr, max: usize) -> Option<PeerSlot> {
+        let peer = match peer.to_canonical() {
+            IpAddr::V6(v6) => IpAddr::V6((u128::from(v6) & !((1u128 << 64) - 1)).into()),
+            v4 => v4,
+        };
+        let mut counts = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let open = counts.entry(peer).or_insert(0);
+        if *open >= max {
+            if *open == 0 {
+                counts.remove(&peer);
+            }
+            return None;
+        }
+        *open += 1;
+        Some(PeerSlot { counts: Arc::clone(self), peer })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut counts = self.counts.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(open) = counts.get_mut(&self.peer) {
+            *open -= 1;
+            if *open == 0 {
+                counts.remove(&self.peer);
+            }
+        }
+    }
 }
 
 /// The next connection on any of `listeners`, once a slot is free, with the index of
@@ -432,5 +491,24 @@ pub async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         () = terminate => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ipv6_client_counts_by_its_64_and_places_come_back() {
+        let counts = Arc::new(PeerCounts::default());
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let a = counts.take(ip("2001:db8:1:2::1"), 2).unwrap();
+        let b = counts.take(ip("2001:db8:1:2:ffff::9"), 2).unwrap();
+        assert!(counts.take(ip("2001:db8:1:2::77"), 2).is_none(), "the same /64");
+        assert!(counts.take(ip("2001:db8:1:3::1"), 2).is_some(), "another /64");
+        assert!(counts.take(ip("::ffff:192.0.2.1"), 1).is_some(), "IPv4-mapped counts as IPv4");
+        drop((a, b));
+        assert!(counts.take(ip("2001:db8:1:2::1"), 2).is_some());
+        assert!(counts.0.lock().unwrap().is_empty(), "addresses without connections are forgotten");
     }
 }

@@ -47,6 +47,8 @@ pub struct Config {
     pub send_timeout: Duration,
     /// Connections served at once; `None`: derived from the open-file limit at start.
     pub max_connections: Option<usize>,
+    /// Connections one client address (an IPv6 /64) may hold open at once (`None`: any).
+    pub max_connections_per_ip: Option<usize>,
     /// A request whose header fields weigh more than this gets 431 (see
     /// `proxy::head::header_section_bytes` for how they are counted).
     pub max_header_bytes: usize,

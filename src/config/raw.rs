@@ -91,6 +91,7 @@ pub struct RawServer {
     pub idle_timeout: Option<String>,
     pub send_timeout: Option<String>,
     pub max_connections: Option<u64>,
+    pub max_connections_per_ip: Option<u64>,
     pub max_header_bytes: Option<u64>,
     pub max_uri_bytes: Option<u64>,
     pub shutdown_grace: Option<String>,

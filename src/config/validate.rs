@@ -120,15 +120,19 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
         DEFAULT_BODY_READ_TIMEOUT,
     );
     let max_body_bytes = body_size(&mut e, "server.max_body_bytes", raw.server.max_body_bytes.as_ref());
-    let max_connections = raw.server.max_connections.and_then(|n| {
-        e.check(
-            || "server.max_connections".into(),
-            match n {
-                1..=MAX_CONNECTIONS => Ok(n as usize),
-                _ => Err(format!("must be from 1 to {MAX_CONNECTIONS}, not {n}")),
-            },
-        )
-    });
+    let mut connections = |field: &str, given: Option<u64>| {
+        given.and_then(|n| {
+            e.check(
+                || format!("server.{field}"),
+                match n {
+                    1..=MAX_CONNECTIONS => Ok(n as usize),
+                    _ => Err(format!("must be from 1 to {MAX_CONNECTIONS}, not {n}")),
+                },
+            )
+        })
+    };
+    let max_connections = connections("max_connections", raw.server.max_connections);
+    let max_connections_per_ip = connections("max_connections_per_ip", raw.server.max_connections_per_ip);
     let max_header_bytes =
         head_limit(&mut e, "server.max_header_bytes", raw.server.max_header_bytes, DEFAULT_MAX_HEADER_BYTES);
     let max_uri_bytes = head_limit(&mut e, "server.max_uri_bytes", raw.server.max_uri_bytes, DEFAULT_MAX_URI_BYTES);
@@ -164,6 +168,7 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
             idle_timeout,
             send_timeout,
             max_connections,
+            max_connections_per_ip,
             max_header_bytes,
             max_uri_bytes,
             shutdown_grace,

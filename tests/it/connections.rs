@@ -224,3 +224,35 @@ async fn a_client_that_reads_nothing_holds_a_bounded_amount_of_memory() {
     assert!(per_client < 512 << 10, "{per_client} bytes held per client that reads nothing");
     drop(clients);
 }
+
+#[tokio::test]
+async fn one_address_holds_at_most_max_connections_per_ip() {
+    let sg = proxy("max_connections_per_ip: 2");
+    let mut first = TcpStream::connect(sg.addr).await.unwrap();
+    let mut second = TcpStream::connect(sg.addr).await.unwrap();
+    // Both are served (and so counted) before the third arrives.
+    answered_ok(&mut first).await;
+    answered_ok(&mut second).await;
+    let mut third = TcpStream::connect(sg.addr).await.unwrap();
+    let _ = third.write_all(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n").await;
+    let closed = until_closed(&mut third, Duration::from_secs(5)).await;
+    assert_eq!(closed.as_deref(), Some(&b""[..]), "a third connection from the same address was served");
+    // One closes: its place is free again.
+    drop(first);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut again = TcpStream::connect(sg.addr).await.unwrap();
+        again.write_all(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n").await.unwrap();
+        let mut head = [0u8; 12];
+        match tokio::time::timeout(Duration::from_secs(2), again.read_exact(&mut head)).await {
+            Ok(Ok(_)) => {
+                assert_eq!(&head, b"HTTP/1.1 200");
+                break;
+            }
+            // The proxy may not have seen the close yet.
+            _ if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(20)).await,
+            other => panic!("the freed place was not given back: {other:?}"),
+        }
+    }
+    answered_ok(&mut second).await;
+}
