@@ -47,7 +47,7 @@ pub enum StoreError {
     Reply(usize),
 }
 
-/// Counts since start, for the fallback log lines (no metrics endpoint exports them yet).
+/// Counts since start, for the fallback log lines and `/metrics` (`Store::counts`).
 #[derive(Default)]
 struct Stats {
     /// Decisions asked of Redis (one per request, whatever the number of slots).
