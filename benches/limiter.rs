@@ -12,7 +12,7 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use http::{HeaderMap, Method, Uri};
 use sluicegate::config;
 use sluicegate::limit::Limiters;
-use sluicegate::limit::key::KeySource;
+use sluicegate::policy::key::KeySource;
 
 fn limiters(key: &str, max_keys: usize) -> Arc<Limiters> {
     // Fast enough that the bench measures admissions, not rejections.

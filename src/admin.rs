@@ -22,8 +22,8 @@ use tokio::net::TcpListener;
 use tracing::{debug, warn};
 
 use crate::config::{Admin, Config, Scope};
-use crate::limit::key::KeySource;
-use crate::limit::key::bearer_token;
+use crate::policy::key::KeySource;
+use crate::policy::key::bearer_token;
 use crate::proxy::Proxy;
 use crate::server::Running;
 

@@ -29,6 +29,7 @@ pub mod config;
 pub mod limit;
 pub mod metrics;
 pub mod path;
+pub mod policy;
 pub mod proxy;
 pub mod server;
 pub mod store;

@@ -9,8 +9,8 @@ use super::store::scope;
 use super::units::parse_rate;
 use super::validate::{Errors, allow, check_name, names, positive_duration, status_in};
 use super::{Ban, Limit, LogLevel, Policy, Rate};
-use crate::limit::allow::Allow;
-use crate::limit::key::{DEFAULT_IP_PREFIX, KeyPart, KeySpec};
+use crate::policy::allow::Allow;
+use crate::policy::key::{DEFAULT_IP_PREFIX, KeyPart, KeySpec};
 
 /// `Retry-After` of a concurrency rejection unless the limit says otherwise.
 const DEFAULT_CONCURRENCY_RETRY_AFTER: Duration = Duration::from_secs(1);

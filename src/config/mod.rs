@@ -27,10 +27,10 @@ use http::uri::Authority;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use ipnet::IpNet;
 
-use crate::limit::allow::Allow;
-use crate::limit::key::KeySpec;
-pub use raw::{AccessFormat, ForwardedMode, HeaderMode, HeaderStyle, LogKeys, LogLevel, OnStoreError, RejectionBody};
-pub use units::Rate;
+pub use crate::policy::allow::Allow;
+pub use crate::policy::key::KeySpec;
+pub use crate::policy::{OnStoreError, Policy, Rate, Scope};
+pub use raw::{AccessFormat, ForwardedMode, HeaderMode, HeaderStyle, LogKeys, LogLevel, RejectionBody};
 pub use validate::MAX_CONNECTIONS;
 
 #[derive(Debug)]
@@ -202,15 +202,6 @@ pub struct Redis {
     pub near_cache_keys: usize,
 }
 
-/// Where a limit keeps its state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scope {
-    /// In this process.
-    Local,
-    /// In Redis, shared by every instance; `instances` divides the local fallback's rate.
-    Global { on_store_error: OnStoreError, instances: u64 },
-}
-
 #[derive(Debug)]
 pub struct Limit {
     pub name: String,
@@ -245,34 +236,6 @@ pub struct Limit {
 pub struct Ban {
     pub base: Duration,
     pub max: Duration,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Policy {
-    /// Request rate with nginx `limit_req` semantics. GCRA, the token bucket and the
-    /// minimum interval are this with other parameters (see `limits`).
-    Rate {
-        rate: Rate,
-        /// Excess requests admitted beyond the rate (nginx `burst`).
-        burst: u64,
-        /// Excess requests admitted without waiting: 0 by default (every excess
-        /// request waits), `burst` for `nodelay`, N for `delay: N`.
-        delay: u64,
-    },
-    /// At most `limit` requests per `window`, windows aligned to the Unix epoch.
-    FixedWindow { limit: u64, window: Duration },
-    /// `prev · (1 − elapsed/window) + curr` at most `limit`, windows aligned to the epoch.
-    SlidingWindow { limit: u64, window: Duration },
-    /// At most `limit` admissions in any interval of `window`, exactly.
-    SlidingLog { limit: u64, window: Duration },
-    /// Requests in progress (nginx `limit_conn`); a rejection says `Retry-After`.
-    Concurrency { max: u64, retry_after: Duration },
-}
-
-impl Policy {
-    pub fn is_concurrency(&self) -> bool {
-        matches!(self, Policy::Concurrency { .. })
-    }
 }
 
 #[derive(Debug)]

@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::Deserialize;
 
+pub use crate::policy::OnStoreError;
+
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
@@ -238,18 +240,6 @@ pub struct RawLimit {
 pub enum ScopeName {
     Local,
     Global,
-}
-
-/// What a global limit does while Redis cannot answer in time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum OnStoreError {
-    /// Admit the request (fail open).
-    Allow,
-    /// Refuse it with 503 (fail closed).
-    Deny,
-    /// Decide it with a local limiter of the same policy (its rate divided by `instances`).
-    Local,
 }
 
 /// Requests matching `match` are decided by the limit named in `use` instead.

@@ -1,33 +1,9 @@
 //! The small value syntaxes of the file: durations (`250ms`, `30s`, `1h`) and rates
 //! (`10r/s`, `600r/m`, `100r/15m`).
 
-use std::fmt;
 use std::time::Duration;
 
-/// `count` requests per `per`, kept exactly as written (nginx truncates `1r/m` to
-/// 16 milli-requests per second; we do not).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Rate {
-    pub count: u64,
-    pub per: Duration,
-}
-
-impl Rate {
-    /// The emission interval `per / count` in nanoseconds, rounded to the nearest
-    /// nanosecond: the only approximation, a relative error below 1e-9 for any rate
-    /// slower than one request per microsecond.
-    pub fn period_ns(&self) -> u64 {
-        let per = self.per.as_nanos();
-        let count = u128::from(self.count);
-        u64::try_from((per + count / 2) / count).unwrap_or(u64::MAX)
-    }
-}
-
-impl fmt::Display for Rate {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}r/{}", self.count, humantime::format_duration(self.per))
-    }
-}
+pub use crate::policy::Rate;
 
 /// The units durations and rate windows take, as nginx's time units do (minus years
 /// and months, whose length varies).

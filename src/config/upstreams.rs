@@ -15,7 +15,7 @@ use http::uri::PathAndQuery;
 use super::raw::{BalanceName, RawHealthCheck, RawUpstream, RawUpstreamServer, RawUpstreamTls};
 use super::validate::{Errors, check_name, positive_duration, status_in};
 use super::{Balance, HealthCheck, Server, Upstream, UpstreamTls};
-use crate::limit::key::KeySpec;
+use crate::policy::key::KeySpec;
 
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);

@@ -21,7 +21,7 @@ use super::{
     StaticResponse, UpstreamHost,
 };
 use super::{Listener, limits, shadow, store, tls, upstreams};
-use crate::limit::allow::Allow;
+use crate::policy::allow::Allow;
 
 const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);

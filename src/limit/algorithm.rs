@@ -10,7 +10,7 @@ use super::leaky_bucket::LeakyBucket;
 use super::sliding_log::{LogShard, LogTable, SlidingLog};
 use super::sliding_window::SlidingWindow;
 use super::table::{KeyTable, Shard};
-use crate::config::Policy;
+use crate::policy::Policy;
 
 /// A limit's algorithm with the table of its keys' state. The table is shared with the
 /// limit's previous configuration across a reload that keeps its state (`adopt`), so

@@ -17,9 +17,9 @@ use std::time::Duration;
 use http::StatusCode;
 use smallvec::{SmallVec, smallvec};
 
-use super::key::KeySource;
 use super::{Decision, Limiters, Outcome, Standing, now};
 use crate::config::{OnStoreError, Scope};
+use crate::policy::key::KeySource;
 use crate::store::{Admissions, Call, Store, Verdicts};
 
 /// `Retry-After` of a request refused because Redis cannot answer (`on_store_error: deny`).

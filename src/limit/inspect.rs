@@ -6,8 +6,8 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::algorithm::Held;
-use super::key::KeySource;
 use super::{Limiters, Verdict, now};
+use crate::policy::key::KeySource;
 
 /// One key of one limit, as a request with it would find it now.
 #[derive(Debug, Serialize)]

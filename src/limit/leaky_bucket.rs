@@ -19,7 +19,7 @@
 //! delay" outcome, and its keyed store grows without bound; hence this small type.
 
 use super::Verdict;
-use crate::config::Rate;
+use crate::policy::Rate;
 
 /// Per-key state: the instant, in ns, at which the bucket drains empty.
 pub type Tat = u64;

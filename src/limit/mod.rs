@@ -9,7 +9,6 @@
 //! `Permits` until its response is done.
 
 pub mod algorithm;
-pub mod allow;
 pub mod ban;
 pub mod concurrency;
 pub mod fixed_window;
@@ -17,7 +16,6 @@ pub mod fixed_window;
 mod gcra_cases;
 mod global;
 pub mod inspect;
-pub mod key;
 pub mod leaky_bucket;
 pub mod receipt;
 pub mod sliding_log;
@@ -31,12 +29,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use http::StatusCode;
 use smallvec::SmallVec;
 
-use crate::config::{Config, Limit, LogKeys, Policy, Rate, Scope};
+use crate::config::{Config, Limit, LogKeys};
+use crate::policy::allow::Allow;
+use crate::policy::key::{KeySource, KeySpec};
+use crate::policy::{Policy, Rate, Scope};
 use crate::store::Store;
 use algorithm::{Algorithm, Held};
-use allow::Allow;
 use ban::Bans;
-use key::{KeySource, KeySpec};
 pub use receipt::{Pending, Permits};
 use table::Shard;
 

@@ -32,10 +32,10 @@ use tracing::{Level, debug, warn};
 
 use crate::access_log::{self, AccessLog};
 use crate::config::{Action, Config, Cost, HeaderMode, LogLevel, Route};
-use crate::limit::key::KeySource;
 use crate::limit::{self, Decision, Limiters, Outcome, Standing};
 use crate::metrics::{Metrics, RequestOutcome, UpstreamResult};
 use crate::path;
+use crate::policy::key::KeySource;
 use error::ProxyError;
 use forward::{Hop, UpstreamClient};
 use log_budget::LogBudget;

@@ -250,7 +250,7 @@ mod tests {
     use super::*;
     use crate::config::units::parse_rate;
     use crate::limit::Outcome;
-    use crate::limit::key::KeySpec;
+    use crate::policy::key::KeySpec;
 
     fn limit(name: &str, rate: &str) -> Limit {
         Limit {

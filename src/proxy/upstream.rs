@@ -14,7 +14,7 @@ use tracing::{info, warn};
 
 use super::balance::{self, SmoothRoundRobin};
 use crate::config::{Balance, Upstream};
-use crate::limit::key::KeySource;
+use crate::policy::key::KeySource;
 
 pub struct ServerSet {
     upstream: String,

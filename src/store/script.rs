@@ -10,7 +10,8 @@ use std::sync::{LazyLock, OnceLock};
 
 use redis::{Script, ScriptInvocation};
 
-use crate::config::{Limit, Policy};
+use crate::config::Limit;
+use crate::policy::Policy;
 
 /// The algorithm modules, each with the code that names it in the scripts' arguments.
 const MODULES: [(&str, &str); 6] = [

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use http::{HeaderMap, Method, Uri};
 use serde::Deserialize;
-use sluicegate::limit::key::KeySource;
 use sluicegate::limit::{Decision, Limiters};
+use sluicegate::policy::key::KeySource;
 
 use crate::common::*;
 

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use http::{HeaderMap, Method, Uri};
 use sluicegate::config::parse;
-use sluicegate::limit::key::KeySource;
 use sluicegate::limit::{Decision, Limiters, Outcome, Standing};
+use sluicegate::policy::key::KeySource;
 use sluicegate::store::Call;
 
 use crate::common::{Backend, Sluicegate, get};

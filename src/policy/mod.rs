@@ -1,0 +1,87 @@
+//! The words a limit is written in, shared by the configuration that compiles limits
+//! and the code that enforces them: what a limit allows (`Policy`, `Rate`), where it
+//! keeps its state (`Scope`, `OnStoreError`), what it counts by (`key`) and whom it lets
+//! through (`allow`). A leaf: it imports no other module of the crate.
+
+pub mod allow;
+pub mod key;
+
+use std::fmt;
+use std::time::Duration;
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// Request rate with nginx `limit_req` semantics. GCRA, the token bucket and the
+    /// minimum interval are this with other parameters (see `limits`).
+    Rate {
+        rate: Rate,
+        /// Excess requests admitted beyond the rate (nginx `burst`).
+        burst: u64,
+        /// Excess requests admitted without waiting: 0 by default (every excess
+        /// request waits), `burst` for `nodelay`, N for `delay: N`.
+        delay: u64,
+    },
+    /// At most `limit` requests per `window`, windows aligned to the Unix epoch.
+    FixedWindow { limit: u64, window: Duration },
+    /// `prev · (1 − elapsed/window) + curr` at most `limit`, windows aligned to the epoch.
+    SlidingWindow { limit: u64, window: Duration },
+    /// At most `limit` admissions in any interval of `window`, exactly.
+    SlidingLog { limit: u64, window: Duration },
+    /// Requests in progress (nginx `limit_conn`); a rejection says `Retry-After`.
+    Concurrency { max: u64, retry_after: Duration },
+}
+
+impl Policy {
+    pub fn is_concurrency(&self) -> bool {
+        matches!(self, Policy::Concurrency { .. })
+    }
+}
+
+/// Where a limit keeps its state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// In this process.
+    Local,
+    /// In Redis, shared by every instance; `instances` divides the local fallback's rate.
+    Global { on_store_error: OnStoreError, instances: u64 },
+}
+
+/// `count` requests per `per`, kept exactly as written (nginx truncates `1r/m` to
+/// 16 milli-requests per second; we do not).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rate {
+    pub count: u64,
+    pub per: Duration,
+}
+
+impl Rate {
+    /// The emission interval `per / count` in nanoseconds, rounded to the nearest
+    /// nanosecond: the only approximation, a relative error below 1e-9 for any rate
+    /// slower than one request per microsecond.
+    pub fn period_ns(&self) -> u64 {
+        let per = self.per.as_nanos();
+        let count = u128::from(self.count);
+        u64::try_from((per + count / 2) / count).unwrap_or(u64::MAX)
+    }
+}
+
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}r/{}", self.count, humantime::format_duration(self.per))
+    }
+}
+
+/// What a global limit does while Redis cannot answer in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum OnStoreError {
+    /// Admit the request (fail open).
+    Allow,
+    /// Refuse it with 503 (fail closed).
+    Deny,
+    /// Decide it with a local limiter of the same policy (its rate divided by `instances`).
+    Local,
+}
