@@ -6,20 +6,21 @@
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
 use std::num::NonZeroU32;
-use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use http::{HeaderMap, Method, Uri};
+use sluicegate::clock::{Clock, ManualClock, Nanos};
 use sluicegate::config;
-use sluicegate::limit::Limiters;
+use sluicegate::gate::Gate;
 use sluicegate::policy::key::KeySource;
 
-fn limiters(key: &str, max_keys: usize) -> Arc<Limiters> {
+/// A gate of one local limit, on `clock`.
+fn gate(key: &str, max_keys: usize, clock: &ManualClock) -> Gate {
     // Fast enough that the bench measures admissions, not rejections.
     let yaml = format!(
         "listen: 127.0.0.1:0\nlimits:\n  l: {{ key: {key}, rate: 1000000r/s, burst: 1000, nodelay: true, max_keys: {max_keys} }}\nroutes:\n  - limits: [l]\n    respond: {{ status: 200 }}\n"
     );
-    Limiters::new(&config::parse(&yaml, "bench").expect("bench config is valid"))
+    Gate::new(&config::parse(&yaml, "bench").expect("bench config is valid"), clock.clone().into())
 }
 
 fn ip(i: u32) -> IpAddr {
@@ -48,17 +49,19 @@ fn decision(c: &mut Criterion) {
     let mut group = c.benchmark_group("decision");
     for keys in [1u32, 100_000, 1_000_000] {
         // Room for every key: this measures lookups, not eviction churn.
-        let l = limiters("ip", 2 * keys as usize);
+        let clock = ManualClock::default();
+        let l = gate("ip", 2 * keys as usize, &clock);
         let mut now = 0u64;
         for i in 0..keys {
-            l.check(&[0], &src(i), 1, || now);
+            l.check(&[0], &src(i), 1);
         }
         let mut i = 0u32;
         group.bench_function(BenchmarkId::new("sluicegate", keys), |b| {
             b.iter(|| {
                 i = (i + 7919) % keys;
                 now += 1_000;
-                black_box(l.check(&[0], &src(i), 1, || now))
+                clock.set(Nanos(now));
+                black_box(l.check(&[0], &src(i), 1))
             })
         });
     }
@@ -77,7 +80,7 @@ fn decision(c: &mut Criterion) {
         });
     }
     // The proxy reads the monotonic clock once per decision.
-    group.bench_function("clock", |b| b.iter(|| black_box(sluicegate::limit::now())));
+    group.bench_function("clock", |b| b.iter(|| black_box(Clock::System.now())));
     group.finish();
 }
 
@@ -125,7 +128,7 @@ fn memory_per_key(_: &mut Criterion) {
     let headers = HeaderMap::new();
     let keys = 1_000_000u32;
     let before = rss();
-    let l = limiters("ip", keys as usize);
+    let l = gate("ip", keys as usize, &ManualClock::default());
     for i in 0..keys {
         let src = KeySource {
             client_ip: ip(i),
@@ -135,7 +138,7 @@ fn memory_per_key(_: &mut Criterion) {
             headers: &headers,
             host: None,
         };
-        l.check(&[0], &src, 1, || 0);
+        l.check(&[0], &src, 1);
     }
     if let (Some(before), Some(after)) = (before, rss()) {
         println!(

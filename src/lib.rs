@@ -25,7 +25,9 @@
 pub mod access_log;
 pub mod admin;
 pub mod cli;
+pub mod clock;
 pub mod config;
+pub mod gate;
 pub mod limit;
 pub mod metrics;
 pub mod path;

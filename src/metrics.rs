@@ -19,7 +19,9 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::config::Config;
+use crate::gate::Gate;
 use crate::limit::{Limiters, Outcome};
+use crate::store::Store;
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -112,7 +114,7 @@ struct Families {
 }
 
 impl Metrics {
-    pub fn new(config: &Config, limiters: &Arc<Limiters>) -> Metrics {
+    pub fn new(config: &Config, gate: &Gate) -> Metrics {
         let mut registry = Registry::with_prefix("sluicegate");
         let requests = Family::<Labels, Counter>::default();
         let responses = Family::<Labels, Counter>::default();
@@ -123,7 +125,7 @@ impl Metrics {
         let reloads = Family::<Labels, Counter>::default();
         let build = Family::<Labels, Gauge>::default();
         build.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_owned())]).set(1);
-        let current = Arc::new(Mutex::new(Current { limiters: Arc::clone(limiters), names: names(config) }));
+        let current = Arc::new(Mutex::new(Current::of(config, gate)));
 
         registry.register("requests", "Requests by route and outcome (no_route: no route matched)", requests.clone());
         registry.register("limit_decisions", "Decisions of each limit, dry-run limits included", decisions.clone());
@@ -143,9 +145,9 @@ impl Metrics {
     }
 
     /// The metrics of a reloaded `config`, continuing every series of this one.
-    pub fn reloaded(&self, config: &Config, limiters: &Arc<Limiters>) -> Metrics {
+    pub fn reloaded(&self, config: &Config, gate: &Gate) -> Metrics {
         let mut current = self.families.current.lock().unwrap_or_else(PoisonError::into_inner);
-        *current = Current { limiters: Arc::clone(limiters), names: names(config) };
+        *current = Current::of(config, gate);
         drop(current);
         Metrics::of(Arc::clone(&self.families), config)
     }
@@ -243,10 +245,17 @@ fn names(config: &Config) -> Box<[String]> {
     config.limits.iter().map(|l| l.name.clone()).collect()
 }
 
-/// The running configuration's limiters and their names.
+/// The running configuration's limiters, their names, and its store.
 struct Current {
     limiters: Arc<Limiters>,
+    store: Option<Arc<Store>>,
     names: Box<[String]>,
+}
+
+impl Current {
+    fn of(config: &Config, gate: &Gate) -> Current {
+        Current { limiters: Arc::clone(gate.limiters()), store: gate.store().cloned(), names: names(config) }
+    }
 }
 
 /// What the limiters and the store count themselves, read at scrape time.
@@ -307,7 +316,7 @@ impl Collector for State {
         this.per_limit(&mut encoder, "bans_active", "Keys banned now by each limit", MetricType::Gauge, |i| {
             gauge(l.bans_active(i))
         })?;
-        let Some(store) = l.store() else { return Ok(()) };
+        let Some(store) = &current.store else { return Ok(()) };
         let c = store.counts();
         let mut counter = |name: &str, help: &str, value: u64| -> std::fmt::Result {
             ConstCounter::new(value).encode(encoder.encode_descriptor(name, help, None, MetricType::Counter)?)

@@ -10,12 +10,14 @@ use super::leaky_bucket::LeakyBucket;
 use super::sliding_log::{LogShard, LogTable, SlidingLog};
 use super::sliding_window::SlidingWindow;
 use super::table::{KeyTable, Shard};
+use crate::clock::Nanos;
 use crate::policy::Policy;
+use crate::policy::key::KeyHash;
 
 /// A limit's algorithm with the table of its keys' state. The table is shared with the
 /// limit's previous configuration across a reload that keeps its state (`adopt`), so
 /// requests still running under the old one release their slots into the same table.
-pub(super) enum Algorithm {
+pub(crate) enum Algorithm {
     LeakyBucket(LeakyBucket, Arc<KeyTable>),
     FixedWindow(FixedWindow, Arc<KeyTable>),
     SlidingWindow(SlidingWindow, Arc<KeyTable<[u64; 2]>>),
@@ -24,7 +26,7 @@ pub(super) enum Algorithm {
 }
 
 /// A limit's algorithm with the locked shard that holds one key.
-pub(super) enum Held<'a> {
+pub(crate) enum Held<'a> {
     LeakyBucket(&'a LeakyBucket, &'a KeyTable, MutexGuard<'a, Shard>),
     FixedWindow(&'a FixedWindow, &'a KeyTable, MutexGuard<'a, Shard>),
     SlidingWindow(&'a SlidingWindow, &'a KeyTable<[u64; 2]>, MutexGuard<'a, Shard<[u64; 2]>>),
@@ -88,7 +90,7 @@ impl Algorithm {
     }
 
     #[inline]
-    pub fn lock(&self, key: u64) -> Held<'_> {
+    pub fn lock(&self, KeyHash(key): KeyHash) -> Held<'_> {
         match self {
             Algorithm::LeakyBucket(a, t) => Held::LeakyBucket(a, t, t.lock(key)),
             Algorithm::FixedWindow(a, t) => Held::FixedWindow(a, t, t.lock(key)),
@@ -118,7 +120,7 @@ impl Algorithm {
 impl Held<'_> {
     #[inline]
     /// Decides a request of `cost` units; a concurrency slot is one per request.
-    pub fn decide(&self, key: u64, now: u64, cost: u64) -> Verdict {
+    pub fn decide(&self, KeyHash(key): KeyHash, Nanos(now): Nanos, cost: u64) -> Verdict {
         match self {
             Held::LeakyBucket(a, _, shard) => a.decide(shard.get(key), now, cost),
             Held::FixedWindow(a, _, shard) => a.decide(shard.get(key), now, cost),
@@ -130,7 +132,7 @@ impl Held<'_> {
 
     /// Records that `key` was refused at `now`: it ranks as recently used when room is
     /// made, while its state, and so every decision, stays as it was.
-    pub fn refuse(&mut self, key: u64, now: u64) {
+    pub fn refuse(&mut self, KeyHash(key): KeyHash, Nanos(now): Nanos) {
         match self {
             Held::LeakyBucket(_, _, shard) | Held::FixedWindow(_, _, shard) | Held::Concurrency(_, _, shard) => {
                 shard.refuse(key, now)
@@ -141,7 +143,7 @@ impl Held<'_> {
     }
 
     /// Forgets `key`: its next request is treated as a fresh key's (the admin API's reset).
-    pub fn forget(&mut self, key: u64) {
+    pub fn forget(&mut self, KeyHash(key): KeyHash) {
         match self {
             Held::LeakyBucket(_, _, shard) | Held::FixedWindow(_, _, shard) | Held::Concurrency(_, _, shard) => {
                 shard.remove(key)
@@ -155,7 +157,7 @@ impl Held<'_> {
     /// from Redis. The leaky bucket family and fixed windows (aligned alike everywhere)
     /// follow what they hear; the sliding windows' and concurrency twins keep their own
     /// count, their share of the limit.
-    pub fn hear(&mut self, key: u64, units: u64, now: u64) {
+    pub fn hear(&mut self, KeyHash(key): KeyHash, units: u64, Nanos(now): Nanos) {
         match self {
             Held::LeakyBucket(a, t, shard) => t.put(shard, key, a.holding(units, now), |s| a.is_idle(s, now), |s| s),
             Held::FixedWindow(a, t, shard) => t.put(shard, key, a.holding(units, now), |s| a.is_idle(s, now), |s| s),
@@ -165,7 +167,7 @@ impl Held<'_> {
 
     /// Takes back an admission of `cost` units made at `at` (a concurrency slot is given
     /// back by its permit instead).
-    pub fn refund(&mut self, key: u64, cost: u64, at: u64) {
+    pub fn refund(&mut self, KeyHash(key): KeyHash, cost: u64, Nanos(at): Nanos) {
         match self {
             Held::LeakyBucket(a, _, shard) => {
                 if let Some(state) = shard.get(key) {
@@ -193,7 +195,7 @@ impl Held<'_> {
     /// to fresh go. Concurrency tables never evict: a new key is rejected when they are
     /// full, before this.
     #[inline]
-    pub fn store(&mut self, key: u64, state: u64, now: u64, cost: u64) {
+    pub fn store(&mut self, KeyHash(key): KeyHash, state: u64, Nanos(now): Nanos, cost: u64) {
         match self {
             Held::LeakyBucket(a, t, shard) => t.put(shard, key, state, |s| a.is_idle(s, now), |s| s),
             Held::FixedWindow(a, t, shard) => t.put(shard, key, state, |s| a.is_idle(s, now), |s| s),

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::algorithm::Held;
-use super::{Limiters, Verdict, now};
+use super::{Limiters, Verdict};
 use crate::policy::key::KeySource;
 
 /// One key of one limit, as a request with it would find it now.
@@ -56,8 +56,8 @@ impl Limiters {
     pub fn inspect(&self, index: usize, src: &KeySource<'_>) -> Option<KeyState> {
         let limiter = &self.limits[index];
         let key = limiter.key.hash(src, &self.seed)?;
-        let t = now();
-        let ban_left_ms = limiter.bans.as_ref().and_then(|b| b.left(&b.lock(key), key, t)).map(ms);
+        let t = self.clock.now();
+        let ban_left_ms = limiter.bans.as_ref().and_then(|b| b.left(&b.lock(key.0), key.0, t.0)).map(ms);
         let windows = limiter
             .windows
             .iter()
@@ -78,7 +78,7 @@ impl Limiters {
                 },
             })
             .collect();
-        Some(KeyState { key: label(key), ban_left_ms, windows })
+        Some(KeyState { key: label(key.0), ban_left_ms, windows })
     }
 
     /// Forgets the key of `src` in limit `index` (and lifts its ban): its next request is
@@ -94,7 +94,7 @@ impl Limiters {
             }
         }
         if let Some(bans) = &limiter.bans {
-            bans.lift(key, now());
+            bans.lift(key.0, self.clock.now().0);
         }
         Some(())
     }
@@ -102,7 +102,10 @@ impl Limiters {
     /// The keys limit `index` bans now.
     pub fn banned(&self, index: usize) -> Vec<Banned> {
         let Some(bans) = &self.limits[index].bans else { return Vec::new() };
-        bans.list(now()).into_iter().map(|(key, left)| Banned { key: label(key), left_ms: ms(left) }).collect()
+        bans.list(self.clock.now().0)
+            .into_iter()
+            .map(|(key, left)| Banned { key: label(key), left_ms: ms(left) })
+            .collect()
     }
 
     /// Lifts the ban of the key labelled `label` (`#` and 16 hex digits) in limit
@@ -110,7 +113,7 @@ impl Limiters {
     pub fn lift(&self, index: usize, label: &str) -> bool {
         let key = label.strip_prefix('#').and_then(|hex| u64::from_str_radix(hex, 16).ok());
         match (key, &self.limits[index].bans) {
-            (Some(key), Some(bans)) => bans.lift(key, now()),
+            (Some(key), Some(bans)) => bans.lift(key, self.clock.now().0),
             _ => false,
         }
     }

@@ -111,6 +111,10 @@ impl KeyPart {
 }
 
 /// A limit's key: one part, or a tuple of parts.
+/// A request's key for one limit, as the limit's tables hold it: a keyed 64-bit hash.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KeyHash(pub u64);
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeySpec(pub Box<[KeyPart]>);
 
@@ -131,9 +135,9 @@ impl KeySpec {
     /// this limit, which then does not count it (nginx's empty-key rule). A tuple key is
     /// missing only when every part is missing, so leaving out one header does not
     /// escape a limit keyed on `[ip, header:x]`.
-    pub fn hash(&self, src: &KeySource<'_>, seed: &RandomState) -> Option<u64> {
+    pub fn hash(&self, src: &KeySource<'_>, seed: &RandomState) -> Option<KeyHash> {
         let mut h = seed.build_hasher();
-        self.feed(src, &mut h).then(|| h.finish())
+        self.feed(src, &mut h).then(|| KeyHash(h.finish()))
     }
 
     /// The key of `src` as every instance computes it, for global limits: 128 bits of
@@ -367,7 +371,7 @@ mod tests {
             headers: &map,
             host: Some("Example.com"),
         };
-        spec.hash(&src, &SEED)
+        spec.hash(&src, &SEED).map(|k| k.0)
     }
 
     static SEED: std::sync::LazyLock<RandomState> = std::sync::LazyLock::new(RandomState::new);

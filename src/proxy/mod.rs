@@ -31,8 +31,10 @@ use smallvec::SmallVec;
 use tracing::{Level, debug, warn};
 
 use crate::access_log::{self, AccessLog};
+use crate::clock::Clock;
 use crate::config::{Action, Config, Cost, HeaderMode, LogLevel, Route};
-use crate::limit::{self, Decision, Limiters, Outcome, Standing};
+use crate::gate::{Decision, Gate};
+use crate::limit::{Limiters, Outcome, Standing};
 use crate::metrics::{Metrics, RequestOutcome, UpstreamResult};
 use crate::path;
 use crate::policy::key::KeySource;
@@ -66,7 +68,8 @@ pub struct ClientConn {
 
 pub struct Proxy {
     config: Config,
-    limiters: Arc<Limiters>,
+    /// Where each request's limits are decided.
+    gate: Gate,
     metrics: Arc<Metrics>,
     upstreams: Box<[UpstreamClient]>,
     /// What the rate-limit headers say of each limit, by limit index.
@@ -79,39 +82,39 @@ pub struct Proxy {
 impl Proxy {
     /// The proxy of `config`; fails only if its access log cannot be opened.
     pub fn new(config: Config) -> std::io::Result<Self> {
-        let limiters = Limiters::new(&config);
-        let metrics = Metrics::new(&config, &limiters);
-        Proxy::with(config, limiters, metrics)
+        let gate = Gate::new(&config, Clock::System);
+        let metrics = Metrics::new(&config, &gate);
+        Proxy::with(config, gate, metrics)
     }
 
     /// The proxy of `config`, reloaded while `old` served: limits keep their state as
-    /// `Limiters::reloaded` says (it returns the names of the limits kept and started
+    /// `Gate::reloaded` says (it returns the names of the limits kept and started
     /// fresh), and metrics continue their series.
     pub fn reloaded(config: Config, old: &Proxy) -> std::io::Result<(Self, Vec<String>, Vec<String>)> {
         // Opened first: a log that cannot be opened fails the reload before any state moves.
         let access_log = config.access_log.as_ref().map(AccessLog::open).transpose()?;
-        let (limiters, kept, fresh) = Limiters::reloaded(&config, &old.limiters);
-        let metrics = old.metrics.reloaded(&config, &limiters);
-        Ok((Proxy::assemble(config, limiters, metrics, access_log), kept, fresh))
+        let (gate, kept, fresh) = Gate::reloaded(&config, &old.gate);
+        let metrics = old.metrics.reloaded(&config, &gate);
+        Ok((Proxy::assemble(config, gate, metrics, access_log), kept, fresh))
     }
 
-    fn with(config: Config, limiters: Arc<Limiters>, metrics: Metrics) -> std::io::Result<Self> {
+    fn with(config: Config, gate: Gate, metrics: Metrics) -> std::io::Result<Self> {
         let access_log = config.access_log.as_ref().map(AccessLog::open).transpose()?;
-        Ok(Proxy::assemble(config, limiters, metrics, access_log))
+        Ok(Proxy::assemble(config, gate, metrics, access_log))
     }
 
-    fn assemble(config: Config, limiters: Arc<Limiters>, metrics: Metrics, access_log: Option<Arc<AccessLog>>) -> Self {
+    fn assemble(config: Config, gate: Gate, metrics: Metrics, access_log: Option<Arc<AccessLog>>) -> Self {
         let log_budgets: Arc<[LogBudget]> =
             config.limits.iter().map(|l| LogBudget::new(l.log_lines_per_second)).collect();
         let levels = config.limits.iter().map(|l| (l.name.clone(), line_level(l.log_level, false))).collect();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(flush_log_budgets(Arc::downgrade(&log_budgets), levels));
+            runtime.spawn(flush_log_budgets(Arc::downgrade(&log_budgets), levels, gate.clock().clone()));
         }
         Proxy {
             access_log,
             log_budgets,
             metrics: Arc::new(metrics),
-            limiters,
+            gate,
             upstreams: config.upstreams.iter().map(UpstreamClient::new).collect(),
             quotas: config.limits.iter().map(response::quotas).collect(),
             config,
@@ -123,7 +126,7 @@ impl Proxy {
     }
 
     pub fn limiters(&self) -> &Arc<Limiters> {
-        &self.limiters
+        self.gate.limiters()
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
@@ -206,7 +209,7 @@ impl Proxy {
         let limits = if route.allow.admits(&src) { &[][..] } else { &route.limits[..] };
         self.refuse_duplicated_keys(limits, &src)?;
         let cost = self.cost(route, req.headers())?;
-        let decision = self.limiters.decide(limits, &src, cost).await;
+        let decision = self.gate.decide(limits, &src, cost).await;
         let (standings, permits, pending) = match decision {
             Decision::Reject { status, retry_after, standings, .. } => {
                 self.log_outcomes(route, &standings, &src, true);
@@ -327,7 +330,7 @@ impl Proxy {
                 let level = line_level(all[limit].log_level, false);
                 if self.line_allowed(limit, src, level) {
                     event_at!(level, limit = %all[limit].name, field = %part,
-                        key = %self.limiters.key_label(limit, src, self.config.log_keys),
+                        key = %self.limiters().key_label(limit, src, self.config.log_keys),
                         "dry run: request would be refused: repeated key field");
                 }
                 continue;
@@ -355,7 +358,7 @@ impl Proxy {
         let candidates =
             route.limits.iter().flat_map(|&i| std::iter::once(i).chain(limits[i].overrides.iter().map(|o| o.1)));
         for limit in candidates {
-            if let Some(capacity) = self.limiters.capacity(limit).filter(|&c| cost > c) {
+            if let Some(capacity) = self.limiters().capacity(limit).filter(|&c| cost > c) {
                 return Err(ProxyError::CostTooHigh { cost, limit: limits[limit].name.clone(), capacity });
             }
         }
@@ -389,7 +392,7 @@ impl Proxy {
                 continue;
             }
             event_at!(level, route = %route.name, limit = %limit.name,
-                key = %self.limiters.key_label(s.limit, src, self.config.log_keys),
+                key = %self.limiters().key_label(s.limit, src, self.config.log_keys),
                 excess = round_to_thousandths(s.excess), ms = ms.as_millis() as u64, "{message}");
         }
     }
@@ -402,9 +405,9 @@ impl Proxy {
         if !enabled(level) {
             return false;
         }
-        let key = self.limiters.key_hash(index, src).unwrap_or(0);
-        let label = || self.limiters.key_label(index, src, self.config.log_keys);
-        let take = self.log_budgets[index].take(limit::now() / 1_000_000_000, key, label);
+        let key = self.limiters().key_hash(index, src).map_or(0, |k| k.0);
+        let label = || self.limiters().key_label(index, src, self.config.log_keys);
+        let take = self.log_budgets[index].take(self.gate.clock().now().secs(), key, label);
         if let Some(summary) = take.summary {
             log_summary(level, &self.config.limits[index].name, &summary);
         }
@@ -452,12 +455,12 @@ fn log_summary(level: Level, limit: &str, summary: &log_budget::Summary) {
 
 /// Once a second, sums up what each limit left out in a second no later line closed;
 /// ends with the proxy that owns the budgets.
-async fn flush_log_budgets(budgets: std::sync::Weak<[LogBudget]>, limits: Vec<(String, Level)>) {
+async fn flush_log_budgets(budgets: std::sync::Weak<[LogBudget]>, limits: Vec<(String, Level)>, clock: Clock) {
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
     loop {
         tick.tick().await;
         let Some(budgets) = budgets.upgrade() else { return };
-        let second = limit::now() / 1_000_000_000;
+        let second = clock.now().secs();
         for (budget, (name, level)) in budgets.iter().zip(&limits) {
             if let Some(summary) = budget.flush(second) {
                 log_summary(*level, name, &summary);

@@ -16,7 +16,8 @@ use super::error::ProxyError;
 use super::forward::UpstreamBody;
 use crate::access_log::Entry;
 use crate::config::{HeaderStyle, Limit, Policy, RejectionBody, StaticResponse};
-use crate::limit::{Permits, Standing};
+use crate::gate::Permits;
+use crate::limit::Standing;
 
 /// A response body, streamed from the upstream or made here in full, carrying the
 /// request's concurrency slots: they are given back when the body has been sent to the

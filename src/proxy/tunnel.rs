@@ -17,7 +17,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 use tracing::debug;
 
-use crate::limit::Permits;
+use crate::gate::Permits;
 use crate::server::ConnectionHold;
 
 /// What a tunnel keeps alive while it runs.

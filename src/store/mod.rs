@@ -3,15 +3,17 @@
 //! `Store::decide` sends one `DECIDE` script call with every global limit of a request
 //! (on a Redis Cluster, one per hash slot, concurrently), bounded by `redis.timeout` and
 //! guarded by a circuit breaker. Keys are `{prefix}{limit:hash}:kind+window`: the hash
-//! tag holds a limit's key together (its windows and its ban share one slot). What the
-//! request path does when this fails is the limits' `on_store_error` (see
-//! `limit::global`); this module counts failures and fallbacks and logs them at most
-//! once per `REPORT_EVERY`.
+//! tag holds a limit's key together (its windows and its ban share one slot). Redis only:
+//! what the request path does with the answer, or when there is none (the limits'
+//! `on_store_error`), is `gate`'s. `reply` reads the answer, `report` counts and logs
+//! failures and fallbacks.
 
 pub mod breaker;
 mod connection;
 pub mod lease;
 pub mod near_cache;
+mod reply;
+mod report;
 mod script;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,16 +26,18 @@ use redis::{FromRedisValue, RedisError};
 use smallvec::SmallVec;
 use tracing::{info, warn};
 
-use crate::config::{Config, OnStoreError, Scope};
-use crate::limit::{Outcome, Standing};
+use crate::clock::{Clock, Nanos};
+use crate::config::{Config, Scope};
+use crate::policy::key::KeyHash;
 use breaker::{Breaker, Change};
 use connection::Connections;
 pub use lease::Lease;
 use near_cache::{NearCache, Refusal};
+use reply::Batch;
+pub use reply::Verdicts;
+pub use report::StoreCounts;
+use report::{Reported, Stats};
 use script::{REFUND, REPLY_FIELDS, Spec};
-
-/// Fallback log lines come at most this often, each with the counts since the last.
-const REPORT_EVERY: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -47,39 +51,19 @@ pub enum StoreError {
     Reply(usize),
 }
 
-/// Counts since start, for the fallback log lines and `/metrics` (`Store::counts`).
-#[derive(Default)]
-struct Stats {
-    /// Decisions asked of Redis (one per request, whatever the number of slots).
-    calls: AtomicU64,
-    /// Requests refused by the near-cache without a call.
-    near_hits: AtomicU64,
-    /// Calls that failed or timed out.
-    errors: AtomicU64,
-    /// Requests decided without Redis because the breaker was open.
-    skipped: AtomicU64,
-    /// Global limit decisions made by `on_store_error`: allow, deny, local.
-    fallbacks: [AtomicU64; 3],
-}
-
-/// Counts since start: see `Stats`.
-pub struct StoreCounts {
-    pub calls: u64,
-    pub near_hits: u64,
-    pub errors: u64,
-    pub skipped: u64,
-    /// By `on_store_error`: allow, deny, local.
-    pub fallbacks: [u64; 3],
-    /// The circuit breaker is open: global limits are decided by `on_store_error`.
-    pub breaker_open: bool,
-}
-
 /// One global limit of a request: its index and the Redis key base of the request's key.
 pub struct Call {
     pub limit: usize,
     pub base: String,
     /// The key's 64-bit hash, for the near-cache.
-    pub near: u64,
+    pub near: KeyHash,
+}
+
+/// An instant on Redis's clock, as its `TIME` command and the scripts give it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RedisTime {
+    pub secs: u64,
+    pub micros: u64,
 }
 
 /// A global admission that `settle` may take back.
@@ -87,8 +71,8 @@ pub struct Admission {
     pub limit: usize,
     /// The key base.
     pub base: String,
-    /// Redis time of the admission, (s, µs).
-    pub at: (u64, u64),
+    /// When Redis admitted it.
+    pub at: RedisTime,
 }
 
 /// A request's global admissions by limits that count only some statuses.
@@ -109,21 +93,6 @@ impl Admissions {
     }
 }
 
-/// Calls (indices) that go to Redis in one script call.
-type Batch = SmallVec<[usize; 2]>;
-
-/// What Redis made of a request's global limits.
-pub struct Verdicts {
-    /// One per window, in call order.
-    pub standings: SmallVec<[Standing; 2]>,
-    /// An enforced global limit rejected: nothing was stored anywhere.
-    pub rejected: bool,
-    /// The slots the request holds in global concurrency limits.
-    pub leases: Vec<Lease>,
-    /// The admissions, for `settle`.
-    pub admissions: SmallVec<[Admission; 1]>,
-}
-
 pub struct Store {
     connections: Connections,
     /// Per limit, indexed like `Config::limits` (`None`: local).
@@ -139,14 +108,15 @@ pub struct Store {
     instance: u64,
     lease_seq: AtomicU64,
     stats: Stats,
-    /// When the last fallback line was logged, and the counts it reported.
-    reported: Mutex<(Option<Instant>, [u64; 5])>,
+    reported: Mutex<Reported>,
+    /// The breaker's, the near-cache's and the reports' time.
+    clock: Clock,
 }
 
 impl Store {
     /// The store of `config`'s global limits, if it has any; starts connecting and
     /// renewing leases in the background (call within a Tokio runtime).
-    pub fn new(config: &Config) -> Option<Arc<Store>> {
+    pub fn new(config: &Config, clock: Clock) -> Option<Arc<Store>> {
         let redis = config.redis.as_ref()?;
         let global = |scope: &Scope| matches!(scope, Scope::Global { .. });
         if !config.limits.iter().any(|l| global(&l.scope)) {
@@ -166,7 +136,8 @@ impl Store {
             instance: std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), Instant::now()),
             lease_seq: AtomicU64::new(0),
             stats: Stats::default(),
-            reported: Mutex::new((None, [0; 5])),
+            reported: Mutex::default(),
+            clock,
         });
         if config.limits.iter().any(|l| global(&l.scope) && l.windows.iter().any(|p| p.is_concurrency())) {
             tokio::spawn(lease::renew(Arc::downgrade(&store)));
@@ -185,38 +156,28 @@ impl Store {
     }
 
     /// The near-cache's refusal of a one-unit request for `call` at `now`, if it has one.
-    pub fn near_refused(&self, call: &Call, now: u64) -> Option<Refusal> {
-        let refusal = self.near.refused(call.limit, call.near, now);
+    pub fn near_refused(&self, call: &Call, now: Nanos) -> Option<Refusal> {
+        let refusal = self.near.refused(call.limit, call.near.0, now.0);
         if refusal.is_some() {
             self.stats.near_hits.fetch_add(1, Ordering::Relaxed);
         }
         refusal
     }
 
-    /// What the store has counted since start, for `/metrics`.
-    pub fn counts(&self) -> StoreCounts {
-        let s = &self.stats;
-        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        StoreCounts {
-            calls: load(&s.calls),
-            near_hits: load(&s.near_hits),
-            errors: load(&s.errors),
-            skipped: load(&s.skipped),
-            fallbacks: [load(&s.fallbacks[0]), load(&s.fallbacks[1]), load(&s.fallbacks[2])],
-            breaker_open: self.breaker.is_open(),
-        }
+    /// Remembers that Redis refused `call` (from `now` on, as `refusal` says).
+    pub(crate) fn remember_refusal(&self, call: &Call, refusal: Refusal, now: Nanos) {
+        self.near.remember(call.limit, call.near.0, refusal, now.0);
     }
 
     /// Decides `calls` (a request's global limits) for `cost` units, all or nothing, at
-    /// Redis's time (or `clock`, as (s, µs), for tests replaying a schedule).
+    /// Redis's time (or `at`, for tests replaying a schedule).
     pub async fn decide(
         self: &Arc<Self>,
         calls: &[Call],
         cost: u64,
-        clock: Option<(u64, u64)>,
+        at: Option<RedisTime>,
     ) -> Result<Verdicts, StoreError> {
-        let now = crate::limit::now();
-        if !self.breaker.allows(now) {
+        if !self.breaker.allows(self.clock.now().0) {
             self.stats.skipped.fetch_add(1, Ordering::Relaxed);
             return Err(StoreError::Open);
         }
@@ -229,7 +190,7 @@ impl Store {
             })
             .collect();
         let batches = self.batches(calls.iter().map(|c| c.base.as_str()));
-        let sent = batches.iter().map(|batch| self.decide_batch(calls, batch, &ids, cost, clock));
+        let sent = batches.iter().map(|batch| self.decide_batch(calls, batch, &ids, cost, at));
         let replies = match tokio::time::timeout(self.timeout, join_all(sent)).await {
             Ok(replies) => replies.into_iter().collect::<Result<Vec<_>, _>>(),
             Err(_) => Err(StoreError::Timeout(self.timeout)),
@@ -254,83 +215,7 @@ impl Store {
         }
         // Refusals are remembered from the reply's arrival, at or after Redis decided:
         // a client told the time left from then on is never early.
-        Ok(self.verdicts(calls, &batches, &replies, &ids, cost, crate::limit::now()))
-    }
-
-    /// Turns the replies into standings; on a rejection, takes back what other slots'
-    /// calls admitted (a cluster only), and remembers the refused keys.
-    fn verdicts(
-        self: &Arc<Self>,
-        calls: &[Call],
-        batches: &[Batch],
-        replies: &[Vec<u64>],
-        ids: &[String],
-        cost: u64,
-        now: u64,
-    ) -> Verdicts {
-        let mut standings = SmallVec::new();
-        // Calls whose state the script stored: those of batches no enforced limit
-        // rejected, less dry-run limits that would have (they store nothing).
-        let mut committed: SmallVec<[(usize, (u64, u64)); 2]> = SmallVec::new();
-        let mut rejected = false;
-        for (batch, reply) in batches.iter().zip(replies) {
-            let at = (reply[0], reply[1]);
-            let mut fields = reply[2..].chunks_exact(REPLY_FIELDS);
-            let (mut batch_rejects, mut stored) = (false, Batch::new());
-            for &c in batch {
-                let spec = self.spec(calls[c].limit);
-                let mut longest: Option<(Duration, Duration, usize)> = None;
-                for window in 0..spec.windows() {
-                    let Some(f) = fields.next() else { break };
-                    let standing = standing(calls[c].limit, window, f);
-                    if let Outcome::Rejected(after) = standing.outcome
-                        && longest.is_none_or(|(longest, ..)| after > longest)
-                    {
-                        longest = Some((after, standing.reset, window));
-                    }
-                    standings.push(standing);
-                }
-                match (longest, spec.dry_run) {
-                    (None, _) => stored.push(c),
-                    (Some(_), true) => {}
-                    (Some((after, reset, window)), false) => {
-                        batch_rejects = true;
-                        // The near-cache knows when a request of one unit passes again
-                        // (a concurrency slot may free up any moment: not for those).
-                        if cost == 1 && !spec.leases {
-                            let at = |d: Duration| now.saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
-                            let refusal = Refusal { until: at(after), reset: at(reset), window };
-                            self.near.remember(calls[c].limit, calls[c].near, refusal, now);
-                        }
-                    }
-                }
-            }
-            rejected |= batch_rejects;
-            if !batch_rejects {
-                committed.extend(stored.into_iter().map(|c| (c, at)));
-            }
-        }
-        let mut verdicts = Verdicts { standings, rejected, leases: Vec::new(), admissions: SmallVec::new() };
-        for (c, at) in committed {
-            let call = &calls[c];
-            let spec = self.spec(call.limit);
-            if spec.leases {
-                let lease = Lease { store: Arc::clone(self), key: spec.key(&call.base, 0), id: ids[c].clone() };
-                if !rejected {
-                    self.leases.add(&lease.id, &lease.key);
-                }
-                // Dropped at once when the request is rejected: the slot goes back.
-                verdicts.leases.push(lease);
-            } else if rejected {
-                self.refund(call.limit, call.base.clone(), at, cost);
-            } else {
-                verdicts.admissions.push(Admission { limit: call.limit, base: call.base.clone(), at });
-            }
-        }
-        if rejected {
-            verdicts.leases.clear();
-        }
-        verdicts
+        Ok(self.verdicts(calls, &batches, &replies, &ids, cost, self.clock.now()))
     }
 
     /// Calls grouped by Redis Cluster slot (all in one on a standalone Redis).
@@ -352,12 +237,12 @@ impl Store {
         batch: &[usize],
         ids: &[String],
         cost: u64,
-        clock: Option<(u64, u64)>,
+        at: Option<RedisTime>,
     ) -> Result<Vec<u64>, StoreError> {
         let modules = batch.iter().fold(0, |m, &c| m | self.spec(calls[c].limit).modules);
         let mut invocation = script::decide(modules).prepare_invoke();
-        match clock {
-            Some((s, us)) => invocation.arg(s).arg(us),
+        match at {
+            Some(RedisTime { secs, micros }) => invocation.arg(secs).arg(micros),
             None => invocation.arg("").arg(""),
         };
         invocation.arg(cost).arg(batch.len());
@@ -377,16 +262,16 @@ impl Store {
 
     /// Takes back an admission of `cost` by `limit` for `base` made at Redis time `at`,
     /// in the background.
-    pub fn refund(self: &Arc<Self>, limit: usize, base: String, at: (u64, u64), cost: u64) {
+    pub fn refund(self: &Arc<Self>, limit: usize, base: String, at: RedisTime, cost: u64) {
         let store = Arc::clone(self);
         tokio::spawn(async move { store.take_back(limit, &base, at, cost).await });
     }
 
     /// Takes back an admission now, waiting at most a few timeouts (a failure leaves it
     /// counted, and is logged).
-    async fn take_back(&self, limit: usize, base: &str, at: (u64, u64), cost: u64) {
+    async fn take_back(&self, limit: usize, base: &str, at: RedisTime, cost: u64) {
         let mut invocation = REFUND.prepare_invoke();
-        invocation.arg(at.0).arg(at.1).arg(cost);
+        invocation.arg(at.secs).arg(at.micros).arg(cost);
         self.spec(limit).push_refund(base, &mut invocation);
         let wait = self.timeout * 4;
         let result = tokio::time::timeout(wait, self.connections.invoke(&invocation)).await;
@@ -396,64 +281,7 @@ impl Store {
         }
     }
 
-    /// Counts a decision made by `on_store_error` and reports now and then.
-    pub fn fell_back(&self, how: OnStoreError) {
-        self.stats.fallbacks[how as usize].fetch_add(1, Ordering::Relaxed);
-        self.report(None);
-    }
-
-    fn failed(&self, error: &StoreError) {
-        self.stats.errors.fetch_add(1, Ordering::Relaxed);
-        if self.breaker.failed(crate::limit::now()) == Change::Opened {
-            warn!(error = %error, "Redis keeps failing: circuit breaker open, global limits use on_store_error until a probe succeeds");
-        }
-        self.report(Some(error));
-    }
-
-    /// One warn line per `REPORT_EVERY` at most, with what happened since the last.
-    fn report(&self, error: Option<&StoreError>) {
-        let Ok(mut reported) = self.reported.try_lock() else { return };
-        let (last, before) = &mut *reported;
-        if last.is_some_and(|at| at.elapsed() < REPORT_EVERY) {
-            return;
-        }
-        let s = &self.stats;
-        let now = [&s.errors, &s.skipped, &s.fallbacks[0], &s.fallbacks[1], &s.fallbacks[2]]
-            .map(|c| c.load(Ordering::Relaxed));
-        let d: Vec<u64> = now.iter().zip(before.iter()).map(|(n, b)| n - b).collect();
-        warn!(
-            errors = d[0],
-            skipped = d[1],
-            allowed = d[2],
-            denied = d[3],
-            local = d[4],
-            error = error.map(ToString::to_string).unwrap_or_default(),
-            "global limits without Redis: on_store_error decided (counts since the last such line)"
-        );
-        *last = Some(Instant::now());
-        *before = now;
-    }
-
     fn spec(&self, limit: usize) -> &Spec {
         self.specs[limit].as_ref().expect("only global limits reach the store")
-    }
-}
-
-/// A window's reply fields as a standing of `limit`.
-fn standing(limit: usize, window: usize, f: &[u64]) -> Standing {
-    let t = Duration::from_nanos(f[1]);
-    let outcome = match (f[0], t.is_zero()) {
-        (1, true) => Outcome::Passed,
-        (1, false) => Outcome::Delayed(t),
-        _ => Outcome::Rejected(t),
-    };
-    Standing {
-        limit,
-        window,
-        outcome,
-        remaining: f[2],
-        reset: Duration::from_nanos(f[3]),
-        excess: f[4] as f64 / 1000.0,
-        banned: f[5] == 1,
     }
 }

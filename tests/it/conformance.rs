@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use http::{HeaderMap, Method, Uri};
 use serde::Deserialize;
-use sluicegate::limit::{Decision, Limiters};
+use sluicegate::clock::{ManualClock, Nanos};
+use sluicegate::gate::{Decision, Gate};
 use sluicegate::policy::key::KeySource;
 
 use crate::common::*;
@@ -85,7 +86,8 @@ fn tolerance_ms(nginx: f64) -> f64 {
 fn limiter_matches_nginx_on_a_fake_clock() {
     for s in scenarios() {
         let config = sluicegate::config::parse(&policy_yaml(&s), &s.scenario).unwrap();
-        let limiters = Limiters::new(&config);
+        let clock = ManualClock::default();
+        let gate = Gate::new(&config, clock.clone().into());
         let expected_delays = nginx_delays_ms(&s);
         for (i, r) in s.requests.iter().enumerate() {
             let mut headers = HeaderMap::new();
@@ -101,7 +103,8 @@ fn limiter_matches_nginx_on_a_fake_clock() {
                 headers: &headers,
                 host: None,
             };
-            let (status, wait) = match limiters.check(&[0], &src, 1, || r.t_ms * 1_000_000) {
+            clock.set(Nanos(r.t_ms * 1_000_000));
+            let (status, wait) = match gate.check(&[0], &src, 1) {
                 Decision::Pass { wait, .. } => (200, wait),
                 Decision::Reject { status, .. } => (status.as_u16(), Duration::ZERO),
             };

@@ -7,10 +7,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::{HeaderMap, Method, Uri};
+use sluicegate::clock::{ManualClock, Nanos};
 use sluicegate::config::parse;
-use sluicegate::limit::{Decision, Limiters, Outcome, Standing};
-use sluicegate::policy::key::KeySource;
-use sluicegate::store::Call;
+use sluicegate::gate::{Decision, Gate};
+use sluicegate::limit::{Outcome, Standing};
+use sluicegate::policy::key::{KeyHash, KeySource};
+use sluicegate::store::{Call, RedisTime};
 
 use crate::common::{Backend, Sluicegate, get};
 use crate::redis::{Cluster, Redis};
@@ -67,8 +69,9 @@ async fn local_and_redis_decide_every_schedule_alike() {
     for (i, policy) in POLICIES.iter().enumerate() {
         yaml += &format!("  l{i:02}: {{ key: ip, scope: global, {policy} }}\n");
     }
-    let limiters = Limiters::new(&parse(&yaml, "test").unwrap());
-    let store = Arc::clone(limiters.store().unwrap());
+    let clock = ManualClock::default();
+    let gate = Gate::new(&parse(&yaml, "test").unwrap(), clock.clone().into());
+    let store = Arc::clone(gate.store().unwrap());
     let (uri, headers) = (Uri::from_static("/"), HeaderMap::new());
     let mut compared = 0;
     for (i, policy) in POLICIES.iter().enumerate() {
@@ -83,12 +86,13 @@ async fn local_and_redis_decide_every_schedule_alike() {
                 headers: &headers,
                 host: None,
             };
-            let call = || Call { limit: i, base: store.base(i, u128::from(client.to_bits())), near: 0 };
+            let call = || Call { limit: i, base: store.base(i, u128::from(client.to_bits())), near: KeyHash(0) };
             for (n, (s, us)) in schedule(i as u64 * 31 + cost, 150).into_iter().enumerate() {
-                let local = match limiters.check(&[i], &src, cost, || s * 1_000_000_000 + us * 1000) {
+                clock.set(Nanos(s * 1_000_000_000 + us * 1000));
+                let local = match gate.check(&[i], &src, cost) {
                     Decision::Pass { standings, .. } | Decision::Reject { standings, .. } => outcomes(&standings),
                 };
-                let global = store.decide(&[call()], cost, Some((s, us))).await.unwrap();
+                let global = store.decide(&[call()], cost, Some(RedisTime { secs: s, micros: us })).await.unwrap();
                 assert_eq!(outcomes(&global.standings), local, "{policy}, cost {cost}, request {n} at {s}.{us:06}");
                 compared += 1;
             }
@@ -107,12 +111,13 @@ async fn redis_answers_the_leaky_bucket_schedules_as_worked_out_by_hand() {
     for (i, case) in CASES.iter().enumerate() {
         yaml += &format!("  l{i}: {{ key: ip, scope: global, {} }}\n", case.policy);
     }
-    let limiters = Limiters::new(&parse(&yaml, "test").unwrap());
-    let store = Arc::clone(limiters.store().unwrap());
+    let gate = Gate::new(&parse(&yaml, "test").unwrap(), ManualClock::default().into());
+    let store = Arc::clone(gate.store().unwrap());
     for (i, case) in CASES.iter().enumerate() {
         for (n, step) in case.steps.iter().enumerate() {
-            let call = Call { limit: i, base: store.base(i, u128::from(step.key)), near: 0 };
-            let verdicts = store.decide(&[call], step.cost, Some((1_700_000_000 + step.at, 0))).await.unwrap();
+            let call = Call { limit: i, base: store.base(i, u128::from(step.key)), near: KeyHash(0) };
+            let at = RedisTime { secs: 1_700_000_000 + step.at, micros: 0 };
+            let verdicts = store.decide(&[call], step.cost, Some(at)).await.unwrap();
             let s = verdicts.standings[0];
             let retry = match s.outcome {
                 Outcome::Rejected(retry) => Some(retry),

@@ -6,16 +6,32 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::Limiters;
+use crate::clock::Nanos;
+use crate::limit::Limiters;
+use crate::policy::key::KeyHash;
 use crate::store::{Admissions, Lease};
 
 /// The concurrency slots a request holds, given back when this is dropped or released.
 #[derive(Default)]
 pub struct Permits {
     pub(super) limiters: Option<Arc<Limiters>>,
-    pub(super) slots: SmallVec<[(usize, u64); 2]>,
+    pub(super) slots: SmallVec<[Slot; 2]>,
     /// Slots in global concurrency limits; each is given back when dropped.
     pub(super) leases: Vec<Lease>,
+}
+
+/// A local concurrency slot: held by `key` in limit `limit`.
+pub(super) struct Slot {
+    pub(super) limit: usize,
+    pub(super) key: KeyHash,
+}
+
+/// A local admission that `Pending::settle` may take back.
+pub(super) struct Admitted {
+    pub(super) limit: usize,
+    pub(super) key: KeyHash,
+    /// When the limit decided it.
+    pub(super) at: Nanos,
 }
 
 /// Admissions by limits that count only some responses (`count:`), to be kept or taken
@@ -24,8 +40,8 @@ pub struct Permits {
 #[derive(Default)]
 pub struct Pending {
     pub(super) limiters: Option<Arc<Limiters>>,
-    /// (limit, key, instant) of each local admission, all of `cost` units.
-    pub(super) admissions: SmallVec<[(usize, u64, u64); 1]>,
+    /// Each local admission, all of `cost` units.
+    pub(super) admissions: SmallVec<[Admitted; 1]>,
     pub(super) cost: u64,
     /// Global admissions, boxed: most requests have none.
     pub(super) global: Option<Box<Admissions>>,
@@ -36,8 +52,8 @@ impl Pending {
     /// Redis, awaited).
     pub async fn settle(self, status: u16) {
         if let Some(limiters) = &self.limiters {
-            for &(limit, key, at) in &self.admissions {
-                limiters.settle(limit, key, self.cost, at, status);
+            for a in &self.admissions {
+                limiters.settle(a.limit, a.key, self.cost, a.at, status);
             }
         }
         if let Some(global) = &self.global {
@@ -73,8 +89,8 @@ impl Permits {
 
     fn release_local(&mut self) {
         if let Some(limiters) = self.limiters.take() {
-            for (limit, key) in self.slots.drain(..) {
-                limiters.release(limit, key);
+            for slot in self.slots.drain(..) {
+                limiters.release(slot.limit, slot.key);
             }
         }
     }

@@ -1,0 +1,445 @@
+//! One request's limit decision, end to end, read top to bottom in this file.
+//!
+//! 1. Overrides and allow-lists pick the limits that decide the request (`choose`).
+//! 2. A one-unit request for a key the near-cache knows Redis refuses one unit is refused
+//!    at once, as Redis would; heavier requests ask Redis (their wait is longer).
+//! 3. The local limits decide, all or nothing (`check_chosen`): every shard of every
+//!    limit locked in one order, the clock read once, a rejection stores nothing. A
+//!    local rejection costs Redis nothing.
+//! 4. One `Store::decide` call decides every global limit. If one rejects, the local
+//!    admissions of step 3 are taken back (`undo`): no quota is spent anywhere.
+//! 5. If Redis fails or the breaker is open, each global limit's `on_store_error` decides
+//!    (`fall_back`): `allow` admits, `deny` refuses with 503, `local` asks the limit's
+//!    local twin (its rate and capacity divided by `instances`), all or nothing with step
+//!    3. Each Redis answer in step 4 sets the twin to its share of what Redis said is left
+//!    (`hear`), so a fallback goes on from there rather than from a fresh key.
+//! 6. A pass carries its receipts (`Permits`, `Pending`) until the response is done.
+//!
+//! `limit` holds the local state, `store` speaks to Redis; both read the gate's `Clock`.
+
+mod receipt;
+#[cfg(test)]
+mod tests;
+
+use std::sync::{Arc, MutexGuard};
+use std::time::Duration;
+
+use http::StatusCode;
+use smallvec::{SmallVec, smallvec};
+
+use crate::clock::{Clock, Nanos};
+use crate::config::Config;
+use crate::limit::algorithm::Held;
+use crate::limit::table::Shard;
+use crate::limit::{Limiter, Limiters, Outcome, Standing, Verdict};
+use crate::policy::key::{KeyHash, KeySource};
+use crate::policy::{OnStoreError, Scope};
+use crate::store::{Admissions, Call, Store, Verdicts};
+use receipt::{Admitted, Slot};
+pub use receipt::{Pending, Permits};
+
+/// `Retry-After` of a request refused because Redis cannot answer (`on_store_error: deny`).
+const DENIED_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// What the limits of a route make of a request. A rejection is an outcome, not an error.
+pub enum Decision {
+    /// Go on after `wait` (zero for most requests), holding `permits` until the
+    /// response is done, and settling `pending` with the response's status. The local
+    /// limits decided at `at`.
+    Pass { wait: Duration, standings: SmallVec<[Standing; 2]>, permits: Permits, pending: Pending, at: Nanos },
+    /// Answer `status` now; `limit` (index into `Config::limits`) is the enforced
+    /// rejecting limit that would admit the request last, after `retry_after`.
+    Reject { limit: usize, status: StatusCode, retry_after: Duration, standings: SmallVec<[Standing; 2]> },
+}
+
+/// Where a configuration's requests are decided: its limits' local state, the Redis
+/// store of its global limits, and the clock both read.
+pub struct Gate {
+    limiters: Arc<Limiters>,
+    /// Where global limits are decided (`None`: every limit is local).
+    store: Option<Arc<Store>>,
+    clock: Clock,
+}
+
+impl Gate {
+    /// The gate of `config`, every key fresh, reading the time from `clock`
+    /// (`Clock::System` in production; a `ManualClock` to decide on a virtual timeline).
+    /// With global limits, this connects to Redis in the background (call within a Tokio
+    /// runtime).
+    pub fn new(config: &Config, clock: Clock) -> Gate {
+        let limiters = Limiters::new(config, clock.clone());
+        Gate { limiters, store: Store::new(config, clock.clone()), clock }
+    }
+
+    /// The gate of `config`, a reload of `old`'s: see `Limiters::reloaded` for what is
+    /// kept. Returns the names of the limits that kept their state, and of those that
+    /// start fresh.
+    pub fn reloaded(config: &Config, old: &Gate) -> (Gate, Vec<String>, Vec<String>) {
+        let (limiters, kept, fresh) = Limiters::reloaded(config, &old.limiters);
+        let gate = Gate { limiters, store: Store::new(config, old.clock.clone()), clock: old.clock.clone() };
+        (gate, kept, fresh)
+    }
+
+    pub fn limiters(&self) -> &Arc<Limiters> {
+        &self.limiters
+    }
+
+    /// The Redis store of global limits, if any.
+    pub fn store(&self) -> Option<&Arc<Store>> {
+        self.store.as_ref()
+    }
+
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// Decides the request `src`, weighing `cost` units (≥ 1, and no more than every
+    /// limit's `capacity`), against `limits` (ascending indices into `Config::limits`),
+    /// local and global. The request path's one call.
+    pub async fn decide(&self, limits: &[usize], src: &KeySource<'_>, cost: u64) -> Decision {
+        let Some(store) = &self.store else { return self.check(limits, src, cost) };
+        let chosen = self.choose(limits, src);
+        let (global, local): (SmallVec<[usize; 2]>, SmallVec<[usize; 2]>) =
+            chosen.into_iter().partition(|&limit| store.is_global(limit));
+        let calls: SmallVec<[Call; 2]> = global
+            .iter()
+            .filter_map(|&limit| {
+                let hash = self.limiters.get(limit).key.global(src)?;
+                Some(Call { limit, base: store.base(limit, hash), near: KeyHash((hash >> 64) as u64) })
+            })
+            .collect();
+        if cost == 1
+            && let Some(refused) = self.near_refused(store, &calls)
+        {
+            return refused;
+        }
+        let first = self.check_chosen(&local, src, cost);
+        if calls.is_empty() || matches!(first, Decision::Reject { .. }) {
+            return first;
+        }
+        match store.decide(&calls, cost, None).await {
+            Ok(verdicts) => self.with_global(first, verdicts, store, src, cost),
+            Err(_) => self.fall_back(first, &calls, store, src, cost),
+        }
+    }
+
+    /// Decides the request `src` as `decide` does, but all locally (a global limit by its
+    /// local twin, as if Redis could not answer and its `on_store_error` were `local`), at
+    /// the gate's clock's time: what a replay on a `ManualClock` calls, one request at a
+    /// time. Concurrency slots are held until the returned `Permits` drop.
+    pub fn check(&self, limits: &[usize], src: &KeySource<'_>, cost: u64) -> Decision {
+        if limits.iter().all(|&l| self.limiters.get(l).plain) {
+            return self.check_chosen(limits, src, cost);
+        }
+        self.check_chosen(&self.choose(limits, src), src, cost)
+    }
+
+    /// The limits that decide `src`: `limits` with overrides applied (sorted again, so
+    /// that locks are still taken in ascending order), less those whose allow-list
+    /// exempts it.
+    fn choose(&self, limits: &[usize], src: &KeySource<'_>) -> SmallVec<[usize; 2]> {
+        let mut chosen: SmallVec<[usize; 2]> = SmallVec::from_slice(limits);
+        let mut swapped = false;
+        for limit in chosen.iter_mut() {
+            if let Some(&(_, other)) = self.limiters.get(*limit).overrides.iter().find(|(m, _)| m.admits(src)) {
+                *limit = other;
+                swapped = true;
+            }
+        }
+        if swapped {
+            chosen.sort_unstable();
+            chosen.dedup();
+        }
+        chosen.retain(|&mut limit| {
+            let allow = &self.limiters.get(limit).allow;
+            allow.is_empty() || !allow.admits(src)
+        });
+        chosen
+    }
+
+    /// The near-cache's refusal of a one-unit request by the longest-refused enforced
+    /// global limit, if any: what Redis answered, with the times counted down since.
+    fn near_refused(&self, store: &Store, calls: &[Call]) -> Option<Decision> {
+        let now = self.clock.now();
+        let (limit, known) = calls
+            .iter()
+            .filter(|c| !self.limiters.get(c.limit).dry_run)
+            .filter_map(|c| Some((c.limit, store.near_refused(c, now)?)))
+            .max_by_key(|&(_, known)| known.until)?;
+        let left = |at: u64| Nanos(at).since(now);
+        Some(refusal(limit, known.window, self.limiters.get(limit).status, left(known.until), left(known.reset)))
+    }
+
+    /// Decides `src` against the `chosen` limits, all local. The clock is read once every
+    /// lock is held: read earlier, a request delayed on its way to the lock could find a
+    /// later instant already stored by another thread and count the difference as excess.
+    #[inline]
+    fn check_chosen(&self, chosen: &[usize], src: &KeySource<'_>, cost: u64) -> Decision {
+        // Every shard in one order for every request: limit by limit, each limit's
+        // windows in order, then its bans.
+        let mut locked: SmallVec<[Locked<'_>; 2]> = SmallVec::new();
+        for &limit in chosen {
+            let limiter = self.limiters.get(limit);
+            let Some(key) = self.limiters.key_hash(limit, src) else { continue };
+            let shards = limiter.windows.iter().map(|algorithm| algorithm.lock(key)).collect();
+            let bans = limiter.bans.as_ref().map(|bans| bans.lock(key.0));
+            locked.push(Locked { limit, limiter, key, shards, bans });
+        }
+        let now = self.clock.now();
+        let mut groups: SmallVec<[Group<'_>; 2]> = locked.into_iter().map(|l| l.decide(now, cost)).collect();
+        for group in &mut groups {
+            group.ban_if_rejected(now);
+        }
+        let standings: SmallVec<[Standing; 2]> =
+            groups.iter().flat_map(|g| g.windows.iter().map(|w| w.standing)).collect();
+        if let Some(rejection) = self.rejection(&standings) {
+            // A refusal counts as use in every table that holds the key (rank only, no
+            // state), so a flood of fresh keys cannot push the refused key out.
+            for group in &mut groups {
+                group.refuse(now);
+            }
+            return self.reject(rejection, standings);
+        }
+
+        let mut wait = Duration::ZERO;
+        let mut permits = Permits::default();
+        let mut pending = Pending { cost, ..Pending::default() };
+        for group in &mut groups {
+            // A dry-run limit that would reject, in any of its windows, keeps all of its
+            // state, as it would have if enforced.
+            if group.rejects() {
+                continue;
+            }
+            let (limit, key, dry_run) = (group.limit, group.key, group.limiter.dry_run);
+            for window in &mut group.windows {
+                let Verdict::Admit { state, wait: w, .. } = window.verdict else { continue };
+                window.shard.store(key, state, now, cost);
+                if !dry_run {
+                    wait = wait.max(Duration::from_nanos(w));
+                }
+                if let Held::Concurrency(..) = window.shard {
+                    permits.limiters.get_or_insert_with(|| Arc::clone(&self.limiters));
+                    permits.slots.push(Slot { limit, key });
+                }
+            }
+            if group.limiter.counted.is_some() {
+                pending.limiters.get_or_insert_with(|| Arc::clone(&self.limiters));
+                pending.admissions.push(Admitted { limit, key, at: now });
+            }
+        }
+        Decision::Pass { wait, standings, permits, pending, at: now }
+    }
+
+    /// The local decision `first` (a pass) joined with what Redis decided.
+    fn with_global(
+        &self,
+        first: Decision,
+        verdicts: Verdicts,
+        store: &Arc<Store>,
+        src: &KeySource<'_>,
+        cost: u64,
+    ) -> Decision {
+        let Decision::Pass { wait, mut standings, mut permits, mut pending, at } = first else { return first };
+        if verdicts.rejected {
+            self.undo(&standings, src, cost, at);
+        }
+        self.hear(&verdicts, src, cost);
+        let global_wait = verdicts
+            .standings
+            .iter()
+            .filter(|s| !self.limiters.get(s.limit).dry_run)
+            .filter_map(|s| match s.outcome {
+                Outcome::Delayed(wait) => Some(wait),
+                _ => None,
+            })
+            .max()
+            .unwrap_or_default();
+        standings.extend(verdicts.standings);
+        standings.sort_by_key(|s| (s.limit, s.window));
+        if let Some(rejection) = self.rejection(&standings) {
+            return self.reject(rejection, standings);
+        }
+        permits.leases = verdicts.leases;
+        let counted: SmallVec<_> =
+            verdicts.admissions.into_iter().filter(|a| self.limiters.get(a.limit).counted.is_some()).collect();
+        if !counted.is_empty() {
+            pending.global = Some(Box::new(Admissions { store: Arc::clone(store), list: counted }));
+        }
+        Decision::Pass { wait: wait.max(global_wait), standings, permits, pending, at }
+    }
+
+    /// Keeps the local twins of `on_store_error: local` limits where Redis says the key
+    /// stands, each with its share (`remaining / instances`): if Redis then fails, the
+    /// twin goes on from there, not from a fresh key's full share.
+    fn hear(&self, verdicts: &Verdicts, src: &KeySource<'_>, cost: u64) {
+        let now = self.clock.now();
+        for s in &verdicts.standings {
+            let limiter = self.limiters.get(s.limit);
+            let Scope::Global { on_store_error: OnStoreError::Local, instances } = limiter.scope else { continue };
+            let Some(key) = self.limiters.key_hash(s.limit, src) else { continue };
+            // A window that admitted a request another limit refused got its units back.
+            let back = if verdicts.rejected && !s.outcome.is_rejected() { cost } else { 0 };
+            limiter.windows[s.window].lock(key).hear(key, (s.remaining + back) / instances, now);
+        }
+    }
+
+    /// Decides the global limits of `calls` by their `on_store_error`, after `first` (a
+    /// pass) decided the local ones.
+    fn fall_back(&self, first: Decision, calls: &[Call], store: &Store, src: &KeySource<'_>, cost: u64) -> Decision {
+        let Decision::Pass { wait, mut standings, mut permits, mut pending, at } = first else { return first };
+        let mut local: SmallVec<[usize; 2]> = SmallVec::new();
+        let mut denied = None;
+        for call in calls {
+            let limiter = self.limiters.get(call.limit);
+            let Scope::Global { on_store_error, .. } = limiter.scope else { continue };
+            store.fell_back(on_store_error);
+            match on_store_error {
+                OnStoreError::Allow => {}
+                OnStoreError::Deny if !limiter.dry_run => denied = Some(call.limit),
+                OnStoreError::Deny => {}
+                OnStoreError::Local => local.push(call.limit),
+            }
+        }
+        if let Some(limit) = denied {
+            self.undo(&standings, src, cost, at);
+            return refusal(limit, 0, StatusCode::SERVICE_UNAVAILABLE, DENIED_RETRY_AFTER, DENIED_RETRY_AFTER);
+        }
+        if local.is_empty() {
+            return Decision::Pass { wait, standings, permits, pending, at };
+        }
+        match self.check_chosen(&local, src, cost) {
+            rejection @ Decision::Reject { .. } => {
+                self.undo(&standings, src, cost, at);
+                rejection
+            }
+            Decision::Pass { wait: w, standings: s, permits: p, pending: q, .. } => {
+                standings.extend(s);
+                standings.sort_by_key(|s| (s.limit, s.window));
+                permits.absorb(p);
+                pending.absorb(q);
+                Decision::Pass { wait: wait.max(w), standings, permits, pending, at }
+            }
+        }
+    }
+
+    /// The enforced limit that rejects, if one does: the one that would admit last.
+    fn rejection(&self, standings: &[Standing]) -> Option<(usize, Duration)> {
+        standings
+            .iter()
+            .filter(|s| !self.limiters.get(s.limit).dry_run)
+            .filter_map(|s| match s.outcome {
+                Outcome::Rejected(after) => Some((s.limit, after)),
+                _ => None,
+            })
+            .max_by_key(|&(_, after)| after)
+    }
+
+    /// The rejection of a request by `limit`, with the standings of all its limits.
+    fn reject(&self, (limit, retry_after): (usize, Duration), mut standings: SmallVec<[Standing; 2]>) -> Decision {
+        // The others describe the key as if this request had counted; it did not.
+        for s in standings.iter_mut().filter(|s| !s.outcome.is_rejected()) {
+            s.remaining += 1;
+        }
+        Decision::Reject { limit, status: self.limiters.get(limit).status, retry_after, standings }
+    }
+
+    /// Takes back every admission of a passed decision (its `standings`, decided at
+    /// `at`): another part of the request's limits refused it after all.
+    fn undo(&self, standings: &[Standing], src: &KeySource<'_>, cost: u64, at: Nanos) {
+        for s in standings {
+            let rejects = standings.iter().any(|o| o.limit == s.limit && o.outcome.is_rejected());
+            if let (false, Some(key)) = (rejects, self.limiters.key_hash(s.limit, src)) {
+                self.limiters.get(s.limit).windows[s.window].lock(key).refund(key, cost, at);
+            }
+        }
+    }
+}
+
+/// One limit's shards, locked for the request's key, before the clock is read.
+struct Locked<'a> {
+    limit: usize,
+    limiter: &'a Limiter,
+    key: KeyHash,
+    shards: SmallVec<[Held<'a>; 1]>,
+    bans: Option<MutexGuard<'a, Shard>>,
+}
+
+/// One limit's part in a local decision: its key, its ban shard, and each window's
+/// locked shard with what it decided.
+struct Group<'a> {
+    limit: usize,
+    limiter: &'a Limiter,
+    key: KeyHash,
+    bans: Option<MutexGuard<'a, Shard>>,
+    windows: SmallVec<[Window<'a>; 1]>,
+}
+
+/// One window of a limit, locked, with its verdict and where it leaves the key.
+struct Window<'a> {
+    shard: Held<'a>,
+    verdict: Verdict,
+    standing: Standing,
+}
+
+impl<'a> Locked<'a> {
+    /// Each window's verdict at `now`: a banned key is refused for the time its ban has
+    /// left, whatever the algorithm says.
+    fn decide(self, now: Nanos, cost: u64) -> Group<'a> {
+        let Locked { limit, limiter, key, shards, bans } = self;
+        let left = match (&limiter.bans, &bans) {
+            (Some(b), Some(shard)) => b.left(shard, key.0, now.0),
+            _ => None,
+        };
+        let windows = shards
+            .into_iter()
+            .enumerate()
+            .map(|(window, shard)| {
+                let verdict = match left {
+                    Some(left) => Verdict::Reject { retry_after: left, remaining: 0, reset: left, excess: 0.0 },
+                    None => shard.decide(key, now, cost),
+                };
+                Window { shard, verdict, standing: Standing::of(limit, window, &verdict) }
+            })
+            .collect();
+        Group { limit, limiter, key, bans, windows }
+    }
+}
+
+impl Group<'_> {
+    /// Whether any window of this limit rejects the request.
+    fn rejects(&self) -> bool {
+        self.windows.iter().any(|w| w.standing.outcome.is_rejected())
+    }
+
+    /// A rejection by any window of an enforced limit that bans starts a ban, unless one
+    /// runs; the first window's standing then says the ban's length.
+    fn ban_if_rejected(&mut self, now: Nanos) {
+        if self.limiter.dry_run || !self.rejects() {
+            return;
+        }
+        let (Some(bans), Some(shard)) = (&self.limiter.bans, self.bans.as_mut()) else { return };
+        if bans.left(shard, self.key.0, now.0).is_none() {
+            let first = &mut self.windows[0].standing;
+            first.outcome = Outcome::Rejected(Duration::from_nanos(bans.impose(shard, self.key.0, now.0)));
+            first.banned = true;
+        }
+    }
+
+    /// Counts a refusal as use of the key in each of this limit's tables.
+    fn refuse(&mut self, now: Nanos) {
+        for window in &mut self.windows {
+            window.shard.refuse(self.key, now);
+        }
+        if let Some(shard) = self.bans.as_mut() {
+            shard.refuse(self.key.0, now.0);
+        }
+    }
+}
+
+/// A refusal by `window` of `limit` alone, decided without asking Redis: with `status`,
+/// for `after`, no unit left, the full quota back after `reset`.
+fn refusal(limit: usize, window: usize, status: StatusCode, after: Duration, reset: Duration) -> Decision {
+    let standing =
+        Standing { limit, window, outcome: Outcome::Rejected(after), remaining: 0, reset, excess: 0.0, banned: false };
+    Decision::Reject { limit, status, retry_after: after, standings: smallvec![standing] }
+}

@@ -1,0 +1,357 @@
+//! The local decision, all or nothing, on a manual clock.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderMap, Method, Uri};
+
+use super::{Decision, Gate};
+use crate::clock::{ManualClock, Nanos};
+use crate::limit::gcra_cases;
+use crate::limit::{Limiters, Outcome};
+use crate::policy::key::KeySource;
+
+/// A gate on a manual clock, read as its limiters for their counts.
+struct Harness {
+    gate: Gate,
+    clock: ManualClock,
+}
+
+impl Harness {
+    /// Decides `src` locally at the instant `at` gives (ns since the epoch).
+    fn check(&self, limits: &[usize], src: &KeySource<'_>, cost: u64, at: impl FnOnce() -> u64) -> Decision {
+        self.clock.set(Nanos(at()));
+        self.gate.check(limits, src, cost)
+    }
+}
+
+impl Deref for Harness {
+    type Target = Limiters;
+    fn deref(&self) -> &Limiters {
+        self.gate.limiters()
+    }
+}
+
+fn limiters(limits: &str) -> Arc<Harness> {
+    let yaml = format!("listen: 127.0.0.1:0\nlimits:\n{limits}");
+    let clock = ManualClock::default();
+    Arc::new(Harness { gate: Gate::new(&crate::config::parse(&yaml, "test").unwrap(), clock.clone().into()), clock })
+}
+
+fn check(l: &Harness, limits: &[usize], ip: u32, now_ms: u64) -> Decision {
+    let (uri, headers) = (Uri::from_static("/"), HeaderMap::new());
+    let src = KeySource {
+        client_ip: IpAddr::V4(Ipv4Addr::from(ip)),
+        method: &Method::GET,
+        uri: &uri,
+        path: uri.path().as_bytes(),
+        headers: &headers,
+        host: None,
+    };
+    l.check(limits, &src, 1, || now_ms * 1_000_000)
+}
+
+fn passes(d: &Decision) -> bool {
+    matches!(d, Decision::Pass { .. })
+}
+
+/// Each hand-worked schedule of `gcra_cases`, replayed on the injected clock.
+#[test]
+fn the_leaky_bucket_family_answers_as_worked_out_by_hand() {
+    use gcra_cases::{Answer, CASES};
+    let yaml: String =
+        CASES.iter().enumerate().map(|(i, c)| format!("  l{i}: {{ key: ip, {} }}\n", c.policy)).collect();
+    let l = limiters(&yaml);
+    let (uri, headers) = (Uri::from_static("/"), HeaderMap::new());
+    for (i, case) in CASES.iter().enumerate() {
+        for (n, step) in case.steps.iter().enumerate() {
+            let src = KeySource {
+                client_ip: IpAddr::V4(Ipv4Addr::new(10, 0, 0, step.key)),
+                method: &Method::GET,
+                uri: &uri,
+                path: uri.path().as_bytes(),
+                headers: &headers,
+                host: None,
+            };
+            let at = 1_700_000_000_000_000_000 + step.at * 1_000_000_000;
+            let (Decision::Pass { standings, .. } | Decision::Reject { standings, .. }) =
+                l.check(&[i], &src, step.cost, || at);
+            let s = standings[0];
+            let retry = match s.outcome {
+                Outcome::Rejected(retry) => Some(retry),
+                _ => None,
+            };
+            assert_eq!(Answer::of(retry, s.remaining, s.reset), step.answer, "{}, request {n}", case.name);
+        }
+    }
+}
+
+#[test]
+fn a_flood_of_random_addresses_stays_within_max_keys() {
+    let l = limiters("  l: { key: ip, rate: 1r/m, burst: 5, max_keys: 10000 }\n");
+    let mut x: u32 = 0x2545_F491;
+    for t in 0..300_000u64 {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        check(&l, &[0], x, t / 1000);
+    }
+    assert!(l.keys(0) <= 10_000 + 63, "{} keys", l.keys(0));
+    assert!(l.evictions(0) > 0);
+}
+
+#[test]
+fn concurrency_slots_return_when_permits_drop_and_in_flight_keys_are_never_evicted() {
+    let l = limiters("  c: { key: ip, concurrency: 2, max_keys: 4 }\n");
+    let mut held = Vec::new();
+    for ip in 1..=4 {
+        held.push(check(&l, &[0], ip, 0));
+        held.push(check(&l, &[0], ip, 0));
+    }
+    assert!(held.iter().all(passes));
+    // Each of the four keys has two requests in flight: a third is refused, and so is
+    // a fifth key, since the table may not forget a key with requests in flight.
+    assert!(!passes(&check(&l, &[0], 1, 0)));
+    assert!(!passes(&check(&l, &[0], 5, 0)));
+    assert_eq!(l.keys(0), 4);
+    held.pop();
+    assert!(passes(&check(&l, &[0], 4, 0)));
+    held.clear();
+    assert_eq!(l.keys(0), 0, "released keys are removed");
+}
+
+#[test]
+fn a_rejection_takes_no_concurrency_slot() {
+    // Limit 0 admits up to 1 in flight; limit 1 rejects every request after the first.
+    let l = limiters("  a: { key: ip, concurrency: 1 }\n  b: { key: ip, rate: 1r/m }\n");
+    let first = check(&l, &[0, 1], 1, 0);
+    assert!(passes(&first));
+    drop(first);
+    for _ in 0..3 {
+        assert!(!passes(&check(&l, &[0, 1], 1, 0)));
+    }
+    assert_eq!(l.keys(0), 0);
+    assert!(passes(&check(&l, &[0], 1, 0)));
+}
+
+#[test]
+fn dry_run_never_rejects_or_delays_but_keeps_state_as_if_enforced() {
+    let l = limiters("  d: { key: ip, rate: 1r/s, burst: 1, dry_run: true }\n");
+    let outcomes: Vec<Outcome> = (0..3)
+        .map(|_| match check(&l, &[0], 1, 0) {
+            Decision::Pass { wait, standings, .. } => {
+                assert_eq!(wait, Duration::ZERO);
+                standings[0].outcome
+            }
+            Decision::Reject { .. } => panic!("a dry-run limit rejected"),
+        })
+        .collect();
+    let delayed = Outcome::Delayed(Duration::from_secs(1));
+    assert_eq!(outcomes, [Outcome::Passed, delayed, Outcome::Rejected(Duration::from_secs(1))]);
+    // The would-be rejection stored nothing: one second later the key is where two
+    // admitted requests left it.
+    let Decision::Pass { standings, .. } = check(&l, &[0], 1, 1000) else { panic!() };
+    assert_eq!(standings[0].outcome, delayed);
+}
+
+/// GCRA and the token bucket decide as governor's GCRA does, request by request.
+#[test]
+fn gcra_and_token_bucket_agree_with_governor() {
+    use std::num::NonZeroU32;
+
+    use governor::clock::FakeRelativeClock;
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+
+    let strategy = (1u64..1000, 0u32..8, any::<bool>(), proptest::collection::vec(0u64..3000, 1..100));
+    TestRunner::new(Config::with_cases(128))
+        .run(&strategy, |(period_ms, burst, as_token_bucket, gaps)| {
+            let limit = if as_token_bucket {
+                format!(
+                    "  l: {{ key: ip, algorithm: token_bucket, capacity: {}, refill: 1r/{period_ms}ms }}\n",
+                    burst + 1
+                )
+            } else if burst == 0 {
+                format!("  l: {{ key: ip, algorithm: gcra, rate: 1r/{period_ms}ms }}\n")
+            } else {
+                format!("  l: {{ key: ip, algorithm: gcra, rate: 1r/{period_ms}ms, burst: {burst} }}\n")
+            };
+            let ours = limiters(&limit);
+            let quota = governor::Quota::with_period(Duration::from_millis(period_ms))
+                .expect("non-zero period")
+                .allow_burst(NonZeroU32::new(burst + 1).expect("non-zero"));
+            let clock = FakeRelativeClock::default();
+            let theirs = governor::RateLimiter::direct_with_clock(quota, clock.clone());
+            let mut now_ns = 1_000_000_000_000u64;
+            for (n, gap) in gaps.into_iter().enumerate() {
+                let gap_ns = gap * period_ms * 1_000_000 / 1000;
+                now_ns += gap_ns;
+                clock.advance(Duration::from_nanos(gap_ns));
+                let uri = Uri::from_static("/");
+                let headers = HeaderMap::new();
+                let src = KeySource {
+                    client_ip: [10, 0, 0, 1].into(),
+                    method: &Method::GET,
+                    uri: &uri,
+                    path: uri.path().as_bytes(),
+                    headers: &headers,
+                    host: None,
+                };
+                let ours = passes(&ours.check(&[0], &src, 1, || now_ns));
+                prop_assert_eq!(ours, theirs.check().is_ok(), "request {}", n);
+            }
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn a_flood_of_fresh_keys_frees_neither_a_throttled_nor_a_banned_key() {
+    // Every algorithm, with room for 64 keys: key 1 is throttled, key 2 banned, then
+    // 10 × max_keys fresh keys pass, one request each, while both keep being refused.
+    for policy in [
+        "algorithm: leaky_bucket, rate: 1r/m",
+        "algorithm: leaky_bucket, rate: 1r/m, burst: 3, nodelay: true",
+        "algorithm: gcra, rate: 1r/m",
+        "algorithm: token_bucket, capacity: 2, refill: 1r/m",
+        "algorithm: min_interval, interval: 1m",
+        "algorithm: fixed_window, limit: 1, window: 1m",
+        "algorithm: sliding_window, limit: 1, window: 1m",
+        "algorithm: sliding_log, limit: 1, window: 1m",
+        "rates: [10r/s, 1r/m]",
+    ] {
+        let l = limiters(&format!(
+            "  a: {{ key: ip, max_keys: 64, {policy} }}\n  b: {{ key: ip, max_keys: 64, {policy}, ban: 10m }}\n"
+        ));
+        let mut now = 0;
+        let refuse = |limit: usize, key: u32, now: u64| {
+            while passes(&check(&l, &[limit], key, now)) {}
+        };
+        refuse(0, 1, now);
+        refuse(1, 2, now);
+        for fresh in 0..640 {
+            now += 1;
+            for limit in [0, 1] {
+                assert!(passes(&check(&l, &[limit], 1000 + fresh, now)), "{policy}: fresh key {fresh} refused");
+            }
+            if fresh % 64 == 0 {
+                assert!(!passes(&check(&l, &[0], 1, now)), "{policy}: throttled key freed after {fresh}");
+                assert!(!passes(&check(&l, &[1], 2, now)), "{policy}: banned key freed after {fresh}");
+            }
+        }
+        assert!(!passes(&check(&l, &[0], 1, now)), "{policy}: throttled key freed");
+        assert!(!passes(&check(&l, &[1], 2, now)), "{policy}: banned key freed");
+    }
+}
+
+#[test]
+fn a_rejection_bans_the_key_for_the_ban_and_only_enforced_limits_ban() {
+    let l = limiters("  b: { key: ip, rate: 10r/s, ban: 1m }\n  d: { key: ip, rate: 10r/s, ban: 1m, dry_run: true }\n");
+    let retry = |d: Decision| match d {
+        Decision::Reject { retry_after, .. } => Some(retry_after),
+        Decision::Pass { .. } => None,
+    };
+    assert!(passes(&check(&l, &[0], 1, 0)));
+    assert_eq!(retry(check(&l, &[0], 1, 10)), Some(Duration::from_secs(60)));
+    // Long after the rate would admit again, the ban still refuses, for the time left.
+    assert_eq!(retry(check(&l, &[0], 1, 1_000)), Some(Duration::from_millis(59_010)));
+    assert!(passes(&check(&l, &[0], 2, 1_000)), "another key is not banned");
+    assert_eq!(l.bans(0), 1);
+    assert!(passes(&check(&l, &[0], 1, 60_010)));
+    // The dry-run limit would reject and ban, but does neither.
+    assert!(passes(&check(&l, &[1], 3, 0)));
+    assert!(passes(&check(&l, &[1], 3, 10)));
+    assert!(passes(&check(&l, &[1], 3, 1_000)));
+    assert_eq!(l.bans(1), 0);
+}
+
+#[test]
+fn several_windows_all_must_admit_and_the_slowest_sets_retry_after() {
+    // 3 per second and 5 per minute, each a bucket of its size, banning on rejection.
+    let l = limiters("  w: { key: ip, rates: [3r/s, 5r/m], ban: 10m }\n  x: { key: ip, rates: [3r/s, 5r/m] }\n");
+    let outcome = |d: Decision| match d {
+        Decision::Pass { .. } => Ok(()),
+        Decision::Reject { retry_after, .. } => Err(retry_after),
+    };
+    let per_second: Vec<_> = (0..4).map(|_| outcome(check(&l, &[1], 1, 0))).collect();
+    assert_eq!(per_second[..3], [Ok(()), Ok(()), Ok(())]);
+    // The fourth does not fit the second's bucket (for 333 ms); it would fit the minute's.
+    assert_eq!(per_second[3], Err(Duration::from_nanos(333_333_333)));
+    let later: Vec<_> = [1_000, 2_000, 2_001].iter().map(|&t| outcome(check(&l, &[1], 1, t))).collect();
+    // Two more pass (5 in the minute); then the minute's bucket, refilling one per 12 s
+    // since t = 0, refuses until t = 12 s.
+    assert_eq!(later[..2], [Ok(()), Ok(())]);
+    assert_eq!(later[2], Err(Duration::from_millis(9_999)));
+    // With a ban, the minute window's rejection bans the key for ten minutes.
+    for _ in 0..3 {
+        assert!(passes(&check(&l, &[0], 2, 0)));
+    }
+    assert!(passes(&check(&l, &[0], 2, 1_000)) && passes(&check(&l, &[0], 2, 2_000)));
+    assert_eq!(outcome(check(&l, &[0], 2, 3_000)), Err(Duration::from_secs(600)));
+    assert_eq!(l.bans(0), 1);
+}
+
+#[test]
+fn only_counted_statuses_keep_their_quota_for_every_algorithm() {
+    for limit in [
+        "rate: 1r/h, burst: 1, nodelay: true",
+        "algorithm: token_bucket, capacity: 2, refill: 1r/h",
+        "algorithm: fixed_window, limit: 2, window: 1h",
+        "algorithm: sliding_window, limit: 2, window: 1h",
+        "algorithm: sliding_log, limit: 2, window: 1h",
+    ] {
+        let l = limiters(&format!("  login: {{ key: ip, {limit}, count: [401, 403] }}\n"));
+        let settle = |d: Decision, status: u16| match d {
+            Decision::Pass { pending, .. } => {
+                futures_util::FutureExt::now_or_never(pending.settle(status)).expect("local settling never waits")
+            }
+            Decision::Reject { .. } => panic!("{limit}: rejected"),
+        };
+        // A realistic clock: a refund subtracts time, which must not run below zero.
+        let t = |ms: u64| 1_700_000_000_000 + ms;
+        // Successful logins are taken back: any number pass.
+        for ms in 0..5 {
+            settle(check(&l, &[0], 1, t(ms)), 200);
+        }
+        // Failures count: two, then the key is refused.
+        settle(check(&l, &[0], 1, t(10)), 401);
+        settle(check(&l, &[0], 1, t(11)), 403);
+        assert!(!passes(&check(&l, &[0], 1, t(12))), "{limit}");
+        // Requests in flight hold their quota until answered: two parallel attempts
+        // of another client take both units before either is settled.
+        let (a, b) = (check(&l, &[0], 2, t(20)), check(&l, &[0], 2, t(20)));
+        assert!(passes(&a) && passes(&b) && !passes(&check(&l, &[0], 2, t(20))), "{limit}");
+        settle(a, 200);
+        assert!(passes(&check(&l, &[0], 2, t(21))), "{limit}: refund not applied");
+        drop(b);
+    }
+}
+
+#[test]
+fn min_interval_admits_one_request_per_interval() {
+    let l = limiters("  m: { key: ip, algorithm: min_interval, interval: 2s }\n");
+    let at = |ms: u64| passes(&check(&l, &[0], 1, 1_700_000_000_000 + ms));
+    // 0 passes; 1 999 ms later is too soon; 2 000 ms after the last admission passes.
+    assert_eq!([at(0), at(1_999), at(2_000), at(3_000), at(4_000)], [true, false, true, false, true]);
+}
+
+#[test]
+fn a_dry_run_limit_stores_no_window_when_one_would_reject() {
+    let l =
+        limiters("  d: { key: ip, rates: [1r/s, 100r/h], dry_run: true }\n  e: { key: ip, rates: [1r/s, 100r/h] }\n");
+    let t = |ms: u64| 1_700_000_000_000 + ms;
+    // Enforced: the second request at once is rejected by the per-second window and
+    // the hour window does not count it.
+    assert!(passes(&check(&l, &[1], 1, t(0))));
+    assert!(!passes(&check(&l, &[1], 1, t(1))));
+    // Dry run: the same requests pass, and the hour window must show the same count
+    // as the enforced one: 99 remaining, not 98.
+    assert!(passes(&check(&l, &[0], 1, t(0))));
+    assert!(passes(&check(&l, &[0], 1, t(1))));
+    let remaining = |d: Decision| match d {
+        Decision::Pass { standings, .. } | Decision::Reject { standings, .. } => standings[1].remaining,
+    };
+    assert_eq!(remaining(check(&l, &[0], 1, t(2_000))), remaining(check(&l, &[1], 1, t(2_000))));
+}
