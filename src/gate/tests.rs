@@ -11,7 +11,7 @@ use super::{Decision, Gate};
 use crate::clock::{ManualClock, Nanos};
 use crate::limit::gcra_cases;
 use crate::limit::{Limiters, Outcome};
-use crate::policy::key::KeySource;
+use crate::policy::key::{KeyHash, KeySource};
 
 /// A gate on a manual clock, read as its limiters for their counts.
 struct Harness {
@@ -354,4 +354,121 @@ fn a_dry_run_limit_stores_no_window_when_one_would_reject() {
         Decision::Pass { standings, .. } | Decision::Reject { standings, .. } => standings[1].remaining,
     };
     assert_eq!(remaining(check(&l, &[0], 1, t(2_000))), remaining(check(&l, &[1], 1, t(2_000))));
+}
+
+/// The global path when Redis cannot answer (nothing listens on its port), on the fake
+/// clock: the near-cache counts down, the breaker opens and probes, and each
+/// `on_store_error` decides, all read from the gate's one clock.
+mod global_path {
+    use http::StatusCode;
+
+    use super::*;
+    use crate::store::near_cache::Refusal;
+    use crate::store::{Call, StoreCounts};
+
+    const T0: u64 = 1_700_000_000_000_000_000;
+    const MS: u64 = 1_000_000;
+
+    /// A gate of `limits` whose Redis refuses connections, on a manual clock at `T0`.
+    fn gate(redis: &str, limits: &str) -> (Gate, ManualClock) {
+        let yaml = format!(
+            "listen: 127.0.0.1:0\nredis: {{ url: \"redis://127.0.0.1:1\", timeout: 200ms{redis} }}\nlimits:\n{limits}"
+        );
+        let clock = ManualClock::new(Nanos(T0));
+        (Gate::new(&crate::config::parse(&yaml, "test").unwrap(), clock.clone().into()), clock)
+    }
+
+    fn src(headers: &HeaderMap, uri: &Uri) -> KeySource<'static> {
+        let (method, path): (&'static Method, &'static [u8]) = (&Method::GET, b"/");
+        // Leaked: a test's few bytes, so that the source outlives each call.
+        let headers: &'static HeaderMap = Box::leak(Box::new(headers.clone()));
+        let uri: &'static Uri = Box::leak(Box::new(uri.clone()));
+        KeySource { client_ip: [10, 0, 0, 1].into(), method, uri, path, headers, host: None }
+    }
+
+    async fn decide_at(gate: &Gate, clock: &ManualClock, limits: &[usize], at_ms: u64, cost: u64) -> Decision {
+        clock.set(Nanos(T0 + at_ms * MS));
+        let (headers, uri) = (HeaderMap::new(), Uri::from_static("/"));
+        gate.decide(limits, &src(&headers, &uri), cost).await
+    }
+
+    fn counts(gate: &Gate) -> StoreCounts {
+        gate.store().expect("a global limit").counts()
+    }
+
+    fn rejected(d: &Decision) -> Option<(StatusCode, Duration)> {
+        match d {
+            Decision::Reject { status, retry_after, .. } => Some((*status, *retry_after)),
+            Decision::Pass { .. } => None,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_near_cache_refuses_one_unit_until_redis_said_counting_down_on_the_clock() {
+        let (gate, clock) = gate("", "  g: { key: ip, scope: global, rate: 1r/s, on_store_error: deny }\n");
+        let (headers, uri) = (HeaderMap::new(), Uri::from_static("/"));
+        let hash = gate.limiters().get(0).key.global(&src(&headers, &uri)).expect("an ip key");
+        let store = gate.store().expect("a global limit");
+        let call = Call { limit: 0, base: store.base(0, hash), near: KeyHash((hash >> 64) as u64) };
+        let refusal = Refusal { until: T0 + 2_000 * MS, reset: T0 + 5_000 * MS, window: 0 };
+        store.remember_refusal(&call, refusal, Nanos(T0));
+
+        let d = decide_at(&gate, &clock, &[0], 500, 1).await;
+        assert_eq!(rejected(&d), Some((StatusCode::TOO_MANY_REQUESTS, Duration::from_millis(1_500))));
+        let Decision::Reject { standings, .. } = d else { unreachable!() };
+        assert_eq!(standings[0].reset, Duration::from_millis(4_500));
+        assert_eq!((counts(&gate).near_hits, counts(&gate).calls), (1, 0), "answered without a call");
+        // Two units ask Redis, as does one unit once the refusal has ended: Redis fails,
+        // and `deny` refuses with 503.
+        let heavy = decide_at(&gate, &clock, &[0], 600, 2).await;
+        assert_eq!(rejected(&heavy).map(|r| r.0), Some(StatusCode::SERVICE_UNAVAILABLE));
+        let later = decide_at(&gate, &clock, &[0], 2_000, 1).await;
+        assert_eq!(rejected(&later).map(|r| r.0), Some(StatusCode::SERVICE_UNAVAILABLE));
+        assert_eq!((counts(&gate).near_hits, counts(&gate).calls), (1, 2));
+    }
+
+    #[tokio::test]
+    async fn the_breaker_opens_over_its_window_skips_redis_and_probes_after_the_cooldown() {
+        let (gate, clock) = gate(
+            ", breaker_failures: 2, breaker_window: 1s, breaker_cooldown: 5s",
+            "  g: { key: ip, scope: global, rate: 100r/s, on_store_error: allow }\n",
+        );
+        for at in [0, 1_000] {
+            assert!(passes(&decide_at(&gate, &clock, &[0], at, 1).await), "allow admits");
+        }
+        let c = counts(&gate);
+        assert!(c.breaker_open, "two failures a second apart open it");
+        assert_eq!((c.calls, c.errors, c.skipped), (2, 2, 0));
+        // Open: Redis is not asked until the cooldown has passed on the clock.
+        assert!(passes(&decide_at(&gate, &clock, &[0], 5_999, 1).await));
+        assert_eq!((counts(&gate).calls, counts(&gate).skipped), (2, 1));
+        // One probe after the cooldown; it fails, and the breaker stays open.
+        assert!(passes(&decide_at(&gate, &clock, &[0], 6_000, 1).await));
+        assert!(passes(&decide_at(&gate, &clock, &[0], 6_001, 1).await));
+        let c = counts(&gate);
+        assert_eq!((c.calls, c.errors, c.skipped, c.breaker_open), (3, 3, 2, true));
+        assert_eq!(c.fallbacks, [5, 0, 0], "each decided by on_store_error: allow");
+    }
+
+    #[tokio::test]
+    async fn the_local_fallback_is_the_limits_share_on_the_clock_and_deny_undoes_local_admissions() {
+        let (gate, clock) = gate(
+            ", breaker_failures: 1, breaker_window: 0s",
+            // Limits are indexed in name order.
+            "  a_twin: { key: ip, scope: global, rate: 2r/s, instances: 2 }\n  \
+             b_denied: { key: ip, scope: global, rate: 100r/s, on_store_error: deny }\n  \
+             c_local: { key: ip, rate: 1r/m }\n",
+        );
+        // Two instances share 2r/s: this one's twin admits one per second.
+        assert!(passes(&decide_at(&gate, &clock, &[0], 0, 1).await));
+        let refused = decide_at(&gate, &clock, &[0], 10, 1).await;
+        assert_eq!(rejected(&refused), Some((StatusCode::TOO_MANY_REQUESTS, Duration::from_millis(990))));
+        assert!(passes(&decide_at(&gate, &clock, &[0], 1_000, 1).await));
+        // `deny` refuses with 503, and takes back what the local limit admitted: its one
+        // request a minute is still there.
+        let denied = decide_at(&gate, &clock, &[1, 2], 2_000, 1).await;
+        assert_eq!(rejected(&denied), Some((StatusCode::SERVICE_UNAVAILABLE, Duration::from_secs(1))));
+        assert!(passes(&decide_at(&gate, &clock, &[2], 2_001, 1).await));
+        assert_eq!(counts(&gate).fallbacks, [0, 1, 3]);
+    }
 }
