@@ -1,0 +1,107 @@
+//! Responses made here rather than upstream: static routes, rejections, errors. The body
+//! every response carries (with the request's receipts) is `body`; the rate-limit header
+//! fields (draft-ietf-httpapi-ratelimit-headers) on any response are `ratelimit`.
+
+mod body;
+mod ratelimit;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use http::{Response, StatusCode};
+
+use super::error::ProxyError;
+use crate::config::{RejectionBody, StaticResponse};
+pub use body::ProxyBody;
+pub use ratelimit::{Quota, add_ratelimit_headers, quotas};
+
+fn made_here(status: StatusCode, body: impl Into<Bytes>) -> Response<ProxyBody> {
+    let mut response = Response::new(ProxyBody::full(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    response
+}
+
+pub fn static_response(r: &StaticResponse) -> Response<ProxyBody> {
+    let mut response = Response::new(ProxyBody::full(r.body.clone()));
+    *response.status_mut() = r.status;
+    *response.headers_mut() = r.headers.clone();
+    response
+}
+
+/// The answer to a failed request: the reason phrase, and for the client's own faults
+/// what was wrong (an upstream's failure is logged, not shown).
+pub fn error(e: &ProxyError) -> Response<ProxyBody> {
+    let status = e.status();
+    let reason = status.canonical_reason().unwrap_or("error");
+    let body = if status.is_client_error() { format!("{reason}: {e}\n") } else { format!("{reason}\n") };
+    made_here(status, body)
+}
+
+/// The rejection: `Retry-After` in whole seconds, rounded up and at least 1, so a client
+/// that waits exactly that long is not rejected again for being early (RFC 9110 §10.2.3).
+/// The body is a line of text, or with `RejectionBody::ProblemJson` a problem details
+/// object (RFC 9457) naming the `violated` limits.
+pub fn rejected(
+    status: StatusCode,
+    retry_after: Duration,
+    body: RejectionBody,
+    violated: &[&str],
+) -> Response<ProxyBody> {
+    let title = status.canonical_reason().unwrap_or("Rejected");
+    let retry_after = ceil_secs(retry_after).max(1);
+    let mut response = match body {
+        RejectionBody::Text => made_here(status, format!("{title}\n")),
+        RejectionBody::ProblemJson => {
+            // Limit names are letters, digits, '_', '-' and '.': nothing to escape.
+            let names = violated.iter().map(|n| format!("\"{n}\"")).collect::<Vec<_>>().join(",");
+            let json = format!(
+                "{{\"type\":\"about:blank\",\"title\":\"{title}\",\"status\":{},\"detail\":\"Request rate limit exceeded; retry after {retry_after} s.\",\"violated_limits\":[{names}],\"retry_after\":{retry_after}}}\n",
+                status.as_u16()
+            );
+            let mut response = made_here(status, json);
+            response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+            response
+        }
+    };
+    response.headers_mut().insert(RETRY_AFTER, HeaderValue::from(retry_after));
+    response
+}
+
+pub(super) fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::Either;
+
+    use super::*;
+
+    #[test]
+    fn retry_after_rounds_up_and_is_never_zero() {
+        let retry =
+            |d| rejected(StatusCode::TOO_MANY_REQUESTS, d, RejectionBody::Text, &[]).headers()[RETRY_AFTER].clone();
+        assert_eq!(retry(Duration::from_millis(1)), "1");
+        assert_eq!(retry(Duration::from_millis(2001)), "3");
+        assert_eq!(retry(Duration::from_secs(2)), "2");
+    }
+
+    #[test]
+    fn problem_json_names_the_violated_limits() {
+        let r = rejected(
+            StatusCode::TOO_MANY_REQUESTS,
+            Duration::from_millis(1500),
+            RejectionBody::ProblemJson,
+            &["a", "b"],
+        );
+        assert_eq!(r.headers()[CONTENT_TYPE], "application/problem+json");
+        let Either::Right(full) = &r.body().inner else { panic!("not made here") };
+        let body = format!("{full:?}");
+        assert!(
+            body.contains(r#"\"violated_limits\":[\"a\",\"b\"]"#) && body.contains(r#"\"retry_after\":2"#),
+            "{body}"
+        );
+    }
+}

@@ -1,0 +1,184 @@
+//! The rate-limit header fields (draft-ietf-httpapi-ratelimit-headers, or the legacy
+//! `X-RateLimit-*`) that tell a client where it stands, on any response.
+
+use http::HeaderMap;
+use http::header::{HeaderName, HeaderValue};
+use smallvec::SmallVec;
+
+use super::ceil_secs;
+use crate::config::{HeaderStyle, Limit, Policy};
+use crate::limit::Standing;
+
+static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// What the rate-limit header fields say of one window of a limit, computed once.
+pub struct Quota {
+    /// The `RateLimit-Policy` item, e.g. `"per_ip";q=10;w=1`.
+    pub item: String,
+    /// Its name.
+    pub name: String,
+    /// Its `q`: requests per window (or in flight, for a concurrency limit).
+    pub quota: u64,
+}
+
+/// The quotas of `limit`, one per window, named after the limit (and the window's
+/// length, when it has several: `"api/1s"`, `"api/1day"`).
+pub fn quotas(limit: &Limit) -> Box<[Quota]> {
+    let several = limit.windows.len() > 1;
+    let name = |policy: &Policy| match policy {
+        Policy::Rate { rate, .. } if several => format!("{}/{}", limit.name, humantime::format_duration(rate.per)),
+        _ => limit.name.clone(),
+    };
+    limit.windows.iter().map(|policy| quota(&name(policy), policy)).collect()
+}
+
+/// The quota of one window: the sustained rate as requests per window in whole seconds
+/// (a sub-second or fractional window is scaled to one second); a concurrency limit has a
+/// quota and no window: `"uploads";q=4`.
+fn quota(name: &str, policy: &Policy) -> Quota {
+    let (count, per) = match *policy {
+        Policy::Rate { rate, .. } => (rate.count, rate.per),
+        Policy::FixedWindow { limit, window }
+        | Policy::SlidingWindow { limit, window }
+        | Policy::SlidingLog { limit, window } => (limit, window),
+        Policy::Concurrency { max, .. } => {
+            return Quota { item: format!("\"{name}\";q={max}"), name: name.to_owned(), quota: max };
+        }
+    };
+    let (q, w) = if per.subsec_nanos() == 0 {
+        (count, per.as_secs())
+    } else {
+        let per_second = u128::from(count) * 1_000_000_000 / per.as_nanos().max(1);
+        (u64::try_from(per_second).unwrap_or(u64::MAX).max(1), 1)
+    };
+    Quota { item: format!("\"{name}\";q={q};w={w}"), name: name.to_owned(), quota: q }
+}
+
+static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// Adds the rate-limit fields for `standings` in `style`; `quotas` holds each limit's
+/// quotas (by window) by limit index. The legacy `X-RateLimit-*` fields can describe one limit only:
+/// the one with the fewest requests remaining (then the longest reset); their reset is
+/// in seconds from now, like the draft's `t`.
+pub fn add_ratelimit_headers(
+    headers: &mut HeaderMap,
+    standings: &[Standing],
+    quotas: &[Box<[Quota]>],
+    style: HeaderStyle,
+) {
+    let Some(tightest) = standings.iter().min_by_key(|s| (s.remaining, std::cmp::Reverse(s.reset))) else {
+        return;
+    };
+    let mut fields: SmallVec<[(&HeaderName, String); 5]> = SmallVec::new();
+    if style != HeaderStyle::Legacy {
+        let mut policy = String::new();
+        let mut current = String::new();
+        for s in standings {
+            if !policy.is_empty() {
+                policy.push_str(", ");
+                current.push_str(", ");
+            }
+            let quota = &quotas[s.limit][s.window];
+            policy.push_str(&quota.item);
+            current.push_str(&format!("\"{}\";r={};t={}", quota.name, s.remaining, ceil_secs(s.reset)));
+        }
+        fields.push((&RATELIMIT_POLICY, policy));
+        fields.push((&RATELIMIT, current));
+    }
+    if style != HeaderStyle::Draft {
+        fields.push((&X_RATELIMIT_LIMIT, quotas[tightest.limit][tightest.window].quota.to_string()));
+        fields.push((&X_RATELIMIT_REMAINING, tightest.remaining.to_string()));
+        fields.push((&X_RATELIMIT_RESET, ceil_secs(tightest.reset).to_string()));
+    }
+    for (name, value) in fields {
+        if let Ok(value) = HeaderValue::try_from(value) {
+            headers.insert(name, value);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use http::StatusCode;
+
+    use super::*;
+    use crate::config::units::parse_rate;
+    use crate::limit::Outcome;
+    use crate::policy::key::KeySpec;
+
+    fn limit(name: &str, rate: &str) -> Limit {
+        Limit {
+            name: name.into(),
+            key: KeySpec(Box::new([])),
+            windows: vec![Policy::Rate { rate: parse_rate(rate).unwrap(), burst: 0, delay: 0 }],
+            status: StatusCode::TOO_MANY_REQUESTS,
+            max_keys: 1,
+            dry_run: false,
+            log_level: crate::config::LogLevel::Info,
+            log_lines_per_second: 5,
+            ban: None,
+            allow: Default::default(),
+            count: None,
+            overrides: Vec::new(),
+            scope: crate::config::Scope::Local,
+        }
+    }
+
+    #[test]
+    fn policy_items_state_quota_and_window_in_seconds() {
+        assert_eq!(quotas(&limit("a", "10r/s"))[0].item, "\"a\";q=10;w=1");
+        assert_eq!(quotas(&limit("a", "100r/15m"))[0].item, "\"a\";q=100;w=900");
+        assert_eq!(quotas(&limit("a", "10r/500ms"))[0].item, "\"a\";q=20;w=1");
+        let mut two = limit("a", "10r/s");
+        two.windows.push(Policy::Rate { rate: parse_rate("10000r/d").unwrap(), burst: 9999, delay: 9999 });
+        let items: Vec<String> = quotas(&two).iter().map(|q| q.item.clone()).collect();
+        assert_eq!(items, ["\"a/1s\";q=10;w=1", "\"a/1day\";q=10000;w=86400"]);
+    }
+
+    #[test]
+    fn ratelimit_fields_list_every_standing() {
+        let limits = [limit("a", "10r/s"), limit("b", "1r/m")];
+        let quotas: Vec<Box<[Quota]>> = limits.iter().map(quotas).collect();
+        let standings = [
+            Standing {
+                limit: 0,
+                window: 0,
+                outcome: Outcome::Passed,
+                remaining: 2,
+                reset: Duration::from_millis(300),
+                excess: 0.0,
+                banned: false,
+            },
+            Standing {
+                limit: 1,
+                window: 0,
+                outcome: Outcome::Rejected(Duration::from_secs(1)),
+                remaining: 0,
+                reset: Duration::from_secs(59),
+                excess: 1.5,
+                banned: false,
+            },
+        ];
+        let mut h = HeaderMap::new();
+        add_ratelimit_headers(&mut h, &standings, &quotas, HeaderStyle::Draft);
+        assert_eq!(h[&RATELIMIT_POLICY], "\"a\";q=10;w=1, \"b\";q=1;w=60");
+        assert_eq!(h[&RATELIMIT], "\"a\";r=2;t=1, \"b\";r=0;t=59");
+        assert!(!h.contains_key(&X_RATELIMIT_LIMIT));
+        let mut h = HeaderMap::new();
+        add_ratelimit_headers(&mut h, &standings, &quotas, HeaderStyle::Legacy);
+        assert!(!h.contains_key(&RATELIMIT));
+        assert_eq!(
+            (&h[&X_RATELIMIT_LIMIT], &h[&X_RATELIMIT_REMAINING], &h[&X_RATELIMIT_RESET]),
+            (
+                &"1".parse::<HeaderValue>().unwrap(),
+                &"0".parse::<HeaderValue>().unwrap(),
+                &"59".parse::<HeaderValue>().unwrap()
+            )
+        );
+    }
+}
