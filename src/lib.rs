@@ -8,11 +8,14 @@
 //!   -> client address      peer, or rightmost untrusted X-Forwarded-For / Forwarded hop
 //!   -> route               first match on host, normalized path (path), method (proxy::route)
 //!   -> allow-list, cost    exempt requests skip the limits; what a request weighs
-//!   -> keys                each limit hashes its key (a repeated key field is a 400), or an
-//!                          override picks another limit
-//!   -> limits              all or nothing: pass, delay, or reject with 429; local ones
-//!                          first (limit), then global ones in one Redis call (store)
-//!   -> receipts            slots held until the body is sent; `count:` refunds by status
+//!   -> keys                each limit hashes its key (a repeated key field is a 400)
+//!   -> limits (gate)       one call decides the request, all or nothing: overrides and
+//!                          allow-lists, the near-cache, the local limits (state in limit),
+//!                          then the global ones in one Redis call (store), undone or
+//!                          decided by on_store_error when Redis cannot answer; pass,
+//!                          delay, or reject with 429 — all on one clock (clock)
+//!   -> receipts            slots held until the body is sent (proxy::response); `count:`
+//!                          refunds by status
 //!   -> forward / respond   a server by balance and health, retried on the next when it
 //!                          could not be sent, bodies streamed and bounded, upgrades
 //!                          tunnelled (proxy::forward); or a static response
@@ -20,7 +23,9 @@
 //!                          when the body is done
 //! ```
 //!
-//! `config` turns the YAML file into the compiled `Config` the request path reads.
+//! `config` turns the YAML file into the compiled `Config` the request path reads; the
+//! words a limit is written in (`policy`) are shared by `config` and `limit`. Modules
+//! import downwards only: proxy -> gate -> store -> limit -> config -> policy.
 
 pub mod access_log;
 pub mod admin;
