@@ -59,6 +59,7 @@ impl ManualClock {
         ManualClock(Arc::new(AtomicU64::new(start.0)))
     }
 
+    #[inline]
     pub fn now(&self) -> Nanos {
         Nanos(self.0.load(Ordering::Acquire))
     }
@@ -78,6 +79,7 @@ impl From<ManualClock> for Clock {
     }
 }
 
+#[inline]
 fn system_now() -> Nanos {
     static ORIGIN: LazyLock<(Instant, u64)> = LazyLock::new(|| {
         let wall = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();

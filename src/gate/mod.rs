@@ -384,6 +384,7 @@ struct Window<'a> {
 impl<'a> Locked<'a> {
     /// Each window's verdict at `now`: a banned key is refused for the time its ban has
     /// left, whatever the algorithm says.
+    #[inline]
     fn decide(self, now: Nanos, cost: u64) -> Group<'a> {
         let Locked { limit, limiter, key, shards, bans } = self;
         let left = match (&limiter.bans, &bans) {
@@ -407,12 +408,14 @@ impl<'a> Locked<'a> {
 
 impl Group<'_> {
     /// Whether any window of this limit rejects the request.
+    #[inline]
     fn rejects(&self) -> bool {
         self.windows.iter().any(|w| w.standing.outcome.is_rejected())
     }
 
     /// A rejection by any window of an enforced limit that bans starts a ban, unless one
     /// runs; the first window's standing then says the ban's length.
+    #[inline]
     fn ban_if_rejected(&mut self, now: Nanos) {
         if self.limiter.dry_run || !self.rejects() {
             return;

@@ -106,6 +106,7 @@ pub struct Standing {
 }
 
 impl Outcome {
+    #[inline]
     pub fn is_rejected(&self) -> bool {
         matches!(self, Outcome::Rejected(_))
     }
@@ -113,6 +114,7 @@ impl Outcome {
 
 impl Standing {
     /// Where window `window` of limit `limit` stands after deciding `verdict`.
+    #[inline]
     pub fn of(limit: usize, window: usize, verdict: &Verdict) -> Standing {
         let (outcome, remaining, reset, excess) = match *verdict {
             Verdict::Admit { wait, remaining, reset, excess, .. } => {
@@ -162,6 +164,7 @@ impl Limiters {
     }
 
     /// Limit `index` (into `Config::limits`).
+    #[inline]
     pub(crate) fn get(&self, index: usize) -> &Limiter {
         &self.limits[index]
     }
@@ -205,6 +208,7 @@ impl Limiters {
     }
 
     /// The key of `src` for limit `index`, hashed (`None`: the request has none).
+    #[inline]
     pub fn key_hash(&self, index: usize, src: &KeySource<'_>) -> Option<KeyHash> {
         self.limits[index].key.hash(src, &self.seed)
     }
