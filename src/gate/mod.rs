@@ -177,21 +177,22 @@ impl Gate {
     fn check_chosen(&self, chosen: &[usize], src: &KeySource<'_>, cost: u64) -> Decision {
         // Every shard in one order for every request: limit by limit, each limit's
         // windows in order, then its bans.
-        let mut locked: SmallVec<[Locked<'_>; 2]> = SmallVec::new();
+        // (Built in place: moving these groups around costs more than deciding them.)
+        let mut groups: SmallVec<[Group<'_>; 2]> = SmallVec::new();
         for &limit in chosen {
             let limiter = self.limiters.get(limit);
             let Some(key) = self.limiters.key_hash(limit, src) else { continue };
             let shards = limiter.windows.iter().map(|algorithm| algorithm.lock(key)).collect();
             let bans = limiter.bans.as_ref().map(|bans| bans.lock(key.0));
-            locked.push(Locked { limit, limiter, key, shards, bans });
+            groups.push(Group { limit, limiter, key, shards, bans, admits: SmallVec::new(), rejects: false });
         }
         let now = self.clock.now();
-        let mut groups: SmallVec<[Group<'_>; 2]> = locked.into_iter().map(|l| l.decide(now, cost)).collect();
+        let mut standings: SmallVec<[Standing; 2]> = SmallVec::new();
         for group in &mut groups {
-            group.ban_if_rejected(now);
+            let first = standings.len();
+            group.decide(now, cost, &mut standings);
+            group.ban_if_rejected(now, &mut standings[first..]);
         }
-        let standings: SmallVec<[Standing; 2]> =
-            groups.iter().flat_map(|g| g.windows.iter().map(|w| w.standing)).collect();
         if let Some(rejection) = self.rejection(&standings) {
             // A refusal counts as use in every table that holds the key (rank only, no
             // state), so a flood of fresh keys cannot push the refused key out.
@@ -207,17 +208,16 @@ impl Gate {
         for group in &mut groups {
             // A dry-run limit that would reject, in any of its windows, keeps all of its
             // state, as it would have if enforced.
-            if group.rejects() {
+            if group.rejects {
                 continue;
             }
             let (limit, key, dry_run) = (group.limit, group.key, group.limiter.dry_run);
-            for window in &mut group.windows {
-                let Verdict::Admit { state, wait: w, .. } = window.verdict else { continue };
-                window.shard.store(key, state, now, cost);
+            for (shard, admit) in group.shards.iter_mut().zip(&group.admits) {
+                shard.store(key, admit.state, now, cost);
                 if !dry_run {
-                    wait = wait.max(Duration::from_nanos(w));
+                    wait = wait.max(Duration::from_nanos(admit.wait));
                 }
-                if let Held::Concurrency(..) = window.shard {
+                if let Held::Concurrency(..) = shard {
                     permits.limiters.get_or_insert_with(|| Arc::clone(&self.limiters));
                     permits.slots.push(Slot { limit, key });
                 }
@@ -355,74 +355,61 @@ impl Gate {
     }
 }
 
-/// One limit's shards, locked for the request's key, before the clock is read.
-struct Locked<'a> {
-    limit: usize,
-    limiter: &'a Limiter,
-    key: KeyHash,
-    shards: SmallVec<[Held<'a>; 1]>,
-    bans: Option<MutexGuard<'a, Shard>>,
-}
-
-/// One limit's part in a local decision: its key, its ban shard, and each window's
-/// locked shard with what it decided.
+/// One limit's part in a local decision: its key, its shards locked for the key (one per
+/// window, then its bans), and what its windows decided once the clock was read.
 struct Group<'a> {
     limit: usize,
     limiter: &'a Limiter,
     key: KeyHash,
+    /// In window order.
+    shards: SmallVec<[Held<'a>; 1]>,
     bans: Option<MutexGuard<'a, Shard>>,
-    windows: SmallVec<[Window<'a>; 1]>,
+    /// What each window would store, in window order, unless one of them rejects.
+    admits: SmallVec<[Admit; 1]>,
+    /// Some window of this limit rejects the request (or its key is banned).
+    rejects: bool,
 }
 
-/// One window of a limit, locked, with its verdict and where it leaves the key.
-struct Window<'a> {
-    shard: Held<'a>,
-    verdict: Verdict,
-    standing: Standing,
-}
-
-impl<'a> Locked<'a> {
-    /// Each window's verdict at `now`: a banned key is refused for the time its ban has
-    /// left, whatever the algorithm says.
-    #[inline]
-    fn decide(self, now: Nanos, cost: u64) -> Group<'a> {
-        let Locked { limit, limiter, key, shards, bans } = self;
-        let left = match (&limiter.bans, &bans) {
-            (Some(b), Some(shard)) => b.left(shard, key.0, now.0),
-            _ => None,
-        };
-        let windows = shards
-            .into_iter()
-            .enumerate()
-            .map(|(window, shard)| {
-                let verdict = match left {
-                    Some(left) => Verdict::Reject { retry_after: left, remaining: 0, reset: left, excess: 0.0 },
-                    None => shard.decide(key, now, cost),
-                };
-                Window { shard, verdict, standing: Standing::of(limit, window, &verdict) }
-            })
-            .collect();
-        Group { limit, limiter, key, bans, windows }
-    }
+/// A window's admission: the state to store, and the wait it asks for (ns).
+struct Admit {
+    state: u64,
+    wait: u64,
 }
 
 impl Group<'_> {
-    /// Whether any window of this limit rejects the request.
+    /// Decides each window at `now`, adding its standing to `standings`: a banned key is
+    /// refused for the time its ban has left, whatever the algorithm says.
     #[inline]
-    fn rejects(&self) -> bool {
-        self.windows.iter().any(|w| w.standing.outcome.is_rejected())
+    fn decide(&mut self, now: Nanos, cost: u64, standings: &mut SmallVec<[Standing; 2]>) {
+        let left = match (&self.limiter.bans, &self.bans) {
+            (Some(bans), Some(shard)) => bans.left(shard, self.key.0, now.0),
+            _ => None,
+        };
+        for (window, shard) in self.shards.iter().enumerate() {
+            let verdict = match left {
+                Some(left) => Verdict::Reject { retry_after: left, remaining: 0, reset: left, excess: 0.0 },
+                None => shard.decide(self.key, now, cost),
+            };
+            match verdict {
+                Verdict::Admit { state, wait, .. } => self.admits.push(Admit { state, wait }),
+                Verdict::Reject { .. } => self.rejects = true,
+            }
+            standings.push(Standing::of(self.limit, window, &verdict));
+        }
     }
 
     /// A rejection by any window of an enforced limit that bans starts a ban, unless one
-    /// runs; the first window's standing then says the ban's length.
+    /// runs; the first of the limit's `standings` then says the ban's length.
     #[inline]
-    fn ban_if_rejected(&mut self, now: Nanos) {
-        if self.limiter.dry_run || !self.rejects() {
+    fn ban_if_rejected(&mut self, now: Nanos, standings: &mut [Standing]) {
+        if self.limiter.dry_run || !self.rejects {
             return;
         }
-        let (Some(bans), Some(shard)) = (&self.limiter.bans, self.bans.as_mut()) else { return };
+        let (Some(bans), Some(shard), Some(first)) = (&self.limiter.bans, self.bans.as_mut(), standings.first_mut())
+        else {
+            return;
+        };
         if bans.left(shard, self.key.0, now.0).is_none() {
-            let first = &mut self.windows[0].standing;
             first.outcome = Outcome::Rejected(Duration::from_nanos(bans.impose(shard, self.key.0, now.0)));
             first.banned = true;
         }
@@ -430,8 +417,8 @@ impl Group<'_> {
 
     /// Counts a refusal as use of the key in each of this limit's tables.
     fn refuse(&mut self, now: Nanos) {
-        for window in &mut self.windows {
-            window.shard.refuse(self.key, now);
+        for shard in &mut self.shards {
+            shard.refuse(self.key, now);
         }
         if let Some(shard) = self.bans.as_mut() {
             shard.refuse(self.key.0, now.0);

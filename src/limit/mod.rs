@@ -45,12 +45,6 @@ pub enum Verdict {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct LimitId(Arc<str>);
 
-impl LimitId {
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
 /// One configured limit: its policy and its state.
 pub(crate) struct Limiter {
     pub(crate) id: LimitId,
