@@ -1,6 +1,10 @@
 //! The active health check of an upstream (`health_check`): every `interval`, `GET path`
 //! on each server at once; one that does not answer an expected status within `timeout`
-//! is out until a check passes. Runs while its upstream client lives.
+//! is out until a check passes. The servers checked are those of the moment, as names
+//! resolve to new addresses. Runs while its upstream client lives, until a reload stops
+//! its server set.
+
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::uri::Scheme;
@@ -25,26 +29,30 @@ impl Drop for Checker {
 }
 
 /// Starts checking the servers of `servers`; `None` outside a runtime (nothing to run on).
-pub fn start(servers: &ServerSet, check: &HealthCheck, connector: Connector, http2: bool) -> Option<Checker> {
+pub fn start(servers: &Arc<ServerSet>, check: &HealthCheck, connector: Connector, http2: bool) -> Option<Checker> {
     let runtime = tokio::runtime::Handle::try_current().ok()?;
     // Its own pool: checks neither take nor keep connections that requests use.
     let client = Client::builder(TokioExecutor::new()).http2_only(http2).build(connector);
-    let members: Vec<Member> = servers.members().collect();
-    let (upstream, check) = (servers.upstream().to_owned(), check.clone());
+    let (servers, check) = (Arc::clone(servers), check.clone());
     Some(Checker(runtime.spawn(async move {
+        let upstream = servers.upstream();
         let mut ticks = tokio::time::interval(check.interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            ticks.tick().await;
+            tokio::select! {
+                _ = ticks.tick() => {}
+                () = servers.stopped() => return,
+            }
+            let members = servers.members();
             let probes = members.iter().map(|m| probe(&client, m, &check));
             for (member, outcome) in members.iter().zip(futures_util::future::join_all(probes).await) {
                 let changed = member.checked(outcome.is_ok());
                 match outcome {
                     Err(why) if changed => {
-                        warn!(upstream, server = %member.address(), why, "health check failed: server out")
+                        warn!(upstream, server = %member.describe(), why, "health check failed: server out")
                     }
                     Ok(status) if changed => {
-                        info!(upstream, server = %member.address(), %status, "health check passed: server back")
+                        info!(upstream, server = %member.describe(), %status, "health check passed: server back")
                     }
                     _ => {}
                 }
@@ -64,7 +72,7 @@ async fn probe(
     let mut req = Request::new(Empty::new());
     // Scheme, authority and a checked path always build a valid URI.
     *req.uri_mut() = uri.build().unwrap_or_default();
-    if let Ok(host) = HeaderValue::from_str(member.address().as_str()) {
+    if let Ok(host) = HeaderValue::from_str(member.host().as_str()) {
         req.headers_mut().insert(header::HOST, host);
     }
     let exchange = async {

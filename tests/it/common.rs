@@ -68,7 +68,12 @@ impl Backend {
     /// The same backend over TLS (HTTP/1.1), with a certificate for `localhost` and
     /// 127.0.0.1 from a private CA made now; returns the CA's certificate in PEM.
     pub async fn start_tls() -> (Backend, String) {
-        let (acceptor, ca) = private_ca_acceptor();
+        Backend::start_tls_for(&["localhost", "127.0.0.1"]).await
+    }
+
+    /// The same with a certificate for `names` only.
+    pub async fn start_tls_for(names: &[&str]) -> (Backend, String) {
+        let (acceptor, ca) = private_ca_acceptor(names);
         (Backend::serve(Wire::Tls(acceptor)).await, ca)
     }
 
@@ -200,9 +205,9 @@ enum Wire {
     Tls(tokio_rustls::TlsAcceptor),
 }
 
-/// A TLS acceptor with a certificate for `localhost` and 127.0.0.1 signed by a CA made
-/// for this call, and that CA's certificate in PEM.
-fn private_ca_acceptor() -> (tokio_rustls::TlsAcceptor, String) {
+/// A TLS acceptor with a certificate for `names` signed by a CA made for this call, and
+/// that CA's certificate in PEM.
+fn private_ca_acceptor(names: &[&str]) -> (tokio_rustls::TlsAcceptor, String) {
     use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
     let ca_key = KeyPair::generate().unwrap();
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
@@ -210,7 +215,7 @@ fn private_ca_acceptor() -> (tokio_rustls::TlsAcceptor, String) {
     let ca = ca_params.self_signed(&ca_key).unwrap();
     let issuer = Issuer::new(ca_params, ca_key);
     let key = KeyPair::generate().unwrap();
-    let leaf = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+    let leaf = CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
         .unwrap()
         .signed_by(&key, &issuer)
         .unwrap();
