@@ -91,3 +91,64 @@ async fn probe(
     };
     if expected { Ok(status) } else { Err(format!("status {status}")) }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+    use std::time::{Duration, Instant};
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+    use crate::proxy::upstream::ResolveMetrics;
+    use crate::proxy::upstream::tests::upstream;
+
+    /// A server that answers every request `204` and closes.
+    async fn answers_204() -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut head = [0; 1024];
+                    let _ = stream.read(&mut head).await;
+                    let _ = stream.write_all(b"HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n").await;
+                });
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn the_check_follows_the_addresses_a_name_resolves_to() {
+        let up = answers_204().await;
+        let down = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+        let upstream = upstream(&["svc.test:80"], 0);
+        let set = Arc::new(ServerSet::unresolved(&upstream, ResolveMetrics::default()));
+        set.apply(&[(0, Ok(vec![up]))]);
+        let check = HealthCheck {
+            path: http::uri::PathAndQuery::from_static("/healthz"),
+            interval: Duration::from_millis(20),
+            timeout: Duration::from_millis(500),
+            expect_status: vec![],
+        };
+        let _checker = start(&set, &check, Connector::new(&upstream, set.tls_names()), false).unwrap();
+        // The name now also resolves to an address where nothing listens.
+        set.apply(&[(0, Ok(vec![up, down]))]);
+        let picks_only_up = || {
+            (0..4).all(|_| set.pick(None, &[], Instant::now()).is_some_and(|f| f.address().as_str() == up.to_string()))
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !picks_only_up() {
+            assert!(Instant::now() < deadline, "the new address was never checked");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // A reload stops the check: a new address where nothing listens stays in.
+        set.stop();
+        let also_down = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+        set.apply(&[(0, Ok(vec![also_down]))]);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(set.pick(None, &[], Instant::now()).is_some(), "checked after stop");
+    }
+}

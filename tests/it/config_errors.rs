@@ -533,7 +533,9 @@ fn check_reports_an_upstream_host_that_does_not_resolve() {
 #[test]
 fn resolve_interval_is_a_positive_duration_or_off() {
     let yaml = |interval: &str| {
-        format!("listen: 127.0.0.1:0\nupstreams:\n  app: {{ servers: [\"127.0.0.1:1\"], resolve_interval: {interval} }}\n")
+        format!(
+            "listen: 127.0.0.1:0\nupstreams:\n  app: {{ servers: [\"127.0.0.1:1\"], resolve_interval: {interval} }}\n"
+        )
     };
     for good in ["off", "5s", "1m"] {
         let (out, stderr) = check(&yaml(good));
