@@ -695,6 +695,32 @@ pub(super) mod tests {
     }
 
     #[test]
+    fn hash_keeps_keys_on_their_address_when_a_name_gains_one_and_moves_only_the_new_ones_share() {
+        let mut u = upstream(&["api.test:80"], 1);
+        u.balance = Balance::Hash(crate::limit::key::KeySpec(Box::new([crate::limit::key::KeyPart::Bearer])));
+        let set = ServerSet::unresolved(&u, ResolveMetrics::default());
+        let addresses = |n: u8| Ok((1..=n).map(|i| SocketAddr::from(([10, 0, 0, i], 80))).collect());
+        let now = Instant::now();
+        let servers = |set: &ServerSet| -> Vec<String> {
+            (0..20_000u64)
+                .map(|k| set.pick(Some(k.wrapping_mul(0x9e37_79b9_7f4a_7c15)), &[], now).unwrap())
+                .map(|f| f.address().to_string())
+                .collect()
+        };
+        set.apply(&[(0, addresses(4))]);
+        let before = servers(&set);
+        set.apply(&[(0, addresses(5))]);
+        let after = servers(&set);
+        let moved: Vec<_> = before.iter().zip(&after).filter(|(b, a)| b != a).map(|(_, a)| a).collect();
+        assert!(moved.iter().all(|a| a.as_str() == "10.0.0.5:80"), "a key moved between addresses that stayed");
+        // 1/5 of the keys, within 2 %.
+        assert!((moved.len() as f64 / 20_000.0 - 0.2).abs() < 0.02, "{} moved", moved.len());
+        // Back to four: every key is where it was.
+        set.apply(&[(0, addresses(4))]);
+        assert_eq!(servers(&set), before);
+    }
+
+    #[test]
     fn an_ip_literal_is_one_server_as_written_and_a_name_has_none_until_looked_up() {
         let set = ServerSet::unresolved(
             &upstream(&["[::1]:8000", "https://backend.test:8443", "10.0.0.1:80"], 1),
