@@ -40,8 +40,10 @@ pub fn start(servers: &Arc<ServerSet>, check: &HealthCheck, connector: Connector
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = ticks.tick() => {}
+                // Stopped first: a tick due at once must not check the servers once more.
+                biased;
                 () = servers.stopped() => return,
+                _ = ticks.tick() => {}
             }
             let members = servers.members();
             let probes = members.iter().map(|m| probe(&client, m, &check));

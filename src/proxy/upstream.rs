@@ -39,8 +39,10 @@ pub struct ServerSet {
     fail_timeout: Duration,
     /// The longest a request waits for the first lookup of the names.
     connect_timeout: Duration,
-    /// Every name has been looked up once (whatever the answer).
-    resolved: watch::Sender<bool>,
+    /// Every name has been looked up once (whatever the answer): read by every request,
+    /// so an atomic, with `resolving_done` to wake those that wait for it.
+    resolved: AtomicBool,
+    resolving_done: tokio::sync::Notify,
     /// Set by `stop`: the background work of this set ends.
     stopped: watch::Sender<bool>,
     /// The background lookups, aborted with the set.
@@ -167,7 +169,8 @@ impl ServerSet {
             max_fails: upstream.max_fails,
             fail_timeout: upstream.fail_timeout,
             connect_timeout: upstream.connect_timeout,
-            resolved: watch::Sender::new(!names),
+            resolved: AtomicBool::new(!names),
+            resolving_done: tokio::sync::Notify::new(),
             stopped: watch::Sender::new(false),
             resolving: std::sync::OnceLock::new(),
             metrics,
@@ -250,18 +253,24 @@ impl ServerSet {
 
     /// Every name has been looked up once: requests need not wait for it any more.
     pub(super) fn mark_resolved(&self) {
-        self.resolved.send_replace(true);
+        self.resolved.store(true, Ordering::Release);
+        self.resolving_done.notify_waiters();
     }
 
     /// Waits for the first lookup of the names (at most `connect_timeout`, part of what
     /// connecting may take), so that the first requests after a start or a reload find
     /// the servers. Immediate once it is done, and for an upstream without names.
     pub async fn ready(&self) {
-        if *self.resolved.borrow() {
+        if self.resolved.load(Ordering::Acquire) {
             return;
         }
-        let mut resolved = self.resolved.subscribe();
-        let _ = tokio::time::timeout(self.connect_timeout, resolved.wait_for(|done| *done)).await;
+        let done = self.resolving_done.notified();
+        tokio::pin!(done);
+        // Registered before the second look: a `mark_resolved` in between still wakes it.
+        done.as_mut().enable();
+        if !self.resolved.load(Ordering::Acquire) {
+            let _ = tokio::time::timeout(self.connect_timeout, done).await;
+        }
     }
 
     /// Ends the background work of this set (its lookups, its health check): a reload
