@@ -231,6 +231,19 @@ async fn an_https_server_with_a_private_ca_is_verified_against_ca_file() {
     assert_eq!(backend.hits().len(), 2);
 }
 
+#[tokio::test]
+async fn an_https_server_is_spoken_to_in_http2_when_alpn_agrees_on_h2() {
+    let (backend, ca) = Backend::start_tls().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, &ca).unwrap();
+    let server = format!("\"https://localhost:{}\"", backend.addr.port());
+    let sg = start(&[server], &format!(", http2: true, tls: {{ ca_file: \"{}\" }}", ca_file.display()));
+    let r = post(sg.addr, "/upload", "twelve bytes").await;
+    assert_eq!((r.status, r.text().as_str()), (200, "12"));
+    assert_eq!(backend.hits()[0].version, http::Version::HTTP_2);
+}
+
 // Several threads: the backends must answer checks while this thread waits on the log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_failing_its_health_check_gets_no_requests_until_one_passes() {
