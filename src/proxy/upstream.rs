@@ -88,7 +88,9 @@ struct ServerState {
     id: usize,
     /// The written server it is an address of.
     written: usize,
-    /// Where it is connected to: the IP literal as written, or a resolved address.
+    /// What it is connected to.
+    socket: SocketAddr,
+    /// The same as an authority: the IP literal as written, or the resolved address.
     address: Authority,
     /// As written (a name, or the same as `address`).
     host: Authority,
@@ -205,14 +207,14 @@ impl ServerSet {
                         let why = lookup.as_ref().err().cloned().unwrap_or_else(|| "no address".to_owned());
                         change.failed.push((i, why));
                     }
-                    had().filter_map(|s| s.socket_addr()).collect()
+                    had().map(|s| s.socket).collect()
                 }
             };
             // One order whatever the resolver's, so that the same addresses are the same set.
             addresses.sort();
             addresses.dedup();
             for address in addresses {
-                match had().find(|s| s.socket_addr() == Some(address)) {
+                match had().find(|s| s.socket == address) {
                     Some(kept) => servers.push(Arc::clone(kept)),
                     None => {
                         change.added.push(address);
@@ -223,7 +225,7 @@ impl ServerSet {
         }
         let retired: Vec<Arc<ServerState>> =
             old.servers.iter().filter(|s| !servers.iter().any(|n| Arc::ptr_eq(s, n))).cloned().collect();
-        change.removed = retired.iter().filter_map(|s| s.socket_addr()).collect();
+        change.removed = retired.iter().map(|s| s.socket).collect();
         self.metrics.addresses.set(i64::try_from(servers.len()).unwrap_or(i64::MAX));
         if !change.added.is_empty() || !retired.is_empty() {
             self.current.store(Arc::new(Members::of(servers, retired, &self.written)));
@@ -235,7 +237,10 @@ impl ServerSet {
         ServerState {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             written,
+            socket: address,
             // An IP literal stays as written; a resolved address is written the one way.
+            // A link-local IPv6 address with its zone (`%eth0`) is no valid authority:
+            // its connections then go by the name, resolved again when they are made.
             address: match w.literal {
                 Some(_) => w.authority.clone(),
                 None => Authority::try_from(address.to_string()).unwrap_or_else(|_| w.authority.clone()),
@@ -432,11 +437,6 @@ impl ServerState {
     fn lock(&self) -> std::sync::MutexGuard<'_, Health> {
         // Health is a few counters, valid whatever a panicking holder left.
         self.health.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn socket_addr(&self) -> Option<SocketAddr> {
-        let host = self.address.host().trim_start_matches('[').trim_end_matches(']');
-        Some(SocketAddr::new(host.parse().ok()?, self.address.port_u16()?))
     }
 
     /// The address, with the name it is an address of when it was written as one.
