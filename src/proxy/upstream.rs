@@ -64,6 +64,7 @@ struct Written {
     authority: Authority,
     /// The address when the host is an IP literal; `None`: a name to look up.
     literal: Option<SocketAddr>,
+    port: u16,
     tls: bool,
     /// The name TLS sends (SNI) and verifies: `tls.sni`, else the written host.
     tls_name: Option<ServerName<'static>>,
@@ -184,10 +185,7 @@ impl ServerSet {
     /// The names to look up: (index of the written server, host, port).
     pub(super) fn names(&self) -> Vec<(usize, String, u16)> {
         let names = self.written.iter().enumerate().filter(|(_, w)| w.literal.is_none());
-        let default_port = |w: &Written| if w.tls { 443 } else { 80 };
-        names
-            .map(|(i, w)| (i, w.authority.host().to_owned(), w.authority.port_u16().unwrap_or(default_port(w))))
-            .collect()
+        names.map(|(i, w)| (i, w.authority.host().to_owned(), w.port)).collect()
     }
 
     /// Applies what the lookups of the written servers `lookups` (by index) found, and
@@ -403,6 +401,7 @@ fn written(server: &Server, upstream: &Upstream) -> Written {
     Written {
         authority: server.address.clone(),
         literal: host.parse::<IpAddr>().ok().map(|ip| SocketAddr::new(ip, port)),
+        port,
         tls: server.tls,
         tls_name: tls_name.filter(|_| server.tls),
         weight: server.weight,
