@@ -107,6 +107,8 @@ struct Families {
     decisions: Family<Labels, Counter>,
     delays: Family<Labels, Histogram>,
     reloads: Family<Labels, Counter>,
+    resolve_failures: Family<Labels, Counter>,
+    addresses: Family<Labels, Gauge>,
     /// What the scrape-time collector reads: the running configuration's limiters.
     current: Arc<Mutex<Current>>,
 }
@@ -121,6 +123,8 @@ impl Metrics {
         let decisions = Family::<Labels, Counter>::default();
         let delays = Family::<Labels, Histogram>::new_with_constructor(delay_histogram as fn() -> Histogram);
         let reloads = Family::<Labels, Counter>::default();
+        let resolve_failures = Family::<Labels, Counter>::default();
+        let addresses = Family::<Labels, Gauge>::default();
         let build = Family::<Labels, Gauge>::default();
         build.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_owned())]).set(1);
         let current = Arc::new(Mutex::new(Current { limiters: Arc::clone(limiters), names: names(config) }));
@@ -135,10 +139,32 @@ impl Metrics {
             errors.clone(),
         );
         registry.register("upstream_duration_seconds", "Time to the upstream's response headers", latency.clone());
+        registry.register(
+            "upstream_resolve_failures",
+            "Lookups of upstream server host names that failed or found no address, by upstream",
+            resolve_failures.clone(),
+        );
+        registry.register(
+            "upstream_addresses",
+            "Addresses an upstream's servers resolve to now, each a server, by upstream",
+            addresses.clone(),
+        );
         registry.register("reloads", "Configuration reloads by result", reloads.clone());
         registry.register("build_info", "The running version", build);
         registry.register_collector(Box::new(State(Arc::clone(&current))));
-        let families = Families { registry, requests, responses, errors, latency, decisions, delays, reloads, current };
+        let families = Families {
+            registry,
+            requests,
+            responses,
+            errors,
+            latency,
+            decisions,
+            delays,
+            reloads,
+            resolve_failures,
+            addresses,
+            current,
+        };
         Metrics::of(Arc::new(families), config)
     }
 
@@ -147,6 +173,8 @@ impl Metrics {
         let mut current = self.families.current.lock().unwrap_or_else(PoisonError::into_inner);
         *current = Current { limiters: Arc::clone(limiters), names: names(config) };
         drop(current);
+        // The reloaded upstreams set theirs: an upstream the reload removed has none.
+        self.families.addresses.clear();
         Metrics::of(Arc::clone(&self.families), config)
     }
 
@@ -216,6 +244,16 @@ impl Metrics {
             UpstreamResult::Failed => m.errors[2].inc(),
             UpstreamResult::ClientBody => m.errors[3].inc(),
         };
+    }
+
+    /// Where upstream `upstream` counts its failed lookups and its addresses (series
+    /// continued across reloads).
+    pub fn upstream_resolution(&self, upstream: &str) -> crate::proxy::ResolveMetrics {
+        let labels = vec![("upstream", upstream.to_owned())];
+        crate::proxy::ResolveMetrics {
+            failures: self.families.resolve_failures.get_or_create_owned(&labels),
+            addresses: self.families.addresses.get_or_create_owned(&labels),
+        }
     }
 
     pub fn reload_result(&self, ok: bool) {

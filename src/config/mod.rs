@@ -122,6 +122,9 @@ pub struct Upstream {
     pub health_check: Option<HealthCheck>,
     /// An upgraded connection (WebSocket) through which nothing moves this long is closed.
     pub tunnel_idle_timeout: Duration,
+    /// How often servers written with a host name are looked up again (`None`: only when
+    /// the configuration is loaded, and until each name has an address).
+    pub resolve_interval: Option<Duration>,
 }
 
 /// Active health check: every `interval`, `GET path` on each server; a server that does

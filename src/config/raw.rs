@@ -130,6 +130,7 @@ pub struct RawUpstream {
     pub tls: Option<RawUpstreamTls>,
     pub health_check: Option<RawHealthCheck>,
     pub tunnel_idle_timeout: Option<String>,
+    pub resolve_interval: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]

@@ -5,6 +5,7 @@
 use std::error::Error as _;
 use std::net::IpAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -23,14 +24,14 @@ use super::error::ProxyError;
 use super::headers::{keep_upgrade, remove_hop_by_hop, set_forwarded};
 use super::health::{self, Checker};
 use super::retry::{AttemptBody, Replayable};
-use super::upstream::{InFlight, ServerSet};
+use super::upstream::{InFlight, ResolveMetrics, ServerSet};
 use crate::config::{ForwardedMode, Upstream, UpstreamHost};
 
 /// Idle keep-alive connections to an upstream are closed after this long.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 pub struct UpstreamClient {
-    servers: ServerSet,
+    servers: Arc<ServerSet>,
     timeout: Duration,
     retries: u32,
     client: Client<Connector, AttemptBody>,
@@ -58,17 +59,17 @@ pub struct UpstreamBody {
 }
 
 impl UpstreamClient {
-    pub fn new(upstream: &Upstream) -> Self {
+    pub fn new(upstream: &Upstream, resolve_metrics: ResolveMetrics) -> Self {
         if !upstream.tls.verify {
             warn!(upstream = %upstream.name, "TLS certificates of the servers are NOT verified (tls.verify: false): for tests only, never in production");
         }
-        let connector = Connector::new(upstream);
+        let servers = ServerSet::new(upstream, resolve_metrics);
+        let connector = Connector::new(upstream, servers.tls_names());
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .http1_max_buf_size(crate::server::BUFFER_BYTES)
             .http2_only(upstream.http2)
             .build(connector.clone());
-        let servers = ServerSet::new(upstream);
         let checker =
             upstream.health_check.as_ref().and_then(|c| health::start(&servers, c, connector, upstream.http2));
         UpstreamClient { servers, timeout: upstream.timeout, retries: upstream.retries, client, _checker: checker }
@@ -97,6 +98,7 @@ impl UpstreamClient {
         let idempotent = parts.method.is_idempotent();
         let mut tried: SmallVec<[usize; 4]> = SmallVec::new();
         let mut failed = None;
+        self.servers.ready().await;
         loop {
             let Some(server) = self.servers.pick(balance_key, &tried, Instant::now()) else {
                 // After a failure that could be retried, the others are out or tried:
@@ -106,7 +108,7 @@ impl UpstreamClient {
                     ProxyError::NoServer { upstream: upstream.to_owned() }
                 }));
             };
-            tried.push(server.index());
+            tried.push(server.id());
             // No further attempt when retries are spent or every server has had its turn.
             let last = tried.len() > self.retries as usize || tried.len() == self.servers.len();
             parts.uri = upstream_uri(&parts.uri, server.address(), server.tls());
@@ -115,7 +117,7 @@ impl UpstreamClient {
                 UpstreamHost::Name(name) => _ = parts.headers.insert(header::HOST, name.clone()),
                 UpstreamHost::Server => {
                     // An authority is always a valid field value.
-                    if let Ok(value) = HeaderValue::from_str(server.address().as_str()) {
+                    if let Ok(value) = HeaderValue::from_str(server.host().as_str()) {
                         parts.headers.insert(header::HOST, value);
                     }
                 }

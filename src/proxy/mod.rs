@@ -14,6 +14,7 @@ mod head;
 pub mod headers;
 mod health;
 mod log_budget;
+mod resolve;
 pub mod response;
 mod retry;
 mod rewrite;
@@ -40,6 +41,7 @@ use error::ProxyError;
 use forward::{Hop, UpstreamClient};
 use log_budget::LogBudget;
 use response::ProxyBody;
+pub use upstream::ResolveMetrics;
 
 /// `tracing::event!` at a level known only at run time (its callsites need a constant).
 macro_rules! event_at {
@@ -90,6 +92,11 @@ impl Proxy {
     pub fn reloaded(config: Config, old: &Proxy) -> std::io::Result<(Self, Vec<String>, Vec<String>)> {
         // Opened first: a log that cannot be opened fails the reload before any state moves.
         let access_log = config.access_log.as_ref().map(AccessLog::open).transpose()?;
+        // The old configuration's lookups and health checks end now; its requests in
+        // progress finish with the servers as they are.
+        for upstream in &old.upstreams {
+            upstream.servers().stop();
+        }
         let (limiters, kept, fresh) = Limiters::reloaded(&config, &old.limiters);
         let metrics = old.metrics.reloaded(&config, &limiters);
         Ok((Proxy::assemble(config, limiters, metrics, access_log), kept, fresh))
@@ -107,12 +114,14 @@ impl Proxy {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(flush_log_budgets(Arc::downgrade(&log_budgets), levels));
         }
+        let upstreams =
+            config.upstreams.iter().map(|u| UpstreamClient::new(u, metrics.upstream_resolution(&u.name))).collect();
         Proxy {
             access_log,
             log_budgets,
             metrics: Arc::new(metrics),
             limiters,
-            upstreams: config.upstreams.iter().map(UpstreamClient::new).collect(),
+            upstreams,
             quotas: config.limits.iter().map(response::quotas).collect(),
             config,
         }

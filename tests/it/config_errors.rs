@@ -531,6 +531,26 @@ fn check_reports_an_upstream_host_that_does_not_resolve() {
 }
 
 #[test]
+fn resolve_interval_is_a_positive_duration_or_off() {
+    let yaml = |interval: &str| {
+        format!(
+            "listen: 127.0.0.1:0\nupstreams:\n  app: {{ servers: [\"127.0.0.1:1\"], resolve_interval: {interval} }}\n"
+        )
+    };
+    for good in ["off", "5s", "1m"] {
+        let (out, stderr) = check(&yaml(good));
+        assert!(out.status.success(), "{good}: {stderr}");
+    }
+    let (_, stderr) = check(&yaml("0s"));
+    assert!(
+        stderr.contains("FILE:3:54: upstreams.app.resolve_interval: must be longer than zero, or `off`"),
+        "{stderr}"
+    );
+    let (_, stderr) = check(&yaml("never"));
+    assert!(stderr.contains("upstreams.app.resolve_interval: invalid duration \"never\""), "{stderr}");
+}
+
+#[test]
 fn a_port_in_use_is_named_when_run_cannot_listen() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap();

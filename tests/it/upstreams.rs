@@ -231,6 +231,19 @@ async fn an_https_server_with_a_private_ca_is_verified_against_ca_file() {
     assert_eq!(backend.hits().len(), 2);
 }
 
+#[tokio::test]
+async fn an_https_server_is_spoken_to_in_http2_when_alpn_agrees_on_h2() {
+    let (backend, ca) = Backend::start_tls().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, &ca).unwrap();
+    let server = format!("\"https://localhost:{}\"", backend.addr.port());
+    let sg = start(&[server], &format!(", http2: true, tls: {{ ca_file: \"{}\" }}", ca_file.display()));
+    let r = post(sg.addr, "/upload", "twelve bytes").await;
+    assert_eq!((r.status, r.text().as_str()), (200, "12"));
+    assert_eq!(backend.hits()[0].version, http::Version::HTTP_2);
+}
+
 // Several threads: the backends must answer checks while this thread waits on the log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_failing_its_health_check_gets_no_requests_until_one_passes() {
@@ -253,4 +266,98 @@ async fn a_server_failing_its_health_check_gets_no_requests_until_one_passes() {
     sg.wait_for_log(|log| log.contains("health check failed: server out"));
     assert_eq!(get(sg.addr, "/x", &[]).await.status, 502);
     assert!(sg.wait_for_log(|log| log.contains("all servers of the upstream are out")).contains("all servers"));
+}
+
+/// `/metrics` of `sg`, whose configuration has an admin listener.
+async fn metrics(sg: &Sluicegate) -> String {
+    get(sg.admin_addr(), "/metrics", &[]).await.text()
+}
+
+/// The value of the series `name{upstream="UPSTREAM"}` in `metrics`, if it is there.
+fn series(metrics: &str, name: &str, upstream: &str) -> Option<f64> {
+    let prefix = format!("{name}{{upstream=\"{upstream}\"}} ");
+    metrics.lines().find_map(|l| l.strip_prefix(&prefix)).map(|v| v.parse().unwrap())
+}
+
+#[tokio::test]
+async fn an_https_server_written_by_name_is_verified_by_that_name_not_by_the_address_it_resolves_to() {
+    // The certificate holds the name only: verifying the resolved 127.0.0.1 would fail.
+    let (backend, ca) = Backend::start_tls_for(&["localhost"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, &ca).unwrap();
+    let port = backend.addr.port();
+    let sg = Sluicegate::start(&format!(
+        "listen: 127.0.0.1:0\nadmin: {{ listen: 127.0.0.1:0 }}\nupstreams:\n  app: {{ servers: [\"https://localhost:{port}\"], tls: {{ ca_file: \"{}\" }} }}\nroutes:\n  - upstream: app\n    upstream_host: server\n",
+        ca_file.display()
+    ));
+    for _ in 0..3 {
+        assert_eq!(get(sg.addr, "/x", &[]).await.status, 200);
+    }
+    // `upstream_host: server` sends the server as written, not its address.
+    assert!(backend.hits().iter().all(|h| h.headers["host"] == format!("localhost:{port}").as_str()));
+    // This machine's /etc/hosts gives localhost one address.
+    assert_eq!(series(&metrics(&sg).await, "sluicegate_upstream_addresses", "app"), Some(1.0));
+}
+
+#[tokio::test]
+async fn a_host_name_that_does_not_resolve_has_no_server_and_is_looked_up_again_logged_once() {
+    let backend = Backend::start().await;
+    // RFC 6761: `.invalid` never resolves.
+    let sg = Sluicegate::start(&format!(
+        "listen: 127.0.0.1:0\nadmin: {{ listen: 127.0.0.1:0 }}\nupstreams:\n  app: {{ servers: [\"nowhere.invalid:80\", \"{}\"] }}\n  gone: {{ servers: [\"nowhere.invalid:80\"] }}\nroutes:\n  - match: {{ path_prefix: /gone }}\n    upstream: gone\n  - upstream: app\n",
+        backend.addr
+    ));
+    // The other server takes every request: the name has no server to fail.
+    for _ in 0..6 {
+        assert_eq!(get(sg.addr, "/x", &[]).await.status, 200);
+    }
+    assert_eq!(backend.hits().len(), 6);
+    let started = Instant::now();
+    assert_eq!(get(sg.addr, "/gone", &[]).await.status, 502);
+    assert!(started.elapsed() < Duration::from_millis(500), "{:?}", started.elapsed());
+    let log = sg.wait_for_log(|log| log.contains("all servers of the upstream are out"));
+    assert!(log.contains("nowhere.invalid:80 (no address)"), "{log}");
+    let m = metrics(&sg).await;
+    assert_eq!(series(&m, "sluicegate_upstream_addresses", "app"), Some(1.0), "{m}");
+    assert_eq!(series(&m, "sluicegate_upstream_addresses", "gone"), Some(0.0), "{m}");
+    // Tried again a second later (then 2 s, 4 s… later), logged only the first time.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let failures = series(&metrics(&sg).await, "sluicegate_upstream_resolve_failures_total", "gone");
+        if failures.unwrap_or(0.0) >= 2.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not looked up again: {failures:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let lines = |upstream: &str| {
+        sg.log()
+            .lines()
+            .filter(|l| {
+                l.contains("upstream host name did not resolve") && l.contains(&format!("\"upstream\":\"{upstream}\""))
+            })
+            .count()
+    };
+    assert_eq!((lines("app"), lines("gone")), (1, 1), "{}", sg.log());
+}
+
+#[tokio::test]
+async fn a_reload_looks_names_up_again_and_drops_the_address_count_of_an_upstream_it_removed() {
+    let (a, b) = (Backend::start().await, Backend::start().await);
+    let yaml = |port: u16, extra: &str| {
+        format!(
+            "listen: 127.0.0.1:0\nadmin: {{ listen: 127.0.0.1:0 }}\nupstreams:\n  app: {{ servers: [\"localhost:{port}\"], resolve_interval: off }}\n{extra}routes:\n  - upstream: app\n"
+        )
+    };
+    let sg = Sluicegate::start(&yaml(a.addr.port(), "  old: { servers: [\"127.0.0.1:1\"] }\n"));
+    assert_eq!(get(sg.addr, "/x", &[]).await.status, 200);
+    assert_eq!(series(&metrics(&sg).await, "sluicegate_upstream_addresses", "old"), Some(1.0));
+    let log = sg.reload(&yaml(b.addr.port(), ""));
+    assert!(log.contains("configuration reloaded"), "{log}");
+    assert_eq!(get(sg.addr, "/x", &[]).await.status, 200);
+    assert_eq!((a.hits().len(), b.hits().len()), (1, 1));
+    let m = metrics(&sg).await;
+    assert_eq!(series(&m, "sluicegate_upstream_addresses", "app"), Some(1.0), "{m}");
+    assert_eq!(series(&m, "sluicegate_upstream_addresses", "old"), None, "{m}");
 }
