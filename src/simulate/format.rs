@@ -279,6 +279,20 @@ fn upstream_times(text: &str) -> Option<u64> {
     text.split([',', ':']).map(str::trim).try_fold(0u64, |sum, t| Some(sum + decimal_seconds(t)?))
 }
 
+/// The length of the `$upstream_response_time` list `rest` begins with.
+fn upstream_times_len(rest: &str) -> usize {
+    let time = |s: &str| s.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-')).unwrap_or(s.len());
+    let mut len = time(rest);
+    while let Some(sep) = [", ", " : "].iter().find(|sep| rest[len..].starts_with(**sep)) {
+        let next = time(&rest[len + sep.len()..]);
+        if next == 0 {
+            break;
+        }
+        len += sep.len() + next;
+    }
+    len
+}
+
 /// nginx's default escaping of logged values: `"`, `\` and bytes outside printable
 /// ASCII as `\xHH`.
 fn unescape(text: &str) -> std::borrow::Cow<'_, [u8]> {
@@ -476,9 +490,13 @@ impl Pattern {
                 rest = "";
                 continue;
             }
-            // `$time_local` holds a space: look for what follows it past its fixed width.
-            let skip =
-                if f.var == Var::TimeLocal && rest.is_char_boundary(TIME_LOCAL_LEN) { TIME_LOCAL_LEN } else { 0 };
+            // Values with spaces of their own: `$time_local` has a fixed width, and
+            // `$upstream_response_time` lists times as `0.1, 0.2 : 0.3`.
+            let skip = match f.var {
+                Var::TimeLocal if rest.is_char_boundary(TIME_LOCAL_LEN) => TIME_LOCAL_LEN,
+                Var::UpstreamTime => upstream_times_len(rest),
+                _ => 0,
+            };
             let Some(at) = rest.get(skip..).and_then(|r| r.find(f.tail.as_str())) else {
                 return bad(format!("no {:?} after ${}", f.tail, f.name));
             };
@@ -509,7 +527,7 @@ impl Pattern {
                             OffsetDateTime::parse(t, &Rfc3339).ok().map(OffsetDateTime::unix_timestamp)
                         })?);
                 }
-                Var::Request => request = Some(v),
+                Var::Request if present(v) => request = Some(v),
                 Var::RequestMethod => method_text = Some(v),
                 Var::RequestUri => target_text = Some(v),
                 Var::Uri => path = Some(v),
@@ -583,5 +601,87 @@ impl Pattern {
             status,
             duration,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(format: &str, line: &str) -> Logged {
+        let format = Format::named(format).unwrap();
+        match format.read(line, &mut TimeCache::default()) {
+            Ok(Read::Request(logged)) => *logged,
+            Ok(_) => panic!("no request in {line:?}"),
+            Err(e) => panic!("{line:?}: {e}"),
+        }
+    }
+
+    #[test]
+    fn combined_lines_give_client_second_request_and_headers() {
+        let l = request(
+            "combined",
+            r#"2001:db8::1 - - [22/Nov/2026:23:48:25 +0100] "POST /a?b=1 HTTP/1.1" 201 3 "https://r/" "curl/8 \x22x\x22""#,
+        );
+        assert_eq!(l.client, "2001:db8::1".parse::<IpAddr>().unwrap());
+        assert_eq!(l.at, 1_795_387_705 * 1_000_000_000);
+        assert_eq!((l.method, l.uri.to_string(), l.status), (Method::POST, "/a?b=1".to_owned(), Some(201)));
+        assert_eq!(l.headers["user-agent"], r#"curl/8 "x""#);
+        assert_eq!(l.headers["referer"], "https://r/");
+    }
+
+    #[test]
+    fn msec_less_request_time_is_when_the_request_arrived() {
+        let format = r#"$remote_addr $time_local|$msec "$request" $request_time $upstream_response_time $http_x_key $cookie_sid $arg_page"#;
+        let l = request(
+            format,
+            r#"10.0.0.1 22/Nov/2026:23:48:25 +0000|1795391305.250 "GET /x HTTP/2.0" 0.250 0.100, 0.050 k1 s-1 3"#,
+        );
+        assert_eq!(l.at, 1_795_391_305_000_000_000);
+        assert_eq!(l.duration, Some(250_000_000));
+        assert_eq!(l.headers["x-key"], "k1");
+        assert_eq!(l.headers["cookie"], "sid=s-1");
+        let l = request(
+            r#"$remote_addr [$msec] "$request_method $uri" $arg_page $upstream_response_time"#,
+            r#"10.0.0.1 [1.5] "GET /x" 3 0.100 : 0.050"#,
+        );
+        assert_eq!((l.uri.to_string(), l.duration), ("/x?page=3".to_owned(), Some(150_000_000)));
+    }
+
+    #[test]
+    fn missing_values_are_absent_and_bad_lines_say_why() {
+        let l = request(r#"$remote_addr [$msec] "$request" "$http_x_key""#, r#"10.0.0.1 [1.000] "GET / HTTP/1.1" "-""#);
+        assert!(l.headers.get("x-key").is_none());
+        let combined = Format::named("combined").unwrap();
+        let why = |line: &str| match combined.read(line, &mut TimeCache::default()) {
+            Err(e) => e.0,
+            Ok(_) => panic!("{line:?} was read"),
+        };
+        assert!(why(r#"10.0.0.1 - - [22/Nov/2026:23:48:25 +0000] "-" 400 0 "-" "-""#).contains("no request"));
+        assert!(why(r#"10.0.0.1 - - [32/Nov/2026:23:48:25 +0000] "GET / HTTP/1.1" 200 0 "-" "-""#).contains("time"));
+        assert!(why("hello").contains("after $remote_addr"));
+    }
+
+    #[test]
+    fn formats_that_cannot_be_replayed_are_refused_when_compiled() {
+        let err = |f: &str| Pattern::compile(f).unwrap_err().to_string();
+        assert!(err("$remote_addr $request").contains("no time"));
+        assert!(err("$remote_addr $msec $status").contains("no request"));
+        assert!(err(r#"[$msec] "$request""#).contains("no client address"));
+        assert!(err(r#"$remote_addr$msec "$request""#).contains("$remote_addr and $msec"));
+    }
+
+    #[test]
+    fn sluicegate_json_lines_and_the_writers_drop_notes_are_read() {
+        let json = Format::named("json").unwrap();
+        let line = r#"{"time":"2026-11-22T23:41:45.123Z","client":"10.0.0.1","method":"GET","target":"/a?k=1","protocol":"HTTP/1.1","status":429,"bytes":0,"duration_ms":0.5,"upstream_ms":null,"route":"r","outcome":"rejected","referer":null,"user_agent":"ua"}"#;
+        let Ok(Read::Request(l)) = json.read(line, &mut TimeCache::default()) else { panic!() };
+        assert_eq!((l.at % 1_000_000_000, l.status, l.duration), (123_000_000, Some(429), Some(500_000)));
+        assert!(matches!(
+            json.read(r#"{"access_log_lines_dropped":7}"#, &mut TimeCache::default()),
+            Ok(Read::Dropped(7))
+        ));
+        assert!(Format::detect([line]).is_some_and(|f| f.name() == "json"));
+        assert!(Format::detect(["what is this", "and this"]).is_none());
     }
 }
