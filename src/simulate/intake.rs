@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use indicatif::ProgressBar;
 use serde::Serialize;
 
-use super::SimulateError;
 use super::format::{Format, Logged, Read, TimeCache};
+use super::{ByKey, SimulateError};
 
 /// Lines read ahead to tell a log's format.
 const DETECT_LINES: usize = 20;
@@ -65,32 +65,13 @@ struct Log {
     format: Format,
     cache: TimeCache,
     line: u64,
-    buffer: BinaryHeap<Reverse<Waiting>>,
+    /// Entries by arrival, then line.
+    buffer: BinaryHeap<Reverse<ByKey<(u64, u64), Entry>>>,
     /// The latest arrival read so far.
     newest: u64,
     /// The arrival of the last entry released.
     released: u64,
     done: bool,
-}
-
-/// An entry ordered by arrival, then by line.
-struct Waiting(Entry);
-
-impl PartialEq for Waiting {
-    fn eq(&self, other: &Self) -> bool {
-        (self.0.at, self.0.line) == (other.0.at, other.0.line)
-    }
-}
-impl Eq for Waiting {}
-impl PartialOrd for Waiting {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Waiting {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.0.at, self.0.line).cmp(&(other.0.at, other.0.line))
-    }
 }
 
 /// Every log, merged.
@@ -142,13 +123,13 @@ impl Logs {
             log.fill(i, self.window, &mut self.intake, &self.progress)?;
         }
         let first =
-            (0..self.logs.len()).filter_map(|i| Some((self.logs[i].buffer.peek()?.0.0.at, i))).min().map(|(_, i)| i);
+            (0..self.logs.len()).filter_map(|i| Some((self.logs[i].buffer.peek()?.0.0.0, i))).min().map(|(_, i)| i);
         let Some(i) = first else {
             self.progress.finish_and_clear();
             return Ok(None);
         };
         let log = &mut self.logs[i];
-        let Some(Reverse(Waiting(entry))) = log.buffer.pop() else { return Ok(None) };
+        let Some(Reverse(ByKey(_, entry))) = log.buffer.pop() else { return Ok(None) };
         log.released = entry.at;
         Ok(Some(entry))
     }
@@ -196,7 +177,7 @@ impl Log {
         progress: &ProgressBar,
     ) -> Result<(), SimulateError> {
         let mut text = Vec::new();
-        while !self.done && self.buffer.peek().is_none_or(|w| w.0.0.at.saturating_add(window) > self.newest) {
+        while !self.done && self.buffer.peek().is_none_or(|w| w.0.0.0.saturating_add(window) > self.newest) {
             text.clear();
             match self.ahead.pop_front() {
                 Some(line) => text = line,
@@ -224,7 +205,7 @@ impl Log {
                         at = self.released;
                     }
                     self.newest = self.newest.max(at);
-                    self.buffer.push(Reverse(Waiting(Entry { at, file, line: self.line, request })));
+                    self.buffer.push(Reverse(ByKey((at, self.line), Entry { at, file, line: self.line, request })));
                 }
                 Ok(Read::Dropped(n)) => intake.dropped += n,
                 Ok(Read::Blank) => {}

@@ -25,6 +25,26 @@ use intake::Logs;
 use replay::{Fate, Replay};
 use report::{Changes, NewlyRefused, Output, Report};
 
+/// A value ordered by its key alone, for the queues of `intake` and `replay`.
+struct ByKey<K, V>(K, V);
+
+impl<K: Ord, V> PartialEq for ByKey<K, V> {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+}
+impl<K: Ord, V> Eq for ByKey<K, V> {}
+impl<K: Ord, V> PartialOrd for ByKey<K, V> {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl<K: Ord, V> Ord for ByKey<K, V> {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.cmp(&other.0)
+    }
+}
+
 /// What to replay and how to report it.
 #[derive(Debug, Clone)]
 pub struct Options {

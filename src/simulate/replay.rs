@@ -12,6 +12,7 @@ use std::collections::BinaryHeap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::ByKey;
 use super::format::{Carried, Logged};
 use super::report::Tally;
 use crate::config::{Config, Scope};
@@ -34,28 +35,9 @@ pub struct Fate {
 
 /// A request in progress: what it gives back when it ends.
 struct Held {
-    end: u64,
-    seq: u64,
     permits: Permits,
     pending: Pending,
     status: Option<u16>,
-}
-
-impl PartialEq for Held {
-    fn eq(&self, other: &Self) -> bool {
-        (self.end, self.seq) == (other.end, other.seq)
-    }
-}
-impl Eq for Held {}
-impl PartialOrd for Held {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Held {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.end, self.seq).cmp(&(other.end, other.seq))
-    }
 }
 
 pub struct Replay {
@@ -68,7 +50,8 @@ pub struct Replay {
     pub notes: Vec<String>,
     /// The host of requests whose log line names none.
     host: Option<String>,
-    in_flight: BinaryHeap<Reverse<Held>>,
+    /// Requests in progress by end, then admission.
+    in_flight: BinaryHeap<Reverse<ByKey<(u64, u64), Held>>>,
     seq: u64,
     pub tally: Tally,
 }
@@ -199,13 +182,13 @@ impl Replay {
     /// Keeps a passed request's slots and `count:` admissions until `end`.
     fn hold(&mut self, end: u64, permits: Permits, pending: Pending, status: Option<u16>) {
         self.seq += 1;
-        self.in_flight.push(Reverse(Held { end, seq: self.seq, permits, pending, status }));
+        self.in_flight.push(Reverse(ByKey((end, self.seq), Held { permits, pending, status })));
     }
 
     /// Ends every request in progress that ended by `at`.
     fn end_until(&mut self, at: u64) {
-        while self.in_flight.peek().is_some_and(|h| h.0.end <= at) {
-            let Some(Reverse(held)) = self.in_flight.pop() else { break };
+        while self.in_flight.peek().is_some_and(|h| h.0.0.0 <= at) {
+            let Some(Reverse(ByKey(_, held))) = self.in_flight.pop() else { break };
             // A line without a status leaves its admissions counted, as a request whose
             // client went away before an answer does.
             if let Some(status) = held.status {
