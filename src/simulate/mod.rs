@@ -66,6 +66,9 @@ pub struct Options {
 
 #[derive(Debug, thiserror::Error)]
 pub enum SimulateError {
+    /// A file that cannot be read says so in one line, as `run` does.
+    #[error("{0}")]
+    ConfigRead(LoadError),
     #[error("{error}\n{file}: configuration is invalid")]
     Config { file: String, error: LoadError },
     #[error("simulate takes one configuration, or two to compare (-c OLD -c NEW)")]
@@ -99,7 +102,10 @@ pub fn run(options: &Options) -> Result<Output, SimulateError> {
         .iter()
         .map(|path| {
             let file = path.display().to_string();
-            config::load(path).map(|c| (c, file.clone())).map_err(|error| SimulateError::Config { file, error })
+            config::load(path).map(|c| (c, file.clone())).map_err(|error| match error {
+                LoadError::Read { .. } => SimulateError::ConfigRead(error),
+                LoadError::Invalid(_) => SimulateError::Config { file, error },
+            })
         })
         .collect::<Result<Vec<_>, _>>()?;
     let window = u64::try_from(options.reorder_window.as_nanos()).unwrap_or(u64::MAX);

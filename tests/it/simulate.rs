@@ -315,3 +315,31 @@ routes:
         .collect();
     assert_eq!(replayed, logged);
 }
+
+#[test]
+fn a_global_limit_is_replayed_as_one_instance_with_the_whole_budget_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    // Redis is never asked: the port is closed.
+    write(
+        dir.path(),
+        "c.yaml",
+        &format!(
+            "listen: 127.0.0.1:0
+redis: {{ url: \"redis://127.0.0.1:{}\" }}
+limits:
+  shared: {{ key: ip, rate: 1r/s, burst: 3, nodelay: true, scope: global, on_store_error: local, instances: 4 }}
+routes:
+  - limits: [shared]
+    respond: {{ status: 200 }}
+",
+            closed_port()
+        ),
+    );
+    // Five at once: the whole budget admits four (burst 3); a quarter share would admit one.
+    write(dir.path(), "access.log", &(0..5).map(|_| combined("10.0.0.1", 1, "/")).collect::<String>());
+    let report = simulate_json(dir.path(), &["-c", "c.yaml", "access.log"]);
+    let limit = &report["configs"][0]["limits"][0];
+    assert_eq!((limit["passed"].as_u64(), limit["rejected"].as_u64()), (Some(4), Some(1)));
+    let notes = report["configs"][0]["notes"].to_string();
+    assert!(notes.contains("global (instances: 4)") && notes.contains("whole budget"), "{notes}");
+}
