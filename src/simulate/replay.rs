@@ -16,6 +16,7 @@ use super::ByKey;
 use super::format::{Carried, Logged};
 use super::report::Tally;
 use crate::config::{Config, Scope};
+use crate::limit::allow::Allow;
 use crate::limit::key::{KeyPart, KeySource};
 use crate::limit::{Decision, Limiters, Outcome, Pending, Permits};
 use crate::metrics::RequestOutcome;
@@ -80,6 +81,20 @@ impl Replay {
                  none (give --host, or a log_format with $host)",
                 host_routes.join(", ")
             ));
+        }
+        let allows = config.routes.iter().map(|r| (format!("the allow-list of route {}", r.name), &r.allow));
+        let allows = allows.chain(config.limits.iter().flat_map(|l| {
+            std::iter::once((format!("the allow-list of limit {}", l.name), &l.allow))
+                .chain(l.overrides.iter().map(move |(allow, _)| (format!("an override of limit {}", l.name), allow)))
+        }));
+        for (whose, allow) in allows {
+            let unseen = unseen_fields(allow, carried);
+            if !unseen.is_empty() {
+                notes.push(format!(
+                    "{whose} matches on {}, which the log does not carry: no request matches that way",
+                    unseen.join(", ")
+                ));
+            }
         }
         let skipped = config.limits.iter().map(|l| not_simulated(l, carried, host.is_some())).collect();
         let limiters = Limiters::new(&config);
@@ -238,6 +253,21 @@ fn not_simulated(limit: &crate::config::Limit, carried: &Carried, host_given: bo
             missing.join(", ")
         )
     })
+}
+
+/// The fields an allow-list (or override) matches on that a log carrying `carried` lacks.
+fn unseen_fields(allow: &Allow, carried: &Carried) -> Vec<String> {
+    let mut unseen: Vec<String> = allow
+        .headers
+        .iter()
+        .filter(|(name, _)| !carried.headers.contains(name))
+        .map(|(name, _)| format!("the header {name}"))
+        .collect();
+    unseen.dedup();
+    if !allow.tokens.is_empty() && !carried.headers.contains(&http::header::AUTHORIZATION) {
+        unseen.push("bearer tokens".to_owned());
+    }
+    unseen
 }
 
 /// The nginx variable that logs a key part.

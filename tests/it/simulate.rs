@@ -155,7 +155,7 @@ fn a_limit_keyed_on_a_header_the_log_lacks_is_reported_as_not_simulated() {
         "c.yaml",
         "listen: 127.0.0.1:0
 limits:
-  per_ip: { key: ip, rate: 1r/s, nodelay: true }
+  per_ip: { key: ip, rate: 1r/s, nodelay: true, allow: { headers: { x-internal: \"yes\" } } }
   per_key: { key: \"header:x-api-key\", rate: 1r/m }
 routes:
   - limits: [per_ip, per_key]
@@ -171,6 +171,8 @@ routes:
     assert!(why.contains("header:x-api-key") && why.contains("$http_x_api_key"), "{why}");
     assert_eq!(limits[1]["not_simulated_requests"], 2);
     assert_eq!(limits[1]["requests"], 0);
+    let notes = report["configs"][0]["notes"].to_string();
+    assert!(notes.contains("the allow-list of limit per_ip matches on the header x-internal"), "{notes}");
     let (_, text, _) = simulate(dir.path(), &["-c", "c.yaml", "access.log"]);
     assert!(text.contains("NOT SIMULATED"), "{text}");
     // A format that carries the header: the limit is simulated, one key per value.
