@@ -96,6 +96,13 @@ impl Replay {
                 ));
             }
         }
+        for limit in config.limits.iter().filter(|l| l.count.is_some() && !carried.status) {
+            notes.push(format!(
+                "limit {} counts only some statuses (count:), and the log has none ($status): every \
+                 admission stays counted",
+                limit.name
+            ));
+        }
         let skipped = config.limits.iter().map(|l| not_simulated(l, carried, host.is_some())).collect();
         let limiters = Limiters::new(&config);
         let tally = Tally::new(&config);

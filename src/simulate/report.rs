@@ -29,7 +29,7 @@ pub fn progress(bytes: u64) -> ProgressBar {
     bar
 }
 
-/// Counts of one route.
+/// What became of the requests of a route, or a limit's decisions.
 #[derive(Debug, Default, Clone, Copy, Serialize, PartialEq, Eq)]
 pub struct Counts {
     pub requests: u64,
