@@ -97,6 +97,10 @@ pub fn run(options: &Options) -> Result<Output, SimulateError> {
     if options.configs.is_empty() || options.configs.len() > 2 {
         return Err(SimulateError::Configs);
     }
+    if let Some(path) = options.plot.as_ref().filter(|p| p.extension().is_none_or(|e| e != "svg")) {
+        let message = "the plot is drawn as SVG: name the file FILE.svg".to_owned();
+        return Err(SimulateError::Plot { file: path.display().to_string(), message });
+    }
     let configs = options
         .configs
         .iter()
