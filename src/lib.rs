@@ -20,7 +20,8 @@
 //!                          when the body is done
 //! ```
 //!
-//! `config` turns the YAML file into the compiled `Config` the request path reads.
+//! `config` turns the YAML file into the compiled `Config` the request path reads;
+//! `simulate` replays access logs through the same routes, keys and limiters offline.
 
 pub mod access_log;
 pub mod admin;
@@ -31,5 +32,6 @@ pub mod metrics;
 pub mod path;
 pub mod proxy;
 pub mod server;
+pub mod simulate;
 pub mod store;
 pub mod watchdog;

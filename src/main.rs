@@ -11,9 +11,19 @@ async fn main() -> ExitCode {
         println!("{}", sluicegate::config::schema());
         return ExitCode::SUCCESS;
     }
-    let Some(path) = &cli.config else {
-        eprintln!("sluicegate: no configuration given; use -c FILE (see config.example.yaml)");
-        return ExitCode::from(2);
+    if let Some(Command::Simulate(args)) = &cli.command {
+        return sluicegate::cli::simulate(&cli.config, args);
+    }
+    let path = match &cli.config[..] {
+        [path] => path,
+        [] => {
+            eprintln!("sluicegate: no configuration given; use -c FILE (see config.example.yaml)");
+            return ExitCode::from(2);
+        }
+        [..] => {
+            eprintln!("sluicegate: one configuration only (-c FILE); simulate alone compares two");
+            return ExitCode::from(2);
+        }
     };
     let check = cli.command == Some(Command::Check);
     let loaded = if check { config::check(path) } else { config::load(path) };
@@ -30,7 +40,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match cli.command {
+    match &cli.command {
         Some(Command::Check) => {
             for warning in &config.warnings {
                 eprintln!("warning: {warning}");
@@ -50,7 +60,7 @@ async fn main() -> ExitCode {
                 }
             };
         }
-        Some(Command::Run | Command::Schema) | None => {}
+        Some(Command::Run | Command::Schema | Command::Simulate(_)) | None => {}
     }
     init_tracing(&cli);
     for warning in &config.warnings {

@@ -18,8 +18,8 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::config::Config;
-use crate::limit::{Limiters, Outcome};
+use crate::config::{Config, Limit};
+use crate::limit::{Decision, Limiters, Outcome};
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -43,6 +43,24 @@ impl RequestOutcome {
         RequestOutcome::Banned,
         RequestOutcome::DryRunRejected,
     ];
+
+    /// What `decision` makes of a request, the configuration's limits being `limits`.
+    pub fn of(decision: &Decision, limits: &[Limit]) -> RequestOutcome {
+        match decision {
+            Decision::Reject { standings, .. } => {
+                let banned = standings.iter().any(|s| s.banned && !limits[s.limit].dry_run);
+                if banned { RequestOutcome::Banned } else { RequestOutcome::Rejected }
+            }
+            Decision::Pass { wait, standings, .. } => {
+                let dry_rejected = standings.iter().any(|s| matches!(s.outcome, Outcome::Rejected(_)));
+                match (dry_rejected, wait.is_zero()) {
+                    (true, _) => RequestOutcome::DryRunRejected,
+                    (false, true) => RequestOutcome::Passed,
+                    (false, false) => RequestOutcome::Delayed,
+                }
+            }
+        }
+    }
 
     pub fn as_str(self) -> &'static str {
         match self {

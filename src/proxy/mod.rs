@@ -214,13 +214,12 @@ impl Proxy {
         // An exempt request skips the route's limits altogether.
         let limits = if route.allow.admits(&src) { &[][..] } else { &route.limits[..] };
         self.refuse_duplicated_keys(limits, &src)?;
-        let cost = self.cost(route, req.headers())?;
+        let cost = request_cost(config, &self.limiters, route, req.headers())?;
         let decision = self.limiters.decide(limits, &src, cost).await;
+        let outcome = RequestOutcome::of(&decision, &config.limits);
         let (standings, permits, pending) = match decision {
             Decision::Reject { status, retry_after, standings, .. } => {
                 self.log_outcomes(route, &standings, &src, true);
-                let banned = standings.iter().any(|s| s.banned && !config.limits[s.limit].dry_run);
-                let outcome = if banned { RequestOutcome::Banned } else { RequestOutcome::Rejected };
                 self.metrics.request(index, outcome);
                 trace.outcome = Some(outcome);
                 let violated: SmallVec<[&str; 2]> = standings
@@ -236,12 +235,6 @@ impl Proxy {
             }
             Decision::Pass { wait, standings, permits, pending, .. } => {
                 self.log_outcomes(route, &standings, &src, false);
-                let dry_rejected = standings.iter().any(|s| matches!(s.outcome, Outcome::Rejected(_)));
-                let outcome = match (dry_rejected, wait.is_zero()) {
-                    (true, _) => RequestOutcome::DryRunRejected,
-                    (false, true) => RequestOutcome::Passed,
-                    (false, false) => RequestOutcome::Delayed,
-                };
                 self.metrics.request(index, outcome);
                 trace.outcome = Some(outcome);
                 if !wait.is_zero() {
@@ -347,30 +340,6 @@ impl Proxy {
         Ok(())
     }
 
-    /// What the request weighs in the route's limits.
-    fn cost(&self, route: &Route, headers: &http::HeaderMap) -> Result<u64, ProxyError> {
-        let name = match &route.cost {
-            Cost::Fixed(cost) => return Ok(*cost), // checked against the limits at load
-            Cost::Header(name) => name,
-        };
-        let Some(value) = headers.get(name) else { return Ok(1) };
-        let cost = value.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok()).filter(|&c| c >= 1);
-        let cost = cost.ok_or_else(|| ProxyError::InvalidCost {
-            header: name.to_string(),
-            value: String::from_utf8_lossy(value.as_bytes()).into_owned(),
-        })?;
-        // Against the route's limits and the limits their overrides may hand it to.
-        let limits = &self.config.limits;
-        let candidates =
-            route.limits.iter().flat_map(|&i| std::iter::once(i).chain(limits[i].overrides.iter().map(|o| o.1)));
-        for limit in candidates {
-            if let Some(capacity) = self.limiters.capacity(limit).filter(|&c| cost > c) {
-                return Err(ProxyError::CostTooHigh { cost, limit: limits[limit].name.clone(), capacity });
-            }
-        }
-        Ok(cost)
-    }
-
     fn add_ratelimit_headers(&self, response: &mut Response<ProxyBody>, standings: &[Standing]) {
         let style = self.config.ratelimit_header_style;
         response::add_ratelimit_headers(response.headers_mut(), standings, &self.quotas, style);
@@ -419,6 +388,36 @@ impl Proxy {
         }
         take.write
     }
+}
+
+/// What a request with `headers` weighs in the limits of `route`, as `limiters` (those of
+/// `config`) can admit it.
+pub fn request_cost(
+    config: &Config,
+    limiters: &Limiters,
+    route: &Route,
+    headers: &http::HeaderMap,
+) -> Result<u64, ProxyError> {
+    let name = match &route.cost {
+        Cost::Fixed(cost) => return Ok(*cost), // checked against the limits at load
+        Cost::Header(name) => name,
+    };
+    let Some(value) = headers.get(name) else { return Ok(1) };
+    let cost = value.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok()).filter(|&c| c >= 1);
+    let cost = cost.ok_or_else(|| ProxyError::InvalidCost {
+        header: name.to_string(),
+        value: String::from_utf8_lossy(value.as_bytes()).into_owned(),
+    })?;
+    // Against the route's limits and the limits their overrides may hand it to.
+    let limits = &config.limits;
+    let candidates =
+        route.limits.iter().flat_map(|&i| std::iter::once(i).chain(limits[i].overrides.iter().map(|o| o.1)));
+    for limit in candidates {
+        if let Some(capacity) = limiters.capacity(limit).filter(|&c| cost > c) {
+            return Err(ProxyError::CostTooHigh { cost, limit: limits[limit].name.clone(), capacity });
+        }
+    }
+    Ok(cost)
 }
 
 /// What the request path found out about a request, for its access log line.

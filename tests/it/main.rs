@@ -25,6 +25,7 @@ mod paths;
 mod redis;
 mod reload;
 mod server;
+mod simulate;
 mod tls;
 mod upgrades;
 mod upstreams;
