@@ -34,7 +34,7 @@
 # LAYOUT=instructions: each proxy (sluicegate with `server.workers: 1`, nginx with one
 # worker) runs under `valgrind --tool=callgrind` with the backend; after a warm-up the
 # counters are zeroed, examples/bench_client.rs sends exactly REQUESTS [20000] requests
-# over CONNECTIONS keep-alive connections, and the instructions the proxy executed
+# over CONNECTIONS_IR [8] keep-alive connections, and the instructions the proxy executed
 # divided by REQUESTS are its cost per request: a figure that does not move with the load
 # of the machine. KEEP_TMP=1 keeps the callgrind files for callgrind_annotate.
 #
@@ -550,24 +550,32 @@ count_instructions() { # $1 row, $2 pid, $3 port
   log "$row: ${IR[$row]} instructions/request ($(tr '\n' ' ' <"$TMP/client-${row//\//-}.txt"))"
 }
 
+IR_ROWS=() # "case/proxy" in table order
+
+# Runs a proxy under callgrind through the count, then stops it.
+under_callgrind() { # $1 row, $2 port, $3 log file, the rest: the command
+  local row="$1" port="$2" log="$3" pid
+  shift 3
+  valgrind --tool=callgrind --callgrind-out-file="$TMP/cg-${row//\//-}.out.%p" "$@" 2>>"$log" &
+  pid=$!
+  PIDS+=("$pid")
+  wait_ready "$port" "$pid"
+  count_instructions "$row" "$pid" "$port"
+  IR_ROWS+=("$row")
+  stop_started "$pid"
+}
+
 instructions_main() {
   command -v valgrind >/dev/null || die "valgrind is needed (apt-get install valgrind)"
   [[ -x "$CLIENT_BIN" ]] || die "no $CLIENT_BIN (cargo build --release --example bench_client)"
   SG_WORKERS=1
   CONNECTIONS="${CONNECTIONS_IR:-8}"
   start_backend
-  local c port pid dir rows=()
+  local c port dir
   for c in $CASES; do
     port="$(free_port)"
     write_sg_conf "$TMP/sg-$c.yaml" "$port" "$(sg_limit "$c")"
-    valgrind --tool=callgrind --callgrind-out-file="$TMP/cg-$c-sluicegate.out.%p" \
-      "$SG" -c "$TMP/sg-$c.yaml" --log-level warn 2>"$TMP/sg-$c.log" &
-    pid=$!
-    PIDS+=("$pid")
-    wait_ready "$port" "$pid"
-    count_instructions "$c/sluicegate" "$pid" "$port"
-    rows+=("$c/sluicegate")
-    stop_started "$pid"
+    under_callgrind "$c/sluicegate" "$port" "$TMP/sg-$c.log" "$SG" -c "$TMP/sg-$c.yaml" --log-level warn
     if has_peer nginx; then
       port="$(free_port)"
       dir="$TMP/nginx-$c"
@@ -575,14 +583,7 @@ instructions_main() {
       write_nginx_conf "$dir" "$port" 1 "$(ng_http "$c")" "$(ng_location "$c")"
       # One process: the worker's loop runs in the process callgrind watches.
       sed -i 's/^daemon off;/daemon off;\nmaster_process off;/' "$dir/nginx.conf"
-      valgrind --tool=callgrind --callgrind-out-file="$TMP/cg-$c-nginx.out.%p" \
-        nginx -e "$dir/error.log" -p "$dir" -c "$dir/nginx.conf" 2>>"$dir/error.log" &
-      pid=$!
-      PIDS+=("$pid")
-      wait_ready "$port" "$pid"
-      count_instructions "$c/nginx" "$pid" "$port"
-      rows+=("$c/nginx")
-      stop_started "$pid"
+      under_callgrind "$c/nginx" "$port" "$dir/error.log" nginx -e "$dir/error.log" -p "$dir" -c "$dir/nginx.conf"
     fi
   done
   echo
@@ -592,7 +593,7 @@ instructions_main() {
   echo "| case | proxy | instructions/request | of nginx's |"
   echo "|---|---|---|---|"
   local row r
-  for row in "${rows[@]}"; do
+  for row in "${IR_ROWS[@]}"; do
     c="${row%/*}"
     r="$(ratio "${IR[$row]}" "${IR[$c/nginx]:-}")"
     echo "| $c | ${row#*/} | ${IR[$row]} | ${r:+${r}×} |"
