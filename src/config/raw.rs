@@ -97,6 +97,7 @@ pub struct RawServer {
     pub shutdown_grace: Option<String>,
     pub max_body_bytes: Option<RawSize>,
     pub body_read_timeout: Option<String>,
+    pub workers: Option<u64>,
 }
 
 /// A byte count: a YAML integer, or text with a unit (`10m`).

@@ -14,6 +14,7 @@ mod head;
 pub mod headers;
 mod health;
 mod log_budget;
+mod pool;
 mod resolve;
 pub mod response;
 mod retry;

@@ -309,6 +309,12 @@ impl Sluicegate {
         Err(log.lock().unwrap().clone())
     }
 
+    /// The names of the process's threads.
+    pub fn threads(&self) -> Vec<String> {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", self.child.id())).unwrap();
+        tasks.map(|t| std::fs::read_to_string(t.unwrap().path().join("comm")).unwrap().trim().to_owned()).collect()
+    }
+
     /// The resident memory of the process, in bytes.
     pub fn rss(&self) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();

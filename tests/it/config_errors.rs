@@ -279,6 +279,18 @@ fn connection_limits_are_bounded() {
 }
 
 #[test]
+fn worker_counts_are_bounded() {
+    let (out, stderr) = check("listen: 127.0.0.1:0\nserver:\n  workers: 0\n");
+    assert!(!out.status.success());
+    assert!(stderr.contains("FILE:3:12: server.workers: must be from 1 to 1024, not 0"), "{stderr}");
+    let (out, stderr) = check("listen: 127.0.0.1:0\nserver: { workers: 1025 }\n");
+    assert!(stderr.contains("server.workers: must be from 1 to 1024, not 1025"), "{stderr}");
+    assert!(!out.status.success());
+    let (out, stderr) = check("listen: 127.0.0.1:0\nserver: { workers: 1 }\n");
+    assert!(out.status.success(), "{stderr}");
+}
+
+#[test]
 fn head_limits_are_bounded() {
     let yaml = "listen: 127.0.0.1:0\nserver:\n  max_header_bytes: 100\n  max_uri_bytes: 2000000\n";
     let (out, stderr) = check(yaml);

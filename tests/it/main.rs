@@ -4,6 +4,7 @@
 
 mod admin;
 mod algorithms;
+mod bench;
 mod bodies;
 mod common;
 mod concurrency;

@@ -2,13 +2,16 @@
 //! balancing, against real backends that die, stall or close without answering.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full};
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
+use tokio::sync::Notify;
 
 use crate::common::*;
 
@@ -360,4 +363,54 @@ async fn a_reload_looks_names_up_again_and_drops_the_address_count_of_an_upstrea
     let m = metrics(&sg).await;
     assert_eq!(series(&m, "sluicegate_upstream_addresses", "app"), Some(1.0), "{m}");
     assert_eq!(series(&m, "sluicegate_upstream_addresses", "old"), None, "{m}");
+}
+
+/// A server that answers `per_connection` requests on each connection (`200 ok`, kept
+/// alive) and then closes it silently, as a server whose keep-alive timeout ran out
+/// does; it counts the connections it accepted and signals each close.
+async fn answers_then_hangs_up(per_connection: usize) -> (SocketAddr, Arc<AtomicUsize>, Arc<Notify>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (accepted, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(Notify::new()));
+    let (count, signal) = (Arc::clone(&accepted), Arc::clone(&closed));
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            let signal = Arc::clone(&signal);
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                for _ in 0..per_connection {
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        let mut buf = [0; 4096];
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    head.clear();
+                    let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                    if stream.write_all(ok).await.is_err() {
+                        return;
+                    }
+                }
+                drop(stream);
+                signal.notify_one();
+            });
+        }
+    });
+    (addr, accepted, closed)
+}
+
+#[tokio::test]
+async fn upstream_connections_are_kept_alive_and_one_the_server_closed_is_replaced_unnoticed() {
+    let (backend, accepted, closed) = answers_then_hangs_up(3).await;
+    let sg = start(&[quoted(backend)], "");
+    for _ in 0..3 {
+        assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 1, "three requests in a row share one connection");
+    closed.notified().await;
+    // Not idempotent, so not retried after a send: it must go on a live connection.
+    assert_eq!(post(sg.addr, "/", "").await.status, 200);
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
 }
