@@ -1,20 +1,25 @@
 //! The command line: `sluicegate [run] -c FILE`, `sluicegate check -c FILE`,
-//! `sluicegate reload -c FILE`.
+//! `sluicegate reload -c FILE`, `sluicegate simulate -c FILE [-c NEW] LOG...`.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+
+use crate::simulate;
 
 #[derive(Debug, Parser)]
 #[command(name = "sluicegate", version, about = "An HTTP reverse proxy with rate limiting built in")]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
-    /// The YAML configuration file (required by `run`, `check` and `reload`).
+    /// The YAML configuration file (required by `run`, `check` and `reload`; `simulate`
+    /// takes a second one to compare with).
     // Not `required = true`: clap would then refuse `--help` and `--version` without it.
-    #[arg(short, long, global = true, value_name = "FILE")]
-    pub config: Option<PathBuf>,
+    #[arg(short, long, global = true, value_name = "FILE", action = ArgAction::Append)]
+    pub config: Vec<PathBuf>,
     /// Least severe log level shown (error, warn, info, debug, trace).
     #[arg(long, global = true, default_value = "info", value_name = "LEVEL")]
     pub log_level: tracing::Level,
@@ -23,7 +28,7 @@ pub struct Cli {
     pub log_format: LogFormat,
 }
 
-#[derive(Debug, Clone, Copy, Subcommand, PartialEq, Eq)]
+#[derive(Debug, Clone, Subcommand, PartialEq, Eq)]
 pub enum Command {
     /// Run the proxy (the default).
     Run,
@@ -34,6 +39,74 @@ pub enum Command {
     Reload,
     /// Print the JSON Schema of the configuration file (for editors' YAML support).
     Schema,
+    /// Replay access logs through the configuration's routes and limits on a virtual
+    /// clock, and report what it would have passed, delayed and rejected (with two
+    /// configurations, what changes between them).
+    Simulate(SimulateArgs),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct SimulateArgs {
+    /// Access logs to replay, merged by time (`-`: standard input).
+    #[arg(required = true, value_name = "LOG")]
+    pub logs: Vec<PathBuf>,
+    /// A configuration to compare with the first (as a second `-c`).
+    #[arg(long, value_name = "FILE")]
+    pub compare: Option<PathBuf>,
+    /// How the logs are written: `json` (sluicegate's), `combined` (nginx's), or an nginx
+    /// `log_format` string; told from the first lines when not given.
+    #[arg(long, value_name = "FORMAT")]
+    pub format: Option<String>,
+    /// The host of requests whose log lines name none (for routes that match on host).
+    #[arg(long, value_name = "HOST")]
+    pub host: Option<String>,
+    /// How long after a later request a line may come and still be replayed in order.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub reorder_window: Duration,
+    /// How many keys and seconds to list.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub top: usize,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Draw admitted and rejected requests per second of each limit into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// Write one JSON line per request (and configuration): route, outcome, wait, and
+    /// the limit that refused it.
+    #[arg(long, value_name = "FILE")]
+    pub decisions: Option<PathBuf>,
+}
+
+/// `sluicegate simulate`: the report on stdout, errors on stderr.
+pub fn simulate(configs: &[PathBuf], args: &SimulateArgs) -> ExitCode {
+    let mut configs = configs.to_vec();
+    configs.extend(args.compare.clone());
+    if configs.is_empty() {
+        eprintln!("sluicegate: no configuration given; use -c FILE (and -c NEW to compare)");
+        return ExitCode::from(2);
+    }
+    let options = simulate::Options {
+        configs,
+        logs: args.logs.clone(),
+        format: args.format.clone(),
+        host: args.host.clone(),
+        reorder_window: args.reorder_window,
+        top: args.top,
+        plot: args.plot.clone(),
+        decisions: args.decisions.clone(),
+    };
+    let output = match simulate::run(&options) {
+        Ok(output) => output,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let text = if args.json { serde_json::to_string_pretty(&output).unwrap_or_default() + "\n" } else { output.text() };
+    // A closed pipe (`| head`) is not an error worth a panic.
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+    ExitCode::SUCCESS
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]

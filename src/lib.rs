@@ -26,6 +26,7 @@
 //! `config` turns the YAML file into the compiled `Config` the request path reads; the
 //! words a limit is written in (`policy`) are shared by `config` and `limit`. Modules
 //! import downwards only: proxy -> gate -> store -> limit -> config -> policy.
+//! `simulate` replays access logs through the same routes, keys and gate offline.
 
 pub mod access_log;
 pub mod admin;
@@ -39,5 +40,6 @@ pub mod path;
 pub mod policy;
 pub mod proxy;
 pub mod server;
+pub mod simulate;
 pub mod store;
 pub mod watchdog;

@@ -4,16 +4,25 @@ use clap::Parser;
 use sluicegate::cli::{Cli, Command, init_tracing};
 use sluicegate::{config, server};
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
     if cli.command == Some(Command::Schema) {
         println!("{}", sluicegate::config::schema());
         return ExitCode::SUCCESS;
     }
-    let Some(path) = &cli.config else {
-        eprintln!("sluicegate: no configuration given; use -c FILE (see config.example.yaml)");
-        return ExitCode::from(2);
+    if let Some(Command::Simulate(args)) = &cli.command {
+        return sluicegate::cli::simulate(&cli.config, args);
+    }
+    let path = match &cli.config[..] {
+        [path] => path,
+        [] => {
+            eprintln!("sluicegate: no configuration given; use -c FILE (see config.example.yaml)");
+            return ExitCode::from(2);
+        }
+        [..] => {
+            eprintln!("sluicegate: one configuration only (-c FILE); simulate alone compares two");
+            return ExitCode::from(2);
+        }
     };
     let check = cli.command == Some(Command::Check);
     let loaded = if check { config::check(path) } else { config::load(path) };
@@ -30,14 +39,28 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match cli.command {
-        Some(Command::Check) => {
-            for warning in &config.warnings {
-                eprintln!("warning: {warning}");
-            }
-            println!("{}: configuration is valid", path.display());
-            return ExitCode::SUCCESS;
+    if check {
+        for warning in &config.warnings {
+            eprintln!("warning: {warning}");
         }
+        println!("{}: configuration is valid", path.display());
+        return ExitCode::SUCCESS;
+    }
+    // The configuration says how many threads serve, so the runtime comes after it.
+    match server::runtime(config.workers) {
+        Ok(runtime) => {
+            let path = path.clone();
+            runtime.block_on(run(cli, path, config))
+        }
+        Err(e) => {
+            eprintln!("sluicegate: cannot start the runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli, path: std::path::PathBuf, config: config::Config) -> ExitCode {
+    match cli.command {
         Some(Command::Reload) => {
             return match sluicegate::admin::request_reload(&config).await {
                 Ok(()) => {
@@ -50,7 +73,7 @@ async fn main() -> ExitCode {
                 }
             };
         }
-        Some(Command::Run | Command::Schema) | None => {}
+        Some(Command::Check | Command::Run | Command::Schema | Command::Simulate(_)) | None => {}
     }
     init_tracing(&cli);
     for warning in &config.warnings {

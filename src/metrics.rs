@@ -18,8 +18,8 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::config::Config;
-use crate::gate::Gate;
+use crate::config::{Config, Limit};
+use crate::gate::{Decision, Gate};
 use crate::limit::{Limiters, Outcome};
 use crate::store::Store;
 
@@ -45,6 +45,24 @@ impl RequestOutcome {
         RequestOutcome::Banned,
         RequestOutcome::DryRunRejected,
     ];
+
+    /// What `decision` makes of a request, the configuration's limits being `limits`.
+    pub fn of(decision: &Decision, limits: &[Limit]) -> RequestOutcome {
+        match decision {
+            Decision::Reject { standings, .. } => {
+                let banned = standings.iter().any(|s| s.banned && !limits[s.limit].dry_run);
+                if banned { RequestOutcome::Banned } else { RequestOutcome::Rejected }
+            }
+            Decision::Pass { wait, standings, .. } => {
+                let dry_rejected = standings.iter().any(|s| matches!(s.outcome, Outcome::Rejected(_)));
+                match (dry_rejected, wait.is_zero()) {
+                    (true, _) => RequestOutcome::DryRunRejected,
+                    (false, true) => RequestOutcome::Passed,
+                    (false, false) => RequestOutcome::Delayed,
+                }
+            }
+        }
+    }
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -109,6 +127,8 @@ struct Families {
     decisions: Family<Labels, Counter>,
     delays: Family<Labels, Histogram>,
     reloads: Family<Labels, Counter>,
+    resolve_failures: Family<Labels, Counter>,
+    addresses: Family<Labels, Gauge>,
     /// What the scrape-time collector reads: the running configuration's limiters.
     current: Arc<Mutex<Current>>,
 }
@@ -123,6 +143,8 @@ impl Metrics {
         let decisions = Family::<Labels, Counter>::default();
         let delays = Family::<Labels, Histogram>::new_with_constructor(delay_histogram as fn() -> Histogram);
         let reloads = Family::<Labels, Counter>::default();
+        let resolve_failures = Family::<Labels, Counter>::default();
+        let addresses = Family::<Labels, Gauge>::default();
         let build = Family::<Labels, Gauge>::default();
         build.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_owned())]).set(1);
         let current = Arc::new(Mutex::new(Current::of(config, gate)));
@@ -137,10 +159,32 @@ impl Metrics {
             errors.clone(),
         );
         registry.register("upstream_duration_seconds", "Time to the upstream's response headers", latency.clone());
+        registry.register(
+            "upstream_resolve_failures",
+            "Lookups of upstream server host names that failed or found no address, by upstream",
+            resolve_failures.clone(),
+        );
+        registry.register(
+            "upstream_addresses",
+            "Addresses an upstream's servers resolve to now, each a server, by upstream",
+            addresses.clone(),
+        );
         registry.register("reloads", "Configuration reloads by result", reloads.clone());
         registry.register("build_info", "The running version", build);
         registry.register_collector(Box::new(State(Arc::clone(&current))));
-        let families = Families { registry, requests, responses, errors, latency, decisions, delays, reloads, current };
+        let families = Families {
+            registry,
+            requests,
+            responses,
+            errors,
+            latency,
+            decisions,
+            delays,
+            reloads,
+            resolve_failures,
+            addresses,
+            current,
+        };
         Metrics::of(Arc::new(families), config)
     }
 
@@ -149,6 +193,8 @@ impl Metrics {
         let mut current = self.families.current.lock().unwrap_or_else(PoisonError::into_inner);
         *current = Current::of(config, gate);
         drop(current);
+        // The reloaded upstreams set theirs: an upstream the reload removed has none.
+        self.families.addresses.clear();
         Metrics::of(Arc::clone(&self.families), config)
     }
 
@@ -218,6 +264,16 @@ impl Metrics {
             UpstreamResult::Failed => m.errors[2].inc(),
             UpstreamResult::ClientBody => m.errors[3].inc(),
         };
+    }
+
+    /// Where upstream `upstream` counts its failed lookups and its addresses (series
+    /// continued across reloads).
+    pub fn upstream_resolution(&self, upstream: &str) -> crate::proxy::ResolveMetrics {
+        let labels = vec![("upstream", upstream.to_owned())];
+        crate::proxy::ResolveMetrics {
+            failures: self.families.resolve_failures.get_or_create_owned(&labels),
+            addresses: self.families.addresses.get_or_create_owned(&labels),
+        }
     }
 
     pub fn reload_result(&self, ok: bool) {

@@ -261,6 +261,9 @@ impl Server {
         if config.admin.as_ref().map(|a| a.listen) != old.config().admin.as_ref().map(|a| a.listen) {
             warn!("admin.listen changes at the next restart; the admin listener stays where it is");
         }
+        if config.workers != old.config().workers {
+            warn!("server.workers changes at the next restart; the running threads stay");
+        }
         let (proxy, kept, fresh) = match Proxy::reloaded(config, &old) {
             Ok(reloaded) => reloaded,
             Err(e) => {
@@ -280,6 +283,23 @@ impl Server {
             }
         }
     }
+}
+
+/// The runtime that serves: `workers` threads (`None`: one per core, tokio's default).
+/// One worker is a current-thread runtime: with a single thread there is no other to
+/// hand a task to, and the multi-thread scheduler's cross-thread wake-ups and queues
+/// would be pure cost (nginx with `worker_processes 1` likewise runs one event loop).
+pub fn runtime(workers: Option<usize>) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = match workers {
+        Some(1) => tokio::runtime::Builder::new_current_thread(),
+        Some(n) => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads(n);
+            builder
+        }
+        None => tokio::runtime::Builder::new_multi_thread(),
+    };
+    builder.enable_all().build()
 }
 
 /// A listener on `addr` with a long accept backlog.

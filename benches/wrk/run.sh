@@ -1,9 +1,44 @@
 #!/usr/bin/env bash
-# Whole-proxy load test: sluicegate vs. nginx (limit_req) in front of the same nginx backend.
+# Whole-proxy load test: sluicegate beside nginx (and HAProxy) in front of the same backend.
 #
-#   benches/wrk/run.sh            (from anywhere; needs cargo, nginx, wrk, curl)
+#   benches/wrk/run.sh                          multi-core layout (below)
+#   LAYOUT=onecore benches/wrk/run.sh           everything pinned to one CPU (below)
+#   LAYOUT=instructions benches/wrk/run.sh      instructions per request under callgrind
 #
-# Cases, all in one run so the ratios are comparable:
+# (from anywhere; needs cargo, wrk, curl; nginx, HAProxy, valgrind, redis-server where used)
+#
+# LAYOUT=onecore: wrk -t1, the backend (examples/bench_backend.rs: hyper on a
+# current-thread runtime, so nginx is only ever a peer) and each proxy (one worker:
+# `server.workers: 1`, nginx `worker_processes 1`, HAProxy `nbthread 1`) all pinned with
+# taskset to CPU $CPU, so they take turns on it as on a saturated core and no proxy gains
+# from spare cores. Every process is started once; the measured runs are interleaved
+# (repetition 1 of every case and proxy, then repetition 2, ...) so that a drift of the
+# machine touches all alike. Per case and proxy the table gives medians over the
+# repetitions of: req/s; req/s over the backend-direct run of the same repetition; req/s
+# over nginx's run of the same case and repetition; p99; and the proxy's CPU time per
+# request (utime+stime from /proc/PID/stat, children included), also over nginx's. It
+# ends with a markdown table ready for README.md. Cases (CASES, space-separated, default
+# all four):
+#   forwarded    a limit that never rejects (sluicegate limit, nginx limit_req)
+#   rejected     a limit that rejects every request with 429
+#   concurrency  8 requests in progress per client address, of 64 connections (limit_conn)
+#   plain        no limit at all (HAProxy here too)
+# Rejections are logged at the limit's default level (info), below --log-level warn, as
+# nginx's limit_req_log_level info is below its error_log warn: logging off on both sides.
+#   REPS [3]  repetitions        CPU [0]  the CPU everything is pinned to
+#   DURATION here defaults to 8s, WARMUP to 1s, THREADS to 1
+#   PEERS ["nginx haproxy"]  peers to run when installed (empty: sluicegate alone)
+#   BACKEND_PORT  use a backend already listening there instead of starting one
+#   SG  the sluicegate binary [target/release/sluicegate] (SKIP_BUILD=1: use it as is)
+#
+# LAYOUT=instructions: each proxy (sluicegate with `server.workers: 1`, nginx with one
+# worker) runs under `valgrind --tool=callgrind` with the backend; after a warm-up the
+# counters are zeroed, examples/bench_client.rs sends exactly REQUESTS [20000] requests
+# over CONNECTIONS_IR [8] keep-alive connections, and the instructions the proxy executed
+# divided by REQUESTS are its cost per request: a figure that does not move with the load
+# of the machine. KEEP_TMP=1 keeps the callgrind files for callgrind_annotate.
+#
+# Multi-core layout (the default), all in one run so the ratios are comparable:
 #   a  backend direct (baseline)
 #   b  sluicegate, no limits
 #   c  sluicegate, a limit that never rejects (key: ip, 100000000r/s, burst 1000, nodelay)
@@ -33,6 +68,12 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
+LAYOUT="${LAYOUT:-multicore}"
+if [[ "$LAYOUT" == onecore ]]; then
+  DURATION="${DURATION:-8s}"
+  WARMUP="${WARMUP:-1s}"
+  THREADS="${THREADS:-1}"
+fi
 DURATION="${DURATION:-10s}"
 WARMUP="${WARMUP:-2s}"
 CONNECTIONS="${CONNECTIONS:-64}"
@@ -41,7 +82,11 @@ WRK_TIMEOUT="${WRK_TIMEOUT:-2s}"
 BASE_PORT="${BASE_PORT:-18480}"
 SKIP_BUILD="${SKIP_BUILD:-0}"
 KEEP_TMP="${KEEP_TMP:-0}"
-SG="$ROOT/target/release/sluicegate"
+SG="${SG:-$ROOT/target/release/sluicegate}"
+BACKEND_BIN="$ROOT/target/release/examples/bench_backend"
+CLIENT_BIN="$ROOT/target/release/examples/bench_client"
+SG_WORKERS=""      # server.workers of the sluicegate configs ("": one per core)
+PIN=()             # the command prefix that pins a process (onecore: taskset)
 
 log() { printf '>> %s\n' "$*" >&2; }
 die() { printf 'run.sh: %s\n' "$*" >&2; exit 1; }
@@ -54,13 +99,19 @@ secs_of() { # "10s" | "10" -> 10 (wrk also accepts m/h, which this bound does no
 DUR_S="$(secs_of "$DURATION")"
 WARM_S="$(secs_of "$WARMUP")"
 
+case "$LAYOUT" in
+  multicore | onecore | instructions) ;;
+  *) die "LAYOUT must be multicore, onecore or instructions (got $LAYOUT)" ;;
+esac
+
 # ---- tools ---------------------------------------------------------------------------
-if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null || ! command -v redis-server >/dev/null; then
+if [[ "$LAYOUT" == multicore ]] && ! command -v nginx >/dev/null || ! command -v wrk >/dev/null || ! command -v redis-server >/dev/null; then
   [[ $(id -u) -eq 0 ]] || die "nginx, wrk and redis-server are needed (apt-get install nginx wrk redis-server)"
   log "installing nginx, wrk and redis-server"
   apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y nginx wrk redis-server
 fi
 command -v curl >/dev/null || die "curl is needed"
+command -v wrk >/dev/null || [[ "$LAYOUT" == instructions ]] || die "wrk is needed (apt-get install wrk)"
 
 # ---- processes and cleanup -------------------------------------------------------------
 TMP="$(mktemp -d /tmp/sluicegate-wrk.XXXXXX)"
@@ -154,12 +205,19 @@ EOF
 }
 
 write_nginx_proxy_conf() { # $1 dir, $2 port, $3 workers, $4 rate, $5 limit_req args
+  write_nginx_conf "$1" "$2" "$3" "limit_req_zone \$binary_remote_addr zone=per_ip:10m rate=$4;" \
+    "limit_req zone=per_ip $5;
+      limit_req_status 429;
+      limit_req_log_level info;   # rejections below the error_log level, like sluicegate --log-level warn"
+}
+
+write_nginx_conf() { # $1 dir, $2 port, $3 workers, $4 http-level lines, $5 location lines
   {
     nginx_common "$1" "$3"
     echo "http {"
     nginx_http_common "$1"
     cat <<EOF
-  limit_req_zone \$binary_remote_addr zone=per_ip:10m rate=$4;
+  $4
   upstream backend {
     server 127.0.0.1:$BACKEND_PORT;
     keepalive 64;
@@ -168,9 +226,7 @@ write_nginx_proxy_conf() { # $1 dir, $2 port, $3 workers, $4 rate, $5 limit_req 
   server {
     listen 127.0.0.1:$2;
     location / {
-      limit_req zone=per_ip $5;
-      limit_req_status 429;
-      limit_req_log_level info;   # rejections below the error_log level, like sluicegate --log-level warn
+      $5
       proxy_pass http://backend;
       proxy_http_version 1.1;
       proxy_set_header Connection "";
@@ -189,7 +245,7 @@ START_PID=""
 start_nginx() { # $1 dir, $2 port; sets START_PID
   mkdir -p "$1"
   nginx -t -q -e "$1/error.log" -p "$1" -c "$1/nginx.conf" || die "bad nginx config $1/nginx.conf"
-  nginx -e "$1/error.log" -p "$1" -c "$1/nginx.conf" 2>>"$1/error.log" &
+  "${PIN[@]}" nginx -e "$1/error.log" -p "$1" -c "$1/nginx.conf" 2>>"$1/error.log" &
   START_PID=$!
   PIDS+=("$START_PID")
   wait_ready "$2" "$START_PID"
@@ -202,6 +258,9 @@ write_sg_conf() { # $1 file, $2 port, $3 limit yaml ("" for none), $4 more top-l
 listen: 127.0.0.1:$2
 server:
   shutdown_grace: 1s
+EOF
+    [[ -z "$SG_WORKERS" ]] || echo "  workers: $SG_WORKERS"
+    cat <<EOF
 upstreams:
   backend:
     servers: ["127.0.0.1:$BACKEND_PORT"]
@@ -218,7 +277,7 @@ EOF
 }
 
 start_sg() { # $1 config, $2 port, $3 log file; sets START_PID
-  "$SG" -c "$1" --log-level warn 2>"$3" &
+  "${PIN[@]}" "$SG" -c "$1" --log-level warn 2>"$3" &
   START_PID=$!
   PIDS+=("$START_PID")
   wait_ready "$2" "$START_PID"
@@ -240,7 +299,7 @@ cpu_ticks() { # utime+stime of a process and its direct children (nginx workers)
   echo "$total"
 }
 
-CASES=()
+LABELS=()
 declare -A RPS P50 P99 NON2XX SOCKERR CPU CPUREQ CODES RCMD
 REDIS_PORT=""      # set while a case uses Redis: its commands per request are measured
 
@@ -265,7 +324,7 @@ run_case() { # $1 label, $2 port, $3 pid whose CPU (with children) is the thing 
   line="$(grep '^WRKRESULT ' "$out")" || die "no result from wrk for $label (see $out)"
   local rps requests p50_us p99_us non2xx connect read write timeout secs kv
   for kv in ${line#WRKRESULT }; do local "${kv%%=*}=${kv#*=}"; done
-  CASES+=("$label")
+  LABELS+=("$label")
   RPS[$label]="$rps"
   P50[$label]="$p50_us"
   P99[$label]="$p99_us"
@@ -278,12 +337,288 @@ run_case() { # $1 label, $2 port, $3 pid whose CPU (with children) is the thing 
   log "$label: $rps req/s, p50 ${p50_us}us, p99 ${p99_us}us, non-2xx $non2xx, socket errors c/r/w/t ${SOCKERR[$label]}"
 }
 
+# ---- LAYOUT=onecore and LAYOUT=instructions ---------------------------------------------------
+CASES="${CASES:-forwarded rejected concurrency plain}"
+REPS="${REPS:-3}"
+CPU="${CPU:-0}"
+PEERS="${PEERS-nginx haproxy}"
+REQUESTS="${REQUESTS:-20000}"
+
+has_peer() { [[ " $PEERS " == *" $1 "* ]] && command -v "$1" >/dev/null; }
+
+start_backend() { # sets BACKEND_PORT and BACKEND_PID (none when BACKEND_PORT was given)
+  BACKEND_PID=""
+  if [[ -n "${BACKEND_PORT:-}" ]]; then
+    log "backend: the one already on 127.0.0.1:$BACKEND_PORT"
+    return
+  fi
+  [[ -x "$BACKEND_BIN" ]] || die "no $BACKEND_BIN (cargo build --release --example bench_backend)"
+  BACKEND_PORT="$(free_port)"
+  "${PIN[@]}" "$BACKEND_BIN" "127.0.0.1:$BACKEND_PORT" >"$TMP/backend.log" 2>&1 &
+  BACKEND_PID=$!
+  PIDS+=("$BACKEND_PID")
+  wait_ready "$BACKEND_PORT" "$BACKEND_PID"
+  log "backend examples/bench_backend on 127.0.0.1:$BACKEND_PORT"
+}
+
+LIMIT_CONC="    key: ip
+    concurrency: 8"
+# The sluicegate limit (yaml) and the nginx directives (http level | location level) of a case.
+sg_limit() {
+  case "$1" in
+    forwarded) echo "$LIMIT_PASS" ;;
+    rejected) echo "$LIMIT_REJECT" ;;
+    concurrency) echo "$LIMIT_CONC" ;;
+    plain) echo "" ;;
+  esac
+}
+ng_http() {
+  case "$1" in
+    forwarded) echo "limit_req_zone \$binary_remote_addr zone=per_ip:10m rate=100000000r/s;" ;;
+    rejected) echo "limit_req_zone \$binary_remote_addr zone=per_ip:10m rate=10r/s;" ;;
+    concurrency) echo "limit_conn_zone \$binary_remote_addr zone=per_ip:10m;" ;;
+    plain) echo "" ;;
+  esac
+}
+ng_location() {
+  local log="limit_req_log_level info;   # rejections below error_log warn, like sluicegate --log-level warn"
+  case "$1" in
+    forwarded) echo "limit_req zone=per_ip burst=1000 nodelay; limit_req_status 429; $log" ;;
+    rejected) echo "limit_req zone=per_ip nodelay; limit_req_status 429; $log" ;;
+    concurrency) echo "limit_conn per_ip 8; limit_conn_status 429; limit_conn_log_level info;" ;;
+    plain) echo "" ;;
+  esac
+}
+
+write_haproxy_conf() { # $1 file, $2 port
+  cat >"$1" <<EOF
+global
+  nbthread 1
+  maxconn 4096
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 30s
+  timeout server 30s
+  option http-keep-alive
+  option forwardfor
+  http-reuse always
+frontend fe
+  bind 127.0.0.1:$2
+  default_backend be
+backend be
+  server s1 127.0.0.1:$BACKEND_PORT
+EOF
+}
+
+declare -A TARGET_PORT TARGET_PID # by "case/proxy"
+ROWS=()                            # "case/proxy" in table order
+
+# Starts every proxy of every case once (pinned); registers the rows.
+start_targets() {
+  local c port tag dir
+  ROWS+=("direct/backend")
+  TARGET_PORT["direct/backend"]="$BACKEND_PORT"
+  TARGET_PID["direct/backend"]="$BACKEND_PID"
+  for c in $CASES; do
+    tag="$c"
+    port="$(free_port)"
+    write_sg_conf "$TMP/sg-$tag.yaml" "$port" "$(sg_limit "$c")"
+    start_sg "$TMP/sg-$tag.yaml" "$port" "$TMP/sg-$tag.log"
+    ROWS+=("$c/sluicegate")
+    TARGET_PORT["$c/sluicegate"]="$port"
+    TARGET_PID["$c/sluicegate"]="$START_PID"
+    if has_peer nginx; then
+      port="$(free_port)"
+      dir="$TMP/nginx-$tag"
+      mkdir -p "$dir"
+      write_nginx_conf "$dir" "$port" 1 "$(ng_http "$c")" "$(ng_location "$c")"
+      start_nginx "$dir" "$port"
+      ROWS+=("$c/nginx")
+      TARGET_PORT["$c/nginx"]="$port"
+      TARGET_PID["$c/nginx"]="$START_PID"
+    fi
+    if [[ "$c" == plain ]] && has_peer haproxy; then
+      port="$(free_port)"
+      write_haproxy_conf "$TMP/haproxy.cfg" "$port"
+      haproxy -c -q -f "$TMP/haproxy.cfg" || die "bad HAProxy config $TMP/haproxy.cfg"
+      "${PIN[@]}" haproxy -db -f "$TMP/haproxy.cfg" >"$TMP/haproxy.log" 2>&1 &
+      START_PID=$!
+      PIDS+=("$START_PID")
+      wait_ready "$port" "$START_PID"
+      ROWS+=("$c/haproxy")
+      TARGET_PORT["$c/haproxy"]="$port"
+      TARGET_PID["$c/haproxy"]="$START_PID"
+    fi
+  done
+}
+
+declare -A M_RPS M_P99 M_CPUREQ M_NON2XX # by "case/proxy/rep"
+
+measure() { # $1 row, $2 rep
+  local row="$1" rep="$2" port="${TARGET_PORT[$1]}" pid="${TARGET_PID[$1]}" out t0=0 t1=0 line
+  if [[ "$WARM_S" -gt 0 ]]; then
+    timeout $((WARM_S + 30)) "${PIN[@]}" wrk -t"$THREADS" -c"$CONNECTIONS" -d"$WARMUP" --timeout "$WRK_TIMEOUT" \
+      "http://127.0.0.1:$port/" >/dev/null
+  fi
+  out="$TMP/wrk-${row//\//-}-$rep.txt"
+  [[ -z "$pid" ]] || t0="$(cpu_ticks "$pid")"
+  timeout $((DUR_S + 30)) "${PIN[@]}" wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" --timeout "$WRK_TIMEOUT" \
+    --latency -s "$HERE/report.lua" "http://127.0.0.1:$port/" >"$out"
+  [[ -z "$pid" ]] || t1="$(cpu_ticks "$pid")"
+  line="$(grep '^WRKRESULT ' "$out")" || die "no result from wrk for $row (see $out)"
+  local rps requests p50_us p99_us non2xx connect read write timeout secs kv
+  for kv in ${line#WRKRESULT }; do local "${kv%%=*}=${kv#*=}"; done
+  M_RPS["$row/$rep"]="$rps"
+  M_P99["$row/$rep"]="$p99_us"
+  M_NON2XX["$row/$rep"]="$non2xx"
+  M_CPUREQ["$row/$rep"]="$([[ -n "$pid" ]] && awk -v d=$((t1 - t0)) -v hz="$CLK_TCK" -v n="$requests" \
+    'BEGIN{printf "%.2f", n ? 1e6*d/hz/n : 0}' || echo "")"
+  log "rep $rep $row: $rps req/s, p99 ${p99_us}us, CPU ${M_CPUREQ[$row/$rep]:--}us/req, non-2xx $non2xx"
+}
+
+median() { # the median of the numbers given ("" if none)
+  printf '%s\n' "$@" | awk 'NF' | sort -g | awk '{v[NR]=$1} END{if (NR) printf "%g", NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN{if (a != "" && b != "" && b+0 > 0) printf "%.3f", a/b}'; }
+
+onecore_main() {
+  PIN=(taskset -c "$CPU")
+  SG_WORKERS=1
+  command -v taskset >/dev/null || die "taskset is needed (util-linux)"
+  start_backend
+  start_targets
+  local rep row
+  for rep in $(seq "$REPS"); do
+    for row in "${ROWS[@]}"; do measure "$row" "$rep"; done
+  done
+  onecore_report
+}
+
+onecore_report() {
+  local row c p rep rps=() vdir=() vng=() p99=() cpu=() cng=() non2xx
+  echo
+  echo "LAYOUT=onecore: wrk -t$THREADS -c$CONNECTIONS -d$DURATION --latency after a ${WARMUP} warm-up, $REPS repetitions"
+  echo "interleaved; wrk, backend and proxy pinned to CPU $CPU (taskset), one worker each; medians."
+  echo "$(nproc) CPUs, $(uname -r); $("$SG" --version 2>/dev/null || echo sluicegate);" \
+    "$(nginx -v 2>&1 | sed 's/.*: //' || true) $(haproxy -v 2>/dev/null | awk 'NR==1{print "HAProxy " $3}' || true)"
+  echo
+  echo "| case | proxy | req/s | of direct | of nginx | p99 ms | CPU µs/req | CPU of nginx's | non-2xx |"
+  echo "|---|---|---|---|---|---|---|---|---|"
+  for row in "${ROWS[@]}"; do
+    c="${row%/*}" p="${row#*/}"
+    rps=() vdir=() vng=() p99=() cpu=() cng=() non2xx=0
+    for rep in $(seq "$REPS"); do
+      rps+=("${M_RPS[$row/$rep]}")
+      p99+=("${M_P99[$row/$rep]}")
+      cpu+=("${M_CPUREQ[$row/$rep]}")
+      non2xx=$((non2xx + ${M_NON2XX[$row/$rep]}))
+      vdir+=("$(ratio "${M_RPS[$row/$rep]}" "${M_RPS[direct/backend/$rep]}")")
+      vng+=("$(ratio "${M_RPS[$row/$rep]}" "${M_RPS[$c/nginx/$rep]:-}")")
+      cng+=("$(ratio "${M_CPUREQ[$row/$rep]}" "${M_CPUREQ[$c/nginx/$rep]:-}")")
+    done
+    awk -v c="$c" -v p="$p" -v r="$(median "${rps[@]}")" -v d="$(median "${vdir[@]}")" \
+      -v n="$(median "${vng[@]}")" -v q="$(median "${p99[@]}")" -v u="$(median "${cpu[@]}")" \
+      -v un="$(median "${cng[@]}")" -v e="$non2xx" 'function f(x, fmt) { return x == "" ? "–" : sprintf(fmt, x) }
+      BEGIN{printf "| %s | %s | %s | %s | %s | %s | %s | %s | %d |\n", c, p, f(r, "%.0f"), f(d, "%.3f"),
+        f(n, "%.2f×"), f(q/1000, "%.2f"), f(u, "%.1f"), f(un, "%.2f×"), e}'
+  done
+  echo
+  echo "of direct / of nginx: req/s over the backend-direct run / nginx's run of the same case,"
+  echo "each repetition on its own, then the median. CPU: the proxy's utime+stime per request."
+  echo "non-2xx: summed over the repetitions (the rejected case answers 429 by design)."
+}
+
+# ---- LAYOUT=instructions ------------------------------------------------------------------------
+declare -A IR # by "case/proxy"
+
+callgrind_total() { # the instructions (Ir) of a callgrind dump file
+  awk '/^(summary|totals):/ {print $2; exit}' "$1"
+}
+
+# Runs one proxy (already started under callgrind, pid $2, port $3) through the count.
+count_instructions() { # $1 row, $2 pid, $3 port
+  local row="$1" pid="$2" port="$3" before after
+  "$CLIENT_BIN" "127.0.0.1:$port" $((REQUESTS / 10 + 1)) "$CONNECTIONS" >/dev/null || die "warm-up of $row failed"
+  callgrind_control --zero "$pid" >/dev/null
+  "$CLIENT_BIN" "127.0.0.1:$port" "$REQUESTS" "$CONNECTIONS" >"$TMP/client-${row//\//-}.txt" ||
+    die "the count of $row failed"
+  callgrind_control --dump="measured" "$pid" >/dev/null
+  local dump
+  dump="$(ls -t "$TMP"/cg-"${row//\//-}".out.* | head -1)"
+  IR[$row]="$(awk -v t="$(callgrind_total "$dump")" -v n="$REQUESTS" 'BEGIN{printf "%.0f", t/n}')"
+  log "$row: ${IR[$row]} instructions/request ($(tr '\n' ' ' <"$TMP/client-${row//\//-}.txt"))"
+}
+
+IR_ROWS=() # "case/proxy" in table order
+
+# Runs a proxy under callgrind through the count, then stops it.
+under_callgrind() { # $1 row, $2 port, $3 log file, the rest: the command
+  local row="$1" port="$2" log="$3" pid
+  shift 3
+  valgrind --tool=callgrind --callgrind-out-file="$TMP/cg-${row//\//-}.out.%p" "$@" 2>>"$log" &
+  pid=$!
+  PIDS+=("$pid")
+  wait_ready "$port" "$pid"
+  count_instructions "$row" "$pid" "$port"
+  IR_ROWS+=("$row")
+  stop_started "$pid"
+}
+
+instructions_main() {
+  command -v valgrind >/dev/null || die "valgrind is needed (apt-get install valgrind)"
+  [[ -x "$CLIENT_BIN" ]] || die "no $CLIENT_BIN (cargo build --release --example bench_client)"
+  SG_WORKERS=1
+  CONNECTIONS="${CONNECTIONS_IR:-8}"
+  start_backend
+  local c port dir
+  for c in $CASES; do
+    port="$(free_port)"
+    write_sg_conf "$TMP/sg-$c.yaml" "$port" "$(sg_limit "$c")"
+    under_callgrind "$c/sluicegate" "$port" "$TMP/sg-$c.log" "$SG" -c "$TMP/sg-$c.yaml" --log-level warn
+    if has_peer nginx; then
+      port="$(free_port)"
+      dir="$TMP/nginx-$c"
+      mkdir -p "$dir"
+      write_nginx_conf "$dir" "$port" 1 "$(ng_http "$c")" "$(ng_location "$c")"
+      # One process: the worker's loop runs in the process callgrind watches.
+      sed -i 's/^daemon off;/daemon off;\nmaster_process off;/' "$dir/nginx.conf"
+      under_callgrind "$c/nginx" "$port" "$dir/error.log" nginx -e "$dir/error.log" -p "$dir" -c "$dir/nginx.conf"
+    fi
+  done
+  echo
+  echo "LAYOUT=instructions: $REQUESTS requests over $CONNECTIONS connections (examples/bench_client),"
+  echo "counted by valgrind --tool=callgrind after a warm-up; one worker each."
+  echo
+  echo "| case | proxy | instructions/request | of nginx's |"
+  echo "|---|---|---|---|"
+  local row r
+  for row in "${IR_ROWS[@]}"; do
+    c="${row%/*}"
+    r="$(ratio "${IR[$row]}" "${IR[$c/nginx]:-}")"
+    echo "| $c | ${row#*/} | ${IR[$row]} | ${r:+${r}×} |"
+  done
+}
+
 # ---- go ---------------------------------------------------------------------------------------
 if [[ "$SKIP_BUILD" != 1 ]]; then
   log "cargo build --release"
-  (cd "$ROOT" && cargo build --release --quiet)
+  (cd "$ROOT" && cargo build --release --quiet --bin sluicegate --example bench_backend --example bench_client)
 fi
 [[ -x "$SG" ]] || die "no $SG"
+
+LIMIT_PASS="    key: ip
+    rate: 100000000r/s
+    burst: 1000
+    nodelay: true"
+LIMIT_REJECT="    key: ip
+    rate: 10r/s
+    status: 429"
+
+case "$LAYOUT" in
+  onecore) onecore_main; exit 0 ;;
+  instructions) instructions_main; exit 0 ;;
+esac
 
 BACKEND_PORT="$(free_port)"
 mkdir -p "$TMP/backend"
@@ -296,13 +631,6 @@ log "backend nginx on 127.0.0.1:$BACKEND_PORT (worker_processes 1)"
 run_case "a backend direct" "$BACKEND_PORT" "$BACKEND_PID"
 
 # b, c, e: sluicegate
-LIMIT_PASS="    key: ip
-    rate: 100000000r/s
-    burst: 1000
-    nodelay: true"
-LIMIT_REJECT="    key: ip
-    rate: 10r/s
-    status: 429"
 sg_case() { # $1 label, $2 tag, $3 limit yaml, $4 more top-level yaml
   local port conf
   port="$(free_port)"
@@ -353,7 +681,7 @@ echo "backend: nginx worker_processes 1, 'return 200 \"ok\\n\"'; wauto = worker_
 echo
 printf '%-32s %10s %9s %9s %9s %12s %6s %9s %8s %8s %9s\n' \
   case "req/s" "p50 ms" "p99 ms" non-2xx "sockerr" "CPU%" "CPUus/req" "/sg-lim" "/ng-lr1" "redis/req"
-for c in "${CASES[@]}"; do
+for c in "${LABELS[@]}"; do
   awk -v c="$c" -v r="${RPS[$c]}" -v p50="${P50[$c]}" -v p99="${P99[$c]}" -v n="${NON2XX[$c]}" \
     -v se="${SOCKERR[$c]}" -v cpu="${CPU[$c]}" -v cr="${CPUREQ[$c]}" -v rs="$REF_SG" -v rn="$REF_NG" \
     -v rc="${RCMD[$c]}" \
@@ -367,7 +695,7 @@ echo "relative to 'c sluicegate limit (pass)' and 'd nginx limit_req (pass) w1';
 echo "script calls (EVALSHA) per request during the measured run (redis-server shares the cores)."
 
 # Non-2xx where nothing should be rejected deserves a look (benches/wrk/status.lua shows which).
-for c in "${CASES[@]}"; do
+for c in "${LABELS[@]}"; do
   if [[ "$c" != *429* && "${NON2XX[$c]}" != 0 ]]; then
     echo
     echo "NOTE: '$c' had ${NON2XX[$c]} non-2xx responses although nothing should be rejected;"

@@ -55,6 +55,8 @@ pub struct Config {
     /// A request whose target (path and query) is longer than this gets 414.
     pub max_uri_bytes: usize,
     pub shutdown_grace: Duration,
+    /// Threads serving requests (`None`: one per core), fixed at start.
+    pub workers: Option<usize>,
     /// Longest wait for the next piece of a request body once the upstream asks for it
     /// (nginx `client_body_timeout`); past it the request is cut and answered 408.
     pub body_read_timeout: Duration,
@@ -122,6 +124,9 @@ pub struct Upstream {
     pub health_check: Option<HealthCheck>,
     /// An upgraded connection (WebSocket) through which nothing moves this long is closed.
     pub tunnel_idle_timeout: Duration,
+    /// How often servers written with a host name are looked up again (`None`: only when
+    /// the configuration is loaded, and until each name has an address).
+    pub resolve_interval: Option<Duration>,
 }
 
 /// Active health check: every `interval`, `GET path` on each server; a server that does

@@ -99,6 +99,7 @@ pub struct RawServer {
     pub shutdown_grace: Option<String>,
     pub max_body_bytes: Option<RawSize>,
     pub body_read_timeout: Option<String>,
+    pub workers: Option<u64>,
 }
 
 /// A byte count: a YAML integer, or text with a unit (`10m`).
@@ -132,6 +133,7 @@ pub struct RawUpstream {
     pub tls: Option<RawUpstreamTls>,
     pub health_check: Option<RawHealthCheck>,
     pub tunnel_idle_timeout: Option<String>,
+    pub resolve_interval: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]

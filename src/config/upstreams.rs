@@ -28,6 +28,10 @@ const DEFAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 /// Weights past this say nothing a smaller ratio could not, and keep sums far from overflow.
 const MAX_WEIGHT: u32 = 10_000;
 
+/// Host names are looked up again this often: DNS changes (a replaced instance, a scaled
+/// service) reach the proxy within half a minute, for one lookup per name per interval.
+const DEFAULT_RESOLVE_INTERVAL: Duration = Duration::from_secs(30);
+
 /// An upgraded connection (WebSocket) idle this long is closed.
 const DEFAULT_TUNNEL_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
 
@@ -86,6 +90,19 @@ pub(super) fn upstream(e: &mut Errors<'_>, name: &str, raw: &RawUpstream) -> Ups
             raw.tunnel_idle_timeout.as_ref(),
             DEFAULT_TUNNEL_IDLE_TIMEOUT,
         ),
+        resolve_interval: resolve_interval(e, &format!("{at}.resolve_interval"), raw.resolve_interval.as_ref()),
+    }
+}
+
+/// `resolve_interval`: a positive duration, or `off` (look names up only at load).
+fn resolve_interval(e: &mut Errors<'_>, at: &str, text: Option<&String>) -> Option<Duration> {
+    match text.map(String::as_str) {
+        None => Some(DEFAULT_RESOLVE_INTERVAL),
+        Some("off") => None,
+        Some(text) => {
+            let interval = positive_duration(text).map_err(|why| format!("{why}, or `off`"));
+            e.check(|| at.to_owned(), interval).or(Some(DEFAULT_RESOLVE_INTERVAL))
+        }
     }
 }
 

@@ -33,6 +33,8 @@ const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_CONNECTION_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 /// More connections than any one process can hold open.
 pub const MAX_CONNECTIONS: u64 = 10_000_000;
+/// More threads than this serve no machine better than one per core would.
+const MAX_WORKERS: u64 = 1024;
 /// nginx's `large_client_header_buffers 4 8k` holds a 32 KiB head; one buffer, 8 KiB,
 /// holds the request line.
 const DEFAULT_MAX_HEADER_BYTES: u64 = 32 * 1024;
@@ -133,6 +135,15 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
     };
     let max_connections = connections("max_connections", raw.server.max_connections);
     let max_connections_per_ip = connections("max_connections_per_ip", raw.server.max_connections_per_ip);
+    let workers = raw.server.workers.and_then(|n| {
+        e.check(
+            || "server.workers".to_owned(),
+            match n {
+                1..=MAX_WORKERS => Ok(n as usize),
+                _ => Err(format!("must be from 1 to {MAX_WORKERS}, not {n}")),
+            },
+        )
+    });
     let max_header_bytes =
         head_limit(&mut e, "server.max_header_bytes", raw.server.max_header_bytes, DEFAULT_MAX_HEADER_BYTES);
     let max_uri_bytes = head_limit(&mut e, "server.max_uri_bytes", raw.server.max_uri_bytes, DEFAULT_MAX_URI_BYTES);
@@ -172,6 +183,7 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
             max_header_bytes,
             max_uri_bytes,
             shutdown_grace,
+            workers,
             body_read_timeout,
             admin,
             access_log: raw

@@ -24,6 +24,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
+use super::upstream::TlsNames;
 use crate::config::{Upstream, UpstreamTls};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -33,13 +34,14 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub struct Connector {
     tcp: HttpConnector,
     tls: TlsConnector,
-    sni: Option<ServerName<'static>>,
+    /// The name each server is verified by (a URI names the resolved address).
+    names: TlsNames,
     /// The TLS handshake's share of `connect_timeout` is bounded by it too.
     timeout: Duration,
 }
 
 impl Connector {
-    pub fn new(upstream: &Upstream) -> Self {
+    pub fn new(upstream: &Upstream, names: TlsNames) -> Self {
         let mut tcp = HttpConnector::new();
         tcp.set_connect_timeout(Some(upstream.connect_timeout));
         tcp.set_nodelay(true);
@@ -48,7 +50,7 @@ impl Connector {
         Connector {
             tcp,
             tls: TlsConnector::from(Arc::new(client_config(&upstream.tls, upstream.http2))),
-            sni: upstream.tls.sni.clone(),
+            names,
             timeout: upstream.connect_timeout,
         }
     }
@@ -86,7 +88,8 @@ impl tower_service::Service<Uri> for Connector {
     fn call(&mut self, uri: Uri) -> Self::Future {
         let tls = uri.scheme() == Some(&Scheme::HTTPS);
         let connecting = self.tcp.call(uri.clone());
-        let (connector, sni, timeout) = (self.tls.clone(), self.sni.clone(), self.timeout);
+        let sni = uri.authority().and_then(|a| self.names.of(a));
+        let (connector, timeout) = (self.tls.clone(), self.timeout);
         Box::pin(async move {
             let tcp = connecting.await?;
             if !tls {

@@ -49,16 +49,16 @@ pub enum ProxyError {
     /// The client's request body broke off or was malformed (a bad chunk size, fewer
     /// bytes than its `Content-Length`) while it was being forwarded.
     #[error("the client's request body is malformed or incomplete: {source}")]
-    ClientBody { source: hyper_util::client::legacy::Error },
+    ClientBody { source: super::pool::SendError },
     /// No server of the upstream is in use: each failed lately (passive health).
     #[error("upstream {upstream}: all servers are out after failures")]
     NoServer { upstream: String },
     /// The server refused the connection or could not be reached in time.
     #[error("upstream {upstream} server {server} unreachable: {}", causes(.source))]
-    UpstreamUnreachable { upstream: String, server: Authority, source: hyper_util::client::legacy::Error },
+    UpstreamUnreachable { upstream: String, server: Authority, source: super::pool::SendError },
     /// The connection was made but the exchange failed (reset, malformed response).
     #[error("upstream {upstream} server {server} failed: {}", causes(.source))]
-    UpstreamFailed { upstream: String, server: Authority, source: hyper_util::client::legacy::Error },
+    UpstreamFailed { upstream: String, server: Authority, source: super::pool::SendError },
     /// No response headers within the upstream's `timeout`.
     #[error("upstream {upstream} server {server} sent no response within {timeout:?}")]
     UpstreamTimeout { upstream: String, server: Authority, timeout: Duration },

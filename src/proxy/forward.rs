@@ -1,10 +1,11 @@
-//! Sending a request to its upstream: a pooled keep-alive HTTP/1.1 client per upstream,
-//! the server chosen by `upstream`, a request that could not be sent tried on the next
+//! Sending a request to its upstream: keep-alive connections per server (`pool`), the
+//! server chosen by `upstream`, a request that could not be sent tried on the next
 //! server (`retry`), bodies streamed both ways, headers prepared for the next hop.
 
 use std::error::Error as _;
 use std::net::IpAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -12,8 +13,6 @@ use bytes::Bytes;
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderValue, Request, Response, StatusCode, Uri, header};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use smallvec::SmallVec;
 use tracing::warn;
 
@@ -22,18 +21,18 @@ use super::connect::Connector;
 use super::error::ProxyError;
 use super::headers::{keep_upgrade, remove_hop_by_hop, set_forwarded};
 use super::health::{self, Checker};
-use super::retry::{AttemptBody, Replayable};
-use super::upstream::{InFlight, ServerSet};
+use super::pool::{Checkout, Pool, SendError};
+use super::retry::Replayable;
+use super::upstream::{InFlight, ResolveMetrics, ServerSet};
 use crate::config::{ForwardedMode, Upstream, UpstreamHost};
 
-/// Idle keep-alive connections to an upstream are closed after this long.
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
-
 pub struct UpstreamClient {
-    servers: ServerSet,
+    servers: Arc<ServerSet>,
     timeout: Duration,
     retries: u32,
-    client: Client<Connector, AttemptBody>,
+    pool: Pool,
+    /// The servers speak HTTP/2 (requests carry scheme and authority, not `Host` alone).
+    http2: bool,
     /// The active health check, stopped with this client.
     _checker: Option<Checker>,
 }
@@ -51,27 +50,34 @@ pub struct Hop {
 }
 
 /// A response body from a server, which counts the request as in progress there until
-/// the body is dropped.
+/// the body is dropped, and gives its HTTP/1 connection back to the pool once read to
+/// the end (dropped before, the connection closes: it still carries the rest).
 pub struct UpstreamBody {
     body: Incoming,
+    checkout: Option<Checkout>,
+    /// The last frame has been read.
+    ended: bool,
     _in_flight: InFlight,
 }
 
 impl UpstreamClient {
-    pub fn new(upstream: &Upstream) -> Self {
+    pub fn new(upstream: &Upstream, resolve_metrics: ResolveMetrics) -> Self {
         if !upstream.tls.verify {
             warn!(upstream = %upstream.name, "TLS certificates of the servers are NOT verified (tls.verify: false): for tests only, never in production");
         }
-        let connector = Connector::new(upstream);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .http1_max_buf_size(crate::server::BUFFER_BYTES)
-            .http2_only(upstream.http2)
-            .build(connector.clone());
-        let servers = ServerSet::new(upstream);
+        let servers = ServerSet::new(upstream, resolve_metrics);
+        let connector = Connector::new(upstream, servers.tls_names());
+        let pool = Pool::new(connector.clone(), upstream.http2, crate::server::BUFFER_BYTES);
         let checker =
             upstream.health_check.as_ref().and_then(|c| health::start(&servers, c, connector, upstream.http2));
-        UpstreamClient { servers, timeout: upstream.timeout, retries: upstream.retries, client, _checker: checker }
+        UpstreamClient {
+            servers,
+            timeout: upstream.timeout,
+            retries: upstream.retries,
+            pool,
+            http2: upstream.http2,
+            _checker: checker,
+        }
     }
 
     pub fn servers(&self) -> &ServerSet {
@@ -97,6 +103,7 @@ impl UpstreamClient {
         let idempotent = parts.method.is_idempotent();
         let mut tried: SmallVec<[usize; 4]> = SmallVec::new();
         let mut failed = None;
+        self.servers.ready().await;
         loop {
             let Some(server) = self.servers.pick(balance_key, &tried, Instant::now()) else {
                 // After a failure that could be retried, the others are out or tried:
@@ -106,16 +113,17 @@ impl UpstreamClient {
                     ProxyError::NoServer { upstream: upstream.to_owned() }
                 }));
             };
-            tried.push(server.index());
+            tried.push(server.id());
             // No further attempt when retries are spent or every server has had its turn.
             let last = tried.len() > self.retries as usize || tried.len() == self.servers.len();
-            parts.uri = upstream_uri(&parts.uri, server.address(), server.tls());
+            parts.uri = upstream_uri(&parts.uri, server.address(), server.tls(), self.http2);
             match host {
-                UpstreamHost::Keep => {}
+                // HTTP/1 needs a `Host`; a client's HTTP/1.0 request may come without.
+                UpstreamHost::Keep if self.http2 || parts.headers.contains_key(header::HOST) => {}
                 UpstreamHost::Name(name) => _ = parts.headers.insert(header::HOST, name.clone()),
-                UpstreamHost::Server => {
+                UpstreamHost::Keep | UpstreamHost::Server => {
                     // An authority is always a valid field value.
-                    if let Ok(value) = HeaderValue::from_str(server.address().as_str()) {
+                    if let Ok(value) = HeaderValue::from_str(server.host().as_str()) {
                         parts.headers.insert(header::HOST, value);
                     }
                 }
@@ -131,24 +139,26 @@ impl UpstreamClient {
                 *req.headers_mut() = parts.headers.clone();
                 req
             };
-            let sent = tokio::time::timeout(self.timeout, self.client.request(req)).await;
+            let sent = tokio::time::timeout(self.timeout, self.pool.send(server.address(), server.tls(), req)).await;
             let address = server.address().clone();
             let error = match sent {
-                Ok(Ok(mut response)) => {
+                Ok(Ok((mut response, checkout))) => {
                     server.succeeded(upstream);
                     let switched = response.headers().get(header::UPGRADE).cloned();
                     remove_hop_by_hop(response.headers_mut());
                     let switching = upgrading && response.status() == StatusCode::SWITCHING_PROTOCOLS;
                     if let Some(protocol) = switched.filter(|_| switching) {
                         keep_upgrade(response.headers_mut(), protocol);
-                        return Ok(response.map(|body| UpstreamBody { body, _in_flight: server }));
+                        // The connection becomes the tunnel: never back in the pool.
+                        let body = |body| UpstreamBody { body, checkout: None, ended: false, _in_flight: server };
+                        return Ok(response.map(body));
                     }
                     // The client connection speaks HTTP/1.1 whatever the upstream spoke:
                     // hyper would otherwise answer `HTTP/1.0` and close the client's
                     // keep-alive connection. A body of unknown length (an HTTP/1.0
                     // upstream reading to EOF) is then sent chunked.
                     *response.version_mut() = http::Version::HTTP_11;
-                    return Ok(response.map(|body| UpstreamBody { body, _in_flight: server }));
+                    return Ok(response.map(|body| UpstreamBody { body, checkout, ended: false, _in_flight: server }));
                 }
                 Err(_) => {
                     server.failed(upstream, Instant::now());
@@ -167,7 +177,7 @@ impl UpstreamClient {
             };
             server.failed(upstream, Instant::now());
             let retry = !last && body.may_retry(&error, idempotent);
-            let error = if error.is_connect() {
+            let error = if let SendError::Connect(_) = error {
                 ProxyError::UpstreamUnreachable { upstream: upstream.to_owned(), server: address, source: error }
             } else {
                 ProxyError::UpstreamFailed { upstream: upstream.to_owned(), server: address, source: error }
@@ -184,7 +194,7 @@ impl UpstreamClient {
 /// Whether the exchange failed because the body being streamed from the client failed:
 /// hyper reports an error of the body it was sending as a "user" error whose cause is
 /// that body's own error, here the client connection's `hyper::Error`.
-fn client_body_failed(error: &hyper_util::client::legacy::Error) -> bool {
+fn client_body_failed(error: &SendError) -> bool {
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(e) = cause {
         if let Some(h) = e.downcast_ref::<hyper::Error>()
@@ -198,10 +208,17 @@ fn client_body_failed(error: &hyper_util::client::legacy::Error) -> bool {
     false
 }
 
-/// The target of a request for `server`: origin-form path and query, as the client sent
-/// it; the scheme tells the connector whether to speak TLS.
-fn upstream_uri(uri: &Uri, server: &Authority, tls: bool) -> Uri {
+/// The target of a request for `server`: the path and query as the client sent them,
+/// in origin form for HTTP/1 (an HTTP/1 client's own target is that already, kept as
+/// it is without building a new one); HTTP/2 also carries the scheme and `server`.
+fn upstream_uri(uri: &Uri, server: &Authority, tls: bool, http2: bool) -> Uri {
+    if !http2 && uri.scheme().is_none() && uri.authority().is_none() {
+        return uri.clone();
+    }
     let path = uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
+    if !http2 {
+        return Uri::from(path);
+    }
     let scheme = if tls { Scheme::HTTPS } else { Scheme::HTTP };
     // Scheme, authority and an origin-form path always build a valid URI.
     Uri::builder().scheme(scheme).authority(server.clone()).path_and_query(path).build().unwrap_or_default()
@@ -231,7 +248,12 @@ impl Body for UpstreamBody {
     type Error = hyper::Error;
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.body).poll_frame(cx);
+        if let Poll::Ready(None) = polled {
+            this.ended = true;
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -240,5 +262,15 @@ impl Body for UpstreamBody {
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
+    }
+}
+
+impl Drop for UpstreamBody {
+    fn drop(&mut self) {
+        if self.ended || self.body.is_end_stream() {
+            if let Some(checkout) = self.checkout.take() {
+                checkout.give_back();
+            }
+        }
     }
 }

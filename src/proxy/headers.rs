@@ -69,6 +69,19 @@ fn parse_hop(hop: &str) -> Option<IpAddr> {
 /// Removes the hop-by-hop fields (RFC 9110 §7.6.1): those named in `Connection`, and
 /// `Connection`, `Proxy-Connection`, `Keep-Alive`, `TE`, `Transfer-Encoding`, `Upgrade`.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry none of them: a look at the names present costs a few
+    // comparisons, six removals six lookups (a tenth of a request's header work).
+    let hop = [
+        &header::CONNECTION,
+        &PROXY_CONNECTION,
+        &KEEP_ALIVE,
+        &header::TE,
+        &header::TRANSFER_ENCODING,
+        &header::UPGRADE,
+    ];
+    if !headers.keys().any(|name| hop.contains(&name)) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -79,9 +92,7 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
     for name in named {
         headers.remove(name);
     }
-    for name in
-        [&header::CONNECTION, &PROXY_CONNECTION, &KEEP_ALIVE, &header::TE, &header::TRANSFER_ENCODING, &header::UPGRADE]
-    {
+    for name in hop {
         headers.remove(name);
     }
 }
@@ -131,7 +142,7 @@ pub fn set_forwarded(headers: &mut HeaderMap, peer: IpAddr, trusted_peer: bool, 
         }
         return;
     }
-    let peer = peer.to_canonical().to_string();
+    let peer = ip_text(peer.to_canonical());
     let chain = if trusted_peer {
         let earlier: Vec<&str> = headers.get_all(&X_FORWARDED_FOR).iter().filter_map(|v| v.to_str().ok()).collect();
         if earlier.is_empty() { peer } else { format!("{}, {peer}", earlier.join(", ")) }
@@ -152,9 +163,42 @@ pub fn set_forwarded(headers: &mut HeaderMap, peer: IpAddr, trusted_peer: bool, 
     }
 }
 
+/// An address as `Display` writes it. IPv4, what nearly every request carries, is
+/// written digit by digit: `Ipv4Addr`'s `Display` goes through the formatting machinery
+/// and cost more instructions per forwarded request than all other header work here.
+fn ip_text(ip: IpAddr) -> String {
+    let IpAddr::V4(v4) = ip else { return ip.to_string() };
+    let mut out = String::with_capacity(15);
+    for (i, octet) in v4.octets().into_iter().enumerate() {
+        if i > 0 {
+            out.push('.');
+        }
+        if octet >= 100 {
+            out.push(char::from(b'0' + octet / 100));
+        }
+        if octet >= 10 {
+            out.push(char::from(b'0' + octet / 10 % 10));
+        }
+        out.push(char::from(b'0' + octet % 10));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn addresses_are_written_as_display_writes_them() {
+        for text in ["0.0.0.0", "1.2.3.4", "10.0.99.100", "127.0.0.1", "255.255.255.255", "2001:db8::1", "::1"] {
+            let ip: IpAddr = text.parse().unwrap();
+            assert_eq!(ip_text(ip), ip.to_string());
+        }
+        for n in [0u32, 9, 10, 99, 100, 199, 200, 255, 0x0a0b_0c0d, u32::MAX] {
+            let ip = IpAddr::V4(n.into());
+            assert_eq!(ip_text(ip), ip.to_string());
+        }
+    }
 
     fn nets(list: &[&str]) -> Vec<IpNet> {
         list.iter().map(|n| n.parse().unwrap()).collect()

@@ -1,6 +1,10 @@
 //! The active health check of an upstream (`health_check`): every `interval`, `GET path`
 //! on each server at once; one that does not answer an expected status within `timeout`
-//! is out until a check passes. Runs while its upstream client lives.
+//! is out until a check passes. The servers checked are those of the moment, as names
+//! resolve to new addresses. Runs while its upstream client lives, until a reload stops
+//! its server set.
+
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::uri::Scheme;
@@ -25,26 +29,32 @@ impl Drop for Checker {
 }
 
 /// Starts checking the servers of `servers`; `None` outside a runtime (nothing to run on).
-pub fn start(servers: &ServerSet, check: &HealthCheck, connector: Connector, http2: bool) -> Option<Checker> {
+pub fn start(servers: &Arc<ServerSet>, check: &HealthCheck, connector: Connector, http2: bool) -> Option<Checker> {
     let runtime = tokio::runtime::Handle::try_current().ok()?;
     // Its own pool: checks neither take nor keep connections that requests use.
     let client = Client::builder(TokioExecutor::new()).http2_only(http2).build(connector);
-    let members: Vec<Member> = servers.members().collect();
-    let (upstream, check) = (servers.upstream().to_owned(), check.clone());
+    let (servers, check) = (Arc::clone(servers), check.clone());
     Some(Checker(runtime.spawn(async move {
+        let upstream = servers.upstream();
         let mut ticks = tokio::time::interval(check.interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            ticks.tick().await;
+            tokio::select! {
+                // Stopped first: a tick due at once must not check the servers once more.
+                biased;
+                () = servers.stopped() => return,
+                _ = ticks.tick() => {}
+            }
+            let members = servers.members();
             let probes = members.iter().map(|m| probe(&client, m, &check));
             for (member, outcome) in members.iter().zip(futures_util::future::join_all(probes).await) {
                 let changed = member.checked(outcome.is_ok());
                 match outcome {
                     Err(why) if changed => {
-                        warn!(upstream, server = %member.address(), why, "health check failed: server out")
+                        warn!(upstream, server = %member.describe(), why, "health check failed: server out")
                     }
                     Ok(status) if changed => {
-                        info!(upstream, server = %member.address(), %status, "health check passed: server back")
+                        info!(upstream, server = %member.describe(), %status, "health check passed: server back")
                     }
                     _ => {}
                 }
@@ -64,7 +74,7 @@ async fn probe(
     let mut req = Request::new(Empty::new());
     // Scheme, authority and a checked path always build a valid URI.
     *req.uri_mut() = uri.build().unwrap_or_default();
-    if let Ok(host) = HeaderValue::from_str(member.address().as_str()) {
+    if let Ok(host) = HeaderValue::from_str(member.host().as_str()) {
         req.headers_mut().insert(header::HOST, host);
     }
     let exchange = async {
@@ -82,4 +92,65 @@ async fn probe(
         list => list.contains(&status),
     };
     if expected { Ok(status) } else { Err(format!("status {status}")) }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+    use std::time::{Duration, Instant};
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+    use crate::proxy::upstream::ResolveMetrics;
+    use crate::proxy::upstream::tests::upstream;
+
+    /// A server that answers every request `204` and closes.
+    async fn answers_204() -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut head = [0; 1024];
+                    let _ = stream.read(&mut head).await;
+                    let _ = stream.write_all(b"HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n").await;
+                });
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn the_check_follows_the_addresses_a_name_resolves_to() {
+        let up = answers_204().await;
+        let down = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+        let upstream = upstream(&["svc.test:80"], 0);
+        let set = Arc::new(ServerSet::unresolved(&upstream, ResolveMetrics::default()));
+        set.apply(&[(0, Ok(vec![up]))]);
+        let check = HealthCheck {
+            path: http::uri::PathAndQuery::from_static("/healthz"),
+            interval: Duration::from_millis(20),
+            timeout: Duration::from_millis(500),
+            expect_status: vec![],
+        };
+        let _checker = start(&set, &check, Connector::new(&upstream, set.tls_names()), false).unwrap();
+        // The name now also resolves to an address where nothing listens.
+        set.apply(&[(0, Ok(vec![up, down]))]);
+        let picks_only_up = || {
+            (0..4).all(|_| set.pick(None, &[], Instant::now()).is_some_and(|f| f.address().as_str() == up.to_string()))
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !picks_only_up() {
+            assert!(Instant::now() < deadline, "the new address was never checked");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // A reload stops the check: a new address where nothing listens stays in.
+        set.stop();
+        let also_down = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+        set.apply(&[(0, Ok(vec![also_down]))]);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(set.pick(None, &[], Instant::now()).is_some(), "checked after stop");
+    }
 }

@@ -14,6 +14,8 @@ mod head;
 pub mod headers;
 mod health;
 mod log_budget;
+mod pool;
+mod resolve;
 pub mod response;
 mod retry;
 mod rewrite;
@@ -42,6 +44,7 @@ use error::ProxyError;
 use forward::{Hop, UpstreamClient};
 use log_budget::LogBudget;
 use response::ProxyBody;
+pub use upstream::ResolveMetrics;
 
 /// `tracing::event!` at a level known only at run time (its callsites need a constant).
 macro_rules! event_at {
@@ -93,6 +96,11 @@ impl Proxy {
     pub fn reloaded(config: Config, old: &Proxy) -> std::io::Result<(Self, Vec<String>, Vec<String>)> {
         // Opened first: a log that cannot be opened fails the reload before any state moves.
         let access_log = config.access_log.as_ref().map(AccessLog::open).transpose()?;
+        // The old configuration's lookups and health checks end now; its requests in
+        // progress finish with the servers as they are.
+        for upstream in &old.upstreams {
+            upstream.servers().stop();
+        }
         let (gate, kept, fresh) = Gate::reloaded(&config, &old.gate);
         let metrics = old.metrics.reloaded(&config, &gate);
         Ok((Proxy::assemble(config, gate, metrics, access_log), kept, fresh))
@@ -110,12 +118,14 @@ impl Proxy {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(flush_log_budgets(Arc::downgrade(&log_budgets), levels, gate.clock().clone()));
         }
+        let upstreams =
+            config.upstreams.iter().map(|u| UpstreamClient::new(u, metrics.upstream_resolution(&u.name))).collect();
         Proxy {
             access_log,
             log_budgets,
             metrics: Arc::new(metrics),
             gate,
-            upstreams: config.upstreams.iter().map(UpstreamClient::new).collect(),
+            upstreams,
             quotas: config.limits.iter().map(response::quotas).collect(),
             config,
         }
@@ -208,13 +218,12 @@ impl Proxy {
         // An exempt request skips the route's limits altogether.
         let limits = if route.allow.admits(&src) { &[][..] } else { &route.limits[..] };
         self.refuse_duplicated_keys(limits, &src)?;
-        let cost = self.cost(route, req.headers())?;
+        let cost = request_cost(config, self.limiters(), route, req.headers())?;
         let decision = self.gate.decide(limits, &src, cost).await;
+        let outcome = RequestOutcome::of(&decision, &config.limits);
         let (standings, permits, pending) = match decision {
             Decision::Reject { status, retry_after, standings, .. } => {
                 self.log_outcomes(route, &standings, &src, true);
-                let banned = standings.iter().any(|s| s.banned && !config.limits[s.limit].dry_run);
-                let outcome = if banned { RequestOutcome::Banned } else { RequestOutcome::Rejected };
                 self.metrics.request(index, outcome);
                 trace.outcome = Some(outcome);
                 let violated: SmallVec<[&str; 2]> = standings
@@ -230,12 +239,6 @@ impl Proxy {
             }
             Decision::Pass { wait, standings, permits, pending, .. } => {
                 self.log_outcomes(route, &standings, &src, false);
-                let dry_rejected = standings.iter().any(|s| matches!(s.outcome, Outcome::Rejected(_)));
-                let outcome = match (dry_rejected, wait.is_zero()) {
-                    (true, _) => RequestOutcome::DryRunRejected,
-                    (false, true) => RequestOutcome::Passed,
-                    (false, false) => RequestOutcome::Delayed,
-                };
                 self.metrics.request(index, outcome);
                 trace.outcome = Some(outcome);
                 if !wait.is_zero() {
@@ -341,30 +344,6 @@ impl Proxy {
         Ok(())
     }
 
-    /// What the request weighs in the route's limits.
-    fn cost(&self, route: &Route, headers: &http::HeaderMap) -> Result<u64, ProxyError> {
-        let name = match &route.cost {
-            Cost::Fixed(cost) => return Ok(*cost), // checked against the limits at load
-            Cost::Header(name) => name,
-        };
-        let Some(value) = headers.get(name) else { return Ok(1) };
-        let cost = value.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok()).filter(|&c| c >= 1);
-        let cost = cost.ok_or_else(|| ProxyError::InvalidCost {
-            header: name.to_string(),
-            value: String::from_utf8_lossy(value.as_bytes()).into_owned(),
-        })?;
-        // Against the route's limits and the limits their overrides may hand it to.
-        let limits = &self.config.limits;
-        let candidates =
-            route.limits.iter().flat_map(|&i| std::iter::once(i).chain(limits[i].overrides.iter().map(|o| o.1)));
-        for limit in candidates {
-            if let Some(capacity) = self.limiters().capacity(limit).filter(|&c| cost > c) {
-                return Err(ProxyError::CostTooHigh { cost, limit: limits[limit].name.clone(), capacity });
-            }
-        }
-        Ok(cost)
-    }
-
     fn add_ratelimit_headers(&self, response: &mut Response<ProxyBody>, standings: &[Standing]) {
         let style = self.config.ratelimit_header_style;
         response::add_ratelimit_headers(response.headers_mut(), standings, &self.quotas, style);
@@ -413,6 +392,36 @@ impl Proxy {
         }
         take.write
     }
+}
+
+/// What a request with `headers` weighs in the limits of `route`, as `limiters` (those of
+/// `config`) can admit it.
+pub fn request_cost(
+    config: &Config,
+    limiters: &Limiters,
+    route: &Route,
+    headers: &http::HeaderMap,
+) -> Result<u64, ProxyError> {
+    let name = match &route.cost {
+        Cost::Fixed(cost) => return Ok(*cost), // checked against the limits at load
+        Cost::Header(name) => name,
+    };
+    let Some(value) = headers.get(name) else { return Ok(1) };
+    let cost = value.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok()).filter(|&c| c >= 1);
+    let cost = cost.ok_or_else(|| ProxyError::InvalidCost {
+        header: name.to_string(),
+        value: String::from_utf8_lossy(value.as_bytes()).into_owned(),
+    })?;
+    // Against the route's limits and the limits their overrides may hand it to.
+    let limits = &config.limits;
+    let candidates =
+        route.limits.iter().flat_map(|&i| std::iter::once(i).chain(limits[i].overrides.iter().map(|o| o.1)));
+    for limit in candidates {
+        if let Some(capacity) = limiters.capacity(limit).filter(|&c| cost > c) {
+            return Err(ProxyError::CostTooHigh { cost, limit: limits[limit].name.clone(), capacity });
+        }
+    }
+    Ok(cost)
 }
 
 /// What the request path found out about a request, for its access log line.

@@ -15,6 +15,7 @@ use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
 
 use super::body::RequestBody;
+use super::pool::SendError;
 
 type BoxError = Box<dyn StdError + Send + Sync>;
 
@@ -58,7 +59,7 @@ impl Replayable {
 
     /// Whether a request that failed with `error` before its response may be tried on
     /// another server.
-    pub fn may_retry(&self, error: &hyper_util::client::legacy::Error, idempotent: bool) -> bool {
+    pub fn may_retry(&self, error: &SendError, idempotent: bool) -> bool {
         let (taken, empty) = match &self.shared {
             None => (false, true),
             Some(s) => (lock(s).taken, false),
@@ -66,15 +67,18 @@ impl Replayable {
         if taken {
             return false;
         }
-        // Nothing was sent on a connection that was never made.
-        error.is_connect() || (closed_before_response(error) && (idempotent || !empty))
+        match error {
+            // Nothing was sent on a connection that was never made.
+            SendError::Connect(_) => true,
+            SendError::Exchange(e) => closed_before_response(e) && (idempotent || !empty),
+        }
     }
 }
 
 /// The connection closed or was reset with no response yet (not: a malformed response,
 /// whose bytes did arrive).
-fn closed_before_response(error: &hyper_util::client::legacy::Error) -> bool {
-    let mut source = error.source();
+fn closed_before_response(error: &hyper::Error) -> bool {
+    let mut source: Option<&(dyn StdError + 'static)> = Some(error);
     while let Some(e) = source {
         if let Some(e) = e.downcast_ref::<hyper::Error>()
             && (e.is_incomplete_message() || e.is_canceled())

@@ -65,10 +65,16 @@ impl Backend {
         Backend::serve(Wire::Http2).await
     }
 
-    /// The same backend over TLS (HTTP/1.1), with a certificate for `localhost` and
-    /// 127.0.0.1 from a private CA made now; returns the CA's certificate in PEM.
+    /// The same backend over TLS (HTTP/2 when the client asks for `h2` by ALPN, else
+    /// HTTP/1.1), with a certificate for `localhost` and 127.0.0.1 from a private CA made
+    /// now; returns the CA's certificate in PEM.
     pub async fn start_tls() -> (Backend, String) {
-        let (acceptor, ca) = private_ca_acceptor();
+        Backend::start_tls_for(&["localhost", "127.0.0.1"]).await
+    }
+
+    /// The same with a certificate for `names` only.
+    pub async fn start_tls_for(names: &[&str]) -> (Backend, String) {
+        let (acceptor, ca) = private_ca_acceptor(names);
         (Backend::serve(Wire::Tls(acceptor)).await, ca)
     }
 
@@ -158,9 +164,15 @@ impl Backend {
                         let handshake = acceptor.accept(stream);
                         tokio::spawn(async move {
                             let Ok(stream) = handshake.await else { return };
-                            let _ = hyper::server::conn::http1::Builder::new()
-                                .serve_connection(TokioIo::new(stream), service)
-                                .await;
+                            if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+                                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                                    .serve_connection(TokioIo::new(stream), service)
+                                    .await;
+                            } else {
+                                let _ = hyper::server::conn::http1::Builder::new()
+                                    .serve_connection(TokioIo::new(stream), service)
+                                    .await;
+                            }
                         })
                     }
                 };
@@ -200,9 +212,9 @@ enum Wire {
     Tls(tokio_rustls::TlsAcceptor),
 }
 
-/// A TLS acceptor with a certificate for `localhost` and 127.0.0.1 signed by a CA made
-/// for this call, and that CA's certificate in PEM.
-fn private_ca_acceptor() -> (tokio_rustls::TlsAcceptor, String) {
+/// A TLS acceptor with a certificate for `names` signed by a CA made for this call, and
+/// that CA's certificate in PEM.
+fn private_ca_acceptor(names: &[&str]) -> (tokio_rustls::TlsAcceptor, String) {
     use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
     let ca_key = KeyPair::generate().unwrap();
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
@@ -210,17 +222,18 @@ fn private_ca_acceptor() -> (tokio_rustls::TlsAcceptor, String) {
     let ca = ca_params.self_signed(&ca_key).unwrap();
     let issuer = Issuer::new(ca_params, ca_key);
     let key = KeyPair::generate().unwrap();
-    let leaf = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+    let leaf = CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
         .unwrap()
         .signed_by(&key, &issuer)
         .unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_no_client_auth()
         .with_single_cert(vec![leaf.der().clone()], rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()))
         .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     (tokio_rustls::TlsAcceptor::from(Arc::new(config)), ca.pem())
 }
 
@@ -294,6 +307,12 @@ impl Sluicegate {
             std::thread::sleep(Duration::from_millis(5));
         }
         Err(log.lock().unwrap().clone())
+    }
+
+    /// The names of the process's threads.
+    pub fn threads(&self) -> Vec<String> {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", self.child.id())).unwrap();
+        tasks.map(|t| std::fs::read_to_string(t.unwrap().path().join("comm")).unwrap().trim().to_owned()).collect()
     }
 
     /// The resident memory of the process, in bytes.

@@ -279,6 +279,18 @@ fn connection_limits_are_bounded() {
 }
 
 #[test]
+fn worker_counts_are_bounded() {
+    let (out, stderr) = check("listen: 127.0.0.1:0\nserver:\n  workers: 0\n");
+    assert!(!out.status.success());
+    assert!(stderr.contains("FILE:3:12: server.workers: must be from 1 to 1024, not 0"), "{stderr}");
+    let (out, stderr) = check("listen: 127.0.0.1:0\nserver: { workers: 1025 }\n");
+    assert!(stderr.contains("server.workers: must be from 1 to 1024, not 1025"), "{stderr}");
+    assert!(!out.status.success());
+    let (out, stderr) = check("listen: 127.0.0.1:0\nserver: { workers: 1 }\n");
+    assert!(out.status.success(), "{stderr}");
+}
+
+#[test]
 fn head_limits_are_bounded() {
     let yaml = "listen: 127.0.0.1:0\nserver:\n  max_header_bytes: 100\n  max_uri_bytes: 2000000\n";
     let (out, stderr) = check(yaml);
@@ -528,6 +540,26 @@ fn check_reports_an_upstream_host_that_does_not_resolve() {
         errors[0].starts_with("FILE:4:33: upstreams.app.servers[1]: host \"nonexistent.invalid\" does not resolve: "),
         "{stderr}"
     );
+}
+
+#[test]
+fn resolve_interval_is_a_positive_duration_or_off() {
+    let yaml = |interval: &str| {
+        format!(
+            "listen: 127.0.0.1:0\nupstreams:\n  app: {{ servers: [\"127.0.0.1:1\"], resolve_interval: {interval} }}\n"
+        )
+    };
+    for good in ["off", "5s", "1m"] {
+        let (out, stderr) = check(&yaml(good));
+        assert!(out.status.success(), "{good}: {stderr}");
+    }
+    let (_, stderr) = check(&yaml("0s"));
+    assert!(
+        stderr.contains("FILE:3:54: upstreams.app.resolve_interval: must be longer than zero, or `off`"),
+        "{stderr}"
+    );
+    let (_, stderr) = check(&yaml("never"));
+    assert!(stderr.contains("upstreams.app.resolve_interval: invalid duration \"never\""), "{stderr}");
 }
 
 #[test]

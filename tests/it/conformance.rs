@@ -15,10 +15,10 @@ use sluicegate::policy::key::KeySource;
 use crate::common::*;
 
 #[derive(Deserialize)]
-struct Scenario {
-    scenario: String,
+pub struct Scenario {
+    pub scenario: String,
     limit: LimitDef,
-    requests: Vec<Recorded>,
+    pub requests: Vec<Recorded>,
 }
 
 #[derive(Deserialize)]
@@ -31,14 +31,14 @@ struct LimitDef {
 }
 
 #[derive(Deserialize)]
-struct Recorded {
-    t_ms: u64,
-    key: Option<String>,
-    status: u16,
+pub struct Recorded {
+    pub t_ms: u64,
+    pub key: Option<String>,
+    pub status: u16,
     latency_ms: f64,
 }
 
-fn scenarios() -> Vec<Scenario> {
+pub fn scenarios() -> Vec<Scenario> {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/nginx-limit-req");
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
@@ -51,7 +51,7 @@ fn scenarios() -> Vec<Scenario> {
 }
 
 /// The sluicegate equivalent of the scenario's `limit_req` line.
-fn policy_yaml(s: &Scenario) -> String {
+pub fn policy_yaml(s: &Scenario) -> String {
     let l = &s.limit;
     let mut limit = format!("key: \"header:x-key\", rate: {}", l.rate);
     if l.burst > 0 {
@@ -70,7 +70,7 @@ fn policy_yaml(s: &Scenario) -> String {
 
 /// nginx's delay of each request: its latency less the scenario's fastest answer (the
 /// cost of a round trip through nginx).
-fn nginx_delays_ms(s: &Scenario) -> Vec<f64> {
+pub fn nginx_delays_ms(s: &Scenario) -> Vec<f64> {
     let base = s.requests.iter().map(|r| r.latency_ms).fold(f64::INFINITY, f64::min);
     s.requests.iter().map(|r| r.latency_ms - base).collect()
 }
@@ -78,7 +78,7 @@ fn nginx_delays_ms(s: &Scenario) -> Vec<f64> {
 /// How close a delay must be: 5 ms, plus 0.5 % of the delay, because nginx's timers run
 /// late by about 3 ms per second of delay (1008, 2009, 3011 ms recorded for 1, 2, 3 s in
 /// `09_per_minute_delay`) where ours fire on time.
-fn tolerance_ms(nginx: f64) -> f64 {
+pub fn tolerance_ms(nginx: f64) -> f64 {
     5.0 + nginx * 0.005
 }
 

@@ -40,7 +40,7 @@ async fn a_flood_of_rejections_writes_a_few_lines_a_second_and_one_summary() {
 }
 
 /// The access log's lines, once `n` are written (at most 10 s).
-fn access_lines(path: &std::path::Path, n: usize) -> Vec<String> {
+pub fn access_lines(path: &std::path::Path, n: usize) -> Vec<String> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         let text = std::fs::read_to_string(path).unwrap_or_default();

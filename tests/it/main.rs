@@ -4,6 +4,7 @@
 
 mod admin;
 mod algorithms;
+mod bench;
 mod bodies;
 mod common;
 mod concurrency;
@@ -25,6 +26,7 @@ mod paths;
 mod redis;
 mod reload;
 mod server;
+mod simulate;
 mod tls;
 mod upgrades;
 mod upstreams;

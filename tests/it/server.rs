@@ -201,3 +201,17 @@ async fn default_head_limits_hold_on_http1_and_http2() {
     assert_eq!(reply.status, 200);
     assert_eq!(backend.hits().len(), 1);
 }
+
+#[tokio::test]
+async fn server_workers_is_the_number_of_threads_serving_requests() {
+    let backend = Backend::start().await;
+    let workers = |sg: &Sluicegate| sg.threads().iter().filter(|t| t.starts_with("tokio-r")).count();
+    let three = Sluicegate::start(&forwarding_config(&backend, "{ workers: 3 }"));
+    // At least: blocking threads (none expected here) would carry the same name.
+    assert!(workers(&three) >= 3, "{:?}", three.threads());
+    // One worker is the main thread alone, and it serves concurrent requests.
+    let one = Sluicegate::start(&forwarding_config(&backend, "{ workers: 1 }"));
+    let replies = futures_util::future::join_all((0..16).map(|_| get(one.addr, "/", &[]))).await;
+    assert!(replies.iter().all(|r| r.status == 200));
+    assert_eq!(workers(&one), 0, "{:?}", one.threads());
+}

@@ -2,13 +2,16 @@
 //! balancing, against real backends that die, stall or close without answering.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full};
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
+use tokio::sync::Notify;
 
 use crate::common::*;
 
@@ -231,6 +234,19 @@ async fn an_https_server_with_a_private_ca_is_verified_against_ca_file() {
     assert_eq!(backend.hits().len(), 2);
 }
 
+#[tokio::test]
+async fn an_https_server_is_spoken_to_in_http2_when_alpn_agrees_on_h2() {
+    let (backend, ca) = Backend::start_tls().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, &ca).unwrap();
+    let server = format!("\"https://localhost:{}\"", backend.addr.port());
+    let sg = start(&[server], &format!(", http2: true, tls: {{ ca_file: \"{}\" }}", ca_file.display()));
+    let r = post(sg.addr, "/upload", "twelve bytes").await;
+    assert_eq!((r.status, r.text().as_str()), (200, "12"));
+    assert_eq!(backend.hits()[0].version, http::Version::HTTP_2);
+}
+
 // Several threads: the backends must answer checks while this thread waits on the log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_failing_its_health_check_gets_no_requests_until_one_passes() {
@@ -253,4 +269,148 @@ async fn a_server_failing_its_health_check_gets_no_requests_until_one_passes() {
     sg.wait_for_log(|log| log.contains("health check failed: server out"));
     assert_eq!(get(sg.addr, "/x", &[]).await.status, 502);
     assert!(sg.wait_for_log(|log| log.contains("all servers of the upstream are out")).contains("all servers"));
+}
+
+/// `/metrics` of `sg`, whose configuration has an admin listener.
+async fn metrics(sg: &Sluicegate) -> String {
+    get(sg.admin_addr(), "/metrics", &[]).await.text()
+}
+
+/// The value of the series `name{upstream="UPSTREAM"}` in `metrics`, if it is there.
+fn series(metrics: &str, name: &str, upstream: &str) -> Option<f64> {
+    let prefix = format!("{name}{{upstream=\"{upstream}\"}} ");
+    metrics.lines().find_map(|l| l.strip_prefix(&prefix)).map(|v| v.parse().unwrap())
+}
+
+#[tokio::test]
+async fn an_https_server_written_by_name_is_verified_by_that_name_not_by_the_address_it_resolves_to() {
+    // The certificate holds the name only: verifying the resolved 127.0.0.1 would fail.
+    let (backend, ca) = Backend::start_tls_for(&["localhost"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, &ca).unwrap();
+    let port = backend.addr.port();
+    let sg = Sluicegate::start(&format!(
+        "listen: 127.0.0.1:0\nadmin: {{ listen: 127.0.0.1:0 }}\nupstreams:\n  app: {{ servers: [\"https://localhost:{port}\"], tls: {{ ca_file: \"{}\" }} }}\nroutes:\n  - upstream: app\n    upstream_host: server\n",
+        ca_file.display()
+    ));
+    for _ in 0..3 {
+        assert_eq!(get(sg.addr, "/x", &[]).await.status, 200);
+    }
+    // `upstream_host: server` sends the server as written, not its address.
+    assert!(backend.hits().iter().all(|h| h.headers["host"] == format!("localhost:{port}").as_str()));
+    // This machine's /etc/hosts gives localhost one address.
+    assert_eq!(series(&metrics(&sg).await, "sluicegate_upstream_addresses", "app"), Some(1.0));
+}
+
+#[tokio::test]
+async fn a_host_name_that_does_not_resolve_has_no_server_and_is_looked_up_again_logged_once() {
+    let backend = Backend::start().await;
+    // RFC 6761: `.invalid` never resolves.
+    let sg = Sluicegate::start(&format!(
+        "listen: 127.0.0.1:0\nadmin: {{ listen: 127.0.0.1:0 }}\nupstreams:\n  app: {{ servers: [\"nowhere.invalid:80\", \"{}\"] }}\n  gone: {{ servers: [\"nowhere.invalid:80\"] }}\nroutes:\n  - match: {{ path_prefix: /gone }}\n    upstream: gone\n  - upstream: app\n",
+        backend.addr
+    ));
+    // The other server takes every request: the name has no server to fail.
+    for _ in 0..6 {
+        assert_eq!(get(sg.addr, "/x", &[]).await.status, 200);
+    }
+    assert_eq!(backend.hits().len(), 6);
+    let started = Instant::now();
+    assert_eq!(get(sg.addr, "/gone", &[]).await.status, 502);
+    assert!(started.elapsed() < Duration::from_millis(500), "{:?}", started.elapsed());
+    let log = sg.wait_for_log(|log| log.contains("all servers of the upstream are out"));
+    assert!(log.contains("nowhere.invalid:80 (no address)"), "{log}");
+    let m = metrics(&sg).await;
+    assert_eq!(series(&m, "sluicegate_upstream_addresses", "app"), Some(1.0), "{m}");
+    assert_eq!(series(&m, "sluicegate_upstream_addresses", "gone"), Some(0.0), "{m}");
+    // Tried again a second later (then 2 s, 4 s… later), logged only the first time.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let failures = series(&metrics(&sg).await, "sluicegate_upstream_resolve_failures_total", "gone");
+        if failures.unwrap_or(0.0) >= 2.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not looked up again: {failures:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let lines = |upstream: &str| {
+        sg.log()
+            .lines()
+            .filter(|l| {
+                l.contains("upstream host name did not resolve") && l.contains(&format!("\"upstream\":\"{upstream}\""))
+            })
+            .count()
+    };
+    assert_eq!((lines("app"), lines("gone")), (1, 1), "{}", sg.log());
+}
+
+#[tokio::test]
+async fn a_reload_looks_names_up_again_and_drops_the_address_count_of_an_upstream_it_removed() {
+    let (a, b) = (Backend::start().await, Backend::start().await);
+    let yaml = |port: u16, extra: &str| {
+        format!(
+            "listen: 127.0.0.1:0\nadmin: {{ listen: 127.0.0.1:0 }}\nupstreams:\n  app: {{ servers: [\"localhost:{port}\"], resolve_interval: off }}\n{extra}routes:\n  - upstream: app\n"
+        )
+    };
+    let sg = Sluicegate::start(&yaml(a.addr.port(), "  old: { servers: [\"127.0.0.1:1\"] }\n"));
+    assert_eq!(get(sg.addr, "/x", &[]).await.status, 200);
+    assert_eq!(series(&metrics(&sg).await, "sluicegate_upstream_addresses", "old"), Some(1.0));
+    let log = sg.reload(&yaml(b.addr.port(), ""));
+    assert!(log.contains("configuration reloaded"), "{log}");
+    assert_eq!(get(sg.addr, "/x", &[]).await.status, 200);
+    assert_eq!((a.hits().len(), b.hits().len()), (1, 1));
+    let m = metrics(&sg).await;
+    assert_eq!(series(&m, "sluicegate_upstream_addresses", "app"), Some(1.0), "{m}");
+    assert_eq!(series(&m, "sluicegate_upstream_addresses", "old"), None, "{m}");
+}
+
+/// A server that answers `per_connection` requests on each connection (`200 ok`, kept
+/// alive) and then closes it silently, as a server whose keep-alive timeout ran out
+/// does; it counts the connections it accepted and signals each close.
+async fn answers_then_hangs_up(per_connection: usize) -> (SocketAddr, Arc<AtomicUsize>, Arc<Notify>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (accepted, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(Notify::new()));
+    let (count, signal) = (Arc::clone(&accepted), Arc::clone(&closed));
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            let signal = Arc::clone(&signal);
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                for _ in 0..per_connection {
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        let mut buf = [0; 4096];
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    head.clear();
+                    let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                    if stream.write_all(ok).await.is_err() {
+                        return;
+                    }
+                }
+                drop(stream);
+                signal.notify_one();
+            });
+        }
+    });
+    (addr, accepted, closed)
+}
+
+#[tokio::test]
+async fn upstream_connections_are_kept_alive_and_one_the_server_closed_is_replaced_unnoticed() {
+    let (backend, accepted, closed) = answers_then_hangs_up(3).await;
+    let sg = start(&[quoted(backend)], "");
+    for _ in 0..3 {
+        assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 1, "three requests in a row share one connection");
+    closed.notified().await;
+    // Not idempotent, so not retried after a send: it must go on a live connection.
+    assert_eq!(post(sg.addr, "/", "").await.status, 200);
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
 }

@@ -52,6 +52,11 @@ pub fn rejected(
     let title = status.canonical_reason().unwrap_or("Rejected");
     let retry_after = ceil_secs(retry_after).max(1);
     let mut response = match body {
+        // The default status's body is a constant: no formatting, no allocation, for
+        // what a flood of rejections answers over and over.
+        RejectionBody::Text if status == StatusCode::TOO_MANY_REQUESTS => {
+            made_here(status, Bytes::from_static(b"Too Many Requests\n"))
+        }
         RejectionBody::Text => made_here(status, format!("{title}\n")),
         RejectionBody::ProblemJson => {
             // Limit names are letters, digits, '_', '-' and '.': nothing to escape.

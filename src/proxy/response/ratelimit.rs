@@ -1,9 +1,10 @@
 //! The rate-limit header fields (draft-ietf-httpapi-ratelimit-headers, or the legacy
 //! `X-RateLimit-*`) that tell a client where it stands, on any response.
 
+use std::fmt::Write as _;
+
 use http::HeaderMap;
 use http::header::{HeaderName, HeaderValue};
-use smallvec::SmallVec;
 
 use super::ceil_secs;
 use crate::config::{HeaderStyle, Limit, Policy};
@@ -16,6 +17,9 @@ static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 pub struct Quota {
     /// The `RateLimit-Policy` item, e.g. `"per_ip";q=10;w=1`.
     pub item: String,
+    /// The item as a field value, for a response that names one limit: the field is then
+    /// a copy of it, made without formatting or allocating.
+    pub policy: Option<HeaderValue>,
     /// Its name.
     pub name: String,
     /// Its `q`: requests per window (or in flight, for a concurrency limit).
@@ -43,7 +47,7 @@ fn quota(name: &str, policy: &Policy) -> Quota {
         | Policy::SlidingWindow { limit, window }
         | Policy::SlidingLog { limit, window } => (limit, window),
         Policy::Concurrency { max, .. } => {
-            return Quota { item: format!("\"{name}\";q={max}"), name: name.to_owned(), quota: max };
+            return Quota::new(format!("\"{name}\";q={max}"), name, max);
         }
     };
     let (q, w) = if per.subsec_nanos() == 0 {
@@ -52,7 +56,13 @@ fn quota(name: &str, policy: &Policy) -> Quota {
         let per_second = u128::from(count) * 1_000_000_000 / per.as_nanos().max(1);
         (u64::try_from(per_second).unwrap_or(u64::MAX).max(1), 1)
     };
-    Quota { item: format!("\"{name}\";q={q};w={w}"), name: name.to_owned(), quota: q }
+    Quota::new(format!("\"{name}\";q={q};w={w}"), name, q)
+}
+
+impl Quota {
+    fn new(item: String, name: &str, quota: u64) -> Self {
+        Quota { policy: HeaderValue::from_str(&item).ok(), item, name: name.to_owned(), quota }
+    }
 }
 
 static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -72,31 +82,32 @@ pub fn add_ratelimit_headers(
     let Some(tightest) = standings.iter().min_by_key(|s| (s.remaining, std::cmp::Reverse(s.reset))) else {
         return;
     };
-    let mut fields: SmallVec<[(&HeaderName, String); 5]> = SmallVec::new();
+    let quota = |s: &Standing| &quotas[s.limit][s.window];
     if style != HeaderStyle::Legacy {
-        let mut policy = String::new();
-        let mut current = String::new();
+        let policy = match standings {
+            [one] => quota(one).policy.clone(),
+            _ => HeaderValue::try_from(standings.iter().map(|s| quota(s).item.as_str()).collect::<Vec<_>>().join(", "))
+                .ok(),
+        };
+        let mut current = String::with_capacity(32 * standings.len());
         for s in standings {
-            if !policy.is_empty() {
-                policy.push_str(", ");
+            if !current.is_empty() {
                 current.push_str(", ");
             }
-            let quota = &quotas[s.limit][s.window];
-            policy.push_str(&quota.item);
-            current.push_str(&format!("\"{}\";r={};t={}", quota.name, s.remaining, ceil_secs(s.reset)));
+            // Writing to a `String` cannot fail.
+            let _ = write!(current, "\"{}\";r={};t={}", quota(s).name, s.remaining, ceil_secs(s.reset));
         }
-        fields.push((&RATELIMIT_POLICY, policy));
-        fields.push((&RATELIMIT, current));
+        if let Some(policy) = policy {
+            headers.insert(&RATELIMIT_POLICY, policy);
+        }
+        if let Ok(current) = HeaderValue::try_from(current) {
+            headers.insert(&RATELIMIT, current);
+        }
     }
     if style != HeaderStyle::Draft {
-        fields.push((&X_RATELIMIT_LIMIT, quotas[tightest.limit][tightest.window].quota.to_string()));
-        fields.push((&X_RATELIMIT_REMAINING, tightest.remaining.to_string()));
-        fields.push((&X_RATELIMIT_RESET, ceil_secs(tightest.reset).to_string()));
-    }
-    for (name, value) in fields {
-        if let Ok(value) = HeaderValue::try_from(value) {
-            headers.insert(name, value);
-        }
+        headers.insert(&X_RATELIMIT_LIMIT, HeaderValue::from(quota(tightest).quota));
+        headers.insert(&X_RATELIMIT_REMAINING, HeaderValue::from(tightest.remaining));
+        headers.insert(&X_RATELIMIT_RESET, HeaderValue::from(ceil_secs(tightest.reset)));
     }
 }
 

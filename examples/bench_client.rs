@@ -1,0 +1,65 @@
+//! A load driver for instruction counts (`benches/wrk/instructions.sh`): sends exactly N
+//! `GET /` requests over C keep-alive HTTP/1.1 connections, each connection one request
+//! at a time, and exits. Under `valgrind --tool=callgrind` the proxy's instruction
+//! count divided by N is its cost per request, free of the noise wall-clock figures
+//! carry on a shared machine; wrk cannot stop after an exact number of requests.
+//!
+//!     bench_client ADDR REQUESTS [CONNECTIONS]
+//!
+//! Prints the status codes it got (`200: N`); exits non-zero if a request failed.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::{BodyExt, Empty};
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+fn main() -> Result<(), Error> {
+    let mut args = std::env::args().skip(1);
+    let usage = "usage: bench_client ADDR REQUESTS [CONNECTIONS]";
+    let addr = args.next().ok_or(usage)?;
+    let requests: usize = args.next().ok_or(usage)?.parse()?;
+    let connections: usize = args.next().map_or(Ok(8), |c| c.parse())?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let counts = runtime.block_on(async {
+        let mut tasks = Vec::new();
+        for c in 0..connections {
+            // The requests spread evenly; the first connections take the remainder.
+            let share = requests / connections + usize::from(c < requests % connections);
+            tasks.push(tokio::spawn(drive(addr.clone(), share)));
+        }
+        let mut counts = BTreeMap::new();
+        for task in tasks {
+            for (status, n) in task.await?? {
+                *counts.entry(status).or_insert(0) += n;
+            }
+        }
+        Ok::<_, Error>(counts)
+    })?;
+    for (status, n) in counts {
+        println!("{status}: {n}");
+    }
+    Ok(())
+}
+
+/// `requests` requests one after another on one connection; counts by status.
+async fn drive(addr: String, requests: usize) -> Result<BTreeMap<u16, usize>, Error> {
+    let stream = TcpStream::connect(&addr).await?;
+    stream.set_nodelay(true)?;
+    let (mut sender, connection) = http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(connection);
+    let mut counts = BTreeMap::new();
+    for _ in 0..requests {
+        let req = Request::get("/").header(http::header::HOST, &addr).body(Empty::<Bytes>::new())?;
+        let response = sender.send_request(req).await?;
+        *counts.entry(response.status().as_u16()).or_insert(0) += 1;
+        response.into_body().collect().await?;
+        sender.ready().await?;
+    }
+    Ok(counts)
+}

@@ -1,0 +1,296 @@
+//! One configuration replaying logged requests on a virtual clock, through the same
+//! phases as the proxy: client address, host, normalized path, route, allow-list,
+//! cost, and the gate's decision (`decide`, the one call into it).
+//!
+//! Concurrency slots and `count:` admissions are held from a request's virtual arrival
+//! to its end (arrival + the wait decided + the duration the log gives), in a queue
+//! ordered by end: every request that has ended by the next arrival is settled with
+//! its logged status and gives its slots back first.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::time::Duration;
+
+use super::ByKey;
+use super::format::{Carried, Logged};
+use super::report::Tally;
+use crate::clock::{ManualClock, Nanos};
+use crate::config::{Config, Scope};
+use crate::gate::{Decision, Gate, Pending, Permits};
+use crate::limit::Outcome;
+use crate::metrics::RequestOutcome;
+use crate::path;
+use crate::policy::allow::Allow;
+use crate::policy::key::{KeyPart, KeySource};
+use crate::proxy::{request_cost, route};
+
+/// What became of one request.
+pub struct Fate {
+    pub route: Option<usize>,
+    /// `passed`, `delayed`, `rejected`, `banned`, `dry_run_rejected`; or why no limit
+    /// saw it: `no_route`, `bad_path`, `invalid_cost`.
+    pub outcome: &'static str,
+    pub wait: Duration,
+    /// The enforced limit that refused it, the status it answers, and the key's hash.
+    pub refused: Option<(usize, u16, Option<u64>)>,
+}
+
+/// A request in progress: what it gives back when it ends.
+struct Held {
+    permits: Permits,
+    pending: Pending,
+    status: Option<u16>,
+}
+
+pub struct Replay {
+    pub config: Config,
+    pub name: String,
+    gate: Gate,
+    /// The virtual clock the gate reads: each request's instant in the log.
+    clock: ManualClock,
+    /// Per limit, why this log cannot drive it (`None`: it can).
+    pub skipped: Vec<Option<String>>,
+    /// Caveats of this configuration with this log.
+    pub notes: Vec<String>,
+    /// The host of requests whose log line names none.
+    host: Option<String>,
+    /// Requests in progress by end, then admission.
+    in_flight: BinaryHeap<Reverse<ByKey<(u64, u64), Held>>>,
+    seq: u64,
+    pub tally: Tally,
+}
+
+impl Replay {
+    /// `config` (loaded from `name`) for a log that carries `carried`. Global limits
+    /// become one local limit with the whole budget: the log is taken as every request
+    /// all instances saw.
+    pub fn new(mut config: Config, name: String, carried: &Carried, host: Option<String>) -> Replay {
+        let mut notes = Vec::new();
+        for limit in &mut config.limits {
+            if let Scope::Global { instances, .. } = limit.scope {
+                notes.push(format!(
+                    "limit {}: global (instances: {instances}); simulated as one instance holding the whole \
+                     budget, as if one proxy had served every request of the log",
+                    limit.name
+                ));
+                limit.scope = Scope::Local;
+            }
+        }
+        let host_routes: Vec<&str> =
+            config.routes.iter().filter(|r| r.matcher.host.is_some()).map(|r| r.name.as_str()).collect();
+        if !host_routes.is_empty() && !carried.host && host.is_none() {
+            notes.push(format!(
+                "routes {} match on host, which the log does not carry: requests are routed as if they had \
+                 none (give --host, or a log_format with $host)",
+                host_routes.join(", ")
+            ));
+        }
+        let allows = config.routes.iter().map(|r| (format!("the allow-list of route {}", r.name), &r.allow));
+        let allows = allows.chain(config.limits.iter().flat_map(|l| {
+            std::iter::once((format!("the allow-list of limit {}", l.name), &l.allow))
+                .chain(l.overrides.iter().map(move |(allow, _)| (format!("an override of limit {}", l.name), allow)))
+        }));
+        for (whose, allow) in allows {
+            let unseen = unseen_fields(allow, carried);
+            if !unseen.is_empty() {
+                notes.push(format!(
+                    "{whose} matches on {}, which the log does not carry: no request matches that way",
+                    unseen.join(", ")
+                ));
+            }
+        }
+        for limit in config.limits.iter().filter(|l| l.count.is_some() && !carried.status) {
+            notes.push(format!(
+                "limit {} counts only some statuses (count:), and the log has none ($status): every \
+                 admission stays counted",
+                limit.name
+            ));
+        }
+        let skipped = config.limits.iter().map(|l| not_simulated(l, carried, host.is_some())).collect();
+        let clock = ManualClock::default();
+        let gate = Gate::new(&config, clock.clone().into());
+        let tally = Tally::new(&config);
+        Replay { config, name, gate, clock, skipped, notes, host, in_flight: BinaryHeap::new(), seq: 0, tally }
+    }
+
+    /// The one call into the gate: what `run` decides for `src` against `limits`,
+    /// weighing `cost`, at the virtual instant `at` (ns since the epoch).
+    fn decide(&self, limits: &[usize], src: &KeySource<'_>, cost: u64, at: u64) -> Decision {
+        self.clock.set(Nanos(at));
+        self.gate.check(limits, src, cost)
+    }
+
+    /// Replays `request`, arriving at `at` (no earlier than the previous one).
+    pub fn take(&mut self, request: &Logged, at: u64) -> Fate {
+        self.end_until(at);
+        let mut fate = Fate { route: None, outcome: "no_route", wait: Duration::ZERO, refused: None };
+        let Ok(path) = path::normalize(request.uri.path()) else {
+            self.tally.bad_path += 1;
+            fate.outcome = "bad_path";
+            return fate;
+        };
+        let host = route::request_host(&request.uri, &request.headers).or(self.host.as_deref());
+        let Some(index) = route::match_route(&self.config.routes, &request.method, &path, host) else {
+            self.tally.no_route += 1;
+            return fate;
+        };
+        fate.route = Some(index);
+        let route = &self.config.routes[index];
+        let src = KeySource {
+            client_ip: request.client,
+            method: &request.method,
+            uri: &request.uri,
+            path: &path,
+            headers: &request.headers,
+            host,
+        };
+        self.tally.second(at);
+        let exempt = route.allow.admits(&src);
+        let limits: smallvec::SmallVec<[usize; 4]> = if exempt {
+            smallvec::SmallVec::new()
+        } else {
+            route.limits.iter().copied().filter(|&l| self.skipped[l].is_none()).collect()
+        };
+        for &l in route.limits.iter().filter(|&&l| !exempt && self.skipped[l].is_some()) {
+            self.tally.limits[l].not_simulated += 1;
+        }
+        let Ok(cost) = request_cost(&self.config, self.gate.limiters(), route, &request.headers) else {
+            self.tally.routes[index].invalid_cost += 1;
+            fate.outcome = "invalid_cost";
+            return fate;
+        };
+        let decision = self.decide(&limits, &src, cost, at);
+        let outcome = RequestOutcome::of(&decision, &self.config.limits);
+        fate.outcome = outcome.as_str();
+        let standings = match &decision {
+            Decision::Pass { standings, .. } | Decision::Reject { standings, .. } => standings,
+        };
+        for &l in &limits {
+            if !standings.iter().any(|s| s.limit == l) && self.gate.limiters().key_hash(l, &src).is_none() {
+                self.tally.limits[l].no_key += 1;
+            }
+        }
+        // Each limit's own decision, its windows folded: as its metrics count it.
+        let mut s = 0;
+        while s < standings.len() {
+            let limit = standings[s].limit;
+            let windows = standings[s..].iter().take_while(|w| w.limit == limit).count();
+            let mine = &standings[s..s + windows];
+            let rejected = mine.iter().any(|w| matches!(w.outcome, Outcome::Rejected(_)));
+            let wait = mine.iter().map(|w| if let Outcome::Delayed(d) = w.outcome { d } else { Duration::ZERO }).max();
+            let key = rejected.then(|| {
+                let hash = self.gate.limiters().key_hash(limit, &src).map_or(0, |k| k.0);
+                (hash, || self.gate.limiters().key_label(limit, &src, self.config.log_keys))
+            });
+            self.tally.limits[limit].decided(at, rejected, wait.unwrap_or_default(), key);
+            s += windows;
+        }
+        self.tally.routes[index].outcome(outcome);
+        match decision {
+            Decision::Reject { limit, status, .. } => {
+                fate.refused = Some((limit, status.as_u16(), self.gate.limiters().key_hash(limit, &src).map(|k| k.0)));
+                self.tally.rejected_at(at);
+            }
+            Decision::Pass { wait, permits, pending, .. } => {
+                fate.wait = wait;
+                self.tally.routes[index].waited(wait);
+                let wait = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
+                self.hold(
+                    at.saturating_add(wait).saturating_add(request.duration.unwrap_or(0)),
+                    permits,
+                    pending,
+                    request.status,
+                );
+            }
+        }
+        fate
+    }
+
+    /// Keeps a passed request's slots and `count:` admissions until `end`.
+    fn hold(&mut self, end: u64, permits: Permits, pending: Pending, status: Option<u16>) {
+        self.seq += 1;
+        self.in_flight.push(Reverse(ByKey((end, self.seq), Held { permits, pending, status })));
+    }
+
+    /// Ends every request in progress that ended by `at`.
+    fn end_until(&mut self, at: u64) {
+        while self.in_flight.peek().is_some_and(|h| h.0.0.0 <= at) {
+            let Some(Reverse(ByKey(_, held))) = self.in_flight.pop() else { break };
+            // A line without a status leaves its admissions counted, as a request whose
+            // client went away before an answer does.
+            if let Some(status) = held.status {
+                // Local settling never waits (every limit here is local).
+                let _ = futures_util::FutureExt::now_or_never(held.pending.settle(status));
+            }
+            drop(held.permits);
+        }
+    }
+
+    /// The end of the log: every request still in progress ends.
+    pub fn finish(&mut self) {
+        self.end_until(u64::MAX);
+    }
+}
+
+/// Why `limit` cannot be simulated from a log carrying `carried`, if it cannot.
+fn not_simulated(limit: &crate::config::Limit, carried: &Carried, host_given: bool) -> Option<String> {
+    if limit.windows.iter().any(|p| p.is_concurrency()) && !carried.duration {
+        return Some(
+            "a concurrency limit needs each request's duration ($request_time or $upstream_response_time, \
+             or sluicegate's duration_ms), which the log does not carry"
+                .to_owned(),
+        );
+    }
+    let has_header = |name: &http::HeaderName| carried.headers.contains(name);
+    let missing: Vec<String> = limit
+        .key
+        .0
+        .iter()
+        .filter(|part| match part {
+            KeyPart::Ip(_) | KeyPart::Method | KeyPart::Path => false,
+            KeyPart::Host => !carried.host && !host_given,
+            KeyPart::Header(name) => !has_header(name),
+            KeyPart::Bearer => !has_header(&http::header::AUTHORIZATION),
+            KeyPart::Query(name) => !carried.query && !carried.args.iter().any(|a| a == name.as_ref()),
+            KeyPart::Cookie(name) => {
+                !has_header(&http::header::COOKIE) && !carried.cookies.iter().any(|c| c == name.as_ref())
+            }
+        })
+        .map(|part| format!("{part} ({})", nginx_variable(part)))
+        .collect();
+    (!missing.is_empty()).then(|| {
+        format!(
+            "its key needs {}, which the log does not carry: every request would have no key and one key \
+             cannot stand for all",
+            missing.join(", ")
+        )
+    })
+}
+
+/// The fields an allow-list (or override) matches on that a log carrying `carried` lacks.
+fn unseen_fields(allow: &Allow, carried: &Carried) -> Vec<String> {
+    let mut unseen: Vec<String> = allow
+        .headers
+        .iter()
+        .filter(|(name, _)| !carried.headers.contains(name))
+        .map(|(name, _)| format!("the header {name}"))
+        .collect();
+    unseen.dedup();
+    if !allow.tokens.is_empty() && !carried.headers.contains(&http::header::AUTHORIZATION) {
+        unseen.push("bearer tokens".to_owned());
+    }
+    unseen
+}
+
+/// The nginx variable that logs a key part.
+fn nginx_variable(part: &KeyPart) -> String {
+    match part {
+        KeyPart::Header(name) => format!("$http_{}", name.as_str().replace('-', "_")),
+        KeyPart::Bearer => "$http_authorization".to_owned(),
+        KeyPart::Query(name) => format!("$arg_{name}"),
+        KeyPart::Cookie(name) => format!("$cookie_{name}"),
+        KeyPart::Host => "$host".to_owned(),
+        KeyPart::Ip(_) => "$remote_addr".to_owned(),
+        KeyPart::Method | KeyPart::Path => "$request".to_owned(),
+    }
+}
