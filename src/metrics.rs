@@ -25,6 +25,14 @@ use crate::store::Store;
 
 type Labels = Vec<(&'static str, String)>;
 
+/// Where an upstream's lookups are counted (`sluicegate_upstream_resolve_failures_total`,
+/// `sluicegate_upstream_addresses`).
+#[derive(Clone, Default)]
+pub struct ResolveMetrics {
+    pub failures: Counter,
+    pub addresses: Gauge,
+}
+
 /// What became of a request, for `sluicegate_requests_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RequestOutcome {
@@ -268,9 +276,9 @@ impl Metrics {
 
     /// Where upstream `upstream` counts its failed lookups and its addresses (series
     /// continued across reloads).
-    pub fn upstream_resolution(&self, upstream: &str) -> crate::proxy::ResolveMetrics {
+    pub fn upstream_resolution(&self, upstream: &str) -> ResolveMetrics {
         let labels = vec![("upstream", upstream.to_owned())];
-        crate::proxy::ResolveMetrics {
+        ResolveMetrics {
             failures: self.families.resolve_failures.get_or_create_owned(&labels),
             addresses: self.families.addresses.get_or_create_owned(&labels),
         }

@@ -23,8 +23,9 @@ use super::headers::{keep_upgrade, remove_hop_by_hop, set_forwarded};
 use super::health::{self, Checker};
 use super::pool::{Checkout, Pool, SendError};
 use super::retry::Replayable;
-use super::upstream::{InFlight, ResolveMetrics, ServerSet};
+use super::upstream::{InFlight, ServerSet};
 use crate::config::{ForwardedMode, Upstream, UpstreamHost};
+use crate::metrics::ResolveMetrics;
 
 pub struct UpstreamClient {
     servers: Arc<ServerSet>,

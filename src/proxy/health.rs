@@ -103,7 +103,7 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::*;
-    use crate::proxy::upstream::ResolveMetrics;
+    use crate::metrics::ResolveMetrics;
     use crate::proxy::upstream::tests::upstream;
 
     /// A server that answers every request `204` and closes.

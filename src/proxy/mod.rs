@@ -44,7 +44,6 @@ use error::ProxyError;
 use forward::{Hop, UpstreamClient};
 use log_budget::LogBudget;
 use response::ProxyBody;
-pub use upstream::ResolveMetrics;
 
 /// `tracing::event!` at a level known only at run time (its callsites need a constant).
 macro_rules! event_at {

@@ -143,7 +143,8 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
-    use crate::proxy::upstream::{Change, ResolveMetrics};
+    use crate::metrics::ResolveMetrics;
+    use crate::proxy::upstream::Change;
 
     /// Answers what the test last told it, and counts the questions.
     #[derive(Clone, Default)]

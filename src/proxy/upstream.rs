@@ -19,14 +19,13 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use http::uri::Authority;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::Gauge;
 use rustls::pki_types::ServerName;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::balance::{self, SmoothRoundRobin};
 use crate::config::{Balance, Server, Upstream};
+use crate::metrics::ResolveMetrics;
 use crate::policy::key::KeySource;
 
 pub struct ServerSet {
@@ -48,14 +47,6 @@ pub struct ServerSet {
     /// The background lookups, aborted with the set.
     resolving: std::sync::OnceLock<tokio::task::AbortHandle>,
     pub(super) metrics: ResolveMetrics,
-}
-
-/// Where an upstream's lookups are counted (`sluicegate_upstream_resolve_failures_total`,
-/// `sluicegate_upstream_addresses`).
-#[derive(Clone, Default)]
-pub struct ResolveMetrics {
-    pub failures: Counter,
-    pub addresses: Gauge,
 }
 
 /// A server as written in the configuration.
