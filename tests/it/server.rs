@@ -207,7 +207,12 @@ async fn server_workers_is_the_number_of_threads_serving_requests() {
     let backend = Backend::start().await;
     let workers = |sg: &Sluicegate| sg.threads().iter().filter(|t| t.starts_with("tokio-r")).count();
     let three = Sluicegate::start(&forwarding_config(&backend, "{ workers: 3 }"));
-    // At least: blocking threads (none expected here) would carry the same name.
+    // At least: blocking threads (none expected here) would carry the same name. A new
+    // thread names itself once it first runs, which a loaded machine may delay a little.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while workers(&three) < 3 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     assert!(workers(&three) >= 3, "{:?}", three.threads());
     // One worker is the main thread alone, and it serves concurrent requests.
     let one = Sluicegate::start(&forwarding_config(&backend, "{ workers: 1 }"));
