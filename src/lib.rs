@@ -16,16 +16,19 @@
 //!                          delay, or reject with 429 — all on one clock (clock)
 //!   -> receipts            slots held until the body is sent (proxy::response); `count:`
 //!                          refunds by status
-//!   -> forward / respond   a server by balance and health, retried on the next when it
-//!                          could not be sent, bodies streamed and bounded, upgrades
-//!                          tunnelled (proxy::forward); or a static response
+//!   -> forward / respond   a server by balance and health (host names looked up again:
+//!                          proxy::resolve) on a pooled connection (proxy::pool), retried
+//!                          on the next when it could not be sent, bodies streamed and
+//!                          bounded, upgrades tunnelled (proxy::forward); or a static
+//!                          response
 //!   -> account             metrics, rejection lines within their budget, access log line
 //!                          when the body is done
 //! ```
 //!
 //! `config` turns the YAML file into the compiled `Config` the request path reads; the
-//! words a limit is written in (`policy`) are shared by `config` and `limit`. Modules
-//! import downwards only: proxy -> gate -> store -> limit -> config -> policy.
+//! words a limit is written in (`policy`) are shared by `config` and `limit`. The
+//! decision's layers import downwards only: proxy -> gate -> store -> limit -> config ->
+//! policy (server and proxy still know each other: connection holds, buffer sizes).
 //! `simulate` replays access logs through the same routes, keys and gate offline.
 
 pub mod access_log;
