@@ -386,6 +386,11 @@ impl Collector for State {
             ConstCounter::new(value).encode(encoder.encode_descriptor(name, help, None, MetricType::Counter)?)
         };
         counter("redis_calls", "Decisions asked of Redis", c.calls)?;
+        counter(
+            "redis_script_calls",
+            "Script calls that carried them (concurrent decisions share one)",
+            c.script_calls,
+        )?;
         counter("redis_errors", "Redis calls that failed or timed out", c.errors)?;
         counter("redis_skipped", "Requests decided without Redis while the circuit breaker was open", c.skipped)?;
         counter("near_cache_hits", "Requests refused by the near-cache without a Redis call", c.near_hits)?;

@@ -118,6 +118,11 @@ impl Connections {
         Connections { slots, next: AtomicUsize::new(0) }
     }
 
+    /// How many connections are used in turn.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
     /// Runs `invocation` on the next connection in turn.
     pub async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> RedisResult<Value> {
         let n = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();

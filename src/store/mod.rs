@@ -12,6 +12,7 @@ pub mod breaker;
 mod connection;
 pub mod lease;
 pub mod near_cache;
+mod queue;
 mod reply;
 mod report;
 mod script;
@@ -21,8 +22,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
+use redis::RedisError;
 use redis::cluster_routing::Slot;
-use redis::{FromRedisValue, RedisError};
 use smallvec::SmallVec;
 use tracing::{info, warn};
 
@@ -37,9 +38,9 @@ use reply::Batch;
 pub use reply::Verdicts;
 pub use report::StoreCounts;
 use report::{Reported, Stats};
-use script::{REFUND, REPLY_FIELDS, Spec};
+use script::{REFUND, Spec};
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("circuit breaker open")]
     Open,
@@ -102,6 +103,8 @@ pub struct Store {
     timeout: Duration,
     lease_ttl: Duration,
     breaker: Breaker,
+    /// Decisions waiting to share a call.
+    queue: queue::Queue,
     near: NearCache,
     leases: lease::Book,
     /// Lease ids: this instance's random tag and a sequence number.
@@ -131,6 +134,7 @@ impl Store {
             timeout: redis.timeout,
             lease_ttl: redis.lease_ttl,
             breaker: Breaker::new(redis.breaker_failures, redis.breaker_window, redis.breaker_cooldown),
+            queue: queue::Queue::default(),
             near: NearCache::new(config.limits.iter().map(|l| global(&l.scope)), redis.near_cache_keys),
             leases: lease::Book::default(),
             instance: std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), Instant::now()),
@@ -231,33 +235,35 @@ impl Store {
         batches.into_iter().map(|(_, batch)| batch).collect()
     }
 
+    /// Decides the `batch` of `calls` (one slot's). At Redis's own time on a standalone
+    /// Redis the decision may share a call with other requests' (`queue`); a cluster's,
+    /// or one at a given time (`at`: tests replaying a schedule), is a call of its own.
     async fn decide_batch(
-        &self,
+        self: &Arc<Self>,
         calls: &[Call],
         batch: &[usize],
         ids: &[String],
         cost: u64,
         at: Option<RedisTime>,
     ) -> Result<Vec<u64>, StoreError> {
+        if at.is_none() && !self.cluster {
+            let parts = batch.iter().map(|&c| (calls[c].limit, calls[c].base.clone(), ids[c].clone())).collect();
+            return self.decide_queued(parts, cost).await;
+        }
         let modules = batch.iter().fold(0, |m, &c| m | self.spec(calls[c].limit).modules);
         let mut invocation = script::decide(modules).prepare_invoke();
         match at {
             Some(RedisTime { secs, micros }) => invocation.arg(secs).arg(micros),
             None => invocation.arg("").arg(""),
         };
-        invocation.arg(cost).arg(batch.len());
+        invocation.arg(1).arg(cost).arg(batch.len());
         let mut windows = 0;
         for &c in batch {
             let spec = self.spec(calls[c].limit);
             spec.push_decide(&calls[c].base, &ids[c], &mut invocation);
             windows += spec.windows();
         }
-        let value = self.connections.invoke(&invocation).await?;
-        let reply = Vec::<u64>::from_redis_value(value).map_err(|_| StoreError::Reply(0))?;
-        if reply.len() != 2 + windows * REPLY_FIELDS {
-            return Err(StoreError::Reply(reply.len()));
-        }
-        Ok(reply)
+        self.invoke_decide(&invocation, windows).await
     }
 
     /// Takes back an admission of `cost` by `limit` for `base` made at Redis time `at`,

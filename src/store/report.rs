@@ -19,6 +19,8 @@ const REPORT_EVERY: Duration = Duration::from_secs(10);
 pub(super) struct Stats {
     /// Decisions asked of Redis (one per request, whatever the number of slots).
     pub(super) calls: AtomicU64,
+    /// `DECIDE` script calls that carried them (concurrent decisions share one).
+    pub(super) script_calls: AtomicU64,
     /// Requests refused by the near-cache without a call.
     pub(super) near_hits: AtomicU64,
     /// Calls that failed or timed out.
@@ -32,6 +34,7 @@ pub(super) struct Stats {
 /// Counts since start: see `Stats`.
 pub struct StoreCounts {
     pub calls: u64,
+    pub script_calls: u64,
     pub near_hits: u64,
     pub errors: u64,
     pub skipped: u64,
@@ -85,6 +88,7 @@ impl Store {
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         StoreCounts {
             calls: load(&s.calls),
+            script_calls: load(&s.script_calls),
             near_hits: load(&s.near_hits),
             errors: load(&s.errors),
             skipped: load(&s.skipped),

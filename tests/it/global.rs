@@ -810,3 +810,62 @@ async fn credentials_are_sent_and_a_refusal_is_a_store_error() {
     let wrong = Sluicegate::start(&config("guess"));
     assert_eq!(futures_statuses(wrong.addr, "/", 2).await, [503, 503], "{}", wrong.log());
 }
+
+/// The value of `name` in a `/metrics` text.
+fn metric(text: &str, name: &str) -> u64 {
+    let line = text.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name} in:\n{text}"));
+    line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("bad line {line}"))
+}
+
+/// Requests that wait for Redis together share script calls, and each is still decided
+/// on its own, in turn: the budget is exact, and every admitted request is told a
+/// different number of units left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_waiting_together_share_a_call_and_keep_the_exact_budget() {
+    let redis = Redis::start();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nratelimit_headers: all\nadmin: {{ listen: 127.0.0.1:0 }}\nredis: {{ url: \"{}\", timeout: 10s, near_cache_keys: 0 }}\nlimits:\n  shared: {{ key: \"header:x-key\", rate: 1r/m, burst: 19, nodelay: true, scope: global }}\nroutes:\n{}",
+        redis.url(),
+        respond_route("shared")
+    );
+    let sg = Sluicegate::start(&yaml);
+    assert_eq!(get(sg.addr, "/", &[("x-key", "warm-up")]).await.status, 200);
+    let evalsha_before = evalsha_calls(&redis);
+    let calls_before =
+        metric(&get(sg.admin_addr(), "/metrics", &[]).await.text(), "sluicegate_redis_script_calls_total");
+    // Frozen, Redis answers nothing: every request's decision waits until all are queued.
+    redis.pause();
+    let tasks: Vec<_> =
+        (0..60).map(|_| tokio::spawn(async move { get(sg.addr, "/", &[("x-key", "team-1")]).await })).collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = get(sg.admin_addr(), "/metrics", &[]).await.text();
+        if metric(&text, "sluicegate_redis_calls_total") >= 61 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the requests did not all reach the store:\n{text}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    redis.resume();
+    let mut left = Vec::new();
+    let mut refused = 0;
+    for task in tasks {
+        let reply = task.await.unwrap();
+        match reply.status {
+            200 => left.push(reply.header("ratelimit").and_then(|h| h.split("r=").nth(1)).map(|r| r.to_owned())),
+            429 => refused += 1,
+            other => panic!("status {other}"),
+        }
+    }
+    assert_eq!((left.len(), refused), (20, 40));
+    // Each admitted request saw the ones decided before it in the same call.
+    let mut left: Vec<u64> =
+        left.iter().map(|r| r.as_deref().unwrap().split(';').next().unwrap().parse().unwrap()).collect();
+    left.sort_unstable();
+    assert_eq!(left, (0..20).collect::<Vec<_>>());
+    // Two calls were under way when Redis froze; the other 58 waited and went in one.
+    let shared = evalsha_calls(&redis) - evalsha_before;
+    assert!(shared <= 3, "{shared} script calls for 60 requests");
+    let text = get(sg.admin_addr(), "/metrics", &[]).await.text();
+    assert_eq!(metric(&text, "sluicegate_redis_script_calls_total"), calls_before + shared);
+}

@@ -1,0 +1,143 @@
+//! Decisions that wait for Redis together share one `DECIDE` call.
+//!
+//! Under load most of Redis's work per call is the call itself (running the script,
+//! reading `TIME`, the round trip through the connection), not the limits it decides.
+//! So a request's decision joins a queue; while fewer than `IN_FLIGHT_PER_CONNECTION`
+//! calls per connection are under way, the queue is sent at once (alone when the proxy
+//! is quiet: no wait is added), and every call that comes back sends what queued in the
+//! meantime, up to `MAX_REQUESTS` decisions, in arrival order. The script decides them
+//! one after another at one Redis instant, each all or nothing, as if they had come in
+//! that order. Each request still waits for exactly one round trip: the one of the call
+//! that carried it. On a cluster each request is its own call (the keys of different
+//! requests lie in different slots).
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use redis::FromRedisValue;
+use smallvec::SmallVec;
+use tokio::sync::oneshot;
+
+use super::script::{self, REPLY_FIELDS};
+use super::{Store, StoreError};
+
+/// Calls under way at once per Redis connection: two keep Redis busy while one reply
+/// travels back and the next call is built.
+const IN_FLIGHT_PER_CONNECTION: usize = 2;
+/// Decisions in one call at most: bounds how long Redis runs one script.
+const MAX_REQUESTS: usize = 64;
+
+/// A request's global limits as a call carries them: `(limit, key base, lease id)`.
+pub(super) type Parts = SmallVec<[(usize, String, String); 2]>;
+
+/// One request's decision, waiting for a call.
+struct Job {
+    calls: Parts,
+    cost: u64,
+    /// Where its part of the reply goes: Redis's time, then its windows' fields.
+    reply: oneshot::Sender<Result<Vec<u64>, StoreError>>,
+}
+
+#[derive(Default)]
+pub(super) struct Queue {
+    state: Mutex<Waiting>,
+}
+
+#[derive(Default)]
+struct Waiting {
+    jobs: Vec<Job>,
+    /// Calls being sent or awaited.
+    in_flight: usize,
+}
+
+impl Queue {
+    /// Queues `job`; true if the caller is to start a call (`Store::send_queued`).
+    fn push(&self, job: Job, max_in_flight: usize) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.jobs.push(job);
+        let start = state.in_flight < max_in_flight;
+        state.in_flight += usize::from(start);
+        start
+    }
+
+    /// The next decisions to send, oldest first; `None` (and one call fewer under way)
+    /// when none wait.
+    fn next(&self) -> Option<Vec<Job>> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if state.jobs.is_empty() {
+            state.in_flight -= 1;
+            return None;
+        }
+        let first = state.jobs.len().min(MAX_REQUESTS);
+        let rest = state.jobs.split_off(first);
+        Some(std::mem::replace(&mut state.jobs, rest))
+    }
+}
+
+impl Store {
+    /// Queues the decision of `calls` for `cost` units for a shared call, and waits for
+    /// its part of the reply (the shape `invoke_decide` gives for one request).
+    pub(super) async fn decide_queued(self: &Arc<Self>, calls: Parts, cost: u64) -> Result<Vec<u64>, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        if self.queue.push(Job { calls, cost, reply }, IN_FLIGHT_PER_CONNECTION * self.connections.len()) {
+            // A task of its own: a request that goes away (or stops waiting) must not
+            // take the call the others wait for with it.
+            tokio::spawn(Arc::clone(self).send_queued());
+        }
+        // The sender is gone only if the runtime is shutting down.
+        answer.await.unwrap_or(Err(StoreError::Timeout(self.timeout)))
+    }
+
+    /// Sends what is queued, call after call, until nothing waits.
+    async fn send_queued(self: Arc<Self>) {
+        while let Some(jobs) = self.queue.next() {
+            let windows: SmallVec<[usize; 64]> =
+                jobs.iter().map(|j| j.calls.iter().map(|c| self.spec(c.0).windows()).sum()).collect();
+            let sent = tokio::time::timeout(self.timeout, self.send(&jobs, windows.iter().sum()));
+            let reply = sent.await.unwrap_or(Err(StoreError::Timeout(self.timeout)));
+            // The length was checked: each request's windows are there, in order.
+            match reply {
+                Ok(reply) => {
+                    let (time, mut fields) = (&reply[..2], reply[2..].chunks_exact(REPLY_FIELDS));
+                    for (job, windows) in jobs.into_iter().zip(windows) {
+                        let mut part = Vec::with_capacity(2 + windows * REPLY_FIELDS);
+                        part.extend_from_slice(time);
+                        fields.by_ref().take(windows).for_each(|f| part.extend_from_slice(f));
+                        // A request that stopped waiting dropped its receiver: nothing to do.
+                        let _ = job.reply.send(Ok(part));
+                    }
+                }
+                Err(e) => jobs.into_iter().for_each(|job| drop(job.reply.send(Err(e.clone())))),
+            }
+        }
+    }
+
+    /// One `DECIDE` call for `jobs`, whose windows number `windows`.
+    async fn send(&self, jobs: &[Job], windows: usize) -> Result<Vec<u64>, StoreError> {
+        let modules = jobs.iter().flat_map(|j| &j.calls).fold(0, |m, c| m | self.spec(c.0).modules);
+        let mut invocation = script::decide(modules).prepare_invoke();
+        invocation.arg("").arg("").arg(jobs.len());
+        for job in jobs {
+            invocation.arg(job.cost).arg(job.calls.len());
+            for (limit, base, lease) in &job.calls {
+                self.spec(*limit).push_decide(base, lease, &mut invocation);
+            }
+        }
+        self.invoke_decide(&invocation, windows).await
+    }
+
+    /// Runs a `DECIDE` call that decides `windows` windows, and checks its reply's length.
+    pub(super) async fn invoke_decide(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+        windows: usize,
+    ) -> Result<Vec<u64>, StoreError> {
+        self.stats.script_calls.fetch_add(1, Ordering::Relaxed);
+        let value = self.connections.invoke(invocation).await?;
+        let reply = Vec::<u64>::from_redis_value(value).map_err(|_| StoreError::Reply(0))?;
+        if reply.len() != 2 + windows * REPLY_FIELDS {
+            return Err(StoreError::Reply(reply.len()));
+        }
+        Ok(reply)
+    }
+}
