@@ -156,7 +156,7 @@ impl Store {
     /// The Redis key base of `limit` for a request whose key hashes to `hash`.
     pub fn base(&self, limit: usize, hash: u128) -> String {
         let name = self.specs[limit].as_ref().map_or("", |s| s.name.as_str());
-        format!("{}{{{name}:{hash:032x}}}", self.prefix)
+        key_base(&self.prefix, name, hash)
     }
 
     /// The near-cache's refusal of a one-unit request for `call` at `now`, if it has one.
@@ -246,23 +246,12 @@ impl Store {
         cost: u64,
         at: Option<RedisTime>,
     ) -> Result<Vec<u64>, StoreError> {
+        let parts: script::Parts =
+            batch.iter().map(|&c| (calls[c].limit, calls[c].base.clone(), ids[c].clone())).collect();
         if at.is_none() && !self.cluster {
-            let parts = batch.iter().map(|&c| (calls[c].limit, calls[c].base.clone(), ids[c].clone())).collect();
             return self.decide_queued(parts, cost).await;
         }
-        let modules = batch.iter().fold(0, |m, &c| m | self.spec(calls[c].limit).modules);
-        let mut invocation = script::decide(modules).prepare_invoke();
-        match at {
-            Some(RedisTime { secs, micros }) => invocation.arg(secs).arg(micros),
-            None => invocation.arg("").arg(""),
-        };
-        invocation.arg(1).arg(cost).arg(batch.len());
-        let mut windows = 0;
-        for &c in batch {
-            let spec = self.spec(calls[c].limit);
-            spec.push_decide(&calls[c].base, &ids[c], &mut invocation);
-            windows += spec.windows();
-        }
+        let (invocation, windows) = script::decide_call(&self.specs, at, std::iter::once((cost, &parts)));
         self.invoke_decide(&invocation, windows).await
     }
 
@@ -289,5 +278,30 @@ impl Store {
 
     fn spec(&self, limit: usize) -> &Spec {
         self.specs[limit].as_ref().expect("only global limits reach the store")
+    }
+}
+
+/// `{prefix}{{{name}:{hash:032x}}}`, written out: through `format!` it cost about 2,000
+/// instructions a request.
+fn key_base(prefix: &str, name: &str, hash: u128) -> String {
+    let mut base = String::with_capacity(prefix.len() + name.len() + 35);
+    base.push_str(prefix);
+    base.push('{');
+    base.push_str(name);
+    base.push(':');
+    for shift in (0..32).rev() {
+        base.push(char::from(b"0123456789abcdef"[(hash >> (shift * 4)) as usize & 15]));
+    }
+    base.push('}');
+    base
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn key_bases_are_the_prefix_the_limit_and_32_hex_digits() {
+        for hash in [0, 1, 0xabc, u128::MAX, 0x0123_4567_89ab_cdef_fedc_ba98_7654_3210] {
+            assert_eq!(super::key_base("sg:", "per_ip", hash), format!("sg:{{per_ip:{hash:032x}}}"));
+        }
     }
 }

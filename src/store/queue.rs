@@ -18,7 +18,7 @@ use redis::FromRedisValue;
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
-use super::script::{self, REPLY_FIELDS};
+use super::script::{self, Parts, REPLY_FIELDS};
 use super::{Store, StoreError};
 
 /// Calls under way at once per Redis connection: two keep Redis busy while one reply
@@ -26,9 +26,6 @@ use super::{Store, StoreError};
 const IN_FLIGHT_PER_CONNECTION: usize = 2;
 /// Decisions in one call at most: bounds how long Redis runs one script.
 const MAX_REQUESTS: usize = 64;
-
-/// A request's global limits as a call carries them: `(limit, key base, lease id)`.
-pub(super) type Parts = SmallVec<[(usize, String, String); 2]>;
 
 /// One request's decision, waiting for a call.
 struct Job {
@@ -93,7 +90,7 @@ impl Store {
         while let Some(jobs) = self.queue.next() {
             let windows: SmallVec<[usize; 64]> =
                 jobs.iter().map(|j| j.calls.iter().map(|c| self.spec(c.0).windows()).sum()).collect();
-            let sent = tokio::time::timeout(self.timeout, self.send(&jobs, windows.iter().sum()));
+            let sent = tokio::time::timeout(self.timeout, self.send(&jobs));
             let reply = sent.await.unwrap_or(Err(StoreError::Timeout(self.timeout)));
             // The length was checked: each request's windows are there, in order.
             match reply {
@@ -112,17 +109,9 @@ impl Store {
         }
     }
 
-    /// One `DECIDE` call for `jobs`, whose windows number `windows`.
-    async fn send(&self, jobs: &[Job], windows: usize) -> Result<Vec<u64>, StoreError> {
-        let modules = jobs.iter().flat_map(|j| &j.calls).fold(0, |m, c| m | self.spec(c.0).modules);
-        let mut invocation = script::decide(modules).prepare_invoke();
-        invocation.arg("").arg("").arg(jobs.len());
-        for job in jobs {
-            invocation.arg(job.cost).arg(job.calls.len());
-            for (limit, base, lease) in &job.calls {
-                self.spec(*limit).push_decide(base, lease, &mut invocation);
-            }
-        }
+    /// One `DECIDE` call for `jobs`.
+    async fn send(&self, jobs: &[Job]) -> Result<Vec<u64>, StoreError> {
+        let (invocation, windows) = script::decide_call(&self.specs, None, jobs.iter().map(|j| (j.cost, &j.calls)));
         self.invoke_decide(&invocation, windows).await
     }
 

@@ -9,6 +9,9 @@
 use std::sync::{LazyLock, OnceLock};
 
 use redis::{Script, ScriptInvocation};
+use smallvec::SmallVec;
+
+use super::RedisTime;
 
 use crate::config::Limit;
 use crate::policy::Policy;
@@ -52,11 +55,51 @@ pub static RENEW: LazyLock<Script> = LazyLock::new(|| script(0, include_str!("lu
 /// excess in thousandths, banned.
 pub const REPLY_FIELDS: usize = 6;
 
+/// A request's global limits as a `DECIDE` call carries them: `(limit, key base, lease
+/// id)` each.
+pub type Parts = SmallVec<[(usize, String, String); 2]>;
+
+/// A `DECIDE` call for `requests` (each its cost and its limits), at Redis's time or
+/// `at`, with the number of windows it decides. Each limit's fixed part is sent once.
+pub fn decide_call<'a>(
+    specs: &[Option<Spec>],
+    at: Option<RedisTime>,
+    requests: impl Iterator<Item = (u64, &'a Parts)> + Clone,
+) -> (ScriptInvocation<'static>, usize) {
+    let spec = |limit: usize| specs[limit].as_ref().expect("only global limits reach the store");
+    let mut used: SmallVec<[usize; 4]> = SmallVec::new();
+    for (limit, ..) in requests.clone().flat_map(|(_, parts)| parts) {
+        if !used.contains(limit) {
+            used.push(*limit);
+        }
+    }
+    let mut invocation = decide(used.iter().fold(0, |m, &l| m | spec(l).modules)).prepare_invoke();
+    match at {
+        Some(RedisTime { secs, micros }) => invocation.arg(secs).arg(micros),
+        None => invocation.arg("").arg(""),
+    };
+    invocation.arg(requests.clone().count()).arg(used.len());
+    for &limit in &used {
+        spec(limit).push_limit(&mut invocation);
+    }
+    let mut windows = 0;
+    for (cost, parts) in requests {
+        invocation.arg(cost).arg(parts.len());
+        for (limit, base, lease) in parts {
+            let index = used.iter().position(|l| l == limit).unwrap_or_default() + 1;
+            spec(*limit).push_use(index, base, lease, &mut invocation);
+            windows += spec(*limit).windows();
+        }
+    }
+    (invocation, windows)
+}
+
 /// A global limit's fixed part of every call, formatted once.
 #[derive(Debug)]
 pub struct Spec {
     pub name: String,
-    /// Per window: the key suffix (kind and window index), the kind and its parameters.
+    /// Per window: the key suffix (kind and window index), the kind and its three
+    /// parameters.
     windows: Vec<(String, [String; 4])>,
     /// `DECIDE`'s group header: dry run, window count, ban and ban_max in ns.
     header: [String; 4],
@@ -129,17 +172,24 @@ impl Spec {
         format!("{base}{}", self.windows[window].0)
     }
 
-    /// Adds this limit's group to a `DECIDE` call for the key `base`; `lease` names the
-    /// lease a concurrency window takes.
-    pub fn push_decide(&self, base: &str, lease: &str, invocation: &mut ScriptInvocation<'_>) {
+    /// Adds this limit's fixed part to a `DECIDE` call (once per call, however many of
+    /// its requests use the limit).
+    fn push_limit(&self, invocation: &mut ScriptInvocation<'_>) {
         for field in &self.header {
             invocation.arg(field);
         }
-        for (i, (_, params)) in self.windows.iter().enumerate() {
+        for (_, params) in &self.windows {
+            invocation.arg(params);
+        }
+    }
+
+    /// Adds a request's use of this limit (the `index`-th of the call, from 1) to a
+    /// `DECIDE` call, for the key `base`; `lease` names the lease a concurrency window
+    /// takes.
+    fn push_use(&self, index: usize, base: &str, lease: &str, invocation: &mut ScriptInvocation<'_>) {
+        invocation.arg(index);
+        for i in 0..self.windows.len() {
             invocation.key(self.key(base, i));
-            for p in params {
-                invocation.arg(p);
-            }
             invocation.arg(if self.leases { lease } else { "" });
         }
         if self.has_ban {

@@ -2,37 +2,58 @@
 -- or nothing: the requests of one call are those that were waiting for Redis together,
 -- decided at one instant as if they had arrived in this order.
 --
--- ARGV: now_s, now_us ('' and '': Redis TIME), request count, then per request: cost,
--- group count, then per limit (a group): dry_run (0/1), window count, ban ns (0: none),
--- ban_max ns, then per window: kind, p1, p2, p3, p4. KEYS: per request, per group, one
--- per window, then the ban's if any.
+-- ARGV: now_s, now_us ('' and '': Redis TIME), request count, limit count, then per
+-- limit (sent once, however many requests use it): dry_run (0/1), window count, ban ns
+-- (0: none), ban_max ns, then per window: kind, p1, p2, p3. Then per request: cost,
+-- group count, then per group: its limit (1-based, in the list above), then per window
+-- the lease id ('' but for a concurrency window). KEYS: per request, per group, one per
+-- window, then the ban's if any.
 -- Reply: now_s, now_us, then per request, per window: admitted (0/1), wait or retry ns,
 -- remaining, reset ns, excess in thousandths, banned (0/1).
 local algorithms = { lb = leaky_bucket, fw = fixed_window, sw = sliding_window, sl = sliding_log, cc = concurrency }
 
+-- The limits, read once: { dry, ban_base, ban_max, windows = { { algorithm, p } } }.
+local function limits(a)
+  local list = {}
+  for l = 1, tonumber(ARGV[4]) do
+    local limit = { dry = ARGV[a] == '1', ban_base = tonumber(ARGV[a + 2]), ban_max = tonumber(ARGV[a + 3]),
+                    windows = {} }
+    local windows = tonumber(ARGV[a + 1])
+    a = a + 4
+    for w = 1, windows do
+      limit.windows[w] = { algorithm = algorithms[ARGV[a]],
+                           p = { tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), '' } }
+      a = a + 4
+    end
+    list[l] = limit
+  end
+  return list, a
+end
+
 -- One request at `now`: reads its arguments from ARGV[a] and KEYS[k] on, appends its
 -- windows' fields to `reply` (n fields so far); returns where the next request's
 -- arguments and keys start and the new field count.
-local function decide(now, a, k, reply, n)
+local function decide(now, list, a, k, reply, n)
   local cost = tonumber(ARGV[a])
   local groups = {}
   a = a + 2
   for g = 1, tonumber(ARGV[a - 1]) do
-    local group = { dry = ARGV[a] == '1', windows = {} }
-    local windows, ban_base, ban_max = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-    a = a + 4
-    for w = 1, windows do
-      group.windows[w] = { algorithm = algorithms[ARGV[a]], key = KEYS[k],
-                           p = { tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), ARGV[a + 4] } }
-      a, k = a + 5, k + 1
+    local limit = list[tonumber(ARGV[a])]
+    local group = { dry = limit.dry, windows = {} }
+    a = a + 1
+    for w, spec in ipairs(limit.windows) do
+      local p = spec.p
+      -- A concurrency window's lease is the request's own.
+      if ARGV[a] ~= '' then p = { p[1], p[2], p[3], ARGV[a] } end
+      group.windows[w] = { algorithm = spec.algorithm, key = KEYS[k], p = p }
+      a, k = a + 1, k + 1
     end
-    if ban_base > 0 then
-      group.ban = { key = KEYS[k], base = ban_base, max = ban_max }
+    if limit.ban_base > 0 then
+      group.ban = { key = KEYS[k], base = limit.ban_base, max = limit.ban_max }
       k = k + 1
     end
     groups[g] = group
   end
-
   -- Decide every window; a banned key is refused by its first window for the time left.
   local rejected = false
   for _, group in ipairs(groups) do
@@ -82,8 +103,9 @@ local function decide(now, a, k, reply, n)
 end
 
 local now = clock(ARGV[1], ARGV[2])
-local reply, a, k, n = { now.s, now.us }, 4, 1, 2
+local list, a = limits(5)
+local reply, k, n = { now.s, now.us }, 1, 2
 for _ = 1, tonumber(ARGV[3]) do
-  a, k, n = decide(now, a, k, reply, n)
+  a, k, n = decide(now, list, a, k, reply, n)
 end
 return reply
