@@ -61,6 +61,9 @@ impl Queue {
     /// when none wait.
     fn next(&self) -> Option<Vec<Job>> {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        // A request that stopped waiting (its `timeout` passed: its limits' `on_store_error`
+        // decided) must not spend quota in Redis later.
+        state.jobs.retain(|job| !job.reply.is_closed());
         if state.jobs.is_empty() {
             state.in_flight -= 1;
             return None;
