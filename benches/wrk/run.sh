@@ -18,11 +18,14 @@
 # over nginx's run of the same case and repetition; p99; and the proxy's CPU time per
 # request (utime+stime from /proc/PID/stat, children included), also over nginx's. It
 # ends with a markdown table ready for README.md. Cases (CASES, space-separated, default
-# all four):
+# all five; global only where redis-server is installed):
 #   forwarded    a limit that never rejects (sluicegate limit, nginx limit_req)
 #   rejected     a limit that rejects every request with 429
 #   concurrency  8 requests in progress per client address, of 64 connections (limit_conn)
 #   plain        no limit at all (HAProxy here too)
+#   global       forwarded's limit with scope: global, against a redis-server pinned to the
+#                same CPU (no peer: nginx has no shared limit); the report adds its req/s
+#                over forwarded's, and Redis's CPU per request beside the proxy's
 # Rejections are logged at the limit's default level (info), below --log-level warn, as
 # nginx's limit_req_log_level info is below its error_log warn: logging off on both sides.
 #   REPS [3]  repetitions        CPU [0]  the CPU everything is pinned to
@@ -338,7 +341,7 @@ run_case() { # $1 label, $2 port, $3 pid whose CPU (with children) is the thing 
 }
 
 # ---- LAYOUT=onecore and LAYOUT=instructions ---------------------------------------------------
-CASES="${CASES:-forwarded rejected concurrency plain}"
+CASES="${CASES:-forwarded rejected concurrency plain$(command -v redis-server >/dev/null && echo " global")}"
 REPS="${REPS:-3}"
 CPU="${CPU:-0}"
 PEERS="${PEERS-nginx haproxy}"
@@ -370,6 +373,7 @@ sg_limit() {
     rejected) echo "$LIMIT_REJECT" ;;
     concurrency) echo "$LIMIT_CONC" ;;
     plain) echo "" ;;
+    global) printf '%s\n    scope: global\n' "$LIMIT_PASS" ;;
   esac
 }
 ng_http() {
@@ -411,6 +415,20 @@ backend be
 EOF
 }
 
+# Starts redis-server pinned like the rest; sets PINNED_REDIS_PID and PINNED_REDIS_YAML.
+PINNED_REDIS_PID=""
+start_pinned_redis() {
+  command -v redis-server >/dev/null || die "the global case needs redis-server (apt-get install redis-server)"
+  local port
+  port="$(free_port)"
+  "${PIN[@]}" redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --logfile "$TMP/redis.log" \
+    >/dev/null 2>&1 &
+  PINNED_REDIS_PID=$!
+  PIDS+=("$PINNED_REDIS_PID")
+  for _ in $(seq 100); do redis-cli -p "$port" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
+  PINNED_REDIS_YAML="redis: { url: \"redis://127.0.0.1:$port\", timeout: 50ms }"
+}
+
 declare -A TARGET_PORT TARGET_PID # by "case/proxy"
 ROWS=()                            # "case/proxy" in table order
 
@@ -422,13 +440,14 @@ start_targets() {
   TARGET_PID["direct/backend"]="$BACKEND_PID"
   for c in $CASES; do
     tag="$c"
+    [[ "$c" != global ]] || start_pinned_redis
     port="$(free_port)"
-    write_sg_conf "$TMP/sg-$tag.yaml" "$port" "$(sg_limit "$c")"
+    write_sg_conf "$TMP/sg-$tag.yaml" "$port" "$(sg_limit "$c")" "$([[ "$c" != global ]] || echo "$PINNED_REDIS_YAML")"
     start_sg "$TMP/sg-$tag.yaml" "$port" "$TMP/sg-$tag.log"
     ROWS+=("$c/sluicegate")
     TARGET_PORT["$c/sluicegate"]="$port"
     TARGET_PID["$c/sluicegate"]="$START_PID"
-    if has_peer nginx; then
+    if [[ "$c" != global ]] && has_peer nginx; then
       port="$(free_port)"
       dir="$TMP/nginx-$tag"
       mkdir -p "$dir"
@@ -453,19 +472,21 @@ start_targets() {
   done
 }
 
-declare -A M_RPS M_P99 M_CPUREQ M_NON2XX # by "case/proxy/rep"
+declare -A M_RPS M_P99 M_CPUREQ M_NON2XX M_REDISCPU # by "case/proxy/rep"
 
 measure() { # $1 row, $2 rep
-  local row="$1" rep="$2" port="${TARGET_PORT[$1]}" pid="${TARGET_PID[$1]}" out t0=0 t1=0 line
+  local row="$1" rep="$2" port="${TARGET_PORT[$1]}" pid="${TARGET_PID[$1]}" out t0=0 t1=0 r0=0 r1=0 line
   if [[ "$WARM_S" -gt 0 ]]; then
     timeout $((WARM_S + 30)) "${PIN[@]}" wrk -t"$THREADS" -c"$CONNECTIONS" -d"$WARMUP" --timeout "$WRK_TIMEOUT" \
       "http://127.0.0.1:$port/" >/dev/null
   fi
   out="$TMP/wrk-${row//\//-}-$rep.txt"
   [[ -z "$pid" ]] || t0="$(cpu_ticks "$pid")"
+  [[ "$row" != global/* ]] || r0="$(cpu_ticks "$PINNED_REDIS_PID")"
   timeout $((DUR_S + 30)) "${PIN[@]}" wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" --timeout "$WRK_TIMEOUT" \
     --latency -s "$HERE/report.lua" "http://127.0.0.1:$port/" >"$out"
   [[ -z "$pid" ]] || t1="$(cpu_ticks "$pid")"
+  [[ "$row" != global/* ]] || r1="$(cpu_ticks "$PINNED_REDIS_PID")"
   line="$(grep '^WRKRESULT ' "$out")" || die "no result from wrk for $row (see $out)"
   local rps requests p50_us p99_us non2xx connect read write timeout secs kv
   for kv in ${line#WRKRESULT }; do local "${kv%%=*}=${kv#*=}"; done
@@ -474,6 +495,7 @@ measure() { # $1 row, $2 rep
   M_NON2XX["$row/$rep"]="$non2xx"
   M_CPUREQ["$row/$rep"]="$([[ -n "$pid" ]] && awk -v d=$((t1 - t0)) -v hz="$CLK_TCK" -v n="$requests" \
     'BEGIN{printf "%.2f", n ? 1e6*d/hz/n : 0}' || echo "")"
+  M_REDISCPU["$row/$rep"]="$(awk -v d=$((r1 - r0)) -v hz="$CLK_TCK" -v n="$requests" 'BEGIN{printf "%.2f", n ? 1e6*d/hz/n : 0}')"
   log "rep $rep $row: $rps req/s, p99 ${p99_us}us, CPU ${M_CPUREQ[$row/$rep]:--}us/req, non-2xx $non2xx"
 }
 
@@ -523,6 +545,16 @@ onecore_report() {
       BEGIN{printf "| %s | %s | %s | %s | %s | %s | %s | %s | %d |\n", c, p, f(r, "%.0f"), f(d, "%.3f"),
         f(n, "%.2f×"), f(q/1000, "%.2f"), f(u, "%.1f"), f(un, "%.2f×"), e}'
   done
+  if [[ -n "${M_RPS[global/sluicegate/1]:-}" && -n "${M_RPS[forwarded/sluicegate/1]:-}" ]]; then
+    local vfw=() rcpu=()
+    for rep in $(seq "$REPS"); do
+      vfw+=("$(ratio "${M_RPS[global/sluicegate/$rep]}" "${M_RPS[forwarded/sluicegate/$rep]}")")
+      rcpu+=("${M_REDISCPU[global/sluicegate/$rep]}")
+    done
+    echo
+    echo "global: $(median "${vfw[@]}")× forwarded's req/s (the same limit, local); Redis's CPU" \
+      "$(median "${rcpu[@]}") µs/req beside the proxy's (medians)."
+  fi
   echo
   echo "of direct / of nginx: req/s over the backend-direct run / nginx's run of the same case,"
   echo "each repetition on its own, then the median. CPU: the proxy's utime+stime per request."
