@@ -288,8 +288,9 @@ impl Proxy {
                     Err(e) if e.status().is_client_error() => UpstreamResult::ClientBody,
                     Err(_) => UpstreamResult::Failed,
                 };
-                trace.upstream = Some(started.elapsed());
-                self.metrics.upstream(index, result, started.elapsed());
+                let took = started.elapsed();
+                trace.upstream = Some(took);
+                self.metrics.upstream(index, result, took);
                 forwarded
                     .inspect_err(|e| match e.status().is_client_error() {
                         // The client's fault says nothing about the upstream's health.
