@@ -155,17 +155,25 @@ impl Drop for InFlight {
 
 /// Drives `conn` until it ends, closing it when a timeout of `timeouts` expires: an
 /// idle one is asked to go away (`goodbye`: HTTP/2 sends GOAWAY), any other is dropped
-/// at once (the client is not listening). `shutdown` asks it to finish gracefully.
+/// at once (the client is not listening). A change seen by `stopping` (or its sender
+/// gone) asks it to finish gracefully.
 pub async fn drive<C, E>(
     conn: C,
     goodbye: impl Fn(Pin<&mut C>),
     watch: &Watch,
     timeouts: Timeouts,
-    shutdown: impl Future<Output = ()>,
+    stopping: &mut tokio::sync::watch::Receiver<()>,
 ) -> Result<(), DriveError<E>>
 where
     C: Future<Output = Result<(), E>>,
 {
+    // Asked for a change only when there is one, or to hold this task's waker, as the
+    // timer below: 37,295 -> 36,989 instructions per forwarded request.
+    let signalled = stopping.clone();
+    let shutdown = async {
+        let _ = stopping.changed().await;
+    };
+    let mut shutdown_waker: Option<Waker> = None;
     tokio::pin!(conn);
     tokio::pin!(shutdown);
     let shortest = timeouts.shortest();
@@ -182,8 +190,15 @@ where
             if let Poll::Ready(ended) = conn.as_mut().poll(cx) {
                 return Poll::Ready(Woken::Ended(ended));
             }
-            if !shutting_down && shutdown.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(Woken::Shutdown);
+            if !shutting_down
+                && (signalled.has_changed().unwrap_or(true)
+                    || !shutdown_waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())))
+            {
+                let registers = tokio::task::coop::has_budget_remaining();
+                if shutdown.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Woken::Shutdown);
+                }
+                shutdown_waker = registers.then(|| cx.waker().clone());
             }
             if sleep.is_elapsed() || !timer_waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
                 // Out of its budget, the task gets `Pending` from the timer, which then
