@@ -354,12 +354,8 @@ impl Serving {
         let connection = self.builder.serve_connection_with_upgrades(io, service);
         // Borrowed, not moved: the receiver must live until the connection ends, as the
         // shutdown waits for every receiver to go.
-        let stopping = &mut self.stopping;
-        let shutdown = async {
-            let _ = stopping.changed().await;
-        };
         let goodbye = |conn: std::pin::Pin<&mut _>| auto::UpgradeableConnection::graceful_shutdown(conn);
-        match watchdog::drive(connection, goodbye, &watch, self.timeouts, shutdown).await {
+        match watchdog::drive(connection, goodbye, &watch, self.timeouts, &mut self.stopping).await {
             Ok(()) => {}
             Err(DriveError::Connection(e)) => debug!(%peer, error = %e, "connection ended with an error"),
             Err(DriveError::Expired(why)) => debug!(%peer, timeout = why.as_str(), "connection closed"),

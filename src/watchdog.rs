@@ -11,12 +11,12 @@
 //! HTTP/2 has no idle timer, and neither protocol a send timeout); no crate wraps a
 //! socket with them either, hence this module.
 
-use std::future::Future;
+use std::future::{Future, poll_fn};
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use hyper::body::{Body, Frame, SizeHint};
@@ -155,17 +155,25 @@ impl Drop for InFlight {
 
 /// Drives `conn` until it ends, closing it when a timeout of `timeouts` expires: an
 /// idle one is asked to go away (`goodbye`: HTTP/2 sends GOAWAY), any other is dropped
-/// at once (the client is not listening). `shutdown` asks it to finish gracefully.
+/// at once (the client is not listening). A change seen by `stopping` (or its sender
+/// gone) asks it to finish gracefully.
 pub async fn drive<C, E>(
     conn: C,
     goodbye: impl Fn(Pin<&mut C>),
     watch: &Watch,
     timeouts: Timeouts,
-    shutdown: impl Future<Output = ()>,
+    stopping: &mut tokio::sync::watch::Receiver<()>,
 ) -> Result<(), DriveError<E>>
 where
     C: Future<Output = Result<(), E>>,
 {
+    // Asked for a change only when there is one, or to hold this task's waker, as the
+    // timer below: 37,295 -> 36,989 instructions per forwarded request.
+    let signalled = stopping.clone();
+    let shutdown = async {
+        let _ = stopping.changed().await;
+    };
+    let mut shutdown_waker: Option<Waker> = None;
     tokio::pin!(conn);
     tokio::pin!(shutdown);
     let shortest = timeouts.shortest();
@@ -173,15 +181,44 @@ where
     tokio::pin!(sleep);
     let mut shutting_down = false;
     let mut leaving: Option<Instant> = None;
+    // The waker the timer holds. The timer is polled only when it has fired or does not
+    // hold this task's waker, not on every wake-up of the connection (two per request):
+    // with `tokio::select!` gone, 37,707 -> 37,338 instructions per forwarded request.
+    let mut timer_waker: Option<Waker> = None;
     loop {
-        tokio::select! {
-            biased;
-            ended = conn.as_mut() => return ended.map_err(DriveError::Connection),
-            () = &mut shutdown, if !shutting_down => {
+        let woken = poll_fn(|cx| {
+            if let Poll::Ready(ended) = conn.as_mut().poll(cx) {
+                return Poll::Ready(Woken::Ended(ended));
+            }
+            if !shutting_down
+                && (signalled.has_changed().unwrap_or(true)
+                    || !shutdown_waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())))
+            {
+                let registers = tokio::task::coop::has_budget_remaining();
+                if shutdown.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Woken::Shutdown);
+                }
+                shutdown_waker = registers.then(|| cx.waker().clone());
+            }
+            if sleep.is_elapsed() || !timer_waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                // Out of its budget, the task gets `Pending` from the timer, which then
+                // holds no waker.
+                let registers = tokio::task::coop::has_budget_remaining();
+                if sleep.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Woken::Timer);
+                }
+                timer_waker = registers.then(|| cx.waker().clone());
+            }
+            Poll::Pending
+        })
+        .await;
+        match woken {
+            Woken::Ended(ended) => return ended.map_err(DriveError::Connection),
+            Woken::Shutdown => {
                 shutting_down = true;
                 goodbye(conn.as_mut());
             }
-            () = &mut sleep => {
+            Woken::Timer => {
                 let now = Instant::now();
                 // Every deadline is set at least `shortest` after the moment it is set,
                 // so looking again `shortest` from now misses none.
@@ -201,9 +238,18 @@ where
                     None => {}
                 }
                 sleep.as_mut().reset(next);
+                // A fired timer gave its waker away.
+                timer_waker = None;
             }
         }
     }
+}
+
+/// What woke the task that drives a connection.
+enum Woken<E> {
+    Ended(Result<(), E>),
+    Shutdown,
+    Timer,
 }
 
 /// `at + after`, or a day after `at` when that is past what `Instant` can hold.

@@ -48,17 +48,18 @@ pub struct Pending {
 }
 
 impl Pending {
-    /// Takes back the admissions of limits that do not count `status` (global ones in
-    /// Redis, awaited).
-    pub async fn settle(self, status: u16) {
+    /// Takes back the admissions of limits that do not count `status`: the local ones
+    /// now; the global ones' settling in Redis is returned, to be awaited. Not an `async
+    /// fn`: its future would be built and moved for every request, most of which have no
+    /// global admissions.
+    pub fn settle(self, status: u16) -> Option<impl Future<Output = ()> + use<>> {
         if let Some(limiters) = &self.limiters {
             for a in &self.admissions {
                 limiters.settle(a.limit, a.key, self.cost, a.at, status);
             }
         }
-        if let Some(global) = &self.global {
-            global.settle(self.cost, status).await;
-        }
+        let (global, cost) = (self.global?, self.cost);
+        Some(async move { global.settle(cost, status).await })
     }
 
     /// Adds `other`'s admissions (the same request's, decided in a second step).

@@ -208,46 +208,61 @@ impl Proxy {
             return Err(ProxyError::BodyTooLarge { length: declared, limit });
         }
 
-        let src =
-            KeySource { client_ip, method: req.method(), uri: req.uri(), path: &path, headers: req.headers(), host };
-        let balance_key = match &route.action {
-            Action::Forward(upstream) => self.upstreams[*upstream].servers().balance_key(&src),
-            Action::Respond(_) => None,
-        };
-        // An exempt request skips the route's limits altogether.
-        let limits = if route.allow.admits(&src) { &[][..] } else { &route.limits[..] };
-        self.refuse_duplicated_keys(limits, &src)?;
-        let cost = request_cost(config, self.limiters(), route, req.headers())?;
-        let decision = self.gate.decide(limits, &src, cost).await;
-        let outcome = RequestOutcome::of(&decision, &config.limits);
-        let (standings, permits, pending) = match decision {
-            Decision::Reject { status, retry_after, standings, .. } => {
-                self.log_outcomes(route, &standings, &src, true);
-                self.metrics.request(index, outcome);
-                trace.outcome = Some(outcome);
-                let violated: SmallVec<[&str; 2]> = standings
-                    .iter()
-                    .filter(|s| matches!(s.outcome, Outcome::Rejected(_)) && !config.limits[s.limit].dry_run)
-                    .map(|s| config.limits[s.limit].name.as_str())
-                    .collect();
-                let mut response = response::rejected(status, retry_after, config.rejection_body, &violated);
-                if config.ratelimit_headers != HeaderMode::None {
-                    self.add_ratelimit_headers(&mut response, &standings);
+        // Scoped, so that the key source and the decision take no room in this future's
+        // state across the upstream exchange: only what the response needs stays. A
+        // smaller future is cheaper to move (with `Pending::settle` not an `async fn`:
+        // 37,918 -> 37,707 instructions per forwarded request).
+        let (wait, balance_key, standings, permits, pending) = {
+            let src = KeySource {
+                client_ip,
+                method: req.method(),
+                uri: req.uri(),
+                path: &path,
+                headers: req.headers(),
+                host,
+            };
+            let balance_key = match &route.action {
+                Action::Forward(upstream) => self.upstreams[*upstream].servers().balance_key(&src),
+                Action::Respond(_) => None,
+            };
+            // An exempt request skips the route's limits altogether.
+            let limits = if route.allow.admits(&src) { &[][..] } else { &route.limits[..] };
+            self.refuse_duplicated_keys(limits, &src)?;
+            let cost = request_cost(config, self.limiters(), route, req.headers())?;
+            // Without Redis the decision never waits, and `check` is what `decide` does:
+            // no future is built and moved for it (36,989 -> 36,800 instructions per request).
+            let decision = match self.gate.store() {
+                None => self.gate.check(limits, &src, cost),
+                Some(_) => self.gate.decide(limits, &src, cost).await,
+            };
+            let outcome = RequestOutcome::of(&decision, &config.limits);
+            self.metrics.request(index, outcome);
+            trace.outcome = Some(outcome);
+            match decision {
+                Decision::Reject { status, retry_after, standings, .. } => {
+                    self.log_outcomes(route, &standings, &src, true);
+                    let violated: SmallVec<[&str; 2]> = standings
+                        .iter()
+                        .filter(|s| matches!(s.outcome, Outcome::Rejected(_)) && !config.limits[s.limit].dry_run)
+                        .map(|s| config.limits[s.limit].name.as_str())
+                        .collect();
+                    let mut response = response::rejected(status, retry_after, config.rejection_body, &violated);
+                    if config.ratelimit_headers != HeaderMode::None {
+                        self.add_ratelimit_headers(&mut response, &standings);
+                    }
+                    return Ok(response);
                 }
-                return Ok(response);
-            }
-            Decision::Pass { wait, standings, permits, pending, .. } => {
-                self.log_outcomes(route, &standings, &src, false);
-                self.metrics.request(index, outcome);
-                trace.outcome = Some(outcome);
-                if !wait.is_zero() {
-                    // A client that goes away while waiting drops this future here: its
-                    // request never reaches the upstream and its permits are released.
-                    tokio::time::sleep(wait).await;
+                Decision::Pass { wait, standings, permits, pending, .. } => {
+                    self.log_outcomes(route, &standings, &src, false);
+                    (wait, balance_key, standings, permits, pending)
                 }
-                (standings, permits, pending)
             }
         };
+        if !wait.is_zero() {
+            // A client that goes away while waiting drops this future here: its request
+            // never reaches the upstream and its permits are released.
+            tokio::time::sleep(wait).await;
+        }
 
         let upgrade = headers::upgrade_protocol(req.version(), req.headers());
         // Taken before the request is handed on: hyper gives the client's connection
@@ -257,7 +272,6 @@ impl Proxy {
             Action::Respond(r) => Ok(response::static_response(r)),
             Action::Forward(upstream) => {
                 let hop = Hop { peer: peer.ip(), trusted_peer, tls: conn.tls, forwarded: config.forwarded, upgrade };
-                let mut req = req;
                 if let Some(target) = target {
                     let mut uri = req.uri().clone().into_parts();
                     uri.path_and_query = Some(target);
@@ -279,8 +293,9 @@ impl Proxy {
                     Err(e) if e.status().is_client_error() => UpstreamResult::ClientBody,
                     Err(_) => UpstreamResult::Failed,
                 };
-                trace.upstream = Some(started.elapsed());
-                self.metrics.upstream(index, result, started.elapsed());
+                let took = started.elapsed();
+                trace.upstream = Some(took);
+                self.metrics.upstream(index, result, took);
                 forwarded
                     .inspect_err(|e| match e.status().is_client_error() {
                         // The client's fault says nothing about the upstream's health.
@@ -294,7 +309,9 @@ impl Proxy {
             }
         };
         // Limits that count only some statuses keep or take back this request now.
-        pending.settle(response.as_ref().map_or_else(|e| e.status(), Response::status).as_u16()).await;
+        if let Some(global) = pending.settle(response.as_ref().map_or_else(|e| e.status(), Response::status).as_u16()) {
+            global.await;
+        }
         let mut response = response?;
         match (client_upgrade, &route.action) {
             (Some(client), Action::Forward(upstream)) if response.status() == StatusCode::SWITCHING_PROTOCOLS => {

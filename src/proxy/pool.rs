@@ -43,9 +43,9 @@ struct Inner {
     /// last; plain ones, then TLS ones. Keyed by the address as written: `Authority`'s
     /// own hash and equality go byte by byte, case-folded, which cost more per request
     /// than everything else the pool does (callgrind).
-    idle: [Mutex<HashMap<Box<str>, Vec<Idle>>>; 2],
+    idle: [Mutex<ByServer<Vec<Idle>>>; 2],
     /// The HTTP/2 connection of each server, plain then TLS.
-    shared: [Mutex<HashMap<Box<str>, http2::SendRequest<AttemptBody>>>; 2],
+    shared: [Mutex<ByServer<http2::SendRequest<AttemptBody>>>; 2],
 }
 
 /// A server, as the pool files its connections.
@@ -54,6 +54,11 @@ struct Key {
     server: Authority,
     tls: bool,
 }
+
+/// By server address, hashed with foldhash rather than std's SipHash: the addresses come
+/// from the configuration and DNS, not from clients, and SipHash's two hashes per
+/// request (checkout, give back) cost 340 instructions of the forwarded request's 38,300.
+type ByServer<T> = HashMap<Box<str>, T, foldhash::fast::RandomState>;
 
 struct Idle {
     sender: http1::SendRequest<AttemptBody>,
@@ -209,11 +214,11 @@ impl Inner {
 }
 
 impl Key {
-    fn idle<'a>(&self, inner: &'a Inner) -> &'a Mutex<HashMap<Box<str>, Vec<Idle>>> {
+    fn idle<'a>(&self, inner: &'a Inner) -> &'a Mutex<ByServer<Vec<Idle>>> {
         &inner.idle[usize::from(self.tls)]
     }
 
-    fn shared<'a>(&self, inner: &'a Inner) -> &'a Mutex<HashMap<Box<str>, http2::SendRequest<AttemptBody>>> {
+    fn shared<'a>(&self, inner: &'a Inner) -> &'a Mutex<ByServer<http2::SendRequest<AttemptBody>>> {
         &inner.shared[usize::from(self.tls)]
     }
 }

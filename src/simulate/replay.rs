@@ -220,7 +220,7 @@ impl Replay {
             // client went away before an answer does.
             if let Some(status) = held.status {
                 // Local settling never waits (every limit here is local).
-                let _ = futures_util::FutureExt::now_or_never(held.pending.settle(status));
+                let _ = held.pending.settle(status).map(futures_util::FutureExt::now_or_never);
             }
             drop(held.permits);
         }
