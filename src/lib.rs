@@ -11,7 +11,8 @@
 //!   -> keys                each limit hashes its key (a repeated key field is a 400)
 //!   -> limits (gate)       one call decides the request, all or nothing: overrides and
 //!                          allow-lists, the near-cache, the local limits (state in limit),
-//!                          then the global ones in one Redis call (store), undone or
+//!                          then the global ones in one Redis call (store; concurrent
+//!                          requests share it), undone or
 //!                          decided by on_store_error when Redis cannot answer; pass,
 //!                          delay, or reject with 429 — all on one clock (clock)
 //!   -> receipts            slots held until the body is sent (proxy::response); `count:`
