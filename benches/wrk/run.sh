@@ -39,7 +39,8 @@
 # counters are zeroed, examples/bench_client.rs sends exactly REQUESTS [20000] requests
 # over CONNECTIONS_IR [8] keep-alive connections, and the instructions the proxy executed
 # divided by REQUESTS are its cost per request: a figure that does not move with the load
-# of the machine. KEEP_TMP=1 keeps the callgrind files for callgrind_annotate.
+# of the machine. KEEP_TMP=1 keeps the callgrind files for callgrind_annotate. The cases
+# are onecore's (CASES); `global` uses a redis-server outside callgrind.
 #
 # Multi-core layout (the default), all in one run so the ratios are comparable:
 #   a  backend direct (baseline)
@@ -306,6 +307,19 @@ LABELS=()
 declare -A RPS P50 P99 NON2XX SOCKERR CPU CPUREQ CODES RCMD
 REDIS_PORT=""      # set while a case uses Redis: its commands per request are measured
 
+# Starts a redis-server (no persistence; pinned like the rest where the layout pins);
+# sets REDIS_PORT, REDIS_PID and REDIS_YAML (the `redis:` section that uses it).
+start_redis() {
+  command -v redis-server >/dev/null || die "global cases need redis-server (apt-get install redis-server)"
+  REDIS_PORT="$(free_port)"
+  "${PIN[@]}" redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
+    --logfile "$TMP/redis.log" >/dev/null 2>&1 &
+  REDIS_PID=$!
+  PIDS+=("$REDIS_PID")
+  for _ in $(seq 100); do redis-cli -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
+  REDIS_YAML="redis: { url: \"redis://127.0.0.1:$REDIS_PORT\", timeout: 50ms }"
+}
+
 # Script calls Redis ran (the commands a script runs inside count separately, not here).
 redis_calls() { redis-cli -p "$REDIS_PORT" info commandstats | awk -F'[:=,]' '/^cmdstat_evalsha:/ {print $3+0}'; }
 
@@ -415,20 +429,6 @@ backend be
 EOF
 }
 
-# Starts redis-server pinned like the rest; sets PINNED_REDIS_PID and PINNED_REDIS_YAML.
-PINNED_REDIS_PID=""
-start_pinned_redis() {
-  command -v redis-server >/dev/null || die "the global case needs redis-server (apt-get install redis-server)"
-  local port
-  port="$(free_port)"
-  "${PIN[@]}" redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --logfile "$TMP/redis.log" \
-    >/dev/null 2>&1 &
-  PINNED_REDIS_PID=$!
-  PIDS+=("$PINNED_REDIS_PID")
-  for _ in $(seq 100); do redis-cli -p "$port" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
-  PINNED_REDIS_YAML="redis: { url: \"redis://127.0.0.1:$port\", timeout: 50ms }"
-}
-
 declare -A TARGET_PORT TARGET_PID # by "case/proxy"
 ROWS=()                            # "case/proxy" in table order
 
@@ -440,9 +440,9 @@ start_targets() {
   TARGET_PID["direct/backend"]="$BACKEND_PID"
   for c in $CASES; do
     tag="$c"
-    [[ "$c" != global ]] || start_pinned_redis
+    [[ "$c" != global ]] || start_redis
     port="$(free_port)"
-    write_sg_conf "$TMP/sg-$tag.yaml" "$port" "$(sg_limit "$c")" "$([[ "$c" != global ]] || echo "$PINNED_REDIS_YAML")"
+    write_sg_conf "$TMP/sg-$tag.yaml" "$port" "$(sg_limit "$c")" "$([[ "$c" != global ]] || echo "$REDIS_YAML")"
     start_sg "$TMP/sg-$tag.yaml" "$port" "$TMP/sg-$tag.log"
     ROWS+=("$c/sluicegate")
     TARGET_PORT["$c/sluicegate"]="$port"
@@ -482,11 +482,11 @@ measure() { # $1 row, $2 rep
   fi
   out="$TMP/wrk-${row//\//-}-$rep.txt"
   [[ -z "$pid" ]] || t0="$(cpu_ticks "$pid")"
-  [[ "$row" != global/* ]] || r0="$(cpu_ticks "$PINNED_REDIS_PID")"
+  [[ "$row" != global/* ]] || r0="$(cpu_ticks "$REDIS_PID")"
   timeout $((DUR_S + 30)) "${PIN[@]}" wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" --timeout "$WRK_TIMEOUT" \
     --latency -s "$HERE/report.lua" "http://127.0.0.1:$port/" >"$out"
   [[ -z "$pid" ]] || t1="$(cpu_ticks "$pid")"
-  [[ "$row" != global/* ]] || r1="$(cpu_ticks "$PINNED_REDIS_PID")"
+  [[ "$row" != global/* ]] || r1="$(cpu_ticks "$REDIS_PID")"
   line="$(grep '^WRKRESULT ' "$out")" || die "no result from wrk for $row (see $out)"
   local rps requests p50_us p99_us non2xx connect read write timeout secs kv
   for kv in ${line#WRKRESULT }; do local "${kv%%=*}=${kv#*=}"; done
@@ -605,10 +605,11 @@ instructions_main() {
   start_backend
   local c port dir
   for c in $CASES; do
+    [[ "$c" != global ]] || start_redis
     port="$(free_port)"
-    write_sg_conf "$TMP/sg-$c.yaml" "$port" "$(sg_limit "$c")"
+    write_sg_conf "$TMP/sg-$c.yaml" "$port" "$(sg_limit "$c")" "$([[ "$c" != global ]] || echo "$REDIS_YAML")"
     under_callgrind "$c/sluicegate" "$port" "$TMP/sg-$c.log" "$SG" -c "$TMP/sg-$c.yaml" --log-level warn
-    if has_peer nginx; then
+    if [[ "$c" != global ]] && has_peer nginx; then
       port="$(free_port)"
       dir="$TMP/nginx-$c"
       mkdir -p "$dir"
@@ -694,11 +695,7 @@ ng_case "f nginx limit_req (429) w1" reject-w1 1 10r/s "nodelay"
 ng_case "f nginx limit_req (429) wauto" reject-wauto auto 10r/s "nodelay"
 
 # g, h: the same limits, global, against a local Redis (no persistence)
-REDIS_PORT="$(free_port)"
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --logfile "$TMP/redis.log" &
-PIDS+=("$!")
-for _ in $(seq 100); do redis-cli -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
-REDIS_YAML="redis: { url: \"redis://127.0.0.1:$REDIS_PORT\", timeout: 50ms }"
+start_redis
 sg_case "g sluicegate global (pass)" global-pass "$LIMIT_PASS
     scope: global" "$REDIS_YAML"
 sg_case "h sluicegate global (429)" global-reject "$LIMIT_REJECT
