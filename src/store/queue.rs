@@ -107,7 +107,11 @@ impl Store {
                         let _ = job.reply.send(Ok(part));
                     }
                 }
-                Err(e) => jobs.into_iter().for_each(|job| drop(job.reply.send(Err(e.clone())))),
+                Err(e) => {
+                    for job in jobs {
+                        let _ = job.reply.send(Err(e.clone()));
+                    }
+                }
             }
         }
     }
@@ -131,5 +135,75 @@ impl Store {
             return Err(StoreError::Reply(reply.len()));
         }
         Ok(reply)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::sync::oneshot;
+
+    use super::{Job, MAX_REQUESTS, Queue};
+
+    /// A waiting job, and the receiver whose dropping says its request stopped waiting.
+    fn waiting(cost: u64) -> (Job, oneshot::Receiver<Result<Vec<u64>, super::StoreError>>) {
+        let (reply, answer) = oneshot::channel();
+        (Job { calls: Default::default(), cost, reply }, answer)
+    }
+
+    fn costs(jobs: &[Job]) -> Vec<u64> {
+        jobs.iter().map(|j| j.cost).collect()
+    }
+
+    #[test]
+    fn calls_start_up_to_the_cap_and_take_what_queued_in_order() {
+        let queue = Queue::default();
+        let mut answers = Vec::new();
+        let started: Vec<bool> = (1..=4)
+            .map(|cost| {
+                let (job, answer) = waiting(cost);
+                answers.push(answer);
+                queue.push(job, 2)
+            })
+            .collect();
+        assert_eq!(started, [true, true, false, false], "two calls under way at most");
+        // The first call takes everything queued by the time it runs, oldest first.
+        assert_eq!(costs(&queue.next().unwrap()), [1, 2, 3, 4]);
+        // Nothing left: each call ends, and a new push may start one again.
+        assert!(queue.next().is_none());
+        assert!(queue.next().is_none());
+        let (job, _answer) = waiting(5);
+        assert!(queue.push(job, 2));
+    }
+
+    #[test]
+    fn a_call_carries_at_most_max_requests() {
+        let queue = Queue::default();
+        let answers: Vec<_> = (0..MAX_REQUESTS as u64 + 6)
+            .map(|cost| {
+                let (job, answer) = waiting(cost);
+                queue.push(job, 1);
+                answer
+            })
+            .collect();
+        assert_eq!(queue.next().unwrap().len(), MAX_REQUESTS);
+        assert_eq!(costs(&queue.next().unwrap()), (MAX_REQUESTS as u64..MAX_REQUESTS as u64 + 6).collect::<Vec<_>>());
+        assert!(queue.next().is_none());
+        drop(answers);
+    }
+
+    #[test]
+    fn a_decision_whose_request_stopped_waiting_is_not_sent() {
+        let queue = Queue::default();
+        let (first, gone) = waiting(1);
+        let (second, kept) = waiting(2);
+        queue.push(first, 1);
+        queue.push(second, 1);
+        drop(gone);
+        assert_eq!(costs(&queue.next().unwrap()), [2]);
+        drop(kept);
+        let (third, gone) = waiting(3);
+        queue.push(third, 1);
+        drop(gone);
+        assert!(queue.next().is_none(), "only a request that gave up was queued");
     }
 }
