@@ -135,8 +135,23 @@ const REAL_TIME: &[&str] = &[
 /// (status, delay in ms) of each request of a group.
 type Outcomes = Vec<(u16, f64)>;
 
+/// A stall of a loaded machine (the whole suite in parallel on two cores) can hold one
+/// request past the margin; a wrong delay or status does so run after run. So one
+/// mismatch is reported and the replay run again: the test fails only when the second
+/// replay does too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_matches_nginx_in_real_time() {
+    if let Err(first) = replay_in_real_time().await {
+        eprintln!("real-time replay: {first}; replaying again");
+        if let Err(second) = replay_in_real_time().await {
+            panic!("{second} (and before: {first})");
+        }
+    }
+}
+
+/// Every `REAL_TIME` schedule sent in real time; the first request whose status or delay
+/// differs from nginx's, if one does.
+async fn replay_in_real_time() -> Result<(), String> {
     let chosen: Vec<Scenario> = scenarios().into_iter().filter(|s| REAL_TIME.contains(&s.scenario.as_str())).collect();
     assert_eq!(chosen.len(), REAL_TIME.len());
     // Start every proxy first (a blocking wait for readiness), then run all schedules
@@ -179,15 +194,21 @@ async fn proxy_matches_nginx_in_real_time() {
             ours.sort_by(|a, b| a.partial_cmp(b).unwrap());
             theirs.sort_by(|a, b| a.partial_cmp(b).unwrap());
             let statuses = |v: &[(u16, f64)]| v.iter().map(|x| x.0).collect::<Vec<_>>();
-            assert_eq!(statuses(&ours), statuses(&theirs), "{} at {t} ms key {key:?}", s.scenario);
+            if statuses(&ours) != statuses(&theirs) {
+                return Err(format!(
+                    "{} at {t} ms key {key:?}: statuses {:?} vs nginx {:?}",
+                    s.scenario,
+                    statuses(&ours),
+                    statuses(&theirs)
+                ));
+            }
             for ((_, o), (_, n)) in ours.iter().zip(&theirs) {
                 // Real time adds our own round trip and the machine's scheduling noise.
-                assert!(
-                    (o - n).abs() <= tolerance_ms(*n) + 25.0,
-                    "{} at {t} ms: {o:.1} ms vs nginx {n:.1} ms",
-                    s.scenario
-                );
+                if (o - n).abs() > tolerance_ms(*n) + 25.0 {
+                    return Err(format!("{} at {t} ms: {o:.1} ms vs nginx {n:.1} ms", s.scenario));
+                }
             }
         }
     }
+    Ok(())
 }
