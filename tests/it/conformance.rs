@@ -176,11 +176,17 @@ async fn replay_in_real_time() -> Result<(), String> {
             .collect();
         runs.push((s, tasks));
     }
+    // Every request answered before any is judged: none is left running against a proxy
+    // that an early mismatch would stop.
+    let mut answered = Vec::new();
     for (s, tasks) in runs {
         let mut outcomes = Vec::new();
         for t in tasks {
             outcomes.push(t.await.unwrap());
         }
+        answered.push((s, outcomes));
+    }
+    for (s, outcomes) in answered {
         let delays = nginx_delays_ms(&s);
         // Requests sent at the same instant with the same key may arrive in any order:
         // compare each such group as sorted (status, delay) lists.
