@@ -48,7 +48,7 @@ pub enum StoreError {
     Timeout(Duration),
     #[error("{0}")]
     Redis(#[from] RedisError),
-    #[error("unexpected reply from the decide script ({0} integers)")]
+    #[error("unexpected reply from the decide script ({0} packed integers)")]
     Reply(usize),
 }
 

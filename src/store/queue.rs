@@ -14,7 +14,6 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use redis::FromRedisValue;
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
@@ -129,23 +128,33 @@ impl Store {
         windows: usize,
     ) -> Result<Vec<u64>, StoreError> {
         self.stats.script_calls.fetch_add(1, Ordering::Relaxed);
-        let value = self.connections.invoke(invocation).await?;
-        let reply = Vec::<u64>::from_redis_value(value).map_err(|_| StoreError::Reply(0))?;
-        if reply.len() != 2 + windows * REPLY_FIELDS {
-            return Err(StoreError::Reply(reply.len()));
+        match self.connections.invoke(invocation).await? {
+            redis::Value::BulkString(packed) => unpack(&packed, windows),
+            _ => Err(StoreError::Reply(0)),
         }
-        Ok(reply)
     }
+}
+
+/// The integers of a `DECIDE` reply that decided `windows` windows (little-endian, 8
+/// bytes each), if it has their number and none is negative.
+fn unpack(packed: &[u8], windows: usize) -> Result<Vec<u64>, StoreError> {
+    let integers = packed.chunks_exact(8).map(|i| i64::from_le_bytes(i.try_into().expect("8 bytes")));
+    let reply: Vec<u64> = integers.map_while(|i| u64::try_from(i).ok()).collect();
+    if packed.len() != (2 + windows * REPLY_FIELDS) * 8 || reply.len() * 8 != packed.len() {
+        return Err(StoreError::Reply(packed.len() / 8));
+    }
+    Ok(reply)
 }
 
 #[cfg(test)]
 mod tests {
     use tokio::sync::oneshot;
 
-    use super::{Job, MAX_REQUESTS, Queue};
+    use super::{Job, MAX_REQUESTS, Queue, unpack};
+    use crate::store::StoreError;
 
     /// A waiting job, and the receiver whose dropping says its request stopped waiting.
-    fn waiting(cost: u64) -> (Job, oneshot::Receiver<Result<Vec<u64>, super::StoreError>>) {
+    fn waiting(cost: u64) -> (Job, oneshot::Receiver<Result<Vec<u64>, StoreError>>) {
         let (reply, answer) = oneshot::channel();
         (Job { calls: Default::default(), cost, reply }, answer)
     }
@@ -205,5 +214,16 @@ mod tests {
         queue.push(third, 1);
         drop(gone);
         assert!(queue.next().is_none(), "only a request that gave up was queued");
+    }
+
+    #[test]
+    fn a_reply_unpacks_only_with_the_integers_it_should_have() {
+        let packed = |integers: &[i64]| integers.iter().flat_map(|i| i.to_le_bytes()).collect::<Vec<u8>>();
+        let one_window = [1_700_000_000, 250_000, 1, 0, 99, 1_000_000_000, 1_500, 0];
+        assert_eq!(unpack(&packed(&one_window), 1).unwrap(), one_window.map(|i| i as u64));
+        assert!(matches!(unpack(&packed(&one_window), 2), Err(StoreError::Reply(8))), "a window missing");
+        assert!(matches!(unpack(&packed(&one_window)[..60], 1), Err(StoreError::Reply(7))), "a cut integer");
+        let negative = [1, 2, 1, 0, -1, 0, 0, 0];
+        assert!(matches!(unpack(&packed(&negative), 1), Err(StoreError::Reply(8))), "a negative field");
     }
 }

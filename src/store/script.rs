@@ -51,8 +51,8 @@ pub fn decide(modules: u8) -> &'static Script {
 pub static REFUND: LazyLock<Script> = LazyLock::new(|| script(0b1111, include_str!("lua/refund.lua")));
 pub static RENEW: LazyLock<Script> = LazyLock::new(|| script(0, include_str!("lua/renew.lua")));
 
-/// Integers in each window's reply: admitted, wait or retry ns, remaining, reset ns,
-/// excess in thousandths, banned.
+/// Integers in each window's reply (packed, 8 bytes each): admitted, wait or retry ns,
+/// remaining, reset ns, excess in thousandths, banned.
 pub const REPLY_FIELDS: usize = 6;
 
 /// A request's global limits as a `DECIDE` call carries them: `(limit, key base, lease

@@ -8,8 +8,10 @@
 -- group count, then per group: its limit (1-based, in the list above), then per window
 -- the lease id ('' but for a concurrency window). KEYS: per request, per group, one per
 -- window, then the ban's if any.
--- Reply: now_s, now_us, then per request, per window: admitted (0/1), wait or retry ns,
--- remaining, reset ns, excess in thousandths, banned (0/1).
+-- Reply: one string of little-endian 64-bit integers: now_s, now_us, then per request,
+-- per window: admitted (0/1), wait or retry ns, remaining, reset ns, excess in
+-- thousandths, banned (0/1). (A string, not an array of integers: the proxy reads it
+-- with a few loads, where a RESP parser spends hundreds of instructions per integer.)
 local algorithms = { lb = leaky_bucket, fw = fixed_window, sw = sliding_window, sl = sliding_log, cc = concurrency }
 
 -- The limits, read once: { dry, ban_base, ban_max, windows = { { algorithm, p } } }.
@@ -31,8 +33,8 @@ local function limits(a)
 end
 
 -- One request at `now`: reads its arguments from ARGV[a] and KEYS[k] on, appends its
--- windows' fields to `reply` (n fields so far); returns where the next request's
--- arguments and keys start and the new field count.
+-- windows' fields to `reply` (n windows so far, packed); returns where the next request's
+-- arguments and keys start and the new window count.
 local function decide(now, list, a, k, reply, n)
   local cost = tonumber(ARGV[a])
   local groups = {}
@@ -89,14 +91,9 @@ local function decide(now, list, a, k, reply, n)
   for _, group in ipairs(groups) do
     for _, window in ipairs(group.windows) do
       local v = window.v
-      if v.admit then
-        reply[n + 1], reply[n + 2] = 1, v.wait
-      else
-        reply[n + 1], reply[n + 2] = 0, v.retry
-      end
-      reply[n + 3], reply[n + 4], reply[n + 5] = v.remaining or 0, v.reset, math.floor(v.excess * 1000)
-      reply[n + 6] = v.banned and 1 or 0
-      n = n + 6
+      n = n + 1
+      reply[n] = struct.pack('<i8i8i8i8i8i8', v.admit and 1 or 0, v.admit and v.wait or v.retry, v.remaining or 0,
+                             v.reset, math.floor(v.excess * 1000), v.banned and 1 or 0)
     end
   end
   return a, k, n
@@ -104,8 +101,8 @@ end
 
 local now = clock(ARGV[1], ARGV[2])
 local list, a = limits(5)
-local reply, k, n = { now.s, now.us }, 1, 2
+local reply, k, n = { struct.pack('<i8i8', now.s, now.us) }, 1, 1
 for _ = 1, tonumber(ARGV[3]) do
   a, k, n = decide(now, list, a, k, reply, n)
 end
-return reply
+return table.concat(reply)
