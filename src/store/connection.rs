@@ -13,9 +13,10 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::{Client, IntoConnectionInfo, RedisError, RedisResult, ScriptInvocation, TlsCertificates, Value};
+use redis::{Client, ErrorKind, IntoConnectionInfo, RedisError, RedisResult, ServerErrorKind, TlsCertificates, Value};
 use tracing::{info, warn};
 
+use super::script::ScriptCall;
 use crate::config::Redis;
 
 #[derive(Clone)]
@@ -123,13 +124,13 @@ impl Connections {
         self.slots.len()
     }
 
-    /// Runs `invocation` on the next connection in turn.
-    pub async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> RedisResult<Value> {
+    /// Runs `call` on the next connection in turn.
+    pub async fn invoke(&self, call: &ScriptCall) -> RedisResult<Value> {
         let n = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
         match self.slots[n].get().cloned() {
-            Some(Connection::Standalone(mut c)) => invocation.invoke_async(&mut c).await,
-            Some(Connection::Cluster(mut c)) => invocation.invoke_async(&mut c).await,
-            None => Err(RedisError::from((redis::ErrorKind::Io, "not connected to Redis yet"))),
+            Some(Connection::Standalone(mut c)) => evalsha(&mut c, call).await,
+            Some(Connection::Cluster(mut c)) => evalsha(&mut c, call).await,
+            None => Err(RedisError::from((ErrorKind::Io, "not connected to Redis yet"))),
         }
     }
 
@@ -141,5 +142,18 @@ impl Connections {
             Some(Connection::Cluster(mut c)) => cmd.query_async(&mut c).await,
             None => Err(RedisError::from((redis::ErrorKind::Io, "not connected to Redis yet"))),
         }
+    }
+}
+
+/// `call` as `EVALSHA`; when Redis does not know the script (first use, a restart, a
+/// `SCRIPT FLUSH`), loads it and sends the call once more.
+async fn evalsha(connection: &mut impl redis::aio::ConnectionLike, call: &ScriptCall) -> RedisResult<Value> {
+    let cmd = call.cmd();
+    match cmd.query_async(connection).await {
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            call.script.load_async(connection).await?;
+            cmd.query_async(connection).await
+        }
+        reply => reply,
     }
 }

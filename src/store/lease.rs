@@ -14,7 +14,7 @@ use futures_util::future::join_all;
 use tracing::debug;
 
 use super::Store;
-use super::script::RENEW;
+use super::script::{RENEW, ScriptCall};
 
 /// One request's slot in a global concurrency limit, released on drop.
 pub struct Lease {
@@ -92,10 +92,10 @@ pub async fn renew(store: Weak<Store>) {
         let ttl = store.lease_ttl.as_millis().to_string();
         let leases = store.leases.snapshot();
         let calls = leases.iter().map(|(id, key)| {
-            let mut invocation = RENEW.prepare_invoke();
-            invocation.key(key).arg(&ttl).arg(id);
+            let mut call = ScriptCall::new(&RENEW);
+            call.key(&[key]).arg(&ttl).arg(id);
             let store = &store;
-            async move { tokio::time::timeout(store.timeout * 4, store.connections.invoke(&invocation)).await }
+            async move { tokio::time::timeout(store.timeout * 4, store.connections.invoke(&call)).await }
         });
         let failed = join_all(calls).await.into_iter().filter(|r| !matches!(r, Ok(Ok(_)))).count();
         if failed > 0 {

@@ -38,7 +38,7 @@ use reply::Batch;
 pub use reply::Verdicts;
 pub use report::StoreCounts;
 use report::{Reported, Stats};
-use script::{REFUND, Spec};
+use script::{REFUND, ScriptCall, Spec};
 
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum StoreError {
@@ -251,8 +251,8 @@ impl Store {
         if at.is_none() && !self.cluster {
             return self.decide_queued(parts, cost).await;
         }
-        let (invocation, windows) = script::decide_call(&self.specs, at, std::iter::once((cost, &parts)));
-        self.invoke_decide(&invocation, windows).await
+        let (call, windows) = script::decide_call(&self.specs, at, std::iter::once((cost, &parts)));
+        self.invoke_decide(&call, windows).await
     }
 
     /// Takes back an admission of `cost` by `limit` for `base` made at Redis time `at`,
@@ -265,11 +265,11 @@ impl Store {
     /// Takes back an admission now, waiting at most a few timeouts (a failure leaves it
     /// counted, and is logged).
     async fn take_back(&self, limit: usize, base: &str, at: RedisTime, cost: u64) {
-        let mut invocation = REFUND.prepare_invoke();
-        invocation.arg(at.secs).arg(at.micros).arg(cost);
-        self.spec(limit).push_refund(base, &mut invocation);
+        let mut call = ScriptCall::new(&REFUND);
+        call.arg(at.secs).arg(at.micros).arg(cost);
+        self.spec(limit).push_refund(base, &mut call);
         let wait = self.timeout * 4;
-        let result = tokio::time::timeout(wait, self.connections.invoke(&invocation)).await;
+        let result = tokio::time::timeout(wait, self.connections.invoke(&call)).await;
         if let Ok(Err(e)) | Err(e) = result.map_err(|_| StoreError::Timeout(wait)).map(|r| r.map_err(StoreError::from))
         {
             warn!(limit = %self.spec(limit).name, error = %e, "a global admission could not be taken back");

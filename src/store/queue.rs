@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
-use super::script::{self, Parts, REPLY_FIELDS};
+use super::script::{self, Parts, REPLY_FIELDS, ScriptCall};
 use super::{Store, StoreError};
 
 /// Calls under way at once per Redis connection: two keep Redis busy while one reply
@@ -117,18 +117,14 @@ impl Store {
 
     /// One `DECIDE` call for `jobs`.
     async fn send(&self, jobs: &[Job]) -> Result<Vec<u64>, StoreError> {
-        let (invocation, windows) = script::decide_call(&self.specs, None, jobs.iter().map(|j| (j.cost, &j.calls)));
-        self.invoke_decide(&invocation, windows).await
+        let (call, windows) = script::decide_call(&self.specs, None, jobs.iter().map(|j| (j.cost, &j.calls)));
+        self.invoke_decide(&call, windows).await
     }
 
     /// Runs a `DECIDE` call that decides `windows` windows, and checks its reply's length.
-    pub(super) async fn invoke_decide(
-        &self,
-        invocation: &redis::ScriptInvocation<'_>,
-        windows: usize,
-    ) -> Result<Vec<u64>, StoreError> {
+    pub(super) async fn invoke_decide(&self, call: &ScriptCall, windows: usize) -> Result<Vec<u64>, StoreError> {
         self.stats.script_calls.fetch_add(1, Ordering::Relaxed);
-        match self.connections.invoke(invocation).await? {
+        match self.connections.invoke(call).await? {
             redis::Value::BulkString(packed) => unpack(&packed, windows),
             _ => Err(StoreError::Reply(0)),
         }

@@ -4,11 +4,12 @@
 //! and a driver per operation are joined into scripts: `decide` runs every global limit
 //! of a request in one atomic call, `REFUND` takes admissions back, `RENEW` extends
 //! concurrency leases. Each is sent as `EVALSHA` and loaded again on `NOSCRIPT`
-//! (redis-rs's `Script` does both).
+//! (`Connections::invoke`).
 
+use std::io::Write;
 use std::sync::{LazyLock, OnceLock};
 
-use redis::{Script, ScriptInvocation};
+use redis::{Cmd, RedisWrite, Script, ToRedisArgs};
 use smallvec::SmallVec;
 
 use super::RedisTime;
@@ -51,6 +52,52 @@ pub fn decide(modules: u8) -> &'static Script {
 pub static REFUND: LazyLock<Script> = LazyLock::new(|| script(0b1111, include_str!("lua/refund.lua")));
 pub static RENEW: LazyLock<Script> = LazyLock::new(|| script(0, include_str!("lua/renew.lua")));
 
+/// A call of a script being built: its keys and its arguments, each added in turn.
+///
+/// In place of redis-rs's `ScriptInvocation`, which allocates a buffer per key and per
+/// argument (a shared call of 64 requests has hundreds): here keys and arguments each
+/// fill one buffer, and a key is written from its parts without being joined first.
+pub struct ScriptCall {
+    pub script: &'static Script,
+    keys: Cmd,
+    args: Cmd,
+}
+
+impl ScriptCall {
+    pub fn new(script: &'static Script) -> ScriptCall {
+        ScriptCall { script, keys: Cmd::new(), args: Cmd::new() }
+    }
+
+    pub fn arg(&mut self, arg: impl ToRedisArgs) -> &mut ScriptCall {
+        arg.write_redis_args(&mut self.args);
+        self
+    }
+
+    /// Adds the key that is `parts` joined.
+    pub fn key(&mut self, parts: &[&str]) -> &mut ScriptCall {
+        let mut key = self.keys.writer_for_next_arg();
+        for part in parts {
+            key.write_all(part.as_bytes()).expect("a Vec takes every write");
+        }
+        drop(key);
+        self
+    }
+
+    /// The `EVALSHA` command.
+    pub fn cmd(&self) -> Cmd {
+        let (keys, args) = (self.keys.args_iter(), self.args.args_iter());
+        let parts = keys.clone().chain(args.clone()).filter_map(|arg| match arg {
+            redis::Arg::Simple(arg) => Some(arg),
+            _ => None,
+        });
+        let mut cmd =
+            Cmd::with_capacity(3 + keys.len() + args.len(), 64 + parts.clone().map(<[u8]>::len).sum::<usize>());
+        cmd.arg("EVALSHA").arg(self.script.get_hash()).arg(keys.len());
+        parts.for_each(|arg| cmd.write_arg(arg));
+        cmd
+    }
+}
+
 /// Integers in each window's reply (packed, 8 bytes each): admitted, wait or retry ns,
 /// remaining, reset ns, excess in thousandths, banned.
 pub const REPLY_FIELDS: usize = 6;
@@ -65,7 +112,7 @@ pub fn decide_call<'a>(
     specs: &[Option<Spec>],
     at: Option<RedisTime>,
     requests: impl Iterator<Item = (u64, &'a Parts)> + Clone,
-) -> (ScriptInvocation<'static>, usize) {
+) -> (ScriptCall, usize) {
     let spec = |limit: usize| specs[limit].as_ref().expect("only global limits reach the store");
     let mut used: SmallVec<[usize; 4]> = SmallVec::new();
     for (limit, ..) in requests.clone().flat_map(|(_, parts)| parts) {
@@ -73,25 +120,25 @@ pub fn decide_call<'a>(
             used.push(*limit);
         }
     }
-    let mut invocation = decide(used.iter().fold(0, |m, &l| m | spec(l).modules)).prepare_invoke();
+    let mut call = ScriptCall::new(decide(used.iter().fold(0, |m, &l| m | spec(l).modules)));
     match at {
-        Some(RedisTime { secs, micros }) => invocation.arg(secs).arg(micros),
-        None => invocation.arg("").arg(""),
+        Some(RedisTime { secs, micros }) => call.arg(secs).arg(micros),
+        None => call.arg("").arg(""),
     };
-    invocation.arg(requests.clone().count()).arg(used.len());
+    call.arg(requests.clone().count()).arg(used.len());
     for &limit in &used {
-        spec(limit).push_limit(&mut invocation);
+        spec(limit).push_limit(&mut call);
     }
     let mut windows = 0;
     for (cost, parts) in requests {
-        invocation.arg(cost).arg(parts.len());
+        call.arg(cost).arg(parts.len());
         for (limit, base, lease) in parts {
             let index = used.iter().position(|l| l == limit).unwrap_or_default() + 1;
-            spec(*limit).push_use(index, base, lease, &mut invocation);
+            spec(*limit).push_use(index, base, lease, &mut call);
             windows += spec(*limit).windows();
         }
     }
-    (invocation, windows)
+    (call, windows)
 }
 
 /// A global limit's fixed part of every call, formatted once.
@@ -174,37 +221,53 @@ impl Spec {
 
     /// Adds this limit's fixed part to a `DECIDE` call (once per call, however many of
     /// its requests use the limit).
-    fn push_limit(&self, invocation: &mut ScriptInvocation<'_>) {
+    fn push_limit(&self, call: &mut ScriptCall) {
         for field in &self.header {
-            invocation.arg(field);
+            call.arg(field);
         }
         for (_, params) in &self.windows {
-            invocation.arg(params);
+            call.arg(params);
         }
     }
 
     /// Adds a request's use of this limit (the `index`-th of the call, from 1) to a
     /// `DECIDE` call, for the key `base`; `lease` names the lease a concurrency window
     /// takes.
-    fn push_use(&self, index: usize, base: &str, lease: &str, invocation: &mut ScriptInvocation<'_>) {
-        invocation.arg(index);
-        for i in 0..self.windows.len() {
-            invocation.key(self.key(base, i));
-            invocation.arg(if self.leases { lease } else { "" });
+    fn push_use(&self, index: usize, base: &str, lease: &str, call: &mut ScriptCall) {
+        call.arg(index);
+        for (suffix, _) in &self.windows {
+            call.key(&[base, suffix]);
+            call.arg(if self.leases { lease } else { "" });
         }
         if self.has_ban {
-            invocation.key(format!("{base}:ban"));
+            call.key(&[base, ":ban"]);
         }
     }
 
     /// Adds this limit's windows to a `REFUND` call for the key `base`.
-    pub fn push_refund(&self, base: &str, invocation: &mut ScriptInvocation<'_>) {
-        for (i, (_, params)) in self.windows.iter().enumerate() {
-            invocation.key(self.key(base, i));
+    pub fn push_refund(&self, base: &str, call: &mut ScriptCall) {
+        for (suffix, params) in &self.windows {
+            call.key(&[base, suffix]);
             for p in params {
-                invocation.arg(p);
+                call.arg(p);
             }
-            invocation.arg("");
+            call.arg("");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{RENEW, ScriptCall};
+
+    #[test]
+    fn a_call_sends_its_keys_before_its_arguments_whatever_their_order() {
+        let mut call = ScriptCall::new(&RENEW);
+        call.arg(5).key(&["sg:{a}", ":lb0"]).arg("").key(&["b"]);
+        let hash = RENEW.get_hash();
+        let expected = format!(
+            "*7\r\n$7\r\nEVALSHA\r\n$40\r\n{hash}\r\n$1\r\n2\r\n$10\r\nsg:{{a}}:lb0\r\n$1\r\nb\r\n$1\r\n5\r\n$0\r\n\r\n"
+        );
+        assert_eq!(String::from_utf8(call.cmd().get_packed_command()).unwrap(), expected);
     }
 }
