@@ -38,7 +38,7 @@ use reply::Batch;
 pub use reply::Verdicts;
 pub use report::StoreCounts;
 use report::{Reported, Stats};
-use script::{REFUND, ScriptCall, Spec};
+use script::{Parts, REFUND, ScriptCall, Spec};
 
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum StoreError {
@@ -194,10 +194,25 @@ impl Store {
             })
             .collect();
         let batches = self.batches(calls.iter().map(|c| c.base.as_str()));
-        let sent = batches.iter().map(|batch| self.decide_batch(calls, batch, &ids, cost, at));
-        let replies = match tokio::time::timeout(self.timeout, join_all(sent)).await {
-            Ok(replies) => replies.into_iter().collect::<Result<Vec<_>, _>>(),
-            Err(_) => Err(StoreError::Timeout(self.timeout)),
+        let parts = |batch: &Batch| -> Parts {
+            batch.iter().map(|&c| (calls[c].limit, calls[c].base.clone(), ids[c].clone())).collect()
+        };
+        let replies = match batches.as_slice() {
+            // At Redis's own time on a standalone Redis (one batch), the decision may share
+            // a call with other requests' (`queue`), which answers it by its deadline.
+            [batch] if at.is_none() && !self.cluster => self.decide_queued(parts(batch), cost).await.map(|r| vec![r]),
+            // A cluster's batches, or a decision at a given time (`at`: tests replaying a
+            // schedule), are calls of their own.
+            _ => {
+                let sent = batches.iter().map(|batch| {
+                    let (call, windows) = script::decide_call(&self.specs, at, std::iter::once((cost, &parts(batch))));
+                    async move { self.invoke_decide(&call, windows).await }
+                });
+                match tokio::time::timeout(self.timeout, join_all(sent)).await {
+                    Ok(replies) => replies.into_iter().collect::<Result<Vec<_>, _>>(),
+                    Err(_) => Err(StoreError::Timeout(self.timeout)),
+                }
+            }
         };
         let replies = match replies {
             Ok(replies) => replies,
@@ -233,26 +248,6 @@ impl Store {
             }
         }
         batches.into_iter().map(|(_, batch)| batch).collect()
-    }
-
-    /// Decides the `batch` of `calls` (one slot's). At Redis's own time on a standalone
-    /// Redis the decision may share a call with other requests' (`queue`); a cluster's,
-    /// or one at a given time (`at`: tests replaying a schedule), is a call of its own.
-    async fn decide_batch(
-        self: &Arc<Self>,
-        calls: &[Call],
-        batch: &[usize],
-        ids: &[String],
-        cost: u64,
-        at: Option<RedisTime>,
-    ) -> Result<Vec<u64>, StoreError> {
-        let parts: script::Parts =
-            batch.iter().map(|&c| (calls[c].limit, calls[c].base.clone(), ids[c].clone())).collect();
-        if at.is_none() && !self.cluster {
-            return self.decide_queued(parts, cost).await;
-        }
-        let (call, windows) = script::decide_call(&self.specs, at, std::iter::once((cost, &parts)));
-        self.invoke_decide(&call, windows).await
     }
 
     /// Takes back an admission of `cost` by `limit` for `base` made at Redis time `at`,

@@ -11,11 +11,13 @@
 //! that carried it. On a cluster each request is its own call (the keys of different
 //! requests lie in different slots).
 
+use std::collections::VecDeque;
+use std::pin::pin;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use smallvec::SmallVec;
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use super::script::{self, Parts, REPLY_FIELDS, ScriptCall};
 use super::{Store, StoreError};
@@ -30,6 +32,8 @@ const MAX_REQUESTS: usize = 64;
 struct Job {
     calls: Parts,
     cost: u64,
+    /// When its request stops waiting: `redis.timeout` after it was queued.
+    deadline: Instant,
     /// Where its part of the reply goes: Redis's time, then its windows' fields.
     reply: oneshot::Sender<Result<Vec<u64>, StoreError>>,
 }
@@ -60,9 +64,11 @@ impl Queue {
     /// when none wait.
     fn next(&self) -> Option<Vec<Job>> {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        // A request that stopped waiting (its `timeout` passed: its limits' `on_store_error`
-        // decided) must not spend quota in Redis later.
-        state.jobs.retain(|job| !job.reply.is_closed());
+        // A request that stopped waiting (its client went away) must not spend quota in
+        // Redis later, nor one whose deadline passed while earlier calls ran: dropping
+        // its sender answers it `Timeout` (its limits' `on_store_error` decides).
+        let now = Instant::now();
+        state.jobs.retain(|job| !job.reply.is_closed() && job.deadline > now);
         if state.jobs.is_empty() {
             state.in_flight -= 1;
             return None;
@@ -75,50 +81,72 @@ impl Queue {
 
 impl Store {
     /// Queues the decision of `calls` for `cost` units for a shared call, and waits for
-    /// its part of the reply (the shape `invoke_decide` gives for one request).
+    /// its part of the reply (the shape `invoke_decide` gives for one request), or for
+    /// `redis.timeout`.
     pub(super) async fn decide_queued(self: &Arc<Self>, calls: Parts, cost: u64) -> Result<Vec<u64>, StoreError> {
         let (reply, answer) = oneshot::channel();
-        if self.queue.push(Job { calls, cost, reply }, IN_FLIGHT_PER_CONNECTION * self.connections.len()) {
-            // A task of its own: a request that goes away (or stops waiting) must not
-            // take the call the others wait for with it.
+        let deadline = Instant::now() + self.timeout;
+        let job = Job { calls, cost, deadline, reply };
+        if self.queue.push(job, IN_FLIGHT_PER_CONNECTION * self.connections.len()) {
+            // A task of its own: a request that goes away must not take the call the
+            // others wait for with it.
             tokio::spawn(Arc::clone(self).send_queued());
         }
-        // The sender is gone only if the runtime is shutting down.
+        // The sender is gone if the deadline passed before a call took the decision (or
+        // the runtime is shutting down).
         answer.await.unwrap_or(Err(StoreError::Timeout(self.timeout)))
     }
 
     /// Sends what is queued, call after call, until nothing waits.
+    ///
+    /// Each request is answered by its deadline (`StoreError::Timeout`) with no timer of
+    /// its own: the queue is in arrival order, so a call's requests reach their deadlines
+    /// in order, and after those of every earlier call. One timer per call, set to the
+    /// deadline of its first request still waiting, answers those whose time is up; the
+    /// call is given up when none waits any more, by the deadline of its last request,
+    /// so the next call starts in time for the requests queued behind.
     async fn send_queued(self: Arc<Self>) {
         while let Some(jobs) = self.queue.next() {
-            let windows: SmallVec<[usize; 64]> =
-                jobs.iter().map(|j| j.calls.iter().map(|c| self.spec(c.0).windows()).sum()).collect();
-            let sent = tokio::time::timeout(self.timeout, self.send(&jobs));
-            let reply = sent.await.unwrap_or(Err(StoreError::Timeout(self.timeout)));
-            // The length was checked: each request's windows are there, in order.
+            let (call, _) = script::decide_call(&self.specs, None, jobs.iter().map(|j| (j.cost, &j.calls)));
+            let mut waiting: VecDeque<(Instant, usize, oneshot::Sender<_>)> = jobs
+                .into_iter()
+                .map(|j| (j.deadline, j.calls.iter().map(|c| self.spec(c.0).windows()).sum(), j.reply))
+                .collect();
+            let windows = waiting.iter().map(|w| w.1).sum();
+            let mut sent = pin!(self.invoke_decide(&call, windows));
+            let reply = loop {
+                let Some(&(deadline, ..)) = waiting.front() else { break None };
+                if let Ok(reply) = tokio::time::timeout_at(deadline, sent.as_mut()).await {
+                    break Some(reply);
+                }
+                let now = Instant::now();
+                while waiting.front().is_some_and(|(deadline, ..)| *deadline <= now) {
+                    let (_, _, reply) = waiting.pop_front().expect("a request is waiting");
+                    // A request that stopped waiting dropped its receiver: nothing to do.
+                    let _ = reply.send(Err(StoreError::Timeout(self.timeout)));
+                }
+            };
             match reply {
-                Ok(reply) => {
-                    let (time, mut fields) = (&reply[..2], reply[2..].chunks_exact(REPLY_FIELDS));
-                    for (job, windows) in jobs.into_iter().zip(windows) {
+                Some(Ok(reply)) => {
+                    // The length was checked: each request's windows are there, in order.
+                    let (time, fields) = (&reply[..2], &reply[2..]);
+                    let mut at = windows - waiting.iter().map(|w| w.1).sum::<usize>();
+                    for (_, windows, reply) in waiting {
                         let mut part = Vec::with_capacity(2 + windows * REPLY_FIELDS);
                         part.extend_from_slice(time);
-                        fields.by_ref().take(windows).for_each(|f| part.extend_from_slice(f));
-                        // A request that stopped waiting dropped its receiver: nothing to do.
-                        let _ = job.reply.send(Ok(part));
+                        part.extend_from_slice(&fields[at * REPLY_FIELDS..(at + windows) * REPLY_FIELDS]);
+                        at += windows;
+                        let _ = reply.send(Ok(part));
                     }
                 }
-                Err(e) => {
-                    for job in jobs {
-                        let _ = job.reply.send(Err(e.clone()));
+                Some(Err(e)) => {
+                    for (_, _, reply) in waiting {
+                        let _ = reply.send(Err(e.clone()));
                     }
                 }
+                None => {}
             }
         }
-    }
-
-    /// One `DECIDE` call for `jobs`.
-    async fn send(&self, jobs: &[Job]) -> Result<Vec<u64>, StoreError> {
-        let (call, windows) = script::decide_call(&self.specs, None, jobs.iter().map(|j| (j.cost, &j.calls)));
-        self.invoke_decide(&call, windows).await
     }
 
     /// Runs a `DECIDE` call that decides `windows` windows, and checks its reply's length.
@@ -144,7 +172,10 @@ fn unpack(packed: &[u8], windows: usize) -> Result<Vec<u64>, StoreError> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use tokio::sync::oneshot;
+    use tokio::time::Instant;
 
     use super::{Job, MAX_REQUESTS, Queue, unpack};
     use crate::store::StoreError;
@@ -152,7 +183,8 @@ mod tests {
     /// A waiting job, and the receiver whose dropping says its request stopped waiting.
     fn waiting(cost: u64) -> (Job, oneshot::Receiver<Result<Vec<u64>, StoreError>>) {
         let (reply, answer) = oneshot::channel();
-        (Job { calls: Default::default(), cost, reply }, answer)
+        let deadline = Instant::now() + Duration::from_secs(60);
+        (Job { calls: Default::default(), cost, deadline, reply }, answer)
     }
 
     fn costs(jobs: &[Job]) -> Vec<u64> {
@@ -221,5 +253,17 @@ mod tests {
         assert!(matches!(unpack(&packed(&one_window)[..60], 1), Err(StoreError::Reply(7))), "a cut integer");
         let negative = [1, 2, 1, 0, -1, 0, 0, 0];
         assert!(matches!(unpack(&packed(&negative), 1), Err(StoreError::Reply(8))), "a negative field");
+    }
+
+    #[test]
+    fn a_decision_whose_deadline_passed_in_the_queue_is_not_sent_and_times_out() {
+        let queue = Queue::default();
+        let (mut late, mut answer) = waiting(1);
+        late.deadline = Instant::now();
+        let (kept, _answer) = waiting(2);
+        queue.push(late, 1);
+        queue.push(kept, 1);
+        assert_eq!(costs(&queue.next().unwrap()), [2]);
+        assert!(answer.try_recv().is_err_and(|e| e == oneshot::error::TryRecvError::Closed), "told at once");
     }
 }

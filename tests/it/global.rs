@@ -574,6 +574,36 @@ async fn redis_paused_then_resumed() {
     }
 }
 
+/// Redis paused while requests keep arriving: each is answered by its own deadline (the
+/// timeout after it arrived), also those queued behind calls that Redis never answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_queued_behind_unanswered_calls_still_wait_one_timeout() {
+    let redis = Redis::start();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 300ms, breaker_failures: 100000 }}\nlimits:\n  g: {{ key: ip, algorithm: fixed_window, limit: 1000, window: 1h, scope: global, on_store_error: allow }}\nroutes:\n{}",
+        redis.url(),
+        respond_route("g")
+    );
+    let sg = Sluicegate::start(&yaml);
+    assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
+    redis.pause();
+    // One request every 50 ms for a second: most arrive while calls are under way, and
+    // queue. A queued request that waited for an earlier call's full timeout before its
+    // own call started would take up to twice the timeout.
+    let mut waiting = Vec::new();
+    for _ in 0..20 {
+        waiting.push(tokio::spawn(get_within(sg.addr, "/", Duration::from_secs(5))));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for (n, request) in waiting.into_iter().enumerate() {
+        let (status, _, took) = request.await.unwrap();
+        assert_eq!(status, 200, "request {n}");
+        assert!(took >= Duration::from_millis(290), "request {n} answered after {took:?}, before its timeout");
+        assert!(took < Duration::from_millis(450), "request {n} took {took:?}, past its timeout of 300 ms");
+    }
+    redis.resume();
+}
+
 /// `SCRIPT FLUSH` mid-run: the next call finds NOSCRIPT, loads the script again, and
 /// decides; no request falls back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
