@@ -32,69 +32,85 @@ local function limits(a)
   return list, a
 end
 
+-- Scratch arrays that every request of the call fills again, per group (a limit the
+-- request uses) and per window (all its groups' windows in turn): a table per group and
+-- per window of each request was a fifth of Redis's time per request.
+local group_limit, group_ban, group_rejects = {}, {}, {}
+local window_key, window_p, window_v = {}, {}, {}
+
 -- One request at `now`: reads its arguments from ARGV[a] and KEYS[k] on, appends its
 -- windows' fields to `reply` (n windows so far, packed); returns where the next request's
 -- arguments and keys start and the new window count.
 local function decide(now, list, a, k, reply, n)
-  local cost = tonumber(ARGV[a])
-  local groups = {}
+  local cost, groups = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
   a = a + 2
-  for g = 1, tonumber(ARGV[a - 1]) do
+  local w = 0
+  for g = 1, groups do
     local limit = list[tonumber(ARGV[a])]
-    local group = { dry = limit.dry, windows = {} }
+    group_limit[g] = limit
     a = a + 1
-    for w, spec in ipairs(limit.windows) do
+    for _, spec in ipairs(limit.windows) do
+      w = w + 1
       local p = spec.p
       -- A concurrency window's lease is the request's own.
       if ARGV[a] ~= '' then p = { p[1], p[2], p[3], ARGV[a] } end
-      group.windows[w] = { algorithm = spec.algorithm, key = KEYS[k], p = p }
+      window_key[w], window_p[w] = KEYS[k], p
       a, k = a + 1, k + 1
     end
+    group_ban[g] = false
     if limit.ban_base > 0 then
-      group.ban = { key = KEYS[k], base = limit.ban_base, max = limit.ban_max }
+      group_ban[g] = { key = KEYS[k], base = limit.ban_base, max = limit.ban_max }
       k = k + 1
     end
-    groups[g] = group
   end
+  local windows = w
+
   -- Decide every window; a banned key is refused by its first window for the time left.
   local rejected = false
-  for _, group in ipairs(groups) do
-    local left = group.ban and ban.left(group.ban, now)
-    for w, window in ipairs(group.windows) do
-      if w == 1 and left then
-        window.v = { admit = false, retry = left, reset = left, excess = 0 }
+  w = 0
+  for g = 1, groups do
+    local limit, ban_state = group_limit[g], group_ban[g]
+    local left = ban_state and ban.left(ban_state, now)
+    local first, rejects = w + 1, false
+    for i, spec in ipairs(limit.windows) do
+      w = w + 1
+      local v
+      if i == 1 and left then
+        v = { admit = false, retry = left, reset = left, excess = 0 }
       else
-        window.v = window.algorithm.decide(window.key, window.p, now, cost)
+        v = spec.algorithm.decide(window_key[w], window_p[w], now, cost)
       end
-      group.rejects = group.rejects or not window.v.admit
+      window_v[w] = v
+      rejects = rejects or not v.admit
     end
     -- An enforced limit's rejection starts a ban unless one runs.
-    if group.rejects and group.ban and not group.dry and not left then
-      local first = group.windows[1].v
-      first.admit, first.retry, first.banned = false, ban.impose(group.ban, now), true
+    if rejects and ban_state and not limit.dry and not left then
+      local v = window_v[first]
+      v.admit, v.retry, v.banned = false, ban.impose(ban_state, now), true
     end
-    rejected = rejected or (group.rejects and not group.dry)
+    group_rejects[g] = rejects
+    rejected = rejected or (rejects and not limit.dry)
   end
 
   -- Store only if every enforced limit admits; a dry-run limit that would reject stores
   -- nothing, as if enforced.
   if not rejected then
-    for _, group in ipairs(groups) do
-      if not group.rejects then
-        for _, window in ipairs(group.windows) do
-          window.algorithm.store(window.key, window.p, now, cost, window.v)
+    w = 0
+    for g = 1, groups do
+      for _, spec in ipairs(group_limit[g].windows) do
+        w = w + 1
+        if not group_rejects[g] then
+          spec.algorithm.store(window_key[w], window_p[w], now, cost, window_v[w])
         end
       end
     end
   end
 
-  for _, group in ipairs(groups) do
-    for _, window in ipairs(group.windows) do
-      local v = window.v
-      n = n + 1
-      reply[n] = struct.pack('<i8i8i8i8i8i8', v.admit and 1 or 0, v.admit and v.wait or v.retry, v.remaining or 0,
-                             v.reset, math.floor(v.excess * 1000), v.banned and 1 or 0)
-    end
+  for w = 1, windows do
+    local v = window_v[w]
+    n = n + 1
+    reply[n] = struct.pack('<i8i8i8i8i8i8', v.admit and 1 or 0, v.admit and v.wait or v.retry, v.remaining or 0,
+                           v.reset, math.floor(v.excess * 1000), v.banned and 1 or 0)
   end
   return a, k, n
 end
