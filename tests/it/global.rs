@@ -852,50 +852,65 @@ fn metric(text: &str, name: &str) -> u64 {
 /// different number of units left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_waiting_together_share_a_call_and_keep_the_exact_budget() {
-    let redis = Redis::start();
-    let yaml = format!(
-        "listen: 127.0.0.1:0\nratelimit_headers: all\nadmin: {{ listen: 127.0.0.1:0 }}\nredis: {{ url: \"{}\", timeout: 10s, near_cache_keys: 0 }}\nlimits:\n  shared: {{ key: \"header:x-key\", rate: 1r/m, burst: 19, nodelay: true, scope: global }}\nroutes:\n{}",
-        redis.url(),
-        respond_route("shared")
-    );
-    let sg = Sluicegate::start(&yaml);
-    assert_eq!(get(sg.addr, "/", &[("x-key", "warm-up")]).await.status, 200);
-    let evalsha_before = evalsha_calls(&redis);
-    let calls_before =
-        metric(&get(sg.admin_addr(), "/metrics", &[]).await.text(), "sluicegate_redis_script_calls_total");
-    // Frozen, Redis answers nothing: every request's decision waits until all are queued.
-    redis.pause();
-    let tasks: Vec<_> =
-        (0..60).map(|_| tokio::spawn(async move { get(sg.addr, "/", &[("x-key", "team-1")]).await })).collect();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    // Every algorithm that keeps its state in a string, which a call reads once per key
+    // and writes once at its end: each request must still see those before it.
+    for (limit, refusal) in [
+        ("rate: 1r/m, burst: 19, nodelay: true", Some(60)),
+        ("algorithm: fixed_window, limit: 20, window: 1h", None),
+        ("algorithm: sliding_window, limit: 20, window: 1h", None),
+        ("rate: 1r/m, burst: 19, nodelay: true, ban: 2h, ban_max: 4h", Some(7200)),
+    ] {
+        let redis = Redis::start();
+        let yaml = format!(
+            "listen: 127.0.0.1:0\nratelimit_headers: all\nadmin: {{ listen: 127.0.0.1:0 }}\nredis: {{ url: \"{}\", timeout: 10s, near_cache_keys: 0 }}\nlimits:\n  shared: {{ key: \"header:x-key\", {limit}, scope: global }}\nroutes:\n{}",
+            redis.url(),
+            respond_route("shared")
+        );
+        let sg = Sluicegate::start(&yaml);
+        assert_eq!(get(sg.addr, "/", &[("x-key", "warm-up")]).await.status, 200);
+        let evalsha_before = evalsha_calls(&redis);
+        let calls_before =
+            metric(&get(sg.admin_addr(), "/metrics", &[]).await.text(), "sluicegate_redis_script_calls_total");
+        // Frozen, Redis answers nothing: every request's decision waits until all are queued.
+        redis.pause();
+        let tasks: Vec<_> =
+            (0..60).map(|_| tokio::spawn(async move { get(sg.addr, "/", &[("x-key", "team-1")]).await })).collect();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = get(sg.admin_addr(), "/metrics", &[]).await.text();
+            if metric(&text, "sluicegate_redis_calls_total") >= 61 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{limit}: the requests did not all reach the store:\n{text}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        redis.resume();
+        let mut left = Vec::new();
+        let mut refused = 0;
+        for task in tasks {
+            let reply = task.await.unwrap();
+            match reply.status {
+                200 => left.push(reply.header("ratelimit").and_then(|h| h.split("r=").nth(1)).map(|r| r.to_owned())),
+                429 => refused += 1,
+                other => panic!("{limit}: status {other}"),
+            }
+        }
+        assert_eq!((left.len(), refused), (20, 40), "{limit}");
+        // Each admitted request saw the ones decided before it in the same call.
+        let mut left: Vec<u64> =
+            left.iter().map(|r| r.as_deref().unwrap().split(';').next().unwrap().parse().unwrap()).collect();
+        left.sort_unstable();
+        assert_eq!(left, (0..20).collect::<Vec<_>>(), "{limit}");
+        // Two calls were under way when Redis froze; the other 58 waited and went in one.
+        let shared = evalsha_calls(&redis) - evalsha_before;
+        assert!(shared <= 3, "{limit}: {shared} script calls for 60 requests");
         let text = get(sg.admin_addr(), "/metrics", &[]).await.text();
-        if metric(&text, "sluicegate_redis_calls_total") >= 61 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the requests did not all reach the store:\n{text}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(metric(&text, "sluicegate_redis_script_calls_total"), calls_before + shared, "{limit}");
+        // What the calls wrote is in Redis: the next request is refused too, for as long
+        // (a ban's length, not the rate's minute; a window's end depends on the hour).
+        let next = get(sg.addr, "/", &[("x-key", "team-1")]).await;
+        assert_eq!(next.status, 429, "{limit}");
+        let retry: u64 = next.header("retry-after").unwrap().parse().unwrap();
+        assert!(refusal.is_none_or(|r| retry == r || retry + 1 == r), "{limit}: Retry-After {retry}");
     }
-    redis.resume();
-    let mut left = Vec::new();
-    let mut refused = 0;
-    for task in tasks {
-        let reply = task.await.unwrap();
-        match reply.status {
-            200 => left.push(reply.header("ratelimit").and_then(|h| h.split("r=").nth(1)).map(|r| r.to_owned())),
-            429 => refused += 1,
-            other => panic!("status {other}"),
-        }
-    }
-    assert_eq!((left.len(), refused), (20, 40));
-    // Each admitted request saw the ones decided before it in the same call.
-    let mut left: Vec<u64> =
-        left.iter().map(|r| r.as_deref().unwrap().split(';').next().unwrap().parse().unwrap()).collect();
-    left.sort_unstable();
-    assert_eq!(left, (0..20).collect::<Vec<_>>());
-    // Two calls were under way when Redis froze; the other 58 waited and went in one.
-    let shared = evalsha_calls(&redis) - evalsha_before;
-    assert!(shared <= 3, "{shared} script calls for 60 requests");
-    let text = get(sg.admin_addr(), "/metrics", &[]).await.text();
-    assert_eq!(metric(&text, "sluicegate_redis_script_calls_total"), calls_before + shared);
 }

@@ -2,7 +2,7 @@
 local ban = {}
 
 local function read(key)
-  local state = redis.call('GET', key)
+  local state = get(key)
   if not state then return nil end
   local until_ms, strikes = string.match(state, '^(%d+) (%d+)$')
   return tonumber(until_ms), tonumber(strikes)
@@ -27,7 +27,6 @@ function ban.impose(b, now)
   end
   local length = math.min(b.base * 2 ^ math.min(strikes - 1, 62), b.max)
   local until_new = now.ms + idiv(now.n % 1000000 + length, 1000000)
-  redis.call('SET', b.key, string.format('%d %d', until_new, math.min(strikes, 65535)),
-             'PX', until_new - now.ms + ttl_ms(b.max))
+  put(b.key, string.format('%d %d', until_new, math.min(strikes, 65535)), until_new - now.ms + ttl_ms(b.max))
   return length
 end

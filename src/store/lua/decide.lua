@@ -121,4 +121,5 @@ local reply, k, n = { struct.pack('<i8i8', now.s, now.us) }, 1, 1
 for _ = 1, tonumber(ARGV[3]) do
   a, k, n = decide(now, list, a, k, reply, n)
 end
+flush()
 return table.concat(reply)

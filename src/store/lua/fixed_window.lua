@@ -3,7 +3,7 @@
 local fixed_window = {}
 
 local function window_count(key, w, now)
-  local state = redis.call('GET', key)
+  local state = get(key)
   local index = idiv(now.ms, w)
   if state then
     local i, c = string.match(state, '^(%d+) (%d+)$')
@@ -24,7 +24,7 @@ function fixed_window.decide(key, p, now, cost)
 end
 
 function fixed_window.store(key, p, now, cost, v)
-  redis.call('SET', key, string.format('%d %d', v.index, v.excess), 'PX', ttl_ms(v.reset))
+  put(key, string.format('%d %d', v.index, v.excess), ttl_ms(v.reset))
 end
 
 function fixed_window.refund(key, p, at, cost)

@@ -4,7 +4,7 @@ local leaky_bucket = {}
 
 function leaky_bucket.decide(key, p, now, cost)
   local period, burst, delay = p[1], p[2], p[3]
-  local tat = parse(redis.call('GET', key))
+  local tat = parse(get(key))
   local first = 0
   if tat then first = math.max(0, since(tat, now) + period) end
   local excess = first + (cost - 1) * period
@@ -24,7 +24,7 @@ end
 -- The key is a fresh one's equal once `tat + period` (now + reset) has passed: it
 -- expires then.
 function leaky_bucket.store(key, p, now, cost, v)
-  redis.call('SET', key, format(plus(now, v.reset - p[1])), 'PX', ttl_ms(v.reset))
+  put(key, format(plus(now, v.reset - p[1])), ttl_ms(v.reset))
 end
 
 function leaky_bucket.refund(key, p, at, cost)

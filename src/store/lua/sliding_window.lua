@@ -6,7 +6,7 @@ local sliding_window = {}
 
 local function counts(key, w, now)
   local index = idiv(now.ms, w)
-  local state = redis.call('GET', key)
+  local state = get(key)
   if state then
     local i, prev, curr = string.match(state, '^(%d+) (%d+) (%d+)$')
     i, prev, curr = tonumber(i), tonumber(prev), tonumber(curr)
@@ -51,7 +51,7 @@ function sliding_window.decide(key, p, now, cost)
 end
 
 function sliding_window.store(key, p, now, cost, v)
-  redis.call('SET', key, v.state, 'PX', ttl_ms(v.ttl * 1000))
+  put(key, v.state, ttl_ms(v.ttl * 1000))
 end
 
 function sliding_window.refund(key, p, at, cost)

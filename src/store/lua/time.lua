@@ -60,6 +60,32 @@ local function idiv_ns(a, b)
   return q * 1000 + idiv((a - q * b) * 1000, b)
 end
 
+-- String state as a DECIDE call reads and writes it: a key that several requests of the
+-- call use is read from Redis once and written once, at the end (`flush`), as the
+-- writes in order would leave it (a script runs alone, at one instant). A flood from
+-- one client puts many of its requests in one call.
+local strings, written = {}, {}
+
+local function get(key)
+  local value = strings[key]
+  if value == nil then
+    value = redis.call('GET', key)
+    strings[key] = value
+  end
+  return value
+end
+
+-- Sets `key` to `value`, to expire in `ttl` ms.
+local function put(key, value, ttl)
+  strings[key], written[key] = value, ttl
+end
+
+local function flush()
+  for key, ttl in pairs(written) do
+    redis.call('SET', key, strings[key], 'PX', ttl)
+  end
+end
+
 -- Milliseconds for PEXPIRE, never early.
 local function ttl_ms(ns)
   return math.floor(ns / 1000000) + 1
