@@ -107,12 +107,13 @@ impl Store {
     /// so the next call starts in time for the requests queued behind.
     async fn send_queued(self: Arc<Self>) {
         while let Some(jobs) = self.queue.next() {
-            let (call, _) = script::decide_call(&self.specs, None, jobs.iter().map(|j| (j.cost, &j.calls)));
+            let (call, windows) = script::decide_call(&self.specs, None, jobs.iter().map(|j| (j.cost, &j.calls)));
             let mut waiting: VecDeque<(Instant, usize, oneshot::Sender<_>)> = jobs
                 .into_iter()
                 .map(|j| (j.deadline, j.calls.iter().map(|c| self.spec(c.0).windows()).sum(), j.reply))
                 .collect();
-            let windows = waiting.iter().map(|w| w.1).sum();
+            // Windows of the requests already answered `Timeout`: the reply's first ones.
+            let mut answered = 0;
             let mut sent = pin!(self.invoke_decide(&call, windows));
             let reply = loop {
                 let Some(&(deadline, ..)) = waiting.front() else { break None };
@@ -121,7 +122,8 @@ impl Store {
                 }
                 let now = Instant::now();
                 while waiting.front().is_some_and(|(deadline, ..)| *deadline <= now) {
-                    let (_, _, reply) = waiting.pop_front().expect("a request is waiting");
+                    let (_, windows, reply) = waiting.pop_front().expect("a request is waiting");
+                    answered += windows;
                     // A request that stopped waiting dropped its receiver: nothing to do.
                     let _ = reply.send(Err(StoreError::Timeout(self.timeout)));
                 }
@@ -130,7 +132,7 @@ impl Store {
                 Some(Ok(reply)) => {
                     // The length was checked: each request's windows are there, in order.
                     let (time, fields) = (&reply[..2], &reply[2..]);
-                    let mut at = windows - waiting.iter().map(|w| w.1).sum::<usize>();
+                    let mut at = answered;
                     for (_, windows, reply) in waiting {
                         let mut part = Vec::with_capacity(2 + windows * REPLY_FIELDS);
                         part.extend_from_slice(time);

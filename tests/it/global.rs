@@ -604,6 +604,37 @@ async fn requests_queued_behind_unanswered_calls_still_wait_one_timeout() {
     redis.resume();
 }
 
+/// A call whose first request was answered `Timeout` while Redis was paused still gives
+/// the requests after it their own part of the reply once Redis answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_answers_its_later_requests_after_its_first_timed_out() {
+    let redis = Redis::start();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nratelimit_headers: all\nredis: {{ url: \"{}\", timeout: 600ms, breaker_failures: 100000, near_cache_keys: 0 }}\nlimits:\n  g: {{ key: \"header:x-key\", rate: 1r/m, burst: 9, nodelay: true, scope: global, on_store_error: allow }}\nroutes:\n{}",
+        redis.url(),
+        respond_route("g")
+    );
+    let sg = Sluicegate::start(&yaml);
+    assert_eq!(get(sg.addr, "/", &[("x-key", "warm-up")]).await.status, 200);
+    redis.pause();
+    let send = || tokio::spawn(get(sg.addr, "/", &[("x-key", "k")]));
+    // Two calls under way (the cap for one connection), frozen; at 600 ms they are given
+    // up and the next call carries `a` (deadline 750 ms) and `b` (1050 ms).
+    let _under_way = [send(), send()];
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let a = send();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let b = send();
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    redis.resume();
+    let _ = a.await.unwrap();
+    let b = b.await.unwrap();
+    // Redis then runs the frozen calls in order: the two (9 and 8 left), `a` (7), `b` (6).
+    assert_eq!(b.status, 200);
+    let left = b.header("ratelimit").and_then(|h| h.split("r=").nth(1)).and_then(|r| r.split(';').next());
+    assert_eq!(left, Some("6"), "{:?}", b.header("ratelimit"));
+}
+
 /// `SCRIPT FLUSH` mid-run: the next call finds NOSCRIPT, loads the script again, and
 /// decides; no request falls back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
