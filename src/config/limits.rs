@@ -4,10 +4,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::raw::{AlgorithmName, RawKey, RawLimit};
+use super::checks::{Errors, allow, check_name, key_parts, names, positive_duration, status_in};
+use super::raw::{AlgorithmName, RawLimit};
 use super::store::scope;
 use super::units::parse_rate;
-use super::validate::{Errors, allow, check_name, names, positive_duration, status_in};
 use super::{Ban, Limit, LogLevel, Policy, Rate};
 use crate::policy::allow::Allow;
 use crate::policy::key::{DEFAULT_IP_PREFIX, KeyPart, KeySpec};
@@ -46,19 +46,6 @@ pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeM
         count: count(e, &at, raw),
         overrides: overrides(e, &at, name, raw, all),
         scope,
-    }
-}
-
-/// The parts of a key spec (`ip`, `header:NAME`, a list of these), errors at `at`.
-pub(super) fn key_parts(e: &mut Errors<'_>, at: &str, raw: &RawKey) -> Vec<KeyPart> {
-    match raw {
-        RawKey::One(text) => e.check(|| at.to_owned(), text.parse()).into_iter().collect(),
-        RawKey::Many(list) => {
-            if list.is_empty() {
-                e.add(at.to_owned(), "needs at least one part");
-            }
-            list.iter().enumerate().filter_map(|(i, text)| e.check(|| format!("{at}[{i}]"), text.parse())).collect()
-        }
     }
 }
 
@@ -350,18 +337,4 @@ fn ban(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Ban> {
 
 fn rate(e: &mut Errors<'_>, at: &str, field: &str, text: Option<&str>) -> Option<Rate> {
     e.check(|| format!("{at}.{field}"), parse_rate(text?))
-}
-
-/// What a limit admits at once, as written (`None`: no bound on cost, or not valid).
-pub(super) fn raw_capacity(raw: &RawLimit) -> Option<u64> {
-    match (raw.algorithm, &raw.rates) {
-        (_, Some(rates)) => rates.iter().filter_map(|r| parse_rate(r).ok()).map(|r| r.count).min(),
-        (Some(AlgorithmName::TokenBucket), _) => raw.capacity,
-        (Some(AlgorithmName::FixedWindow | AlgorithmName::SlidingWindow | AlgorithmName::SlidingLog), _) => raw.limit,
-        (Some(AlgorithmName::MinInterval), _) => Some(1),
-        (Some(AlgorithmName::Gcra | AlgorithmName::LeakyBucket) | None, _) if raw.concurrency.is_none() => {
-            Some(raw.burst.unwrap_or(0).saturating_add(1))
-        }
-        _ => None,
-    }
 }

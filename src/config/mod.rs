@@ -4,12 +4,14 @@
 //! types below (every error with its file, line, column and field path, all reported
 //! together), `position` maps field paths back to lines. Nothing here is parsed again per request.
 
+mod checks;
 mod files;
 mod limits;
 mod messages;
 mod position;
 mod raw;
 mod resolve;
+mod routes;
 mod shadow;
 mod store;
 pub mod tls;
@@ -235,6 +237,14 @@ pub struct Limit {
     pub scope: Scope,
 }
 
+impl Limit {
+    /// The most this limit admits at once, over all its windows (`None`: no bound on
+    /// what a request may weigh).
+    pub fn capacity(&self) -> Option<u64> {
+        self.windows.iter().filter_map(Policy::capacity).min()
+    }
+}
+
 /// `ban` and `ban_max` of a limit: a first ban lasts `base`; a repeat within `max` of the
 /// last ban's end doubles it, up to `max`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -251,6 +261,12 @@ pub struct Route {
     /// Indices into `Config::limits`, ascending: every request takes the locks of its
     /// limits in this one order.
     pub limits: Vec<usize>,
+    /// `limits` and the limits their overrides name, ascending: every limit that may
+    /// decide one of the route's requests.
+    pub candidates: Box<[usize]>,
+    /// The least any of `candidates` admits at once, and which one that is (`None`: no
+    /// bound on what a request may weigh).
+    pub capacity: Option<(u64, usize)>,
     /// Requests that skip all of the route's limits.
     pub allow: Allow,
     /// What a request weighs in the route's limits.

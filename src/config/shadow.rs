@@ -1,7 +1,7 @@
 //! Routes that can never match: an earlier route, tried first, takes every request
 //! they would (routes are tried in file order, the first match wins).
 
-use super::validate::Errors;
+use super::checks::Errors;
 use super::{PathMatch, Route, RouteMatch};
 
 /// Records an error at each route that an earlier one shadows.

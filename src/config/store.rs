@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use redis::IntoConnectionInfo;
 
+use super::checks::{Errors, positive_duration};
 use super::raw::{OnStoreError, RawLimit, RawRedis, ScopeName};
-use super::validate::{Errors, positive_duration};
 use super::{Limit, Policy, Redis, Scope};
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(20);

@@ -15,8 +15,8 @@ use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
+use super::checks::Errors;
 use super::raw::RawTls;
-use super::validate::Errors;
 
 /// What a listener's `tls:` says, its files read and checked.
 pub struct Tls {

@@ -6,14 +6,13 @@ use std::time::Duration;
 
 use http::uri::Authority;
 
-use super::limits::key_parts;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 
 use http::uri::PathAndQuery;
 
+use super::checks::{Errors, check_name, key_parts, positive_duration, status_in};
 use super::raw::{BalanceName, RawHealthCheck, RawUpstream, RawUpstreamServer, RawUpstreamTls};
-use super::validate::{Errors, check_name, positive_duration, status_in};
 use super::{Balance, HealthCheck, Server, Upstream, UpstreamTls};
 use crate::policy::key::KeySpec;
 
@@ -84,7 +83,7 @@ pub(super) fn upstream(e: &mut Errors<'_>, name: &str, raw: &RawUpstream) -> Ups
         retries: raw.retries.unwrap_or(DEFAULT_RETRIES),
         http2: raw.http2.unwrap_or(false),
         health_check: raw.health_check.as_ref().map(|h| health_check(e, &format!("{at}.health_check"), h)),
-        tunnel_idle_timeout: super::validate::connection_timeout(
+        tunnel_idle_timeout: super::checks::connection_timeout(
             e,
             &format!("{at}.tunnel_idle_timeout"),
             raw.tunnel_idle_timeout.as_ref(),

@@ -78,17 +78,6 @@ impl Algorithm {
         true
     }
 
-    /// The largest cost this ever admits at once (`None` for concurrency: one slot each).
-    pub fn capacity(&self) -> Option<u64> {
-        match self {
-            Algorithm::LeakyBucket(a, _) => Some(a.capacity()),
-            Algorithm::FixedWindow(a, _) => Some(a.capacity()),
-            Algorithm::SlidingWindow(a, _) => Some(a.capacity()),
-            Algorithm::SlidingLog(a, _) => Some(a.capacity()),
-            Algorithm::Concurrency(..) => None,
-        }
-    }
-
     #[inline]
     pub fn lock(&self, KeyHash(key): KeyHash) -> Held<'_> {
         match self {

@@ -80,11 +80,6 @@ impl FixedWindow {
         }
     }
 
-    /// The largest cost ever admitted at once.
-    pub fn capacity(&self) -> u64 {
-        self.limit
-    }
-
     /// A count from an earlier window is a fresh key's.
     /// The state of a key with `units` left in the window of `now`.
     pub fn holding(&self, units: u64, now: u64) -> u64 {

@@ -186,11 +186,6 @@ impl Limiters {
         usize::try_from(n).unwrap_or(usize::MAX)
     }
 
-    /// The largest cost limit `index` can ever admit at once (`None`: no limit on cost).
-    pub fn capacity(&self, index: usize) -> Option<u64> {
-        self.limits[index].windows.iter().filter_map(Algorithm::capacity).min()
-    }
-
     /// Keys dropped with live state by limit `index` since start.
     pub fn evictions(&self, index: usize) -> u64 {
         self.limits[index].windows.iter().map(Algorithm::evictions).sum()

@@ -71,10 +71,6 @@ impl SlidingLog {
         let remaining = self.limit - live - cost;
         Verdict::Admit { state: 0, wait: 0, remaining, reset: self.window, excess: (live + cost) as f64 }
     }
-
-    pub fn capacity(&self) -> u64 {
-        self.limit
-    }
 }
 
 impl LogTable {

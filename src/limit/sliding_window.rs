@@ -87,11 +87,6 @@ impl SlidingWindow {
         }
     }
 
-    /// The largest cost ever admitted at once.
-    pub fn capacity(&self) -> u64 {
-        self.limit
-    }
-
     /// From `elapsed` into the current window, when `estimate + cost ≤ limit` holds again
     /// (rounded so as never to be early; `cost ≤ limit`).
     fn retry_after(&self, prev: u64, curr: u64, elapsed: u64, cost: u64) -> u64 {

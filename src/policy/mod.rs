@@ -38,6 +38,18 @@ impl Policy {
     pub fn is_concurrency(&self) -> bool {
         matches!(self, Policy::Concurrency { .. })
     }
+
+    /// The most this policy admits at once, in units: a request that weighs more could
+    /// never pass (`None`: a concurrency limit counts requests, not units).
+    pub fn capacity(&self) -> Option<u64> {
+        match *self {
+            Policy::Rate { burst, .. } => Some(burst.saturating_add(1)),
+            Policy::FixedWindow { limit, .. }
+            | Policy::SlidingWindow { limit, .. }
+            | Policy::SlidingLog { limit, .. } => Some(limit),
+            Policy::Concurrency { .. } => None,
+        }
+    }
 }
 
 /// Where a limit keeps its state.

@@ -154,7 +154,7 @@ impl Replay {
         for &l in route.limits.iter().filter(|&&l| !exempt && self.skipped[l].is_some()) {
             self.tally.limits[l].not_simulated += 1;
         }
-        let Ok(cost) = request_cost(&self.config, self.gate.limiters(), route, &request.headers) else {
+        let Ok(cost) = request_cost(&self.config, route, &request.headers) else {
             self.tally.routes[index].invalid_cost += 1;
             fate.outcome = "invalid_cost";
             return fate;
