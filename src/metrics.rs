@@ -20,7 +20,7 @@ use prometheus_client::registry::Registry;
 
 use crate::config::{Config, Limit};
 use crate::gate::{Decision, Gate};
-use crate::limit::{Limiters, Outcome};
+use crate::limit::{LimitResult, Limiters, Outcome};
 use crate::store::Store;
 
 type Labels = Vec<(&'static str, String)>;
@@ -57,12 +57,12 @@ impl RequestOutcome {
     /// What `decision` makes of a request, the configuration's limits being `limits`.
     pub fn of(decision: &Decision, limits: &[Limit]) -> RequestOutcome {
         match decision {
-            Decision::Reject { standings, .. } => {
-                let banned = standings.iter().any(|s| s.banned && !limits[s.limit].dry_run);
+            Decision::Reject { results, .. } => {
+                let banned = results.iter().any(|r| r.banned && !limits[r.limit.index()].dry_run);
                 if banned { RequestOutcome::Banned } else { RequestOutcome::Rejected }
             }
-            Decision::Pass { wait, standings, .. } => {
-                let dry_rejected = standings.iter().any(|s| matches!(s.outcome, Outcome::Rejected(_)));
+            Decision::Pass { wait, results, .. } => {
+                let dry_rejected = results.iter().any(|r| r.outcome.is_rejected());
                 match (dry_rejected, wait.is_zero()) {
                     (true, _) => RequestOutcome::DryRunRejected,
                     (false, true) => RequestOutcome::Passed,
@@ -246,10 +246,10 @@ impl Metrics {
         self.no_route.inc();
     }
 
-    /// Counts what limit `limit` decided.
-    pub fn decision(&self, limit: usize, outcome: Outcome) {
-        let m = &self.limits[limit];
-        match outcome {
+    /// Counts what a limit decided: once per request, whatever its number of windows.
+    pub fn decision(&self, result: &LimitResult) {
+        let m = &self.limits[result.limit.index()];
+        match result.outcome {
             Outcome::Passed => m.decisions[0].inc(),
             Outcome::Delayed(wait) => {
                 m.delay.observe(wait.as_secs_f64());

@@ -31,7 +31,7 @@ use crate::clock::{Clock, Nanos};
 use crate::config::Config;
 use crate::limit::algorithm::Held;
 use crate::limit::table::Shard;
-use crate::limit::{Limiter, Limiters, Outcome, Standing, Verdict};
+use crate::limit::{LimitResult, Limiter, Limiters, Outcome, Standing, Verdict};
 use crate::policy::key::{KeyHash, KeySource};
 use crate::policy::{OnStoreError, Scope};
 use crate::store::{Admissions, Call, Store, Verdicts};
@@ -41,15 +41,29 @@ pub use receipt::{Pending, Permits};
 /// `Retry-After` of a request refused because Redis cannot answer (`on_store_error: deny`).
 const DENIED_RETRY_AFTER: Duration = Duration::from_secs(1);
 
+/// What each limit that decided a request made of it, by limit index.
+pub type Results = SmallVec<[LimitResult; 2]>;
+/// Where each window of those limits stands, by limit and window (the `RateLimit` fields).
+pub type Standings = SmallVec<[Standing; 2]>;
+
 /// What the limits of a route make of a request. A rejection is an outcome, not an error.
 pub enum Decision {
     /// Go on after `wait` (zero for most requests), holding `permits` until the
     /// response is done, and settling `pending` with the response's status. The local
     /// limits decided at `at`.
-    Pass { wait: Duration, standings: SmallVec<[Standing; 2]>, permits: Permits, pending: Pending, at: Nanos },
+    Pass { wait: Duration, results: Results, standings: Standings, permits: Permits, pending: Pending, at: Nanos },
     /// Answer `status` now; `limit` (index into `Config::limits`) is the enforced
     /// rejecting limit that would admit the request last, after `retry_after`.
-    Reject { limit: usize, status: StatusCode, retry_after: Duration, standings: SmallVec<[Standing; 2]> },
+    Reject { limit: usize, status: StatusCode, retry_after: Duration, results: Results, standings: Standings },
+}
+
+impl Decision {
+    /// One result per limit that decided the request.
+    pub fn results(&self) -> &[LimitResult] {
+        match self {
+            Decision::Pass { results, .. } | Decision::Reject { results, .. } => results,
+        }
+    }
 }
 
 /// Where a configuration's requests are decided: its limits' local state, the Redis
@@ -109,7 +123,7 @@ impl Gate {
             })
             .collect();
         if cost == 1
-            && let Some(refused) = self.near_refused(store, &calls)
+            && let Some(refused) = self.near_refused(store, &calls, src)
         {
             return refused;
         }
@@ -159,7 +173,7 @@ impl Gate {
 
     /// The near-cache's refusal of a one-unit request by the longest-refused enforced
     /// global limit, if any: what Redis answered, with the times counted down since.
-    fn near_refused(&self, store: &Store, calls: &[Call]) -> Option<Decision> {
+    fn near_refused(&self, store: &Store, calls: &[Call], src: &KeySource<'_>) -> Option<Decision> {
         let now = self.clock.now();
         let (limit, known) = calls
             .iter()
@@ -167,7 +181,8 @@ impl Gate {
             .filter_map(|c| Some((c.limit, store.near_refused(c, now)?)))
             .max_by_key(|&(_, known)| known.until)?;
         let left = |at: u64| Nanos(at).since(now);
-        Some(refusal(limit, known.window, self.limiters.get(limit).status, left(known.until), left(known.reset)))
+        let status = self.limiters.get(limit).status;
+        Some(self.refusal(limit, src, known.window, status, left(known.until), left(known.reset)))
     }
 
     /// Decides `src` against the `chosen` limits, all local. The clock is read once every
@@ -187,19 +202,21 @@ impl Gate {
             groups.push(Group { limit, limiter, key, shards, bans, admits: SmallVec::new(), rejects: false });
         }
         let now = self.clock.now();
-        let mut standings: SmallVec<[Standing; 2]> = SmallVec::new();
+        let mut standings = Standings::new();
+        let mut results = Results::new();
         for group in &mut groups {
             let first = standings.len();
             group.decide(now, cost, &mut standings);
             group.ban_if_rejected(now, &mut standings[first..]);
+            results.push(LimitResult::fold(group.limit, group.key, &standings[first..]));
         }
-        if let Some(rejection) = self.rejection(&standings) {
+        if let Some(rejection) = self.rejection(&results) {
             // A refusal counts as use in every table that holds the key (rank only, no
             // state), so a flood of fresh keys cannot push the refused key out.
             for group in &mut groups {
                 group.refuse(now);
             }
-            return self.reject(rejection, standings);
+            return self.reject(rejection, results, standings);
         }
 
         let mut wait = Duration::ZERO;
@@ -227,7 +244,7 @@ impl Gate {
                 pending.admissions.push(Admitted { limit, key, at: now });
             }
         }
-        Decision::Pass { wait, standings, permits, pending, at: now }
+        Decision::Pass { wait, results, standings, permits, pending, at: now }
     }
 
     /// The local decision `first` (a pass) joined with what Redis decided.
@@ -239,25 +256,29 @@ impl Gate {
         src: &KeySource<'_>,
         cost: u64,
     ) -> Decision {
-        let Decision::Pass { wait, mut standings, mut permits, mut pending, at } = first else { return first };
+        let Decision::Pass { wait, mut results, mut standings, mut permits, mut pending, at } = first else {
+            return first;
+        };
         if verdicts.rejected {
-            self.undo(&standings, src, cost, at);
+            self.undo(&results, cost, at);
         }
-        self.hear(&verdicts, src, cost);
-        let global_wait = verdicts
-            .standings
+        let global = self.fold_global(&verdicts.standings, src);
+        self.hear(&verdicts, &global, cost);
+        let global_wait = global
             .iter()
-            .filter(|s| !self.limiters.get(s.limit).dry_run)
-            .filter_map(|s| match s.outcome {
+            .filter(|r| !self.limiters.get(r.limit.index()).dry_run)
+            .filter_map(|r| match r.outcome {
                 Outcome::Delayed(wait) => Some(wait),
                 _ => None,
             })
             .max()
             .unwrap_or_default();
+        results.extend(global);
+        results.sort_by_key(|r| r.limit);
         standings.extend(verdicts.standings);
         standings.sort_by_key(|s| (s.limit, s.window));
-        if let Some(rejection) = self.rejection(&standings) {
-            return self.reject(rejection, standings);
+        if let Some(rejection) = self.rejection(&results) {
+            return self.reject(rejection, results, standings);
         }
         permits.leases = verdicts.leases;
         let counted: SmallVec<_> =
@@ -265,18 +286,32 @@ impl Gate {
         if !counted.is_empty() {
             pending.global = Some(Box::new(Admissions { store: Arc::clone(store), list: counted }));
         }
-        Decision::Pass { wait: wait.max(global_wait), standings, permits, pending, at }
+        Decision::Pass { wait: wait.max(global_wait), results, standings, permits, pending, at }
+    }
+
+    /// One result per global limit, from Redis's standings (grouped by limit, in call
+    /// order), with the key its local twin knows the request by.
+    fn fold_global(&self, standings: &[Standing], src: &KeySource<'_>) -> Results {
+        standings
+            .chunk_by(|a, b| a.limit == b.limit)
+            .map(|windows| {
+                let limit = windows[0].limit;
+                // A global limit is asked only for requests that have its key.
+                let key = self.limiters.key_hash(limit, src).unwrap_or(KeyHash(0));
+                LimitResult::fold(limit, key, windows)
+            })
+            .collect()
     }
 
     /// Keeps the local twins of `on_store_error: local` limits where Redis says the key
     /// stands, each with its share (`remaining / instances`): if Redis then fails, the
     /// twin goes on from there, not from a fresh key's full share.
-    fn hear(&self, verdicts: &Verdicts, src: &KeySource<'_>, cost: u64) {
+    fn hear(&self, verdicts: &Verdicts, global: &[LimitResult], cost: u64) {
         let now = self.clock.now();
         for s in &verdicts.standings {
             let limiter = self.limiters.get(s.limit);
             let Scope::Global { on_store_error: OnStoreError::Local, instances } = limiter.scope else { continue };
-            let Some(key) = self.limiters.key_hash(s.limit, src) else { continue };
+            let Some(key) = global.iter().find(|r| r.limit.index() == s.limit).map(|r| r.key) else { continue };
             // A window that admitted a request another limit refused got its units back.
             let back = if verdicts.rejected && !s.outcome.is_rejected() { cost } else { 0 };
             limiter.windows[s.window].lock(key).hear(key, (s.remaining + back) / instances, now);
@@ -286,7 +321,9 @@ impl Gate {
     /// Decides the global limits of `calls` by their `on_store_error`, after `first` (a
     /// pass) decided the local ones.
     fn fall_back(&self, first: Decision, calls: &[Call], store: &Store, src: &KeySource<'_>, cost: u64) -> Decision {
-        let Decision::Pass { wait, mut standings, mut permits, mut pending, at } = first else { return first };
+        let Decision::Pass { wait, mut results, mut standings, mut permits, mut pending, at } = first else {
+            return first;
+        };
         let mut local: SmallVec<[usize; 2]> = SmallVec::new();
         let mut denied = None;
         for call in calls {
@@ -301,57 +338,78 @@ impl Gate {
             }
         }
         if let Some(limit) = denied {
-            self.undo(&standings, src, cost, at);
-            return refusal(limit, 0, StatusCode::SERVICE_UNAVAILABLE, DENIED_RETRY_AFTER, DENIED_RETRY_AFTER);
+            self.undo(&results, cost, at);
+            let deny = StatusCode::SERVICE_UNAVAILABLE;
+            return self.refusal(limit, src, 0, deny, DENIED_RETRY_AFTER, DENIED_RETRY_AFTER);
         }
         if local.is_empty() {
-            return Decision::Pass { wait, standings, permits, pending, at };
+            return Decision::Pass { wait, results, standings, permits, pending, at };
         }
         match self.check_chosen(&local, src, cost) {
             rejection @ Decision::Reject { .. } => {
-                self.undo(&standings, src, cost, at);
+                self.undo(&results, cost, at);
                 rejection
             }
-            Decision::Pass { wait: w, standings: s, permits: p, pending: q, .. } => {
+            Decision::Pass { wait: w, results: r, standings: s, permits: p, pending: q, .. } => {
+                results.extend(r);
+                results.sort_by_key(|r| r.limit);
                 standings.extend(s);
                 standings.sort_by_key(|s| (s.limit, s.window));
                 permits.absorb(p);
                 pending.absorb(q);
-                Decision::Pass { wait: wait.max(w), standings, permits, pending, at }
+                Decision::Pass { wait: wait.max(w), results, standings, permits, pending, at }
             }
         }
     }
 
     /// The enforced limit that rejects, if one does: the one that would admit last.
-    fn rejection(&self, standings: &[Standing]) -> Option<(usize, Duration)> {
-        standings
+    fn rejection(&self, results: &[LimitResult]) -> Option<(usize, Duration)> {
+        results
             .iter()
-            .filter(|s| !self.limiters.get(s.limit).dry_run)
-            .filter_map(|s| match s.outcome {
-                Outcome::Rejected(after) => Some((s.limit, after)),
+            .filter(|r| !self.limiters.get(r.limit.index()).dry_run)
+            .filter_map(|r| match r.outcome {
+                Outcome::Rejected(after) => Some((r.limit.index(), after)),
                 _ => None,
             })
             .max_by_key(|&(_, after)| after)
     }
 
-    /// The rejection of a request by `limit`, with the standings of all its limits.
-    fn reject(&self, (limit, retry_after): (usize, Duration), mut standings: SmallVec<[Standing; 2]>) -> Decision {
+    /// The rejection of a request by `limit`, with the results and standings of all its
+    /// limits.
+    fn reject(&self, (limit, retry_after): (usize, Duration), results: Results, mut standings: Standings) -> Decision {
         // The others describe the key as if this request had counted; it did not.
         for s in standings.iter_mut().filter(|s| !s.outcome.is_rejected()) {
             s.remaining += 1;
         }
-        Decision::Reject { limit, status: self.limiters.get(limit).status, retry_after, standings }
+        Decision::Reject { limit, status: self.limiters.get(limit).status, retry_after, results, standings }
     }
 
-    /// Takes back every admission of a passed decision (its `standings`, decided at
-    /// `at`): another part of the request's limits refused it after all.
-    fn undo(&self, standings: &[Standing], src: &KeySource<'_>, cost: u64, at: Nanos) {
-        for s in standings {
-            let rejects = standings.iter().any(|o| o.limit == s.limit && o.outcome.is_rejected());
-            if let (false, Some(key)) = (rejects, self.limiters.key_hash(s.limit, src)) {
-                self.limiters.get(s.limit).windows[s.window].lock(key).refund(key, cost, at);
+    /// Takes back every admission of a passed decision (its `results`, decided at `at`):
+    /// another part of the request's limits refused it after all.
+    fn undo(&self, results: &[LimitResult], cost: u64, at: Nanos) {
+        for r in results.iter().filter(|r| !r.outcome.is_rejected()) {
+            for window in self.limiters.get(r.limit.index()).windows.iter() {
+                window.lock(r.key).refund(r.key, cost, at);
             }
         }
+    }
+
+    /// A refusal of `src` by `window` of `limit` alone, decided without asking Redis:
+    /// with `status`, for `after`, no unit left, the full quota back after `reset`.
+    fn refusal(
+        &self,
+        limit: usize,
+        src: &KeySource<'_>,
+        window: usize,
+        status: StatusCode,
+        after: Duration,
+        reset: Duration,
+    ) -> Decision {
+        let outcome = Outcome::Rejected(after);
+        let standing = Standing { limit, window, outcome, remaining: 0, reset, excess: 0.0, banned: false };
+        let key = self.limiters.key_hash(limit, src).unwrap_or(KeyHash(0));
+        let results = smallvec![LimitResult::fold(limit, key, &[standing])];
+        Decision::Reject { limit, status, retry_after: after, results, standings: smallvec![standing] }
     }
 }
 
@@ -424,12 +482,4 @@ impl Group<'_> {
             shard.refuse(self.key.0, now.0);
         }
     }
-}
-
-/// A refusal by `window` of `limit` alone, decided without asking Redis: with `status`,
-/// for `after`, no unit left, the full quota back after `reset`.
-fn refusal(limit: usize, window: usize, status: StatusCode, after: Duration, reset: Duration) -> Decision {
-    let standing =
-        Standing { limit, window, outcome: Outcome::Rejected(after), remaining: 0, reset, excess: 0.0, banned: false };
-    Decision::Reject { limit, status, retry_after: after, standings: smallvec![standing] }
 }

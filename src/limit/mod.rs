@@ -1,7 +1,7 @@
 //! Local limit state: each configured limit's algorithms (one per window) with their key
 //! tables, and its bans; what one window makes of one request (`Verdict`, `Standing`).
 //! A leaf below the decision: `gate` locks and decides these for a request, a reload
-//! carries them over by limit name (`LimitId`), the admin API inspects them.
+//! carries them over by limit name (`LimitName`), the admin API inspects them.
 
 pub mod algorithm;
 pub mod ban;
@@ -43,11 +43,11 @@ pub enum Verdict {
 
 /// A limit's identity, which a reload keeps: its name. A limit renamed is a new limit.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct LimitId(Arc<str>);
+pub struct LimitName(Arc<str>);
 
 /// One configured limit: its policy and its state.
 pub(crate) struct Limiter {
-    pub(crate) id: LimitId,
+    pub(crate) id: LimitName,
     pub(crate) key: KeySpec,
     /// Requests this limit lets through without counting them.
     pub(crate) allow: Allow,
@@ -103,6 +103,72 @@ impl Outcome {
     #[inline]
     pub fn is_rejected(&self) -> bool {
         matches!(self, Outcome::Rejected(_))
+    }
+}
+
+/// A limit's place in `Config::limits`, as the results of a decision name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LimitId(pub u16);
+
+impl LimitId {
+    /// The limit's index into `Config::limits` (the configuration holds at most 65,536).
+    #[inline]
+    pub fn index(self) -> usize {
+        usize::from(self.0)
+    }
+
+    #[inline]
+    pub fn of(index: usize) -> LimitId {
+        LimitId(u16::try_from(index).unwrap_or(u16::MAX))
+    }
+}
+
+/// What one limit made of a request, its windows folded into one: what metrics, log
+/// lines, the access log, `simulate` and the taking back of admissions read. (The
+/// per-window `Standing`s are kept only for the `RateLimit` header fields.)
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LimitResult {
+    pub limit: LimitId,
+    /// The request's key for this limit, as its local tables hold it.
+    pub key: KeyHash,
+    /// Rejected if any window rejected (after the longest of their waits), else delayed
+    /// by the longest wait asked, else passed; as decided, even for a dry-run limit.
+    pub outcome: Outcome,
+    /// This request started a ban, as long as `outcome` says.
+    pub banned: bool,
+    /// The window that decided `outcome` (0 unless the limit has `rates:`).
+    pub window: usize,
+    /// nginx's excess (or the requests in flight) in that window.
+    pub excess: f64,
+}
+
+impl LimitResult {
+    /// The result of limit `limit` for `key`, from its windows' `standings` (at least one).
+    pub fn fold(limit: usize, key: KeyHash, standings: &[Standing]) -> LimitResult {
+        let rank = |s: &&Standing| match s.outcome {
+            Outcome::Passed => (0, Duration::ZERO),
+            Outcome::Delayed(wait) => (1, wait),
+            Outcome::Rejected(after) => (2, after),
+        };
+        // A ban, once started, is what the key's next requests meet: its length decides.
+        let banned = standings.iter().find(|s| s.banned);
+        let decider = banned.or_else(|| standings.iter().max_by_key(rank)).copied().unwrap_or(Standing {
+            limit,
+            window: 0,
+            outcome: Outcome::Passed,
+            remaining: 0,
+            reset: Duration::ZERO,
+            excess: 0.0,
+            banned: false,
+        });
+        LimitResult {
+            limit: LimitId::of(limit),
+            key,
+            outcome: decider.outcome,
+            banned: decider.banned,
+            window: decider.window,
+            excess: decider.excess,
+        }
     }
 }
 
@@ -259,7 +325,7 @@ fn limiter(limit: &Limit) -> Limiter {
     };
     let windows = limit.windows.iter().map(|policy| Algorithm::new(&shared(policy, share), limit.max_keys)).collect();
     Limiter {
-        id: LimitId(Arc::from(limit.name.as_str())),
+        id: LimitName(Arc::from(limit.name.as_str())),
         key: limit.key.clone(),
         allow: limit.allow.clone(),
         windows,

@@ -36,7 +36,7 @@ use crate::access_log::{self, AccessLog};
 use crate::clock::Clock;
 use crate::config::{Action, Config, Cost, HeaderMode, LogLevel, Route};
 use crate::gate::{Decision, Gate};
-use crate::limit::{Limiters, Outcome, Standing};
+use crate::limit::{LimitResult, Limiters, Outcome, Standing};
 use crate::metrics::{Metrics, RequestOutcome, UpstreamResult};
 use crate::path;
 use crate::policy::key::KeySource;
@@ -240,12 +240,13 @@ impl Proxy {
             self.metrics.request(index, outcome);
             trace.outcome = Some(outcome);
             match decision {
-                Decision::Reject { status, retry_after, standings, .. } => {
-                    self.log_outcomes(route, &standings, &src, true);
-                    let violated: SmallVec<[&str; 2]> = standings
+                Decision::Reject { status, retry_after, results, standings, .. } => {
+                    self.account(route, &results, &src, true);
+                    let violated: SmallVec<[&str; 2]> = results
                         .iter()
-                        .filter(|s| matches!(s.outcome, Outcome::Rejected(_)) && !config.limits[s.limit].dry_run)
-                        .map(|s| config.limits[s.limit].name.as_str())
+                        .map(|r| (r, &config.limits[r.limit.index()]))
+                        .filter(|(r, limit)| r.outcome.is_rejected() && !limit.dry_run)
+                        .map(|(_, limit)| limit.name.as_str())
                         .collect();
                     let mut response = response::rejected(status, retry_after, config.rejection_body, &violated);
                     if config.ratelimit_headers != HeaderMode::None {
@@ -253,8 +254,8 @@ impl Proxy {
                     }
                     return Ok(response);
                 }
-                Decision::Pass { wait, standings, permits, pending, .. } => {
-                    self.log_outcomes(route, &standings, &src, false);
+                Decision::Pass { wait, results, standings, permits, pending, .. } => {
+                    self.account(route, &results, &src, false);
                     (wait, balance_key, standings, permits, pending)
                 }
             }
@@ -347,7 +348,8 @@ impl Proxy {
                 // A limit on trial never refuses anything; it says so within its log
                 // budget, at the level of its rejection lines.
                 let level = line_level(all[limit].log_level, false);
-                if self.line_allowed(limit, src, level) {
+                let key = self.limiters().key_hash(limit, src).map_or(0, |k| k.0);
+                if self.line_allowed(limit, key, src, level) {
                     event_at!(level, limit = %all[limit].name, field = %part,
                         key = %self.limiters().key_label(limit, src, self.config.log_keys),
                         "dry run: request would be refused: repeated key field");
@@ -365,42 +367,43 @@ impl Proxy {
         response::add_ratelimit_headers(response.headers_mut(), standings, &self.quotas, style);
     }
 
-    /// One log line per limit that rejected or delayed the request, or would have in dry
-    /// run. Delays log one level below rejections, like nginx.
-    fn log_outcomes(&self, route: &Route, standings: &[Standing], src: &KeySource<'_>, rejected: bool) {
-        for s in standings {
-            let limit = &self.config.limits[s.limit];
-            self.metrics.decision(s.limit, s.outcome);
-            let (message, lowered, ms) = match (s.outcome, limit.dry_run) {
+    /// Counts each limit's result, and writes one log line per limit that rejected or
+    /// delayed the request, or would have in dry run. Delays log one level below
+    /// rejections, like nginx.
+    fn account(&self, route: &Route, results: &[LimitResult], src: &KeySource<'_>, rejected: bool) {
+        for r in results {
+            let limit = &self.config.limits[r.limit.index()];
+            self.metrics.decision(r);
+            let (message, lowered, ms) = match (r.outcome, limit.dry_run) {
                 (Outcome::Passed, _) => continue,
                 // The request is refused anyway: its delays would not have happened.
                 (Outcome::Delayed(_), _) if rejected => continue,
                 // A new ban is one line, with the ban's length.
-                (Outcome::Rejected(length), false) if s.banned => ("request rejected, key banned", false, length),
+                (Outcome::Rejected(length), false) if r.banned => ("request rejected, key banned", false, length),
                 (Outcome::Rejected(after), false) => ("request rejected", false, after),
                 (Outcome::Rejected(after), true) => ("dry run: request would be rejected", false, after),
                 (Outcome::Delayed(wait), false) => ("request delayed", true, wait),
                 (Outcome::Delayed(wait), true) => ("dry run: request would be delayed", true, wait),
             };
             let level = line_level(limit.log_level, lowered);
-            if !self.line_allowed(s.limit, src, level) {
+            if !self.line_allowed(r.limit.index(), r.key.0, src, level) {
                 continue;
             }
             event_at!(level, route = %route.name, limit = %limit.name,
-                key = %self.limiters().key_label(s.limit, src, self.config.log_keys),
-                excess = round_to_thousandths(s.excess), ms = ms.as_millis() as u64, "{message}");
+                key = %self.limiters().key_label(r.limit.index(), src, self.config.log_keys),
+                excess = round_to_thousandths(r.excess), ms = ms.as_millis() as u64, "{message}");
         }
     }
 
-    /// Whether a line of limit `index` about `src` may be written at `level`: the level
+    /// Whether a line of limit `index` about `src` (its key hashed: `key`) may be written
+    /// at `level`: the level
     /// is logged and the limit's `log_lines_per_second` is not spent (the summary of a
     /// second that has ended is written first). Nothing is computed for lines nobody
     /// reads: no key label, no budget.
-    fn line_allowed(&self, index: usize, src: &KeySource<'_>, level: Level) -> bool {
+    fn line_allowed(&self, index: usize, key: u64, src: &KeySource<'_>, level: Level) -> bool {
         if !enabled(level) {
             return false;
         }
-        let key = self.limiters().key_hash(index, src).map_or(0, |k| k.0);
         let label = || self.limiters().key_label(index, src, self.config.log_keys);
         let take = self.log_budgets[index].take(self.gate.clock().now().secs(), key, label);
         if let Some(summary) = take.summary {

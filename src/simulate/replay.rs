@@ -162,33 +162,24 @@ impl Replay {
         let decision = self.decide(&limits, &src, cost, at);
         let outcome = RequestOutcome::of(&decision, &self.config.limits);
         fate.outcome = outcome.as_str();
-        let standings = match &decision {
-            Decision::Pass { standings, .. } | Decision::Reject { standings, .. } => standings,
-        };
+        let results = decision.results();
         for &l in &limits {
-            if !standings.iter().any(|s| s.limit == l) && self.gate.limiters().key_hash(l, &src).is_none() {
+            if !results.iter().any(|r| r.limit.index() == l) && self.gate.limiters().key_hash(l, &src).is_none() {
                 self.tally.limits[l].no_key += 1;
             }
         }
-        // Each limit's own decision, its windows folded: as its metrics count it.
-        let mut s = 0;
-        while s < standings.len() {
-            let limit = standings[s].limit;
-            let windows = standings[s..].iter().take_while(|w| w.limit == limit).count();
-            let mine = &standings[s..s + windows];
-            let rejected = mine.iter().any(|w| matches!(w.outcome, Outcome::Rejected(_)));
-            let wait = mine.iter().map(|w| if let Outcome::Delayed(d) = w.outcome { d } else { Duration::ZERO }).max();
-            let key = rejected.then(|| {
-                let hash = self.gate.limiters().key_hash(limit, &src).map_or(0, |k| k.0);
-                (hash, || self.gate.limiters().key_label(limit, &src, self.config.log_keys))
-            });
-            self.tally.limits[limit].decided(at, rejected, wait.unwrap_or_default(), key);
-            s += windows;
+        for r in results {
+            let limit = r.limit.index();
+            let wait = if let Outcome::Delayed(d) = r.outcome { d } else { Duration::ZERO };
+            let label = || self.gate.limiters().key_label(limit, &src, self.config.log_keys);
+            let key = r.outcome.is_rejected().then_some((r.key.0, label));
+            self.tally.limits[limit].decided(at, r.outcome.is_rejected(), wait, key);
         }
         self.tally.routes[index].outcome(outcome);
         match decision {
-            Decision::Reject { limit, status, .. } => {
-                fate.refused = Some((limit, status.as_u16(), self.gate.limiters().key_hash(limit, &src).map(|k| k.0)));
+            Decision::Reject { limit, status, ref results, .. } => {
+                let key = results.iter().find(|r| r.limit.index() == limit).map(|r| r.key.0);
+                fate.refused = Some((limit, status.as_u16(), key));
                 self.tally.rejected_at(at);
             }
             Decision::Pass { wait, permits, pending, .. } => {

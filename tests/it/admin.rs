@@ -37,7 +37,7 @@ routes:
 }
 
 /// The value of the sample `series` (name with labels, as exposed) in `text`.
-fn sample(text: &str, series: &str) -> f64 {
+pub fn sample(text: &str, series: &str) -> f64 {
     let line = text.lines().find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '));
     let line = line.unwrap_or_else(|| panic!("no {series} in\n{text}"));
     line[series.len()..].trim().parse().unwrap()

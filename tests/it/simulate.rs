@@ -345,3 +345,42 @@ routes:
     let notes = report["configs"][0]["notes"].to_string();
     assert!(notes.contains("global (instances: 4)") && notes.contains("whole budget"), "{notes}");
 }
+
+#[tokio::test]
+async fn a_limit_with_several_windows_counts_once_per_request_in_metrics_and_in_simulate() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let sg = Sluicegate::start(&format!(
+        "listen: 127.0.0.1:0
+admin: {{ listen: 127.0.0.1:0 }}
+access_log: {{ format: json, path: \"{}\" }}
+limits:
+  multi: {{ key: ip, rates: [2r/s, 3r/h] }}
+routes:
+  - name: all
+    limits: [multi]
+    respond: {{ status: 200 }}
+",
+        log.display()
+    ));
+    let mut answers = Vec::new();
+    for _ in 0..6 {
+        answers.push(get(sg.addr, "/", &[]).await.status);
+    }
+    // The one-second window admits two at once; the others are refused by it while the
+    // hourly window still has room.
+    assert_eq!(answers, [200, 200, 429, 429, 429, 429]);
+    let metrics = get(sg.admin_addr(), "/metrics", &[]).await.text();
+    let decisions = |outcome: &str| {
+        crate::admin::sample(
+            &metrics,
+            &format!("sluicegate_limit_decisions_total{{limit=\"multi\",outcome=\"{outcome}\"}}"),
+        )
+    };
+    assert_eq!((decisions("passed"), decisions("rejected")), (2.0, 4.0), "one decision per request, not per window");
+    crate::logs::access_lines(&log, answers.len());
+    let config = sg.config.to_str().unwrap();
+    let report = simulate_json(dir.path(), &["-c", config, "access.log"]);
+    let limit = &report["configs"][0]["limits"][0];
+    assert_eq!((limit["passed"].as_u64(), limit["rejected"].as_u64()), (Some(2), Some(4)), "as /metrics counts");
+}
