@@ -8,7 +8,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::num::NonZeroU32;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use http::{HeaderMap, Method, Uri};
+use http::HeaderMap;
 use sluicegate::clock::{Clock, ManualClock, Nanos};
 use sluicegate::config;
 use sluicegate::gate::Gate;
@@ -32,20 +32,13 @@ fn headers() -> HeaderMap {
     h.insert("x-api-key", "0123456789abcdef0123456789abcdef".parse().expect("valid value"));
     h.insert("authorization", "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.abc".parse().expect("valid value"));
     h.insert("cookie", "theme=dark; session=9f8e7d6c5b4a; lang=en".parse().expect("valid value"));
+    h.insert("host", "example.com".parse().expect("valid value"));
     h
 }
 
 fn decision(c: &mut Criterion) {
-    let uri = Uri::from_static("/api/v1/items?page=2");
     let headers = headers();
-    let src = |i: u32| KeySource {
-        client_ip: ip(i),
-        method: &Method::GET,
-        uri: &uri,
-        path: uri.path().as_bytes(),
-        headers: &headers,
-        host: Some("example.com"),
-    };
+    let src = |i: u32| KeySource::get(ip(i), "/api/v1/items?page=2", &headers);
     let mut group = c.benchmark_group("decision");
     for keys in [1u32, 100_000, 1_000_000] {
         // Room for every key: this measures lookups, not eviction churn.
@@ -85,16 +78,8 @@ fn decision(c: &mut Criterion) {
 }
 
 fn key_extraction(c: &mut Criterion) {
-    let uri = Uri::from_static("/api/v1/items?page=2&user=42");
     let headers = headers();
-    let src = KeySource {
-        client_ip: ip(1),
-        method: &Method::GET,
-        uri: &uri,
-        path: uri.path().as_bytes(),
-        headers: &headers,
-        host: Some("example.com"),
-    };
+    let src = KeySource::get(ip(1), "/api/v1/items?page=2&user=42", &headers);
     let mut group = c.benchmark_group("key");
     for key in [
         "ip",
@@ -124,20 +109,12 @@ fn rss() -> Option<u64> {
 }
 
 fn memory_per_key(_: &mut Criterion) {
-    let uri = Uri::from_static("/");
     let headers = HeaderMap::new();
     let keys = 1_000_000u32;
     let before = rss();
     let l = gate("ip", keys as usize, &ManualClock::default());
     for i in 0..keys {
-        let src = KeySource {
-            client_ip: ip(i),
-            method: &Method::GET,
-            uri: &uri,
-            path: uri.path().as_bytes(),
-            headers: &headers,
-            host: None,
-        };
+        let src = KeySource::get(ip(i), "/", &headers);
         l.check(&[0], &src, 1);
     }
     if let (Some(before), Some(after)) = (before, rss()) {

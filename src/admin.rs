@@ -22,7 +22,8 @@ use tokio::net::TcpListener;
 use tracing::{debug, warn};
 
 use crate::config::{Admin, Config, Scope};
-use crate::policy::key::KeySource;
+use crate::front;
+use crate::head::{Fields, RequestHead};
 use crate::policy::key::bearer_token;
 use crate::proxy::Proxy;
 use crate::server::Running;
@@ -58,7 +59,7 @@ pub async fn serve(listener: TcpListener, admin: Admin, running: Arc<Running>) {
 
 fn answer(req: &Request<Incoming>, admin: &Admin, running: &Running) -> Response<Full<Bytes>> {
     if let Some(token) = &admin.token
-        && !bearer_token(req.headers()).is_some_and(|given| bool::from(given.ct_eq(token.as_bytes())))
+        && !bearer_token(Fields::from(req.headers())).is_some_and(|given| bool::from(given.ct_eq(token.as_bytes())))
     {
         let mut response = text(StatusCode::UNAUTHORIZED, "admin token required\n");
         response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
@@ -145,19 +146,17 @@ fn keys(req: &Request<Incoming>, proxy: &Proxy) -> Response<Full<Bytes>> {
         );
     };
     let (parts, _) = request.into_parts();
-    // Hashed as the request path hashes: normalized path, host without port.
-    let Ok(path_bytes) = crate::path::normalize(parts.uri.path()) else {
-        return text(StatusCode::BAD_REQUEST, "invalid path\n");
-    };
     let client_ip = parts.extensions.get::<std::net::IpAddr>().copied().unwrap_or([0, 0, 0, 0].into());
-    let host = crate::proxy::route::request_host(&parts.uri, &parts.headers);
-    let src = KeySource {
-        client_ip,
+    // Hashed as the request path hashes: normalized path, host without port.
+    let head = RequestHead {
         method: &parts.method,
-        uri: &parts.uri,
-        path: &path_bytes,
-        headers: &parts.headers,
-        host,
+        target: parts.uri.path_and_query().map_or("/", http::uri::PathAndQuery::as_str),
+        version: http::Version::HTTP_11,
+        authority: None,
+        fields: Fields::from(&parts.headers),
+    };
+    let Ok(src) = front::source(&head, client_ip, None) else {
+        return text(StatusCode::BAD_REQUEST, "invalid path\n");
     };
     match (req.method(), limiters.inspect(index, &src)) {
         (_, None) => text(StatusCode::BAD_REQUEST, "those parameters give no key for this limit\n"),

@@ -52,7 +52,7 @@ pub struct Config {
     /// Connections one client address (an IPv6 /64) may hold open at once (`None`: any).
     pub max_connections_per_ip: Option<usize>,
     /// A request whose header fields weigh more than this gets 431 (see
-    /// `proxy::head::header_section_bytes` for how they are counted).
+    /// `front::size::header_section_bytes` for how they are counted).
     pub max_header_bytes: usize,
     /// A request whose target (path and query) is longer than this gets 414.
     pub max_uri_bytes: usize,

@@ -5,7 +5,7 @@ use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderMap, Method, Uri};
+use http::HeaderMap;
 
 use super::{Decision, Gate};
 use crate::clock::{ManualClock, Nanos};
@@ -41,15 +41,8 @@ fn limiters(limits: &str) -> Arc<Harness> {
 }
 
 fn check(l: &Harness, limits: &[usize], ip: u32, now_ms: u64) -> Decision {
-    let (uri, headers) = (Uri::from_static("/"), HeaderMap::new());
-    let src = KeySource {
-        client_ip: IpAddr::V4(Ipv4Addr::from(ip)),
-        method: &Method::GET,
-        uri: &uri,
-        path: uri.path().as_bytes(),
-        headers: &headers,
-        host: None,
-    };
+    let headers = HeaderMap::new();
+    let src = KeySource::get(IpAddr::V4(Ipv4Addr::from(ip)), "/", &headers);
     l.check(limits, &src, 1, || now_ms * 1_000_000)
 }
 
@@ -64,17 +57,10 @@ fn the_leaky_bucket_family_answers_as_worked_out_by_hand() {
     let yaml: String =
         CASES.iter().enumerate().map(|(i, c)| format!("  l{i}: {{ key: ip, {} }}\n", c.policy)).collect();
     let l = limiters(&yaml);
-    let (uri, headers) = (Uri::from_static("/"), HeaderMap::new());
+    let headers = HeaderMap::new();
     for (i, case) in CASES.iter().enumerate() {
         for (n, step) in case.steps.iter().enumerate() {
-            let src = KeySource {
-                client_ip: IpAddr::V4(Ipv4Addr::new(10, 0, 0, step.key)),
-                method: &Method::GET,
-                uri: &uri,
-                path: uri.path().as_bytes(),
-                headers: &headers,
-                host: None,
-            };
+            let src = KeySource::get(IpAddr::V4(Ipv4Addr::new(10, 0, 0, step.key)), "/", &headers);
             let at = 1_700_000_000_000_000_000 + step.at * 1_000_000_000;
             let (Decision::Pass { standings, .. } | Decision::Reject { standings, .. }) =
                 l.check(&[i], &src, step.cost, || at);
@@ -189,16 +175,8 @@ fn gcra_and_token_bucket_agree_with_governor() {
                 let gap_ns = gap * period_ms * 1_000_000 / 1000;
                 now_ns += gap_ns;
                 clock.advance(Duration::from_nanos(gap_ns));
-                let uri = Uri::from_static("/");
                 let headers = HeaderMap::new();
-                let src = KeySource {
-                    client_ip: [10, 0, 0, 1].into(),
-                    method: &Method::GET,
-                    uri: &uri,
-                    path: uri.path().as_bytes(),
-                    headers: &headers,
-                    host: None,
-                };
+                let src = KeySource::get([10, 0, 0, 1].into(), "/", &headers);
                 let ours = passes(&ours.check(&[0], &src, 1, || now_ns));
                 prop_assert_eq!(ours, theirs.check().is_ok(), "request {}", n);
             }
@@ -376,18 +354,16 @@ mod global_path {
         (Gate::new(&crate::config::parse(&yaml, "test").unwrap(), clock.clone().into()), clock)
     }
 
-    fn src(headers: &HeaderMap, uri: &Uri) -> KeySource<'static> {
-        let (method, path): (&'static Method, &'static [u8]) = (&Method::GET, b"/");
+    fn src(headers: &HeaderMap) -> KeySource<'static> {
         // Leaked: a test's few bytes, so that the source outlives each call.
         let headers: &'static HeaderMap = Box::leak(Box::new(headers.clone()));
-        let uri: &'static Uri = Box::leak(Box::new(uri.clone()));
-        KeySource { client_ip: [10, 0, 0, 1].into(), method, uri, path, headers, host: None }
+        KeySource::get([10, 0, 0, 1].into(), "/", headers)
     }
 
     async fn decide_at(gate: &Gate, clock: &ManualClock, limits: &[usize], at_ms: u64, cost: u64) -> Decision {
         clock.set(Nanos(T0 + at_ms * MS));
-        let (headers, uri) = (HeaderMap::new(), Uri::from_static("/"));
-        gate.decide(limits, &src(&headers, &uri), cost).await
+        let headers = HeaderMap::new();
+        gate.decide(limits, &src(&headers), cost).await
     }
 
     fn counts(gate: &Gate) -> StoreCounts {
@@ -404,8 +380,8 @@ mod global_path {
     #[tokio::test]
     async fn the_near_cache_refuses_one_unit_until_redis_said_counting_down_on_the_clock() {
         let (gate, clock) = gate("", "  g: { key: ip, scope: global, rate: 1r/s, on_store_error: deny }\n");
-        let (headers, uri) = (HeaderMap::new(), Uri::from_static("/"));
-        let hash = gate.limiters().get(0).key.global(&src(&headers, &uri)).expect("an ip key");
+        let headers = HeaderMap::new();
+        let hash = gate.limiters().get(0).key.global(&src(&headers)).expect("an ip key");
         let store = gate.store().expect("a global limit");
         let call = Call { limit: 0, base: store.base(0, hash), near: KeyHash((hash >> 64) as u64) };
         let refusal = Refusal { until: T0 + 2_000 * MS, reset: T0 + 5_000 * MS, window: 0 };

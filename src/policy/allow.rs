@@ -23,15 +23,15 @@ impl Allow {
     pub fn admits(&self, src: &KeySource<'_>) -> bool {
         let ip = src.client_ip.to_canonical();
         self.nets.iter().any(|net| net.contains(&ip))
-            || self.headers.iter().any(|(name, value)| src.headers.get_all(name).iter().any(|v| v == value))
+            || self.headers.iter().any(|(name, value)| src.fields.get_all(name).any(|v| v == value.as_bytes()))
             || (!self.tokens.is_empty()
-                && bearer_token(src.headers).is_some_and(|token| self.tokens.iter().any(|t| **t == *token)))
+                && bearer_token(src.fields).is_some_and(|token| self.tokens.iter().any(|t| **t == *token)))
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use http::{HeaderMap, Method, Uri};
+    use http::HeaderMap;
 
     use super::*;
 
@@ -40,15 +40,7 @@ mod tests {
         for (k, v) in headers {
             map.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
         }
-        let uri = Uri::from_static("/");
-        allow.admits(&KeySource {
-            client_ip: ip.parse().unwrap(),
-            method: &Method::GET,
-            uri: &uri,
-            path: uri.path().as_bytes(),
-            headers: &map,
-            host: None,
-        })
+        allow.admits(&KeySource::get(ip.parse().unwrap(), "/", &map))
     }
 
     #[test]
@@ -65,13 +57,6 @@ mod tests {
         assert!(!src_admitted(&allow, "192.0.2.1", &[("x-internal", "no")]));
         assert!(src_admitted(&allow, "192.0.2.1", &[("authorization", "Bearer partner-token")]));
         assert!(!src_admitted(&allow, "192.0.2.1", &[("authorization", "Bearer other")]));
-        assert!(!Allow::default().admits(&KeySource {
-            client_ip: "10.0.0.1".parse().unwrap(),
-            method: &Method::GET,
-            uri: &Uri::from_static("/"),
-            path: b"/",
-            headers: &HeaderMap::new(),
-            host: None
-        }));
+        assert!(!Allow::default().admits(&KeySource::get("10.0.0.1".parse().unwrap(), "/", &HeaderMap::new())));
     }
 }

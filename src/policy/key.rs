@@ -12,7 +12,9 @@ use std::hash::{BuildHasher, Hasher, RandomState};
 use std::net::IpAddr;
 use std::str::FromStr;
 
-use http::{HeaderMap, HeaderName, Method, Uri, header};
+use http::{HeaderName, Method, header};
+
+use crate::head::{Fields, RequestHead};
 
 /// Prefix lengths an `ip` key keeps of IPv4 and IPv6 addresses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -122,12 +124,36 @@ pub struct KeySpec(pub Box<[KeyPart]>);
 pub struct KeySource<'a> {
     pub client_ip: IpAddr,
     pub method: &'a Method,
-    pub uri: &'a Uri,
-    /// The normalized path (`proxy::path`), which routes and `path` keys see.
-    pub path: &'a [u8],
-    pub headers: &'a HeaderMap,
+    /// The target's query as sent.
+    pub query: Option<&'a str>,
+    /// The normalized path (`crate::path`), which routes and `path` keys see.
+    pub path: Cow<'a, [u8]>,
+    pub fields: Fields<'a>,
     /// The request's host, without port, as routing saw it.
     pub host: Option<&'a str>,
+}
+
+impl<'a> KeySource<'a> {
+    /// The source of `head`, from `client_ip`, whose path normalizes to `path` and whose
+    /// host routing reads as `host`.
+    pub fn new(client_ip: IpAddr, head: &RequestHead<'a>, path: Cow<'a, [u8]>, host: Option<&'a str>) -> Self {
+        KeySource { client_ip, method: head.method, query: head.query(), path, fields: head.fields, host }
+    }
+
+    /// A `GET` of `target` from `client_ip` with `headers`, its path taken as normalized
+    /// and its host from `Host`: for tests and benchmarks.
+    pub fn get(client_ip: IpAddr, target: &'a str, headers: &'a http::HeaderMap) -> Self {
+        static GET: Method = Method::GET;
+        let head = RequestHead {
+            method: &GET,
+            target,
+            version: http::Version::HTTP_11,
+            authority: None,
+            fields: Fields::from(headers),
+        };
+        let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+        KeySource::new(client_ip, &head, Cow::Borrowed(head.path().as_bytes()), host)
+    }
 }
 
 impl KeySpec {
@@ -197,25 +223,25 @@ enum Value<'a> {
 }
 
 /// `part` of `src`, or None when the request lacks it.
-fn value<'a>(part: &KeyPart, src: &KeySource<'a>) -> Option<Value<'a>> {
-    let bytes = |b: &'a [u8]| Some(Value::Bytes(Cow::Borrowed(b)));
+fn value<'s>(part: &KeyPart, src: &'s KeySource<'_>) -> Option<Value<'s>> {
+    let bytes = |b: &'s [u8]| Some(Value::Bytes(Cow::Borrowed(b)));
     match part {
         KeyPart::Ip(prefix) => {
             let ip = src.client_ip.to_canonical();
             Some(Value::Ip(prefix.mask(ip), prefix.len(ip)))
         }
-        KeyPart::Header(name) => bytes(src.headers.get(name)?.as_bytes()),
-        KeyPart::Bearer => bytes(bearer_token(src.headers)?),
+        KeyPart::Header(name) => bytes(src.fields.get(name)?),
+        KeyPart::Bearer => bytes(bearer_token(src.fields)?),
         KeyPart::Query(name) => {
-            let (_, v) = form_urlencoded::parse(src.uri.query()?.as_bytes()).find(|(k, _)| k == name.as_ref())?;
+            let (_, v) = form_urlencoded::parse(src.query?.as_bytes()).find(|(k, _)| k == name.as_ref())?;
             Some(Value::Bytes(match v {
                 Cow::Borrowed(v) => Cow::Borrowed(v.as_bytes()),
                 Cow::Owned(v) => Cow::Owned(v.into_bytes()),
             }))
         }
-        KeyPart::Cookie(name) => bytes(cookie(src.headers, name)?),
+        KeyPart::Cookie(name) => bytes(cookie(src.fields, name)?),
         KeyPart::Method => bytes(src.method.as_str().as_bytes()),
-        KeyPart::Path => bytes(src.path),
+        KeyPart::Path => Some(Value::Bytes(Cow::Borrowed(&src.path))),
         KeyPart::Host => Some(Value::Host(src.host?)),
     }
 }
@@ -286,8 +312,8 @@ impl KeySpec {
 
 /// The token of `Authorization: Bearer TOKEN` (RFC 6750 §2.1; the scheme is
 /// case-insensitive, RFC 9110 §11.1).
-pub fn bearer_token(headers: &HeaderMap) -> Option<&[u8]> {
-    let value = headers.get(header::AUTHORIZATION)?.as_bytes();
+pub fn bearer_token<'a>(fields: Fields<'a>) -> Option<&'a [u8]> {
+    let value = fields.get(&header::AUTHORIZATION)?;
     let (scheme, rest) = value.split_at_checked(6)?;
     if !scheme.eq_ignore_ascii_case(b"bearer") || rest.first() != Some(&b' ') {
         return None;
@@ -298,9 +324,9 @@ pub fn bearer_token(headers: &HeaderMap) -> Option<&[u8]> {
 
 /// The values of cookie `name` in the `Cookie` header(s) (RFC 6265 §5.4: `a=1; b=2`).
 /// A scan without allocation, where a cookie crate would build a struct per pair.
-fn cookies<'h>(headers: &'h HeaderMap, name: &str) -> impl Iterator<Item = &'h [u8]> {
-    headers.get_all(header::COOKIE).into_iter().flat_map(move |line| {
-        line.as_bytes().split(|&b| b == b';').filter_map(move |pair| {
+fn cookies<'h>(fields: Fields<'h>, name: &str) -> impl Iterator<Item = &'h [u8]> {
+    fields.get_all(&header::COOKIE).flat_map(move |line| {
+        line.split(|&b| b == b';').filter_map(move |pair| {
             let pair = pair.trim_ascii();
             let eq = pair.iter().position(|&b| b == b'=')?;
             (pair[..eq].trim_ascii() == name.as_bytes()).then(|| pair[eq + 1..].trim_ascii())
@@ -308,8 +334,8 @@ fn cookies<'h>(headers: &'h HeaderMap, name: &str) -> impl Iterator<Item = &'h [
     })
 }
 
-fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h [u8]> {
-    cookies(headers, name).next()
+fn cookie<'h>(fields: Fields<'h>, name: &str) -> Option<&'h [u8]> {
+    cookies(fields, name).next()
 }
 
 impl KeyPart {
@@ -333,14 +359,14 @@ impl KeySpec {
     /// first of repeated fields, while an upstream may read another (the last, or all
     /// joined): a client could show the limiter one value and the upstream another.
     pub fn duplicated(&self, src: &KeySource<'_>) -> Option<&KeyPart> {
-        let repeated = |name: &HeaderName| src.headers.get_all(name).iter().nth(1).is_some();
+        let repeated = |name: &HeaderName| src.fields.get_all(name).nth(1).is_some();
         self.0.iter().find(|part| match part {
             // HTTP/2 clients may split `Cookie` into one field per cookie (RFC 9113
             // §8.2.3): a whole-header key sees only the first one, as it would anyway.
             KeyPart::Header(name) => *name != header::COOKIE && repeated(name),
             KeyPart::Bearer => repeated(&header::AUTHORIZATION),
-            KeyPart::Cookie(name) => cookies(src.headers, name).nth(1).is_some(),
-            KeyPart::Query(name) => src.uri.query().is_some_and(|q| {
+            KeyPart::Cookie(name) => cookies(src.fields, name).nth(1).is_some(),
+            KeyPart::Query(name) => src.query.is_some_and(|q| {
                 form_urlencoded::parse(q.as_bytes()).filter(|(k, _)| k == name.as_ref()).nth(1).is_some()
             }),
             // One address, one method, one path; a repeated `Host` is refused before.
@@ -351,6 +377,8 @@ impl KeySpec {
 
 #[cfg(test)]
 mod tests {
+    use http::HeaderMap;
+
     use super::*;
 
     fn spec(parts: &[&str]) -> KeySpec {
@@ -362,16 +390,8 @@ mod tests {
         for (k, v) in headers {
             map.append(HeaderName::from_str(k).unwrap(), v.parse().unwrap());
         }
-        let uri: Uri = uri.parse().unwrap();
-        let src = KeySource {
-            client_ip: ip.parse().unwrap(),
-            method: &Method::GET,
-            uri: &uri,
-            path: uri.path().as_bytes(),
-            headers: &map,
-            host: Some("Example.com"),
-        };
-        spec.hash(&src, &SEED).map(|k| k.0)
+        map.insert(header::HOST, "Example.com".parse().unwrap());
+        spec.hash(&KeySource::get(ip.parse().unwrap(), uri, &map), &SEED).map(|k| k.0)
     }
 
     static SEED: std::sync::LazyLock<RandomState> = std::sync::LazyLock::new(RandomState::new);
@@ -448,15 +468,8 @@ mod tests {
         let s = spec(&["ip", "header:x-key", "query:q", "host"]);
         let mut headers = HeaderMap::new();
         headers.insert("x-key", "abc".parse().unwrap());
-        let uri: Uri = "/?q=a%20b".parse().unwrap();
-        let src = KeySource {
-            client_ip: "::ffff:10.0.0.1".parse().unwrap(),
-            method: &Method::GET,
-            uri: &uri,
-            path: uri.path().as_bytes(),
-            headers: &headers,
-            host: Some("Example.com"),
-        };
+        headers.insert(header::HOST, "Example.com".parse().unwrap());
+        let src = KeySource::get("::ffff:10.0.0.1".parse().unwrap(), "/?q=a%20b", &headers);
         assert_eq!(s.describe(&src, None), "ip=10.0.0.1 header:x-key=abc query:q=a b host=example.com");
         let v6 = KeySource { client_ip: "2001:db8:1:2::7".parse().unwrap(), ..src };
         assert_eq!(spec(&["ip"]).describe(&v6, None), "ip=2001:db8:1:2::/64");
@@ -470,15 +483,7 @@ mod tests {
         headers.insert("x-user", "alice".parse().unwrap());
         headers.insert("x-api-key", "k-456".parse().unwrap());
         headers.insert("cookie", "sid=s-789".parse().unwrap());
-        let uri: Uri = "/?access_token=q-000".parse().unwrap();
-        let src = KeySource {
-            client_ip: "10.0.0.1".parse().unwrap(),
-            method: &Method::GET,
-            uri: &uri,
-            path: uri.path().as_bytes(),
-            headers: &headers,
-            host: None,
-        };
+        let src = KeySource::get("10.0.0.1".parse().unwrap(), "/?access_token=q-000", &headers);
         let seed = RandomState::new();
         let hashed = s.describe(&src, Some(&seed));
         for secret in ["tok-123", "k-456", "s-789", "q-000"] {
@@ -499,29 +504,22 @@ mod tests {
     #[test]
     fn repeated_fields_of_a_key_are_found() {
         let s = spec(&["ip", "bearer", "header:x-key", "query:q", "cookie:sid"]);
-        let uri: Uri = "/?q=1&r=2&r=3".parse().unwrap();
-        let check = |headers: &[(&str, &str)], uri: &Uri| {
+        let uri = "/?q=1&r=2&r=3";
+        let check = |headers: &[(&str, &str)], uri: &str| {
             let mut map = HeaderMap::new();
             for (k, v) in headers {
                 map.append(HeaderName::from_str(k).unwrap(), v.parse().unwrap());
             }
-            let src = KeySource {
-                client_ip: "10.0.0.1".parse().unwrap(),
-                method: &Method::GET,
-                uri,
-                path: uri.path().as_bytes(),
-                headers: &map,
-                host: None,
-            };
+            let src = KeySource::get("10.0.0.1".parse().unwrap(), uri, &map);
             s.duplicated(&src).map(ToString::to_string)
         };
         let once = [("authorization", "Bearer a"), ("x-key", "k"), ("cookie", "sid=1; other=2"), ("cookie", "o=3")];
-        assert_eq!(check(&once, &uri), None);
-        assert_eq!(check(&[("authorization", "Bearer a"), ("authorization", "Bearer b")], &uri).unwrap(), "bearer");
-        assert_eq!(check(&[("x-key", "a"), ("x-key", "b")], &uri).unwrap(), "header:x-key");
-        assert_eq!(check(&[("cookie", "sid=1"), ("cookie", "sid=2")], &uri).unwrap(), "cookie:sid");
-        assert_eq!(check(&[("cookie", "sid=1; sid=2")], &uri).unwrap(), "cookie:sid");
-        assert_eq!(check(&[], &"/?q=1&q=2".parse().unwrap()).unwrap(), "query:q");
+        assert_eq!(check(&once, uri), None);
+        assert_eq!(check(&[("authorization", "Bearer a"), ("authorization", "Bearer b")], uri).unwrap(), "bearer");
+        assert_eq!(check(&[("x-key", "a"), ("x-key", "b")], uri).unwrap(), "header:x-key");
+        assert_eq!(check(&[("cookie", "sid=1"), ("cookie", "sid=2")], uri).unwrap(), "cookie:sid");
+        assert_eq!(check(&[("cookie", "sid=1; sid=2")], uri).unwrap(), "cookie:sid");
+        assert_eq!(check(&[], "/?q=1&q=2").unwrap(), "query:q");
     }
 
     #[test]

@@ -6,39 +6,18 @@ use http::StatusCode;
 use http::uri::Authority;
 
 use super::body::BodyFault;
+use crate::front::FrontError;
 
 /// Each variant says who is at fault: the client (4xx) or the upstream (5xx).
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
-    /// The request target (path and query) is longer than `server.max_uri_bytes`.
-    #[error("the request target is {bytes} bytes long; at most {max} are accepted")]
-    UriTooLong { bytes: usize, max: usize },
-    /// The request's header fields weigh more than `server.max_header_bytes`.
-    #[error("the request's header fields take {bytes} bytes; at most {max} are accepted")]
-    HeadersTooLarge { bytes: usize, max: usize },
-    /// The client asked for something no route serves.
-    #[error("no route matches")]
-    NoRoute,
-    /// The request's path cannot be normalized: it climbs above the root, holds an
-    /// encoded NUL or a broken escape. Never forwarded.
-    #[error("invalid request path: {0}")]
-    BadPath(#[from] crate::path::BadPath),
-    /// The request's `Host` is missing, repeated or invalid.
-    #[error("{0}")]
-    BadHost(&'static str),
-    /// `CONNECT` asks for a tunnel: this is a reverse proxy, not a forward proxy.
-    #[error("CONNECT is not served: this is a reverse proxy")]
-    Connect,
+    /// The steps in front of the limits refused it (a bad head, no route, a bad cost).
+    #[error(transparent)]
+    Front(#[from] FrontError),
     /// The request repeats a field that a limit of its route is keyed on: the limiter
     /// would count one value while the upstream may act on another.
     #[error("limit {limit:?} counts requests by {field}, which this request carries more than once; send it once")]
     DuplicateKeyField { limit: String, field: String },
-    /// The request's cost header is not a positive integer.
-    #[error("{header} must be a positive integer, not {value:?}")]
-    InvalidCost { header: String, value: String },
-    /// The request weighs more than a limit ever admits at once: waiting will not help.
-    #[error("a cost of {cost} can never fit limit {limit:?}, which admits at most {capacity} at once")]
-    CostTooHigh { cost: u64, limit: String, capacity: u64 },
     /// The request body broke the route's size limit or `server.body_read_timeout`
     /// before the upstream answered.
     #[error("{0}")]
@@ -80,16 +59,8 @@ fn causes(error: &dyn std::error::Error) -> String {
 impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
-            ProxyError::NoRoute => StatusCode::NOT_FOUND,
-            ProxyError::Connect => StatusCode::METHOD_NOT_ALLOWED,
-            ProxyError::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
-            ProxyError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            ProxyError::BadPath(_)
-            | ProxyError::InvalidCost { .. }
-            | ProxyError::CostTooHigh { .. }
-            | ProxyError::ClientBody { .. }
-            | ProxyError::DuplicateKeyField { .. }
-            | ProxyError::BadHost(_) => StatusCode::BAD_REQUEST,
+            ProxyError::Front(e) => e.status(),
+            ProxyError::ClientBody { .. } | ProxyError::DuplicateKeyField { .. } => StatusCode::BAD_REQUEST,
             ProxyError::BodyTooLarge { .. } | ProxyError::Body(BodyFault::TooLarge(_)) => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::Body(BodyFault::TooSlow(_)) => StatusCode::REQUEST_TIMEOUT,
             ProxyError::NoServer { .. }
@@ -106,10 +77,10 @@ mod tests {
 
     #[test]
     fn each_error_maps_to_its_status() {
-        assert_eq!(ProxyError::NoRoute.status(), StatusCode::NOT_FOUND);
-        assert_eq!(ProxyError::Connect.status(), StatusCode::METHOD_NOT_ALLOWED);
-        assert_eq!(ProxyError::UriTooLong { bytes: 2, max: 1 }.status(), StatusCode::URI_TOO_LONG);
-        let headers = ProxyError::HeadersTooLarge { bytes: 2, max: 1 };
+        assert_eq!(ProxyError::from(FrontError::NoRoute).status(), StatusCode::NOT_FOUND);
+        assert_eq!(ProxyError::from(FrontError::Connect).status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(ProxyError::from(FrontError::UriTooLong { bytes: 2, max: 1 }).status(), StatusCode::URI_TOO_LONG);
+        let headers = ProxyError::from(FrontError::HeadersTooLarge { bytes: 2, max: 1 });
         assert_eq!(headers.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
         let server = Authority::from_static("127.0.0.1:80");
         let timeout = ProxyError::UpstreamTimeout { upstream: "u".into(), server, timeout: Duration::from_secs(1) };

@@ -6,6 +6,8 @@ use std::net::{IpAddr, SocketAddr};
 
 use http::HeaderValue;
 
+use crate::head::text;
+
 /// One `for=` value of a `Forwarded` element, as far as the client address goes.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Node {
@@ -16,10 +18,10 @@ pub enum Node {
 
 /// The `for=` node of every element in `values`, first to last (a value may hold
 /// several elements; an element without `for=` is `Opaque`, as its sender hid the hop).
-pub fn for_nodes<'a>(values: impl Iterator<Item = &'a HeaderValue>) -> Vec<Node> {
+pub fn for_nodes<'a>(values: impl Iterator<Item = &'a [u8]>) -> Vec<Node> {
     let mut nodes = Vec::new();
     for value in values {
-        let Ok(text) = value.to_str() else {
+        let Some(text) = text(value) else {
             nodes.push(Node::Opaque);
             continue;
         };
@@ -116,8 +118,7 @@ mod tests {
     use super::*;
 
     fn nodes(values: &[&str]) -> Vec<Node> {
-        let values: Vec<HeaderValue> = values.iter().map(|v| v.parse().unwrap()).collect();
-        for_nodes(values.iter())
+        for_nodes(values.iter().map(|v| v.as_bytes()))
     }
 
     fn ip(text: &str) -> Node {

@@ -8,6 +8,7 @@ use ipnet::IpNet;
 
 use super::forwarded::{self, Node};
 use crate::config::ForwardedMode;
+use crate::head::{Fields, text};
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -24,7 +25,7 @@ pub fn is_trusted(ip: IpAddr, trusted: &[IpNet]) -> bool {
 /// proxy. The entries left of it were written by the client itself and prove nothing, so
 /// the leftmost is never taken. An entry that does not parse (or an `unknown` or
 /// obfuscated `Forwarded` node) ends the walk at the last good hop.
-pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet], mode: ForwardedMode) -> IpAddr {
+pub fn client_ip(peer: IpAddr, fields: Fields<'_>, trusted: &[IpNet], mode: ForwardedMode) -> IpAddr {
     let mut client = peer.to_canonical();
     if !is_trusted(client, trusted) {
         return client;
@@ -32,10 +33,10 @@ pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet], mode: For
     let rfc7239 = match mode {
         ForwardedMode::XForwarded => false,
         ForwardedMode::Rfc7239 => true,
-        ForwardedMode::Both => headers.contains_key(header::FORWARDED),
+        ForwardedMode::Both => fields.contains(&header::FORWARDED),
     };
     if rfc7239 {
-        for node in forwarded::for_nodes(headers.get_all(header::FORWARDED).iter()).into_iter().rev() {
+        for node in forwarded::for_nodes(fields.get_all(&header::FORWARDED)).into_iter().rev() {
             let Node::Ip(ip) = node else { return client };
             client = ip.to_canonical();
             if !is_trusted(client, trusted) {
@@ -44,8 +45,8 @@ pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet], mode: For
         }
         return client;
     }
-    for value in headers.get_all(&X_FORWARDED_FOR).iter().rev() {
-        let Ok(text) = value.to_str() else {
+    for value in fields.get_all(&X_FORWARDED_FOR).rev() {
+        let Some(text) = text(value) else {
             return client;
         };
         for hop in text.rsplit(',').map(str::trim).filter(|h| !h.is_empty()) {
@@ -216,7 +217,7 @@ mod tests {
     fn untrusted_peer_is_the_client_whatever_it_claims() {
         let h = xff(&["1.1.1.1"]);
         assert_eq!(
-            client_ip("9.9.9.9".parse().unwrap(), &h, &nets(&["10.0.0.0/8"]), ForwardedMode::XForwarded),
+            client_ip("9.9.9.9".parse().unwrap(), Fields::from(&h), &nets(&["10.0.0.0/8"]), ForwardedMode::XForwarded),
             "9.9.9.9".parse::<IpAddr>().unwrap()
         );
     }
@@ -226,7 +227,7 @@ mod tests {
         let trusted = nets(&["10.0.0.0/8"]);
         let h = xff(&["6.6.6.6, 2.2.2.2", "10.0.0.7"]);
         assert_eq!(
-            client_ip("10.0.0.1".parse().unwrap(), &h, &trusted, ForwardedMode::XForwarded),
+            client_ip("10.0.0.1".parse().unwrap(), Fields::from(&h), &trusted, ForwardedMode::XForwarded),
             "2.2.2.2".parse::<IpAddr>().unwrap()
         );
     }
@@ -236,12 +237,12 @@ mod tests {
         let trusted = nets(&["10.0.0.0/8"]);
         let h = xff(&["not-an-ip, 10.0.0.9"]);
         assert_eq!(
-            client_ip("10.0.0.1".parse().unwrap(), &h, &trusted, ForwardedMode::XForwarded),
+            client_ip("10.0.0.1".parse().unwrap(), Fields::from(&h), &trusted, ForwardedMode::XForwarded),
             "10.0.0.9".parse::<IpAddr>().unwrap()
         );
         let h = xff(&["[2001:db8::1]:443"]);
         assert_eq!(
-            client_ip("10.0.0.1".parse().unwrap(), &h, &trusted, ForwardedMode::XForwarded),
+            client_ip("10.0.0.1".parse().unwrap(), Fields::from(&h), &trusted, ForwardedMode::XForwarded),
             "2001:db8::1".parse::<IpAddr>().unwrap()
         );
     }
@@ -255,11 +256,14 @@ mod tests {
         h.append(&X_FORWARDED_FOR, "3.3.3.3".parse().unwrap());
         let peer: IpAddr = "10.0.0.1".parse().unwrap();
         let v6: IpAddr = "2001:db8::2".parse().unwrap();
-        assert_eq!(client_ip(peer, &h, &trusted, ForwardedMode::Rfc7239), v6);
-        assert_eq!(client_ip(peer, &h, &trusted, ForwardedMode::Both), v6);
-        assert_eq!(client_ip(peer, &h, &trusted, ForwardedMode::XForwarded), "3.3.3.3".parse::<IpAddr>().unwrap());
+        assert_eq!(client_ip(peer, Fields::from(&h), &trusted, ForwardedMode::Rfc7239), v6);
+        assert_eq!(client_ip(peer, Fields::from(&h), &trusted, ForwardedMode::Both), v6);
+        assert_eq!(
+            client_ip(peer, Fields::from(&h), &trusted, ForwardedMode::XForwarded),
+            "3.3.3.3".parse::<IpAddr>().unwrap()
+        );
         h.insert(header::FORWARDED, "for=5.5.5.5, for=unknown".parse().unwrap());
-        assert_eq!(client_ip(peer, &h, &trusted, ForwardedMode::Rfc7239), peer);
+        assert_eq!(client_ip(peer, Fields::from(&h), &trusted, ForwardedMode::Rfc7239), peer);
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! The request path: client address -> route -> keys -> limits -> forward or respond.
 //!
-//! `Proxy::handle` is the service hyper calls for every request; it runs the phases in
-//! `handle_inner`, a `?` pipeline, and turns a `ProxyError` into its response in one
-//! place. Rejections are not errors: they are a `Decision` answered with a 429.
+//! `Proxy::handle` is the service hyper calls for every request. It runs two steps:
+//! `admit` (the head's checks, the front: route and keys, then the limits' decision) and
+//! `serve` (the wait, the upstream exchange or static response, settling, tunnels), and
+//! turns a `ProxyError` into its response in one place. Rejections are not errors: they
+//! are a `Decision` answered with a 429.
 
 mod balance;
 mod body;
@@ -10,7 +12,6 @@ mod connect;
 pub mod error;
 mod forward;
 mod forwarded;
-mod head;
 pub mod headers;
 mod health;
 mod log_budget;
@@ -19,7 +20,6 @@ mod resolve;
 pub mod response;
 mod retry;
 mod rewrite;
-pub mod route;
 mod tunnel;
 mod upstream;
 
@@ -34,11 +34,12 @@ use tracing::{Level, debug, warn};
 
 use crate::access_log::{self, AccessLog};
 use crate::clock::Clock;
-use crate::config::{Action, Config, Cost, HeaderMode, LogLevel, Route};
-use crate::gate::{Decision, Gate};
+use crate::config::{Action, Config, HeaderMode, LogLevel, Route};
+use crate::front::{self, FrontError};
+use crate::gate::{Decision, Gate, Pending, Permits, Standings};
+use crate::head::{Fields, RequestHead};
 use crate::limit::{LimitResult, Limiters, Outcome, Standing};
 use crate::metrics::{Metrics, RequestOutcome, UpstreamResult};
-use crate::path;
 use crate::policy::key::KeySource;
 use error::ProxyError;
 use forward::{Hop, UpstreamClient};
@@ -146,11 +147,13 @@ impl Proxy {
     pub async fn handle(&self, req: Request<Incoming>, conn: &ClientConn) -> Response<ProxyBody> {
         let entry = self.access_log.as_ref().map(|log| access_log::Entry::begin(log, &req, conn.peer.ip()));
         let mut trace = Trace::default();
-        let response = match self.handle_inner(req, conn, &mut trace).await {
-            Ok(response) => response,
-            // Each fault was logged where it happened, with what it concerned.
-            Err(e) => response::error(&e),
+        let response = match self.admit(&req, conn, &mut trace).await {
+            Ok(Admission::Go(admitted)) => self.serve(req, admitted, conn, &mut trace).await,
+            Ok(Admission::Answer(response)) => Ok(response),
+            Err(e) => Err(e),
         };
+        // Each fault was logged where it happened, with what it concerned.
+        let response = response.unwrap_or_else(|e| response::error(&e));
         match entry {
             None => response,
             Some(mut entry) => {
@@ -167,105 +170,101 @@ impl Proxy {
         }
     }
 
-    async fn handle_inner(
+    /// The first step: everything up to and including the limits' decision. A request
+    /// the limits refuse is answered here; one they pass goes on to `serve`, carrying
+    /// what that needs and nothing that borrows the request.
+    async fn admit(
         &self,
-        mut req: Request<Incoming>,
+        req: &Request<Incoming>,
         conn: &ClientConn,
         trace: &mut Trace,
-    ) -> Result<Response<ProxyBody>, ProxyError> {
+    ) -> Result<Admission, ProxyError> {
         let config = &self.config;
-        let peer = conn.peer;
+        let head = request_head(req);
         // Before anything reads the head: an oversized one is refused as a whole.
-        head::check_head(&req, config)?;
-        // Before routing: a catch-all route must not turn into an open tunnel.
-        if req.method() == http::Method::CONNECT {
-            return Err(ProxyError::Connect);
-        }
-        if let Some(fault) = route::host_fault(req.version(), req.uri(), req.headers()) {
-            debug!(peer = %peer, fault, "bad Host");
-            return Err(ProxyError::BadHost(fault));
-        }
-        let trusted_peer = headers::is_trusted(peer.ip().to_canonical(), &config.trusted_proxies);
-        let client_ip = headers::client_ip(peer.ip(), req.headers(), &config.trusted_proxies, config.forwarded);
+        front::check_head(&head, config).inspect_err(|e| debug!(peer = %conn.peer, error = %e, "bad request head"))?;
+        let trusted_peer = headers::is_trusted(conn.peer.ip().to_canonical(), &config.trusted_proxies);
+        let client_ip = headers::client_ip(conn.peer.ip(), head.fields, &config.trusted_proxies, config.forwarded);
         trace.client = Some(client_ip);
-        let host = route::request_host(req.uri(), req.headers());
-        // Routes and keys see the path as nginx would; the upstream gets it as sent, unless
-        // the route rewrites it.
-        let path = path::normalize(req.uri().path()).map_err(ProxyError::BadPath)?;
-        let Some(index) = route::match_route(&config.routes, req.method(), &path, host) else {
-            debug!(method = %req.method(), path = req.uri().path(), host, "no route matches");
-            self.metrics.no_route();
-            return Err(ProxyError::NoRoute);
-        };
-        let route = &config.routes[index];
-        let target = rewrite::target(&route.rewrite, &path, req.uri());
-        trace.route = Some(index);
-
-        // Refused before it takes any quota, and unread: hyper sends no `100 Continue`.
+        let front = front::front(config, &head, client_ip, None).inspect_err(|e| {
+            if *e == FrontError::NoRoute {
+                debug!(method = %head.method, path = head.path(), host = front::request_host(&head), "no route matches");
+                self.metrics.no_route();
+            }
+        })?;
+        let route = &config.routes[front.route];
+        trace.route = Some(front.route);
+        // Refused before it takes any quota, and unread: no `100 Continue` is sent.
         let declared = hyper::body::Body::size_hint(req.body()).lower();
         if let Some(limit) = route.max_body_bytes.filter(|&limit| declared > limit) {
             debug!(route = %route.name, length = declared, limit, "request body too large");
             return Err(ProxyError::BodyTooLarge { length: declared, limit });
         }
-
-        // Scoped, so that the key source and the decision take no room in this future's
-        // state across the upstream exchange: only what the response needs stays. A
-        // smaller future is cheaper to move (with `Pending::settle` not an `async fn`:
-        // 37,918 -> 37,707 instructions per forwarded request).
-        let (wait, balance_key, standings, permits, pending) = {
-            let src = KeySource {
-                client_ip,
-                method: req.method(),
-                uri: req.uri(),
-                path: &path,
-                headers: req.headers(),
-                host,
-            };
-            let balance_key = match &route.action {
-                Action::Forward(upstream) => self.upstreams[*upstream].servers().balance_key(&src),
-                Action::Respond(_) => None,
-            };
-            // An exempt request skips the route's limits altogether.
-            let exempt = route.allow.admits(&src);
-            let limits = if exempt { &[][..] } else { &route.limits[..] };
-            self.refuse_duplicated_keys(if exempt { &[] } else { &route.candidates }, &src)?;
-            let cost = request_cost(config, route, req.headers())?;
-            // Without Redis the decision never waits, and `check` is what `decide` does:
-            // no future is built and moved for it (36,989 -> 36,800 instructions per request).
-            let decision = match self.gate.store() {
-                None => self.gate.check(limits, &src, cost),
-                Some(_) => self.gate.decide(limits, &src, cost).await,
-            };
-            let outcome = RequestOutcome::of(&decision, &config.limits);
-            self.metrics.request(index, outcome);
-            trace.outcome = Some(outcome);
-            match decision {
-                Decision::Reject { status, retry_after, results, standings, .. } => {
-                    self.account(route, &results, &src, true);
-                    let violated: SmallVec<[&str; 2]> = results
-                        .iter()
-                        .map(|r| (r, &config.limits[r.limit.index()]))
-                        .filter(|(r, limit)| r.outcome.is_rejected() && !limit.dry_run)
-                        .map(|(_, limit)| limit.name.as_str())
-                        .collect();
-                    let mut response = response::rejected(status, retry_after, config.rejection_body, &violated);
-                    if config.ratelimit_headers != HeaderMode::None {
-                        self.add_ratelimit_headers(&mut response, &standings);
-                    }
-                    return Ok(response);
-                }
-                Decision::Pass { wait, results, standings, permits, pending, .. } => {
-                    self.account(route, &results, &src, false);
-                    (wait, balance_key, standings, permits, pending)
-                }
-            }
+        let balance_key = match &route.action {
+            Action::Forward(upstream) => self.upstreams[*upstream].servers().balance_key(&front.src),
+            Action::Respond(_) => None,
         };
+        self.refuse_duplicated_keys(front.candidates(config), &front.src)?;
+        let cost = front::cost(config, route, head.fields)?;
+        // Without Redis the decision never waits, and `check` is what `decide` does:
+        // no future is built and moved for it.
+        let decision = match self.gate.store() {
+            None => self.gate.check(front.limits(config), &front.src, cost),
+            Some(_) => self.gate.decide(front.limits(config), &front.src, cost).await,
+        };
+        let outcome = RequestOutcome::of(&decision, &config.limits);
+        self.metrics.request(front.route, outcome);
+        trace.outcome = Some(outcome);
+        match decision {
+            Decision::Reject { status, retry_after, results, standings, .. } => {
+                self.account(route, &results, &front.src, true);
+                let violated: SmallVec<[&str; 2]> = results
+                    .iter()
+                    .map(|r| (r, &config.limits[r.limit.index()]))
+                    .filter(|(r, limit)| r.outcome.is_rejected() && !limit.dry_run)
+                    .map(|(_, limit)| limit.name.as_str())
+                    .collect();
+                let mut response = response::rejected(status, retry_after, config.rejection_body, &violated);
+                if config.ratelimit_headers != HeaderMode::None {
+                    self.add_ratelimit_headers(&mut response, &standings);
+                }
+                Ok(Admission::Answer(response))
+            }
+            Decision::Pass { wait, results, standings, permits, pending, .. } => {
+                self.account(route, &results, &front.src, false);
+                let target = rewrite::target(&route.rewrite, &front.src.path, head.query());
+                let admitted = Admitted {
+                    route: front.route,
+                    wait,
+                    standings,
+                    permits,
+                    pending,
+                    balance_key,
+                    target,
+                    trusted_peer,
+                };
+                Ok(Admission::Go(admitted))
+            }
+        }
+    }
+
+    /// The second step, for a request its limits passed: its wait, then the upstream
+    /// exchange (or the static response), the settling of `count:` limits, and the
+    /// tunnel of an upgrade.
+    async fn serve(
+        &self,
+        mut req: Request<Incoming>,
+        admitted: Admitted,
+        conn: &ClientConn,
+        trace: &mut Trace,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let Admitted { route: index, wait, standings, permits, pending, balance_key, target, trusted_peer } = admitted;
+        let (config, route) = (&self.config, &self.config.routes[index]);
         if !wait.is_zero() {
             // A client that goes away while waiting drops this future here: its request
             // never reaches the upstream and its permits are released.
             tokio::time::sleep(wait).await;
         }
-
         let upgrade = headers::upgrade_protocol(req.version(), req.headers());
         // Taken before the request is handed on: hyper gives the client's connection
         // over once the `101` has been written.
@@ -273,41 +272,9 @@ impl Proxy {
         let response = match &route.action {
             Action::Respond(r) => Ok(response::static_response(r)),
             Action::Forward(upstream) => {
-                let hop = Hop { peer: peer.ip(), trusted_peer, tls: conn.tls, forwarded: config.forwarded, upgrade };
-                if let Some(target) = target {
-                    let mut uri = req.uri().clone().into_parts();
-                    uri.path_and_query = Some(target);
-                    // The parts of a valid URI with an origin-form path stay valid.
-                    *req.uri_mut() = http::Uri::from_parts(uri).unwrap_or_default();
-                }
-                rewrite::request_headers(&route.rewrite, req.headers_mut());
-                let fault = body::FaultCell::default();
-                let (limit, timeout) = (route.max_body_bytes, config.body_read_timeout);
-                let req = req.map(|b| body::RequestBody::new(b, limit, timeout, Arc::clone(&fault)));
-                let started = Instant::now();
-                let upstream_host = &route.rewrite.upstream_host;
-                let forwarded = self.upstreams[*upstream].forward(req, hop, &fault, balance_key, upstream_host).await;
-                let result = match &forwarded {
-                    Ok(response) => UpstreamResult::Status(response.status().as_u16()),
-                    Err(ProxyError::UpstreamTimeout { .. }) => UpstreamResult::Timeout,
-                    Err(ProxyError::UpstreamUnreachable { .. }) => UpstreamResult::ConnectError,
-                    // The request body broke off, grew too large or stalled: the client's doing.
-                    Err(e) if e.status().is_client_error() => UpstreamResult::ClientBody,
-                    Err(_) => UpstreamResult::Failed,
-                };
-                let took = started.elapsed();
-                trace.upstream = Some(took);
-                self.metrics.upstream(index, result, took);
-                forwarded
-                    .inspect_err(|e| match e.status().is_client_error() {
-                        // The client's fault says nothing about the upstream's health.
-                        true => debug!(route = %route.name, error = %e, "client error while forwarding"),
-                        false => warn!(route = %route.name, error = %e, "upstream error"),
-                    })
-                    .map(|mut response| {
-                        rewrite::response_headers(&route.rewrite, response.headers_mut());
-                        response.map(ProxyBody::streamed)
-                    })
+                let hop =
+                    Hop { peer: conn.peer.ip(), trusted_peer, tls: conn.tls, forwarded: config.forwarded, upgrade };
+                self.forward(req, index, *upstream, hop, target, balance_key, trace).await
             }
         };
         // Limits that count only some statuses keep or take back this request now.
@@ -334,6 +301,56 @@ impl Proxy {
             self.add_ratelimit_headers(&mut response, &standings);
         }
         Ok(response)
+    }
+
+    /// Sends `req` (of route `index`) to upstream `upstream`, with the route's rewrites,
+    /// counting the exchange in the route's metrics.
+    #[allow(clippy::too_many_arguments)]
+    async fn forward(
+        &self,
+        mut req: Request<Incoming>,
+        index: usize,
+        upstream: usize,
+        hop: Hop,
+        target: Option<http::uri::PathAndQuery>,
+        balance_key: Option<u64>,
+        trace: &mut Trace,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let (config, route) = (&self.config, &self.config.routes[index]);
+        if let Some(target) = target {
+            let mut uri = req.uri().clone().into_parts();
+            uri.path_and_query = Some(target);
+            // The parts of a valid URI with an origin-form path stay valid.
+            *req.uri_mut() = http::Uri::from_parts(uri).unwrap_or_default();
+        }
+        rewrite::request_headers(&route.rewrite, req.headers_mut());
+        let fault = body::FaultCell::default();
+        let (limit, timeout) = (route.max_body_bytes, config.body_read_timeout);
+        let req = req.map(|b| body::RequestBody::new(b, limit, timeout, Arc::clone(&fault)));
+        let started = Instant::now();
+        let upstream_host = &route.rewrite.upstream_host;
+        let forwarded = self.upstreams[upstream].forward(req, hop, &fault, balance_key, upstream_host).await;
+        let result = match &forwarded {
+            Ok(response) => UpstreamResult::Status(response.status().as_u16()),
+            Err(ProxyError::UpstreamTimeout { .. }) => UpstreamResult::Timeout,
+            Err(ProxyError::UpstreamUnreachable { .. }) => UpstreamResult::ConnectError,
+            // The request body broke off, grew too large or stalled: the client's doing.
+            Err(e) if e.status().is_client_error() => UpstreamResult::ClientBody,
+            Err(_) => UpstreamResult::Failed,
+        };
+        let took = started.elapsed();
+        trace.upstream = Some(took);
+        self.metrics.upstream(index, result, took);
+        forwarded
+            .inspect_err(|e| match e.status().is_client_error() {
+                // The client's fault says nothing about the upstream's health.
+                true => debug!(route = %route.name, error = %e, "client error while forwarding"),
+                false => warn!(route = %route.name, error = %e, "upstream error"),
+            })
+            .map(|mut response| {
+                rewrite::response_headers(&route.rewrite, response.headers_mut());
+                response.map(ProxyBody::streamed)
+            })
     }
 
     /// Refuses a request that repeats a field one of `limits` (or a limit their
@@ -413,26 +430,42 @@ impl Proxy {
     }
 }
 
-/// What a request with `headers` weighs in the limits of `route` (of `config`): its
-/// cost, unless that is no positive integer or more than a limit that may decide it
-/// ever admits at once.
-pub fn request_cost(config: &Config, route: &Route, headers: &http::HeaderMap) -> Result<u64, ProxyError> {
-    let name = match &route.cost {
-        Cost::Fixed(cost) => return Ok(*cost), // checked against the limits at load
-        Cost::Header(name) => name,
-    };
-    let Some(value) = headers.get(name) else { return Ok(1) };
-    let cost = value.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok()).filter(|&c| c >= 1);
-    let cost = cost.ok_or_else(|| ProxyError::InvalidCost {
-        header: name.to_string(),
-        value: String::from_utf8_lossy(value.as_bytes()).into_owned(),
-    })?;
-    match route.capacity {
-        Some((capacity, limit)) if cost > capacity => {
-            Err(ProxyError::CostTooHigh { cost, limit: config.limits[limit].name.clone(), capacity })
-        }
-        _ => Ok(cost),
+/// The protocol-neutral view of a request hyper parsed.
+fn request_head<B>(req: &Request<B>) -> RequestHead<'_> {
+    let uri = req.uri();
+    RequestHead {
+        method: req.method(),
+        target: uri.path_and_query().map_or("/", http::uri::PathAndQuery::as_str),
+        version: req.version(),
+        authority: uri.authority().map(http::uri::Authority::as_str),
+        fields: Fields::from(req.headers()),
     }
+}
+
+/// What the first step of a request ends in.
+enum Admission {
+    /// The limits passed it: serve it.
+    Go(Admitted),
+    /// The limits refused it: this is its answer.
+    Answer(Response<ProxyBody>),
+}
+
+/// What the admission of a request hands to its serving.
+struct Admitted {
+    /// Index into `Config::routes`.
+    route: usize,
+    /// How long the limits ask it to wait.
+    wait: std::time::Duration,
+    /// Where each window stands, for the `RateLimit` fields.
+    standings: Standings,
+    permits: Permits,
+    pending: Pending,
+    /// What `hash` balancing goes by.
+    balance_key: Option<u64>,
+    /// The target sent upstream when the route rewrites the path.
+    target: Option<http::uri::PathAndQuery>,
+    /// The client's peer is a trusted proxy: its forwarding fields are extended.
+    trusted_peer: bool,
 }
 
 /// What the request path found out about a request, for its access log line.

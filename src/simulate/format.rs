@@ -10,6 +10,8 @@ use serde::Deserialize;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
+use crate::head::{Fields, RequestHead};
+
 /// nginx's predefined `combined` format.
 pub const COMBINED: &str = r#"$remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent "$http_referer" "$http_user_agent""#;
 
@@ -28,6 +30,19 @@ pub struct Logged {
     pub status: Option<u16>,
     /// How long it was in progress, ns (`None`: the log does not say).
     pub duration: Option<u64>,
+}
+
+impl Logged {
+    /// The request's head, as the front reads one.
+    pub fn head(&self) -> RequestHead<'_> {
+        RequestHead {
+            method: &self.method,
+            target: self.uri.path_and_query().map_or("/", http::uri::PathAndQuery::as_str),
+            version: http::Version::HTTP_11,
+            authority: self.uri.authority().map(http::uri::Authority::as_str),
+            fields: Fields::from(&self.headers),
+        }
+    }
 }
 
 /// What one line holds.

@@ -16,13 +16,12 @@ use super::format::{Carried, Logged};
 use super::report::Tally;
 use crate::clock::{ManualClock, Nanos};
 use crate::config::{Config, Scope};
+use crate::front::{self, FrontError};
 use crate::gate::{Decision, Gate, Pending, Permits};
 use crate::limit::Outcome;
 use crate::metrics::RequestOutcome;
-use crate::path;
 use crate::policy::allow::Allow;
 use crate::policy::key::{KeyPart, KeySource};
-use crate::proxy::{request_cost, route};
 
 /// What became of one request.
 pub struct Fate {
@@ -124,28 +123,23 @@ impl Replay {
     pub fn take(&mut self, request: &Logged, at: u64) -> Fate {
         self.end_until(at);
         let mut fate = Fate { route: None, outcome: "no_route", wait: Duration::ZERO, refused: None };
-        let Ok(path) = path::normalize(request.uri.path()) else {
-            self.tally.bad_path += 1;
-            fate.outcome = "bad_path";
-            return fate;
+        let head = request.head();
+        let front = match front::front(&self.config, &head, request.client, self.host.as_deref()) {
+            Ok(front) => front,
+            Err(FrontError::BadPath(_)) => {
+                self.tally.bad_path += 1;
+                fate.outcome = "bad_path";
+                return fate;
+            }
+            Err(_) => {
+                self.tally.no_route += 1;
+                return fate;
+            }
         };
-        let host = route::request_host(&request.uri, &request.headers).or(self.host.as_deref());
-        let Some(index) = route::match_route(&self.config.routes, &request.method, &path, host) else {
-            self.tally.no_route += 1;
-            return fate;
-        };
+        let (index, src, exempt) = (front.route, front.src, front.exempt);
         fate.route = Some(index);
         let route = &self.config.routes[index];
-        let src = KeySource {
-            client_ip: request.client,
-            method: &request.method,
-            uri: &request.uri,
-            path: &path,
-            headers: &request.headers,
-            host,
-        };
         self.tally.second(at);
-        let exempt = route.allow.admits(&src);
         let limits: smallvec::SmallVec<[usize; 4]> = if exempt {
             smallvec::SmallVec::new()
         } else {
@@ -154,7 +148,7 @@ impl Replay {
         for &l in route.limits.iter().filter(|&&l| !exempt && self.skipped[l].is_some()) {
             self.tally.limits[l].not_simulated += 1;
         }
-        let Ok(cost) = request_cost(&self.config, route, &request.headers) else {
+        let Ok(cost) = front::cost(&self.config, route, head.fields) else {
             self.tally.routes[index].invalid_cost += 1;
             fate.outcome = "invalid_cost";
             return fate;

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use http::{HeaderMap, Method, Uri};
+use http::HeaderMap;
 use serde::Deserialize;
 use sluicegate::clock::{ManualClock, Nanos};
 use sluicegate::gate::{Decision, Gate};
@@ -94,15 +94,7 @@ fn limiter_matches_nginx_on_a_fake_clock() {
             if let Some(key) = &r.key {
                 headers.insert("x-key", key.parse().unwrap());
             }
-            let uri = Uri::from_static("/");
-            let src = KeySource {
-                client_ip: [127, 0, 0, 1].into(),
-                method: &Method::GET,
-                uri: &uri,
-                path: uri.path().as_bytes(),
-                headers: &headers,
-                host: None,
-            };
+            let src = KeySource::get([127, 0, 0, 1].into(), "/", &headers);
             clock.set(Nanos(r.t_ms * 1_000_000));
             let (status, wait) = match gate.check(&[0], &src, 1) {
                 Decision::Pass { wait, .. } => (200, wait),

@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::{HeaderMap, Method, Uri};
+use http::HeaderMap;
 use sluicegate::clock::{ManualClock, Nanos};
 use sluicegate::config::parse;
 use sluicegate::gate::{Decision, Gate};
@@ -72,20 +72,13 @@ async fn local_and_redis_decide_every_schedule_alike() {
     let clock = ManualClock::default();
     let gate = Gate::new(&parse(&yaml, "test").unwrap(), clock.clone().into());
     let store = Arc::clone(gate.store().unwrap());
-    let (uri, headers) = (Uri::from_static("/"), HeaderMap::new());
+    let headers = HeaderMap::new();
     let mut compared = 0;
     for (i, policy) in POLICIES.iter().enumerate() {
         let costs: &[u64] = if policy.contains("min_interval") { &[1] } else { &[1, 2] };
         for &cost in costs {
             let client = Ipv4Addr::new(10, 0, i as u8, cost as u8);
-            let src = KeySource {
-                client_ip: IpAddr::V4(client),
-                method: &Method::GET,
-                uri: &uri,
-                path: uri.path().as_bytes(),
-                headers: &headers,
-                host: None,
-            };
+            let src = KeySource::get(IpAddr::V4(client), "/", &headers);
             let call = || Call { limit: i, base: store.base(i, u128::from(client.to_bits())), near: KeyHash(0) };
             for (n, (s, us)) in schedule(i as u64 * 31 + cost, 150).into_iter().enumerate() {
                 clock.set(Nanos(s * 1_000_000_000 + us * 1000));

@@ -1,34 +1,34 @@
 //! Which route a request takes: the first, in file order, whose host, path and method
-//! all match.
+//! all match; and the host it names, which must be one and valid.
 
 use http::uri::Authority;
-use http::{HeaderMap, Method, Uri, Version, header};
+use http::{Method, Version, header};
 
 use crate::config::{PathMatch, Route, RouteMatch};
+use crate::head::{RequestHead, text};
 
 /// Why a request's `Host` is unusable, if it is: HTTP/1.1 requires exactly one valid
 /// `Host` (RFC 9112 §3.2); HTTP/1.0 and HTTP/2 may omit it, never repeat or garble it;
 /// and an HTTP/2 `Host` naming another authority than `:authority` makes the request
 /// malformed (RFC 9113 §8.3.1), since routes would see one and the upstream the other.
-pub fn host_fault(version: Version, uri: &Uri, headers: &HeaderMap) -> Option<&'static str> {
-    let mut hosts = headers.get_all(header::HOST).iter();
+pub fn host_fault(head: &RequestHead<'_>) -> Option<&'static str> {
+    let mut hosts = head.fields.get_all(&header::HOST);
     let Some(host) = hosts.next() else {
-        return (version == Version::HTTP_11).then_some("an HTTP/1.1 request needs a Host header");
+        return (head.version == Version::HTTP_11).then_some("an HTTP/1.1 request needs a Host header");
     };
     if hosts.next().is_some() {
         return Some("more than one Host header");
     }
     // An authority without userinfo: `host[:port]`, nothing else.
-    let valid = plain_host(host.as_bytes())
-        || !host.as_bytes().contains(&b'@') && host.to_str().is_ok_and(|h| h.parse::<Authority>().is_ok());
+    let valid = plain_host(host) || !host.contains(&b'@') && text(host).is_some_and(|h| h.parse::<Authority>().is_ok());
     if !valid {
         return Some("invalid Host header");
     }
     // HTTP/2's `:authority`, or an HTTP/1.1 absolute-form target (`GET http://a/x`), names
     // the host too; RFC 9112 §3.2.2 says to believe the target over `Host`, but a request
     // naming two hosts would be routed and limited as one and served as the other.
-    match uri.authority() {
-        Some(authority) if !authority.as_str().eq_ignore_ascii_case(host.to_str().ok()?) => {
+    match head.authority {
+        Some(authority) if !authority.eq_ignore_ascii_case(text(host)?) => {
             Some("Host differs from the request target's authority")
         }
         _ => None,
@@ -50,12 +50,12 @@ fn plain_host(host: &[u8]) -> bool {
         && std::str::from_utf8(port).is_ok_and(|p| p.parse::<u16>().is_ok())
 }
 
-/// The request's host without port: the `Host` field (HTTP/1.1), else the URI's
-/// authority (HTTP/2 `:authority`).
-pub fn request_host<'r>(uri: &'r Uri, headers: &'r HeaderMap) -> Option<&'r str> {
-    let raw = match headers.get(header::HOST) {
-        Some(value) => value.to_str().ok()?,
-        None => uri.authority()?.as_str(),
+/// The request's host without port: the `Host` field (HTTP/1.1), else the authority
+/// the request names (HTTP/2 `:authority`).
+pub fn request_host<'r>(head: &RequestHead<'r>) -> Option<&'r str> {
+    let raw = match head.fields.get(&header::HOST) {
+        Some(value) => text(value)?,
+        None => head.authority?,
     };
     let host = if raw.starts_with('[') {
         // IPv6 literal: keep the brackets, drop any port.
@@ -95,6 +95,8 @@ fn matches(m: &RouteMatch, method: &Method, path: &[u8], host: Option<&str>) -> 
 
 #[cfg(test)]
 mod tests {
+    use http::HeaderMap;
+
     use super::*;
 
     fn m(host: Option<&str>, path: PathMatch, methods: &[Method]) -> RouteMatch {
@@ -125,16 +127,22 @@ mod tests {
 
     #[test]
     fn host_is_read_without_port() {
+        let head = |headers: &'static HeaderMap, authority| RequestHead {
+            method: &Method::GET,
+            target: "/",
+            version: Version::HTTP_11,
+            authority,
+            fields: crate::head::Fields::from(headers),
+        };
         let h = |v: &str| {
             let mut map = HeaderMap::new();
             map.insert(header::HOST, v.parse().unwrap());
-            map
+            &*Box::leak(Box::new(map))
         };
-        let uri = Uri::from_static("/");
-        assert_eq!(request_host(&uri, &h("example.com:8080")), Some("example.com"));
-        assert_eq!(request_host(&uri, &h("[::1]:8080")), Some("[::1]"));
-        let h2 = Uri::from_static("http://example.org:80/x");
-        assert_eq!(request_host(&h2, &HeaderMap::new()), Some("example.org"));
+        assert_eq!(request_host(&head(h("example.com:8080"), None)), Some("example.com"));
+        assert_eq!(request_host(&head(h("[::1]:8080"), None)), Some("[::1]"));
+        let none = &*Box::leak(Box::new(HeaderMap::new()));
+        assert_eq!(request_host(&head(none, Some("example.org:80"))), Some("example.org"));
     }
 
     #[test]

@@ -1,0 +1,150 @@
+//! The steps in front of the limits, written once for every caller: the proxy (for
+//! requests on the wire), `simulate` (for logged requests) and the admin API's key
+//! lookup. From a request head and its client's address they find the normalized path,
+//! the host, the route, the key source, whether the route's allow-list exempts the
+//! request, and what it weighs; or why the request cannot go on (`FrontError`).
+//!
+//! The proxy checks the head itself first (`check_head`: sizes, `CONNECT`, `Host`), as
+//! only a request on the wire can break those.
+
+mod route;
+pub mod size;
+
+use std::net::IpAddr;
+
+use http::{Method, StatusCode};
+
+use crate::config::{Config, Cost, Route};
+use crate::head::{Fields, RequestHead, text};
+use crate::path::{self, BadPath};
+use crate::policy::key::KeySource;
+pub use route::{host_fault, match_route, request_host};
+
+/// Why a request cannot reach its limits; each is the client's fault (a 4xx).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrontError {
+    /// The request target (path and query) is longer than `server.max_uri_bytes`.
+    #[error("the request target is {bytes} bytes long; at most {max} are accepted")]
+    UriTooLong { bytes: usize, max: usize },
+    /// The request's header fields weigh more than `server.max_header_bytes`.
+    #[error("the request's header fields take {bytes} bytes; at most {max} are accepted")]
+    HeadersTooLarge { bytes: usize, max: usize },
+    /// `CONNECT` asks for a tunnel: this is a reverse proxy, not a forward proxy.
+    #[error("CONNECT is not served: this is a reverse proxy")]
+    Connect,
+    /// The request's `Host` is missing, repeated or invalid.
+    #[error("{0}")]
+    BadHost(&'static str),
+    /// The request's path cannot be normalized: it climbs above the root, holds an
+    /// encoded NUL or a broken escape. Never forwarded.
+    #[error("invalid request path: {0}")]
+    BadPath(#[from] BadPath),
+    /// The client asked for something no route serves.
+    #[error("no route matches")]
+    NoRoute,
+    /// The request's cost header is not a positive integer.
+    #[error("{header} must be a positive integer, not {value:?}")]
+    InvalidCost { header: String, value: String },
+    /// The request weighs more than a limit ever admits at once: waiting will not help.
+    #[error("a cost of {cost} can never fit limit {limit:?}, which admits at most {capacity} at once")]
+    CostTooHigh { cost: u64, limit: String, capacity: u64 },
+}
+
+impl FrontError {
+    /// The status the request is answered with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            FrontError::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
+            FrontError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            FrontError::Connect => StatusCode::METHOD_NOT_ALLOWED,
+            FrontError::NoRoute => StatusCode::NOT_FOUND,
+            FrontError::BadHost(_)
+            | FrontError::BadPath(_)
+            | FrontError::InvalidCost { .. }
+            | FrontError::CostTooHigh { .. } => StatusCode::BAD_REQUEST,
+        }
+    }
+}
+
+/// What the steps in front of the limits made of a request.
+pub struct Front<'a> {
+    /// Index into `Config::routes`.
+    pub route: usize,
+    /// What the route's limits take their keys from.
+    pub src: KeySource<'a>,
+    /// The route's allow-list lets the request skip all of its limits.
+    pub exempt: bool,
+}
+
+impl Front<'_> {
+    /// The limits that decide the request: the route's, or none when it is exempt.
+    pub fn limits<'c>(&self, config: &'c Config) -> &'c [usize] {
+        if self.exempt { &[] } else { &config.routes[self.route].limits }
+    }
+
+    /// The limits that may decide it, those their overrides name included.
+    pub fn candidates<'c>(&self, config: &'c Config) -> &'c [usize] {
+        if self.exempt { &[] } else { &config.routes[self.route].candidates }
+    }
+}
+
+/// What no request on the wire may be, whatever its route: larger than the head limits
+/// (414, 431), a `CONNECT` (405: a catch-all route must not turn into an open tunnel),
+/// or without one valid `Host` (400).
+pub fn check_head(head: &RequestHead<'_>, config: &Config) -> Result<(), FrontError> {
+    size::check(head, config)?;
+    if head.method == Method::CONNECT {
+        return Err(FrontError::Connect);
+    }
+    match host_fault(head) {
+        Some(fault) => Err(FrontError::BadHost(fault)),
+        None => Ok(()),
+    }
+}
+
+/// The key source of `head` from `client_ip`: its path normalized as nginx would see it,
+/// its host (or `default_host` when it names none).
+pub fn source<'a>(
+    head: &RequestHead<'a>,
+    client_ip: IpAddr,
+    default_host: Option<&'a str>,
+) -> Result<KeySource<'a>, FrontError> {
+    let path = path::normalize(head.path())?;
+    let host = request_host(head).or(default_host);
+    Ok(KeySource::new(client_ip, head, path, host))
+}
+
+/// The route `head` from `client_ip` takes, with its key source and exemption.
+pub fn front<'a>(
+    config: &Config,
+    head: &RequestHead<'a>,
+    client_ip: IpAddr,
+    default_host: Option<&'a str>,
+) -> Result<Front<'a>, FrontError> {
+    let src = source(head, client_ip, default_host)?;
+    let route = match_route(&config.routes, head.method, &src.path, src.host).ok_or(FrontError::NoRoute)?;
+    let exempt = config.routes[route].allow.admits(&src);
+    Ok(Front { route, src, exempt })
+}
+
+/// What a request with `fields` weighs in the limits of `route` (of `config`): its
+/// cost, unless that is no positive integer or more than a limit that may decide it
+/// ever admits at once.
+pub fn cost(config: &Config, route: &Route, fields: Fields<'_>) -> Result<u64, FrontError> {
+    let name = match &route.cost {
+        Cost::Fixed(cost) => return Ok(*cost), // checked against the limits at load
+        Cost::Header(name) => name,
+    };
+    let Some(value) = fields.get(name) else { return Ok(1) };
+    let cost = text(value).and_then(|v| v.trim().parse::<u64>().ok()).filter(|&c| c >= 1);
+    let cost = cost.ok_or_else(|| FrontError::InvalidCost {
+        header: name.to_string(),
+        value: String::from_utf8_lossy(value).into_owned(),
+    })?;
+    match route.capacity {
+        Some((capacity, limit)) if cost > capacity => {
+            Err(FrontError::CostTooHigh { cost, limit: config.limits[limit].name.clone(), capacity })
+        }
+        _ => Ok(cost),
+    }
+}
