@@ -21,12 +21,14 @@ use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
 use tracing::{debug, warn};
 
+use smallvec::SmallVec;
+
 use crate::config::{Admin, Config, Scope};
 use crate::front;
 use crate::head::{Fields, RequestHead};
 use crate::policy::key::bearer_token;
 use crate::proxy::Proxy;
-use crate::server::Running;
+use crate::running::Running;
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -57,7 +59,9 @@ pub async fn serve(listener: TcpListener, admin: Admin, running: Arc<Running>) {
     }
 }
 
-fn answer(req: &Request<Incoming>, admin: &Admin, running: &Running) -> Response<Full<Bytes>> {
+/// The answer to one admin call: one `match` on the method and the path's segments, a
+/// function per endpoint.
+fn answer<B>(req: &Request<B>, admin: &Admin, running: &Running) -> Response<Full<Bytes>> {
     if let Some(token) = &admin.token
         && !bearer_token(Fields::from(req.headers())).is_some_and(|given| bool::from(given.ct_eq(token.as_bytes())))
     {
@@ -65,31 +69,27 @@ fn answer(req: &Request<Incoming>, admin: &Admin, running: &Running) -> Response
         response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
         return response;
     }
-    match (req.method(), req.uri().path()) {
-        (&Method::POST, "/reload") if running.request_reload() => text(StatusCode::ACCEPTED, "reloading\n"),
-        (&Method::POST, "/reload") => text(StatusCode::CONFLICT, "not started from a file: nothing to reload\n"),
-        (m, path) if m != Method::GET && m != Method::HEAD && !(m == Method::DELETE && is_key_path(path)) => {
+    let path = req.uri().path();
+    let segments: SmallVec<[&str; 4]> = path.trim_start_matches('/').splitn(3, '/').collect();
+    let query = req.uri().query().unwrap_or_default();
+    let method = if req.method() == Method::HEAD { &Method::GET } else { req.method() };
+    let proxy = running.proxy();
+    match (method, &segments[..]) {
+        (&Method::GET, ["healthz"]) => text(StatusCode::OK, "ok\n"),
+        (&Method::GET, ["readyz"]) => readyz(running),
+        (&Method::GET, ["metrics"]) => metrics(&proxy),
+        (&Method::GET, ["config"]) => json(StatusCode::OK, &describe(proxy.config())),
+        (&Method::POST, ["reload"]) => reload(running),
+        (_, ["reload"]) => text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n"),
+        (&Method::GET, ["bans"]) => bans(&proxy),
+        (&Method::GET, ["bans", name, ..]) => {
+            with_limit(&proxy, name, |i| json(StatusCode::OK, &proxy.limiters().banned(i)))
+        }
+        (&Method::DELETE, ["bans", name, rest @ ..]) => lift(&proxy, name, rest.first().copied().unwrap_or_default()),
+        (&Method::GET, ["limits", name]) => key_state(&proxy, name, query, false),
+        (&Method::DELETE, ["limits", name]) => key_state(&proxy, name, query, true),
+        (m, ["healthz" | "readyz" | "metrics" | "config" | "bans" | "limits", ..]) if m != Method::GET => {
             text(StatusCode::METHOD_NOT_ALLOWED, "use GET\n")
-        }
-        (_, "/healthz") => text(StatusCode::OK, "ok\n"),
-        // A failed reload leaves a good configuration serving: still ready, but said, so
-        // that an operator sees it without taking the instance out of rotation.
-        (_, "/readyz") => match running.reload_failure() {
-            None => text(StatusCode::OK, "ready\n"),
-            Some(why) => {
-                let body = format!("ready; the last reload failed and the previous configuration serves:\n{why}\n");
-                let mut response = Response::new(Full::new(Bytes::from(body)));
-                response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/plain"));
-                response
-            }
-        },
-        (_, path) if path.starts_with("/limits/") || path.starts_with("/bans") || path == "/config" => {
-            keys(req, &running.proxy())
-        }
-        (_, "/metrics") => {
-            let mut response = Response::new(Full::new(Bytes::from(running.proxy().metrics().encode())));
-            response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static(OPENMETRICS));
-            response
         }
         _ => text(
             StatusCode::NOT_FOUND,
@@ -98,74 +98,101 @@ fn answer(req: &Request<Incoming>, admin: &Admin, running: &Running) -> Response
     }
 }
 
-fn is_key_path(path: &str) -> bool {
-    path.starts_with("/limits/") || path.starts_with("/bans/")
+/// `GET /readyz`. A failed reload leaves a good configuration serving: still ready, but
+/// said, so that an operator sees it without taking the instance out of rotation.
+fn readyz(running: &Running) -> Response<Full<Bytes>> {
+    match running.reload_failure() {
+        None => text(StatusCode::OK, "ready\n"),
+        Some(why) => {
+            let body = format!("ready; the last reload failed and the previous configuration serves:\n{why}\n");
+            let mut response = Response::new(Full::new(Bytes::from(body)));
+            response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/plain"));
+            response
+        }
+    }
 }
 
-/// The admin API over limits and keys (JSON): `GET /config`; `GET` and `DELETE`
-/// `/limits/NAME?PART=VALUE...` (a key's state, or its reset); `GET /bans`;
-/// `DELETE /bans/NAME/KEY` (lift a ban by the keyed hash that `/bans` and log lines show).
-fn keys(req: &Request<Incoming>, proxy: &Proxy) -> Response<Full<Bytes>> {
+/// `GET /metrics`: the Prometheus text exposition.
+fn metrics(proxy: &Proxy) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(proxy.metrics().encode())));
+    response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static(OPENMETRICS));
+    response
+}
+
+/// `POST /reload`: the configuration file is read again, as on SIGHUP.
+fn reload(running: &Running) -> Response<Full<Bytes>> {
+    match running.request_reload() {
+        true => text(StatusCode::ACCEPTED, "reloading\n"),
+        false => text(StatusCode::CONFLICT, "not started from a file: nothing to reload\n"),
+    }
+}
+
+/// `GET /bans`: the keys each banning limit refuses now.
+fn bans(proxy: &Proxy) -> Response<Full<Bytes>> {
     let config = proxy.config();
-    let limiters = proxy.limiters();
-    let path = req.uri().path();
-    let find = |name: &str| config.limits.iter().position(|l| l.name == name);
-    if path == "/config" {
-        return json(StatusCode::OK, &describe(config));
+    let all: serde_json::Map<String, serde_json::Value> = config
+        .limits
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.ban.is_some())
+        .map(|(i, l)| (l.name.clone(), serde_json::json!(proxy.limiters().banned(i))))
+        .collect();
+    json(StatusCode::OK, &all)
+}
+
+/// `DELETE /bans/NAME/KEY`: lifts a ban by the keyed hash that `/bans` and log lines show.
+fn lift(proxy: &Proxy, name: &str, key: &str) -> Response<Full<Bytes>> {
+    let key = key.replace("%23", "#");
+    let key = if key.starts_with('#') { key } else { format!("#{key}") };
+    with_limit(proxy, name, |i| match proxy.limiters().lift(i, &key) {
+        true => text(StatusCode::NO_CONTENT, ""),
+        false => text(StatusCode::NOT_FOUND, "no such ban\n"),
+    })
+}
+
+/// `answer` with the index of limit `name`, or 404.
+fn with_limit(proxy: &Proxy, name: &str, answer: impl FnOnce(usize) -> Response<Full<Bytes>>) -> Response<Full<Bytes>> {
+    match proxy.config().limits.iter().position(|l| l.name == name) {
+        Some(index) => answer(index),
+        None => text(StatusCode::NOT_FOUND, "no such limit\n"),
     }
-    if path == "/bans" {
-        let all: serde_json::Map<String, serde_json::Value> = config
-            .limits
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| l.ban.is_some())
-            .map(|(i, l)| (l.name.clone(), serde_json::json!(limiters.banned(i))))
-            .collect();
-        return json(StatusCode::OK, &all);
-    }
-    if let Some(rest) = path.strip_prefix("/bans/") {
-        let (name, key) = rest.split_once('/').unwrap_or((rest, ""));
-        let key = key.replace("%23", "#");
-        let key = if key.starts_with('#') { key } else { format!("#{key}") };
-        return match find(name) {
-            Some(i) if req.method() == Method::DELETE && limiters.lift(i, &key) => text(StatusCode::NO_CONTENT, ""),
-            Some(_) if req.method() == Method::DELETE => text(StatusCode::NOT_FOUND, "no such ban\n"),
-            Some(i) => json(StatusCode::OK, &limiters.banned(i)),
-            None => text(StatusCode::NOT_FOUND, "no such limit\n"),
-        };
-    }
-    let name = path.trim_start_matches("/limits/");
-    let Some(index) = find(name) else { return text(StatusCode::NOT_FOUND, "no such limit\n") };
-    if matches!(config.limits[index].scope, Scope::Global { .. }) {
-        return text(StatusCode::CONFLICT, "a global limit: its state is in Redis\n");
-    }
-    let Ok(request) = key_request(req.uri().query().unwrap_or_default()) else {
-        return text(
-            StatusCode::BAD_REQUEST,
-            "give the key's parts as query parameters: ip=, header:NAME=, bearer=, query:NAME=, cookie:NAME=, method=, path=, host=\n",
-        );
-    };
-    let (parts, _) = request.into_parts();
-    let client_ip = parts.extensions.get::<std::net::IpAddr>().copied().unwrap_or([0, 0, 0, 0].into());
-    // Hashed as the request path hashes: normalized path, host without port.
-    let head = RequestHead {
-        method: &parts.method,
-        target: parts.uri.path_and_query().map_or("/", http::uri::PathAndQuery::as_str),
-        version: http::Version::HTTP_11,
-        authority: None,
-        fields: Fields::from(&parts.headers),
-    };
-    let Ok(src) = front::source(&head, client_ip, None) else {
-        return text(StatusCode::BAD_REQUEST, "invalid path\n");
-    };
-    match (req.method(), limiters.inspect(index, &src)) {
-        (_, None) => text(StatusCode::BAD_REQUEST, "those parameters give no key for this limit\n"),
-        (&Method::DELETE, Some(_)) => {
-            limiters.reset(index, &src);
-            text(StatusCode::NO_CONTENT, "")
+}
+
+/// `GET /limits/NAME?PART=VALUE...`: a key's state; with `reset`, `DELETE`: its reset.
+fn key_state(proxy: &Proxy, name: &str, query: &str, reset: bool) -> Response<Full<Bytes>> {
+    with_limit(proxy, name, |index| {
+        if matches!(proxy.config().limits[index].scope, Scope::Global { .. }) {
+            return text(StatusCode::CONFLICT, "a global limit: its state is in Redis\n");
         }
-        (_, Some(state)) => json(StatusCode::OK, &state),
-    }
+        let Ok(request) = key_request(query) else {
+            return text(
+                StatusCode::BAD_REQUEST,
+                "give the key's parts as query parameters: ip=, header:NAME=, bearer=, query:NAME=, cookie:NAME=, method=, path=, host=\n",
+            );
+        };
+        let (parts, _) = request.into_parts();
+        let client_ip = parts.extensions.get::<std::net::IpAddr>().copied().unwrap_or([0, 0, 0, 0].into());
+        // Hashed as the request path hashes: normalized path, host without port.
+        let head = RequestHead {
+            method: &parts.method,
+            target: parts.uri.path_and_query().map_or("/", http::uri::PathAndQuery::as_str),
+            version: http::Version::HTTP_11,
+            authority: None,
+            fields: Fields::from(&parts.headers),
+        };
+        let Ok(src) = front::source(&head, client_ip, None) else {
+            return text(StatusCode::BAD_REQUEST, "invalid path\n");
+        };
+        let limiters = proxy.limiters();
+        match (reset, limiters.inspect(index, &src)) {
+            (_, None) => text(StatusCode::BAD_REQUEST, "those parameters give no key for this limit\n"),
+            (true, Some(_)) => {
+                limiters.reset(index, &src);
+                text(StatusCode::NO_CONTENT, "")
+            }
+            (false, Some(state)) => json(StatusCode::OK, &state),
+        }
+    })
 }
 
 /// A request that carries the key parts given as `query` (`ip=…&header:x-key=…`), so that
@@ -247,22 +274,66 @@ fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
     response
 }
 
-/// Asks the instance running `config` to reload its file: `POST /reload` on its admin
-/// listener, with its token. The client side of `sluicegate reload`.
-pub async fn request_reload(config: &Config) -> Result<(), String> {
-    let admin = config.admin.as_ref().ok_or("the configuration has no admin listener (admin.listen)")?;
-    let stream = tokio::net::TcpStream::connect(admin.listen).await.map_err(|e| format!("{}: {e}", admin.listen))?;
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
-    tokio::spawn(connection);
-    let mut request = Request::post("/reload").header(header::HOST, admin.listen.to_string());
-    if let Some(token) = &admin.token {
-        request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn running(yaml: &str) -> (Running, Admin) {
+        let config = crate::config::parse(yaml, "test").unwrap();
+        let admin = config.admin.clone().unwrap();
+        (Running::new(Proxy::new(config).unwrap(), None), admin)
     }
-    let request = request.body(Full::new(Bytes::new())).map_err(|e| e.to_string())?;
-    let response = sender.send_request(request).await.map_err(|e| e.to_string())?;
-    match response.status() {
-        StatusCode::ACCEPTED => Ok(()),
-        status => Err(format!("{} answered {status}", admin.listen)),
+
+    fn call(running: &Running, admin: &Admin, method: Method, uri: &str) -> (StatusCode, String) {
+        let response = answer(&Request::builder().method(method).uri(uri).body(()).unwrap(), admin, running);
+        let body = format!("{:?}", response.body());
+        (response.status(), body)
+    }
+
+    const CONFIG: &str = "listen: 127.0.0.1:0
+admin: { listen: 127.0.0.1:0 }
+limits:
+  strict: { key: ip, rate: 1r/m, ban: 1m }
+  shared: { key: ip, rate: 1r/s, scope: global }
+redis: { url: redis://127.0.0.1:1 }
+routes:
+  - respond: { status: 200 }
+    limits: [strict, shared]
+";
+
+    #[tokio::test]
+    async fn each_endpoint_answers_its_methods_and_nothing_else() {
+        let (running, admin) = running(CONFIG);
+        let status = |method: Method, uri: &str| call(&running, &admin, method, uri).0;
+        assert_eq!(status(Method::GET, "/healthz"), StatusCode::OK);
+        assert_eq!(status(Method::HEAD, "/readyz"), StatusCode::OK);
+        assert_eq!(status(Method::POST, "/healthz"), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(status(Method::GET, "/reload"), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(status(Method::POST, "/reload"), StatusCode::CONFLICT, "not started from a file");
+        assert_eq!(status(Method::GET, "/nothing"), StatusCode::NOT_FOUND);
+        assert_eq!(status(Method::GET, "/limits/nothing?ip=10.0.0.1"), StatusCode::NOT_FOUND);
+        assert_eq!(status(Method::GET, "/limits/shared?ip=10.0.0.1"), StatusCode::CONFLICT, "kept in Redis");
+        assert_eq!(status(Method::GET, "/limits/strict?ip=10.0.0.1"), StatusCode::OK);
+        assert_eq!(status(Method::DELETE, "/limits/strict?ip=10.0.0.1"), StatusCode::NO_CONTENT);
+        assert_eq!(status(Method::GET, "/bans"), StatusCode::OK);
+        assert_eq!(status(Method::DELETE, "/bans/strict/%230000000000000001"), StatusCode::NOT_FOUND, "no such ban");
+        let (_, config) = call(&running, &admin, Method::GET, "/config");
+        assert!(config.contains("strict"), "{config}");
+    }
+
+    #[tokio::test]
+    async fn with_a_token_nothing_answers_without_it() {
+        let (running, admin) =
+            running(&CONFIG.replace("127.0.0.1:0 }\nlimits", "127.0.0.1:0, token: s3cret }\nlimits"));
+        let request = |token: Option<&str>| {
+            let mut request = Request::get("/healthz");
+            if let Some(token) = token {
+                request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
+            }
+            answer(&request.body(()).unwrap(), &admin, &running).status()
+        };
+        assert_eq!(request(None), StatusCode::UNAUTHORIZED);
+        assert_eq!(request(Some("wrong")), StatusCode::UNAUTHORIZED);
+        assert_eq!(request(Some("s3cret")), StatusCode::OK);
     }
 }

@@ -6,8 +6,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use bytes::Bytes;
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+use http::{Request, StatusCode, header};
+use http_body_util::Full;
+use hyper_util::rt::TokioIo;
 
+use crate::config::Config;
 use crate::simulate;
 
 #[derive(Debug, Parser)]
@@ -125,5 +130,25 @@ pub fn init_tracing(cli: &Cli) {
     match cli.log_format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// Asks the instance running `config` to reload its file: `POST /reload` on its admin
+/// listener, with its token. The client side of `sluicegate reload`.
+pub async fn request_reload(config: &Config) -> Result<(), String> {
+    let admin = config.admin.as_ref().ok_or("the configuration has no admin listener (admin.listen)")?;
+    let stream = tokio::net::TcpStream::connect(admin.listen).await.map_err(|e| format!("{}: {e}", admin.listen))?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
+    tokio::spawn(connection);
+    let mut request = Request::post("/reload").header(header::HOST, admin.listen.to_string());
+    if let Some(token) = &admin.token {
+        request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    let request = request.body(Full::new(Bytes::new())).map_err(|e| e.to_string())?;
+    let response = sender.send_request(request).await.map_err(|e| e.to_string())?;
+    match response.status() {
+        StatusCode::ACCEPTED => Ok(()),
+        status => Err(format!("{} answered {status}", admin.listen)),
     }
 }

@@ -62,7 +62,7 @@ fn main() -> ExitCode {
 async fn run(cli: Cli, path: std::path::PathBuf, config: config::Config) -> ExitCode {
     match cli.command {
         Some(Command::Reload) => {
-            return match sluicegate::admin::request_reload(&config).await {
+            return match sluicegate::cli::request_reload(&config).await {
                 Ok(()) => {
                     println!("{}: reload requested", path.display());
                     ExitCode::SUCCESS

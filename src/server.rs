@@ -5,12 +5,11 @@
 //! on shutdown stop accepting and let in-flight requests and tunnels finish within the
 //! grace period.
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::Request;
@@ -18,25 +17,19 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use tokio::net::{TcpListener, TcpSocket};
-use tokio::sync::{Notify, Semaphore, watch};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, error, info, warn};
 
-use arc_swap::ArcSwap;
-
 use crate::config::{self, Config, MAX_CONNECTIONS};
-use crate::proxy::{ClientConn, Proxy};
+use crate::connection::{ClientConn, ConnectionHold, PeerCounts};
+use crate::proxy::{BUFFER_BYTES, Proxy};
+use crate::running::Running;
 use crate::watchdog::{self, DriveError, Timeouts, Watch, WatchedBody, WatchedIo};
 
 /// Connections the kernel queues before `accept`; it caps this at `net.core.somaxconn`.
 const LISTEN_BACKLOG: u32 = 4096;
-/// Bytes of a response hyper holds for a client that reads slowly (HTTP/1 write
-/// buffer), and reads ahead from an upstream: nginx's `proxy_buffers 8 4k`. hyper's
-/// default, ~400 KiB each, held about 1.3 MB per client that reads nothing; this, about
-/// 155 KB. It bounds an upstream's response head too (a 502 past it; nginx allows 4 or
-/// 8 KiB); a client's request head is bounded by `http1_buffer_bytes`.
-pub const BUFFER_BYTES: usize = 32 * 1024;
 /// Room in an HTTP/1 head beyond its target and header fields: the method, the version,
 /// the spaces and line ends, and whitespace hyper does not count.
 const HEAD_SLACK_BYTES: usize = 1024;
@@ -53,35 +46,6 @@ pub struct Server {
     /// SIGHUPs, listened for from `bind` on: one that comes before `run` must not end
     /// the process (the default action) but wait for it.
     hangups: tokio::sync::mpsc::Receiver<()>,
-}
-
-/// What every connection, the admin listener and a reload share: the proxy of the
-/// configuration in force. A request takes the one current when it arrives and keeps it
-/// to its end, so a reload cuts no request short.
-pub struct Running {
-    proxy: ArcSwap<Proxy>,
-    /// Where the configuration is read from on a reload (`None`: no reloads).
-    source: Option<PathBuf>,
-    /// Why the last reload failed, if it did (cleared by a good one).
-    reload_failure: Mutex<Option<String>>,
-    /// Reloads asked for through the admin API.
-    reloads: Notify,
-}
-
-impl Running {
-    pub fn proxy(&self) -> Arc<Proxy> {
-        self.proxy.load_full()
-    }
-
-    pub fn reload_failure(&self) -> Option<String> {
-        self.reload_failure.lock().unwrap_or_else(PoisonError::into_inner).clone()
-    }
-
-    /// Asks the server to reload its configuration file (the admin API's `POST /reload`).
-    pub fn request_reload(&self) -> bool {
-        self.reloads.notify_one();
-        self.source.is_some()
-    }
 }
 
 impl Server {
@@ -102,12 +66,7 @@ impl Server {
             Some(admin) => Some(TcpListener::bind(admin.listen).await.map_err(at(admin.listen))?),
             None => None,
         };
-        let running = Running {
-            proxy: ArcSwap::from_pointee(Proxy::new(config)?),
-            source,
-            reload_failure: Mutex::new(None),
-            reloads: Notify::new(),
-        };
+        let running = Running::new(Proxy::new(config)?, source);
         Ok(Server { listeners, admin, running: Arc::new(running), max_connections, hangups: hangups() })
     }
 
@@ -120,10 +79,6 @@ impl Server {
 
     /// Serves until `shutdown` completes, then drains.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
-        let mut builder = auto::Builder::new(TokioExecutor::new());
-        // The watchdog times request headers; hyper's own timer would also cut idle
-        // keep-alive connections at `header_read_timeout`.
-        builder.http1().header_read_timeout(None).keep_alive(true);
         let admin = self.running.proxy().config().admin.clone();
         if let (Some(listener), Some(admin)) = (self.admin.take(), admin) {
             if let Ok(addr) = listener.local_addr() {
@@ -134,8 +89,12 @@ impl Server {
         // Established connections keep being served at the cap; new ones wait in the
         // listen backlog until one closes (as nginx does at `worker_connections`).
         let slots = Arc::new(Semaphore::new(self.max_connections));
-        let peers = Arc::new(PeerCounts::default());
         let (stop, stopping) = watch::channel(());
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        // The watchdog times request headers; hyper's own timer would also cut idle
+        // keep-alive connections at `header_read_timeout`.
+        builder.http1().header_read_timeout(None).keep_alive(true);
+        let mut accepting = Accepting { running: Arc::clone(&self.running), builder, peers: Arc::default(), stopping };
         let mut turn = 0;
         tokio::pin!(shutdown);
         loop {
@@ -145,62 +104,17 @@ impl Server {
                     self.reload();
                     continue;
                 }
-                () = self.running.reloads.notified() => {
+                () = self.running.reload_requested() => {
                     self.reload();
                     continue;
                 }
                 () = &mut shutdown => break,
             };
-            let Some((stream, peer, slot, index)) = accepted else { continue };
-            debug!(%peer, "connection accepted");
-            let _ = stream.set_nodelay(true);
-            let proxy = self.running.proxy();
-            let config = proxy.config();
-            // Sized from the head limits of the configuration in force when the
-            // connection opens (a reload applies to later connections).
-            builder.http1().max_buf_size(http1_buffer_bytes(config));
-            builder.http2().max_header_list_size(http2_header_list_bytes(config));
-            let timeouts = Timeouts {
-                header_read: config.header_read_timeout,
-                idle: config.idle_timeout,
-                send: config.send_timeout,
-            };
-            // The certificates of the configuration in force: a reload's apply to the
-            // connections accepted after it.
-            let tls = config.listeners.get(index).and_then(|l| l.tls.as_ref());
-            let tls = tls.map(|t| TlsAcceptor::from(Arc::clone(&t.server_config)));
-            let stopping = stopping.clone();
-            let peer_slot = match config.max_connections_per_ip {
-                None => None,
-                Some(max) => match peers.take(peer.ip(), max) {
-                    Some(place) => Some(place),
-                    None => {
-                        // Closed at once: waiting would let one host hold the backlog.
-                        debug!(%peer, max, "connection refused: max_connections_per_ip");
-                        continue;
-                    }
-                },
-            };
-            let hold = Arc::new(ConnectionHold { _slot: slot, _draining: stopping.clone(), _peer: peer_slot });
-            let serving = Serving { running: Arc::clone(&self.running), builder: builder.clone(), timeouts, stopping };
-            tokio::spawn(async move {
-                // The handshake counts against `header_read_timeout`, as the first
-                // request's headers do: the watch starts before it.
-                let watch = Watch::new();
-                let Some(acceptor) = tls else {
-                    let conn = ClientConn { peer, tls: false, hold };
-                    return serving.serve(TokioIo::new(stream), conn, watch).await;
-                };
-                match tokio::time::timeout(timeouts.header_read, acceptor.accept(stream)).await {
-                    Ok(Ok(stream)) => {
-                        let conn = ClientConn { peer, tls: true, hold };
-                        serving.serve(TokioIo::new(stream), conn, watch).await;
-                    }
-                    Ok(Err(e)) => debug!(%peer, error = %e, "TLS handshake failed"),
-                    Err(_) => debug!(%peer, timeout = "header_read_timeout", "TLS handshake not done in time"),
-                }
-            });
+            if let Some((stream, peer, slot, listener)) = accepted {
+                accepting.connection(stream, peer, slot, listener);
+            }
         }
+        let Accepting { stopping, .. } = accepting;
         drop(std::mem::take(&mut self.listeners));
         let grace = self.running.proxy().config().shutdown_grace;
         info!(grace_ms = grace.as_millis() as u64, "shutting down: finishing in-flight requests");
@@ -218,7 +132,7 @@ impl Server {
     /// it is invalid or a new `listen` address cannot be bound, none of it (every error is logged, the running
     /// configuration stays, and `/readyz` and `sluicegate_reloads_total` say so).
     fn reload(&mut self) {
-        let Some(path) = &self.running.source else {
+        let Some(path) = self.running.source() else {
             warn!("reload asked for, but the configuration was not read from a file");
             return;
         };
@@ -226,7 +140,7 @@ impl Server {
         let fail = |why: String| {
             error!(file = %path.display(), "reload failed; the running configuration stays");
             old.metrics().reload_result(false);
-            *self.running.reload_failure.lock().unwrap_or_else(PoisonError::into_inner) = Some(why);
+            self.running.reload_failed(why);
         };
         let config = match config::load(path) {
             Ok(config) => {
@@ -272,8 +186,7 @@ impl Server {
             }
         };
         proxy.metrics().reload_result(true);
-        self.running.proxy.store(Arc::new(proxy));
-        *self.running.reload_failure.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        self.running.reloaded(proxy);
         info!(file = %path.display(), kept = ?kept, fresh = ?fresh, "configuration reloaded: limits kept their state or started fresh");
         if let Some(listeners) = listeners {
             // Connections accepted on the old addresses are served to their end.
@@ -328,6 +241,69 @@ fn hangups() -> tokio::sync::mpsc::Receiver<()> {
     rx
 }
 
+/// What every accepted connection is set up with.
+struct Accepting {
+    running: Arc<Running>,
+    builder: auto::Builder<TokioExecutor>,
+    /// Connections open per client address.
+    peers: Arc<PeerCounts>,
+    stopping: watch::Receiver<()>,
+}
+
+impl Accepting {
+    /// Sets up the connection `stream` from `peer`, accepted on listener `listener`
+    /// while it holds `slot` of `max_connections`, under the configuration in force now
+    /// (a reload applies to later connections): its place among its address's
+    /// connections, its timeouts, its buffers, TLS; then serves it in a task of its own.
+    fn connection(&mut self, stream: TcpStream, peer: SocketAddr, slot: OwnedSemaphorePermit, listener: usize) {
+        debug!(%peer, "connection accepted");
+        let _ = stream.set_nodelay(true);
+        let proxy = self.running.proxy();
+        let config = proxy.config();
+        let peer_slot = match config.max_connections_per_ip {
+            None => None,
+            Some(max) => match self.peers.take(peer.ip(), max) {
+                Some(place) => Some(place),
+                None => {
+                    // Closed at once: waiting would let one host hold the backlog.
+                    debug!(%peer, max, "connection refused: max_connections_per_ip");
+                    return;
+                }
+            },
+        };
+        let hold = Arc::new(ConnectionHold::new(slot, self.stopping.clone(), peer_slot));
+        self.builder.http1().max_buf_size(http1_buffer_bytes(config));
+        self.builder.http2().max_header_list_size(http2_header_list_bytes(config));
+        let timeouts =
+            Timeouts { header_read: config.header_read_timeout, idle: config.idle_timeout, send: config.send_timeout };
+        let tls = config.listeners.get(listener).and_then(|l| l.tls.as_ref());
+        let tls = tls.map(|t| TlsAcceptor::from(Arc::clone(&t.server_config)));
+        let serving = Serving {
+            running: Arc::clone(&self.running),
+            builder: self.builder.clone(),
+            timeouts,
+            stopping: self.stopping.clone(),
+        };
+        tokio::spawn(async move {
+            // The handshake counts against `header_read_timeout`, as the first
+            // request's headers do: the watch starts before it.
+            let watch = Watch::new();
+            let Some(acceptor) = tls else {
+                let conn = ClientConn { peer, tls: false, hold };
+                return serving.serve(TokioIo::new(stream), conn, watch).await;
+            };
+            match tokio::time::timeout(timeouts.header_read, acceptor.accept(stream)).await {
+                Ok(Ok(stream)) => {
+                    let conn = ClientConn { peer, tls: true, hold };
+                    serving.serve(TokioIo::new(stream), conn, watch).await;
+                }
+                Ok(Err(e)) => debug!(%peer, error = %e, "TLS handshake failed"),
+                Err(_) => debug!(%peer, timeout = "header_read_timeout", "TLS handshake not done in time"),
+            }
+        });
+    }
+}
+
 /// What a connection task needs to serve its connection.
 struct Serving {
     running: Arc<Running>,
@@ -359,60 +335,6 @@ impl Serving {
             Ok(()) => {}
             Err(DriveError::Connection(e)) => debug!(%peer, error = %e, "connection ended with an error"),
             Err(DriveError::Expired(why)) => debug!(%peer, timeout = why.as_str(), "connection closed"),
-        }
-    }
-}
-
-/// What a client connection holds while it lives, and an upgraded connection (a tunnel)
-/// after hyper has let it go: its place under `max_connections`, and a receiver of the
-/// shutdown signal, which the shutdown waits (at most the grace period) to see dropped.
-pub struct ConnectionHold {
-    _slot: tokio::sync::OwnedSemaphorePermit,
-    _draining: watch::Receiver<()>,
-    _peer: Option<PeerSlot>,
-}
-
-/// Connections open per client address (`server.max_connections_per_ip`), so that one
-/// host cannot take every slot of `max_connections`. An IPv6 client counts by its /64, as
-/// it can pick any address in it. Holds only addresses with connections open, so at
-/// most `max_connections` entries.
-#[derive(Default)]
-struct PeerCounts(Mutex<HashMap<IpAddr, usize>>);
-
-/// One connection's place in `PeerCounts`, given back when the connection ends.
-struct PeerSlot {
-    counts: Arc<PeerCounts>,
-    peer: IpAddr,
-}
-
-impl PeerCounts {
-    /// A place for a connection from `peer`, unless it already holds `max`.
-    fn take(self: &Arc<Self>, peer: IpAddr, max: usize) -> Option<PeerSlot> {
-        let peer = match peer.to_canonical() {
-            IpAddr::V6(v6) => IpAddr::V6((u128::from(v6) & !((1u128 << 64) - 1)).into()),
-            v4 => v4,
-        };
-        let mut counts = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let open = counts.entry(peer).or_insert(0);
-        if *open >= max {
-            if *open == 0 {
-                counts.remove(&peer);
-            }
-            return None;
-        }
-        *open += 1;
-        Some(PeerSlot { counts: Arc::clone(self), peer })
-    }
-}
-
-impl Drop for PeerSlot {
-    fn drop(&mut self) {
-        let mut counts = self.counts.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(open) = counts.get_mut(&self.peer) {
-            *open -= 1;
-            if *open == 0 {
-                counts.remove(&self.peer);
-            }
         }
     }
 }
@@ -507,24 +429,5 @@ pub async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         () = terminate => {}
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_ipv6_client_counts_by_its_64_and_places_come_back() {
-        let counts = Arc::new(PeerCounts::default());
-        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
-        let a = counts.take(ip("2001:db8:1:2::1"), 2).unwrap();
-        let b = counts.take(ip("2001:db8:1:2:ffff::9"), 2).unwrap();
-        assert!(counts.take(ip("2001:db8:1:2::77"), 2).is_none(), "the same /64");
-        assert!(counts.take(ip("2001:db8:1:3::1"), 2).is_some(), "another /64");
-        assert!(counts.take(ip("::ffff:192.0.2.1"), 1).is_some(), "IPv4-mapped counts as IPv4");
-        drop((a, b));
-        assert!(counts.take(ip("2001:db8:1:2::1"), 2).is_some());
-        assert!(counts.0.lock().unwrap().is_empty(), "addresses without connections are forgotten");
     }
 }

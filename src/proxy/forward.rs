@@ -68,7 +68,7 @@ impl UpstreamClient {
         }
         let servers = ServerSet::new(upstream, resolve_metrics);
         let connector = Connector::new(upstream, servers.tls_names());
-        let pool = Pool::new(connector.clone(), upstream.http2, crate::server::BUFFER_BYTES);
+        let pool = Pool::new(connector.clone(), upstream.http2, super::BUFFER_BYTES);
         let checker =
             upstream.health_check.as_ref().and_then(|c| health::start(&servers, c, connector, upstream.http2));
         UpstreamClient {

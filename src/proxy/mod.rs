@@ -23,7 +23,6 @@ mod rewrite;
 mod tunnel;
 mod upstream;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -35,6 +34,7 @@ use tracing::{Level, debug, warn};
 use crate::access_log::{self, AccessLog};
 use crate::clock::Clock;
 use crate::config::{Action, Config, HeaderMode, LogLevel, Route};
+use crate::connection::ClientConn;
 use crate::front::{self, FrontError};
 use crate::gate::{Decision, Gate, Pending, Permits, Standings};
 use crate::head::{Fields, RequestHead};
@@ -44,6 +44,7 @@ use crate::policy::key::KeySource;
 use error::ProxyError;
 use forward::{Hop, UpstreamClient};
 use log_budget::LogBudget;
+pub use pool::BUFFER_BYTES;
 use response::ProxyBody;
 
 /// `tracing::event!` at a level known only at run time (its callsites need a constant).
@@ -57,16 +58,6 @@ macro_rules! event_at {
             _ => tracing::event!(Level::TRACE, $($rest)+),
         }
     };
-}
-
-/// The client connection a request came on.
-pub struct ClientConn {
-    pub peer: SocketAddr,
-    /// The connection is TLS: `X-Forwarded-Proto: https`.
-    pub tls: bool,
-    /// Kept by a tunnel made of this connection: the connection still counts under
-    /// `max_connections`, and shutdown waits for it.
-    pub hold: Arc<crate::server::ConnectionHold>,
 }
 
 pub struct Proxy {

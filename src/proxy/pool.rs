@@ -24,6 +24,13 @@ use tower_service::Service;
 use super::connect::{Connector, UpstreamIo};
 use super::retry::AttemptBody;
 
+/// Bytes of a response hyper holds for a client that reads slowly (HTTP/1 write
+/// buffer), and reads ahead from an upstream: nginx's `proxy_buffers 8 4k`. hyper's
+/// default, ~400 KiB each, held about 1.3 MB per client that reads nothing; this, about
+/// 155 KB. It bounds an upstream's response head too (a 502 past it; nginx allows 4 or
+/// 8 KiB); a client's request head is bounded by `http1_buffer_bytes`.
+pub const BUFFER_BYTES: usize = 32 * 1024;
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Idle keep-alive connections to a server are closed after this long (the reaper looks

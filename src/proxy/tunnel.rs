@@ -17,8 +17,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 use tracing::debug;
 
+use crate::connection::ConnectionHold;
 use crate::gate::Permits;
-use crate::server::ConnectionHold;
 
 /// What a tunnel keeps alive while it runs.
 pub struct Tunnel {

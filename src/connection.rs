@@ -1,0 +1,101 @@
+//! What a client connection holds while it lives: its place under
+//! `server.max_connections`, its place among its address's connections
+//! (`server.max_connections_per_ip`), and a receiver of the shutdown signal, which the
+//! shutdown waits for; and what a request knows of the connection it came on.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::watch;
+
+/// The client connection a request came on.
+pub struct ClientConn {
+    pub peer: SocketAddr,
+    /// The connection is TLS: `X-Forwarded-Proto: https`.
+    pub tls: bool,
+    /// Kept by a tunnel made of this connection: the connection still counts under
+    /// `max_connections`, and shutdown waits for it.
+    pub hold: Arc<ConnectionHold>,
+}
+
+/// What a client connection holds while it lives, and an upgraded connection (a tunnel)
+/// after hyper has let it go: its place under `max_connections`, and a receiver of the
+/// shutdown signal, which the shutdown waits (at most the grace period) to see dropped.
+pub struct ConnectionHold {
+    _slot: tokio::sync::OwnedSemaphorePermit,
+    _draining: watch::Receiver<()>,
+    _peer: Option<PeerSlot>,
+}
+
+impl ConnectionHold {
+    /// Holds `slot` of `max_connections`, the place `peer` among its address's
+    /// connections, and `draining`, until dropped.
+    pub fn new(slot: tokio::sync::OwnedSemaphorePermit, draining: watch::Receiver<()>, peer: Option<PeerSlot>) -> Self {
+        ConnectionHold { _slot: slot, _draining: draining, _peer: peer }
+    }
+}
+
+/// Connections open per client address (`server.max_connections_per_ip`), so that one
+/// host cannot take every slot of `max_connections`. An IPv6 client counts by its /64, as
+/// it can pick any address in it. Holds only addresses with connections open, so at
+/// most `max_connections` entries.
+#[derive(Default)]
+pub struct PeerCounts(Mutex<HashMap<IpAddr, usize>>);
+
+/// One connection's place in `PeerCounts`, given back when the connection ends.
+pub struct PeerSlot {
+    counts: Arc<PeerCounts>,
+    peer: IpAddr,
+}
+
+impl PeerCounts {
+    /// A place for a connection from `peer`, unless it already holds `max`.
+    pub fn take(self: &Arc<Self>, peer: IpAddr, max: usize) -> Option<PeerSlot> {
+        let peer = match peer.to_canonical() {
+            IpAddr::V6(v6) => IpAddr::V6((u128::from(v6) & !((1u128 << 64) - 1)).into()),
+            v4 => v4,
+        };
+        let mut counts = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let open = counts.entry(peer).or_insert(0);
+        if *open >= max {
+            if *open == 0 {
+                counts.remove(&peer);
+            }
+            return None;
+        }
+        *open += 1;
+        Some(PeerSlot { counts: Arc::clone(self), peer })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut counts = self.counts.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(open) = counts.get_mut(&self.peer) {
+            *open -= 1;
+            if *open == 0 {
+                counts.remove(&self.peer);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ipv6_client_counts_by_its_64_and_places_come_back() {
+        let counts = Arc::new(PeerCounts::default());
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let a = counts.take(ip("2001:db8:1:2::1"), 2).unwrap();
+        let b = counts.take(ip("2001:db8:1:2:ffff::9"), 2).unwrap();
+        assert!(counts.take(ip("2001:db8:1:2::77"), 2).is_none(), "the same /64");
+        assert!(counts.take(ip("2001:db8:1:3::1"), 2).is_some(), "another /64");
+        assert!(counts.take(ip("::ffff:192.0.2.1"), 1).is_some(), "IPv4-mapped counts as IPv4");
+        drop((a, b));
+        assert!(counts.take(ip("2001:db8:1:2::1"), 2).is_some());
+        assert!(counts.0.lock().unwrap().is_empty(), "addresses without connections are forgotten");
+    }
+}
