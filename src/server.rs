@@ -24,8 +24,9 @@ use tracing::{debug, error, info, warn};
 
 use crate::config::{self, Config, MAX_CONNECTIONS};
 use crate::connection::{ClientConn, ConnectionHold, PeerCounts};
-use crate::proxy::{BUFFER_BYTES, Proxy};
+use crate::proxy::Proxy;
 use crate::running::Running;
+use crate::upstream::BUFFER_BYTES;
 use crate::watchdog::{self, DriveError, Timeouts, Watch, WatchedBody, WatchedIo};
 
 /// Connections the kernel queues before `accept`; it caps this at `net.core.somaxconn`.

@@ -6,22 +6,11 @@
 //! turns a `ProxyError` into its response in one place. Rejections are not errors: they
 //! are a `Decision` answered with a 429.
 
-mod balance;
-mod body;
-mod connect;
 pub mod error;
-mod forward;
-mod forwarded;
-pub mod headers;
-mod health;
 mod log_budget;
-mod pool;
-mod resolve;
 pub mod response;
-mod retry;
 mod rewrite;
 mod tunnel;
-mod upstream;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -38,13 +27,13 @@ use crate::connection::ClientConn;
 use crate::front::{self, FrontError};
 use crate::gate::{Decision, Gate, Pending, Permits, Standings};
 use crate::head::{Fields, RequestHead};
+use crate::hop as headers;
 use crate::limit::{LimitResult, Limiters, Outcome, Standing};
 use crate::metrics::{Metrics, RequestOutcome, UpstreamResult};
 use crate::policy::key::KeySource;
+use crate::upstream::{self, Hop, UpstreamClient, UpstreamError};
 use error::ProxyError;
-use forward::{Hop, UpstreamClient};
 use log_budget::LogBudget;
-pub use pool::BUFFER_BYTES;
 use response::ProxyBody;
 
 /// `tracing::event!` at a level known only at run time (its callsites need a constant).
@@ -315,25 +304,25 @@ impl Proxy {
             *req.uri_mut() = http::Uri::from_parts(uri).unwrap_or_default();
         }
         rewrite::request_headers(&route.rewrite, req.headers_mut());
-        let fault = body::FaultCell::default();
+        let fault = upstream::FaultCell::default();
         let (limit, timeout) = (route.max_body_bytes, config.body_read_timeout);
-        let req = req.map(|b| body::RequestBody::new(b, limit, timeout, Arc::clone(&fault)));
+        let req = req.map(|b| upstream::RequestBody::new(b, limit, timeout, Arc::clone(&fault)));
         let started = Instant::now();
         let upstream_host = &route.rewrite.upstream_host;
         let forwarded = self.upstreams[upstream].forward(req, hop, &fault, balance_key, upstream_host).await;
         let result = match &forwarded {
             Ok(response) => UpstreamResult::Status(response.status().as_u16()),
-            Err(ProxyError::UpstreamTimeout { .. }) => UpstreamResult::Timeout,
-            Err(ProxyError::UpstreamUnreachable { .. }) => UpstreamResult::ConnectError,
+            Err(UpstreamError::Timeout { .. }) => UpstreamResult::Timeout,
+            Err(UpstreamError::Unreachable { .. }) => UpstreamResult::ConnectError,
             // The request body broke off, grew too large or stalled: the client's doing.
-            Err(e) if e.status().is_client_error() => UpstreamResult::ClientBody,
+            Err(e) if e.is_client_error() => UpstreamResult::ClientBody,
             Err(_) => UpstreamResult::Failed,
         };
         let took = started.elapsed();
         trace.upstream = Some(took);
         self.metrics.upstream(index, result, took);
         forwarded
-            .inspect_err(|e| match e.status().is_client_error() {
+            .inspect_err(|e| match e.is_client_error() {
                 // The client's fault says nothing about the upstream's health.
                 true => debug!(route = %route.name, error = %e, "client error while forwarding"),
                 false => warn!(route = %route.name, error = %e, "upstream error"),
@@ -342,6 +331,7 @@ impl Proxy {
                 rewrite::response_headers(&route.rewrite, response.headers_mut());
                 response.map(ProxyBody::streamed)
             })
+            .map_err(ProxyError::from)
     }
 
     /// Refuses a request that repeats a field one of `limits` (or a limit their

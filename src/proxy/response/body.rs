@@ -10,7 +10,7 @@ use hyper::body::{Body, Frame, SizeHint};
 
 use crate::access_log::Entry;
 use crate::gate::Permits;
-use crate::proxy::forward::UpstreamBody;
+use crate::upstream::UpstreamBody;
 
 /// A response body, streamed from the upstream or made here in full, carrying the
 /// request's concurrency slots: they are given back when the body has been sent to the

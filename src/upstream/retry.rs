@@ -15,7 +15,7 @@ use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
 
 use super::body::RequestBody;
-use super::pool::SendError;
+use super::error::SendError;
 
 type BoxError = Box<dyn StdError + Send + Sync>;
 

@@ -1,14 +1,17 @@
-//! Header work of a hop: the client's address behind trusted proxies, hop-by-hop
-//! removal and the `X-Forwarded-*` fields sent upstream.
+//! What changes at each hop: the client's address behind trusted proxies, hop-by-hop
+//! fields removed, upgrades kept, and the forwarding fields (`X-Forwarded-*`, and
+//! `Forwarded` of RFC 7239 in `forwarded`) sent upstream.
+
+pub mod forwarded;
 
 use std::net::{IpAddr, SocketAddr};
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use ipnet::IpNet;
 
-use super::forwarded::{self, Node};
 use crate::config::ForwardedMode;
 use crate::head::{Fields, text};
+use forwarded::Node;
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");

@@ -16,7 +16,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use super::connect::Connector;
-use super::upstream::{Member, ServerSet};
+use super::servers::{Member, ServerSet};
 use crate::config::HealthCheck;
 
 /// The running check; dropping it stops the check.
@@ -104,7 +104,7 @@ mod tests {
 
     use super::*;
     use crate::metrics::ResolveMetrics;
-    use crate::proxy::upstream::tests::upstream;
+    use crate::upstream::servers::tests::upstream;
 
     /// A server that answers every request `204` and closes.
     async fn answers_204() -> SocketAddr {

@@ -18,7 +18,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::upstream::{Lookup, ServerSet};
+use super::servers::{Lookup, ServerSet};
 
 /// A lookup that takes longer fails: `getaddrinfo` cannot be cancelled, but the set must
 /// not wait on it (its thread finishes on its own).
@@ -43,11 +43,14 @@ impl Resolve for System {
     }
 }
 
-/// Looks up the names of `set` as long as it lives (and is not stopped): once now, then
-/// every `interval` (`None`: no more once every name has an address).
+/// Looks up the names of `set` as long as it lives and is not stopped: once now, then
+/// every `interval` (`None`: no more once every name has an address). The upstream's
+/// client runs this in a task of its own.
 pub async fn keep_resolved(set: Weak<ServerSet>, resolver: impl Resolve, interval: Option<Duration>) {
     let mut failures = FailureLog::default();
     let mut retry = FIRST_RETRY;
+    let Some(stopped) = set.upgrade().map(|set| set.stopped()) else { return };
+    tokio::pin!(stopped);
     loop {
         // Held only while a round runs: between rounds the set may go.
         let Some(strong) = set.upgrade() else { return };
@@ -66,7 +69,10 @@ pub async fn keep_resolved(set: Weak<ServerSet>, resolver: impl Resolve, interva
         if complete {
             retry = FIRST_RETRY;
         }
-        tokio::time::sleep(wait).await;
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = &mut stopped => return,
+        }
     }
 }
 
@@ -144,7 +150,7 @@ mod tests {
 
     use super::*;
     use crate::metrics::ResolveMetrics;
-    use crate::proxy::upstream::Change;
+    use crate::upstream::servers::Change;
 
     /// Answers what the test last told it, and counts the questions.
     #[derive(Clone, Default)]
@@ -173,7 +179,7 @@ mod tests {
     }
 
     fn set(servers: &[&str]) -> Arc<ServerSet> {
-        let upstream = crate::proxy::upstream::tests::upstream(servers, 1);
+        let upstream = crate::upstream::servers::tests::upstream(servers, 1);
         Arc::new(ServerSet::unresolved(&upstream, ResolveMetrics::default()))
     }
 
@@ -278,7 +284,7 @@ mod tests {
     async fn names_are_looked_up_again_each_interval_and_a_name_without_address_sooner_until_stopped() {
         let set = set(&["a.test:80"]);
         let dns = Scripted::default();
-        set.keep_resolved(dns.clone(), Some(Duration::from_secs(10)));
+        tokio::spawn(keep_resolved(Arc::downgrade(&set), dns.clone(), Some(Duration::from_secs(10))));
         // Not resolvable at start: the set is ready (requests get their 502 at once), and
         // the name is tried again after 1 s, 2 s, 4 s…
         tokio::time::timeout(Duration::from_millis(1), set.ready()).await.unwrap();
@@ -300,7 +306,7 @@ mod tests {
         assert_eq!(dns.asked.load(Ordering::Relaxed), 5);
         // And a set no one holds any more ends them too.
         let set = self::set(&["a.test:80"]);
-        set.keep_resolved(dns.clone(), Some(Duration::from_secs(10)));
+        tokio::spawn(keep_resolved(Arc::downgrade(&set), dns.clone(), Some(Duration::from_secs(10))));
         tokio::time::sleep(Duration::from_secs(1)).await;
         drop(set);
         tokio::time::sleep(Duration::from_secs(30)).await;

@@ -18,13 +18,14 @@ use tracing::warn;
 
 use super::body::{FaultCell, RequestBody};
 use super::connect::Connector;
-use super::error::ProxyError;
-use super::headers::{keep_upgrade, remove_hop_by_hop, set_forwarded};
+use super::error::{SendError, UpstreamError};
 use super::health::{self, Checker};
-use super::pool::{Checkout, Pool, SendError};
+use super::pool::{BUFFER_BYTES, Checkout, Pool};
+use super::resolve;
 use super::retry::Replayable;
-use super::upstream::{InFlight, ServerSet};
+use super::servers::{InFlight, ServerSet};
 use crate::config::{ForwardedMode, Upstream, UpstreamHost};
+use crate::hop::{keep_upgrade, remove_hop_by_hop, set_forwarded};
 use crate::metrics::ResolveMetrics;
 
 pub struct UpstreamClient {
@@ -67,8 +68,13 @@ impl UpstreamClient {
             warn!(upstream = %upstream.name, "TLS certificates of the servers are NOT verified (tls.verify: false): for tests only, never in production");
         }
         let servers = ServerSet::new(upstream, resolve_metrics);
+        if servers.has_names()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(resolve::keep_resolved(Arc::downgrade(&servers), resolve::System, upstream.resolve_interval));
+        }
         let connector = Connector::new(upstream, servers.tls_names());
-        let pool = Pool::new(connector.clone(), upstream.http2, super::BUFFER_BYTES);
+        let pool = Pool::new(connector.clone(), upstream.http2, BUFFER_BYTES);
         let checker =
             upstream.health_check.as_ref().and_then(|c| health::start(&servers, c, connector, upstream.http2));
         UpstreamClient {
@@ -96,7 +102,7 @@ impl UpstreamClient {
         fault: &FaultCell,
         balance_key: Option<u64>,
         host: &UpstreamHost,
-    ) -> Result<Response<UpstreamBody>, ProxyError> {
+    ) -> Result<Response<UpstreamBody>, UpstreamError> {
         let upstream = self.servers.upstream();
         let upgrading = hop.upgrade.is_some();
         let (mut parts, body) = prepare_upstream_request(req, hop).into_parts();
@@ -111,7 +117,7 @@ impl UpstreamClient {
                 // that failure is the answer.
                 return Err(failed.unwrap_or_else(|| {
                     warn!(upstream, servers = %self.servers.addresses(), "all servers of the upstream are out");
-                    ProxyError::NoServer { upstream: upstream.to_owned() }
+                    UpstreamError::NoServer { upstream: upstream.to_owned() }
                 }));
             };
             tried.push(server.id());
@@ -164,7 +170,7 @@ impl UpstreamClient {
                 Err(_) => {
                     server.failed(upstream, Instant::now());
                     // The request was sent and may be in progress there: not retried.
-                    return Err(ProxyError::UpstreamTimeout {
+                    return Err(UpstreamError::Timeout {
                         upstream: upstream.to_owned(),
                         server: address,
                         timeout: self.timeout,
@@ -172,16 +178,16 @@ impl UpstreamClient {
                 }
                 // The client's fault says nothing of the server's health, and a body
                 // that failed cannot be sent again.
-                Ok(Err(_)) if let Some(&fault) = fault.get() => return Err(ProxyError::Body(fault)),
-                Ok(Err(source)) if client_body_failed(&source) => return Err(ProxyError::ClientBody { source }),
+                Ok(Err(_)) if let Some(&fault) = fault.get() => return Err(UpstreamError::Body(fault)),
+                Ok(Err(source)) if client_body_failed(&source) => return Err(UpstreamError::ClientBody { source }),
                 Ok(Err(error)) => error,
             };
             server.failed(upstream, Instant::now());
             let retry = !last && body.may_retry(&error, idempotent);
             let error = if let SendError::Connect(_) = error {
-                ProxyError::UpstreamUnreachable { upstream: upstream.to_owned(), server: address, source: error }
+                UpstreamError::Unreachable { upstream: upstream.to_owned(), server: address, source: error }
             } else {
-                ProxyError::UpstreamFailed { upstream: upstream.to_owned(), server: address, source: error }
+                UpstreamError::Failed { upstream: upstream.to_owned(), server: address, source: error }
             };
             if !retry {
                 return Err(error);

@@ -24,7 +24,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
-use super::upstream::TlsNames;
+use super::servers::TlsNames;
 use crate::config::{Upstream, UpstreamTls};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -42,10 +42,8 @@ pub struct ServerSet {
     /// so an atomic, with `resolving_done` to wake those that wait for it.
     resolved: AtomicBool,
     resolving_done: tokio::sync::Notify,
-    /// Set by `stop`: the background work of this set ends.
+    /// Set by `stop`: the background work of this set (lookups, health checks) ends.
     stopped: watch::Sender<bool>,
-    /// The background lookups, aborted with the set.
-    resolving: std::sync::OnceLock<tokio::task::AbortHandle>,
     pub(super) metrics: ResolveMetrics,
 }
 
@@ -132,23 +130,15 @@ pub struct Change {
 static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
 
 impl ServerSet {
-    /// The servers of `upstream`; names are looked up in the background from now on
-    /// (see `resolve`) when a runtime runs, and have no address until then.
+    /// The servers of `upstream`, its IP literals only: names have no address until
+    /// `resolve` looks them up.
     pub fn new(upstream: &Upstream, metrics: ResolveMetrics) -> Arc<Self> {
-        let set = Arc::new(ServerSet::unresolved(upstream, metrics));
-        if set.written.iter().any(|w| w.literal.is_none()) {
-            set.keep_resolved(super::resolve::System, upstream.resolve_interval);
-        }
-        set
+        Arc::new(ServerSet::unresolved(upstream, metrics))
     }
 
-    /// Looks the names up with `resolver` in the background until the set is stopped
-    /// or dropped (nothing outside a runtime).
-    pub(super) fn keep_resolved(self: &Arc<Self>, resolver: impl super::resolve::Resolve, interval: Option<Duration>) {
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let task = runtime.spawn(super::resolve::keep_resolved(Arc::downgrade(self), resolver, interval));
-            let _ = self.resolving.set(task.abort_handle());
-        }
+    /// Some server is written with a host name, to be looked up.
+    pub fn has_names(&self) -> bool {
+        self.written.iter().any(|w| w.literal.is_none())
     }
 
     /// The set with its IP literals only, names not looked up yet.
@@ -166,7 +156,6 @@ impl ServerSet {
             resolved: AtomicBool::new(!names),
             resolving_done: tokio::sync::Notify::new(),
             stopped: watch::Sender::new(false),
-            resolving: std::sync::OnceLock::new(),
             metrics,
         };
         set.apply(&[]);
@@ -271,14 +260,14 @@ impl ServerSet {
     /// replaced it. Requests in progress may still use it.
     pub fn stop(&self) {
         self.stopped.send_replace(true);
-        if let Some(task) = self.resolving.get() {
-            task.abort();
-        }
     }
 
-    /// Completes once `stop` has been called.
-    pub async fn stopped(&self) {
-        let _ = self.stopped.subscribe().wait_for(|stopped| *stopped).await;
+    /// Completes once `stop` has been called, or the set is gone.
+    pub fn stopped(&self) -> impl Future<Output = ()> + Send + use<> {
+        let mut stopped = self.stopped.subscribe();
+        async move {
+            let _ = stopped.wait_for(|stopped| *stopped).await;
+        }
     }
 
     /// What `hash` balancing goes by for this request: the same for the same key on
@@ -551,7 +540,7 @@ impl TlsNames {
 pub(super) mod tests {
     use super::*;
 
-    pub(in crate::proxy) fn upstream(servers: &[&str], max_fails: u32) -> Upstream {
+    pub(in crate::upstream) fn upstream(servers: &[&str], max_fails: u32) -> Upstream {
         Upstream {
             name: "u".into(),
             servers: servers

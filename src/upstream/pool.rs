@@ -22,6 +22,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tower_service::Service;
 
 use super::connect::{Connector, UpstreamIo};
+use super::error::SendError;
 use super::retry::AttemptBody;
 
 /// Bytes of a response hyper holds for a client that reads slowly (HTTP/1 write
@@ -30,8 +31,6 @@ use super::retry::AttemptBody;
 /// 155 KB. It bounds an upstream's response head too (a 502 past it; nginx allows 4 or
 /// 8 KiB); a client's request head is bounded by `http1_buffer_bytes`.
 pub const BUFFER_BYTES: usize = 32 * 1024;
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Idle keep-alive connections to a server are closed after this long (the reaper looks
 /// every half of it, so one lives at most one and a half times this).
@@ -70,19 +69,6 @@ type ByServer<T> = HashMap<Box<str>, T, foldhash::fast::RandomState>;
 struct Idle {
     sender: http1::SendRequest<AttemptBody>,
     since: Instant,
-}
-
-/// Why an attempt got no response.
-#[derive(Debug, thiserror::Error)]
-pub enum SendError {
-    /// No connection could be made (refused, unreachable, TLS handshake failed): nothing
-    /// was sent.
-    #[error("cannot connect")]
-    Connect(#[source] BoxError),
-    /// The exchange on a connection failed. The hyper error is this one's source, not
-    /// hidden behind it: what failed (the client's body, a reset) is read from it.
-    #[error("exchange failed")]
-    Exchange(#[from] hyper::Error),
 }
 
 /// A connection lent to a request until its response body has been read to the end.
