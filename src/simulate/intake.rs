@@ -10,10 +10,10 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read as _};
+use std::io::{BufRead, BufReader, IsTerminal, Read as _};
 use std::path::{Path, PathBuf};
 
-use indicatif::ProgressBar;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
 use super::format::{Format, Logged, Read, TimeCache};
@@ -105,7 +105,7 @@ impl Logs {
                 other: format!("{} is {}", other.name, other.format.name()),
             });
         }
-        Ok(Logs { logs, window, intake: Intake::default(), progress: super::report::progress(total) })
+        Ok(Logs { logs, window, intake: Intake::default(), progress: progress(total) })
     }
 
     /// The format of the logs (all share one).
@@ -227,4 +227,17 @@ impl Log {
         }
         Ok(())
     }
+}
+
+/// A progress bar over `bytes` of logs, drawn on a terminal only.
+fn progress(bytes: u64) -> ProgressBar {
+    if !std::io::stderr().is_terminal() || bytes == 0 {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(bytes), ProgressDrawTarget::stderr());
+    let style =
+        ProgressStyle::with_template("{bar:40} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar
 }

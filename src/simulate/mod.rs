@@ -10,6 +10,7 @@ mod intake;
 mod plot;
 mod replay;
 pub mod report;
+mod tally;
 
 use std::collections::HashMap;
 use std::fs::File;

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use super::ByKey;
 use super::format::{Carried, Logged};
-use super::report::Tally;
+use super::tally::Tally;
 use crate::clock::{ManualClock, Nanos};
 use crate::config::{Config, Scope};
 use crate::front::{self, FrontError};

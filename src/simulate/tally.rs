@@ -1,0 +1,148 @@
+//! What a replay counts as it goes: per route and per limit, what became of each
+//! request, the waits, the keys refused, and the requests of each second. `report`
+//! turns these into what is shown. A leaf of `simulate`.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::metrics::RequestOutcome;
+
+/// What became of the requests of a route, or a limit's decisions.
+#[derive(Debug, Default, Clone, Copy, Serialize, PartialEq, Eq)]
+pub struct Counts {
+    pub requests: u64,
+    pub passed: u64,
+    pub delayed: u64,
+    pub rejected: u64,
+}
+
+#[derive(Default)]
+pub struct RouteTally {
+    pub(super) counts: Counts,
+    pub(super) banned: u64,
+    pub(super) dry_run_rejected: u64,
+    pub invalid_cost: u64,
+    /// Every wait of a delayed request, ns.
+    pub(super) waits: Vec<u64>,
+}
+
+impl RouteTally {
+    pub fn outcome(&mut self, outcome: RequestOutcome) {
+        self.counts.requests += 1;
+        match outcome {
+            RequestOutcome::Passed => self.counts.passed += 1,
+            RequestOutcome::Delayed => self.counts.delayed += 1,
+            RequestOutcome::Rejected => self.counts.rejected += 1,
+            RequestOutcome::Banned => {
+                self.counts.rejected += 1;
+                self.banned += 1;
+            }
+            // It passes: the limits that would refuse it only say so.
+            RequestOutcome::DryRunRejected => {
+                self.counts.passed += 1;
+                self.dry_run_rejected += 1;
+            }
+        }
+    }
+
+    pub fn waited(&mut self, wait: Duration) {
+        if !wait.is_zero() {
+            self.waits.push(nanos(wait));
+        }
+    }
+}
+
+/// A key a limit refused.
+pub(super) struct KeyTally {
+    pub(super) label: String,
+    pub(super) rejected: u64,
+}
+
+#[derive(Default)]
+pub struct LimitTally {
+    pub(super) counts: Counts,
+    /// Requests of its routes that had no key for it (not counted, as in `run`).
+    pub no_key: u64,
+    /// Requests of its routes it would have decided, had the log allowed.
+    pub not_simulated: u64,
+    pub(super) waits: Vec<u64>,
+    pub(super) keys: HashMap<u64, KeyTally>,
+    /// Admitted and rejected requests per second.
+    pub(super) series: HashMap<u64, [u64; 2]>,
+}
+
+impl LimitTally {
+    /// Counts one decision of this limit at `at`; `refused`: the key's hash and label.
+    pub fn decided(
+        &mut self,
+        at: u64,
+        rejected: bool,
+        wait: Duration,
+        refused: Option<(u64, impl FnOnce() -> String)>,
+    ) {
+        self.counts.requests += 1;
+        let slot = self.series.entry(at / 1_000_000_000).or_default();
+        if rejected {
+            self.counts.rejected += 1;
+            slot[1] += 1;
+        } else if !wait.is_zero() {
+            self.counts.delayed += 1;
+            self.waits.push(nanos(wait));
+            slot[0] += 1;
+        } else {
+            self.counts.passed += 1;
+            slot[0] += 1;
+        }
+        if let Some((hash, label)) = refused {
+            self.keys.entry(hash).or_insert_with(|| KeyTally { label: label(), rejected: 0 }).rejected += 1;
+        }
+    }
+
+    /// Admitted and rejected requests per second, by second.
+    pub fn series(&self) -> Vec<(u64, [u64; 2])> {
+        let mut series: Vec<_> = self.series.iter().map(|(&s, &c)| (s, c)).collect();
+        series.sort_unstable();
+        series
+    }
+
+    pub fn key_label(&self, hash: u64) -> Option<&str> {
+        self.keys.get(&hash).map(|k| k.label.as_str())
+    }
+}
+
+/// Everything one configuration's replay counted.
+pub struct Tally {
+    pub routes: Vec<RouteTally>,
+    pub limits: Vec<LimitTally>,
+    pub no_route: u64,
+    pub bad_path: u64,
+    /// Requests and rejections per second, over every route.
+    pub(super) seconds: HashMap<u64, [u64; 2]>,
+}
+
+impl Tally {
+    pub fn new(config: &Config) -> Tally {
+        Tally {
+            routes: config.routes.iter().map(|_| RouteTally::default()).collect(),
+            limits: config.limits.iter().map(|_| LimitTally::default()).collect(),
+            no_route: 0,
+            bad_path: 0,
+            seconds: HashMap::new(),
+        }
+    }
+
+    pub fn second(&mut self, at: u64) {
+        self.seconds.entry(at / 1_000_000_000).or_default()[0] += 1;
+    }
+
+    pub fn rejected_at(&mut self, at: u64) {
+        self.seconds.entry(at / 1_000_000_000).or_default()[1] += 1;
+    }
+}
+
+pub(super) fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
