@@ -11,6 +11,7 @@ pub mod fixed_window;
 pub(crate) mod gcra_cases;
 pub mod inspect;
 pub mod leaky_bucket;
+mod shards;
 pub mod sliding_log;
 pub mod sliding_window;
 pub mod table;

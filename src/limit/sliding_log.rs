@@ -9,11 +9,12 @@
 //! expired (lossless), then the eighth whose newest request is oldest.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::MutexGuard;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use super::Verdict;
+use super::shards::Shards;
 use super::table::Refusals;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,7 +30,7 @@ pub struct LogShard {
 }
 
 pub struct LogTable {
-    shards: Box<[Mutex<LogShard>]>,
+    shards: Shards<LogShard>,
     evictions: AtomicU64,
 }
 
@@ -75,22 +76,17 @@ impl SlidingLog {
 
 impl LogTable {
     pub fn new(max_keys: usize) -> Self {
-        let shards = (max_keys / 4096).next_power_of_two().clamp(1, 64);
-        let cap = max_keys.div_ceil(shards).max(1);
-        let shards = (0..shards)
-            .map(|_| Mutex::new(LogShard { logs: HashMap::new(), cap, refused: Refusals::default() }))
-            .collect();
+        let shards = Shards::new(max_keys, |cap| LogShard { logs: HashMap::new(), cap, refused: Refusals::default() });
         LogTable { shards, evictions: AtomicU64::new(0) }
     }
 
     pub fn lock(&self, key: u64) -> MutexGuard<'_, LogShard> {
-        let index = (key >> 40) as usize & (self.shards.len() - 1);
-        self.shards[index].lock().unwrap_or_else(PoisonError::into_inner)
+        self.shards.lock(key)
     }
 
     /// Keys held now (takes every shard's lock: for tests and metrics).
     pub fn keys(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).logs.len()).sum()
+        self.shards.each().map(|s| s.logs.len()).sum()
     }
 
     pub fn evictions(&self) -> u64 {

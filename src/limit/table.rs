@@ -19,8 +19,10 @@
 //! never passes the bound, however many distinct keys arrive.
 
 use std::collections::HashMap;
+use std::sync::MutexGuard;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use super::shards::Shards;
 
 /// A key and its state; key 0 marks an empty slot.
 #[derive(Clone, Copy, Default)]
@@ -89,7 +91,7 @@ fn empty_slots<S: State>(n: usize) -> Box<[Slot<S>]> {
 }
 
 pub struct KeyTable<S = u64> {
-    shards: Box<[Mutex<Shard<S>>]>,
+    shards: Shards<Shard<S>>,
     evictions: AtomicU64,
 }
 
@@ -102,21 +104,19 @@ impl<S: State> KeyTable<S> {
     /// A table that holds at most about `max_keys` keys (rounded up to a multiple of the
     /// shard count, at most 63 more).
     pub fn new(max_keys: usize) -> Self {
-        let shards = (max_keys / 4096).next_power_of_two().clamp(1, 64);
-        let cap = max_keys.div_ceil(shards).max(1);
-        let shards = (0..shards)
-            .map(|_| Mutex::new(Shard { slots: empty_slots(MIN_SLOTS), len: 0, cap, refused: Refusals::default() }))
-            .collect();
+        let shards = Shards::new(max_keys, |cap| Shard {
+            slots: empty_slots(MIN_SLOTS),
+            len: 0,
+            cap,
+            refused: Refusals::default(),
+        });
         KeyTable { shards, evictions: AtomicU64::new(0) }
     }
 
     /// Locks the shard that holds `key`.
+    #[inline]
     pub fn lock(&self, key: u64) -> MutexGuard<'_, Shard<S>> {
-        // High bits pick the shard, low bits the slot within it.
-        let index = (key >> 40) as usize & (self.shards.len() - 1);
-        // A panic while holding a shard cannot leave a half-written state (each write
-        // is one slot), so a poisoned lock is still good to use.
-        self.shards[index].lock().unwrap_or_else(PoisonError::into_inner)
+        self.shards.lock(key)
     }
 
     /// Keys forgotten while they still had state (least recently used evictions).
@@ -126,14 +126,13 @@ impl<S: State> KeyTable<S> {
 
     /// Keys held now (takes every shard's lock: for tests and metrics, not the request path).
     pub fn keys(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len).sum()
+        self.shards.each().map(|s| s.len).sum()
     }
 
     /// Calls `f` with every stored key and state, one shard locked at a time (for
     /// metrics and the admin API, not the request path).
     pub fn each(&self, mut f: impl FnMut(u64, S)) {
-        for shard in self.shards.iter() {
-            let shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+        for shard in self.shards.each() {
             shard.slots.iter().filter(|slot| slot.key != 0).for_each(|slot| f(slot.key, slot.state));
         }
     }
