@@ -2,35 +2,35 @@
 //!
 //! ```text
 //! accept (server)          listeners, TLS, HTTP/1.1 and HTTP/2, connection cap, timeouts
-//!                          (watchdog), graceful shutdown; the proxy of the configuration
-//!                          in force, swapped whole by a reload
-//!   -> head checks         431 / 414, CONNECT 405, one valid Host (proxy::head, route)
-//!   -> client address      peer, or rightmost untrusted X-Forwarded-For / Forwarded hop
-//!   -> route               first match on host, normalized path (path), method (proxy::route)
-//!   -> allow-list, cost    exempt requests skip the limits; what a request weighs
-//!   -> keys                each limit hashes its key (a repeated key field is a 400)
+//!                          (watchdog), graceful shutdown; each accepted stream set up in
+//!                          one place; the proxy of the configuration in force (running),
+//!                          swapped whole by a reload; what a connection holds (connection)
+//!   -> front               the head's checks (431 / 414, CONNECT 405, one valid Host), the
+//!                          client address (hop), the normalized path (path), host, route,
+//!                          key source, allow-list, cost: written once for the proxy,
+//!                          `simulate` and the admin API, over one request view (head)
 //!   -> limits (gate)       one call decides the request, all or nothing: overrides and
 //!                          allow-lists, the near-cache, the local limits (state in limit),
 //!                          then the global ones in one Redis call (store; concurrent
-//!                          requests share it), undone or
-//!                          decided by on_store_error when Redis cannot answer; pass,
-//!                          delay, or reject with 429 — all on one clock (clock)
+//!                          requests share it), undone or decided by on_store_error when
+//!                          Redis cannot answer; pass, delay, or reject with 429 — all on
+//!                          one clock (clock); one result per limit for every reader
 //!   -> receipts            slots held until the body is sent (proxy::response); `count:`
 //!                          refunds by status
-//!   -> forward / respond   a server by balance and health (host names looked up again:
-//!                          proxy::resolve) on a pooled connection (proxy::pool), retried
-//!                          on the next when it could not be sent, bodies streamed and
-//!                          bounded, upgrades tunnelled (proxy::forward); or a static
-//!                          response
+//!   -> forward / respond   (proxy: admit, then serve) a server by balance and health, host
+//!                          names looked up again, on a pooled connection, retried on the
+//!                          next when it could not be sent, bodies streamed and bounded
+//!                          (upstream); hop-by-hop and forwarding fields (hop); upgrades
+//!                          tunnelled; or a static response
 //!   -> account             metrics, rejection lines within their budget, access log line
 //!                          when the body is done
 //! ```
 //!
 //! `config` turns the YAML file into the compiled `Config` the request path reads; the
-//! words a limit is written in (`policy`) are shared by `config` and `limit`. The
-//! decision's layers import downwards only: proxy -> gate -> store -> limit -> config ->
-//! policy (server and proxy still know each other: connection holds, buffer sizes).
-//! `simulate` replays access logs through the same routes, keys and gate offline.
+//! words a limit is written in (`policy`) are shared by `config` and `limit`. Modules
+//! import downwards only: server -> admin -> running -> proxy -> front, gate, upstream,
+//! hop; gate -> store -> limit -> config -> policy -> head. `simulate` replays access
+//! logs through the same front and gate offline.
 
 pub mod access_log;
 pub mod admin;

@@ -276,8 +276,8 @@ impl Store {
     }
 }
 
-/// `{prefix}{{{name}:{hash:032x}}}`, written out: through `format!` it cost about 2,000
-/// instructions a request.
+/// `{prefix}{{{name}:{hash:032x}}}`, written out: `format!` cost more than the rest of
+/// the key's work (README, *Performance*).
 fn key_base(prefix: &str, name: &str, hash: u128) -> String {
     let mut base = String::with_capacity(prefix.len() + name.len() + 35);
     base.push_str(prefix);

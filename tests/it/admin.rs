@@ -2,38 +2,37 @@
 
 use crate::common::*;
 
-fn config(backend: &Backend, token: &str) -> String {
-    format!(
-        r#"
+/// A proxy in front of `backend` with a static, a dry-run and a failing route, with
+/// `admin` as its admin section.
+fn start(backend: &Backend, admin: &str) -> Sluicegate {
+    let yaml = r#"
 listen: 127.0.0.1:0
-admin: {{ listen: 127.0.0.1:0{token} }}
+admin: ADMIN
 upstreams:
-  b: {{ servers: ["{}"] }}
-  dead: {{ servers: ["127.0.0.1:{}"] }}
+  b: { servers: ["BACKEND"] }
+  dead: { servers: ["127.0.0.1:CLOSED"] }
 limits:
-  strict: {{ key: ip, rate: 1r/m, ban: 10m }}
-  slots: {{ key: ip, concurrency: 5 }}
-  dry: {{ key: ip, rate: 1r/m, dry_run: true }}
+  strict: { key: ip, rate: 1r/m, ban: 10m }
+  slots: { key: ip, concurrency: 5 }
+  dry: { key: ip, rate: 1r/m, dry_run: true }
 routes:
   - name: login
-    match: {{ path: /login }}
-    respond: {{ status: 200 }}
+    match: { path: /login }
+    respond: { status: 200 }
     limits: [strict]
   - name: trial
-    match: {{ path: /trial }}
-    respond: {{ status: 200 }}
+    match: { path: /trial }
+    respond: { status: 200 }
     limits: [dry]
   - name: gone
-    match: {{ path_prefix: /gone }}
+    match: { path_prefix: /gone }
     upstream: dead
   - name: api
-    match: {{ methods: [GET] }}
+    match: { methods: [GET] }
     upstream: b
     limits: [slots]
-"#,
-        backend.addr,
-        closed_port()
-    )
+"#;
+    Sluicegate::in_front_of(backend, &yaml.replace("ADMIN", admin).replace("CLOSED", &closed_port().to_string()))
 }
 
 /// The value of the sample `series` (name with labels, as exposed) in `text`.
@@ -46,7 +45,7 @@ pub fn sample(text: &str, series: &str) -> f64 {
 #[tokio::test]
 async fn metrics_count_what_was_sent() {
     let backend = Backend::start().await;
-    let sg = Sluicegate::start(&config(&backend, ""));
+    let sg = start(&backend, "{ listen: 127.0.0.1:0 }");
     let admin = sg.admin_addr();
     let mut statuses = Vec::new();
     for path in ["/login", "/login", "/login", "/trial", "/trial", "/a", "/b", "/c", "/status/404", "/gone"] {
@@ -97,7 +96,7 @@ async fn metrics_count_what_was_sent() {
 #[tokio::test]
 async fn with_a_token_every_admin_call_needs_it() {
     let backend = Backend::start().await;
-    let sg = Sluicegate::start(&config(&backend, ", token: s3cret"));
+    let sg = start(&backend, "{ listen: 127.0.0.1:0, token: s3cret }");
     let admin = sg.admin_addr();
     for path in ["/healthz", "/metrics"] {
         let refused = get(admin, path, &[]).await;

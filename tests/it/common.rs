@@ -266,6 +266,12 @@ impl Sluicegate {
         Self::try_start(yaml).unwrap_or_else(|log| panic!("sluicegate did not start; log:\n{log}"))
     }
 
+    /// Starts the proxy in front of `backend`, with `yaml` as written but for `BACKEND`,
+    /// which stands for the backend's address: a raw string, no braces to double.
+    pub fn in_front_of(backend: &Backend, yaml: &str) -> Sluicegate {
+        Sluicegate::start(&yaml.replace("BACKEND", &backend.addr.to_string()))
+    }
+
     /// Starts the proxy with `yaml`: the running process once it reports its listening
     /// address, or its whole log if it exits (or is still silent after 20 s) before that.
     pub fn try_start(yaml: &str) -> Result<Sluicegate, String> {

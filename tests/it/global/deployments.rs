@@ -1,0 +1,201 @@
+//! Redis as it is deployed: a cluster, TLS with a private CA, a password; the leases of
+//! an instance that dies; the keys' prefix and TTLs.
+
+use super::*;
+
+/// A Redis Cluster of three masters: limits whose keys live in different slots are
+/// decided by one call per slot, still all or nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_cluster_decides_global_limits() {
+    let cluster = Cluster::start(3);
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", cluster: true, timeout: 1s }}\nlimits:
+  per_key: {{ key: \"header:x-key\", rate: 1r/m, burst: 4, nodelay: true, scope: global, on_store_error: deny }}
+  per_ip: {{ key: ip, algorithm: sliding_window, limit: 1000, window: 1h, scope: global, on_store_error: deny }}
+routes:
+{}",
+        cluster.url(),
+        respond_route("per_key, per_ip")
+    );
+    let sg = Sluicegate::start(&yaml);
+    sg.wait_for_log(|l| l.contains("connected to Redis Cluster"));
+    let mut statuses = Vec::new();
+    for _ in 0..8 {
+        statuses.push(get(sg.addr, "/", &[("x-key", "k0")]).await.status);
+    }
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429, 429], "{}", sg.log());
+    // The keys are spread over the nodes by their hash tags: one per limit and key.
+    let keys: usize = cluster.nodes.iter().map(|n| n.command(&["DBSIZE"]).parse::<usize>().unwrap()).sum();
+    assert_eq!(keys, 2);
+    // per_ip counted only the five admitted requests: refusals were taken back.
+    let per_ip = cluster
+        .nodes
+        .iter()
+        .flat_map(|n| n.command(&["KEYS", "*per_ip*"]).lines().map(|k| (n, k.to_owned())).collect::<Vec<_>>())
+        .next()
+        .unwrap();
+    // "index prev curr": 5 in all, whether or not an hour began meanwhile, once the
+    // refunds sent in the background have arrived.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let state = per_ip.0.command(&["GET", &per_ip.1]);
+        let counted: u64 = state.split(' ').skip(1).map(|n| n.parse::<u64>().unwrap()).sum();
+        if counted == 5 {
+            break;
+        }
+        assert!(counted > 5 && Instant::now() < deadline, "per_ip state {state:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// An instance killed while holding a global concurrency slot: the slot comes back by
+/// itself once its lease lapses, while a live request keeps its slot by renewing it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_of_a_killed_instance_lapse_and_live_ones_are_renewed() {
+    let redis = Redis::start();
+    let backend = Backend::start().await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 1s, lease_ttl: 600ms }}\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nlimits:\n  slots: {{ key: ip, concurrency: 1, scope: global, on_store_error: deny }}\nroutes:\n  - match: {{ path_prefix: / }}\n    upstream: b\n    limits: [slots]\n",
+        redis.url(),
+        backend.addr
+    );
+    let (a, b) = (Sluicegate::start(&yaml), Sluicegate::start(&yaml));
+    // A request through `a` holds the slot, held at the backend until released, for
+    // longer than the lease's ttl.
+    let a_addr = a.addr;
+    let long = tokio::spawn(async move { get(a_addr, "/held", &[]).await.status });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while backend.hits().is_empty() {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(get(b.addr, "/", &[]).await.status, 429, "renewed past its ttl, the lease still holds");
+    backend.gate.add_permits(1);
+    assert_eq!(long.await.unwrap(), 200);
+    assert_eq!(get(b.addr, "/", &[]).await.status, 200, "released at the end of the request");
+
+    // Now `a` dies mid-request: its slot returns within one lease ttl.
+    let long = tokio::spawn(async move { get(a_addr, "/held", &[]).await });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while backend.hits().len() < 3 {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(get(b.addr, "/", &[]).await.status, 429);
+    drop(a); // SIGKILL
+    let killed = Instant::now();
+    while get(b.addr, "/", &[]).await.status != 200 {
+        assert!(killed.elapsed() < Duration::from_secs(3), "the dead instance's slot never came back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Lapsed within one ttl of its last renewal, plus a poll.
+    assert!(killed.elapsed() <= Duration::from_millis(600 + 400), "{:?}", killed.elapsed());
+    long.abort();
+}
+
+/// `count: [401]` on a global limit: other statuses are taken back in Redis; every key
+/// written carries the prefix and a TTL (here over three multiplexed connections).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_counted_statuses_keep_global_quota_and_keys_expire() {
+    let redis = Redis::start();
+    let backend = Backend::start().await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 1s, key_prefix: \"edge-7:\", connections: 3 }}\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nlimits:
+  login: {{ key: ip, algorithm: sliding_log, limit: 2, window: 1h, count: [401], scope: global, ban: 1m }}
+  pace: {{ key: ip, rate: 10r/m, burst: 20, nodelay: true, scope: global }}
+routes:
+  - match: {{ path_prefix: / }}
+    upstream: b
+    limits: [login, pace]
+",
+        redis.url(),
+        backend.addr
+    );
+    let sg = Sluicegate::start(&yaml);
+    for _ in 0..4 {
+        assert_eq!(get(sg.addr, "/status/200", &[]).await.status, 200);
+    }
+    assert_eq!(get(sg.addr, "/status/401", &[]).await.status, 401);
+    assert_eq!(get(sg.addr, "/status/401", &[]).await.status, 401);
+    let refused = get(sg.addr, "/status/200", &[]).await;
+    assert_eq!(refused.status, 429, "two failures spent the quota; successes were taken back");
+    assert_eq!(refused.header("retry-after"), Some("60"), "and the key is banned");
+    let keys = redis.command(&["KEYS", "*"]);
+    assert_eq!(keys.lines().count(), 3, "{keys}");
+    for key in keys.lines() {
+        assert!(key.starts_with("edge-7:{"), "{key}");
+        let ttl: i64 = redis.command(&["PTTL", key]).parse().unwrap();
+        assert!(ttl > 0, "{key} has no TTL ({ttl})");
+    }
+}
+
+/// Writes a private CA (`ca.pem`) and a certificate for 127.0.0.1 signed by it
+/// (`server.pem`, `server.key`) into `dir`, with the openssl command.
+fn private_ca(dir: &std::path::Path) {
+    let openssl = |args: &[&str]| {
+        let out = std::process::Command::new("openssl").args(args).current_dir(dir).output().expect("openssl");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    openssl(
+        &["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem"]
+            .into_iter()
+            .chain(["-days", "2", "-subj", "/CN=sluicegate test CA"])
+            .collect::<Vec<_>>(),
+    );
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    openssl(
+        &["x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial"]
+            .into_iter()
+            .chain(["-out", "server.pem", "-days", "2", "-extfile", "ext.cnf"])
+            .collect::<Vec<_>>(),
+    );
+}
+
+/// `rediss://` with a private CA: decisions go through TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn global_limits_over_tls_with_a_private_ca() {
+    let certs = tempfile::tempdir().unwrap();
+    private_ca(certs.path());
+    let redis = Redis::start_tls(certs.path());
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nredis: {{ url: \"rediss://127.0.0.1:{}\", tls_ca_file: \"{}\", timeout: 1s }}\nlimits:\n  g: {{ key: ip, rate: 1r/m, burst: 1, nodelay: true, scope: global, on_store_error: deny }}\nroutes:\n{}",
+        redis.tls_port,
+        certs.path().join("ca.pem").display(),
+        respond_route("g")
+    );
+    let sg = Sluicegate::start(&yaml);
+    assert_eq!(futures_statuses(sg.addr, "/", 3).await, [200, 200, 429], "{}", sg.log());
+    assert_eq!(redis.command(&["DBSIZE"]), "1");
+}
+
+/// A Redis with a password: the right one is used; with a wrong one Redis refuses every
+/// call, and `on_store_error` decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_are_sent_and_a_refusal_is_a_store_error() {
+    let redis = Redis::start();
+    assert_eq!(redis.command(&["CONFIG", "SET", "requirepass", "s3cret"]), "OK");
+    let config = |password: &str| {
+        format!(
+            "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", password: \"{password}\", timeout: 1s }}\nlimits:\n  g: {{ key: ip, rate: 1r/m, burst: 1, nodelay: true, scope: global, on_store_error: deny }}\nroutes:\n{}",
+            redis.url(),
+            respond_route("g")
+        )
+    };
+    let right = Sluicegate::start(&config("s3cret"));
+    assert_eq!(futures_statuses(right.addr, "/", 3).await, [200, 200, 429], "{}", right.log());
+    let wrong = Sluicegate::start(&config("guess"));
+    assert_eq!(futures_statuses(wrong.addr, "/", 2).await, [503, 503], "{}", wrong.log());
+}

@@ -1,0 +1,336 @@
+//! What happens when Redis fails: killed under load, paused, its scripts flushed, or
+//! not there at start. No request waits past the timeout; `on_store_error` decides.
+
+use super::*;
+
+/// Redis killed under load: no request waits past the timeout, each limit does as its
+/// `on_store_error` says, one report line stands for many fallbacks, and Redis is used
+/// again once it is back, without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_under_load_then_restarted() {
+    let mut redis = Redis::start();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 100ms, breaker_failures: 3, breaker_cooldown: 200ms }}\nlimits:
+  open: {{ key: ip, rate: 1000r/s, burst: 1000, nodelay: true, scope: global, on_store_error: allow }}
+  closed: {{ key: ip, rate: 1000r/s, burst: 1000, nodelay: true, scope: global, on_store_error: deny }}
+  twin: {{ key: ip, rate: 1r/m, burst: 5, nodelay: true, scope: global, on_store_error: local, instances: 2 }}
+routes:
+  - match: {{ path: /open }}
+    respond: {{ status: 200 }}
+    limits: [open]
+  - match: {{ path: /closed }}
+    respond: {{ status: 200 }}
+    limits: [closed]
+  - match: {{ path: /twin }}
+    respond: {{ status: 200 }}
+    limits: [twin]
+",
+        redis.url()
+    );
+    let sg = Arc::new(Sluicegate::start(&yaml));
+    // (The twin stays untouched: its local state must be fresh when Redis goes.)
+    assert_eq!(get(sg.addr, "/open", &[]).await.status, 200);
+    assert_eq!(redis.command(&["DBSIZE"]), "1", "the global limit is decided in Redis");
+    // Four clients keep requesting while Redis dies.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load: Vec<_> = (0..4)
+        .map(|n| {
+            let (addr, stop) = (sg.addr, Arc::clone(&stop));
+            tokio::spawn(async move {
+                let path = if n % 2 == 0 { "/open" } else { "/closed" };
+                let mut seen = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let (status, _, took) = get_within(addr, path, Duration::from_secs(5)).await;
+                    seen.push((path, status, took));
+                }
+                seen
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    redis.kill();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut seen = Vec::new();
+    for task in load {
+        seen.extend(task.await.unwrap());
+    }
+    assert!(seen.len() > 40, "{} requests", seen.len());
+    for (path, status, took) in &seen {
+        assert!(*took < Duration::from_millis(500), "{path} took {took:?}");
+        let expected: &[u16] = if *path == "/open" { &[200] } else { &[200, 503] };
+        assert!(expected.contains(status), "{path}: {status}");
+    }
+    assert!(seen.iter().any(|&(p, s, _)| p == "/closed" && s == 503), "deny never applied");
+    // Sequentially now, with Redis gone: each limit as its on_store_error says.
+    let mut statuses = std::collections::BTreeMap::<&str, Vec<u16>>::new();
+    for _ in 0..10 {
+        for path in ["/open", "/closed", "/twin"] {
+            let (status, retry_after, _) = get_within(sg.addr, path, Duration::from_secs(5)).await;
+            if path == "/closed" {
+                assert_eq!(retry_after.as_deref(), Some("1"));
+            }
+            statuses.entry(path).or_default().push(status);
+        }
+    }
+    assert!(statuses["/open"].iter().all(|&s| s == 200), "{:?}", statuses["/open"]);
+    assert!(statuses["/closed"].iter().all(|&s| s == 503), "{:?}", statuses["/closed"]);
+    // The local twin: its share of 6 at once (burst 5) and of the rate, between two
+    // instances; it never heard of the key from Redis.
+    let twin = &statuses["/twin"];
+    assert_eq!(twin.iter().filter(|&&s| s == 200).count(), 3, "{twin:?}");
+    let log = sg.wait_for_log(|l| l.contains("circuit breaker open"));
+    assert!(log.contains("circuit breaker open"), "{log}");
+    let reports = log.matches("global limits without Redis").count();
+    let fallbacks = seen.len() + 30;
+    assert!((1..=2).contains(&reports), "{reports} report lines for {fallbacks} requests:\n{log}");
+
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        get(sg.addr, "/closed", &[]).await;
+        if redis.command(&["DBSIZE"]) != "0" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "Redis is not used again:\n{}", sg.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(get(sg.addr, "/closed", &[]).await.status, 200);
+    assert!(sg.wait_for_log(|l| l.contains("Redis answers again")).contains("Redis answers again"));
+}
+
+/// When Redis goes, a key's local twin goes on from the units Redis last said were
+/// left (its share of them: all, for one instance), not from a fresh key's burst.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_local_twin_starts_from_what_redis_last_said() {
+    let mut redis = Redis::start();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 100ms }}\nlimits:
+  rate: {{ key: ip, rate: 1r/m, burst: 5, nodelay: true, scope: global, on_store_error: local }}
+  window: {{ key: ip, algorithm: fixed_window, limit: 6, window: 1d, scope: global, on_store_error: local }}
+routes:
+  - match: {{ path: /rate }}
+    respond: {{ status: 200 }}
+    limits: [rate]
+  - match: {{ path: /window }}
+    respond: {{ status: 200 }}
+    limits: [window]
+",
+        redis.url()
+    );
+    let sg = Sluicegate::start(&yaml);
+    for path in ["/rate", "/window"] {
+        assert_eq!(futures_statuses(sg.addr, path, 4).await, [200; 4], "{path} by Redis: 2 of 6 left");
+    }
+    redis.kill();
+    for path in ["/rate", "/window"] {
+        assert_eq!(futures_statuses(sg.addr, path, 4).await, [200, 200, 429, 429], "{path} by the twin");
+    }
+}
+
+/// Three instances share a global limit (50 r/s, burst 20), held at its limit, while
+/// Redis pauses for 30 ms, then for 2 s. Each local twin starts from its share of what
+/// its instance last heard from Redis (next to nothing, for a key held at its limit),
+/// not from a full burst: the admissions stay within the budget plus the allowance
+/// README states, `rate × F` per time `F` the instances decide locally (the pause, at
+/// most a breaker cooldown and two timeouts more) plus the twins' starting units.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_keep_the_budget_through_redis_pauses() {
+    const RATE: f64 = 50.0;
+    let (timeout, cooldown) = (Duration::from_millis(20), Duration::from_millis(100));
+    let redis = Redis::start();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 20ms, breaker_cooldown: 100ms }}\nlimits:\n  g: {{ key: ip, rate: 50r/s, burst: 20, nodelay: true, scope: global, on_store_error: local, instances: 3 }}\nroutes:\n{}",
+        redis.url(),
+        respond_route("g")
+    );
+    let instances = [Sluicegate::start(&yaml), Sluicegate::start(&yaml), Sluicegate::start(&yaml)];
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let started = Instant::now();
+    // Two clients per instance, each far faster than the rate (paced, to spare the cores).
+    let load: Vec<_> = (0..6)
+        .map(|n| {
+            let (addr, stop) = (instances[n % 3].addr, Arc::clone(&stop));
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let (status, _, _) = get_within(addr, "/", Duration::from_secs(5)).await;
+                    seen.push((status, Instant::now()));
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                seen
+            })
+        })
+        .collect();
+    let mut paused = Vec::new();
+    for pause in [Duration::from_millis(30), Duration::from_secs(2)] {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let from = Instant::now();
+        redis.pause();
+        tokio::time::sleep(pause).await;
+        redis.resume();
+        paused.push((from, Instant::now()));
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut seen = Vec::new();
+    for task in load {
+        seen.extend(task.await.unwrap());
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    assert!(seen.iter().all(|&(s, _)| s == 200 || s == 429), "{:?}", seen.iter().map(|s| s.0).collect::<Vec<_>>());
+    let admitted = seen.iter().filter(|&&(s, _)| s == 200).count() as f64;
+    let (from, to) = paused[1];
+    assert!(
+        seen.iter().any(|&(s, at)| s == 200 && at > from + Duration::from_millis(500) && at < to),
+        "the local twins admit while Redis is paused"
+    );
+    // Budget: burst + 1 at once, then the rate. Allowance, per stretch F decided
+    // locally: the twins' starting units (their share of what they heard: at most one
+    // each, rounding) and min(rate × F, burst + 1), the quota Redis regains unused while
+    // the twins spend at the rate. Plus a fifth of a second of the rate, for a call that
+    // times out under load outside the pauses.
+    let budget = 21.0 + RATE * elapsed;
+    let allowance: f64 = paused
+        .iter()
+        .map(|(from, to)| 3.0 + (RATE * (*to - *from + cooldown + timeout * 2).as_secs_f64()).min(21.0))
+        .sum::<f64>()
+        + RATE * 0.2;
+    assert!(
+        admitted <= budget + allowance,
+        "{admitted} admitted in {elapsed:.2} s: budget {budget:.0} + allowance {allowance:.0}"
+    );
+    // And the limit held: far more requests came than it allows.
+    assert!(seen.len() as f64 > 2.0 * (budget + allowance), "{} requests", seen.len());
+}
+
+/// Redis paused (SIGSTOP): requests still get their answer within the timeout; after
+/// SIGCONT, Redis decides again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_paused_then_resumed() {
+    let redis = Redis::start();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 40ms, breaker_failures: 2, breaker_cooldown: 100ms }}\nlimits:\n  g: {{ key: ip, algorithm: fixed_window, limit: 1000, window: 1h, scope: global, on_store_error: allow }}\nroutes:\n{}",
+        redis.url(),
+        respond_route("g")
+    );
+    let sg = Sluicegate::start(&yaml);
+    assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
+    redis.pause();
+    for n in 0..10 {
+        let (status, _, took) = get_within(sg.addr, "/", Duration::from_secs(5)).await;
+        assert_eq!(status, 200);
+        assert!(took < Duration::from_millis(400), "request {n} took {took:?} with Redis paused");
+    }
+    redis.resume();
+    let key = redis.command(&["KEYS", "*"]);
+    let count = |r: &Redis| r.command(&["GET", &key]).split(' ').nth(1).unwrap_or("0").parse::<u64>().unwrap();
+    let before = count(&redis);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while count(&redis) <= before {
+        assert!(Instant::now() < deadline, "Redis is not used after SIGCONT:\n{}", sg.log());
+        get(sg.addr, "/", &[]).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Redis paused while requests keep arriving: each is answered by its own deadline (the
+/// timeout after it arrived), also those queued behind calls that Redis never answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_queued_behind_unanswered_calls_still_wait_one_timeout() {
+    let redis = Redis::start();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 300ms, breaker_failures: 100000 }}\nlimits:\n  g: {{ key: ip, algorithm: fixed_window, limit: 1000, window: 1h, scope: global, on_store_error: allow }}\nroutes:\n{}",
+        redis.url(),
+        respond_route("g")
+    );
+    let sg = Sluicegate::start(&yaml);
+    assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
+    redis.pause();
+    // One request every 50 ms for a second: most arrive while calls are under way, and
+    // queue. A queued request that waited for an earlier call's full timeout before its
+    // own call started would take up to twice the timeout.
+    let mut waiting = Vec::new();
+    for _ in 0..20 {
+        waiting.push(tokio::spawn(get_within(sg.addr, "/", Duration::from_secs(5))));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for (n, request) in waiting.into_iter().enumerate() {
+        let (status, _, took) = request.await.unwrap();
+        assert_eq!(status, 200, "request {n}");
+        assert!(took >= Duration::from_millis(290), "request {n} answered after {took:?}, before its timeout");
+        assert!(took < Duration::from_millis(450), "request {n} took {took:?}, past its timeout of 300 ms");
+    }
+    redis.resume();
+}
+
+/// A call whose first request was answered `Timeout` while Redis was paused still gives
+/// the requests after it their own part of the reply once Redis answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_answers_its_later_requests_after_its_first_timed_out() {
+    let redis = Redis::start();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nratelimit_headers: all\nredis: {{ url: \"{}\", timeout: 600ms, breaker_failures: 100000, near_cache_keys: 0 }}\nlimits:\n  g: {{ key: \"header:x-key\", rate: 1r/m, burst: 9, nodelay: true, scope: global, on_store_error: allow }}\nroutes:\n{}",
+        redis.url(),
+        respond_route("g")
+    );
+    let sg = Sluicegate::start(&yaml);
+    assert_eq!(get(sg.addr, "/", &[("x-key", "warm-up")]).await.status, 200);
+    redis.pause();
+    let send = || tokio::spawn(get(sg.addr, "/", &[("x-key", "k")]));
+    // Two calls under way (the cap for one connection), frozen; at 600 ms they are given
+    // up and the next call carries `a` (deadline 750 ms) and `b` (1050 ms).
+    let _under_way = [send(), send()];
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let a = send();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let b = send();
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    redis.resume();
+    let _ = a.await.unwrap();
+    let b = b.await.unwrap();
+    // Redis then runs the frozen calls in order: the two (9 and 8 left), `a` (7), `b` (6).
+    assert_eq!(b.status, 200);
+    let left = b.header("ratelimit").and_then(|h| h.split("r=").nth(1)).and_then(|r| r.split(';').next());
+    assert_eq!(left, Some("6"), "{:?}", b.header("ratelimit"));
+}
+
+/// `SCRIPT FLUSH` mid-run: the next call finds NOSCRIPT, loads the script again, and
+/// decides; no request falls back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushed_scripts_are_loaded_again() {
+    let redis = Redis::start();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 1s }}\nlimits:\n  g: {{ key: ip, rate: 1r/m, burst: 9, nodelay: true, scope: global, on_store_error: deny }}\nroutes:\n{}",
+        redis.url(),
+        respond_route("g")
+    );
+    let sg = Sluicegate::start(&yaml);
+    let mut statuses = futures_statuses(sg.addr, "/", 5).await;
+    assert_eq!(redis.command(&["SCRIPT", "FLUSH"]), "OK");
+    statuses.extend(futures_statuses(sg.addr, "/", 10).await);
+    assert_eq!(statuses.iter().filter(|&&s| s == 200).count(), 10, "{statuses:?}");
+    assert!(statuses[10..].iter().all(|&s| s == 429), "{statuses:?}");
+    assert!(!sg.log().contains("global limits without Redis"), "{}", sg.log());
+}
+
+/// Started without Redis: sluicegate serves (here failing open), and uses Redis once it
+/// appears.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starts_without_redis_and_uses_it_once_it_appears() {
+    let mut redis = Redis::start();
+    redis.kill();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 30ms, breaker_cooldown: 100ms }}\nlimits:\n  g: {{ key: ip, rate: 1r/m, burst: 2, nodelay: true, scope: global, on_store_error: allow }}\nroutes:\n{}",
+        redis.url(),
+        respond_route("g")
+    );
+    let sg = Sluicegate::start(&yaml);
+    assert_eq!(futures_statuses(sg.addr, "/", 5).await, [200; 5]);
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while get(sg.addr, "/", &[]).await.status != 429 {
+        assert!(Instant::now() < deadline, "the global limit never applied:\n{}", sg.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
