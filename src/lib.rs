@@ -38,6 +38,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod gate;
+pub mod import;
 pub mod limit;
 pub mod metrics;
 pub mod path;

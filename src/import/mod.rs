@@ -1,0 +1,237 @@
+//! `sluicegate import`: an nginx configuration -> a sluicegate configuration, with nginx's
+//! semantics (inheritance, location order, `return` before limits, its defaults), then
+//! checked as `sluicegate check` checks a file.
+//!
+//! `files` reads nginx.conf and its includes (`syntax`: nginx's tokenizer); `http` walks
+//! the http block with `scope` (inheritance); `keys`, `limits`, `upstreams`,
+//! `listeners`, `settings` and `routes` each make one section of the YAML (`yaml`);
+//! `notes` keeps what was left out, reported on stderr and as comments.
+
+mod files;
+mod http;
+mod keys;
+mod limits;
+mod listeners;
+mod notes;
+mod routes;
+mod scope;
+mod settings;
+mod syntax;
+mod upstreams;
+mod values;
+mod yaml;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use notes::Notes;
+use syntax::Directive;
+use yaml::Value;
+
+/// Everything converted, and `check` accepts the result.
+pub const COMPLETE: u8 = 0;
+/// Nothing written: the nginx configuration cannot be read, has a syntax error, or has
+/// no `http` server to import.
+pub const FAILED: u8 = 1;
+/// Written, but directives were left out (listed on stderr, and as comments in it).
+pub const PARTIAL: u8 = 3;
+/// Written, but `check` refuses it (e.g. a certificate file missing on this machine).
+pub const REFUSED: u8 = 4;
+
+pub struct Options {
+    pub nginx_conf: PathBuf,
+    /// nginx's `-p`: where a relative `nginx_conf` is.
+    pub prefix: Option<PathBuf>,
+    /// Where to write the YAML (`None`: standard output).
+    pub out: Option<PathBuf>,
+}
+
+/// Imports, writes, checks; reports on stderr. The exit status is one of the constants.
+pub fn run(options: &Options) -> ExitCode {
+    let source = options.nginx_conf.display().to_string();
+    let loaded = match files::load(&options.nginx_conf, options.prefix.as_deref()) {
+        Ok(loaded) => loaded,
+        Err(e) => {
+            eprintln!("{e}");
+            eprintln!("{source}: nothing imported");
+            return ExitCode::from(FAILED);
+        }
+    };
+    let mut notes = Notes::default();
+    let yaml = match convert(&loaded.directives, &loaded.conf_prefix, &source, &mut notes) {
+        Ok(yaml) => yaml,
+        Err(why) => {
+            eprintln!("{source}: {why}: nothing imported");
+            return ExitCode::from(FAILED);
+        }
+    };
+    for line in notes.lines() {
+        eprintln!("{line}");
+    }
+    if let Some(line) = notes.ignored_line() {
+        eprintln!("{source}: {line}");
+    }
+    let written = match &options.out {
+        Some(out) => std::fs::write(out, &yaml).map_err(|e| format!("{}: cannot write: {e}", out.display())),
+        // A closed pipe (`| head`) is not worth a panic, nor an error: the YAML was asked for.
+        None => {
+            let _ = std::io::stdout().lock().write_all(yaml.as_bytes());
+            Ok(())
+        }
+    };
+    if let Err(e) = written {
+        eprintln!("{e}");
+        return ExitCode::from(FAILED);
+    }
+    let checked = check(&yaml, options.out.as_deref());
+    let left_out = notes.lines().len();
+    let summary = if left_out == 0 {
+        "imported whole".to_owned()
+    } else {
+        format!("{left_out} directives left out (listed above, and as comments in the result)")
+    };
+    match checked {
+        Ok(()) if notes.complete() => {
+            eprintln!("{source}: {summary}; the result is valid");
+            ExitCode::from(COMPLETE)
+        }
+        Ok(()) => {
+            eprintln!("{source}: {summary}; the result is valid");
+            ExitCode::from(PARTIAL)
+        }
+        Err(errors) => {
+            eprintln!("{errors}");
+            eprintln!("{source}: {summary}; the result does not pass check (above)");
+            ExitCode::from(REFUSED)
+        }
+    }
+}
+
+/// `sluicegate check` on the result: on the file written, or on a copy in the temporary
+/// directory when it went to standard output (its errors then name `<stdout>`).
+fn check(yaml: &str, out: Option<&Path>) -> Result<(), String> {
+    let described = |e: crate::config::LoadError, name: Option<&str>| match e {
+        crate::config::LoadError::Invalid(mut errors) => {
+            if let Some(name) = name {
+                errors.iter_mut().for_each(|e| e.file = name.to_owned());
+            }
+            crate::config::LoadError::Invalid(errors).to_string()
+        }
+        other => other.to_string(),
+    };
+    let warn = |config: crate::config::Config| {
+        for warning in &config.warnings {
+            eprintln!("warning: {warning}");
+        }
+    };
+    if let Some(out) = out {
+        return crate::config::check(out).map(warn).map_err(|e| described(e, None));
+    }
+    let copy = std::env::temp_dir().join(format!("sluicegate-import-{}.yaml", std::process::id()));
+    std::fs::write(&copy, yaml).map_err(|e| format!("{}: cannot write a copy to check: {e}", copy.display()))?;
+    let result = crate::config::check(&copy).map(warn).map_err(|e| described(e, Some("<stdout>")));
+    let _ = std::fs::remove_file(&copy);
+    result
+}
+
+/// The YAML for the nginx configuration `main` (its includes expanded).
+fn convert(main: &[Directive], conf_prefix: &Path, source: &str, notes: &mut Notes) -> Result<String, String> {
+    let mut https = main.iter().filter(|d| d.name == "http");
+    let http_block = https.next().ok_or("no http block")?;
+    if let Some(second) = https.next() {
+        return Err(format!("{}: a second http block (nginx refuses it)", second.at));
+    }
+    let mut header = vec![format!("Made by `sluicegate import` from {source}."), String::new()];
+    for d in main.iter().filter(|d| !matches!(d.name.as_str(), "http" | "worker_processes")) {
+        if notes::needs_no_counterpart(&d.name) {
+            notes.ignore(&d.name);
+        } else {
+            header.push(format!("left out: {}", notes.left_out(d, notes::unsupported_reason(&d.name))));
+        }
+    }
+    let http = http::read(http_block, notes);
+    if http.servers.is_empty() {
+        return Err("no server in the http block".into());
+    }
+    header.extend(http.left_out.iter().map(|l| format!("left out: {l}")));
+    let variables = keys::Variables::new(&http.variables);
+    let mut limits = limits::Limits::new(&http.zones, &variables, notes);
+    let mut upstreams = upstreams::Upstreams::new(&http.upstreams, &variables, conf_prefix, notes);
+    let listeners = listeners::Listeners::new(&http.servers, conf_prefix, notes);
+    let catch_all = listeners.catch_all(&http.servers, notes);
+    listeners.note_partial_listens(&http.servers, notes);
+    let (server, max_body) = settings::section(main, &http.servers, catch_all.unwrap_or(0), notes);
+    let trusted = settings::trusted_proxies(&http.scope, &http.servers, notes);
+    let mut cx = routes::Context {
+        http: &http,
+        listeners: &listeners,
+        catch_all,
+        limits: &mut limits,
+        upstreams: &mut upstreams,
+        max_body,
+    };
+    let routes = routes::section(&mut cx, notes);
+    let mut top = vec![("listen".to_owned(), listeners.section())];
+    top.extend(trusted.map(|t| ("trusted_proxies".to_owned(), t)));
+    top.push(("server".to_owned(), server));
+    let sections = [("upstreams", upstreams.section()), ("limits", limits.section(notes))];
+    for (name, entries) in sections {
+        if !entries.is_empty() {
+            top.push((name.to_owned(), Value::Map(entries).into()));
+        }
+    }
+    top.push(("routes".to_owned(), routes));
+    header.push(String::new());
+    header.push(format!(
+        "{} directives left out in all (the lines `left out:` here, and on stderr).",
+        notes.lines().len()
+    ));
+    Ok(yaml::render(&header, &top))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The YAML made of nginx configuration `src`, read back, and the lines left out.
+    fn import(src: &str) -> (serde_json::Value, Vec<String>) {
+        let mut notes = Notes::default();
+        let tree = syntax::parse(src, &std::sync::Arc::from("nginx.conf")).unwrap();
+        let yaml = convert(&tree, Path::new("/etc/nginx"), "nginx.conf", &mut notes).unwrap();
+        let value = serde_saphyr::from_str(&yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"));
+        (value, notes.lines())
+    }
+
+    #[test]
+    fn a_location_limit_replaces_the_servers_and_https() {
+        let (yaml, left_out) = import(
+            "http { limit_req_zone $binary_remote_addr zone=a:1m rate=1r/s;\n\
+             limit_req_zone $binary_remote_addr zone=b:1m rate=2r/s;\n\
+             limit_req zone=a;\n\
+             server { listen 80; location / { proxy_pass http://127.0.0.1:3000; }\n\
+                      location /b/ { limit_req zone=b burst=3; proxy_pass http://127.0.0.1:3000; } } }",
+        );
+        assert_eq!(left_out, Vec::<String>::new());
+        assert_eq!(yaml["routes"][0]["match"]["path_prefix"], "/b/");
+        assert_eq!(yaml["routes"][0]["limits"], serde_json::json!(["b"]));
+        assert_eq!(yaml["routes"][1]["limits"], serde_json::json!(["a"]));
+        assert_eq!(yaml["limits"]["b"]["burst"], 3);
+        assert_eq!(yaml["limits"]["a"]["status"], 503);
+    }
+
+    #[test]
+    fn exact_locations_come_first_then_prefixes_longest_first_and_return_skips_limits() {
+        let (yaml, _) = import(
+            "http { limit_req_zone $binary_remote_addr zone=a:1m rate=1r/s; limit_req zone=a;\n\
+             server { location / { proxy_pass http://b:1; } location /api/v1/ { proxy_pass http://b:1/; }\n\
+             location = /health { return 200 ok; } location /api/ { proxy_pass http://b:1; } } }",
+        );
+        let paths: Vec<&serde_json::Value> =
+            (0..4).map(|i| yaml["routes"][i]["match"].as_object().unwrap().values().next().unwrap()).collect();
+        assert_eq!(paths, ["/health", "/api/v1/", "/api/", "/"]);
+        assert_eq!(yaml["routes"][0]["respond"], serde_json::json!({"status": 200, "body": "ok"}));
+        assert!(yaml["routes"][0].get("limits").is_none());
+        assert_eq!(yaml["routes"][1]["strip_prefix"], true);
+    }
+}
