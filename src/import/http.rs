@@ -23,8 +23,8 @@ pub struct Server<'a> {
     pub scope: Scope<'a>,
     pub listens: Vec<&'a Directive>,
     pub names: Vec<String>,
-    /// `ssl_certificate`, `ssl_certificate_key`, `ssl_protocols`, `ssl on` lines.
-    pub tls: Vec<&'a Directive>,
+    /// `ssl on`: every `listen` of the server is TLS (nginx before 1.25).
+    pub ssl_on: bool,
     /// A `return` outside locations: nginx answers with it before any location.
     pub ret: Option<&'a Directive>,
     pub locations: Vec<Location<'a>>,
@@ -90,7 +90,7 @@ fn other(d: &Directive, notes: &mut Notes) -> Option<String> {
     }
     let why = match d.name.as_str() {
         "server" | "upstream" | "map" | "geo" | "limit_req_zone" | "limit_conn_zone" => "only valid in http",
-        "location" | "listen" | "server_name" | "ssl_certificate" | "ssl_certificate_key" => "not valid here",
+        "location" | "listen" | "server_name" => "not valid here",
         name => unsupported_reason(name),
     };
     Some(notes.left_out(d, why))
@@ -103,7 +103,7 @@ fn server<'a>(d: &'a Directive, http: &Scope<'a>, notes: &mut Notes) -> Server<'
         scope,
         listens: Vec::new(),
         names: Vec::new(),
-        tls: Vec::new(),
+        ssl_on: false,
         ret: None,
         locations: Vec::new(),
         left_out: Vec::new(),
@@ -112,7 +112,7 @@ fn server<'a>(d: &'a Directive, http: &Scope<'a>, notes: &mut Notes) -> Server<'
         match inner.name.as_str() {
             "listen" => server.listens.push(inner),
             "server_name" => server.names.extend(inner.args.iter().cloned()),
-            "ssl_certificate" | "ssl_certificate_key" | "ssl_protocols" | "ssl" => server.tls.push(inner),
+            "ssl" => server.ssl_on = inner.args == ["on"],
             "return" => server.ret = Some(inner),
             "location" => {
                 let scope = server.scope.clone();

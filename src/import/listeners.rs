@@ -32,7 +32,7 @@ impl Listeners {
     pub fn new(servers: &[Server<'_>], conf_prefix: &Path, notes: &mut Notes) -> Self {
         let mut out = Listeners { listens: Vec::new(), certs: Vec::new(), min_versions: Vec::new(), names: Vec::new() };
         for server in servers {
-            let ssl_on = server.tls.iter().any(|d| d.name == "ssl" && d.args.first().is_some_and(|a| a == "on"));
+            let ssl_on = server.ssl_on;
             let mut listens: Vec<Listen> = server.listens.iter().filter_map(|d| listen(d, ssl_on, notes)).collect();
             if server.listens.is_empty() {
                 // nginx's default when a server has no `listen`.
@@ -155,9 +155,14 @@ impl Listeners {
                     let certificates = many.iter().map(|&i| {
                         let (cert, key) = self.certs[i].clone().unwrap_or_default();
                         let mut c = MapBuilder::default();
-                        c.set("cert", Item::text(cert))
-                            .set("key", Item::text(key))
-                            .set("names", Item::texts(self.names[i].clone()));
+                        c.set("cert", Item::text(cert)).set("key", Item::text(key));
+                        // A catch-all server has no name to list: `_`, as nginx writes it, matches
+                        // none, and being first its certificate goes to every name no other lists.
+                        let names = match &self.names[i][..] {
+                            [] => Item::texts(["_"]),
+                            names => Item::texts(names.to_vec()),
+                        };
+                        c.set("names", names);
                         c.build()
                     });
                     tls.set("certificates", Value::List(certificates.collect()).into());
@@ -236,8 +241,7 @@ fn address(spec: &str) -> Result<String, String> {
 /// The server's certificate and key (absolute paths: nginx takes relative ones from
 /// the configuration prefix), and its TLS version floor.
 fn tls(server: &Server<'_>, conf_prefix: &Path, notes: &mut Notes) -> (Option<(String, String)>, Option<&'static str>) {
-    let of = |name: &str| server.tls.iter().filter(|d| d.name == name).copied().collect::<Vec<&Directive>>();
-    let (certs, keys) = (of("ssl_certificate"), of("ssl_certificate_key"));
+    let (certs, keys) = (server.scope.all("ssl_certificate"), server.scope.all("ssl_certificate_key"));
     for extra in certs.iter().skip(1).chain(keys.iter().skip(1)) {
         notes.left_out(extra, "one certificate per server is converted (the first)");
     }
@@ -246,7 +250,7 @@ fn tls(server: &Server<'_>, conf_prefix: &Path, notes: &mut Notes) -> (Option<(S
         _ => None,
     };
     let mut floor = None;
-    if let Some(d) = of("ssl_protocols").last() {
+    if let Some(d) = server.scope.one("ssl_protocols") {
         if d.args.iter().any(|p| matches!(p.as_str(), "SSLv2" | "SSLv3" | "TLSv1" | "TLSv1.1")) {
             notes.left_out(d, "sluicegate accepts TLS 1.2 and 1.3 only");
         }

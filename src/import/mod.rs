@@ -182,11 +182,11 @@ fn convert(main: &[Directive], conf_prefix: &Path, source: &str, notes: &mut Not
         }
     }
     top.push(("routes".to_owned(), routes));
-    header.push(String::new());
-    header.push(format!(
-        "{} directives left out in all (the lines `left out:` here, and on stderr).",
-        notes.lines().len()
-    ));
+    if !notes.complete() {
+        let n = notes.lines().len();
+        header.push(String::new());
+        header.push(format!("Left out: {n} directive(s), each in a line `left out:` below (and on stderr)."));
+    }
     Ok(yaml::render(&header, &top))
 }
 

@@ -24,6 +24,8 @@ struct Template {
     /// Everything after `match`.
     fields: Vec<(String, Item)>,
     limits: Vec<String>,
+    /// Limits reached only through an override of one in `limits` (a tier).
+    tiers: Vec<String>,
 }
 
 /// What the routes need from the rest of the import.
@@ -49,8 +51,20 @@ pub fn section(cx: &mut Context<'_, '_>, notes: &mut Notes) -> Item {
     let mut exact = Vec::new();
     let mut wildcard = Vec::new();
     // One server alone takes every request, whatever its names.
+    let mut taken: Vec<(&String, usize)> = Vec::new();
     for i in (0..servers.len()).filter(|_| servers.len() > 1) {
         for name in cx.listeners.names(i) {
+            // nginx refuses one name twice on an address: two servers share one only on
+            // different addresses, which sluicegate's routes do not tell apart.
+            if let Some(&(_, first)) = taken.iter().find(|(n, _)| *n == name) {
+                notes.left_out_at(
+                    &servers[i].at,
+                    "server_name",
+                    format!("{name} is also the name of the server at {}: sluicegate routes by host, so that server's routes take it on every address", servers[first].at),
+                );
+                continue;
+            }
+            taken.push((name, i));
             let target = if name.starts_with("*.") { &mut wildcard } else { &mut exact };
             target.push((name.clone(), i));
         }
@@ -93,7 +107,8 @@ pub fn section(cx: &mut Context<'_, '_>, notes: &mut Notes) -> Item {
 /// A template given its host.
 fn route(t: &Template, host: Option<&str>) -> Item {
     let mut m = MapBuilder::default();
-    m.set("name", Item::text(format!("{}{}", host.unwrap_or(""), t.name)));
+    let methods = if t.methods.is_empty() { String::new() } else { format!(" {}", t.methods.join(",")) };
+    m.set("name", Item::text(format!("{}{}{methods}", host.unwrap_or(""), t.name)));
     let mut matcher: Vec<(String, Item)> = host.map(|h| ("host".to_owned(), Item::text(h))).into_iter().collect();
     matcher.extend(t.matcher.iter().cloned());
     if !t.methods.is_empty() {
@@ -124,6 +139,7 @@ fn templates(cx: &mut Context<'_, '_>, server: &Server<'_>, notes: &mut Notes) -
                 methods: Vec::new(),
                 fields: vec![("respond".into(), respond)],
                 limits: Vec::new(),
+                tiers: Vec::new(),
             }],
             Err(why) => {
                 notes.left_out(ret, why);
@@ -173,6 +189,7 @@ fn location_templates(
         methods: Vec::new(),
         fields,
         limits: Vec::new(),
+        tiers: Vec::new(),
     };
     if let Some(ret) = l.ret {
         return match respond(ret, &l.scope, notes) {
@@ -224,7 +241,7 @@ fn location_templates(
     comments.extend(header_notes.into_iter().map(|line| format!("left out: {line}")));
     let (applied, limit_notes) = cx.limits.apply(&l.scope, notes);
     comments.extend(limit_notes.into_iter().map(|line| format!("left out: {line}")));
-    let applied = pair_tiers(cx.limits, applied, notes, &mut comments);
+    let (applied, tiers) = pair_tiers(cx.limits, applied, notes, &mut comments);
     for a in &applied {
         if a.key.vars.contains(&Var::ServerName) && server.names.len() != 1 {
             comments.push(format!("left out: {}", notes.left_out_at(&a.at, a.directive, "$server_name is the server's first name in nginx; sluicegate keys on the host asked for, which differs for a server with other names")));
@@ -232,7 +249,12 @@ fn location_templates(
     }
     split_by_methods(&applied)
         .into_iter()
-        .map(|(methods, limits)| Template { methods, limits, ..template(comments.clone(), fields.clone()) })
+        .map(|(methods, limits)| Template {
+            methods,
+            limits,
+            tiers: tiers.clone(),
+            ..template(comments.clone(), fields.clone())
+        })
         .collect()
 }
 
@@ -343,13 +365,14 @@ fn respond(d: &Directive, scope: &Scope<'_>, notes: &mut Notes) -> Result<Item, 
 
 /// Limits that count only some requests (a map whose default is empty, e.g. a paid
 /// tier) become overrides of a limit on the same location that exempts those requests.
+/// Returns the limits the route lists, and the tiers reached through them.
 fn pair_tiers(
     limits: &mut Limits<'_>,
     applied: Vec<Applied>,
     notes: &mut Notes,
     comments: &mut Vec<String>,
-) -> Vec<Applied> {
-    let mut kept = Vec::new();
+) -> (Vec<Applied>, Vec<String>) {
+    let (mut kept, mut tiers) = (Vec::new(), Vec::new());
     for tier in &applied {
         let Some(only) = tier.key.only.as_ref().filter(|o| !o.iter().any(|m| matches!(m, Matcher::Method(_)))) else {
             kept.push(tier.clone());
@@ -360,18 +383,15 @@ fn pair_tiers(
             Some(p) => limits.add_overrides(&p.name, only, &tier.name),
             None => Err("sluicegate counts such requests only through an override of a limit on the same location whose map leaves them out".into()),
         };
-        if let Err(why) = paired {
-            comments.push(format!(
-                "left out: {}",
-                notes.left_out_at(
-                    &tier.at,
-                    tier.directive,
-                    format!("zone of {} counts only some requests: {why}", tier.name)
-                )
-            ));
+        match paired {
+            Ok(()) => tiers.push(tier.name.clone()),
+            Err(why) => {
+                let why = format!("zone of {} counts only some requests: {why}", tier.name);
+                comments.push(format!("left out: {}", notes.left_out_at(&tier.at, tier.directive, why)));
+            }
         }
     }
-    kept
+    (kept, tiers)
 }
 
 /// Notes routes that list a limit handing requests to a tier the route lacks: there
@@ -380,7 +400,7 @@ fn check_overrides(limits: &Limits<'_>, templates: &[Template], server: &Server<
     for t in templates {
         for name in &t.limits {
             for (_, to) in limits.overrides_of(name) {
-                if !t.limits.contains(&to) {
+                if !t.limits.contains(&to) && !t.tiers.contains(&to) {
                     notes.left_out_at(
                         &server.at,
                         "limit_req",
