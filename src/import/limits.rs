@@ -334,14 +334,16 @@ fn limit_item(zone: &Zone<'_>, key: &Key, made: &Made, notes: &mut Notes) -> Ite
             values::size_text(zone.size)
         )]),
     );
-    let allow = allow(zone, key, made, notes);
+    // The requests the key leaves out, less those handed to another limit.
+    let exempt = key.exempt.iter().filter(|e| !made.overrides.iter().any(|(m, _)| m == *e));
+    let allow = matching(exempt, zone, notes);
     if !allow.is_empty() {
         m.set("allow", allow.build());
     }
     if !made.overrides.is_empty() {
         let list = made.overrides.iter().map(|(matcher, to)| {
             let mut o = MapBuilder::default();
-            o.set("match", one_matcher(matcher));
+            o.set("match", matching(std::iter::once(matcher), zone, notes).build());
             o.set("use", Item::text(to.clone()));
             o.build()
         });
@@ -350,11 +352,12 @@ fn limit_item(zone: &Zone<'_>, key: &Key, made: &Made, notes: &mut Notes) -> Ite
     m.build().commented(comments)
 }
 
-/// The requests the key leaves out, less those handed to another limit; methods are
-/// told apart by routes instead.
-fn allow(zone: &Zone<'_>, key: &Key, made: &Made, notes: &mut Notes) -> MapBuilder {
+/// `{cidrs, headers, tokens}` matching `matchers` (for `allow` and an override's
+/// `match`); methods are told apart by routes instead. An allow-list holds one value per
+/// header: further ones are noted at `zone`.
+fn matching<'m>(matchers: impl Iterator<Item = &'m Matcher>, zone: &Zone<'_>, notes: &mut Notes) -> MapBuilder {
     let (mut cidrs, mut headers, mut tokens) = (Vec::new(), BTreeMap::new(), Vec::new());
-    for matcher in key.exempt.iter().filter(|e| !made.overrides.iter().any(|(m, _)| m == *e)) {
+    for matcher in matchers {
         match matcher {
             Matcher::Net(net) => cidrs.push(net.clone()),
             Matcher::Token(token) => tokens.push(token.clone()),
@@ -382,15 +385,4 @@ fn allow(zone: &Zone<'_>, key: &Key, made: &Made, notes: &mut Notes) -> MapBuild
         allow.set("tokens", Item::texts(tokens));
     }
     allow
-}
-
-/// `{cidrs: [..]}`, `{headers: {..}}` or `{tokens: [..]}` for one matcher.
-pub fn one_matcher(matcher: &Matcher) -> Item {
-    let (field, value) = match matcher {
-        Matcher::Net(net) => ("cidrs", Item::texts([net.clone()])),
-        Matcher::Token(token) => ("tokens", Item::texts([token.clone()])),
-        Matcher::Header(name, value) => ("headers", Value::Map(vec![(name.clone(), Item::text(value.clone()))]).into()),
-        Matcher::Method(method) => ("methods", Item::texts([method.clone()])),
-    };
-    Value::Map(vec![(field.to_owned(), value)]).into()
 }

@@ -16,6 +16,8 @@ struct Listen {
     address: String,
     ssl: bool,
     default: bool,
+    /// A `0.0.0.0:PORT` taken into `[::]:PORT` (see `merge_dual_stack`).
+    merged: bool,
     at: At,
 }
 
@@ -40,6 +42,7 @@ impl Listeners {
                     address: "0.0.0.0:80".into(),
                     ssl: ssl_on,
                     default: false,
+                    merged: false,
                     at: server.at.clone(),
                 });
             }
@@ -57,7 +60,32 @@ impl Listeners {
             out.min_versions.push(min_version);
             out.names.push(server_names(server, notes));
         }
+        out.merge_dual_stack();
         out
+    }
+
+    /// `listen 80; listen [::]:80;` is one listener in sluicegate: its `[::]` socket
+    /// takes IPv4 clients too (where `net.ipv6.bindv6only` is 0, Linux's default), and
+    /// binding `0.0.0.0` beside it would fail. nginx binds `[::]` as IPv6 only.
+    fn merge_dual_stack(&mut self) {
+        let all: Vec<String> = self.listens.iter().flatten().map(|l| l.address.clone()).collect();
+        for listens in &mut self.listens {
+            for l in listens.iter_mut() {
+                let port = l.address.strip_prefix("0.0.0.0:").unwrap_or_default();
+                let v6 = format!("[::]:{port}");
+                if !port.is_empty() && all.contains(&v6) {
+                    l.address = v6;
+                    l.merged = true;
+                }
+            }
+            // One server's two lines are now one listen.
+            let mut seen = Vec::new();
+            listens.retain(|l| {
+                let first = !seen.contains(&l.address);
+                seen.push(l.address.clone());
+                first
+            });
+        }
     }
 
     /// Every address, in order of first appearance.
@@ -133,7 +161,13 @@ impl Listeners {
         let mut list = Vec::new();
         for (address, ssl) in self.addresses() {
             let first = self.listens.iter().flatten().find(|l| l.address == address).map(|l| l.at.clone());
-            let comment = first.map(|at| format!("{at}: listen")).into_iter();
+            let mut comment: Vec<String> = first.map(|at| format!("{at}: listen")).into_iter().collect();
+            if self.listens.iter().flatten().any(|l| l.address == address && l.merged) {
+                comment.push(format!(
+                    "and {}: IPv4 clients come in on this IPv6 socket (net.ipv6.bindv6only 0, Linux's default)",
+                    address.replace("[::]", "0.0.0.0")
+                ));
+            }
             if !ssl {
                 list.push(Item::text(address).commented(comment));
                 continue;
@@ -192,7 +226,7 @@ fn listen(d: &Directive, ssl_on: bool, notes: &mut Notes) -> Option<Listen> {
             return None;
         }
     };
-    let mut l = Listen { address, ssl: ssl_on, default: false, at: d.at.clone() };
+    let mut l = Listen { address, ssl: ssl_on, default: false, merged: false, at: d.at.clone() };
     for param in &d.args[1..] {
         match param.as_str() {
             "ssl" => l.ssl = true,

@@ -85,11 +85,9 @@ pub fn run(options: &Options) -> ExitCode {
         return ExitCode::from(FAILED);
     }
     let checked = check(&yaml, options.out.as_deref());
-    let left_out = notes.lines().len();
-    let summary = if left_out == 0 {
-        "imported whole".to_owned()
-    } else {
-        format!("{left_out} directives left out (listed above, and as comments in the result)")
+    let summary = match notes.lines().len() {
+        0 => "imported whole".to_owned(),
+        n => format!("{} left out (listed above, and as comments in the result)", directives(n)),
     };
     match checked {
         Ok(()) if notes.complete() => {
@@ -106,6 +104,11 @@ pub fn run(options: &Options) -> ExitCode {
             ExitCode::from(REFUSED)
         }
     }
+}
+
+/// "1 directive", "2 directives".
+fn directives(n: usize) -> String {
+    if n == 1 { "1 directive".to_owned() } else { format!("{n} directives") }
 }
 
 /// `sluicegate check` on the result: on the file written, or on a copy in the temporary
@@ -185,7 +188,7 @@ fn convert(main: &[Directive], conf_prefix: &Path, source: &str, notes: &mut Not
     if !notes.complete() {
         let n = notes.lines().len();
         header.push(String::new());
-        header.push(format!("Left out: {n} directive(s), each in a line `left out:` below (and on stderr)."));
+        header.push(format!("Left out: {}, each in a line `left out:` below (and on stderr).", directives(n)));
     }
     Ok(yaml::render(&header, &top))
 }
@@ -233,5 +236,38 @@ mod tests {
         assert_eq!(yaml["routes"][0]["respond"], serde_json::json!({"status": 200, "body": "ok"}));
         assert!(yaml["routes"][0].get("limits").is_none());
         assert_eq!(yaml["routes"][1]["strip_prefix"], true);
+    }
+
+    #[test]
+    fn ipv4_and_ipv6_listens_on_one_port_become_one_dual_stack_listener() {
+        let (yaml, left_out) = import("http { server { listen 80; listen [::]:80; location / { return 204; } } }");
+        assert_eq!(yaml["listen"], serde_json::json!(["[::]:80"]));
+        assert_eq!(left_out, Vec::<String>::new());
+    }
+
+    #[test]
+    fn the_uri_part_of_proxy_pass_and_the_host_nginx_sends_come_through() {
+        let (yaml, left_out) = import(
+            "http { server {\n\
+             location /a/ { proxy_pass http://127.0.0.1:1/; }\n\
+             location /b { proxy_pass http://127.0.0.1:1/v2/; proxy_set_header Host api.internal; }\n\
+             location = /c { proxy_pass http://127.0.0.1:1/d; proxy_set_header Host $host; proxy_set_header Accept-Encoding \"\"; }\n\
+             location /e/ { proxy_pass http://127.0.0.1:1; proxy_set_header X-Real-IP $remote_addr; } } }",
+        );
+        let route = |path: &str| {
+            let routes = yaml["routes"].as_array().unwrap();
+            routes.iter().find(|r| r["name"] == path).unwrap().clone()
+        };
+        assert_eq!(route("/a/")["strip_prefix"], true);
+        assert_eq!(route("/a/")["upstream_host"], "127.0.0.1:1");
+        assert_eq!(route("/b")["rewrite"], serde_json::json!({"prefix": "/b", "to": "/v2/"}));
+        assert_eq!(route("/b")["upstream_host"], "api.internal");
+        assert_eq!(route("=/c")["rewrite"], serde_json::json!({"prefix": "/c", "to": "/d"}));
+        assert_eq!(route("=/c")["remove_request_headers"], serde_json::json!(["accept-encoding"]));
+        assert!(route("=/c").get("upstream_host").is_none());
+        assert_eq!(
+            left_out,
+            ["nginx.conf:5: proxy_set_header: sluicegate sends the client's address in X-Forwarded-For, not X-Real-IP"]
+        );
     }
 }

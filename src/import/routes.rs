@@ -298,6 +298,9 @@ fn request_headers(scope: &Scope<'_>, proxy_host: &str, notes: &mut Notes) -> (V
             | ("connection", "$connection_upgrade" | "upgrade" | "") => {}
             (_, "") => remove.push(lower),
             (_, v) if !v.contains('$') => set.push((lower, Item::text(v))),
+            ("x-real-ip", _) => {
+                lines.push(notes.left_out(d, "sluicegate sends the client's address in X-Forwarded-For, not X-Real-IP"))
+            }
             _ => lines.push(notes.left_out(d, "values made of variables are not converted")),
         }
     }

@@ -26,11 +26,6 @@ pub const NGINX_MAX_BODY: u64 = 1 << 20;
 /// sluicegate's bounds of `max_header_bytes` and `max_uri_bytes`.
 const HEAD_BYTES: std::ops::RangeInclusive<u64> = 1024..=1 << 20;
 
-/// The value of a setting in force at a server, and the line that set it.
-fn value_at<'a>(scope: &Scope<'a>, name: &str) -> Option<&'a Directive> {
-    scope.one(name)
-}
-
 /// The `server:` section, from the settings in force at each server; `chosen` is the
 /// server whose values win where servers differ. Also returns the body size every
 /// route has unless its location says otherwise (`None`: unlimited).
@@ -83,7 +78,7 @@ pub fn section(main: &[Directive], servers: &[Server<'_>], chosen: usize, notes:
     let max_body = match body {
         Ok(0) => None,
         Ok(bytes) => {
-            let comment = match servers.get(chosen).and_then(|s| value_at(&s.scope, "client_max_body_size")) {
+            let comment = match servers.get(chosen).and_then(|s| s.scope.one("client_max_body_size")) {
                 Some(d) => format!("{}: {}", d.at, d.text()),
                 None => "nginx's default client_max_body_size".into(),
             };
@@ -91,7 +86,7 @@ pub fn section(main: &[Directive], servers: &[Server<'_>], chosen: usize, notes:
             Some(bytes)
         }
         Err(why) => {
-            if let Some(d) = servers.get(chosen).and_then(|s| value_at(&s.scope, "client_max_body_size")) {
+            if let Some(d) = servers.get(chosen).and_then(|s| s.scope.one("client_max_body_size")) {
                 notes.left_out(d, why);
             }
             None
@@ -113,10 +108,10 @@ pub fn max_body(scope: &Scope<'_>) -> Result<u64, String> {
 
 /// The line setting `name` at the chosen server; notes servers whose value differs.
 fn agreed<'a>(servers: &[Server<'a>], chosen: usize, name: &str, notes: &mut Notes) -> Option<&'a Directive> {
-    let kept = servers.get(chosen).and_then(|s| value_at(&s.scope, name));
+    let kept = servers.get(chosen).and_then(|s| s.scope.one(name));
     let text = |d: Option<&Directive>| d.map(|d| d.args.clone());
     for server in servers {
-        let theirs = value_at(&server.scope, name);
+        let theirs = server.scope.one(name);
         if text(theirs) != text(kept) {
             let at = theirs.map_or(&server.at, |d| &d.at);
             notes.left_out_at(
@@ -136,7 +131,7 @@ fn agreed<'a>(servers: &[Server<'a>], chosen: usize, name: &str, notes: &mut Not
 pub fn note_location_settings(location: &Scope<'_>, server: &Scope<'_>, notes: &mut Notes) -> Vec<String> {
     let mut lines = Vec::new();
     for &(nginx, _, _) in TIMEOUTS.iter().chain(&[("large_client_header_buffers", "", 0)]) {
-        if let Some(d) = value_at(location, nginx).filter(|d| value_at(server, nginx).is_none_or(|s| s.at != d.at)) {
+        if let Some(d) = location.one(nginx).filter(|d| server.one(nginx).is_none_or(|s| s.at != d.at)) {
             lines.push(notes.left_out(d, "sluicegate has one value for all servers and locations"));
         }
     }
