@@ -145,19 +145,20 @@ fn convert(main: &[Directive], conf_prefix: &Path, source: &str, notes: &mut Not
     if let Some(second) = https.next() {
         return Err(format!("{}: a second http block (nginx refuses it)", second.at));
     }
-    let mut header = vec![format!("Made by `sluicegate import` from {source}."), String::new()];
+    // Lines about what belongs to no listener, upstream, limit or route: said at the top.
+    let mut general = Vec::new();
     for d in main.iter().filter(|d| !matches!(d.name.as_str(), "http" | "worker_processes")) {
         if notes::needs_no_counterpart(&d.name) {
             notes.ignore(&d.name);
         } else {
-            header.push(format!("left out: {}", notes.left_out(d, notes::unsupported_reason(&d.name))));
+            general.push(notes.left_out(d, notes::unsupported_reason(&d.name)));
         }
     }
     let http = http::read(http_block, notes);
     if http.servers.is_empty() {
         return Err("no server in the http block".into());
     }
-    header.extend(http.left_out.iter().map(|l| format!("left out: {l}")));
+    general.extend(http.left_out.iter().cloned());
     let variables = keys::Variables::new(&http.variables);
     let mut limits = limits::Limits::new(&http.zones, &variables, notes);
     let mut upstreams = upstreams::Upstreams::new(&http.upstreams, &variables, conf_prefix, notes);
@@ -185,12 +186,24 @@ fn convert(main: &[Directive], conf_prefix: &Path, source: &str, notes: &mut Not
         }
     }
     top.push(("routes".to_owned(), routes));
-    if !notes.complete() {
-        let n = notes.lines().len();
-        header.push(String::new());
-        header.push(format!("Left out: {}, each in a line `left out:` below (and on stderr).", directives(n)));
-    }
-    Ok(yaml::render(&header, &top))
+    let header = |general: &[String]| {
+        let mut header = vec![format!("Made by `sluicegate import` from {source}.")];
+        if !notes.complete() {
+            header.push(String::new());
+            let n = notes.lines().len();
+            header.push(format!(
+                "Left out: {}, each in a line `left out:` here or below (and on stderr).",
+                directives(n)
+            ));
+            header.extend(general.iter().map(|l| format!("left out: {l}")));
+        }
+        header
+    };
+    // A setting servers disagree on, a server's addresses: lines placed nowhere below
+    // go to the top too.
+    let placed = yaml::render(&header(&general), &top);
+    general.extend(notes.lines().into_iter().filter(|line| !placed.contains(line.as_str())));
+    Ok(yaml::render(&header(&general), &top))
 }
 
 #[cfg(test)]

@@ -86,6 +86,10 @@ pub fn render(header: &[String], top: &[(String, Item)]) -> String {
 }
 
 fn comment(out: &mut String, indent: usize, line: &str) {
+    if line.is_empty() {
+        out.push_str(&" ".repeat(indent));
+        out.push_str("#\n");
+    }
     for part in line.lines() {
         out.push_str(&" ".repeat(indent));
         out.push_str(if part.is_empty() { "#" } else { "# " });
