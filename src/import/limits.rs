@@ -217,7 +217,13 @@ fn zone<'a>(d: &'a Directive, variables: &Variables<'_>) -> Result<Zone<'a>, Str
                 (_, Some(n)) => (n, true),
                 _ => return Err(format!("rate={rate}: expected Nr/s or Nr/m")),
             };
-            let count = count.parse().ok().filter(|&n: &u64| n > 0).ok_or_else(|| format!("rate={rate}: invalid"))?;
+            // nginx's own bound (it keeps thousandths of a request in an int); also keeps
+            // the arithmetic below from overflowing.
+            let count = count
+                .parse()
+                .ok()
+                .filter(|&n: &u64| (1..=2_000_000).contains(&n))
+                .ok_or_else(|| format!("rate={rate}: invalid"))?;
             Kind::Req { count, per_minute }
         }
     };

@@ -283,4 +283,30 @@ mod tests {
             ["nginx.conf:5: proxy_set_header: sluicegate sends the client's address in X-Forwarded-For, not X-Real-IP"]
         );
     }
+
+    /// The test configurations cut short anywhere, or without any one of their lines or
+    /// words, are refused with a position or imported; none panics.
+    #[test]
+    fn no_configuration_cut_or_missing_a_piece_panics() {
+        let sources = [
+            include_str!("../../tests/fixtures/import/gateway/nginx.conf"),
+            include_str!("../../tests/fixtures/import/login/nginx.conf"),
+        ];
+        let try_one = |src: &str| {
+            if let Ok(tree) = syntax::parse(src, &std::sync::Arc::from("cut.conf")) {
+                let _ = convert(&tree, Path::new("/etc/nginx"), "cut.conf", &mut Notes::default());
+            }
+        };
+        for src in sources {
+            (0..src.len()).filter(|&i| src.is_char_boundary(i)).for_each(|end| try_one(&src[..end]));
+            let lines: Vec<&str> = src.lines().collect();
+            for i in 0..lines.len() {
+                try_one(&[&lines[..i], &lines[i + 1..]].concat().join("\n"));
+            }
+            let words: Vec<&str> = src.split(' ').collect();
+            for i in 0..words.len() {
+                try_one(&[&words[..i], &words[i + 1..]].concat().join(" "));
+            }
+        }
+    }
 }

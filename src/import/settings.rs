@@ -58,7 +58,7 @@ pub fn section(main: &[Directive], servers: &[Server<'_>], chosen: usize, notes:
         match (d.args.first().and_then(|n| n.parse::<u64>().ok()), d.args.get(1).map(|s| values::size(s))) {
             (Some(n), Some(Ok(size))) => {
                 let comment = format!("{}: {}", d.at, d.text());
-                for (field, bytes) in [("max_uri_bytes", size), ("max_header_bytes", n * size)] {
+                for (field, bytes) in [("max_uri_bytes", size), ("max_header_bytes", n.saturating_mul(size))] {
                     let kept = bytes.clamp(*HEAD_BYTES.start(), *HEAD_BYTES.end());
                     if kept != bytes {
                         notes.left_out(
