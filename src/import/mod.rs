@@ -4,7 +4,8 @@
 //!
 //! `files` reads nginx.conf and its includes (`syntax`: nginx's tokenizer); `http` walks
 //! the http block with `scope` (inheritance); `keys`, `limits`, `upstreams`,
-//! `listeners`, `settings` and `routes` each make one section of the YAML (`yaml`);
+//! `listeners`, `settings` and `routes` each make one section of the YAML (`yaml`;
+//! `tiers`: limits that count only some requests);
 //! `notes` keeps what was left out, reported on stderr and as comments.
 
 mod files;
@@ -17,6 +18,7 @@ mod routes;
 mod scope;
 mod settings;
 mod syntax;
+mod tiers;
 mod upstreams;
 mod values;
 mod yaml;

@@ -4,13 +4,14 @@
 //! (a `return` answers before them), the upstream with its URI part, header fields.
 
 use super::http::{Http, Location, Match, Server};
-use super::keys::{Matcher, Var};
-use super::limits::{Applied, Limits};
+use super::keys::Var;
+use super::limits::Limits;
 use super::listeners::Listeners;
 use super::notes::Notes;
 use super::scope::Scope;
 use super::settings;
 use super::syntax::Directive;
+use super::tiers;
 use super::upstreams::Upstreams;
 use super::values;
 use super::yaml::{Item, MapBuilder, Value};
@@ -45,7 +46,9 @@ pub fn section(cx: &mut Context<'_, '_>, notes: &mut Notes) -> Item {
     let mut per_server = Vec::new();
     for server in servers {
         let templates = templates(cx, server, notes);
-        check_overrides(cx.limits, &templates, server, notes);
+        for t in &templates {
+            tiers::check_overrides(cx.limits, &t.name, &t.limits, &t.tiers, &server.at, notes);
+        }
         per_server.push(templates);
     }
     let mut exact = Vec::new();
@@ -241,13 +244,13 @@ fn location_templates(
     comments.extend(header_notes.into_iter().map(|line| format!("left out: {line}")));
     let (applied, limit_notes) = cx.limits.apply(&l.scope, notes);
     comments.extend(limit_notes.into_iter().map(|line| format!("left out: {line}")));
-    let (applied, tiers) = pair_tiers(cx.limits, applied, notes, &mut comments);
+    let (applied, tiers) = tiers::pair_tiers(cx.limits, applied, notes, &mut comments);
     for a in &applied {
         if a.key.vars.contains(&Var::ServerName) && server.names.len() != 1 {
             comments.push(format!("left out: {}", notes.left_out_at(&a.at, a.directive, "$server_name is the server's first name in nginx; sluicegate keys on the host asked for, which differs for a server with other names")));
         }
     }
-    split_by_methods(&applied)
+    tiers::split_by_methods(&applied)
         .into_iter()
         .map(|(methods, limits)| Template {
             methods,
@@ -364,90 +367,4 @@ fn respond(d: &Directive, scope: &Scope<'_>, notes: &mut Notes) -> Result<Item, 
         m.set("headers", Value::Map(headers).into());
     }
     Ok(m.build())
-}
-
-/// Limits that count only some requests (a map whose default is empty, e.g. a paid
-/// tier) become overrides of a limit on the same location that exempts those requests.
-/// Returns the limits the route lists, and the tiers reached through them.
-fn pair_tiers(
-    limits: &mut Limits<'_>,
-    applied: Vec<Applied>,
-    notes: &mut Notes,
-    comments: &mut Vec<String>,
-) -> (Vec<Applied>, Vec<String>) {
-    let (mut kept, mut tiers) = (Vec::new(), Vec::new());
-    for tier in &applied {
-        let Some(only) = tier.key.only.as_ref().filter(|o| !o.iter().any(|m| matches!(m, Matcher::Method(_)))) else {
-            kept.push(tier.clone());
-            continue;
-        };
-        let partner = applied.iter().find(|p| p.key.only.is_none() && only.iter().all(|m| p.key.exempt.contains(m)));
-        let paired = match partner {
-            Some(p) => limits.add_overrides(&p.name, only, &tier.name),
-            None => Err("sluicegate counts such requests only through an override of a limit on the same location whose map leaves them out".into()),
-        };
-        match paired {
-            Ok(()) => tiers.push(tier.name.clone()),
-            Err(why) => {
-                let why = format!("zone of {} counts only some requests: {why}", tier.name);
-                comments.push(format!("left out: {}", notes.left_out_at(&tier.at, tier.directive, why)));
-            }
-        }
-    }
-    (kept, tiers)
-}
-
-/// Notes routes that list a limit handing requests to a tier the route lacks: there
-/// sluicegate counts them by the tier, where nginx counted them by neither.
-fn check_overrides(limits: &Limits<'_>, templates: &[Template], server: &Server<'_>, notes: &mut Notes) {
-    for t in templates {
-        for name in &t.limits {
-            for (_, to) in limits.overrides_of(name) {
-                if !t.limits.contains(&to) && !t.tiers.contains(&to) {
-                    notes.left_out_at(
-                        &server.at,
-                        "limit_req",
-                        format!(
-                            "route {}: {name} hands some requests to {to}, which nginx does not apply at this location",
-                            t.name
-                        ),
-                    );
-                }
-            }
-        }
-    }
-}
-
-/// The routes a location's limits need when their maps tell methods apart: one per
-/// set of methods with the same limits, then one for every other method.
-fn split_by_methods(applied: &[Applied]) -> Vec<(Vec<String>, Vec<String>)> {
-    let methods_of = |matchers: &[Matcher]| -> Vec<String> {
-        matchers.iter().filter_map(|m| if let Matcher::Method(x) = m { Some(x.clone()) } else { None }).collect()
-    };
-    // Per limit: the methods it counts only, or the methods it leaves out.
-    let conditions: Vec<(Option<Vec<String>>, Vec<String>)> =
-        applied.iter().map(|a| (a.key.only.as_deref().map(methods_of), methods_of(&a.key.exempt))).collect();
-    let applies = |i: usize, method: Option<&str>| match (&conditions[i], method) {
-        ((Some(only), _), Some(m)) => only.iter().any(|x| x == m),
-        ((Some(_), _), None) => false,
-        ((None, except), Some(m)) => !except.iter().any(|x| x == m),
-        ((None, _), None) => true,
-    };
-    let mut mentioned: Vec<String> =
-        conditions.iter().flat_map(|(o, e)| o.iter().flatten().chain(e)).cloned().collect();
-    mentioned.sort();
-    mentioned.dedup();
-    let names = |method: Option<&str>| -> Vec<String> {
-        (0..applied.len()).filter(|&i| applies(i, method)).map(|i| applied[i].name.clone()).collect()
-    };
-    let mut out: Vec<(Vec<String>, Vec<String>)> = Vec::new();
-    for m in &mentioned {
-        let limits = names(Some(m));
-        match out.iter_mut().find(|(_, l)| *l == limits) {
-            Some((methods, _)) => methods.push(m.clone()),
-            None => out.push((vec![m.clone()], limits)),
-        }
-    }
-    out.push((Vec::new(), names(None)));
-    out
 }
