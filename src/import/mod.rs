@@ -311,4 +311,23 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn a_zone_used_with_two_bursts_becomes_two_limits_and_each_problem_on_a_line_is_reported() {
+        let (yaml, left_out) = import(
+            "http { limit_req_zone $binary_remote_addr zone=one:1m rate=1r/s;\n\
+             server { location /x/ { limit_req zone=one burst=5; proxy_pass http://b:1; }\n\
+             location /y/ { limit_req zone=one burst=9; limit_req zone=nope; limit_req zone=gone; proxy_pass http://b:1; } } }",
+        );
+        assert_eq!(yaml["limits"]["one"]["burst"], 5);
+        assert_eq!(yaml["limits"]["one-2"]["burst"], 9);
+        assert_eq!(
+            left_out,
+            [
+                "nginx.conf:1: limit_req_zone: zone \"one\" is used with different settings, so it became 2 limits (one, one-2), each with its own state where nginx shares one",
+                "nginx.conf:3: limit_req: zone \"gone\" is not defined by a limit_req_zone line that converts",
+                "nginx.conf:3: limit_req: zone \"nope\" is not defined by a limit_req_zone line that converts",
+            ]
+        );
+    }
 }

@@ -2,15 +2,15 @@
 //! `FILE:LINE: directive: why` on stderr (and a comment where it would have gone in the
 //! YAML); directives that need no counterpart are only counted.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::syntax::{At, Directive};
 
 #[derive(Debug, Default)]
 pub struct Notes {
-    /// Left out: by position and directive, why. One line each, however many routes
+    /// Left out: by position, directive and why. One line each, however many routes
     /// inherit the directive.
-    left_out: BTreeMap<(At, String), String>,
+    left_out: BTreeSet<(At, String, String)>,
     /// Directives with nothing to convert (logging, buffers, process settings), by name.
     ignored: BTreeMap<String, usize>,
 }
@@ -24,7 +24,7 @@ impl Notes {
     pub fn left_out_at(&mut self, at: &At, directive: &str, why: impl Into<String>) -> String {
         let why = why.into();
         let line = format!("{at}: {directive}: {why}");
-        self.left_out.insert((at.clone(), directive.to_owned()), why);
+        self.left_out.insert((at.clone(), directive.to_owned(), why));
         line
     }
 
@@ -39,7 +39,7 @@ impl Notes {
 
     /// The lines for stderr, in file order.
     pub fn lines(&self) -> Vec<String> {
-        self.left_out.iter().map(|((at, directive), why)| format!("{at}: {directive}: {why}")).collect()
+        self.left_out.iter().map(|(at, directive, why)| format!("{at}: {directive}: {why}")).collect()
     }
 
     /// One line naming the directives ignored, if any.
