@@ -1,5 +1,6 @@
 //! The command line: `sluicegate [run] -c FILE`, `sluicegate check -c FILE`,
-//! `sluicegate reload -c FILE`, `sluicegate simulate -c FILE [-c NEW] LOG...`.
+//! `sluicegate reload -c FILE`, `sluicegate simulate -c FILE [-c NEW] LOG...`,
+//! `sluicegate import [--out FILE] NGINX_CONF`.
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -13,7 +14,7 @@ use http_body_util::Full;
 use hyper_util::rt::TokioIo;
 
 use crate::config::Config;
-use crate::simulate;
+use crate::{import, simulate};
 
 #[derive(Debug, Parser)]
 #[command(name = "sluicegate", version, about = "An HTTP reverse proxy with rate limiting built in")]
@@ -48,6 +49,32 @@ pub enum Command {
     /// clock, and report what it would have passed, delayed and rejected (with two
     /// configurations, what changes between them).
     Simulate(SimulateArgs),
+    /// Convert an nginx configuration (nginx.conf and the files it includes) into a
+    /// sluicegate one, then check it. Exit status: 0 converted whole, 3 directives left
+    /// out (listed on stderr), 4 written but refused by check, 1 nothing written.
+    Import(ImportArgs),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct ImportArgs {
+    /// The nginx configuration file.
+    #[arg(value_name = "NGINX_CONF")]
+    pub nginx_conf: PathBuf,
+    /// Write the YAML to this file instead of standard output.
+    #[arg(long, short, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// nginx's prefix (`nginx -p`): a relative NGINX_CONF is taken in it.
+    #[arg(short = 'p', long, value_name = "PREFIX")]
+    pub prefix: Option<PathBuf>,
+}
+
+/// `sluicegate import`: the YAML on stdout or in `--out`, the report on stderr.
+pub fn import(args: &ImportArgs) -> ExitCode {
+    import::run(&import::Options {
+        nginx_conf: args.nginx_conf.clone(),
+        prefix: args.prefix.clone(),
+        out: args.out.clone(),
+    })
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Args)]

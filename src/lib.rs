@@ -42,6 +42,7 @@ pub mod front;
 pub mod gate;
 pub mod head;
 pub mod hop;
+pub mod import;
 pub mod limit;
 pub mod metrics;
 pub mod path;

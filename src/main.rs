@@ -13,6 +13,9 @@ fn main() -> ExitCode {
     if let Some(Command::Simulate(args)) = &cli.command {
         return sluicegate::cli::simulate(&cli.config, args);
     }
+    if let Some(Command::Import(args)) = &cli.command {
+        return sluicegate::cli::import(args);
+    }
     let path = match &cli.config[..] {
         [path] => path,
         [] => {
@@ -73,7 +76,7 @@ async fn run(cli: Cli, path: std::path::PathBuf, config: config::Config) -> Exit
                 }
             };
         }
-        Some(Command::Check | Command::Run | Command::Schema | Command::Simulate(_)) | None => {}
+        Some(Command::Check | Command::Run | Command::Schema | Command::Simulate(_) | Command::Import(_)) | None => {}
     }
     init_tracing(&cli);
     for warning in &config.warnings {

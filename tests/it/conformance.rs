@@ -18,6 +18,8 @@ use crate::common::*;
 pub struct Scenario {
     pub scenario: String,
     limit: LimitDef,
+    /// The nginx directives the schedule was recorded with.
+    pub target_config: String,
     pub requests: Vec<Recorded>,
 }
 
@@ -85,37 +87,44 @@ pub fn tolerance_ms(nginx: f64) -> f64 {
 #[test]
 fn limiter_matches_nginx_on_a_fake_clock() {
     for s in scenarios() {
-        let config = sluicegate::config::parse(&policy_yaml(&s), &s.scenario).unwrap();
-        let clock = ManualClock::default();
-        let gate = Gate::new(&config, clock.clone().into());
-        let expected_delays = nginx_delays_ms(&s);
-        for (i, r) in s.requests.iter().enumerate() {
-            let mut headers = HeaderMap::new();
-            if let Some(key) = &r.key {
-                headers.insert("x-key", key.parse().unwrap());
-            }
-            let src = KeySource::get([127, 0, 0, 1].into(), "/", &headers);
-            clock.set(Nanos(r.t_ms * 1_000_000));
-            let (status, wait) = match gate.check(&[0], &src, 1) {
-                Decision::Pass { wait, .. } => (200, wait),
-                Decision::Reject { status, .. } => (status.as_u16(), Duration::ZERO),
-            };
-            assert_eq!(status, r.status, "{} request {i} at {} ms", s.scenario, r.t_ms);
-            let ours = wait.as_secs_f64() * 1000.0;
-            let theirs = expected_delays[i];
-            assert!(
-                (ours - theirs).abs() <= tolerance_ms(theirs),
-                "{} request {i}: delay {ours} ms, nginx {theirs:.1} ms",
-                s.scenario
-            );
+        replay_on_a_fake_clock(&s, &policy_yaml(&s));
+    }
+}
+
+/// Replays `s` through the limits of the first route of configuration `yaml` on a fake
+/// clock: every status must be nginx's, every delay within `tolerance_ms` of nginx's.
+pub fn replay_on_a_fake_clock(s: &Scenario, yaml: &str) {
+    let config = sluicegate::config::parse(yaml, &s.scenario).unwrap();
+    let limits = config.routes[0].limits.clone();
+    let clock = ManualClock::default();
+    let gate = Gate::new(&config, clock.clone().into());
+    let expected_delays = nginx_delays_ms(s);
+    for (i, r) in s.requests.iter().enumerate() {
+        let mut headers = HeaderMap::new();
+        if let Some(key) = &r.key {
+            headers.insert("x-key", key.parse().unwrap());
         }
+        let src = KeySource::get([127, 0, 0, 1].into(), "/", &headers);
+        clock.set(Nanos(r.t_ms * 1_000_000));
+        let (status, wait) = match gate.check(&limits, &src, 1) {
+            Decision::Pass { wait, .. } => (200, wait),
+            Decision::Reject { status, .. } => (status.as_u16(), Duration::ZERO),
+        };
+        assert_eq!(status, r.status, "{} request {i} at {} ms", s.scenario, r.t_ms);
+        let ours = wait.as_secs_f64() * 1000.0;
+        let theirs = expected_delays[i];
+        assert!(
+            (ours - theirs).abs() <= tolerance_ms(theirs),
+            "{} request {i}: delay {ours} ms, nginx {theirs:.1} ms",
+            s.scenario
+        );
     }
 }
 
 /// Scenarios whose decisions lie at least 50 ms from flipping, safe to replay in real
 /// time on a loaded machine. (`11_ms_granularity` turns on 5 ms and `02` on 40 ms: the
 /// fake-clock replay above covers them.)
-const REAL_TIME: &[&str] = &[
+pub const REAL_TIME: &[&str] = &[
     "03_burst_nodelay",
     "04_burst_delay_queue",
     "05_delay_n",
@@ -127,31 +136,45 @@ const REAL_TIME: &[&str] = &[
 /// (status, delay in ms) of each request of a group.
 type Outcomes = Vec<(u16, f64)>;
 
-/// A stall of a loaded machine (the whole suite in parallel on two cores) can hold one
-/// request past the margin; a wrong delay or status does so run after run. So one
-/// mismatch is reported and the replay run again: the test fails only when the second
-/// replay does too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_matches_nginx_in_real_time() {
-    if let Err(first) = replay_in_real_time().await {
+    let chosen: Vec<Scenario> = scenarios().into_iter().filter(|s| REAL_TIME.contains(&s.scenario.as_str())).collect();
+    assert_eq!(chosen.len(), REAL_TIME.len());
+    let runs: Vec<(Scenario, String)> = chosen
+        .into_iter()
+        .map(|s| {
+            let yaml = policy_yaml(&s);
+            (s, yaml)
+        })
+        .collect();
+    real_time_matches(&runs).await;
+}
+
+/// Each schedule sent in real time through a proxy started with its configuration (the
+/// YAML beside it): statuses must be nginx's and delays close to them.
+///
+/// A stall of a loaded machine (the whole suite in parallel on two cores) can hold one
+/// request past the margin; a wrong delay or status does so run after run. So one
+/// mismatch is reported and the replay run again: this fails only when the second
+/// replay does too.
+pub async fn real_time_matches(runs: &[(Scenario, String)]) {
+    if let Err(first) = replay_in_real_time(runs).await {
         eprintln!("real-time replay: {first}; replaying again");
-        if let Err(second) = replay_in_real_time().await {
+        if let Err(second) = replay_in_real_time(runs).await {
             panic!("{second} (and before: {first})");
         }
     }
 }
 
-/// Every `REAL_TIME` schedule sent in real time; the first request whose status or delay
+/// Every schedule of `runs` sent in real time; the first request whose status or delay
 /// differs from nginx's, if one does.
-async fn replay_in_real_time() -> Result<(), String> {
-    let chosen: Vec<Scenario> = scenarios().into_iter().filter(|s| REAL_TIME.contains(&s.scenario.as_str())).collect();
-    assert_eq!(chosen.len(), REAL_TIME.len());
+async fn replay_in_real_time(runs: &[(Scenario, String)]) -> Result<(), String> {
     // Start every proxy first (a blocking wait for readiness), then run all schedules
     // from one instant, so no start-up stalls a schedule already running.
-    let proxies: Vec<Sluicegate> = chosen.iter().map(|s| Sluicegate::start(&policy_yaml(s))).collect();
+    let proxies: Vec<Sluicegate> = runs.iter().map(|(_, yaml)| Sluicegate::start(yaml)).collect();
     let start = tokio::time::Instant::now() + Duration::from_millis(100);
-    let mut runs = Vec::new();
-    for (s, sg) in chosen.into_iter().zip(&proxies) {
+    let mut sent = Vec::new();
+    for ((s, _), sg) in runs.iter().zip(&proxies) {
         let tasks: Vec<_> = s
             .requests
             .iter()
@@ -166,12 +189,12 @@ async fn replay_in_real_time() -> Result<(), String> {
                 })
             })
             .collect();
-        runs.push((s, tasks));
+        sent.push((s, tasks));
     }
     // Every request answered before any is judged: none is left running against a proxy
     // that an early mismatch would stop.
     let mut answered = Vec::new();
-    for (s, tasks) in runs {
+    for (s, tasks) in sent {
         let mut outcomes = Vec::new();
         for t in tasks {
             outcomes.push(t.await.unwrap());
@@ -179,7 +202,7 @@ async fn replay_in_real_time() -> Result<(), String> {
         answered.push((s, outcomes));
     }
     for (s, outcomes) in answered {
-        let delays = nginx_delays_ms(&s);
+        let delays = nginx_delays_ms(s);
         // Requests sent at the same instant with the same key may arrive in any order:
         // compare each such group as sorted (status, delay) lists.
         let mut groups: BTreeMap<(u64, Option<String>), (Outcomes, Outcomes)> = BTreeMap::new();

@@ -19,6 +19,7 @@ mod forwarding;
 #[path = "../../src/limit/gcra_cases.rs"]
 mod gcra_cases;
 mod global;
+mod import;
 mod keys;
 mod limits;
 mod logs;

@@ -1,0 +1,217 @@
+//! What the import did not carry over, and why: each directive left out is one line
+//! `FILE:LINE: directive: why` on stderr (and a comment where it would have gone in the
+//! YAML); directives that need no counterpart are only counted.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::syntax::{At, Directive};
+
+#[derive(Debug, Default)]
+pub struct Notes {
+    /// Left out: by position, directive and why. One line each, however many routes
+    /// inherit the directive.
+    left_out: BTreeSet<(At, String, String)>,
+    /// Directives with nothing to convert (logging, buffers, process settings), by name.
+    ignored: BTreeMap<String, usize>,
+}
+
+impl Notes {
+    /// Records `d` as left out and returns the line that says so.
+    pub fn left_out(&mut self, d: &Directive, why: impl Into<String>) -> String {
+        self.left_out_at(&d.at, &d.name, why)
+    }
+
+    pub fn left_out_at(&mut self, at: &At, directive: &str, why: impl Into<String>) -> String {
+        let why = why.into();
+        let line = format!("{at}: {directive}: {why}");
+        self.left_out.insert((at.clone(), directive.to_owned(), why));
+        line
+    }
+
+    pub fn ignore(&mut self, name: &str) {
+        *self.ignored.entry(name.to_owned()).or_default() += 1;
+    }
+
+    /// Whether everything that changes how requests are answered was converted.
+    pub fn complete(&self) -> bool {
+        self.left_out.is_empty()
+    }
+
+    /// The lines for stderr, in file order.
+    pub fn lines(&self) -> Vec<String> {
+        self.left_out.iter().map(|(at, directive, why)| format!("{at}: {directive}: {why}")).collect()
+    }
+
+    /// One line naming the directives ignored, if any.
+    pub fn ignored_line(&self) -> Option<String> {
+        if self.ignored.is_empty() {
+            return None;
+        }
+        let names: Vec<String> =
+            self.ignored.iter().map(|(name, &n)| if n == 1 { name.clone() } else { format!("{name} ({n})") }).collect();
+        Some(format!("nothing to convert (sluicegate needs no counterpart): {}", names.join(", ")))
+    }
+}
+
+/// Directives that change nothing a client gets from sluicegate: process and event
+/// settings, logging, buffering and file-cache tuning, TLS tuning that rustls decides.
+pub fn needs_no_counterpart(name: &str) -> bool {
+    const NAMES: &[&str] = &[
+        "user",
+        "pid",
+        "daemon",
+        "master_process",
+        "worker_rlimit_nofile",
+        "worker_connections",
+        "worker_cpu_affinity",
+        "worker_priority",
+        "worker_shutdown_timeout",
+        "working_directory",
+        "lock_file",
+        "timer_resolution",
+        "pcre_jit",
+        "thread_pool",
+        "env",
+        "events",
+        "use",
+        "multi_accept",
+        "accept_mutex",
+        "accept_mutex_delay",
+        "error_log",
+        "access_log",
+        "log_format",
+        "log_not_found",
+        "log_subrequest",
+        "open_log_file_cache",
+        "rewrite_log",
+        "sendfile",
+        "sendfile_max_chunk",
+        "tcp_nopush",
+        "tcp_nodelay",
+        "aio",
+        "directio",
+        "output_buffers",
+        "postpone_output",
+        "types",
+        "default_type",
+        "types_hash_max_size",
+        "types_hash_bucket_size",
+        "server_names_hash_bucket_size",
+        "server_names_hash_max_size",
+        "variables_hash_max_size",
+        "variables_hash_bucket_size",
+        "map_hash_max_size",
+        "map_hash_bucket_size",
+        "proxy_headers_hash_max_size",
+        "proxy_headers_hash_bucket_size",
+        "server_tokens",
+        "open_file_cache",
+        "open_file_cache_valid",
+        "open_file_cache_min_uses",
+        "open_file_cache_errors",
+        "reset_timedout_connection",
+        "lingering_close",
+        "lingering_time",
+        "lingering_timeout",
+        "keepalive_requests",
+        "keepalive_time",
+        "client_header_buffer_size",
+        "client_body_buffer_size",
+        "client_body_temp_path",
+        "client_body_in_file_only",
+        "proxy_buffering",
+        "proxy_buffers",
+        "proxy_buffer_size",
+        "proxy_busy_buffers_size",
+        "proxy_temp_path",
+        "proxy_max_temp_file_size",
+        "proxy_temp_file_write_size",
+        "proxy_request_buffering",
+        "proxy_http_version",
+        "proxy_send_timeout",
+        "proxy_next_upstream",
+        "proxy_next_upstream_tries",
+        "proxy_next_upstream_timeout",
+        "proxy_socket_keepalive",
+        "proxy_ssl_server_name",
+        "proxy_ssl_protocols",
+        "proxy_ssl_session_reuse",
+        "resolver",
+        "resolver_timeout",
+        "ssl_ciphers",
+        "ssl_prefer_server_ciphers",
+        "ssl_session_cache",
+        "ssl_session_timeout",
+        "ssl_session_tickets",
+        "ssl_session_ticket_key",
+        "ssl_dhparam",
+        "ssl_ecdh_curve",
+        "ssl_stapling",
+        "ssl_stapling_verify",
+        "ssl_trusted_certificate",
+        "ssl_buffer_size",
+        "ssl_early_data",
+        "http2",
+        "http2_max_concurrent_streams",
+        "http2_chunk_size",
+        "http2_recv_buffer_size",
+        "http2_idle_timeout",
+        "underscores_in_headers",
+        "ignore_invalid_headers",
+        "server_name_in_redirect",
+        "port_in_redirect",
+        "absolute_redirect",
+        "msie_padding",
+        "msie_refresh",
+        "charset_types",
+        "keepalive",
+        "zone",
+    ];
+    NAMES.contains(&name)
+}
+
+/// Why a directive sluicegate has no counterpart for is left out.
+pub fn unsupported_reason(name: &str) -> &'static str {
+    match name {
+        "limit_rate" | "limit_rate_after" => "not supported yet (bandwidth throttling)",
+        "if" => "conditions are not converted",
+        "rewrite" => "regular-expression rewrites are not converted",
+        "set" => "variables set here are not converted",
+        "root" | "alias" | "try_files" | "index" | "autoindex" | "expires" | "etag" => {
+            "sluicegate serves no files: it forwards requests or answers them with `respond`"
+        }
+        "error_page" | "proxy_intercept_errors" => "error pages are not converted",
+        "allow" | "deny" => "access control by address is not supported",
+        "auth_basic" | "auth_basic_user_file" | "auth_request" | "auth_request_set" | "auth_jwt" | "satisfy" => {
+            "authentication is not supported"
+        }
+        "gzip" | "gzip_types" | "gzip_vary" | "gzip_proxied" | "gzip_comp_level" | "gzip_min_length"
+        | "gzip_static" | "gunzip" => "response compression is not supported",
+        "limit_except" => "method restrictions are not converted",
+        "internal" => "internal locations are not converted",
+        "ssl_client_certificate" | "ssl_verify_client" | "ssl_verify_depth" | "ssl_crl" => {
+            "client certificates are not supported"
+        }
+        "fastcgi_pass" | "uwsgi_pass" | "scgi_pass" | "grpc_pass" | "memcached_pass" => {
+            "only proxy_pass (HTTP) is converted"
+        }
+        "stream" | "mail" => "only http is converted",
+        "proxy_hide_header"
+        | "proxy_pass_header"
+        | "proxy_ignore_headers"
+        | "more_set_headers"
+        | "more_clear_headers" => "changing response headers other than by add_header is not supported",
+        "sub_filter" | "sub_filter_once" | "sub_filter_types" | "addition_types" => "changing bodies is not supported",
+        "mirror" | "mirror_request_body" => "mirroring is not supported",
+        "split_clients" => "variables set here are not converted",
+        "load_module" => "dynamic modules are not converted",
+        "proxy_cookie_domain" | "proxy_cookie_path" | "proxy_cookie_flags" => "cookie rewriting is not supported",
+        "proxy_redirect" => "rewriting the upstream's Location is not supported (sluicegate sends it as is)",
+        _ if name.starts_with("proxy_cache") || name.starts_with("fastcgi_cache") || name == "proxy_store" => {
+            "caching is not supported"
+        }
+        _ if name.contains("lua") => "Lua is not supported",
+        _ if name.starts_with("js_") => "njs is not supported",
+        _ => "not supported",
+    }
+}

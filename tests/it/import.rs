@@ -1,0 +1,424 @@
+//! `sluicegate import`: nginx configurations written for the purpose
+//! (`tests/fixtures/import/`) and the recorded nginx traces, imported by the real binary;
+//! the YAML checked field by field (and by `check`, which the import runs), the traces
+//! replayed through what they became.
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::common::*;
+use crate::conformance::{REAL_TIME, real_time_matches, replay_on_a_fake_clock, scenarios};
+
+/// What one run of `sluicegate import` gave.
+struct Imported {
+    code: i32,
+    /// The YAML as written, and read back.
+    text: String,
+    yaml: Value,
+    /// stderr, with the directory of the nginx files written `DIR`.
+    stderr: String,
+}
+
+impl Imported {
+    /// The `FILE:LINE: directive: why` lines.
+    fn left_out(&self) -> Vec<&str> {
+        self.stderr.lines().filter(|l| l.starts_with("DIR/") && !l.starts_with("DIR/nginx.conf: ")).collect()
+    }
+}
+
+/// `sluicegate import --out DIR/sluicegate.yaml DIR/nginx.conf`.
+fn import(dir: &Path) -> Imported {
+    let out = dir.join("sluicegate.yaml");
+    let output = binary().arg("import").arg("--out").arg(&out).arg(dir.join("nginx.conf")).output().unwrap();
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    let yaml = if text.is_empty() { Value::Null } else { serde_saphyr::from_str(&text).unwrap() };
+    let stderr = String::from_utf8(output.stderr).unwrap().replace(&dir.display().to_string(), "DIR");
+    Imported { code: output.status.code().unwrap(), text, yaml, stderr }
+}
+
+/// A copy of `tests/fixtures/import/NAME` (dot files included) in a new directory.
+fn fixture(name: &str) -> tempfile::TempDir {
+    fn copy(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            let target = to.join(entry.file_name());
+            if entry.file_type().unwrap().is_dir() {
+                copy(&entry.path(), &target);
+            } else {
+                std::fs::copy(entry.path(), target).unwrap();
+            }
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    copy(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/import").join(name), dir.path());
+    dir
+}
+
+/// A directory holding `nginx.conf` with `text`.
+fn nginx_conf(text: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("nginx.conf"), text).unwrap();
+    dir
+}
+
+/// A self-signed certificate for `name` in `DIR/certs/FILE.crt` and `.key`.
+fn certificate(dir: &Path, file: &str, name: &str) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec![name.to_owned()]).unwrap().self_signed(&key).unwrap();
+    std::fs::create_dir_all(dir.join("certs")).unwrap();
+    std::fs::write(dir.join(format!("certs/{file}.crt")), cert.pem()).unwrap();
+    std::fs::write(dir.join(format!("certs/{file}.key")), key.serialize_pem()).unwrap();
+}
+
+/// The routes as `(name, match)` pairs, in order.
+fn route_matches(yaml: &Value) -> Vec<(String, Value)> {
+    let routes = yaml["routes"].as_array().unwrap();
+    routes.iter().map(|r| (r["name"].as_str().unwrap().to_owned(), r["match"].clone())).collect()
+}
+
+#[test]
+fn an_api_gateway_with_tiers_by_map_imports_whole() {
+    let dir = fixture("gateway");
+    let out = import(dir.path());
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.left_out(), Vec::<&str>::new());
+    assert!(out.stderr.contains("imported whole; the result is valid"), "{}", out.stderr);
+    let y = &out.yaml;
+    assert_eq!(y["listen"], json!(["0.0.0.0:8080"]));
+    assert_eq!(y["trusted_proxies"], json!(["10.0.0.0/8", "192.168.0.0/16"]));
+    assert_eq!(
+        y["server"],
+        json!({
+            "header_read_timeout": "1m", "idle_timeout": "30s", "send_timeout": "1m", "body_read_timeout": "1m",
+            "max_uri_bytes": 16384, "max_header_bytes": 65536, "max_body_bytes": "10m", "workers": 2
+        })
+    );
+    assert_eq!(
+        y["upstreams"]["api_pool"],
+        json!({
+            "servers": [{"address": "127.0.0.1:9001", "weight": 2}, "127.0.0.1:9002", "127.0.0.1:9003"],
+            "balance": "least_conn", "max_fails": 3, "fail_timeout": "30s", "retries": 2,
+            "connect_timeout": "2s", "timeout": "30s"
+        })
+    );
+    assert_eq!(
+        y["upstreams"]["reports"],
+        json!({"servers": ["127.0.0.1:9100"], "connect_timeout": "2s", "timeout": "2m"})
+    );
+    // Free keys per key, the two gold keys handed to their own limit.
+    let gold_key = |key: &str| json!({"match": {"headers": {"x-api-key": key}}, "use": "gold"});
+    assert_eq!(
+        y["limits"]["free"],
+        json!({
+            "key": "header:x-api-key", "rate": "300r/m", "burst": 20, "nodelay": true, "status": 429,
+            "log_level": "warn", "max_keys": 81920, "overrides": [gold_key("gold-7f3a"), gold_key("gold-91bc")]
+        })
+    );
+    assert_eq!(
+        y["limits"]["gold"],
+        json!({"key": "header:x-api-key", "rate": "50r/s", "burst": 100, "nodelay": true, "status": 429, "log_level": "warn", "max_keys": 81920})
+    );
+    assert_eq!(
+        y["limits"]["per_ip"],
+        json!({"key": "ip", "ipv6_prefix": 128, "rate": "20r/s", "burst": 40, "delay": 20, "status": 429, "log_level": "warn", "max_keys": 163840})
+    );
+    assert_eq!(
+        y["limits"]["conns"],
+        json!({"key": "ip", "ipv6_prefix": 128, "concurrency": 20, "status": 429, "log_level": "error", "max_keys": 81920})
+    );
+    // Exact first, then prefixes longest first.
+    assert_eq!(
+        route_matches(y),
+        [
+            ("=/healthz".to_owned(), json!({"path": "/healthz"})),
+            ("/v1/reports/".to_owned(), json!({"path_prefix": "/v1/reports/"})),
+            ("/v1/".to_owned(), json!({"path_prefix": "/v1/"})),
+            ("/".to_owned(), json!({"path_prefix": "/"})),
+        ]
+    );
+    let headers = json!({"x-frame-options": "DENY"});
+    assert_eq!(y["routes"][0]["respond"], json!({"status": 200, "body": "ok\n", "headers": headers}));
+    assert_eq!(
+        y["routes"][2],
+        json!({
+            "name": "/v1/", "match": {"path_prefix": "/v1/"}, "upstream": "api_pool", "strip_prefix": true,
+            "set_request_headers": {"x-gateway": "edge-1"}, "set_response_headers": headers,
+            "limits": ["free", "per_ip", "conns"]
+        })
+    );
+    assert_eq!(y["routes"][1]["max_body_bytes"], "50m");
+    assert_eq!(y["routes"][1]["limits"], json!(["reports"]));
+    assert_eq!(y["routes"][3]["respond"], json!({"status": 404, "headers": headers}));
+    // Each limit and route says where in nginx it came from.
+    assert!(
+        out.text.contains(
+            "  # DIR/nginx.conf:34: limit_req_zone $free_key zone=free:10m rate=300r/m\n"
+                .replace("DIR", &dir.path().display().to_string())
+                .as_str()
+        )
+    );
+    assert!(out.text.contains(&format!("  # {}/nginx.conf:66: location /v1/\n  - name: /v1/\n", dir.path().display())));
+}
+
+/// The gold tier of the gateway, run: a gold key has its own budget, a free key the
+/// free one, as nginx's two zones gave them.
+#[tokio::test]
+async fn the_gateways_tiers_limit_each_key_by_its_own_budget() {
+    let backend = Backend::start().await;
+    let dir = fixture("gateway");
+    let out = import(dir.path());
+    let yaml = out
+        .text
+        .replace("0.0.0.0:8080", "127.0.0.1:0")
+        .replace("127.0.0.1:9001", &backend.addr.to_string())
+        .replace("127.0.0.1:9002", &backend.addr.to_string())
+        .replace("127.0.0.1:9003", &backend.addr.to_string());
+    let sg = Sluicegate::start(&yaml);
+    let passed = |key: &'static str, n: usize| {
+        let addr = sg.addr;
+        async move {
+            let mut ok = 0;
+            for _ in 0..n {
+                ok += usize::from(get(addr, "/v1/x", &[("x-api-key", key)]).await.status == 200);
+            }
+            ok
+        }
+    };
+    // free: burst 20 nodelay, then 5 a second (one more per 200 ms the run takes on a
+    // loaded machine); gold: burst 100, and per_ip only spaces its requests out.
+    let started = std::time::Instant::now();
+    let free = passed("free-1", 25).await;
+    let refilled = (started.elapsed().as_millis() / 200) as usize;
+    assert!((21..=21 + refilled).contains(&free), "{free} of 25 passed in {:?}", started.elapsed());
+    assert_eq!(passed("gold-7f3a", 25).await, 25);
+    assert_eq!(backend.hits().last().unwrap().path_and_query, "/x");
+}
+
+#[test]
+fn a_login_page_with_a_geo_allow_list_imports_with_what_is_left_out_named() {
+    let dir = fixture("login");
+    let out = import(dir.path());
+    assert_eq!(out.code, 3, "{}", out.stderr);
+    assert_eq!(
+        out.left_out(),
+        [
+            "DIR/nginx.conf:49: add_header: values made of variables are not converted",
+            "DIR/nginx.conf:52: location: neither proxy_pass nor return: sluicegate serves no files, so no route is made",
+            "DIR/nginx.conf:53: root: sluicegate serves no files: it forwards requests or answers them with `respond`",
+            "DIR/nginx.conf:54: expires: sluicegate serves no files: it forwards requests or answers them with `respond`",
+        ]
+    );
+    assert!(out.stderr.contains("DIR/nginx.conf: 4 directives left out"), "{}", out.stderr);
+    let y = &out.yaml;
+    assert_eq!(
+        y["limits"]["login"],
+        json!({
+            "key": "ip", "ipv6_prefix": 128, "rate": "5r/m", "burst": 3, "nodelay": true, "status": 429,
+            "log_level": "warn", "max_keys": 81920,
+            "allow": {"cidrs": ["10.0.0.0/8", "192.168.1.0/24", "127.0.0.1"]}
+        })
+    );
+    assert_eq!(y["limits"]["search"]["dry_run"], true);
+    assert_eq!(y["limits"]["site"]["status"], 429);
+    // nginx ran 5r/m as 83 thousandths a second; sluicegate keeps the rate written.
+    assert!(out.text.contains("it ran this as 83r/1000s (4.980r/m); sluicegate keeps 5r/m exact"));
+    // POSTs to /login count against login_post too; the location's limits replace the
+    // server's `site`.
+    assert_eq!(
+        route_matches(y),
+        [
+            ("=/health".to_owned(), json!({"path": "/health"})),
+            ("=/login POST".to_owned(), json!({"path": "/login", "methods": ["POST"]})),
+            ("=/login".to_owned(), json!({"path": "/login"})),
+            ("/search".to_owned(), json!({"path_prefix": "/search"})),
+            ("/".to_owned(), json!({"path_prefix": "/"})),
+        ]
+    );
+    let limits: Vec<&Value> = (1..5).map(|i| &y["routes"][i]["limits"]).collect();
+    assert_eq!(limits, [&json!(["login", "login_post"]), &json!(["login"]), &json!(["search"]), &json!(["site"])]);
+    assert_eq!(y["routes"][1]["max_body_bytes"], "16k");
+    assert_eq!(y["routes"][4]["upstream"], "127.0.0.1-9000");
+    assert_eq!(y["routes"][4]["upstream_host"], "127.0.0.1:9000");
+    assert_eq!(
+        y["upstreams"]["127.0.0.1-9000"],
+        json!({"servers": ["127.0.0.1:9000"], "connect_timeout": "1m", "timeout": "1m"})
+    );
+    // Left out where it would have gone.
+    let comment = format!(
+        "  # left out: {}/nginx.conf:49: add_header: values made of variables are not converted\n  - name: /search\n",
+        dir.path().display()
+    );
+    assert!(out.text.contains(&comment), "{}", out.text);
+}
+
+#[test]
+fn virtual_hosts_with_tls_from_globbed_includes_import_whole() {
+    let dir = fixture("vhosts");
+    for (file, name) in [("default", "localhost"), ("blog", "blog.example.com"), ("shop", "shop.example.com")] {
+        certificate(dir.path(), file, name);
+    }
+    let out = import(dir.path());
+    // conf.d/.old.conf is not valid, and not read: glob leaves out dot files as nginx's does.
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let y = &out.yaml;
+    let file = |f: &str| dir.path().join(f).display().to_string();
+    assert_eq!(
+        y["listen"],
+        json!([{"address": "0.0.0.0:443", "tls": {"certificates": [
+            {"cert": file("certs/default.crt"), "key": file("certs/default.key"), "names": ["_"]},
+            {"cert": file("certs/blog.crt"), "key": file("certs/blog.key"), "names": ["blog.example.com", "www.blog.example.com"]},
+            {"cert": file("certs/shop.crt"), "key": file("certs/shop.key"), "names": ["shop.example.com", "*.shop.example.com"]},
+        ]}}])
+    );
+    assert_eq!(y["upstreams"]["shop"]["balance"], "hash");
+    assert_eq!(y["upstreams"]["shop"]["hash_key"], "ip");
+    assert_eq!(y["upstreams"]["blog"]["servers"], json!(["127.0.0.1:9301"]));
+    assert!(out.text.contains("conf.d/upstreams.conf:9: server 127.0.0.1:9302: down, left out"));
+    // Exact names (in file order), then wildcards, then the default server for the rest.
+    let hosts: Vec<(Value, Value)> =
+        route_matches(y).into_iter().map(|(_, m)| (m["host"].clone(), m["path_prefix"].clone())).collect();
+    assert_eq!(
+        hosts,
+        [
+            (json!("blog.example.com"), json!("/wp-admin/")),
+            (json!("blog.example.com"), json!("/")),
+            (json!("www.blog.example.com"), json!("/wp-admin/")),
+            (json!("www.blog.example.com"), json!("/")),
+            (json!("shop.example.com"), json!("/")),
+            (json!("*.shop.example.com"), json!("/")),
+            (Value::Null, Value::Null),
+        ]
+    );
+    assert_eq!(y["routes"][0]["limits"], json!(["admin"]));
+    assert_eq!(y["routes"][0]["upstream_host"], "blog");
+    assert_eq!(y["routes"][4]["limits"], json!(["site"]));
+    assert!(y["routes"][4].get("upstream_host").is_none());
+    assert_eq!(y["routes"][6]["respond"], json!({"status": 404}));
+    assert!(out.text.contains(&format!("  # {}: limit_req_zone", file("conf.d/limits.conf:1"))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_recorded_nginx_trace_replays_the_same_through_its_imported_configuration() {
+    let backend = Backend::start().await;
+    let mut runs = Vec::new();
+    for s in scenarios() {
+        // The trace's directives in http, one server forwarding to the test's backend.
+        let dir = nginx_conf(&format!(
+            "events {{}}\nhttp {{\n{}\n    server {{\n        listen 127.0.0.1:8080;\n        location / {{ proxy_pass http://{}; }}\n    }}\n}}\n",
+            s.target_config, backend.addr
+        ));
+        let out = import(dir.path());
+        // `add_header X-Nginx-Msec $msec` and the like only reported what nginx did.
+        assert_eq!(out.code, 3, "{}: {}", s.scenario, out.stderr);
+        assert!(
+            out.left_out().iter().all(|l| l.ends_with("add_header: values made of variables are not converted")),
+            "{}",
+            out.stderr
+        );
+        // nginx cannot listen on port 0; the test's proxy must.
+        let yaml = out.text.replace("127.0.0.1:8080", "127.0.0.1:0");
+        replay_on_a_fake_clock(&s, &yaml);
+        if REAL_TIME.contains(&s.scenario.as_str()) {
+            runs.push((s, yaml));
+        }
+    }
+    assert_eq!(runs.len(), REAL_TIME.len());
+    real_time_matches(&runs).await;
+}
+
+#[test]
+fn a_syntax_error_names_file_and_line_and_nothing_is_written() {
+    let dir = nginx_conf("events {}\nhttp {\n    server {\n        listen 80\n    }\n}\n");
+    let out = import(dir.path());
+    assert_eq!(out.code, 1);
+    assert_eq!(
+        out.stderr,
+        "DIR/nginx.conf:5: unexpected \"}\": the directive before it has no \";\"\nDIR/nginx.conf: nothing imported\n"
+    );
+    assert!(!dir.path().join("sluicegate.yaml").exists());
+}
+
+#[test]
+fn an_include_that_cannot_be_read_is_named_at_its_line() {
+    let dir = nginx_conf("events {}\nhttp {\n    include sites/app.conf;\n}\n");
+    let out = import(dir.path());
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stderr
+            .starts_with("DIR/nginx.conf:3: include: DIR/sites/app.conf cannot be read: No such file or directory"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn bandwidth_throttling_is_reported_as_not_supported_yet() {
+    let dir = nginx_conf(
+        "events {}\nhttp {\n    server {\n        listen 127.0.0.1:8080;\n        location /downloads/ {\n            limit_rate_after 1m;\n            limit_rate 100k;\n            proxy_pass http://127.0.0.1:9000;\n        }\n    }\n}\n",
+    );
+    let out = import(dir.path());
+    assert_eq!(out.code, 3);
+    assert_eq!(
+        out.left_out(),
+        [
+            "DIR/nginx.conf:6: limit_rate_after: not supported yet (bandwidth throttling)",
+            "DIR/nginx.conf:7: limit_rate: not supported yet (bandwidth throttling)",
+        ]
+    );
+    // Still written, valid, and saying what it lacks where it would have gone.
+    assert_eq!(out.yaml["routes"][0]["upstream"], "127.0.0.1-9000");
+    let here = format!(
+        "  # left out: {}/nginx.conf:7: limit_rate: not supported yet (bandwidth throttling)\n  - name: /downloads/",
+        dir.path().display()
+    );
+    assert!(out.text.contains(&here), "{}", out.text);
+}
+
+#[test]
+fn a_result_check_refuses_is_written_with_its_errors_and_status_4() {
+    let dir = nginx_conf(
+        "events {}\nhttp {\n    server {\n        listen 443 ssl;\n        ssl_certificate missing.crt;\n        ssl_certificate_key missing.key;\n        location / { proxy_pass http://127.0.0.1:9000; }\n    }\n}\n",
+    );
+    let out = import(dir.path());
+    assert_eq!(out.code, 4, "{}", out.stderr);
+    assert!(out.stderr.contains("sluicegate.yaml:") && out.stderr.contains("listen[0].tls.cert"), "{}", out.stderr);
+    assert!(out.stderr.ends_with("imported whole; the result does not pass check (above)\n"), "{}", out.stderr);
+    assert_eq!(out.yaml["listen"][0]["tls"]["cert"], dir.path().join("missing.crt").display().to_string());
+}
+
+#[test]
+fn without_out_the_yaml_goes_to_stdout_and_prefix_finds_the_file() {
+    let dir = nginx_conf(
+        "events {}\nhttp {\n    server {\n        listen 8080;\n        location / { return 204; }\n    }\n}\n",
+    );
+    let output = binary().args(["import", "-p"]).arg(dir.path()).arg("nginx.conf").current_dir("/").output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let yaml: Value = serde_saphyr::from_str(std::str::from_utf8(&output.stdout).unwrap()).unwrap();
+    assert_eq!(yaml["routes"][0]["respond"], json!({"status": 204}));
+}
+
+#[test]
+fn servers_on_different_addresses_are_reported_since_routes_go_by_host() {
+    let dir = nginx_conf(
+        "events {}\nhttp {\n    server {\n        listen 80;\n        server_name example.com;\n        return 301 https://example.com/;\n    }\n    server {\n        listen 8443;\n        server_name example.com;\n        location / { proxy_pass http://127.0.0.1:9000; }\n    }\n}\n",
+    );
+    let out = import(dir.path());
+    assert_eq!(out.code, 3);
+    assert_eq!(
+        out.left_out(),
+        [
+            "DIR/nginx.conf:3: listen: sluicegate routes by host, not by address: this server's locations also answer on 0.0.0.0:8443",
+            "DIR/nginx.conf:8: listen: sluicegate routes by host, not by address: this server's locations also answer on 0.0.0.0:80",
+            "DIR/nginx.conf:8: server: sluicegate routes by host, not by address: requests to 0.0.0.0:8443 for names no server lists go to the server at DIR/nginx.conf:3, not this one",
+            "DIR/nginx.conf:8: server_name: example.com is also the name of the server at DIR/nginx.conf:3: sluicegate routes by host, so that server's routes take it on every address",
+        ]
+    );
+    assert_eq!(out.yaml["listen"], json!(["0.0.0.0:80", "0.0.0.0:8443"]));
+    let redirect = json!({"status": 301, "headers": {"location": "https://example.com/"}});
+    assert_eq!(out.yaml["routes"][0]["match"], json!({"host": "example.com"}));
+    assert_eq!(out.yaml["routes"][0]["respond"], redirect);
+    assert_eq!(out.yaml["routes"][1]["respond"], redirect);
+    assert_eq!(out.yaml["routes"].as_array().unwrap().len(), 2);
+}
