@@ -18,6 +18,7 @@ use std::time::{Duration, Instant, SystemTime};
 use http::{HeaderValue, Method, Version};
 
 use crate::config::{AccessFormat, AccessLogConfig};
+use crate::head::RequestHead;
 
 /// Lines waiting for the writer before new ones are dropped.
 const QUEUE: usize = 16 * 1024;
@@ -78,19 +79,20 @@ impl AccessLog {
 }
 
 impl Entry {
-    /// Starts the line of `req` from `client`; the rest is filled in as it is served.
-    pub fn begin<B>(log: &Arc<AccessLog>, req: &http::Request<B>, client: IpAddr) -> Box<Entry> {
-        let headers = req.headers();
+    /// Starts the line of the request `head` from `client`; the rest is filled in as it
+    /// is served.
+    pub fn begin(log: &Arc<AccessLog>, head: &RequestHead<'_>, client: IpAddr) -> Box<Entry> {
+        let field = |name| head.fields.get(&name).and_then(|v| HeaderValue::from_bytes(v).ok());
         Box::new(Entry {
             log: Arc::clone(log),
             started: Instant::now(),
             time: SystemTime::now(),
             client,
-            method: req.method().clone(),
-            target: req.uri().path_and_query().map_or_else(|| req.uri().to_string(), ToString::to_string),
-            version: req.version(),
-            referer: headers.get(http::header::REFERER).cloned(),
-            user_agent: headers.get(http::header::USER_AGENT).cloned(),
+            method: head.method.clone(),
+            target: head.target.to_owned(),
+            version: head.version,
+            referer: field(http::header::REFERER),
+            user_agent: field(http::header::USER_AGENT),
             route: None,
             outcome: "-",
             status: 0,

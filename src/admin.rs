@@ -7,72 +7,57 @@
 //! `admin.token`, every call must carry `Authorization: Bearer TOKEN` (compared in
 //! constant time).
 
-use std::convert::Infallible;
+use std::future::Future;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{Method, Request, Response, StatusCode, header};
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
+use http::header::{self, HeaderValue};
+use http::{Method, StatusCode};
+use smallvec::{SmallVec, smallvec};
 use subtle::ConstantTimeEq;
-use tokio::net::TcpListener;
-use tracing::{debug, warn};
-
-use smallvec::SmallVec;
 
 use crate::config::{Admin, Config, Scope};
+use crate::connection::ClientConn;
 use crate::front;
 use crate::head::{Fields, RequestHead};
+use crate::message::{Request, Response, Service};
 use crate::policy::key::bearer_token;
 use crate::proxy::Proxy;
 use crate::running::Running;
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// Serves the admin listener until the process ends.
-pub async fn serve(listener: TcpListener, admin: Admin, running: Arc<Running>) {
-    let admin = Arc::new(admin);
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                warn!(error = %e, "admin accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let (admin, running) = (Arc::clone(&admin), Arc::clone(&running));
-        let service = service_fn(move |req: Request<Incoming>| {
-            let response = answer(&req, &admin, &running);
-            async move { Ok::<_, Infallible>(response) }
-        });
-        tokio::spawn(async move {
-            let builder = auto::Builder::new(TokioExecutor::new());
-            let connection = builder.serve_connection(TokioIo::new(stream), service);
-            if let Err(e) = connection.await {
-                debug!(%peer, error = %e, "admin connection ended with an error");
-            }
-        });
+/// The admin API, as the listener's connections are served.
+pub struct AdminService {
+    admin: Admin,
+    running: Arc<Running>,
+}
+
+impl AdminService {
+    pub fn new(admin: Admin, running: Arc<Running>) -> Self {
+        AdminService { admin, running }
+    }
+}
+
+impl Service for AdminService {
+    fn call<'a>(&'a self, request: Request<'a>, _conn: &'a ClientConn) -> impl Future<Output = Response> + Send + 'a {
+        std::future::ready(answer(&request.head, &self.admin, &self.running))
     }
 }
 
 /// The answer to one admin call: one `match` on the method and the path's segments, a
 /// function per endpoint.
-fn answer<B>(req: &Request<B>, admin: &Admin, running: &Running) -> Response<Full<Bytes>> {
+fn answer(head: &RequestHead<'_>, admin: &Admin, running: &Running) -> Response {
     if let Some(token) = &admin.token
-        && !bearer_token(Fields::from(req.headers())).is_some_and(|given| bool::from(given.ct_eq(token.as_bytes())))
+        && !bearer_token(head.fields).is_some_and(|given| bool::from(given.ct_eq(token.as_bytes())))
     {
         let mut response = text(StatusCode::UNAUTHORIZED, "admin token required\n");
-        response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        response.set(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         return response;
     }
-    let path = req.uri().path();
-    let segments: SmallVec<[&str; 4]> = path.trim_start_matches('/').splitn(3, '/').collect();
-    let query = req.uri().query().unwrap_or_default();
-    let method = if req.method() == Method::HEAD { &Method::GET } else { req.method() };
+    let segments: SmallVec<[&str; 4]> = head.path().trim_start_matches('/').splitn(3, '/').collect();
+    let query = head.query().unwrap_or_default();
+    let method = if *head.method == Method::HEAD { &Method::GET } else { head.method };
     let proxy = running.proxy();
     match (method, &segments[..]) {
         (&Method::GET, ["healthz"]) => text(StatusCode::OK, "ok\n"),
@@ -100,27 +85,23 @@ fn answer<B>(req: &Request<B>, admin: &Admin, running: &Running) -> Response<Ful
 
 /// `GET /readyz`. A failed reload leaves a good configuration serving: still ready, but
 /// said, so that an operator sees it without taking the instance out of rotation.
-fn readyz(running: &Running) -> Response<Full<Bytes>> {
+fn readyz(running: &Running) -> Response {
     match running.reload_failure() {
         None => text(StatusCode::OK, "ready\n"),
         Some(why) => {
             let body = format!("ready; the last reload failed and the previous configuration serves:\n{why}\n");
-            let mut response = Response::new(Full::new(Bytes::from(body)));
-            response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/plain"));
-            response
+            typed(StatusCode::OK, "text/plain", body)
         }
     }
 }
 
 /// `GET /metrics`: the Prometheus text exposition.
-fn metrics(proxy: &Proxy) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(proxy.metrics().encode())));
-    response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static(OPENMETRICS));
-    response
+fn metrics(proxy: &Proxy) -> Response {
+    typed(StatusCode::OK, OPENMETRICS, proxy.metrics().encode())
 }
 
 /// `POST /reload`: the configuration file is read again, as on SIGHUP.
-fn reload(running: &Running) -> Response<Full<Bytes>> {
+fn reload(running: &Running) -> Response {
     match running.request_reload() {
         true => text(StatusCode::ACCEPTED, "reloading\n"),
         false => text(StatusCode::CONFLICT, "not started from a file: nothing to reload\n"),
@@ -128,7 +109,7 @@ fn reload(running: &Running) -> Response<Full<Bytes>> {
 }
 
 /// `GET /bans`: the keys each banning limit refuses now.
-fn bans(proxy: &Proxy) -> Response<Full<Bytes>> {
+fn bans(proxy: &Proxy) -> Response {
     let config = proxy.config();
     let all: serde_json::Map<String, serde_json::Value> = config
         .limits
@@ -141,7 +122,7 @@ fn bans(proxy: &Proxy) -> Response<Full<Bytes>> {
 }
 
 /// `DELETE /bans/NAME/KEY`: lifts a ban by the keyed hash that `/bans` and log lines show.
-fn lift(proxy: &Proxy, name: &str, key: &str) -> Response<Full<Bytes>> {
+fn lift(proxy: &Proxy, name: &str, key: &str) -> Response {
     let key = key.replace("%23", "#");
     let key = if key.starts_with('#') { key } else { format!("#{key}") };
     with_limit(proxy, name, |i| match proxy.limiters().lift(i, &key) {
@@ -151,7 +132,7 @@ fn lift(proxy: &Proxy, name: &str, key: &str) -> Response<Full<Bytes>> {
 }
 
 /// `answer` with the index of limit `name`, or 404.
-fn with_limit(proxy: &Proxy, name: &str, answer: impl FnOnce(usize) -> Response<Full<Bytes>>) -> Response<Full<Bytes>> {
+fn with_limit(proxy: &Proxy, name: &str, answer: impl FnOnce(usize) -> Response) -> Response {
     match proxy.config().limits.iter().position(|l| l.name == name) {
         Some(index) => answer(index),
         None => text(StatusCode::NOT_FOUND, "no such limit\n"),
@@ -159,7 +140,7 @@ fn with_limit(proxy: &Proxy, name: &str, answer: impl FnOnce(usize) -> Response<
 }
 
 /// `GET /limits/NAME?PART=VALUE...`: a key's state; with `reset`, `DELETE`: its reset.
-fn key_state(proxy: &Proxy, name: &str, query: &str, reset: bool) -> Response<Full<Bytes>> {
+fn key_state(proxy: &Proxy, name: &str, query: &str, reset: bool) -> Response {
     with_limit(proxy, name, |index| {
         if matches!(proxy.config().limits[index].scope, Scope::Global { .. }) {
             return text(StatusCode::CONFLICT, "a global limit: its state is in Redis\n");
@@ -197,8 +178,8 @@ fn key_state(proxy: &Proxy, name: &str, query: &str, reset: bool) -> Response<Fu
 
 /// A request that carries the key parts given as `query` (`ip=…&header:x-key=…`), so that
 /// the limit's own key extraction hashes it exactly as on the request path.
-fn key_request(query: &str) -> Result<Request<()>, http::Error> {
-    let mut request = Request::builder();
+fn key_request(query: &str) -> Result<http::Request<()>, http::Error> {
+    let mut request = http::Request::builder();
     let (mut uri_path, mut uri_query, mut ip) = ("/".to_owned(), Vec::new(), None);
     for (part, value) in form_urlencoded::parse(query.as_bytes()) {
         match part.split_once(':') {
@@ -259,19 +240,16 @@ fn describe(config: &Config) -> serde_json::Value {
     serde_json::json!({ "listen": listen, "routes": routes, "limits": limits })
 }
 
-fn json(status: StatusCode, value: &impl serde::Serialize) -> Response<Full<Bytes>> {
-    let body = serde_json::to_vec_pretty(value).unwrap_or_default();
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
-    response
+fn json(status: StatusCode, value: &impl serde::Serialize) -> Response {
+    typed(status, "application/json", serde_json::to_vec_pretty(value).unwrap_or_default())
 }
 
-fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
-    *response.status_mut() = status;
-    response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/plain"));
-    response
+fn text(status: StatusCode, body: &'static str) -> Response {
+    typed(status, "text/plain", body)
+}
+
+fn typed(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response {
+    Response::made(status, smallvec![(header::CONTENT_TYPE, HeaderValue::from_static(content_type))], body)
 }
 
 #[cfg(test)]
@@ -284,10 +262,21 @@ mod tests {
         (Running::new(Proxy::new(config).unwrap(), None), admin)
     }
 
+    fn head_of(req: &http::Request<()>) -> RequestHead<'_> {
+        RequestHead {
+            method: req.method(),
+            target: req.uri().path_and_query().map_or("/", |p| p.as_str()),
+            version: http::Version::HTTP_11,
+            authority: None,
+            fields: Fields::from(req.headers()),
+        }
+    }
+
     fn call(running: &Running, admin: &Admin, method: Method, uri: &str) -> (StatusCode, String) {
-        let response = answer(&Request::builder().method(method).uri(uri).body(()).unwrap(), admin, running);
-        let body = format!("{:?}", response.body());
-        (response.status(), body)
+        let req = http::Request::builder().method(method).uri(uri).body(()).unwrap();
+        let response = answer(&head_of(&req), admin, running);
+        let crate::message::Body::Full(body) = &response.body else { panic!("made here") };
+        (response.status, String::from_utf8_lossy(body).into_owned())
     }
 
     const CONFIG: &str = "listen: 127.0.0.1:0
@@ -326,11 +315,11 @@ routes:
         let (running, admin) =
             running(&CONFIG.replace("127.0.0.1:0 }\nlimits", "127.0.0.1:0, token: s3cret }\nlimits"));
         let request = |token: Option<&str>| {
-            let mut request = Request::get("/healthz");
+            let mut request = http::Request::get("/healthz");
             if let Some(token) = token {
                 request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
             }
-            answer(&request.body(()).unwrap(), &admin, &running).status()
+            answer(&head_of(&request.body(()).unwrap()), &admin, &running).status
         };
         assert_eq!(request(None), StatusCode::UNAUTHORIZED);
         assert_eq!(request(Some("wrong")), StatusCode::UNAUTHORIZED);

@@ -7,13 +7,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use bytes::Bytes;
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
-use http::{Request, StatusCode, header};
-use http_body_util::Full;
-use hyper_util::rt::TokioIo;
+use http::StatusCode;
 
 use crate::config::Config;
+use crate::http1::BodySource;
+use crate::http1::client::exchange;
+use crate::http1::parse::Framing;
+use crate::http1::write;
 use crate::{import, simulate};
 
 #[derive(Debug, Parser)]
@@ -164,17 +165,20 @@ pub fn init_tracing(cli: &Cli) {
 /// listener, with its token. The client side of `sluicegate reload`.
 pub async fn request_reload(config: &Config) -> Result<(), String> {
     let admin = config.admin.as_ref().ok_or("the configuration has no admin listener (admin.listen)")?;
-    let stream = tokio::net::TcpStream::connect(admin.listen).await.map_err(|e| format!("{}: {e}", admin.listen))?;
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
-    tokio::spawn(connection);
-    let mut request = Request::post("/reload").header(header::HOST, admin.listen.to_string());
+    let mut stream =
+        tokio::net::TcpStream::connect(admin.listen).await.map_err(|e| format!("{}: {e}", admin.listen))?;
+    let mut head = Vec::with_capacity(128);
+    let mut writer = write::Head::request(&mut head, &http::Method::POST, "/reload");
+    writer.field(b"host", admin.listen.to_string().as_bytes());
     if let Some(token) = &admin.token {
-        request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
+        writer.field(b"authorization", format!("Bearer {token}").as_bytes());
     }
-    let request = request.body(Full::new(Bytes::new())).map_err(|e| e.to_string())?;
-    let response = sender.send_request(request).await.map_err(|e| e.to_string())?;
-    match response.status() {
+    writer.content_length(0);
+    writer.end();
+    let no_body: Option<&mut dyn BodySource> = None;
+    let (result, _) = exchange(&mut stream, &head, no_body, Framing::Empty, &http::Method::POST, 64 * 1024).await;
+    let (response, _) = result.map_err(|e| e.to_string())?;
+    match response.status {
         StatusCode::ACCEPTED => Ok(()),
         status => Err(format!("{} answered {status}", admin.listen)),
     }

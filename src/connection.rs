@@ -14,9 +14,20 @@ pub struct ClientConn {
     pub peer: SocketAddr,
     /// The connection is TLS: `X-Forwarded-Proto: https`.
     pub tls: bool,
-    /// Kept by a tunnel made of this connection: the connection still counts under
-    /// `max_connections`, and shutdown waits for it.
-    pub hold: Arc<ConnectionHold>,
+    /// Kept as long as the connection lives (a tunnel made of it included): the
+    /// connection counts under `max_connections`, and shutdown waits for it.
+    _hold: Option<ConnectionHold>,
+}
+
+impl ClientConn {
+    pub fn new(peer: SocketAddr, tls: bool, hold: ConnectionHold) -> Self {
+        ClientConn { peer, tls, _hold: Some(hold) }
+    }
+
+    /// A connection that counts under no limit (the admin listener's).
+    pub fn unheld(peer: SocketAddr) -> Self {
+        ClientConn { peer, tls: false, _hold: None }
+    }
 }
 
 /// What a client connection holds while it lives, and an upgraded connection (a tunnel)

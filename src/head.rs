@@ -2,6 +2,9 @@
 //! method, target, version, the authority an HTTP/2 request names, and its header
 //! fields (`Fields`). Routing, keys, allow-lists, the gate's inputs and the access log
 //! read this view and nothing protocol-specific. A leaf: it imports no other module.
+//!
+//! HTTP/1 fields stay where they were read (`Fields::Raw`: the head's bytes and where
+//! each field lies in them); HTTP/2's are hyper's `HeaderMap` (`Fields::Map`).
 
 use http::{HeaderMap, HeaderName, Method, Version};
 
@@ -31,14 +34,47 @@ impl<'a> RequestHead<'a> {
     }
 }
 
+/// Where something lies in a head's bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Span {
+    start: u32,
+    len: u32,
+}
+
+impl Span {
+    /// Where `part`, a slice of `within`, lies in it.
+    pub fn of(part: &[u8], within: &[u8]) -> Span {
+        // Heads are far smaller than 4 GiB.
+        let start = part.as_ptr() as usize - within.as_ptr() as usize;
+        Span { start: start as u32, len: part.len() as u32 }
+    }
+
+    #[inline]
+    pub fn get<'a>(&self, bytes: &'a [u8]) -> &'a [u8] {
+        &bytes[self.start as usize..(self.start + self.len) as usize]
+    }
+}
+
+/// One header field of a head kept as read: its name and its value.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FieldSpan {
+    pub name: Span,
+    pub value: Span,
+}
+
 /// The header fields of a request, looked up by name (case-insensitively, as RFC 9110
 /// §5.1 says), values as the bytes that were sent.
 #[derive(Clone, Copy)]
-pub struct Fields<'a>(&'a HeaderMap);
+pub enum Fields<'a> {
+    /// As hyper keeps them (HTTP/2).
+    Map(&'a HeaderMap),
+    /// Where they were read (HTTP/1): a linear scan of a few spans is cheaper than a map.
+    Raw { bytes: &'a [u8], spans: &'a [FieldSpan] },
+}
 
 impl<'a> From<&'a HeaderMap> for Fields<'a> {
     fn from(map: &'a HeaderMap) -> Self {
-        Fields(map)
+        Fields::Map(map)
     }
 }
 
@@ -46,21 +82,69 @@ impl<'a> Fields<'a> {
     /// The value of the first field named `name`.
     #[inline]
     pub fn get(&self, name: &HeaderName) -> Option<&'a [u8]> {
-        self.0.get(name).map(|v| v.as_bytes())
+        match *self {
+            Fields::Map(map) => map.get(name).map(|v| v.as_bytes()),
+            Fields::Raw { .. } => self.get_all(name).next(),
+        }
     }
 
     /// The values of every field named `name`, in the order they came.
-    pub fn get_all(&self, name: &HeaderName) -> impl DoubleEndedIterator<Item = &'a [u8]> + use<'a> {
-        self.0.get_all(name).into_iter().map(|v| v.as_bytes())
+    pub fn get_all<'n>(&self, name: &'n HeaderName) -> Values<'a, 'n> {
+        match *self {
+            Fields::Map(map) => Values::Map(map.get_all(name).into_iter()),
+            Fields::Raw { bytes, spans } => Values::Raw { bytes, spans: spans.iter(), name: name.as_str().as_bytes() },
+        }
     }
 
     pub fn contains(&self, name: &HeaderName) -> bool {
-        self.0.contains_key(name)
+        self.get(name).is_some()
     }
 
     /// Every field, as (name, value), in the order they came.
-    pub fn iter(&self) -> impl Iterator<Item = (&'a str, &'a [u8])> + use<'a> {
-        self.0.iter().map(|(name, value)| (name.as_str(), value.as_bytes()))
+    pub fn iter(&self) -> impl Iterator<Item = (&'a [u8], &'a [u8])> + use<'a> {
+        let (map, raw) = match *self {
+            Fields::Map(map) => (Some(map.iter().map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))), None),
+            Fields::Raw { bytes, spans } => {
+                (None, Some(spans.iter().map(move |f| (f.name.get(bytes), f.value.get(bytes)))))
+            }
+        };
+        map.into_iter().flatten().chain(raw.into_iter().flatten())
+    }
+}
+
+/// The values of the fields of one name.
+pub enum Values<'a, 'n> {
+    Map(http::header::ValueIter<'a, http::HeaderValue>),
+    /// `name` in lower case, as a `HeaderName` holds it.
+    Raw {
+        bytes: &'a [u8],
+        spans: std::slice::Iter<'a, FieldSpan>,
+        name: &'n [u8],
+    },
+}
+
+impl<'a> Iterator for Values<'a, '_> {
+    type Item = &'a [u8];
+
+    #[inline]
+    fn next(&mut self) -> Option<&'a [u8]> {
+        match self {
+            Values::Map(values) => values.next().map(|v| v.as_bytes()),
+            Values::Raw { bytes, spans, name } => {
+                spans.find(|f| f.name.get(bytes).eq_ignore_ascii_case(name)).map(|f| f.value.get(bytes))
+            }
+        }
+    }
+}
+
+impl DoubleEndedIterator for Values<'_, '_> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        match self {
+            Values::Map(values) => values.next_back().map(|v| v.as_bytes()),
+            Values::Raw { bytes, spans, name } => {
+                spans.rfind(|f| f.name.get(bytes).eq_ignore_ascii_case(name)).map(|f| f.value.get(bytes))
+            }
+        }
     }
 }
 

@@ -4,8 +4,6 @@
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 
-use http::HeaderValue;
-
 use crate::head::text;
 
 /// One `for=` value of a `Forwarded` element, as far as the client address goes.
@@ -83,13 +81,13 @@ fn unquote(text: &str) -> String {
 
 /// This hop's element: `for=PEER;proto=http|https;host=HOST` (§4), IPv6 addresses in
 /// brackets and quoted, a value that is not a token quoted.
-pub fn element(peer: IpAddr, tls: bool, host: Option<&HeaderValue>) -> String {
+pub fn element(peer: IpAddr, tls: bool, host: Option<&[u8]>) -> String {
     let mut out = match peer.to_canonical() {
         IpAddr::V4(ip) => format!("for={ip}"),
         IpAddr::V6(ip) => format!("for=\"[{ip}]\""),
     };
     out.push_str(if tls { ";proto=https" } else { ";proto=http" });
-    if let Some(host) = host.and_then(|h| h.to_str().ok()) {
+    if let Some(host) = host.and_then(text) {
         let _ = write!(out, ";host={}", token_or_quoted(host));
     }
     out
@@ -146,14 +144,14 @@ mod tests {
 
     #[test]
     fn elements_quote_ipv6_and_hosts_with_ports() {
-        let host = HeaderValue::from_static("example.com:8443");
+        let host = b"example.com:8443";
         assert_eq!(
-            element("2001:db8::1".parse().unwrap(), true, Some(&host)),
+            element("2001:db8::1".parse().unwrap(), true, Some(host)),
             "for=\"[2001:db8::1]\";proto=https;host=\"example.com:8443\""
         );
         assert_eq!(element("192.0.2.1".parse().unwrap(), false, None), "for=192.0.2.1;proto=http");
         let mapped: IpAddr = "::ffff:192.0.2.1".parse().unwrap();
-        let host = HeaderValue::from_static("example.com");
-        assert_eq!(element(mapped, false, Some(&host)), "for=192.0.2.1;proto=http;host=example.com");
+        let host = b"example.com";
+        assert_eq!(element(mapped, false, Some(host)), "for=192.0.2.1;proto=http;host=example.com");
     }
 }

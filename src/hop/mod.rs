@@ -6,18 +6,19 @@ pub mod forwarded;
 
 use std::net::{IpAddr, SocketAddr};
 
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderName};
 use ipnet::IpNet;
 
-use crate::config::ForwardedMode;
+use smallvec::SmallVec;
+
+use crate::config::{ForwardedMode, Rewrite};
 use crate::head::{Fields, text};
 use forwarded::Node;
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
-static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
-static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+static X_FORWARDED: [&HeaderName; 3] = [&X_FORWARDED_FOR, &X_FORWARDED_PROTO, &X_FORWARDED_HOST];
 
 pub fn is_trusted(ip: IpAddr, trusted: &[IpNet]) -> bool {
     trusted.iter().any(|net| net.contains(&ip))
@@ -70,100 +71,161 @@ fn parse_hop(hop: &str) -> Option<IpAddr> {
     hop.parse().ok().or_else(|| hop.parse::<SocketAddr>().ok().map(|s| s.ip()))
 }
 
-/// Removes the hop-by-hop fields (RFC 9110 §7.6.1): those named in `Connection`, and
-/// `Connection`, `Proxy-Connection`, `Keep-Alive`, `TE`, `Transfer-Encoding`, `Upgrade`.
-pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
-    // Most messages carry none of them: a look at the names present costs a few
-    // comparisons, six removals six lookups (a tenth of a request's header work).
-    let hop = [
-        &header::CONNECTION,
-        &PROXY_CONNECTION,
-        &KEEP_ALIVE,
-        &header::TE,
-        &header::TRANSFER_ENCODING,
-        &header::UPGRADE,
-    ];
-    if !headers.keys().any(|name| hop.contains(&name)) {
-        return;
-    }
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
-    }
-    for name in hop {
-        headers.remove(name);
-    }
+/// The hop-by-hop fields (RFC 9110 §7.6.1), never forwarded: they describe one
+/// connection. Fields that `Connection` names are hop-by-hop too.
+const HOP_BY_HOP: [&[u8]; 6] =
+    [b"connection", b"keep-alive", b"proxy-connection", b"te", b"transfer-encoding", b"upgrade"];
+
+/// Whether a field named `name` stops at this hop: hop-by-hop, or named by one of
+/// `connection` (the `Connection` values of the message).
+pub fn is_hop_by_hop(name: &[u8], connection: &[&[u8]]) -> bool {
+    let named = |list: &[u8]| list.split(|&b| b == b',').any(|token| token.trim_ascii().eq_ignore_ascii_case(name));
+    HOP_BY_HOP.iter().any(|h| h.eq_ignore_ascii_case(name)) || connection.iter().any(|&c| named(c))
 }
 
 /// The protocol an HTTP/1.1 request asks to switch to: its `Upgrade` field, when its
 /// `Connection` field names `upgrade` (RFC 9110 §7.8). HTTP/2 has no such upgrade.
-pub fn upgrade_protocol(version: http::Version, headers: &HeaderMap) -> Option<HeaderValue> {
-    let asked = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
-    if version != http::Version::HTTP_11 || !asked {
+pub fn upgrade_protocol<'a>(version: http::Version, fields: Fields<'a>) -> Option<&'a [u8]> {
+    if version != http::Version::HTTP_11 {
         return None;
     }
-    headers.get(header::UPGRADE).cloned()
+    let asked = fields
+        .get_all(&header::CONNECTION)
+        .flat_map(|v| v.split(|&b| b == b','))
+        .any(|token| token.trim_ascii().eq_ignore_ascii_case(b"upgrade"));
+    if asked { fields.get(&header::UPGRADE) } else { None }
 }
 
-/// Puts back, after hop-by-hop removal, the two fields that carry an upgrade to the
-/// next hop: `Connection: upgrade` and `Upgrade: PROTOCOL`.
-pub fn keep_upgrade(headers: &mut HeaderMap, protocol: HeaderValue) {
-    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    headers.insert(header::UPGRADE, protocol);
+/// How a request is handed to the next hop.
+pub struct Hop<'a> {
+    pub peer: IpAddr,
+    /// The peer is a trusted proxy: the forwarding chain it sent is extended.
+    pub trusted_peer: bool,
+    /// The client connection is TLS.
+    pub tls: bool,
+    /// Which forwarding fields the upstream gets.
+    pub forwarded: ForwardedMode,
+    /// The protocol the client asks to switch to (`Upgrade`), carried to the upstream.
+    pub upgrade: Option<&'a [u8]>,
+    /// The route's changes to the request's fields.
+    pub rewrite: &'a Rewrite,
 }
 
-/// Sets the forwarding fields for the upstream: `X-Forwarded-*`, `Forwarded` (RFC 7239)
-/// or both, per `mode`. From a trusted proxy, the chain it sent is extended; from anyone
-/// else, incoming values are replaced (or, for the fields `mode` does not send, removed),
-/// so the upstream never sees forwarding claims that no trusted hop vouched for.
-/// `X-Forwarded-Host` and `host=` are the request's `Host`, as the client sent it.
-pub fn set_forwarded(headers: &mut HeaderMap, peer: IpAddr, trusted_peer: bool, tls: bool, mode: ForwardedMode) {
-    if mode != ForwardedMode::XForwarded {
-        let element = forwarded::element(peer, tls, headers.get(header::HOST));
-        let earlier: Vec<&str> = headers.get_all(header::FORWARDED).iter().filter_map(|v| v.to_str().ok()).collect();
-        let value =
-            if trusted_peer && !earlier.is_empty() { format!("{}, {element}", earlier.join(", ")) } else { element };
-        if let Ok(value) = HeaderValue::try_from(value) {
-            headers.insert(header::FORWARDED, value);
+/// The fields a request with `fields` carries to the next hop, in order, given to
+/// `emit` as (name, value): the client's own (names as sent) but the hop-by-hop ones,
+/// `Host`, `Content-Length`, `Expect` (the hop answers it) and the forwarding fields; the
+/// route's `set_request_headers`, whose names replace the client's, less the route's
+/// `remove_request_headers`; `Host` (`host`: as the route's `upstream_host` says, for the
+/// server at hand); the upgrade's `Connection` and `Upgrade`; then the forwarding fields
+/// (`X-Forwarded-*`, `Forwarded`), extended when the peer is a trusted proxy and replaced
+/// otherwise, so that an upstream never sees forwarding claims no trusted hop made. The
+/// framing fields are the writer's.
+pub fn request_fields(fields: Fields<'_>, hop: &Hop<'_>, host: Option<&[u8]>, emit: &mut impl FnMut(&[u8], &[u8])) {
+    let rewrite = hop.rewrite;
+    let connection: SmallVec<[&[u8]; 2]> = fields.get_all(&header::CONNECTION).collect();
+    let replaced = |name: &[u8]| {
+        rewrite.set_request_headers.iter().any(|(n, _)| n.as_str().as_bytes().eq_ignore_ascii_case(name))
+            || rewrite.remove_request_headers.iter().any(|n| n.as_str().as_bytes().eq_ignore_ascii_case(name))
+    };
+    let rfc7239 = hop.forwarded != ForwardedMode::XForwarded;
+    let x_forwarded = hop.forwarded != ForwardedMode::Rfc7239;
+    // Forwarding fields are rebuilt below; with `rfc7239` alone a trusted peer's
+    // `X-Forwarded-*` pass as they are, and with `x_forwarded` alone its `Forwarded`.
+    let rebuilt = |name: &[u8]| {
+        (x_forwarded || !hop.trusted_peer)
+            && X_FORWARDED.iter().any(|x| x.as_str().as_bytes().eq_ignore_ascii_case(name))
+            || rfc7239 && name.eq_ignore_ascii_case(b"forwarded")
+    };
+    if let Some(host) = host {
+        emit(b"host", host);
+    }
+    for (name, value) in fields.iter() {
+        let dropped = is_hop_by_hop(name, &connection)
+            || name.eq_ignore_ascii_case(b"host")
+            || name.eq_ignore_ascii_case(b"content-length")
+            || name.eq_ignore_ascii_case(b"expect")
+            || rebuilt(name)
+            || replaced(name);
+        if !dropped {
+            emit(name, value);
         }
     }
-    if mode == ForwardedMode::Rfc7239 {
-        if !trusted_peer {
-            for name in [&X_FORWARDED_FOR, &X_FORWARDED_PROTO, &X_FORWARDED_HOST] {
-                headers.remove(name);
-            }
+    for (name, value) in rewrite.set_request_headers.iter().filter(|(n, _)| *n != header::HOST) {
+        emit(name.as_str().as_bytes(), value.as_bytes());
+    }
+    if let Some(protocol) = hop.upgrade {
+        emit(b"connection", b"upgrade");
+        emit(b"upgrade", protocol);
+    }
+    // The request's `Host` as the client sent it (or as the route set it).
+    let client_host = rewrite
+        .set_request_headers
+        .iter()
+        .find(|(n, _)| *n == header::HOST)
+        .map(|(_, v)| v.as_bytes())
+        .or_else(|| fields.get(&header::HOST));
+    if rfc7239 {
+        let element = forwarded::element(hop.peer, hop.tls, client_host);
+        let earlier: SmallVec<[&[u8]; 2]> = fields.get_all(&header::FORWARDED).collect();
+        if hop.trusted_peer && !earlier.is_empty() {
+            let mut chain = earlier.join(&b", "[..]);
+            chain.extend_from_slice(b", ");
+            chain.extend_from_slice(element.as_bytes());
+            emit(b"forwarded", &chain);
+        } else {
+            emit(b"forwarded", element.as_bytes());
         }
+    }
+    if !x_forwarded {
         return;
     }
-    let peer = ip_text(peer.to_canonical());
-    let chain = if trusted_peer {
-        let earlier: Vec<&str> = headers.get_all(&X_FORWARDED_FOR).iter().filter_map(|v| v.to_str().ok()).collect();
-        if earlier.is_empty() { peer } else { format!("{}, {peer}", earlier.join(", ")) }
+    let peer = ip_text(hop.peer.to_canonical());
+    let earlier: SmallVec<[&[u8]; 2]> = fields.get_all(&X_FORWARDED_FOR).collect();
+    if hop.trusted_peer && !earlier.is_empty() {
+        let mut chain = earlier.join(&b", "[..]);
+        chain.extend_from_slice(b", ");
+        chain.extend_from_slice(peer.as_bytes());
+        emit(b"x-forwarded-for", &chain);
     } else {
-        peer
-    };
-    if let Ok(value) = HeaderValue::try_from(chain) {
-        headers.insert(&X_FORWARDED_FOR, value);
+        emit(b"x-forwarded-for", peer.as_bytes());
     }
-    if !(trusted_peer && headers.contains_key(&X_FORWARDED_PROTO)) {
-        headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static(if tls { "https" } else { "http" }));
+    let proto: SmallVec<[&[u8]; 1]> = fields.get_all(&X_FORWARDED_PROTO).collect();
+    match hop.trusted_peer && !proto.is_empty() {
+        true => proto.iter().for_each(|v| emit(b"x-forwarded-proto", v)),
+        false => emit(b"x-forwarded-proto", if hop.tls { b"https" } else { b"http" }),
     }
-    if !(trusted_peer && headers.contains_key(&X_FORWARDED_HOST)) {
-        match headers.get(header::HOST).cloned() {
-            Some(host) => headers.insert(&X_FORWARDED_HOST, host),
-            None => headers.remove(&X_FORWARDED_HOST),
-        };
+    let forwarded_host: SmallVec<[&[u8]; 1]> = fields.get_all(&X_FORWARDED_HOST).collect();
+    match (hop.trusted_peer && !forwarded_host.is_empty(), client_host) {
+        (true, _) => forwarded_host.iter().for_each(|v| emit(b"x-forwarded-host", v)),
+        (false, Some(host)) => emit(b"x-forwarded-host", host),
+        (false, None) => {}
+    }
+}
+
+/// The fields of an upstream's response that the client gets, given to `emit`: all but
+/// the hop-by-hop ones (a `101`'s `Upgrade` kept, with `Connection: upgrade`), the framing
+/// fields (the writer's, unless `keep_length`: a response without body, to `HEAD` say,
+/// whose `Content-Length` describes another), and those named in `replaced`.
+pub fn response_fields<'f>(
+    fields: &'f [(&'f [u8], &'f [u8])],
+    switching: bool,
+    keep_length: bool,
+    replaced: &[&[u8]],
+    emit: &mut impl FnMut(&[u8], &[u8]),
+) {
+    let connection: SmallVec<[&[u8]; 2]> =
+        fields.iter().filter(|(n, _)| n.eq_ignore_ascii_case(b"connection")).map(|(_, v)| *v).collect();
+    for &(name, value) in fields {
+        let upgrade = switching && name.eq_ignore_ascii_case(b"upgrade");
+        let dropped = (is_hop_by_hop(name, &connection) && !upgrade)
+            || (!keep_length && name.eq_ignore_ascii_case(b"content-length"))
+            || replaced.iter().any(|r| r.eq_ignore_ascii_case(name));
+        if !dropped {
+            emit(name, value);
+        }
+    }
+    if switching {
+        emit(b"connection", b"upgrade");
     }
 }
 
@@ -190,6 +252,8 @@ fn ip_text(ip: IpAddr) -> String {
 
 #[cfg(test)]
 mod tests {
+    use http::HeaderMap;
+
     use super::*;
 
     #[test]
@@ -269,40 +333,73 @@ mod tests {
         assert_eq!(client_ip(peer, Fields::from(&h), &trusted, ForwardedMode::Rfc7239), peer);
     }
 
+    /// The fields `headers` carry to the next hop from `peer`.
+    fn forward(headers: &HeaderMap, peer: &str, trusted_peer: bool, mode: ForwardedMode) -> Vec<(String, String)> {
+        let rewrite = Rewrite::default();
+        let upgrade = upgrade_protocol(http::Version::HTTP_11, Fields::from(headers));
+        let hop =
+            Hop { peer: peer.parse().unwrap(), trusted_peer, tls: false, forwarded: mode, upgrade, rewrite: &rewrite };
+        let mut out = Vec::new();
+        let host = headers.get(header::HOST).map(|h| h.as_bytes());
+        request_fields(Fields::from(headers), &hop, host, &mut |n, v| {
+            out.push((String::from_utf8_lossy(n).into_owned(), String::from_utf8_lossy(v).into_owned()))
+        });
+        out
+    }
+
+    fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
+        fields.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+
     #[test]
-    fn connection_named_fields_are_removed() {
+    fn hop_by_hop_and_connection_named_fields_stop_here() {
         let mut h = HeaderMap::new();
         h.insert(header::CONNECTION, "keep-alive, x-secret".parse().unwrap());
         h.insert("x-secret", "1".parse().unwrap());
         h.insert("keep-alive", "timeout=5".parse().unwrap());
+        h.insert("te", "trailers".parse().unwrap());
         h.insert("x-kept", "1".parse().unwrap());
-        remove_hop_by_hop(&mut h);
-        assert_eq!(h.len(), 1);
-        assert!(h.contains_key("x-kept"));
+        let out = forward(&h, "9.9.9.9", false, ForwardedMode::XForwarded);
+        let names: Vec<&str> = out.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["x-kept", "x-forwarded-for", "x-forwarded-proto"]);
     }
 
     #[test]
     fn only_a_connection_upgrade_on_http11_is_an_upgrade() {
         let mut h = HeaderMap::new();
         h.insert(header::UPGRADE, "websocket".parse().unwrap());
-        assert_eq!(upgrade_protocol(http::Version::HTTP_11, &h), None);
+        assert_eq!(upgrade_protocol(http::Version::HTTP_11, Fields::from(&h)), None);
         h.insert(header::CONNECTION, "keep-alive, Upgrade".parse().unwrap());
-        assert_eq!(upgrade_protocol(http::Version::HTTP_11, &h).unwrap(), "websocket");
-        assert_eq!(upgrade_protocol(http::Version::HTTP_2, &h), None);
-        assert_eq!(upgrade_protocol(http::Version::HTTP_10, &h), None);
+        assert_eq!(upgrade_protocol(http::Version::HTTP_11, Fields::from(&h)).unwrap(), b"websocket");
+        assert_eq!(upgrade_protocol(http::Version::HTTP_2, Fields::from(&h)), None);
+        assert_eq!(upgrade_protocol(http::Version::HTTP_10, Fields::from(&h)), None);
+        let out = forward(&h, "9.9.9.9", false, ForwardedMode::XForwarded);
+        assert_eq!((field(&out, "connection"), field(&out, "upgrade")), (Some("upgrade"), Some("websocket")));
     }
 
     #[test]
     fn forwarded_chain_is_extended_only_for_trusted_peers() {
-        let mut h = xff(&["1.1.1.1"]);
-        set_forwarded(&mut h, "10.0.0.1".parse().unwrap(), true, false, ForwardedMode::XForwarded);
-        assert_eq!(h[&X_FORWARDED_FOR], "1.1.1.1, 10.0.0.1");
+        let h = xff(&["1.1.1.1"]);
+        let out = forward(&h, "10.0.0.1", true, ForwardedMode::XForwarded);
+        assert_eq!(field(&out, "x-forwarded-for"), Some("1.1.1.1, 10.0.0.1"));
         let mut h = xff(&["1.1.1.1"]);
         h.insert(&X_FORWARDED_HOST, "evil".parse().unwrap());
         h.insert(header::HOST, "example.com".parse().unwrap());
-        set_forwarded(&mut h, "9.9.9.9".parse().unwrap(), false, false, ForwardedMode::XForwarded);
-        assert_eq!(h[&X_FORWARDED_FOR], "9.9.9.9");
-        assert_eq!(h[&X_FORWARDED_HOST], "example.com");
-        assert_eq!(h[&X_FORWARDED_PROTO], "http");
+        let out = forward(&h, "9.9.9.9", false, ForwardedMode::XForwarded);
+        assert_eq!(field(&out, "x-forwarded-for"), Some("9.9.9.9"));
+        assert_eq!(field(&out, "x-forwarded-host"), Some("example.com"));
+        assert_eq!(field(&out, "x-forwarded-proto"), Some("http"));
+        assert_eq!(out.iter().filter(|(n, _)| n == "x-forwarded-host").count(), 1, "the client's claim is gone");
+    }
+
+    #[test]
+    fn rfc7239_alone_drops_an_untrusted_peers_x_forwarded_fields_and_keeps_a_trusted_ones() {
+        let mut h = xff(&["1.1.1.1"]);
+        h.insert(header::HOST, "example.com".parse().unwrap());
+        let out = forward(&h, "9.9.9.9", false, ForwardedMode::Rfc7239);
+        assert_eq!(field(&out, "x-forwarded-for"), None);
+        assert_eq!(field(&out, "forwarded"), Some("for=9.9.9.9;proto=http;host=example.com"));
+        let out = forward(&h, "10.0.0.1", true, ForwardedMode::Rfc7239);
+        assert_eq!(field(&out, "x-forwarded-for"), Some("1.1.1.1"));
     }
 }

@@ -1,22 +1,19 @@
 //! The request path: client address -> route -> keys -> limits -> forward or respond.
 //!
-//! `Proxy::handle` is the service hyper calls for every request. It runs two steps:
-//! `admit` (the head's checks, the front: route and keys, then the limits' decision) and
-//! `serve` (the wait, the upstream exchange or static response, settling, tunnels), and
-//! turns a `ProxyError` into its response in one place. Rejections are not errors: they
-//! are a `Decision` answered with a 429.
+//! `Proxy::handle` answers every request, whichever protocol carried it (`message`). It
+//! runs two steps: `admit` (the head's checks, the front: route and keys, then the
+//! limits' decision) and `serve` (the wait, the upstream exchange or static response,
+//! settling), and turns a `ProxyError` into its response in one place. Rejections are
+//! not errors: they are a `Decision` answered with a 429.
 
 pub mod error;
 mod log_budget;
 pub mod response;
 mod rewrite;
-mod tunnel;
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::{Request, Response, StatusCode};
-use hyper::body::Incoming;
 use smallvec::SmallVec;
 use tracing::{Level, debug, warn};
 
@@ -26,15 +23,17 @@ use crate::config::{Action, Config, HeaderMode, LogLevel, Route};
 use crate::connection::ClientConn;
 use crate::front::{self, FrontError};
 use crate::gate::{Decision, Gate, Pending, Permits, Standings};
-use crate::head::{Fields, RequestHead};
-use crate::hop as headers;
+use crate::head::RequestHead;
+use crate::hop::{self, Hop};
+use crate::http1::BodySource;
+use crate::http1::parse::Framing;
 use crate::limit::{LimitResult, Limiters, Outcome, Standing};
+use crate::message::{self, Request, Response};
 use crate::metrics::{Metrics, RequestOutcome, UpstreamResult};
 use crate::policy::key::KeySource;
-use crate::upstream::{self, Hop, UpstreamClient, UpstreamError};
+use crate::upstream::{self, Outgoing, UpstreamClient, UpstreamError};
 use error::ProxyError;
 use log_budget::LogBudget;
-use response::ProxyBody;
 
 /// `tracing::event!` at a level known only at run time (its callsites need a constant).
 macro_rules! event_at {
@@ -124,30 +123,29 @@ impl Proxy {
     }
 
     /// Serves one request that came on `conn`. Never fails: every outcome is a response.
-    pub async fn handle(&self, req: Request<Incoming>, conn: &ClientConn) -> Response<ProxyBody> {
-        let entry = self.access_log.as_ref().map(|log| access_log::Entry::begin(log, &req, conn.peer.ip()));
+    pub async fn handle(&self, request: Request<'_>, conn: &ClientConn) -> Response {
+        let Request { head, framing, body } = request;
+        let entry = self.access_log.as_ref().map(|log| access_log::Entry::begin(log, &head, conn.peer.ip()));
         let mut trace = Trace::default();
-        let response = match self.admit(&req, conn, &mut trace).await {
-            Ok(Admission::Go(admitted)) => self.serve(req, admitted, conn, &mut trace).await,
+        let response = match self.admit(&head, framing, conn, &mut trace).await {
+            Ok(Admission::Go(admitted)) => self.serve(&head, framing, body, admitted, conn, &mut trace).await,
             Ok(Admission::Answer(response)) => Ok(response),
             Err(e) => Err(e),
         };
         // Each fault was logged where it happened, with what it concerned.
-        let response = response.unwrap_or_else(|e| response::error(&e));
-        match entry {
-            None => response,
-            Some(mut entry) => {
-                entry.status = response.status().as_u16();
-                entry.route = trace.route.map(|i| self.config.routes[i].name.clone());
-                entry.outcome = trace.outcome.map_or("-", RequestOutcome::as_str);
-                entry.upstream = trace.upstream;
-                if let Some(client) = trace.client {
-                    entry.client = client;
-                }
-                // The line is written when the body is done.
-                response.map(|body| body.logged(entry))
+        let mut response = response.unwrap_or_else(|e| response::error(&e));
+        if let Some(mut entry) = entry {
+            entry.status = response.status.as_u16();
+            entry.route = trace.route.map(|i| self.config.routes[i].name.clone());
+            entry.outcome = trace.outcome.map_or("-", RequestOutcome::as_str);
+            entry.upstream = trace.upstream;
+            if let Some(client) = trace.client {
+                entry.client = client;
             }
+            // The line is written when the body is done.
+            response.receipts.access = Some(entry);
         }
+        response
     }
 
     /// The first step: everything up to and including the limits' decision. A request
@@ -155,28 +153,29 @@ impl Proxy {
     /// what that needs and nothing that borrows the request.
     async fn admit(
         &self,
-        req: &Request<Incoming>,
+        head: &RequestHead<'_>,
+        framing: Framing,
         conn: &ClientConn,
         trace: &mut Trace,
     ) -> Result<Admission, ProxyError> {
         let config = &self.config;
-        let head = request_head(req);
         // Before anything reads the head: an oversized one is refused as a whole.
-        front::check_head(&head, config).inspect_err(|e| debug!(peer = %conn.peer, error = %e, "bad request head"))?;
-        let trusted_peer = headers::is_trusted(conn.peer.ip().to_canonical(), &config.trusted_proxies);
-        let client_ip = headers::client_ip(conn.peer.ip(), head.fields, &config.trusted_proxies, config.forwarded);
+        front::check_head(head, config).inspect_err(|e| debug!(peer = %conn.peer, error = %e, "bad request head"))?;
+        let trusted_peer = hop::is_trusted(conn.peer.ip().to_canonical(), &config.trusted_proxies);
+        let client_ip = hop::client_ip(conn.peer.ip(), head.fields, &config.trusted_proxies, config.forwarded);
         trace.client = Some(client_ip);
-        let front = front::front(config, &head, client_ip, None).inspect_err(|e| {
+        let front = front::front(config, head, client_ip, None).inspect_err(|e| {
             if *e == FrontError::NoRoute {
-                debug!(method = %head.method, path = head.path(), host = front::request_host(&head), "no route matches");
+                debug!(method = %head.method, path = head.path(), host = front::request_host(head), "no route matches");
                 self.metrics.no_route();
             }
         })?;
         let route = &config.routes[front.route];
         trace.route = Some(front.route);
         // Refused before it takes any quota, and unread: no `100 Continue` is sent.
-        let declared = hyper::body::Body::size_hint(req.body()).lower();
-        if let Some(limit) = route.max_body_bytes.filter(|&limit| declared > limit) {
+        if let (Framing::Length(declared), Some(limit)) = (framing, route.max_body_bytes)
+            && declared > limit
+        {
             debug!(route = %route.name, length = declared, limit, "request body too large");
             return Err(ProxyError::BodyTooLarge { length: declared, limit });
         }
@@ -229,15 +228,18 @@ impl Proxy {
     }
 
     /// The second step, for a request its limits passed: its wait, then the upstream
-    /// exchange (or the static response), the settling of `count:` limits, and the
-    /// tunnel of an upgrade.
+    /// exchange (or the static response) and the settling of `count:` limits. The
+    /// response carries the request's slots until it has been sent (an upgrade's, until
+    /// its tunnel closes).
     async fn serve(
         &self,
-        mut req: Request<Incoming>,
+        head: &RequestHead<'_>,
+        framing: Framing,
+        body: Option<&mut (dyn BodySource + '_)>,
         admitted: Admitted,
         conn: &ClientConn,
         trace: &mut Trace,
-    ) -> Result<Response<ProxyBody>, ProxyError> {
+    ) -> Result<Response, ProxyError> {
         let Admitted { route: index, wait, standings, permits, pending, balance_key, target, trusted_peer } = admitted;
         let (config, route) = (&self.config, &self.config.routes[index]);
         if !wait.is_zero() {
@@ -245,37 +247,30 @@ impl Proxy {
             // never reaches the upstream and its permits are released.
             tokio::time::sleep(wait).await;
         }
-        let upgrade = headers::upgrade_protocol(req.version(), req.headers());
-        // Taken before the request is handed on: hyper gives the client's connection
-        // over once the `101` has been written.
-        let client_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut req));
         let response = match &route.action {
             Action::Respond(r) => Ok(response::static_response(r)),
             Action::Forward(upstream) => {
-                let hop =
-                    Hop { peer: conn.peer.ip(), trusted_peer, tls: conn.tls, forwarded: config.forwarded, upgrade };
-                self.forward(req, index, *upstream, hop, target, balance_key, trace).await
+                let hop = Hop {
+                    peer: conn.peer.ip(),
+                    trusted_peer,
+                    tls: conn.tls,
+                    forwarded: config.forwarded,
+                    upgrade: hop::upgrade_protocol(head.version, head.fields),
+                    rewrite: &route.rewrite,
+                };
+                let target = target.as_deref().unwrap_or(head.target);
+                let out = Outgoing { head, target, framing, hop, host: &route.rewrite.upstream_host, balance_key };
+                self.forward(&out, body, index, *upstream, trace).await
             }
         };
         // Limits that count only some statuses keep or take back this request now.
-        if let Some(global) = pending.settle(response.as_ref().map_or_else(|e| e.status(), Response::status).as_u16()) {
+        if let Some(global) = pending.settle(response.as_ref().map_or_else(|e| e.status(), |r| r.status).as_u16()) {
             global.await;
         }
         let mut response = response?;
-        match (client_upgrade, &route.action) {
-            (Some(client), Action::Forward(upstream)) if response.status() == StatusCode::SWITCHING_PROTOCOLS => {
-                // The tunnel keeps the request's slots until it closes.
-                tunnel::Tunnel {
-                    client,
-                    upstream: hyper::upgrade::on(&mut response),
-                    idle_timeout: config.upstreams[*upstream].tunnel_idle_timeout,
-                    permits,
-                    hold: Arc::clone(&conn.hold),
-                    route: route.name.clone(),
-                }
-                .spawn();
-            }
-            _ => response = response.map(|body| body.holding(permits)),
+        response.receipts.permits = permits;
+        if let Action::Forward(upstream) = &route.action {
+            response.receipts.tunnel_idle_timeout = config.upstreams[*upstream].tunnel_idle_timeout;
         }
         if config.ratelimit_headers == HeaderMode::All {
             self.add_ratelimit_headers(&mut response, &standings);
@@ -283,35 +278,22 @@ impl Proxy {
         Ok(response)
     }
 
-    /// Sends `req` (of route `index`) to upstream `upstream`, with the route's rewrites,
+    /// Sends `out` (of route `index`, its body from `body`) to upstream `upstream`,
     /// counting the exchange in the route's metrics.
-    #[allow(clippy::too_many_arguments)]
     async fn forward(
         &self,
-        mut req: Request<Incoming>,
+        out: &Outgoing<'_>,
+        body: Option<&mut (dyn BodySource + '_)>,
         index: usize,
         upstream: usize,
-        hop: Hop,
-        target: Option<http::uri::PathAndQuery>,
-        balance_key: Option<u64>,
         trace: &mut Trace,
-    ) -> Result<Response<ProxyBody>, ProxyError> {
+    ) -> Result<Response, ProxyError> {
         let (config, route) = (&self.config, &self.config.routes[index]);
-        if let Some(target) = target {
-            let mut uri = req.uri().clone().into_parts();
-            uri.path_and_query = Some(target);
-            // The parts of a valid URI with an origin-form path stay valid.
-            *req.uri_mut() = http::Uri::from_parts(uri).unwrap_or_default();
-        }
-        rewrite::request_headers(&route.rewrite, req.headers_mut());
-        let fault = upstream::FaultCell::default();
-        let (limit, timeout) = (route.max_body_bytes, config.body_read_timeout);
-        let req = req.map(|b| upstream::RequestBody::new(b, limit, timeout, Arc::clone(&fault)));
+        let mut bounded = body.map(|b| upstream::RequestBody::new(b, route.max_body_bytes, config.body_read_timeout));
         let started = Instant::now();
-        let upstream_host = &route.rewrite.upstream_host;
-        let forwarded = self.upstreams[upstream].forward(req, hop, &fault, balance_key, upstream_host).await;
+        let forwarded = self.upstreams[upstream].forward(out, bounded.as_mut()).await;
         let result = match &forwarded {
-            Ok(response) => UpstreamResult::Status(response.status().as_u16()),
+            Ok(response) => UpstreamResult::Status(response.status.as_u16()),
             Err(UpstreamError::Timeout { .. }) => UpstreamResult::Timeout,
             Err(UpstreamError::Unreachable { .. }) => UpstreamResult::ConnectError,
             // The request body broke off, grew too large or stalled: the client's doing.
@@ -321,17 +303,18 @@ impl Proxy {
         let took = started.elapsed();
         trace.upstream = Some(took);
         self.metrics.upstream(index, result, took);
-        forwarded
-            .inspect_err(|e| match e.is_client_error() {
-                // The client's fault says nothing about the upstream's health.
-                true => debug!(route = %route.name, error = %e, "client error while forwarding"),
-                false => warn!(route = %route.name, error = %e, "upstream error"),
-            })
-            .map(|mut response| {
-                rewrite::response_headers(&route.rewrite, response.headers_mut());
-                response.map(ProxyBody::streamed)
-            })
-            .map_err(ProxyError::from)
+        let response = forwarded.inspect_err(|e| match e.is_client_error() {
+            // The client's fault says nothing about the upstream's health.
+            true => debug!(route = %route.name, error = %e, "client error while forwarding"),
+            false => warn!(route = %route.name, error = %e, "upstream error"),
+        })?;
+        Ok(Response {
+            status: response.status,
+            fields: message::Fields::Upstream(response.fields),
+            extra: route.rewrite.set_response_headers.iter().cloned().collect(),
+            body: message::Body::Upstream(response.body),
+            receipts: message::Receipts::default(),
+        })
     }
 
     /// Refuses a request that repeats a field one of `limits` (or a limit their
@@ -360,9 +343,9 @@ impl Proxy {
         Ok(())
     }
 
-    fn add_ratelimit_headers(&self, response: &mut Response<ProxyBody>, standings: &[Standing]) {
+    fn add_ratelimit_headers(&self, response: &mut Response, standings: &[Standing]) {
         let style = self.config.ratelimit_header_style;
-        response::add_ratelimit_headers(response.headers_mut(), standings, &self.quotas, style);
+        response::add_ratelimit_headers(&mut |name, value| response.set(name, value), standings, &self.quotas, style);
     }
 
     /// Counts each limit's result, and writes one log line per limit that rejected or
@@ -411,24 +394,14 @@ impl Proxy {
     }
 }
 
-/// The protocol-neutral view of a request hyper parsed.
-fn request_head<B>(req: &Request<B>) -> RequestHead<'_> {
-    let uri = req.uri();
-    RequestHead {
-        method: req.method(),
-        target: uri.path_and_query().map_or("/", http::uri::PathAndQuery::as_str),
-        version: req.version(),
-        authority: uri.authority().map(http::uri::Authority::as_str),
-        fields: Fields::from(req.headers()),
-    }
-}
-
 /// What the first step of a request ends in.
+// Both are moved once, from `admit` to `handle`: boxing either would cost more.
+#[allow(clippy::large_enum_variant)]
 enum Admission {
     /// The limits passed it: serve it.
     Go(Admitted),
     /// The limits refused it: this is its answer.
-    Answer(Response<ProxyBody>),
+    Answer(Response),
 }
 
 /// What the admission of a request hands to its serving.
@@ -444,7 +417,7 @@ struct Admitted {
     /// What `hash` balancing goes by.
     balance_key: Option<u64>,
     /// The target sent upstream when the route rewrites the path.
-    target: Option<http::uri::PathAndQuery>,
+    target: Option<String>,
     /// The client's peer is a trusted proxy: its forwarding fields are extended.
     trusted_peer: bool,
 }

@@ -1,9 +1,7 @@
-//! A route's changes to what is forwarded: the path (`strip_prefix`, `rewrite`), request
-//! header fields set or removed, response header fields set. `Host` is set per server
-//! in `forward` (`upstream_host`).
+//! A route's change to the path it forwards (`strip_prefix`, `rewrite`). Its changes to
+//! fields are made where fields are written: `hop::request_fields` (set, removed,
+//! `upstream_host`) and the response's `extra` (`set_response_headers`).
 
-use http::HeaderMap;
-use http::uri::PathAndQuery;
 use percent_encoding::{AsciiSet, CONTROLS, percent_encode};
 
 use crate::config::{PathRewrite, Rewrite};
@@ -16,7 +14,7 @@ const PATH: &AsciiSet =
 /// The target sent upstream when the route rewrites the path: made from the normalized
 /// path (as nginx does with a `proxy_pass` URI), escaped again, with the query as sent.
 /// `None`: the target goes as the client sent it.
-pub fn target(rewrite: &Rewrite, normalized: &[u8], query: Option<&str>) -> Option<PathAndQuery> {
+pub fn target(rewrite: &Rewrite, normalized: &[u8], query: Option<&str>) -> Option<String> {
     let (prefix, to) = match rewrite.path.as_ref()? {
         PathRewrite::Strip(prefix) => (prefix, "/"),
         PathRewrite::Replace { prefix, to } => (prefix, to.as_str()),
@@ -31,23 +29,7 @@ pub fn target(rewrite: &Rewrite, normalized: &[u8], query: Option<&str>) -> Opti
         path.push_str(query);
     }
     // Every octet outside the path characters is escaped above; the query was valid.
-    PathAndQuery::try_from(path).ok()
-}
-
-/// Removes, then sets, the route's request header fields.
-pub fn request_headers(rewrite: &Rewrite, headers: &mut HeaderMap) {
-    for name in &rewrite.remove_request_headers {
-        headers.remove(name);
-    }
-    for (name, value) in &rewrite.set_request_headers {
-        headers.insert(name, value.clone());
-    }
-}
-
-pub fn response_headers(rewrite: &Rewrite, headers: &mut HeaderMap) {
-    for (name, value) in &rewrite.set_response_headers {
-        headers.insert(name, value.clone());
-    }
+    Some(path)
 }
 
 #[cfg(test)]

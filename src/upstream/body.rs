@@ -1,16 +1,17 @@
 //! The request body on its way upstream, held to the route's size limit and to
-//! `server.body_read_timeout`. A body that breaks either is cut: the upstream request is
-//! aborted (hyper drops an upstream connection whose request body failed), and the fault
-//! is noted so the request is answered 413 or 408 if the upstream has not answered yet.
+//! `server.body_read_timeout`, and counted, so that a request whose body has begun to
+//! leave is never sent again. A body that breaks a limit is cut: the exchange fails (its
+//! connection is not kept), and the fault is kept so the request is answered 413 or 408
+//! if the upstream has not answered yet.
 
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tokio::time::Sleep;
+
+use crate::http1::{BodyError, BodySource};
 
 /// Why a request body was cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -21,67 +22,57 @@ pub enum BodyFault {
     TooSlow(Duration),
 }
 
-/// Where the body leaves word of its fault for the request's handler.
-pub type FaultCell = Arc<OnceLock<BodyFault>>;
-
-pub struct RequestBody {
-    inner: Incoming,
+/// A client's request body held to its limits.
+pub struct RequestBody<'a> {
+    inner: &'a mut (dyn BodySource + 'a),
     limit: Option<u64>,
     read: u64,
     timeout: Duration,
     /// Armed while the upstream waits for data the client has not sent.
     timer: Option<Pin<Box<Sleep>>>,
-    fault: FaultCell,
+    /// Why it was cut, if it was.
+    pub fault: Option<BodyFault>,
+    /// A piece of it has been handed out: it cannot be sent again.
+    pub taken: bool,
 }
 
-impl RequestBody {
-    pub fn new(inner: Incoming, limit: Option<u64>, timeout: Duration, fault: FaultCell) -> Self {
-        RequestBody { inner, limit, read: 0, timeout, timer: None, fault }
+impl<'a> RequestBody<'a> {
+    /// `inner`, at most `limit` bytes of it (`None`: any), each piece within `timeout`
+    /// of the previous one.
+    pub fn new(inner: &'a mut (dyn BodySource + 'a), limit: Option<u64>, timeout: Duration) -> Self {
+        RequestBody { inner, limit, read: 0, timeout, timer: None, fault: None, taken: false }
     }
 
-    fn cut(&mut self, fault: BodyFault) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let _ = self.fault.set(fault);
-        Poll::Ready(Some(Err(Box::new(fault))))
+    fn cut(&mut self, fault: BodyFault) -> Poll<Option<Result<Bytes, BodyError>>> {
+        self.fault = Some(fault);
+        Poll::Ready(Some(Err(BodyError::Cut)))
     }
 }
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-impl Body for RequestBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        match Pin::new(&mut this.inner).poll_frame(cx) {
+impl BodySource for RequestBody<'_> {
+    fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BodyError>>> {
+        if let Some(fault) = self.fault {
+            return self.cut(fault);
+        }
+        match self.inner.poll_chunk(cx) {
             Poll::Pending => {
-                let timeout = this.timeout;
-                let timer = this.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                let timeout = self.timeout;
+                let timer = self.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
                 match timer.as_mut().poll(cx) {
-                    Poll::Ready(()) => this.cut(BodyFault::TooSlow(timeout)),
+                    Poll::Ready(()) => self.cut(BodyFault::TooSlow(timeout)),
                     Poll::Pending => Poll::Pending,
                 }
             }
-            Poll::Ready(Some(Ok(frame))) => {
-                this.timer = None;
-                if let Some(data) = frame.data_ref() {
-                    this.read = this.read.saturating_add(data.len() as u64);
-                    if let Some(limit) = this.limit.filter(|&limit| this.read > limit) {
-                        return this.cut(BodyFault::TooLarge(limit));
-                    }
+            Poll::Ready(Some(Ok(data))) => {
+                self.timer = None;
+                self.taken = true;
+                self.read = self.read.saturating_add(data.len() as u64);
+                if let Some(limit) = self.limit.filter(|&limit| self.read > limit) {
+                    return self.cut(BodyFault::TooLarge(limit));
                 }
-                Poll::Ready(Some(Ok(frame)))
+                Poll::Ready(Some(Ok(data)))
             }
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Box::new(e)))),
-            Poll::Ready(None) => Poll::Ready(None),
+            other => other,
         }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }

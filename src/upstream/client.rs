@@ -1,35 +1,45 @@
-//! Sending a request to its upstream: keep-alive connections per server (`pool`), the
-//! server chosen by `upstream`, a request that could not be sent tried on the next
-//! server (`retry`), bodies streamed both ways, headers prepared for the next hop.
+//! Sending a request to its upstream: a server chosen by `servers` (balance, health), a
+//! connection from the `pool`, the request written by sluicegate's HTTP/1 engine (or
+//! hyper's HTTP/2, with `http2: true`), and a request that could not be sent tried on
+//! the next server.
+//!
+//! A request is tried again only if it could not have reached the application: the
+//! connection failed, or closed before any byte of the response. Even then only if the
+//! method is idempotent (RFC 9110 §9.2.2) or its body, not empty, was not sent at all
+//! (the server cannot have acted on half a request); and never once a byte of the body
+//! left, since a streamed body cannot be sent twice. A kept-alive connection the server
+//! closed just as the request went out is tried again on a new connection to the same
+//! server, under the same rule, without counting against the server's health.
 
-use std::error::Error as _;
-use std::net::IpAddr;
-use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{HeaderValue, Request, Response, StatusCode, Uri, header};
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use bytes::{Bytes, BytesMut};
+use http::uri::{Authority, Scheme};
+use http::{HeaderMap, StatusCode, Uri};
+use hyper::body::{Body, Incoming};
 use smallvec::SmallVec;
 use tracing::warn;
 
-use super::body::{FaultCell, RequestBody};
-use super::connect::Connector;
+use super::body::RequestBody;
+use super::connect::{Connector, UpstreamIo};
 use super::error::{SendError, UpstreamError};
+use super::h2::{self, H2Error};
 use super::health::{self, Checker};
-use super::pool::{BUFFER_BYTES, Checkout, Pool};
+use super::pool::{Checkout, MAX_RESPONSE_HEAD, Pool};
 use super::resolve;
-use super::retry::Replayable;
 use super::servers::{InFlight, ServerSet};
-use crate::config::{ForwardedMode, Upstream, UpstreamHost};
-use crate::hop::{keep_upgrade, remove_hop_by_hop, set_forwarded};
+use crate::config::{Upstream, UpstreamHost};
+use crate::head::RequestHead;
+use crate::hop::{self, Hop};
+use crate::http1::client::{ExchangeError, ResponseBody, exchange};
+use crate::http1::parse::{Framing, ResponseHead};
+use crate::http1::write;
+use crate::http1::{BodyError, BodySource};
 use crate::metrics::ResolveMetrics;
 
 pub struct UpstreamClient {
-    servers: Arc<ServerSet>,
+    servers: std::sync::Arc<ServerSet>,
     timeout: Duration,
     retries: u32,
     pool: Pool,
@@ -39,27 +49,55 @@ pub struct UpstreamClient {
     _checker: Option<Checker>,
 }
 
-/// The hop that forwards: who sent the request to us and whether we trust it.
-pub struct Hop {
-    pub peer: IpAddr,
-    pub trusted_peer: bool,
-    /// The client connection is TLS.
-    pub tls: bool,
-    /// Which forwarding fields the upstream gets.
-    pub forwarded: ForwardedMode,
-    /// The protocol the client asks to switch to (`Upgrade`), carried to the upstream.
-    pub upgrade: Option<HeaderValue>,
+/// A request as it goes upstream.
+pub struct Outgoing<'a> {
+    pub head: &'a RequestHead<'a>,
+    /// The target sent: the client's, or the route's rewrite of it.
+    pub target: &'a str,
+    /// How its body is framed (as the client framed it: the upstream gets the same
+    /// length, or the chunked coding).
+    pub framing: Framing,
+    pub hop: Hop<'a>,
+    /// The `Host` it carries.
+    pub host: &'a UpstreamHost,
+    /// What `hash` balancing goes by.
+    pub balance_key: Option<u64>,
+}
+
+/// A server's response, its body still to be read.
+pub struct UpstreamResponse {
+    pub status: StatusCode,
+    pub fields: ResponseFields,
+    pub body: UpstreamBody,
+}
+
+/// A response's header fields as the protocol gave them.
+// The HTTP/1 head, the common one, is kept inline: boxing it would cost an allocation
+// per response.
+#[allow(clippy::large_enum_variant)]
+pub enum ResponseFields {
+    H1(ResponseHead),
+    H2(HeaderMap),
 }
 
 /// A response body from a server, which counts the request as in progress there until
-/// the body is dropped, and gives its HTTP/1 connection back to the pool once read to
-/// the end (dropped before, the connection closes: it still carries the rest).
+/// it is dropped, and gives its HTTP/1 connection back to the pool once read to the end
+/// (dropped before, the connection closes: it still carries the rest).
 pub struct UpstreamBody {
-    body: Incoming,
-    checkout: Option<Checkout>,
-    /// The last frame has been read.
-    ended: bool,
+    kind: BodyKind,
     _in_flight: InFlight,
+}
+
+// The HTTP/1 body is the common one, kept inline: boxing it would cost an allocation per
+// response.
+#[allow(clippy::large_enum_variant)]
+enum BodyKind {
+    H1 {
+        body: ResponseBody<Checkout>,
+        /// The request went out whole: the connection is in step for another.
+        sent: bool,
+    },
+    H2(Incoming),
 }
 
 impl UpstreamClient {
@@ -71,17 +109,20 @@ impl UpstreamClient {
         if servers.has_names()
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
-            runtime.spawn(resolve::keep_resolved(Arc::downgrade(&servers), resolve::System, upstream.resolve_interval));
+            runtime.spawn(resolve::keep_resolved(
+                std::sync::Arc::downgrade(&servers),
+                resolve::System,
+                upstream.resolve_interval,
+            ));
         }
         let connector = Connector::new(upstream, servers.tls_names());
-        let pool = Pool::new(connector.clone(), upstream.http2, BUFFER_BYTES);
         let checker =
-            upstream.health_check.as_ref().and_then(|c| health::start(&servers, c, connector, upstream.http2));
+            upstream.health_check.as_ref().and_then(|c| health::start(&servers, c, connector.clone(), upstream.http2));
         UpstreamClient {
             servers,
             timeout: upstream.timeout,
             retries: upstream.retries,
-            pool,
+            pool: Pool::new(connector),
             http2: upstream.http2,
             _checker: checker,
         }
@@ -91,28 +132,22 @@ impl UpstreamClient {
         &self.servers
     }
 
-    /// Forwards `req` to a server and returns its response, body still streaming. A
-    /// request that could not be sent goes to another server, at most `retries` times;
-    /// `balance_key` is what `hash` balancing goes by; `host` the `Host` it carries. A
-    /// request body cut on the way (`fault`) is answered with its own status.
+    /// Forwards `out` (its body from `body`) to a server and returns its response, body
+    /// still to be read. A request that could not be sent goes to another server, at
+    /// most `retries` times.
     pub async fn forward(
         &self,
-        req: Request<RequestBody>,
-        hop: Hop,
-        fault: &FaultCell,
-        balance_key: Option<u64>,
-        host: &UpstreamHost,
-    ) -> Result<Response<UpstreamBody>, UpstreamError> {
+        out: &Outgoing<'_>,
+        mut body: Option<&mut RequestBody<'_>>,
+    ) -> Result<UpstreamResponse, UpstreamError> {
         let upstream = self.servers.upstream();
-        let upgrading = hop.upgrade.is_some();
-        let (mut parts, body) = prepare_upstream_request(req, hop).into_parts();
-        let body = Replayable::new(body);
-        let idempotent = parts.method.is_idempotent();
+        let idempotent = out.head.method.is_idempotent();
+        let empty = matches!(out.framing, Framing::Empty | Framing::Length(0));
         let mut tried: SmallVec<[usize; 4]> = SmallVec::new();
         let mut failed = None;
         self.servers.ready().await;
         loop {
-            let Some(server) = self.servers.pick(balance_key, &tried, Instant::now()) else {
+            let Some(server) = self.servers.pick(out.balance_key, &tried, Instant::now()) else {
                 // After a failure that could be retried, the others are out or tried:
                 // that failure is the answer.
                 return Err(failed.unwrap_or_else(|| {
@@ -123,67 +158,49 @@ impl UpstreamClient {
             tried.push(server.id());
             // No further attempt when retries are spent or every server has had its turn.
             let last = tried.len() > self.retries as usize || tried.len() == self.servers.len();
-            parts.uri = upstream_uri(&parts.uri, server.address(), server.tls(), self.http2);
-            match host {
-                // HTTP/1 needs a `Host`; a client's HTTP/1.0 request may come without.
-                UpstreamHost::Keep if self.http2 || parts.headers.contains_key(header::HOST) => {}
-                UpstreamHost::Name(name) => _ = parts.headers.insert(header::HOST, name.clone()),
-                UpstreamHost::Keep | UpstreamHost::Server => {
-                    // An authority is always a valid field value.
-                    if let Ok(value) = HeaderValue::from_str(server.host().as_str()) {
-                        parts.headers.insert(header::HOST, value);
-                    }
-                }
-            }
-            // The parts stay for a further attempt; the last one takes them.
-            let req = if last {
-                Request::from_parts(std::mem::replace(&mut parts, Request::new(()).into_parts().0), body.attempt())
-            } else {
-                let mut req = Request::new(body.attempt());
-                *req.method_mut() = parts.method.clone();
-                *req.uri_mut() = parts.uri.clone();
-                *req.version_mut() = parts.version;
-                *req.headers_mut() = parts.headers.clone();
-                req
-            };
-            let sent = tokio::time::timeout(self.timeout, self.pool.send(server.address(), server.tls(), req)).await;
             let address = server.address().clone();
-            let error = match sent {
-                Ok(Ok((mut response, checkout))) => {
-                    server.succeeded(upstream);
-                    let switched = response.headers().get(header::UPGRADE).cloned();
-                    remove_hop_by_hop(response.headers_mut());
-                    let switching = upgrading && response.status() == StatusCode::SWITCHING_PROTOCOLS;
-                    if let Some(protocol) = switched.filter(|_| switching) {
-                        keep_upgrade(response.headers_mut(), protocol);
-                        // The connection becomes the tunnel: never back in the pool.
-                        let body = |body| UpstreamBody { body, checkout: None, ended: false, _in_flight: server };
-                        return Ok(response.map(body));
+            let mut fresh = false;
+            let error = loop {
+                let taken_before = body.as_ref().is_some_and(|b| b.taken);
+                let attempt =
+                    tokio::time::timeout(self.timeout, self.attempt(&server, out, body.as_deref_mut(), fresh));
+                match attempt.await {
+                    Ok(Ok((status, fields, kind))) => {
+                        server.succeeded(upstream);
+                        return Ok(UpstreamResponse {
+                            status,
+                            fields,
+                            body: UpstreamBody { kind, _in_flight: server },
+                        });
                     }
-                    // The client connection speaks HTTP/1.1 whatever the upstream spoke:
-                    // hyper would otherwise answer `HTTP/1.0` and close the client's
-                    // keep-alive connection. A body of unknown length (an HTTP/1.0
-                    // upstream reading to EOF) is then sent chunked.
-                    *response.version_mut() = http::Version::HTTP_11;
-                    return Ok(response.map(|body| UpstreamBody { body, checkout, ended: false, _in_flight: server }));
+                    Err(_) => {
+                        server.failed(upstream, Instant::now());
+                        // The request was sent and may be in progress there: not retried.
+                        return Err(UpstreamError::Timeout {
+                            upstream: upstream.to_owned(),
+                            server: address,
+                            timeout: self.timeout,
+                        });
+                    }
+                    // The client's fault says nothing of the server's health, and a body
+                    // that failed cannot be sent again.
+                    Ok(Err(Failure::Body(e))) => {
+                        return Err(match body.as_ref().and_then(|b| b.fault) {
+                            Some(fault) => UpstreamError::Body(fault),
+                            None => UpstreamError::ClientBody { source: e },
+                        });
+                    }
+                    Ok(Err(Failure::Send { error, reused: true, responded: false }))
+                        if !fresh && !taken_before && may_retry(&error, idempotent, empty, body.as_deref()) =>
+                    {
+                        // A kept-alive connection the server had closed: a new one.
+                        fresh = true;
+                    }
+                    Ok(Err(Failure::Send { error, .. })) => break error,
                 }
-                Err(_) => {
-                    server.failed(upstream, Instant::now());
-                    // The request was sent and may be in progress there: not retried.
-                    return Err(UpstreamError::Timeout {
-                        upstream: upstream.to_owned(),
-                        server: address,
-                        timeout: self.timeout,
-                    });
-                }
-                // The client's fault says nothing of the server's health, and a body
-                // that failed cannot be sent again.
-                Ok(Err(_)) if let Some(&fault) = fault.get() => return Err(UpstreamError::Body(fault)),
-                Ok(Err(source)) if client_body_failed(&source) => return Err(UpstreamError::ClientBody { source }),
-                Ok(Err(error)) => error,
             };
             server.failed(upstream, Instant::now());
-            let retry = !last && body.may_retry(&error, idempotent);
+            let retry = !last && may_retry(&error, idempotent, empty, body.as_deref());
             let error = if let SendError::Connect(_) = error {
                 UpstreamError::Unreachable { upstream: upstream.to_owned(), server: address, source: error }
             } else {
@@ -196,88 +213,171 @@ impl UpstreamClient {
             failed = Some(error);
         }
     }
-}
 
-/// Whether the exchange failed because the body being streamed from the client failed:
-/// hyper reports an error of the body it was sending as a "user" error whose cause is
-/// that body's own error, here the client connection's `hyper::Error`.
-fn client_body_failed(error: &SendError) -> bool {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    while let Some(e) = cause {
-        if let Some(h) = e.downcast_ref::<hyper::Error>()
-            && h.is_user()
-            && h.source().is_some_and(|s| s.is::<hyper::Error>())
-        {
-            return true;
+    /// One attempt on `server` (a new connection when `fresh`).
+    async fn attempt(
+        &self,
+        server: &InFlight,
+        out: &Outgoing<'_>,
+        body: Option<&mut RequestBody<'_>>,
+        fresh: bool,
+    ) -> Result<(StatusCode, ResponseFields, BodyKind), Failure> {
+        let host = match out.host {
+            // HTTP/1 needs a `Host`; a client's HTTP/1.0 request may come without.
+            UpstreamHost::Keep => out.head.fields.get(&http::header::HOST).or(out.head.authority.map(str::as_bytes)),
+            UpstreamHost::Name(name) => Some(name.as_bytes()),
+            UpstreamHost::Server => Some(server.host().as_str().as_bytes()),
+        };
+        let host = host.or(Some(server.host().as_str().as_bytes()));
+        let body = body.map(|b| b as &mut dyn BodySource);
+        if self.http2 {
+            return self.attempt_h2(server, out, body, host).await;
         }
-        cause = e.source();
-    }
-    false
-}
-
-/// The target of a request for `server`: the path and query as the client sent them,
-/// in origin form for HTTP/1 (an HTTP/1 client's own target is that already, kept as
-/// it is without building a new one); HTTP/2 also carries the scheme and `server`.
-fn upstream_uri(uri: &Uri, server: &Authority, tls: bool, http2: bool) -> Uri {
-    if !http2 && uri.scheme().is_none() && uri.authority().is_none() {
-        return uri.clone();
-    }
-    let path = uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
-    if !http2 {
-        return Uri::from(path);
-    }
-    let scheme = if tls { Scheme::HTTPS } else { Scheme::HTTP };
-    // Scheme, authority and an origin-form path always build a valid URI.
-    Uri::builder().scheme(scheme).authority(server.clone()).path_and_query(path).build().unwrap_or_default()
-}
-
-/// Rewrites a client request for the next hop: the client's `Host` kept (HTTP/2
-/// clients send `:authority` instead, which becomes `Host`), hop-by-hop fields removed
-/// (but an upgrade's) and the forwarding fields set.
-fn prepare_upstream_request(req: Request<RequestBody>, hop: Hop) -> Request<RequestBody> {
-    let (mut parts, body) = req.into_parts();
-    if !parts.headers.contains_key(header::HOST)
-        && let Some(value) = parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-    {
-        parts.headers.insert(header::HOST, value);
-    }
-    parts.version = http::Version::HTTP_11;
-    remove_hop_by_hop(&mut parts.headers);
-    if let Some(protocol) = hop.upgrade {
-        keep_upgrade(&mut parts.headers, protocol);
-    }
-    set_forwarded(&mut parts.headers, hop.peer, hop.trusted_peer, hop.tls, hop.forwarded);
-    Request::from_parts(parts, body)
-}
-
-impl Body for UpstreamBody {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.body).poll_frame(cx);
-        if let Poll::Ready(None) = polled {
-            this.ended = true;
+        let mut conn = self.pool.checkout(server.address(), server.tls(), fresh).await.map_err(Failure::connect)?;
+        let reused = conn.reused;
+        let mut head = Vec::with_capacity(256 + out.target.len() + 32 * out.head.fields.iter().count());
+        let mut writer = write::Head::request(&mut head, out.head.method, out.target);
+        hop::request_fields(out.head.fields, &out.hop, host, &mut |name, value| writer.field(name, value));
+        match out.framing {
+            Framing::Empty => {}
+            Framing::Length(n) => writer.content_length(n),
+            Framing::Chunked | Framing::UntilClose => writer.field(b"transfer-encoding", b"chunked"),
         }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
-    }
-}
-
-impl Drop for UpstreamBody {
-    fn drop(&mut self) {
-        if self.ended || self.body.is_end_stream() {
-            if let Some(checkout) = self.checkout.take() {
-                checkout.give_back();
+        writer.end();
+        let framing = if out.framing == Framing::UntilClose { Framing::Chunked } else { out.framing };
+        let (result, sent) = exchange(&mut conn, &head, body, framing, out.head.method, MAX_RESPONSE_HEAD).await;
+        let (response, read) = match result {
+            Ok(response) => response,
+            Err(ExchangeError::Body(e)) => return Err(Failure::Body(e)),
+            Err(e) => {
+                let responded = matches!(e, ExchangeError::Response(_));
+                return Err(Failure::Send { error: SendError::Exchange(e), reused, responded });
             }
+        };
+        if response.status == StatusCode::SWITCHING_PROTOCOLS && out.hop.upgrade.is_none() {
+            let e = ExchangeError::Response("101 Switching Protocols to a request that asked for no upgrade");
+            return Err(Failure::Send { error: SendError::Exchange(e), reused, responded: true });
+        }
+        let body = ResponseBody::new(conn, &response, read);
+        Ok((response.status, ResponseFields::H1(response), BodyKind::H1 { body, sent: sent.all }))
+    }
+
+    async fn attempt_h2(
+        &self,
+        server: &InFlight,
+        out: &Outgoing<'_>,
+        body: Option<&mut dyn BodySource>,
+        host: Option<&[u8]>,
+    ) -> Result<(StatusCode, ResponseFields, BodyKind), Failure> {
+        let mut sender = self.pool.h2(server.address(), server.tls()).await.map_err(Failure::connect)?;
+        let mut pairs = Vec::with_capacity(16);
+        hop::request_fields(out.head.fields, &out.hop, None, &mut |name, value| {
+            pairs.push((name.to_vec(), value.to_vec()))
+        });
+        let fields = h2::header_map(pairs);
+        let uri = h2_uri(server.address(), server.tls(), out.target, host);
+        let body = body.filter(|_| !matches!(out.framing, Framing::Empty | Framing::Length(0)));
+        match h2::send(&mut sender, out.head.method, uri, fields, body).await {
+            Ok(response) => {
+                let (parts, incoming) = response.into_parts();
+                Ok((parts.status, ResponseFields::H2(parts.headers), BodyKind::H2(incoming)))
+            }
+            Err(H2Error::Body(e)) => Err(Failure::Body(e)),
+            Err(H2Error::Exchange(e)) => Err(Failure::Send { error: SendError::H2(e), reused: true, responded: false }),
+        }
+    }
+}
+
+/// How an attempt failed.
+enum Failure {
+    /// The client's body failed.
+    Body(BodyError),
+    /// The connection or the exchange failed; on a connection `reused` from the pool,
+    /// and after some of a response (`responded`) or not.
+    Send { error: SendError, reused: bool, responded: bool },
+}
+
+impl Failure {
+    fn connect(error: SendError) -> Failure {
+        Failure::Send { error, reused: false, responded: false }
+    }
+}
+
+/// Whether a request that failed with `error` before its response may be sent again.
+fn may_retry(error: &SendError, idempotent: bool, empty: bool, body: Option<&RequestBody<'_>>) -> bool {
+    if body.is_some_and(|b| b.taken) {
+        return false;
+    }
+    match error {
+        // Nothing was sent on a connection that was never made.
+        SendError::Connect(_) => true,
+        SendError::Exchange(ExchangeError::Closed(_)) => idempotent || !empty,
+        SendError::Exchange(_) => false,
+        SendError::H2(e) => (e.is_incomplete_message() || e.is_canceled()) && (idempotent || !empty),
+    }
+}
+
+/// The URI of an HTTP/2 request: scheme, the `Host` it carries as `:authority` (the
+/// server's address without one), and the target.
+fn h2_uri(server: &Authority, tls: bool, target: &str, host: Option<&[u8]>) -> Uri {
+    let scheme = if tls { Scheme::HTTPS } else { Scheme::HTTP };
+    let authority = host.and_then(|h| Authority::try_from(h).ok()).unwrap_or_else(|| server.clone());
+    // Scheme, authority and an origin-form target (checked as it came in) build a URI.
+    Uri::builder().scheme(scheme).authority(authority).path_and_query(target).build().unwrap_or_default()
+}
+
+impl UpstreamBody {
+    /// The next piece of the body; `None` at its end.
+    pub fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BodyError>>> {
+        match &mut self.kind {
+            BodyKind::H1 { body, sent } => {
+                let polled = body.poll_data(cx);
+                // Read to its end, the request having gone out whole: the connection is in
+                // step for the next exchange, and goes back to the pool when dropped.
+                if *sent && body.is_reusable() {
+                    body.conn_mut().keep();
+                }
+                polled
+            }
+            BodyKind::H2(incoming) => loop {
+                match std::task::ready!(std::pin::Pin::new(&mut *incoming).poll_frame(cx)) {
+                    None => return Poll::Ready(None),
+                    Some(Err(e)) => return Poll::Ready(Some(Err(BodyError::Io(std::io::Error::other(e))))),
+                    Some(Ok(frame)) => {
+                        if let Ok(data) = frame.into_data() {
+                            return Poll::Ready(Some(Ok(data)));
+                        }
+                    }
+                }
+            },
+        }
+    }
+
+    /// The whole body has been read (as far as this side can tell).
+    pub fn is_done(&self) -> bool {
+        match &self.kind {
+            BodyKind::H1 { body, .. } => body.is_done(),
+            BodyKind::H2(incoming) => incoming.is_end_stream(),
+        }
+    }
+
+    /// Data bytes the body declared, if it did.
+    pub fn length(&self) -> Option<u64> {
+        match &self.kind {
+            BodyKind::H1 { body, .. } => body.remaining(),
+            BodyKind::H2(incoming) => incoming.size_hint().exact(),
+        }
+    }
+
+    /// The connection, taken over by an upgrade (`101`): its socket and the bytes read
+    /// from it past the response head.
+    pub fn into_upgrade(self) -> Option<(UpstreamIo, BytesMut)> {
+        match self.kind {
+            BodyKind::H1 { body, .. } => {
+                let (conn, buf) = body.into_parts();
+                Some((conn.into_io()?, buf))
+            }
+            BodyKind::H2(_) => None,
         }
     }
 }

@@ -7,7 +7,8 @@ use http::uri::Authority;
 
 use super::body::BodyFault;
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use crate::http1::BodyError;
+use crate::http1::client::ExchangeError;
 
 /// Each variant says who is at fault: the client (its body) or the upstream.
 #[derive(Debug, thiserror::Error)]
@@ -19,7 +20,7 @@ pub enum UpstreamError {
     /// The client's request body broke off or was malformed (a bad chunk size, fewer
     /// bytes than its `Content-Length`) while it was being forwarded.
     #[error("the client's request body is malformed or incomplete: {source}")]
-    ClientBody { source: SendError },
+    ClientBody { source: BodyError },
     /// No server of the upstream is in use: each failed lately (passive health).
     #[error("upstream {upstream}: all servers are out after failures")]
     NoServer { upstream: String },
@@ -43,7 +44,7 @@ impl UpstreamError {
 
 /// An error and its causes, `a: b: c`: hyper's errors say "client error (Connect)" and
 /// keep what went wrong (refused, a certificate not trusted) in their sources.
-fn causes(error: &dyn std::error::Error) -> String {
+pub fn causes(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(e) = source {
@@ -60,9 +61,11 @@ pub enum SendError {
     /// No connection could be made (refused, unreachable, TLS handshake failed): nothing
     /// was sent.
     #[error("cannot connect")]
-    Connect(#[source] BoxError),
-    /// The exchange on a connection failed. The hyper error is this one's source, not
-    /// hidden behind it: what failed (the client's body, a reset) is read from it.
+    Connect(#[source] std::io::Error),
+    /// The exchange on an HTTP/1 connection failed.
     #[error("exchange failed")]
-    Exchange(#[from] hyper::Error),
+    Exchange(#[source] ExchangeError),
+    /// The exchange on an HTTP/2 connection failed.
+    #[error("exchange failed")]
+    H2(#[source] hyper::Error),
 }

@@ -4,20 +4,20 @@
 //! resolve to new addresses. Runs while its upstream client lives, until a reload stops
 //! its server set.
 
+use std::future::poll_fn;
 use std::sync::Arc;
 
-use bytes::Bytes;
-use http::uri::Scheme;
-use http::{HeaderValue, Request, StatusCode, Uri, header};
-use http_body_util::Empty;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use http::{Method, StatusCode};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use super::connect::Connector;
+use super::pool::{MAX_RESPONSE_HEAD, Pool};
 use super::servers::{Member, ServerSet};
 use crate::config::HealthCheck;
+use crate::http1::client::{ResponseBody, exchange};
+use crate::http1::parse::Framing;
+use crate::http1::write;
 
 /// The running check; dropping it stops the check.
 pub struct Checker(JoinHandle<()>);
@@ -32,7 +32,7 @@ impl Drop for Checker {
 pub fn start(servers: &Arc<ServerSet>, check: &HealthCheck, connector: Connector, http2: bool) -> Option<Checker> {
     let runtime = tokio::runtime::Handle::try_current().ok()?;
     // Its own pool: checks neither take nor keep connections that requests use.
-    let client = Client::builder(TokioExecutor::new()).http2_only(http2).build(connector);
+    let pool = Pool::new(connector);
     let (servers, check) = (Arc::clone(servers), check.clone());
     Some(Checker(runtime.spawn(async move {
         let upstream = servers.upstream();
@@ -46,7 +46,7 @@ pub fn start(servers: &Arc<ServerSet>, check: &HealthCheck, connector: Connector
                 _ = ticks.tick() => {}
             }
             let members = servers.members();
-            let probes = members.iter().map(|m| probe(&client, m, &check));
+            let probes = members.iter().map(|m| probe(&pool, m, &check, http2));
             for (member, outcome) in members.iter().zip(futures_util::future::join_all(probes).await) {
                 let changed = member.checked(outcome.is_ok());
                 match outcome {
@@ -64,27 +64,8 @@ pub fn start(servers: &Arc<ServerSet>, check: &HealthCheck, connector: Connector
 }
 
 /// The status of one check, or why it failed.
-async fn probe(
-    client: &Client<Connector, Empty<Bytes>>,
-    member: &Member,
-    check: &HealthCheck,
-) -> Result<StatusCode, String> {
-    let scheme = if member.tls() { Scheme::HTTPS } else { Scheme::HTTP };
-    let uri = Uri::builder().scheme(scheme).authority(member.address().clone()).path_and_query(check.path.clone());
-    let mut req = Request::new(Empty::new());
-    // Scheme, authority and a checked path always build a valid URI.
-    *req.uri_mut() = uri.build().unwrap_or_default();
-    if let Ok(host) = HeaderValue::from_str(member.host().as_str()) {
-        req.headers_mut().insert(header::HOST, host);
-    }
-    let exchange = async {
-        let response = client.request(req).await.map_err(|e| e.to_string())?;
-        let status = response.status();
-        // The body is read to the end so that the connection can be kept.
-        http_body_util::BodyExt::collect(response.into_body()).await.map_err(|e| e.to_string())?;
-        Ok(status)
-    };
-    let status = tokio::time::timeout(check.timeout, exchange)
+async fn probe(pool: &Pool, member: &Member, check: &HealthCheck, http2: bool) -> Result<StatusCode, String> {
+    let status = tokio::time::timeout(check.timeout, exchange_once(pool, member, check, http2))
         .await
         .unwrap_or_else(|_| Err(format!("no answer within {:?}", check.timeout)))?;
     let expected = match check.expect_status.as_slice() {
@@ -92,6 +73,39 @@ async fn probe(
         list => list.contains(&status),
     };
     if expected { Ok(status) } else { Err(format!("status {status}")) }
+}
+
+/// `GET path` on `member`, its body read to the end so that the connection can be kept.
+async fn exchange_once(pool: &Pool, member: &Member, check: &HealthCheck, http2: bool) -> Result<StatusCode, String> {
+    let (address, tls, host) = (member.address(), member.tls(), member.host().as_str());
+    if http2 {
+        let mut sender = pool.h2(address, tls).await.map_err(|e| super::error::causes(&e))?;
+        let scheme = if tls { "https" } else { "http" };
+        let uri =
+            format!("{scheme}://{host}{}", check.path).parse().map_err(|e: http::uri::InvalidUri| e.to_string())?;
+        let response = super::h2::send(&mut sender, &Method::GET, uri, http::HeaderMap::new(), None)
+            .await
+            .map_err(|_| "the exchange failed".to_owned())?;
+        let status = response.status();
+        http_body_util::BodyExt::collect(response.into_body()).await.map_err(|e| e.to_string())?;
+        return Ok(status);
+    }
+    let mut conn = pool.checkout(address, tls, false).await.map_err(|e| super::error::causes(&e))?;
+    let mut head = Vec::with_capacity(128);
+    let mut writer = write::Head::request(&mut head, &Method::GET, check.path.as_str());
+    writer.field(b"host", host.as_bytes());
+    writer.end();
+    let no_body: Option<&mut dyn crate::http1::BodySource> = None;
+    let (result, _) = exchange(&mut conn, &head, no_body, Framing::Empty, &Method::GET, MAX_RESPONSE_HEAD).await;
+    let (response, read) = result.map_err(|e| super::error::causes(&e))?;
+    let mut body = ResponseBody::new(conn, &response, read);
+    while let Some(piece) = poll_fn(|cx| body.poll_data(cx)).await {
+        piece.map_err(|e| e.to_string())?;
+    }
+    if body.is_reusable() {
+        body.conn_mut().keep();
+    }
+    Ok(response.status)
 }
 
 #[cfg(test)]

@@ -1,36 +1,32 @@
-//! Keep-alive connections to the servers of one upstream, driven with hyper's
-//! connection-level client. A request checks an idle HTTP/1.1 connection out (or makes
-//! one) and sends on it; its response body puts the connection back once read to the
-//! end. HTTP/2 shares one connection per server among all requests.
+//! Keep-alive connections to the servers of one upstream. A request checks an idle
+//! HTTP/1.1 connection out (or makes one), drives its exchange on it from its own task,
+//! and gives it back once the response body has been read to its end; a connection given
+//! back is a socket and nothing else (no task, no buffer). HTTP/2 (`http2: true`) shares
+//! one hyper connection per server among all requests.
 //!
-//! Hand-written rather than hyper-util's pooled client: that one passes each request
-//! through its pool's checkout machinery and, for every HTTP/1 response, spawns a task
-//! that waits for the connection to be idle again before pooling it. A list of idle
-//! senders does without both (see README's *Performance* for what that saved). Each
-//! connection still runs in a task of its own: driving it from the request's task
-//! instead polled both connections on every wake-up of either and cost more.
+//! A server may close an idle connection at any time. A connection checked out is first
+//! looked at without blocking: one the server closed (or wrote to unasked) is dropped
+//! for the next, so that a request is rarely sent on a connection already gone.
 
 use std::collections::HashMap;
+use std::io;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use http::uri::{Authority, Scheme};
-use http::{Request, Response, Uri};
-use hyper::body::Incoming;
-use hyper::client::conn::{TrySendError, http1, http2};
-use hyper_util::rt::{TokioExecutor, TokioTimer};
-use tower_service::Service;
+use http::uri::Authority;
+use hyper::client::conn::http2;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::connect::{Connector, UpstreamIo};
 use super::error::SendError;
-use super::retry::AttemptBody;
+use super::h2::H2Body;
 
-/// Bytes of a response hyper holds for a client that reads slowly (HTTP/1 write
-/// buffer), and reads ahead from an upstream: nginx's `proxy_buffers 8 4k`. hyper's
-/// default, ~400 KiB each, held about 1.3 MB per client that reads nothing; this, about
-/// 155 KB. It bounds an upstream's response head too (a 502 past it; nginx allows 4 or
-/// 8 KiB); a client's request head is bounded by `http1_buffer_bytes`.
-pub const BUFFER_BYTES: usize = 32 * 1024;
+/// The largest response head read from a server (a 502 past it): nginx reads heads into
+/// one `proxy_buffer_size` of 4 or 8 KiB; this leaves room for large cookies.
+pub const MAX_RESPONSE_HEAD: usize = 32 * 1024;
 
 /// Idle keep-alive connections to a server are closed after this long (the reaper looks
 /// every half of it, so one lives at most one and a half times this).
@@ -42,16 +38,22 @@ pub struct Pool {
 
 struct Inner {
     connector: Connector,
-    http2: bool,
-    /// hyper's read and write buffer per HTTP/1 connection.
-    buffer_bytes: usize,
     /// HTTP/1.1 connections with no request on them, by server, most recently used
     /// last; plain ones, then TLS ones. Keyed by the address as written: `Authority`'s
     /// own hash and equality go byte by byte, case-folded, which cost more per request
-    /// than everything else the pool does (callgrind).
+    /// than everything else the pool does.
     idle: [Mutex<ByServer<Vec<Idle>>>; 2],
     /// The HTTP/2 connection of each server, plain then TLS.
-    shared: [Mutex<ByServer<http2::SendRequest<AttemptBody>>>; 2],
+    shared: [Mutex<ByServer<http2::SendRequest<H2Body>>>; 2],
+}
+
+/// By server address, hashed with foldhash rather than std's SipHash: the addresses come
+/// from the configuration and DNS, not from clients.
+type ByServer<T> = HashMap<Box<str>, T, foldhash::fast::RandomState>;
+
+struct Idle {
+    io: UpstreamIo,
+    since: Instant,
 }
 
 /// A server, as the pool files its connections.
@@ -61,134 +63,69 @@ struct Key {
     tls: bool,
 }
 
-/// By server address, hashed with foldhash rather than std's SipHash: the addresses come
-/// from the configuration and DNS, not from clients, and SipHash's two hashes per
-/// request (checkout, give back) showed in the instruction counts (README, *Performance*).
-type ByServer<T> = HashMap<Box<str>, T, foldhash::fast::RandomState>;
-
-struct Idle {
-    sender: http1::SendRequest<AttemptBody>,
-    since: Instant,
-}
-
-/// A connection lent to a request until its response body has been read to the end.
-/// Dropped before that, it closes the connection (the rest of the body is still on it).
+/// An HTTP/1.1 connection lent to one exchange. `keep` it once the exchange ended cleanly
+/// (the response read to its end, the server willing): it goes back to the pool when
+/// dropped; otherwise it is closed.
 pub struct Checkout {
+    /// `None` once taken over.
+    io: Option<UpstreamIo>,
     inner: Arc<Inner>,
     key: Key,
-    sender: http1::SendRequest<AttemptBody>,
+    /// It came from the pool: it served another exchange before.
+    pub reused: bool,
+    keep: bool,
 }
 
 impl Pool {
-    pub fn new(connector: Connector, http2: bool, buffer_bytes: usize) -> Self {
-        let inner =
-            Arc::new(Inner { connector, http2, buffer_bytes, idle: Default::default(), shared: Default::default() });
+    pub fn new(connector: Connector) -> Self {
+        let inner = Arc::new(Inner { connector, idle: Default::default(), shared: Default::default() });
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(reap(Arc::downgrade(&inner)));
         }
         Pool { inner }
     }
 
-    /// Sends `req` to `server` (over TLS when `tls`); the response comes with the
-    /// connection to give back once its body is done (`None` for HTTP/2, whose
-    /// connection is shared). An HTTP/1 request goes in origin form, an HTTP/2 one with
-    /// its scheme and authority (`:scheme`, `:authority`).
-    pub async fn send(
-        &self,
-        server: &Authority,
-        tls: bool,
-        mut req: Request<AttemptBody>,
-    ) -> Result<(Response<Incoming>, Option<Checkout>), SendError> {
+    /// An HTTP/1.1 connection to `server` (over TLS when `tls`): an idle one still open,
+    /// else a new one (`fresh`: a new one in any case).
+    pub async fn checkout(&self, server: &Authority, tls: bool, fresh: bool) -> Result<Checkout, SendError> {
         let key = Key { server: server.clone(), tls };
-        if self.inner.http2 {
-            // Boxed, like the connects below: what is rare stays out of the future
-            // every request moves around.
-            return Box::pin(self.send_h2(key, req)).await.map(|response| (response, None));
+        if !fresh && let Some(io) = self.inner.take_idle(&key) {
+            return Ok(Checkout { io: Some(io), inner: Arc::clone(&self.inner), key, reused: true, keep: false });
         }
-        loop {
-            let (mut sender, reused) = match self.inner.checkout(&key) {
-                Some(sender) => (sender, true),
-                None => (Box::pin(self.connect_h1(&key)).await?, false),
-            };
-            // A pooled connection that is still finishing its last exchange gets ready
-            // in a moment; one the server closed meanwhile is dropped for the next.
-            if sender.ready().await.is_err() && reused {
-                continue;
-            }
-            match sender.try_send_request(req).await {
-                Ok(response) => {
-                    let checkout = Checkout { inner: Arc::clone(&self.inner), key, sender };
-                    return Ok((response, Some(checkout)));
-                }
-                // Closed before a byte of the request was written: hyper gives it back,
-                // and it goes on another connection, as hyper-util's client does.
-                Err(e) => req = unsent(e, reused)?,
-            }
+        // Boxed: what is rare stays out of the future every request moves around.
+        let io = Box::pin(self.inner.connector.connect(server, tls)).await.map_err(SendError::Connect)?;
+        Ok(Checkout { io: Some(io), inner: Arc::clone(&self.inner), key, reused: false, keep: false })
+    }
+
+    /// The HTTP/2 connection to `server`, shared by every request to it: the open one,
+    /// or a new one.
+    pub async fn h2(&self, server: &Authority, tls: bool) -> Result<http2::SendRequest<H2Body>, SendError> {
+        let key = Key { server: server.clone(), tls };
+        let shared = &self.inner.shared[usize::from(tls)];
+        if let Some(sender) = lock(shared).get(server.as_str()).filter(|s| !s.is_closed()) {
+            return Ok(sender.clone());
         }
-    }
-
-    async fn send_h2(&self, key: Key, mut req: Request<AttemptBody>) -> Result<Response<Incoming>, SendError> {
-        loop {
-            let shared = lock(key.shared(&self.inner)).get(key.server.as_str()).filter(|s| !s.is_closed()).cloned();
-            let (mut sender, reused) = match shared {
-                Some(sender) => (sender, true),
-                None => {
-                    let sender = self.connect_h2(&key).await?;
-                    lock(key.shared(&self.inner)).insert(key.server.as_str().into(), sender.clone());
-                    (sender, false)
-                }
-            };
-            if sender.ready().await.is_err() && reused {
-                lock(key.shared(&self.inner)).remove(key.server.as_str());
-                continue;
-            }
-            match sender.try_send_request(req).await {
-                Ok(response) => return Ok(response),
-                Err(e) => req = unsent(e, reused)?,
-            }
-        }
-    }
-
-    async fn connect(&self, key: &Key) -> Result<UpstreamIo, SendError> {
-        let scheme = if key.tls { Scheme::HTTPS } else { Scheme::HTTP };
-        let uri = Uri::builder().scheme(scheme).authority(key.server.clone()).path_and_query("/").build();
-        let uri = uri.map_err(|e| SendError::Connect(e.into()))?;
-        self.inner.connector.clone().call(uri).await.map_err(SendError::Connect)
-    }
-
-    async fn connect_h1(&self, key: &Key) -> Result<http1::SendRequest<AttemptBody>, SendError> {
-        let io = self.connect(key).await?;
-        let (sender, connection) = http1::Builder::new().max_buf_size(self.inner.buffer_bytes).handshake(io).await?;
-        // Its errors reach the request on it; upgrades (`101`) hand the connection over.
-        tokio::spawn(async move { _ = connection.with_upgrades().await });
-        Ok(sender)
-    }
-
-    async fn connect_h2(&self, key: &Key) -> Result<http2::SendRequest<AttemptBody>, SendError> {
-        let io = self.connect(key).await?;
-        let (sender, connection) =
-            http2::Builder::new(TokioExecutor::new()).timer(TokioTimer::new()).handshake(io).await?;
+        let io = self.inner.connector.connect(&key.server, tls).await.map_err(SendError::Connect)?;
+        let (sender, connection) = http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .handshake(TokioIo::new(io))
+            .await
+            .map_err(SendError::H2)?;
+        // Its errors reach the requests on it.
         tokio::spawn(async move { _ = connection.await });
+        lock(shared).insert(server.as_str().into(), sender.clone());
         Ok(sender)
-    }
-}
-
-/// The request back from a send that wrote nothing of it, to go on another connection;
-/// else the error. A fresh connection that fails so is not tried again.
-fn unsent(mut error: TrySendError<Request<AttemptBody>>, reused: bool) -> Result<Request<AttemptBody>, SendError> {
-    match error.take_message() {
-        Some(req) if reused => Ok(req),
-        _ => Err(SendError::Exchange(error.into_error())),
     }
 }
 
 impl Inner {
-    fn checkout(&self, key: &Key) -> Option<http1::SendRequest<AttemptBody>> {
-        let mut idle = lock(key.idle(self));
+    /// The most recently used idle connection to `key` that is still open.
+    fn take_idle(&self, key: &Key) -> Option<UpstreamIo> {
+        let mut idle = lock(&self.idle[usize::from(key.tls)]);
         let list = idle.get_mut(key.server.as_str())?;
-        while let Some(conn) = list.pop() {
-            if !conn.sender.is_closed() {
-                return Some(conn.sender);
+        while let Some(mut conn) = list.pop() {
+            if still_open(&mut conn.io) {
+                return Some(conn.io);
             }
         }
         None
@@ -199,35 +136,79 @@ impl Inner {
         for idle in &self.idle {
             let mut idle = lock(idle);
             for list in idle.values_mut() {
-                list.retain(|c| now.saturating_duration_since(c.since) < IDLE_TIMEOUT && !c.sender.is_closed());
+                list.retain(|c| now.saturating_duration_since(c.since) < IDLE_TIMEOUT);
             }
             idle.retain(|_, list| !list.is_empty());
         }
     }
 }
 
-impl Key {
-    fn idle<'a>(&self, inner: &'a Inner) -> &'a Mutex<ByServer<Vec<Idle>>> {
-        &inner.idle[usize::from(self.tls)]
-    }
-
-    fn shared<'a>(&self, inner: &'a Inner) -> &'a Mutex<ByServer<http2::SendRequest<AttemptBody>>> {
-        &inner.shared[usize::from(self.tls)]
-    }
+/// Whether an idle connection is still open: a look at its socket that never waits. A
+/// closed one reads its end (or an error); one the server wrote to unasked is out of step.
+fn still_open(io: &mut UpstreamIo) -> bool {
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut byte = [0u8; 1];
+    let mut buf = ReadBuf::new(&mut byte);
+    matches!(Pin::new(io).poll_read(&mut cx, &mut buf), Poll::Pending)
 }
 
 impl Checkout {
-    /// The response body was read to its end: the connection takes the next request.
-    pub fn give_back(self) {
-        if self.sender.is_closed() {
-            return;
-        }
-        let idle = Idle { sender: self.sender, since: Instant::now() };
-        let mut pool = lock(self.key.idle(&self.inner));
+    /// The exchange on it ended cleanly: it may take the next request.
+    pub fn keep(&mut self) {
+        self.keep = true;
+    }
+
+    /// The connection itself, taken over (an upgrade makes it a tunnel).
+    pub fn into_io(mut self) -> Option<UpstreamIo> {
+        self.io.take()
+    }
+
+    fn io(&mut self) -> io::Result<&mut UpstreamIo> {
+        self.io.as_mut().ok_or_else(|| io::ErrorKind::NotConnected.into())
+    }
+}
+
+impl Drop for Checkout {
+    fn drop(&mut self) {
+        let Some(io) = self.io.take().filter(|_| self.keep) else { return };
+        let idle = Idle { io, since: Instant::now() };
+        let mut pool = lock(&self.inner.idle[usize::from(self.key.tls)]);
         match pool.get_mut(self.key.server.as_str()) {
             Some(list) => list.push(idle),
             None => _ = pool.insert(self.key.server.as_str().into(), vec![idle]),
         }
+    }
+}
+
+impl AsyncRead for Checkout {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(self.get_mut().io()?).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Checkout {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(self.get_mut().io()?).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(self.get_mut().io()?).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.as_ref().is_some_and(UpstreamIo::is_write_vectored)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(self.get_mut().io()?).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(self.get_mut().io()?).poll_shutdown(cx)
     }
 }
 

@@ -1,38 +1,39 @@
-//! Responses made here rather than upstream: static routes, rejections, errors. The body
-//! every response carries (with the request's receipts) is `body`; the rate-limit header
-//! fields (draft-ietf-httpapi-ratelimit-headers) on any response are `ratelimit`.
+//! Responses made here rather than upstream: static routes, rejections, errors; and
+//! the rate-limit header fields (draft-ietf-httpapi-ratelimit-headers) on any response
+//! (`ratelimit`).
 
-mod body;
 mod ratelimit;
 
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::StatusCode;
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
-use http::{Response, StatusCode};
+use smallvec::smallvec;
 
 use super::error::ProxyError;
 use crate::config::{RejectionBody, StaticResponse};
-pub use body::ProxyBody;
+use crate::message::{Body, Fields, Receipts, Response};
 pub use ratelimit::{Quota, add_ratelimit_headers, quotas};
 
-fn made_here(status: StatusCode, body: impl Into<Bytes>) -> Response<ProxyBody> {
-    let mut response = Response::new(ProxyBody::full(body));
-    *response.status_mut() = status;
-    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
-    response
+fn made_here(status: StatusCode, body: impl Into<Bytes>) -> Response {
+    let text = HeaderValue::from_static("text/plain; charset=utf-8");
+    Response::made(status, smallvec![(CONTENT_TYPE, text)], body)
 }
 
-pub fn static_response(r: &StaticResponse) -> Response<ProxyBody> {
-    let mut response = Response::new(ProxyBody::full(r.body.clone()));
-    *response.status_mut() = r.status;
-    *response.headers_mut() = r.headers.clone();
-    response
+pub fn static_response(r: &StaticResponse) -> Response {
+    Response {
+        status: r.status,
+        fields: Fields::Map(r.headers.clone()),
+        extra: smallvec![],
+        body: Body::Full(r.body.clone()),
+        receipts: Receipts::default(),
+    }
 }
 
 /// The answer to a failed request: the reason phrase, and for the client's own faults
 /// what was wrong (an upstream's failure is logged, not shown).
-pub fn error(e: &ProxyError) -> Response<ProxyBody> {
+pub fn error(e: &ProxyError) -> Response {
     let status = e.status();
     let reason = status.canonical_reason().unwrap_or("error");
     let body = if status.is_client_error() { format!("{reason}: {e}\n") } else { format!("{reason}\n") };
@@ -43,12 +44,7 @@ pub fn error(e: &ProxyError) -> Response<ProxyBody> {
 /// that waits exactly that long is not rejected again for being early (RFC 9110 §10.2.3).
 /// The body is a line of text, or with `RejectionBody::ProblemJson` a problem details
 /// object (RFC 9457) naming the `violated` limits.
-pub fn rejected(
-    status: StatusCode,
-    retry_after: Duration,
-    body: RejectionBody,
-    violated: &[&str],
-) -> Response<ProxyBody> {
+pub fn rejected(status: StatusCode, retry_after: Duration, body: RejectionBody, violated: &[&str]) -> Response {
     let title = status.canonical_reason().unwrap_or("Rejected");
     let retry_after = ceil_secs(retry_after).max(1);
     let mut response = match body {
@@ -66,11 +62,11 @@ pub fn rejected(
                 status.as_u16()
             );
             let mut response = made_here(status, json);
-            response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+            response.set(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
             response
         }
     };
-    response.headers_mut().insert(RETRY_AFTER, HeaderValue::from(retry_after));
+    response.set(RETRY_AFTER, HeaderValue::from(retry_after));
     response
 }
 
@@ -80,14 +76,15 @@ pub(super) fn ceil_secs(d: Duration) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use http_body_util::Either;
-
     use super::*;
+
+    fn field(r: &Response, name: &http::HeaderName) -> HeaderValue {
+        r.extra.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone()).unwrap()
+    }
 
     #[test]
     fn retry_after_rounds_up_and_is_never_zero() {
-        let retry =
-            |d| rejected(StatusCode::TOO_MANY_REQUESTS, d, RejectionBody::Text, &[]).headers()[RETRY_AFTER].clone();
+        let retry = |d| field(&rejected(StatusCode::TOO_MANY_REQUESTS, d, RejectionBody::Text, &[]), &RETRY_AFTER);
         assert_eq!(retry(Duration::from_millis(1)), "1");
         assert_eq!(retry(Duration::from_millis(2001)), "3");
         assert_eq!(retry(Duration::from_secs(2)), "2");
@@ -101,12 +98,9 @@ mod tests {
             RejectionBody::ProblemJson,
             &["a", "b"],
         );
-        assert_eq!(r.headers()[CONTENT_TYPE], "application/problem+json");
-        let Either::Right(full) = &r.body().inner else { panic!("not made here") };
-        let body = format!("{full:?}");
-        assert!(
-            body.contains(r#"\"violated_limits\":[\"a\",\"b\"]"#) && body.contains(r#"\"retry_after\":2"#),
-            "{body}"
-        );
+        assert_eq!(field(&r, &CONTENT_TYPE), "application/problem+json");
+        let Body::Full(body) = &r.body else { panic!("not made here") };
+        let body = String::from_utf8_lossy(body);
+        assert!(body.contains(r#""violated_limits":["a","b"]"#) && body.contains(r#""retry_after":2"#), "{body}");
     }
 }

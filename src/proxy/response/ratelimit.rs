@@ -3,7 +3,6 @@
 
 use std::fmt::Write as _;
 
-use http::HeaderMap;
 use http::header::{HeaderName, HeaderValue};
 
 use super::ceil_secs;
@@ -74,7 +73,7 @@ static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-rese
 /// the one with the fewest requests remaining (then the longest reset); their reset is
 /// in seconds from now, like the draft's `t`.
 pub fn add_ratelimit_headers(
-    headers: &mut HeaderMap,
+    set: &mut impl FnMut(HeaderName, HeaderValue),
     standings: &[Standing],
     quotas: &[Box<[Quota]>],
     style: HeaderStyle,
@@ -98,22 +97,24 @@ pub fn add_ratelimit_headers(
             let _ = write!(current, "\"{}\";r={};t={}", quota(s).name, s.remaining, ceil_secs(s.reset));
         }
         if let Some(policy) = policy {
-            headers.insert(&RATELIMIT_POLICY, policy);
+            set(RATELIMIT_POLICY.clone(), policy);
         }
         if let Ok(current) = HeaderValue::try_from(current) {
-            headers.insert(&RATELIMIT, current);
+            set(RATELIMIT.clone(), current);
         }
     }
     if style != HeaderStyle::Draft {
-        headers.insert(&X_RATELIMIT_LIMIT, HeaderValue::from(quota(tightest).quota));
-        headers.insert(&X_RATELIMIT_REMAINING, HeaderValue::from(tightest.remaining));
-        headers.insert(&X_RATELIMIT_RESET, HeaderValue::from(ceil_secs(tightest.reset)));
+        set(X_RATELIMIT_LIMIT.clone(), HeaderValue::from(quota(tightest).quota));
+        set(X_RATELIMIT_REMAINING.clone(), HeaderValue::from(tightest.remaining));
+        set(X_RATELIMIT_RESET.clone(), HeaderValue::from(ceil_secs(tightest.reset)));
     }
 }
 
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
+
+    use http::HeaderMap;
 
     use http::StatusCode;
 
@@ -176,12 +177,12 @@ mod tests {
             },
         ];
         let mut h = HeaderMap::new();
-        add_ratelimit_headers(&mut h, &standings, &quotas, HeaderStyle::Draft);
+        add_ratelimit_headers(&mut |n, v| _ = h.insert(n, v), &standings, &quotas, HeaderStyle::Draft);
         assert_eq!(h[&RATELIMIT_POLICY], "\"a\";q=10;w=1, \"b\";q=1;w=60");
         assert_eq!(h[&RATELIMIT], "\"a\";r=2;t=1, \"b\";r=0;t=59");
         assert!(!h.contains_key(&X_RATELIMIT_LIMIT));
         let mut h = HeaderMap::new();
-        add_ratelimit_headers(&mut h, &standings, &quotas, HeaderStyle::Legacy);
+        add_ratelimit_headers(&mut |n, v| _ = h.insert(n, v), &standings, &quotas, HeaderStyle::Legacy);
         assert!(!h.contains_key(&RATELIMIT));
         assert_eq!(
             (&h[&X_RATELIMIT_LIMIT], &h[&X_RATELIMIT_REMAINING], &h[&X_RATELIMIT_RESET]),

@@ -35,7 +35,7 @@ pub struct Timeouts {
 }
 
 impl Timeouts {
-    fn shortest(&self) -> Duration {
+    pub fn shortest(&self) -> Duration {
         self.header_read.min(self.idle).min(self.send)
     }
 }

@@ -1,22 +1,21 @@
 //! The listeners: accept connections up to `server.max_connections` (all listeners
-//! together), end TLS where a listener has it, serve HTTP/1.1 and HTTP/2 on each
-//! (hyper-util's auto builder; h2c in plain text, ALPN over TLS) under the connection
-//! watchdog's timeouts, reload the configuration (certificates included) on SIGHUP, and
-//! on shutdown stop accepting and let in-flight requests and tunnels finish within the
-//! grace period.
+//! together), end TLS where a listener has it, serve each connection (HTTP/1.x by
+//! sluicegate's engine, `h1`; HTTP/2 by hyper, `h2`: h2c after the HTTP/1 engine saw its
+//! preface, `h2` by ALPN over TLS), reload the configuration (certificates included) on
+//! SIGHUP, and on shutdown stop accepting and let in-flight requests and tunnels finish
+//! within the grace period.
 
-use std::convert::Infallible;
+pub mod h1;
+pub mod h2;
+mod tunnel;
+pub mod watchdog;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::Request;
-use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio_rustls::TlsAcceptor;
@@ -24,15 +23,16 @@ use tracing::{debug, error, info, warn};
 
 use crate::config::{self, Config, MAX_CONNECTIONS};
 use crate::connection::{ClientConn, ConnectionHold, PeerCounts};
+use crate::http1::server::HeadLimits;
+use crate::message::Service;
 use crate::proxy::Proxy;
 use crate::running::Running;
-use crate::upstream::BUFFER_BYTES;
-use crate::watchdog::{self, DriveError, Timeouts, Watch, WatchedBody, WatchedIo};
+pub use watchdog::Timeouts;
 
 /// Connections the kernel queues before `accept`; it caps this at `net.core.somaxconn`.
 const LISTEN_BACKLOG: u32 = 4096;
 /// Room in an HTTP/1 head beyond its target and header fields: the method, the version,
-/// the spaces and line ends, and whitespace hyper does not count.
+/// the spaces and line ends.
 const HEAD_SLACK_BYTES: usize = 1024;
 /// Open files kept for what is not a client connection: the listener, Redis, logs.
 const RESERVED_FILES: u64 = 64;
@@ -85,17 +85,14 @@ impl Server {
             if let Ok(addr) = listener.local_addr() {
                 info!(%addr, "admin listening");
             }
-            tokio::spawn(crate::admin::serve(listener, admin, Arc::clone(&self.running)));
+            let service = Arc::new(crate::admin::AdminService::new(admin, Arc::clone(&self.running)));
+            tokio::spawn(serve_admin(listener, service, settings(self.running.proxy().config())));
         }
         // Established connections keep being served at the cap; new ones wait in the
         // listen backlog until one closes (as nginx does at `worker_connections`).
         let slots = Arc::new(Semaphore::new(self.max_connections));
         let (stop, stopping) = watch::channel(());
-        let mut builder = auto::Builder::new(TokioExecutor::new());
-        // The watchdog times request headers; hyper's own timer would also cut idle
-        // keep-alive connections at `header_read_timeout`.
-        builder.http1().header_read_timeout(None).keep_alive(true);
-        let mut accepting = Accepting { running: Arc::clone(&self.running), builder, peers: Arc::default(), stopping };
+        let mut accepting = Accepting { running: Arc::clone(&self.running), peers: Arc::default(), stopping };
         let mut turn = 0;
         tokio::pin!(shutdown);
         loop {
@@ -245,7 +242,6 @@ fn hangups() -> tokio::sync::mpsc::Receiver<()> {
 /// What every accepted connection is set up with.
 struct Accepting {
     running: Arc<Running>,
-    builder: auto::Builder<TokioExecutor>,
     /// Connections open per client address.
     peers: Arc<PeerCounts>,
     stopping: watch::Receiver<()>,
@@ -255,7 +251,8 @@ impl Accepting {
     /// Sets up the connection `stream` from `peer`, accepted on listener `listener`
     /// while it holds `slot` of `max_connections`, under the configuration in force now
     /// (a reload applies to later connections): its place among its address's
-    /// connections, its timeouts, its buffers, TLS; then serves it in a task of its own.
+    /// connections, its timeouts and head limits, TLS; then serves it in a task of its
+    /// own.
     fn connection(&mut self, stream: TcpStream, peer: SocketAddr, slot: OwnedSemaphorePermit, listener: usize) {
         debug!(%peer, "connection accepted");
         let _ = stream.set_nodelay(true);
@@ -272,31 +269,28 @@ impl Accepting {
                 }
             },
         };
-        let hold = Arc::new(ConnectionHold::new(slot, self.stopping.clone(), peer_slot));
-        self.builder.http1().max_buf_size(http1_buffer_bytes(config));
-        self.builder.http2().max_header_list_size(http2_header_list_bytes(config));
-        let timeouts =
-            Timeouts { header_read: config.header_read_timeout, idle: config.idle_timeout, send: config.send_timeout };
+        let hold = ConnectionHold::new(slot, self.stopping.clone(), peer_slot);
+        let settings = settings(config);
         let tls = config.listeners.get(listener).and_then(|l| l.tls.as_ref());
         let tls = tls.map(|t| TlsAcceptor::from(Arc::clone(&t.server_config)));
-        let serving = Serving {
-            running: Arc::clone(&self.running),
-            builder: self.builder.clone(),
-            timeouts,
-            stopping: self.stopping.clone(),
-        };
+        let (service, stopping) = (Arc::clone(&self.running), self.stopping.clone());
         tokio::spawn(async move {
-            // The handshake counts against `header_read_timeout`, as the first
-            // request's headers do: the watch starts before it.
-            let watch = Watch::new();
             let Some(acceptor) = tls else {
-                let conn = ClientConn { peer, tls: false, hold };
-                return serving.serve(TokioIo::new(stream), conn, watch).await;
+                let conn = ClientConn::new(peer, false, hold);
+                return h1::serve(stream, conn, service, settings, stopping).await;
             };
+            // The handshake counts against `header_read_timeout`, as the first request's
+            // headers do.
+            let timeouts = settings.timeouts;
             match tokio::time::timeout(timeouts.header_read, acceptor.accept(stream)).await {
                 Ok(Ok(stream)) => {
-                    let conn = ClientConn { peer, tls: true, hold };
-                    serving.serve(TokioIo::new(stream), conn, watch).await;
+                    let conn = ClientConn::new(peer, true, hold);
+                    if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+                        let h2 = settings.h2.unwrap_or(h2::H2Settings { max_header_list_size: 16 << 10 });
+                        return h2::serve(stream, conn, service, h2, timeouts, stopping).await;
+                    }
+                    // HTTP/2 over TLS is chosen by ALPN only (RFC 9113 §3.3).
+                    h1::serve(stream, conn, service, h1::Settings { h2: None, ..settings }, stopping).await;
                 }
                 Ok(Err(e)) => debug!(%peer, error = %e, "TLS handshake failed"),
                 Err(_) => debug!(%peer, timeout = "header_read_timeout", "TLS handshake not done in time"),
@@ -305,38 +299,44 @@ impl Accepting {
     }
 }
 
-/// What a connection task needs to serve its connection.
-struct Serving {
-    running: Arc<Running>,
-    builder: auto::Builder<TokioExecutor>,
-    timeouts: Timeouts,
-    stopping: watch::Receiver<()>,
+/// How the connections of `config` are served: its timeouts, its head limits.
+fn settings(config: &Config) -> h1::Settings {
+    h1::Settings {
+        timeouts: Timeouts {
+            header_read: config.header_read_timeout,
+            idle: config.idle_timeout,
+            send: config.send_timeout,
+        },
+        // A head whose target and header fields are within their limits always fits, so
+        // that the front answers 414 or 431 with the limit that was passed; one too large
+        // even for this is refused while it is read.
+        head: HeadLimits {
+            line: config.max_uri_bytes + HEAD_SLACK_BYTES,
+            head: config.max_header_bytes + config.max_uri_bytes + HEAD_SLACK_BYTES,
+        },
+        h2: Some(h2::H2Settings { max_header_list_size: http2_header_list_bytes(config) }),
+    }
 }
 
-impl Serving {
-    /// Serves HTTP/1.1 (with upgrades) or HTTP/2 on one client connection under the
-    /// watchdog, until it closes or the shutdown's graceful close ends it.
-    async fn serve<I>(mut self, io: I, conn: ClientConn, watch: Arc<Watch>)
-    where
-        I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-    {
-        let peer = conn.peer;
-        let (running, requests, conn) = (Arc::clone(&self.running), Arc::clone(&watch), Arc::new(conn));
-        let service = service_fn(move |req: Request<Incoming>| {
-            let (proxy, conn) = (running.proxy(), Arc::clone(&conn));
-            let in_flight = requests.request(req.version());
-            async move { Ok::<_, Infallible>(proxy.handle(req, &conn).await.map(|b| WatchedBody::new(b, in_flight))) }
+/// Serves the admin listener until the process ends.
+async fn serve_admin(listener: TcpListener, service: Arc<crate::admin::AdminService>, settings: h1::Settings) {
+    // Admin connections are not counted against `max_connections`, and shutdown does not
+    // wait for them: their shutdown signal never comes.
+    let (_never, stopping) = watch::channel(());
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                warn!(error = %e, "admin accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let (service, settings, stopping) = (Arc::clone(&service), settings.clone(), stopping.clone());
+        tokio::spawn(async move {
+            let conn = ClientConn::unheld(peer);
+            h1::serve(stream, conn, service, settings, stopping).await;
         });
-        let io = WatchedIo::new(io, Arc::clone(&watch));
-        let connection = self.builder.serve_connection_with_upgrades(io, service);
-        // Borrowed, not moved: the receiver must live until the connection ends, as the
-        // shutdown waits for every receiver to go.
-        let goodbye = |conn: std::pin::Pin<&mut _>| auto::UpgradeableConnection::graceful_shutdown(conn);
-        match watchdog::drive(connection, goodbye, &watch, self.timeouts, &mut self.stopping).await {
-            Ok(()) => {}
-            Err(DriveError::Connection(e)) => debug!(%peer, error = %e, "connection ended with an error"),
-            Err(DriveError::Expired(why)) => debug!(%peer, timeout = why.as_str(), "connection closed"),
-        }
     }
 }
 
@@ -395,16 +395,7 @@ fn default_max_connections(open_files: u64) -> usize {
     usize::try_from(half).unwrap_or(1)
 }
 
-/// hyper's HTTP/1 buffer must hold a whole request head: one whose target and header
-/// fields are within their limits always fits, so that `proxy::head` answers 414 or 431
-/// with the limit that was passed. A head too large even for this gets hyper's own 431.
-/// The same size bounds the response bytes held for a slow reader: never below
-/// `BUFFER_BYTES`.
-fn http1_buffer_bytes(config: &Config) -> usize {
-    (config.max_header_bytes + config.max_uri_bytes + HEAD_SLACK_BYTES).max(BUFFER_BYTES)
-}
-
-/// HTTP/2 counts 32 bytes more per field than `proxy::head` (RFC 9113 §6.5.2), so a
+/// HTTP/2 counts 32 bytes more per field than `front::size` (RFC 9113 §6.5.2), so a
 /// section within `max_header_bytes` there (5 bytes or more per field) can count up to
 /// 33/5 times as much here; the pseudo-header fields come on top. Past this, h2 answers
 /// 431 itself without decoding further.
@@ -430,5 +421,17 @@ pub async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         () = terminate => {}
+    }
+}
+
+/// The proxy answers requests with the configuration in force when each arrives.
+impl Service for Running {
+    fn call<'a>(
+        &'a self,
+        request: crate::message::Request<'a>,
+        conn: &'a ClientConn,
+    ) -> impl Future<Output = crate::message::Response> + Send + 'a {
+        let proxy = self.proxy();
+        async move { proxy.handle(request, conn).await }
     }
 }

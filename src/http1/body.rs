@@ -1,0 +1,300 @@
+//! Body framing, both ways: reading a body delimited by `Content-Length`, by the chunked
+//! coding or by the connection's end (`Decoder`), and writing one (`chunk_head`, ...).
+//!
+//! The chunked decoder is strict where lenient readers have been played against each
+//! other (request smuggling): the chunk size is hex digits only, at most 16 of them (no
+//! sign, no `0x`, no space before the extension), every line ends in CRLF (a bare LF or
+//! CR is an error, not a line end), an extension is bounded (`MAX_LINE`), the data is
+//! followed by CRLF exactly, and the trailer section is bounded (`MAX_TRAILER`) and read
+//! to its empty line. Trailer fields are not forwarded: the body is written again with
+//! our own framing.
+
+use super::parse::Framing;
+
+/// Longest chunk-size line (size and extensions): nginx allows extensions too, within
+/// its buffer; anything longer is a client probing the parser.
+const MAX_LINE: usize = 1024;
+/// Longest trailer section.
+const MAX_TRAILER: usize = 8 * 1024;
+
+/// Why a body could not be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum FramingError {
+    #[error("invalid chunk size")]
+    ChunkSize,
+    #[error("chunk size line too long")]
+    ChunkLine,
+    #[error("chunk data not followed by CRLF")]
+    ChunkEnd,
+    #[error("invalid trailer section")]
+    Trailer,
+    #[error("the connection closed before the body's end")]
+    Incomplete,
+}
+
+/// What the bytes at the start of the input are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// `n` bytes of framing: skip them.
+    Framing(usize),
+    /// The next `n` bytes are data.
+    Data(usize),
+    /// More input is needed.
+    More,
+    /// The body ended after `n` more bytes of framing.
+    End(usize),
+}
+
+/// Reads one body's framing.
+#[derive(Debug, Clone)]
+pub struct Decoder {
+    state: State,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Data bytes left.
+    Length(u64),
+    UntilClose,
+    /// Reading a chunk-size line.
+    Size,
+    /// Data bytes left in a chunk.
+    Chunk(u64),
+    /// The CRLF after a chunk's data.
+    ChunkEnd,
+    /// Reading the trailer section; `read` bytes so far.
+    Trailer {
+        read: usize,
+    },
+    Done,
+}
+
+impl Decoder {
+    pub fn new(framing: Framing) -> Self {
+        let state = match framing {
+            Framing::Empty | Framing::Length(0) => State::Done,
+            Framing::Length(n) => State::Length(n),
+            Framing::Chunked => State::Size,
+            Framing::UntilClose => State::UntilClose,
+        };
+        Decoder { state }
+    }
+
+    /// The whole body has been read.
+    pub fn is_done(&self) -> bool {
+        self.state == State::Done
+    }
+
+    /// Data bytes still to come, when the framing says.
+    pub fn remaining(&self) -> Option<u64> {
+        match self.state {
+            State::Length(n) => Some(n),
+            State::Done => Some(0),
+            _ => None,
+        }
+    }
+
+    /// The connection ended: fine for a body read until then, else an error.
+    pub fn close(&mut self) -> Result<(), FramingError> {
+        match self.state {
+            State::UntilClose | State::Done => {
+                self.state = State::Done;
+                Ok(())
+            }
+            _ => Err(FramingError::Incomplete),
+        }
+    }
+
+    /// What the start of `input` is. `Data(n)` and `Framing(n)` are to be consumed by
+    /// the caller before the next step.
+    pub fn step(&mut self, input: &[u8]) -> Result<Step, FramingError> {
+        match self.state {
+            State::Done => Ok(Step::End(0)),
+            State::Length(_) | State::Chunk(_) if input.is_empty() => Ok(Step::More),
+            State::Length(n) => {
+                let take = n.min(input.len() as u64);
+                let left = n - take;
+                self.state = if left == 0 { State::Done } else { State::Length(left) };
+                Ok(Step::Data(take as usize))
+            }
+            State::UntilClose if input.is_empty() => Ok(Step::More),
+            State::UntilClose => Ok(Step::Data(input.len())),
+            State::Chunk(n) => {
+                let take = n.min(input.len() as u64);
+                let left = n - take;
+                self.state = if left == 0 { State::ChunkEnd } else { State::Chunk(left) };
+                Ok(Step::Data(take as usize))
+            }
+            State::ChunkEnd => match input {
+                [b'\r', b'\n', ..] => {
+                    self.state = State::Size;
+                    Ok(Step::Framing(2))
+                }
+                [] | [b'\r'] => Ok(Step::More),
+                _ => Err(FramingError::ChunkEnd),
+            },
+            State::Size => self.size_line(input),
+            State::Trailer { read } => self.trailer(input, read),
+        }
+    }
+
+    /// A chunk-size line: `1*HEXDIG [ ext ] CRLF`.
+    fn size_line(&mut self, input: &[u8]) -> Result<Step, FramingError> {
+        let digits = input.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+        if digits > 16 {
+            return Err(FramingError::ChunkSize);
+        }
+        let Some(lf) = input.iter().position(|&b| b == b'\n') else {
+            if input.len() > MAX_LINE {
+                return Err(FramingError::ChunkLine);
+            }
+            // A byte that can never start a valid line is refused at once.
+            return match input.first() {
+                Some(b) if !b.is_ascii_hexdigit() => Err(FramingError::ChunkSize),
+                _ => Ok(Step::More),
+            };
+        };
+        if lf > MAX_LINE {
+            return Err(FramingError::ChunkLine);
+        }
+        if digits == 0 || lf == 0 || input[lf - 1] != b'\r' {
+            return Err(FramingError::ChunkSize);
+        }
+        let line = &input[..lf - 1];
+        let ext = &line[digits..];
+        // An extension starts with `;` (after optional whitespace, RFC 9112 §7.1.1) and
+        // holds no control byte; anything else after the digits is no chunk size.
+        let ext_ok = ext.is_empty()
+            || ext.trim_ascii_start().first() == Some(&b';')
+                && ext.iter().all(|&b| b == b'\t' || (0x20..0x7f).contains(&b));
+        if !ext_ok {
+            return Err(FramingError::ChunkSize);
+        }
+        let size = line[..digits].iter().fold(0u64, |n, &d| (n << 4) | u64::from(hex(d)));
+        self.state = if size == 0 { State::Trailer { read: 0 } } else { State::Chunk(size) };
+        Ok(Step::Framing(lf + 1))
+    }
+
+    /// The trailer section after the last chunk: field lines, then an empty line.
+    fn trailer(&mut self, input: &[u8], read: usize) -> Result<Step, FramingError> {
+        let Some(lf) = input.iter().position(|&b| b == b'\n') else {
+            if read + input.len() > MAX_TRAILER {
+                return Err(FramingError::Trailer);
+            }
+            return Ok(Step::More);
+        };
+        if read + lf > MAX_TRAILER || lf == 0 || input[lf - 1] != b'\r' {
+            return Err(FramingError::Trailer);
+        }
+        let line = &input[..lf - 1];
+        if line.is_empty() {
+            self.state = State::Done;
+            return Ok(Step::End(lf + 1));
+        }
+        // A field line: no control byte but tabs, no bare CR.
+        if !line.iter().all(|&b| b == b'\t' || b >= 0x20 && b != 0x7f) || !line.contains(&b':') {
+            return Err(FramingError::Trailer);
+        }
+        self.state = State::Trailer { read: read + lf + 1 };
+        Ok(Step::Framing(lf + 1))
+    }
+}
+
+fn hex(d: u8) -> u8 {
+    match d {
+        b'0'..=b'9' => d - b'0',
+        b'a'..=b'f' => d - b'a' + 10,
+        _ => d - b'A' + 10,
+    }
+}
+
+/// The line that starts a chunk of `len` bytes: `{len:x}\r\n`, written into `out`
+/// (at most 18 bytes); returns how many.
+pub fn chunk_head(len: usize, out: &mut [u8; 18]) -> usize {
+    let digits = if len == 0 { 1 } else { (usize::BITS - len.leading_zeros()).div_ceil(4) as usize };
+    for (i, digit) in out[..digits].iter_mut().enumerate() {
+        *digit = b"0123456789abcdef"[(len >> (4 * (digits - 1 - i))) & 0xf];
+    }
+    out[digits] = b'\r';
+    out[digits + 1] = b'\n';
+    digits + 2
+}
+
+/// What follows a chunk's data.
+pub const CHUNK_END: &[u8] = b"\r\n";
+/// The last chunk and an empty trailer section.
+pub const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Decodes `input` whole: the data, or the error.
+    fn decode(framing: Framing, input: &[u8]) -> Result<Vec<u8>, FramingError> {
+        let mut d = Decoder::new(framing);
+        let mut at = 0;
+        let mut data = Vec::new();
+        loop {
+            match d.step(&input[at..])? {
+                Step::Framing(n) => at += n,
+                Step::Data(n) => {
+                    data.extend_from_slice(&input[at..at + n]);
+                    at += n;
+                }
+                Step::End(n) => {
+                    assert_eq!(at + n, input.len(), "bytes after the body");
+                    return Ok(data);
+                }
+                Step::More => {
+                    d.close()?;
+                    return Ok(data);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn chunked_bodies_are_decoded() {
+        assert_eq!(decode(Framing::Chunked, b"3\r\nabc\r\n0\r\n\r\n").unwrap(), b"abc");
+        assert_eq!(
+            decode(Framing::Chunked, b"A;name=\"v\"\r\n0123456789\r\n0\r\nx-t: 1\r\n\r\n").unwrap(),
+            b"0123456789"
+        );
+        assert_eq!(decode(Framing::Chunked, b"000003\r\nabc\r\n0\r\n\r\n").unwrap(), b"abc");
+        assert_eq!(decode(Framing::Length(3), b"abc").unwrap(), b"abc");
+    }
+
+    #[test]
+    fn what_lenient_parsers_disagree_on_is_refused() {
+        for bad in [
+            &b"3\nabc\r\n0\r\n\r\n"[..],     // LF alone after the size
+            b"3\r\nabc\n0\r\n\r\n",          // LF alone after the data
+            b"3\r\nabcd\r\n0\r\n\r\n",       // more data than the size says
+            b"-3\r\nabc\r\n0\r\n\r\n",       // a sign
+            b"0x3\r\nabc\r\n0\r\n\r\n",      // a prefix
+            b" 3\r\nabc\r\n0\r\n\r\n",       // leading space
+            b"3 \r\nabc\r\n0\r\n\r\n",       // trailing space, no extension
+            b"3\r\r\nabc\r\n0\r\n\r\n",      // a bare CR
+            b"1ffffffffffffffff\r\n",        // 17 hex digits: past u64
+            b"g\r\n",                        // not hex
+            b"3\r\nabc\r\n0\r\nbad\r\n\r\n", // a trailer line that is no field
+        ] {
+            assert!(decode(Framing::Chunked, bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+        }
+        let long = format!("1;{}\r\n", "x".repeat(MAX_LINE));
+        assert_eq!(decode(Framing::Chunked, long.as_bytes()), Err(FramingError::ChunkLine));
+        assert_eq!(decode(Framing::Chunked, b"3\r\nab"), Err(FramingError::Incomplete));
+        assert_eq!(decode(Framing::Length(3), b"ab"), Err(FramingError::Incomplete));
+    }
+
+    #[test]
+    fn chunk_heads_are_hex_lines() {
+        let mut out = [0; 18];
+        for (len, text) in
+            [(0, "0\r\n"), (10, "a\r\n"), (255, "ff\r\n"), (4096, "1000\r\n"), (usize::MAX, "ffffffffffffffff\r\n")]
+        {
+            let n = chunk_head(len, &mut out);
+            assert_eq!(&out[..n], text.as_bytes());
+        }
+    }
+}

@@ -1,0 +1,274 @@
+//! One request to a server on an HTTP/1.1 connection, driven by the request's own task:
+//! no task, channel or hand-off per connection. `exchange` writes the head (and the body
+//! as the client sends it, framed by us) while it reads for the response head; the
+//! response body is then read by `ResponseBody`, which says when the connection may
+//! take the next request.
+
+use std::future::poll_fn;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::Method;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use super::body::{self, Decoder, FramingError, Step};
+use super::parse::{self, Framing, ResponseHead};
+use super::{BodyError, BodySource, read_into};
+
+/// How an exchange failed, and how far it got (for deciding whether to try again).
+#[derive(Debug, thiserror::Error)]
+pub enum ExchangeError {
+    /// The server closed the connection, or it broke, before a response came.
+    #[error("the connection closed before a response: {0}")]
+    Closed(#[source] io::Error),
+    /// The response head is not HTTP/1.
+    #[error("invalid response: {0}")]
+    Response(&'static str),
+    /// The client's body failed on the way.
+    #[error("the request body failed: {0}")]
+    Body(#[source] BodyError),
+}
+
+/// What an exchange sent before it ended.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Sent {
+    /// Some byte of the request body left for the server: it cannot be sent again.
+    pub body: bool,
+    /// The request, body included, was written in full.
+    pub all: bool,
+}
+
+/// Writes the request `head` (its framing fields included) and the body from `body`
+/// framed as `framing`, on `io`, and reads the response head to a request with `method`
+/// (informational responses but `101` are read past). Returns the head and the bytes
+/// already read after it, with what was sent.
+pub async fn exchange<I: AsyncRead + AsyncWrite + Unpin, B: BodySource + ?Sized>(
+    io: &mut I,
+    head: &[u8],
+    body: Option<&mut B>,
+    framing: Framing,
+    method: &Method,
+    max_head: usize,
+) -> (Result<(ResponseHead, Bytes), ExchangeError>, Sent) {
+    let mut sent = Sent::default();
+    let mut out = Outgoing { head, written: 0, chunk: None, framing, body, ended: framing == Framing::Empty };
+    let mut buf = BytesMut::new();
+    let result = poll_fn(|cx| {
+        // Writing goes on while the response is awaited: a server may answer before it
+        // has read the whole body, or only after.
+        if let Err(e) = out.poll_send(cx, io, &mut sent) {
+            return Poll::Ready(Err(e));
+        }
+        loop {
+            match read_into(cx, &mut *io, &mut buf) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(ExchangeError::Closed(e))),
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Err(ExchangeError::Closed(io::ErrorKind::UnexpectedEof.into())));
+                }
+                Poll::Ready(Ok(_)) => {}
+            }
+            match parse::response(&buf, method, max_head).map_err(ExchangeError::Response)? {
+                None => continue,
+                Some((len, parsed)) => {
+                    let head = ResponseHead::new(buf.split_to(len).freeze(), parsed);
+                    if head.status.is_informational() && head.status != http::StatusCode::SWITCHING_PROTOCOLS {
+                        // 100 Continue and the like: the final response follows.
+                        continue;
+                    }
+                    return Poll::Ready(Ok(head));
+                }
+            }
+        }
+    })
+    .await;
+    sent.all = out.ended && out.chunk.is_none() && out.written == out.head.len();
+    (result.map(|head| (head, buf.freeze())), sent)
+}
+
+/// The request on its way out: its head, then its body.
+struct Outgoing<'h, 'b, B: ?Sized> {
+    head: &'h [u8],
+    /// Bytes of `head` written.
+    written: usize,
+    /// The chunk being written: its framing line, data, and how much of both is out.
+    chunk: Option<Chunk>,
+    framing: Framing,
+    body: Option<&'b mut B>,
+    /// The body's end was written (or there is none).
+    ended: bool,
+}
+
+struct Chunk {
+    line: [u8; 18],
+    line_len: usize,
+    data: Bytes,
+    /// The chunk's end (CRLF) is owed.
+    tail: bool,
+    written: usize,
+}
+
+impl Chunk {
+    fn total(&self) -> usize {
+        self.line_len + self.data.len() + if self.tail { body::CHUNK_END.len() } else { 0 }
+    }
+}
+
+impl<B: BodySource + ?Sized> Outgoing<'_, '_, B> {
+    /// Writes what can be written now.
+    fn poll_send<I: AsyncWrite + Unpin>(
+        &mut self,
+        cx: &mut Context<'_>,
+        io: &mut I,
+        sent: &mut Sent,
+    ) -> Result<(), ExchangeError> {
+        while self.written < self.head.len() {
+            match Pin::new(&mut *io).poll_write(cx, &self.head[self.written..]) {
+                Poll::Ready(Ok(0)) => return Err(ExchangeError::Closed(io::ErrorKind::WriteZero.into())),
+                Poll::Ready(Ok(n)) => self.written += n,
+                Poll::Ready(Err(e)) => return Err(ExchangeError::Closed(e)),
+                Poll::Pending => return Ok(()),
+            }
+        }
+        loop {
+            if let Some(chunk) = &mut self.chunk {
+                match write_chunk(cx, io, chunk) {
+                    Poll::Ready(Ok(())) => self.chunk = None,
+                    Poll::Ready(Err(e)) => return Err(ExchangeError::Closed(e)),
+                    Poll::Pending => return Ok(()),
+                }
+                continue;
+            }
+            if self.ended {
+                return Ok(());
+            }
+            let Some(body) = self.body.as_deref_mut() else {
+                self.ended = true;
+                return Ok(());
+            };
+            let chunked = self.framing == Framing::Chunked;
+            match body.poll_chunk(cx) {
+                Poll::Pending => return Ok(()),
+                Poll::Ready(Some(Err(e))) => return Err(ExchangeError::Body(e)),
+                Poll::Ready(Some(Ok(data))) if data.is_empty() => {}
+                Poll::Ready(Some(Ok(data))) => {
+                    sent.body = true;
+                    let mut chunk = Chunk { line: [0; 18], line_len: 0, data, tail: chunked, written: 0 };
+                    if chunked {
+                        chunk.line_len = body::chunk_head(chunk.data.len(), &mut chunk.line);
+                    }
+                    self.chunk = Some(chunk);
+                }
+                Poll::Ready(None) => {
+                    self.ended = true;
+                    if chunked {
+                        let mut line = [0; 18];
+                        line[..5].copy_from_slice(body::LAST_CHUNK);
+                        self.chunk = Some(Chunk { line, line_len: 5, data: Bytes::new(), tail: false, written: 0 });
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Writes what is left of `chunk` (its line, data and end in one vectored write).
+fn write_chunk<I: AsyncWrite + Unpin>(cx: &mut Context<'_>, io: &mut I, chunk: &mut Chunk) -> Poll<io::Result<()>> {
+    while chunk.written < chunk.total() {
+        let parts: [&[u8]; 3] =
+            [&chunk.line[..chunk.line_len], &chunk.data, if chunk.tail { body::CHUNK_END } else { &[] }];
+        let mut skip = chunk.written;
+        let mut slices = [io::IoSlice::new(&[]); 3];
+        let mut count = 0;
+        for part in parts {
+            if skip >= part.len() {
+                skip -= part.len();
+                continue;
+            }
+            slices[count] = io::IoSlice::new(&part[skip..]);
+            skip = 0;
+            count += 1;
+        }
+        let n = ready!(Pin::new(&mut *io).poll_write_vectored(cx, &slices[..count]))?;
+        if n == 0 {
+            return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+        }
+        chunk.written += n;
+    }
+    Poll::Ready(Ok(()))
+}
+
+/// A response body read from its connection `conn`, as its framing delimits it.
+pub struct ResponseBody<C> {
+    conn: C,
+    /// Bytes read but not yet handed out (at first, those read with the head).
+    buf: BytesMut,
+    decoder: Decoder,
+    /// The connection may carry another exchange once this body is read.
+    keep_alive: bool,
+}
+
+impl<C: AsyncRead + Unpin> ResponseBody<C> {
+    /// The body of `head`, whose first bytes (`read` after the head) came with it.
+    pub fn new(conn: C, head: &ResponseHead, read: Bytes) -> Self {
+        ResponseBody {
+            conn,
+            buf: BytesMut::from(read),
+            decoder: Decoder::new(head.framing),
+            keep_alive: head.keep_alive,
+        }
+    }
+
+    /// The whole body has been read.
+    pub fn is_done(&self) -> bool {
+        self.decoder.is_done()
+    }
+
+    /// Data bytes still to come, when the framing says.
+    pub fn remaining(&self) -> Option<u64> {
+        self.decoder.remaining()
+    }
+
+    /// The body has been read in full, and the connection may take another exchange.
+    pub fn is_reusable(&self) -> bool {
+        self.is_done() && self.keep_alive && self.buf.is_empty()
+    }
+
+    pub fn conn_mut(&mut self) -> &mut C {
+        &mut self.conn
+    }
+
+    /// The connection, whatever its state (an upgrade takes it over), and the bytes
+    /// read from it and not handed out.
+    pub fn into_parts(self) -> (C, BytesMut) {
+        (self.conn, self.buf)
+    }
+
+    /// The next piece of the body; `None` at its end.
+    pub fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BodyError>>> {
+        loop {
+            match self.decoder.step(&self.buf).map_err(BodyError::Framing)? {
+                Step::Framing(n) => self.buf.advance(n),
+                Step::Data(n) => return Poll::Ready(Some(Ok(self.buf.split_to(n).freeze()))),
+                Step::End(n) => {
+                    self.buf.advance(n);
+                    return Poll::Ready(None);
+                }
+                Step::More => {
+                    let n = ready!(read_into(cx, &mut self.conn, &mut self.buf)).map_err(BodyError::Io)?;
+                    if n == 0 {
+                        self.decoder.close().map_err(BodyError::Framing)?;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl From<FramingError> for BodyError {
+    fn from(e: FramingError) -> Self {
+        BodyError::Framing(e)
+    }
+}

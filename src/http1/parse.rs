@@ -1,0 +1,406 @@
+//! Request and response heads, parsed with `httparse` where they lie in the read buffer:
+//! a head keeps its bytes (`bytes::Bytes`, shared with the buffer they were read into)
+//! and where each part lies in them, so no field is copied into a map.
+//!
+//! This is where request smuggling is stopped (RFC 9112 read as a proxy's threat model):
+//! a request is framed one way only, or refused. `httparse` already refuses obs-fold, a
+//! space before a colon, bare CR, NUL and other control bytes in a field, and a target
+//! or method that is not a token; on top of that, here:
+//! - `Content-Length` must be one field of digits (several, a list, a sign, a space
+//!   inside: 400), within `u64`;
+//! - `Transfer-Encoding` must end in `chunked` and hold nothing else (another coding
+//!   last: 400; one we do not decode before it: 501); HTTP/1.0 with it: 400;
+//! - with both, the chunked encoding frames the request, `Content-Length` is dropped
+//!   and the connection is closed after the response (RFC 9112 §6.1).
+//!
+//! The upstream only ever gets the framing we write, so it can never see a request
+//! boundary where we did not.
+
+use bytes::Bytes;
+use http::{Method, StatusCode, Version};
+use smallvec::SmallVec;
+
+use crate::head::{FieldSpan, Fields, Span};
+
+/// More fields than this in a head: 431 (nginx allows about as many in its default
+/// buffers; no real client sends more).
+pub const MAX_FIELDS: usize = 100;
+
+/// How a message's body is delimited.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Framing {
+    /// No body.
+    Empty,
+    /// `Content-Length` bytes.
+    Length(u64),
+    /// The chunked transfer coding.
+    Chunked,
+    /// Everything until the connection closes (responses only).
+    UntilClose,
+}
+
+/// A request head, parsed.
+pub struct RequestHead {
+    bytes: Bytes,
+    pub method: Method,
+    /// The target in origin form (path and query); for an absolute-form target, its
+    /// path and query.
+    target: Span,
+    /// An absolute-form target's authority (`GET http://host/x`).
+    authority: Option<Span>,
+    pub version: Version,
+    fields: SmallVec<[FieldSpan; 16]>,
+    pub framing: Framing,
+    /// The client asks to keep the connection open after this exchange.
+    pub keep_alive: bool,
+    /// The framing was in doubt (both `Transfer-Encoding` and `Content-Length`): the
+    /// connection is closed after the response whatever else it says.
+    pub close_after: bool,
+    /// `Expect: 100-continue`: the client waits for `100 Continue` before its body.
+    pub expect_continue: bool,
+}
+
+/// A response head from an upstream, parsed.
+pub struct ResponseHead {
+    bytes: Bytes,
+    pub status: StatusCode,
+    pub version: Version,
+    fields: SmallVec<[FieldSpan; 16]>,
+    pub framing: Framing,
+    /// The server keeps the connection open after this exchange.
+    pub keep_alive: bool,
+}
+
+/// Why a request head is refused, with the status it is answered with. The connection
+/// is closed after the answer: its framing cannot be trusted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum HeadError {
+    #[error("malformed request head: {0}")]
+    Malformed(&'static str),
+    #[error("more than {MAX_FIELDS} header fields")]
+    TooManyFields,
+    #[error("the request head is larger than {0} bytes")]
+    TooLarge(usize),
+    #[error("the request line is longer than {0} bytes")]
+    LineTooLong(usize),
+    #[error("Transfer-Encoding {0} is not supported; only chunked is")]
+    UnsupportedCoding(&'static str),
+}
+
+impl HeadError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            HeadError::Malformed(_) => StatusCode::BAD_REQUEST,
+            HeadError::TooManyFields | HeadError::TooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            HeadError::LineTooLong(_) => StatusCode::URI_TOO_LONG,
+            HeadError::UnsupportedCoding(_) => StatusCode::NOT_IMPLEMENTED,
+        }
+    }
+}
+
+/// What the fields of a message say about its framing and connection.
+#[derive(Default)]
+struct Framed {
+    length: Option<u64>,
+    lengths: u32,
+    chunked: bool,
+    /// Transfer codings were given (any, `chunked` included).
+    codings: bool,
+    close: bool,
+    keep_alive: bool,
+    expect_continue: bool,
+}
+
+/// Parses the request head at the start of `buf`: `Ok(None)` while it is incomplete,
+/// else its length in bytes and the head (whose bytes the caller then splits off the
+/// buffer and hands to `RequestHead::new`). `max_line` bounds the request line,
+/// `max_head` the whole head while it is incomplete.
+pub fn request(buf: &[u8], max_line: usize, max_head: usize) -> Result<Option<Parsed>, HeadError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_FIELDS];
+    let mut req = httparse::Request::new(&mut headers);
+    let len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => {
+            // A request line that has not ended within its bound never will (414); a
+            // head that has not ended within its bound, 431.
+            let line = buf.iter().position(|&b| b == b'\n').unwrap_or(buf.len());
+            if line > max_line {
+                return Err(HeadError::LineTooLong(max_line));
+            }
+            if buf.len() > max_head {
+                return Err(HeadError::TooLarge(max_head));
+            }
+            return Ok(None);
+        }
+        Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooManyFields),
+        Err(e) => return Err(HeadError::Malformed(describe(e))),
+    };
+    let (Some(method), Some(path), Some(minor)) = (req.method, req.path, req.version) else {
+        return Err(HeadError::Malformed("incomplete request line"));
+    };
+    let method = Method::from_bytes(method.as_bytes()).map_err(|_| HeadError::Malformed("invalid method"))?;
+    let version = if minor == 1 { Version::HTTP_11 } else { Version::HTTP_10 };
+    let head = &buf[..len];
+    let (target, authority) = target(path.as_bytes(), head)?;
+    let framed = framed(req.headers, version)?;
+    let framing = match (framed.codings, framed.length) {
+        (true, _) => Framing::Chunked,
+        (false, Some(0) | None) => Framing::Empty,
+        (false, Some(n)) => Framing::Length(n),
+    };
+    let keep_alive = match version {
+        Version::HTTP_11 => !framed.close,
+        _ => framed.keep_alive && !framed.close,
+    };
+    Ok(Some(Parsed {
+        len,
+        method,
+        target,
+        authority,
+        version,
+        fields: req.headers.iter().map(|h| field(h, head)).collect(),
+        framing,
+        keep_alive,
+        close_after: framed.codings && framed.lengths > 0,
+        expect_continue: framed.expect_continue && version == Version::HTTP_11,
+    }))
+}
+
+/// A request head parsed where it lies: its length, and where its parts lie.
+pub struct Parsed {
+    pub len: usize,
+    method: Method,
+    target: Span,
+    authority: Option<Span>,
+    version: Version,
+    fields: SmallVec<[FieldSpan; 16]>,
+    framing: Framing,
+    keep_alive: bool,
+    close_after: bool,
+    expect_continue: bool,
+}
+
+impl RequestHead {
+    /// The head `parsed` from `bytes` (the same bytes, split off the buffer).
+    pub fn new(bytes: Bytes, parsed: Parsed) -> Self {
+        RequestHead {
+            bytes,
+            method: parsed.method,
+            target: parsed.target,
+            authority: parsed.authority,
+            version: parsed.version,
+            fields: parsed.fields,
+            framing: parsed.framing,
+            keep_alive: parsed.keep_alive,
+            close_after: parsed.close_after,
+            expect_continue: parsed.expect_continue,
+        }
+    }
+
+    /// The target in origin form, as sent.
+    pub fn target(&self) -> &str {
+        // Checked to be UTF-8 by httparse (a token of visible ASCII or UTF-8).
+        match std::str::from_utf8(self.target.get(&self.bytes)) {
+            Ok("") | Err(_) => "/",
+            Ok(target) => target,
+        }
+    }
+
+    pub fn authority(&self) -> Option<&str> {
+        self.authority.and_then(|a| std::str::from_utf8(a.get(&self.bytes)).ok())
+    }
+
+    /// Every field, where it was read.
+    pub fn fields(&self) -> Fields<'_> {
+        Fields::Raw { bytes: &self.bytes, spans: &self.fields }
+    }
+}
+
+impl ResponseHead {
+    pub fn fields(&self) -> Fields<'_> {
+        Fields::Raw { bytes: &self.bytes, spans: &self.fields }
+    }
+}
+
+/// Parses the response head at the start of `buf`, to a request with `method`: `Ok(None)`
+/// while it is incomplete (and within `max_head`), else its length and the head, whose
+/// bytes the caller splits off. A malformed head, or one larger than `max_head`, is an
+/// error: the exchange fails with 502.
+pub fn response(buf: &[u8], method: &Method, max_head: usize) -> Result<Option<(usize, ResponseParsed)>, &'static str> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_FIELDS];
+    let mut res = httparse::Response::new(&mut headers);
+    let len = match res.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) if buf.len() > max_head => return Err("response head too large"),
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err("too many header fields in the response"),
+        Err(e) => return Err(describe(e)),
+    };
+    let (Some(code), Some(minor)) = (res.code, res.version) else { return Err("incomplete status line") };
+    let status = StatusCode::from_u16(code).map_err(|_| "invalid status code")?;
+    let version = if minor == 1 { Version::HTTP_11 } else { Version::HTTP_10 };
+    let framed = framed(res.headers, Version::HTTP_11).map_err(|_| "invalid framing fields in the response")?;
+    // RFC 9112 §6.3, in its order.
+    let framing = if *method == Method::HEAD
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+    {
+        Framing::Empty
+    } else if framed.codings {
+        if framed.chunked { Framing::Chunked } else { Framing::UntilClose }
+    } else {
+        match framed.length {
+            Some(0) => Framing::Empty,
+            Some(n) => Framing::Length(n),
+            None => Framing::UntilClose,
+        }
+    };
+    // A response framed in doubt (codings and a length) leaves the connection unusable.
+    let reusable = framing != Framing::UntilClose && !(framed.codings && framed.lengths > 0);
+    let keep_alive = reusable
+        && match version {
+            Version::HTTP_11 => !framed.close,
+            _ => framed.keep_alive && !framed.close,
+        };
+    let head = &buf[..len];
+    let fields = res.headers.iter().map(|h| field(h, head)).collect();
+    Ok(Some((len, ResponseParsed { status, version, fields, framing, keep_alive })))
+}
+
+/// A response head parsed where it lies.
+pub struct ResponseParsed {
+    status: StatusCode,
+    version: Version,
+    fields: SmallVec<[FieldSpan; 16]>,
+    framing: Framing,
+    keep_alive: bool,
+}
+
+impl ResponseHead {
+    pub fn new(bytes: Bytes, parsed: ResponseParsed) -> Self {
+        ResponseHead {
+            bytes,
+            status: parsed.status,
+            version: parsed.version,
+            fields: parsed.fields,
+            framing: parsed.framing,
+            keep_alive: parsed.keep_alive,
+        }
+    }
+}
+
+fn field(h: &httparse::Header<'_>, head: &[u8]) -> FieldSpan {
+    FieldSpan { name: Span::of(h.name.as_bytes(), head), value: Span::of(h.value, head) }
+}
+
+/// The target's origin form and an absolute-form target's authority (RFC 9112 §3.2).
+fn target(path: &[u8], head: &[u8]) -> Result<(Span, Option<Span>), HeadError> {
+    if path.first() == Some(&b'/') || path == b"*" {
+        return Ok((Span::of(path, head), None));
+    }
+    let rest = if path.len() > 7 && path[..7].eq_ignore_ascii_case(b"http://") {
+        &path[7..]
+    } else if path.len() > 8 && path[..8].eq_ignore_ascii_case(b"https://") {
+        &path[8..]
+    } else if !path.contains(&b'/') {
+        // Authority form (`CONNECT host:port`): no path; routing refuses CONNECT.
+        return Ok((Span::of(&path[path.len()..], head), Some(Span::of(path, head))));
+    } else {
+        return Err(HeadError::Malformed("the request target is neither a path nor an absolute URI"));
+    };
+    let end = rest.iter().position(|&b| b == b'/' || b == b'?').unwrap_or(rest.len());
+    let (authority, origin) = rest.split_at(end);
+    if authority.is_empty() {
+        return Err(HeadError::Malformed("an absolute URI without a host"));
+    }
+    if origin.first() == Some(&b'?') {
+        return Err(HeadError::Malformed("an absolute URI with a query but no path"));
+    }
+    // `http://host` stands for the path `/`: an empty target is read as `/` (see
+    // `RequestHead::target`).
+    Ok((Span::of(origin, head), Some(Span::of(authority, head))))
+}
+
+/// Reads the fields that frame a message and say what becomes of its connection.
+fn framed(headers: &[httparse::Header<'_>], version: Version) -> Result<Framed, HeadError> {
+    let mut f = Framed::default();
+    for h in headers {
+        let name = h.name.as_bytes();
+        if name.eq_ignore_ascii_case(b"content-length") {
+            f.lengths += 1;
+            if f.lengths > 1 {
+                return Err(HeadError::Malformed("more than one Content-Length"));
+            }
+            f.length = Some(content_length(h.value)?);
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            if version == Version::HTTP_10 {
+                // RFC 9112 §6.1: HTTP/1.0 has no transfer codings; its framing is faulty.
+                return Err(HeadError::Malformed("Transfer-Encoding in an HTTP/1.0 request"));
+            }
+            for coding in h.value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                if f.chunked {
+                    // Something after `chunked`: it is not the final coding (§6.3).
+                    return Err(HeadError::Malformed("chunked is not the final transfer coding"));
+                }
+                if coding.eq_ignore_ascii_case(b"chunked") {
+                    f.chunked = true;
+                } else if coding.is_empty() {
+                    return Err(HeadError::Malformed("an empty transfer coding"));
+                } else {
+                    // gzip, deflate, compress: codings we could decode but do not; anything
+                    // else (`xchunked`, `chunked;x`) is no coding at all.
+                    return Err(match known_coding(coding) {
+                        Some(name) => HeadError::UnsupportedCoding(name),
+                        None => HeadError::Malformed("an unknown transfer coding"),
+                    });
+                }
+            }
+            f.codings = true;
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            for token in h.value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                if token.eq_ignore_ascii_case(b"close") {
+                    f.close = true;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                    f.keep_alive = true;
+                }
+            }
+        } else if name.eq_ignore_ascii_case(b"expect") {
+            f.expect_continue = h.value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
+        }
+    }
+    if f.codings && !f.chunked {
+        return Err(HeadError::Malformed("chunked is not the final transfer coding"));
+    }
+    Ok(f)
+}
+
+/// A `Content-Length` value: digits only (RFC 9110 §8.6), within `u64`.
+fn content_length(value: &[u8]) -> Result<u64, HeadError> {
+    let digits = value.trim_ascii();
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return Err(HeadError::Malformed("Content-Length is not a number"));
+    }
+    digits
+        .iter()
+        .try_fold(0u64, |n, &d| n.checked_mul(10)?.checked_add(u64::from(d - b'0')))
+        .ok_or(HeadError::Malformed("Content-Length is too large"))
+}
+
+fn known_coding(coding: &[u8]) -> Option<&'static str> {
+    ["gzip", "x-gzip", "deflate", "compress", "x-compress"]
+        .into_iter()
+        .find(|known| coding.eq_ignore_ascii_case(known.as_bytes()))
+}
+
+fn describe(e: httparse::Error) -> &'static str {
+    match e {
+        httparse::Error::HeaderName => "invalid byte in a header field name",
+        httparse::Error::HeaderValue => "invalid byte in a header field value",
+        httparse::Error::NewLine => "invalid line ending",
+        httparse::Error::Status => "invalid status",
+        httparse::Error::Token => "invalid byte in the request line",
+        httparse::Error::TooManyHeaders => "too many header fields",
+        httparse::Error::Version => "not HTTP/1.0 or HTTP/1.1",
+    }
+}

@@ -1,0 +1,130 @@
+//! What passes between the wire and the proxy, whichever protocol carried the request:
+//! the request (its head, how its body is framed, where the body comes from) and the
+//! response (status, fields, body, and the receipts it carries until it has been sent).
+//! `crate::server` turns a connection's bytes into `Request`s and writes `Response`s
+//! back, over sluicegate's HTTP/1 engine or hyper's HTTP/2; a `Service` (the proxy, the
+//! admin API) answers one with the other and knows nothing of the protocol.
+
+use std::future::Future;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use smallvec::SmallVec;
+
+use crate::access_log::Entry;
+use crate::connection::ClientConn;
+use crate::gate::Permits;
+use crate::head::RequestHead;
+use crate::http1::BodySource;
+use crate::http1::parse::Framing;
+use crate::upstream::{ResponseFields, UpstreamBody};
+
+/// One request.
+pub struct Request<'a> {
+    pub head: RequestHead<'a>,
+    /// How its body is framed: `Length(n)` declares it, `Chunked` streams it.
+    pub framing: Framing,
+    /// Where its body comes from (`None`: it has none).
+    pub body: Option<&'a mut (dyn BodySource + 'a)>,
+}
+
+/// What answers requests: the proxy, or the admin API.
+pub trait Service: Send + Sync + 'static {
+    fn call<'a>(&'a self, request: Request<'a>, conn: &'a ClientConn) -> impl Future<Output = Response> + Send + 'a;
+}
+
+/// One response.
+pub struct Response {
+    pub status: StatusCode,
+    /// Fields as given where the response was made (a server's, a static route's).
+    pub fields: Fields,
+    /// Fields set here, replacing any of the same name in `fields`: the route's
+    /// `set_response_headers`, `Retry-After`, the rate-limit fields.
+    pub extra: SmallVec<[(HeaderName, HeaderValue); 4]>,
+    pub body: Body,
+    /// What the response holds until it has been sent (or abandoned by the client).
+    pub receipts: Receipts,
+}
+
+/// A response's own fields.
+// A server's head is kept inline: boxing it would cost an allocation per response, more
+// than moving it the few times a response moves.
+#[allow(clippy::large_enum_variant)]
+pub enum Fields {
+    /// None but `extra`.
+    None,
+    Map(HeaderMap),
+    /// A server's, as its protocol gave them.
+    Upstream(ResponseFields),
+}
+
+pub enum Body {
+    /// Made here, in full (empty for no body).
+    Full(Bytes),
+    /// A server's, still to be read.
+    Upstream(UpstreamBody),
+}
+
+/// What a response carries until it has been sent in full or the client went away: the
+/// request's concurrency slots, and its access log line (written when dropped).
+pub struct Receipts {
+    pub permits: Permits,
+    pub access: Option<Box<Entry>>,
+    /// A tunnel made of this response (`101`) through which nothing moves this long is
+    /// closed (the upstream's `tunnel_idle_timeout`).
+    pub tunnel_idle_timeout: std::time::Duration,
+}
+
+impl Default for Receipts {
+    fn default() -> Self {
+        Receipts {
+            permits: Permits::default(),
+            access: None,
+            tunnel_idle_timeout: std::time::Duration::from_secs(3600),
+        }
+    }
+}
+
+impl Response {
+    /// A response made here: `status`, `fields`, `body`.
+    pub fn made(status: StatusCode, extra: SmallVec<[(HeaderName, HeaderValue); 4]>, body: impl Into<Bytes>) -> Self {
+        Response { status, fields: Fields::None, extra, body: Body::Full(body.into()), receipts: Receipts::default() }
+    }
+
+    /// Sets `name` to `value`, replacing what the response had of it.
+    pub fn set(&mut self, name: HeaderName, value: HeaderValue) {
+        self.extra.retain(|(n, _)| *n != name);
+        self.extra.push((name, value));
+    }
+
+    /// Every field the response carries (before the framing fields), as (name, value):
+    /// its own, less hop-by-hop ones and those `extra` replaces; then `extra`.
+    /// `keep_length`: a server's `Content-Length` stays (a response with no body, to
+    /// `HEAD` say, whose length describes another).
+    pub fn each_field(&self, keep_length: bool, emit: &mut impl FnMut(&[u8], &[u8])) {
+        let replaced: SmallVec<[&[u8]; 4]> = self.extra.iter().map(|(n, _)| n.as_str().as_bytes()).collect();
+        let switching = self.status == StatusCode::SWITCHING_PROTOCOLS;
+        match &self.fields {
+            Fields::None => {}
+            Fields::Map(map) => {
+                for (name, value) in map {
+                    if !replaced.iter().any(|r| *r == name.as_str().as_bytes()) {
+                        emit(name.as_str().as_bytes(), value.as_bytes());
+                    }
+                }
+            }
+            Fields::Upstream(ResponseFields::H1(head)) => {
+                let fields: SmallVec<[(&[u8], &[u8]); 16]> = head.fields().iter().collect();
+                crate::hop::response_fields(&fields, switching, keep_length, &replaced, emit);
+            }
+            Fields::Upstream(ResponseFields::H2(map)) => {
+                let fields: SmallVec<[(&[u8], &[u8]); 16]> =
+                    map.iter().map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())).collect();
+                crate::hop::response_fields(&fields, switching, keep_length, &replaced, emit);
+            }
+        }
+        for (name, value) in &self.extra {
+            emit(name.as_str().as_bytes(), value.as_bytes());
+        }
+    }
+}

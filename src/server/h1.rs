@@ -1,0 +1,488 @@
+//! One client connection speaking HTTP/1.x, served by sluicegate's engine (`http1`): its
+//! requests read one after another (pipelined ones answered in order), each handed to
+//! the service with its body as it arrives, each response written back as one buffer
+//! with the first bytes of its body where they are at hand; keep-alive, `100 Continue`,
+//! upgrades (the connection becomes a tunnel), the HTTP/2 preface (the connection goes to
+//! hyper's HTTP/2 with what was read), graceful shutdown, and the connection's timeouts.
+//!
+//! Memory scales with requests, not connections: between requests the connection's
+//! future holds its socket, a timer and a few words; the request's own future (boxed)
+//! exists while a request is in progress and is freed when it ends.
+
+use std::future::{Future, poll_fn};
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, StatusCode, Version};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::watch;
+use tokio::time::{Instant, Sleep};
+use tracing::debug;
+
+use super::Timeouts;
+use super::h2::{self, H2Settings};
+use super::tunnel;
+use crate::connection::ClientConn;
+use crate::head::RequestHead;
+use crate::http1::body::{CHUNK_END, LAST_CHUNK, chunk_head};
+use crate::http1::parse::{self, Framing, HeadError};
+use crate::http1::server::{Conn, HeadLimits, Read, RequestBody};
+use crate::http1::write;
+use crate::message::{Body, Request, Response, Service};
+
+/// How one connection is served.
+#[derive(Clone)]
+pub struct Settings {
+    pub timeouts: Timeouts,
+    pub head: HeadLimits,
+    /// HTTP/2 may begin on this connection (plain text: the client's preface).
+    pub h2: Option<H2Settings>,
+}
+
+/// A client that sends this much before its response has been written is not read
+/// further meanwhile (a flood of pipelined requests waits in the kernel's buffers).
+const MAX_PIPELINED: usize = 64 * 1024;
+/// Once a response goes out while the client is still sending its body, the body is read
+/// and thrown away for at most this long (and this much) before the connection closes,
+/// so that the close does not reset the connection before the client has read the
+/// response (nginx's `lingering_close`).
+const LINGER: Duration = Duration::from_secs(2);
+const LINGER_BYTES: u64 = 1 << 20;
+
+/// Serves HTTP/1 requests on `io` (from `conn`) with `service` until the connection
+/// closes, a timeout expires, or shutdown (`stopping`) comes between two requests.
+pub async fn serve<I, S>(
+    io: I,
+    conn: ClientConn,
+    service: Arc<S>,
+    settings: Settings,
+    mut stopping: watch::Receiver<()>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: Service,
+{
+    let peer = conn.peer;
+    let mut c = Conn::new(io);
+    let timeouts = settings.timeouts;
+    let shortest = timeouts.shortest();
+    // One timer for the connection's life, looked at lazily (see `Waiting`): no timer is
+    // set per request.
+    let timer = tokio::time::sleep(shortest);
+    tokio::pin!(timer);
+    let mut waiting = Waiting { since: Instant::now(), first: true, head_since: None };
+    loop {
+        let read = poll_fn(|cx| waiting.poll_head(cx, &mut c, &settings, timer.as_mut(), &mut stopping)).await;
+        let head = match read {
+            Ok(Ok(Read::Head(head))) => head,
+            Ok(Ok(Read::H2)) => {
+                if let Some(h2) = settings.h2 {
+                    let rewound = h2::Rewind::new(std::mem::take(&mut c.buf).freeze(), c.io);
+                    return h2::serve(rewound, conn, service, h2, timeouts, stopping).await;
+                }
+                return;
+            }
+            Ok(Ok(Read::Closed)) => return,
+            Ok(Err(e)) => {
+                debug!(%peer, error = %e, "bad request head");
+                let _ = refuse(&mut c, &e, timeouts.send).await;
+                return linger(c).await;
+            }
+            Err(Ended::Io(e)) => return debug!(%peer, error = %e, "connection ended with an error"),
+            Err(Ended::Expired(why)) => return debug!(%peer, timeout = why, "connection closed"),
+            Err(Ended::Stopping) => return,
+        };
+        let (keep_alive, upgrade) = match exchange(&mut c, &head, &conn, &*service, timeouts.send, &stopping).await {
+            Some(exchanged) => exchanged,
+            None => return,
+        };
+        if let Some(tunnel) = upgrade {
+            return tunnel.run(c, peer).await;
+        }
+        if !keep_alive {
+            return;
+        }
+        waiting = Waiting { since: Instant::now(), first: false, head_since: None };
+    }
+}
+
+/// Why a connection ended without a request.
+enum Ended {
+    Io(io::Error),
+    Expired(&'static str),
+    Stopping,
+}
+
+/// A connection waiting for its next request head, and since when.
+struct Waiting {
+    since: Instant,
+    /// The connection's first request (its wait counts against `header_read_timeout`).
+    first: bool,
+    /// When the head's first byte came.
+    head_since: Option<Instant>,
+}
+
+impl Waiting {
+    fn poll_head<I: AsyncRead + AsyncWrite + Unpin>(
+        &mut self,
+        cx: &mut Context<'_>,
+        c: &mut Conn<I>,
+        settings: &Settings,
+        mut timer: Pin<&mut Sleep>,
+        stopping: &mut watch::Receiver<()>,
+    ) -> Poll<Result<Result<Read, HeadError>, Ended>> {
+        if !c.head_begun() && stopping.has_changed().unwrap_or(true) {
+            // Shutting down: a connection between requests is closed.
+            return Poll::Ready(Err(Ended::Stopping));
+        }
+        if let Poll::Ready(read) = c.poll_head(cx, settings.head, self.first && settings.h2.is_some()) {
+            return Poll::Ready(read.map_err(Ended::Io));
+        }
+        if self.head_since.is_none() && c.head_begun() {
+            self.head_since = Some(Instant::now());
+        }
+        // The timer wakes at the deadline in force, or `shortest` after its last look,
+        // whichever comes first: every deadline is at least `shortest` after it begins,
+        // so none is missed, and a request never resets it.
+        let t = settings.timeouts;
+        while timer.as_mut().poll(cx).is_ready() {
+            let now = Instant::now();
+            let (deadline, why) = match (self.head_since, self.first) {
+                (Some(since), _) => (since + t.header_read, "header_read_timeout"),
+                (None, true) => (self.since + t.header_read, "header_read_timeout"),
+                (None, false) => (self.since + t.idle, "idle_timeout"),
+            };
+            if now >= deadline {
+                return Poll::Ready(Err(Ended::Expired(why)));
+            }
+            timer.as_mut().reset(deadline.min(now + t.shortest()));
+        }
+        // Asked for shutdown's signal only while nothing of a request is in (a request
+        // begun is read and answered first).
+        if !c.head_begun() {
+            let mut changed = std::pin::pin!(stopping.changed());
+            if changed.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Err(Ended::Stopping));
+            }
+        }
+        Poll::Pending
+    }
+}
+
+/// A connection that became a tunnel after its `101`.
+struct Tunnel {
+    upstream: crate::upstream::UpstreamIo,
+    upstream_sent: bytes::BytesMut,
+    idle: Duration,
+    /// What the response held: kept until the tunnel closes.
+    _receipts: crate::message::Receipts,
+}
+
+impl Tunnel {
+    async fn run<I: AsyncRead + AsyncWrite + Unpin>(self, c: Conn<I>, peer: std::net::SocketAddr) {
+        match tunnel::run(c.io, c.buf, self.upstream, self.upstream_sent, self.idle).await {
+            Ok(how) => debug!(%peer, "tunnel {how}"),
+            Err(e) => debug!(%peer, error = %e, "tunnel ended with an error"),
+        }
+    }
+}
+
+/// One request and its response. `None`: the connection is to be dropped now (the
+/// client went away, or a write failed); else whether it may take another request, and
+/// the tunnel it became.
+async fn exchange<I, S>(
+    c: &mut Conn<I>,
+    head: &parse::RequestHead,
+    conn: &ClientConn,
+    service: &S,
+    send_timeout: Duration,
+    stopping: &watch::Receiver<()>,
+) -> Option<(bool, Option<Tunnel>)>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send,
+    S: Service,
+{
+    let view = RequestHead {
+        method: &head.method,
+        target: head.target(),
+        version: head.version,
+        authority: head.authority(),
+        fields: head.fields(),
+    };
+    let has_body = !matches!(head.framing, Framing::Empty | Framing::Length(0));
+    let (response, body_read) = if has_body {
+        let mut body = RequestBody::new(c, head);
+        let request = Request { head: view, framing: head.framing, body: Some(&mut body) };
+        // Boxed: the request's state exists only while it is in progress.
+        let response = Box::pin(service.call(request, conn)).await;
+        (response, body.is_done())
+    } else {
+        let request = Request { head: view, framing: head.framing, body: None };
+        let mut call = Box::pin(service.call(request, conn));
+        // A client that goes away before its answer gives its request up: the request
+        // is dropped wherever it is (waiting its turn, or at the upstream).
+        let response = poll_fn(|cx| {
+            if let Poll::Ready(response) = call.as_mut().poll(cx) {
+                return Poll::Ready(Some(response));
+            }
+            c.poll_gone(cx, MAX_PIPELINED).map(|()| None)
+        })
+        .await?;
+        (response, true)
+    };
+    let keep_alive = head.keep_alive && !head.close_after && body_read && !stopping.has_changed().unwrap_or(true);
+    let method = &head.method;
+    match write_response(c, response, method, head.version, keep_alive, send_timeout).await {
+        Ok(Written::Done { keep_alive }) if !body_read => {
+            // The client may still be sending the body no one read: read it away a
+            // little before closing, so that its response is not lost to a reset.
+            let _ = keep_alive;
+            linger_on(c).await;
+            Some((false, None))
+        }
+        Ok(Written::Done { keep_alive }) => Some((keep_alive, None)),
+        Ok(Written::Upgraded(tunnel)) => Some((false, Some(tunnel))),
+        Err(e) => {
+            debug!(peer = %conn.peer, error = %e, "response not sent");
+            None
+        }
+    }
+}
+
+/// How writing a response ended.
+enum Written {
+    Done {
+        keep_alive: bool,
+    },
+    /// A `101`: the connection is now a tunnel to the upstream.
+    Upgraded(Tunnel),
+}
+
+/// Writes `response` to a request with `method` from an HTTP/1.`version` client: its
+/// head in one buffer with the first piece of its body, then the rest as it comes.
+async fn write_response<I: AsyncRead + AsyncWrite + Unpin>(
+    c: &mut Conn<I>,
+    mut response: Response,
+    method: &Method,
+    version: Version,
+    keep_alive: bool,
+    send_timeout: Duration,
+) -> io::Result<Written> {
+    let status = response.status;
+    let switching = status == StatusCode::SWITCHING_PROTOCOLS;
+    // RFC 9112 §6.3: these have no body whatever their fields say; a response to HEAD
+    // keeps the length of what GET would have sent.
+    let bodiless = *method == Method::HEAD
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    let length = match &response.body {
+        Body::Full(bytes) => Some(bytes.len() as u64),
+        Body::Upstream(body) => body.length(),
+    };
+    // Without a length, an HTTP/1.1 client gets the body chunked; an HTTP/1.0 client
+    // gets it until the connection closes.
+    let chunked = !bodiless && length.is_none() && version == Version::HTTP_11;
+    let keep_alive = keep_alive && (bodiless || length.is_some() || chunked) && !switching;
+    let mut head = Vec::with_capacity(256);
+    let mut writer = write::Head::response(&mut head, status);
+    let mut dated = false;
+    let keep_length = bodiless && matches!(response.body, Body::Upstream(_));
+    response.each_field(keep_length, &mut |name, value| {
+        dated |= name.eq_ignore_ascii_case(b"date");
+        writer.field(name, value);
+    });
+    if !dated {
+        writer.date();
+    }
+    if !bodiless || (*method == Method::HEAD && !keep_length) {
+        match length {
+            Some(n) if !status.is_informational() && status != StatusCode::NO_CONTENT => writer.content_length(n),
+            _ if chunked => writer.field(b"transfer-encoding", b"chunked"),
+            _ => {}
+        }
+    }
+    match (keep_alive, version) {
+        (false, _) if !switching => writer.field(b"connection", b"close"),
+        (true, Version::HTTP_10) => writer.field(b"connection", b"keep-alive"),
+        _ => {}
+    }
+    writer.end();
+    if switching && let Body::Upstream(body) = response.body {
+        write_all(c, &[&head], send_timeout).await?;
+        let idle = response.receipts.tunnel_idle_timeout;
+        let (upstream, upstream_sent) = body.into_upgrade().ok_or(io::ErrorKind::Unsupported)?;
+        let receipts = std::mem::take(&mut response.receipts);
+        return Ok(Written::Upgraded(Tunnel { upstream, upstream_sent, idle, _receipts: receipts }));
+    }
+    if bodiless {
+        write_all(c, &[&head], send_timeout).await?;
+        return Ok(Written::Done { keep_alive });
+    }
+    let Response { body, mut receipts, .. } = response;
+    match body {
+        Body::Full(bytes) => {
+            count(&mut receipts, bytes.len());
+            release(&mut receipts).await;
+            write_all(c, &[&head, &bytes], send_timeout).await?;
+        }
+        Body::Upstream(mut body) => {
+            let mut head = Some(head);
+            loop {
+                // The first piece goes out with the head when it is at hand already;
+                // otherwise the head goes alone, and the body follows as it comes.
+                let piece = match &head {
+                    Some(bytes) => match poll_fn(|cx| Poll::Ready(body.poll_data(cx))).await {
+                        Poll::Ready(piece) => piece,
+                        Poll::Pending => {
+                            write_all(c, &[bytes], send_timeout).await?;
+                            head = None;
+                            continue;
+                        }
+                    },
+                    None => poll_fn(|cx| body.poll_data(cx)).await,
+                };
+                let head = head.take().unwrap_or_default();
+                match piece {
+                    Some(Ok(data)) => {
+                        count(&mut receipts, data.len());
+                        let done = body.is_done();
+                        if done {
+                            // The client must not see its response end while a global
+                            // slot still counts it.
+                            release(&mut receipts).await;
+                        }
+                        write_piece(c, &head, &data, chunked, done, send_timeout).await?;
+                        if done {
+                            break;
+                        }
+                    }
+                    Some(Err(e)) => {
+                        // Broken off midway: the client sees the connection close short of
+                        // the declared length (or without the last chunk).
+                        write_all(c, &[&head], send_timeout).await?;
+                        return Err(io::Error::other(e.to_string()));
+                    }
+                    None => {
+                        release(&mut receipts).await;
+                        let last: &[u8] = if chunked { LAST_CHUNK } else { &[] };
+                        write_all(c, &[&head, last], send_timeout).await?;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    drop(receipts);
+    Ok(Written::Done { keep_alive })
+}
+
+/// Counts `n` body bytes sent in the access log line.
+fn count(receipts: &mut crate::message::Receipts, n: usize) {
+    if let Some(entry) = &mut receipts.access {
+        entry.bytes += n as u64;
+    }
+}
+
+/// Gives the request's concurrency slots back, waiting for the global ones' release.
+async fn release(receipts: &mut crate::message::Receipts) {
+    if let Some(release) = receipts.permits.finish() {
+        release.await;
+    }
+}
+
+/// Writes `head` (possibly empty) and one piece of body `data`, in the chunked coding
+/// when `chunked` (with the last chunk too when `last`).
+async fn write_piece<I: AsyncRead + AsyncWrite + Unpin>(
+    c: &mut Conn<I>,
+    head: &[u8],
+    data: &Bytes,
+    chunked: bool,
+    last: bool,
+    send_timeout: Duration,
+) -> io::Result<()> {
+    if !chunked {
+        return write_all(c, &[head, data], send_timeout).await;
+    }
+    let mut line = [0u8; 18];
+    let n = chunk_head(data.len(), &mut line);
+    let tail: &[u8] = if last { b"\r\n0\r\n\r\n" } else { CHUNK_END };
+    if data.is_empty() {
+        return write_all(c, &[head, if last { LAST_CHUNK } else { &[] }], send_timeout).await;
+    }
+    write_all(c, &[head, &line[..n], data, tail], send_timeout).await
+}
+
+/// Writes all of `parts`; a client that takes nothing of them for `send_timeout` fails
+/// the write (nginx's `send_timeout`). The timer is set only once a write must wait.
+async fn write_all<I: AsyncRead + AsyncWrite + Unpin>(
+    c: &mut Conn<I>,
+    parts: &[&[u8]],
+    send_timeout: Duration,
+) -> io::Result<()> {
+    let mut written = 0;
+    loop {
+        let before = written;
+        match poll_fn(|cx| Poll::Ready(c.poll_write_parts(cx, parts, &mut written))).await {
+            Poll::Ready(result) => return result,
+            Poll::Pending if written > before => continue,
+            Poll::Pending => {}
+        }
+        let progress = poll_fn(|cx| {
+            let before = written;
+            match c.poll_write_parts(cx, parts, &mut written) {
+                Poll::Ready(result) => Poll::Ready(result.map(|()| true)),
+                Poll::Pending if written > before => Poll::Ready(Ok(false)),
+                Poll::Pending => Poll::Pending,
+            }
+        });
+        match tokio::time::timeout(send_timeout, progress).await {
+            Ok(Ok(true)) => return Ok(()),
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(io::Error::new(io::ErrorKind::TimedOut, "send_timeout")),
+        }
+    }
+}
+
+/// Answers a request whose head is refused, and says the connection closes.
+async fn refuse<I: AsyncRead + AsyncWrite + Unpin>(
+    c: &mut Conn<I>,
+    e: &HeadError,
+    send_timeout: Duration,
+) -> io::Result<()> {
+    let status = e.status();
+    let body = format!("{}: {e}\n", status.canonical_reason().unwrap_or("Bad Request"));
+    let mut head = Vec::with_capacity(160);
+    let mut writer = write::Head::response(&mut head, status);
+    writer.field(b"content-type", b"text/plain; charset=utf-8");
+    writer.date();
+    writer.content_length(body.len() as u64);
+    writer.field(b"connection", b"close");
+    writer.end();
+    write_all(c, &[&head, body.as_bytes()], send_timeout).await
+}
+
+/// Closes a connection whose client may still be sending: its sending side first, then
+/// what comes is read and thrown away, briefly.
+async fn linger<I: AsyncRead + AsyncWrite + Unpin>(mut c: Conn<I>) {
+    linger_on(&mut c).await;
+}
+
+async fn linger_on<I: AsyncRead + AsyncWrite + Unpin>(c: &mut Conn<I>) {
+    let _ = c.io.shutdown().await;
+    let drain = async {
+        let mut sink = [0u8; 16 * 1024];
+        let mut read = 0u64;
+        while read < LINGER_BYTES {
+            match c.io.read(&mut sink).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => read += n as u64,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER, drain).await;
+}
