@@ -55,11 +55,82 @@ impl Span {
     }
 }
 
-/// One header field of a head kept as read: its name and its value.
+/// One header field of a head kept as read: its name, its value, and which of the
+/// fields the request path reads by name it is (told once, as the head is parsed).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FieldSpan {
     pub name: Span,
     pub value: Span,
+    pub known: Known,
+}
+
+/// The header fields the request path reads or drops by name: told apart once per
+/// field, so that a lookup or a filter compares one byte per field, not its name.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Known {
+    #[default]
+    Other,
+    Host,
+    Connection,
+    Upgrade,
+    Expect,
+    ContentLength,
+    TransferEncoding,
+    Te,
+    KeepAlive,
+    ProxyConnection,
+    XForwardedFor,
+    XForwardedProto,
+    XForwardedHost,
+    Forwarded,
+    Authorization,
+    Cookie,
+}
+
+impl Known {
+    /// What a field named `name` (as sent: any case) is.
+    pub fn of(name: &[u8]) -> Known {
+        let is = |known: &str| name.eq_ignore_ascii_case(known.as_bytes());
+        match name.len() {
+            2 if is("te") => Known::Te,
+            4 if is("host") => Known::Host,
+            6 if is("cookie") => Known::Cookie,
+            6 if is("expect") => Known::Expect,
+            7 if is("upgrade") => Known::Upgrade,
+            9 if is("forwarded") => Known::Forwarded,
+            10 if is("connection") => Known::Connection,
+            10 if is("keep-alive") => Known::KeepAlive,
+            13 if is("authorization") => Known::Authorization,
+            14 if is("content-length") => Known::ContentLength,
+            15 if is("x-forwarded-for") => Known::XForwardedFor,
+            16 if is("x-forwarded-host") => Known::XForwardedHost,
+            16 if is("proxy-connection") => Known::ProxyConnection,
+            17 if is("transfer-encoding") => Known::TransferEncoding,
+            17 if is("x-forwarded-proto") => Known::XForwardedProto,
+            _ => Known::Other,
+        }
+    }
+
+    /// What a field named `name` is (a `HeaderName` is lower case).
+    #[inline]
+    pub fn of_name(name: &HeaderName) -> Known {
+        Known::of(name.as_str().as_bytes())
+    }
+
+    /// A hop-by-hop field by its name alone (RFC 9110 §7.6.1); those `Connection` names
+    /// are hop-by-hop too.
+    pub fn is_hop_by_hop(self) -> bool {
+        matches!(
+            self,
+            Known::Connection
+                | Known::KeepAlive
+                | Known::ProxyConnection
+                | Known::Te
+                | Known::TransferEncoding
+                | Known::Upgrade
+        )
+    }
 }
 
 /// The header fields of a request, looked up by name (case-insensitively, as RFC 9110
@@ -92,7 +163,26 @@ impl<'a> Fields<'a> {
     pub fn get_all<'n>(&self, name: &'n HeaderName) -> Values<'a, 'n> {
         match *self {
             Fields::Map(map) => Values::Map(map.get_all(name).into_iter()),
-            Fields::Raw { bytes, spans } => Values::Raw { bytes, spans: spans.iter(), name: name.as_str().as_bytes() },
+            Fields::Raw { bytes, spans } => {
+                let known = Known::of_name(name);
+                Values::Raw { bytes, spans: spans.iter(), name: name.as_str().as_bytes(), known }
+            }
+        }
+    }
+
+    /// Every field with what it is, as (known, name, value), in the order they came.
+    pub fn each(&self, f: &mut impl FnMut(Known, &'a [u8], &'a [u8])) {
+        match *self {
+            Fields::Map(map) => {
+                for (name, value) in map {
+                    f(Known::of_name(name), name.as_str().as_bytes(), value.as_bytes());
+                }
+            }
+            Fields::Raw { bytes, spans } => {
+                for span in spans {
+                    f(span.known, span.name.get(bytes), span.value.get(bytes));
+                }
+            }
         }
     }
 
@@ -115,12 +205,24 @@ impl<'a> Fields<'a> {
 /// The values of the fields of one name.
 pub enum Values<'a, 'n> {
     Map(http::header::ValueIter<'a, http::HeaderValue>),
-    /// `name` in lower case, as a `HeaderName` holds it.
+    /// `name` in lower case, as a `HeaderName` holds it, and what it is: a known name is
+    /// found by its kind, any other by its bytes.
     Raw {
         bytes: &'a [u8],
         spans: std::slice::Iter<'a, FieldSpan>,
         name: &'n [u8],
+        known: Known,
     },
+}
+
+impl FieldSpan {
+    #[inline]
+    fn is(&self, bytes: &[u8], name: &[u8], known: Known) -> bool {
+        match known {
+            Known::Other => self.known == Known::Other && self.name.get(bytes).eq_ignore_ascii_case(name),
+            known => self.known == known,
+        }
+    }
 }
 
 impl<'a> Iterator for Values<'a, '_> {
@@ -130,8 +232,8 @@ impl<'a> Iterator for Values<'a, '_> {
     fn next(&mut self) -> Option<&'a [u8]> {
         match self {
             Values::Map(values) => values.next().map(|v| v.as_bytes()),
-            Values::Raw { bytes, spans, name } => {
-                spans.find(|f| f.name.get(bytes).eq_ignore_ascii_case(name)).map(|f| f.value.get(bytes))
+            Values::Raw { bytes, spans, name, known } => {
+                spans.find(|f| f.is(bytes, name, *known)).map(|f| f.value.get(bytes))
             }
         }
     }
@@ -141,8 +243,8 @@ impl DoubleEndedIterator for Values<'_, '_> {
     fn next_back(&mut self) -> Option<Self::Item> {
         match self {
             Values::Map(values) => values.next_back().map(|v| v.as_bytes()),
-            Values::Raw { bytes, spans, name } => {
-                spans.rfind(|f| f.name.get(bytes).eq_ignore_ascii_case(name)).map(|f| f.value.get(bytes))
+            Values::Raw { bytes, spans, name, known } => {
+                spans.rfind(|f| f.is(bytes, name, *known)).map(|f| f.value.get(bytes))
             }
         }
     }

@@ -40,7 +40,7 @@ pub struct Response {
     pub fields: Fields,
     /// Fields set here, replacing any of the same name in `fields`: the route's
     /// `set_response_headers`, `Retry-After`, the rate-limit fields.
-    pub extra: SmallVec<[(HeaderName, HeaderValue); 4]>,
+    pub extra: SmallVec<[(HeaderName, HeaderValue); 2]>,
     pub body: Body,
     /// What the response holds until it has been sent (or abandoned by the client).
     pub receipts: Receipts,
@@ -87,14 +87,16 @@ impl Default for Receipts {
 
 impl Response {
     /// A response made here: `status`, `fields`, `body`.
-    pub fn made(status: StatusCode, extra: SmallVec<[(HeaderName, HeaderValue); 4]>, body: impl Into<Bytes>) -> Self {
+    pub fn made(status: StatusCode, extra: SmallVec<[(HeaderName, HeaderValue); 2]>, body: impl Into<Bytes>) -> Self {
         Response { status, fields: Fields::None, extra, body: Body::Full(body.into()), receipts: Receipts::default() }
     }
 
     /// Sets `name` to `value`, replacing what the response had of it.
     pub fn set(&mut self, name: HeaderName, value: HeaderValue) {
-        self.extra.retain(|(n, _)| *n != name);
-        self.extra.push((name, value));
+        match self.extra.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, v)) => *v = value,
+            None => self.extra.push((name, value)),
+        }
     }
 
     /// Every field the response carries (before the framing fields), as (name, value):
@@ -114,13 +116,10 @@ impl Response {
                 }
             }
             Fields::Upstream(ResponseFields::H1(head)) => {
-                let fields: SmallVec<[(&[u8], &[u8]); 16]> = head.fields().iter().collect();
-                crate::hop::response_fields(&fields, switching, keep_length, &replaced, emit);
+                crate::hop::response_fields(head.fields(), switching, keep_length, &replaced, emit);
             }
             Fields::Upstream(ResponseFields::H2(map)) => {
-                let fields: SmallVec<[(&[u8], &[u8]); 16]> =
-                    map.iter().map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())).collect();
-                crate::hop::response_fields(&fields, switching, keep_length, &replaced, emit);
+                crate::hop::response_fields(map.into(), switching, keep_length, &replaced, emit);
             }
         }
         for (name, value) in &self.extra {

@@ -12,13 +12,12 @@ use ipnet::IpNet;
 use smallvec::SmallVec;
 
 use crate::config::{ForwardedMode, Rewrite};
-use crate::head::{Fields, text};
+use crate::head::{Fields, Known, text};
 use forwarded::Node;
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
-static X_FORWARDED: [&HeaderName; 3] = [&X_FORWARDED_FOR, &X_FORWARDED_PROTO, &X_FORWARDED_HOST];
 
 pub fn is_trusted(ip: IpAddr, trusted: &[IpNet]) -> bool {
     trusted.iter().any(|net| net.contains(&ip))
@@ -71,16 +70,10 @@ fn parse_hop(hop: &str) -> Option<IpAddr> {
     hop.parse().ok().or_else(|| hop.parse::<SocketAddr>().ok().map(|s| s.ip()))
 }
 
-/// The hop-by-hop fields (RFC 9110 §7.6.1), never forwarded: they describe one
-/// connection. Fields that `Connection` names are hop-by-hop too.
-const HOP_BY_HOP: [&[u8]; 6] =
-    [b"connection", b"keep-alive", b"proxy-connection", b"te", b"transfer-encoding", b"upgrade"];
-
-/// Whether a field named `name` stops at this hop: hop-by-hop, or named by one of
-/// `connection` (the `Connection` values of the message).
-pub fn is_hop_by_hop(name: &[u8], connection: &[&[u8]]) -> bool {
-    let named = |list: &[u8]| list.split(|&b| b == b',').any(|token| token.trim_ascii().eq_ignore_ascii_case(name));
-    HOP_BY_HOP.iter().any(|h| h.eq_ignore_ascii_case(name)) || connection.iter().any(|&c| named(c))
+/// Whether a field named `name` is one of those `connection` (the message's `Connection`
+/// values) names: hop-by-hop too (RFC 9110 §7.6.1).
+fn named_by(name: &[u8], connection: &[&[u8]]) -> bool {
+    connection.iter().any(|list| list.split(|&b| b == b',').any(|token| token.trim_ascii().eq_ignore_ascii_case(name)))
 }
 
 /// The protocol an HTTP/1.1 request asks to switch to: its `Upgrade` field, when its
@@ -123,33 +116,30 @@ pub struct Hop<'a> {
 pub fn request_fields(fields: Fields<'_>, hop: &Hop<'_>, host: Option<&[u8]>, emit: &mut impl FnMut(&[u8], &[u8])) {
     let rewrite = hop.rewrite;
     let connection: SmallVec<[&[u8]; 2]> = fields.get_all(&header::CONNECTION).collect();
+    let rewrites = !rewrite.set_request_headers.is_empty() || !rewrite.remove_request_headers.is_empty();
     let replaced = |name: &[u8]| {
         rewrite.set_request_headers.iter().any(|(n, _)| n.as_str().as_bytes().eq_ignore_ascii_case(name))
             || rewrite.remove_request_headers.iter().any(|n| n.as_str().as_bytes().eq_ignore_ascii_case(name))
     };
     let rfc7239 = hop.forwarded != ForwardedMode::XForwarded;
     let x_forwarded = hop.forwarded != ForwardedMode::Rfc7239;
-    // Forwarding fields are rebuilt below; with `rfc7239` alone a trusted peer's
-    // `X-Forwarded-*` pass as they are, and with `x_forwarded` alone its `Forwarded`.
-    let rebuilt = |name: &[u8]| {
-        (x_forwarded || !hop.trusted_peer)
-            && X_FORWARDED.iter().any(|x| x.as_str().as_bytes().eq_ignore_ascii_case(name))
-            || rfc7239 && name.eq_ignore_ascii_case(b"forwarded")
-    };
     if let Some(host) = host {
         emit(b"host", host);
     }
-    for (name, value) in fields.iter() {
-        let dropped = is_hop_by_hop(name, &connection)
-            || name.eq_ignore_ascii_case(b"host")
-            || name.eq_ignore_ascii_case(b"content-length")
-            || name.eq_ignore_ascii_case(b"expect")
-            || rebuilt(name)
-            || replaced(name);
+    fields.each(&mut |known, name, value| {
+        let dropped = match known {
+            Known::Host | Known::ContentLength | Known::Expect => true,
+            // Rebuilt below; with `rfc7239` alone a trusted peer's `X-Forwarded-*` pass as
+            // they are, and with `x_forwarded` alone its `Forwarded`.
+            Known::XForwardedFor | Known::XForwardedProto | Known::XForwardedHost => x_forwarded || !hop.trusted_peer,
+            Known::Forwarded => rfc7239,
+            known => known.is_hop_by_hop(),
+        } || (!connection.is_empty() && named_by(name, &connection))
+            || (rewrites && replaced(name));
         if !dropped {
             emit(name, value);
         }
-    }
+    });
     for (name, value) in rewrite.set_request_headers.iter().filter(|(n, _)| *n != header::HOST) {
         emit(name.as_str().as_bytes(), value.as_bytes());
     }
@@ -179,26 +169,28 @@ pub fn request_fields(fields: Fields<'_>, hop: &Hop<'_>, host: Option<&[u8]>, em
     if !x_forwarded {
         return;
     }
-    let peer = ip_text(hop.peer.to_canonical());
-    let earlier: SmallVec<[&[u8]; 2]> = fields.get_all(&X_FORWARDED_FOR).collect();
-    if hop.trusted_peer && !earlier.is_empty() {
+    let mut peer = [0u8; 45];
+    let peer = ip_text(hop.peer.to_canonical(), &mut peer);
+    let earlier: SmallVec<[&[u8]; 2]> =
+        if hop.trusted_peer { fields.get_all(&X_FORWARDED_FOR).collect() } else { SmallVec::new() };
+    if earlier.is_empty() {
+        emit(b"x-forwarded-for", peer);
+    } else {
         let mut chain = earlier.join(&b", "[..]);
         chain.extend_from_slice(b", ");
-        chain.extend_from_slice(peer.as_bytes());
+        chain.extend_from_slice(peer);
         emit(b"x-forwarded-for", &chain);
-    } else {
-        emit(b"x-forwarded-for", peer.as_bytes());
     }
-    let proto: SmallVec<[&[u8]; 1]> = fields.get_all(&X_FORWARDED_PROTO).collect();
-    match hop.trusted_peer && !proto.is_empty() {
-        true => proto.iter().for_each(|v| emit(b"x-forwarded-proto", v)),
-        false => emit(b"x-forwarded-proto", if hop.tls { b"https" } else { b"http" }),
+    let proto = if hop.trusted_peer { fields.get(&X_FORWARDED_PROTO) } else { None };
+    match proto {
+        Some(_) => fields.get_all(&X_FORWARDED_PROTO).for_each(|v| emit(b"x-forwarded-proto", v)),
+        None => emit(b"x-forwarded-proto", if hop.tls { b"https" } else { b"http" }),
     }
-    let forwarded_host: SmallVec<[&[u8]; 1]> = fields.get_all(&X_FORWARDED_HOST).collect();
-    match (hop.trusted_peer && !forwarded_host.is_empty(), client_host) {
-        (true, _) => forwarded_host.iter().for_each(|v| emit(b"x-forwarded-host", v)),
-        (false, Some(host)) => emit(b"x-forwarded-host", host),
-        (false, None) => {}
+    let forwarded_host = if hop.trusted_peer { fields.get(&X_FORWARDED_HOST) } else { None };
+    match (forwarded_host, client_host) {
+        (Some(_), _) => fields.get_all(&X_FORWARDED_HOST).for_each(|v| emit(b"x-forwarded-host", v)),
+        (None, Some(host)) => emit(b"x-forwarded-host", host),
+        (None, None) => {}
     }
 }
 
@@ -206,48 +198,60 @@ pub fn request_fields(fields: Fields<'_>, hop: &Hop<'_>, host: Option<&[u8]>, em
 /// the hop-by-hop ones (a `101`'s `Upgrade` kept, with `Connection: upgrade`), the framing
 /// fields (the writer's, unless `keep_length`: a response without body, to `HEAD` say,
 /// whose `Content-Length` describes another), and those named in `replaced`.
-pub fn response_fields<'f>(
-    fields: &'f [(&'f [u8], &'f [u8])],
+pub fn response_fields(
+    fields: Fields<'_>,
     switching: bool,
     keep_length: bool,
     replaced: &[&[u8]],
     emit: &mut impl FnMut(&[u8], &[u8]),
 ) {
-    let connection: SmallVec<[&[u8]; 2]> =
-        fields.iter().filter(|(n, _)| n.eq_ignore_ascii_case(b"connection")).map(|(_, v)| *v).collect();
-    for &(name, value) in fields {
-        let upgrade = switching && name.eq_ignore_ascii_case(b"upgrade");
-        let dropped = (is_hop_by_hop(name, &connection) && !upgrade)
-            || (!keep_length && name.eq_ignore_ascii_case(b"content-length"))
-            || replaced.iter().any(|r| r.eq_ignore_ascii_case(name));
+    let connection: SmallVec<[&[u8]; 2]> = fields.get_all(&header::CONNECTION).collect();
+    fields.each(&mut |known, name, value| {
+        let dropped = match known {
+            // A `101`'s `Upgrade` says what the connection becomes.
+            Known::Upgrade => !switching,
+            Known::ContentLength => !keep_length,
+            known => known.is_hop_by_hop() || (!connection.is_empty() && named_by(name, &connection)),
+        } || replaced.iter().any(|r| r.eq_ignore_ascii_case(name));
         if !dropped {
             emit(name, value);
         }
-    }
+    });
     if switching {
         emit(b"connection", b"upgrade");
     }
 }
 
-/// An address as `Display` writes it. IPv4, what nearly every request carries, is
-/// written digit by digit: `Ipv4Addr`'s `Display` goes through the formatting machinery
-/// and cost more instructions per forwarded request than all other header work here.
-fn ip_text(ip: IpAddr) -> String {
-    let IpAddr::V4(v4) = ip else { return ip.to_string() };
-    let mut out = String::with_capacity(15);
+/// An address as `Display` writes it, into `out`. IPv4, what nearly every request
+/// carries, is written digit by digit: `Ipv4Addr`'s `Display` goes through the formatting
+/// machinery and cost more instructions than all other header work here.
+fn ip_text(ip: IpAddr, out: &mut [u8; 45]) -> &[u8] {
+    let IpAddr::V4(v4) = ip else {
+        use std::io::Write as _;
+        let mut cursor = std::io::Cursor::new(&mut out[..]);
+        // An IPv6 address is at most 45 characters.
+        let _ = write!(cursor, "{ip}");
+        let len = cursor.position() as usize;
+        return &out[..len];
+    };
+    let mut len = 0;
     for (i, octet) in v4.octets().into_iter().enumerate() {
         if i > 0 {
-            out.push('.');
+            out[len] = b'.';
+            len += 1;
         }
         if octet >= 100 {
-            out.push(char::from(b'0' + octet / 100));
+            out[len] = b'0' + octet / 100;
+            len += 1;
         }
         if octet >= 10 {
-            out.push(char::from(b'0' + octet / 10 % 10));
+            out[len] = b'0' + octet / 10 % 10;
+            len += 1;
         }
-        out.push(char::from(b'0' + octet % 10));
+        out[len] = b'0' + octet % 10;
+        len += 1;
     }
-    out
+    &out[..len]
 }
 
 #[cfg(test)]
@@ -258,13 +262,16 @@ mod tests {
 
     #[test]
     fn addresses_are_written_as_display_writes_them() {
-        for text in ["0.0.0.0", "1.2.3.4", "10.0.99.100", "127.0.0.1", "255.255.255.255", "2001:db8::1", "::1"] {
-            let ip: IpAddr = text.parse().unwrap();
-            assert_eq!(ip_text(ip), ip.to_string());
+        let text = |ip: IpAddr| String::from_utf8(ip_text(ip, &mut [0; 45]).to_vec()).unwrap();
+        for written in ["0.0.0.0", "1.2.3.4", "10.0.99.100", "127.0.0.1", "255.255.255.255", "2001:db8::1", "::1"] {
+            let ip: IpAddr = written.parse().unwrap();
+            assert_eq!(text(ip), ip.to_string());
         }
+        let longest: IpAddr = "ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255".parse().unwrap();
+        assert_eq!(text(longest), longest.to_string());
         for n in [0u32, 9, 10, 99, 100, 199, 200, 255, 0x0a0b_0c0d, u32::MAX] {
             let ip = IpAddr::V4(n.into());
-            assert_eq!(ip_text(ip), ip.to_string());
+            assert_eq!(text(ip), ip.to_string());
         }
     }
 

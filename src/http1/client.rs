@@ -51,7 +51,7 @@ pub async fn exchange<I: AsyncRead + AsyncWrite + Unpin, B: BodySource + ?Sized>
     framing: Framing,
     method: &Method,
     max_head: usize,
-) -> (Result<(ResponseHead, Bytes), ExchangeError>, Sent) {
+) -> (Result<(ResponseHead, BytesMut), ExchangeError>, Sent) {
     let mut sent = Sent::default();
     let mut out = Outgoing { head, written: 0, chunk: None, framing, body, ended: framing == Framing::Empty };
     let mut buf = BytesMut::new();
@@ -85,7 +85,7 @@ pub async fn exchange<I: AsyncRead + AsyncWrite + Unpin, B: BodySource + ?Sized>
     })
     .await;
     sent.all = out.ended && out.chunk.is_none() && out.written == out.head.len();
-    (result.map(|head| (head, buf.freeze())), sent)
+    (result.map(|head| (head, buf)), sent)
 }
 
 /// The request on its way out: its head, then its body.
@@ -212,13 +212,8 @@ pub struct ResponseBody<C> {
 
 impl<C: AsyncRead + Unpin> ResponseBody<C> {
     /// The body of `head`, whose first bytes (`read` after the head) came with it.
-    pub fn new(conn: C, head: &ResponseHead, read: Bytes) -> Self {
-        ResponseBody {
-            conn,
-            buf: BytesMut::from(read),
-            decoder: Decoder::new(head.framing),
-            keep_alive: head.keep_alive,
-        }
+    pub fn new(conn: C, head: &ResponseHead, read: BytesMut) -> Self {
+        ResponseBody { conn, buf: read, decoder: Decoder::new(head.framing), keep_alive: head.keep_alive }
     }
 
     /// The whole body has been read.
@@ -251,6 +246,9 @@ impl<C: AsyncRead + Unpin> ResponseBody<C> {
         loop {
             match self.decoder.step(&self.buf).map_err(BodyError::Framing)? {
                 Step::Framing(n) => self.buf.advance(n),
+                Step::Data(n) if n == self.buf.len() => {
+                    return Poll::Ready(Some(Ok(std::mem::take(&mut self.buf).freeze())));
+                }
                 Step::Data(n) => return Poll::Ready(Some(Ok(self.buf.split_to(n).freeze()))),
                 Step::End(n) => {
                     self.buf.advance(n);

@@ -16,11 +16,12 @@
 //! The upstream only ever gets the framing we write, so it can never see a request
 //! boundary where we did not.
 
+use std::mem::MaybeUninit;
+
 use bytes::Bytes;
 use http::{Method, StatusCode, Version};
-use smallvec::SmallVec;
 
-use crate::head::{FieldSpan, Fields, Span};
+use crate::head::{FieldSpan, Fields, Known, Span};
 
 /// More fields than this in a head: 431 (nginx allows about as many in its default
 /// buffers; no real client sends more).
@@ -49,7 +50,7 @@ pub struct RequestHead {
     /// An absolute-form target's authority (`GET http://host/x`).
     authority: Option<Span>,
     pub version: Version,
-    fields: SmallVec<[FieldSpan; 16]>,
+    fields: Vec<FieldSpan>,
     pub framing: Framing,
     /// The client asks to keep the connection open after this exchange.
     pub keep_alive: bool,
@@ -65,7 +66,7 @@ pub struct ResponseHead {
     bytes: Bytes,
     pub status: StatusCode,
     pub version: Version,
-    fields: SmallVec<[FieldSpan; 16]>,
+    fields: Vec<FieldSpan>,
     pub framing: Framing,
     /// The server keeps the connection open after this exchange.
     pub keep_alive: bool,
@@ -116,9 +117,9 @@ struct Framed {
 /// buffer and hands to `RequestHead::new`). `max_line` bounds the request line,
 /// `max_head` the whole head while it is incomplete.
 pub fn request(buf: &[u8], max_line: usize, max_head: usize) -> Result<Option<Parsed>, HeadError> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_FIELDS];
-    let mut req = httparse::Request::new(&mut headers);
-    let len = match req.parse(buf) {
+    let mut headers = [const { MaybeUninit::uninit() }; MAX_FIELDS];
+    let mut req = httparse::Request::new(&mut []);
+    let len = match req.parse_with_uninit_headers(buf, &mut headers) {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) => {
             // A request line that has not ended within its bound never will (414); a
@@ -142,7 +143,8 @@ pub fn request(buf: &[u8], max_line: usize, max_head: usize) -> Result<Option<Pa
     let version = if minor == 1 { Version::HTTP_11 } else { Version::HTTP_10 };
     let head = &buf[..len];
     let (target, authority) = target(path.as_bytes(), head)?;
-    let framed = framed(req.headers, version)?;
+    let fields: Vec<FieldSpan> = req.headers.iter().map(|h| field(h, head)).collect();
+    let framed = framed(&fields, head, version)?;
     let framing = match (framed.codings, framed.length) {
         (true, _) => Framing::Chunked,
         (false, Some(0) | None) => Framing::Empty,
@@ -158,7 +160,7 @@ pub fn request(buf: &[u8], max_line: usize, max_head: usize) -> Result<Option<Pa
         target,
         authority,
         version,
-        fields: req.headers.iter().map(|h| field(h, head)).collect(),
+        fields,
         framing,
         keep_alive,
         close_after: framed.codings && framed.lengths > 0,
@@ -173,7 +175,7 @@ pub struct Parsed {
     target: Span,
     authority: Option<Span>,
     version: Version,
-    fields: SmallVec<[FieldSpan; 16]>,
+    fields: Vec<FieldSpan>,
     framing: Framing,
     keep_alive: bool,
     close_after: bool,
@@ -227,9 +229,9 @@ impl ResponseHead {
 /// bytes the caller splits off. A malformed head, or one larger than `max_head`, is an
 /// error: the exchange fails with 502.
 pub fn response(buf: &[u8], method: &Method, max_head: usize) -> Result<Option<(usize, ResponseParsed)>, &'static str> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_FIELDS];
-    let mut res = httparse::Response::new(&mut headers);
-    let len = match res.parse(buf) {
+    let mut headers = [const { MaybeUninit::uninit() }; MAX_FIELDS];
+    let mut res = httparse::Response::new(&mut []);
+    let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(&mut res, buf, &mut headers) {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) if buf.len() > max_head => return Err("response head too large"),
         Ok(httparse::Status::Partial) => return Ok(None),
@@ -239,7 +241,9 @@ pub fn response(buf: &[u8], method: &Method, max_head: usize) -> Result<Option<(
     let (Some(code), Some(minor)) = (res.code, res.version) else { return Err("incomplete status line") };
     let status = StatusCode::from_u16(code).map_err(|_| "invalid status code")?;
     let version = if minor == 1 { Version::HTTP_11 } else { Version::HTTP_10 };
-    let framed = framed(res.headers, Version::HTTP_11).map_err(|_| "invalid framing fields in the response")?;
+    let head = &buf[..len];
+    let fields: Vec<FieldSpan> = res.headers.iter().map(|h| field(h, head)).collect();
+    let framed = framed(&fields, head, Version::HTTP_11).map_err(|_| "invalid framing fields in the response")?;
     // RFC 9112 §6.3, in its order.
     let framing = if *method == Method::HEAD
         || status.is_informational()
@@ -263,8 +267,6 @@ pub fn response(buf: &[u8], method: &Method, max_head: usize) -> Result<Option<(
             Version::HTTP_11 => !framed.close,
             _ => framed.keep_alive && !framed.close,
         };
-    let head = &buf[..len];
-    let fields = res.headers.iter().map(|h| field(h, head)).collect();
     Ok(Some((len, ResponseParsed { status, version, fields, framing, keep_alive })))
 }
 
@@ -272,7 +274,7 @@ pub fn response(buf: &[u8], method: &Method, max_head: usize) -> Result<Option<(
 pub struct ResponseParsed {
     status: StatusCode,
     version: Version,
-    fields: SmallVec<[FieldSpan; 16]>,
+    fields: Vec<FieldSpan>,
     framing: Framing,
     keep_alive: bool,
 }
@@ -291,7 +293,8 @@ impl ResponseHead {
 }
 
 fn field(h: &httparse::Header<'_>, head: &[u8]) -> FieldSpan {
-    FieldSpan { name: Span::of(h.name.as_bytes(), head), value: Span::of(h.value, head) }
+    let name = h.name.as_bytes();
+    FieldSpan { name: Span::of(name, head), value: Span::of(h.value, head), known: Known::of(name) }
 }
 
 /// The target's origin form and an absolute-form target's authority (RFC 9112 §3.2).
@@ -323,22 +326,22 @@ fn target(path: &[u8], head: &[u8]) -> Result<(Span, Option<Span>), HeadError> {
 }
 
 /// Reads the fields that frame a message and say what becomes of its connection.
-fn framed(headers: &[httparse::Header<'_>], version: Version) -> Result<Framed, HeadError> {
+fn framed(fields: &[FieldSpan], head: &[u8], version: Version) -> Result<Framed, HeadError> {
     let mut f = Framed::default();
-    for h in headers {
-        let name = h.name.as_bytes();
-        if name.eq_ignore_ascii_case(b"content-length") {
+    for field in fields {
+        let value = field.value.get(head);
+        if field.known == Known::ContentLength {
             f.lengths += 1;
             if f.lengths > 1 {
                 return Err(HeadError::Malformed("more than one Content-Length"));
             }
-            f.length = Some(content_length(h.value)?);
-        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            f.length = Some(content_length(value)?);
+        } else if field.known == Known::TransferEncoding {
             if version == Version::HTTP_10 {
                 // RFC 9112 §6.1: HTTP/1.0 has no transfer codings; its framing is faulty.
                 return Err(HeadError::Malformed("Transfer-Encoding in an HTTP/1.0 request"));
             }
-            for coding in h.value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+            for coding in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
                 if f.chunked {
                     // Something after `chunked`: it is not the final coding (§6.3).
                     return Err(HeadError::Malformed("chunked is not the final transfer coding"));
@@ -357,16 +360,16 @@ fn framed(headers: &[httparse::Header<'_>], version: Version) -> Result<Framed, 
                 }
             }
             f.codings = true;
-        } else if name.eq_ignore_ascii_case(b"connection") {
-            for token in h.value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+        } else if field.known == Known::Connection {
+            for token in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
                 if token.eq_ignore_ascii_case(b"close") {
                     f.close = true;
                 } else if token.eq_ignore_ascii_case(b"keep-alive") {
                     f.keep_alive = true;
                 }
             }
-        } else if name.eq_ignore_ascii_case(b"expect") {
-            f.expect_continue = h.value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
+        } else if field.known == Known::Expect {
+            f.expect_continue = value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
         }
     }
     if f.codings && !f.chunked {

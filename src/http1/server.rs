@@ -29,7 +29,7 @@ pub struct Conn<I> {
 
 /// What reading a head found.
 pub enum Read {
-    Head(Box<RequestHead>),
+    Head(RequestHead),
     /// The HTTP/2 preface: the connection speaks HTTP/2 (its bytes are still in `buf`).
     H2,
     /// The client closed the connection between requests.
@@ -76,12 +76,13 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Conn<I> {
                     match parse::request(&self.buf, limits.line, limits.head) {
                         Err(e) => return Poll::Ready(Ok(Err(e))),
                         Ok(Some(parsed)) => {
-                            let bytes = self.buf.split_to(parsed.len).freeze();
-                            if self.buf.is_empty() {
-                                // Nothing pipelined: give the allocation up with the head.
-                                self.buf = BytesMut::new();
-                            }
-                            return Poll::Ready(Ok(Ok(Read::Head(Box::new(RequestHead::new(bytes, parsed))))));
+                            // Nothing pipelined: the buffer is the head's (splitting it
+                            // would allocate a count of its owners).
+                            let bytes = match parsed.len == self.buf.len() {
+                                true => std::mem::take(&mut self.buf).freeze(),
+                                false => self.buf.split_to(parsed.len).freeze(),
+                            };
+                            return Poll::Ready(Ok(Ok(Read::Head(RequestHead::new(bytes, parsed)))));
                         }
                         Ok(None) => {}
                     }
@@ -190,6 +191,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin + Send> BodySource for RequestBody<'_, I>
             let buf = &mut self.conn.buf;
             match self.decoder.step(buf).map_err(BodyError::Framing)? {
                 Step::Framing(n) => buf.advance(n),
+                Step::Data(n) if n == buf.len() => return Poll::Ready(Some(Ok(std::mem::take(buf).freeze()))),
                 Step::Data(n) => return Poll::Ready(Some(Ok(buf.split_to(n).freeze()))),
                 Step::End(n) => {
                     buf.advance(n);

@@ -2,9 +2,34 @@
 //! line, the fields as they are given (names as sent, when they come from a peer), and
 //! the framing fields, which are always ours.
 
+use std::cell::Cell;
+
 use http::{Method, StatusCode};
 
 use super::date;
+
+/// A head buffer larger than this is not kept for the next response.
+const KEPT_BYTES: usize = 16 * 1024;
+
+thread_local! {
+    /// A buffer for response heads, lent to one response at a time: most responses are
+    /// written before the next one needs it, so writing a head allocates nothing.
+    static SPARE: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+}
+
+/// An empty buffer to write a head in: this thread's spare one if it is free.
+pub fn buffer() -> Vec<u8> {
+    let spare = SPARE.take();
+    if spare.capacity() > 0 { spare } else { Vec::with_capacity(512) }
+}
+
+/// Gives `buffer` back to be lent again.
+pub fn give_back(mut buffer: Vec<u8>) {
+    if buffer.capacity() <= KEPT_BYTES {
+        buffer.clear();
+        SPARE.set(buffer);
+    }
+}
 
 /// A head being written into `out`.
 pub struct Head<'a> {

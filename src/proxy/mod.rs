@@ -186,10 +186,11 @@ impl Proxy {
         self.refuse_duplicated_keys(front.candidates(config), &front.src)?;
         let cost = front::cost(config, route, head.fields)?;
         // Without Redis the decision never waits, and `check` is what `decide` does:
-        // no future is built and moved for it.
+        // no future is built for it. With Redis, the call's future is boxed, so that
+        // requests without global limits do not carry its room.
         let decision = match self.gate.store() {
             None => self.gate.check(front.limits(config), &front.src, cost),
-            Some(_) => self.gate.decide(front.limits(config), &front.src, cost).await,
+            Some(_) => Box::pin(self.gate.decide(front.limits(config), &front.src, cost)).await,
         };
         let outcome = RequestOutcome::of(&decision, &config.limits);
         self.metrics.request(front.route, outcome);
@@ -244,8 +245,9 @@ impl Proxy {
         let (config, route) = (&self.config, &self.config.routes[index]);
         if !wait.is_zero() {
             // A client that goes away while waiting drops this future here: its request
-            // never reaches the upstream and its permits are released.
-            tokio::time::sleep(wait).await;
+            // never reaches the upstream and its permits are released. (Boxed: most
+            // requests do not wait, nor carry a timer's room.)
+            Box::pin(tokio::time::sleep(wait)).await;
         }
         let response = match &route.action {
             Action::Respond(r) => Ok(response::static_response(r)),
@@ -265,7 +267,7 @@ impl Proxy {
         };
         // Limits that count only some statuses keep or take back this request now.
         if let Some(global) = pending.settle(response.as_ref().map_or_else(|e| e.status(), |r| r.status).as_u16()) {
-            global.await;
+            Box::pin(global).await;
         }
         let mut response = response?;
         response.receipts.permits = permits;
@@ -480,4 +482,28 @@ async fn flush_log_budgets(budgets: std::sync::Weak<[LogBudget]>, limits: Vec<(S
 /// nginx-style figure is in requests, and finer digits are float noise.
 fn round_to_thousandths(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a request carries while it is in progress stays small: it is moved into its
+    /// box when the request begins, and held by every connection with a request.
+    #[tokio::test]
+    async fn a_requests_state_stays_small() {
+        let config = crate::config::parse("listen: 127.0.0.1:0\nroutes:\n  - respond: { status: 200 }\n", "t").unwrap();
+        let proxy = super::Proxy::new(config).unwrap();
+        let headers = http::HeaderMap::new();
+        let head = RequestHead {
+            method: &http::Method::GET,
+            target: "/",
+            version: http::Version::HTTP_11,
+            authority: None,
+            fields: crate::head::Fields::from(&headers),
+        };
+        let conn = ClientConn::unheld("127.0.0.1:1".parse().unwrap());
+        let request = proxy.handle(Request { head, framing: Framing::Empty, body: None }, &conn);
+        assert!(std::mem::size_of_val(&request) <= 4096, "{} bytes", std::mem::size_of_val(&request));
+        assert!(std::mem::size_of::<Response>() <= 640, "{} bytes", std::mem::size_of::<Response>());
+    }
 }

@@ -287,7 +287,7 @@ async fn write_response<I: AsyncRead + AsyncWrite + Unpin>(
     // gets it until the connection closes.
     let chunked = !bodiless && length.is_none() && version == Version::HTTP_11;
     let keep_alive = keep_alive && (bodiless || length.is_some() || chunked) && !switching;
-    let mut head = Vec::with_capacity(256);
+    let mut head = write::buffer();
     let mut writer = write::Head::response(&mut head, status);
     let mut dated = false;
     let keep_length = bodiless && matches!(response.body, Body::Upstream(_));
@@ -320,6 +320,7 @@ async fn write_response<I: AsyncRead + AsyncWrite + Unpin>(
     }
     if bodiless {
         write_all(c, &[&head], send_timeout).await?;
+        write::give_back(head);
         return Ok(Written::Done { keep_alive });
     }
     let Response { body, mut receipts, .. } = response;
@@ -330,22 +331,23 @@ async fn write_response<I: AsyncRead + AsyncWrite + Unpin>(
             write_all(c, &[&head, &bytes], send_timeout).await?;
         }
         Body::Upstream(mut body) => {
-            let mut head = Some(head);
+            let mut head_sent = false;
             loop {
                 // The first piece goes out with the head when it is at hand already;
                 // otherwise the head goes alone, and the body follows as it comes.
-                let piece = match &head {
-                    Some(bytes) => match poll_fn(|cx| Poll::Ready(body.poll_data(cx))).await {
+                let piece = match head_sent {
+                    false => match poll_fn(|cx| Poll::Ready(body.poll_data(cx))).await {
                         Poll::Ready(piece) => piece,
                         Poll::Pending => {
-                            write_all(c, &[bytes], send_timeout).await?;
-                            head = None;
+                            write_all(c, &[&head], send_timeout).await?;
+                            head_sent = true;
                             continue;
                         }
                     },
-                    None => poll_fn(|cx| body.poll_data(cx)).await,
+                    true => poll_fn(|cx| body.poll_data(cx)).await,
                 };
-                let head = head.take().unwrap_or_default();
+                let first: &[u8] = if head_sent { &[] } else { &head };
+                head_sent = true;
                 match piece {
                     Some(Ok(data)) => {
                         count(&mut receipts, data.len());
@@ -355,7 +357,7 @@ async fn write_response<I: AsyncRead + AsyncWrite + Unpin>(
                             // slot still counts it.
                             release(&mut receipts).await;
                         }
-                        write_piece(c, &head, &data, chunked, done, send_timeout).await?;
+                        write_piece(c, first, &data, chunked, done, send_timeout).await?;
                         if done {
                             break;
                         }
@@ -363,19 +365,20 @@ async fn write_response<I: AsyncRead + AsyncWrite + Unpin>(
                     Some(Err(e)) => {
                         // Broken off midway: the client sees the connection close short of
                         // the declared length (or without the last chunk).
-                        write_all(c, &[&head], send_timeout).await?;
+                        write_all(c, &[first], send_timeout).await?;
                         return Err(io::Error::other(e.to_string()));
                     }
                     None => {
                         release(&mut receipts).await;
                         let last: &[u8] = if chunked { LAST_CHUNK } else { &[] };
-                        write_all(c, &[&head, last], send_timeout).await?;
+                        write_all(c, &[first, last], send_timeout).await?;
                         break;
                     }
                 }
             }
         }
     }
+    write::give_back(head);
     drop(receipts);
     Ok(Written::Done { keep_alive })
 }

@@ -231,11 +231,12 @@ impl UpstreamClient {
         let host = host.or(Some(server.host().as_str().as_bytes()));
         let body = body.map(|b| b as &mut dyn BodySource);
         if self.http2 {
-            return self.attempt_h2(server, out, body, host).await;
+            // Boxed: HTTP/1 requests do not carry its room.
+            return Box::pin(self.attempt_h2(server, out, body, host)).await;
         }
         let mut conn = self.pool.checkout(server.address(), server.tls(), fresh).await.map_err(Failure::connect)?;
         let reused = conn.reused;
-        let mut head = Vec::with_capacity(256 + out.target.len() + 32 * out.head.fields.iter().count());
+        let mut head = std::mem::take(&mut conn.head);
         let mut writer = write::Head::request(&mut head, out.head.method, out.target);
         hop::request_fields(out.head.fields, &out.hop, host, &mut |name, value| writer.field(name, value));
         match out.framing {
@@ -246,6 +247,7 @@ impl UpstreamClient {
         writer.end();
         let framing = if out.framing == Framing::UntilClose { Framing::Chunked } else { out.framing };
         let (result, sent) = exchange(&mut conn, &head, body, framing, out.head.method, MAX_RESPONSE_HEAD).await;
+        conn.head = head;
         let (response, read) = match result {
             Ok(response) => response,
             Err(ExchangeError::Body(e)) => return Err(Failure::Body(e)),

@@ -28,6 +28,9 @@ use super::h2::H2Body;
 /// one `proxy_buffer_size` of 4 or 8 KiB; this leaves room for large cookies.
 pub const MAX_RESPONSE_HEAD: usize = 32 * 1024;
 
+/// Room for a request head going upstream, to begin with.
+const HEAD_BYTES: usize = 1024;
+
 /// Idle keep-alive connections to a server are closed after this long (the reaper looks
 /// every half of it, so one lives at most one and a half times this).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -53,6 +56,8 @@ type ByServer<T> = HashMap<Box<str>, T, foldhash::fast::RandomState>;
 
 struct Idle {
     io: UpstreamIo,
+    /// The buffer its request heads are written in, kept with it.
+    heads: Vec<u8>,
     since: Instant,
 }
 
@@ -74,6 +79,9 @@ pub struct Checkout {
     /// It came from the pool: it served another exchange before.
     pub reused: bool,
     keep: bool,
+    /// Where the request head is written: the connection's own, so that a kept-alive
+    /// connection writes its heads without allocating.
+    pub head: Vec<u8>,
 }
 
 impl Pool {
@@ -89,12 +97,14 @@ impl Pool {
     /// else a new one (`fresh`: a new one in any case).
     pub async fn checkout(&self, server: &Authority, tls: bool, fresh: bool) -> Result<Checkout, SendError> {
         let key = Key { server: server.clone(), tls };
-        if !fresh && let Some(io) = self.inner.take_idle(&key) {
-            return Ok(Checkout { io: Some(io), inner: Arc::clone(&self.inner), key, reused: true, keep: false });
+        if !fresh && let Some((io, mut head)) = self.inner.take_idle(&key) {
+            head.clear();
+            return Ok(Checkout { io: Some(io), inner: Arc::clone(&self.inner), key, reused: true, keep: false, head });
         }
         // Boxed: what is rare stays out of the future every request moves around.
         let io = Box::pin(self.inner.connector.connect(server, tls)).await.map_err(SendError::Connect)?;
-        Ok(Checkout { io: Some(io), inner: Arc::clone(&self.inner), key, reused: false, keep: false })
+        let head = Vec::with_capacity(HEAD_BYTES);
+        Ok(Checkout { io: Some(io), inner: Arc::clone(&self.inner), key, reused: false, keep: false, head })
     }
 
     /// The HTTP/2 connection to `server`, shared by every request to it: the open one,
@@ -119,13 +129,14 @@ impl Pool {
 }
 
 impl Inner {
-    /// The most recently used idle connection to `key` that is still open.
-    fn take_idle(&self, key: &Key) -> Option<UpstreamIo> {
+    /// The most recently used idle connection to `key` that is still open, with its
+    /// head buffer.
+    fn take_idle(&self, key: &Key) -> Option<(UpstreamIo, Vec<u8>)> {
         let mut idle = lock(&self.idle[usize::from(key.tls)]);
         let list = idle.get_mut(key.server.as_str())?;
         while let Some(mut conn) = list.pop() {
             if still_open(&mut conn.io) {
-                return Some(conn.io);
+                return Some((conn.io, conn.heads));
             }
         }
         None
@@ -171,7 +182,7 @@ impl Checkout {
 impl Drop for Checkout {
     fn drop(&mut self) {
         let Some(io) = self.io.take().filter(|_| self.keep) else { return };
-        let idle = Idle { io, since: Instant::now() };
+        let idle = Idle { io, heads: std::mem::take(&mut self.head), since: Instant::now() };
         let mut pool = lock(&self.inner.idle[usize::from(self.key.tls)]);
         match pool.get_mut(self.key.server.as_str()) {
             Some(list) => list.push(idle),
