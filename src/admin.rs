@@ -13,7 +13,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Method, StatusCode};
-use smallvec::{SmallVec, smallvec};
+use smallvec::SmallVec;
 use subtle::ConstantTimeEq;
 
 use crate::config::{Admin, Config, Scope};
@@ -249,7 +249,7 @@ fn text(status: StatusCode, body: &'static str) -> Response {
 }
 
 fn typed(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response {
-    Response::made(status, smallvec![(header::CONTENT_TYPE, HeaderValue::from_static(content_type))], body)
+    Response::made(status, vec![(header::CONTENT_TYPE, HeaderValue::from_static(content_type))], body)
 }
 
 #[cfg(test)]

@@ -40,7 +40,7 @@ pub struct Response {
     pub fields: Fields,
     /// Fields set here, replacing any of the same name in `fields`: the route's
     /// `set_response_headers`, `Retry-After`, the rate-limit fields.
-    pub extra: SmallVec<[(HeaderName, HeaderValue); 2]>,
+    pub extra: Vec<(HeaderName, HeaderValue)>,
     pub body: Body,
     /// What the response holds until it has been sent (or abandoned by the client).
     pub receipts: Receipts,
@@ -87,7 +87,7 @@ impl Default for Receipts {
 
 impl Response {
     /// A response made here: `status`, `fields`, `body`.
-    pub fn made(status: StatusCode, extra: SmallVec<[(HeaderName, HeaderValue); 2]>, body: impl Into<Bytes>) -> Self {
+    pub fn made(status: StatusCode, extra: Vec<(HeaderName, HeaderValue)>, body: impl Into<Bytes>) -> Self {
         Response { status, fields: Fields::None, extra, body: Body::Full(body.into()), receipts: Receipts::default() }
     }
 

@@ -127,13 +127,20 @@ impl Proxy {
         let Request { head, framing, body } = request;
         let entry = self.access_log.as_ref().map(|log| access_log::Entry::begin(log, &head, conn.peer.ip()));
         let mut trace = Trace::default();
-        let response = match self.admit(&head, framing, conn, &mut trace).await {
-            Ok(Admission::Go(admitted)) => self.serve(&head, framing, body, admitted, conn, &mut trace).await,
-            Ok(Admission::Answer(response)) => Ok(response),
-            Err(e) => Err(e),
+        // The admission is taken apart before the request is served: an answer already
+        // made is not held in the request's state while another is made.
+        let mut admitted = match self.admit(&head, framing, conn, &mut trace).await {
+            Ok(Admission::Go(admitted)) => admitted,
+            Ok(Admission::Answer(response)) => return self.finish(response, entry, &trace),
+            Err(e) => return self.finish(response::error(&e), entry, &trace),
         };
+        let response = self.serve(&head, framing, body, &mut admitted, conn, &mut trace).await;
         // Each fault was logged where it happened, with what it concerned.
-        let mut response = response.unwrap_or_else(|e| response::error(&e));
+        self.finish(response.unwrap_or_else(|e| response::error(&e)), entry, &trace)
+    }
+
+    /// `response`, carrying the request's access log line, if it is written.
+    fn finish(&self, mut response: Response, entry: Option<Box<access_log::Entry>>, trace: &Trace) -> Response {
         if let Some(mut entry) = entry {
             entry.status = response.status.as_u16();
             entry.route = trace.route.map(|i| self.config.routes[i].name.clone());
@@ -237,45 +244,56 @@ impl Proxy {
         head: &RequestHead<'_>,
         framing: Framing,
         body: Option<&mut (dyn BodySource + '_)>,
-        admitted: Admitted,
+        admitted: &mut Admitted,
         conn: &ClientConn,
         trace: &mut Trace,
     ) -> Result<Response, ProxyError> {
-        let Admitted { route: index, wait, standings, permits, pending, balance_key, target, trusted_peer } = admitted;
+        // Borrowed, not moved: the request's state holds it once.
+        let index = admitted.route;
         let (config, route) = (&self.config, &self.config.routes[index]);
-        if !wait.is_zero() {
+        if !admitted.wait.is_zero() {
             // A client that goes away while waiting drops this future here: its request
             // never reaches the upstream and its permits are released. (Boxed: most
             // requests do not wait, nor carry a timer's room.)
-            Box::pin(tokio::time::sleep(wait)).await;
+            Box::pin(tokio::time::sleep(admitted.wait)).await;
         }
         let response = match &route.action {
             Action::Respond(r) => Ok(response::static_response(r)),
             Action::Forward(upstream) => {
                 let hop = Hop {
                     peer: conn.peer.ip(),
-                    trusted_peer,
+                    trusted_peer: admitted.trusted_peer,
                     tls: conn.tls,
                     forwarded: config.forwarded,
                     upgrade: hop::upgrade_protocol(head.version, head.fields),
                     rewrite: &route.rewrite,
                 };
-                let target = target.as_deref().unwrap_or(head.target);
-                let out = Outgoing { head, target, framing, hop, host: &route.rewrite.upstream_host, balance_key };
+                let target = admitted.target.as_deref().unwrap_or(head.target);
+                let host = &route.rewrite.upstream_host;
+                let out = Outgoing { head, target, framing, hop, host, balance_key: admitted.balance_key };
                 self.forward(&out, body, index, *upstream, trace).await
             }
         };
-        // Limits that count only some statuses keep or take back this request now.
-        if let Some(global) = pending.settle(response.as_ref().map_or_else(|e| e.status(), |r| r.status).as_u16()) {
-            Box::pin(global).await;
-        }
+        // Limits that count only some statuses keep or take back this request now; in
+        // Redis (boxed, with the response: most requests have nothing to settle there).
+        let status = response.as_ref().map_or_else(|e| e.status(), |r| r.status).as_u16();
+        let response = match std::mem::take(&mut admitted.pending).settle(status) {
+            None => response,
+            Some(global) => {
+                Box::pin(async move {
+                    global.await;
+                    response
+                })
+                .await
+            }
+        };
         let mut response = response?;
-        response.receipts.permits = permits;
+        response.receipts.permits = std::mem::take(&mut admitted.permits);
         if let Action::Forward(upstream) = &route.action {
             response.receipts.tunnel_idle_timeout = config.upstreams[*upstream].tunnel_idle_timeout;
         }
         if config.ratelimit_headers == HeaderMode::All {
-            self.add_ratelimit_headers(&mut response, &standings);
+            self.add_ratelimit_headers(&mut response, &admitted.standings);
         }
         Ok(response)
     }
@@ -503,7 +521,7 @@ mod tests {
         };
         let conn = ClientConn::unheld("127.0.0.1:1".parse().unwrap());
         let request = proxy.handle(Request { head, framing: Framing::Empty, body: None }, &conn);
-        assert!(std::mem::size_of_val(&request) <= 4096, "{} bytes", std::mem::size_of_val(&request));
-        assert!(std::mem::size_of::<Response>() <= 640, "{} bytes", std::mem::size_of::<Response>());
+        assert!(std::mem::size_of_val(&request) <= 3072, "{} bytes", std::mem::size_of_val(&request));
+        assert!(std::mem::size_of::<Response>() <= 512, "{} bytes", std::mem::size_of::<Response>());
     }
 }

@@ -9,7 +9,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::StatusCode;
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
-use smallvec::smallvec;
 
 use super::error::ProxyError;
 use crate::config::{RejectionBody, StaticResponse};
@@ -17,15 +16,17 @@ use crate::message::{Body, Fields, Receipts, Response};
 pub use ratelimit::{Quota, add_ratelimit_headers, quotas};
 
 fn made_here(status: StatusCode, body: impl Into<Bytes>) -> Response {
-    let text = HeaderValue::from_static("text/plain; charset=utf-8");
-    Response::made(status, smallvec![(CONTENT_TYPE, text)], body)
+    // Room for `Retry-After` and the rate-limit fields of a rejection.
+    let mut extra = Vec::with_capacity(4);
+    extra.push((CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8")));
+    Response::made(status, extra, body)
 }
 
 pub fn static_response(r: &StaticResponse) -> Response {
     Response {
         status: r.status,
         fields: Fields::Map(r.headers.clone()),
-        extra: smallvec![],
+        extra: vec![],
         body: Body::Full(r.body.clone()),
         receipts: Receipts::default(),
     }
