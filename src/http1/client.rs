@@ -6,7 +6,6 @@
 
 use std::future::poll_fn;
 use std::io;
-use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -15,7 +14,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::body::{self, Decoder, FramingError, Step};
 use super::parse::{self, Framing, ResponseHead};
-use super::{BodyError, BodySource, read_into};
+use super::{BodyError, BodySource, read_into, write_parts};
 
 /// How an exchange failed, and how far it got (for deciding whether to try again).
 #[derive(Debug, thiserror::Error)]
@@ -110,94 +109,82 @@ struct Chunk {
     written: usize,
 }
 
-impl Chunk {
-    fn total(&self) -> usize {
-        self.line_len + self.data.len() + if self.tail { body::CHUNK_END.len() } else { 0 }
-    }
-}
-
 impl<B: BodySource + ?Sized> Outgoing<'_, '_, B> {
-    /// Writes what can be written now.
+    /// Writes what can be written now: what is left of the head with the piece of body
+    /// at hand, in one vectored write (a small request goes out in one), then the body
+    /// as the client sends it.
     fn poll_send<I: AsyncWrite + Unpin>(
         &mut self,
         cx: &mut Context<'_>,
         io: &mut I,
         sent: &mut Sent,
     ) -> Result<(), ExchangeError> {
-        while self.written < self.head.len() {
-            match Pin::new(&mut *io).poll_write(cx, &self.head[self.written..]) {
-                Poll::Ready(Ok(0)) => return Err(ExchangeError::Closed(io::ErrorKind::WriteZero.into())),
-                Poll::Ready(Ok(n)) => self.written += n,
-                Poll::Ready(Err(e)) => return Err(ExchangeError::Closed(e)),
-                Poll::Pending => return Ok(()),
-            }
-        }
         loop {
-            if let Some(chunk) = &mut self.chunk {
-                match write_chunk(cx, io, chunk) {
-                    Poll::Ready(Ok(())) => self.chunk = None,
-                    Poll::Ready(Err(e)) => return Err(ExchangeError::Closed(e)),
+            if self.chunk.is_none() && !self.ended {
+                self.next_chunk(cx, sent)?;
+            }
+            let head = &self.head[self.written..];
+            let Some(chunk) = &mut self.chunk else {
+                if head.is_empty() {
+                    // All written, or the body has nothing yet.
+                    return Ok(());
+                }
+                let mut written = 0;
+                let polled = write_parts(cx, io, &[head], &mut written);
+                self.written += written;
+                match polled {
                     Poll::Pending => return Ok(()),
+                    Poll::Ready(Err(e)) => return Err(ExchangeError::Closed(e)),
+                    Poll::Ready(Ok(())) => continue,
                 }
-                continue;
-            }
-            if self.ended {
-                return Ok(());
-            }
-            let Some(body) = self.body.as_deref_mut() else {
-                self.ended = true;
-                return Ok(());
             };
-            let chunked = self.framing == Framing::Chunked;
-            match body.poll_chunk(cx) {
+            // The head's rest and the chunk as one run of bytes; a chunk is begun only
+            // once the head is out, so its progress counts from where the head ends.
+            let tail = if chunk.tail { body::CHUNK_END } else { &[] };
+            let parts: [&[u8]; 4] = [head, &chunk.line[..chunk.line_len], &chunk.data, tail];
+            let mut written = if head.is_empty() { chunk.written } else { 0 };
+            let polled = write_parts(cx, io, &parts, &mut written);
+            let of_head = written.min(head.len());
+            self.written += of_head;
+            chunk.written = written - of_head;
+            match polled {
                 Poll::Pending => return Ok(()),
-                Poll::Ready(Some(Err(e))) => return Err(ExchangeError::Body(e)),
-                Poll::Ready(Some(Ok(data))) if data.is_empty() => {}
-                Poll::Ready(Some(Ok(data))) => {
-                    sent.body = true;
-                    let mut chunk = Chunk { line: [0; 18], line_len: 0, data, tail: chunked, written: 0 };
-                    if chunked {
-                        chunk.line_len = body::chunk_head(chunk.data.len(), &mut chunk.line);
-                    }
-                    self.chunk = Some(chunk);
-                }
-                Poll::Ready(None) => {
-                    self.ended = true;
-                    if chunked {
-                        let mut line = [0; 18];
-                        line[..5].copy_from_slice(body::LAST_CHUNK);
-                        self.chunk = Some(Chunk { line, line_len: 5, data: Bytes::new(), tail: false, written: 0 });
-                    }
-                }
+                Poll::Ready(Err(e)) => return Err(ExchangeError::Closed(e)),
+                Poll::Ready(Ok(())) => self.chunk = None,
             }
         }
     }
-}
 
-/// Writes what is left of `chunk` (its line, data and end in one vectored write).
-fn write_chunk<I: AsyncWrite + Unpin>(cx: &mut Context<'_>, io: &mut I, chunk: &mut Chunk) -> Poll<io::Result<()>> {
-    while chunk.written < chunk.total() {
-        let parts: [&[u8]; 3] =
-            [&chunk.line[..chunk.line_len], &chunk.data, if chunk.tail { body::CHUNK_END } else { &[] }];
-        let mut skip = chunk.written;
-        let mut slices = [io::IoSlice::new(&[]); 3];
-        let mut count = 0;
-        for part in parts {
-            if skip >= part.len() {
-                skip -= part.len();
-                continue;
+    /// Takes the next piece of body, if one is at hand, as the chunk to write.
+    fn next_chunk(&mut self, cx: &mut Context<'_>, sent: &mut Sent) -> Result<(), ExchangeError> {
+        let Some(body) = self.body.as_deref_mut() else {
+            self.ended = true;
+            return Ok(());
+        };
+        let chunked = self.framing == Framing::Chunked;
+        match body.poll_chunk(cx) {
+            Poll::Pending => {}
+            Poll::Ready(Some(Err(e))) => return Err(ExchangeError::Body(e)),
+            Poll::Ready(Some(Ok(data))) if data.is_empty() => {}
+            Poll::Ready(Some(Ok(data))) => {
+                sent.body = true;
+                let mut chunk = Chunk { line: [0; 18], line_len: 0, data, tail: chunked, written: 0 };
+                if chunked {
+                    chunk.line_len = body::chunk_head(chunk.data.len(), &mut chunk.line);
+                }
+                self.chunk = Some(chunk);
             }
-            slices[count] = io::IoSlice::new(&part[skip..]);
-            skip = 0;
-            count += 1;
+            Poll::Ready(None) => {
+                self.ended = true;
+                if chunked {
+                    let mut line = [0; 18];
+                    line[..5].copy_from_slice(body::LAST_CHUNK);
+                    self.chunk = Some(Chunk { line, line_len: 5, data: Bytes::new(), tail: false, written: 0 });
+                }
+            }
         }
-        let n = ready!(Pin::new(&mut *io).poll_write_vectored(cx, &slices[..count]))?;
-        if n == 0 {
-            return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
-        }
-        chunk.written += n;
+        Ok(())
     }
-    Poll::Ready(Ok(()))
 }
 
 /// A response body read from its connection `conn`, as its framing delimits it.

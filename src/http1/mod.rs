@@ -24,7 +24,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncRead, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 pub use body::FramingError;
 
@@ -77,4 +77,38 @@ pub fn read_into<R: AsyncRead + Unpin + ?Sized>(
             }
         }
     })
+}
+
+/// Writes what it can of `parts` (as one run of bytes) past its first `written` bytes, in
+/// one vectored write where the socket takes them all, counting on in `written`; ready
+/// when all are written.
+pub fn write_parts<W: AsyncWrite + Unpin + ?Sized>(
+    cx: &mut Context<'_>,
+    io: &mut W,
+    parts: &[&[u8]],
+    written: &mut usize,
+) -> Poll<io::Result<()>> {
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    while *written < total {
+        let mut skip = *written;
+        let mut slices = [io::IoSlice::new(&[]); 4];
+        let mut count = 0;
+        for part in parts {
+            if skip >= part.len() {
+                skip -= part.len();
+                continue;
+            }
+            if count == slices.len() {
+                break;
+            }
+            slices[count] = io::IoSlice::new(&part[skip..]);
+            skip = 0;
+            count += 1;
+        }
+        match std::task::ready!(Pin::new(&mut *io).poll_write_vectored(cx, &slices[..count]))? {
+            0 => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+            n => *written += n,
+        }
+    }
+    Poll::Ready(Ok(()))
 }

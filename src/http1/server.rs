@@ -15,7 +15,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::body::{Decoder, Step};
 use super::parse::{self, HeadError, RequestHead};
-use super::{BodyError, BodySource, read_into};
+use super::{BodyError, BodySource, read_into, write_parts};
 
 /// The preface an HTTP/2 client with prior knowledge opens with (RFC 9113 §3.4).
 pub const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -111,38 +111,14 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Conn<I> {
         Poll::Pending
     }
 
-    /// Writes what it can of `parts` past the first `written` bytes (in one vectored
-    /// write where the socket takes them all), counting on in `written`; ready when
-    /// all are written.
+    /// Writes what it can of `parts` past the first `written` bytes (see `write_parts`).
     pub fn poll_write_parts(
         &mut self,
         cx: &mut Context<'_>,
         parts: &[&[u8]],
         written: &mut usize,
     ) -> Poll<io::Result<()>> {
-        let total: usize = parts.iter().map(|p| p.len()).sum();
-        while *written < total {
-            let mut skip = *written;
-            let mut slices = [io::IoSlice::new(&[]); 4];
-            let mut count = 0;
-            for part in parts {
-                if skip >= part.len() {
-                    skip -= part.len();
-                    continue;
-                }
-                if count == slices.len() {
-                    break;
-                }
-                slices[count] = io::IoSlice::new(&part[skip..]);
-                skip = 0;
-                count += 1;
-            }
-            match ready!(Pin::new(&mut self.io).poll_write_vectored(cx, &slices[..count]))? {
-                0 => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
-                n => *written += n,
-            }
-        }
-        Poll::Ready(Ok(()))
+        write_parts(cx, &mut self.io, parts, written)
     }
 }
 

@@ -29,7 +29,8 @@ pub struct Hit {
 /// to `gate`, so a request stays in flight exactly as long as the test needs, whatever the
 /// load), `/status/CODE`, `/large/BYTES` (a body of that many bytes, at most 64 MiB),
 /// `/stream` (one chunk, then
-/// the rest once `release` is notified), `/upload` (answers the body's length, notifies
+/// the rest once `release` is notified), `/echo` (answers the body it received),
+/// `/upload` (answers the body's length, notifies
 /// `first_frame` when the first data arrives); anything else answers 200 `ok`.
 pub struct Backend {
     pub addr: SocketAddr,
@@ -130,6 +131,12 @@ impl Backend {
                                 tx.send_data(Bytes::from_static(b"rest\n")).await.unwrap();
                             });
                             Response::new(body.boxed())
+                        } else if path == "/echo" {
+                            // What the upstream received as the body, framing taken off.
+                            match req.into_body().collect().await {
+                                Ok(body) => full(200, body.to_bytes()),
+                                Err(_) => full(400, "broken body"),
+                            }
                         } else if path == "/upload" {
                             let mut body = req.into_body();
                             let mut total = 0;

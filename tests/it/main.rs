@@ -28,6 +28,7 @@ mod redis;
 mod reload;
 mod server;
 mod simulate;
+mod smuggling;
 mod tls;
 mod upgrades;
 mod upstreams;
