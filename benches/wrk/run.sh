@@ -4,6 +4,7 @@
 #   benches/wrk/run.sh                          multi-core layout (below)
 #   LAYOUT=onecore benches/wrk/run.sh           everything pinned to one CPU (below)
 #   LAYOUT=instructions benches/wrk/run.sh      instructions per request under callgrind
+#   LAYOUT=memory benches/wrk/run.sh            memory per connection, beside nginx
 #
 # (from anywhere; needs cargo, wrk, curl; nginx, HAProxy, valgrind, redis-server where used)
 #
@@ -41,6 +42,13 @@
 # divided by REQUESTS are its cost per request: a figure that does not move with the load
 # of the machine. KEEP_TMP=1 keeps the callgrind files for callgrind_annotate. The cases
 # are onecore's (CASES); `global` uses a redis-server outside callgrind.
+#
+# LAYOUT=memory: each proxy (sluicegate with `server.workers: 1`, nginx with one worker),
+# a fresh process per case, after one request through it; examples/hold_connections.rs
+# opens HOLD [6000] connections and holds them in one state: `idle` (connected, nothing
+# sent), `kept` (one GET answered, kept alive), `h2` (HTTP/2 preface and SETTINGS, no
+# stream; sluicegate only). The proxy's resident memory (VmRSS, workers included) with
+# them open, less before, divided by HOLD, is what a connection costs it.
 #
 # Multi-core layout (the default), all in one run so the ratios are comparable:
 #   a  backend direct (baseline)
@@ -89,7 +97,11 @@ KEEP_TMP="${KEEP_TMP:-0}"
 SG="${SG:-$ROOT/target/release/sluicegate}"
 BACKEND_BIN="$ROOT/target/release/examples/bench_backend"
 CLIENT_BIN="$ROOT/target/release/examples/bench_client"
+HOLD_BIN="$ROOT/target/release/examples/hold_connections"
+HOLD="${HOLD:-6000}"
+NGX_CONNECTIONS=4096 # nginx's worker_connections
 SG_WORKERS=""      # server.workers of the sluicegate configs ("": one per core)
+SG_MAX_CONNECTIONS="" # server.max_connections of the sluicegate configs ("": the default)
 PIN=()             # the command prefix that pins a process (onecore: taskset)
 
 log() { printf '>> %s\n' "$*" >&2; }
@@ -104,8 +116,8 @@ DUR_S="$(secs_of "$DURATION")"
 WARM_S="$(secs_of "$WARMUP")"
 
 case "$LAYOUT" in
-  multicore | onecore | instructions) ;;
-  *) die "LAYOUT must be multicore, onecore or instructions (got $LAYOUT)" ;;
+  multicore | onecore | instructions | memory) ;;
+  *) die "LAYOUT must be multicore, onecore, instructions or memory (got $LAYOUT)" ;;
 esac
 
 # ---- tools ---------------------------------------------------------------------------
@@ -115,7 +127,7 @@ if [[ "$LAYOUT" == multicore ]] && ! command -v nginx >/dev/null || ! command -v
   apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y nginx wrk redis-server
 fi
 command -v curl >/dev/null || die "curl is needed"
-command -v wrk >/dev/null || [[ "$LAYOUT" == instructions ]] || die "wrk is needed (apt-get install wrk)"
+command -v wrk >/dev/null || [[ "$LAYOUT" == instructions || "$LAYOUT" == memory ]] || die "wrk is needed (apt-get install wrk)"
 
 # ---- processes and cleanup -------------------------------------------------------------
 TMP="$(mktemp -d /tmp/sluicegate-wrk.XXXXXX)"
@@ -176,7 +188,7 @@ worker_processes $2;
 daemon off;
 pid $1/nginx.pid;
 error_log $1/error.log warn;
-events { worker_connections 4096; }
+events { worker_connections $NGX_CONNECTIONS; }
 EOF
 }
 
@@ -264,6 +276,7 @@ server:
   shutdown_grace: 1s
 EOF
     [[ -z "$SG_WORKERS" ]] || echo "  workers: $SG_WORKERS"
+    [[ -z "$SG_MAX_CONNECTIONS" ]] || echo "  max_connections: $SG_MAX_CONNECTIONS"
     cat <<EOF
 upstreams:
   backend:
@@ -633,10 +646,82 @@ instructions_main() {
   done
 }
 
+# ---- LAYOUT=memory ------------------------------------------------------------------------------
+rss_kb() { # VmRSS of a process and its direct children (nginx workers), kB
+  local total=0 p kb
+  for p in "$1" $(pgrep -P "$1" || true); do
+    kb="$(awk '/^VmRSS:/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)"
+    total=$((total + ${kb:-0}))
+  done
+  echo "$total"
+}
+
+declare -A MEM # by "mode/proxy": bytes per connection
+
+# Holds HOLD connections in `mode` to the proxy (pid $2, port $3); records its cost.
+hold_and_measure() { # $1 row, $2 pid, $3 port, $4 mode
+  local row="$1" pid="$2" port="$3" mode="$4" before after fifo out i
+  curl -s -o /dev/null "http://127.0.0.1:$port/" || true
+  sleep 0.5
+  before="$(rss_kb "$pid")"
+  fifo="$TMP/hold-${row//\//-}"
+  out="$TMP/hold-${row//\//-}.out"
+  mkfifo "$fifo"
+  "$HOLD_BIN" "127.0.0.1:$port" "$HOLD" "$mode" <"$fifo" >"$out" 2>&1 &
+  local holder=$!
+  exec 9>"$fifo"
+  for i in $(seq 600); do
+    grep -q ready "$out" 2>/dev/null && break
+    kill -0 "$holder" 2>/dev/null || { cat "$out" >&2; die "hold_connections failed for $row"; }
+    sleep 0.1
+  done
+  sleep 1
+  after="$(rss_kb "$pid")"
+  exec 9>&-
+  wait "$holder" || true
+  MEM[$row]=$(((after - before) * 1024 / HOLD))
+  log "$row: $(((after - before) * 1024)) bytes over $HOLD connections: ${MEM[$row]} B each"
+}
+
+memory_main() {
+  [[ -x "$HOLD_BIN" ]] || die "no $HOLD_BIN (cargo build --release --example hold_connections)"
+  ulimit -n $((HOLD * 3 + 1000)) 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+  SG_WORKERS=1
+  SG_MAX_CONNECTIONS=$((HOLD * 2))
+  NGX_CONNECTIONS=$((HOLD * 2 + 100))
+  start_backend
+  local mode port dir
+  for mode in idle kept h2; do
+    port="$(free_port)"
+    write_sg_conf "$TMP/sg-mem-$mode.yaml" "$port" ""
+    start_sg "$TMP/sg-mem-$mode.yaml" "$port" "$TMP/sg-mem-$mode.log"
+    hold_and_measure "$mode/sluicegate" "$START_PID" "$port" "$mode"
+    stop_started "$START_PID"
+    if [[ "$mode" != h2 ]] && has_peer nginx; then
+      port="$(free_port)"
+      dir="$TMP/nginx-mem-$mode"
+      mkdir -p "$dir"
+      write_nginx_conf "$dir" "$port" 1 "" ""
+      start_nginx "$dir" "$port"
+      hold_and_measure "$mode/nginx" "$START_PID" "$port" "$mode"
+      stop_started "$START_PID"
+    fi
+  done
+  echo
+  echo "LAYOUT=memory: $HOLD connections held by examples/hold_connections, one worker each;"
+  echo "the proxy's VmRSS with them open less before, per connection."
+  echo
+  echo "| connection | sluicegate | nginx |"
+  echo "|---|---|---|"
+  echo "| TCP connected, nothing sent yet | ${MEM[idle/sluicegate]} B | ${MEM[idle/nginx]:-–} B |"
+  echo "| kept alive after one answered GET | ${MEM[kept/sluicegate]} B | ${MEM[kept/nginx]:-–} B |"
+  echo "| HTTP/2 preface + SETTINGS, no stream | ${MEM[h2/sluicegate]} B | – |"
+}
+
 # ---- go ---------------------------------------------------------------------------------------
 if [[ "$SKIP_BUILD" != 1 ]]; then
   log "cargo build --release"
-  (cd "$ROOT" && cargo build --release --quiet --bin sluicegate --example bench_backend --example bench_client)
+  (cd "$ROOT" && cargo build --release --quiet --bin sluicegate --example bench_backend --example bench_client --example hold_connections)
 fi
 [[ -x "$SG" ]] || die "no $SG"
 
@@ -651,6 +736,7 @@ LIMIT_REJECT="    key: ip
 case "$LAYOUT" in
   onecore) onecore_main; exit 0 ;;
   instructions) instructions_main; exit 0 ;;
+  memory) memory_main; exit 0 ;;
 esac
 
 BACKEND_PORT="$(free_port)"

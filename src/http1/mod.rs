@@ -79,6 +79,16 @@ pub fn read_into<R: AsyncRead + Unpin + ?Sized>(
     })
 }
 
+/// Reads what `io` has and throws it away: how many bytes came (0: the end). Into this
+/// thread's buffer too, so that a connection being drained holds none.
+pub fn read_away<R: AsyncRead + Unpin + ?Sized>(cx: &mut Context<'_>, io: &mut R) -> Poll<io::Result<usize>> {
+    READ_BUFFER.with_borrow_mut(|scratch| {
+        let mut read = ReadBuf::new(scratch);
+        std::task::ready!(Pin::new(io).poll_read(cx, &mut read))?;
+        Poll::Ready(Ok(read.filled().len()))
+    })
+}
+
 /// Writes what it can of `parts` (as one run of bytes) past its first `written` bytes, in
 /// one vectored write where the socket takes them all, counting on in `written`; ready
 /// when all are written.

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, StatusCode, Version};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
 use tracing::debug;
@@ -31,7 +31,7 @@ use crate::head::RequestHead;
 use crate::http1::body::{CHUNK_END, LAST_CHUNK, chunk_head};
 use crate::http1::parse::{self, Framing, HeadError};
 use crate::http1::server::{Conn, HeadLimits, Read, RequestBody};
-use crate::http1::write;
+use crate::http1::{read_away, write};
 use crate::message::{Body, Request, Response, Service};
 
 /// How one connection is served.
@@ -55,57 +55,110 @@ const LINGER_BYTES: u64 = 1 << 20;
 
 /// Serves HTTP/1 requests on `io` (from `conn`) with `service` until the connection
 /// closes, a timeout expires, or shutdown (`stopping`) comes between two requests.
-pub async fn serve<I, S>(
+///
+/// An async block rather than an async fn: what it takes is used where it lies, not
+/// copied into a second set of locals, and the connection's future stays small.
+pub fn serve<I, S>(
     io: I,
     conn: ClientConn,
     service: Arc<S>,
     settings: Settings,
     mut stopping: watch::Receiver<()>,
+) -> impl Future<Output = ()> + Send + 'static
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: Service,
+{
+    async move {
+        let mut c = Conn::new(io);
+        let end = keep_alive(&mut c, &conn, &*service, &settings, &mut stopping).await;
+        let peer = conn.peer;
+        match end {
+            End::Closed => {}
+            End::Ended(Ended::Io(e)) => debug!(%peer, error = %e, "connection ended with an error"),
+            End::Ended(Ended::Expired(why)) => debug!(%peer, timeout = why, "connection closed"),
+            End::Ended(Ended::Stopping) => {}
+            // Boxed, as every rare end: the connection's future has room for its common
+            // states only.
+            rare => Box::pin(finish(rare, c, conn, service, settings, stopping)).await,
+        }
+    }
+}
+
+/// Serves requests one after another while the connection is kept alive: how it ended.
+async fn keep_alive<I, S>(
+    c: &mut Conn<I>,
+    conn: &ClientConn,
+    service: &S,
+    settings: &Settings,
+    stopping: &mut watch::Receiver<()>,
+) -> End
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send,
+    S: Service,
+{
+    // One timer for the connection's life, looked at lazily (see `Waiting`): no timer is
+    // set per request.
+    let timer = tokio::time::sleep(settings.timeouts.shortest());
+    tokio::pin!(timer);
+    let mut waiting = Waiting { since: Instant::now(), first: true, head_since: None };
+    loop {
+        let head = match poll_fn(|cx| waiting.poll_head(cx, c, settings, timer.as_mut(), stopping)).await {
+            Ok(Ok(Read::Head(head))) => head,
+            Ok(Ok(Read::H2)) => return End::H2,
+            Ok(Ok(Read::Closed)) => return End::Closed,
+            Ok(Err(e)) => return End::Refused(e),
+            Err(ended) => return End::Ended(ended),
+        };
+        // Boxed: the request's state exists only while it is in progress.
+        match Box::pin(exchange(c, head, conn, service, settings.timeouts.send, stopping)).await {
+            Exchanged::KeepAlive => {}
+            Exchanged::Close => return End::Closed,
+            Exchanged::Upgraded(tunnel) => return End::Tunnel(tunnel),
+        }
+        waiting = Waiting { since: Instant::now(), first: false, head_since: None };
+    }
+}
+
+/// How a connection's requests ended.
+enum End {
+    Closed,
+    Ended(Ended),
+    /// The HTTP/2 preface came.
+    H2,
+    /// A request head was refused.
+    Refused(HeadError),
+    /// A `101`: the connection is now a tunnel to the upstream.
+    Tunnel(Tunnel),
+}
+
+/// What follows a connection's rarer ends: HTTP/2, a refusal, a tunnel.
+async fn finish<I, S>(
+    end: End,
+    mut c: Conn<I>,
+    conn: ClientConn,
+    service: Arc<S>,
+    settings: Settings,
+    stopping: watch::Receiver<()>,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     S: Service,
 {
     let peer = conn.peer;
-    let mut c = Conn::new(io);
-    let timeouts = settings.timeouts;
-    let shortest = timeouts.shortest();
-    // One timer for the connection's life, looked at lazily (see `Waiting`): no timer is
-    // set per request.
-    let timer = tokio::time::sleep(shortest);
-    tokio::pin!(timer);
-    let mut waiting = Waiting { since: Instant::now(), first: true, head_since: None };
-    loop {
-        let read = poll_fn(|cx| waiting.poll_head(cx, &mut c, &settings, timer.as_mut(), &mut stopping)).await;
-        let head = match read {
-            Ok(Ok(Read::Head(head))) => head,
-            Ok(Ok(Read::H2)) => {
-                if let Some(h2) = settings.h2 {
-                    let rewound = h2::Rewind::new(std::mem::take(&mut c.buf).freeze(), c.io);
-                    return h2::serve(rewound, conn, service, h2, timeouts, stopping).await;
-                }
-                return;
+    match end {
+        End::H2 => {
+            if let Some(h2) = settings.h2 {
+                let rewound = h2::Rewind::new(std::mem::take(&mut c.buf).freeze(), c.io);
+                h2::serve(rewound, conn, service, h2, settings.timeouts, stopping).await;
             }
-            Ok(Ok(Read::Closed)) => return,
-            Ok(Err(e)) => {
-                debug!(%peer, error = %e, "bad request head");
-                let _ = refuse(&mut c, &e, timeouts.send).await;
-                return linger(c).await;
-            }
-            Err(Ended::Io(e)) => return debug!(%peer, error = %e, "connection ended with an error"),
-            Err(Ended::Expired(why)) => return debug!(%peer, timeout = why, "connection closed"),
-            Err(Ended::Stopping) => return,
-        };
-        let (keep_alive, upgrade) = match exchange(&mut c, &head, &conn, &*service, timeouts.send, &stopping).await {
-            Some(exchanged) => exchanged,
-            None => return,
-        };
-        if let Some(tunnel) = upgrade {
-            return tunnel.run(c, peer).await;
         }
-        if !keep_alive {
-            return;
+        End::Refused(e) => {
+            debug!(%peer, error = %e, "bad request head");
+            let _ = refuse(&mut c, &e, settings.timeouts.send).await;
+            linger_on(&mut c).await;
         }
-        waiting = Waiting { since: Instant::now(), first: false, head_since: None };
+        End::Tunnel(tunnel) => tunnel.run(c, peer).await,
+        End::Closed | End::Ended(_) => {}
     }
 }
 
@@ -190,17 +243,25 @@ impl Tunnel {
     }
 }
 
-/// One request and its response. `None`: the connection is to be dropped now (the
-/// client went away, or a write failed); else whether it may take another request, and
-/// the tunnel it became.
+/// What came of one request and its response.
+enum Exchanged {
+    /// The connection may take another request.
+    KeepAlive,
+    /// The connection closes (as the response said, or now: the client went away, or a
+    /// write failed).
+    Close,
+    Upgraded(Tunnel),
+}
+
+/// One request and its response.
 async fn exchange<I, S>(
     c: &mut Conn<I>,
-    head: &parse::RequestHead,
+    head: parse::RequestHead,
     conn: &ClientConn,
     service: &S,
     send_timeout: Duration,
     stopping: &watch::Receiver<()>,
-) -> Option<(bool, Option<Tunnel>)>
+) -> Exchanged
 where
     I: AsyncRead + AsyncWrite + Unpin + Send,
     S: Service,
@@ -214,14 +275,13 @@ where
     };
     let has_body = !matches!(head.framing, Framing::Empty | Framing::Length(0));
     let (response, body_read) = if has_body {
-        let mut body = RequestBody::new(c, head);
+        let mut body = RequestBody::new(c, &head);
         let request = Request { head: view, framing: head.framing, body: Some(&mut body) };
-        // Boxed: the request's state exists only while it is in progress.
-        let response = Box::pin(service.call(request, conn)).await;
+        let response = service.call(request, conn).await;
         (response, body.is_done())
     } else {
         let request = Request { head: view, framing: head.framing, body: None };
-        let mut call = Box::pin(service.call(request, conn));
+        let mut call = std::pin::pin!(service.call(request, conn));
         // A client that goes away before its answer gives its request up: the request
         // is dropped wherever it is (waiting its turn, or at the upstream).
         let response = poll_fn(|cx| {
@@ -230,7 +290,8 @@ where
             }
             c.poll_gone(cx, MAX_PIPELINED).map(|()| None)
         })
-        .await?;
+        .await;
+        let Some(response) = response else { return Exchanged::Close };
         (response, true)
     };
     let keep_alive = head.keep_alive && !head.close_after && body_read && !stopping.has_changed().unwrap_or(true);
@@ -241,13 +302,14 @@ where
             // little before closing, so that its response is not lost to a reset.
             let _ = keep_alive;
             linger_on(c).await;
-            Some((false, None))
+            Exchanged::Close
         }
-        Ok(Written::Done { keep_alive }) => Some((keep_alive, None)),
-        Ok(Written::Upgraded(tunnel)) => Some((false, Some(tunnel))),
+        Ok(Written::Done { keep_alive: true }) => Exchanged::KeepAlive,
+        Ok(Written::Done { keep_alive: false }) => Exchanged::Close,
+        Ok(Written::Upgraded(tunnel)) => Exchanged::Upgraded(tunnel),
         Err(e) => {
             debug!(peer = %conn.peer, error = %e, "response not sent");
-            None
+            Exchanged::Close
         }
     }
 }
@@ -471,21 +533,37 @@ async fn refuse<I: AsyncRead + AsyncWrite + Unpin>(
 
 /// Closes a connection whose client may still be sending: its sending side first, then
 /// what comes is read and thrown away, briefly.
-async fn linger<I: AsyncRead + AsyncWrite + Unpin>(mut c: Conn<I>) {
-    linger_on(&mut c).await;
-}
-
 async fn linger_on<I: AsyncRead + AsyncWrite + Unpin>(c: &mut Conn<I>) {
     let _ = c.io.shutdown().await;
-    let drain = async {
-        let mut sink = [0u8; 16 * 1024];
-        let mut read = 0u64;
+    let mut read = 0u64;
+    let drain = poll_fn(|cx| {
         while read < LINGER_BYTES {
-            match c.io.read(&mut sink).await {
-                Ok(0) | Err(_) => return,
+            match std::task::ready!(read_away(cx, &mut c.io)) {
+                Ok(0) | Err(_) => break,
                 Ok(n) => read += n as u64,
             }
         }
-    };
+        Poll::Ready(())
+    });
     let _ = tokio::time::timeout(LINGER, drain).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connection between requests holds its socket, its timer and a few words: what
+    /// a request, a refusal, a tunnel or HTTP/2 need is boxed while it lasts.
+    #[tokio::test]
+    async fn a_connection_waiting_for_a_request_stays_small() {
+        let config = crate::config::parse("listen: 127.0.0.1:0\nroutes:\n  - respond: { status: 200 }\n", "t").unwrap();
+        let settings = super::super::settings(&config);
+        let running = crate::running::Running::new(crate::proxy::Proxy::new(config).unwrap(), None);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let stream = tokio::net::TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let conn = ClientConn::unheld("127.0.0.1:1".parse().unwrap());
+        let (_stop, stopping) = watch::channel(());
+        let serving = serve(stream, conn, Arc::new(running), settings, stopping);
+        assert!(std::mem::size_of_val(&serving) <= 768, "{} bytes", std::mem::size_of_val(&serving));
+    }
 }

@@ -274,11 +274,14 @@ impl Accepting {
         let tls = config.listeners.get(listener).and_then(|l| l.tls.as_ref());
         let tls = tls.map(|t| TlsAcceptor::from(Arc::clone(&t.server_config)));
         let (service, stopping) = (Arc::clone(&self.running), self.stopping.clone());
-        tokio::spawn(async move {
-            let Some(acceptor) = tls else {
-                let conn = ClientConn::new(peer, false, hold);
-                return h1::serve(stream, conn, service, settings, stopping).await;
-            };
+        let Some(acceptor) = tls else {
+            let conn = ClientConn::new(peer, false, hold);
+            tokio::spawn(h1::serve(stream, conn, service, settings, stopping));
+            return;
+        };
+        // Boxed within: a TLS session's state is large, and a plain connection's task
+        // must not carry room for it.
+        tokio::spawn(Box::pin(async move {
             // The handshake counts against `header_read_timeout`, as the first request's
             // headers do.
             let timeouts = settings.timeouts;
@@ -295,7 +298,7 @@ impl Accepting {
                 Ok(Err(e)) => debug!(%peer, error = %e, "TLS handshake failed"),
                 Err(_) => debug!(%peer, timeout = "header_read_timeout", "TLS handshake not done in time"),
             }
-        });
+        }));
     }
 }
 
