@@ -58,6 +58,7 @@ const LINGER_BYTES: u64 = 1 << 20;
 ///
 /// An async block rather than an async fn: what it takes is used where it lies, not
 /// copied into a second set of locals, and the connection's future stays small.
+#[allow(clippy::manual_async_fn)]
 pub fn serve<I, S>(
     io: I,
     conn: ClientConn,
