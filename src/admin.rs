@@ -249,7 +249,7 @@ fn text(status: StatusCode, body: &'static str) -> Response {
 }
 
 fn typed(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response {
-    Response::made(status, vec![(header::CONTENT_TYPE, HeaderValue::from_static(content_type))], body)
+    Response::made(status, vec![(header::CONTENT_TYPE, HeaderValue::from_static(content_type).into())], body)
 }
 
 #[cfg(test)]

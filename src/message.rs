@@ -40,7 +40,7 @@ pub struct Response {
     pub fields: Fields,
     /// Fields set here, replacing any of the same name in `fields`: the route's
     /// `set_response_headers`, `Retry-After`, the rate-limit fields.
-    pub extra: Vec<(HeaderName, HeaderValue)>,
+    pub extra: Vec<(HeaderName, FieldValue)>,
     pub body: Body,
     /// What the response holds until it has been sent (or abandoned by the client).
     pub receipts: Receipts,
@@ -56,6 +56,88 @@ pub enum Fields {
     Map(HeaderMap),
     /// A server's, as its protocol gave them.
     Upstream(ResponseFields),
+}
+
+/// The value of a field set here.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FieldValue {
+    /// Given whole (a configured value, a constant).
+    Given(HeaderValue),
+    /// Written here from parts known to be visible ASCII (numbers, limit names), short
+    /// enough to be kept inline: the fields every rejection and every limited response
+    /// carries (`Retry-After`, `RateLimit`) then cost no allocation.
+    Short { len: u8, bytes: [u8; SHORT_VALUE] },
+    /// Written here, longer.
+    Long(Vec<u8>),
+}
+
+/// The longest value kept inline (it makes a `FieldValue` 48 bytes, a `HeaderValue` 40).
+const SHORT_VALUE: usize = 38;
+
+impl FieldValue {
+    /// A decimal number.
+    pub fn number(n: u64) -> Self {
+        let mut value = FieldValue::written();
+        value.push_number(n);
+        value
+    }
+
+    /// An empty value, to be written.
+    pub fn written() -> Self {
+        FieldValue::Short { len: 0, bytes: [0; SHORT_VALUE] }
+    }
+
+    /// Appends `text`, which must be visible ASCII or spaces (not checked here: a field
+    /// value made of anything else is refused as it is written out for HTTP/2, and is
+    /// no field value for HTTP/1).
+    // Written by hand rather than with a small-vector crate: this runs a few times for
+    // every limited response, and a plain copy into the inline array is what it needs.
+    pub fn push_str(&mut self, text: &str) {
+        debug_assert!(text.bytes().all(|b| b == b' ' || b.is_ascii_graphic()), "{text:?}");
+        match self {
+            FieldValue::Short { len, bytes } => {
+                let at = usize::from(*len);
+                match bytes.get_mut(at..at + text.len()) {
+                    Some(room) => {
+                        room.copy_from_slice(text.as_bytes());
+                        *len += text.len() as u8;
+                    }
+                    None => {
+                        let mut long = Vec::with_capacity(at + text.len() + 32);
+                        long.extend_from_slice(&bytes[..at]);
+                        long.extend_from_slice(text.as_bytes());
+                        *self = FieldValue::Long(long);
+                    }
+                }
+            }
+            FieldValue::Long(long) => long.extend_from_slice(text.as_bytes()),
+            FieldValue::Given(_) => debug_assert!(false, "a given value is not written to"),
+        }
+    }
+
+    pub fn push_number(&mut self, n: u64) {
+        self.push_str(itoa::Buffer::new().format(n));
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            FieldValue::Given(value) => value.as_bytes(),
+            FieldValue::Short { len, bytes } => &bytes[..usize::from(*len)],
+            FieldValue::Long(long) => long,
+        }
+    }
+}
+
+impl From<HeaderValue> for FieldValue {
+    fn from(value: HeaderValue) -> Self {
+        FieldValue::Given(value)
+    }
+}
+
+impl PartialEq<&str> for FieldValue {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
 }
 
 pub enum Body {
@@ -87,12 +169,13 @@ impl Default for Receipts {
 
 impl Response {
     /// A response made here: `status`, `fields`, `body`.
-    pub fn made(status: StatusCode, extra: Vec<(HeaderName, HeaderValue)>, body: impl Into<Bytes>) -> Self {
+    pub fn made(status: StatusCode, extra: Vec<(HeaderName, FieldValue)>, body: impl Into<Bytes>) -> Self {
         Response { status, fields: Fields::None, extra, body: Body::Full(body.into()), receipts: Receipts::default() }
     }
 
     /// Sets `name` to `value`, replacing what the response had of it.
-    pub fn set(&mut self, name: HeaderName, value: HeaderValue) {
+    pub fn set(&mut self, name: HeaderName, value: impl Into<FieldValue>) {
+        let value = value.into();
         match self.extra.iter_mut().find(|(n, _)| *n == name) {
             Some((_, v)) => *v = value,
             None => self.extra.push((name, value)),
@@ -125,5 +208,26 @@ impl Response {
         for (name, value) in &self.extra {
             emit(name.as_str().as_bytes(), value.as_bytes());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_written_value_grows_past_its_inline_room() {
+        let mut value = FieldValue::written();
+        value.push_str("\"per_ip\";r=");
+        value.push_number(7);
+        assert_eq!(value, "\"per_ip\";r=7");
+        assert!(matches!(value, FieldValue::Short { .. }));
+        for _ in 0..5 {
+            value.push_str(", \"another\"");
+        }
+        assert!(matches!(value, FieldValue::Long(_)));
+        assert_eq!(value.as_bytes(), format!("\"per_ip\";r=7{}", ", \"another\"".repeat(5)).as_bytes());
+        assert_eq!(FieldValue::number(u64::MAX), "18446744073709551615");
+        assert!(std::mem::size_of::<FieldValue>() <= 48);
     }
 }

@@ -331,7 +331,7 @@ impl Proxy {
         Ok(Response {
             status: response.status,
             fields: message::Fields::Upstream(response.fields),
-            extra: route.rewrite.set_response_headers.to_vec(),
+            extra: route.rewrite.set_response_headers.iter().map(|(n, v)| (n.clone(), v.clone().into())).collect(),
             body: message::Body::Upstream(response.body),
             receipts: message::Receipts::default(),
         })

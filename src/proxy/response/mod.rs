@@ -12,13 +12,13 @@ use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 
 use super::error::ProxyError;
 use crate::config::{RejectionBody, StaticResponse};
-use crate::message::{Body, Fields, Receipts, Response};
+use crate::message::{Body, FieldValue, Fields, Receipts, Response};
 pub use ratelimit::{Quota, add_ratelimit_headers, quotas};
 
 fn made_here(status: StatusCode, body: impl Into<Bytes>) -> Response {
     // Room for `Retry-After` and the rate-limit fields of a rejection.
     let mut extra = Vec::with_capacity(4);
-    extra.push((CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8")));
+    extra.push((CONTENT_TYPE, FieldValue::Given(HeaderValue::from_static("text/plain; charset=utf-8"))));
     Response::made(status, extra, body)
 }
 
@@ -67,7 +67,7 @@ pub fn rejected(status: StatusCode, retry_after: Duration, body: RejectionBody, 
             response
         }
     };
-    response.set(RETRY_AFTER, HeaderValue::from(retry_after));
+    response.set(RETRY_AFTER, FieldValue::number(retry_after));
     response
 }
 
@@ -79,7 +79,7 @@ pub(super) fn ceil_secs(d: Duration) -> u64 {
 mod tests {
     use super::*;
 
-    fn field(r: &Response, name: &http::HeaderName) -> HeaderValue {
+    fn field(r: &Response, name: &http::HeaderName) -> FieldValue {
         r.extra.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone()).unwrap()
     }
 

@@ -1,13 +1,12 @@
 //! The rate-limit header fields (draft-ietf-httpapi-ratelimit-headers, or the legacy
 //! `X-RateLimit-*`) that tell a client where it stands, on any response.
 
-use std::fmt::Write as _;
-
 use http::header::{HeaderName, HeaderValue};
 
 use super::ceil_secs;
 use crate::config::{HeaderStyle, Limit, Policy};
 use crate::limit::Standing;
+use crate::message::FieldValue;
 
 static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
@@ -73,7 +72,7 @@ static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-rese
 /// the one with the fewest requests remaining (then the longest reset); their reset is
 /// in seconds from now, like the draft's `t`.
 pub fn add_ratelimit_headers(
-    set: &mut impl FnMut(HeaderName, HeaderValue),
+    set: &mut impl FnMut(HeaderName, FieldValue),
     standings: &[Standing],
     quotas: &[Box<[Quota]>],
     style: HeaderStyle,
@@ -88,25 +87,28 @@ pub fn add_ratelimit_headers(
             _ => HeaderValue::try_from(standings.iter().map(|s| quota(s).item.as_str()).collect::<Vec<_>>().join(", "))
                 .ok(),
         };
-        let mut current = String::with_capacity(32 * standings.len());
-        for s in standings {
-            if !current.is_empty() {
+        if let Some(policy) = policy {
+            set(RATELIMIT_POLICY.clone(), FieldValue::Given(policy));
+        }
+        // Written piece by piece, not formatted: every limited response carries it.
+        let mut current = FieldValue::written();
+        for (i, s) in standings.iter().enumerate() {
+            if i > 0 {
                 current.push_str(", ");
             }
-            // Writing to a `String` cannot fail.
-            let _ = write!(current, "\"{}\";r={};t={}", quota(s).name, s.remaining, ceil_secs(s.reset));
+            current.push_str("\"");
+            current.push_str(&quota(s).name);
+            current.push_str("\";r=");
+            current.push_number(s.remaining);
+            current.push_str(";t=");
+            current.push_number(ceil_secs(s.reset));
         }
-        if let Some(policy) = policy {
-            set(RATELIMIT_POLICY.clone(), policy);
-        }
-        if let Ok(current) = HeaderValue::try_from(current) {
-            set(RATELIMIT.clone(), current);
-        }
+        set(RATELIMIT.clone(), current);
     }
     if style != HeaderStyle::Draft {
-        set(X_RATELIMIT_LIMIT.clone(), HeaderValue::from(quota(tightest).quota));
-        set(X_RATELIMIT_REMAINING.clone(), HeaderValue::from(tightest.remaining));
-        set(X_RATELIMIT_RESET.clone(), HeaderValue::from(ceil_secs(tightest.reset)));
+        set(X_RATELIMIT_LIMIT.clone(), FieldValue::number(quota(tightest).quota));
+        set(X_RATELIMIT_REMAINING.clone(), FieldValue::number(tightest.remaining));
+        set(X_RATELIMIT_RESET.clone(), FieldValue::number(ceil_secs(tightest.reset)));
     }
 }
 
@@ -177,12 +179,14 @@ mod tests {
             },
         ];
         let mut h = HeaderMap::new();
-        add_ratelimit_headers(&mut |n, v| _ = h.insert(n, v), &standings, &quotas, HeaderStyle::Draft);
+        let mut insert = |n, v: FieldValue| _ = h.insert(n, HeaderValue::from_bytes(v.as_bytes()).unwrap());
+        add_ratelimit_headers(&mut insert, &standings, &quotas, HeaderStyle::Draft);
         assert_eq!(h[&RATELIMIT_POLICY], "\"a\";q=10;w=1, \"b\";q=1;w=60");
         assert_eq!(h[&RATELIMIT], "\"a\";r=2;t=1, \"b\";r=0;t=59");
         assert!(!h.contains_key(&X_RATELIMIT_LIMIT));
         let mut h = HeaderMap::new();
-        add_ratelimit_headers(&mut |n, v| _ = h.insert(n, v), &standings, &quotas, HeaderStyle::Legacy);
+        let mut insert = |n, v: FieldValue| _ = h.insert(n, HeaderValue::from_bytes(v.as_bytes()).unwrap());
+        add_ratelimit_headers(&mut insert, &standings, &quotas, HeaderStyle::Legacy);
         assert!(!h.contains_key(&RATELIMIT));
         assert_eq!(
             (&h[&X_RATELIMIT_LIMIT], &h[&X_RATELIMIT_REMAINING], &h[&X_RATELIMIT_RESET]),
