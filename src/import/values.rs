@@ -54,7 +54,7 @@ pub fn size(text: &str) -> Result<u64, String> {
 pub fn duration_text(d: Duration) -> String {
     let ms = d.as_millis();
     for (unit, len) in [("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)] {
-        if ms > 0 && ms % len == 0 {
+        if ms > 0 && ms.is_multiple_of(len) {
             return format!("{}{unit}", ms / len);
         }
     }
@@ -64,7 +64,7 @@ pub fn duration_text(d: Duration) -> String {
 /// A size as sluicegate writes it: `g`, `m` or `k` when exact, else bytes.
 pub fn size_text(bytes: u64) -> String {
     for (unit, shift) in [("g", 30), ("m", 20), ("k", 10)] {
-        if bytes > 0 && bytes % (1 << shift) == 0 {
+        if bytes > 0 && bytes.is_multiple_of(1 << shift) {
             return format!("{}{unit}", bytes >> shift);
         }
     }

@@ -147,7 +147,7 @@ impl Report {
 /// `2026-11-22T23:41:45Z` (with milliseconds when there are any).
 pub fn timestamp(ns: u64) -> String {
     let t = std::time::UNIX_EPOCH + Duration::from_nanos(ns);
-    if ns % 1_000_000_000 == 0 {
+    if ns.is_multiple_of(1_000_000_000) {
         humantime::format_rfc3339_seconds(t).to_string()
     } else {
         humantime::format_rfc3339_millis(t).to_string()
