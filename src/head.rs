@@ -118,6 +118,30 @@ impl Known {
         Known::of(name.as_str().as_bytes())
     }
 
+    /// The name of a known field (`Other` has none: it is never looked up by kind).
+    pub fn header_name(self) -> &'static HeaderName {
+        use http::header;
+        static NAMES: [HeaderName; 16] = [
+            HeaderName::from_static("x-sluicegate-none"),
+            header::HOST,
+            header::CONNECTION,
+            header::UPGRADE,
+            header::EXPECT,
+            header::CONTENT_LENGTH,
+            header::TRANSFER_ENCODING,
+            header::TE,
+            HeaderName::from_static("keep-alive"),
+            HeaderName::from_static("proxy-connection"),
+            HeaderName::from_static("x-forwarded-for"),
+            HeaderName::from_static("x-forwarded-proto"),
+            HeaderName::from_static("x-forwarded-host"),
+            header::FORWARDED,
+            header::AUTHORIZATION,
+            header::COOKIE,
+        ];
+        &NAMES[self as usize]
+    }
+
     /// A hop-by-hop field by its name alone (RFC 9110 §7.6.1); those `Connection` names
     /// are hop-by-hop too.
     pub fn is_hop_by_hop(self) -> bool {
@@ -167,6 +191,22 @@ impl<'a> Fields<'a> {
                 let known = Known::of_name(name);
                 Values::Raw { bytes, spans: spans.iter(), name: name.as_str().as_bytes(), known }
             }
+        }
+    }
+
+    /// The value of the first field of kind `known`.
+    #[inline]
+    pub fn first_of(&self, known: Known) -> Option<&'a [u8]> {
+        self.all_of(known).next()
+    }
+
+    /// The values of every field of kind `known` (not `Other`), in the order they came:
+    /// found by kind, no name compared.
+    pub fn all_of(&self, known: Known) -> Values<'a, 'static> {
+        debug_assert!(known != Known::Other);
+        match *self {
+            Fields::Map(map) => Values::Map(map.get_all(known.header_name()).into_iter()),
+            Fields::Raw { bytes, spans } => Values::Raw { bytes, spans: spans.iter(), name: b"", known },
         }
     }
 
@@ -254,4 +294,34 @@ impl DoubleEndedIterator for Values<'_, '_> {
 /// reads it: what a field that names hosts, addresses or numbers must be.
 pub fn text(value: &[u8]) -> Option<&str> {
     value.iter().all(|&b| b == b'\t' || (0x20..0x7f).contains(&b)).then(|| std::str::from_utf8(value).ok()).flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_known_kind_names_itself() {
+        for known in [
+            Known::Host,
+            Known::Connection,
+            Known::Upgrade,
+            Known::Expect,
+            Known::ContentLength,
+            Known::TransferEncoding,
+            Known::Te,
+            Known::KeepAlive,
+            Known::ProxyConnection,
+            Known::XForwardedFor,
+            Known::XForwardedProto,
+            Known::XForwardedHost,
+            Known::Forwarded,
+            Known::Authorization,
+            Known::Cookie,
+        ] {
+            assert_eq!(Known::of_name(known.header_name()), known);
+            assert_eq!(Known::of(known.header_name().as_str().to_uppercase().as_bytes()), known);
+        }
+        assert_eq!(Known::of(b"x-api-key"), Known::Other);
+    }
 }

@@ -2,17 +2,17 @@
 //! all match; and the host it names, which must be one and valid.
 
 use http::uri::Authority;
-use http::{Method, Version, header};
+use http::{Method, Version};
 
 use crate::config::{PathMatch, Route, RouteMatch};
-use crate::head::{RequestHead, text};
+use crate::head::{Known, RequestHead, text};
 
 /// Why a request's `Host` is unusable, if it is: HTTP/1.1 requires exactly one valid
 /// `Host` (RFC 9112 §3.2); HTTP/1.0 and HTTP/2 may omit it, never repeat or garble it;
 /// and an HTTP/2 `Host` naming another authority than `:authority` makes the request
 /// malformed (RFC 9113 §8.3.1), since routes would see one and the upstream the other.
 pub fn host_fault(head: &RequestHead<'_>) -> Option<&'static str> {
-    let mut hosts = head.fields.get_all(&header::HOST);
+    let mut hosts = head.fields.all_of(Known::Host);
     let Some(host) = hosts.next() else {
         return (head.version == Version::HTTP_11).then_some("an HTTP/1.1 request needs a Host header");
     };
@@ -53,7 +53,7 @@ fn plain_host(host: &[u8]) -> bool {
 /// The request's host without port: the `Host` field (HTTP/1.1), else the authority
 /// the request names (HTTP/2 `:authority`).
 pub fn request_host<'r>(head: &RequestHead<'r>) -> Option<&'r str> {
-    let raw = match head.fields.get(&header::HOST) {
+    let raw = match head.fields.first_of(Known::Host) {
         Some(value) => text(value)?,
         None => head.authority?,
     };
@@ -136,7 +136,7 @@ mod tests {
         };
         let h = |v: &str| {
             let mut map = HeaderMap::new();
-            map.insert(header::HOST, v.parse().unwrap());
+            map.insert(http::header::HOST, v.parse().unwrap());
             &*Box::leak(Box::new(map))
         };
         assert_eq!(request_host(&head(h("example.com:8080"), None)), Some("example.com"));

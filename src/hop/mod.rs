@@ -6,7 +6,7 @@ pub mod forwarded;
 
 use std::net::{IpAddr, SocketAddr};
 
-use http::header::{self, HeaderName};
+use http::header;
 use ipnet::IpNet;
 
 use smallvec::SmallVec;
@@ -14,10 +14,6 @@ use smallvec::SmallVec;
 use crate::config::{ForwardedMode, Rewrite};
 use crate::head::{Fields, Known, text};
 use forwarded::Node;
-
-static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
 pub fn is_trusted(ip: IpAddr, trusted: &[IpNet]) -> bool {
     trusted.iter().any(|net| net.contains(&ip))
@@ -39,7 +35,7 @@ pub fn client_ip(peer: IpAddr, fields: Fields<'_>, trusted: &[IpNet], mode: Forw
         ForwardedMode::Both => fields.contains(&header::FORWARDED),
     };
     if rfc7239 {
-        for node in forwarded::for_nodes(fields.get_all(&header::FORWARDED)).into_iter().rev() {
+        for node in forwarded::for_nodes(fields.all_of(Known::Forwarded)).into_iter().rev() {
             let Node::Ip(ip) = node else { return client };
             client = ip.to_canonical();
             if !is_trusted(client, trusted) {
@@ -48,7 +44,7 @@ pub fn client_ip(peer: IpAddr, fields: Fields<'_>, trusted: &[IpNet], mode: Forw
         }
         return client;
     }
-    for value in fields.get_all(&X_FORWARDED_FOR).rev() {
+    for value in fields.all_of(Known::XForwardedFor).rev() {
         let Some(text) = text(value) else {
             return client;
         };
@@ -83,10 +79,10 @@ pub fn upgrade_protocol<'a>(version: http::Version, fields: Fields<'a>) -> Optio
         return None;
     }
     let asked = fields
-        .get_all(&header::CONNECTION)
+        .all_of(Known::Connection)
         .flat_map(|v| v.split(|&b| b == b','))
         .any(|token| token.trim_ascii().eq_ignore_ascii_case(b"upgrade"));
-    if asked { fields.get(&header::UPGRADE) } else { None }
+    if asked { fields.first_of(Known::Upgrade) } else { None }
 }
 
 /// How a request is handed to the next hop.
@@ -115,7 +111,7 @@ pub struct Hop<'a> {
 /// framing fields are the writer's.
 pub fn request_fields(fields: Fields<'_>, hop: &Hop<'_>, host: Option<&[u8]>, emit: &mut impl FnMut(&[u8], &[u8])) {
     let rewrite = hop.rewrite;
-    let connection: SmallVec<[&[u8]; 2]> = fields.get_all(&header::CONNECTION).collect();
+    let connection: SmallVec<[&[u8]; 2]> = fields.all_of(Known::Connection).collect();
     let rewrites = !rewrite.set_request_headers.is_empty() || !rewrite.remove_request_headers.is_empty();
     let replaced = |name: &[u8]| {
         rewrite.set_request_headers.iter().any(|(n, _)| n.as_str().as_bytes().eq_ignore_ascii_case(name))
@@ -153,10 +149,10 @@ pub fn request_fields(fields: Fields<'_>, hop: &Hop<'_>, host: Option<&[u8]>, em
         .iter()
         .find(|(n, _)| *n == header::HOST)
         .map(|(_, v)| v.as_bytes())
-        .or_else(|| fields.get(&header::HOST));
+        .or_else(|| fields.first_of(Known::Host));
     if rfc7239 {
         let element = forwarded::element(hop.peer, hop.tls, client_host);
-        let earlier: SmallVec<[&[u8]; 2]> = fields.get_all(&header::FORWARDED).collect();
+        let earlier: SmallVec<[&[u8]; 2]> = fields.all_of(Known::Forwarded).collect();
         if hop.trusted_peer && !earlier.is_empty() {
             let mut chain = earlier.join(&b", "[..]);
             chain.extend_from_slice(b", ");
@@ -172,7 +168,7 @@ pub fn request_fields(fields: Fields<'_>, hop: &Hop<'_>, host: Option<&[u8]>, em
     let mut peer = [0u8; 45];
     let peer = ip_text(hop.peer.to_canonical(), &mut peer);
     let earlier: SmallVec<[&[u8]; 2]> =
-        if hop.trusted_peer { fields.get_all(&X_FORWARDED_FOR).collect() } else { SmallVec::new() };
+        if hop.trusted_peer { fields.all_of(Known::XForwardedFor).collect() } else { SmallVec::new() };
     if earlier.is_empty() {
         emit(b"x-forwarded-for", peer);
     } else {
@@ -181,14 +177,14 @@ pub fn request_fields(fields: Fields<'_>, hop: &Hop<'_>, host: Option<&[u8]>, em
         chain.extend_from_slice(peer);
         emit(b"x-forwarded-for", &chain);
     }
-    let proto = if hop.trusted_peer { fields.get(&X_FORWARDED_PROTO) } else { None };
+    let proto = if hop.trusted_peer { fields.first_of(Known::XForwardedProto) } else { None };
     match proto {
-        Some(_) => fields.get_all(&X_FORWARDED_PROTO).for_each(|v| emit(b"x-forwarded-proto", v)),
+        Some(_) => fields.all_of(Known::XForwardedProto).for_each(|v| emit(b"x-forwarded-proto", v)),
         None => emit(b"x-forwarded-proto", if hop.tls { b"https" } else { b"http" }),
     }
-    let forwarded_host = if hop.trusted_peer { fields.get(&X_FORWARDED_HOST) } else { None };
+    let forwarded_host = if hop.trusted_peer { fields.first_of(Known::XForwardedHost) } else { None };
     match (forwarded_host, client_host) {
-        (Some(_), _) => fields.get_all(&X_FORWARDED_HOST).for_each(|v| emit(b"x-forwarded-host", v)),
+        (Some(_), _) => fields.all_of(Known::XForwardedHost).for_each(|v| emit(b"x-forwarded-host", v)),
         (None, Some(host)) => emit(b"x-forwarded-host", host),
         (None, None) => {}
     }
@@ -205,7 +201,7 @@ pub fn response_fields(
     replaced: &[&[u8]],
     emit: &mut impl FnMut(&[u8], &[u8]),
 ) {
-    let connection: SmallVec<[&[u8]; 2]> = fields.get_all(&header::CONNECTION).collect();
+    let connection: SmallVec<[&[u8]; 2]> = fields.all_of(Known::Connection).collect();
     fields.each(&mut |known, name, value| {
         let dropped = match known {
             // A `101`'s `Upgrade` says what the connection becomes.
@@ -282,7 +278,7 @@ mod tests {
     fn xff(values: &[&str]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for v in values {
-            h.append(&X_FORWARDED_FOR, v.parse().unwrap());
+            h.append(Known::XForwardedFor.header_name(), v.parse().unwrap());
         }
         h
     }
@@ -327,7 +323,7 @@ mod tests {
         let mut h = HeaderMap::new();
         h.append(header::FORWARDED, "for=6.6.6.6, for=\"[2001:db8::2]\"".parse().unwrap());
         h.append(header::FORWARDED, "for=10.0.0.7;proto=https".parse().unwrap());
-        h.append(&X_FORWARDED_FOR, "3.3.3.3".parse().unwrap());
+        h.append(Known::XForwardedFor.header_name(), "3.3.3.3".parse().unwrap());
         let peer: IpAddr = "10.0.0.1".parse().unwrap();
         let v6: IpAddr = "2001:db8::2".parse().unwrap();
         assert_eq!(client_ip(peer, Fields::from(&h), &trusted, ForwardedMode::Rfc7239), v6);
@@ -390,7 +386,7 @@ mod tests {
         let out = forward(&h, "10.0.0.1", true, ForwardedMode::XForwarded);
         assert_eq!(field(&out, "x-forwarded-for"), Some("1.1.1.1, 10.0.0.1"));
         let mut h = xff(&["1.1.1.1"]);
-        h.insert(&X_FORWARDED_HOST, "evil".parse().unwrap());
+        h.insert(Known::XForwardedHost.header_name(), "evil".parse().unwrap());
         h.insert(header::HOST, "example.com".parse().unwrap());
         let out = forward(&h, "9.9.9.9", false, ForwardedMode::XForwarded);
         assert_eq!(field(&out, "x-forwarded-for"), Some("9.9.9.9"));

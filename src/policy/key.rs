@@ -14,7 +14,7 @@ use std::str::FromStr;
 
 use http::{HeaderName, Method, header};
 
-use crate::head::{Fields, RequestHead};
+use crate::head::{Fields, Known, RequestHead};
 
 /// Prefix lengths an `ip` key keeps of IPv4 and IPv6 addresses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -313,7 +313,7 @@ impl KeySpec {
 /// The token of `Authorization: Bearer TOKEN` (RFC 6750 §2.1; the scheme is
 /// case-insensitive, RFC 9110 §11.1).
 pub fn bearer_token<'a>(fields: Fields<'a>) -> Option<&'a [u8]> {
-    let value = fields.get(&header::AUTHORIZATION)?;
+    let value = fields.first_of(Known::Authorization)?;
     let (scheme, rest) = value.split_at_checked(6)?;
     if !scheme.eq_ignore_ascii_case(b"bearer") || rest.first() != Some(&b' ') {
         return None;
@@ -325,7 +325,7 @@ pub fn bearer_token<'a>(fields: Fields<'a>) -> Option<&'a [u8]> {
 /// The values of cookie `name` in the `Cookie` header(s) (RFC 6265 §5.4: `a=1; b=2`).
 /// A scan without allocation, where a cookie crate would build a struct per pair.
 fn cookies<'h>(fields: Fields<'h>, name: &str) -> impl Iterator<Item = &'h [u8]> {
-    fields.get_all(&header::COOKIE).flat_map(move |line| {
+    fields.all_of(Known::Cookie).flat_map(move |line| {
         line.split(|&b| b == b';').filter_map(move |pair| {
             let pair = pair.trim_ascii();
             let eq = pair.iter().position(|&b| b == b'=')?;

@@ -30,7 +30,7 @@ use super::pool::{Checkout, MAX_RESPONSE_HEAD, Pool};
 use super::resolve;
 use super::servers::{InFlight, ServerSet};
 use crate::config::{Upstream, UpstreamHost};
-use crate::head::RequestHead;
+use crate::head::{Known, RequestHead};
 use crate::hop::{self, Hop};
 use crate::http1::client::{ExchangeError, ResponseBody, exchange};
 use crate::http1::parse::{Framing, ResponseHead};
@@ -224,7 +224,7 @@ impl UpstreamClient {
     ) -> Result<(StatusCode, ResponseFields, BodyKind), Failure> {
         let host = match out.host {
             // HTTP/1 needs a `Host`; a client's HTTP/1.0 request may come without.
-            UpstreamHost::Keep => out.head.fields.get(&http::header::HOST).or(out.head.authority.map(str::as_bytes)),
+            UpstreamHost::Keep => out.head.fields.first_of(Known::Host).or(out.head.authority.map(str::as_bytes)),
             UpstreamHost::Name(name) => Some(name.as_bytes()),
             UpstreamHost::Server => Some(server.host().as_str().as_bytes()),
         };
