@@ -1,10 +1,13 @@
 //! sluicegate: an HTTP reverse proxy with rate limiting built in.
 //!
 //! ```text
-//! accept (server)          listeners, TLS, HTTP/1.1 and HTTP/2, connection cap, timeouts
-//!                          (watchdog), graceful shutdown; each accepted stream set up in
-//!                          one place; the proxy of the configuration in force (running),
-//!                          swapped whole by a reload; what a connection holds (connection)
+//! accept (server)          listeners, TLS, connection cap, graceful shutdown; each accepted
+//!                          stream set up in one place; HTTP/1 on sluicegate's engine
+//!                          (http1, server::h1: strict framing, keep-alive, timeouts in its
+//!                          loop), HTTP/2 on hyper (server::h2, watchdog); both hand the
+//!                          service one Request and take one Response (message); the proxy
+//!                          of the configuration in force (running), swapped whole by a
+//!                          reload; what a connection holds (connection)
 //!   -> front               the head's checks (431 / 414, CONNECT 405, one valid Host), the
 //!                          client address (hop), the normalized path (path), host, route,
 //!                          key source, allow-list, cost: written once for the proxy,
@@ -29,7 +32,8 @@
 //! `config` turns the YAML file into the compiled `Config` the request path reads; the
 //! words a limit is written in (`policy`) are shared by `config` and `limit`. Modules
 //! import downwards only: server -> admin -> running -> proxy -> front, gate, upstream,
-//! hop; gate -> store -> limit -> config -> policy -> head. `simulate` replays access
+//! hop; gate -> store -> limit -> config -> policy -> head; proxy, upstream -> message,
+//! http1 (the upstream side of the engine is `http1::client`). `simulate` replays access
 //! logs through the same front and gate offline.
 
 pub mod access_log;
