@@ -386,6 +386,7 @@ async fn write_response<I: AsyncRead + AsyncWrite + Unpin>(
         return Ok(Written::Upgraded(Tunnel { upstream, upstream_sent, idle, _receipts: receipts }));
     }
     if bodiless {
+        settle(&mut response.receipts).await;
         write_all(c, &[&head], send_timeout).await?;
         write::give_back(head);
         return Ok(Written::Done { keep_alive });
@@ -394,7 +395,7 @@ async fn write_response<I: AsyncRead + AsyncWrite + Unpin>(
     match body {
         Body::Full(bytes) => {
             count(&mut receipts, bytes.len());
-            release(&mut receipts).await;
+            settle(&mut receipts).await;
             write_all(c, &[&head, &bytes], send_timeout).await?;
         }
         Body::Upstream(mut body) => {
@@ -420,9 +421,7 @@ async fn write_response<I: AsyncRead + AsyncWrite + Unpin>(
                         count(&mut receipts, data.len());
                         let done = body.is_done();
                         if done {
-                            // The client must not see its response end while a global
-                            // slot still counts it.
-                            release(&mut receipts).await;
+                            settle(&mut receipts).await;
                         }
                         write_piece(c, first, &data, chunked, done, send_timeout).await?;
                         if done {
@@ -436,7 +435,7 @@ async fn write_response<I: AsyncRead + AsyncWrite + Unpin>(
                         return Err(io::Error::other(e.to_string()));
                     }
                     None => {
-                        release(&mut receipts).await;
+                        settle(&mut receipts).await;
                         let last: &[u8] = if chunked { LAST_CHUNK } else { &[] };
                         write_all(c, &[first, last], send_timeout).await?;
                         break;
@@ -446,7 +445,6 @@ async fn write_response<I: AsyncRead + AsyncWrite + Unpin>(
         }
     }
     write::give_back(head);
-    drop(receipts);
     Ok(Written::Done { keep_alive })
 }
 
@@ -457,11 +455,15 @@ fn count(receipts: &mut crate::message::Receipts, n: usize) {
     }
 }
 
-/// Gives the request's concurrency slots back, waiting for the global ones' release.
-async fn release(receipts: &mut crate::message::Receipts) {
+/// Ends what a response held, before its last bytes go out: the request's concurrency
+/// slots go back (a global one's release awaited: the client must not see its response
+/// end while a slot still counts it), and its access log line is written, so that the
+/// lines of a client's requests one after another come in their order.
+async fn settle(receipts: &mut crate::message::Receipts) {
     if let Some(release) = receipts.permits.finish() {
         release.await;
     }
+    drop(std::mem::take(receipts));
 }
 
 /// Writes `head` (possibly empty) and one piece of body `data`, in the chunked coding
