@@ -12,6 +12,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use smallvec::SmallVec;
 
 use crate::access_log::Entry;
+use crate::config::BodyRate;
 use crate::connection::ClientConn;
 use crate::gate::Permits;
 use crate::head::RequestHead;
@@ -42,6 +43,8 @@ pub struct Response {
     /// `set_response_headers`, `Retry-After`, the rate-limit fields.
     pub extra: Vec<(HeaderName, FieldValue)>,
     pub body: Body,
+    /// The pace its body is sent at (the route's `response_body_rate`).
+    pub pace: Option<BodyRate>,
     /// What the response holds until it has been sent (or abandoned by the client).
     pub receipts: Receipts,
 }
@@ -170,7 +173,8 @@ impl Default for Receipts {
 impl Response {
     /// A response made here: `status`, `fields`, `body`.
     pub fn made(status: StatusCode, extra: Vec<(HeaderName, FieldValue)>, body: impl Into<Bytes>) -> Self {
-        Response { status, fields: Fields::None, extra, body: Body::Full(body.into()), receipts: Receipts::default() }
+        let body = Body::Full(body.into());
+        Response { status, fields: Fields::None, extra, body, pace: None, receipts: Receipts::default() }
     }
 
     /// Sets `name` to `value`, replacing what the response had of it.

@@ -75,13 +75,21 @@ pub(super) fn connection_timeout(e: &mut Errors<'_>, path: &str, text: Option<&S
 
 /// A body size limit: a positive byte count.
 pub(super) fn body_size(e: &mut Errors<'_>, path: &str, raw: Option<&RawSize>) -> Option<u64> {
-    let size = match raw? {
+    let positive = bytes(raw?)
+        .and_then(|n| if n == 0 { Err("must be positive; leave it out for no limit".into()) } else { Ok(n) });
+    e.check(|| path.to_owned(), positive)
+}
+
+/// A size in bytes, zero included.
+pub(super) fn size(e: &mut Errors<'_>, path: &str, raw: &RawSize) -> Option<u64> {
+    e.check(|| path.to_owned(), bytes(raw))
+}
+
+fn bytes(raw: &RawSize) -> Result<u64, String> {
+    match raw {
         RawSize::Bytes(n) => Ok(*n),
         RawSize::Text(text) => parse_size(text),
-    };
-    let positive =
-        size.and_then(|n| if n == 0 { Err("must be positive; leave it out for no limit".into()) } else { Ok(n) });
-    e.check(|| path.to_owned(), positive)
+    }
 }
 
 pub(super) fn parse_cidr(text: &str) -> Result<IpNet, String> {

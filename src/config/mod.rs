@@ -276,6 +276,16 @@ pub struct Route {
     /// Largest request body forwarded (the route's own, else `server.max_body_bytes`);
     /// `None`: unlimited.
     pub max_body_bytes: Option<u64>,
+    /// How fast each response's body is sent (`None`: as fast as the client takes it).
+    pub body_rate: Option<BodyRate>,
+}
+
+/// A response body's pace: its first `after` bytes at once, the rest at `per_second`
+/// bytes a second (nginx's `limit_rate_after`, `limit_rate`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyRate {
+    pub per_second: u64,
+    pub after: u64,
 }
 
 /// Changes to a forwarded request and its response, per route.

@@ -309,6 +309,16 @@ pub struct RawRoute {
     pub set_response_headers: BTreeMap<String, String>,
     pub upstream_host: Option<String>,
     pub max_body_bytes: Option<RawSize>,
+    pub response_body_rate: Option<RawBodyRate>,
+}
+
+/// `response_body_rate: { bytes_per_second: 100k, after: 1m }`: each response's body
+/// paced (nginx's `limit_rate`, `limit_rate_after`).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawBodyRate {
+    pub bytes_per_second: RawSize,
+    pub after: Option<RawSize>,
 }
 
 /// `rewrite: { prefix: /api/, to: / }`: the path sent upstream.

@@ -9,9 +9,11 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use http::{HeaderMap, Method};
 
-use super::checks::{Errors, allow, body_size, header, names, status_in};
+use super::checks::{Errors, allow, body_size, header, names, size, status_in};
 use super::raw::{RawConfig, RawMatch, RawRespond, RawRoute};
-use super::{Action, Cost, Limit, PathMatch, PathRewrite, Rewrite, Route, RouteMatch, StaticResponse, UpstreamHost};
+use super::{
+    Action, BodyRate, Cost, Limit, PathMatch, PathRewrite, Rewrite, Route, RouteMatch, StaticResponse, UpstreamHost,
+};
 
 /// Route `i`; `compiled` are the configuration's limits, indexed as `config.limits`.
 pub(super) fn route(
@@ -109,6 +111,11 @@ pub(super) fn route(
         );
     }
     let max_body_bytes = body_size(e, &format!("{at}.max_body_bytes"), raw.max_body_bytes.as_ref()).or(max_body_bytes);
+    let body_rate = raw.response_body_rate.as_ref().and_then(|r| {
+        let per_second = body_size(e, &format!("{at}.response_body_rate.bytes_per_second"), Some(&r.bytes_per_second));
+        let after = r.after.as_ref().map_or(Some(0), |after| size(e, &format!("{at}.response_body_rate.after"), after));
+        Some(BodyRate { per_second: per_second?, after: after? })
+    });
     Route {
         name: raw.name.clone().unwrap_or(at),
         matcher,
@@ -120,6 +127,7 @@ pub(super) fn route(
         cost,
         rewrite,
         max_body_bytes,
+        body_rate,
     }
 }
 

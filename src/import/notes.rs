@@ -173,7 +173,6 @@ pub fn needs_no_counterpart(name: &str) -> bool {
 /// Why a directive sluicegate has no counterpart for is left out.
 pub fn unsupported_reason(name: &str) -> &'static str {
     match name {
-        "limit_rate" | "limit_rate_after" => "not supported yet (bandwidth throttling)",
         "if" => "conditions are not converted",
         "rewrite" => "regular-expression rewrites are not converted",
         "set" => "variables set here are not converted",

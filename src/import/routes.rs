@@ -241,6 +241,11 @@ fn location_templates(
         Ok(bytes) => fields.push(("max_body_bytes".into(), Item::text(values::size_text(bytes)))),
         Err(why) => header_notes.push(notes.left_out(l.scope.one("client_max_body_size").unwrap_or(d), why)),
     }
+    match settings::body_rate(&l.scope) {
+        Ok(Some(rate)) => fields.push(("response_body_rate".into(), rate)),
+        Ok(None) => {}
+        Err((at, why)) => header_notes.push(notes.left_out(at, why)),
+    }
     comments.extend(header_notes.into_iter().map(|line| format!("left out: {line}")));
     let (applied, limit_notes) = cx.limits.apply(&l.scope, notes);
     comments.extend(limit_notes.into_iter().map(|line| format!("left out: {line}")));

@@ -28,6 +28,8 @@ const INHERITED: &[&str] = &[
     "ssl_certificate_key",
     "ssl_protocols",
     "client_max_body_size",
+    "limit_rate",
+    "limit_rate_after",
     "client_header_timeout",
     "client_body_timeout",
     "keepalive_timeout",

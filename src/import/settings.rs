@@ -106,6 +106,33 @@ pub fn max_body(scope: &Scope<'_>) -> Result<u64, String> {
     scope.value("client_max_body_size").map_or(Ok(NGINX_MAX_BODY), values::size)
 }
 
+/// `limit_rate` and `limit_rate_after` in force, as a route's `response_body_rate`
+/// (`None`: no pace, nginx's `limit_rate 0` included); an error names the directive.
+pub fn body_rate<'a>(scope: &Scope<'a>) -> Result<Option<Item>, (&'a Directive, String)> {
+    let Some(rate) = scope.one("limit_rate") else { return Ok(None) };
+    let size = |d: &'a Directive| {
+        let text = d.args.first().map_or("", String::as_str);
+        let why = |e: String| match text.contains('$') {
+            true => (d, "a rate set by a variable is not converted".to_owned()),
+            false => (d, e),
+        };
+        values::size(text).map_err(why)
+    };
+    let per_second = size(rate)?;
+    if per_second == 0 {
+        return Ok(None);
+    }
+    let mut map = MapBuilder::default();
+    map.set("bytes_per_second", Item::text(values::size_text(per_second)));
+    if let Some(after) = scope.one("limit_rate_after") {
+        match size(after)? {
+            0 => {}
+            bytes => _ = map.set("after", Item::text(values::size_text(bytes))),
+        }
+    }
+    Ok(Some(map.build()))
+}
+
 /// The line setting `name` at the chosen server; notes servers whose value differs.
 fn agreed<'a>(servers: &[Server<'a>], chosen: usize, name: &str, notes: &mut Notes) -> Option<&'a Directive> {
     let kept = servers.get(chosen).and_then(|s| s.scope.one(name));

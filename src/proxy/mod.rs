@@ -289,6 +289,10 @@ impl Proxy {
         };
         let mut response = response?;
         response.receipts.permits = std::mem::take(&mut admitted.permits);
+        // A tunnel is not paced: its bytes are no response body.
+        if response.status != http::StatusCode::SWITCHING_PROTOCOLS {
+            response.pace = route.body_rate;
+        }
         if let Action::Forward(upstream) = &route.action {
             response.receipts.tunnel_idle_timeout = config.upstreams[*upstream].tunnel_idle_timeout;
         }
@@ -333,6 +337,7 @@ impl Proxy {
             fields: message::Fields::Upstream(response.fields),
             extra: route.rewrite.set_response_headers.iter().map(|(n, v)| (n.clone(), v.clone().into())).collect(),
             body: message::Body::Upstream(response.body),
+            pace: None,
             receipts: message::Receipts::default(),
         })
     }

@@ -25,6 +25,7 @@ use tracing::debug;
 
 use super::Timeouts;
 use super::h2::{self, H2Settings};
+use super::pace::{self, Pacer};
 use super::tunnel;
 use crate::connection::ClientConn;
 use crate::head::RequestHead;
@@ -391,12 +392,13 @@ async fn write_response<I: AsyncRead + AsyncWrite + Unpin>(
         write::give_back(head);
         return Ok(Written::Done { keep_alive });
     }
-    let Response { body, mut receipts, .. } = response;
+    let Response { body, mut receipts, pace, .. } = response;
+    let mut pacer = pace.map(Pacer::new);
     match body {
         Body::Full(bytes) => {
             count(&mut receipts, bytes.len());
             settle(&mut receipts).await;
-            write_all(c, &[&head, &bytes], send_timeout).await?;
+            send(c, pacer.as_mut(), &head, &bytes, false, true, send_timeout).await?;
         }
         Body::Upstream(mut body) => {
             let mut head_sent = false;
@@ -423,7 +425,7 @@ async fn write_response<I: AsyncRead + AsyncWrite + Unpin>(
                         if done {
                             settle(&mut receipts).await;
                         }
-                        write_piece(c, first, &data, chunked, done, send_timeout).await?;
+                        send(c, pacer.as_mut(), first, &data, chunked, done, send_timeout).await?;
                         if done {
                             break;
                         }
@@ -464,6 +466,39 @@ async fn settle(receipts: &mut crate::message::Receipts) {
         release.await;
     }
     drop(std::mem::take(receipts));
+}
+
+/// Writes `head` (possibly empty) and one piece of body `data` (see `write_piece`), at the
+/// pace of `pacer` when there is one: then in steps of `pace::piece_bytes`, the head not
+/// held back by the first.
+async fn send<I: AsyncRead + AsyncWrite + Unpin>(
+    c: &mut Conn<I>,
+    pacer: Option<&mut Pacer>,
+    head: &[u8],
+    data: &Bytes,
+    chunked: bool,
+    last: bool,
+    send_timeout: Duration,
+) -> io::Result<()> {
+    let Some(pacer) = pacer else { return write_piece(c, head, data, chunked, last, send_timeout).await };
+    let mut head = head;
+    let mut rest = data.clone();
+    loop {
+        let part = rest.split_to(pace::piece_bytes(pacer.rate()).min(rest.len()));
+        // (The head goes with the first step when that may go now, else alone before it.)
+        if head.is_empty() || poll_fn(|cx| Poll::Ready(pacer.poll_send(cx, part.len()))).await.is_pending() {
+            if !head.is_empty() {
+                write_all(c, &[head], send_timeout).await?;
+                head = &[];
+            }
+            pacer.send(part.len()).await;
+        }
+        write_piece(c, head, &part, chunked, last && rest.is_empty(), send_timeout).await?;
+        head = &[];
+        if rest.is_empty() {
+            return Ok(());
+        }
+    }
 }
 
 /// Writes `head` (possibly empty) and one piece of body `data`, in the chunked coding

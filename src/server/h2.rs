@@ -19,6 +19,7 @@ use tokio::sync::watch;
 use tracing::debug;
 
 use super::Timeouts;
+use super::pace::{self, Pacer};
 use super::watchdog::{self, DriveError, Watch, WatchedBody, WatchedIo};
 use crate::connection::ClientConn;
 use crate::head::{Fields, RequestHead};
@@ -119,7 +120,9 @@ fn into_hyper(response: Response, method: &Method) -> http::Response<Outgoing> {
         }
     });
     let Response { status, body, receipts, .. } = response;
-    let mut out = http::Response::new(Outgoing { body: Some(body), receipts, releasing: None });
+    let pacer = response.pace.map(Pacer::new);
+    let outgoing = Outgoing { body: Some(body), receipts, releasing: None, pacer, held: Bytes::new() };
+    let mut out = http::Response::new(outgoing);
     *out.status_mut() = status;
     *out.headers_mut() = headers;
     out
@@ -132,9 +135,32 @@ pub struct Outgoing {
     receipts: Receipts,
     /// The release of global slots under way, and the frame (or end) it holds back.
     releasing: Option<(Release, Option<Frame<Bytes>>)>,
+    /// The body's pace (the route's `response_body_rate`), and what it read but did not
+    /// send yet.
+    pacer: Option<Pacer>,
+    held: Bytes,
 }
 
 type Release = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+impl Outgoing {
+    /// The body's last `data` (or none): the slots go back first.
+    fn end(
+        &mut self,
+        cx: &mut Context<'_>,
+        data: Option<Bytes>,
+    ) -> Poll<Option<Result<Frame<Bytes>, <Self as hyper::body::Body>::Error>>> {
+        self.body = None;
+        let frame = data.map(Frame::data);
+        match self.receipts.permits.finish() {
+            None => Poll::Ready(frame.map(Ok)),
+            Some(release) => {
+                self.releasing = Some((Box::pin(release), frame));
+                Pin::new(self).poll_frame(cx)
+            }
+        }
+    }
+}
 
 impl hyper::body::Body for Outgoing {
     type Data = Bytes;
@@ -149,6 +175,16 @@ impl hyper::body::Body for Outgoing {
             std::task::ready!(release.as_mut().poll(cx));
             let held = this.releasing.take().and_then(|(_, frame)| frame);
             return Poll::Ready(held.map(Ok));
+        }
+        if let (Some(pacer), false) = (&mut this.pacer, this.held.is_empty()) {
+            // A paced body goes in steps of what was read, each once the pace allows it.
+            let n = pace::piece_bytes(pacer.rate()).min(this.held.len());
+            std::task::ready!(pacer.poll_send(cx, n));
+            let step = this.held.split_to(n);
+            if !this.held.is_empty() || this.body.is_some() {
+                return Poll::Ready(Some(Ok(Frame::data(step))));
+            }
+            return this.end(cx, Some(step));
         }
         let (frame, ends) = match &mut this.body {
             None => (None, true),
@@ -166,22 +202,24 @@ impl hyper::body::Body for Outgoing {
         if let (Some(entry), Some(data)) = (&mut this.receipts.access, &frame) {
             entry.bytes += data.len() as u64;
         }
-        let frame = frame.map(Frame::data);
-        if !ends {
-            return Poll::Ready(frame.map(Ok));
-        }
-        this.body = None;
-        match this.receipts.permits.finish() {
-            None => Poll::Ready(frame.map(Ok)),
-            Some(release) => {
-                this.releasing = Some((Box::pin(release), frame));
-                Pin::new(this).poll_frame(cx)
+        let frame = match frame {
+            Some(data) if this.pacer.is_some() => {
+                this.held = data;
+                if ends {
+                    this.body = None;
+                }
+                return Pin::new(this).poll_frame(cx);
             }
+            frame => frame,
+        };
+        if !ends {
+            return Poll::Ready(frame.map(|data| Ok(Frame::data(data))));
         }
+        this.end(cx, frame)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.releasing.is_none() && !self.receipts.permits.holds_leases() && self.body.is_none()
+        self.releasing.is_none() && !self.receipts.permits.holds_leases() && self.body.is_none() && self.held.is_empty()
     }
 
     fn size_hint(&self) -> SizeHint {

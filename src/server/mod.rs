@@ -7,6 +7,7 @@
 
 pub mod h1;
 pub mod h2;
+mod pace;
 mod tunnel;
 pub mod watchdog;
 

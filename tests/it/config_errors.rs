@@ -595,3 +595,18 @@ fn a_configuration_that_is_not_a_regular_file_is_refused_at_once() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/dev/zero: cannot read: is not a regular file"));
 }
+
+#[test]
+fn a_response_body_rate_needs_a_positive_size_per_second() {
+    let route = |rate: &str| {
+        format!("listen: 127.0.0.1:0\nroutes:\n  - respond: {{ status: 200 }}\n    response_body_rate: {rate}\n")
+    };
+    let (ok, stderr) = check(&route("{ bytes_per_second: 0 }"));
+    assert!(!ok);
+    assert!(stderr.contains("routes[0].response_body_rate.bytes_per_second: must be positive"), "{stderr}");
+    let (ok, stderr) = check(&route("{ bytes_per_second: 1.5m, after: 1m }"));
+    assert!(!ok);
+    assert!(stderr.contains("FILE:4:") && stderr.contains("invalid size \"1.5m\""), "{stderr}");
+    let (ok, stderr) = check(&route("{ bytes_per_second: 100k, after: 0 }"));
+    assert!(ok, "{stderr}");
+}

@@ -354,26 +354,29 @@ fn an_include_that_cannot_be_read_is_named_at_its_line() {
 }
 
 #[test]
-fn bandwidth_throttling_is_reported_as_not_supported_yet() {
+fn bandwidth_throttling_becomes_the_routes_response_body_rate() {
     let dir = nginx_conf(
-        "events {}\nhttp {\n    server {\n        listen 127.0.0.1:8080;\n        location /downloads/ {\n            limit_rate_after 1m;\n            limit_rate 100k;\n            proxy_pass http://127.0.0.1:9000;\n        }\n    }\n}\n",
+        "events {}\nhttp {\n    limit_rate 1m;\n    server {\n        listen 127.0.0.1:8080;\n        location /downloads/ {\n            limit_rate_after 1m;\n            limit_rate 100k;\n            proxy_pass http://127.0.0.1:9000;\n        }\n        location /free/ {\n            limit_rate 0;\n            proxy_pass http://127.0.0.1:9000;\n        }\n        location / {\n            proxy_pass http://127.0.0.1:9000;\n        }\n    }\n}\n",
+    );
+    let out = import(dir.path());
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let route = |i: usize| &out.yaml["routes"][i];
+    assert_eq!(route(0)["name"], "/downloads/");
+    assert_eq!(route(0)["response_body_rate"]["bytes_per_second"], "100k");
+    assert_eq!(route(0)["response_body_rate"]["after"], "1m");
+    assert_eq!(route(1)["name"], "/free/");
+    assert!(route(1)["response_body_rate"].is_null(), "limit_rate 0 is no pace");
+    assert_eq!(route(2)["response_body_rate"]["bytes_per_second"], "1m", "inherited from http");
+    assert!(route(2)["response_body_rate"]["after"].is_null());
+
+    // A rate from a variable is left out, at its line.
+    let dir = nginx_conf(
+        "events {}\nhttp {\n    server {\n        listen 127.0.0.1:8080;\n        location / {\n            limit_rate $rate;\n            proxy_pass http://127.0.0.1:9000;\n        }\n    }\n}\n",
     );
     let out = import(dir.path());
     assert_eq!(out.code, 3);
-    assert_eq!(
-        out.left_out(),
-        [
-            "DIR/nginx.conf:6: limit_rate_after: not supported yet (bandwidth throttling)",
-            "DIR/nginx.conf:7: limit_rate: not supported yet (bandwidth throttling)",
-        ]
-    );
-    // Still written, valid, and saying what it lacks where it would have gone.
-    assert_eq!(out.yaml["routes"][0]["upstream"], "127.0.0.1-9000");
-    let here = format!(
-        "  # left out: {}/nginx.conf:7: limit_rate: not supported yet (bandwidth throttling)\n  - name: /downloads/",
-        dir.path().display()
-    );
-    assert!(out.text.contains(&here), "{}", out.text);
+    assert_eq!(out.left_out(), ["DIR/nginx.conf:6: limit_rate: a rate set by a variable is not converted"]);
+    assert!(out.yaml["routes"][0]["response_body_rate"].is_null());
 }
 
 #[test]

@@ -23,6 +23,7 @@ mod import;
 mod keys;
 mod limits;
 mod logs;
+mod pacing;
 mod paths;
 mod redis;
 mod reload;

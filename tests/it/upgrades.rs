@@ -73,6 +73,24 @@ async fn websocket_messages_flow_both_ways_until_either_side_closes() {
 }
 
 #[tokio::test]
+async fn a_tunnel_is_not_paced_by_its_routes_response_body_rate() {
+    let paced = "  - match: { path: /paced }\n    upstream: ws\n    response_body_rate: { bytes_per_second: 1k }\n";
+    let sg = Sluicegate::start(&config(echo_backend().await, "").replacen(
+        "  - upstream: ws\n",
+        &format!("{paced}  - upstream: ws\n"),
+        1,
+    ));
+    let mut ws = connect(sg.addr, "/paced").await.unwrap();
+    let started = Instant::now();
+    for _ in 0..4 {
+        // 16 KiB each way: 32 s at the route's pace.
+        ws.send(Message::binary(vec![7u8; 16 << 10])).await.unwrap();
+        assert_eq!(next(&mut ws).await, Some(Message::binary(vec![7u8; 16 << 10])));
+    }
+    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+}
+
+#[tokio::test]
 async fn a_tunnel_holds_its_concurrency_slot_until_it_closes() {
     let sg = Sluicegate::start(&config(echo_backend().await, ""));
     let mut first = connect(sg.addr, "/limited").await.unwrap();

@@ -28,6 +28,7 @@ pub fn static_response(r: &StaticResponse) -> Response {
         fields: Fields::Map(r.headers.clone()),
         extra: vec![],
         body: Body::Full(r.body.clone()),
+        pace: None,
         receipts: Receipts::default(),
     }
 }
