@@ -145,7 +145,20 @@ pub struct LimitResult {
 
 impl LimitResult {
     /// The result of limit `limit` for `key`, from its windows' `standings` (at least one).
+    #[inline]
     pub fn fold(limit: usize, key: KeyHash, standings: &[Standing]) -> LimitResult {
+        let of = |decider: &Standing| LimitResult {
+            limit: LimitId::of(limit),
+            key,
+            outcome: decider.outcome,
+            banned: decider.banned,
+            window: decider.window,
+            excess: decider.excess,
+        };
+        if let [one] = standings {
+            // Most limits have one window: it decides.
+            return of(one);
+        }
         let rank = |s: &&Standing| match s.outcome {
             Outcome::Passed => (0, Duration::ZERO),
             Outcome::Delayed(wait) => (1, wait),
@@ -162,14 +175,7 @@ impl LimitResult {
             excess: 0.0,
             banned: false,
         });
-        LimitResult {
-            limit: LimitId::of(limit),
-            key,
-            outcome: decider.outcome,
-            banned: decider.banned,
-            window: decider.window,
-            excess: decider.excess,
-        }
+        of(&decider)
     }
 }
 
