@@ -16,7 +16,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::{Method, StatusCode, Version};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
@@ -303,10 +302,9 @@ where
     let keep_alive = head.keep_alive && !head.close_after && body_read && !stopping.has_changed().unwrap_or(true);
     let method = &head.method;
     match write_response(c, response, method, head.version, keep_alive, send_timeout).await {
-        Ok(Written::Done { keep_alive }) if !body_read => {
+        Ok(Written::Done { .. }) if !body_read => {
             // The client may still be sending the body no one read: read it away a
             // little before closing, so that its response is not lost to a reset.
-            let _ = keep_alive;
             linger_on(c).await;
             Exchanged::Close
         }
@@ -397,8 +395,7 @@ async fn write_response<I: AsyncRead + AsyncWrite + Unpin>(
     match body {
         Body::Full(bytes) => {
             count(&mut receipts, bytes.len());
-            settle(&mut receipts).await;
-            send(c, pacer.as_mut(), &head, &bytes, false, true, send_timeout).await?;
+            send(c, pacer.as_mut(), &head, &bytes, false, Some(&mut receipts), send_timeout).await?;
         }
         Body::Upstream(mut body) => {
             let mut head_sent = false;
@@ -422,10 +419,8 @@ async fn write_response<I: AsyncRead + AsyncWrite + Unpin>(
                     Some(Ok(data)) => {
                         count(&mut receipts, data.len());
                         let done = body.is_done();
-                        if done {
-                            settle(&mut receipts).await;
-                        }
-                        send(c, pacer.as_mut(), first, &data, chunked, done, send_timeout).await?;
+                        let last = if done { Some(&mut receipts) } else { None };
+                        send(c, pacer.as_mut(), first, &data, chunked, last, send_timeout).await?;
                         if done {
                             break;
                         }
@@ -468,32 +463,44 @@ async fn settle(receipts: &mut crate::message::Receipts) {
     drop(std::mem::take(receipts));
 }
 
-/// Writes `head` (possibly empty) and one piece of body `data` (see `write_piece`), at the
-/// pace of `pacer` when there is one: then in steps of `pace::piece_bytes`, the head not
-/// held back by the first.
+/// Writes `head` (possibly empty) and one piece of body `data`, in the chunked coding
+/// when `chunked`; at the pace of `pacer` when there is one, in steps of
+/// `pace::piece_bytes`, the head not held back by the first. `last`: the body ends with
+/// this piece, and what the response held is settled before its last bytes go out.
 async fn send<I: AsyncRead + AsyncWrite + Unpin>(
     c: &mut Conn<I>,
-    pacer: Option<&mut Pacer>,
+    mut pacer: Option<&mut Pacer>,
     head: &[u8],
-    data: &Bytes,
+    data: &[u8],
     chunked: bool,
-    last: bool,
+    mut last: Option<&mut crate::message::Receipts>,
     send_timeout: Duration,
 ) -> io::Result<()> {
-    let Some(pacer) = pacer else { return write_piece(c, head, data, chunked, last, send_timeout).await };
     let mut head = head;
-    let mut rest = data.clone();
+    let mut rest = data;
     loop {
-        let part = rest.split_to(pace::piece_bytes(pacer.rate()).min(rest.len()));
-        // (The head goes with the first step when that may go now, else alone before it.)
-        if head.is_empty() || poll_fn(|cx| Poll::Ready(pacer.poll_send(cx, part.len()))).await.is_pending() {
-            if !head.is_empty() {
-                write_all(c, &[head], send_timeout).await?;
-                head = &[];
+        let step = match &pacer {
+            Some(pacer) => pace::piece_bytes(pacer.rate()).min(rest.len()),
+            None => rest.len(),
+        };
+        let (part, after) = rest.split_at(step);
+        rest = after;
+        if let Some(pacer) = pacer.as_deref_mut() {
+            // (The head goes with the first step when that may go now, else alone before it.)
+            if head.is_empty() || poll_fn(|cx| Poll::Ready(pacer.poll_send(cx, part.len()))).await.is_pending() {
+                if !head.is_empty() {
+                    write_all(c, &[head], send_timeout).await?;
+                    head = &[];
+                }
+                pacer.send(part.len()).await;
             }
-            pacer.send(part.len()).await;
         }
-        write_piece(c, head, &part, chunked, last && rest.is_empty(), send_timeout).await?;
+        let ends = rest.is_empty() && last.is_some();
+        if ends && let Some(receipts) = last.take() {
+            settle(receipts).await;
+        }
+        let mut line = [0u8; 18];
+        write_all(c, &piece(head, part, chunked, ends, &mut line), send_timeout).await?;
         head = &[];
         if rest.is_empty() {
             return Ok(());
@@ -501,26 +508,19 @@ async fn send<I: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-/// Writes `head` (possibly empty) and one piece of body `data`, in the chunked coding
-/// when `chunked` (with the last chunk too when `last`).
-async fn write_piece<I: AsyncRead + AsyncWrite + Unpin>(
-    c: &mut Conn<I>,
-    head: &[u8],
-    data: &Bytes,
-    chunked: bool,
-    last: bool,
-    send_timeout: Duration,
-) -> io::Result<()> {
+/// The parts that write `head` (possibly empty) and one piece of body `data`: in the
+/// chunked coding when `chunked` (its size line written into `line`; with the last chunk
+/// too when `last`).
+fn piece<'a>(head: &'a [u8], data: &'a [u8], chunked: bool, last: bool, line: &'a mut [u8; 18]) -> [&'a [u8]; 4] {
     if !chunked {
-        return write_all(c, &[head, data], send_timeout).await;
+        return [head, data, &[], &[]];
     }
-    let mut line = [0u8; 18];
-    let n = chunk_head(data.len(), &mut line);
-    let tail: &[u8] = if last { b"\r\n0\r\n\r\n" } else { CHUNK_END };
     if data.is_empty() {
-        return write_all(c, &[head, if last { LAST_CHUNK } else { &[] }], send_timeout).await;
+        return [head, if last { LAST_CHUNK } else { &[] }, &[], &[]];
     }
-    write_all(c, &[head, &line[..n], data, tail], send_timeout).await
+    let n = chunk_head(data.len(), line);
+    let tail: &[u8] = if last { b"\r\n0\r\n\r\n" } else { CHUNK_END };
+    [head, &line[..n], data, tail]
 }
 
 /// Writes all of `parts`; a client that takes nothing of them for `send_timeout` fails

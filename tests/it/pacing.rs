@@ -97,3 +97,24 @@ async fn an_http2_stream_is_paced_and_the_connections_other_streams_are_not() {
     let (after, total, got) = paced.await.unwrap();
     assert_paced(after, total, got);
 }
+
+#[tokio::test]
+async fn a_paced_response_holds_its_concurrency_slot_until_its_last_bytes() {
+    let backend = Backend::start().await;
+    let sg = Sluicegate::start(&format!(
+        "listen: 127.0.0.1:0\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nlimits:\n  one: {{ key: ip, concurrency: 1 }}\nroutes:\n  - upstream: b\n    limits: [one]\n    response_body_rate: {{ bytes_per_second: 40k }}\n",
+        backend.addr
+    ));
+    // 60 KiB at 40 KiB/s: one read from the upstream, sent over 1.5 s.
+    let req = Request::get("/large/61440").header("host", "test.local");
+    let response = send(sg.addr, req.body(Full::new(Bytes::new())).unwrap()).await;
+    assert_eq!(response.status(), 200);
+    let download = tokio::spawn(timed(response));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(get(sg.addr, "/status/200", &[]).await.status, 429, "the slot was given back before the body was sent");
+    let (_, total, got) = download.await.unwrap();
+    assert_eq!(got, 61440);
+    // Timed from the first body byte, one step (1/8 s) in.
+    assert!(total >= Duration::from_millis(1300), "{total:?}");
+    assert_eq!(get(sg.addr, "/status/200", &[]).await.status, 200);
+}
