@@ -260,8 +260,11 @@ pub fn response(buf: &[u8], method: &Method, max_head: usize) -> Result<Option<(
             None => Framing::UntilClose,
         }
     };
-    // A response framed in doubt (codings and a length) leaves the connection unusable.
-    let reusable = framing != Framing::UntilClose && !(framed.codings && framed.lengths > 0);
+    // A response framed in doubt (codings and a length) leaves the connection unusable;
+    // after a `101` it speaks another protocol.
+    let reusable = framing != Framing::UntilClose
+        && !(framed.codings && framed.lengths > 0)
+        && status != StatusCode::SWITCHING_PROTOCOLS;
     let keep_alive = reusable
         && match version {
             Version::HTTP_11 => !framed.close,

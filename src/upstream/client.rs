@@ -260,8 +260,10 @@ impl UpstreamClient {
             let e = ExchangeError::Response("101 Switching Protocols to a request that asked for no upgrade");
             return Err(Failure::Send { error: SendError::Exchange(e), reused, responded: true });
         }
-        let body = ResponseBody::new(conn, &response, read);
-        Ok((response.status, ResponseFields::H1(response), BodyKind::H1 { body, sent: sent.all }))
+        let mut body = BodyKind::H1 { body: ResponseBody::new(conn, &response, read), sent: sent.all };
+        // A response without a body (204, 304, to HEAD) is read already.
+        body.give_back_if_done();
+        Ok((response.status, ResponseFields::H1(response), body))
     }
 
     async fn attempt_h2(
@@ -328,17 +330,25 @@ fn h2_uri(server: &Authority, tls: bool, target: &str, host: Option<&[u8]>) -> U
     Uri::builder().scheme(scheme).authority(authority).path_and_query(target).build().unwrap_or_default()
 }
 
+impl BodyKind {
+    /// An HTTP/1 body read to its end, its request having gone out whole: the connection
+    /// is in step for the next exchange, and goes back to the pool at once.
+    fn give_back_if_done(&mut self) {
+        if let BodyKind::H1 { body, sent: true } = self
+            && body.is_reusable()
+        {
+            body.conn_mut().give_back();
+        }
+    }
+}
+
 impl UpstreamBody {
     /// The next piece of the body; `None` at its end.
     pub fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BodyError>>> {
         match &mut self.kind {
-            BodyKind::H1 { body, sent } => {
+            BodyKind::H1 { body, .. } => {
                 let polled = body.poll_data(cx);
-                // Read to its end, the request having gone out whole: the connection is in
-                // step for the next exchange, and goes back to the pool when dropped.
-                if *sent && body.is_reusable() {
-                    body.conn_mut().keep();
-                }
+                self.kind.give_back_if_done();
                 polled
             }
             BodyKind::H2(incoming) => loop {

@@ -103,7 +103,7 @@ async fn exchange_once(pool: &Pool, member: &Member, check: &HealthCheck, http2:
         piece.map_err(|e| e.to_string())?;
     }
     if body.is_reusable() {
-        body.conn_mut().keep();
+        body.conn_mut().give_back();
     }
     Ok(response.status)
 }

@@ -68,9 +68,9 @@ struct Key {
     tls: bool,
 }
 
-/// An HTTP/1.1 connection lent to one exchange. `keep` it once the exchange ended cleanly
-/// (the response read to its end, the server willing): it goes back to the pool when
-/// dropped; otherwise it is closed.
+/// An HTTP/1.1 connection lent to one exchange. `give_back` it once the exchange ended
+/// cleanly (the response read to its end, the server willing); dropped before, it is
+/// closed.
 pub struct Checkout {
     /// `None` once taken over.
     io: Option<UpstreamIo>,
@@ -78,7 +78,6 @@ pub struct Checkout {
     key: Key,
     /// It came from the pool: it served another exchange before.
     pub reused: bool,
-    keep: bool,
     /// Where the request head is written: the connection's own, so that a kept-alive
     /// connection writes its heads without allocating.
     pub head: Vec<u8>,
@@ -99,12 +98,12 @@ impl Pool {
         let key = Key { server: server.clone(), tls };
         if !fresh && let Some((io, mut head)) = self.inner.take_idle(&key) {
             head.clear();
-            return Ok(Checkout { io: Some(io), inner: Arc::clone(&self.inner), key, reused: true, keep: false, head });
+            return Ok(Checkout { io: Some(io), inner: Arc::clone(&self.inner), key, reused: true, head });
         }
         // Boxed: what is rare stays out of the future every request moves around.
         let io = Box::pin(self.inner.connector.connect(server, tls)).await.map_err(SendError::Connect)?;
         let head = Vec::with_capacity(HEAD_BYTES);
-        Ok(Checkout { io: Some(io), inner: Arc::clone(&self.inner), key, reused: false, keep: false, head })
+        Ok(Checkout { io: Some(io), inner: Arc::clone(&self.inner), key, reused: false, head })
     }
 
     /// The HTTP/2 connection to `server`, shared by every request to it: the open one,
@@ -164,9 +163,18 @@ fn still_open(io: &mut UpstreamIo) -> bool {
 }
 
 impl Checkout {
-    /// The exchange on it ended cleanly: it may take the next request.
-    pub fn keep(&mut self) {
-        self.keep = true;
+    /// The exchange on it ended cleanly: back to the pool now, for the next request
+    /// (what is left of this one, its response going out to the client, needs it no
+    /// more; given back later, a client's next request could find the pool empty and
+    /// open another).
+    pub fn give_back(&mut self) {
+        let Some(io) = self.io.take() else { return };
+        let idle = Idle { io, heads: std::mem::take(&mut self.head), since: Instant::now() };
+        let mut pool = lock(&self.inner.idle[usize::from(self.key.tls)]);
+        match pool.get_mut(self.key.server.as_str()) {
+            Some(list) => list.push(idle),
+            None => _ = pool.insert(self.key.server.as_str().into(), vec![idle]),
+        }
     }
 
     /// The connection itself, taken over (an upgrade makes it a tunnel).
@@ -176,18 +184,6 @@ impl Checkout {
 
     fn io(&mut self) -> io::Result<&mut UpstreamIo> {
         self.io.as_mut().ok_or_else(|| io::ErrorKind::NotConnected.into())
-    }
-}
-
-impl Drop for Checkout {
-    fn drop(&mut self) {
-        let Some(io) = self.io.take().filter(|_| self.keep) else { return };
-        let idle = Idle { io, heads: std::mem::take(&mut self.head), since: Instant::now() };
-        let mut pool = lock(&self.inner.idle[usize::from(self.key.tls)]);
-        match pool.get_mut(self.key.server.as_str()) {
-            Some(list) => list.push(idle),
-            None => _ = pool.insert(self.key.server.as_str().into(), vec![idle]),
-        }
     }
 }
 

@@ -365,10 +365,13 @@ async fn a_reload_looks_names_up_again_and_drops_the_address_count_of_an_upstrea
     assert_eq!(series(&m, "sluicegate_upstream_addresses", "old"), None, "{m}");
 }
 
-/// A server that answers `per_connection` requests on each connection (`200 ok`, kept
+/// A server that answers `per_connection` requests on each connection (`answer`, kept
 /// alive) and then closes it silently, as a server whose keep-alive timeout ran out
 /// does; it counts the connections it accepted and signals each close.
-async fn answers_then_hangs_up(per_connection: usize) -> (SocketAddr, Arc<AtomicUsize>, Arc<Notify>) {
+async fn answers_then_hangs_up(
+    per_connection: usize,
+    answer: &'static [u8],
+) -> (SocketAddr, Arc<AtomicUsize>, Arc<Notify>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (accepted, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(Notify::new()));
@@ -388,8 +391,7 @@ async fn answers_then_hangs_up(per_connection: usize) -> (SocketAddr, Arc<Atomic
                         }
                     }
                     head.clear();
-                    let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                    if stream.write_all(ok).await.is_err() {
+                    if stream.write_all(answer).await.is_err() {
                         return;
                     }
                 }
@@ -403,7 +405,7 @@ async fn answers_then_hangs_up(per_connection: usize) -> (SocketAddr, Arc<Atomic
 
 #[tokio::test]
 async fn upstream_connections_are_kept_alive_and_one_the_server_closed_is_replaced_unnoticed() {
-    let (backend, accepted, closed) = answers_then_hangs_up(3).await;
+    let (backend, accepted, closed) = answers_then_hangs_up(3, b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await;
     let sg = start(&[quoted(backend)], "");
     for _ in 0..3 {
         assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
@@ -413,4 +415,14 @@ async fn upstream_connections_are_kept_alive_and_one_the_server_closed_is_replac
     // Not idempotent, so not retried after a send: it must go on a live connection.
     assert_eq!(post(sg.addr, "/", "").await.status, 200);
     assert_eq!(accepted.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_connection_whose_response_has_no_body_is_kept_alive_too() {
+    let (backend, accepted, _) = answers_then_hangs_up(3, b"HTTP/1.1 204 No Content\r\n\r\n").await;
+    let sg = start(&[quoted(backend)], "");
+    for _ in 0..3 {
+        assert_eq!(get(sg.addr, "/", &[]).await.status, 204);
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 1, "three requests in a row share one connection");
 }
