@@ -162,10 +162,16 @@ impl<B: BodySource + ?Sized> Outgoing<'_, '_, B> {
             return Ok(());
         };
         let chunked = self.framing == Framing::Chunked;
-        match body.poll_chunk(cx) {
+        // An empty piece (an HTTP/2 client may send an empty DATA frame) is passed over
+        // and the body asked again: left at that, nothing would wake this task for the
+        // next piece.
+        let mut polled = body.poll_chunk(cx);
+        while matches!(&polled, Poll::Ready(Some(Ok(data))) if data.is_empty()) {
+            polled = body.poll_chunk(cx);
+        }
+        match polled {
             Poll::Pending => {}
             Poll::Ready(Some(Err(e))) => return Err(ExchangeError::Body(e)),
-            Poll::Ready(Some(Ok(data))) if data.is_empty() => {}
             Poll::Ready(Some(Ok(data))) => {
                 sent.body = true;
                 let mut chunk = Chunk { line: [0; 18], line_len: 0, data, tail: chunked, written: 0 };

@@ -92,18 +92,7 @@ struct Stream(Incoming);
 
 impl BodySource for Stream {
     fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BodyError>>> {
-        loop {
-            match std::task::ready!(Pin::new(&mut self.0).poll_frame(cx)) {
-                None => return Poll::Ready(None),
-                Some(Err(e)) => return Poll::Ready(Some(Err(BodyError::Io(io::Error::other(e))))),
-                // Trailers are not forwarded.
-                Some(Ok(frame)) => {
-                    if let Ok(data) = frame.into_data() {
-                        return Poll::Ready(Some(Ok(data)));
-                    }
-                }
-            }
-        }
+        crate::upstream::h2::poll_data(&mut self.0, cx)
     }
 }
 

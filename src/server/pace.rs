@@ -43,7 +43,10 @@ impl Pacer {
         let total = self.sent + n as u64;
         let paced = total.saturating_sub(self.rate.after);
         if paced > 0 {
-            let due = self.start + Duration::from_secs_f64(paced as f64 / self.rate.per_second as f64);
+            // (Past what an `Instant` can hold, it is never due: a year is as good.)
+            let wait = Duration::try_from_secs_f64(paced as f64 / self.rate.per_second as f64);
+            let due = wait.ok().and_then(|w| self.start.checked_add(w));
+            let due = due.unwrap_or_else(|| Instant::now() + Duration::from_secs(365 * 86_400));
             if due > Instant::now() {
                 let timer = self.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
                 if timer.deadline() != due {

@@ -351,17 +351,7 @@ impl UpstreamBody {
                 self.kind.give_back_if_done();
                 polled
             }
-            BodyKind::H2(incoming) => loop {
-                match std::task::ready!(std::pin::Pin::new(&mut *incoming).poll_frame(cx)) {
-                    None => return Poll::Ready(None),
-                    Some(Err(e)) => return Poll::Ready(Some(Err(BodyError::Io(std::io::Error::other(e))))),
-                    Some(Ok(frame)) => {
-                        if let Ok(data) = frame.into_data() {
-                            return Poll::Ready(Some(Ok(data)));
-                        }
-                    }
-                }
-            },
+            BodyKind::H2(incoming) => h2::poll_data(incoming, cx),
         }
     }
 

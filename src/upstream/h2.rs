@@ -3,13 +3,15 @@
 //! goes through a channel that the request's task fills from the client's body.
 
 use std::future::poll_fn;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Uri};
 use http_body_util::BodyExt;
 use http_body_util::channel::{Channel, Sender};
 use http_body_util::combinators::BoxBody;
-use hyper::body::Incoming;
+use hyper::body::{Body as _, Incoming};
 use hyper::client::conn::http2::SendRequest;
 
 use crate::http1::{BodyError, BodySource};
@@ -24,6 +26,22 @@ pub enum H2Error {
     Exchange(hyper::Error),
     /// The client's body failed on the way.
     Body(BodyError),
+}
+
+/// The next data of an HTTP/2 body, a request's or a response's (trailers are not
+/// forwarded); `None` at its end.
+pub fn poll_data(body: &mut Incoming, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BodyError>>> {
+    loop {
+        match std::task::ready!(Pin::new(&mut *body).poll_frame(cx)) {
+            None => return Poll::Ready(None),
+            Some(Err(e)) => return Poll::Ready(Some(Err(BodyError::Io(std::io::Error::other(e))))),
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    return Poll::Ready(Some(Ok(data)));
+                }
+            }
+        }
+    }
 }
 
 /// Sends a request with `fields` for `uri` to `sender`, its body read from `body`, and

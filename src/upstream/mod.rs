@@ -11,7 +11,7 @@ mod body;
 mod client;
 mod connect;
 mod error;
-mod h2;
+pub mod h2;
 mod health;
 mod pool;
 mod resolve;

@@ -90,3 +90,33 @@ fn bad_sizes_and_timeouts_are_config_errors_at_their_field() {
         assert!(stderr.contains(wanted), "{wanted} not in:\n{stderr}");
     }
 }
+
+/// An HTTP/2 client may send an empty DATA frame: the body forwarded to an HTTP/1
+/// upstream goes on with what follows it, not waiting for something else to wake it.
+#[tokio::test]
+async fn an_empty_http2_data_frame_does_not_stall_the_body_behind_it() {
+    let backend = Backend::start().await;
+    let sg = Sluicegate::start(&config(&backend.addr.to_string()));
+    let stream = tokio::net::TcpStream::connect(sg.addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let (mut tx, body) = Channel::<Bytes, std::convert::Infallible>::new(4);
+    let started = Instant::now();
+    let pending = tokio::spawn(async move {
+        let req = Request::post("http://test.local/echo").body(body).unwrap();
+        read(sender.send_request(req).await.unwrap()).await
+    });
+    tx.send_data(Bytes::from_static(b"first ")).await.unwrap();
+    tx.send_data(Bytes::new()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    tx.send_data(Bytes::from_static(b"and last")).await.unwrap();
+    drop(tx);
+    let r = tokio::time::timeout(Duration::from_secs(10), pending).await.expect("no answer").unwrap();
+    assert_eq!((r.status, r.text().as_str()), (200, "first and last"));
+    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+}
