@@ -144,11 +144,6 @@ impl<'c, I: AsyncRead + AsyncWrite + Unpin + Send> RequestBody<'c, I> {
     pub fn is_done(&self) -> bool {
         self.decoder.is_done()
     }
-
-    /// Data bytes still to come, when its length was declared.
-    pub fn remaining(&self) -> Option<u64> {
-        self.decoder.remaining()
-    }
 }
 
 impl<I: AsyncRead + AsyncWrite + Unpin + Send> BodySource for RequestBody<'_, I> {

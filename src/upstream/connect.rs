@@ -76,15 +76,7 @@ pub enum UpstreamIo {
     Tls(Box<TlsStream<TcpStream>>),
 }
 
-impl UpstreamIo {
-    /// The server agreed to speak HTTP/2 (ALPN `h2`).
-    pub fn is_h2(&self) -> bool {
-        match self {
-            UpstreamIo::Plain(_) => false,
-            UpstreamIo::Tls(tls) => tls.get_ref().1.alpn_protocol() == Some(b"h2"),
-        }
-    }
-}
+impl UpstreamIo {}
 
 impl AsyncRead for UpstreamIo {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
