@@ -213,8 +213,11 @@ impl Gate {
         if let Some(rejection) = self.rejection(&results) {
             // A refusal counts as use in every table that holds the key (rank only, no
             // state), so a flood of fresh keys cannot push the refused key out.
+            let mut first = 0;
             for group in &mut groups {
-                group.refuse(now);
+                let windows = group.shards.len();
+                group.refuse(now, &mut standings[first..first + windows]);
+                first += windows;
             }
             return self.reject(rejection, results, standings);
         }
@@ -261,9 +264,10 @@ impl Gate {
         };
         if verdicts.rejected {
             self.undo(&results, cost, at);
+            self.restate(&results, &mut standings);
         }
         let global = self.fold_global(&verdicts.standings, src);
-        self.hear(&verdicts, &global, cost);
+        self.hear(&verdicts, &global);
         let global_wait = global
             .iter()
             .filter(|r| !self.limiters.get(r.limit.index()).dry_run)
@@ -306,15 +310,15 @@ impl Gate {
     /// Keeps the local twins of `on_store_error: local` limits where Redis says the key
     /// stands, each with its share (`remaining / instances`): if Redis then fails, the
     /// twin goes on from there, not from a fresh key's full share.
-    fn hear(&self, verdicts: &Verdicts, global: &[LimitResult], cost: u64) {
+    fn hear(&self, verdicts: &Verdicts, global: &[LimitResult]) {
         let now = self.clock.now();
         for s in &verdicts.standings {
             let limiter = self.limiters.get(s.limit);
             let Scope::Global { on_store_error: OnStoreError::Local, instances } = limiter.scope else { continue };
             let Some(key) = global.iter().find(|r| r.limit.index() == s.limit).map(|r| r.key) else { continue };
-            // A window that admitted a request another limit refused got its units back.
-            let back = if verdicts.rejected && !s.outcome.is_rejected() { cost } else { 0 };
-            limiter.windows[s.window].lock(key).hear(key, (s.remaining + back) / instances, now);
+            // (A window that admitted a request another limit refused says where the key
+            // stands without it.)
+            limiter.windows[s.window].lock(key).hear(key, s.remaining / instances, now);
         }
     }
 
@@ -375,12 +379,9 @@ impl Gate {
     }
 
     /// The rejection of a request by `limit`, with the results and standings of all its
-    /// limits.
-    fn reject(&self, (limit, retry_after): (usize, Duration), results: Results, mut standings: Standings) -> Decision {
-        // The others describe the key as if this request had counted; it did not.
-        for s in standings.iter_mut().filter(|s| !s.outcome.is_rejected()) {
-            s.remaining += 1;
-        }
+    /// limits (those of windows that would have admitted it say where the key stands, as
+    /// the request did not count).
+    fn reject(&self, (limit, retry_after): (usize, Duration), results: Results, standings: Standings) -> Decision {
         Decision::Reject { limit, status: self.limiters.get(limit).status, retry_after, results, standings }
     }
 
@@ -391,6 +392,18 @@ impl Gate {
             for window in self.limiters.get(r.limit.index()).windows.iter() {
                 window.lock(r.key).refund(r.key, cost, at);
             }
+        }
+    }
+
+    /// Sets the `standings` of local windows that admitted a request whose admissions
+    /// were then taken back (`undo`) to where their keys stand: the request did not count.
+    fn restate(&self, results: &[LimitResult], standings: &mut [Standing]) {
+        let now = self.clock.now();
+        for s in standings.iter_mut().filter(|s| !s.outcome.is_rejected()) {
+            let Some(r) = results.iter().find(|r| r.limit.index() == s.limit) else { continue };
+            let (remaining, reset) = self.limiters.get(s.limit).windows[s.window].lock(r.key).stands(r.key, now);
+            s.remaining = remaining;
+            s.reset = Duration::from_nanos(reset);
         }
     }
 
@@ -473,9 +486,16 @@ impl Group<'_> {
         }
     }
 
-    /// Counts a refusal as use of the key in each of this limit's tables.
-    fn refuse(&mut self, now: Nanos) {
-        for shard in &mut self.shards {
+    /// Counts a refusal as use of the key in each of this limit's tables; the `standings`
+    /// of its windows that would have admitted the request say where the key stands, as
+    /// the request did not count.
+    fn refuse(&mut self, now: Nanos, standings: &mut [Standing]) {
+        for (shard, s) in self.shards.iter_mut().zip(standings) {
+            if !s.outcome.is_rejected() {
+                let (remaining, reset) = shard.stands(self.key, now);
+                s.remaining = remaining;
+                s.reset = Duration::from_nanos(reset);
+            }
             shard.refuse(self.key, now);
         }
         if let Some(shard) = self.bans.as_mut() {

@@ -119,6 +119,19 @@ impl Held<'_> {
         }
     }
 
+    /// Where `key` stands at `now`, nothing taken: the units a request could still have,
+    /// and until the full quota is back (ns). What a window that admitted a request some
+    /// other limit refused tells the client: the request did not count.
+    pub fn stands(&self, KeyHash(key): KeyHash, Nanos(now): Nanos) -> (u64, u64) {
+        match self {
+            Held::LeakyBucket(a, _, shard) => a.stands(shard.get(key), now),
+            Held::FixedWindow(a, _, shard) => a.stands(shard.get(key), now),
+            Held::SlidingWindow(a, _, shard) => a.stands(shard.get(key), now),
+            Held::SlidingLog(a, _, shard) => a.stands(shard.get(key), now),
+            Held::Concurrency(a, _, shard) => a.stands(shard.get(key)),
+        }
+    }
+
     /// Records that `key` was refused at `now`: it ranks as recently used when room is
     /// made, while its state, and so every decision, stays as it was.
     pub fn refuse(&mut self, KeyHash(key): KeyHash, Nanos(now): Nanos) {

@@ -36,6 +36,12 @@ impl Concurrency {
         }
         Verdict::Admit { state: count + 1, wait: 0, remaining: self.max - count - 1, reset: 0, excess: count as f64 }
     }
+
+    /// Where a key with `in_flight` requests stands, nothing taken: the slots left; a
+    /// slot is back when a request ends, not at a time.
+    pub fn stands(&self, in_flight: Option<u64>) -> (u64, u64) {
+        (self.max.saturating_sub(in_flight.unwrap_or(0)), 0)
+    }
 }
 
 #[cfg(test)]

@@ -51,14 +51,9 @@ impl FixedWindow {
     pub fn decide(&self, state: Option<u64>, now: u64, cost: u64) -> Verdict {
         let count = self.count(state, now);
         let index = now / self.window;
-        let reset = (index + 1) * self.window - now;
+        let (remaining, reset) = self.stands(state, now);
         if count.saturating_add(cost) > self.limit {
-            return Verdict::Reject {
-                retry_after: reset,
-                remaining: self.limit.saturating_sub(count),
-                reset,
-                excess: count as f64,
-            };
+            return Verdict::Reject { retry_after: reset, remaining, reset, excess: count as f64 };
         }
         let count = count + cost;
         Verdict::Admit {
@@ -68,6 +63,13 @@ impl FixedWindow {
             reset,
             excess: count as f64,
         }
+    }
+
+    /// Where a key in `state` stands at `now`, nothing taken: the units left in the
+    /// current window, and its end.
+    pub fn stands(&self, state: Option<u64>, now: u64) -> (u64, u64) {
+        let reset = (now / self.window + 1) * self.window - now;
+        (self.limit.saturating_sub(self.count(state, now)), reset)
     }
 
     /// Takes back an admission of `cost` units made at `at`, if its window still runs.

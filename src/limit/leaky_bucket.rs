@@ -52,13 +52,8 @@ impl LeakyBucket {
         // nginx's `excess'`, in requests, for log lines.
         let requests = excess as f64 / self.period as f64;
         if excess > self.burst {
-            // Admitted once `tat + cost·period - now' <= burst`; `reset`: when the bucket,
-            // left as it is, holds its full burst again (one period after it drains, as
-            // redis-cell's `reset_after`).
-            let reset = state.map_or(0, |tat| tat.saturating_add(self.period).saturating_sub(now));
-            // Units that still fit now: those whose single-unit excess stays within burst.
-            let one = excess - (cost - 1) * self.period;
-            let remaining = if one > self.burst { 0 } else { (self.burst - one) / self.period + 1 };
+            // Admitted once `tat + cost·period - now' <= burst`.
+            let (remaining, reset) = self.stands(state, now);
             Verdict::Reject { retry_after: excess - self.burst, remaining, reset, excess: requests }
         } else {
             Verdict::Admit {
@@ -70,6 +65,17 @@ impl LeakyBucket {
                 excess: requests,
             }
         }
+    }
+
+    /// Where a key in `state` stands at `now`, nothing taken: the units that fit now
+    /// (those whose single-unit excess stays within burst), and when the bucket, left as
+    /// it is, holds its full burst again (one period after it drains, as redis-cell's
+    /// `reset_after`).
+    pub fn stands(&self, state: Option<Tat>, now: u64) -> (u64, u64) {
+        let Some(tat) = state else { return (self.capacity(), 0) };
+        let one = tat.saturating_add(self.period).saturating_sub(now);
+        let remaining = if one > self.burst { 0 } else { (self.burst - one) / self.period + 1 };
+        (remaining, one)
     }
 
     /// The largest cost this bucket can ever admit at once: `burst + 1`.

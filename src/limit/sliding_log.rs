@@ -50,24 +50,28 @@ impl SlidingLog {
         log.partition_point(|&t| t.saturating_add(self.window) <= now)
     }
 
+    /// Where a key with `log` (oldest first) stands at `now`, nothing taken: the units
+    /// left in the window, and until its newest entry expires.
+    pub fn stands(&self, log: Option<&VecDeque<u64>>, now: u64) -> (u64, u64) {
+        let Some(log) = log else { return (self.limit, 0) };
+        let live = (log.len() - self.first_live(log, now)) as u64;
+        let reset = log.back().map_or(0, |&newest| (newest + self.window).saturating_sub(now));
+        (self.limit.saturating_sub(live), reset)
+    }
+
     /// Decides a request of `cost` units at `now` from `log` (oldest first).
     pub fn decide(&self, log: Option<&VecDeque<u64>>, now: u64, cost: u64) -> Verdict {
         let empty = VecDeque::new();
         let log = log.unwrap_or(&empty);
         let first = self.first_live(log, now);
         let live = (log.len() - first) as u64;
-        let reset = log.back().map_or(0, |&newest| (newest + self.window).saturating_sub(now));
         if live.saturating_add(cost) > self.limit {
+            let (remaining, reset) = self.stands(Some(log), now);
             // Enough of the oldest live requests must expire to make room for `cost`.
             let expire =
                 first.saturating_add(usize::try_from(live.saturating_add(cost) - self.limit - 1).unwrap_or(usize::MAX));
             let retry_after = log.get(expire).map_or(self.window, |&t| t + self.window - now);
-            return Verdict::Reject {
-                retry_after,
-                remaining: self.limit.saturating_sub(live),
-                reset,
-                excess: live as f64,
-            };
+            return Verdict::Reject { retry_after, remaining, reset, excess: live as f64 };
         }
         let remaining = self.limit - live - cost;
         Verdict::Admit { state: 0, wait: 0, remaining, reset: self.window, excess: (live + cost) as f64 }

@@ -62,8 +62,8 @@ impl SlidingWindow {
         let excess = weighted as f64 / w as f64;
         if weighted + units > limit * w {
             let retry_after = self.retry_after(prev, curr, elapsed, cost);
-            let remaining = u64::try_from((limit * w).saturating_sub(weighted) / w).unwrap_or(u64::MAX);
-            return Verdict::Reject { retry_after, remaining, reset: self.reset(prev, curr, elapsed), excess };
+            let (remaining, reset) = self.stands(state, now);
+            return Verdict::Reject { retry_after, remaining, reset, excess };
         }
         let curr = curr + cost;
         let remaining = (limit * w - (weighted + units)) / w;
@@ -74,6 +74,17 @@ impl SlidingWindow {
             reset: self.reset(prev, curr, elapsed),
             excess: excess + cost as f64,
         }
+    }
+
+    /// Where a key in `state` stands at `now`, nothing taken: the units its estimate
+    /// leaves room for, and until the estimate is back to zero.
+    pub fn stands(&self, state: Option<[u64; 2]>, now: u64) -> (u64, u64) {
+        let (prev, curr) = self.counts(state, now);
+        let elapsed = now % self.window;
+        let w = u128::from(self.window);
+        let weighted = u128::from(prev) * u128::from(self.window - elapsed) + u128::from(curr) * w;
+        let remaining = (u128::from(self.limit) * w).saturating_sub(weighted) / w;
+        (u64::try_from(remaining).unwrap_or(u64::MAX), self.reset(prev, curr, elapsed))
     }
 
     /// Takes back an admission of `cost` units made at `at`: from the current count if

@@ -400,3 +400,54 @@ async fn a_refused_weighted_request_reports_the_units_left() {
     assert_eq!((refused.status, refused.header("retry-after")), (429, Some("120")));
     assert_eq!(refused.header("ratelimit"), Some("\"l\";r=1;t=180"));
 }
+
+/// The limits of `scope` (`local`, or `global` on `redis`) that would have admitted a
+/// weighted request another limit refused say where the key stands, as the request did
+/// not count: their units and their reset, in every algorithm.
+pub(crate) async fn a_refused_weighted_request_leaves_the_other_limits_as_they_stand(redis: Option<&str>) {
+    let (scope, store) = match redis {
+        Some(url) => (", scope: global, on_store_error: deny", format!("redis: {{ url: \"{url}\", timeout: 1s }}\n")),
+        None => ("", String::new()),
+    };
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nratelimit_headers: all\n{store}limits:
+  bucket: {{ key: ip, algorithm: token_bucket, capacity: 10, refill: 1r/h{scope} }}
+  fixed: {{ key: ip, algorithm: fixed_window, limit: 10, window: 1h{scope} }}
+  sliding: {{ key: ip, algorithm: sliding_window, limit: 10, window: 1h{scope} }}
+  log: {{ key: ip, algorithm: sliding_log, limit: 10, window: 1h{scope} }}
+  slow: {{ key: ip, rate: 1r/h, burst: 3, nodelay: true{scope} }}
+routes:
+  - cost_header: x-cost
+    limits: [bucket, fixed, sliding, log, slow]
+    respond: {{ status: 200 }}
+"
+    );
+    let sg = Sluicegate::start(&yaml);
+    let first = get(sg.addr, "/", &[("x-cost", "2")]).await;
+    assert_eq!(first.status, 200);
+    let before = first.header("ratelimit").unwrap().to_owned();
+    // `slow` has 2 units left: 3 are refused, and nothing is taken anywhere.
+    let refused = get(sg.addr, "/", &[("x-cost", "3")]).await;
+    assert_eq!(refused.status, 429);
+    let after = refused.header("ratelimit").unwrap();
+    let item = |header: &str, name: &str| {
+        header.split(", ").find(|i| i.starts_with(&format!("\"{name}\""))).map(str::to_owned)
+    };
+    assert_eq!(item(&before, "bucket").as_deref(), Some("\"bucket\";r=8;t=7200"), "{before}");
+    for name in ["bucket", "fixed", "sliding", "log"] {
+        let (was, is) = (item(&before, name).unwrap(), item(after, name).unwrap());
+        // `t` may have moved on by the second between the two requests, not up.
+        let (was_r, is_r) = (was.split(";t=").next().unwrap(), is.split(";t=").next().unwrap());
+        assert_eq!(is_r, was_r, "{name}: {before} then {after}");
+        let t = |i: &str| i.rsplit("t=").next().unwrap().parse::<u64>().unwrap();
+        assert!(t(&is) <= t(&was) && t(&is) + 2 >= t(&was), "{name}: {before} then {after}");
+    }
+    assert_eq!(item(after, "slow").as_deref(), Some("\"slow\";r=2;t=7200"), "{after}");
+    // And nothing was taken: 8 units pass in `bucket`, 2 in `slow`.
+    assert_eq!(get(sg.addr, "/", &[("x-cost", "2")]).await.status, 200);
+}
+
+#[tokio::test]
+async fn a_refused_weighted_request_leaves_the_other_local_limits_as_they_stand() {
+    a_refused_weighted_request_leaves_the_other_limits_as_they_stand(None).await;
+}

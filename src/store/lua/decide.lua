@@ -93,8 +93,18 @@ local function decide(now, list, a, k, reply, n)
   end
 
   -- Store only if every enforced limit admits; a dry-run limit that would reject stores
-  -- nothing, as if enforced.
-  if not rejected then
+  -- nothing, as if enforced. A refused request did not count: the windows that would have
+  -- admitted it say where the key stands.
+  if rejected then
+    w = 0
+    for g = 1, groups do
+      for _, spec in ipairs(group_limit[g].windows) do
+        w = w + 1
+        local v = window_v[w]
+        if v.admit then v.remaining, v.reset = spec.algorithm.stands(window_key[w], window_p[w], now) end
+      end
+    end
+  else
     w = 0
     for g = 1, groups do
       for _, spec in ipairs(group_limit[g].windows) do

@@ -12,6 +12,12 @@ local function window_count(key, w, now)
   return index, 0
 end
 
+-- Where the key stands, nothing taken: the units left in the window, and its end (ns).
+function fixed_window.stands(key, p, now)
+  local index, count = window_count(key, p[2], now)
+  return math.max(0, p[1] - count), ((index + 1) * p[2] - now.ms) * 1000000 - (now.n % 1000000)
+end
+
 function fixed_window.decide(key, p, now, cost)
   local limit, w = p[1], p[2]
   local index, count = window_count(key, w, now)

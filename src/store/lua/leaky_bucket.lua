@@ -2,19 +2,31 @@
 -- at which the bucket drains empty. p = {period, burst · period, delay · period} in ns.
 local leaky_bucket = {}
 
+-- A one-unit request's excess (ns) at `now` with the bucket at `tat` (nil: fresh).
+local function first_excess(tat, period, now)
+  if tat then return math.max(0, since(tat, now) + period) end
+  return 0
+end
+
+-- Where the key stands, nothing taken: the units that fit now (those whose single-unit
+-- excess stays within burst), and until the full burst is back (one period after the
+-- bucket drains; 0 for a fresh key).
+local function standing(first, period, burst)
+  local remaining = 0
+  if first <= burst then remaining = idiv(burst - first, period) + 1 end
+  return remaining, first
+end
+
+function leaky_bucket.stands(key, p, now)
+  return standing(first_excess(parse(get(key)), p[1], now), p[1], p[2])
+end
+
 function leaky_bucket.decide(key, p, now, cost)
   local period, burst, delay = p[1], p[2], p[3]
-  local tat = parse(get(key))
-  local first = 0
-  if tat then first = math.max(0, since(tat, now) + period) end
+  local first = first_excess(parse(get(key)), period, now)
   local excess = first + (cost - 1) * period
   if excess > burst then
-    -- reset: until the full burst is back, one period after the bucket drains.
-    local reset = 0
-    if tat then reset = first end
-    -- Units that still fit now: those whose single-unit excess stays within burst.
-    local remaining = 0
-    if first <= burst then remaining = idiv(burst - first, period) + 1 end
+    local remaining, reset = standing(first, period, burst)
     return { admit = false, retry = excess - burst, remaining = remaining, reset = reset, excess = excess / period }
   end
   return { admit = true, wait = math.max(0, excess - delay), remaining = idiv(burst - excess, period),

@@ -24,6 +24,15 @@ function sliding_log.decide(key, p, now, cost)
   return { admit = true, wait = 0, remaining = limit - live - cost, reset = window, excess = live + cost }
 end
 
+-- Where the key stands, nothing taken (after `decide`, which dropped what expired): the
+-- units left in the window, and until its newest entry expires (ns).
+function sliding_log.stands(key, p, now)
+  local reset = 0
+  local newest = redis.call('LINDEX', key, -1)
+  if newest then reset = math.max(0, p[2] - since(now, parse(newest))) end
+  return math.max(0, p[1] - redis.call('LLEN', key)), reset
+end
+
 function sliding_log.store(key, p, now, cost, v)
   local t = format(now)
   for _ = 1, cost do redis.call('RPUSH', key, t) end

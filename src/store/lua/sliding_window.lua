@@ -35,6 +35,16 @@ local function retry_after(limit, w, prev, curr, elapsed, cost)
   return (w - elapsed) * 1000 + at
 end
 
+-- Where the key stands, nothing taken: the units its estimate leaves room for, and until
+-- the estimate is back to zero (ns).
+function sliding_window.stands(key, p, now)
+  local limit, w = p[1], p[2] * 1000
+  local _, prev, curr = counts(key, p[2], now)
+  local elapsed = (now.ms % p[2]) * 1000 + now.us % 1000
+  local weighted = prev * (w - elapsed) + curr * w
+  return idiv(math.max(0, limit * w - weighted), w), reset(w, prev, curr, elapsed) * 1000
+end
+
 function sliding_window.decide(key, p, now, cost)
   local limit, w = p[1], p[2] * 1000
   local index, prev, curr = counts(key, p[2], now)

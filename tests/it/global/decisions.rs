@@ -357,3 +357,9 @@ async fn requests_waiting_together_share_a_call_and_keep_the_exact_budget() {
         assert!(refusal.is_none_or(|r| retry == r || retry + 1 == r), "{limit}: Retry-After {retry}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_weighted_request_leaves_the_other_global_limits_as_they_stand() {
+    let redis = Redis::start();
+    crate::limits::a_refused_weighted_request_leaves_the_other_limits_as_they_stand(Some(&redis.url())).await;
+}
