@@ -259,9 +259,11 @@ impl Limiters {
         usize::try_from(n).unwrap_or(usize::MAX)
     }
 
-    /// Keys dropped with live state by limit `index` since start.
+    /// Keys dropped with live state by limit `index` since start. Each window's table
+    /// drops keys of its own; a key dropped by several windows counts once: the most any
+    /// window dropped (their sum would count one key once per window).
     pub fn evictions(&self, index: usize) -> u64 {
-        self.limits[index].windows.iter().map(Algorithm::evictions).sum()
+        self.limits[index].windows.iter().map(Algorithm::evictions).max().unwrap_or(0)
     }
 
     /// Keys held by limit `index` now.

@@ -35,13 +35,6 @@ routes:
     Sluicegate::in_front_of(backend, &yaml.replace("ADMIN", admin).replace("CLOSED", &closed_port().to_string()))
 }
 
-/// The value of the sample `series` (name with labels, as exposed) in `text`.
-pub fn sample(text: &str, series: &str) -> f64 {
-    let line = text.lines().find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '));
-    let line = line.unwrap_or_else(|| panic!("no {series} in\n{text}"));
-    line[series.len()..].trim().parse().unwrap()
-}
-
 #[tokio::test]
 async fn metrics_count_what_was_sent() {
     let backend = Backend::start().await;
@@ -56,11 +49,10 @@ async fn metrics_count_what_was_sent() {
     assert_eq!(statuses, [200, 429, 429, 200, 200, 200, 200, 200, 404, 502, 404]);
 
     let metrics = get(admin, "/metrics", &[]).await;
-    assert_eq!(metrics.status, 200);
     assert!(metrics.header("content-type").unwrap().starts_with("application/openmetrics-text"));
-    let m = metrics.text();
+    let m = Metrics::of(&sg).await;
     let requests = |route: &str, outcome: &str| {
-        sample(&m, &format!("sluicegate_requests_total{{route=\"{route}\",outcome=\"{outcome}\"}}"))
+        m.value(&format!("sluicegate_requests_total{{route=\"{route}\",outcome=\"{outcome}\"}}"))
     };
     assert_eq!(requests("login", "passed"), 1.0);
     assert_eq!(requests("login", "banned"), 1.0, "the first rejection starts the ban");
@@ -71,22 +63,22 @@ async fn metrics_count_what_was_sent() {
     assert_eq!(requests("gone", "passed"), 1.0);
     assert_eq!(requests("", "no_route"), 1.0);
     let decisions = |limit: &str, outcome: &str| {
-        sample(&m, &format!("sluicegate_limit_decisions_total{{limit=\"{limit}\",outcome=\"{outcome}\"}}"))
+        m.value(&format!("sluicegate_limit_decisions_total{{limit=\"{limit}\",outcome=\"{outcome}\"}}"))
     };
     assert_eq!(decisions("strict", "passed"), 1.0);
     assert_eq!(decisions("strict", "rejected"), 2.0);
     assert_eq!(decisions("dry", "rejected"), 1.0);
     assert_eq!(decisions("slots", "passed"), 4.0);
-    assert_eq!(sample(&m, "sluicegate_bans_total{limit=\"strict\"}"), 1.0);
-    assert_eq!(sample(&m, "sluicegate_bans_active{limit=\"strict\"}"), 1.0);
-    assert_eq!(sample(&m, "sluicegate_limit_keys{limit=\"strict\"}"), 1.0);
-    assert_eq!(sample(&m, "sluicegate_limit_in_flight{limit=\"slots\"}"), 0.0, "slots are released");
-    assert_eq!(sample(&m, "sluicegate_upstream_responses_total{route=\"api\",class=\"2xx\"}"), 3.0);
-    assert_eq!(sample(&m, "sluicegate_upstream_responses_total{route=\"api\",class=\"4xx\"}"), 1.0);
-    assert_eq!(sample(&m, "sluicegate_upstream_errors_total{route=\"gone\",kind=\"connect\"}"), 1.0);
-    assert_eq!(sample(&m, "sluicegate_upstream_duration_seconds_count{route=\"api\"}"), 4.0);
-    assert_eq!(sample(&m, "sluicegate_build_info{version=\"0.1.0\"}"), 1.0);
-    assert!(!m.contains("127.0.0.1"), "a client address became a label:\n{m}");
+    assert_eq!(m.value("sluicegate_bans_total{limit=\"strict\"}"), 1.0);
+    assert_eq!(m.value("sluicegate_bans_active{limit=\"strict\"}"), 1.0);
+    assert_eq!(m.value("sluicegate_limit_keys{limit=\"strict\"}"), 1.0);
+    assert_eq!(m.value("sluicegate_limit_in_flight{limit=\"slots\"}"), 0.0, "slots are released");
+    assert_eq!(m.value("sluicegate_upstream_responses_total{route=\"api\",class=\"2xx\"}"), 3.0);
+    assert_eq!(m.value("sluicegate_upstream_responses_total{route=\"api\",class=\"4xx\"}"), 1.0);
+    assert_eq!(m.value("sluicegate_upstream_errors_total{route=\"gone\",kind=\"connect\"}"), 1.0);
+    assert_eq!(m.value("sluicegate_upstream_duration_seconds_count{route=\"api\"}"), 4.0);
+    assert_eq!(m.value("sluicegate_build_info{version=\"0.1.0\"}"), 1.0);
+    assert!(!m.0.contains("127.0.0.1"), "a client address became a label:\n{}", m.0);
 
     assert_eq!(get(admin, "/healthz", &[]).await.status, 200);
     assert_eq!(get(admin, "/readyz", &[]).await.status, 200);

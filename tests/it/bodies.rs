@@ -68,10 +68,10 @@ async fn stalled_body_is_408_after_body_read_timeout() {
     assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
     drop(tx);
     // Counted as the client's doing, not as a failing upstream.
-    let metrics = get(sg.admin_addr(), "/metrics", &[]).await.text();
-    let errors = |kind: &str| format!("sluicegate_upstream_errors_total{{route=\"routes[1]\",kind=\"{kind}\"}}");
-    assert!(metrics.contains(&format!("{} 1\n", errors("client_body"))), "{metrics}");
-    assert!(metrics.contains(&format!("{} 0\n", errors("failed"))), "{metrics}");
+    let metrics = Metrics::of(&sg).await;
+    let errors =
+        |kind: &str| metrics.value(&format!("sluicegate_upstream_errors_total{{route=\"routes[1]\",kind=\"{kind}\"}}"));
+    assert_eq!((errors("client_body"), errors("failed")), (1.0, 0.0));
 }
 
 #[test]

@@ -515,3 +515,44 @@ pub fn check_bounded(yaml: &str) -> (Option<i32>, String) {
     let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
     (status.code(), stderr.replace(&path.display().to_string(), "FILE"))
 }
+
+/// Waits until `condition` holds, looking every 10 ms; fails the test, saying `what` was
+/// awaited, once `within` has passed. The one way a test waits for an event.
+pub async fn wait_until(what: &str, within: Duration, mut condition: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !condition().await {
+        assert!(Instant::now() < deadline, "waited {within:?} in vain for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// `wait_until` for a test (or helper) that runs on a plain thread.
+pub fn block_until(what: &str, within: Duration, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !condition() {
+        assert!(Instant::now() < deadline, "waited {within:?} in vain for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// One scrape of a `/metrics` page.
+pub struct Metrics(pub String);
+
+impl Metrics {
+    /// `/metrics` of `sg`, whose configuration has an admin listener.
+    pub async fn of(sg: &Sluicegate) -> Metrics {
+        let reply = get(sg.admin_addr(), "/metrics", &[]).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        Metrics(reply.text())
+    }
+
+    /// The value of the sample `series` (its name with its labels, as exposed), if any.
+    pub fn get(&self, series: &str) -> Option<f64> {
+        self.0.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')).map(|v| v.trim().parse().unwrap())
+    }
+
+    /// The value of the sample `series`; the test fails, showing the page, without it.
+    pub fn value(&self, series: &str) -> f64 {
+        self.get(series).unwrap_or_else(|| panic!("no {series} in\n{}", self.0))
+    }
+}

@@ -182,12 +182,12 @@ async fn client_that_leaves_while_queued_never_reaches_the_upstream() {
     );
     let sg = Sluicegate::start(&yaml);
     assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
-    // The next request is queued for 500 ms; the client gives up after 100 ms.
+    // The next request is queued for 500 ms; the client gives up once it is.
     let addr = sg.addr;
     let queued = tokio::spawn(async move {
         send(addr, Request::get("/").header("host", "test.local").body(Full::new(Bytes::new())).unwrap()).await
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    wait_until("the request queued", Duration::from_secs(10), async || sg.log().contains("request delayed")).await;
     queued.abort();
     // Past the instant it would have been released, the upstream has still seen one request.
     tokio::time::sleep(Duration::from_millis(900)).await;
@@ -450,4 +450,57 @@ routes:
 #[tokio::test]
 async fn a_refused_weighted_request_leaves_the_other_local_limits_as_they_stand() {
     a_refused_weighted_request_leaves_the_other_limits_as_they_stand(None).await;
+}
+
+/// A limit with several windows is one limit in every reader, once per request: one log
+/// line per refusal, one decision, one decision for a banned key, and a key its windows'
+/// tables all drop is one eviction.
+#[tokio::test]
+async fn several_windows_count_once_per_request_everywhere() {
+    const MAX_KEYS: usize = 100;
+    const FRESH: usize = 300;
+    let yaml = format!(
+        "listen: 127.0.0.1:0
+admin: {{ listen: 127.0.0.1:0 }}
+trusted_proxies: [127.0.0.1]
+limits:
+  multi: {{ key: ip, rates: [1r/m, 1r/h], log_lines_per_second: 100, max_keys: {MAX_KEYS} }}
+  banned: {{ key: ip, rates: [1r/m, 1r/h], ban: 1h }}
+routes:
+  - {{ match: {{ path_prefix: /multi }}, limits: [multi], respond: {{ status: 200 }} }}
+  - {{ match: {{ path_prefix: /banned }}, limits: [banned], respond: {{ status: 200 }} }}
+"
+    );
+    let sg = Sluicegate::start(&yaml);
+    let mut answers = Vec::new();
+    for path in ["/multi", "/multi", "/multi", "/multi", "/banned", "/banned", "/banned"] {
+        answers.push(get(sg.addr, path, &[("x-forwarded-for", "192.0.2.1")]).await.status);
+    }
+    // Each refusal is by both windows.
+    assert_eq!(answers, [200, 429, 429, 429, 200, 429, 429]);
+    let log = sg.wait_for_log(|log| log.matches("\"request rejected").count() >= 5);
+    let lines = |limit: &str| {
+        log.lines()
+            .filter(|l| l.contains("\"request rejected") && l.contains(&format!("\"limit\":\"{limit}\"")))
+            .count()
+    };
+    assert_eq!((lines("multi"), lines("banned")), (3, 2), "one line per refusal:\n{log}");
+
+    // Fresh keys push older ones out: each window's table drops about as many.
+    for n in 0..FRESH {
+        let ip = format!("10.0.{}.{}", n / 250, n % 250 + 1);
+        assert_eq!(get(sg.addr, "/multi", &[("x-forwarded-for", &ip)]).await.status, 200);
+    }
+    let m = Metrics::of(&sg).await;
+    let decisions = |limit: &str, outcome: &str| {
+        m.value(&format!("sluicegate_limit_decisions_total{{limit=\"{limit}\",outcome=\"{outcome}\"}}"))
+    };
+    assert_eq!((decisions("multi", "passed"), decisions("multi", "rejected")), ((FRESH + 1) as f64, 3.0));
+    assert_eq!((decisions("banned", "passed"), decisions("banned", "rejected")), (1.0, 2.0));
+    assert_eq!(m.value("sluicegate_bans_total{limit=\"banned\"}"), 1.0);
+    // At most every key but those held can have been dropped, once.
+    let evictions = m.value("sluicegate_limit_evictions_total{limit=\"multi\"}");
+    let held = m.value("sluicegate_limit_keys{limit=\"multi\"}");
+    assert!(held <= (MAX_KEYS + 63) as f64 && evictions > 0.0, "{held} keys held, {evictions} evictions");
+    assert!(evictions + held <= (FRESH + 1) as f64, "{evictions} evictions, {held} keys held of {}", FRESH + 1);
 }

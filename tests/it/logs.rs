@@ -41,15 +41,9 @@ async fn a_flood_of_rejections_writes_a_few_lines_a_second_and_one_summary() {
 
 /// The access log's lines, once `n` are written (at most 10 s).
 pub fn access_lines(path: &std::path::Path, n: usize) -> Vec<String> {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        let lines: Vec<String> = text.lines().map(str::to_owned).collect();
-        if lines.len() >= n || std::time::Instant::now() > deadline {
-            return lines;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let read = || std::fs::read_to_string(path).unwrap_or_default().lines().map(str::to_owned).collect::<Vec<_>>();
+    block_until(&format!("{n} access log lines"), std::time::Duration::from_secs(10), || read().len() >= n);
+    read()
 }
 
 #[tokio::test]

@@ -9,6 +9,8 @@ use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
+use crate::common::block_until;
+
 const MISSING_SERVER: &str = "redis-server is missing: apt-get install -y redis-server (see README.md)";
 const MISSING_CLI: &str = "redis-cli is missing: apt-get install -y redis-server (see README.md)";
 
@@ -206,15 +208,9 @@ impl Cluster {
         let cluster = Cluster { nodes };
         cluster.create();
         for node in &cluster.nodes {
-            let deadline = Instant::now() + Duration::from_secs(20);
-            loop {
-                let info = node.command(&["CLUSTER", "INFO"]);
-                if info.contains("cluster_state:ok") {
-                    break;
-                }
-                assert!(Instant::now() < deadline, "node on port {} not ok within 20 s:\n{info}", node.port);
-                sleep(Duration::from_millis(20));
-            }
+            block_until(&format!("cluster_state:ok on port {}", node.port), Duration::from_secs(20), || {
+                node.command(&["CLUSTER", "INFO"]).contains("cluster_state:ok")
+            });
         }
         cluster
     }

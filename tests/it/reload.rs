@@ -119,11 +119,9 @@ async fn reloads_under_keep_alive_load_fail_no_request_and_a_broken_file_changes
     let wait_for_traffic = |n: u64| {
         let served = served.clone();
         async move {
-            let start = std::time::Instant::now();
             let goal = served.load(Ordering::Relaxed) + n;
-            while served.load(Ordering::Relaxed) < goal && start.elapsed() < Duration::from_secs(10) {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+            wait_until("traffic served", Duration::from_secs(10), async || served.load(Ordering::Relaxed) >= goal)
+                .await;
         }
     };
     for version in 1..=3 {
@@ -147,9 +145,9 @@ async fn reloads_under_keep_alive_load_fail_no_request_and_a_broken_file_changes
     let ready = get(admin, "/readyz", &[]).await;
     assert_eq!(ready.status, 200);
     assert!(ready.text().contains("the last reload failed"), "{}", ready.text());
-    let metrics = get(admin, "/metrics", &[]).await.text();
-    assert!(metrics.contains("sluicegate_reloads_total{result=\"ok\"} 3"), "{metrics}");
-    assert!(metrics.contains("sluicegate_reloads_total{result=\"failed\"} 1"), "{metrics}");
+    let metrics = Metrics::of(&sg).await;
+    assert_eq!(metrics.value("sluicegate_reloads_total{result=\"ok\"}"), 3.0);
+    assert_eq!(metrics.value("sluicegate_reloads_total{result=\"failed\"}"), 1.0);
 }
 
 #[tokio::test]

@@ -123,10 +123,7 @@ async fn sigterm_lets_in_flight_requests_finish_and_stops_accepting() {
     let addr = sg.addr;
     let slow = tokio::spawn(async move { get(addr, "/sleep/700", &[]).await });
     // Ready when the request is in flight at the backend.
-    while backend.hits().is_empty() {
-        tokio::task::yield_now().await;
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_until("the request at the backend", Duration::from_secs(10), async || !backend.hits().is_empty()).await;
     let exit = tokio::task::spawn_blocking(move || {
         let status = sg.terminate();
         (status, sg.log())
@@ -209,11 +206,7 @@ async fn server_workers_is_the_number_of_threads_serving_requests() {
     let three = Sluicegate::start(&forwarding_config(&backend, "{ workers: 3 }"));
     // At least: blocking threads (none expected here) would carry the same name. A new
     // thread names itself once it first runs, which a loaded machine may delay a little.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while workers(&three) < 3 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    assert!(workers(&three) >= 3, "{:?}", three.threads());
+    wait_until("three named workers", Duration::from_secs(10), async || workers(&three) >= 3).await;
     // One worker is the main thread alone, and it serves concurrent requests.
     let one = Sluicegate::start(&forwarding_config(&backend, "{ workers: 1 }"));
     let replies = futures_util::future::join_all((0..16).map(|_| get(one.addr, "/", &[]))).await;

@@ -370,12 +370,9 @@ routes:
     // The one-second window admits two at once; the others are refused by it while the
     // hourly window still has room.
     assert_eq!(answers, [200, 200, 429, 429, 429, 429]);
-    let metrics = get(sg.admin_addr(), "/metrics", &[]).await.text();
+    let metrics = Metrics::of(&sg).await;
     let decisions = |outcome: &str| {
-        crate::admin::sample(
-            &metrics,
-            &format!("sluicegate_limit_decisions_total{{limit=\"multi\",outcome=\"{outcome}\"}}"),
-        )
+        metrics.value(&format!("sluicegate_limit_decisions_total{{limit=\"multi\",outcome=\"{outcome}\"}}"))
     };
     assert_eq!((decisions("passed"), decisions("rejected")), (2.0, 4.0), "one decision per request, not per window");
     crate::logs::access_lines(&log, answers.len());

@@ -104,16 +104,12 @@ async fn a_tunnel_holds_its_concurrency_slot_until_it_closes() {
     first.close(None).await.unwrap();
     while next(&mut first).await.is_some() {}
     // The slot comes back once both connections are closed.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match connect(sg.addr, "/limited").await {
-            Ok(_) => break,
-            Err(WsError::Http(r)) if r.status() == 429 && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(e) => panic!("slot never released: {e}"),
-        }
-    }
+    wait_until("the slot back", Duration::from_secs(10), async || match connect(sg.addr, "/limited").await {
+        Ok(_) => true,
+        Err(WsError::Http(r)) if r.status() == 429 => false,
+        Err(e) => panic!("{e}"),
+    })
+    .await;
 }
 
 #[tokio::test]

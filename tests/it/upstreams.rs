@@ -271,15 +271,9 @@ async fn a_server_failing_its_health_check_gets_no_requests_until_one_passes() {
     assert!(sg.wait_for_log(|log| log.contains("all servers of the upstream are out")).contains("all servers"));
 }
 
-/// `/metrics` of `sg`, whose configuration has an admin listener.
-async fn metrics(sg: &Sluicegate) -> String {
-    get(sg.admin_addr(), "/metrics", &[]).await.text()
-}
-
 /// The value of the series `name{upstream="UPSTREAM"}` in `metrics`, if it is there.
-fn series(metrics: &str, name: &str, upstream: &str) -> Option<f64> {
-    let prefix = format!("{name}{{upstream=\"{upstream}\"}} ");
-    metrics.lines().find_map(|l| l.strip_prefix(&prefix)).map(|v| v.parse().unwrap())
+fn series(metrics: &Metrics, name: &str, upstream: &str) -> Option<f64> {
+    metrics.get(&format!("{name}{{upstream=\"{upstream}\"}}"))
 }
 
 #[tokio::test]
@@ -300,7 +294,7 @@ async fn an_https_server_written_by_name_is_verified_by_that_name_not_by_the_add
     // `upstream_host: server` sends the server as written, not its address.
     assert!(backend.hits().iter().all(|h| h.headers["host"] == format!("localhost:{port}").as_str()));
     // This machine's /etc/hosts gives localhost one address.
-    assert_eq!(series(&metrics(&sg).await, "sluicegate_upstream_addresses", "app"), Some(1.0));
+    assert_eq!(series(&Metrics::of(&sg).await, "sluicegate_upstream_addresses", "app"), Some(1.0));
 }
 
 #[tokio::test]
@@ -321,19 +315,14 @@ async fn a_host_name_that_does_not_resolve_has_no_server_and_is_looked_up_again_
     assert!(started.elapsed() < Duration::from_millis(500), "{:?}", started.elapsed());
     let log = sg.wait_for_log(|log| log.contains("all servers of the upstream are out"));
     assert!(log.contains("nowhere.invalid:80 (no address)"), "{log}");
-    let m = metrics(&sg).await;
-    assert_eq!(series(&m, "sluicegate_upstream_addresses", "app"), Some(1.0), "{m}");
-    assert_eq!(series(&m, "sluicegate_upstream_addresses", "gone"), Some(0.0), "{m}");
+    let m = Metrics::of(&sg).await;
+    assert_eq!(series(&m, "sluicegate_upstream_addresses", "app"), Some(1.0), "{}", m.0);
+    assert_eq!(series(&m, "sluicegate_upstream_addresses", "gone"), Some(0.0), "{}", m.0);
     // Tried again a second later (then 2 s, 4 s… later), logged only the first time.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let failures = series(&metrics(&sg).await, "sluicegate_upstream_resolve_failures_total", "gone");
-        if failures.unwrap_or(0.0) >= 2.0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "not looked up again: {failures:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until("a second look-up", Duration::from_secs(10), async || {
+        series(&Metrics::of(&sg).await, "sluicegate_upstream_resolve_failures_total", "gone").unwrap_or(0.0) >= 2.0
+    })
+    .await;
     let lines = |upstream: &str| {
         sg.log()
             .lines()
@@ -355,14 +344,14 @@ async fn a_reload_looks_names_up_again_and_drops_the_address_count_of_an_upstrea
     };
     let sg = Sluicegate::start(&yaml(a.addr.port(), "  old: { servers: [\"127.0.0.1:1\"] }\n"));
     assert_eq!(get(sg.addr, "/x", &[]).await.status, 200);
-    assert_eq!(series(&metrics(&sg).await, "sluicegate_upstream_addresses", "old"), Some(1.0));
+    assert_eq!(series(&Metrics::of(&sg).await, "sluicegate_upstream_addresses", "old"), Some(1.0));
     let log = sg.reload(&yaml(b.addr.port(), ""));
     assert!(log.contains("configuration reloaded"), "{log}");
     assert_eq!(get(sg.addr, "/x", &[]).await.status, 200);
     assert_eq!((a.hits().len(), b.hits().len()), (1, 1));
-    let m = metrics(&sg).await;
-    assert_eq!(series(&m, "sluicegate_upstream_addresses", "app"), Some(1.0), "{m}");
-    assert_eq!(series(&m, "sluicegate_upstream_addresses", "old"), None, "{m}");
+    let m = Metrics::of(&sg).await;
+    assert_eq!(series(&m, "sluicegate_upstream_addresses", "app"), Some(1.0), "{}", m.0);
+    assert_eq!(series(&m, "sluicegate_upstream_addresses", "old"), None, "{}", m.0);
 }
 
 /// A server that answers `per_connection` requests on each connection (`answer`, kept

@@ -312,21 +312,15 @@ async fn requests_waiting_together_share_a_call_and_keep_the_exact_budget() {
         let sg = Sluicegate::start(&yaml);
         assert_eq!(get(sg.addr, "/", &[("x-key", "warm-up")]).await.status, 200);
         let evalsha_before = evalsha_calls(&redis);
-        let calls_before =
-            metric(&get(sg.admin_addr(), "/metrics", &[]).await.text(), "sluicegate_redis_script_calls_total");
+        let calls_before = Metrics::of(&sg).await.value("sluicegate_redis_script_calls_total");
         // Frozen, Redis answers nothing: every request's decision waits until all are queued.
         redis.pause();
         let tasks: Vec<_> =
             (0..60).map(|_| tokio::spawn(async move { get(sg.addr, "/", &[("x-key", "team-1")]).await })).collect();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let text = get(sg.admin_addr(), "/metrics", &[]).await.text();
-            if metric(&text, "sluicegate_redis_calls_total") >= 61 {
-                break;
-            }
-            assert!(Instant::now() < deadline, "{limit}: the requests did not all reach the store:\n{text}");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        wait_until(&format!("{limit}: every request at the store"), Duration::from_secs(10), async || {
+            Metrics::of(&sg).await.value("sluicegate_redis_calls_total") >= 61.0
+        })
+        .await;
         redis.resume();
         let mut left = Vec::new();
         let mut refused = 0;
@@ -347,8 +341,8 @@ async fn requests_waiting_together_share_a_call_and_keep_the_exact_budget() {
         // Two calls were under way when Redis froze; the other 58 waited and went in one.
         let shared = evalsha_calls(&redis) - evalsha_before;
         assert!(shared <= 3, "{limit}: {shared} script calls for 60 requests");
-        let text = get(sg.admin_addr(), "/metrics", &[]).await.text();
-        assert_eq!(metric(&text, "sluicegate_redis_script_calls_total"), calls_before + shared, "{limit}");
+        let calls = Metrics::of(&sg).await.value("sluicegate_redis_script_calls_total");
+        assert_eq!(calls, calls_before + shared as f64, "{limit}");
         // What the calls wrote is in Redis: the next request is refused too, for as long
         // (a ban's length, not the rate's minute; a window's end depends on the hour).
         let next = get(sg.addr, "/", &[("x-key", "team-1")]).await;

@@ -36,16 +36,13 @@ routes:
         .unwrap();
     // "index prev curr": 5 in all, whether or not an hour began meanwhile, once the
     // refunds sent in the background have arrived.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
+    wait_until("per_ip at 5", Duration::from_secs(10), async || {
         let state = per_ip.0.command(&["GET", &per_ip.1]);
         let counted: u64 = state.split(' ').skip(1).map(|n| n.parse::<u64>().unwrap()).sum();
-        if counted == 5 {
-            break;
-        }
-        assert!(counted > 5 && Instant::now() < deadline, "per_ip state {state:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        assert!(counted >= 5, "per_ip state {state:?}");
+        counted == 5
+    })
+    .await;
 }
 
 /// An instance killed while holding a global concurrency slot: the slot comes back by
@@ -64,11 +61,7 @@ async fn leases_of_a_killed_instance_lapse_and_live_ones_are_renewed() {
     // longer than the lease's ttl.
     let a_addr = a.addr;
     let long = tokio::spawn(async move { get(a_addr, "/held", &[]).await.status });
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while backend.hits().is_empty() {
-        assert!(Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_until("the request at the backend", Duration::from_secs(10), async || !backend.hits().is_empty()).await;
     tokio::time::sleep(Duration::from_millis(1000)).await;
     assert_eq!(get(b.addr, "/", &[]).await.status, 429, "renewed past its ttl, the lease still holds");
     backend.gate.add_permits(1);
@@ -77,11 +70,7 @@ async fn leases_of_a_killed_instance_lapse_and_live_ones_are_renewed() {
 
     // Now `a` dies mid-request: its slot returns within one lease ttl.
     let long = tokio::spawn(async move { get(a_addr, "/held", &[]).await });
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while backend.hits().len() < 3 {
-        assert!(Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_until("the request at the backend", Duration::from_secs(10), async || backend.hits().len() >= 3).await;
     assert_eq!(get(b.addr, "/", &[]).await.status, 429);
     drop(a); // SIGKILL
     let killed = Instant::now();

@@ -19,7 +19,7 @@ use sluicegate::limit::{Outcome, Standing};
 use sluicegate::policy::key::{KeyHash, KeySource};
 use sluicegate::store::{Call, RedisTime};
 
-use crate::common::{Backend, Sluicegate, get};
+use crate::common::{Backend, Metrics, Sluicegate, get, wait_until};
 use crate::redis::{Cluster, Redis};
 
 /// `GET path`, failing the test if no answer comes within `limit` (Redis is failing:
@@ -52,10 +52,4 @@ async fn futures_statuses(addr: std::net::SocketAddr, path: &str, n: usize) -> V
         out.push(get(addr, path, &[]).await.status);
     }
     out
-}
-
-/// The value of `name` in a `/metrics` text.
-fn metric(text: &str, name: &str) -> u64 {
-    let line = text.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name} in:\n{text}"));
-    line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("bad line {line}"))
 }

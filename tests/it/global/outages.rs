@@ -86,15 +86,11 @@ routes:
     assert!((1..=2).contains(&reports), "{reports} report lines for {fallbacks} requests:\n{log}");
 
     redis.restart();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
+    wait_until("Redis used again", Duration::from_secs(15), async || {
         get(sg.addr, "/closed", &[]).await;
-        if redis.command(&["DBSIZE"]) != "0" {
-            break;
-        }
-        assert!(Instant::now() < deadline, "Redis is not used again:\n{}", sg.log());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        redis.command(&["DBSIZE"]) != "0"
+    })
+    .await;
     assert_eq!(get(sg.addr, "/closed", &[]).await.status, 200);
     assert!(sg.wait_for_log(|l| l.contains("Redis answers again")).contains("Redis answers again"));
 }
@@ -226,12 +222,11 @@ async fn redis_paused_then_resumed() {
     let key = redis.command(&["KEYS", "*"]);
     let count = |r: &Redis| r.command(&["GET", &key]).split(' ').nth(1).unwrap_or("0").parse::<u64>().unwrap();
     let before = count(&redis);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while count(&redis) <= before {
-        assert!(Instant::now() < deadline, "Redis is not used after SIGCONT:\n{}", sg.log());
+    wait_until("Redis used after SIGCONT", Duration::from_secs(10), async || {
         get(sg.addr, "/", &[]).await;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        count(&redis) > before
+    })
+    .await;
 }
 
 /// Redis paused while requests keep arriving: each is answered by its own deadline (the
@@ -328,9 +323,8 @@ async fn starts_without_redis_and_uses_it_once_it_appears() {
     let sg = Sluicegate::start(&yaml);
     assert_eq!(futures_statuses(sg.addr, "/", 5).await, [200; 5]);
     redis.restart();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while get(sg.addr, "/", &[]).await.status != 429 {
-        assert!(Instant::now() < deadline, "the global limit never applied:\n{}", sg.log());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until("the global limit applied", Duration::from_secs(15), async || {
+        get(sg.addr, "/", &[]).await.status == 429
+    })
+    .await;
 }
