@@ -21,6 +21,54 @@ routes:
   - { match: { path: /bn }, limits: [bn], respond: { status: 200 } }
 "#;
 
+/// Each algorithm's `Retry-After`, exactly, on a clock the test sets: the time after which
+/// the refused request would pass, and the header that says it in whole seconds, rounded
+/// up (never early).
+#[test]
+fn each_algorithm_says_exactly_when_a_refused_request_would_pass() {
+    use sluicegate::clock::{ManualClock, Nanos};
+    use sluicegate::gate::{Decision, Gate};
+    use sluicegate::policy::key::KeySource;
+    use std::time::Duration;
+
+    const H: u64 = 3600;
+    // 1234.5 s into an epoch-aligned hour.
+    let into = Duration::from_millis(1_234_500);
+    let config = sluicegate::config::parse(CONFIG, "algorithms.yaml").unwrap();
+    let headers = http::HeaderMap::new();
+    let src = KeySource::get([192, 0, 2, 1].into(), "/", &headers);
+    for (route, burst, after) in [
+        // The window reopens at the next hour.
+        (0, 4, Duration::from_secs(H) - into),
+        // The oldest of the four leaves the log an hour after it came.
+        (1, 4, Duration::from_secs(H)),
+        // Four in this window weigh 4·(1 − e/w) in the next: 3 fit a quarter into it.
+        (2, 4, Duration::from_secs(H) - into + Duration::from_secs(H / 4)),
+        // The bucket families: one unit back per hour.
+        (3, 4, Duration::from_secs(H)),
+        (4, 4, Duration::from_secs(H)),
+        (5, 1, Duration::from_secs(H)),
+        // The ban's length, not the rate's second.
+        (6, 1, Duration::from_secs(H)),
+    ] {
+        let clock = ManualClock::new(Nanos(1_000_000 * H * 1_000_000_000 + into.as_nanos() as u64));
+        let gate = Gate::new(&config, clock.clone().into());
+        let limits = &config.routes[route].limits;
+        for n in 0..burst {
+            assert!(matches!(gate.check(limits, &src, 1), Decision::Pass { .. }), "route {route}: request {n}");
+        }
+        let Decision::Reject { retry_after, .. } = gate.check(limits, &src, 1) else {
+            panic!("route {route} admitted")
+        };
+        assert_eq!(retry_after, after, "route {route}");
+        // Just before, still refused; at that instant, admitted (a ban refuses until it ends).
+        clock.advance(after - Duration::from_millis(1));
+        assert!(matches!(gate.check(limits, &src, 1), Decision::Reject { .. }), "route {route}: early");
+        clock.advance(Duration::from_millis(1));
+        assert!(matches!(gate.check(limits, &src, 1), Decision::Pass { .. }), "route {route}: on time");
+    }
+}
+
 /// Sends requests until the first rejection; returns how many passed and the rejection.
 async fn admitted_at_once(sg: &Sluicegate, path: &str) -> (usize, Reply) {
     for passed in 0..10 {
@@ -48,10 +96,21 @@ async fn each_algorithm_admits_its_documented_burst_then_rejects_with_headers() 
         assert_eq!(rejected.status, 429, "{path}");
         assert_eq!(rejected.header("ratelimit-policy"), Some(policy), "{path}");
         let retry: u64 = rejected.header("retry-after").unwrap().parse().unwrap();
-        // The token-bucket family refills one request per hour; the fixed window reopens
-        // at the next epoch-aligned hour.
-        // The sliding window also waits out part of the next window: up to two hours.
-        assert!((1..=7200).contains(&retry), "{path}: Retry-After {retry}");
+        // The bucket families and the log: an hour, from a request made a moment ago.
+        // The windows, from the wall clock's place in the hour (exactly on the injected
+        // clock above; here within the seconds the test takes).
+        let into = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() % 3600;
+        let expected = match path {
+            "/fw" => 3600 - into,
+            "/sw" => 3600 - into + 900,
+            _ => 3600,
+        };
+        // (Unless an hour began between the request and the reading of the clock.)
+        let near_the_hour = into < 10 && matches!(path, "/fw" | "/sw");
+        assert!(
+            near_the_hour || (retry <= expected + 1 && retry + 5 >= expected),
+            "{path}: Retry-After {retry}, {expected} expected"
+        );
         assert!(rejected.header("ratelimit").unwrap().contains(";r=0;"), "{path}");
     }
 }

@@ -115,7 +115,17 @@ routes:
     for key in keys.lines() {
         assert!(key.starts_with("edge-7:{"), "{key}");
         let ttl: i64 = redis.command(&["PTTL", key]).parse().unwrap();
-        assert!(ttl > 0, "{key} has no TTL ({ttl})");
+        // No longer than the state matters: `pace` drains its six units (6 s each); the
+        // log's newest entry leaves after its hour; a ban is remembered for its length
+        // and then `ban_max` (the 1 m ban's own length by default), to double a repeat.
+        let most = match key.rsplit(':').next().unwrap() {
+            "lb0" => 6 * 6_000,
+            "sl0" => 3_600_000,
+            "ban" => 2 * 60_000,
+            other => panic!("unexpected key {key} ({other})"),
+        };
+        // (Rounded up to a whole ms.)
+        assert!(ttl <= most + 1 && ttl > most - 10_000, "{key}: TTL {ttl} ms, at most {most} expected");
     }
 }
 
