@@ -394,8 +394,19 @@ impl Sluicegate {
 
     /// Sends SIGTERM and waits for the exit.
     pub fn terminate(&mut self) -> ExitStatus {
-        let status = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
+        self.signal("TERM");
+        self.wait_for_exit()
+    }
+
+    /// Sends the signal `name` (`TERM`, `INT`, `HUP`).
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill").args([&format!("-{name}"), &self.child.id().to_string()]).status().unwrap();
         assert!(status.success());
+    }
+
+    /// Waits (at most `within`) for the process to exit by itself.
+    pub fn exits_within(&mut self, within: Duration) -> ExitStatus {
+        block_until("the process's exit", within, || self.child.try_wait().unwrap().is_some());
         self.wait_for_exit()
     }
 }

@@ -610,3 +610,39 @@ fn a_response_body_rate_needs_a_positive_size_per_second() {
     let (ok, stderr) = check(&route("{ bytes_per_second: 100k, after: 0 }"));
     assert!(ok, "{stderr}");
 }
+
+/// Each rule README states for a limit's fields and a route's list of limits, with its
+/// message and position, all reported by one `check`.
+#[test]
+fn each_limit_rule_names_its_field_and_position() {
+    let yaml = "listen: 127.0.0.1:0
+limits:
+  a: { key: ip, rate: 1r/s, burst: 2, delay: 3 }
+  b: { key: ip, rate: 1r/s, burst: 2, delay: 1, nodelay: true }
+  c: { key: ip, rate: 1r/s, ban_max: 1h }
+  d: { key: ip, algorithm: fixed_window, limit: 2, window: 0ms }
+  e: { key: ip, concurrency: 2, count: [200] }
+  f: { key: ip, rate: 1r/s, max_keys: 0 }
+  g: { key: ip, algorithm: token_bucket, capacity: 0, refill: 1r/s }
+  h: { key: ip, concurrency: 0 }
+routes:
+  - limits: [a, a, b, c, d, e, f, g, h]
+    respond: { status: 200 }
+";
+    let (ok, stderr) = check(yaml);
+    assert!(!ok);
+    assert_eq!(
+        stderr,
+        "FILE:3:46: limits.a.delay: must not exceed burst (2); use `nodelay: true` for no delay
+FILE:4:46: limits.b.delay: give either `nodelay: true` or `delay: N`, not both
+FILE:5:38: limits.c.ban_max: needs `ban` (the first ban's length)
+FILE:6:60: limits.d.window: must be longer than zero
+FILE:7:40: limits.e.count: does not apply to concurrency limits (a slot is held by every request)
+FILE:8:39: limits.f.max_keys: must be a positive integer
+FILE:9:52: limits.g.capacity: must be a positive integer
+FILE:10:30: limits.h.concurrency: must be a positive integer
+FILE:12:17: routes[0].limits[1]: limit \"a\" is listed twice
+FILE: configuration is invalid
+"
+    );
+}

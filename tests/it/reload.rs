@@ -51,6 +51,30 @@ async fn a_reload_keeps_a_throttled_key_throttled_and_applies_the_new_rate() {
     assert_eq!(get(sg.addr, "/limited", &[]).await.status, 200);
 }
 
+/// A window's count is kept while its length is; a new length, or another number of
+/// `rates:`, starts the limit fresh, and the reload's log line says which.
+#[tokio::test]
+async fn a_changed_window_or_number_of_rates_starts_fresh() {
+    let backend = Backend::start().await;
+    let with = |l: &str| config(&backend, &format!("  l: {{ key: ip, {l} }}\n{SLOT}"), "x");
+    for (before, after, fresh) in [
+        // Another limit in the same window: the two requests of before still count.
+        ("algorithm: fixed_window, limit: 2, window: 1h", "algorithm: fixed_window, limit: 1, window: 1h", false),
+        ("algorithm: sliding_window, limit: 2, window: 1h", "algorithm: sliding_window, limit: 2, window: 2h", true),
+        ("algorithm: sliding_log, limit: 2, window: 1h", "algorithm: sliding_log, limit: 2, window: 30m", true),
+        ("rates: [2r/h]", "rates: [2r/h, 10r/d]", true),
+    ] {
+        let sg = Sluicegate::start(&with(before));
+        assert_eq!(get(sg.addr, "/limited", &[]).await.status, 200, "{before}");
+        assert_eq!(get(sg.addr, "/limited", &[]).await.status, 200, "{before}");
+        assert_eq!(get(sg.addr, "/limited", &[]).await.status, 429, "{before}");
+        let log = sg.reload(&with(after));
+        let (list, status) = if fresh { ("fresh", 200) } else { ("kept", 429) };
+        assert!(log.contains(&format!(r#"{list}":"[\"l\""#)), "{before} -> {after}: {log}");
+        assert_eq!(get(sg.addr, "/limited", &[]).await.status, status, "{before} -> {after}");
+    }
+}
+
 #[tokio::test]
 async fn a_ban_survives_a_reload() {
     let backend = Backend::start().await;

@@ -105,11 +105,53 @@ async fn client_that_never_finishes_its_headers_is_cut_off() {
     let sg = Sluicegate::start(
         "listen: 127.0.0.1:0\nserver: { header_read_timeout: 300ms }\nroutes:\n  - respond: { status: 200 }\n",
     );
+    let started = std::time::Instant::now();
     let mut stream = TcpStream::connect(sg.addr).await.unwrap();
     stream.write_all(b"GET / HTTP/1.1\r\nHost: h\r\n").await.unwrap();
     let mut out = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut out)).await;
     assert!(read.is_ok(), "connection still open after the header-read timeout");
+    // Never before the timeout (the bound above is the machine's).
+    assert!(started.elapsed() >= Duration::from_millis(300), "closed after {:?}", started.elapsed());
+}
+
+/// `header_read_timeout` counts from a request's first byte, not from the last answer:
+/// a keep-alive connection quiet for longer (within `idle_timeout`) is still served.
+#[tokio::test]
+async fn a_quiet_keep_alive_connection_is_not_cut_by_the_header_timeout() {
+    let sg = Sluicegate::start(
+        "listen: 127.0.0.1:0\nserver: { header_read_timeout: 200ms, idle_timeout: 20s }\nroutes:\n  - respond: { status: 200, body: ok }\n",
+    );
+    let mut stream = TcpStream::connect(sg.addr).await.unwrap();
+    let exchange = async |stream: &mut TcpStream| {
+        stream.write_all(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n").await.unwrap();
+        let mut answer = Vec::new();
+        let mut chunk = [0u8; 256];
+        while !answer.ends_with(b"\r\n\r\nok") {
+            let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut chunk)).await.unwrap().unwrap();
+            assert!(n > 0, "closed: {}", String::from_utf8_lossy(&answer));
+            answer.extend_from_slice(&chunk[..n]);
+        }
+    };
+    exchange(&mut stream).await;
+    // The passing of time is what is tested: three header timeouts of silence.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    exchange(&mut stream).await;
+}
+
+/// HTTP/2: a `Host` field that names another authority than `:authority` is a 400,
+/// never forwarded; the same authority in both is served.
+#[tokio::test]
+async fn an_http2_host_other_than_the_authority_is_a_400() {
+    let sg = Sluicegate::start("listen: 127.0.0.1:0\nroutes:\n  - respond: { status: 200 }\n");
+    let with_host = |host: &str| {
+        http::Request::get("http://a.example/")
+            .header("host", host)
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap()
+    };
+    assert_eq!(request_h2(sg.addr, with_host("b.example")).await.status, 400);
+    assert_eq!(request_h2(sg.addr, with_host("a.example")).await.status, 200);
 }
 
 #[tokio::test]
@@ -134,6 +176,49 @@ async fn sigterm_lets_in_flight_requests_finish_and_stops_accepting() {
     assert!(status.success(), "{status:?}\n{log}");
     assert!(log.contains("all connections closed"), "{log}");
     assert!(TcpStream::connect(addr).await.is_err(), "still accepting after shutdown");
+}
+
+/// SIGINT stops the proxy as SIGTERM does; a request still running when
+/// `shutdown_grace` ends is cut, and the proxy exits (0: the stop was asked for).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_drains_for_shutdown_grace_then_closes_what_is_left() {
+    let backend = Backend::start().await;
+    let mut sg = Sluicegate::start(&forwarding_config(&backend, "{ shutdown_grace: 300ms }"));
+    let addr = sg.addr;
+    // Held at the backend until the test ends.
+    let held = tokio::spawn(async move { raw_exchange(addr, b"GET /held HTTP/1.1\r\nHost: h\r\n\r\n").await });
+    wait_until("the request at the backend", Duration::from_secs(10), async || !backend.hits().is_empty()).await;
+    let signalled = std::time::Instant::now();
+    sg.signal("INT");
+    let status =
+        tokio::task::spawn_blocking(move || (sg.exits_within(Duration::from_secs(10)), sg.log())).await.unwrap();
+    let (status, log) = status;
+    assert!(status.success(), "{status:?}\n{log}");
+    assert!(log.contains("grace period over"), "{log}");
+    // Not before the grace period; the bound above is the machine's, not the proxy's.
+    assert!(signalled.elapsed() >= Duration::from_millis(300), "{:?}", signalled.elapsed());
+    let answer = held.await.unwrap();
+    assert!(!answer.contains("200"), "the held request was answered: {answer}");
+    backend.gate.add_permits(1);
+}
+
+/// A second signal while requests drain exits at once, with status 1, not after
+/// `shutdown_grace`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_exits_at_once() {
+    let backend = Backend::start().await;
+    let mut sg = Sluicegate::start(&forwarding_config(&backend, "{ shutdown_grace: 60s }"));
+    let addr = sg.addr;
+    let _held = tokio::spawn(async move { get(addr, "/held", &[]).await });
+    wait_until("the request at the backend", Duration::from_secs(10), async || !backend.hits().is_empty()).await;
+    sg.signal("TERM");
+    wait_until("the drain begun", Duration::from_secs(10), async || sg.log().contains("shutting down")).await;
+    sg.signal("INT");
+    let (status, log) =
+        tokio::task::spawn_blocking(move || (sg.exits_within(Duration::from_secs(10)), sg.log())).await.unwrap();
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(log.contains("second signal: exiting without waiting"), "{log}");
+    backend.gate.add_permits(1);
 }
 
 fn forwarding_config(backend: &Backend, server: &str) -> String {
