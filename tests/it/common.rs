@@ -567,3 +567,76 @@ impl Metrics {
         self.get(series).unwrap_or_else(|| panic!("no {series} in\n{}", self.0))
     }
 }
+
+/// A test configuration, built: `listen: 127.0.0.1:0`, the settings the test gives, its
+/// upstream, its limits and its routes, each written as the YAML it stands for.
+#[derive(Default)]
+pub struct Conf {
+    top: String,
+    limits: String,
+    routes: String,
+}
+
+impl Conf {
+    pub fn new() -> Conf {
+        Conf::default()
+    }
+
+    /// A top-level setting, as its YAML line (`ratelimit_headers: all`).
+    pub fn set(mut self, line: &str) -> Conf {
+        self.top.push_str(line);
+        self.top.push('\n');
+        self
+    }
+
+    /// An admin listener on a free port (`Sluicegate::admin_addr`).
+    pub fn admin(self) -> Conf {
+        self.set("admin: { listen: 127.0.0.1:0 }")
+    }
+
+    /// Clients' addresses from `X-Forwarded-For`, sent by the test from 127.0.0.1.
+    pub fn behind_proxy(self) -> Conf {
+        self.set("trusted_proxies: [127.0.0.1]")
+    }
+
+    /// The Redis at `url` as the store of global limits, with `options` (`timeout: 1s`).
+    pub fn redis(self, url: &str, options: &str) -> Conf {
+        self.set(&format!("redis: {{ url: \"{url}\", {options} }}"))
+    }
+
+    /// `backend` as upstream `b`.
+    pub fn upstream(self, backend: &Backend) -> Conf {
+        self.set(&format!("upstreams:\n  b: {{ servers: [\"{}\"] }}", backend.addr))
+    }
+
+    /// Limit `name`, `fields` the inside of its `{ }`.
+    pub fn limit(mut self, name: &str, fields: &str) -> Conf {
+        self.limits.push_str(&format!("  {name}: {{ {fields} }}\n"));
+        self
+    }
+
+    /// A route, `fields` the inside of its `{ }`.
+    pub fn route(mut self, fields: &str) -> Conf {
+        self.routes.push_str(&format!("  - {{ {fields} }}\n"));
+        self
+    }
+
+    /// A route for every request, decided by `limits` (`l, m`), answered `200` by the proxy.
+    pub fn answering(self, limits: &str) -> Conf {
+        self.route(&format!("limits: [{limits}], respond: {{ status: 200 }}"))
+    }
+
+    /// A route for every request, decided by `limits`, forwarded to upstream `b`.
+    pub fn forwarding(self, limits: &str) -> Conf {
+        self.route(&format!("limits: [{limits}], upstream: b"))
+    }
+
+    pub fn yaml(&self) -> String {
+        let limits = if self.limits.is_empty() { String::new() } else { format!("limits:\n{}", self.limits) };
+        format!("listen: 127.0.0.1:0\n{}{limits}routes:\n{}", self.top, self.routes)
+    }
+
+    pub fn start(&self) -> Sluicegate {
+        Sluicegate::start(&self.yaml())
+    }
+}

@@ -67,8 +67,10 @@ async fn slot_is_released_when_the_client_goes_away() {
 
 #[tokio::test]
 async fn dry_run_never_rejects_and_logs_what_it_would_have_done() {
-    let yaml = "listen: 127.0.0.1:0\nlimits:\n  d: { key: ip, rate: 1r/m, dry_run: true }\nroutes:\n  - name: r\n    limits: [d]\n    respond: { status: 200 }\n";
-    let sg = Sluicegate::start(yaml);
+    let sg = Conf::new()
+        .limit("d", "key: ip, rate: 1r/m, dry_run: true")
+        .route("name: r, limits: [d], respond: { status: 200 }")
+        .start();
     for _ in 0..3 {
         assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
     }

@@ -65,8 +65,8 @@ routes:
 /// A limit on trial (`dry_run`) never refuses: a repeated key field is logged instead.
 #[tokio::test]
 async fn a_dry_run_limit_lets_a_repeated_key_field_through_and_logs_it() {
-    let yaml = "listen: 127.0.0.1:0\nlimits:\n  trial: { key: \"header:x-api-key\", rate: 100r/s, dry_run: true }\nroutes:\n  - { limits: [trial], respond: { status: 200 } }\n";
-    let sg = Sluicegate::start(yaml);
+    let sg =
+        Conf::new().limit("trial", "key: \"header:x-api-key\", rate: 100r/s, dry_run: true").answering("trial").start();
     assert_eq!(get(sg.addr, "/", &[("x-api-key", "a"), ("x-api-key", "b")]).await.status, 200);
     let log = sg.wait_for_log(|log| log.contains("repeated key field"));
     assert!(log.contains("dry run: request would be refused: repeated key field"), "{log}");

@@ -121,8 +121,11 @@ async fn a_request_rejected_by_one_limit_consumes_no_quota_of_another() {
 
 #[tokio::test]
 async fn rejection_status_is_configurable_and_headers_can_come_on_every_response() {
-    let yaml = "listen: 127.0.0.1:0\nratelimit_headers: all\nlimits:\n  l: { key: ip, rate: 2r/m, burst: 1, nodelay: true, status: 503 }\nroutes:\n  - limits: [l]\n    respond: { status: 200, body: ok }\n";
-    let sg = Sluicegate::start(yaml);
+    let sg = Conf::new()
+        .set("ratelimit_headers: all")
+        .limit("l", "key: ip, rate: 2r/m, burst: 1, nodelay: true, status: 503")
+        .route("limits: [l], respond: { status: 200, body: ok }")
+        .start();
     let first = get(sg.addr, "/", &[]).await;
     assert_eq!(first.status, 200);
     assert_eq!(first.header("ratelimit-policy"), Some("\"l\";q=2;w=60"));
@@ -139,8 +142,7 @@ async fn rejection_status_is_configurable_and_headers_can_come_on_every_response
 /// With `burst` left out, a refusal's `t` is never below its own `Retry-After`.
 #[tokio::test]
 async fn reset_is_never_below_retry_after_without_a_burst() {
-    let yaml = "listen: 127.0.0.1:0\nratelimit_headers: all\nlimits:\n  l: { key: ip, rate: 2r/m }\nroutes:\n  - limits: [l]\n    respond: { status: 200 }\n";
-    let sg = Sluicegate::start(yaml);
+    let sg = Conf::new().set("ratelimit_headers: all").limit("l", "key: ip, rate: 2r/m").answering("l").start();
     let first = get(sg.addr, "/", &[]).await;
     assert_eq!((first.status, first.header("ratelimit")), (200, Some("\"l\";r=0;t=30")));
     let refused = get(sg.addr, "/", &[]).await;
@@ -152,11 +154,7 @@ async fn reset_is_never_below_retry_after_without_a_burst() {
 #[tokio::test]
 async fn delayed_burst_reaches_the_upstream_spaced_by_the_rate() {
     let backend = Backend::start().await;
-    let yaml = format!(
-        "listen: 127.0.0.1:0\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nlimits:\n  l: {{ key: ip, rate: 10r/s, burst: 3 }}\nroutes:\n  - upstream: b\n    limits: [l]\n",
-        backend.addr
-    );
-    let sg = Sluicegate::start(&yaml);
+    let sg = Conf::new().upstream(&backend).limit("l", "key: ip, rate: 10r/s, burst: 3").forwarding("l").start();
     let addr = sg.addr;
     let sent = Instant::now();
     let requests: Vec<_> = (0..5).map(|_| tokio::spawn(async move { get(addr, "/", &[]).await.status })).collect();
@@ -184,11 +182,7 @@ async fn delayed_burst_reaches_the_upstream_spaced_by_the_rate() {
 #[tokio::test]
 async fn client_that_leaves_while_queued_never_reaches_the_upstream() {
     let backend = Backend::start().await;
-    let yaml = format!(
-        "listen: 127.0.0.1:0\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nlimits:\n  l: {{ key: ip, rate: 2r/s, burst: 5 }}\nroutes:\n  - upstream: b\n    limits: [l]\n",
-        backend.addr
-    );
-    let sg = Sluicegate::start(&yaml);
+    let sg = Conf::new().upstream(&backend).limit("l", "key: ip, rate: 2r/s, burst: 5").forwarding("l").start();
     assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
     // The next request is queued for 500 ms; the client gives up once it is.
     let addr = sg.addr;
@@ -204,8 +198,7 @@ async fn client_that_leaves_while_queued_never_reaches_the_upstream() {
 
 #[tokio::test]
 async fn ipv6_clients_share_their_64_and_prefixes_are_configurable() {
-    let yaml = "listen: 127.0.0.1:0\ntrusted_proxies: [127.0.0.1]\nlimits:\n  l: { key: ip, rate: 1r/m, ipv4_prefix: 24 }\nroutes:\n  - limits: [l]\n    respond: { status: 200 }\n";
-    let sg = Sluicegate::start(yaml);
+    let sg = Conf::new().behind_proxy().limit("l", "key: ip, rate: 1r/m, ipv4_prefix: 24").answering("l").start();
     let from = |ip: &'static str| [("x-forwarded-for", ip)];
     assert_eq!(get(sg.addr, "/", &from("2001:db8:1:2::1")).await.status, 200);
     assert_eq!(get(sg.addr, "/", &from("2001:db8:1:2:aaaa::1")).await.status, 429);
@@ -217,8 +210,13 @@ async fn ipv6_clients_share_their_64_and_prefixes_are_configurable() {
 
 #[tokio::test]
 async fn legacy_headers_and_problem_json_rejections_on_request() {
-    let yaml = "listen: 127.0.0.1:0\nratelimit_header_style: both\nrejection_body: problem_json\nlimits:\n  per_ip: { key: ip, rate: 1r/m }\n  watch: { key: ip, rate: 1r/m, dry_run: true }\nroutes:\n  - limits: [per_ip, watch]\n    respond: { status: 200 }\n";
-    let sg = Sluicegate::start(yaml);
+    let sg = Conf::new()
+        .set("ratelimit_header_style: both")
+        .set("rejection_body: problem_json")
+        .limit("per_ip", "key: ip, rate: 1r/m")
+        .limit("watch", "key: ip, rate: 1r/m, dry_run: true")
+        .answering("per_ip, watch")
+        .start();
     assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
     let r = get(sg.addr, "/", &[]).await;
     assert_eq!(r.status, 429);
@@ -235,8 +233,11 @@ async fn legacy_headers_and_problem_json_rejections_on_request() {
 
 #[tokio::test]
 async fn a_banned_key_is_refused_for_the_ban_while_others_pass() {
-    let yaml = "listen: 127.0.0.1:0\ntrusted_proxies: [127.0.0.1]\nlimits:\n  bn: { key: ip, rate: 20r/s, nodelay: true, ban: 1h }\nroutes:\n  - name: login\n    limits: [bn]\n    respond: { status: 200 }\n";
-    let sg = Sluicegate::start(yaml);
+    let sg = Conf::new()
+        .behind_proxy()
+        .limit("bn", "key: ip, rate: 20r/s, nodelay: true, ban: 1h")
+        .route("name: login, limits: [bn], respond: { status: 200 }")
+        .start();
     let from = |ip: &'static str| [("x-forwarded-for", ip)];
     assert_eq!(get(sg.addr, "/", &from("192.0.2.1")).await.status, 200);
     let banned = get(sg.addr, "/", &from("192.0.2.1")).await;
@@ -292,8 +293,7 @@ routes:
 
 #[tokio::test]
 async fn several_windows_on_one_key_report_one_policy_item_each() {
-    let yaml = "listen: 127.0.0.1:0\nlimits:\n  api: { key: ip, rates: [2r/s, 3r/h] }\nroutes:\n  - limits: [api]\n    respond: { status: 200 }\n";
-    let sg = Sluicegate::start(yaml);
+    let sg = Conf::new().limit("api", "key: ip, rates: [2r/s, 3r/h]").answering("api").start();
     assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
     assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
     let r = get(sg.addr, "/", &[]).await;
@@ -308,8 +308,10 @@ async fn several_windows_on_one_key_report_one_policy_item_each() {
 
 #[tokio::test]
 async fn weighted_requests_spend_their_cost_and_a_cost_that_never_fits_is_a_400() {
-    let yaml = "listen: 127.0.0.1:0\nlimits:\n  tokens: { key: ip, algorithm: token_bucket, capacity: 10, refill: 1r/h }\nroutes:\n  - cost_header: x-cost\n    limits: [tokens]\n    respond: { status: 200 }\n";
-    let sg = Sluicegate::start(yaml);
+    let sg = Conf::new()
+        .limit("tokens", "key: ip, algorithm: token_bucket, capacity: 10, refill: 1r/h")
+        .route("cost_header: x-cost, limits: [tokens], respond: { status: 200 }")
+        .start();
     let mut statuses = Vec::new();
     for cost in ["4", "4", "4", "2"] {
         statuses.push(get(sg.addr, "/", &[("x-cost", cost)]).await.status);
@@ -330,11 +332,11 @@ async fn weighted_requests_spend_their_cost_and_a_cost_that_never_fits_is_a_400(
 #[tokio::test]
 async fn only_counted_responses_spend_quota() {
     let backend = Backend::start().await;
-    let yaml = format!(
-        "listen: 127.0.0.1:0\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nlimits:\n  login: {{ key: ip, algorithm: sliding_log, limit: 2, window: 1h, count: [401] }}\nroutes:\n  - upstream: b\n    limits: [login]\n",
-        backend.addr
-    );
-    let sg = Sluicegate::start(&yaml);
+    let sg = Conf::new()
+        .upstream(&backend)
+        .limit("login", "key: ip, algorithm: sliding_log, limit: 2, window: 1h, count: [401]")
+        .forwarding("login")
+        .start();
     let mut statuses = Vec::new();
     for path in
         ["/status/200", "/status/200", "/status/200", "/status/401", "/status/200", "/status/401", "/status/200"]
@@ -400,8 +402,11 @@ routes:
 /// A refused weighted request reports the units still left, not 0.
 #[tokio::test]
 async fn a_refused_weighted_request_reports_the_units_left() {
-    let yaml = "listen: 127.0.0.1:0\nratelimit_headers: all\nlimits:\n  l: { key: ip, rate: 1r/m, burst: 3, nodelay: true }\nroutes:\n  - limits: [l]\n    cost_header: x-cost\n    respond: { status: 200 }\n";
-    let sg = Sluicegate::start(yaml);
+    let sg = Conf::new()
+        .set("ratelimit_headers: all")
+        .limit("l", "key: ip, rate: 1r/m, burst: 3, nodelay: true")
+        .route("limits: [l], cost_header: x-cost, respond: { status: 200 }")
+        .start();
     let first = get(sg.addr, "/", &[("x-cost", "3")]).await;
     assert_eq!((first.status, first.header("ratelimit")), (200, Some("\"l\";r=1;t=180")));
     let refused = get(sg.addr, "/", &[("x-cost", "3")]).await;

@@ -33,11 +33,7 @@ async fn oversized_request_headers_get_431() {
 #[tokio::test]
 async fn connect_gets_405_and_never_reaches_the_upstream() {
     let backend = Backend::start().await;
-    let yaml = format!(
-        "listen: 127.0.0.1:0\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nroutes:\n  - upstream: b\n",
-        backend.addr
-    );
-    let sg = Sluicegate::start(&yaml);
+    let sg = Conf::new().upstream(&backend).route("upstream: b").start();
     let request = format!("CONNECT {0} HTTP/1.1\r\nHost: {0}\r\nConnection: close\r\n\r\n", backend.addr);
     let answer = raw_exchange(sg.addr, request.as_bytes()).await;
     assert!(answer.starts_with("HTTP/1.1 405"), "{answer:?}");
@@ -48,11 +44,7 @@ async fn connect_gets_405_and_never_reaches_the_upstream() {
 #[tokio::test]
 async fn broken_request_bodies_get_400_not_502() {
     let backend = Backend::start().await;
-    let yaml = format!(
-        "listen: 127.0.0.1:0\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nroutes:\n  - upstream: b\n",
-        backend.addr
-    );
-    let sg = Sluicegate::start(&yaml);
+    let sg = Conf::new().upstream(&backend).route("upstream: b").start();
     let bad_chunk = "POST /upload HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n";
     let answer = raw_exchange(sg.addr, bad_chunk.as_bytes()).await;
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer:?}");
@@ -72,11 +64,7 @@ async fn broken_request_bodies_get_400_not_502() {
 #[tokio::test]
 async fn missing_repeated_or_invalid_host_gets_400() {
     let backend = Backend::start().await;
-    let yaml = format!(
-        "listen: 127.0.0.1:0\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nroutes:\n  - upstream: b\n",
-        backend.addr
-    );
-    let sg = Sluicegate::start(&yaml);
+    let sg = Conf::new().upstream(&backend).route("upstream: b").start();
     for head in [
         "GET / HTTP/1.1\r\n",
         "GET / HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\n",
@@ -157,11 +145,7 @@ async fn an_http2_host_other_than_the_authority_is_a_400() {
 #[tokio::test]
 async fn sigterm_lets_in_flight_requests_finish_and_stops_accepting() {
     let backend = Backend::start().await;
-    let yaml = format!(
-        "listen: 127.0.0.1:0\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nroutes:\n  - upstream: b\n",
-        backend.addr
-    );
-    let mut sg = Sluicegate::start(&yaml);
+    let mut sg = Conf::new().upstream(&backend).route("upstream: b").start();
     let addr = sg.addr;
     let slow = tokio::spawn(async move { get(addr, "/sleep/700", &[]).await });
     // Ready when the request is in flight at the backend.

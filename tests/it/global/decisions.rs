@@ -112,12 +112,12 @@ async fn redis_answers_the_leaky_bucket_schedules_as_worked_out_by_hand() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_counts_until_the_full_burst_is_back() {
     let redis = Redis::start();
-    let yaml = format!(
-        "listen: 127.0.0.1:0\nratelimit_headers: all\nredis: {{ url: \"{}\", timeout: 1s }}\nlimits:\n  l: {{ key: ip, rate: 2r/m, burst: 1, nodelay: true, scope: global, on_store_error: deny }}\nroutes:\n{}",
-        redis.url(),
-        respond_route("l")
-    );
-    let sg = Sluicegate::start(&yaml);
+    let sg = Conf::new()
+        .set("ratelimit_headers: all")
+        .redis(&redis.url(), "timeout: 1s")
+        .limit("l", "key: ip, rate: 2r/m, burst: 1, nodelay: true, scope: global, on_store_error: deny")
+        .answering("l")
+        .start();
     let first = get(sg.addr, "/", &[]).await;
     assert_eq!((first.status, first.header("ratelimit")), (200, Some("\"l\";r=1;t=30")));
     let second = get(sg.addr, "/", &[]).await;
@@ -131,11 +131,12 @@ async fn reset_counts_until_the_full_burst_is_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_weighted_request_reports_the_units_left() {
     let redis = Redis::start();
-    let yaml = format!(
-        "listen: 127.0.0.1:0\nratelimit_headers: all\nredis: {{ url: \"{}\", timeout: 1s }}\nlimits:\n  l: {{ key: ip, rate: 1r/m, burst: 3, nodelay: true, scope: global, on_store_error: deny }}\nroutes:\n  - limits: [l]\n    cost_header: x-cost\n    respond: {{ status: 200 }}\n",
-        redis.url()
-    );
-    let sg = Sluicegate::start(&yaml);
+    let sg = Conf::new()
+        .set("ratelimit_headers: all")
+        .redis(&redis.url(), "timeout: 1s")
+        .limit("l", "key: ip, rate: 1r/m, burst: 3, nodelay: true, scope: global, on_store_error: deny")
+        .route("limits: [l], cost_header: x-cost, respond: { status: 200 }")
+        .start();
     let first = get(sg.addr, "/", &[("x-cost", "3")]).await;
     assert_eq!((first.status, first.header("ratelimit")), (200, Some("\"l\";r=1;t=180")));
     let refused = get(sg.addr, "/", &[("x-cost", "3")]).await;
@@ -146,12 +147,14 @@ async fn a_refused_weighted_request_reports_the_units_left() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_admit_exactly_the_global_budget_between_them() {
     let redis = Redis::start();
-    let yaml = format!(
-        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 1s }}\nlimits:\n  shared: {{ key: \"header:x-key\", rate: 1r/m, burst: 9, nodelay: true, scope: global, on_store_error: deny }}\nroutes:\n{}",
-        redis.url(),
-        respond_route("shared")
-    );
-    let (a, b) = (Sluicegate::start(&yaml), Sluicegate::start(&yaml));
+    let conf = Conf::new()
+        .redis(&redis.url(), "timeout: 1s")
+        .limit(
+            "shared",
+            "key: \"header:x-key\", rate: 1r/m, burst: 9, nodelay: true, scope: global, on_store_error: deny",
+        )
+        .answering("shared");
+    let (a, b) = (conf.start(), conf.start());
     let tasks: Vec<_> = (0..40)
         .map(|n| {
             let addr = if n % 2 == 0 { a.addr } else { b.addr };
@@ -174,25 +177,15 @@ async fn two_instances_admit_exactly_the_global_budget_between_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_round_trip_all_or_nothing_and_the_near_cache() {
     let redis = Redis::start();
-    let yaml = format!(
-        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 1s }}\nlimits:
-  big: {{ key: ip, rate: 1r/m, burst: 9, nodelay: true, scope: global }}
-  small: {{ key: ip, algorithm: sliding_log, limit: 2, window: 1h, scope: global }}
-  local: {{ key: ip, rate: 1r/m, burst: 9, nodelay: true }}
-routes:
-  - match: {{ path: /both }}
-    respond: {{ status: 200 }}
-    limits: [big, small, local]
-  - match: {{ path: /big }}
-    respond: {{ status: 200 }}
-    limits: [big]
-  - match: {{ path: /local }}
-    respond: {{ status: 200 }}
-    limits: [local]
-",
-        redis.url()
-    );
-    let sg = Sluicegate::start(&yaml);
+    let sg = Conf::new()
+        .redis(&redis.url(), "timeout: 1s")
+        .limit("big", "key: ip, rate: 1r/m, burst: 9, nodelay: true, scope: global")
+        .limit("small", "key: ip, algorithm: sliding_log, limit: 2, window: 1h, scope: global")
+        .limit("local", "key: ip, rate: 1r/m, burst: 9, nodelay: true")
+        .route("match: { path: /both }, respond: { status: 200 }, limits: [big, small, local]")
+        .route("match: { path: /big }, respond: { status: 200 }, limits: [big]")
+        .route("match: { path: /local }, respond: { status: 200 }, limits: [local]")
+        .start();
     let before = evalsha_calls(&redis);
     assert_eq!(get(sg.addr, "/both", &[]).await.status, 200);
     assert_eq!(get(sg.addr, "/both", &[]).await.status, 200);
@@ -223,11 +216,12 @@ routes:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_near_cache_answers_as_redis_and_only_for_one_unit() {
     let redis = Redis::start();
-    let yaml = format!(
-        "listen: 127.0.0.1:0\nratelimit_headers: all\nredis: {{ url: \"{}\", timeout: 1s }}\nlimits:\n  l: {{ key: ip, rate: 1r/m, burst: 2, nodelay: true, scope: global }}\nroutes:\n  - limits: [l]\n    cost_header: x-cost\n    respond: {{ status: 200 }}\n",
-        redis.url()
-    );
-    let sg = Sluicegate::start(&yaml);
+    let sg = Conf::new()
+        .set("ratelimit_headers: all")
+        .redis(&redis.url(), "timeout: 1s")
+        .limit("l", "key: ip, rate: 1r/m, burst: 2, nodelay: true, scope: global")
+        .route("limits: [l], cost_header: x-cost, respond: { status: 200 }")
+        .start();
     for _ in 0..3 {
         assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
     }
@@ -251,11 +245,11 @@ async fn the_near_cache_answers_as_redis_and_only_for_one_unit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_obeys_retry_after_passes_next_time() {
     let redis = Redis::start();
-    let yaml = format!(
-        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 1s }}\nlimits:\n  l: {{ key: ip, rate: 1r/s, burst: 1, nodelay: true, scope: global }}\nroutes:\n  - limits: [l]\n    cost_header: x-cost\n    respond: {{ status: 200 }}\n",
-        redis.url()
-    );
-    let sg = Sluicegate::start(&yaml);
+    let sg = Conf::new()
+        .redis(&redis.url(), "timeout: 1s")
+        .limit("l", "key: ip, rate: 1r/s, burst: 1, nodelay: true, scope: global")
+        .route("limits: [l], cost_header: x-cost, respond: { status: 200 }")
+        .start();
     assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
     assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
     assert_eq!(get(sg.addr, "/", &[]).await.status, 429, "one unit refused: now in the near-cache");
@@ -270,21 +264,13 @@ async fn a_client_that_obeys_retry_after_passes_next_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_global_refusal_takes_back_local_admissions() {
     let redis = Redis::start();
-    let yaml = format!(
-        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 1s, near_cache_keys: 0 }}\nlimits:
-  local: {{ key: ip, rate: 1r/m, burst: 2, nodelay: true }}
-  global: {{ key: ip, algorithm: sliding_log, limit: 1, window: 1h, scope: global }}
-routes:
-  - match: {{ path: /both }}
-    respond: {{ status: 200 }}
-    limits: [local, global]
-  - match: {{ path: /local }}
-    respond: {{ status: 200 }}
-    limits: [local]
-",
-        redis.url()
-    );
-    let sg = Sluicegate::start(&yaml);
+    let sg = Conf::new()
+        .redis(&redis.url(), "timeout: 1s, near_cache_keys: 0")
+        .limit("local", "key: ip, rate: 1r/m, burst: 2, nodelay: true")
+        .limit("global", "key: ip, algorithm: sliding_log, limit: 1, window: 1h, scope: global")
+        .route("match: { path: /both }, respond: { status: 200 }, limits: [local, global]")
+        .route("match: { path: /local }, respond: { status: 200 }, limits: [local]")
+        .start();
     assert_eq!(futures_statuses(sg.addr, "/both", 4).await, [200, 429, 429, 429]);
     // Only the first request counted locally: two of three remain.
     assert_eq!(futures_statuses(sg.addr, "/local", 3).await, [200, 200, 429]);
@@ -304,12 +290,13 @@ async fn requests_waiting_together_share_a_call_and_keep_the_exact_budget() {
         ("rate: 1r/m, burst: 19, nodelay: true, ban: 2h, ban_max: 4h", Some(7200)),
     ] {
         let redis = Redis::start();
-        let yaml = format!(
-            "listen: 127.0.0.1:0\nratelimit_headers: all\nadmin: {{ listen: 127.0.0.1:0 }}\nredis: {{ url: \"{}\", timeout: 10s, near_cache_keys: 0 }}\nlimits:\n  shared: {{ key: \"header:x-key\", {limit}, scope: global }}\nroutes:\n{}",
-            redis.url(),
-            respond_route("shared")
-        );
-        let sg = Sluicegate::start(&yaml);
+        let sg = Conf::new()
+            .set("ratelimit_headers: all")
+            .admin()
+            .redis(&redis.url(), "timeout: 10s, near_cache_keys: 0")
+            .limit("shared", &format!("key: \"header:x-key\", {limit}, scope: global"))
+            .answering("shared")
+            .start();
         assert_eq!(get(sg.addr, "/", &[("x-key", "warm-up")]).await.status, 200);
         let evalsha_before = evalsha_calls(&redis);
         let calls_before = Metrics::of(&sg).await.value("sluicegate_redis_script_calls_total");

@@ -8,16 +8,18 @@ use super::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_cluster_decides_global_limits() {
     let cluster = Cluster::start(3);
-    let yaml = format!(
-        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", cluster: true, timeout: 1s }}\nlimits:
-  per_key: {{ key: \"header:x-key\", rate: 1r/m, burst: 4, nodelay: true, scope: global, on_store_error: deny }}
-  per_ip: {{ key: ip, algorithm: sliding_window, limit: 1000, window: 1h, scope: global, on_store_error: deny }}
-routes:
-{}",
-        cluster.url(),
-        respond_route("per_key, per_ip")
-    );
-    let sg = Sluicegate::start(&yaml);
+    let sg = Conf::new()
+        .redis(&cluster.url(), "cluster: true, timeout: 1s")
+        .limit(
+            "per_key",
+            "key: \"header:x-key\", rate: 1r/m, burst: 4, nodelay: true, scope: global, on_store_error: deny",
+        )
+        .limit(
+            "per_ip",
+            "key: ip, algorithm: sliding_window, limit: 1000, window: 1h, scope: global, on_store_error: deny",
+        )
+        .answering("per_key, per_ip")
+        .start();
     sg.wait_for_log(|l| l.contains("connected to Redis Cluster"));
     let mut statuses = Vec::new();
     for _ in 0..8 {
@@ -89,19 +91,13 @@ async fn leases_of_a_killed_instance_lapse_and_live_ones_are_renewed() {
 async fn only_counted_statuses_keep_global_quota_and_keys_expire() {
     let redis = Redis::start();
     let backend = Backend::start().await;
-    let yaml = format!(
-        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 1s, key_prefix: \"edge-7:\", connections: 3 }}\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nlimits:
-  login: {{ key: ip, algorithm: sliding_log, limit: 2, window: 1h, count: [401], scope: global, ban: 1m }}
-  pace: {{ key: ip, rate: 10r/m, burst: 20, nodelay: true, scope: global }}
-routes:
-  - match: {{ path_prefix: / }}
-    upstream: b
-    limits: [login, pace]
-",
-        redis.url(),
-        backend.addr
-    );
-    let sg = Sluicegate::start(&yaml);
+    let sg = Conf::new()
+        .redis(&redis.url(), "timeout: 1s, key_prefix: \"edge-7:\", connections: 3")
+        .upstream(&backend)
+        .limit("login", "key: ip, algorithm: sliding_log, limit: 2, window: 1h, count: [401], scope: global, ban: 1m")
+        .limit("pace", "key: ip, rate: 10r/m, burst: 20, nodelay: true, scope: global")
+        .route("match: { path_prefix: / }, upstream: b, limits: [login, pace]")
+        .start();
     for _ in 0..4 {
         assert_eq!(get(sg.addr, "/status/200", &[]).await.status, 200);
     }
@@ -169,13 +165,15 @@ async fn global_limits_over_tls_with_a_private_ca() {
     let certs = tempfile::tempdir().unwrap();
     private_ca(certs.path());
     let redis = Redis::start_tls(certs.path());
-    let yaml = format!(
-        "listen: 127.0.0.1:0\nredis: {{ url: \"rediss://127.0.0.1:{}\", tls_ca_file: \"{}\", timeout: 1s }}\nlimits:\n  g: {{ key: ip, rate: 1r/m, burst: 1, nodelay: true, scope: global, on_store_error: deny }}\nroutes:\n{}",
-        redis.tls_port,
-        certs.path().join("ca.pem").display(),
-        respond_route("g")
-    );
-    let sg = Sluicegate::start(&yaml);
+    let ca = certs.path().join("ca.pem");
+    let sg = Conf::new()
+        .redis(
+            &format!("rediss://127.0.0.1:{}", redis.tls_port),
+            &format!("tls_ca_file: \"{}\", timeout: 1s", ca.display()),
+        )
+        .limit("g", "key: ip, rate: 1r/m, burst: 1, nodelay: true, scope: global, on_store_error: deny")
+        .answering("g")
+        .start();
     assert_eq!(futures_statuses(sg.addr, "/", 3).await, [200, 200, 429], "{}", sg.log());
     assert_eq!(redis.command(&["DBSIZE"]), "1");
 }
@@ -187,14 +185,13 @@ async fn credentials_are_sent_and_a_refusal_is_a_store_error() {
     let redis = Redis::start();
     assert_eq!(redis.command(&["CONFIG", "SET", "requirepass", "s3cret"]), "OK");
     let config = |password: &str| {
-        format!(
-            "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", password: \"{password}\", timeout: 1s }}\nlimits:\n  g: {{ key: ip, rate: 1r/m, burst: 1, nodelay: true, scope: global, on_store_error: deny }}\nroutes:\n{}",
-            redis.url(),
-            respond_route("g")
-        )
+        Conf::new()
+            .redis(&redis.url(), &format!("password: \"{password}\", timeout: 1s"))
+            .limit("g", "key: ip, rate: 1r/m, burst: 1, nodelay: true, scope: global, on_store_error: deny")
+            .answering("g")
     };
-    let right = Sluicegate::start(&config("s3cret"));
+    let right = config("s3cret").start();
     assert_eq!(futures_statuses(right.addr, "/", 3).await, [200, 200, 429], "{}", right.log());
-    let wrong = Sluicegate::start(&config("guess"));
+    let wrong = config("guess").start();
     assert_eq!(futures_statuses(wrong.addr, "/", 2).await, [503, 503], "{}", wrong.log());
 }

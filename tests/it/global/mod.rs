@@ -19,7 +19,7 @@ use sluicegate::limit::{Outcome, Standing};
 use sluicegate::policy::key::{KeyHash, KeySource};
 use sluicegate::store::{Call, RedisTime};
 
-use crate::common::{Backend, Metrics, Sluicegate, get, wait_until};
+use crate::common::{Backend, Conf, Metrics, Sluicegate, get, wait_until};
 use crate::redis::{Cluster, Redis};
 
 /// `GET path`, failing the test if no answer comes within `limit` (Redis is failing:
@@ -30,10 +30,6 @@ async fn get_within(addr: std::net::SocketAddr, path: &str, limit: Duration) -> 
         .await
         .unwrap_or_else(|_| panic!("{path}: no answer within {limit:?}"));
     (reply.status, reply.header("retry-after").map(str::to_owned), started.elapsed())
-}
-
-fn respond_route(limits: &str) -> String {
-    format!("  - match: {{ path_prefix: / }}\n    respond: {{ status: 200, body: ok }}\n    limits: [{limits}]\n")
 }
 
 /// Evalsha calls Redis has run so far (not counting those that found no script).

@@ -100,21 +100,13 @@ routes:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_local_twin_starts_from_what_redis_last_said() {
     let mut redis = Redis::start();
-    let yaml = format!(
-        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 100ms }}\nlimits:
-  rate: {{ key: ip, rate: 1r/m, burst: 5, nodelay: true, scope: global, on_store_error: local }}
-  window: {{ key: ip, algorithm: fixed_window, limit: 6, window: 1d, scope: global, on_store_error: local }}
-routes:
-  - match: {{ path: /rate }}
-    respond: {{ status: 200 }}
-    limits: [rate]
-  - match: {{ path: /window }}
-    respond: {{ status: 200 }}
-    limits: [window]
-",
-        redis.url()
-    );
-    let sg = Sluicegate::start(&yaml);
+    let sg = Conf::new()
+        .redis(&redis.url(), "timeout: 100ms")
+        .limit("rate", "key: ip, rate: 1r/m, burst: 5, nodelay: true, scope: global, on_store_error: local")
+        .limit("window", "key: ip, algorithm: fixed_window, limit: 6, window: 1d, scope: global, on_store_error: local")
+        .route("match: { path: /rate }, respond: { status: 200 }, limits: [rate]")
+        .route("match: { path: /window }, respond: { status: 200 }, limits: [window]")
+        .start();
     for path in ["/rate", "/window"] {
         assert_eq!(futures_statuses(sg.addr, path, 4).await, [200; 4], "{path} by Redis: 2 of 6 left");
     }
@@ -135,12 +127,14 @@ async fn three_instances_keep_the_budget_through_redis_pauses() {
     const RATE: f64 = 50.0;
     let (timeout, cooldown) = (Duration::from_millis(20), Duration::from_millis(100));
     let redis = Redis::start();
-    let yaml = format!(
-        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 20ms, breaker_cooldown: 100ms }}\nlimits:\n  g: {{ key: ip, rate: 50r/s, burst: 20, nodelay: true, scope: global, on_store_error: local, instances: 3 }}\nroutes:\n{}",
-        redis.url(),
-        respond_route("g")
-    );
-    let instances = [Sluicegate::start(&yaml), Sluicegate::start(&yaml), Sluicegate::start(&yaml)];
+    let conf = Conf::new()
+        .redis(&redis.url(), "timeout: 20ms, breaker_cooldown: 100ms")
+        .limit(
+            "g",
+            "key: ip, rate: 50r/s, burst: 20, nodelay: true, scope: global, on_store_error: local, instances: 3",
+        )
+        .answering("g");
+    let instances = [conf.start(), conf.start(), conf.start()];
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let started = Instant::now();
     // Two clients per instance, each far faster than the rate (paced, to spare the cores).
@@ -205,12 +199,11 @@ async fn three_instances_keep_the_budget_through_redis_pauses() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_paused_then_resumed() {
     let redis = Redis::start();
-    let yaml = format!(
-        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 40ms, breaker_failures: 2, breaker_cooldown: 100ms }}\nlimits:\n  g: {{ key: ip, algorithm: fixed_window, limit: 1000, window: 1h, scope: global, on_store_error: allow }}\nroutes:\n{}",
-        redis.url(),
-        respond_route("g")
-    );
-    let sg = Sluicegate::start(&yaml);
+    let sg = Conf::new()
+        .redis(&redis.url(), "timeout: 40ms, breaker_failures: 2, breaker_cooldown: 100ms")
+        .limit("g", "key: ip, algorithm: fixed_window, limit: 1000, window: 1h, scope: global, on_store_error: allow")
+        .answering("g")
+        .start();
     assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
     redis.pause();
     for n in 0..10 {
@@ -234,12 +227,11 @@ async fn redis_paused_then_resumed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_queued_behind_unanswered_calls_still_wait_one_timeout() {
     let redis = Redis::start();
-    let yaml = format!(
-        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 300ms, breaker_failures: 100000 }}\nlimits:\n  g: {{ key: ip, algorithm: fixed_window, limit: 1000, window: 1h, scope: global, on_store_error: allow }}\nroutes:\n{}",
-        redis.url(),
-        respond_route("g")
-    );
-    let sg = Sluicegate::start(&yaml);
+    let sg = Conf::new()
+        .redis(&redis.url(), "timeout: 300ms, breaker_failures: 100000")
+        .limit("g", "key: ip, algorithm: fixed_window, limit: 1000, window: 1h, scope: global, on_store_error: allow")
+        .answering("g")
+        .start();
     assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
     redis.pause();
     // One request every 50 ms for a second: most arrive while calls are under way, and
@@ -264,12 +256,12 @@ async fn requests_queued_behind_unanswered_calls_still_wait_one_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_answers_its_later_requests_after_its_first_timed_out() {
     let redis = Redis::start();
-    let yaml = format!(
-        "listen: 127.0.0.1:0\nratelimit_headers: all\nredis: {{ url: \"{}\", timeout: 600ms, breaker_failures: 100000, near_cache_keys: 0 }}\nlimits:\n  g: {{ key: \"header:x-key\", rate: 1r/m, burst: 9, nodelay: true, scope: global, on_store_error: allow }}\nroutes:\n{}",
-        redis.url(),
-        respond_route("g")
-    );
-    let sg = Sluicegate::start(&yaml);
+    let sg = Conf::new()
+        .set("ratelimit_headers: all")
+        .redis(&redis.url(), "timeout: 600ms, breaker_failures: 100000, near_cache_keys: 0")
+        .limit("g", "key: \"header:x-key\", rate: 1r/m, burst: 9, nodelay: true, scope: global, on_store_error: allow")
+        .answering("g")
+        .start();
     assert_eq!(get(sg.addr, "/", &[("x-key", "warm-up")]).await.status, 200);
     redis.pause();
     let send = || tokio::spawn(get(sg.addr, "/", &[("x-key", "k")]));
@@ -295,12 +287,11 @@ async fn a_call_answers_its_later_requests_after_its_first_timed_out() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flushed_scripts_are_loaded_again() {
     let redis = Redis::start();
-    let yaml = format!(
-        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 1s }}\nlimits:\n  g: {{ key: ip, rate: 1r/m, burst: 9, nodelay: true, scope: global, on_store_error: deny }}\nroutes:\n{}",
-        redis.url(),
-        respond_route("g")
-    );
-    let sg = Sluicegate::start(&yaml);
+    let sg = Conf::new()
+        .redis(&redis.url(), "timeout: 1s")
+        .limit("g", "key: ip, rate: 1r/m, burst: 9, nodelay: true, scope: global, on_store_error: deny")
+        .answering("g")
+        .start();
     let mut statuses = futures_statuses(sg.addr, "/", 5).await;
     assert_eq!(redis.command(&["SCRIPT", "FLUSH"]), "OK");
     statuses.extend(futures_statuses(sg.addr, "/", 10).await);
@@ -315,12 +306,11 @@ async fn flushed_scripts_are_loaded_again() {
 async fn starts_without_redis_and_uses_it_once_it_appears() {
     let mut redis = Redis::start();
     redis.kill();
-    let yaml = format!(
-        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 30ms, breaker_cooldown: 100ms }}\nlimits:\n  g: {{ key: ip, rate: 1r/m, burst: 2, nodelay: true, scope: global, on_store_error: allow }}\nroutes:\n{}",
-        redis.url(),
-        respond_route("g")
-    );
-    let sg = Sluicegate::start(&yaml);
+    let sg = Conf::new()
+        .redis(&redis.url(), "timeout: 30ms, breaker_cooldown: 100ms")
+        .limit("g", "key: ip, rate: 1r/m, burst: 2, nodelay: true, scope: global, on_store_error: allow")
+        .answering("g")
+        .start();
     assert_eq!(futures_statuses(sg.addr, "/", 5).await, [200; 5]);
     redis.restart();
     wait_until("the global limit applied", Duration::from_secs(15), async || {
