@@ -517,3 +517,37 @@ routes:
     assert!(held <= (MAX_KEYS + 63) as f64 && evictions > 0.0, "{held} keys held, {evictions} evictions");
     assert!(evictions + held <= (FRESH + 1) as f64, "{evictions} evictions, {held} keys held of {}", FRESH + 1);
 }
+
+/// A dry-run limit is invisible to clients: no header item of its own, and it is never
+/// the tightest one shown, however little it has left (it stays in logs and metrics).
+#[tokio::test]
+async fn a_dry_run_limit_is_never_advertised_to_clients() {
+    let alone = Conf::new()
+        .set("ratelimit_headers: all")
+        .set("ratelimit_header_style: both")
+        .limit("trial", "key: ip, rate: 1r/m, dry_run: true")
+        .answering("trial")
+        .start();
+    for _ in 0..3 {
+        let r = get(alone.addr, "/", &[]).await;
+        assert_eq!(r.status, 200);
+        for name in ["ratelimit", "ratelimit-policy", "x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset"]
+        {
+            assert_eq!(r.header(name), None, "{name}");
+        }
+    }
+    let beside = Conf::new()
+        .set("ratelimit_headers: all")
+        .set("ratelimit_header_style: both")
+        .limit("trial", "key: ip, rate: 1r/m, dry_run: true")
+        .limit("real", "key: ip, rate: 1r/s, burst: 9, nodelay: true")
+        .answering("trial, real")
+        .start();
+    get(beside.addr, "/", &[]).await;
+    let r = get(beside.addr, "/", &[]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("ratelimit-policy"), Some("\"real\";q=1;w=1"));
+    // (`t`: about two seconds, as the real clock has it.)
+    assert!(r.header("ratelimit").unwrap().starts_with("\"real\";r=8;t="), "{:?}", r.header("ratelimit"));
+    assert_eq!((r.header("x-ratelimit-limit"), r.header("x-ratelimit-remaining")), (Some("1"), Some("8")));
+}

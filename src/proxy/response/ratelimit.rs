@@ -27,6 +27,11 @@ pub struct Quota {
 /// The quotas of `limit`, one per window, named after the limit (and the window's
 /// length, when it has several: `"api/1s"`, `"api/1day"`).
 pub fn quotas(limit: &Limit) -> Box<[Quota]> {
+    // A dry run is invisible to clients: none of its windows is shown, and it is never
+    // the tightest of those that are.
+    if limit.dry_run {
+        return Box::default();
+    }
     let several = limit.windows.len() > 1;
     let name = |policy: &Policy| match policy {
         Policy::Rate { rate, .. } if several => format!("{}/{}", limit.name, humantime::format_duration(rate.per)),
@@ -77,22 +82,26 @@ pub fn add_ratelimit_headers(
     quotas: &[Box<[Quota]>],
     style: HeaderStyle,
 ) {
-    let Some(tightest) = standings.iter().min_by_key(|s| (s.remaining, std::cmp::Reverse(s.reset))) else {
+    // Limits without quotas (dry runs) are not shown.
+    let shown = standings.iter().filter(|s| !quotas[s.limit].is_empty());
+    let Some(tightest) = shown.clone().min_by_key(|s| (s.remaining, std::cmp::Reverse(s.reset))) else {
         return;
     };
     let quota = |s: &Standing| &quotas[s.limit][s.window];
     if style != HeaderStyle::Legacy {
-        let policy = match standings {
-            [one] => quota(one).policy.clone(),
-            _ => HeaderValue::try_from(standings.iter().map(|s| quota(s).item.as_str()).collect::<Vec<_>>().join(", "))
-                .ok(),
+        let mut two = shown.clone().take(2);
+        let policy = match (two.next(), two.next()) {
+            (Some(one), None) => quota(one).policy.clone(),
+            _ => {
+                HeaderValue::try_from(shown.clone().map(|s| quota(s).item.as_str()).collect::<Vec<_>>().join(", ")).ok()
+            }
         };
         if let Some(policy) = policy {
             set(RATELIMIT_POLICY.clone(), FieldValue::Given(policy));
         }
         // Written piece by piece, not formatted: every limited response carries it.
         let mut current = FieldValue::written();
-        for (i, s) in standings.iter().enumerate() {
+        for (i, s) in shown.enumerate() {
             if i > 0 {
                 current.push_str(", ");
             }
