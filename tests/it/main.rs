@@ -25,6 +25,7 @@ mod limits;
 mod logs;
 mod pacing;
 mod paths;
+mod promises;
 mod redis;
 mod reload;
 mod server;
