@@ -81,11 +81,13 @@ pub enum ResponseFields {
 }
 
 /// A response body from a server, which counts the request as in progress there until
-/// it is dropped, and gives its HTTP/1 connection back to the pool once read to the end
-/// (dropped before, the connection closes: it still carries the rest).
+/// it is read to the end (or dropped), and gives its HTTP/1 connection back to the pool
+/// then (dropped before, the connection closes: it still carries the rest). Counted no
+/// longer than the server is busy with it: the next request's `least_conn` pick must not
+/// find it still counted while the client is reading the last bytes.
 pub struct UpstreamBody {
     kind: BodyKind,
-    _in_flight: InFlight,
+    in_flight: Option<InFlight>,
 }
 
 // The HTTP/1 body is the common one, kept inline: boxing it would cost an allocation per
@@ -167,11 +169,9 @@ impl UpstreamClient {
                 match attempt.await {
                     Ok(Ok((status, fields, kind))) => {
                         server.succeeded(upstream);
-                        return Ok(UpstreamResponse {
-                            status,
-                            fields,
-                            body: UpstreamBody { kind, _in_flight: server },
-                        });
+                        let mut body = UpstreamBody { kind, in_flight: Some(server) };
+                        body.release_if_done();
+                        return Ok(UpstreamResponse { status, fields, body });
                     }
                     Err(_) => {
                         server.failed(upstream, Instant::now());
@@ -345,13 +345,24 @@ impl BodyKind {
 impl UpstreamBody {
     /// The next piece of the body; `None` at its end.
     pub fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BodyError>>> {
-        match &mut self.kind {
+        let polled = match &mut self.kind {
             BodyKind::H1 { body, .. } => {
                 let polled = body.poll_data(cx);
                 self.kind.give_back_if_done();
                 polled
             }
             BodyKind::H2(incoming) => h2::poll_data(incoming, cx),
+        };
+        if polled.is_ready() {
+            self.release_if_done();
+        }
+        polled
+    }
+
+    /// Read to the end: the server is no longer busy with this request.
+    fn release_if_done(&mut self) {
+        if self.in_flight.is_some() && self.is_done() {
+            self.in_flight = None;
         }
     }
 

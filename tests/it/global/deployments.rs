@@ -54,17 +54,19 @@ async fn leases_of_a_killed_instance_lapse_and_live_ones_are_renewed() {
     let redis = Redis::start();
     let backend = Backend::start().await;
     let yaml = format!(
-        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 1s, lease_ttl: 600ms }}\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nlimits:\n  slots: {{ key: ip, concurrency: 1, scope: global, on_store_error: deny }}\nroutes:\n  - match: {{ path_prefix: / }}\n    upstream: b\n    limits: [slots]\n",
+        "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 1s, lease_ttl: 1500ms }}\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nlimits:\n  slots: {{ key: ip, concurrency: 1, scope: global, on_store_error: deny }}\nroutes:\n  - match: {{ path_prefix: / }}\n    upstream: b\n    limits: [slots]\n",
         redis.url(),
         backend.addr
     );
     let (a, b) = (Sluicegate::start(&yaml), Sluicegate::start(&yaml));
     // A request through `a` holds the slot, held at the backend until released, for
-    // longer than the lease's ttl.
+    // longer than the lease's ttl. (A ttl of 1.5 s, renewed every 500 ms: a renewal may
+    // come a second late on a loaded machine and the lease still holds.)
     let a_addr = a.addr;
     let long = tokio::spawn(async move { get(a_addr, "/held", &[]).await.status });
     wait_until("the request at the backend", Duration::from_secs(10), async || !backend.hits().is_empty()).await;
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // The passing of time is what is tested.
+    tokio::time::sleep(Duration::from_millis(2000)).await;
     assert_eq!(get(b.addr, "/", &[]).await.status, 429, "renewed past its ttl, the lease still holds");
     backend.gate.add_permits(1);
     assert_eq!(long.await.unwrap(), 200);
@@ -76,12 +78,12 @@ async fn leases_of_a_killed_instance_lapse_and_live_ones_are_renewed() {
     assert_eq!(get(b.addr, "/", &[]).await.status, 429);
     drop(a); // SIGKILL
     let killed = Instant::now();
-    while get(b.addr, "/", &[]).await.status != 200 {
-        assert!(killed.elapsed() < Duration::from_secs(3), "the dead instance's slot never came back");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // Lapsed within one ttl of its last renewal, plus a poll.
-    assert!(killed.elapsed() <= Duration::from_millis(600 + 400), "{:?}", killed.elapsed());
+    wait_until("the dead instance's slot back", Duration::from_secs(10), async || {
+        get(b.addr, "/", &[]).await.status == 200
+    })
+    .await;
+    // Lapsed within one ttl of its last renewal, plus a poll (and a loaded machine's second).
+    assert!(killed.elapsed() <= Duration::from_millis(1500 + 1000), "{:?}", killed.elapsed());
     long.abort();
 }
 
