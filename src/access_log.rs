@@ -95,7 +95,8 @@ impl Entry {
             user_agent: field(http::header::USER_AGENT),
             route: None,
             outcome: "-",
-            status: 0,
+            // Until an answer is made: the client went away before it (nginx's 499).
+            status: 499,
             upstream: None,
             bytes: 0,
         })

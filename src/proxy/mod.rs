@@ -125,34 +125,17 @@ impl Proxy {
     /// Serves one request that came on `conn`. Never fails: every outcome is a response.
     pub async fn handle(&self, request: Request<'_>, conn: &ClientConn) -> Response {
         let Request { head, framing, body } = request;
-        let entry = self.access_log.as_ref().map(|log| access_log::Entry::begin(log, &head, conn.peer.ip()));
-        let mut trace = Trace::default();
+        let mut trace = Trace(self.access_log.as_ref().map(|log| access_log::Entry::begin(log, &head, conn.peer.ip())));
         // The admission is taken apart before the request is served: an answer already
         // made is not held in the request's state while another is made.
         let mut admitted = match self.admit(&head, framing, conn, &mut trace).await {
             Ok(Admission::Go(admitted)) => admitted,
-            Ok(Admission::Answer(response)) => return self.finish(response, entry, &trace),
-            Err(e) => return self.finish(response::error(&e), entry, &trace),
+            Ok(Admission::Answer(response)) => return finish(response, trace),
+            Err(e) => return finish(response::error(&e), trace),
         };
         let response = self.serve(&head, framing, body, &mut admitted, conn, &mut trace).await;
         // Each fault was logged where it happened, with what it concerned.
-        self.finish(response.unwrap_or_else(|e| response::error(&e)), entry, &trace)
-    }
-
-    /// `response`, carrying the request's access log line, if it is written.
-    fn finish(&self, mut response: Response, entry: Option<Box<access_log::Entry>>, trace: &Trace) -> Response {
-        if let Some(mut entry) = entry {
-            entry.status = response.status.as_u16();
-            entry.route = trace.route.map(|i| self.config.routes[i].name.clone());
-            entry.outcome = trace.outcome.map_or("-", RequestOutcome::as_str);
-            entry.upstream = trace.upstream;
-            if let Some(client) = trace.client {
-                entry.client = client;
-            }
-            // The line is written when the body is done.
-            response.receipts.access = Some(entry);
-        }
-        response
+        finish(response.unwrap_or_else(|e| response::error(&e)), trace)
     }
 
     /// The first step: everything up to and including the limits' decision. A request
@@ -170,7 +153,7 @@ impl Proxy {
         front::check_head(head, config).inspect_err(|e| debug!(peer = %conn.peer, error = %e, "bad request head"))?;
         let trusted_peer = hop::is_trusted(conn.peer.ip().to_canonical(), &config.trusted_proxies);
         let client_ip = hop::client_ip(conn.peer.ip(), head.fields, &config.trusted_proxies, config.forwarded);
-        trace.client = Some(client_ip);
+        trace.with(|e| e.client = client_ip);
         let front = front::front(config, head, client_ip, None).inspect_err(|e| {
             if *e == FrontError::NoRoute {
                 debug!(method = %head.method, path = head.path(), host = front::request_host(head), "no route matches");
@@ -178,7 +161,7 @@ impl Proxy {
             }
         })?;
         let route = &config.routes[front.route];
-        trace.route = Some(front.route);
+        trace.with(|e| e.route = Some(route.name.clone()));
         // Refused before it takes any quota, and unread: no `100 Continue` is sent.
         if let (Framing::Length(declared), Some(limit)) = (framing, route.max_body_bytes)
             && declared > limit
@@ -201,7 +184,7 @@ impl Proxy {
         };
         let outcome = RequestOutcome::of(&decision, &config.limits);
         self.metrics.request(front.route, outcome);
-        trace.outcome = Some(outcome);
+        trace.with(|e| e.outcome = outcome.as_str());
         match decision {
             Decision::Reject { status, retry_after, results, standings, .. } => {
                 self.account(route, &results, &front.src, true);
@@ -325,7 +308,7 @@ impl Proxy {
             Err(_) => UpstreamResult::Failed,
         };
         let took = started.elapsed();
-        trace.upstream = Some(took);
+        trace.with(|e| e.upstream = Some(took));
         self.metrics.upstream(index, result, took);
         let response = forwarded.inspect_err(|e| match e.is_client_error() {
             // The client's fault says nothing about the upstream's health.
@@ -447,13 +430,27 @@ struct Admitted {
     trusted_peer: bool,
 }
 
-/// What the request path found out about a request, for its access log line.
-#[derive(Default)]
-struct Trace {
-    client: Option<std::net::IpAddr>,
-    route: Option<usize>,
-    outcome: Option<RequestOutcome>,
-    upstream: Option<std::time::Duration>,
+/// The request's access log line (if one is written), filled in as the request path
+/// finds things out, so that a request whose client leaves before its answer (its
+/// future dropped) still logs its client, route and outcome.
+struct Trace(Option<Box<access_log::Entry>>);
+
+impl Trace {
+    fn with(&mut self, fill: impl FnOnce(&mut access_log::Entry)) {
+        if let Some(entry) = &mut self.0 {
+            fill(entry);
+        }
+    }
+}
+
+/// `response`, carrying the request's access log line, if it is written: the line is
+/// written when the body is done.
+fn finish(mut response: Response, trace: Trace) -> Response {
+    if let Trace(Some(mut entry)) = trace {
+        entry.status = response.status.as_u16();
+        response.receipts.access = Some(entry);
+    }
+    response
 }
 
 /// The level of a limit's rejection lines (`lowered`: its delay lines, one below, as
