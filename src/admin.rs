@@ -7,7 +7,6 @@
 //! `admin.token`, every call must carry `Authorization: Bearer TOKEN` (compared in
 //! constant time).
 
-use std::future::Future;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -40,14 +39,14 @@ impl AdminService {
 }
 
 impl Service for AdminService {
-    fn call<'a>(&'a self, request: Request<'a>, _conn: &'a ClientConn) -> impl Future<Output = Response> + Send + 'a {
-        std::future::ready(answer(&request.head, &self.admin, &self.running))
+    async fn call<'a>(&'a self, request: Request<'a>, _conn: &'a ClientConn) -> Response {
+        answer(&request.head, &self.admin, &self.running).await
     }
 }
 
 /// The answer to one admin call: one `match` on the method and the path's segments, a
-/// function per endpoint.
-fn answer(head: &RequestHead<'_>, admin: &Admin, running: &Running) -> Response {
+/// function per endpoint. Only a reload waits (for its outcome).
+async fn answer(head: &RequestHead<'_>, admin: &Admin, running: &Running) -> Response {
     if let Some(token) = &admin.token
         && !bearer_token(head.fields).is_some_and(|given| bool::from(given.ct_eq(token.as_bytes())))
     {
@@ -64,7 +63,7 @@ fn answer(head: &RequestHead<'_>, admin: &Admin, running: &Running) -> Response 
         (&Method::GET, ["readyz"]) => readyz(running),
         (&Method::GET, ["metrics"]) => metrics(&proxy),
         (&Method::GET, ["config"]) => json(StatusCode::OK, &describe(proxy.config())),
-        (&Method::POST, ["reload"]) => reload(running),
+        (&Method::POST, ["reload"]) => reload(running).await,
         (_, ["reload"]) => text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n"),
         (&Method::GET, ["bans"]) => bans(&proxy),
         (&Method::GET, ["bans", name, ..]) => {
@@ -100,11 +99,18 @@ fn metrics(proxy: &Proxy) -> Response {
     typed(StatusCode::OK, OPENMETRICS, proxy.metrics().encode())
 }
 
-/// `POST /reload`: the configuration file is read again, as on SIGHUP.
-fn reload(running: &Running) -> Response {
-    match running.request_reload() {
-        true => text(StatusCode::ACCEPTED, "reloading\n"),
-        false => text(StatusCode::CONFLICT, "not started from a file: nothing to reload\n"),
+/// `POST /reload`: the configuration file is read again, as on SIGHUP, and the answer
+/// says how that went: `200`, or `422` with every reason when the file (or binding its
+/// addresses, or opening its access log) failed and the running configuration stays.
+async fn reload(running: &Running) -> Response {
+    match running.reload().await {
+        Some(Ok(())) => text(StatusCode::OK, "reloaded\n"),
+        Some(Err(why)) => typed(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "text/plain",
+            format!("reload failed; the running configuration stays:\n{why}\n"),
+        ),
+        None => text(StatusCode::CONFLICT, "not started from a file: nothing to reload\n"),
     }
 }
 
@@ -272,9 +278,15 @@ mod tests {
         }
     }
 
+    /// The answer, made at once (a reload here has no file and is refused at once).
+    fn made(answer: impl Future<Output = Response>) -> Response {
+        use futures_util::FutureExt;
+        answer.now_or_never().expect("answered at once")
+    }
+
     fn call(running: &Running, admin: &Admin, method: Method, uri: &str) -> (StatusCode, String) {
         let req = http::Request::builder().method(method).uri(uri).body(()).unwrap();
-        let response = answer(&head_of(&req), admin, running);
+        let response = made(answer(&head_of(&req), admin, running));
         let crate::message::Body::Full(body) = &response.body else { panic!("made here") };
         (response.status, String::from_utf8_lossy(body).into_owned())
     }
@@ -319,7 +331,7 @@ routes:
             if let Some(token) = token {
                 request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
             }
-            answer(&head_of(&request.body(()).unwrap()), &admin, &running).status
+            made(answer(&head_of(&request.body(()).unwrap()), &admin, &running)).status
         };
         assert_eq!(request(None), StatusCode::UNAUTHORIZED);
         assert_eq!(request(Some("wrong")), StatusCode::UNAUTHORIZED);

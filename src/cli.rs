@@ -161,9 +161,20 @@ pub fn init_tracing(cli: &Cli) {
     }
 }
 
+/// How long `sluicegate reload` waits for the running instance's answer.
+const RELOAD_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Asks the instance running `config` to reload its file: `POST /reload` on its admin
-/// listener, with its token. The client side of `sluicegate reload`.
+/// listener, with its token, and waits for the outcome. The client side of `sluicegate
+/// reload`: `Err` says why the reload failed (or could not be asked for).
 pub async fn request_reload(config: &Config) -> Result<(), String> {
+    let admin = config.admin.as_ref().ok_or("the configuration has no admin listener (admin.listen)")?;
+    tokio::time::timeout(RELOAD_WAIT, ask_reload(config))
+        .await
+        .unwrap_or_else(|_| Err(format!("{} did not answer within {}s", admin.listen, RELOAD_WAIT.as_secs())))
+}
+
+async fn ask_reload(config: &Config) -> Result<(), String> {
     let admin = config.admin.as_ref().ok_or("the configuration has no admin listener (admin.listen)")?;
     let mut stream =
         tokio::net::TcpStream::connect(admin.listen).await.map_err(|e| format!("{}: {e}", admin.listen))?;
@@ -177,9 +188,16 @@ pub async fn request_reload(config: &Config) -> Result<(), String> {
     writer.end();
     let no_body: Option<&mut dyn BodySource> = None;
     let (result, _) = exchange(&mut stream, &head, no_body, Framing::Empty, &http::Method::POST, 64 * 1024).await;
-    let (response, _) = result.map_err(|e| e.to_string())?;
-    match response.status {
-        StatusCode::ACCEPTED => Ok(()),
-        status => Err(format!("{} answered {status}", admin.listen)),
+    let (response, read) = result.map_err(|e| e.to_string())?;
+    if response.status == StatusCode::OK {
+        return Ok(());
     }
+    // The answer's body says why.
+    let mut body = crate::http1::client::ResponseBody::new(stream, &response, read);
+    let mut why = Vec::new();
+    while let Some(piece) = std::future::poll_fn(|cx| body.poll_data(cx)).await {
+        why.extend_from_slice(&piece.map_err(|e| e.to_string())?);
+    }
+    let why = String::from_utf8_lossy(&why);
+    Err(format!("{} answered {}: {}", admin.listen, response.status, why.trim_end()))
 }

@@ -67,11 +67,11 @@ async fn run(cli: Cli, path: std::path::PathBuf, config: config::Config) -> Exit
         Some(Command::Reload) => {
             return match sluicegate::cli::request_reload(&config).await {
                 Ok(()) => {
-                    println!("{}: reload requested", path.display());
+                    println!("{}: reloaded", path.display());
                     ExitCode::SUCCESS
                 }
                 Err(e) => {
-                    eprintln!("sluicegate: cannot request a reload: {e}");
+                    eprintln!("sluicegate: {}: reload failed: {e}", path.display());
                     ExitCode::FAILURE
                 }
             };

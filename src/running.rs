@@ -3,10 +3,10 @@
 //! from, and how the last reload went.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 
 use crate::proxy::Proxy;
 
@@ -16,10 +16,18 @@ pub struct Running {
     proxy: ArcSwap<Proxy>,
     /// Where the configuration is read from on a reload (`None`: no reloads).
     source: Option<PathBuf>,
-    /// Why the last reload failed, if it did (cleared by a good one).
-    reload_failure: Mutex<Option<String>>,
+    /// How many reloads there have been, and why the last one failed, if it did.
+    reloads_done: watch::Sender<Reloads>,
     /// Reloads asked for through the admin API.
     reloads: Notify,
+}
+
+/// The reloads so far.
+#[derive(Default)]
+struct Reloads {
+    count: u64,
+    /// Why the last one failed (`None`: it succeeded, or there was none).
+    failure: Option<String>,
 }
 
 impl Running {
@@ -27,7 +35,7 @@ impl Running {
         Running {
             proxy: ArcSwap::from_pointee(proxy),
             source,
-            reload_failure: Mutex::new(None),
+            reloads_done: watch::Sender::new(Reloads::default()),
             reloads: Notify::new(),
         }
     }
@@ -44,28 +52,35 @@ impl Running {
     /// A reload succeeded: `proxy` serves the requests from now on.
     pub fn reloaded(&self, proxy: Proxy) {
         self.proxy.store(Arc::new(proxy));
-        *self.failure() = None;
+        self.reloads_done.send_modify(|r| {
+            r.count += 1;
+            r.failure = None;
+        });
     }
 
     /// A reload failed for `why`; the running configuration stays.
     pub fn reload_failed(&self, why: String) {
-        *self.failure() = Some(why);
+        self.reloads_done.send_modify(|r| {
+            r.count += 1;
+            r.failure = Some(why);
+        });
     }
 
     pub fn reload_failure(&self) -> Option<String> {
-        self.failure().clone()
+        self.reloads_done.borrow().failure.clone()
     }
 
-    fn failure(&self) -> std::sync::MutexGuard<'_, Option<String>> {
-        // A message, valid whatever a panicking holder left.
-        self.reload_failure.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Asks the server to reload its configuration file (the admin API's `POST /reload`);
-    /// false when it was not read from a file.
-    pub fn request_reload(&self) -> bool {
+    /// Asks the server to reload its configuration file (the admin API's `POST /reload`)
+    /// and waits for the outcome: `Err` says why it failed (the running configuration
+    /// stays). `None` when the configuration was not read from a file, or the server
+    /// stopped first.
+    pub async fn reload(&self) -> Option<Result<(), String>> {
+        self.source.as_ref()?;
+        let mut done = self.reloads_done.subscribe();
+        let before = done.borrow_and_update().count;
         self.reloads.notify_one();
-        self.source.is_some()
+        let after = done.wait_for(|r| r.count > before).await.ok()?;
+        Some(after.failure.clone().map_or(Ok(()), Err))
     }
 
     /// Completes when a reload is asked for through `request_reload`.

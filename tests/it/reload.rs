@@ -191,10 +191,20 @@ async fn sluicegate_reload_checks_the_file_then_asks_the_running_instance() {
     assert_eq!(refused.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&refused.stderr).contains("listen: invalid address"));
     std::fs::write(&sg.config, yaml("two", port)).unwrap();
-    let before = sg.log().len();
     let asked = reload();
     assert!(asked.status.success(), "{}", String::from_utf8_lossy(&asked.stderr));
-    sg.wait_for_log(|log| log[before..].contains("configuration reloaded"));
+    assert!(String::from_utf8_lossy(&asked.stdout).ends_with(": reloaded\n"));
+    // Done when the command returns.
+    assert_eq!(get(sg.addr, "/", &[]).await.text(), "two");
+    // A file `check` accepts whose reload fails (its address is taken): the command says
+    // so and why, and exits 1; the running configuration stays.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let three = yaml("three", port).replace("listen: 127.0.0.1:0", &format!("listen: {}", taken.local_addr().unwrap()));
+    std::fs::write(&sg.config, three).unwrap();
+    let failed = reload();
+    let stderr = String::from_utf8_lossy(&failed.stderr);
+    assert_eq!(failed.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("reload failed") && stderr.contains("cannot listen on"), "{stderr}");
     assert_eq!(get(sg.addr, "/", &[]).await.text(), "two");
 }
 
