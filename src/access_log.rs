@@ -56,7 +56,11 @@ impl AccessLog {
     pub fn open(config: &AccessLogConfig) -> std::io::Result<Arc<AccessLog>> {
         let out: Box<dyn Write + Send> = match &config.path {
             None => Box::new(std::io::stderr()),
-            Some(path) => Box::new(OpenOptions::new().create(true).append(true).open(Path::new(path))?),
+            Some(path) => {
+                Box::new(OpenOptions::new().create(true).append(true).open(Path::new(path)).map_err(|e| {
+                    std::io::Error::new(e.kind(), format!("access_log.path: cannot open {path:?} for appending: {e}"))
+                })?)
+            }
         };
         let (lines, queued) = sync_channel(QUEUE);
         let dropped = Arc::new(AtomicU64::new(0));

@@ -85,7 +85,7 @@ async fn run(cli: Cli, path: std::path::PathBuf, config: config::Config) -> Exit
     let server = match server::Server::bind(config, Some(path.clone())).await {
         Ok(server) => server,
         Err(e) => {
-            eprintln!("sluicegate: cannot start: {e}");
+            eprintln!("sluicegate: {}: cannot start: {e}", path.display());
             return ExitCode::FAILURE;
         }
     };

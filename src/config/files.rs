@@ -31,3 +31,19 @@ pub fn read_bounded(path: &std::path::Path, max: u64) -> std::io::Result<Vec<u8>
     }
     Ok(bytes)
 }
+
+/// Whether a log can be appended to `path`: an existing regular file opened for
+/// appending, or a new file in an existing directory (made and removed again to know).
+pub fn appendable(path: &str) -> Result<(), String> {
+    use std::fs::OpenOptions;
+    let at = std::path::Path::new(path);
+    let result = match std::fs::metadata(at) {
+        Ok(meta) if !meta.is_file() => return Err(format!("{path:?} is not a regular file")),
+        Ok(_) => OpenOptions::new().append(true).open(at).map(drop),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            OpenOptions::new().append(true).create_new(true).open(at).and_then(|_| std::fs::remove_file(at))
+        }
+        Err(e) => Err(e),
+    };
+    result.map_err(|e| format!("cannot open {path:?} for appending: {e}"))
+}

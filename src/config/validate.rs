@@ -102,6 +102,10 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
     };
 
     let admin = raw.admin.as_ref().and_then(|a| admin(&mut e, a));
+    // Found now, by `check` too, rather than when `run` or a reload opens it.
+    if let Some(path) = raw.access_log.as_ref().and_then(|a| a.path.as_deref()).filter(|p| *p != "stderr") {
+        e.check(|| "access_log.path".into(), super::files::appendable(path));
+    }
     let upstreams = raw.upstreams.iter().map(|(name, u)| upstreams::upstream(&mut e, name, u)).collect();
     let redis = raw.redis.as_ref().map(|r| store::redis(&mut e, r));
     let limits: Vec<_> = raw.limits.iter().map(|(name, l)| limits::limit(&mut e, name, l, &raw.limits)).collect();

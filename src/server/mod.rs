@@ -56,16 +56,19 @@ impl Server {
     /// from that file.
     pub async fn bind(config: Config, source: Option<PathBuf>) -> std::io::Result<Server> {
         let max_connections = config.max_connections.unwrap_or_else(|| default_max_connections(open_file_limit()));
-        // The error names the address: with two listeners, which one is taken matters.
-        let at = |addr: SocketAddr| move |e: std::io::Error| std::io::Error::new(e.kind(), format!("{addr}: {e}"));
+        // The error names the field and the address: with two listeners, which one is
+        // taken matters.
+        let at = |field: &'static str, addr: SocketAddr| {
+            move |e: std::io::Error| std::io::Error::new(e.kind(), format!("{field}: cannot listen on {addr}: {e}"))
+        };
         let listeners = config
             .listeners
             .iter()
-            .map(|l| listen(l.address).map_err(at(l.address)))
+            .map(|l| listen(l.address).map_err(at("listen", l.address)))
             .collect::<std::io::Result<_>>()?;
         info!(max_connections, "connection limit");
         let admin = match &config.admin {
-            Some(admin) => Some(TcpListener::bind(admin.listen).await.map_err(at(admin.listen))?),
+            Some(admin) => Some(TcpListener::bind(admin.listen).await.map_err(at("admin.listen", admin.listen))?),
             None => None,
         };
         let running = Running::new(Proxy::new(config)?, source);
@@ -165,7 +168,7 @@ impl Server {
                     Ok(listener) => bound.push(listener),
                     Err(e) => {
                         error!(addr = %address, error = %e, "cannot listen on the reloaded address");
-                        return fail(format!("cannot listen on {address}: {e}"));
+                        return fail(format!("listen: cannot listen on {address}: {e}"));
                     }
                 }
             }
@@ -181,7 +184,7 @@ impl Server {
             Ok(reloaded) => reloaded,
             Err(e) => {
                 error!(error = %e, "cannot open the reloaded access log");
-                return fail(format!("cannot open the access log: {e}"));
+                return fail(e.to_string());
             }
         };
         proxy.metrics().reload_result(true);

@@ -577,16 +577,64 @@ fn resolve_interval_is_a_positive_duration_or_off() {
 fn a_port_in_use_is_named_when_run_cannot_listen() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap();
-    for yaml in [
-        format!("listen: {addr}\nroutes:\n  - respond: {{ status: 200 }}\n"),
-        format!("listen: 127.0.0.1:0\nadmin: {{ listen: \"{addr}\" }}\nroutes:\n  - respond: {{ status: 200 }}\n"),
+    for (field, yaml) in [
+        ("listen", format!("listen: {addr}\nroutes:\n  - respond: {{ status: 200 }}\n")),
+        (
+            "admin.listen",
+            format!("listen: 127.0.0.1:0\nadmin: {{ listen: \"{addr}\" }}\nroutes:\n  - respond: {{ status: 200 }}\n"),
+        ),
     ] {
         let (_dir, path) = config_file(&yaml);
         let out = binary().arg("-c").arg(&path).stdout(std::process::Stdio::null()).output().unwrap();
         assert_eq!(out.status.code(), Some(1));
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(stderr.contains(&format!("sluicegate: cannot start: {addr}: Address already in use")), "{stderr}");
+        let expected = format!(
+            "sluicegate: {}: cannot start: {field}: cannot listen on {addr}: Address already in use",
+            path.display()
+        );
+        assert!(stderr.contains(&expected), "{expected}\nnot in\n{stderr}");
     }
+}
+
+/// An access log that cannot be written is found by `check`, at its field, before `run`
+/// or a reload trips on it; one that becomes unwritable after `check` is named with its
+/// field and path when `run` or a reload cannot open it.
+#[tokio::test]
+async fn an_access_log_that_cannot_be_opened_is_named_with_its_field() {
+    let yaml = |path: &str| {
+        format!("listen: 127.0.0.1:0\naccess_log: {{ path: \"{path}\" }}\nroutes:\n  - respond: {{ status: 200 }}\n")
+    };
+    let (ok, stderr) = check(&yaml("/nonexistent/dir/access.log"));
+    assert!(!ok);
+    assert_eq!(
+        stderr,
+        "FILE:2:21: access_log.path: cannot open \"/nonexistent/dir/access.log\" for appending: No such file or directory (os error 2)\nFILE: configuration is invalid\n"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, stderr) = check(&yaml(&dir.path().display().to_string()));
+    assert!(!ok && stderr.contains("access_log.path: ") && stderr.contains("is not a regular file"), "{stderr}");
+    // A path `check` accepted, gone by the time of the reload: the reload fails, saying
+    // which field and file.
+    let logs = dir.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let path = logs.join("access.log").display().to_string();
+    let sg = Sluicegate::start(
+        &yaml(&path).replace("listen: 127.0.0.1:0", "listen: 127.0.0.1:0\nadmin: { listen: 127.0.0.1:0 }"),
+    );
+    std::fs::remove_dir_all(&logs).unwrap();
+    let reply = get(sg.admin_addr(), "/readyz", &[]).await;
+    assert_eq!(reply.status, 200);
+    let log = sg.reload(
+        &yaml(&format!("{path}.2"))
+            .replace("listen: 127.0.0.1:0", "listen: 127.0.0.1:0\nadmin: { listen: 127.0.0.1:0 }"),
+    );
+    assert!(log.contains("reload failed"), "{log}");
+    assert!(
+        get(sg.admin_addr(), "/readyz", &[])
+            .await
+            .text()
+            .contains(&format!("access_log.path: cannot open \"{path}.2\""))
+    );
 }
 
 #[test]
