@@ -293,8 +293,40 @@ impl Metrics {
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.families.registry);
-        out
+        in_order(&out)
     }
+}
+
+/// `text` with each family's series sorted by their labels: `prometheus-client` writes
+/// them in its hash maps' order, which differs from one process to the next, so two
+/// instances' (or two restarts') pages could not be compared line by line. A series'
+/// own lines (a histogram's buckets, sum and count) keep their order.
+fn in_order(text: &str) -> String {
+    fn flush<'a>(series: &mut std::collections::BTreeMap<&'a str, Vec<&'a str>>, out: &mut String) {
+        for line in std::mem::take(series).into_values().flatten() {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut series = std::collections::BTreeMap::new();
+    for line in text.lines() {
+        if line.starts_with('#') {
+            flush(&mut series, &mut out);
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        }
+        // The labels, but a bucket's bound: `{le="0.5",route="api"}` is series `route="api"`.
+        let labels = line.split_once('{').and_then(|(_, rest)| rest.rsplit_once('}')).map_or("", |(labels, _)| labels);
+        let key = match labels.strip_prefix("le=\"").and_then(|rest| rest.split_once('"')) {
+            Some((_, others)) => others.trim_start_matches(','),
+            None => labels,
+        };
+        series.entry(key).or_insert_with(Vec::new).push(line);
+    }
+    flush(&mut series, &mut out);
+    out
 }
 
 fn delay_histogram() -> Histogram {

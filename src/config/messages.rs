@@ -111,10 +111,52 @@ pub fn describe(error: &Error, src: &str, positions: &Positions, path: &str) -> 
                     "a tab in the indentation; YAML indents with spaces".into(),
                 );
             }
+            // The parser notices an unclosed `{` or `[` where it gives up, often lines
+            // later: point at the bracket instead.
+            if (message.contains("flow mapping") || message.contains("flow sequence"))
+                && let Some((open_line, open_column, bracket)) = unclosed(src, line, column)
+            {
+                let close = if bracket == '{' { '}' } else { ']' };
+                return (
+                    open_line,
+                    open_column,
+                    path,
+                    format!("this `{bracket}` is not closed: a `{close}` (or a `,`) is missing before line {line}"),
+                );
+            }
             message
         }
     };
     (line, column, path, message)
+}
+
+/// The innermost `{` or `[` still open at `line`:`column` (1-based), outside quotes and
+/// comments: its line, column and character.
+fn unclosed(src: &str, line: usize, column: usize) -> Option<(usize, usize, char)> {
+    let mut open = Vec::new();
+    for (n, text) in src.lines().enumerate().take(line) {
+        let mut quote = None;
+        let mut previous = ' ';
+        for (c, ch) in text.chars().enumerate() {
+            if n + 1 == line && c + 1 >= column {
+                break;
+            }
+            match (quote, ch) {
+                (Some('"'), '"') if previous != '\\' => quote = None,
+                (Some('\''), '\'') => quote = None,
+                (Some(_), _) => {}
+                (None, '"' | '\'') => quote = Some(ch),
+                (None, '#') if previous.is_whitespace() => break,
+                (None, '{' | '[') => open.push((n + 1, c + 1, ch)),
+                (None, '}' | ']') => {
+                    open.pop();
+                }
+                _ => {}
+            }
+            previous = ch;
+        }
+    }
+    open.pop()
 }
 
 /// Only comments and blank lines.

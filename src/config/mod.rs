@@ -404,7 +404,18 @@ pub enum LoadError {
 /// (`raw`), so that it cannot drift from what `check` accepts. Values with a syntax of
 /// their own (rates, durations, addresses) are strings in it; `check` tells the rest.
 pub fn schema() -> String {
-    let schema = schemars::schema_for!(raw::RawConfig);
+    let mut schema = schemars::schema_for!(raw::RawConfig);
+    // Named after the product, not the type that parses it.
+    schema.insert("title".into(), "sluicegate configuration".into());
+    schema.insert(
+        "description".into(),
+        concat!(
+            "The YAML configuration file of sluicegate ",
+            env!("CARGO_PKG_VERSION"),
+            " (`sluicegate check` tells the rest)"
+        )
+        .into(),
+    );
     serde_json::to_string_pretty(&schema).unwrap_or_default()
 }
 

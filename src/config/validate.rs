@@ -119,6 +119,15 @@ pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Conf
         .map(|(i, r)| routes::route(&mut e, i, r, &raw, &limits, max_body_bytes))
         .collect();
     shadow::check(&mut e, &routes);
+    // A limit no route lists (nor overrides into) decides nothing: most likely a name
+    // left out of a route's `limits`.
+    for name in raw.limits.keys() {
+        let listed = raw.routes.iter().any(|r| r.limits.contains(name))
+            || raw.limits.values().any(|l| l.overrides.iter().any(|o| &o.target == name));
+        if !listed {
+            e.warn(format!("limits.{name}"), "no route lists this limit: it decides nothing");
+        }
+    }
     if routes.is_empty() {
         e.warn("routes".into(), "no routes: every request is answered 404");
     }

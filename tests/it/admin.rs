@@ -161,3 +161,24 @@ routes:
     assert_eq!(config["limits"][0]["name"], "api");
     assert_eq!(get(admin, "/limits/nope?ip=1.2.3.4", &[]).await.status, 404);
 }
+
+/// `/metrics` lists each family's series in one order (by labels), the same on every
+/// instance and restart: two pages of one configuration compare line by line.
+#[tokio::test]
+async fn metrics_series_come_in_a_stable_order() {
+    let mut conf = Conf::new().admin();
+    for n in 0..8 {
+        conf = conf
+            .limit(&format!("l{n}"), "key: ip, rate: 1r/s, burst: 2")
+            .route(&format!("name: r{n}, match: {{ path_prefix: /{n} }}, limits: [l{n}], respond: {{ status: 200 }}"));
+    }
+    let (a, b) = (conf.start(), conf.start());
+    let (a, b) = (Metrics::of(&a).await.0, Metrics::of(&b).await.0);
+    assert_eq!(a, b);
+    // A histogram's series keep their own lines together, buckets in order.
+    let delay: Vec<&str> = a.lines().filter(|l| l.starts_with("sluicegate_limit_delay_seconds_bucket{le=")).collect();
+    assert!(
+        delay[0].contains("le=\"0.001\",limit=\"l0\"") && delay[16].contains("le=\"+Inf\",limit=\"l0\""),
+        "{delay:?}"
+    );
+}

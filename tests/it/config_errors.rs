@@ -404,6 +404,7 @@ fn the_printed_schema_accepts_the_example_and_refuses_unknown_keys() {
     let out = binary().arg("schema").output().unwrap();
     assert!(out.status.success());
     let schema: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(schema["title"], "sluicegate configuration");
     let validator = jsonschema::validator_for(&schema).unwrap();
     let example = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config.example.yaml")).unwrap();
     let example: serde_json::Value = serde_saphyr::from_str(&example).unwrap();
@@ -692,5 +693,34 @@ FILE:10:30: limits.h.concurrency: must be a positive integer
 FILE:12:17: routes[0].limits[1]: limit \"a\" is listed twice
 FILE: configuration is invalid
 "
+    );
+}
+
+/// A limit that no route lists, nor any override uses, decides nothing: a warning says so.
+#[test]
+fn a_limit_no_route_uses_is_a_warning() {
+    let yaml = "listen: 127.0.0.1:0
+limits:
+  used: { key: ip, rate: 1r/s, overrides: [ { match: { cidrs: [10.0.0.0/8] }, use: inner } ] }
+  inner: { key: ip, rate: 10r/s }
+  forgotten: { key: ip, rate: 1r/s }
+routes:
+  - { limits: [used], respond: { status: 200 } }
+";
+    let (ok, stderr) = check(yaml);
+    assert!(ok, "{stderr}");
+    assert_eq!(stderr, "warning: FILE:5:14: limits.forgotten: no route lists this limit: it decides nothing\n");
+}
+
+/// An unclosed `{` is reported where it was opened, not lines later where the parser
+/// gave up.
+#[test]
+fn an_unclosed_flow_mapping_points_at_its_bracket() {
+    let yaml = "listen: 127.0.0.1:0\nlimits:\n  a: { key: ip, rate: 1r/s\n  # a comment with a { in it\nroutes:\n  - respond: { status: 200 }\n";
+    let (ok, stderr) = check(yaml);
+    assert!(!ok);
+    assert!(
+        stderr.starts_with("FILE:3:6: limits.a: this `{` is not closed: a `}` (or a `,`) is missing before line "),
+        "{stderr}"
     );
 }

@@ -282,3 +282,18 @@ async fn server_workers_is_the_number_of_threads_serving_requests() {
     assert!(replies.iter().all(|r| r.status == 200));
     assert_eq!(workers(&one), 0, "{:?}", one.threads());
 }
+
+/// The shipped systemd unit is valid (`systemd-analyze verify`, where installed) and
+/// gives the dynamic user a writable log directory.
+#[test]
+fn the_systemd_unit_verifies_and_has_somewhere_to_log() {
+    let unit = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/contrib/sluicegate.service")).unwrap();
+    assert!(unit.contains("DynamicUser=yes") && unit.contains("LogsDirectory=sluicegate"), "{unit}");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sluicegate.service");
+    std::fs::write(&path, unit.replace("/usr/local/bin/sluicegate", env!("CARGO_BIN_EXE_sluicegate"))).unwrap();
+    match std::process::Command::new("systemd-analyze").arg("verify").arg(&path).output() {
+        Ok(out) => assert!(out.status.success() && out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr)),
+        Err(e) => eprintln!("systemd-analyze not run ({e}): only the unit's text was checked"),
+    }
+}
