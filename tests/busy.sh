@@ -11,7 +11,7 @@ runs=${1:-5}
 shift $(( $# > 0 ? 1 : 0 ))
 [[ ${1:-} == -- ]] && shift
 
-cargo test --no-run -q 2>&1 | grep -v '^$' || true
+cargo test --release --no-run -q 2>&1 | grep -v '^$' || true
 
 logs=$(mktemp -d)
 busy=()
@@ -29,7 +29,7 @@ done
 failed_runs=0
 for run in $(seq 1 "$runs"); do
     started=$SECONDS
-    cargo test "$@" > "$logs/$run.log" 2>&1
+    cargo test --release "$@" > "$logs/$run.log" 2>&1
     status=$?
     # libtest prints each failing test as "    name" under "failures:" and, before,
     # "test name ... FAILED".

@@ -9,7 +9,7 @@
 //! Written here rather than taken from hyper, whose HTTP/1 machinery (two state machines,
 //! a header map per message, a task and channel per upstream connection, a buffer per
 //! connection) cost twice nginx's instructions per request and 44 KB per kept-alive
-//! connection (README, *Performance*).
+//! connection (docs/performance.md).
 
 pub mod body;
 pub mod client;

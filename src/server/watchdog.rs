@@ -168,7 +168,7 @@ where
     C: Future<Output = Result<(), E>>,
 {
     // Asked for a change only when there is one, or to hold this task's waker, as the
-    // timer below (README, *Performance*).
+    // timer below (docs/performance.md).
     let signalled = stopping.clone();
     let shutdown = async {
         let _ = stopping.changed().await;
@@ -183,7 +183,7 @@ where
     let mut leaving: Option<Instant> = None;
     // The waker the timer holds. The timer is polled only when it has fired or does not
     // hold this task's waker, not on every wake-up of the connection (two per request),
-    // without `tokio::select!` (README, *Performance*).
+    // without `tokio::select!` (docs/performance.md).
     let mut timer_waker: Option<Waker> = None;
     loop {
         let woken = poll_fn(|cx| {

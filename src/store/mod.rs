@@ -277,7 +277,7 @@ impl Store {
 }
 
 /// `{prefix}{{{name}:{hash:032x}}}`, written out: `format!` cost more than the rest of
-/// the key's work (README, *Performance*).
+/// the key's work (docs/performance.md).
 fn key_base(prefix: &str, name: &str, hash: u128) -> String {
     let mut base = String::with_capacity(prefix.len() + name.len() + 35);
     base.push_str(prefix);

@@ -1,6 +1,6 @@
 //! The whole-proxy benchmark still works: `benches/wrk/run.sh` in its one-core layout,
 //! one repetition of one second against this build of sluicegate and the test backend.
-//! The figures mean nothing here (a debug build, a loaded machine); the table must come.
+//! The figures mean nothing here (a loaded machine, one second); the table must come.
 
 use std::process::Command;
 

@@ -90,7 +90,7 @@ async fn response_body_streams_before_the_upstream_finishes() {
 #[tokio::test]
 async fn request_body_streams_to_the_upstream() {
     let backend = Backend::start().await;
-    // The upstream's timeout counts the upload: 8 MiB through a debug build on a busy
+    // The upstream's timeout counts the upload: 8 MiB through a busy
     // machine can take longer than the 300 ms the other tests use.
     let sg = Sluicegate::start(&config(&backend.addr.to_string(), "").replace(", timeout: 300ms", ", timeout: 20s"));
     let (mut tx, body) = Channel::<Bytes, std::convert::Infallible>::new(4);

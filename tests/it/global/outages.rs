@@ -11,8 +11,8 @@ async fn redis_killed_under_load_then_restarted() {
     let mut redis = Redis::start();
     let yaml = format!(
         "listen: 127.0.0.1:0\nredis: {{ url: \"{}\", timeout: 100ms, breaker_failures: 3, breaker_cooldown: 200ms }}\nlimits:
-  open: {{ key: ip, rate: 1000r/s, burst: 1000, nodelay: true, scope: global, on_store_error: allow }}
-  closed: {{ key: ip, rate: 1000r/s, burst: 1000, nodelay: true, scope: global, on_store_error: deny }}
+  open: {{ key: ip, rate: 100000r/s, burst: 100000, nodelay: true, scope: global, on_store_error: allow }}
+  closed: {{ key: ip, rate: 100000r/s, burst: 100000, nodelay: true, scope: global, on_store_error: deny }}
   twin: {{ key: ip, rate: 1r/m, burst: 5, nodelay: true, scope: global, on_store_error: local, instances: 2 }}
 routes:
   - match: {{ path: /open }}
