@@ -12,6 +12,7 @@ mod position;
 mod raw;
 mod resolve;
 mod routes;
+mod secrets;
 mod shadow;
 mod store;
 pub mod tls;

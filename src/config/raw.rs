@@ -115,7 +115,10 @@ pub enum RawSize {
 #[serde(deny_unknown_fields)]
 pub struct RawAdmin {
     pub listen: String,
+    /// The token itself, or `${VARIABLE}`.
     pub token: Option<String>,
+    /// A file that holds the token.
+    pub token_file: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -187,8 +190,12 @@ pub struct RawRedis {
     pub url: String,
     #[serde(default)]
     pub cluster: bool,
+    /// The user itself, or `${VARIABLE}`.
     pub username: Option<String>,
+    /// The password itself, or `${VARIABLE}`.
     pub password: Option<String>,
+    /// A file that holds the password.
+    pub password_file: Option<String>,
     pub tls_ca_file: Option<String>,
     pub timeout: Option<String>,
     pub connect_timeout: Option<String>,

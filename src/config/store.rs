@@ -53,8 +53,8 @@ pub(super) fn redis(e: &mut Errors<'_>, raw: &RawRedis) -> Redis {
     Redis {
         url: raw.url.clone(),
         cluster: raw.cluster,
-        username: raw.username.clone(),
-        password: raw.password.clone(),
+        username: super::secrets::secret(e, "redis.username", raw.username.as_deref(), None),
+        password: super::secrets::secret(e, "redis.password", raw.password.as_deref(), raw.password_file.as_deref()),
         tls_ca,
         timeout: positive(e, "timeout", raw.timeout.as_ref(), DEFAULT_TIMEOUT),
         connect_timeout: positive(e, "connect_timeout", raw.connect_timeout.as_ref(), DEFAULT_CONNECT_TIMEOUT),

@@ -35,10 +35,11 @@ fn admin(e: &mut Errors<'_>, raw: &RawAdmin) -> Option<Admin> {
         SocketAddr::from_str(&raw.listen)
             .map_err(|_| format!("invalid address {:?}; write IP:PORT, e.g. 127.0.0.1:9901", raw.listen)),
     );
-    if raw.token.as_ref().is_some_and(|t| t.is_empty() || HeaderValue::from_str(&format!("Bearer {t}")).is_err()) {
+    let token = super::secrets::secret(e, "admin.token", raw.token.as_deref(), raw.token_file.as_deref());
+    if token.as_ref().is_some_and(|t| t.is_empty() || HeaderValue::from_str(&format!("Bearer {t}")).is_err()) {
         e.add("admin.token".into(), "must be a non-empty string of visible ASCII characters");
     }
-    Some(Admin { listen: listen?, token: raw.token.clone() })
+    Some(Admin { listen: listen?, token })
 }
 
 pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Config, Vec<ConfigError>> {

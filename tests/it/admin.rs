@@ -182,3 +182,38 @@ async fn metrics_series_come_in_a_stable_order() {
         "{delay:?}"
     );
 }
+
+/// The admin token need not be written into the file: `${NAME}` reads it from the
+/// environment, `token_file` from a file (a trailing newline dropped); `check` names a
+/// variable that is not set, and refuses both at once.
+#[tokio::test]
+async fn the_admin_token_comes_from_the_environment_or_a_file() {
+    let yaml = |token: &str| {
+        format!(
+            "listen: 127.0.0.1:0\nadmin: {{ listen: 127.0.0.1:0, {token} }}\nroutes:\n  - respond: {{ status: 200 }}\n"
+        )
+    };
+    let called = async |sg: &Sluicegate, token: &str| {
+        get(sg.admin_addr(), "/healthz", &[("authorization", &format!("Bearer {token}"))]).await.status
+    };
+    let from_env =
+        Sluicegate::try_start_with(&yaml("token: \"${SG_ADMIN_TOKEN}\""), &[("SG_ADMIN_TOKEN", "from-env")]).unwrap();
+    assert_eq!((called(&from_env, "from-env").await, called(&from_env, "${SG_ADMIN_TOKEN}").await), (200, 401));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token");
+    std::fs::write(&file, "from-file\n").unwrap();
+    let from_file = Sluicegate::start(&yaml(&format!("token_file: \"{}\"", file.display())));
+    assert_eq!((called(&from_file, "from-file").await, called(&from_file, "other").await), (200, 401));
+
+    let check = |yaml: &str| {
+        let (_dir, path) = config_file(yaml);
+        let out = binary().args(["check", "-c"]).arg(&path).env_remove("SG_UNSET_TOKEN").output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).replace(&path.display().to_string(), "FILE"))
+    };
+    let (code, stderr) = check(&yaml("token: \"${SG_UNSET_TOKEN}\""));
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("admin.token: the environment variable SG_UNSET_TOKEN is not set"), "{stderr}");
+    let (code, stderr) = check(&yaml(&format!("token: t, token_file: \"{}\"", file.display())));
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("admin.token_file: give either `token` or `token_file`, not both"), "{stderr}");
+}

@@ -282,8 +282,14 @@ impl Sluicegate {
     /// Starts the proxy with `yaml`: the running process once it reports its listening
     /// address, or its whole log if it exits (or is still silent after 20 s) before that.
     pub fn try_start(yaml: &str) -> Result<Sluicegate, String> {
+        Self::try_start_with(yaml, &[])
+    }
+
+    /// `try_start` with the environment variables `env` set for the process.
+    pub fn try_start_with(yaml: &str, env: &[(&str, &str)]) -> Result<Sluicegate, String> {
         let (dir, path) = config_file(yaml);
         let mut child = binary()
+            .envs(env.iter().copied())
             .args(["--log-format", "json", "--log-level", "debug", "-c"])
             .arg(&path)
             .stdout(Stdio::null())

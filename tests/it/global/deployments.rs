@@ -188,12 +188,24 @@ async fn credentials_are_sent_and_a_refusal_is_a_store_error() {
     assert_eq!(redis.command(&["CONFIG", "SET", "requirepass", "s3cret"]), "OK");
     let config = |password: &str| {
         Conf::new()
-            .redis(&redis.url(), &format!("password: \"{password}\", timeout: 1s"))
+            .redis(&redis.url(), &format!("{password}, timeout: 1s"))
             .limit("g", "key: ip, rate: 1r/m, burst: 1, nodelay: true, scope: global, on_store_error: deny")
             .answering("g")
     };
-    let right = config("s3cret").start();
+    let right = config("password: s3cret").start();
     assert_eq!(futures_statuses(right.addr, "/", 3).await, [200, 200, 429], "{}", right.log());
-    let wrong = config("guess").start();
+    let wrong = config("password: guess").start();
     assert_eq!(futures_statuses(wrong.addr, "/", 2).await, [503, 503], "{}", wrong.log());
+    // Kept out of the file: from the environment, or from a file of its own.
+    let env = Sluicegate::try_start_with(
+        &config("password: \"${SG_REDIS_PASSWORD}\"").yaml(),
+        &[("SG_REDIS_PASSWORD", "s3cret")],
+    )
+    .unwrap();
+    assert_eq!(futures_statuses(env.addr, "/", 1).await, [429], "the same key, counted in Redis: {}", env.log());
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("redis-password");
+    std::fs::write(&file, "s3cret\n").unwrap();
+    let from_file = config(&format!("password_file: \"{}\"", file.display())).start();
+    assert_eq!(futures_statuses(from_file.addr, "/", 1).await, [429], "{}", from_file.log());
 }
