@@ -33,18 +33,11 @@ fn decisions(m: &Metrics, limit: &str, outcome: &str) -> f64 {
 /// `delayed` and `sluicegate_limit_decisions_total` counts a limit's delays.
 #[tokio::test]
 async fn a_delayed_request_is_counted_as_delayed_and_its_delay_observed() {
-    let sg = Sluicegate::start(
-        r#"
-listen: 127.0.0.1:0
-admin: { listen: 127.0.0.1:0 }
-limits:
-  pace: { key: ip, rate: 2r/s, burst: 5 }
-routes:
-  - name: paced
-    respond: { status: 200 }
-    limits: [pace]
-"#,
-    );
+    let sg = Conf::new()
+        .admin()
+        .limit("pace", "key: ip, rate: 2r/s, burst: 5")
+        .route("name: paced, respond: { status: 200 }, limits: [pace]")
+        .start();
     let before = Metrics::of(&sg).await;
     assert_eq!(before.value("sluicegate_limit_delay_seconds_count{limit=\"pace\"}"), 0.0);
     // The first request of a fresh key passes at once; the second, sent right after, is
@@ -298,18 +291,11 @@ async fn post_reload_reloads_the_file() {
 /// the time left. A ban of 1 s, 2 s, then 3 s (4 s capped at `ban_max`).
 #[tokio::test]
 async fn a_key_banned_again_gets_twice_the_ban_up_to_ban_max() {
-    let sg = Sluicegate::start(
-        r#"
-listen: 127.0.0.1:0
-admin: { listen: 127.0.0.1:0 }
-limits:
-  l: { key: ip, rate: 1r/m, ban: 1s, ban_max: 3s }
-routes:
-  - name: login
-    respond: { status: 200 }
-    limits: [l]
-"#,
-    );
+    let sg = Conf::new()
+        .admin()
+        .limit("l", "key: ip, rate: 1r/m, ban: 1s, ban_max: 3s")
+        .route("name: login, respond: { status: 200 }, limits: [l]")
+        .start();
     let admin = sg.admin_addr();
     let ban_left = async || -> Option<u64> {
         let state = get(admin, "/limits/l?ip=127.0.0.1", &[]).await;
