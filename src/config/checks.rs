@@ -22,6 +22,9 @@ use crate::policy::key::KeyPart;
 pub(super) struct Errors<'a> {
     pub(super) file: &'a str,
     pub(super) positions: &'a Positions,
+    /// Paths of the required fields left out (`limits.a.key`), already reported: the
+    /// checks of the placeholders serde put there say nothing.
+    pub(super) missing: &'a [String],
     pub(super) list: Vec<ConfigError>,
     /// Problems that do not stop the configuration from loading.
     pub(super) warnings: Vec<ConfigError>,
@@ -30,13 +33,26 @@ pub(super) struct Errors<'a> {
 impl Errors<'_> {
     /// Records a warning at `path`: reported by `check` and logged, the load goes on.
     pub(super) fn warn(&mut self, path: String, message: impl Into<String>) {
+        if self.left_out(&path) {
+            return;
+        }
         let (line, column) = self.positions.of(&path);
         self.warnings.push(ConfigError { file: self.file.to_owned(), line, column, path, message: message.into() });
     }
 
     pub(super) fn add(&mut self, path: String, message: impl Into<String>) {
+        if self.left_out(&path) {
+            return;
+        }
         let (line, column) = self.positions.of(&path);
         self.list.push(ConfigError::new(self.file, (line, column), &path, &message.into()));
+    }
+
+    /// Whether `path` is a required field left out, or lies within one.
+    fn left_out(&self, path: &str) -> bool {
+        self.missing
+            .iter()
+            .any(|m| path.strip_prefix(m.as_str()).is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '['])))
     }
 
     /// The line of the value at `path`.

@@ -62,7 +62,8 @@ fn ip_prefix(e: &mut Errors<'_>, at: &str, raw: &RawLimit, mut parts: Vec<KeyPar
         }
     }
     let has_ip = parts.iter().any(|p| matches!(p, KeyPart::Ip(_)));
-    if !has_ip && (raw.ipv4_prefix.is_some() || raw.ipv6_prefix.is_some()) {
+    // No parts: the key is refused (or left out) already.
+    if !has_ip && !parts.is_empty() && (raw.ipv4_prefix.is_some() || raw.ipv6_prefix.is_some()) {
         let field = if raw.ipv4_prefix.is_some() { "ipv4_prefix" } else { "ipv6_prefix" };
         e.add(format!("{at}.{field}"), "applies only to limits whose key includes `ip`");
     }

@@ -72,9 +72,6 @@ pub fn describe(error: &Error, src: &str, positions: &Positions, path: &str) -> 
     let path = path.trim_end_matches('?').trim_end_matches('.');
     let path = if path == "." { "" } else { path }.to_owned();
     let message = match error {
-        Error::Eof { .. } if is_blank(src) => {
-            return (1, 1, path, "the file is empty; a configuration needs at least `listen: IP:PORT`".into());
-        }
         Error::DuplicateMappingKey { key: Some(key), .. } => {
             let first = positions.key_line(&if path.is_empty() { key.clone() } else { format!("{path}.{key}") });
             match first {
@@ -117,8 +114,12 @@ pub fn describe(error: &Error, src: &str, positions: &Positions, path: &str) -> 
     (line, column, path, message)
 }
 
+/// What a file of only comments and blank lines is told (serde would make it a
+/// configuration of placeholders, with an error about one of them).
+pub const EMPTY: &str = "the file is empty; a configuration needs at least `listen: IP:PORT`";
+
 /// Only comments and blank lines.
-fn is_blank(src: &str) -> bool {
+pub fn is_blank(src: &str) -> bool {
     src.lines().map(str::trim).all(|l| l.is_empty() || l.starts_with('#') || l == "---")
 }
 

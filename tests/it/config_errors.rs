@@ -49,6 +49,90 @@ fn unknown_key_is_refused_with_line_and_path() {
     assert!(stderr.contains("FILE:3:22: limits.per_ip.rat: unknown field `rat`"), "{stderr}");
 }
 
+/// Issue 28: six mistakes took three runs of `check`. Unknown fields anywhere in the file
+/// (each where its key stands, with the field it most likely misspells, or the few it
+/// could be) are reported with every other error, in one run.
+#[test]
+fn unknown_fields_are_reported_together_with_every_other_error() {
+    let yaml = "listen: 127.0.0.1:0
+server:
+  idle_timout: 30s
+upstreams:
+  app:
+    servers: [\"127.0.0.1:3000\"]
+    timout: 5s
+    fail_timeout: 0s
+limits:
+  per_ip: { key: ip, rate: 10r/s, burst: 2, delay: 3 }
+routes:
+  - match: { path_prefix: /api, hots: api.example.com }
+    upstream: app
+    limits: [per_ip]
+    rewrite: { prefix: /api, to: /, keep: true }
+    colour: blue
+";
+    let (ok, stderr) = check(yaml);
+    assert!(!ok);
+    assert_eq!(
+        stderr,
+        "FILE:3:3: server.idle_timout: unknown field `idle_timout`; did you mean `idle_timeout`?
+FILE:7:5: upstreams.app.timout: unknown field `timout`; did you mean `timeout`?
+FILE:8:19: upstreams.app.fail_timeout: must be longer than zero (turn passive health off with max_fails: 0)
+FILE:10:52: limits.per_ip.delay: must not exceed burst (2); use `nodelay: true` for no delay
+FILE:12:33: routes[0].match.hots: unknown field `hots`; did you mean `host`?
+FILE:15:37: routes[0].rewrite.keep: unknown field `keep`; expected `prefix` or `to`
+FILE:16:5: routes[0].colour: unknown field `colour`; the 16 fields of `routes[i]` are listed in README's configuration reference
+FILE: configuration is invalid
+"
+    );
+}
+
+/// A misspelt required field is one error, not two (unknown, and missing), and the rest of
+/// the file is still checked: the placeholder serde put in its place says nothing.
+#[test]
+fn a_required_field_left_out_or_misspelt_leaves_the_rest_checked() {
+    let yaml = "listen: 127.0.0.1:0
+upstreams:
+  app: { sevrers: [\"127.0.0.1:3000\"] }
+limits:
+  a: { kye: ip, rate: 0r/s }
+  b: { rate: 1r/s, ipv4_prefix: 24 }
+routes:
+  - upstream: app
+    limits: [a, b]
+    rewrite: { prefix: /api }
+    response_body_rate: { after: 1m }
+";
+    let (ok, stderr) = check(yaml);
+    assert!(!ok);
+    assert_eq!(
+        stderr,
+        "FILE:3:10: upstreams.app.sevrers: unknown field `sevrers`; did you mean `servers`?
+FILE:5:8: limits.a.kye: unknown field `kye`; did you mean `key`?
+FILE:5:23: limits.a.rate: invalid rate \"0r/s\": the count must be positive; write N r/DURATION, e.g. 10r/s, 600r/m, 100r/15m
+FILE:6:6: limits.b: missing field `key`
+FILE:10:14: routes[0].rewrite: missing field `to`
+FILE:11:25: routes[0].response_body_rate: missing field `bytes_per_second`
+FILE: configuration is invalid
+"
+    );
+    // A value of the wrong type stops serde, and with it the checks of values: the fields
+    // are still all reported, beside it.
+    let (ok, stderr) = check(&yaml.replace("] }", "], retries: x }"));
+    assert!(!ok);
+    assert_eq!(
+        stderr,
+        "FILE:3:10: upstreams.app.sevrers: unknown field `sevrers`; did you mean `servers`?
+FILE:3:48: upstreams.app.retries: must be a whole number ≥ 0
+FILE:5:8: limits.a.kye: unknown field `kye`; did you mean `key`?
+FILE:6:6: limits.b: missing field `key`
+FILE:10:14: routes[0].rewrite: missing field `to`
+FILE:11:25: routes[0].response_body_rate: missing field `bytes_per_second`
+FILE: configuration is invalid
+"
+    );
+}
+
 /// `burst: 0` with delays is nginx's default (`limit_req zone=z;`): a strict rate, no queue.
 #[tokio::test]
 async fn zero_burst_with_delays_is_a_strict_rate_without_queue() {
@@ -116,6 +200,34 @@ fn every_error_is_reported_at_once() {
     assert!(errors[0].starts_with("FILE:1:9: listen: invalid address"), "{stderr}");
     assert!(errors[1].starts_with("FILE:3:23: limits.a.rate: invalid rate"), "{stderr}");
     assert!(errors[2].starts_with("FILE:5:14: routes[0].limits[0]: unknown limit \"b\" (defined: a)"), "{stderr}");
+}
+
+/// What `sluicegate check` prints for a file with several unknown fields and a semantic
+/// error: all of them, in one run.
+#[test]
+fn check_prints_every_unknown_field_and_the_other_errors_in_one_run() {
+    let yaml = "listen: 127.0.0.1:0
+trusted_proxy: [10.0.0.0/8]
+limits:
+  per_ip: { key: ip, rate: 10r/s, brust: 20 }
+routes:
+  - match: { path_prefx: /api }
+    respond: { status: 200, bdy: ok }
+    limits: [per_ip]
+    cost: 0
+";
+    let (code, stderr) = check_bounded(yaml);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(
+        stderr,
+        "FILE:2:1: trusted_proxy: unknown field `trusted_proxy`; did you mean `trusted_proxies`?
+FILE:4:35: limits.per_ip.brust: unknown field `brust`; did you mean `burst`?
+FILE:6:14: routes[0].match.path_prefx: unknown field `path_prefx`; did you mean `path_prefix`?
+FILE:7:29: routes[0].respond.bdy: unknown field `bdy`; did you mean `body`?
+FILE:9:11: routes[0].cost: must be a positive integer
+FILE: configuration is invalid
+"
+    );
 }
 
 #[test]
@@ -442,7 +554,9 @@ fn long_values_in_errors_are_cut_short() {
     assert!(stderr.len() < 1000, "{} bytes of errors", stderr.len());
     let cut = format!("{}…", "k".repeat(60));
     assert!(
-        stderr.starts_with(&format!("FILE:3:29: limits.a.{cut}: unknown field `{cut}`, expected one of key,")),
+        stderr.starts_with(&format!(
+            "FILE:3:29: limits.a.{cut}: unknown field `{cut}`; the 29 fields of `limits.NAME` are listed in README's configuration reference\n"
+        )),
         "{stderr}"
     );
 }
