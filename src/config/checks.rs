@@ -15,6 +15,7 @@ use ipnet::IpNet;
 use super::ConfigError;
 use super::position::Positions;
 use super::raw::{RawAllow, RawKey, RawSize};
+use super::suggest::{LISTED, closest};
 use super::units::{parse_duration, parse_size};
 use crate::policy::allow::Allow;
 use crate::policy::key::KeyPart;
@@ -73,8 +74,19 @@ impl Errors<'_> {
     }
 }
 
-pub(super) fn names<T>(map: &BTreeMap<String, T>) -> String {
-    if map.is_empty() { "none".to_owned() } else { map.keys().map(String::as_str).collect::<Vec<_>>().join(", ") }
+/// What to say of `name`, which names no `kind` (`limit`, `upstream`) among `defined`,
+/// under `section:` in the file: the defined name it most likely misspells, else the few
+/// defined, else how many there are.
+pub(super) fn unknown_name<T>(kind: &str, name: &str, defined: &BTreeMap<String, T>, section: &str) -> String {
+    match closest(name, defined.keys().map(String::as_str)) {
+        Some(meant) => format!("unknown {kind} {name:?}; did you mean `{meant}`?"),
+        None if defined.is_empty() => format!("unknown {kind} {name:?} (defined: none)"),
+        None if defined.len() <= LISTED => {
+            let names: Vec<&str> = defined.keys().map(String::as_str).collect();
+            format!("unknown {kind} {name:?} (defined: {})", names.join(", "))
+        }
+        None => format!("unknown {kind} {name:?}: none of the {} under `{section}:` is close to it", defined.len()),
+    }
 }
 
 /// Longest connection timeout accepted: past a day a timeout protects nothing.

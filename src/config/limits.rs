@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::checks::{Errors, allow, check_name, key_parts, names, positive_duration, status_in};
+use super::checks::{Errors, allow, check_name, key_parts, positive_duration, status_in, unknown_name};
 use super::raw::{AlgorithmName, RawLimit};
 use super::store::scope;
 use super::units::parse_rate;
@@ -282,7 +282,7 @@ fn overrides(
         let here = format!("{at}.overrides[{i}]");
         let matcher = allow(e, &format!("{here}.match"), Some(&o.matcher));
         match all.keys().position(|n| *n == o.target) {
-            None => e.add(format!("{here}.use"), format!("unknown limit {:?} (defined: {})", o.target, names(all))),
+            None => e.add(format!("{here}.use"), unknown_name("limit", &o.target, all, "limits")),
             Some(_) if o.target == name => e.add(format!("{here}.use"), "a limit cannot override itself"),
             Some(_) if !all[&o.target].overrides.is_empty() => {
                 e.add(

@@ -202,6 +202,48 @@ fn every_error_is_reported_at_once() {
     assert!(errors[2].starts_with("FILE:5:14: routes[0].limits[0]: unknown limit \"b\" (defined: a)"), "{stderr}");
 }
 
+/// Names of other parts of the file (a route's limits and upstream, an override's limit)
+/// and key parts get the same suggestion as fields; with none close, the few defined are
+/// listed, and past eight, only counted.
+#[test]
+fn misspelt_references_and_keys_are_told_what_they_likely_mean() {
+    let yaml = "listen: 127.0.0.1:0
+upstreams:
+  backend: { servers: [\"127.0.0.1:1\"], balance: hash, hash_key: \"cokie:session\" }
+limits:
+  per_ip: { key: ipp, rate: 1r/s, overrides: [ { match: { tokens: [t] }, use: per_tokn } ] }
+  per_token: { key: [bearer, \"headr:x-user\"], rate: 1r/s }
+  per_user: { key: cookies, rate: 1r/s }
+routes:
+  - upstream: backnd
+    limits: [per_ipp, per_token, other]
+";
+    let (ok, stderr) = check(yaml);
+    assert!(!ok);
+    assert_eq!(
+        stderr,
+        "FILE:3:65: upstreams.backend.hash_key: unknown key kind \"cokie\"; did you mean `cookie:session`?
+FILE:5:18: limits.per_ip.key: unknown key \"ipp\"; did you mean `ip`?
+FILE:5:79: limits.per_ip.overrides[0].use: unknown limit \"per_tokn\"; did you mean `per_token`?
+FILE:6:30: limits.per_token.key[1]: unknown key kind \"headr\"; did you mean `header:x-user`?
+FILE:7:20: limits.per_user.key: unknown key \"cookies\"; did you mean `cookie:NAME`?
+FILE:9:15: routes[0].upstream: unknown upstream \"backnd\"; did you mean `backend`?
+FILE:10:14: routes[0].limits[0]: unknown limit \"per_ipp\"; did you mean `per_ip`?
+FILE:10:34: routes[0].limits[2]: unknown limit \"other\" (defined: per_ip, per_token, per_user)
+FILE: configuration is invalid
+"
+    );
+    let many: String = (0..9).map(|i| format!("  limit_{i}: {{ key: ip, rate: 1r/s }}\n")).collect();
+    let (ok, stderr) = check(&format!("{BASE}{many}routes:\n  - limits: [other]\n    respond: {{ status: 200 }}\n"));
+    assert!(!ok);
+    assert!(
+        stderr.starts_with(
+            "FILE:13:14: routes[0].limits[0]: unknown limit \"other\": none of the 9 under `limits:` is close to it\n"
+        ),
+        "{stderr}"
+    );
+}
+
 /// What `sluicegate check` prints for a file with several unknown fields and a semantic
 /// error: all of them, in one run.
 #[test]
