@@ -202,6 +202,21 @@ fn every_error_is_reported_at_once() {
     assert!(errors[2].starts_with("FILE:5:14: routes[0].limits[0]: unknown limit \"b\" (defined: a)"), "{stderr}");
 }
 
+/// serde once stopped at an unknown field before reading its value; now it reads past it,
+/// and an alias bomb there is still cut short by the YAML budget, not expanded.
+#[test]
+fn an_alias_bomb_under_an_unknown_field_is_still_refused() {
+    let mut yaml = "listen: 127.0.0.1:0\nx0: &x0 [a, a, a, a, a, a, a, a, a, a]\n".to_owned();
+    for i in 1..10 {
+        let p = i - 1;
+        yaml.push_str(&format!("x{i}: &x{i} [*x{p}, *x{p}, *x{p}, *x{p}, *x{p}, *x{p}, *x{p}, *x{p}, *x{p}, *x{p}]\n"));
+    }
+    let (code, stderr) = check_bounded(&yaml);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.starts_with("FILE:2:1: x0: unknown field `x0`; the 15 top-level fields"), "{stderr}");
+    assert!(stderr.contains("YAML document too large or too complex: limits breached"), "{stderr}");
+}
+
 /// Names of other parts of the file (a route's limits and upstream, an override's limit)
 /// and key parts get the same suggestion as fields; with none close, the few defined are
 /// listed, and past eight, only counted.
