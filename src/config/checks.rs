@@ -15,6 +15,7 @@ use ipnet::IpNet;
 use super::ConfigError;
 use super::position::Positions;
 use super::raw::{RawAllow, RawKey, RawSize};
+use super::suggest::{LISTED, closest};
 use super::units::{parse_duration, parse_size};
 use crate::policy::allow::Allow;
 use crate::policy::key::KeyPart;
@@ -22,6 +23,9 @@ use crate::policy::key::KeyPart;
 pub(super) struct Errors<'a> {
     pub(super) file: &'a str,
     pub(super) positions: &'a Positions,
+    /// Paths of the required fields left out (`limits.a.key`), already reported: the
+    /// checks of the placeholders serde put there say nothing.
+    pub(super) missing: &'a [String],
     pub(super) list: Vec<ConfigError>,
     /// Problems that do not stop the configuration from loading.
     pub(super) warnings: Vec<ConfigError>,
@@ -30,13 +34,26 @@ pub(super) struct Errors<'a> {
 impl Errors<'_> {
     /// Records a warning at `path`: reported by `check` and logged, the load goes on.
     pub(super) fn warn(&mut self, path: String, message: impl Into<String>) {
+        if self.left_out(&path) {
+            return;
+        }
         let (line, column) = self.positions.of(&path);
         self.warnings.push(ConfigError { file: self.file.to_owned(), line, column, path, message: message.into() });
     }
 
     pub(super) fn add(&mut self, path: String, message: impl Into<String>) {
+        if self.left_out(&path) {
+            return;
+        }
         let (line, column) = self.positions.of(&path);
         self.list.push(ConfigError::new(self.file, (line, column), &path, &message.into()));
+    }
+
+    /// Whether `path` is a required field left out, or lies within one.
+    fn left_out(&self, path: &str) -> bool {
+        self.missing
+            .iter()
+            .any(|m| path.strip_prefix(m.as_str()).is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '['])))
     }
 
     /// The line of the value at `path`.
@@ -57,8 +74,19 @@ impl Errors<'_> {
     }
 }
 
-pub(super) fn names<T>(map: &BTreeMap<String, T>) -> String {
-    if map.is_empty() { "none".to_owned() } else { map.keys().map(String::as_str).collect::<Vec<_>>().join(", ") }
+/// What to say of `name`, which names no `kind` (`limit`, `upstream`) among `defined`,
+/// under `section:` in the file: the defined name it most likely misspells, else the few
+/// defined, else how many there are.
+pub(super) fn unknown_name<T>(kind: &str, name: &str, defined: &BTreeMap<String, T>, section: &str) -> String {
+    match closest(name, defined.keys().map(String::as_str)) {
+        Some(meant) => format!("unknown {kind} {name:?}; did you mean `{meant}`?"),
+        None if defined.is_empty() => format!("unknown {kind} {name:?} (defined: none)"),
+        None if defined.len() <= LISTED => {
+            let names: Vec<&str> = defined.keys().map(String::as_str).collect();
+            format!("unknown {kind} {name:?} (defined: {})", names.join(", "))
+        }
+        None => format!("unknown {kind} {name:?}: none of the {} under `{section}:` is close to it", defined.len()),
+    }
 }
 
 /// Longest connection timeout accepted: past a day a timeout protects nothing.

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::checks::{Errors, allow, check_name, key_parts, names, positive_duration, status_in};
+use super::checks::{Errors, allow, check_name, key_parts, positive_duration, status_in, unknown_name};
 use super::raw::{AlgorithmName, RawLimit};
 use super::store::scope;
 use super::units::parse_rate;
@@ -62,7 +62,8 @@ fn ip_prefix(e: &mut Errors<'_>, at: &str, raw: &RawLimit, mut parts: Vec<KeyPar
         }
     }
     let has_ip = parts.iter().any(|p| matches!(p, KeyPart::Ip(_)));
-    if !has_ip && (raw.ipv4_prefix.is_some() || raw.ipv6_prefix.is_some()) {
+    // No parts: the key is refused (or left out) already.
+    if !has_ip && !parts.is_empty() && (raw.ipv4_prefix.is_some() || raw.ipv6_prefix.is_some()) {
         let field = if raw.ipv4_prefix.is_some() { "ipv4_prefix" } else { "ipv6_prefix" };
         e.add(format!("{at}.{field}"), "applies only to limits whose key includes `ip`");
     }
@@ -281,7 +282,7 @@ fn overrides(
         let here = format!("{at}.overrides[{i}]");
         let matcher = allow(e, &format!("{here}.match"), Some(&o.matcher));
         match all.keys().position(|n| *n == o.target) {
-            None => e.add(format!("{here}.use"), format!("unknown limit {:?} (defined: {})", o.target, names(all))),
+            None => e.add(format!("{here}.use"), unknown_name("limit", &o.target, all, "limits")),
             Some(_) if o.target == name => e.add(format!("{here}.use"), "a limit cannot override itself"),
             Some(_) if !all[&o.target].overrides.is_empty() => {
                 e.add(

@@ -72,9 +72,6 @@ pub fn describe(error: &Error, src: &str, positions: &Positions, path: &str) -> 
     let path = path.trim_end_matches('?').trim_end_matches('.');
     let path = if path == "." { "" } else { path }.to_owned();
     let message = match error {
-        Error::Eof { .. } if is_blank(src) => {
-            return (1, 1, path, "the file is empty; a configuration needs at least `listen: IP:PORT`".into());
-        }
         Error::DuplicateMappingKey { key: Some(key), .. } => {
             let first = positions.key_line(&if path.is_empty() { key.clone() } else { format!("{path}.{key}") });
             match first {
@@ -113,8 +110,10 @@ pub fn describe(error: &Error, src: &str, positions: &Positions, path: &str) -> 
             }
             // The parser notices an unclosed `{` or `[` where it gives up, often lines
             // later: point at the bracket instead.
-            if (message.contains("flow mapping") || message.contains("flow sequence"))
+            if (message.contains("did not find expected ',' or '}'")
+                || message.contains("did not find expected ',' or ']'"))
                 && let Some((open_line, open_column, bracket)) = unclosed(src, line, column)
+                && open_line < line
             {
                 let close = if bracket == '{' { '}' } else { ']' };
                 return (
@@ -159,8 +158,12 @@ fn unclosed(src: &str, line: usize, column: usize) -> Option<(usize, usize, char
     open.pop()
 }
 
+/// What a file of only comments and blank lines is told (serde would make it a
+/// configuration of placeholders, with an error about one of them).
+pub const EMPTY: &str = "the file is empty; a configuration needs at least `listen: IP:PORT`";
+
 /// Only comments and blank lines.
-fn is_blank(src: &str) -> bool {
+pub fn is_blank(src: &str) -> bool {
     src.lines().map(str::trim).all(|l| l.is_empty() || l.starts_with('#') || l == "---")
 }
 

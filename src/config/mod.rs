@@ -1,10 +1,12 @@
 //! The configuration the request path uses, compiled once from the YAML file.
 //!
-//! `raw` mirrors the file, `validate` (with `limits` for each limit) turns it into the
-//! types below (every error with its file, line, column and field path, all reported
-//! together), `position` maps field paths back to lines. Nothing here is parsed again per request.
+//! `raw` mirrors the file, `fields` finds its unknown and missing fields, `validate` (with
+//! `limits` for each limit) turns it into the types below (every error with its file,
+//! line, column and field path, all reported together), `position` maps field paths back
+//! to lines. Nothing here is parsed again per request.
 
 mod checks;
+mod fields;
 mod files;
 mod limits;
 mod messages;
@@ -15,6 +17,7 @@ mod routes;
 mod secrets;
 mod shadow;
 mod store;
+pub mod suggest;
 pub mod tls;
 pub mod units;
 mod upstreams;
@@ -454,6 +457,9 @@ fn read(path: &Path) -> Result<(String, String), LoadError> {
 
 /// Compiles YAML `src`; `file` names it in errors.
 pub fn parse(src: &str, file: &str) -> Result<Config, LoadError> {
+    if messages::is_blank(src) {
+        return Err(LoadError::Invalid(vec![ConfigError::new(file, (1, 1), "", messages::EMPTY)]));
+    }
     let mut path = String::new();
     let raw = serde_saphyr::with_deserializer_from_str(src, |de| {
         serde_path_to_error::deserialize(de).map_err(|e| {
@@ -462,9 +468,17 @@ pub fn parse(src: &str, file: &str) -> Result<Config, LoadError> {
         })
     });
     let positions = position::Positions::index(src);
-    let raw = raw.map_err(|e| {
-        let (line, column, path, message) = messages::describe(&e, src, &positions, &path);
-        LoadError::Invalid(vec![ConfigError::new(file, (line, column), &path, &message)])
-    })?;
-    validate::compile(raw, &positions, file).map_err(LoadError::Invalid)
+    // Unknown and missing fields are found beside serde, so that they are reported with
+    // every other error: the semantic ones, or the one error that stopped serde.
+    let fields = fields::check(src, file);
+    match raw {
+        Ok(raw) => validate::compile(raw, &positions, fields, file).map_err(LoadError::Invalid),
+        Err(e) => {
+            let (line, column, path, message) = messages::describe(&e, src, &positions, &path);
+            let mut errors = fields.errors;
+            errors.push(ConfigError::new(file, (line, column), &path, &message));
+            errors.sort_by_key(|err| (err.line, err.column));
+            Err(LoadError::Invalid(errors))
+        }
+    }
 }

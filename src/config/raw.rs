@@ -1,8 +1,15 @@
 //! The serde mirror of the YAML file: field names, types and optionality, no logic.
 //!
-//! Unknown keys are rejected everywhere. Values with a syntax of their own (rates,
-//! durations, CIDRs, addresses) stay strings here and are parsed by `validate`, which
-//! can then report every such error at once with its position.
+//! Values with a syntax of their own (rates, durations, CIDRs, addresses) stay strings
+//! here and are parsed by `validate`, which can then report every such error at once
+//! with its position.
+//!
+//! Unknown keys are errors, but not serde's: it would stop at the first. serde skips
+//! them, and `fields` reports every one, with a suggestion, from the JSON Schema of these
+//! types, in which `#[schemars(deny_unknown_fields)]` keeps them refused. A required
+//! field left out is reported there too, so serde fills it in with a placeholder
+//! (`#[serde(default)]`, which `#[schemars(!default)]` keeps out of the schema: it stays
+//! required) and the rest of the file is still checked; nothing is compiled from it.
 
 use std::collections::BTreeMap;
 
@@ -12,8 +19,10 @@ use serde::Deserialize;
 pub use crate::policy::OnStoreError;
 
 #[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
+#[schemars(deny_unknown_fields)]
 pub struct RawConfig {
+    #[serde(default)]
+    #[schemars(!default)]
     pub listen: RawListen,
     #[serde(default)]
     pub trusted_proxies: Vec<String>,
@@ -50,6 +59,13 @@ pub enum RawListen {
     Many(Vec<RawListener>),
 }
 
+/// The placeholder of a `listen` left out.
+impl Default for RawListen {
+    fn default() -> Self {
+        RawListen::Many(Vec::new())
+    }
+}
+
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum RawListener {
@@ -58,8 +74,10 @@ pub enum RawListener {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
+#[schemars(deny_unknown_fields)]
 pub struct RawFullListener {
+    #[serde(default)]
+    #[schemars(!default)]
     pub address: String,
     pub tls: Option<RawTls>,
 }
@@ -67,7 +85,7 @@ pub struct RawFullListener {
 /// `tls: {cert, key}` (one certificate for every name), or `tls: {certificates: [...]}`
 /// chosen by SNI.
 #[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
+#[schemars(deny_unknown_fields)]
 pub struct RawTls {
     pub cert: Option<String>,
     pub key: Option<String>,
@@ -78,16 +96,20 @@ pub struct RawTls {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
+#[schemars(deny_unknown_fields)]
 pub struct RawCertificate {
+    #[serde(default)]
+    #[schemars(!default)]
     pub cert: String,
+    #[serde(default)]
+    #[schemars(!default)]
     pub key: String,
     #[serde(default)]
     pub names: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
+#[schemars(deny_unknown_fields)]
 pub struct RawServer {
     pub header_read_timeout: Option<String>,
     pub idle_timeout: Option<String>,
@@ -110,10 +132,19 @@ pub enum RawSize {
     Text(String),
 }
 
+/// The placeholder of a required size left out.
+impl Default for RawSize {
+    fn default() -> Self {
+        RawSize::Bytes(0)
+    }
+}
+
 /// The admin listener: health, metrics, admin API.
 #[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
+#[schemars(deny_unknown_fields)]
 pub struct RawAdmin {
+    #[serde(default)]
+    #[schemars(!default)]
     pub listen: String,
     /// The token itself, or `${VARIABLE}`.
     pub token: Option<String>,
@@ -122,8 +153,10 @@ pub struct RawAdmin {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
+#[schemars(deny_unknown_fields)]
 pub struct RawUpstream {
+    #[serde(default)]
+    #[schemars(!default)]
     pub servers: Vec<RawUpstreamServer>,
     pub connect_timeout: Option<String>,
     pub timeout: Option<String>,
@@ -140,8 +173,10 @@ pub struct RawUpstream {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
+#[schemars(deny_unknown_fields)]
 pub struct RawHealthCheck {
+    #[serde(default)]
+    #[schemars(!default)]
     pub path: String,
     pub interval: Option<String>,
     pub timeout: Option<String>,
@@ -151,7 +186,7 @@ pub struct RawHealthCheck {
 
 /// How `https://` servers are verified.
 #[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
+#[schemars(deny_unknown_fields)]
 pub struct RawUpstreamTls {
     pub ca_file: Option<String>,
     pub sni: Option<String>,
@@ -167,8 +202,10 @@ pub enum RawUpstreamServer {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
+#[schemars(deny_unknown_fields)]
 pub struct RawWeightedServer {
+    #[serde(default)]
+    #[schemars(!default)]
     pub address: String,
     pub weight: Option<u32>,
 }
@@ -185,8 +222,10 @@ pub enum BalanceName {
 
 /// The Redis that global limits share.
 #[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
+#[schemars(deny_unknown_fields)]
 pub struct RawRedis {
+    #[serde(default)]
+    #[schemars(!default)]
     pub url: String,
     #[serde(default)]
     pub cluster: bool,
@@ -209,8 +248,10 @@ pub struct RawRedis {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
+#[schemars(deny_unknown_fields)]
 pub struct RawLimit {
+    #[serde(default)]
+    #[schemars(!default)]
     pub key: RawKey,
     pub ipv4_prefix: Option<u8>,
     pub ipv6_prefix: Option<u8>,
@@ -253,11 +294,13 @@ pub enum ScopeName {
 
 /// Requests matching `match` are decided by the limit named in `use` instead.
 #[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
+#[schemars(deny_unknown_fields)]
 pub struct RawOverride {
-    #[serde(rename = "match")]
+    #[serde(rename = "match", default)]
+    #[schemars(!default)]
     pub matcher: RawAllow,
-    #[serde(rename = "use")]
+    #[serde(rename = "use", default)]
+    #[schemars(!default)]
     pub target: String,
 }
 
@@ -293,8 +336,15 @@ pub enum RawKey {
     Many(Vec<String>),
 }
 
+/// The placeholder of a `key` left out.
+impl Default for RawKey {
+    fn default() -> Self {
+        RawKey::Many(Vec::new())
+    }
+}
+
 #[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
+#[schemars(deny_unknown_fields)]
 pub struct RawRoute {
     pub name: Option<String>,
     #[serde(rename = "match", default)]
@@ -322,23 +372,29 @@ pub struct RawRoute {
 /// `response_body_rate: { bytes_per_second: 100k, after: 1m }`: each response's body
 /// paced (nginx's `limit_rate`, `limit_rate_after`).
 #[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
+#[schemars(deny_unknown_fields)]
 pub struct RawBodyRate {
+    #[serde(default)]
+    #[schemars(!default)]
     pub bytes_per_second: RawSize,
     pub after: Option<RawSize>,
 }
 
 /// `rewrite: { prefix: /api/, to: / }`: the path sent upstream.
 #[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
+#[schemars(deny_unknown_fields)]
 pub struct RawRewrite {
+    #[serde(default)]
+    #[schemars(!default)]
     pub prefix: String,
+    #[serde(default)]
+    #[schemars(!default)]
     pub to: String,
 }
 
 /// Requests exempt from limits: any matching entry is enough.
 #[derive(Debug, Default, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
+#[schemars(deny_unknown_fields)]
 pub struct RawAllow {
     #[serde(default)]
     pub cidrs: Vec<String>,
@@ -349,7 +405,7 @@ pub struct RawAllow {
 }
 
 #[derive(Debug, Default, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
+#[schemars(deny_unknown_fields)]
 pub struct RawMatch {
     pub host: Option<String>,
     pub path_prefix: Option<String>,
@@ -358,7 +414,7 @@ pub struct RawMatch {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
+#[schemars(deny_unknown_fields)]
 pub struct RawRespond {
     pub status: Option<u16>,
     pub body: Option<String>,
@@ -368,7 +424,7 @@ pub struct RawRespond {
 
 /// `access_log:`: one line per request.
 #[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
+#[schemars(deny_unknown_fields)]
 pub struct RawAccessLog {
     #[serde(default)]
     pub format: AccessFormat,
@@ -451,6 +507,12 @@ pub enum LogKeys {
 
 #[cfg(test)]
 mod tests {
+    /// serde would stop at the first unknown field; `fields` reports them all instead.
+    #[test]
+    fn serde_leaves_unknown_fields_to_fields() {
+        assert!(!include_str!("raw.rs").contains(concat!("serde(", "deny_unknown_fields")));
+    }
+
     /// Every field of the file has a row in README's configuration reference (found as a
     /// whole word in some row, which also catches the fields of `{cidrs, headers, tokens}`).
     #[test]

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use http::{HeaderMap, Method};
 
-use super::checks::{Errors, allow, body_size, header, names, size, status_in};
+use super::checks::{Errors, allow, body_size, header, size, status_in, unknown_name};
 use super::raw::{RawConfig, RawMatch, RawRespond, RawRoute};
 use super::{
     Action, BodyRate, Cost, Limit, PathMatch, PathRewrite, Rewrite, Route, RouteMatch, StaticResponse, UpstreamHost,
@@ -30,10 +30,7 @@ pub(super) fn route(
         (Some(name), None) => match config.upstreams.keys().position(|n| n == name) {
             Some(index) => Action::Forward(index),
             None => {
-                e.add(
-                    format!("{at}.upstream"),
-                    format!("unknown upstream {name:?} (defined: {})", names(&config.upstreams)),
-                );
+                e.add(format!("{at}.upstream"), unknown_name("upstream", name, &config.upstreams, "upstreams"));
                 Action::Forward(0)
             }
         },
@@ -55,10 +52,7 @@ pub(super) fn route(
                 e.add(format!("{at}.limits[{j}]"), format!("limit {name:?} is listed twice"))
             }
             Some(index) => limits.push(index),
-            None => e.add(
-                format!("{at}.limits[{j}]"),
-                format!("unknown limit {name:?} (defined: {})", names(&config.limits)),
-            ),
+            None => e.add(format!("{at}.limits[{j}]"), unknown_name("limit", name, &config.limits, "limits")),
         }
     }
     limits.sort_unstable();

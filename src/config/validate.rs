@@ -7,6 +7,7 @@ use std::time::Duration;
 use http::header::HeaderValue;
 
 use super::checks::{Errors, body_size, connection_timeout, parse_cidr};
+use super::fields::Fields;
 use super::position::Positions;
 use super::raw::{LogKeys, RawAdmin, RawConfig, RawListen, RawListener};
 use super::{AccessLogConfig, Admin, Config, ConfigError, Listener, limits, routes, shadow, store, tls, upstreams};
@@ -42,8 +43,10 @@ fn admin(e: &mut Errors<'_>, raw: &RawAdmin) -> Option<Admin> {
     Some(Admin { listen: listen?, token })
 }
 
-pub fn compile(raw: RawConfig, positions: &Positions, file: &str) -> Result<Config, Vec<ConfigError>> {
-    let mut e = Errors { file, positions, list: Vec::new(), warnings: Vec::new() };
+/// `fields`: the file's unknown and missing fields, reported with the rest.
+pub fn compile(raw: RawConfig, positions: &Positions, fields: Fields, file: &str) -> Result<Config, Vec<ConfigError>> {
+    let Fields { errors, missing } = fields;
+    let mut e = Errors { file, positions, missing: &missing, list: errors, warnings: Vec::new() };
 
     let listeners = listeners(&mut e, &raw.listen);
     let trusted_proxies = raw

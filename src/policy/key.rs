@@ -14,6 +14,7 @@ use std::str::FromStr;
 
 use http::{HeaderName, Method, header};
 
+use crate::config::suggest::closest;
 use crate::head::{Fields, Known, RequestHead};
 
 /// Prefix lengths an `ip` key keeps of IPv4 and IPv6 addresses.
@@ -61,12 +62,17 @@ pub enum KeyPart {
     Host,
 }
 
+/// Key parts written alone, and the kinds written with a name (`header:NAME`).
+const PLAIN: [&str; 5] = ["ip", "bearer", "method", "path", "host"];
+const NAMED: [&str; 3] = ["header", "query", "cookie"];
+
 impl FromStr for KeyPart {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
+        let nameless = |kind: &str| format!("{kind}: needs a name, e.g. {kind}:x-api-key");
         let named = |kind: &str, name: &str| -> Result<Box<str>, String> {
-            if name.is_empty() { Err(format!("{kind}: needs a name, e.g. {kind}:x-api-key")) } else { Ok(name.into()) }
+            if name.is_empty() { Err(nameless(kind)) } else { Ok(name.into()) }
         };
         match s.split_once(':') {
             None => match s {
@@ -75,9 +81,14 @@ impl FromStr for KeyPart {
                 "method" => Ok(KeyPart::Method),
                 "path" => Ok(KeyPart::Path),
                 "host" => Ok(KeyPart::Host),
-                _ => Err(format!(
-                    "unknown key {s:?} (expected ip, bearer, method, path, host, header:NAME, query:NAME or cookie:NAME)"
-                )),
+                kind if NAMED.contains(&kind) => Err(nameless(kind)),
+                _ => Err(match closest(s, PLAIN.into_iter().chain(NAMED)) {
+                    Some(kind) if NAMED.contains(&kind) => format!("unknown key {s:?}; did you mean `{kind}:NAME`?"),
+                    Some(part) => format!("unknown key {s:?}; did you mean `{part}`?"),
+                    None => format!(
+                        "unknown key {s:?} (expected ip, bearer, method, path, host, header:NAME, query:NAME or cookie:NAME)"
+                    ),
+                }),
             },
             Some(("header", name)) => {
                 let name = named("header", name)?;
@@ -85,7 +96,10 @@ impl FromStr for KeyPart {
             }
             Some(("query", name)) => named("query", name).map(KeyPart::Query),
             Some(("cookie", name)) => named("cookie", name).map(KeyPart::Cookie),
-            Some((kind, _)) => Err(format!("unknown key kind {kind:?} (expected header:, query: or cookie:)")),
+            Some((kind, name)) => Err(match closest(kind, NAMED) {
+                Some(meant) => format!("unknown key kind {kind:?}; did you mean `{meant}:{name}`?"),
+                None => format!("unknown key kind {kind:?} (expected header:, query: or cookie:)"),
+            }),
         }
     }
 }
@@ -524,8 +538,25 @@ mod tests {
 
     #[test]
     fn unknown_key_kinds_are_explained() {
-        assert!("ipv4".parse::<KeyPart>().unwrap_err().contains("unknown key"));
-        assert!("header:".parse::<KeyPart>().unwrap_err().contains("needs a name"));
-        assert!("header:bad name".parse::<KeyPart>().unwrap_err().contains("invalid header name"));
+        let error = |s: &str| s.parse::<KeyPart>().unwrap_err();
+        assert_eq!(
+            error("ipv4"),
+            "unknown key \"ipv4\" (expected ip, bearer, method, path, host, header:NAME, query:NAME or cookie:NAME)"
+        );
+        assert!(error("header:").contains("needs a name"));
+        assert!(error("header:bad name").contains("invalid header name"));
+        assert_eq!(error("header"), "header: needs a name, e.g. header:x-api-key");
+        assert_eq!(error("nope:x"), "unknown key kind \"nope\" (expected header:, query: or cookie:)");
+    }
+
+    #[test]
+    fn misspelt_keys_are_told_what_they_likely_mean() {
+        let error = |s: &str| s.parse::<KeyPart>().unwrap_err();
+        assert_eq!(error("ipp"), "unknown key \"ipp\"; did you mean `ip`?");
+        assert_eq!(error("Bearer"), "unknown key \"Bearer\"; did you mean `bearer`?");
+        assert_eq!(error("methd"), "unknown key \"methd\"; did you mean `method`?");
+        assert_eq!(error("cookies"), "unknown key \"cookies\"; did you mean `cookie:NAME`?");
+        assert_eq!(error("headers:x-api-key"), "unknown key kind \"headers\"; did you mean `header:x-api-key`?");
+        assert_eq!(error("qeury:page"), "unknown key kind \"qeury\"; did you mean `query:page`?");
     }
 }

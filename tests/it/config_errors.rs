@@ -49,6 +49,90 @@ fn unknown_key_is_refused_with_line_and_path() {
     assert!(stderr.contains("FILE:3:22: limits.per_ip.rat: unknown field `rat`"), "{stderr}");
 }
 
+/// Issue 28: six mistakes took three runs of `check`. Unknown fields anywhere in the file
+/// (each where its key stands, with the field it most likely misspells, or the few it
+/// could be) are reported with every other error, in one run.
+#[test]
+fn unknown_fields_are_reported_together_with_every_other_error() {
+    let yaml = "listen: 127.0.0.1:0
+server:
+  idle_timout: 30s
+upstreams:
+  app:
+    servers: [\"127.0.0.1:3000\"]
+    timout: 5s
+    fail_timeout: 0s
+limits:
+  per_ip: { key: ip, rate: 10r/s, burst: 2, delay: 3 }
+routes:
+  - match: { path_prefix: /api, hots: api.example.com }
+    upstream: app
+    limits: [per_ip]
+    rewrite: { prefix: /api, to: /, keep: true }
+    colour: blue
+";
+    let (ok, stderr) = check(yaml);
+    assert!(!ok);
+    assert_eq!(
+        stderr,
+        "FILE:3:3: server.idle_timout: unknown field `idle_timout`; did you mean `idle_timeout`?
+FILE:7:5: upstreams.app.timout: unknown field `timout`; did you mean `timeout`?
+FILE:8:19: upstreams.app.fail_timeout: must be longer than zero (turn passive health off with max_fails: 0)
+FILE:10:52: limits.per_ip.delay: must not exceed burst (2); use `nodelay: true` for no delay
+FILE:12:33: routes[0].match.hots: unknown field `hots`; did you mean `host`?
+FILE:15:37: routes[0].rewrite.keep: unknown field `keep`; expected `prefix` or `to`
+FILE:16:5: routes[0].colour: unknown field `colour`; the 16 fields of `routes[i]` are listed in README's configuration reference
+FILE: configuration is invalid
+"
+    );
+}
+
+/// A misspelt required field is one error, not two (unknown, and missing), and the rest of
+/// the file is still checked: the placeholder serde put in its place says nothing.
+#[test]
+fn a_required_field_left_out_or_misspelt_leaves_the_rest_checked() {
+    let yaml = "listen: 127.0.0.1:0
+upstreams:
+  app: { sevrers: [\"127.0.0.1:3000\"] }
+limits:
+  a: { kye: ip, rate: 0r/s }
+  b: { rate: 1r/s, ipv4_prefix: 24 }
+routes:
+  - upstream: app
+    limits: [a, b]
+    rewrite: { prefix: /api }
+    response_body_rate: { after: 1m }
+";
+    let (ok, stderr) = check(yaml);
+    assert!(!ok);
+    assert_eq!(
+        stderr,
+        "FILE:3:10: upstreams.app.sevrers: unknown field `sevrers`; did you mean `servers`?
+FILE:5:8: limits.a.kye: unknown field `kye`; did you mean `key`?
+FILE:5:23: limits.a.rate: invalid rate \"0r/s\": the count must be positive; write N r/DURATION, e.g. 10r/s, 600r/m, 100r/15m
+FILE:6:6: limits.b: missing field `key`
+FILE:10:14: routes[0].rewrite: missing field `to`
+FILE:11:25: routes[0].response_body_rate: missing field `bytes_per_second`
+FILE: configuration is invalid
+"
+    );
+    // A value of the wrong type stops serde, and with it the checks of values: the fields
+    // are still all reported, beside it.
+    let (ok, stderr) = check(&yaml.replace("] }", "], retries: x }"));
+    assert!(!ok);
+    assert_eq!(
+        stderr,
+        "FILE:3:10: upstreams.app.sevrers: unknown field `sevrers`; did you mean `servers`?
+FILE:3:48: upstreams.app.retries: must be a whole number ≥ 0
+FILE:5:8: limits.a.kye: unknown field `kye`; did you mean `key`?
+FILE:6:6: limits.b: missing field `key`
+FILE:10:14: routes[0].rewrite: missing field `to`
+FILE:11:25: routes[0].response_body_rate: missing field `bytes_per_second`
+FILE: configuration is invalid
+"
+    );
+}
+
 /// `burst: 0` with delays is nginx's default (`limit_req zone=z;`): a strict rate, no queue.
 #[tokio::test]
 async fn zero_burst_with_delays_is_a_strict_rate_without_queue() {
@@ -116,6 +200,91 @@ fn every_error_is_reported_at_once() {
     assert!(errors[0].starts_with("FILE:1:9: listen: invalid address"), "{stderr}");
     assert!(errors[1].starts_with("FILE:3:23: limits.a.rate: invalid rate"), "{stderr}");
     assert!(errors[2].starts_with("FILE:5:14: routes[0].limits[0]: unknown limit \"b\" (defined: a)"), "{stderr}");
+}
+
+/// serde once stopped at an unknown field before reading its value; now it reads past it,
+/// and an alias bomb there is still cut short by the YAML budget, not expanded.
+#[test]
+fn an_alias_bomb_under_an_unknown_field_is_still_refused() {
+    let mut yaml = "listen: 127.0.0.1:0\nx0: &x0 [a, a, a, a, a, a, a, a, a, a]\n".to_owned();
+    for i in 1..10 {
+        let p = i - 1;
+        yaml.push_str(&format!("x{i}: &x{i} [*x{p}, *x{p}, *x{p}, *x{p}, *x{p}, *x{p}, *x{p}, *x{p}, *x{p}, *x{p}]\n"));
+    }
+    let (code, stderr) = check_bounded(&yaml);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.starts_with("FILE:2:1: x0: unknown field `x0`; the 15 top-level fields"), "{stderr}");
+    assert!(stderr.contains("YAML document too large or too complex: limits breached"), "{stderr}");
+}
+
+/// Names of other parts of the file (a route's limits and upstream, an override's limit)
+/// and key parts get the same suggestion as fields; with none close, the few defined are
+/// listed, and past eight, only counted.
+#[test]
+fn misspelt_references_and_keys_are_told_what_they_likely_mean() {
+    let yaml = "listen: 127.0.0.1:0
+upstreams:
+  backend: { servers: [\"127.0.0.1:1\"], balance: hash, hash_key: \"cokie:session\" }
+limits:
+  per_ip: { key: ipp, rate: 1r/s, overrides: [ { match: { tokens: [t] }, use: per_tokn } ] }
+  per_token: { key: [bearer, \"headr:x-user\"], rate: 1r/s }
+  per_user: { key: cookies, rate: 1r/s }
+routes:
+  - upstream: backnd
+    limits: [per_ipp, per_token, other]
+";
+    let (ok, stderr) = check(yaml);
+    assert!(!ok);
+    assert_eq!(
+        stderr,
+        "FILE:3:65: upstreams.backend.hash_key: unknown key kind \"cokie\"; did you mean `cookie:session`?
+FILE:5:18: limits.per_ip.key: unknown key \"ipp\"; did you mean `ip`?
+FILE:5:79: limits.per_ip.overrides[0].use: unknown limit \"per_tokn\"; did you mean `per_token`?
+FILE:6:30: limits.per_token.key[1]: unknown key kind \"headr\"; did you mean `header:x-user`?
+FILE:7:20: limits.per_user.key: unknown key \"cookies\"; did you mean `cookie:NAME`?
+FILE:9:15: routes[0].upstream: unknown upstream \"backnd\"; did you mean `backend`?
+FILE:10:14: routes[0].limits[0]: unknown limit \"per_ipp\"; did you mean `per_ip`?
+FILE:10:34: routes[0].limits[2]: unknown limit \"other\" (defined: per_ip, per_token, per_user)
+FILE: configuration is invalid
+"
+    );
+    let many: String = (0..9).map(|i| format!("  limit_{i}: {{ key: ip, rate: 1r/s }}\n")).collect();
+    let (ok, stderr) = check(&format!("{BASE}{many}routes:\n  - limits: [other]\n    respond: {{ status: 200 }}\n"));
+    assert!(!ok);
+    assert!(
+        stderr.starts_with(
+            "FILE:13:14: routes[0].limits[0]: unknown limit \"other\": none of the 9 under `limits:` is close to it\n"
+        ),
+        "{stderr}"
+    );
+}
+
+/// What `sluicegate check` prints for a file with several unknown fields and a semantic
+/// error: all of them, in one run.
+#[test]
+fn check_prints_every_unknown_field_and_the_other_errors_in_one_run() {
+    let yaml = "listen: 127.0.0.1:0
+trusted_proxy: [10.0.0.0/8]
+limits:
+  per_ip: { key: ip, rate: 10r/s, brust: 20 }
+routes:
+  - match: { path_prefx: /api }
+    respond: { status: 200, bdy: ok }
+    limits: [per_ip]
+    cost: 0
+";
+    let (code, stderr) = check_bounded(yaml);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(
+        stderr,
+        "FILE:2:1: trusted_proxy: unknown field `trusted_proxy`; did you mean `trusted_proxies`?
+FILE:4:35: limits.per_ip.brust: unknown field `brust`; did you mean `burst`?
+FILE:6:14: routes[0].match.path_prefx: unknown field `path_prefx`; did you mean `path_prefix`?
+FILE:7:29: routes[0].respond.bdy: unknown field `bdy`; did you mean `body`?
+FILE:9:11: routes[0].cost: must be a positive integer
+FILE: configuration is invalid
+"
+    );
 }
 
 #[test]
@@ -443,7 +612,9 @@ fn long_values_in_errors_are_cut_short() {
     assert!(stderr.len() < 1000, "{} bytes of errors", stderr.len());
     let cut = format!("{}…", "k".repeat(60));
     assert!(
-        stderr.starts_with(&format!("FILE:3:29: limits.a.{cut}: unknown field `{cut}`, expected one of key,")),
+        stderr.starts_with(&format!(
+            "FILE:3:29: limits.a.{cut}: unknown field `{cut}`; the 29 fields of `limits.NAME` are listed in README's configuration reference\n"
+        )),
         "{stderr}"
     );
 }
