@@ -51,8 +51,9 @@ impl FixedWindow {
     pub fn decide(&self, state: Option<u64>, now: u64, cost: u64) -> Verdict {
         let count = self.count(state, now);
         let index = now / self.window;
-        let (remaining, reset) = self.stands(state, now);
+        let reset = self.reset(now);
         if count.saturating_add(cost) > self.limit {
+            let remaining = self.limit.saturating_sub(count);
             return Verdict::Reject { retry_after: reset, remaining, reset, excess: count as f64 };
         }
         let count = count + cost;
@@ -68,8 +69,12 @@ impl FixedWindow {
     /// Where a key in `state` stands at `now`, nothing taken: the units left in the
     /// current window, and its end.
     pub fn stands(&self, state: Option<u64>, now: u64) -> (u64, u64) {
-        let reset = (now / self.window + 1) * self.window - now;
-        (self.limit.saturating_sub(self.count(state, now)), reset)
+        (self.limit.saturating_sub(self.count(state, now)), self.reset(now))
+    }
+
+    /// Until the window of `now` ends.
+    fn reset(&self, now: u64) -> u64 {
+        (now / self.window + 1) * self.window - now
     }
 
     /// Takes back an admission of `cost` units made at `at`, if its window still runs.
