@@ -15,7 +15,7 @@ use http::{Method, StatusCode};
 use smallvec::SmallVec;
 use subtle::ConstantTimeEq;
 
-use crate::config::{Admin, Config, Scope};
+use crate::config::{Admin, Config, OnStoreError, Scope};
 use crate::connection::ClientConn;
 use crate::front;
 use crate::head::{Fields, RequestHead};
@@ -84,14 +84,44 @@ async fn answer(head: &RequestHead<'_>, admin: &Admin, running: &Running) -> Res
 
 /// `GET /readyz`. A failed reload leaves a good configuration serving: still ready, but
 /// said, so that an operator sees it without taking the instance out of rotation.
+///
+/// With global limits, the body also says whether Redis answers. While the circuit
+/// breaker is open (Redis keeps failing), an instance whose enforced global limits
+/// include one with `on_store_error: deny` refuses those requests with 503: it is not
+/// ready (503), so that a load balancer sends traffic elsewhere; with `allow` or `local`
+/// it serves, degraded, and stays ready.
 fn readyz(running: &Running) -> Response {
-    match running.reload_failure() {
-        None => text(StatusCode::OK, "ready\n"),
-        Some(why) => {
-            let body = format!("ready; the last reload failed and the previous configuration serves:\n{why}\n");
-            typed(StatusCode::OK, "text/plain", body)
+    let proxy = running.proxy();
+    let mut body = String::new();
+    let mut status = StatusCode::OK;
+    if let Some(store) = proxy.store() {
+        if store.counts().breaker_open {
+            let denying: Vec<&str> = proxy
+                .config()
+                .limits
+                .iter()
+                .filter(|l| !l.dry_run && matches!(l.scope, Scope::Global { on_store_error: OnStoreError::Deny, .. }))
+                .map(|l| l.name.as_str())
+                .collect();
+            if denying.is_empty() {
+                body.push_str("ready, degraded: Redis does not answer (circuit breaker open); global limits decided by on_store_error\n");
+            } else {
+                status = StatusCode::SERVICE_UNAVAILABLE;
+                body.push_str(&format!(
+                    "not ready: Redis does not answer (circuit breaker open) and {} refuse with 503 (on_store_error: deny)\n",
+                    denying.join(", ")
+                ));
+            }
+        } else {
+            body.push_str("ready; Redis answers\n");
         }
+    } else {
+        body.push_str("ready\n");
     }
+    if let Some(why) = running.reload_failure() {
+        body.push_str(&format!("the last reload failed and the previous configuration serves:\n{why}\n"));
+    }
+    typed(status, "text/plain", body)
 }
 
 /// `GET /metrics`: the Prometheus text exposition.

@@ -43,20 +43,25 @@ pub enum RequestOutcome {
     Banned,
     /// Passed only because the limits that would have refused it are in dry run.
     DryRunRejected,
+    /// Refused (503) because Redis could not decide a global limit with
+    /// `on_store_error: deny`: no limit refused it.
+    StoreError,
 }
 
 impl RequestOutcome {
-    const ALL: [RequestOutcome; 5] = [
+    const ALL: [RequestOutcome; 6] = [
         RequestOutcome::Passed,
         RequestOutcome::Delayed,
         RequestOutcome::Rejected,
         RequestOutcome::Banned,
         RequestOutcome::DryRunRejected,
+        RequestOutcome::StoreError,
     ];
 
     /// What `decision` makes of a request, the configuration's limits being `limits`.
     pub fn of(decision: &Decision, limits: &[Limit]) -> RequestOutcome {
         match decision {
+            Decision::Reject { store_error: Some(_), .. } => RequestOutcome::StoreError,
             Decision::Reject { results, .. } => {
                 let banned = results.iter().any(|r| r.banned && !limits[r.limit.index()].dry_run);
                 if banned { RequestOutcome::Banned } else { RequestOutcome::Rejected }
@@ -79,6 +84,7 @@ impl RequestOutcome {
             RequestOutcome::Rejected => "rejected",
             RequestOutcome::Banned => "banned",
             RequestOutcome::DryRunRejected => "dry_run_rejected",
+            RequestOutcome::StoreError => "store_error",
         }
     }
 }

@@ -34,7 +34,7 @@ use crate::limit::table::Shard;
 use crate::limit::{LimitResult, Limiter, Limiters, Outcome, Standing, Verdict};
 use crate::policy::key::{KeyHash, KeySource};
 use crate::policy::{OnStoreError, Scope};
-use crate::store::{Admissions, Call, Store, Verdicts};
+use crate::store::{Admissions, Call, Store, StoreError, Verdicts};
 use receipt::{Admitted, Slot};
 pub use receipt::{Pending, Permits};
 
@@ -53,8 +53,17 @@ pub enum Decision {
     /// limits decided at `at`.
     Pass { wait: Duration, results: Results, standings: Standings, permits: Permits, pending: Pending, at: Nanos },
     /// Answer `status` now; `limit` (index into `Config::limits`) is the enforced
-    /// rejecting limit that would admit the request last, after `retry_after`.
-    Reject { limit: usize, status: StatusCode, retry_after: Duration, results: Results, standings: Standings },
+    /// rejecting limit that would admit the request last, after `retry_after`. With a
+    /// `store_error`, no limit refused it: Redis could not decide global limit `limit`,
+    /// whose `on_store_error: deny` refuses (503; `results` and `standings` are empty).
+    Reject {
+        limit: usize,
+        status: StatusCode,
+        retry_after: Duration,
+        results: Results,
+        standings: Standings,
+        store_error: Option<Box<str>>,
+    },
 }
 
 impl Decision {
@@ -133,7 +142,7 @@ impl Gate {
         }
         match store.decide(&calls, cost, None).await {
             Ok(verdicts) => self.with_global(first, verdicts, store, src, cost),
-            Err(_) => self.fall_back(first, &calls, store, src, cost),
+            Err(e) => self.fall_back(first, &calls, store, src, cost, &e),
         }
     }
 
@@ -324,7 +333,15 @@ impl Gate {
 
     /// Decides the global limits of `calls` by their `on_store_error`, after `first` (a
     /// pass) decided the local ones.
-    fn fall_back(&self, first: Decision, calls: &[Call], store: &Store, src: &KeySource<'_>, cost: u64) -> Decision {
+    fn fall_back(
+        &self,
+        first: Decision,
+        calls: &[Call],
+        store: &Store,
+        src: &KeySource<'_>,
+        cost: u64,
+        error: &StoreError,
+    ) -> Decision {
         let Decision::Pass { wait, mut results, mut standings, mut permits, mut pending, at } = first else {
             return first;
         };
@@ -333,7 +350,7 @@ impl Gate {
         for call in calls {
             let limiter = self.limiters.get(call.limit);
             let Scope::Global { on_store_error, .. } = limiter.scope else { continue };
-            store.fell_back(on_store_error);
+            store.fell_back(on_store_error, error);
             match on_store_error {
                 OnStoreError::Allow => {}
                 OnStoreError::Deny if !limiter.dry_run => denied = Some(call.limit),
@@ -343,8 +360,14 @@ impl Gate {
         }
         if let Some(limit) = denied {
             self.undo(&results, cost, at);
-            let deny = StatusCode::SERVICE_UNAVAILABLE;
-            return self.refusal(limit, src, 0, deny, DENIED_RETRY_AFTER, DENIED_RETRY_AFTER);
+            return Decision::Reject {
+                limit,
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                retry_after: DENIED_RETRY_AFTER,
+                results: Results::new(),
+                standings: Standings::new(),
+                store_error: Some(error.to_string().into()),
+            };
         }
         if local.is_empty() {
             return Decision::Pass { wait, results, standings, permits, pending, at };
@@ -382,7 +405,8 @@ impl Gate {
     /// limits (those of windows that would have admitted it say where the key stands, as
     /// the request did not count).
     fn reject(&self, (limit, retry_after): (usize, Duration), results: Results, standings: Standings) -> Decision {
-        Decision::Reject { limit, status: self.limiters.get(limit).status, retry_after, results, standings }
+        let status = self.limiters.get(limit).status;
+        Decision::Reject { limit, status, retry_after, results, standings, store_error: None }
     }
 
     /// Takes back every admission of a passed decision (its `results`, decided at `at`):
@@ -422,7 +446,14 @@ impl Gate {
         let standing = Standing { limit, window, outcome, remaining: 0, reset, excess: 0.0, banned: false };
         let key = self.limiters.key_hash(limit, src).unwrap_or(KeyHash(0));
         let results = smallvec![LimitResult::fold(limit, key, &[standing])];
-        Decision::Reject { limit, status, retry_after: after, results, standings: smallvec![standing] }
+        Decision::Reject {
+            limit,
+            status,
+            retry_after: after,
+            results,
+            standings: smallvec![standing],
+            store_error: None,
+        }
     }
 }
 

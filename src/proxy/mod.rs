@@ -118,6 +118,11 @@ impl Proxy {
         self.gate.limiters()
     }
 
+    /// The Redis store of the global limits, if any.
+    pub fn store(&self) -> Option<&Arc<crate::store::Store>> {
+        self.gate.store()
+    }
+
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }
@@ -186,6 +191,11 @@ impl Proxy {
         self.metrics.request(front.route, outcome);
         trace.with(|e| e.outcome = outcome.as_str());
         match decision {
+            Decision::Reject { limit, status, retry_after, store_error: Some(error), .. } => {
+                // Not a limit's refusal: no limit item in the headers, no decision counted.
+                self.unavailable(route, limit, &front.src, &error);
+                Ok(Admission::Answer(response::rejected(status, retry_after, config.rejection_body, &[])))
+            }
             Decision::Reject { status, retry_after, results, standings, .. } => {
                 self.account(route, &results, &front.src, true);
                 let violated: SmallVec<[&str; 2]> = results
@@ -381,6 +391,17 @@ impl Proxy {
             event_at!(level, route = %route.name, limit = %limit.name,
                 key = %self.limiters().key_label(r.limit.index(), src, self.config.log_keys),
                 excess = round_to_thousandths(r.excess), ms = ms.as_millis() as u64, "{message}");
+        }
+    }
+
+    /// Logs, at warn and within the limit's `log_lines_per_second`, a request refused
+    /// because Redis could not decide global limit `limit` (`on_store_error: deny`).
+    fn unavailable(&self, route: &Route, limit: usize, src: &KeySource<'_>, error: &str) {
+        let key = self.limiters().key_hash(limit, src).map_or(0, |k| k.0);
+        if self.line_allowed(limit, key, src, Level::WARN) {
+            warn!(route = %route.name, limit = %self.config.limits[limit].name,
+                key = %self.limiters().key_label(limit, src, self.config.log_keys), error,
+                "request refused: Redis could not decide this global limit (on_store_error: deny)");
         }
     }
 

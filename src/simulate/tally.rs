@@ -35,7 +35,8 @@ impl RouteTally {
         match outcome {
             RequestOutcome::Passed => self.counts.passed += 1,
             RequestOutcome::Delayed => self.counts.delayed += 1,
-            RequestOutcome::Rejected => self.counts.rejected += 1,
+            // (A replay decides every limit locally: Redis never fails it.)
+            RequestOutcome::Rejected | RequestOutcome::StoreError => self.counts.rejected += 1,
             RequestOutcome::Banned => {
                 self.counts.rejected += 1;
                 self.banned += 1;

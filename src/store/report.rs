@@ -97,18 +97,19 @@ impl Store {
         }
     }
 
-    /// Counts a decision made by `on_store_error` and reports now and then.
-    pub fn fell_back(&self, how: OnStoreError) {
+    /// Counts a decision made by `on_store_error` after `error`, and reports now and
+    /// then (after counting it: the line's counts include this request).
+    pub fn fell_back(&self, how: OnStoreError, error: &StoreError) {
         self.stats.fallbacks[how as usize].fetch_add(1, Ordering::Relaxed);
-        self.report(None);
+        self.report(Some(error));
     }
 
+    /// Counts a failed call; the request's fallback reports it.
     pub(super) fn failed(&self, error: &StoreError) {
         self.stats.errors.fetch_add(1, Ordering::Relaxed);
         if self.breaker.failed(self.clock.now().0) == Change::Opened {
             warn!(error = %error, "Redis keeps failing: circuit breaker open, global limits use on_store_error until a probe succeeds");
         }
-        self.report(Some(error));
     }
 
     /// One warn line per `REPORT_EVERY` at most, with what happened since the last.

@@ -318,3 +318,65 @@ async fn starts_without_redis_and_uses_it_once_it_appears() {
     })
     .await;
 }
+
+/// Redis down under `on_store_error: deny` is not rate limiting: the 503 claims no limit
+/// in its headers, the log says at warn what failed, the access log, the metrics and the
+/// fallback summary count it as its own outcome, `/readyz` turns unready, and once Redis
+/// is back requests are decided by it again within `breaker_cooldown` and a call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_outage_under_deny_is_its_own_outcome_everywhere() {
+    let mut redis = Redis::start();
+    let dir = tempfile::tempdir().unwrap();
+    let access = dir.path().join("access.log");
+    let sg = Conf::new()
+        .admin()
+        .set("ratelimit_headers: all")
+        .set(&format!("access_log: {{ format: json, path: \"{}\" }}", access.display()))
+        .redis(&redis.url(), "timeout: 100ms, breaker_failures: 2, breaker_cooldown: 300ms")
+        .limit("by_key", "key: ip, rate: 100r/s, burst: 100, nodelay: true, scope: global, on_store_error: deny")
+        .answering("by_key")
+        .start();
+    let admin = sg.admin_addr();
+    assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
+    let ready = get(admin, "/readyz", &[]).await;
+    assert_eq!((ready.status, ready.text().as_str()), (200, "ready; Redis answers\n"));
+
+    redis.kill();
+    for _ in 0..4 {
+        let refused = get(sg.addr, "/", &[]).await;
+        assert_eq!((refused.status, refused.header("retry-after")), (503, Some("1")));
+        assert_eq!(
+            (refused.header("ratelimit"), refused.header("ratelimit-policy")),
+            (None, None),
+            "no limit refused it"
+        );
+    }
+    let ready = get(admin, "/readyz", &[]).await;
+    assert_eq!(ready.status, 503, "{}", ready.text());
+    assert!(ready.text().contains("by_key refuse with 503 (on_store_error: deny)"), "{}", ready.text());
+    let log = sg.wait_for_log(|l| l.contains("request refused: Redis could not decide"));
+    let line =
+        log.lines().find(|l| l.contains("request refused: Redis could not decide")).unwrap_or_else(|| panic!("{log}"));
+    assert!(
+        line.contains("\"level\":\"WARN\"") && line.contains("\"limit\":\"by_key\"") && line.contains("\"error\":"),
+        "{line}"
+    );
+    assert!(!log.contains("\"request rejected\""), "logged as a limit's rejection:\n{log}");
+    let summary = log.lines().find(|l| l.contains("global limits without Redis")).unwrap_or_else(|| panic!("{log}"));
+    assert!(!summary.contains("\"denied\":0"), "the first summary counts its own request: {summary}");
+    let m = Metrics::of(&sg).await;
+    assert_eq!(m.value("sluicegate_requests_total{route=\"routes[0]\",outcome=\"store_error\"}"), 4.0);
+    assert_eq!(m.value("sluicegate_requests_total{route=\"routes[0]\",outcome=\"rejected\"}"), 0.0);
+    assert_eq!(m.value("sluicegate_limit_decisions_total{limit=\"by_key\",outcome=\"rejected\"}"), 0.0);
+    let lines = crate::logs::access_lines(&access, 5);
+    assert_eq!(lines.iter().filter(|l| l.contains("\"outcome\":\"store_error\"")).count(), 4, "{lines:#?}");
+
+    // Back: decided by Redis again within the breaker's cooldown and one call (bounded
+    // here with a loaded machine's second).
+    redis.restart();
+    let back = std::time::Instant::now();
+    wait_until("Redis deciding again", Duration::from_secs(10), async || get(sg.addr, "/", &[]).await.status == 200)
+        .await;
+    assert!(back.elapsed() < Duration::from_millis(300 + 100 + 1000), "{:?}", back.elapsed());
+    assert_eq!(get(admin, "/readyz", &[]).await.status, 200);
+}
