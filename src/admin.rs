@@ -15,11 +15,12 @@ use http::{Method, StatusCode};
 use smallvec::SmallVec;
 use subtle::ConstantTimeEq;
 
-use crate::config::{Admin, Config, OnStoreError, Scope};
+use crate::config::{Action, Admin, Config, OnStoreError, PathMatch, Scope};
 use crate::connection::ClientConn;
 use crate::front;
 use crate::head::{Fields, RequestHead};
 use crate::message::{Request, Response, Service};
+use crate::policy::Policy;
 use crate::policy::key::bearer_token;
 use crate::proxy::Proxy;
 use crate::running::Running;
@@ -202,7 +203,14 @@ fn key_state(proxy: &Proxy, name: &str, query: &str, reset: bool) -> Response {
         };
         let limiters = proxy.limiters();
         match (reset, limiters.inspect(index, &src)) {
-            (_, None) => text(StatusCode::BAD_REQUEST, "those parameters give no key for this limit\n"),
+            (_, None) => {
+                // Which parameters would: the limit's key parts, as the query names them.
+                let key = &proxy.config().limits[index].key.0;
+                let by: Vec<String> = key.iter().map(ToString::to_string).collect();
+                let give: Vec<String> = by.iter().map(|part| format!("{part}=VALUE")).collect();
+                let body = format!("limit {name:?} is keyed by {}; give ?{}\n", by.join(" + "), give.join("&"));
+                typed(StatusCode::BAD_REQUEST, "text/plain", body)
+            }
             (true, Some(_)) => {
                 limiters.reset(index, &src);
                 text(StatusCode::NO_CONTENT, "")
@@ -251,7 +259,7 @@ fn describe(config: &Config) -> serde_json::Value {
                 "name": l.name,
                 "key": l.key.0.iter().map(ToString::to_string).collect::<Vec<_>>(),
                 "scope": if matches!(l.scope, Scope::Global { .. }) { "global" } else { "local" },
-                "windows": l.windows.iter().map(|w| format!("{w:?}")).collect::<Vec<_>>(),
+                "windows": l.windows.iter().map(window).collect::<Vec<_>>(),
                 "dry_run": l.dry_run,
                 "ban": l.ban.map(|b| humantime::format_duration(b.base).to_string()),
                 "max_keys": l.max_keys,
@@ -262,10 +270,31 @@ fn describe(config: &Config) -> serde_json::Value {
         .routes
         .iter()
         .map(|r| {
-            serde_json::json!({
+            let path = match &r.matcher.path {
+                PathMatch::Any => serde_json::json!({}),
+                PathMatch::Prefix(p) => serde_json::json!({ "path_prefix": p }),
+                PathMatch::Exact(p) => serde_json::json!({ "path": p }),
+            };
+            let mut matcher = path;
+            if let Some(host) = &r.matcher.host {
+                matcher["host"] = host.as_str().into();
+            }
+            if !r.matcher.methods.is_empty() {
+                matcher["methods"] = r.matcher.methods.iter().map(Method::as_str).collect::<Vec<_>>().into();
+            }
+            let action = match &r.action {
+                Action::Forward(u) => serde_json::json!({ "upstream": config.upstreams[*u].name }),
+                Action::Respond(answer) => serde_json::json!({ "respond": { "status": answer.status.as_u16() } }),
+            };
+            let mut route = serde_json::json!({
                 "name": r.name,
+                "match": matcher,
                 "limits": r.limits.iter().map(|&i| config.limits[i].name.as_str()).collect::<Vec<_>>(),
-            })
+            });
+            if let (Some(route), serde_json::Value::Object(action)) = (route.as_object_mut(), action) {
+                route.extend(action);
+            }
+            route
         })
         .collect();
     let listen: Vec<_> = config
@@ -273,7 +302,52 @@ fn describe(config: &Config) -> serde_json::Value {
         .iter()
         .map(|l| serde_json::json!({ "address": l.address.to_string(), "tls": l.tls.is_some() }))
         .collect();
-    serde_json::json!({ "listen": listen, "routes": routes, "limits": limits })
+    let span = |d: &std::time::Duration| humantime::format_duration(*d).to_string();
+    let upstreams: Vec<_> = config
+        .upstreams
+        .iter()
+        .map(|u| {
+            let servers: Vec<_> = u
+                .servers
+                .iter()
+                .map(|s| {
+                    let scheme = if s.tls { "https://" } else { "" };
+                    serde_json::json!({ "address": format!("{scheme}{}", s.address), "weight": s.weight })
+                })
+                .collect();
+            serde_json::json!({
+                "name": u.name,
+                "servers": servers,
+                "connect_timeout": span(&u.connect_timeout),
+                "timeout": span(&u.timeout),
+                "retries": u.retries,
+            })
+        })
+        .collect();
+    // Secrets (the admin token, Redis's credentials) are never shown.
+    serde_json::json!({ "listen": listen, "upstreams": upstreams, "routes": routes, "limits": limits })
+}
+
+/// A limit's window in the configuration's own words (`rate: 10r/s, burst: 2`).
+fn window(policy: &Policy) -> serde_json::Value {
+    let span = |d: &std::time::Duration| humantime::format_duration(*d).to_string();
+    match policy {
+        Policy::Rate { rate, burst, delay } => {
+            serde_json::json!({ "rate": rate.to_string(), "burst": burst, "delay": delay })
+        }
+        Policy::FixedWindow { limit, window } => {
+            serde_json::json!({ "algorithm": "fixed_window", "limit": limit, "window": span(window) })
+        }
+        Policy::SlidingWindow { limit, window } => {
+            serde_json::json!({ "algorithm": "sliding_window", "limit": limit, "window": span(window) })
+        }
+        Policy::SlidingLog { limit, window } => {
+            serde_json::json!({ "algorithm": "sliding_log", "limit": limit, "window": span(window) })
+        }
+        Policy::Concurrency { max, retry_after } => {
+            serde_json::json!({ "concurrency": max, "retry_after": span(retry_after) })
+        }
+    }
 }
 
 fn json(status: StatusCode, value: &impl serde::Serialize) -> Response {

@@ -17,13 +17,17 @@ use crate::http1::parse::Framing;
 use crate::http1::write;
 use crate::{import, simulate};
 
+/// The configuration file `run`, `check` and `reload` read without `-c`: where the
+/// systemd unit (`contrib/sluicegate.service`) keeps it.
+pub const DEFAULT_CONFIG: &str = "/etc/sluicegate/config.yaml";
+
 #[derive(Debug, Parser)]
 #[command(name = "sluicegate", version, about = "An HTTP reverse proxy with rate limiting built in")]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
-    /// The YAML configuration file (required by `run`, `check` and `reload`; `simulate`
-    /// takes a second one to compare with).
+    /// The YAML configuration file (`run`, `check` and `reload`: /etc/sluicegate/config.yaml
+    /// when not given; `simulate` takes a second one to compare with).
     // Not `required = true`: clap would then refuse `--help` and `--version` without it.
     #[arg(short, long, global = true, value_name = "FILE", action = ArgAction::Append)]
     pub config: Vec<PathBuf>,

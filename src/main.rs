@@ -16,10 +16,16 @@ fn main() -> ExitCode {
     if let Some(Command::Import(args)) = &cli.command {
         return sluicegate::cli::import(args);
     }
+    let default = std::path::PathBuf::from(sluicegate::cli::DEFAULT_CONFIG);
     let path = match &cli.config[..] {
         [path] => path,
+        // Where the systemd unit keeps it.
+        [] if default.exists() => &default,
         [] => {
-            eprintln!("sluicegate: no configuration given; use -c FILE (see config.example.yaml)");
+            eprintln!(
+                "sluicegate: no configuration: {} does not exist; give one with -c FILE (see config.example.yaml)",
+                default.display()
+            );
             return ExitCode::from(2);
         }
         [..] => {

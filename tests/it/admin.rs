@@ -217,3 +217,39 @@ async fn the_admin_token_comes_from_the_environment_or_a_file() {
     assert_eq!(code, Some(1));
     assert!(stderr.contains("admin.token_file: give either `token` or `token_file`, not both"), "{stderr}");
 }
+
+/// `GET /config` speaks the configuration's own words (routes with their match and
+/// action, limits' windows as written, upstreams), never a secret; a key lookup without
+/// the limit's key parts says which it needs.
+#[tokio::test]
+async fn the_config_is_shown_in_its_own_words_and_a_key_lookup_says_what_it_needs() {
+    let backend = Backend::start().await;
+    let sg = Conf::new()
+        .set("admin: { listen: 127.0.0.1:0, token: s3cret-token }")
+        .upstream(&backend)
+        .limit("per_user", "key: \"header:x-user\", rate: 10r/s, burst: 2, nodelay: true")
+        .limit("window", "key: ip, algorithm: fixed_window, limit: 5, window: 1m")
+        .route("name: api, match: { path_prefix: /api, methods: [GET] }, upstream: b, limits: [per_user, window]")
+        .start();
+    let auth = [("authorization", "Bearer s3cret-token")];
+    let config = get(sg.admin_addr(), "/config", &auth).await;
+    assert_eq!(config.status, 200);
+    let text = config.text();
+    assert!(!text.contains("s3cret-token"), "{text}");
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let route = &json["routes"][0];
+    assert_eq!(route["match"], serde_json::json!({ "path_prefix": "/api", "methods": ["GET"] }), "{route}");
+    assert_eq!(
+        (route["upstream"].as_str(), route["limits"].clone()),
+        (Some("b"), serde_json::json!(["per_user", "window"]))
+    );
+    let limit = json["limits"].as_array().unwrap().iter().find(|l| l["name"] == "per_user").unwrap();
+    assert_eq!(limit["windows"], serde_json::json!([{ "rate": "10r/1s", "burst": 2, "delay": 2 }]), "{limit}");
+    let window = json["limits"].as_array().unwrap().iter().find(|l| l["name"] == "window").unwrap();
+    assert_eq!(window["windows"][0]["window"], "1m", "{window}");
+    assert_eq!(json["upstreams"][0]["name"], "b");
+    // A lookup whose parameters give no key for the limit.
+    let lookup = get(sg.admin_addr(), "/limits/per_user?ip=10.0.0.1", &auth).await;
+    assert_eq!(lookup.status, 400);
+    assert_eq!(lookup.text(), "limit \"per_user\" is keyed by header:x-user; give ?header:x-user=VALUE\n");
+}
