@@ -112,9 +112,10 @@ impl KeyRecorder {
             .iter()
             .map(|r| {
                 let value = r.part.value_in(src)?;
-                Some(match (&self.secret, r.digest) {
-                    (Some(secret), true) => digest(secret, &r.name, &value),
-                    _ => escape(&value),
+                // (A part to digest is recorded only with a secret: `new`.)
+                Some(match self.secret.as_ref().filter(|_| r.digest) {
+                    Some(secret) => digest(secret, &r.name, &value),
+                    None => escape(&value),
                 })
             })
             .collect();
@@ -138,11 +139,14 @@ fn digest(secret: &hmac::Key, name: &str, value: &[u8]) -> String {
     let tag = mac.sign();
     let mut out = String::with_capacity(33);
     out.push('#');
-    for b in &tag.as_ref()[..16] {
-        out.push_str(&format!("{b:02x}"));
+    for &b in &tag.as_ref()[..16] {
+        out.push(char::from(HEX[usize::from(b >> 4)]));
+        out.push(char::from(HEX[usize::from(b & 15)]));
     }
     out
 }
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
 
 /// `value` as printable ASCII: other bytes, and `\`, as `\xHH` (nginx's escaping, which
 /// `simulate` undoes), so that any value, UTF-8 or not, is written exactly.
