@@ -123,6 +123,9 @@ impl Replay {
                 limit.name
             ));
         }
+        if carried.recorded_keys {
+            notes.extend(shared_fields(&config));
+        }
         let skipped = config.limits.iter().map(|l| not_simulated(l, carried, host.is_some())).collect();
         let per_line = config
             .limits
@@ -283,6 +286,29 @@ fn simulated(
     }
     tally.routes[route].not_simulated(l);
     false
+}
+
+/// Key parts of `config`'s limits that recorded keys put back in one field (`bearer` and
+/// `header:authorization`, a cookie and `header:cookie`, `host` and `header:host`): a
+/// line holding both can give only one of them as the proxy saw it.
+fn shared_fields(config: &Config) -> Vec<String> {
+    let keyed = |on: &dyn Fn(&KeyPart) -> bool| config.limits.iter().flat_map(|l| l.key.0.iter()).find(|p| on(p));
+    let header = |name: http::HeaderName| keyed(&move |p| *p == KeyPart::Header(name.clone()));
+    let pairs = [
+        (keyed(&|p| *p == KeyPart::Bearer), header(http::header::AUTHORIZATION)),
+        (keyed(&|p| matches!(p, KeyPart::Cookie(_))), header(http::header::COOKIE)),
+        (keyed(&|p| *p == KeyPart::Host), header(http::header::HOST)),
+    ];
+    pairs
+        .into_iter()
+        .filter_map(|pair| match pair {
+            (Some(one), Some(other)) => Some(format!(
+                "limits are keyed on both {one} and {other}, which a line's recorded keys put back in one field: \
+                 where a line records both, one of them is not replayed as the proxy saw it"
+            )),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Whether every line of a log carrying `carried` has `part` (`host_given`: `--host`

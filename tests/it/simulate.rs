@@ -580,4 +580,20 @@ routes:
         text.contains("NOT SIMULATED for 3 requests of its routes: their lines do not record header:x-user"),
         "{text}"
     );
+    // Two parts that recorded keys can only put back in one field are named.
+    write(
+        dir.path(),
+        "shared.yaml",
+        "listen: 127.0.0.1:0
+limits:
+  per_token: { key: bearer, rate: 1r/m }
+  per_auth: { key: \"header:authorization\", rate: 1r/m }
+routes:
+  - limits: [per_token, per_auth]
+    respond: { status: 200 }
+",
+    );
+    let report = simulate_json(dir.path(), &["-c", "shared.yaml", "access.log"]);
+    let notes = report["configs"][0]["notes"].to_string();
+    assert!(notes.contains("keyed on both bearer and header:authorization"), "{notes}");
 }
