@@ -5,6 +5,10 @@
 //! request: when the queue is full, lines are dropped and counted, and the count is
 //! written once the queue drains. The file is opened again by every reload, which is how
 //! a rotated log is reopened (as `nginx -s reopen` does).
+//!
+//! With `keys: true`, a JSON line also records the key parts of the limits its route
+//! evaluated (`KeyRecorder`), so that `simulate` can replay limits keyed on headers,
+//! tokens and cookies, which the rest of the line does not carry.
 
 use std::fs::OpenOptions;
 use std::io::{BufWriter, Write};
@@ -16,9 +20,11 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync
 use std::time::{Duration, Instant, SystemTime};
 
 use http::{HeaderValue, Method, Version};
+use ring::hmac;
 
-use crate::config::{AccessFormat, AccessLogConfig};
+use crate::config::{AccessFormat, AccessLogConfig, Config};
 use crate::head::RequestHead;
+use crate::policy::key::{KeyPart, KeySource};
 
 /// Lines waiting for the writer before new ones are dropped.
 const QUEUE: usize = 16 * 1024;
@@ -27,6 +33,133 @@ pub struct AccessLog {
     format: AccessFormat,
     lines: SyncSender<String>,
     dropped: Arc<AtomicU64>,
+    /// What lines record of keys (`None`: `keys` is off).
+    keys: Option<KeyRecorder>,
+}
+
+/// What the lines record of the keys of limits (`keys: true`): per route, the parts its
+/// limits (and those their overrides name) are keyed on that a line does not carry
+/// otherwise (`KeyPart::logged_apart`): headers, the bearer token, cookies, the host.
+///
+/// Each value is written as the log's `log_keys` says (`LogKeys::digests_in_access_log`):
+/// as sent (bytes outside printable ASCII, and `\`, escaped as `\xHH`, nginx's way), or
+/// as a digest, `#` and 32 hex digits: the first 128 bits of HMAC-SHA-256, keyed with
+/// `keys_secret`, of the part's name and value.
+///
+/// Why a digest keyed with a configured secret, and not the per-process keyed hash that
+/// the limits and the rejection lines use (`log_keys: hashed`): a replay groups requests
+/// by their key, so one value must have one digest on every line of the logs it is
+/// given, across restarts, reloads and instances, which a seed drawn at start does not
+/// give. Keyed (rather than a plain SHA-256 of the value, which is stable too), a reader
+/// of the log who guesses a token or a short API key cannot check the guess against it.
+/// `simulate` never needs the secret: it takes a digest for the value it stands for, as
+/// equal values have equal digests and a limit only compares keys.
+pub struct KeyRecorder {
+    /// Keys the digests (`None`: no recorded part is a digest).
+    secret: Option<hmac::Key>,
+    /// By route index: the parts its lines record, in this order.
+    routes: Box<[Box<[Recorded]>]>,
+}
+
+/// One key part a route's lines record.
+struct Recorded {
+    part: KeyPart,
+    /// As a limit's `key` names it, the field's name in a line: `header:x-tenant`.
+    name: Box<str>,
+    /// Written as its digest.
+    digest: bool,
+}
+
+/// What one line records of keys: its route's parts' values, in `KeyRecorder` order, as
+/// written (`None`: the request has none). Empty when the route's allow-list exempted the
+/// request: no limit evaluated it.
+pub struct RecordedKeys {
+    route: usize,
+    values: Vec<Option<String>>,
+}
+
+impl KeyRecorder {
+    /// What the lines of `config` record, if `keys` is on.
+    fn new(log: &AccessLogConfig, config: &Config) -> Option<KeyRecorder> {
+        if !log.keys {
+            return None;
+        }
+        let secret = log.keys_secret.as_ref().map(|s| hmac::Key::new(hmac::HMAC_SHA256, s.as_bytes()));
+        let routes = config
+            .routes
+            .iter()
+            .map(|route| {
+                let mut parts: Vec<Recorded> = Vec::new();
+                for part in route.candidates.iter().flat_map(|&l| config.limits[l].key.0.iter()) {
+                    let digest = config.log_keys.digests_in_access_log(part);
+                    // A part to digest without a secret is never written (validation
+                    // refuses that configuration): its limits are then reported as not
+                    // simulated, rather than a credential written as sent.
+                    if !part.logged_apart() || (digest && secret.is_none()) || parts.iter().any(|r| r.part == *part) {
+                        continue;
+                    }
+                    parts.push(Recorded { part: part.clone(), name: part.to_string().into(), digest });
+                }
+                parts.into_boxed_slice()
+            })
+            .collect();
+        Some(KeyRecorder { secret, routes })
+    }
+
+    fn record(&self, route: usize, exempt: bool, src: &KeySource<'_>) -> RecordedKeys {
+        let parts: &[Recorded] = if exempt { &[] } else { &self.routes[route] };
+        let values = parts
+            .iter()
+            .map(|r| {
+                let value = r.part.value_in(src)?;
+                // (A part to digest is recorded only with a secret: `new`.)
+                Some(match self.secret.as_ref().filter(|_| r.digest) {
+                    Some(secret) => digest(secret, &r.name, &value),
+                    None => escape(&value),
+                })
+            })
+            .collect();
+        RecordedKeys { route, values }
+    }
+
+    /// The `keys` object of a line.
+    fn json(&self, keys: &RecordedKeys) -> serde_json::Value {
+        let parts = self.routes.get(keys.route).map_or(&[][..], |p| &p[..]);
+        let map = parts.iter().zip(&keys.values).map(|(r, v)| (r.name.to_string(), serde_json::Value::from(v.clone())));
+        serde_json::Value::Object(map.collect())
+    }
+}
+
+/// `#` and the first 128 bits of HMAC-SHA-256 of `name`, a NUL and `value`, in hex.
+fn digest(secret: &hmac::Key, name: &str, value: &[u8]) -> String {
+    let mut mac = hmac::Context::with_key(secret);
+    mac.update(name.as_bytes());
+    mac.update(&[0]);
+    mac.update(value);
+    let tag = mac.sign();
+    let mut out = String::with_capacity(33);
+    out.push('#');
+    for &b in &tag.as_ref()[..16] {
+        out.push(char::from(HEX[usize::from(b >> 4)]));
+        out.push(char::from(HEX[usize::from(b & 15)]));
+    }
+    out
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// `value` as printable ASCII: other bytes, and `\`, as `\xHH` (nginx's escaping, which
+/// `simulate` undoes), so that any value, UTF-8 or not, is written exactly.
+fn escape(value: &[u8]) -> String {
+    let mut out = String::with_capacity(value.len());
+    for &b in value {
+        if (0x20..0x7f).contains(&b) && b != b'\\' {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("\\x{b:02X}"));
+        }
+    }
+    out
 }
 
 /// What one request's line says, gathered along the request path.
@@ -49,12 +182,16 @@ pub struct Entry {
     pub upstream: Option<Duration>,
     /// Body bytes sent to the client.
     pub bytes: u64,
+    /// The key parts of the limits its route evaluated (`keys: true`; `None`: none were
+    /// found yet, or `keys` is off).
+    pub keys: Option<RecordedKeys>,
 }
 
 impl AccessLog {
-    /// Opens the log of `config` (appending to its file, or stderr) and starts its writer.
-    pub fn open(config: &AccessLogConfig) -> std::io::Result<Arc<AccessLog>> {
-        let out: Box<dyn Write + Send> = match &config.path {
+    /// Opens the log `log` of `config` (appending to its file, or stderr) and starts its
+    /// writer.
+    pub fn open(log: &AccessLogConfig, config: &Config) -> std::io::Result<Arc<AccessLog>> {
+        let out: Box<dyn Write + Send> = match &log.path {
             None => Box::new(std::io::stderr()),
             Some(path) => {
                 Box::new(OpenOptions::new().create(true).append(true).open(Path::new(path)).map_err(|e| {
@@ -68,7 +205,7 @@ impl AccessLog {
         std::thread::Builder::new()
             .name("access-log".into())
             .spawn(move || write_lines(queued, BufWriter::new(out), &counted))?;
-        Ok(Arc::new(AccessLog { format: config.format, lines, dropped }))
+        Ok(Arc::new(AccessLog { format: log.format, lines, dropped, keys: KeyRecorder::new(log, config) }))
     }
 
     fn write(&self, entry: &Entry) {
@@ -103,7 +240,17 @@ impl Entry {
             status: 499,
             upstream: None,
             bytes: 0,
+            keys: None,
         })
+    }
+
+    /// Records the key parts of the limits of route `route` (an index into the
+    /// configuration's routes) in `src`, if the log records keys; none when the route's
+    /// allow-list `exempt`s the request.
+    pub fn record_keys(&mut self, route: usize, exempt: bool, src: &KeySource<'_>) {
+        if let Some(recorder) = &self.log.keys {
+            self.keys = Some(recorder.record(route, exempt, src));
+        }
     }
 }
 
@@ -141,7 +288,7 @@ fn header_text(value: Option<&HeaderValue>) -> String {
 }
 
 fn json(e: &Entry) -> String {
-    let value = serde_json::json!({
+    let mut value = serde_json::json!({
         "time": humantime::format_rfc3339_millis(e.time).to_string(),
         "client": e.client.to_canonical().to_string(),
         "method": e.method.as_str(),
@@ -156,6 +303,9 @@ fn json(e: &Entry) -> String {
         "referer": e.referer.as_ref().map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
         "user_agent": e.user_agent.as_ref().map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
     });
+    if let Some(recorder) = &e.log.keys {
+        value["keys"] = e.keys.as_ref().map_or(serde_json::Value::Null, |keys| recorder.json(keys));
+    }
     format!("{value}\n")
 }
 
@@ -194,6 +344,80 @@ fn time_local(time: SystemTime) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A route `/a` whose limits are keyed on a tenant header, a bearer token with a
+    /// cookie, and the host; a route `/b` without limits.
+    fn keyed(settings: &str) -> Config {
+        let yaml = format!(
+            "listen: 127.0.0.1:0\n{settings}\nlimits:\n  t: {{ key: \"header:x-tenant\", rate: 1r/s }}\n  \
+             b: {{ key: [ip, bearer, \"cookie:sid\"], rate: 1r/s }}\n  h: {{ key: [host, \"header:x-tenant\"], rate: 1r/s }}\n\
+             routes:\n  - {{ match: {{ path_prefix: /a }}, limits: [t, b, h], respond: {{ status: 200 }} }}\n  \
+             - {{ match: {{ path_prefix: /b }}, respond: {{ status: 200 }} }}\n"
+        );
+        crate::config::parse(&yaml, "t").unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The `keys` object a line of route `route` of `config` writes for `headers`.
+    fn recorded(config: &Config, route: usize, headers: &[(&str, &[u8])]) -> serde_json::Value {
+        let mut map = http::HeaderMap::new();
+        for (name, value) in headers {
+            map.append(http::HeaderName::from_bytes(name.as_bytes()).unwrap(), HeaderValue::from_bytes(value).unwrap());
+        }
+        let src = KeySource::get("10.0.0.1".parse().unwrap(), "/a", &map);
+        let log = config.access_log.as_ref().unwrap();
+        let recorder = KeyRecorder::new(log, config).unwrap();
+        recorder.json(&recorder.record(route, false, &src))
+    }
+
+    const REQUEST: [(&str, &[u8]); 4] = [
+        ("x-tenant", b"acme"),
+        ("authorization", b"Bearer tok-123"),
+        ("cookie", b"a=1; sid=s-456"),
+        ("host", b"Example.com"),
+    ];
+
+    #[test]
+    fn a_line_records_the_key_parts_of_its_routes_limits_with_credentials_as_keyed_digests() {
+        let config = keyed("access_log: { keys: true, keys_secret: 0123456789abcdef }");
+        let keys = recorded(&config, 0, &REQUEST);
+        let names: Vec<&String> = keys.as_object().unwrap().keys().collect();
+        assert_eq!(names, ["bearer", "cookie:sid", "header:x-tenant", "host"], "each part once, ip not at all");
+        assert_eq!((keys["header:x-tenant"].as_str(), keys["host"].as_str()), (Some("acme"), Some("Example.com")));
+        let text = keys.to_string();
+        assert!(!text.contains("tok-123") && !text.contains("s-456"), "{text}");
+        let bearer = keys["bearer"].as_str().unwrap();
+        assert!(bearer.len() == 33 && bearer.starts_with('#'), "{bearer}");
+        assert_ne!(keys["bearer"], keys["cookie:sid"]);
+        // The same value has the same digest in another process with the same secret
+        // (another instance, a restart), and another under another secret.
+        let again = keyed("access_log: { keys: true, keys_secret: 0123456789abcdef }");
+        assert_eq!(recorded(&again, 0, &REQUEST), keys);
+        let other = keyed("access_log: { keys: true, keys_secret: fedcba9876543210 }");
+        assert_ne!(recorded(&other, 0, &REQUEST)["bearer"], keys["bearer"]);
+        // A part the request lacks is null; a route without limits records nothing.
+        let lacking = recorded(&config, 0, &[("x-tenant", b"acme")]);
+        assert!(lacking["bearer"].is_null() && lacking["cookie:sid"].is_null() && lacking["host"].is_null());
+        assert_eq!(recorded(&config, 1, &REQUEST), serde_json::json!({}));
+        let exempt = KeyRecorder::new(config.access_log.as_ref().unwrap(), &config).unwrap();
+        let src = KeySource::get("10.0.0.1".parse().unwrap(), "/a", &HEADERS);
+        assert_eq!(exempt.json(&exempt.record(0, true, &src)), serde_json::json!({}));
+    }
+
+    static HEADERS: std::sync::LazyLock<http::HeaderMap> = std::sync::LazyLock::new(http::HeaderMap::new);
+
+    #[test]
+    fn log_keys_says_which_recorded_parts_are_digests() {
+        let hashed = keyed("log_keys: hashed\naccess_log: { keys: true, keys_secret: 0123456789abcdef }");
+        let keys = recorded(&hashed, 0, &REQUEST);
+        assert!(keys["header:x-tenant"].as_str().unwrap().starts_with('#'));
+        assert_eq!(keys["host"], "Example.com", "the host is no credential, and a replay routes by it");
+        let clear = keyed("log_keys: clear\naccess_log: { keys: true }");
+        let keys = recorded(&clear, 0, &REQUEST);
+        assert_eq!((keys["bearer"].as_str(), keys["cookie:sid"].as_str()), (Some("tok-123"), Some("s-456")));
+        // Any bytes are written exactly, in printable ASCII.
+        let keys = recorded(&clear, 0, &[("x-tenant", b"caf\xc3\xa9 \\x41\xff")]);
+        assert_eq!(keys["header:x-tenant"], r"caf\xC3\xA9 \x5Cx41\xFF");
+    }
 
     #[test]
     fn time_local_is_nginx_s() {

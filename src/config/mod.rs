@@ -34,6 +34,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use ipnet::IpNet;
 
 pub use crate::policy::allow::Allow;
+use crate::policy::key::KeyPart;
 pub use crate::policy::key::KeySpec;
 pub use crate::policy::{OnStoreError, Policy, Rate, Scope};
 pub use raw::{AccessFormat, ForwardedMode, HeaderMode, HeaderStyle, LogKeys, LogLevel, RejectionBody};
@@ -93,6 +94,24 @@ pub struct AccessLogConfig {
     pub format: AccessFormat,
     /// `None`: stderr.
     pub path: Option<String>,
+    /// Each line records the key parts of the limits its route evaluated (`keys: true`).
+    pub keys: bool,
+    /// What the digests of recorded key parts are keyed with (HMAC-SHA-256). Required
+    /// when a recorded part is written as a digest (`LogKeys::digests_in_access_log`).
+    pub keys_secret: Option<String>,
+}
+
+impl LogKeys {
+    /// Whether the access log's `keys` writes `part` as a digest rather than as sent:
+    /// credentials unless `clear`; with `hashed`, every part but the host (no credential,
+    /// and what a replay routes by).
+    pub fn digests_in_access_log(self, part: &KeyPart) -> bool {
+        match self {
+            LogKeys::Clear => false,
+            LogKeys::HashedSecrets => part.is_secret(),
+            LogKeys::Hashed => *part != KeyPart::Host,
+        }
+    }
 }
 
 /// `admin:`: where health, metrics and the admin API are served.

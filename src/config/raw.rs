@@ -430,6 +430,13 @@ pub struct RawAccessLog {
     pub format: AccessFormat,
     /// A file to append to; stderr when left out.
     pub path: Option<String>,
+    /// Each line records the key parts of the limits its route evaluated (`keys`), which
+    /// `simulate` replays limits keyed on headers, tokens and cookies from.
+    #[serde(default)]
+    pub keys: bool,
+    /// What the digests of recorded key parts are keyed with (HMAC-SHA-256): the same on
+    /// every instance and across restarts, so that one value has one digest in every line.
+    pub keys_secret: Option<String>,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]

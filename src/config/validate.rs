@@ -9,8 +9,10 @@ use http::header::HeaderValue;
 use super::checks::{Errors, body_size, connection_timeout, parse_cidr};
 use super::fields::Fields;
 use super::position::Positions;
-use super::raw::{LogKeys, RawAdmin, RawConfig, RawListen, RawListener};
-use super::{AccessLogConfig, Admin, Config, ConfigError, Listener, limits, routes, shadow, store, tls, upstreams};
+use super::raw::{AccessFormat, LogKeys, RawAccessLog, RawAdmin, RawConfig, RawListen, RawListener};
+use super::{
+    AccessLogConfig, Admin, Config, ConfigError, Limit, Listener, Route, limits, routes, shadow, store, tls, upstreams,
+};
 
 const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -132,6 +134,9 @@ pub fn compile(raw: RawConfig, positions: &Positions, fields: Fields, file: &str
             e.warn(format!("limits.{name}"), "no route lists this limit: it decides nothing");
         }
     }
+    if let Some(raw_log) = &raw.access_log {
+        access_log_keys(&mut e, raw_log, log_keys, &limits, &routes);
+    }
     if routes.is_empty() {
         e.warn("routes".into(), "no routes: every request is answered 404");
     }
@@ -151,10 +156,12 @@ pub fn compile(raw: RawConfig, positions: &Positions, fields: Fields, file: &str
             workers,
             body_read_timeout,
             admin,
-            access_log: raw
-                .access_log
-                .as_ref()
-                .map(|a| AccessLogConfig { format: a.format, path: a.path.clone().filter(|p| p != "stderr") }),
+            access_log: raw.access_log.as_ref().map(|a| AccessLogConfig {
+                format: a.format,
+                path: a.path.clone().filter(|p| p != "stderr"),
+                keys: a.keys,
+                keys_secret: a.keys_secret.clone(),
+            }),
             ratelimit_headers: raw.ratelimit_headers,
             ratelimit_header_style: raw.ratelimit_header_style,
             rejection_body: raw.rejection_body,
@@ -170,6 +177,48 @@ pub fn compile(raw: RawConfig, positions: &Positions, fields: Fields, file: &str
             e.list.sort_by_key(|err| (err.line, err.column));
             Err(e.list)
         }
+    }
+}
+
+/// Shortest `access_log.keys_secret`: 16 characters of a random string key HMAC-SHA-256
+/// well past guessing.
+const MIN_KEYS_SECRET: usize = 16;
+
+/// `access_log.keys` and `keys_secret`: key parts are written in JSON lines, and a part
+/// written as a digest (a credential, unless `log_keys: clear`) needs the secret the
+/// digest is keyed with, so that a reader of the log cannot test guesses of it.
+fn access_log_keys(e: &mut Errors<'_>, raw: &RawAccessLog, log_keys: LogKeys, limits: &[Limit], routes: &[Route]) {
+    if raw.keys && raw.format == AccessFormat::Combined {
+        e.add(
+            "access_log.keys".into(),
+            "key parts are written in JSON lines only: give format: json (nginx's combined has no place for them)",
+        );
+    }
+    if let Some(secret) = &raw.keys_secret
+        && secret.chars().count() < MIN_KEYS_SECRET
+    {
+        e.add(
+            "access_log.keys_secret".into(),
+            format!("must be at least {MIN_KEYS_SECRET} characters (a random string, kept like a password)"),
+        );
+    }
+    if !raw.keys || raw.keys_secret.is_some() {
+        return;
+    }
+    let digested =
+        routes.iter().flat_map(|r| r.candidates.iter()).filter_map(|&l| limits.get(l)).find_map(|l| {
+            l.key.0.iter().find(|p| p.logged_apart() && log_keys.digests_in_access_log(p)).map(|p| (l, p))
+        });
+    if let Some((limit, part)) = digested {
+        e.add(
+            "access_log.keys".into(),
+            format!(
+                "limit {} is keyed on {part}, which the access log writes as a keyed digest: give \
+                 access_log.keys_secret (at least {MIN_KEYS_SECRET} characters, the same on every instance and \
+                 across restarts), or log_keys: clear to write it as sent",
+                limit.name
+            ),
+        );
     }
 }
 

@@ -126,11 +126,35 @@ impl KeyPart {
     }
 }
 
-/// A limit's key: one part, or a tuple of parts.
+impl KeyPart {
+    /// Whether an access log line written with `keys: true` records this part: the parts
+    /// a line does not carry otherwise (its `client`, `method` and `target` give `ip`,
+    /// `method`, `path` and `query`, and it has `referer` and `user_agent` of its own).
+    pub fn logged_apart(&self) -> bool {
+        match self {
+            KeyPart::Header(name) => name != header::REFERER && name != header::USER_AGENT,
+            KeyPart::Bearer | KeyPart::Cookie(_) | KeyPart::Host => true,
+            KeyPart::Ip(_) | KeyPart::Query(_) | KeyPart::Method | KeyPart::Path => false,
+        }
+    }
+
+    /// This part of `src` as its key reads it (`None`: the request lacks it): a field's
+    /// first value, the bearer token, a cookie's value, the host; an address as
+    /// `ip/prefix`.
+    pub fn value_in<'s>(&self, src: &'s KeySource<'_>) -> Option<Cow<'s, [u8]>> {
+        match value(self, src)? {
+            Value::Bytes(bytes) => Some(bytes),
+            Value::Host(host) => Some(Cow::Borrowed(host.as_bytes())),
+            Value::Ip(ip, len) => Some(Cow::Owned(format!("{ip}/{len}").into_bytes())),
+        }
+    }
+}
+
 /// A request's key for one limit, as the limit's tables hold it: a keyed 64-bit hash.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct KeyHash(pub u64);
 
+/// A limit's key: one part, or a tuple of parts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeySpec(pub Box<[KeyPart]>);
 

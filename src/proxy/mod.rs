@@ -74,7 +74,7 @@ impl Proxy {
     /// fresh), and metrics continue their series.
     pub fn reloaded(config: Config, old: &Proxy) -> std::io::Result<(Self, Vec<String>, Vec<String>)> {
         // Opened first: a log that cannot be opened fails the reload before any state moves.
-        let access_log = config.access_log.as_ref().map(AccessLog::open).transpose()?;
+        let access_log = config.access_log.as_ref().map(|log| AccessLog::open(log, &config)).transpose()?;
         // The old configuration's lookups and health checks end now; its requests in
         // progress finish with the servers as they are.
         for upstream in &old.upstreams {
@@ -86,7 +86,7 @@ impl Proxy {
     }
 
     fn with(config: Config, gate: Gate, metrics: Metrics) -> std::io::Result<Self> {
-        let access_log = config.access_log.as_ref().map(AccessLog::open).transpose()?;
+        let access_log = config.access_log.as_ref().map(|log| AccessLog::open(log, &config)).transpose()?;
         Ok(Proxy::assemble(config, gate, metrics, access_log))
     }
 
@@ -179,6 +179,8 @@ impl Proxy {
             Action::Respond(_) => None,
         };
         self.refuse_duplicated_keys(front.candidates(config), &front.src)?;
+        // What its limits are keyed on, for `simulate` (when the access log records keys).
+        trace.with(|e| e.record_keys(front.route, front.exempt, &front.src));
         let cost = front::cost(config, route, head.fields)?;
         // Without Redis the decision never waits, and `check` is what `decide` does:
         // no future is built for it. With Redis, the call's future is boxed, so that

@@ -1,6 +1,7 @@
 //! Access log lines read back as the requests they record: sluicegate's own JSON lines,
 //! nginx's `combined`, or any nginx `log_format` string, compiled once into a `Pattern`
-//! that splits a line at the literal text between its variables.
+//! that splits a line at the literal text between its variables. sluicegate's lines may
+//! also record the key parts of their limits (`keys`), put back where keys read them.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -11,6 +12,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use crate::head::{Fields, RequestHead};
+use crate::policy::key::KeyPart;
 
 /// nginx's predefined `combined` format.
 pub const COMBINED: &str = r#"$remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent "$http_referer" "$http_user_agent""#;
@@ -30,6 +32,9 @@ pub struct Logged {
     pub status: Option<u16>,
     /// How long it was in progress, ns (`None`: the log does not say).
     pub duration: Option<u64>,
+    /// The key parts the line records (sluicegate's `keys`), present or not: those
+    /// present are in `headers`, as the request carried them or as their digests.
+    pub recorded: Vec<KeyPart>,
 }
 
 impl Logged {
@@ -97,6 +102,9 @@ pub struct Carried {
     pub status: bool,
     /// Times in milliseconds; else in whole seconds.
     pub millis: bool,
+    /// Lines may record the key parts of their limits (sluicegate's `keys`): whether one
+    /// does is known line by line (`Logged::recorded`).
+    pub recorded_keys: bool,
 }
 
 /// How the lines of a log are read.
@@ -151,6 +159,7 @@ impl Format {
                 duration: true,
                 status: true,
                 millis: true,
+                recorded_keys: true,
                 ..Carried::default()
             },
             Format::Nginx(p) => p.carried(),
@@ -189,6 +198,8 @@ struct JsonLine<'a> {
     #[serde(borrow)]
     user_agent: Option<std::borrow::Cow<'a, str>>,
     access_log_lines_dropped: Option<u64>,
+    /// The key parts the line records, by name (`header:x-tenant`); `null`: absent.
+    keys: Option<std::collections::BTreeMap<String, Option<String>>>,
 }
 
 fn read_json(line: &str, cache: &mut TimeCache) -> Result<Read, Unreadable> {
@@ -214,6 +225,7 @@ fn read_json(line: &str, cache: &mut TimeCache) -> Result<Read, Unreadable> {
             headers.insert(name, v);
         }
     }
+    let recorded = recorded_keys(parsed.keys.as_ref(), &mut headers)?;
     // The duration of the whole request, else the upstream's part of it.
     let duration = parsed.duration_ms.or(parsed.upstream_ms).map(|ms| (ms.max(0.0) * 1e6).round() as u64);
     Ok(Read::Request(Box::new(Logged {
@@ -225,7 +237,60 @@ fn read_json(line: &str, cache: &mut TimeCache) -> Result<Read, Unreadable> {
         headers,
         status: parsed.status,
         duration,
+        recorded,
     })))
+}
+
+/// The key parts a line's `keys` records, each present one put where its key reads it:
+/// a header, `Authorization: Bearer VALUE`, a cookie in `Cookie`, `Host`. A digest
+/// (`#…`) stands for the value it was made of: equal values have equal digests, and a
+/// limit only compares keys. Names that are no key part a line records are passed over.
+fn recorded_keys(
+    keys: Option<&std::collections::BTreeMap<String, Option<String>>>,
+    headers: &mut HeaderMap,
+) -> Result<Vec<KeyPart>, Unreadable> {
+    let Some(keys) = keys else { return Ok(Vec::new()) };
+    let mut recorded = Vec::with_capacity(keys.len());
+    let mut cookies = Vec::new();
+    for (name, value) in keys {
+        let Some(part) = name.parse::<KeyPart>().ok().filter(KeyPart::logged_apart) else { continue };
+        if let Some(value) = value {
+            let value = unescape(value);
+            let field = |bytes: &[u8]| {
+                HeaderValue::from_bytes(bytes).or_else(|_| {
+                    bad(format!("keys: {name}: {value:?} is no header value", value = String::from_utf8_lossy(bytes)))
+                })
+            };
+            match &part {
+                KeyPart::Header(header) => {
+                    headers.insert(header.clone(), field(&value)?);
+                }
+                KeyPart::Bearer => {
+                    headers.insert(header::AUTHORIZATION, field(&[b"Bearer ", &value[..]].concat())?);
+                }
+                KeyPart::Cookie(cookie) => {
+                    if !cookies.is_empty() {
+                        cookies.extend_from_slice(b"; ");
+                    }
+                    cookies.extend_from_slice(cookie.as_bytes());
+                    cookies.push(b'=');
+                    cookies.extend_from_slice(&value);
+                }
+                KeyPart::Host => {
+                    headers.insert(header::HOST, field(&value)?);
+                }
+                KeyPart::Ip(_) | KeyPart::Query(_) | KeyPart::Method | KeyPart::Path => {}
+            }
+        }
+        recorded.push(part);
+    }
+    if !cookies.is_empty() {
+        headers.append(
+            header::COOKIE,
+            HeaderValue::from_bytes(&cookies).or_else(|_| bad("keys: cookies that make no Cookie field"))?,
+        );
+    }
+    Ok(recorded)
 }
 
 fn client(text: &str) -> Result<IpAddr, Unreadable> {
@@ -615,6 +680,7 @@ impl Pattern {
             headers,
             status,
             duration,
+            recorded: Vec::new(),
         })
     }
 }
@@ -698,5 +764,36 @@ mod tests {
         ));
         assert!(Format::detect([line]).is_some_and(|f| f.name() == "json"));
         assert!(Format::detect(["what is this", "and this"]).is_none());
+        assert!(l.recorded.is_empty(), "a line without keys records none");
+    }
+
+    #[test]
+    fn the_key_parts_a_json_line_records_are_put_where_keys_read_them() {
+        let json = Format::named("json").unwrap();
+        let read = |keys: &str| {
+            let line = format!(
+                r#"{{"time":"2026-11-22T23:41:45.123Z","client":"10.0.0.1","method":"GET","target":"/?q=1","status":200,"keys":{keys}}}"#
+            );
+            json.read(&line, &mut TimeCache::default())
+        };
+        let Ok(Read::Request(l)) = read(
+            r##"{"header:x-tenant":"caf\\xC3\\xA9","bearer":"#0123","cookie:sid":"#4567","cookie:other":null,"host":"api.example","ip":"10.9.9.9","nonsense":"x"}"##,
+        ) else {
+            panic!()
+        };
+        assert_eq!(l.headers["x-tenant"].as_bytes(), b"caf\xc3\xa9");
+        assert_eq!(l.headers["authorization"], "Bearer #0123");
+        assert_eq!(l.headers["cookie"], "sid=#4567");
+        assert_eq!(l.headers["host"], "api.example");
+        let recorded: Vec<String> = l.recorded.iter().map(ToString::to_string).collect();
+        // A part the request lacked is recorded, and absent; what the line carries
+        // otherwise (`ip`) and what is no key part are passed over.
+        assert_eq!(recorded, ["bearer", "cookie:other", "cookie:sid", "header:x-tenant", "host"]);
+        assert_eq!(l.client, "10.0.0.1".parse::<IpAddr>().unwrap());
+        let why = match read(r#"{"header:x-tenant":"a\\x0Ab"}"#) {
+            Err(e) => e.0,
+            Ok(_) => panic!("a value no field can hold was read"),
+        };
+        assert!(why.contains("header:x-tenant"), "{why}");
     }
 }

@@ -15,14 +15,16 @@ pub fn draw(path: &Path, replays: &[Replay]) -> Result<(), String> {
     let mut panels = Vec::new();
     for replay in replays {
         for (i, limit) in replay.config.limits.iter().enumerate() {
-            if replay.skipped[i].is_some() {
+            let tally = &replay.tally.limits[i];
+            // Not simulated: the log could not drive it, or no line recorded its key.
+            if replay.skipped[i].is_some() || (tally.counts.requests == 0 && tally.not_simulated > 0) {
                 continue;
             }
             let title = match replays.len() {
                 1 => format!("limit {}", limit.name),
                 _ => format!("limit {} ({})", limit.name, replay.name),
             };
-            panels.push((title, replay.tally.limits[i].series()));
+            panels.push((title, tally.series()));
         }
     }
     let start = panels.iter().filter_map(|(_, s)| s.first().map(|p| p.0)).min().unwrap_or(0);

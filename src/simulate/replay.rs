@@ -6,6 +6,10 @@
 //! to its end (arrival + the wait decided + the duration the log gives), in a queue
 //! ordered by end: every request that has ended by the next arrival is settled with
 //! its logged status and gives its slots back first.
+//!
+//! A limit keyed on a part that only sluicegate's recorded `keys` carry (a header, the
+//! bearer token, a cookie, the host) decides a request only if its line records that
+//! part; otherwise the request is counted as not simulated for it, and for its route.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -49,6 +53,10 @@ pub struct Replay {
     clock: ManualClock,
     /// Per limit, why this log cannot drive it (`None`: it can).
     pub skipped: Vec<Option<String>>,
+    /// Per limit, the key parts that only a line's recorded keys carry (its own key's
+    /// and those of the limits its overrides name): a line without one of them cannot
+    /// tell how the limit would count its request.
+    per_line: Vec<Box<[KeyPart]>>,
     /// Caveats of this configuration with this log.
     pub notes: Vec<String>,
     /// The host of requests whose log line names none.
@@ -91,12 +99,22 @@ impl Replay {
         }));
         for (whose, allow) in allows {
             let unseen = unseen_fields(allow, carried);
-            if !unseen.is_empty() {
-                notes.push(format!(
+            if unseen.is_empty() {
+                continue;
+            }
+            notes.push(if carried.recorded_keys {
+                format!(
+                    "{whose} matches on {}, which the log carries only where a line records it as a part of a \
+                     limit's key, and a credential as a digest that matches nothing: requests may not match as \
+                     they did",
+                    unseen.join(", ")
+                )
+            } else {
+                format!(
                     "{whose} matches on {}, which the log does not carry: no request matches that way",
                     unseen.join(", ")
-                ));
-            }
+                )
+            });
         }
         for limit in config.limits.iter().filter(|l| l.count.is_some() && !carried.status) {
             notes.push(format!(
@@ -105,11 +123,41 @@ impl Replay {
                 limit.name
             ));
         }
+        if carried.recorded_keys {
+            notes.extend(shared_fields(&config));
+        }
         let skipped = config.limits.iter().map(|l| not_simulated(l, carried, host.is_some())).collect();
+        let per_line = config
+            .limits
+            .iter()
+            .map(|limit| {
+                let keys =
+                    std::iter::once(limit).chain(limit.overrides.iter().map(|(_, other)| &config.limits[*other]));
+                let mut parts: Vec<KeyPart> = Vec::new();
+                for part in keys.flat_map(|l| l.key.0.iter()) {
+                    if recorded_only(part, carried, host.is_some()) && !parts.contains(part) {
+                        parts.push(part.clone());
+                    }
+                }
+                parts.into_boxed_slice()
+            })
+            .collect();
         let clock = ManualClock::default();
         let gate = Gate::new(&config, clock.clone().into());
         let tally = Tally::new(&config);
-        Replay { config, name, gate, clock, skipped, notes, host, in_flight: BinaryHeap::new(), seq: 0, tally }
+        Replay {
+            config,
+            name,
+            gate,
+            clock,
+            skipped,
+            per_line,
+            notes,
+            host,
+            in_flight: BinaryHeap::new(),
+            seq: 0,
+            tally,
+        }
     }
 
     /// The one call into the gate: what `run` decides for `src` against `limits`,
@@ -140,13 +188,13 @@ impl Replay {
         fate.route = Some(index);
         let route = &self.config.routes[index];
         self.tally.second(at);
-        let limits: smallvec::SmallVec<[usize; 4]> = if exempt {
-            smallvec::SmallVec::new()
-        } else {
-            route.limits.iter().copied().filter(|&l| self.skipped[l].is_none()).collect()
-        };
-        for &l in route.limits.iter().filter(|&&l| !exempt && self.skipped[l].is_some()) {
-            self.tally.limits[l].not_simulated += 1;
+        let mut limits: smallvec::SmallVec<[usize; 4]> = smallvec::SmallVec::new();
+        if !exempt {
+            for &l in &route.limits {
+                if simulated(&self.skipped[l], &self.per_line[l], &mut self.tally, l, index, request) {
+                    limits.push(l);
+                }
+            }
         }
         let Ok(cost) = front::cost(&self.config, route, head.fields) else {
             self.tally.routes[index].invalid_cost += 1;
@@ -218,6 +266,72 @@ impl Replay {
     }
 }
 
+/// Whether limit `l` can decide `request`, given why the log cannot drive it
+/// (`skipped`) and the parts only a line's recorded keys carry (`per_line`); else it is
+/// counted as not simulated for it, in the limit's tally and in route `route`'s.
+fn simulated(
+    skipped: &Option<String>,
+    per_line: &[KeyPart],
+    tally: &mut Tally,
+    l: usize,
+    route: usize,
+    request: &Logged,
+) -> bool {
+    if skipped.is_some() {
+        tally.limits[l].not_simulated += 1;
+    } else if let Some(part) = per_line.iter().find(|p| !request.recorded.contains(p)) {
+        tally.limits[l].unrecorded(part);
+    } else {
+        return true;
+    }
+    tally.routes[route].not_simulated(l);
+    false
+}
+
+/// Key parts of `config`'s limits that recorded keys put back in one field (`bearer` and
+/// `header:authorization`, a cookie and `header:cookie`, `host` and `header:host`): a
+/// line holding both can give only one of them as the proxy saw it.
+fn shared_fields(config: &Config) -> Vec<String> {
+    let keyed = |on: &dyn Fn(&KeyPart) -> bool| config.limits.iter().flat_map(|l| l.key.0.iter()).find(|p| on(p));
+    let header = |name: http::HeaderName| keyed(&move |p| *p == KeyPart::Header(name.clone()));
+    let pairs = [
+        (keyed(&|p| *p == KeyPart::Bearer), header(http::header::AUTHORIZATION)),
+        (keyed(&|p| matches!(p, KeyPart::Cookie(_))), header(http::header::COOKIE)),
+        (keyed(&|p| *p == KeyPart::Host), header(http::header::HOST)),
+    ];
+    pairs
+        .into_iter()
+        .filter_map(|pair| match pair {
+            (Some(one), Some(other)) => Some(format!(
+                "limits are keyed on both {one} and {other}, which a line's recorded keys put back in one field: \
+                 where a line records both, one of them is not replayed as the proxy saw it"
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Whether every line of a log carrying `carried` has `part` (`host_given`: `--host`
+/// names the host of lines without one).
+fn carried_by_format(part: &KeyPart, carried: &Carried, host_given: bool) -> bool {
+    let has_header = |name: &http::HeaderName| carried.headers.contains(name);
+    match part {
+        KeyPart::Ip(_) | KeyPart::Method | KeyPart::Path => true,
+        KeyPart::Host => carried.host || host_given,
+        KeyPart::Header(name) => has_header(name),
+        KeyPart::Bearer => has_header(&http::header::AUTHORIZATION),
+        KeyPart::Query(name) => carried.query || carried.args.iter().any(|a| a == name.as_ref()),
+        KeyPart::Cookie(name) => {
+            has_header(&http::header::COOKIE) || carried.cookies.iter().any(|c| c == name.as_ref())
+        }
+    }
+}
+
+/// Whether only a line's recorded keys carry `part`: sluicegate's lines with `keys`.
+fn recorded_only(part: &KeyPart, carried: &Carried, host_given: bool) -> bool {
+    carried.recorded_keys && part.logged_apart() && !carried_by_format(part, carried, host_given)
+}
+
 /// Why `limit` cannot be simulated from a log carrying `carried`, if it cannot.
 fn not_simulated(limit: &crate::config::Limit, carried: &Carried, host_given: bool) -> Option<String> {
     if limit.windows.iter().any(|p| p.is_concurrency()) && !carried.duration {
@@ -227,21 +341,11 @@ fn not_simulated(limit: &crate::config::Limit, carried: &Carried, host_given: bo
                 .to_owned(),
         );
     }
-    let has_header = |name: &http::HeaderName| carried.headers.contains(name);
     let missing: Vec<String> = limit
         .key
         .0
         .iter()
-        .filter(|part| match part {
-            KeyPart::Ip(_) | KeyPart::Method | KeyPart::Path => false,
-            KeyPart::Host => !carried.host && !host_given,
-            KeyPart::Header(name) => !has_header(name),
-            KeyPart::Bearer => !has_header(&http::header::AUTHORIZATION),
-            KeyPart::Query(name) => !carried.query && !carried.args.iter().any(|a| a == name.as_ref()),
-            KeyPart::Cookie(name) => {
-                !has_header(&http::header::COOKIE) && !carried.cookies.iter().any(|c| c == name.as_ref())
-            }
-        })
+        .filter(|part| !carried_by_format(part, carried, host_given) && !recorded_only(part, carried, host_given))
         .map(|part| format!("{part} ({})", nginx_variable(part)))
         .collect();
     (!missing.is_empty()).then(|| {

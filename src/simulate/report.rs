@@ -45,6 +45,16 @@ pub struct RouteReport {
     pub dry_run_rejected: u64,
     pub invalid_cost: u64,
     pub delay: Option<Percentiles>,
+    /// The route's limits that the log could not drive for some (or all) of its
+    /// requests: its counts are not all they would have been.
+    pub limits_not_simulated: Vec<NotSimulated>,
+}
+
+/// A limit of a route that did not decide `requests` of the route's requests.
+#[derive(Debug, Serialize)]
+pub struct NotSimulated {
+    pub limit: String,
+    pub requests: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -57,8 +67,12 @@ pub struct KeyReport {
 pub struct LimitReport {
     pub name: String,
     pub key: String,
-    /// Why the log cannot drive it (`null`: it was simulated).
+    /// Why the log cannot drive it (`null`: it was simulated, perhaps not for every
+    /// request: see `partly_simulated`).
     pub not_simulated: Option<String>,
+    /// Why some requests of its routes were not decided by it (their lines do not record
+    /// a part of its key), how many in `not_simulated_requests`.
+    pub partly_simulated: Option<String>,
     #[serde(flatten)]
     pub counts: Counts,
     pub no_key: u64,
@@ -101,6 +115,13 @@ impl Report {
                 dry_run_rejected: t.dry_run_rejected,
                 invalid_cost: t.invalid_cost,
                 delay: Percentiles::of(&mut t.waits),
+                limits_not_simulated: {
+                    t.not_simulated.sort_unstable();
+                    t.not_simulated
+                        .iter()
+                        .map(|&(l, requests)| NotSimulated { limit: config.limits[l].name.clone(), requests })
+                        .collect()
+                },
             })
             .collect();
         let limits = config
@@ -113,10 +134,26 @@ impl Report {
                 keys.sort_unstable_by(|a, b| b.rejected.cmp(&a.rejected).then_with(|| a.label.cmp(&b.label)));
                 let top_keys =
                     keys.iter().take(top).map(|k| KeyReport { key: k.label.clone(), rejected: k.rejected }).collect();
+                // Lines that do not record a part of its key: all of them (the limit
+                // decided nothing), or some.
+                let unrecorded = (skipped.is_none() && !t.unrecorded.is_empty()).then(|| {
+                    let parts = t.unrecorded.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+                    let hint = "sluicegate's access_log records the key parts of the limits a route evaluated, \
+                                with keys: true";
+                    match t.counts.requests {
+                        0 => format!("its key needs {parts}, which no line of its routes' requests records ({hint})"),
+                        _ => format!("their lines do not record {parts}, which its key needs ({hint})"),
+                    }
+                });
+                let (not_simulated, partly_simulated) = match unrecorded {
+                    Some(why) if t.counts.requests == 0 => (Some(why), None),
+                    partly => (skipped.clone(), partly),
+                };
                 LimitReport {
                     name: limit.name.clone(),
                     key: limit.key.0.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
-                    not_simulated: skipped.clone(),
+                    not_simulated,
+                    partly_simulated,
                     counts: t.counts,
                     no_key: t.no_key,
                     not_simulated_requests: t.not_simulated,
@@ -287,6 +324,11 @@ impl Report {
             if r.delay.is_some() {
                 extra.push(delay_text(&r.delay));
             }
+            if !r.limits_not_simulated.is_empty() {
+                let limits: Vec<String> =
+                    r.limits_not_simulated.iter().map(|n| format!("{} ({} requests)", n.limit, n.requests)).collect();
+                extra.push(format!("LIMITS NOT SIMULATED: {}; see each limit", limits.join(", ")));
+            }
             for e in extra {
                 let _ = writeln!(o, "    {e}");
             }
@@ -309,6 +351,9 @@ impl Report {
                 "    {} decided: {} passed, {} delayed, {} rejected",
                 c.requests, c.passed, c.delayed, c.rejected
             );
+            if let Some(why) = &l.partly_simulated {
+                let _ = writeln!(o, "    NOT SIMULATED for {} requests of its routes: {why}", l.not_simulated_requests);
+            }
             if l.no_key > 0 {
                 let _ = writeln!(o, "    {} requests had no key (not counted)", l.no_key);
             }

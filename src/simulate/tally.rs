@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use crate::config::Config;
 use crate::metrics::RequestOutcome;
+use crate::policy::key::KeyPart;
 
 /// What became of the requests of a route, or a limit's decisions.
 #[derive(Debug, Default, Clone, Copy, Serialize, PartialEq, Eq)]
@@ -27,6 +28,9 @@ pub struct RouteTally {
     pub invalid_cost: u64,
     /// Every wait of a delayed request, ns.
     pub(super) waits: Vec<u64>,
+    /// Limits of the route that did not decide some of its requests, as the log could
+    /// not drive them, and how many each: (limit index, requests).
+    pub(super) not_simulated: Vec<(usize, u64)>,
 }
 
 impl RouteTally {
@@ -46,6 +50,15 @@ impl RouteTally {
                 self.counts.passed += 1;
                 self.dry_run_rejected += 1;
             }
+        }
+    }
+
+    /// Counts a request that limit `limit` of the route would have decided, had the log
+    /// allowed.
+    pub fn not_simulated(&mut self, limit: usize) {
+        match self.not_simulated.iter_mut().find(|(l, _)| *l == limit) {
+            Some((_, requests)) => *requests += 1,
+            None => self.not_simulated.push((limit, 1)),
         }
     }
 
@@ -69,6 +82,9 @@ pub struct LimitTally {
     pub no_key: u64,
     /// Requests of its routes it would have decided, had the log allowed.
     pub not_simulated: u64,
+    /// Key parts it needs that the lines of some of those requests do not record, in
+    /// the order first missed.
+    pub(super) unrecorded: Vec<KeyPart>,
     pub(super) waits: Vec<u64>,
     pub(super) keys: HashMap<u64, KeyTally>,
     /// Admitted and rejected requests per second.
@@ -99,6 +115,14 @@ impl LimitTally {
         }
         if let Some((hash, label)) = refused {
             self.keys.entry(hash).or_insert_with(|| KeyTally { label: label(), rejected: 0 }).rejected += 1;
+        }
+    }
+
+    /// Counts a request it would have decided had its line recorded key part `part`.
+    pub fn unrecorded(&mut self, part: &KeyPart) {
+        self.not_simulated += 1;
+        if !self.unrecorded.contains(part) {
+            self.unrecorded.push(part.clone());
         }
     }
 

@@ -927,3 +927,41 @@ fn without_c_the_default_configuration_is_named() {
     let help = String::from_utf8_lossy(&help.stdout);
     assert!(help.contains("`run`, `check` and `reload`: /etc/sluicegate/config.yaml"), "{help}");
 }
+
+#[test]
+fn access_log_keys_are_json_lines_with_credentials_digested_by_a_secret_of_the_operators() {
+    let yaml = |log_keys: &str, access_log: &str| {
+        format!(
+            "listen: 127.0.0.1:0\n{log_keys}access_log: {access_log}\nlimits:\n  per_tenant: {{ key: \"header:x-tenant\", rate: 1r/s }}\n  per_token: {{ key: [ip, bearer], rate: 1r/s }}\nroutes:\n  - {{ limits: [per_tenant, per_token], respond: {{ status: 200 }} }}\n"
+        )
+    };
+    let (ok, stderr) = check(&yaml("", "{ keys: true }"));
+    assert!(!ok);
+    assert_eq!(
+        stderr,
+        "FILE:2:21: access_log.keys: limit per_token is keyed on bearer, which the access log writes as a keyed \
+         digest: give access_log.keys_secret (at least 16 characters, the same on every instance and across \
+         restarts), or log_keys: clear to write it as sent\nFILE: configuration is invalid\n"
+    );
+    let (ok, stderr) = check(&yaml("", "{ keys: true, keys_secret: short }"));
+    assert!(!ok && stderr.contains("access_log.keys_secret: must be at least 16 characters"), "{stderr}");
+    let (ok, stderr) = check(&yaml("", "{ format: combined, keys: true, keys_secret: 0123456789abcdef }"));
+    assert!(!ok && stderr.contains("access_log.keys: key parts are written in JSON lines only"), "{stderr}");
+    for (log_keys, access_log) in [
+        ("", "{ keys: true, keys_secret: 0123456789abcdef }"),
+        // Nothing is a digest: no secret is needed.
+        ("log_keys: clear\n", "{ keys: true }"),
+        // Off: a secret is not needed, and one given is harmless.
+        ("", "{ format: combined, keys_secret: 0123456789abcdef }"),
+    ] {
+        let (ok, stderr) = check(&yaml(log_keys, access_log));
+        assert!(ok, "{log_keys}{access_log}: {stderr}");
+    }
+    // A header that is no credential is written as sent, without a secret...
+    let tenant_only =
+        |log_keys| yaml(log_keys, "{ keys: true }").replace("limits: [per_tenant, per_token]", "limits: [per_tenant]");
+    assert!(check(&tenant_only("")).0);
+    // ... but with `log_keys: hashed` it is a digest too.
+    let (ok, stderr) = check(&tenant_only("log_keys: hashed\n"));
+    assert!(!ok && stderr.contains("limit per_tenant is keyed on header:x-tenant"), "{stderr}");
+}

@@ -92,6 +92,63 @@ routes:
     assert!(field(3, "upstream_ms").as_f64().unwrap() > 0.0);
     assert!(field(0, "upstream_ms").is_null(), "a static route has no upstream time");
     assert!(field(0, "time").as_str().unwrap().ends_with('Z'));
+    assert!(json.iter().all(|line| line.get("keys").is_none()), "keys are recorded only when asked for");
+}
+
+/// A log recording keys, with `log_keys` as `mode` (`""`: the default): a route `/a`
+/// whose limits count by cookie, API key, tenant and client, exempting `10.9.9.9`.
+fn recording_keys(path: &std::path::Path, mode: &str) -> String {
+    format!(
+        "listen: 127.0.0.1:0
+trusted_proxies: [127.0.0.1]
+{mode}
+access_log: {{ format: json, path: \"{}\", keys: true, keys_secret: \"0123456789abcdef\" }}
+limits:
+  session: {{ key: [ip, \"cookie:sid\"], rate: 10r/s }}
+  api: {{ key: [\"header:x-api-key\", \"header:x-tenant\"], rate: 10r/s }}
+routes:
+  - match: {{ path_prefix: /a }}
+    limits: [session, api]
+    allow: {{ cidrs: [10.9.9.9/32] }}
+    respond: {{ status: 200 }}
+",
+        path.display()
+    )
+}
+
+#[tokio::test]
+async fn recorded_keys_keep_credentials_out_of_the_access_log_unless_asked_for() {
+    let credentials = [("cookie", "lang=en; sid=s-789-session"), ("x-api-key", "k-456-apikey"), ("x-tenant", "acme")];
+    for mode in ["", "log_keys: hashed_secrets", "log_keys: hashed", "log_keys: clear"] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("access.log");
+        let sg = Sluicegate::start(&recording_keys(&path, mode));
+        assert_eq!(get(sg.addr, "/a", &credentials).await.status, 200);
+        let exempt = [credentials.as_slice(), &[("x-forwarded-for", "10.9.9.9")]].concat();
+        assert_eq!(get(sg.addr, "/a", &exempt).await.status, 200);
+        assert_eq!(get(sg.addr, "/nothing", &credentials).await.status, 404);
+        let lines = access_lines(&path, 3);
+        let json: Vec<serde_json::Value> = lines.iter().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let keys = &json[0]["keys"];
+        let names: Vec<&String> = keys.as_object().unwrap().keys().collect();
+        assert_eq!(names, ["cookie:sid", "header:x-api-key", "header:x-tenant"], "{mode}: the client is in the line");
+        assert_eq!(json[1]["keys"], serde_json::json!({}), "{mode}: the route's allow-list exempted it");
+        assert!(json[2]["keys"].is_null(), "{mode}: no route, no limit");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let digest = |name: &str| keys[name].as_str().unwrap().starts_with('#');
+        if mode == "log_keys: clear" {
+            assert_eq!(
+                (keys["cookie:sid"].as_str(), keys["header:x-api-key"].as_str()),
+                (Some("s-789-session"), Some("k-456-apikey"))
+            );
+            continue;
+        }
+        for secret in ["s-789-session", "k-456-apikey"] {
+            assert!(!text.contains(secret), "{mode}: a credential in clear in the access log:\n{text}");
+        }
+        assert!(digest("cookie:sid") && digest("header:x-api-key"), "{mode}: {keys}");
+        assert_eq!(digest("header:x-tenant"), mode == "log_keys: hashed", "{mode}: {keys}");
+    }
 }
 
 #[tokio::test]

@@ -173,8 +173,12 @@ routes:
     assert_eq!(limits[1]["requests"], 0);
     let notes = report["configs"][0]["notes"].to_string();
     assert!(notes.contains("the allow-list of limit per_ip matches on the header x-internal"), "{notes}");
+    // The route is marked: its counts are not all its limits would have made.
+    let route = &report["configs"][0]["routes"][0];
+    assert_eq!(route["limits_not_simulated"], serde_json::json!([{ "limit": "per_key", "requests": 2 }]));
     let (_, text, _) = simulate(dir.path(), &["-c", "c.yaml", "access.log"]);
     assert!(text.contains("NOT SIMULATED"), "{text}");
+    assert!(text.contains("LIMITS NOT SIMULATED: per_key (2 requests)"), "{text}");
     // A format that carries the header: the limit is simulated, one key per value.
     let format = r#"$remote_addr [$time_local] "$request" $status "$http_x_api_key""#;
     let log = "10.0.0.1 [22/Nov/2026:10:00:01 +0000] \"GET / HTTP/1.1\" 200 \"k1\"\n\
@@ -185,6 +189,7 @@ routes:
     let report = simulate_json(dir.path(), &["-c", "c.yaml", "--format", format, "keyed.log"]);
     let per_key = &report["configs"][0]["limits"][1];
     assert!(per_key["not_simulated"].is_null());
+    assert_eq!(report["configs"][0]["routes"][0]["limits_not_simulated"], serde_json::json!([]));
     assert_eq!((per_key["passed"].as_u64(), per_key["rejected"].as_u64()), (Some(2), Some(1)));
     assert_eq!(per_key["no_key"], 1);
     // A credential is shown by its keyed hash, as `log_keys: hashed_secrets` has it.
@@ -380,4 +385,215 @@ routes:
     let report = simulate_json(dir.path(), &["-c", config, "access.log"]);
     let limit = &report["configs"][0]["limits"][0];
     assert_eq!((limit["passed"].as_u64(), limit["rejected"].as_u64()), (Some(2), Some(4)), "as /metrics counts");
+}
+
+/// The secret of the access log's digests in the tests.
+const KEYS_SECRET: &str = "test-secret-0123456789";
+
+/// Two limits keyed on what only the access log's `keys` carries: a tenant's header and a
+/// bearer token; the log at `log`.
+fn keyed_by_tenant_and_token(log: &Path) -> String {
+    format!(
+        "listen: 127.0.0.1:0
+admin: {{ listen: 127.0.0.1:0 }}
+access_log: {{ format: json, path: \"{}\", keys: true, keys_secret: \"{KEYS_SECRET}\" }}
+limits:
+  per_tenant: {{ key: \"header:x-tenant\", rate: 1r/m, burst: 2, nodelay: true }}
+  per_token: {{ key: bearer, rate: 1r/m, burst: 1, nodelay: true }}
+routes:
+  - name: api
+    limits: [per_tenant, per_token]
+    respond: {{ status: 200 }}
+",
+        log.display()
+    )
+}
+
+/// What `/metrics` says limit `limit` decided: (passed, rejected).
+fn decided(metrics: &Metrics, limit: &str) -> (u64, u64) {
+    let count = |outcome: &str| {
+        metrics.get(&format!("sluicegate_limit_decisions_total{{limit=\"{limit}\",outcome=\"{outcome}\"}}"))
+    };
+    (count("passed").unwrap_or(0.0) as u64, count("rejected").unwrap_or(0.0) as u64)
+}
+
+#[tokio::test]
+async fn limits_keyed_on_a_header_and_a_bearer_token_replay_from_the_proxys_log_as_the_proxy_decided() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let sg = Sluicegate::start(&keyed_by_tenant_and_token(&log));
+    // (tenant, token): each limit refuses some, and a request one limit refuses leaves
+    // the other's count as it was.
+    let sent = [
+        (Some("acme"), Some("tok-A-5e1f0c9d")),
+        (Some("acme"), Some("tok-A-5e1f0c9d")),
+        (Some("acme"), Some("tok-A-5e1f0c9d")), // the token's third: refused
+        (Some("acme"), Some("tok-B-77aa3b21")),
+        (Some("acme"), Some("tok-B-77aa3b21")), // the tenant's fourth: refused
+        (Some("globex"), Some("tok-B-77aa3b21")),
+        (Some("globex"), Some("tok-B-77aa3b21")), // the token's third: refused
+        (Some("globex"), None),
+        (None, Some("tok-C-0d4e8f12")),
+        (None, None),
+        (Some("initech"), Some("tok-C-0d4e8f12")),
+        (Some("initech"), Some("tok-C-0d4e8f12")), // the token's third: refused
+    ];
+    let mut answers = Vec::new();
+    for (tenant, token) in sent {
+        let bearer = token.map(|t| format!("Bearer {t}"));
+        let mut headers = Vec::new();
+        headers.extend(tenant.map(|t| ("x-tenant", t)));
+        headers.extend(bearer.as_deref().map(|b| ("authorization", b)));
+        answers.push(get(sg.addr, "/", &headers).await.status);
+    }
+    assert_eq!(answers, [200, 200, 429, 200, 429, 200, 429, 200, 200, 200, 200, 429]);
+    let lines = crate::logs::access_lines(&log, sent.len());
+    let metrics = Metrics::of(&sg).await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    for token in ["tok-A-5e1f0c9d", "tok-B-77aa3b21", "tok-C-0d4e8f12"] {
+        assert!(!text.contains(token), "a bearer token in clear in the access log:\n{text}");
+    }
+    let first: Value = serde_json::from_str(&lines[0]).unwrap();
+    assert_eq!(first["keys"]["header:x-tenant"], "acme", "no credential: as sent");
+    assert!(first["keys"]["bearer"].as_str().unwrap().starts_with('#'));
+    let last_but_two: Value = serde_json::from_str(&lines[9]).unwrap();
+    assert_eq!(last_but_two["keys"], serde_json::json!({ "header:x-tenant": null, "bearer": null }));
+
+    let config = sg.config.to_str().unwrap();
+    let report = simulate_json(dir.path(), &["-c", config, "--decisions", "d.jsonl", "access.log"]);
+    let replayed = &report["configs"][0];
+    // Each limit decided as /metrics counted its decisions.
+    for (i, name) in ["per_tenant", "per_token"].iter().enumerate() {
+        let limit = &replayed["limits"][i];
+        assert_eq!(limit["name"], *name);
+        assert!(limit["not_simulated"].is_null() && limit["partly_simulated"].is_null(), "{limit}");
+        let simulated = (limit["passed"].as_u64().unwrap(), limit["rejected"].as_u64().unwrap());
+        assert_eq!(simulated, decided(&metrics, name), "limit {name}");
+    }
+    assert_eq!(replayed["limits"][0]["no_key"], 2);
+    assert_eq!(replayed["limits"][1]["no_key"], 2);
+    // The route's requests as the log's outcomes have them, and none unsimulated.
+    let route = &replayed["routes"][0];
+    let outcomes = |outcome: &str| {
+        lines.iter().filter(|l| serde_json::from_str::<Value>(l).unwrap()["outcome"] == outcome).count() as u64
+    };
+    assert_eq!(
+        (route["passed"].as_u64(), route["rejected"].as_u64()),
+        (Some(outcomes("passed")), Some(outcomes("rejected")))
+    );
+    assert_eq!(route["limits_not_simulated"], serde_json::json!([]));
+    // Request by request, the replay answers what the proxy answered.
+    let logged: Vec<u16> =
+        lines.iter().map(|l| serde_json::from_str::<Value>(l).unwrap()["status"].as_u64().unwrap() as u16).collect();
+    let replayed: Vec<u16> = decisions(&dir.path().join("d.jsonl")).iter().map(status).collect();
+    assert_eq!(replayed, logged);
+    // The keys refused most are named as the log names them: the token by its digest.
+    let (_, text, _) = simulate(dir.path(), &["-c", config, "access.log"]);
+    assert!(text.contains("header:x-tenant=acme"), "{text}");
+    assert!(!text.contains("tok-"), "{text}");
+
+    // A limit keyed on a header the proxy's limits did not use: its lines do not record
+    // it, and the route says its counts are not all the limits would have made.
+    let more = std::fs::read_to_string(config)
+        .unwrap()
+        .replace("limits: [per_tenant, per_token]", "limits: [per_tenant, per_token, per_user]");
+    let more = more.replace("limits:\n", "limits:\n  per_user: { key: \"header:x-user\", rate: 1r/m }\n");
+    write(dir.path(), "more.yaml", &more);
+    let report = simulate_json(dir.path(), &["-c", "more.yaml", "access.log"]);
+    let replayed = &report["configs"][0];
+    let per_user = replayed["limits"].as_array().unwrap().iter().find(|l| l["name"] == "per_user").unwrap();
+    let why = per_user["not_simulated"].as_str().unwrap();
+    assert!(why.contains("header:x-user") && why.contains("no line") && why.contains("keys: true"), "{why}");
+    assert_eq!((per_user["requests"].as_u64(), per_user["not_simulated_requests"].as_u64()), (Some(0), Some(12)));
+    assert_eq!(
+        replayed["routes"][0]["limits_not_simulated"],
+        serde_json::json!([{ "limit": "per_user", "requests": 12 }])
+    );
+    let (_, text, _) = simulate(dir.path(), &["-c", "more.yaml", "access.log"]);
+    assert!(text.contains("LIMITS NOT SIMULATED: per_user (12 requests)"), "{text}");
+}
+
+/// A sluicegate JSON line of a `GET /` from `ip` at second `second` with `keys` (raw JSON,
+/// or nothing: a line written without `keys`).
+fn json_line(ip: &str, second: u32, keys: Option<&str>) -> String {
+    let keys = keys.map_or_else(String::new, |k| format!(",\"keys\":{k}"));
+    format!(
+        "{{\"time\":\"2026-11-22T10:00:{second:02}.000Z\",\"client\":\"{ip}\",\"method\":\"GET\",\"target\":\"/\",\"status\":200,\"duration_ms\":1.0,\"route\":\"api\",\"outcome\":\"passed\"{keys}}}\n"
+    )
+}
+
+#[test]
+fn a_route_whose_limits_its_lines_do_not_all_record_is_marked_and_the_rest_replays() {
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        dir.path(),
+        "c.yaml",
+        "listen: 127.0.0.1:0
+limits:
+  per_ip: { key: ip, rate: 1r/m, burst: 9, nodelay: true }
+  per_tenant: { key: \"header:x-tenant\", rate: 1r/m, burst: 1, nodelay: true }
+  per_user: { key: \"header:x-user\", rate: 1r/m, nodelay: true }
+routes:
+  - name: api
+    match: { path_prefix: / }
+    limits: [per_ip, per_tenant, per_user]
+    respond: { status: 200 }
+",
+    );
+    let both = r#"{"header:x-tenant":"acme","header:x-user":"u1"}"#;
+    let tenant = r#"{"header:x-tenant":"acme"}"#;
+    let log = [
+        json_line("10.0.0.1", 1, Some(both)),
+        json_line("10.0.0.1", 2, Some(both)),   // per_user refuses u1's second
+        json_line("10.0.0.1", 3, Some(tenant)), // x-user not recorded: per_user cannot say
+        json_line("10.0.0.1", 4, Some(tenant)), // per_tenant refuses acme's third
+        json_line("10.0.0.1", 5, None),         // written without keys
+    ]
+    .concat();
+    write(dir.path(), "access.log", &log);
+    let report = simulate_json(dir.path(), &["-c", "c.yaml", "access.log"]);
+    let replayed = &report["configs"][0];
+    assert_eq!(
+        replayed["routes"][0]["limits_not_simulated"],
+        serde_json::json!([
+            { "limit": "per_tenant", "requests": 1 },
+            { "limit": "per_user", "requests": 3 },
+        ])
+    );
+    let limit = |name: &str| replayed["limits"].as_array().unwrap().iter().find(|l| l["name"] == name).unwrap().clone();
+    let per_ip = limit("per_ip");
+    assert!(per_ip["partly_simulated"].is_null() && per_ip["not_simulated"].is_null());
+    assert_eq!(per_ip["requests"], 5, "the client address is on every line");
+    let per_tenant = limit("per_tenant");
+    // Its own decisions: the second request passed it (refused by per_user, it took
+    // nothing of acme's), the fourth is acme's third.
+    assert_eq!((per_tenant["passed"].as_u64(), per_tenant["rejected"].as_u64()), (Some(3), Some(1)));
+    assert_eq!(per_tenant["not_simulated_requests"], 1);
+    let per_user = limit("per_user");
+    assert!(per_user["not_simulated"].is_null());
+    assert_eq!((per_user["passed"].as_u64(), per_user["rejected"].as_u64()), (Some(1), Some(1)));
+    let why = per_user["partly_simulated"].as_str().unwrap();
+    assert!(why.starts_with("their lines do not record header:x-user"), "{why}");
+    let (_, text, _) = simulate(dir.path(), &["-c", "c.yaml", "access.log"]);
+    assert!(text.contains("LIMITS NOT SIMULATED: per_tenant (1 requests), per_user (3 requests)"), "{text}");
+    assert!(
+        text.contains("NOT SIMULATED for 3 requests of its routes: their lines do not record header:x-user"),
+        "{text}"
+    );
+    // Two parts that recorded keys can only put back in one field are named.
+    write(
+        dir.path(),
+        "shared.yaml",
+        "listen: 127.0.0.1:0
+limits:
+  per_token: { key: bearer, rate: 1r/m }
+  per_auth: { key: \"header:authorization\", rate: 1r/m }
+routes:
+  - limits: [per_token, per_auth]
+    respond: { status: 200 }
+",
+    );
+    let report = simulate_json(dir.path(), &["-c", "shared.yaml", "access.log"]);
+    let notes = report["configs"][0]["notes"].to_string();
+    assert!(notes.contains("keyed on both bearer and header:authorization"), "{notes}");
 }
