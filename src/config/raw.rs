@@ -437,6 +437,8 @@ pub struct RawAccessLog {
     /// What the digests of recorded key parts are keyed with (HMAC-SHA-256): the same on
     /// every instance and across restarts, so that one value has one digest in every line.
     pub keys_secret: Option<String>,
+    /// A file that holds `keys_secret`.
+    pub keys_secret_file: Option<String>,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]

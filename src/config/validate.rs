@@ -134,9 +134,16 @@ pub fn compile(raw: RawConfig, positions: &Positions, fields: Fields, file: &str
             e.warn(format!("limits.{name}"), "no route lists this limit: it decides nothing");
         }
     }
-    if let Some(raw_log) = &raw.access_log {
-        access_log_keys(&mut e, raw_log, log_keys, &limits, &routes);
-    }
+    let keys_secret = raw.access_log.as_ref().and_then(|a| {
+        let secret = super::secrets::secret(
+            &mut e,
+            "access_log.keys_secret",
+            a.keys_secret.as_deref(),
+            a.keys_secret_file.as_deref(),
+        );
+        access_log_keys(&mut e, a, secret.as_deref(), log_keys, &limits, &routes);
+        secret
+    });
     if routes.is_empty() {
         e.warn("routes".into(), "no routes: every request is answered 404");
     }
@@ -160,7 +167,7 @@ pub fn compile(raw: RawConfig, positions: &Positions, fields: Fields, file: &str
                 format: a.format,
                 path: a.path.clone().filter(|p| p != "stderr"),
                 keys: a.keys,
-                keys_secret: a.keys_secret.clone(),
+                keys_secret: keys_secret.clone(),
             }),
             ratelimit_headers: raw.ratelimit_headers,
             ratelimit_header_style: raw.ratelimit_header_style,
@@ -187,14 +194,21 @@ const MIN_KEYS_SECRET: usize = 16;
 /// `access_log.keys` and `keys_secret`: key parts are written in JSON lines, and a part
 /// written as a digest (a credential, unless `log_keys: clear`) needs the secret the
 /// digest is keyed with, so that a reader of the log cannot test guesses of it.
-fn access_log_keys(e: &mut Errors<'_>, raw: &RawAccessLog, log_keys: LogKeys, limits: &[Limit], routes: &[Route]) {
+fn access_log_keys(
+    e: &mut Errors<'_>,
+    raw: &RawAccessLog,
+    keys_secret: Option<&str>,
+    log_keys: LogKeys,
+    limits: &[Limit],
+    routes: &[Route],
+) {
     if raw.keys && raw.format == AccessFormat::Combined {
         e.add(
             "access_log.keys".into(),
             "key parts are written in JSON lines only: give format: json (nginx's combined has no place for them)",
         );
     }
-    if let Some(secret) = &raw.keys_secret
+    if let Some(secret) = keys_secret
         && secret.chars().count() < MIN_KEYS_SECRET
     {
         e.add(
@@ -202,7 +216,7 @@ fn access_log_keys(e: &mut Errors<'_>, raw: &RawAccessLog, log_keys: LogKeys, li
             format!("must be at least {MIN_KEYS_SECRET} characters (a random string, kept like a password)"),
         );
     }
-    if !raw.keys || raw.keys_secret.is_some() {
+    if !raw.keys || keys_secret.is_some() {
         return;
     }
     let digested =

@@ -965,3 +965,26 @@ fn access_log_keys_are_json_lines_with_credentials_digested_by_a_secret_of_the_o
     let (ok, stderr) = check(&tenant_only("log_keys: hashed\n"));
     assert!(!ok && stderr.contains("limit per_tenant is keyed on header:x-tenant"), "{stderr}");
 }
+
+/// The access log's `keys_secret` is a secret like the others: `${NAME}` or a file.
+#[test]
+fn the_access_log_keys_secret_comes_from_the_environment_or_a_file() {
+    let yaml = |secret: &str| {
+        format!(
+            "listen: 127.0.0.1:0\naccess_log: {{ keys: true, {secret} }}\nroutes:\n  - respond: {{ status: 200 }}\n"
+        )
+    };
+    let (ok, stderr) = check(&yaml("keys_secret: \"${SG_SURELY_UNSET_SECRET}\""));
+    assert!(
+        !ok && stderr.contains("access_log.keys_secret: the environment variable SG_SURELY_UNSET_SECRET is not set"),
+        "{stderr}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("secret");
+    std::fs::write(&file, "0123456789abcdef0123\n").unwrap();
+    let (ok, stderr) = check(&yaml(&format!("keys_secret_file: \"{}\"", file.display())));
+    assert!(ok, "{stderr}");
+    std::fs::write(&file, "short\n").unwrap();
+    let (ok, stderr) = check(&yaml(&format!("keys_secret_file: \"{}\"", file.display())));
+    assert!(!ok && stderr.contains("access_log.keys_secret: must be at least 16 characters"), "{stderr}");
+}
