@@ -23,31 +23,45 @@ pub const DEFAULT_CONFIG: &str = "/etc/sluicegate/config.yaml";
 
 #[derive(Debug, Parser)]
 #[command(name = "sluicegate", version, about = "An HTTP reverse proxy with rate limiting built in")]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
-    /// The YAML configuration file (`run`, `check` and `reload`: /etc/sluicegate/config.yaml
-    /// when not given; `simulate` takes a second one to compare with).
-    // Not `required = true`: clap would then refuse `--help` and `--version` without it.
-    #[arg(short, long, global = true, value_name = "FILE", action = ArgAction::Append)]
-    pub config: Vec<PathBuf>,
+    /// `sluicegate [OPTIONS]` alone runs the proxy, as `sluicegate run [OPTIONS]`.
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// What `run` takes: each subcommand has only the options it uses.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
     /// Least severe log level shown (error, warn, info, debug, trace).
-    #[arg(long, global = true, default_value = "info", value_name = "LEVEL")]
+    #[arg(long, default_value = "info", value_name = "LEVEL")]
     pub log_level: tracing::Level,
     /// Log line format.
-    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+}
+
+/// The configuration file of `run`, `check` and `reload`.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct ConfigArg {
+    /// The YAML configuration file [default: /etc/sluicegate/config.yaml]
+    #[arg(short, long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Subcommand, PartialEq, Eq)]
 pub enum Command {
     /// Run the proxy (the default).
-    Run,
+    Run(RunArgs),
     /// Validate the configuration, print every error, and exit (like `nginx -t`).
-    Check,
+    Check(ConfigArg),
     /// Validate the configuration, then have the running instance reload it through its
-    /// admin listener (`admin.listen`; like `nginx -s reload`, or SIGHUP).
-    Reload,
+    /// admin listener (`admin.listen`; like `nginx -s reload`, or SIGHUP) and wait for the outcome.
+    Reload(ConfigArg),
     /// Print the JSON Schema of the configuration file (for editors' YAML support).
     Schema,
     /// Replay access logs through the configuration's routes and limits on a virtual
@@ -84,6 +98,9 @@ pub fn import(args: &ImportArgs) -> ExitCode {
 
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
 pub struct SimulateArgs {
+    /// The configuration to replay the logs through; a second one is compared with it.
+    #[arg(short, long = "config", value_name = "FILE", required = true, action = ArgAction::Append)]
+    pub configs: Vec<PathBuf>,
     /// Access logs to replay, merged by time (`-`: standard input).
     #[arg(required = true, value_name = "LOG")]
     pub logs: Vec<PathBuf>,
@@ -116,8 +133,8 @@ pub struct SimulateArgs {
 }
 
 /// `sluicegate simulate`: the report on stdout, errors on stderr.
-pub fn simulate(configs: &[PathBuf], args: &SimulateArgs) -> ExitCode {
-    let mut configs = configs.to_vec();
+pub fn simulate(args: &SimulateArgs) -> ExitCode {
+    let mut configs = args.configs.clone();
     configs.extend(args.compare.clone());
     if configs.is_empty() {
         eprintln!("sluicegate: no configuration given; use -c FILE (and -c NEW to compare)");
@@ -155,7 +172,7 @@ pub enum LogFormat {
 /// Sends log lines to stderr in the chosen format. Colours only on a terminal, and never
 /// when `NO_COLOR` is set to anything non-empty (https://no-color.org): escape codes in a
 /// file or a log collector are noise.
-pub fn init_tracing(cli: &Cli) {
+pub fn init_tracing(cli: &RunArgs) {
     let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
     let ansi = std::io::stderr().is_terminal() && !no_color;
     let builder = tracing_subscriber::fmt().with_max_level(cli.log_level).with_writer(std::io::stderr).with_ansi(ansi);

@@ -1,39 +1,37 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use sluicegate::cli::{Cli, Command, init_tracing};
+use sluicegate::cli::{Cli, Command, RunArgs, init_tracing};
 use sluicegate::{config, server};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if cli.command == Some(Command::Schema) {
-        println!("{}", sluicegate::config::schema());
-        return ExitCode::SUCCESS;
-    }
-    if let Some(Command::Simulate(args)) = &cli.command {
-        return sluicegate::cli::simulate(&cli.config, args);
-    }
-    if let Some(Command::Import(args)) = &cli.command {
-        return sluicegate::cli::import(args);
-    }
+    let (config, run_args) = match cli.command {
+        Some(Command::Schema) => {
+            println!("{}", sluicegate::config::schema());
+            return ExitCode::SUCCESS;
+        }
+        Some(Command::Simulate(args)) => return sluicegate::cli::simulate(&args),
+        Some(Command::Import(args)) => return sluicegate::cli::import(&args),
+        Some(Command::Check(ref c) | Command::Reload(ref c)) => (c.config.clone(), None),
+        Some(Command::Run(ref r)) => (r.config.config.clone(), Some(r.clone())),
+        None => (cli.run.config.config.clone(), Some(cli.run.clone())),
+    };
     let default = std::path::PathBuf::from(sluicegate::cli::DEFAULT_CONFIG);
-    let path = match &cli.config[..] {
-        [path] => path,
+    let path = match config {
+        Some(path) => path,
         // Where the systemd unit keeps it.
-        [] if default.exists() => &default,
-        [] => {
+        None if default.exists() => default,
+        None => {
             eprintln!(
                 "sluicegate: no configuration: {} does not exist; give one with -c FILE (see config.example.yaml)",
                 default.display()
             );
             return ExitCode::from(2);
         }
-        [..] => {
-            eprintln!("sluicegate: one configuration only (-c FILE); simulate alone compares two");
-            return ExitCode::from(2);
-        }
     };
-    let check = cli.command == Some(Command::Check);
+    let path = &path;
+    let check = matches!(cli.command, Some(Command::Check(_)));
     let loaded = if check { config::check(path) } else { config::load(path) };
     let config = match loaded {
         Ok(config) => config,
@@ -59,7 +57,7 @@ fn main() -> ExitCode {
     match server::runtime(config.workers) {
         Ok(runtime) => {
             let path = path.clone();
-            runtime.block_on(run(cli, path, config))
+            runtime.block_on(run(run_args, path, config))
         }
         Err(e) => {
             eprintln!("sluicegate: cannot start the runtime: {e}");
@@ -68,23 +66,22 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli, path: std::path::PathBuf, config: config::Config) -> ExitCode {
-    match cli.command {
-        Some(Command::Reload) => {
-            return match sluicegate::cli::request_reload(&config).await {
-                Ok(()) => {
-                    println!("{}: reloaded", path.display());
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("sluicegate: {}: reload failed: {e}", path.display());
-                    ExitCode::FAILURE
-                }
-            };
-        }
-        Some(Command::Check | Command::Run | Command::Schema | Command::Simulate(_) | Command::Import(_)) | None => {}
-    }
-    init_tracing(&cli);
+/// Serves `config` (`run_args`: how to log), or, without them, asks the running
+/// instance to reload it (`sluicegate reload`).
+async fn run(run_args: Option<RunArgs>, path: std::path::PathBuf, config: config::Config) -> ExitCode {
+    let Some(run_args) = run_args else {
+        return match sluicegate::cli::request_reload(&config).await {
+            Ok(()) => {
+                println!("{}: reloaded", path.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("sluicegate: {}: reload failed: {e}", path.display());
+                ExitCode::FAILURE
+            }
+        };
+    };
+    init_tracing(&run_args);
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }

@@ -925,7 +925,39 @@ fn without_c_the_default_configuration_is_named() {
     let help = binary().arg("--help").output().unwrap();
     assert!(help.status.success());
     let help = String::from_utf8_lossy(&help.stdout);
-    assert!(help.contains("`run`, `check` and `reload`: /etc/sluicegate/config.yaml"), "{help}");
+    assert!(help.contains("[default: /etc/sluicegate/config.yaml]"), "{help}");
+}
+
+/// Each subcommand's `--help` lists only the options it takes, `simulate`'s shows what it
+/// requires, and README's command summary names every option of every subcommand.
+#[test]
+fn each_subcommand_has_its_own_options_and_readme_lists_them() {
+    let help = |command: &str| {
+        let out = binary().args([command, "--help"]).output().unwrap();
+        assert!(out.status.success(), "{command}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let check = help("check");
+    assert!(check.contains("--config") && !check.contains("--log-level"), "{check}");
+    assert!(!help("import").contains("--log-level"));
+    let simulate = help("simulate");
+    assert!(simulate.contains("Usage: sluicegate simulate [OPTIONS] --config <FILE> <LOG>..."), "{simulate}");
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let summary = readme.split("## Command line").nth(1).unwrap().split("\n## ").next().unwrap();
+    for command in ["run", "check", "reload", "simulate", "import"] {
+        // An option line: `  -c, --config <FILE>  …` or `      --json  …`; README may
+        // write the short form.
+        for line in help(command).lines().map(str::trim_start).filter(|l| l.starts_with('-')) {
+            let words: Vec<&str> = line.split_whitespace().map(|w| w.trim_end_matches(',')).collect();
+            let long = words.iter().find(|w| w.starts_with("--")).copied().unwrap_or_default();
+            let short = words.first().filter(|w| !w.starts_with("--")).map(|w| format!("{w} "));
+            if long == "--help" {
+                continue;
+            }
+            let named = summary.contains(long) || short.is_some_and(|s| summary.contains(&s));
+            assert!(named, "README's command line lacks {command} {long}");
+        }
+    }
 }
 
 #[test]
