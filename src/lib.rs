@@ -32,7 +32,8 @@
 //! `config` turns the YAML file into the compiled `Config` the request path reads; the
 //! words a limit is written in (`policy`) are shared by `config` and `limit`. Modules
 //! import downwards only: server -> admin -> running -> proxy -> front, gate, upstream,
-//! hop; gate -> store -> limit -> config -> policy -> head; proxy, upstream -> message,
+//! hop; gate -> store -> limit -> config -> policy -> head, suggest ("did you mean",
+//! for config's and policy's messages); proxy, upstream -> message,
 //! http1 (the upstream side of the engine is `http1::client`). `simulate` replays access
 //! logs through the same front and gate offline.
 
@@ -58,4 +59,5 @@ pub mod running;
 pub mod server;
 pub mod simulate;
 pub mod store;
+pub mod suggest;
 pub mod upstream;

@@ -15,10 +15,10 @@ use ipnet::IpNet;
 use super::ConfigError;
 use super::position::Positions;
 use super::raw::{RawAllow, RawKey, RawSize};
-use super::suggest::{LISTED, closest};
 use super::units::{parse_duration, parse_size};
 use crate::policy::allow::Allow;
 use crate::policy::key::KeyPart;
+use crate::suggest::{LISTED, closest};
 
 pub(super) struct Errors<'a> {
     pub(super) file: &'a str,

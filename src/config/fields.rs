@@ -16,7 +16,7 @@ use serde_saphyr::granit_parser::{Event, Parser, ScalarStyle};
 use super::ConfigError;
 use super::position::Position;
 use super::raw::RawConfig;
-use super::suggest::{LISTED, closest, one_of};
+use crate::suggest::{LISTED, closest, one_of};
 
 /// What the walk found.
 #[derive(Debug, Default)]

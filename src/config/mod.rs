@@ -17,7 +17,6 @@ mod routes;
 mod secrets;
 mod shadow;
 mod store;
-pub mod suggest;
 pub mod tls;
 pub mod units;
 mod upstreams;

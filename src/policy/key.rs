@@ -14,8 +14,8 @@ use std::str::FromStr;
 
 use http::{HeaderName, Method, header};
 
-use crate::config::suggest::closest;
 use crate::head::{Fields, Known, RequestHead};
+use crate::suggest::closest;
 
 /// Prefix lengths an `ip` key keeps of IPv4 and IPv6 addresses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
