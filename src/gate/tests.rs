@@ -417,8 +417,12 @@ mod global_path {
         let c = counts(&gate);
         assert!(c.breaker_open, "two failures a second apart open it");
         assert_eq!((c.calls, c.errors, c.skipped), (2, 2, 0));
-        let Reach::Unreachable { since, error, every } = store.reach() else { panic!("{:?}", store.reach()) };
-        assert_eq!((since, every), (Nanos(T0 + 1_000 * MS), Duration::from_secs(5)));
+        clock.set(Nanos(T0 + 1_500 * MS));
+        let Reach::Unreachable { since, lasting, error, every } = store.reach() else { panic!("{:?}", store.reach()) };
+        assert_eq!(
+            (since, lasting, every),
+            (Nanos(T0 + 1_000 * MS), Duration::from_millis(500), Duration::from_secs(5))
+        );
         assert!(error.contains("refused"), "{error}");
         // Open: however long, requests do not ask Redis (a probe in the background does).
         for at in [5_999, 6_000, 60_000] {

@@ -30,9 +30,9 @@ pub enum Reach {
     Connecting,
     /// The breaker is closed: requests are decided by Redis.
     Reachable,
-    /// The breaker is open since `since` (limiter clock): requests are decided by
-    /// `on_store_error`; `error` is the last failure's; probed every `every`.
-    Unreachable { since: Nanos, error: String, every: Duration },
+    /// The breaker is open since `since` (limiter clock), `lasting` so far: requests are
+    /// decided by `on_store_error`; `error` is the last failure's; probed every `every`.
+    Unreachable { since: Nanos, lasting: Duration, error: String, every: Duration },
 }
 
 impl Store {
@@ -46,7 +46,12 @@ impl Store {
     /// Where Redis stands for this instance.
     pub fn reach(&self) -> Reach {
         match self.breaker.open_since() {
-            Some(since) => Reach::Unreachable { since, error: self.last_error(), every: self.cooldown },
+            Some(since) => Reach::Unreachable {
+                since,
+                lasting: self.clock.now().since(since),
+                error: self.last_error(),
+                every: self.cooldown,
+            },
             None if !self.answered.load(Ordering::Acquire) => Reach::Connecting,
             None => Reach::Reachable,
         }

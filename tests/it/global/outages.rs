@@ -383,6 +383,67 @@ async fn a_redis_outage_under_deny_is_its_own_outcome_everywhere() {
     assert_eq!(get(admin, "/readyz", &[]).await.status, 200);
 }
 
+/// An instance that `/readyz` took out of rotation gets no requests, so no request can
+/// find Redis back: a probe in the background does, and the instance is ready again
+/// within the probe interval (`breaker_cooldown`), with no request at all. Likewise an
+/// instance started while Redis is away is not ready before its first request (it
+/// probes at start). The body says since when Redis is away, and its last error; an
+/// instance whose global limits `allow` or decide `local`ly stays ready, degraded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_out_of_rotation_is_ready_again_once_redis_answers() {
+    let mut redis = Redis::start();
+    let url = redis.url();
+    let deny = || {
+        Conf::new()
+            .admin()
+            .redis(&url, "timeout: 1s")
+            .limit("g", "key: ip, rate: 100r/s, burst: 100, scope: global, on_store_error: deny")
+            .answering("g")
+    };
+    let early = deny().start();
+    let open = Conf::new()
+        .admin()
+        .redis(&url, "timeout: 1s")
+        .limit("a", "key: ip, rate: 100r/s, burst: 100, scope: global, on_store_error: allow")
+        .limit("t", "key: ip, rate: 100r/s, burst: 100, scope: global, on_store_error: local")
+        .answering("a, t")
+        .start();
+    let readyz = async |sg: &Sluicegate| {
+        let reply = get(sg.admin_addr(), "/readyz", &[]).await;
+        (reply.status, reply.text())
+    };
+    assert_eq!(get(early.addr, "/", &[]).await.status, 200);
+    redis.kill();
+    // Requests find Redis gone and open the breaker.
+    wait_until("the instance out of rotation", Duration::from_secs(10), async || {
+        get(early.addr, "/", &[]).await;
+        readyz(&early).await.0 == 503
+    })
+    .await;
+    let (_, body) = readyz(&early).await;
+    assert!(body.contains("since 20") && body.contains("probed every 1s") && body.contains("last error: "), "{body}");
+    wait_until("the other instance's breaker open", Duration::from_secs(10), async || {
+        get(open.addr, "/", &[]).await;
+        readyz(&open).await.1.contains("unreachable since")
+    })
+    .await;
+    let (status, body) = readyz(&open).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.starts_with("ready, degraded: "), "{body}");
+    // Started now, it knows before any request.
+    let late = deny().start();
+    wait_until("the start-up probe's failure", Duration::from_secs(10), async || readyz(&late).await.0 == 503).await;
+
+    redis.restart();
+    for sg in [&early, &late, &open] {
+        wait_until("ready again, with no request", Duration::from_secs(10), async || {
+            readyz(sg).await == (200, "ready; Redis answers\n".into())
+        })
+        .await;
+        assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
+    }
+}
+
 /// README: once Redis answers again, requests are decided by it within one probe
 /// interval (`breaker_cooldown`), plus a reconnection. The probe that finds Redis back
 /// reconnects and succeeds; a request that probed in its place found the connection the
