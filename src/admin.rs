@@ -8,6 +8,7 @@
 //! constant time).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -24,6 +25,7 @@ use crate::policy::Policy;
 use crate::policy::key::bearer_token;
 use crate::proxy::Proxy;
 use crate::running::Running;
+use crate::store::Reach;
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -90,13 +92,16 @@ async fn answer(head: &RequestHead<'_>, admin: &Admin, running: &Running) -> Res
 /// breaker is open (Redis keeps failing), an instance whose enforced global limits
 /// include one with `on_store_error: deny` refuses those requests with 503: it is not
 /// ready (503), so that a load balancer sends traffic elsewhere; with `allow` or `local`
-/// it serves, degraded, and stays ready.
+/// it serves, degraded, and stays ready. Either way the body says since when, the last
+/// error and the probe interval: the background probe brings the instance back when
+/// Redis answers, with no request (an instance out of rotation gets none).
 fn readyz(running: &Running) -> Response {
     let proxy = running.proxy();
     let mut body = String::new();
     let mut status = StatusCode::OK;
     if let Some(store) = proxy.store() {
-        if store.counts().breaker_open {
+        let reach = store.reach();
+        if let Reach::Unreachable { since, lasting, error, every } = reach {
             let denying: Vec<&str> = proxy
                 .config()
                 .limits
@@ -113,6 +118,14 @@ fn readyz(running: &Running) -> Response {
                     denying.join(", ")
                 ));
             }
+            body.push_str(&format!(
+                "Redis unreachable since {} ({:.1} s), probed every {}; last error: {error}\n",
+                humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_nanos(since.0)),
+                lasting.as_secs_f64(),
+                humantime::format_duration(every),
+            ));
+        } else if reach == Reach::Connecting {
+            body.push_str("ready; Redis has not answered yet\n");
         } else {
             body.push_str("ready; Redis answers\n");
         }

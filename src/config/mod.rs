@@ -222,7 +222,8 @@ pub struct Redis {
     /// How long failures must go on (first to latest of the streak) before the breaker
     /// opens: one batch of calls that timed out together does not open it.
     pub breaker_window: Duration,
-    /// How long an open breaker skips Redis before one call probes it again.
+    /// How long an open breaker skips Redis before it is probed, and the time between
+    /// probes while it stays open (`store::probe`).
     pub breaker_cooldown: Duration,
     /// Lifetime of a global concurrency slot unless renewed (its holder renews it while
     /// the request lives).

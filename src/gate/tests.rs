@@ -340,7 +340,7 @@ mod global_path {
 
     use super::*;
     use crate::store::near_cache::Refusal;
-    use crate::store::{Call, StoreCounts};
+    use crate::store::{Call, Reach, StoreCounts};
 
     const T0: u64 = 1_700_000_000_000_000_000;
     const MS: u64 = 1_000_000;
@@ -401,26 +401,35 @@ mod global_path {
         assert_eq!((counts(&gate).near_hits, counts(&gate).calls), (1, 2));
     }
 
+    /// (No probe runs here: a bare gate's store is not watched, and its first probe
+    /// would come a cooldown after the breaker opened, in real time.)
     #[tokio::test]
-    async fn the_breaker_opens_over_its_window_skips_redis_and_probes_after_the_cooldown() {
+    async fn the_breaker_opens_over_its_window_and_no_request_asks_redis_while_it_is_open() {
         let (gate, clock) = gate(
             ", breaker_failures: 2, breaker_window: 1s, breaker_cooldown: 5s",
             "  g: { key: ip, scope: global, rate: 100r/s, on_store_error: allow }\n",
         );
+        let store = gate.store().expect("a global limit");
         for at in [0, 1_000] {
+            assert_eq!(store.reach(), Reach::Connecting, "nothing answered");
             assert!(passes(&decide_at(&gate, &clock, &[0], at, 1).await), "allow admits");
         }
         let c = counts(&gate);
         assert!(c.breaker_open, "two failures a second apart open it");
         assert_eq!((c.calls, c.errors, c.skipped), (2, 2, 0));
-        // Open: Redis is not asked until the cooldown has passed on the clock.
-        assert!(passes(&decide_at(&gate, &clock, &[0], 5_999, 1).await));
-        assert_eq!((counts(&gate).calls, counts(&gate).skipped), (2, 1));
-        // One probe after the cooldown; it fails, and the breaker stays open.
-        assert!(passes(&decide_at(&gate, &clock, &[0], 6_000, 1).await));
-        assert!(passes(&decide_at(&gate, &clock, &[0], 6_001, 1).await));
+        clock.set(Nanos(T0 + 1_500 * MS));
+        let Reach::Unreachable { since, lasting, error, every } = store.reach() else { panic!("{:?}", store.reach()) };
+        assert_eq!(
+            (since, lasting, every),
+            (Nanos(T0 + 1_000 * MS), Duration::from_millis(500), Duration::from_secs(5))
+        );
+        assert!(error.contains("refused"), "{error}");
+        // Open: however long, requests do not ask Redis (a probe in the background does).
+        for at in [5_999, 6_000, 60_000] {
+            assert!(passes(&decide_at(&gate, &clock, &[0], at, 1).await));
+        }
         let c = counts(&gate);
-        assert_eq!((c.calls, c.errors, c.skipped, c.breaker_open), (3, 3, 2, true));
+        assert_eq!((c.calls, c.errors, c.skipped, c.breaker_open), (2, 2, 3, true));
         assert_eq!(c.fallbacks, [5, 0, 0], "each decided by on_store_error: allow");
     }
 

@@ -96,6 +96,10 @@ impl Proxy {
         let levels = config.limits.iter().map(|l| (l.name.clone(), line_level(l.log_level, false))).collect();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(flush_log_budgets(Arc::downgrade(&log_budgets), levels, gate.clock().clone()));
+            // Whether Redis answers is known before a request asks it (`/readyz`).
+            if let Some(store) = gate.store() {
+                store.watch();
+            }
         }
         let upstreams =
             config.upstreams.iter().map(|u| UpstreamClient::new(u, metrics.upstream_resolution(&u.name))).collect();

@@ -2,7 +2,9 @@
 //!
 //! A standalone Redis is reached through redis-rs `ConnectionManager`s: one multiplexed
 //! connection each (concurrent requests are pipelined on it), connected lazily and
-//! reconnected by redis-rs after an I/O error. A cluster client needs its first
+//! reconnected by redis-rs after an I/O error, one attempt per error: what comes after it
+//! waits for that attempt, and the next attempt is the next call's or probe's (`probe`),
+//! not a backoff's that would hold them past their timeout. A cluster client needs its first
 //! connection to learn the slots, so it is made by a background task that retries until
 //! Redis answers; until then every call fails at once (and `on_store_error` applies).
 
@@ -28,6 +30,9 @@ enum Connection {
 pub struct Connections {
     slots: Arc<[OnceLock<Connection>]>,
     next: AtomicUsize,
+    /// True once every slot holds its connection (at once on a standalone Redis; a
+    /// cluster's when the background task has made them). A probe waits for it.
+    made: tokio::sync::watch::Receiver<bool>,
 }
 
 /// The URL's connection details with the section's `username` / `password` applied.
@@ -52,12 +57,13 @@ impl Connections {
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
         let slots: Arc<[OnceLock<Connection>]> = (0..config.connections).map(|_| OnceLock::new()).collect();
+        let (all_made, made) = tokio::sync::watch::channel(!config.cluster);
         let info = match connection_info(config) {
             Ok(info) => info,
             Err(e) => {
                 // Validated with the config; kept for completeness: every call then fails.
                 warn!(error = %e, "invalid Redis URL: global limits use their on_store_error");
-                return Connections { slots, next: AtomicUsize::new(0) };
+                return Connections { slots, next: AtomicUsize::new(0), made };
             }
         };
         // A private CA replaces the public roots.
@@ -94,14 +100,17 @@ impl Connections {
                         }
                     }
                 }
+                let _ = all_made.send(true);
                 info!("connected to Redis Cluster");
             });
         } else {
+            // No retries: redis-rs would retry a refused connection after a backoff (50 ms,
+            // then 100 ms, each up to twice that), every call and probe meanwhile would
+            // wait for it past `timeout`, and a probe after Redis came back would find the
+            // failed attempt. The probe is the retry.
             let manager_config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(config.connect_timeout))
-                .set_number_of_retries(2)
-                .set_min_delay(Duration::from_millis(50))
-                .set_max_delay(Duration::from_millis(500));
+                .set_number_of_retries(0);
             for slot in slots.iter() {
                 let client = match config.tls_ca {
                     Some(_) => Client::build_with_tls(info.clone(), certs()),
@@ -116,7 +125,7 @@ impl Connections {
                 }
             }
         }
-        Connections { slots, next: AtomicUsize::new(0) }
+        Connections { slots, next: AtomicUsize::new(0), made }
     }
 
     /// How many connections are used in turn.
@@ -132,6 +141,34 @@ impl Connections {
             Some(Connection::Cluster(mut c)) => evalsha(&mut c, call).await,
             None => Err(RedisError::from((ErrorKind::Io, "not connected to Redis yet"))),
         }
+    }
+
+    /// `PING`s Redis on every connection (on a cluster, every primary). A connection an
+    /// outage broke answers its first command with the error that starts its
+    /// reconnection, so a failed `PING` is sent once more, on the new connection. A
+    /// cluster's connections not yet made are waited for (the caller bounds the wait).
+    pub async fn ping(&self) -> RedisResult<()> {
+        if self.made.clone().wait_for(|&made| made).await.is_err() {
+            return Err(RedisError::from((ErrorKind::Io, "no connection to Redis can be made")));
+        }
+        let ping = redis::cmd("PING");
+        let pings = self.slots.iter().map(|slot| {
+            let ping = &ping;
+            async move {
+                let once = || async {
+                    match slot.get().cloned() {
+                        Some(Connection::Standalone(mut c)) => ping.query_async::<Value>(&mut c).await,
+                        Some(Connection::Cluster(mut c)) => ping.query_async::<Value>(&mut c).await,
+                        None => Err(RedisError::from((ErrorKind::Io, "not connected to Redis yet"))),
+                    }
+                };
+                match once().await {
+                    Ok(_) => Ok(()),
+                    Err(_) => once().await.map(drop),
+                }
+            }
+        });
+        futures_util::future::join_all(pings).await.into_iter().collect()
     }
 
     /// Runs one command (a lease's release) on the next connection in turn.

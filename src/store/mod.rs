@@ -6,18 +6,19 @@
 //! tag holds a limit's key together (its windows and its ban share one slot). Redis only:
 //! what the request path does with the answer, or when there is none (the limits'
 //! `on_store_error`), is `gate`'s. `reply` reads the answer, `report` counts and logs
-//! failures and fallbacks.
+//! failures and fallbacks, `probe` finds out in the background whether Redis answers.
 
 pub mod breaker;
 mod connection;
 pub mod lease;
 pub mod near_cache;
+mod probe;
 mod queue;
 mod reply;
 mod report;
 mod script;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,15 +26,16 @@ use futures_util::future::join_all;
 use redis::RedisError;
 use redis::cluster_routing::Slot;
 use smallvec::SmallVec;
-use tracing::{info, warn};
+use tracing::warn;
 
 use crate::clock::{Clock, Nanos};
 use crate::config::{Config, Scope};
 use crate::policy::key::KeyHash;
-use breaker::{Breaker, Change};
+use breaker::Breaker;
 use connection::Connections;
 pub use lease::Lease;
 use near_cache::{NearCache, Refusal};
+pub use probe::Reach;
 use reply::Batch;
 pub use reply::Verdicts;
 pub use report::StoreCounts;
@@ -103,6 +105,16 @@ pub struct Store {
     timeout: Duration,
     lease_ttl: Duration,
     breaker: Breaker,
+    /// Time between probes while the breaker is open (`redis.breaker_cooldown`).
+    cooldown: Duration,
+    /// Longest wait for a probe's answer: a new connection and a round trip.
+    probe_deadline: Duration,
+    /// A prober runs (`probe`).
+    probing: AtomicBool,
+    /// Redis has answered a call or a probe.
+    answered: AtomicBool,
+    /// The last failure's message (calls and probes).
+    last_error: Mutex<String>,
     /// Decisions waiting to share a call.
     queue: queue::Queue,
     near: NearCache,
@@ -133,7 +145,12 @@ impl Store {
             cluster: redis.cluster,
             timeout: redis.timeout,
             lease_ttl: redis.lease_ttl,
-            breaker: Breaker::new(redis.breaker_failures, redis.breaker_window, redis.breaker_cooldown),
+            breaker: Breaker::new(redis.breaker_failures, redis.breaker_window),
+            cooldown: redis.breaker_cooldown,
+            probe_deadline: redis.connect_timeout + redis.timeout,
+            probing: AtomicBool::new(false),
+            answered: AtomicBool::new(false),
+            last_error: Mutex::default(),
             queue: queue::Queue::default(),
             near: NearCache::new(config.limits.iter().map(|l| global(&l.scope)), redis.near_cache_keys),
             leases: lease::Book::default(),
@@ -181,7 +198,7 @@ impl Store {
         cost: u64,
         at: Option<RedisTime>,
     ) -> Result<Verdicts, StoreError> {
-        if !self.breaker.allows(self.clock.now().0) {
+        if !self.breaker.allows() {
             self.stats.skipped.fetch_add(1, Ordering::Relaxed);
             return Err(StoreError::Open);
         }
@@ -229,9 +246,7 @@ impl Store {
                 return Err(e);
             }
         };
-        if self.breaker.succeeded() == Change::Closed {
-            info!("Redis answers again: global limits are decided by Redis");
-        }
+        self.answered();
         // Refusals are remembered from the reply's arrival, at or after Redis decided:
         // a client told the time left from then on is never early.
         Ok(self.verdicts(calls, &batches, &replies, &ids, cost, self.clock.now()))

@@ -1,6 +1,7 @@
 //! What the store counts (calls, near-cache hits, failures, fallbacks) for `/metrics`, and
 //! the warn line that reports failures and fallbacks at most once per `REPORT_EVERY`.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -104,11 +105,15 @@ impl Store {
         self.report(Some(error));
     }
 
-    /// Counts a failed call; the request's fallback reports it.
-    pub(super) fn failed(&self, error: &StoreError) {
+    /// Counts a failed call, remembers its error, and tells the breaker, which may open:
+    /// the probes start then. The request's fallback reports it.
+    pub(super) fn failed(self: &Arc<Self>, error: &StoreError) {
         self.stats.errors.fetch_add(1, Ordering::Relaxed);
+        self.remember_error(error);
         if self.breaker.failed(self.clock.now().0) == Change::Opened {
-            warn!(error = %error, "Redis keeps failing: circuit breaker open, global limits use on_store_error until a probe succeeds");
+            warn!(error = %error, every = ?self.cooldown,
+                "Redis keeps failing: circuit breaker open, global limits use on_store_error until a probe succeeds");
+            self.start_probing(self.cooldown);
         }
     }
 

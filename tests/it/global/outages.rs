@@ -332,7 +332,9 @@ async fn a_redis_outage_under_deny_is_its_own_outcome_everywhere() {
         .admin()
         .set("ratelimit_headers: all")
         .set(&format!("access_log: {{ format: json, path: \"{}\" }}", access.display()))
-        .redis(&redis.url(), "timeout: 100ms, breaker_failures: 2, breaker_cooldown: 300ms")
+        // Two failures open the breaker, however fast they come (refused connections fail
+        // in a millisecond).
+        .redis(&redis.url(), "timeout: 100ms, breaker_failures: 2, breaker_window: 0s, breaker_cooldown: 300ms")
         .limit("by_key", "key: ip, rate: 100r/s, burst: 100, nodelay: true, scope: global, on_store_error: deny")
         .answering("by_key")
         .start();
@@ -379,4 +381,103 @@ async fn a_redis_outage_under_deny_is_its_own_outcome_everywhere() {
         .await;
     assert!(back.elapsed() < Duration::from_millis(300 + 100 + 1000), "{:?}", back.elapsed());
     assert_eq!(get(admin, "/readyz", &[]).await.status, 200);
+}
+
+/// An instance that `/readyz` took out of rotation gets no requests, so no request can
+/// find Redis back: a probe in the background does, and the instance is ready again
+/// within the probe interval (`breaker_cooldown`), with no request at all. Likewise an
+/// instance started while Redis is away is not ready before its first request (it
+/// probes at start). The body says since when Redis is away, and its last error; an
+/// instance whose global limits `allow` or decide `local`ly stays ready, degraded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_out_of_rotation_is_ready_again_once_redis_answers() {
+    let mut redis = Redis::start();
+    let url = redis.url();
+    let deny = || {
+        Conf::new()
+            .admin()
+            .redis(&url, "timeout: 1s")
+            .limit("g", "key: ip, rate: 100r/s, burst: 100, scope: global, on_store_error: deny")
+            .answering("g")
+    };
+    let early = deny().start();
+    let open = Conf::new()
+        .admin()
+        .redis(&url, "timeout: 1s")
+        .limit("a", "key: ip, rate: 100r/s, burst: 100, scope: global, on_store_error: allow")
+        .limit("t", "key: ip, rate: 100r/s, burst: 100, scope: global, on_store_error: local")
+        .answering("a, t")
+        .start();
+    let readyz = async |sg: &Sluicegate| {
+        let reply = get(sg.admin_addr(), "/readyz", &[]).await;
+        (reply.status, reply.text())
+    };
+    assert_eq!(get(early.addr, "/", &[]).await.status, 200);
+    redis.kill();
+    // Requests find Redis gone and open the breaker.
+    wait_until("the instance out of rotation", Duration::from_secs(10), async || {
+        get(early.addr, "/", &[]).await;
+        readyz(&early).await.0 == 503
+    })
+    .await;
+    let (_, body) = readyz(&early).await;
+    assert!(body.contains("since 20") && body.contains("probed every 1s") && body.contains("last error: "), "{body}");
+    wait_until("the other instance's breaker open", Duration::from_secs(10), async || {
+        get(open.addr, "/", &[]).await;
+        readyz(&open).await.1.contains("unreachable since")
+    })
+    .await;
+    let (status, body) = readyz(&open).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.starts_with("ready, degraded: "), "{body}");
+    // Started now, it knows before any request.
+    let late = deny().start();
+    wait_until("the start-up probe's failure", Duration::from_secs(10), async || readyz(&late).await.0 == 503).await;
+
+    redis.restart();
+    for sg in [&early, &late, &open] {
+        wait_until("ready again, with no request", Duration::from_secs(10), async || {
+            readyz(sg).await == (200, "ready; Redis answers\n".into())
+        })
+        .await;
+        assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
+    }
+}
+
+/// README: once Redis answers again, requests are decided by it within one probe
+/// interval (`breaker_cooldown`), plus a reconnection. The probe that finds Redis back
+/// reconnects and succeeds; a request that probed in its place found the connection the
+/// outage broke, failed, and kept the breaker open one more interval: Redis was seen one
+/// to two intervals late (about 1.5 s with the default 1 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_are_decided_by_redis_again_within_one_probe_interval() {
+    const PROBE_EVERY: Duration = Duration::from_secs(2);
+    // The reconnection (milliseconds here) and the 10 ms polling below, on a busy machine.
+    const SLACK: Duration = Duration::from_millis(500);
+    let mut redis = Redis::start();
+    let sg = Conf::new()
+        .admin()
+        .redis(&redis.url(), "timeout: 1s, breaker_cooldown: 2s")
+        .limit("g", "key: ip, rate: 100r/s, burst: 100, scope: global, on_store_error: deny")
+        .answering("g")
+        .start();
+    assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
+    redis.kill();
+    wait_until("the breaker open", Duration::from_secs(10), async || {
+        assert_eq!(get(sg.addr, "/", &[]).await.status, 503);
+        Metrics::of(&sg).await.value("sluicegate_redis_breaker_open") == 1.0
+    })
+    .await;
+    // Redis comes back between two probes, once the connection attempts that the
+    // failures started are over. Placement, not synchronization: the bound holds
+    // wherever Redis comes back; here a request that probes finds a broken connection.
+    tokio::time::sleep(PROBE_EVERY / 4).await;
+    redis.restart();
+    let back = Instant::now();
+    wait_until("a request decided by Redis", Duration::from_secs(10), async || {
+        get(sg.addr, "/", &[]).await.status == 200
+    })
+    .await;
+    let took = back.elapsed();
+    assert!(took <= PROBE_EVERY + SLACK, "admitted {took:?} after Redis came back; probes every {PROBE_EVERY:?}");
 }
