@@ -287,6 +287,7 @@ fn describe(config: &Config) -> serde_json::Value {
                 PathMatch::Any => serde_json::json!({}),
                 PathMatch::Prefix(p) => serde_json::json!({ "path_prefix": p }),
                 PathMatch::Exact(p) => serde_json::json!({ "path": p }),
+                PathMatch::Regex(r) => serde_json::json!({ "path_regex": r.pattern() }),
             };
             let mut matcher = path;
             if let Some(host) = &r.matcher.host {

@@ -55,6 +55,7 @@ pub mod metrics;
 pub mod path;
 pub mod policy;
 pub mod proxy;
+pub mod router;
 pub mod running;
 pub mod server;
 pub mod simulate;

@@ -22,7 +22,7 @@ use crate::suggest::{LISTED, closest};
 
 pub(super) struct Errors<'a> {
     pub(super) file: &'a str,
-    pub(super) positions: &'a Positions,
+    pub(super) positions: &'a Positions<'a>,
     /// Paths of the required fields left out (`limits.a.key`), already reported: the
     /// checks of the placeholders serde put there say nothing.
     pub(super) missing: &'a [String],

@@ -29,13 +29,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::uri::Authority;
-use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use ipnet::IpNet;
 
 pub use crate::policy::allow::Allow;
 use crate::policy::key::KeyPart;
 pub use crate::policy::key::KeySpec;
 pub use crate::policy::{OnStoreError, Policy, Rate, Scope};
+pub use crate::router::{PathMatch, PathRegex, RouteMatch, Router};
 pub use raw::{AccessFormat, ForwardedMode, HeaderMode, HeaderStyle, LogKeys, LogLevel, RejectionBody};
 pub use validate::MAX_CONNECTIONS;
 
@@ -85,6 +86,8 @@ pub struct Config {
     pub redis: Option<Redis>,
     pub limits: Vec<Limit>,
     pub routes: Vec<Route>,
+    /// `routes` indexed: which one a request takes.
+    pub router: Router,
 }
 
 /// `access_log:`: where and how request lines are written.
@@ -328,6 +331,16 @@ pub enum PathRewrite {
     Strip(String),
     /// `to` followed by what comes after `prefix`.
     Replace { prefix: String, to: String },
+    /// A `path_regex` route's `to`: the whole path, with what the pattern's groups captured.
+    Template(Box<[Piece]>),
+}
+
+/// A piece of a `path_regex` route's `rewrite.to`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    Text(String),
+    /// What the named group captured, escaped as a path.
+    Group(Box<str>),
 }
 
 /// The `Host` a forwarded request carries.
@@ -348,23 +361,6 @@ pub enum Cost {
     Fixed(u64),
     /// A positive integer in this request header (1 when the header is absent).
     Header(HeaderName),
-}
-
-#[derive(Debug, Default)]
-pub struct RouteMatch {
-    /// Lower-case host without port; `*.example.com` matches any subdomain.
-    pub host: Option<String>,
-    pub path: PathMatch,
-    /// Empty: any method.
-    pub methods: Vec<Method>,
-}
-
-#[derive(Debug, Default)]
-pub enum PathMatch {
-    #[default]
-    Any,
-    Prefix(String),
-    Exact(String),
 }
 
 #[derive(Debug)]
@@ -474,19 +470,33 @@ fn read(path: &Path) -> Result<(String, String), LoadError> {
     Ok((file, src))
 }
 
+/// The parser's guards against YAML bombs: alias expansion, nesting depth and the
+/// file's size (`MAX_CONFIG_BYTES`) are bounded as the parser's defaults have them; its
+/// counts of nodes and events are not (a file of 100,000 routes holds about a million),
+/// since no file within the size bound holds more of them than bytes.
+fn yaml_options() -> serde_saphyr::Options {
+    let bytes = usize::try_from(MAX_CONFIG_BYTES).unwrap_or(usize::MAX);
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_nodes = bytes;
+    budget.max_events = bytes;
+    let mut options = serde_saphyr::Options::default();
+    options.budget = Some(budget);
+    options
+}
+
 /// Compiles YAML `src`; `file` names it in errors.
 pub fn parse(src: &str, file: &str) -> Result<Config, LoadError> {
     if messages::is_blank(src) {
         return Err(LoadError::Invalid(vec![ConfigError::new(file, (1, 1), "", messages::EMPTY)]));
     }
     let mut path = String::new();
-    let raw = serde_saphyr::with_deserializer_from_str(src, |de| {
+    let raw = serde_saphyr::with_deserializer_from_str_with_options(src, yaml_options(), |de| {
         serde_path_to_error::deserialize(de).map_err(|e| {
             path = e.path().to_string();
             e.into_inner()
         })
     });
-    let positions = position::Positions::index(src);
+    let positions = position::Positions::new(src);
     // Unknown and missing fields are found beside serde, so that they are reported with
     // every other error: the semantic ones, or the one error that stopped serde.
     let fields = fields::check(src, file);

@@ -2,8 +2,11 @@
 //!
 //! Validation works on the parsed structs, which no longer know their lines; this index,
 //! built from the same parser's event stream, maps a path such as `routes[1].limits[0]`
-//! (the format `serde_path_to_error` prints) to the line and column of that value.
+//! (the format `serde_path_to_error` prints) to the line and column of that value. It is
+//! built when a position is first asked for: a valid file never pays for it (a file of
+//! 100,000 routes has a million values).
 
+use std::cell::OnceCell;
 use std::collections::HashMap;
 
 use serde_saphyr::granit_parser::{Event, Parser};
@@ -11,7 +14,12 @@ use serde_saphyr::granit_parser::{Event, Parser};
 /// Line and column (both 1-based) of a value in the file.
 pub type Position = (usize, usize);
 
-pub struct Positions {
+pub struct Positions<'s> {
+    src: &'s str,
+    index: OnceCell<Index>,
+}
+
+struct Index {
     values: HashMap<String, Position>,
     /// Lines of the keys, by the path of their value: a duplicated key names the first.
     keys: HashMap<String, usize>,
@@ -26,10 +34,41 @@ fn child(parent: &str, key: &str) -> String {
     if parent.is_empty() { key.to_owned() } else { format!("{parent}.{key}") }
 }
 
-impl Positions {
+impl<'s> Positions<'s> {
+    /// The positions of the values of `src`, indexed when first asked for.
+    pub fn new(src: &'s str) -> Self {
+        Positions { src, index: OnceCell::new() }
+    }
+
+    fn index(&self) -> &Index {
+        self.index.get_or_init(|| Index::of(self.src))
+    }
+
+    /// The line of the first key at `path`.
+    pub fn key_line(&self, path: &str) -> Option<usize> {
+        self.index().keys.get(path).copied()
+    }
+
+    /// The position of `path`, or of its nearest indexed ancestor (a missing field is
+    /// reported where its parent stands).
+    pub fn of(&self, mut path: &str) -> Position {
+        let values = &self.index().values;
+        loop {
+            if let Some(pos) = values.get(path) {
+                return *pos;
+            }
+            match path.rfind(['.', '[']) {
+                Some(cut) => path = &path[..cut],
+                None => return values.get("").copied().unwrap_or((1, 1)),
+            }
+        }
+    }
+}
+
+impl Index {
     /// Indexes every value of `src`. A syntax error ends the walk early: the
     /// deserializer reports it with its own position.
-    pub fn index(src: &str) -> Self {
+    fn of(src: &str) -> Self {
         let mut map = HashMap::new();
         let mut keys = HashMap::new();
         let mut stack: Vec<Frame> = Vec::new();
@@ -75,26 +114,7 @@ impl Positions {
                 _ => {}
             }
         }
-        Positions { values: map, keys }
-    }
-
-    /// The line of the first key at `path`.
-    pub fn key_line(&self, path: &str) -> Option<usize> {
-        self.keys.get(path).copied()
-    }
-
-    /// The position of `path`, or of its nearest indexed ancestor (a missing field is
-    /// reported where its parent stands).
-    pub fn of(&self, mut path: &str) -> Position {
-        loop {
-            if let Some(pos) = self.values.get(path) {
-                return *pos;
-            }
-            match path.rfind(['.', '[']) {
-                Some(cut) => path = &path[..cut],
-                None => return self.values.get("").copied().unwrap_or((1, 1)),
-            }
-        }
+        Index { values: map, keys }
     }
 }
 
@@ -105,7 +125,7 @@ mod tests {
     #[test]
     fn positions_of_nested_values_are_found_by_path() {
         let src = "listen: a\nlimits:\n  per_ip: { key: ip, burst: 0 }\nroutes:\n  - limits: [x, y]\n    upstream: u\n";
-        let p = Positions::index(src);
+        let p = Positions::new(src);
         assert_eq!(p.of("listen"), (1, 9));
         assert_eq!(p.of("limits.per_ip.burst"), (3, 29));
         assert_eq!(p.of("routes[0].limits[1]"), (5, 17));

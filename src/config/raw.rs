@@ -380,13 +380,12 @@ pub struct RawBodyRate {
     pub after: Option<RawSize>,
 }
 
-/// `rewrite: { prefix: /api/, to: / }`: the path sent upstream.
+/// `rewrite: { prefix: /api/, to: / }`: the path sent upstream; with `match.path_regex`,
+/// `rewrite: { to: /v2/$tenant }` (the whole path, with the pattern's named groups).
 #[derive(Debug, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
 pub struct RawRewrite {
-    #[serde(default)]
-    #[schemars(!default)]
-    pub prefix: String,
+    pub prefix: Option<String>,
     #[serde(default)]
     #[schemars(!default)]
     pub to: String,
@@ -410,6 +409,7 @@ pub struct RawMatch {
     pub host: Option<String>,
     pub path_prefix: Option<String>,
     pub path: Option<String>,
+    pub path_regex: Option<String>,
     pub methods: Option<Vec<String>>,
 }
 

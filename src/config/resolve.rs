@@ -51,7 +51,7 @@ pub(super) fn unresolved(config: &Config, src: &str, file: &str) -> Vec<ConfigEr
     }
     let silent = format!("no answer within {}s", RESOLVE_TIMEOUT.as_secs());
     failed.extend(pending.into_iter().map(|(path, host)| (path, host, silent.clone())));
-    let positions = Positions::index(src);
+    let positions = Positions::new(src);
     let mut errors: Vec<ConfigError> = failed
         .into_iter()
         .map(|(path, host, why)| {

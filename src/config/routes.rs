@@ -9,10 +9,13 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use http::{HeaderMap, Method};
 
+use crate::policy::key::KeyPart;
+
 use super::checks::{Errors, allow, body_size, header, size, status_in, unknown_name};
 use super::raw::{RawConfig, RawMatch, RawRespond, RawRoute};
 use super::{
-    Action, BodyRate, Cost, Limit, PathMatch, PathRewrite, Rewrite, Route, RouteMatch, StaticResponse, UpstreamHost,
+    Action, BodyRate, Cost, Limit, PathMatch, PathRegex, PathRewrite, Piece, Rewrite, Route, RouteMatch,
+    StaticResponse, UpstreamHost,
 };
 
 /// Route `i`; `compiled` are the configuration's limits, indexed as `config.limits`.
@@ -91,6 +94,7 @@ pub(super) fn route(
             format!("{cost} can never fit limit {name:?} ({whose}), which admits at most {capacity} at once"),
         );
     }
+    captures_named(e, &at, raw, &matcher, &candidates, compiled);
     let rewrite = rewrite(e, &at, raw, &matcher);
     let rewrites = raw.strip_prefix.is_some()
         || raw.rewrite.is_some()
@@ -125,6 +129,41 @@ pub(super) fn route(
     }
 }
 
+/// Every `capture:NAME` key part of a limit that may decide the route's requests names
+/// a group of the route's `path_regex`: elsewhere it would never have a value.
+fn captures_named(
+    e: &mut Errors<'_>,
+    at: &str,
+    raw: &RawRoute,
+    matcher: &RouteMatch,
+    candidates: &[usize],
+    compiled: &[Limit],
+) {
+    for limit in candidates.iter().filter_map(|&l| compiled.get(l)) {
+        for part in limit.key.0.iter() {
+            let KeyPart::Capture(name) = part else { continue };
+            let has = match &matcher.path {
+                PathMatch::Regex(regex) => regex.has_group(name),
+                _ => false,
+            };
+            if !has {
+                let whose = match raw.limits.iter().position(|n| *n == limit.name) {
+                    Some(j) => format!("{at}.limits[{j}]"),
+                    None => at.to_owned(),
+                };
+                e.add(
+                    whose,
+                    format!(
+                        "limit {:?} is keyed by capture:{name}, but this route's match has no `path_regex` with a group \
+                         (?<{name}>…)",
+                        limit.name
+                    ),
+                );
+            }
+        }
+    }
+}
+
 /// The route's `limits` and the limits their overrides name: every limit that may decide
 /// one of its requests, ascending.
 fn candidates(limits: &[usize], compiled: &[Limit]) -> Box<[usize]> {
@@ -149,14 +188,32 @@ fn rewrite(e: &mut Errors<'_>, at: &str, raw: &RawRoute, matcher: &RouteMatch) -
                 None
             }
         },
-        (false, Some(r)) => {
-            for (field, value) in [("prefix", &r.prefix), ("to", &r.to)] {
-                if !value.starts_with('/') {
-                    e.add(format!("{at}.rewrite.{field}"), format!("must start with '/', not {value:?}"));
-                }
+        (false, Some(r)) => match (&matcher.path, &r.prefix) {
+            (PathMatch::Regex(regex), None) => {
+                let to = template(e, &format!("{at}.rewrite.to"), &r.to, regex);
+                to.map(PathRewrite::Template)
             }
-            Some(PathRewrite::Replace { prefix: r.prefix.clone(), to: r.to.clone() })
-        }
+            (PathMatch::Regex(_), Some(_)) => {
+                e.add(
+                    format!("{at}.rewrite.prefix"),
+                    "with `match.path_regex`, `rewrite` takes `to` alone: it replaces the whole path, and \
+                     `$NAME` in it stands for the group NAME of the pattern",
+                );
+                None
+            }
+            (_, None) => {
+                e.add(format!("{at}.rewrite.prefix"), "needs `prefix`: the start of the path that `to` replaces");
+                None
+            }
+            (_, Some(prefix)) => {
+                for (field, value) in [("prefix", prefix), ("to", &r.to)] {
+                    if !value.starts_with('/') {
+                        e.add(format!("{at}.rewrite.{field}"), format!("must start with '/', not {value:?}"));
+                    }
+                }
+                Some(PathRewrite::Replace { prefix: prefix.clone(), to: r.to.clone() })
+            }
+        },
         (false, None) => None,
     };
     let mut headers = |field: &str, map: &BTreeMap<String, String>| -> Vec<(HeaderName, HeaderValue)> {
@@ -189,6 +246,57 @@ fn rewrite(e: &mut Errors<'_>, at: &str, raw: &RawRoute, matcher: &RouteMatch) -
     Rewrite { path, set_request_headers, remove_request_headers, set_response_headers, upstream_host }
 }
 
+/// A `path_regex` route's `rewrite.to`: text, with `$NAME` or `${NAME}` for what the
+/// pattern's group NAME captured, and `$$` for `$`.
+fn template(e: &mut Errors<'_>, at: &str, to: &str, regex: &PathRegex) -> Option<Box<[Piece]>> {
+    if !to.starts_with('/') && !to.starts_with('$') {
+        e.add(at.to_owned(), format!("must start with '/' or a group, not {to:?}"));
+        return None;
+    }
+    let mut pieces = Vec::new();
+    let mut text = String::new();
+    let mut rest = to;
+    while let Some(dollar) = rest.find('$') {
+        text.push_str(&rest[..dollar]);
+        let after = &rest[dollar + 1..];
+        let (name, next) = if let Some(braced) = after.strip_prefix('{') {
+            let Some((name, next)) = braced.split_once('}') else {
+                e.add(at.to_owned(), "`${` without its `}`");
+                return None;
+            };
+            (name, next)
+        } else if let Some(next) = after.strip_prefix('$') {
+            text.push('$');
+            rest = next;
+            continue;
+        } else {
+            let end = after.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(after.len());
+            (&after[..end], &after[end..])
+        };
+        if !regex.has_group(name) {
+            let groups: Vec<String> = regex.group_names().map(|n| format!("${n}")).collect();
+            let known = if groups.is_empty() { "it names none".to_owned() } else { groups.join(", ") };
+            let what = if name.is_empty() {
+                "`$` alone (write `$$` for a dollar sign)".to_owned()
+            } else {
+                format!("`${name}`")
+            };
+            e.add(at.to_owned(), format!("{what} is no named group of match.path_regex ({known})"));
+            return None;
+        }
+        if !text.is_empty() {
+            pieces.push(Piece::Text(std::mem::take(&mut text)));
+        }
+        pieces.push(Piece::Group(name.into()));
+        rest = next;
+    }
+    text.push_str(rest);
+    if !text.is_empty() {
+        pieces.push(Piece::Text(text));
+    }
+    Some(pieces.into())
+}
+
 fn route_match(e: &mut Errors<'_>, at: &str, raw: &RawMatch) -> RouteMatch {
     let host = raw.host.as_ref().map(|h| h.trim_end_matches('.').to_ascii_lowercase());
     let mut path_of = |field: &str, value: &String| {
@@ -202,14 +310,25 @@ fn route_match(e: &mut Errors<'_>, at: &str, raw: &RawMatch) -> RouteMatch {
         }
         value.clone()
     };
-    let path = match (&raw.path_prefix, &raw.path) {
-        (Some(_), Some(_)) => {
-            e.add(format!("{at}.path"), "give either `path` (exact) or `path_prefix`, not both");
-            PathMatch::Any
+    // In error, a route's path matches nothing (the empty path no request has), so that
+    // it shadows no other route and its other errors are still reported.
+    let nothing = || PathMatch::Exact(String::new());
+    let path = match (&raw.path_prefix, &raw.path, &raw.path_regex) {
+        (None, None, None) => PathMatch::Any,
+        (Some(prefix), None, None) => PathMatch::Prefix(path_of("path_prefix", prefix)),
+        (None, Some(exact), None) => PathMatch::Exact(path_of("path", exact)),
+        (None, None, Some(pattern)) => PathRegex::new(pattern).map_or_else(
+            |why| {
+                e.add(format!("{at}.path_regex"), format!("invalid pattern: {why}"));
+                nothing()
+            },
+            PathMatch::Regex,
+        ),
+        (_, exact, _) => {
+            let field = if exact.is_some() { "path" } else { "path_regex" };
+            e.add(format!("{at}.{field}"), "give one of `path` (exact), `path_prefix` or `path_regex`");
+            nothing()
         }
-        (Some(prefix), None) => PathMatch::Prefix(path_of("path_prefix", prefix)),
-        (None, Some(exact)) => PathMatch::Exact(path_of("path", exact)),
-        (None, None) => PathMatch::Any,
     };
     let methods = raw
         .methods

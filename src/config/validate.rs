@@ -11,7 +11,8 @@ use super::fields::Fields;
 use super::position::Positions;
 use super::raw::{AccessFormat, LogKeys, RawAccessLog, RawAdmin, RawConfig, RawListen, RawListener};
 use super::{
-    AccessLogConfig, Admin, Config, ConfigError, Limit, Listener, Route, limits, routes, shadow, store, tls, upstreams,
+    AccessLogConfig, Admin, Config, ConfigError, Limit, Listener, Route, Router, limits, routes, shadow, store, tls,
+    upstreams,
 };
 
 const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -124,7 +125,11 @@ pub fn compile(raw: RawConfig, positions: &Positions, fields: Fields, file: &str
         .enumerate()
         .map(|(i, r)| routes::route(&mut e, i, r, &raw, &limits, max_body_bytes))
         .collect();
-    shadow::check(&mut e, &routes);
+    let router = Router::new(routes.iter().map(|r| &r.matcher)).unwrap_or_else(|message| {
+        e.add("routes".into(), message);
+        Router::default()
+    });
+    shadow::check(&mut e, &routes, &router);
     // A limit no route lists (nor overrides into) decides nothing: most likely a name
     // left out of a route's `limits`.
     for name in raw.limits.keys() {
@@ -179,6 +184,7 @@ pub fn compile(raw: RawConfig, positions: &Positions, fields: Fields, file: &str
             redis,
             limits,
             routes,
+            router,
         }),
         _ => {
             e.list.sort_by_key(|err| (err.line, err.column));

@@ -14,11 +14,11 @@ use std::net::IpAddr;
 
 use http::{Method, StatusCode};
 
-use crate::config::{Config, Cost, Route};
+use crate::config::{Config, Cost, PathMatch, Route};
 use crate::head::{Fields, RequestHead, text};
 use crate::path::{self, BadPath};
 use crate::policy::key::KeySource;
-pub use route::{host_fault, match_route, request_host};
+pub use route::{host_fault, request_host};
 
 /// Why a request cannot reach its limits; each is the client's fault (a 4xx).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -121,8 +121,11 @@ pub fn front<'a>(
     client_ip: IpAddr,
     default_host: Option<&'a str>,
 ) -> Result<Front<'a>, FrontError> {
-    let src = source(head, client_ip, default_host)?;
-    let route = match_route(&config.routes, head.method, &src.path, src.host).ok_or(FrontError::NoRoute)?;
+    let mut src = source(head, client_ip, default_host)?;
+    let route = config.router.find(head.method, &src.path, src.host).ok_or(FrontError::NoRoute)?;
+    if let PathMatch::Regex(regex) = &config.routes[route].matcher.path {
+        src.captures = regex.captures(&src.path);
+    }
     let exempt = config.routes[route].allow.admits(&src);
     Ok(Front { route, src, exempt })
 }

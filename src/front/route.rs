@@ -1,10 +1,9 @@
-//! Which route a request takes: the first, in file order, whose host, path and method
-//! all match; and the host it names, which must be one and valid.
+//! The host a request names, which must be one and valid, as routing reads it (the
+//! route itself is `router`'s).
 
+use http::Version;
 use http::uri::Authority;
-use http::{Method, Version};
 
-use crate::config::{PathMatch, Route, RouteMatch};
 use crate::head::{Known, RequestHead, text};
 
 /// Why a request's `Host` is unusable, if it is: HTTP/1.1 requires exactly one valid
@@ -66,53 +65,11 @@ pub fn request_host<'r>(head: &RequestHead<'r>) -> Option<&'r str> {
     Some(host.trim_end_matches('.'))
 }
 
-/// The index of the route that serves the request. `path` is the normalized path
-/// (`crate::path`): its bytes need not be UTF-8.
-pub fn match_route(routes: &[Route], method: &Method, path: &[u8], host: Option<&str>) -> Option<usize> {
-    routes.iter().position(|route| matches(&route.matcher, method, path, host))
-}
-
-fn matches(m: &RouteMatch, method: &Method, path: &[u8], host: Option<&str>) -> bool {
-    let host_ok = match (&m.host, host) {
-        (None, _) => true,
-        (Some(_), None) => false,
-        (Some(want), Some(host)) => match want.strip_prefix("*.") {
-            Some(suffix) => {
-                host.len() > suffix.len() + 1
-                    && host[host.len() - suffix.len()..].eq_ignore_ascii_case(suffix)
-                    && host.as_bytes()[host.len() - suffix.len() - 1] == b'.'
-            }
-            None => host.eq_ignore_ascii_case(want),
-        },
-    };
-    let path_ok = match &m.path {
-        PathMatch::Any => true,
-        PathMatch::Prefix(prefix) => path.starts_with(prefix.as_bytes()),
-        PathMatch::Exact(exact) => path == exact.as_bytes(),
-    };
-    host_ok && path_ok && (m.methods.is_empty() || m.methods.contains(method))
-}
-
 #[cfg(test)]
 mod tests {
-    use http::HeaderMap;
+    use http::{HeaderMap, Method};
 
     use super::*;
-
-    fn m(host: Option<&str>, path: PathMatch, methods: &[Method]) -> RouteMatch {
-        RouteMatch { host: host.map(str::to_owned), path, methods: methods.to_vec() }
-    }
-
-    #[test]
-    fn hosts_match_exactly_or_by_wildcard_without_port() {
-        let exact = m(Some("example.com"), PathMatch::Any, &[]);
-        assert!(matches(&exact, &Method::GET, b"/", Some("EXAMPLE.com")));
-        assert!(!matches(&exact, &Method::GET, b"/", Some("www.example.com")));
-        let wild = m(Some("*.example.com"), PathMatch::Any, &[]);
-        assert!(matches(&wild, &Method::GET, b"/", Some("a.example.com")));
-        assert!(!matches(&wild, &Method::GET, b"/", Some("example.com")));
-        assert!(!matches(&wild, &Method::GET, b"/", Some("badexample.com")));
-    }
 
     #[test]
     fn a_plain_host_is_one_the_authority_parser_accepts_too() {
@@ -143,16 +100,5 @@ mod tests {
         assert_eq!(request_host(&head(h("[::1]:8080"), None)), Some("[::1]"));
         let none = &*Box::leak(Box::new(HeaderMap::new()));
         assert_eq!(request_host(&head(none, Some("example.org:80"))), Some("example.org"));
-    }
-
-    #[test]
-    fn paths_and_methods_narrow_a_route() {
-        let r = m(None, PathMatch::Prefix("/api".into()), &[Method::POST]);
-        assert!(matches(&r, &Method::POST, b"/api/x", None));
-        assert!(!matches(&r, &Method::GET, b"/api/x", None));
-        assert!(!matches(&r, &Method::POST, b"/ap", None));
-        let e = m(None, PathMatch::Exact("/login".into()), &[]);
-        assert!(matches(&e, &Method::GET, b"/login", None));
-        assert!(!matches(&e, &Method::GET, b"/login/x", None));
     }
 }

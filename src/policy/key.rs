@@ -15,6 +15,7 @@ use std::str::FromStr;
 use http::{HeaderName, Method, header};
 
 use crate::head::{Fields, Known, RequestHead};
+use crate::router::Captures;
 use crate::suggest::closest;
 
 /// Prefix lengths an `ip` key keeps of IPv4 and IPv6 addresses.
@@ -60,11 +61,13 @@ pub enum KeyPart {
     Method,
     Path,
     Host,
+    /// What the group of this name in the route's `path_regex` captured of the path.
+    Capture(Box<str>),
 }
 
 /// Key parts written alone, and the kinds written with a name (`header:NAME`).
 const PLAIN: [&str; 5] = ["ip", "bearer", "method", "path", "host"];
-const NAMED: [&str; 3] = ["header", "query", "cookie"];
+const NAMED: [&str; 4] = ["header", "query", "cookie", "capture"];
 
 impl FromStr for KeyPart {
     type Err = String;
@@ -86,7 +89,7 @@ impl FromStr for KeyPart {
                     Some(kind) if NAMED.contains(&kind) => format!("unknown key {s:?}; did you mean `{kind}:NAME`?"),
                     Some(part) => format!("unknown key {s:?}; did you mean `{part}`?"),
                     None => format!(
-                        "unknown key {s:?} (expected ip, bearer, method, path, host, header:NAME, query:NAME or cookie:NAME)"
+                        "unknown key {s:?} (expected ip, bearer, method, path, host, header:NAME, query:NAME, cookie:NAME or capture:NAME)"
                     ),
                 }),
             },
@@ -96,6 +99,7 @@ impl FromStr for KeyPart {
             }
             Some(("query", name)) => named("query", name).map(KeyPart::Query),
             Some(("cookie", name)) => named("cookie", name).map(KeyPart::Cookie),
+            Some(("capture", name)) => named("capture", name).map(KeyPart::Capture),
             Some((kind, name)) => Err(match closest(kind, NAMED) {
                 Some(meant) => format!("unknown key kind {kind:?}; did you mean `{meant}:{name}`?"),
                 None => format!("unknown key kind {kind:?} (expected header:, query: or cookie:)"),
@@ -121,7 +125,7 @@ impl KeyPart {
             KeyPart::Bearer | KeyPart::Cookie(_) => true,
             KeyPart::Header(name) => name == header::COOKIE || named(name.as_str()),
             KeyPart::Query(name) => named(name),
-            KeyPart::Ip(_) | KeyPart::Method | KeyPart::Path | KeyPart::Host => false,
+            KeyPart::Ip(_) | KeyPart::Method | KeyPart::Path | KeyPart::Host | KeyPart::Capture(_) => false,
         }
     }
 }
@@ -134,7 +138,7 @@ impl KeyPart {
         match self {
             KeyPart::Header(name) => name != header::REFERER && name != header::USER_AGENT,
             KeyPart::Bearer | KeyPart::Cookie(_) | KeyPart::Host => true,
-            KeyPart::Ip(_) | KeyPart::Query(_) | KeyPart::Method | KeyPart::Path => false,
+            KeyPart::Ip(_) | KeyPart::Query(_) | KeyPart::Method | KeyPart::Path | KeyPart::Capture(_) => false,
         }
     }
 
@@ -169,13 +173,23 @@ pub struct KeySource<'a> {
     pub fields: Fields<'a>,
     /// The request's host, without port, as routing saw it.
     pub host: Option<&'a str>,
+    /// What the route's `path_regex` captured of `path` (empty until a route is found).
+    pub captures: Captures,
 }
 
 impl<'a> KeySource<'a> {
     /// The source of `head`, from `client_ip`, whose path normalizes to `path` and whose
     /// host routing reads as `host`.
     pub fn new(client_ip: IpAddr, head: &RequestHead<'a>, path: Cow<'a, [u8]>, host: Option<&'a str>) -> Self {
-        KeySource { client_ip, method: head.method, query: head.query(), path, fields: head.fields, host }
+        KeySource {
+            client_ip,
+            method: head.method,
+            query: head.query(),
+            path,
+            fields: head.fields,
+            host,
+            captures: Captures::default(),
+        }
     }
 
     /// A `GET` of `target` from `client_ip` with `headers`, its path taken as normalized
@@ -281,6 +295,7 @@ fn value<'s>(part: &KeyPart, src: &'s KeySource<'_>) -> Option<Value<'s>> {
         KeyPart::Method => bytes(src.method.as_str().as_bytes()),
         KeyPart::Path => Some(Value::Bytes(Cow::Borrowed(&src.path))),
         KeyPart::Host => Some(Value::Host(src.host?)),
+        KeyPart::Capture(name) => bytes(src.captures.get(name, &src.path)?),
     }
 }
 
@@ -316,6 +331,7 @@ impl fmt::Display for KeyPart {
             KeyPart::Method => f.write_str("method"),
             KeyPart::Path => f.write_str("path"),
             KeyPart::Host => f.write_str("host"),
+            KeyPart::Capture(name) => write!(f, "capture:{name}"),
         }
     }
 }
@@ -388,6 +404,7 @@ impl KeyPart {
             KeyPart::Method => "the method".to_owned(),
             KeyPart::Path => "the path".to_owned(),
             KeyPart::Host => "the `Host` header".to_owned(),
+            KeyPart::Capture(name) => format!("the group `{name}` of the route's path_regex"),
         }
     }
 }
@@ -408,7 +425,7 @@ impl KeySpec {
                 form_urlencoded::parse(q.as_bytes()).filter(|(k, _)| k == name.as_ref()).nth(1).is_some()
             }),
             // One address, one method, one path; a repeated `Host` is refused before.
-            KeyPart::Ip(_) | KeyPart::Method | KeyPart::Path | KeyPart::Host => false,
+            KeyPart::Ip(_) | KeyPart::Method | KeyPart::Path | KeyPart::Host | KeyPart::Capture(_) => false,
         })
     }
 }
@@ -565,7 +582,7 @@ mod tests {
         let error = |s: &str| s.parse::<KeyPart>().unwrap_err();
         assert_eq!(
             error("ipv4"),
-            "unknown key \"ipv4\" (expected ip, bearer, method, path, host, header:NAME, query:NAME or cookie:NAME)"
+            "unknown key \"ipv4\" (expected ip, bearer, method, path, host, header:NAME, query:NAME, cookie:NAME or capture:NAME)"
         );
         assert!(error("header:").contains("needs a name"));
         assert!(error("header:bad name").contains("invalid header name"));

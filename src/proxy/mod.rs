@@ -218,7 +218,7 @@ impl Proxy {
             }
             Decision::Pass { wait, results, standings, permits, pending, .. } => {
                 self.account(route, &results, &front.src, false);
-                let target = rewrite::target(&route.rewrite, &front.src.path, head.query());
+                let target = rewrite::target(&route.rewrite, &front.src.path, &front.src.captures, head.query());
                 let admitted = Admitted {
                     route: front.route,
                     wait,

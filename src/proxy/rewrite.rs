@@ -4,7 +4,8 @@
 
 use percent_encoding::{AsciiSet, CONTROLS, percent_encode};
 
-use crate::config::{PathRewrite, Rewrite};
+use crate::config::{PathRewrite, Piece, Rewrite};
+use crate::router::Captures;
 
 /// Octets escaped in a rewritten path: those a path segment cannot hold (RFC 3986 §3.3),
 /// and `%` itself, since the path was decoded. Non-ASCII octets are always escaped.
@@ -13,22 +14,45 @@ const PATH: &AsciiSet =
 
 /// The target sent upstream when the route rewrites the path: made from the normalized
 /// path (as nginx does with a `proxy_pass` URI), escaped again, with the query as sent.
-/// `None`: the target goes as the client sent it.
-pub fn target(rewrite: &Rewrite, normalized: &[u8], query: Option<&str>) -> Option<String> {
-    let (prefix, to) = match rewrite.path.as_ref()? {
-        PathRewrite::Strip(prefix) => (prefix, "/"),
-        PathRewrite::Replace { prefix, to } => (prefix, to.as_str()),
+/// `captures` are the route's `path_regex` groups in that path. `None`: the target goes
+/// as the client sent it.
+pub fn target(rewrite: &Rewrite, normalized: &[u8], captures: &Captures, query: Option<&str>) -> Option<String> {
+    let mut path = match rewrite.path.as_ref()? {
+        PathRewrite::Strip(prefix) => replace(normalized, prefix, "/")?,
+        PathRewrite::Replace { prefix, to } => replace(normalized, prefix, to)?,
+        PathRewrite::Template(pieces) => {
+            let mut path = String::new();
+            for piece in pieces {
+                match piece {
+                    Piece::Text(text) => path.push_str(text),
+                    // A group that took no part in the match stands for nothing.
+                    Piece::Group(name) => {
+                        path.extend(percent_encode(captures.get(name, normalized).unwrap_or_default(), PATH));
+                    }
+                }
+            }
+            // `to` starting with a group whose text does not start with `/`.
+            if !path.starts_with('/') {
+                path.insert(0, '/');
+            }
+            path
+        }
     };
-    let rest = normalized.strip_prefix(prefix.as_bytes())?;
-    let mut path = to.to_owned();
-    // Stripping `/api` from `/api/x` gives `/x`, not `//x`.
-    let rest = if path.ends_with('/') { rest.strip_prefix(b"/").unwrap_or(rest) } else { rest };
-    path.extend(percent_encode(rest, PATH));
     if let Some(query) = query {
         path.push('?');
         path.push_str(query);
     }
     // Every octet outside the path characters is escaped above; the query was valid.
+    Some(path)
+}
+
+/// `to` followed by what follows `prefix` in `normalized`.
+fn replace(normalized: &[u8], prefix: &str, to: &str) -> Option<String> {
+    let rest = normalized.strip_prefix(prefix.as_bytes())?;
+    let mut path = to.to_owned();
+    // Stripping `/api` from `/api/x` gives `/x`, not `//x`.
+    let rest = if path.ends_with('/') { rest.strip_prefix(b"/").unwrap_or(rest) } else { rest };
+    path.extend(percent_encode(rest, PATH));
     Some(path)
 }
 
@@ -41,7 +65,22 @@ mod tests {
     }
 
     fn target_of(r: &Rewrite, normalized: &str, uri: &str) -> Option<String> {
-        target(r, normalized.as_bytes(), uri.split_once('?').map(|(_, q)| q)).map(|p| p.to_string())
+        target(r, normalized.as_bytes(), &Captures::default(), uri.split_once('?').map(|(_, q)| q))
+    }
+
+    #[test]
+    fn a_template_puts_the_groups_in_escaped() {
+        use crate::router::PathRegex;
+        let regex = PathRegex::new(r"^/t/(?<tenant>[^/]+)(?<rest>/.*)?$").unwrap();
+        let r = rewrite(PathRewrite::Template(
+            [Piece::Text("/v2/".into()), Piece::Group("tenant".into()), Piece::Group("rest".into())].into(),
+        ));
+        let at = |path: &str, query| target(&r, path.as_bytes(), &regex.captures(path.as_bytes()), query);
+        assert_eq!(at("/t/ac me/x?y", Some("q=1")).as_deref(), Some("/v2/ac%20me/x%3Fy?q=1"));
+        assert_eq!(at("/t/acme", None).as_deref(), Some("/v2/acme"), "a group that took no part is empty");
+        let leading = rewrite(PathRewrite::Template([Piece::Group("tenant".into())].into()));
+        let path = b"/t/acme/x";
+        assert_eq!(target(&leading, path, &regex.captures(path), None).as_deref(), Some("/acme"));
     }
 
     #[test]

@@ -279,7 +279,7 @@ fn recorded_keys(
                 KeyPart::Host => {
                     headers.insert(header::HOST, field(&value)?);
                 }
-                KeyPart::Ip(_) | KeyPart::Query(_) | KeyPart::Method | KeyPart::Path => {}
+                KeyPart::Ip(_) | KeyPart::Query(_) | KeyPart::Method | KeyPart::Path | KeyPart::Capture(_) => {}
             }
         }
         recorded.push(part);

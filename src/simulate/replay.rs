@@ -316,7 +316,7 @@ fn shared_fields(config: &Config) -> Vec<String> {
 fn carried_by_format(part: &KeyPart, carried: &Carried, host_given: bool) -> bool {
     let has_header = |name: &http::HeaderName| carried.headers.contains(name);
     match part {
-        KeyPart::Ip(_) | KeyPart::Method | KeyPart::Path => true,
+        KeyPart::Ip(_) | KeyPart::Method | KeyPart::Path | KeyPart::Capture(_) => true,
         KeyPart::Host => carried.host || host_given,
         KeyPart::Header(name) => has_header(name),
         KeyPart::Bearer => has_header(&http::header::AUTHORIZATION),
@@ -381,6 +381,6 @@ fn nginx_variable(part: &KeyPart) -> String {
         KeyPart::Cookie(name) => format!("$cookie_{name}"),
         KeyPart::Host => "$host".to_owned(),
         KeyPart::Ip(_) => "$remote_addr".to_owned(),
-        KeyPart::Method | KeyPart::Path => "$request".to_owned(),
+        KeyPart::Method | KeyPart::Path | KeyPart::Capture(_) => "$request".to_owned(),
     }
 }

@@ -28,6 +28,7 @@ mod paths;
 mod promises;
 mod redis;
 mod reload;
+mod routing;
 mod server;
 mod simulate;
 mod smuggling;

@@ -1,0 +1,293 @@
+//! Which route a request takes: the first, in file order, whose host, path and method
+//! all match. The rule is the linear one; the cost is not: `Router` indexes the routes
+//! at load, so that a request costs about the same with one route or 100,000.
+//!
+//! - Hosts: exact names in a hash map, `*.example.com` by suffix (one lookup per label
+//!   of the request's host), and the routes that name no host.
+//! - Paths, per host: prefixes and exact paths in a radix tree (`paths`), routes for any
+//!   path in a list, and `path_regex` patterns in one `RegexSet`, matched in one pass.
+//! - Methods: a bit mask per route.
+//!
+//! Each source yields its routes in ascending order; the request takes the least that
+//! matches in every respect, and a source whose least route cannot beat the best found
+//! so far is not looked at.
+
+mod paths;
+pub mod pattern;
+
+use std::collections::HashMap;
+
+use http::Method;
+
+use paths::Paths;
+pub use pattern::{Captures, PathRegex};
+
+/// What a route matches.
+#[derive(Debug, Default, Clone)]
+pub struct RouteMatch {
+    /// Lower-case host without port; `*.example.com` matches any subdomain.
+    pub host: Option<String>,
+    pub path: PathMatch,
+    /// Empty: any method.
+    pub methods: Vec<Method>,
+}
+
+#[derive(Debug, Default, Clone)]
+pub enum PathMatch {
+    #[default]
+    Any,
+    Prefix(String),
+    Exact(String),
+    /// A regular expression, anchored as written, on the normalized path.
+    Regex(PathRegex),
+}
+
+/// The routes of a configuration, indexed for `find`.
+#[derive(Debug, Default)]
+pub struct Router {
+    exact_hosts: HashMap<Box<str>, Table>,
+    /// By the suffix after `*.`.
+    wildcard_hosts: HashMap<Box<str>, Table>,
+    any_host: Table,
+    /// Per route.
+    methods: Box<[Methods]>,
+}
+
+/// The routes of one host (or of none), by path.
+#[derive(Debug)]
+struct Table {
+    /// The least route of the table.
+    first: u32,
+    /// Routes for any path.
+    any: Vec<u32>,
+    paths: Paths,
+    regexes: Option<Box<pattern::Set>>,
+}
+
+impl Table {
+    fn shrink(&mut self) {
+        self.any.shrink_to_fit();
+        self.paths.shrink();
+    }
+}
+
+impl Default for Table {
+    fn default() -> Self {
+        Table { first: u32::MAX, any: Vec::new(), paths: Paths::default(), regexes: None }
+    }
+}
+
+/// A route's methods: the standard ones as bits, others listed.
+#[derive(Debug, Default)]
+struct Methods {
+    /// Bit `i`: `STANDARD[i]`. All clear, with no `others`: any method.
+    bits: u16,
+    others: Box<[Method]>,
+}
+
+const STANDARD: [Method; 9] = [
+    Method::GET,
+    Method::HEAD,
+    Method::POST,
+    Method::PUT,
+    Method::DELETE,
+    Method::OPTIONS,
+    Method::PATCH,
+    Method::TRACE,
+    Method::CONNECT,
+];
+
+/// `method`'s bit, or 0 for a method not in `STANDARD`.
+fn bit(method: &Method) -> u16 {
+    STANDARD.iter().position(|m| m == method).map_or(0, |i| 1 << i)
+}
+
+impl Methods {
+    fn new(methods: &[Method]) -> Self {
+        let bits = methods.iter().fold(0, |bits, m| bits | bit(m));
+        let others = methods.iter().filter(|m| bit(m) == 0).cloned().collect();
+        Methods { bits, others }
+    }
+
+    /// Whether a request with `method` (whose bit is `bit`) may take the route.
+    #[inline]
+    fn allow(&self, bit: u16, method: &Method) -> bool {
+        (self.bits == 0 && self.others.is_empty()) || self.bits & bit != 0 || (bit == 0 && self.others.contains(method))
+    }
+}
+
+impl Router {
+    /// Indexes `routes`, given in file order; fails only when the `path_regex` patterns
+    /// of one host are too large together.
+    pub fn new<'m>(routes: impl IntoIterator<Item = &'m RouteMatch>) -> Result<Router, String> {
+        let mut router = Router::default();
+        let mut methods = Vec::new();
+        let mut regexes: HashMap<Option<(bool, Box<str>)>, pattern::Builder> = HashMap::new();
+        for (i, m) in routes.into_iter().enumerate() {
+            let route = u32::try_from(i).unwrap_or(u32::MAX);
+            methods.push(Methods::new(&m.methods));
+            let host = m.host.as_deref().map(|h| match h.strip_prefix("*.") {
+                Some(suffix) => (true, Box::from(suffix)),
+                None => (false, Box::from(h)),
+            });
+            let table = router.table_mut(host.as_ref());
+            table.first = table.first.min(route);
+            match &m.path {
+                PathMatch::Any => table.any.push(route),
+                PathMatch::Prefix(p) => table.paths.insert(p.as_bytes(), route, false),
+                PathMatch::Exact(p) => table.paths.insert(p.as_bytes(), route, true),
+                PathMatch::Regex(r) => regexes.entry(host).or_default().push(r, route),
+            }
+        }
+        for (host, builder) in regexes {
+            router.table_mut(host.as_ref()).regexes = Some(Box::new(builder.build()?));
+        }
+        router.methods = methods.into();
+        for table in router.exact_hosts.values_mut().chain(router.wildcard_hosts.values_mut()) {
+            table.shrink();
+        }
+        router.any_host.shrink();
+        Ok(router)
+    }
+
+    fn table_mut(&mut self, host: Option<&(bool, Box<str>)>) -> &mut Table {
+        match host {
+            None => &mut self.any_host,
+            Some((false, name)) => self.exact_hosts.entry(name.clone()).or_default(),
+            Some((true, suffix)) => self.wildcard_hosts.entry(suffix.clone()).or_default(),
+        }
+    }
+
+    /// The first route, in file order, that serves `method` on the normalized `path` at
+    /// `host` (without port or trailing dot, any case).
+    pub fn find(&self, method: &Method, path: &[u8], host: Option<&str>) -> Option<usize> {
+        let want = Want { router: self, bit: bit(method), method, path };
+        let mut best = u32::MAX;
+        if let Some(host) = host {
+            let lower;
+            let host = if host.bytes().any(|b| b.is_ascii_uppercase()) {
+                lower = host.to_ascii_lowercase();
+                &lower
+            } else {
+                host
+            };
+            if let Some(table) = self.exact_hosts.get(host) {
+                want.best_in(table, &mut best);
+            }
+            if !self.wildcard_hosts.is_empty() {
+                for suffix in strict_suffixes(host) {
+                    if let Some(table) = self.wildcard_hosts.get(suffix) {
+                        want.best_in(table, &mut best);
+                    }
+                }
+            }
+        }
+        want.best_in(&self.any_host, &mut best);
+        (best != u32::MAX).then_some(best as usize)
+    }
+
+    /// Every route that might take all the requests `m` matches, a superset, in no order:
+    /// those whose host and path index it would be found under (`config::shadow` decides).
+    pub fn covering(&self, m: &RouteMatch) -> Vec<usize> {
+        let mut tables = vec![&self.any_host];
+        match m.host.as_deref().map(|h| (h.strip_prefix("*."), h)) {
+            None => {}
+            Some((None, host)) => {
+                tables.extend(self.exact_hosts.get(host));
+                tables.extend(strict_suffixes(host).filter_map(|s| self.wildcard_hosts.get(s)));
+            }
+            Some((Some(base), _)) => {
+                tables.extend(self.wildcard_hosts.get(base));
+                tables.extend(strict_suffixes(base).filter_map(|s| self.wildcard_hosts.get(s)));
+            }
+        }
+        let mut found = Vec::new();
+        for table in tables {
+            found.extend(&table.any);
+            match &m.path {
+                PathMatch::Any => {}
+                PathMatch::Prefix(p) => table.paths.walk(p.as_bytes(), true, |r| found.extend(r)),
+                PathMatch::Exact(p) => table.paths.walk(p.as_bytes(), false, |r| found.extend(r)),
+                PathMatch::Regex(r) => found.extend(table.regexes.iter().flat_map(|set| set.same(r))),
+            }
+        }
+        found.into_iter().map(|r| r as usize).collect()
+    }
+}
+
+/// The suffixes of `host` after each of its dots but a leading one: those a wildcard
+/// `*.SUFFIX` covers it by (`a.b.c` gives `b.c`, then `c`).
+fn strict_suffixes(host: &str) -> impl Iterator<Item = &str> {
+    host.bytes().enumerate().filter(|&(i, b)| b == b'.' && i > 0).map(move |(i, _)| &host[i + 1..])
+}
+
+/// One request's method and path, looked up table by table.
+struct Want<'r> {
+    router: &'r Router,
+    bit: u16,
+    method: &'r Method,
+    path: &'r [u8],
+}
+
+impl Want<'_> {
+    /// Lowers `best` to the least route of `table` that takes the request.
+    fn best_in(&self, table: &Table, best: &mut u32) {
+        if table.first >= *best {
+            return;
+        }
+        self.least(&table.any, best);
+        table.paths.walk(self.path, false, |routes| self.least(routes, best));
+        if let Some(set) = &table.regexes
+            && set.first() < *best
+        {
+            set.matching(self.path, |route| {
+                let takes = route < *best && self.takes(route);
+                if takes {
+                    *best = route;
+                }
+                takes || route >= *best
+            });
+        }
+    }
+
+    /// Lowers `best` to the least of `routes` (ascending) whose methods allow the request.
+    #[inline]
+    fn least(&self, routes: &[u32], best: &mut u32) {
+        if let Some(&route) = routes.iter().take_while(|&&r| r < *best).find(|&&r| self.takes(r)) {
+            *best = route;
+        }
+    }
+
+    #[inline]
+    fn takes(&self, route: u32) -> bool {
+        self.router.methods[route as usize].allow(self.bit, self.method)
+    }
+}
+
+/// Whether `m` matches a request: the plain rule, which `Router::find` must agree with
+/// (the property test below), and which `config::shadow` compares with.
+#[cfg(test)]
+pub fn matches(m: &RouteMatch, method: &Method, path: &[u8], host: Option<&str>) -> bool {
+    let host_ok = match (&m.host, host) {
+        (None, _) => true,
+        (Some(_), None) => false,
+        (Some(want), Some(host)) => match want.strip_prefix("*.") {
+            Some(suffix) => {
+                host.len() > suffix.len() + 1
+                    && host[host.len() - suffix.len()..].eq_ignore_ascii_case(suffix)
+                    && host.as_bytes()[host.len() - suffix.len() - 1] == b'.'
+            }
+            None => host.eq_ignore_ascii_case(want),
+        },
+    };
+    let path_ok = match &m.path {
+        PathMatch::Any => true,
+        PathMatch::Prefix(prefix) => path.starts_with(prefix.as_bytes()),
+        PathMatch::Exact(exact) => path == exact.as_bytes(),
+        PathMatch::Regex(r) => r.is_match(path),
+    };
+    host_ok && path_ok && (m.methods.is_empty() || m.methods.contains(method))
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

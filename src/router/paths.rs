@@ -1,0 +1,152 @@
+//! The path prefixes and exact paths of one host's routes, in a radix tree of bytes: one
+//! walk down a request's path meets every route whose prefix it starts with and the
+//! routes of exactly that path, however many routes there are.
+//!
+//! Written here rather than taken from a crate: the tries on crates.io answer "the
+//! longest prefix" or allocate the keys they return, while routing needs every prefix
+//! (the first route in file order wins, not the longest), with no allocation.
+
+/// Route numbers (file order), ascending.
+pub type Routes = Vec<u32>;
+
+#[derive(Debug, Default)]
+pub struct Paths {
+    /// `nodes[0]` is the root, the empty prefix.
+    nodes: Vec<Node>,
+}
+
+#[derive(Debug, Default)]
+struct Node {
+    /// The bytes from the parent to this node (empty for the root only).
+    label: Box<[u8]>,
+    /// The children, by the first byte of their label, ascending.
+    children: Vec<(u8, u32)>,
+    /// Routes whose prefix ends here.
+    prefix: Routes,
+    /// Routes whose exact path ends here.
+    exact: Routes,
+}
+
+impl Paths {
+    /// Adds `route` for the paths starting with `key` (`exact`: the path `key` only).
+    /// Routes are added in ascending order.
+    pub fn insert(&mut self, key: &[u8], route: u32, exact: bool) {
+        if self.nodes.is_empty() {
+            self.nodes.push(Node::default());
+        }
+        let mut node = 0;
+        let mut rest = key;
+        while let Some(&first) = rest.first() {
+            let at = self.nodes[node].children.binary_search_by_key(&first, |&(b, _)| b);
+            let child = match at {
+                Err(at) => {
+                    let child = self.add(rest);
+                    self.nodes[node].children.insert(at, (first, child));
+                    node = child as usize;
+                    break;
+                }
+                Ok(at) => self.nodes[node].children[at].1 as usize,
+            };
+            let label = &self.nodes[child].label;
+            let common = label.iter().zip(rest).take_while(|(a, b)| a == b).count();
+            if common < label.len() {
+                // Split the edge where `key` leaves it: a new node for the common part.
+                let (head, tail) = label.split_at(common);
+                let (head, tail): (Box<[u8]>, Box<[u8]>) = (head.into(), tail.into());
+                let middle = self.add(&head);
+                self.nodes[middle as usize].children.push((tail[0], child as u32));
+                self.nodes[child].label = tail;
+                let at = at.unwrap_or_else(|_| unreachable!("found above"));
+                self.nodes[node].children[at].1 = middle;
+                node = middle as usize;
+            } else {
+                node = child;
+            }
+            rest = &rest[common..];
+        }
+        let node = &mut self.nodes[node];
+        if exact { &mut node.exact } else { &mut node.prefix }.push(route);
+    }
+
+    fn add(&mut self, label: &[u8]) -> u32 {
+        self.nodes.push(Node { label: label.into(), ..Node::default() });
+        u32::try_from(self.nodes.len() - 1).unwrap_or(u32::MAX)
+    }
+
+    /// Calls `each` with the routes of every prefix of `path` in the tree, and with the
+    /// routes of exactly `path` unless `prefixes_only`.
+    pub fn walk(&self, path: &[u8], prefixes_only: bool, mut each: impl FnMut(&[u32])) {
+        let Some(mut node) = self.nodes.first() else { return };
+        let mut rest = path;
+        loop {
+            each(&node.prefix);
+            let Some(&first) = rest.first() else {
+                if !prefixes_only {
+                    each(&node.exact);
+                }
+                return;
+            };
+            let Ok(at) = node.children.binary_search_by_key(&first, |&(b, _)| b) else { return };
+            node = &self.nodes[node.children[at].1 as usize];
+            match rest.strip_prefix(&*node.label) {
+                Some(after) => rest = after,
+                None => return,
+            }
+        }
+    }
+
+    /// Drops the spare capacity building left.
+    pub fn shrink(&mut self) {
+        self.nodes.shrink_to_fit();
+        for node in &mut self.nodes {
+            node.children.shrink_to_fit();
+            node.prefix.shrink_to_fit();
+            node.exact.shrink_to_fit();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn found(paths: &Paths, path: &str) -> Vec<u32> {
+        let mut all = Vec::new();
+        paths.walk(path.as_bytes(), false, |routes| all.extend_from_slice(routes));
+        all.sort_unstable();
+        all
+    }
+
+    #[test]
+    fn a_walk_meets_every_prefix_of_the_path_and_the_exact_path() {
+        let mut paths = Paths::default();
+        for (i, (key, exact)) in [
+            ("/api/", false),
+            ("/a", false),
+            ("/api", true),
+            ("/api/v1", false),
+            ("/", false),
+            ("/b", true),
+            ("", false),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            paths.insert(key.as_bytes(), i as u32, exact);
+        }
+        assert_eq!(found(&paths, "/api/v1/x"), [0, 1, 3, 4, 6]);
+        assert_eq!(found(&paths, "/api"), [1, 2, 4, 6]);
+        assert_eq!(found(&paths, "/ap"), [1, 4, 6]);
+        assert_eq!(found(&paths, "/b"), [4, 5, 6]);
+        assert_eq!(found(&paths, "/bc"), [4, 6]);
+        assert_eq!(found(&paths, "x"), [6]);
+        let mut prefixes = Vec::new();
+        paths.walk(b"/b", true, |r| prefixes.extend_from_slice(r));
+        assert_eq!(prefixes, [6, 4]);
+    }
+
+    #[test]
+    fn an_empty_tree_finds_nothing() {
+        assert_eq!(found(&Paths::default(), "/"), Vec::<u32>::new());
+    }
+}
