@@ -88,6 +88,9 @@ impl Server {
         if let (Some(listener), Some(admin)) = (self.admin.take(), admin) {
             if let Ok(addr) = listener.local_addr() {
                 info!(%addr, "admin listening");
+                if admin.insecure && admin.token.is_none() {
+                    warn!(%addr, "the admin API has no token (admin.insecure: true): whoever reaches this address can reload the configuration, reset keys and lift bans");
+                }
             }
             let service = Arc::new(crate::admin::AdminService::new(admin, Arc::clone(&self.running)));
             tokio::spawn(serve_admin(listener, service, settings(self.running.proxy().config())));

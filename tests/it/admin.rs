@@ -253,3 +253,40 @@ async fn the_config_is_shown_in_its_own_words_and_a_key_lookup_says_what_it_need
     assert_eq!(lookup.status, 400);
     assert_eq!(lookup.text(), "limit \"per_user\" is keyed by header:x-user; give ?header:x-user=VALUE\n");
 }
+
+/// An admin listener on an address other than loopback without a token is refused by
+/// `check` and by `run`, at its field; with a token it is fine, and `insecure: true`
+/// serves it without one, saying so at warn on every start.
+#[tokio::test]
+async fn an_admin_listener_beyond_loopback_needs_a_token_or_insecure() {
+    let yaml =
+        |admin: &str| format!("listen: 127.0.0.1:0\nadmin: {{ {admin} }}\nroutes:\n  - respond: {{ status: 200 }}\n");
+    let refused = yaml("listen: 0.0.0.0:0");
+    let (code, stderr) = check_bounded(&refused);
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.starts_with(
+            "FILE:2:18: admin.listen: 0.0.0.0:0 is not a loopback address and the admin API has no token: anyone who \
+             reaches it could reload the configuration, reset keys and lift bans; set admin.token (or token_file), \
+             or admin.insecure: true to serve it so knowingly\n"
+        ),
+        "{stderr}"
+    );
+    let (_dir, path) = config_file(&refused);
+    let run = binary().arg("-c").arg(&path).stdout(std::process::Stdio::null()).output().unwrap();
+    assert_eq!(run.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&run.stderr).contains("admin.listen: 0.0.0.0:0 is not a loopback address"));
+
+    for fine in ["listen: 127.0.0.1:0", "listen: \"[::1]:0\"", "listen: 0.0.0.0:0, token: s3cret"] {
+        assert_eq!(check_bounded(&yaml(fine)), (Some(0), String::new()), "{fine}");
+    }
+    let (code, stderr) = check_bounded(&yaml("listen: 0.0.0.0:0, token: s3cret, insecure: true"));
+    assert_eq!(code, Some(0));
+    assert!(stderr.contains("admin.insecure: does nothing with a token"), "{stderr}");
+
+    let sg = Sluicegate::start(&yaml("listen: 0.0.0.0:0, insecure: true"));
+    let log = sg.wait_for_log(|log| log.contains("admin.insecure: true"));
+    let line = log.lines().find(|l| l.contains("admin.insecure: true")).expect("no warning at start");
+    assert!(line.contains("\"level\":\"WARN\""), "{line}");
+    assert_eq!(get(sg.admin_addr(), "/healthz", &[]).await.status, 200);
+}
