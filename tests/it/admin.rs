@@ -290,3 +290,54 @@ async fn an_admin_listener_beyond_loopback_needs_a_token_or_insecure() {
     assert!(line.contains("\"level\":\"WARN\""), "{line}");
     assert_eq!(get(sg.admin_addr(), "/healthz", &[]).await.status, 200);
 }
+
+/// A call that changes state is refused, `403` with the reason, when a browser says
+/// another site made it: an `Origin` that is not the listener's own, a `Sec-Fetch-Site`
+/// but `same-origin` or `none`, or a body type a plain HTML form sends. The dashboard's
+/// own calls, curl's and `sluicegate reload` pass; reads are not concerned.
+#[tokio::test]
+async fn state_changing_calls_another_site_makes_are_refused() {
+    let conf = Conf::new().admin().limit("l", "key: ip, rate: 1r/m, ban: 10m").answering("l");
+    let sg = conf.start();
+    let admin = sg.admin_addr();
+    let own = format!("http://{admin}");
+    let call = async |method: http::Method, path: &str, fields: &[(&str, &str)]| {
+        let mut req = http::Request::builder().method(method).uri(path).header("host", admin.to_string());
+        for (name, value) in fields {
+            req = req.header(*name, *value);
+        }
+        request(admin, req.body(String::new()).unwrap()).await
+    };
+    let calls = [
+        (http::Method::POST, "/reload", 200),
+        (http::Method::DELETE, "/bans/l/0000000000000001", 404),
+        (http::Method::DELETE, "/limits/l?ip=10.0.0.1", 204),
+    ];
+    for (method, path, answer) in calls {
+        let refused = call(method.clone(), path, &[("origin", "http://evil.example")]).await;
+        assert_eq!(
+            (refused.status, refused.text()),
+            (
+                403,
+                format!(
+                    "cross-site request refused: Origin http://evil.example is not this admin listener's ({own})\n"
+                )
+            ),
+            "{method} {path}"
+        );
+        let refused = call(method.clone(), path, &[("sec-fetch-site", "cross-site")]).await;
+        assert_eq!(refused.status, 403, "{method} {path}: {}", refused.text());
+        let form = call(method.clone(), path, &[("content-type", "application/x-www-form-urlencoded")]).await;
+        assert!(form.text().contains("is what a plain HTML form sends"), "{method} {path}: {}", form.text());
+        let page = [("origin", own.as_str()), ("sec-fetch-site", "same-origin"), ("content-type", "application/json")];
+        assert_eq!(call(method.clone(), path, &page).await.status, answer, "{method} {path} from the page itself");
+        assert_eq!(call(method.clone(), path, &[]).await.status, answer, "{method} {path} from curl");
+    }
+    let read = call(http::Method::GET, "/bans", &[("origin", "http://evil.example")]).await;
+    assert_eq!(read.status, 200, "a read changes nothing (the token guards it)");
+    // `sluicegate reload` finds the listener where the file says.
+    let yaml = conf.yaml().replace("admin: { listen: 127.0.0.1:0 }", &format!("admin: {{ listen: \"{admin}\" }}"));
+    std::fs::write(&sg.config, yaml).unwrap();
+    let reload = binary().arg("reload").arg("-c").arg(&sg.config).output().unwrap();
+    assert!(reload.status.success(), "{}", String::from_utf8_lossy(&reload.stderr));
+}

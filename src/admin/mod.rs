@@ -5,7 +5,10 @@
 //! is loaded (saying so when the last reload failed); `GET /metrics` is the Prometheus
 //! text exposition; `POST /reload` reloads the configuration file, as SIGHUP does. With
 //! `admin.token`, every call must carry `Authorization: Bearer TOKEN` (compared in
-//! constant time).
+//! constant time). A call that changes state is refused when a browser says another site
+//! made it (`cross_site`).
+
+mod cross_site;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,6 +53,11 @@ impl Service for AdminService {
 /// The answer to one admin call: one `match` on the method and the path's segments, a
 /// function per endpoint. Only a reload waits (for its outcome).
 async fn answer(head: &RequestHead<'_>, admin: &Admin, running: &Running) -> Response {
+    if !head.method.is_safe()
+        && let Some(why) = cross_site::refusal(head)
+    {
+        return typed(StatusCode::FORBIDDEN, "text/plain", format!("cross-site request refused: {why}\n"));
+    }
     if let Some(token) = &admin.token
         && !bearer_token(head.fields).is_some_and(|given| bool::from(given.ct_eq(token.as_bytes())))
     {
