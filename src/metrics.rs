@@ -145,6 +145,8 @@ struct Families {
     addresses: Family<Labels, Gauge>,
     /// What the scrape-time collector reads: the running configuration's limiters.
     current: Arc<Mutex<Current>>,
+    /// The upstream latency family alone, for the dashboard's quantiles.
+    latency_only: Registry,
 }
 
 impl Metrics {
@@ -186,6 +188,8 @@ impl Metrics {
         registry.register("reloads", "Configuration reloads by result", reloads.clone());
         registry.register("build_info", "The running version", build);
         registry.register_collector(Box::new(State(Arc::clone(&current))));
+        let mut latency_only = Registry::default();
+        latency_only.register("upstream_duration_seconds", "", latency.clone());
         let families = Families {
             registry,
             requests,
@@ -198,6 +202,7 @@ impl Metrics {
             resolve_failures,
             addresses,
             current,
+            latency_only,
         };
         Metrics::of(Arc::new(families), config)
     }
@@ -294,6 +299,35 @@ impl Metrics {
         self.reloads[usize::from(!ok)].inc();
     }
 
+    /// Route `route`'s requests since start, for the dashboard.
+    pub fn route_counts(&self, route: usize) -> RouteCounts {
+        let m = &self.routes[route];
+        let n = |o: RequestOutcome| m.requests[RequestOutcome::ALL.iter().position(|&a| a == o).unwrap_or(0)].get();
+        let [connect, timeout, failed, _client_body] = &m.errors;
+        RouteCounts {
+            passed: n(RequestOutcome::Passed) + n(RequestOutcome::DryRunRejected),
+            delayed: n(RequestOutcome::Delayed),
+            refused: n(RequestOutcome::Rejected) + n(RequestOutcome::Banned) + n(RequestOutcome::StoreError),
+            server_errors: m.responses[4].get() + connect.get() + timeout.get() + failed.get(),
+        }
+    }
+
+    /// Limit `limit`'s decisions since start: passed, delayed, rejected.
+    pub fn limit_decisions(&self, limit: usize) -> [u64; 3] {
+        self.limits[limit].decisions.each_ref().map(Counter::get)
+    }
+
+    /// Each route's upstream latency histogram now, by route name: (upper bound in
+    /// seconds, observations up to it), the last bound infinite. Read through the text
+    /// exposition, `prometheus-client`'s only way out for a histogram's buckets: once a
+    /// second, by the dashboard, never by a request.
+    pub fn latencies(&self) -> Vec<(String, Vec<(f64, u64)>)> {
+        let mut text = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut text, &self.families.latency_only);
+        histogram_buckets(&text)
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -301,6 +335,56 @@ impl Metrics {
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.families.registry);
         in_order(&out)
     }
+}
+
+/// A route's requests since start, as the dashboard shows them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RouteCounts {
+    /// Passed, dry-run refusals included (they passed).
+    pub passed: u64,
+    pub delayed: u64,
+    /// Refused by a limit, a ban, or Redis's absence (`on_store_error: deny`).
+    pub refused: u64,
+    /// Upstream 5xx responses, and exchanges that failed (502, 504 made here).
+    pub server_errors: u64,
+}
+
+/// The buckets of each series of the one histogram family in `text` (a text exposition),
+/// by the value of its `route` label.
+fn histogram_buckets(text: &str) -> Vec<(String, Vec<(f64, u64)>)> {
+    let mut all: Vec<(String, Vec<(f64, u64)>)> = Vec::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((name, rest)) = line.split_once('{') else { continue };
+        let Some((labels, value)) = rest.rsplit_once("} ") else { continue };
+        if !name.ends_with("_bucket") {
+            continue;
+        }
+        let label = |key: &str| {
+            let start = labels.find(&format!("{key}=\""))? + key.len() + 2;
+            let mut value = String::new();
+            let mut chars = labels[start..].chars();
+            while let Some(c) = chars.next() {
+                match c {
+                    '"' => return Some(value),
+                    '\\' => value.push(match chars.next()? {
+                        'n' => '\n',
+                        other => other,
+                    }),
+                    c => value.push(c),
+                }
+            }
+            None
+        };
+        let (Some(route), Some(bound), Ok(count)) = (label("route"), label("le"), value.trim().parse::<u64>()) else {
+            continue;
+        };
+        let bound = if bound == "+Inf" { f64::INFINITY } else { bound.parse().unwrap_or(f64::INFINITY) };
+        match all.iter_mut().find(|(r, _)| *r == route) {
+            Some((_, buckets)) => buckets.push((bound, count)),
+            None => all.push((route, vec![(bound, count)])),
+        }
+    }
+    all
 }
 
 /// `text` with each family's series sorted by their labels: `prometheus-client` writes
@@ -448,5 +532,35 @@ impl Collector for State {
             ConstCounter::new(value).encode(family.encode_family(&vec![("kind", kind)])?)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::Clock;
+
+    #[test]
+    fn the_dashboard_reads_each_routes_counts_each_limits_decisions_and_latency_buckets() {
+        let yaml = "listen: 127.0.0.1:0\nlimits:\n  l: { key: ip, rate: 1r/s }\nroutes:\n  - name: 'say \"hi\"'\n    respond: { status: 200 }\n    limits: [l]\n";
+        let config = crate::config::parse(yaml, "t").unwrap();
+        let metrics = Metrics::new(&config, &Gate::new(&config, Clock::System));
+        for outcome in [RequestOutcome::Passed, RequestOutcome::DryRunRejected, RequestOutcome::Banned] {
+            metrics.request(0, outcome);
+        }
+        metrics.upstream(0, UpstreamResult::Status(503), Duration::from_millis(3));
+        metrics.upstream(0, UpstreamResult::Timeout, Duration::from_secs(30));
+        metrics.upstream(0, UpstreamResult::ClientBody, Duration::ZERO);
+        let counts = metrics.route_counts(0);
+        assert_eq!(counts, RouteCounts { passed: 2, delayed: 0, refused: 1, server_errors: 2 });
+        assert_eq!(metrics.limit_decisions(0), [0, 0, 0]);
+        let latencies = metrics.latencies();
+        assert_eq!(latencies.len(), 1);
+        let (route, buckets) = &latencies[0];
+        assert_eq!(route, "say \"hi\"");
+        assert_eq!(buckets.len(), 17, "16 bounds and +Inf");
+        assert_eq!(buckets[3], (0.004, 1), "3 ms is within 4 ms");
+        assert_eq!(buckets[2], (0.002, 0));
+        assert_eq!(buckets[16], (f64::INFINITY, 1));
     }
 }
