@@ -280,7 +280,7 @@ fn describe(config: &Config) -> serde_json::Value {
                 "name": l.name,
                 "key": l.key.0.iter().map(ToString::to_string).collect::<Vec<_>>(),
                 "scope": if matches!(l.scope, Scope::Global { .. }) { "global" } else { "local" },
-                "windows": l.windows.iter().map(window).collect::<Vec<_>>(),
+                "windows": l.windows.iter().map(Policy::in_words).collect::<Vec<_>>(),
                 "dry_run": l.dry_run,
                 "ban": l.ban.map(|b| humantime::format_duration(b.base).to_string()),
                 "max_keys": l.max_keys,
@@ -348,28 +348,6 @@ fn describe(config: &Config) -> serde_json::Value {
         .collect();
     // Secrets (the admin token, Redis's credentials) are never shown.
     serde_json::json!({ "listen": listen, "upstreams": upstreams, "routes": routes, "limits": limits })
-}
-
-/// A limit's window in the configuration's own words (`rate: 10r/s, burst: 2`).
-fn window(policy: &Policy) -> serde_json::Value {
-    let span = |d: &std::time::Duration| humantime::format_duration(*d).to_string();
-    match policy {
-        Policy::Rate { rate, burst, delay } => {
-            serde_json::json!({ "rate": rate.to_string(), "burst": burst, "delay": delay })
-        }
-        Policy::FixedWindow { limit, window } => {
-            serde_json::json!({ "algorithm": "fixed_window", "limit": limit, "window": span(window) })
-        }
-        Policy::SlidingWindow { limit, window } => {
-            serde_json::json!({ "algorithm": "sliding_window", "limit": limit, "window": span(window) })
-        }
-        Policy::SlidingLog { limit, window } => {
-            serde_json::json!({ "algorithm": "sliding_log", "limit": limit, "window": span(window) })
-        }
-        Policy::Concurrency { max, retry_after } => {
-            serde_json::json!({ "concurrency": max, "retry_after": span(retry_after) })
-        }
-    }
 }
 
 fn json(status: StatusCode, value: &impl serde::Serialize) -> Response {
