@@ -43,6 +43,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod connection;
+pub mod dashboard;
 pub mod front;
 pub mod gate;
 pub mod head;
