@@ -12,6 +12,7 @@ mod config_errors;
 mod config_fuzz;
 mod conformance;
 mod connections;
+mod dashboard;
 mod eviction;
 mod forwarded;
 mod forwarding;
