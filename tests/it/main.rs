@@ -6,6 +6,8 @@ mod admin;
 mod algorithms;
 mod bench;
 mod bodies;
+mod browser;
+mod chromium;
 mod common;
 mod concurrency;
 mod config_errors;
