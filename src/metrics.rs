@@ -187,6 +187,10 @@ impl Metrics {
         );
         registry.register("reloads", "Configuration reloads by result", reloads.clone());
         registry.register("build_info", "The running version", build);
+        let started = Gauge::<i64>::default();
+        let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        started.set(i64::try_from(since_epoch.as_secs()).unwrap_or(i64::MAX));
+        registry.register("start_time_seconds", "When this process started, in seconds since the Unix epoch", started);
         registry.register_collector(Box::new(State(Arc::clone(&current))));
         let mut latency_only = Registry::default();
         latency_only.register("upstream_duration_seconds", "", latency.clone());
@@ -481,6 +485,13 @@ impl Collector for State {
             "Keys held by each limit (concurrency limits: keys with requests in flight)",
             MetricType::Gauge,
             |i| gauge(l.keys(i)),
+        )?;
+        this.per_limit(
+            &mut encoder,
+            "limit_max_keys",
+            "Keys each limit's table holds at most (max_keys)",
+            MetricType::Gauge,
+            |i| gauge(l.max_keys(i)),
         )?;
         this.per_limit(
             &mut encoder,

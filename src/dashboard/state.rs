@@ -103,7 +103,7 @@ fn limit(proxy: &Proxy, history: &History, index: usize, seconds: usize) -> Valu
         "dry_run": limit.dry_run,
         "windows": limit.windows.iter().map(Policy::in_words).collect::<Vec<_>>(),
         "ban": limit.ban.map(|b| humantime::format_duration(b.base).to_string()),
-        "max_keys": limit.max_keys,
+        "max_keys": limiters.max_keys(index),
         "keys": limiters.keys(index),
         "in_flight": limit.windows.iter().any(Policy::is_concurrency).then(|| limiters.in_flight(index)),
         "evictions": limiters.evictions(index),

@@ -78,6 +78,10 @@ async fn metrics_count_what_was_sent() {
     assert_eq!(m.value("sluicegate_upstream_errors_total{route=\"gone\",kind=\"connect\"}"), 1.0);
     assert_eq!(m.value("sluicegate_upstream_duration_seconds_count{route=\"api\"}"), 4.0);
     assert_eq!(m.value("sluicegate_build_info{version=\"0.1.0\"}"), 1.0);
+    assert_eq!(m.value("sluicegate_limit_max_keys{limit=\"strict\"}"), 100_000.0);
+    let started = m.value("sluicegate_start_time_seconds");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    assert!(started <= now && started > now - 600.0, "{started}");
     assert!(!m.0.contains("127.0.0.1"), "a client address became a label:\n{}", m.0);
 
     assert_eq!(get(admin, "/healthz", &[]).await.status, 200);
