@@ -22,6 +22,7 @@ mod forwarding;
 #[path = "../../src/limit/gcra_cases.rs"]
 mod gcra_cases;
 mod global;
+mod grafana;
 mod import;
 mod keys;
 mod limits;
