@@ -256,12 +256,16 @@ impl History {
 }
 
 /// Records a second of `running`'s counters into `history` every second, as long as the
-/// history is kept (by the admin listener).
+/// history is kept (by the admin listener). The first is recorded now, before the
+/// listeners accept anything: what the counters hold from then on is history.
 pub fn start(running: Arc<Running>) -> Arc<Mutex<History>> {
-    let history = Arc::new(Mutex::new(History::default()));
+    let mut first = History::default();
+    first.record(&running.proxy(), Instant::now());
+    let history = Arc::new(Mutex::new(first));
     let kept: Weak<Mutex<History>> = Arc::downgrade(&history);
     tokio::spawn(async move {
-        let mut ticks = tokio::time::interval(Duration::from_secs(1));
+        let start = tokio::time::Instant::now() + Duration::from_secs(1);
+        let mut ticks = tokio::time::interval_at(start, Duration::from_secs(1));
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticks.tick().await;
