@@ -145,8 +145,6 @@ struct Families {
     addresses: Family<Labels, Gauge>,
     /// What the scrape-time collector reads: the running configuration's limiters.
     current: Arc<Mutex<Current>>,
-    /// The upstream latency family alone, for the dashboard's quantiles.
-    latency_only: Registry,
 }
 
 impl Metrics {
@@ -192,8 +190,6 @@ impl Metrics {
         started.set(i64::try_from(since_epoch.as_secs()).unwrap_or(i64::MAX));
         registry.register("start_time_seconds", "When this process started, in seconds since the Unix epoch", started);
         registry.register_collector(Box::new(State(Arc::clone(&current))));
-        let mut latency_only = Registry::default();
-        latency_only.register("upstream_duration_seconds", "", latency.clone());
         let families = Families {
             registry,
             requests,
@@ -206,7 +202,6 @@ impl Metrics {
             resolve_failures,
             addresses,
             current,
-            latency_only,
         };
         Metrics::of(Arc::new(families), config)
     }
@@ -321,15 +316,32 @@ impl Metrics {
         self.limits[limit].decisions.each_ref().map(Counter::get)
     }
 
-    /// Each route's upstream latency histogram now, by route name: (upper bound in
-    /// seconds, observations up to it), the last bound infinite. Read through the text
-    /// exposition, `prometheus-client`'s only way out for a histogram's buckets: once a
-    /// second, by the dashboard, never by a request.
-    pub fn latencies(&self) -> Vec<(String, Vec<(f64, u64)>)> {
+    /// The upstream latency histograms of the first `routes` routes now, by route index:
+    /// (upper bound in seconds, observations up to it), the last bound infinite. Read
+    /// through the text exposition, `prometheus-client`'s only way out for a histogram's
+    /// buckets: once a second, by the dashboard, never by a request.
+    pub fn latencies(&self, routes: usize) -> Vec<Vec<(f64, u64)>> {
+        let mut registry = Registry::default();
+        for (i, route) in self.routes.iter().take(routes).enumerate() {
+            registry.register(format!("r{i}"), "", route.latency.clone());
+        }
         let mut text = String::new();
         // Writing to a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut text, &self.families.latency_only);
-        histogram_buckets(&text)
+        let _ = prometheus_client::encoding::text::encode(&mut text, &registry);
+        let mut all = vec![Vec::new(); routes.min(self.routes.len())];
+        // `r3_bucket{le="0.004"} 17`
+        for line in text.lines() {
+            let Some((index, rest)) = line.strip_prefix('r').and_then(|l| l.split_once("_bucket{le=\"")) else {
+                continue;
+            };
+            let Some((bound, count)) = rest.split_once("\"} ") else { continue };
+            let (Ok(index), Ok(count)) = (index.parse::<usize>(), count.trim().parse::<u64>()) else { continue };
+            let bound = if bound == "+Inf" { f64::INFINITY } else { bound.parse().unwrap_or(f64::INFINITY) };
+            if let Some(buckets) = all.get_mut(index) {
+                buckets.push((bound, count));
+            }
+        }
+        all
     }
 
     /// The Prometheus text exposition of every metric.
@@ -351,44 +363,6 @@ pub struct RouteCounts {
     pub refused: u64,
     /// Upstream 5xx responses, and exchanges that failed (502, 504 made here).
     pub server_errors: u64,
-}
-
-/// The buckets of each series of the one histogram family in `text` (a text exposition),
-/// by the value of its `route` label.
-fn histogram_buckets(text: &str) -> Vec<(String, Vec<(f64, u64)>)> {
-    let mut all: Vec<(String, Vec<(f64, u64)>)> = Vec::new();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some((name, rest)) = line.split_once('{') else { continue };
-        let Some((labels, value)) = rest.rsplit_once("} ") else { continue };
-        if !name.ends_with("_bucket") {
-            continue;
-        }
-        let label = |key: &str| {
-            let start = labels.find(&format!("{key}=\""))? + key.len() + 2;
-            let mut value = String::new();
-            let mut chars = labels[start..].chars();
-            while let Some(c) = chars.next() {
-                match c {
-                    '"' => return Some(value),
-                    '\\' => value.push(match chars.next()? {
-                        'n' => '\n',
-                        other => other,
-                    }),
-                    c => value.push(c),
-                }
-            }
-            None
-        };
-        let (Some(route), Some(bound), Ok(count)) = (label("route"), label("le"), value.trim().parse::<u64>()) else {
-            continue;
-        };
-        let bound = if bound == "+Inf" { f64::INFINITY } else { bound.parse().unwrap_or(f64::INFINITY) };
-        match all.iter_mut().find(|(r, _)| *r == route) {
-            Some((_, buckets)) => buckets.push((bound, count)),
-            None => all.push((route, vec![(bound, count)])),
-        }
-    }
-    all
 }
 
 /// `text` with each family's series sorted by their labels: `prometheus-client` writes
@@ -565,10 +539,9 @@ mod tests {
         let counts = metrics.route_counts(0);
         assert_eq!(counts, RouteCounts { passed: 2, delayed: 0, refused: 1, server_errors: 2 });
         assert_eq!(metrics.limit_decisions(0), [0, 0, 0]);
-        let latencies = metrics.latencies();
-        assert_eq!(latencies.len(), 1);
-        let (route, buckets) = &latencies[0];
-        assert_eq!(route, "say \"hi\"");
+        let latencies = metrics.latencies(50);
+        assert_eq!(latencies.len(), 1, "one route");
+        let buckets = &latencies[0];
         assert_eq!(buckets.len(), 17, "16 bounds and +Inf");
         assert_eq!(buckets[3], (0.004, 1), "3 ms is within 4 ms");
         assert_eq!(buckets[2], (0.002, 0));

@@ -87,17 +87,15 @@ impl RouteHistory {
         }
     }
 
-    fn push(&mut self, counts: RouteCounts, seconds: usize, latency: Option<Vec<(f64, u64)>>) {
+    fn push(&mut self, counts: RouteCounts, seconds: usize, latency: Vec<(f64, u64)>) {
         self.passed.push(counts.passed, seconds);
         self.delayed.push(counts.delayed, seconds);
         self.refused.push(counts.refused, seconds);
         self.server_errors.push(counts.server_errors, seconds);
-        if let Some(buckets) = latency {
-            if self.latency.len() > MINUTE {
-                self.latency.pop_front();
-            }
-            self.latency.push_back(buckets);
+        if self.latency.len() > MINUTE {
+            self.latency.pop_front();
         }
+        self.latency.push_back(latency);
     }
 
     /// The `q` quantile (0 to 1) of the upstream latency over the last minute, in
@@ -211,12 +209,12 @@ impl History {
         self.at = Some(SystemTime::now());
         let (config, metrics) = (proxy.config(), proxy.metrics());
 
-        let mut latencies: HashMap<String, Vec<(f64, u64)>> = metrics.latencies().into_iter().collect();
+        let latencies = metrics.latencies(MAX_SHOWN);
         let mut routes = HashMap::new();
-        for (i, route) in config.routes.iter().enumerate().take(MAX_SHOWN) {
+        for ((i, route), latency) in config.routes.iter().enumerate().take(MAX_SHOWN).zip(latencies) {
             let counts = metrics.route_counts(i);
             let mut history = self.routes.remove(&route.name).unwrap_or_else(|| RouteHistory::starting_at(counts));
-            history.push(counts, seconds, latencies.remove(&route.name));
+            history.push(counts, seconds, latency);
             routes.insert(route.name.clone(), history);
         }
         self.routes = routes;
