@@ -202,3 +202,61 @@ async fn the_page_logs_no_error_and_fetches_nothing_from_another_origin() {
     assert_eq!(complaints(&browser).await, []);
     browser.close().await;
 }
+
+/// Not a check: makes `docs/dashboard.png`, README's picture of the page, from a minute
+/// and a half of scripted traffic (clients passing, one flooding, a ban, a dry-run
+/// limit, a slow route, a server that is down):
+/// `cargo test --release -- --ignored a_picture_of_the_dashboard_for_the_readme`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "makes docs/dashboard.png"]
+async fn a_picture_of_the_dashboard_for_the_readme() {
+    let browser = Chromium::start().await.expect("Chromium to take the picture with");
+    let backend = Backend::start().await;
+    let sg = Conf::new()
+        .set("admin: { listen: 127.0.0.1:0 }")
+        .set(&format!(
+            "upstreams:\n  app: {{ servers: [\"{}\"] }}\n  reports: {{ servers: [\"{}\", \"127.0.0.1:{}\"], health_check: {{ path: /, interval: 1s }} }}",
+            backend.addr,
+            backend.addr,
+            closed_port()
+        ))
+        .limit("per_client", "key: \"header:x-client\", rate: 20r/s, burst: 10, nodelay: true")
+        .limit("per_token", "key: bearer, algorithm: sliding_window, limit: 300, window: 1m, dry_run: true")
+        .limit("login", "key: \"header:x-user\", rate: 6r/m, burst: 2, nodelay: true, ban: 5m")
+        .route("name: login, match: { path: /login }, respond: { status: 200 }, limits: [login]")
+        .route("name: reports, match: { path_prefix: /reports }, upstream: reports")
+        .route("name: api, match: { path_prefix: /api }, upstream: app, limits: [per_client, per_token]")
+        .route("name: search, upstream: app, limits: [per_client]")
+        .start();
+    browser.client.goto(&format!("http://{}/", sg.admin_addr())).await.unwrap();
+    // Traffic paced at ten rounds a second.
+    let mut pace = tokio::time::interval(std::time::Duration::from_millis(100));
+    for tick in 0..900u64 {
+        pace.tick().await;
+        let second = tick / 10;
+        let mut calls = vec![("/api/orders", "alice", "Bearer tok-alice"), ("/api/items", "bob", "Bearer tok-bob")];
+        if tick % 3 == 0 {
+            calls.push(("/sleep/12", "carol", "Bearer tok-carol"));
+        }
+        if second >= 40 {
+            calls.extend([("/api/orders", "mallory", "Bearer tok-mallory"); 4]);
+        }
+        if tick % 7 == 0 {
+            calls.push(("/reports/daily", "bob", "Bearer tok-bob"));
+        }
+        if (20..40).contains(&second) && tick % 5 == 0 {
+            calls.push(("/login", "eve", ""));
+        }
+        for (path, client, token) in calls {
+            let user = if path == "/login" { client } else { "" };
+            get(sg.addr, path, &[("x-client", client), ("x-user", user), ("authorization", token)]).await;
+        }
+    }
+    let height = browser.run("return document.documentElement.scrollHeight").await.as_u64().unwrap();
+    // The window's frame takes some of its height: room enough for the whole page.
+    browser.client.set_window_size(1300, u32::try_from(height).unwrap() + 160).await.unwrap();
+    browser.until("a fresh answer", WITHIN, "return document.querySelector('#status').textContent === 'live'").await;
+    let png = browser.client.screenshot().await.unwrap();
+    std::fs::write(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/dashboard.png"), png).unwrap();
+    browser.close().await;
+}

@@ -238,7 +238,7 @@
     const failed = i.last_failed_reload;
     $('#configuration dl').replaceChildren(...pairs([
       ['file', i.file || 'none (not started from a file)'],
-      ['listening on', i.listen.join(', ')],
+      ['listen', i.listen.join(', ')],
       ['version', i.version],
       ['up', duration(i.uptime_s * 1000)],
       ['log_keys', i.log_keys],
