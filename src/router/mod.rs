@@ -5,7 +5,9 @@
 //! - Hosts: exact names in a hash map, `*.example.com` by suffix (one lookup per label
 //!   of the request's host), and the routes that name no host.
 //! - Paths, per host: prefixes and exact paths in a radix tree (`paths`), routes for any
-//!   path in a list, and `path_regex` patterns in one `RegexSet`, matched in one pass.
+//!   path in a list. A `path_regex` anchored with a literal start (`^/t/(?<t>…)`) hangs in
+//!   the tree at that start and is tried only by the paths that have it; the others are
+//!   matched together in one `RegexSet`, in one pass.
 //! - Methods: a bit mask per route.
 //!
 //! Each source yields its routes in ascending order; the request takes the least that
@@ -51,6 +53,8 @@ pub struct Router {
     any_host: Table,
     /// Per route.
     methods: Box<[Methods]>,
+    /// The `path_regex` patterns hung in the trees.
+    patterns: Vec<PathRegex>,
 }
 
 /// The routes of one host (or of none), by path.
@@ -134,9 +138,22 @@ impl Router {
             table.first = table.first.min(route);
             match &m.path {
                 PathMatch::Any => table.any.push(route),
-                PathMatch::Prefix(p) => table.paths.insert(p.as_bytes(), route, false),
-                PathMatch::Exact(p) => table.paths.insert(p.as_bytes(), route, true),
-                PathMatch::Regex(r) => regexes.entry(host).or_default().push(r, route),
+                PathMatch::Prefix(p) => table.paths.node(p.as_bytes()).prefix.push(route),
+                PathMatch::Exact(p) => table.paths.node(p.as_bytes()).exact.push(route),
+                PathMatch::Regex(r) => match r.anchored_starts() {
+                    Some(starts) => {
+                        let pattern = u32::try_from(router.patterns.len()).unwrap_or(u32::MAX);
+                        let table = router.table_mut(host.as_ref());
+                        for start in starts {
+                            let regex = &mut table.paths.node(start).regex;
+                            if regex.last() != Some(&(route, pattern)) {
+                                regex.push((route, pattern));
+                            }
+                        }
+                        router.patterns.push(r.clone());
+                    }
+                    None => regexes.entry(host).or_default().push(r, route),
+                },
             }
         }
         for (host, builder) in regexes {
@@ -204,11 +221,28 @@ impl Router {
         let mut found = Vec::new();
         for table in tables {
             found.extend(&table.any);
+            let same = |&(route, pattern): &(u32, u32), r: &PathRegex| {
+                (self.patterns[pattern as usize].pattern() == r.pattern()).then_some(route)
+            };
             match &m.path {
                 PathMatch::Any => {}
-                PathMatch::Prefix(p) => table.paths.walk(p.as_bytes(), true, |r| found.extend(r)),
-                PathMatch::Exact(p) => table.paths.walk(p.as_bytes(), false, |r| found.extend(r)),
-                PathMatch::Regex(r) => found.extend(table.regexes.iter().flat_map(|set| set.same(r))),
+                PathMatch::Prefix(p) => table.paths.walk(p.as_bytes(), |node, _| found.extend(&node.prefix)),
+                PathMatch::Exact(p) => table.paths.walk(p.as_bytes(), |node, whole| {
+                    found.extend(&node.prefix);
+                    if whole {
+                        found.extend(&node.exact);
+                    }
+                }),
+                PathMatch::Regex(r) => {
+                    found.extend(table.regexes.iter().flat_map(|set| set.same(r)));
+                    for start in r.anchored_starts().into_iter().flatten() {
+                        table.paths.walk(start, |node, whole| {
+                            if whole {
+                                found.extend(node.regex.iter().filter_map(|entry| same(entry, r)));
+                            }
+                        });
+                    }
+                }
             }
         }
         found.into_iter().map(|r| r as usize).collect()
@@ -236,7 +270,19 @@ impl Want<'_> {
             return;
         }
         self.least(&table.any, best);
-        table.paths.walk(self.path, false, |routes| self.least(routes, best));
+        table.paths.walk(self.path, |node, whole| {
+            self.least(&node.prefix, best);
+            if whole {
+                self.least(&node.exact, best);
+            }
+            let patterns = &self.router.patterns;
+            let mut regex = node.regex.iter().take_while(|&&(route, _)| route < *best);
+            if let Some(&(route, _)) =
+                regex.find(|&&(route, p)| self.takes(route) && patterns[p as usize].is_match(self.path))
+            {
+                *best = route;
+            }
+        });
         if let Some(set) = &table.regexes
             && set.first() < *best
         {

@@ -18,6 +18,9 @@ pub const MAX_SET_BYTES: usize = 64 << 20;
 #[derive(Debug, Clone)]
 pub struct PathRegex {
     regex: Regex,
+    /// The literal starts of every match, when the pattern is anchored at the start
+    /// (`^/t/` gives `/t/`); `None`: it may match anywhere, or starts too many ways.
+    starts: Option<Box<[Box<[u8]>]>>,
     /// The named groups: their index in the pattern and their name.
     names: Box<[(usize, Arc<str>)]>,
 }
@@ -33,7 +36,12 @@ impl PathRegex {
             other => one_line(&other.to_string()),
         })?;
         let names = regex.capture_names().enumerate().filter_map(|(i, name)| Some((i, Arc::from(name?)))).collect();
-        Ok(PathRegex { regex, names })
+        Ok(PathRegex { starts: anchored_starts(pattern), regex, names })
+    }
+
+    /// The literal starts of every match of an anchored pattern (see `anchored_starts`).
+    pub fn anchored_starts(&self) -> Option<impl Iterator<Item = &[u8]>> {
+        Some(self.starts.as_ref()?.iter().map(|s| &**s))
     }
 
     pub fn pattern(&self) -> &str {
@@ -50,7 +58,6 @@ impl PathRegex {
         self.names.iter().map(|(_, n)| &**n)
     }
 
-    #[cfg(test)]
     pub fn is_match(&self, path: &[u8]) -> bool {
         self.regex.is_match(path)
     }
@@ -67,6 +74,24 @@ impl PathRegex {
         });
         Captures(spans.collect())
     }
+}
+
+/// Most starts an anchored pattern may have to be indexed by them (`(?i)^/api` has 8).
+const MAX_STARTS: usize = 16;
+
+/// The literal starts every match of `pattern` has, if it can match only at the start
+/// of the path (`^/t/(?<t>[^/]+)` gives `/t/`, `^/(a|b)/` gives `/a/` and `/b/`), and
+/// they are few: the routing tree then offers the route only to paths that start so.
+fn anchored_starts(pattern: &str) -> Option<Box<[Box<[u8]>]>> {
+    use regex_syntax::hir::Look;
+    use regex_syntax::hir::literal::{ExtractKind, Extractor};
+    let hir = regex_syntax::Parser::new().parse(pattern).ok()?;
+    if !hir.properties().look_set_prefix().contains(Look::Start) {
+        return None;
+    }
+    let starts = Extractor::new().kind(ExtractKind::Prefix).extract(&hir);
+    let literals = starts.literals().filter(|l| !l.is_empty() && l.len() <= MAX_STARTS)?;
+    Some(literals.iter().map(|l| l.as_bytes().into()).collect())
 }
 
 /// The `regex` crate's syntax error on one line: what is wrong and where, from its
@@ -179,6 +204,20 @@ mod tests {
         );
         let huge = PathRegex::new(r"\w{1000}\w{1000}\w{1000}").unwrap_err();
         assert!(huge.contains("compiles to more than 1024 KiB"), "{huge}");
+    }
+
+    #[test]
+    fn anchored_patterns_give_the_literal_starts_of_their_matches() {
+        let starts = |p: &str| {
+            let regex = PathRegex::new(p).unwrap();
+            regex.anchored_starts().map(|s| s.map(|l| String::from_utf8_lossy(l).into_owned()).collect::<Vec<_>>())
+        };
+        assert_eq!(starts(r"^/t/(?<t>[^/]+)/x$"), Some(vec!["/t/".to_owned()]));
+        assert_eq!(starts(r"^/(a|b)/"), Some(vec!["/a/".to_owned(), "/b/".to_owned()]));
+        assert_eq!(starts(r"^/s1\.json"), Some(vec!["/s1.json".to_owned()]));
+        assert_eq!(starts(r"/t/"), None, "not anchored");
+        assert_eq!(starts(r"^/a|/b"), None, "one branch not anchored");
+        assert_eq!(starts(r"(?i)^/api/").map(|s| s.len()), Some(8), "each way to write it");
     }
 
     #[test]
