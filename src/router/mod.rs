@@ -50,6 +50,9 @@ pub struct Router {
     exact_hosts: HashMap<Box<str>, Table>,
     /// By the suffix after `*.`.
     wildcard_hosts: HashMap<Box<str>, Table>,
+    /// The longest of those suffixes: a request's host is looked up by no longer one, so
+    /// that a `Host` of a thousand labels costs no more than the configuration's own.
+    longest_wildcard: usize,
     any_host: Table,
     /// Per route.
     methods: Box<[Methods]>,
@@ -171,7 +174,10 @@ impl Router {
         match host {
             None => &mut self.any_host,
             Some((false, name)) => self.exact_hosts.entry(name.clone()).or_default(),
-            Some((true, suffix)) => self.wildcard_hosts.entry(suffix.clone()).or_default(),
+            Some((true, suffix)) => {
+                self.longest_wildcard = self.longest_wildcard.max(suffix.len());
+                self.wildcard_hosts.entry(suffix.clone()).or_default()
+            }
         }
     }
 
@@ -192,7 +198,7 @@ impl Router {
                 want.best_in(table, &mut best);
             }
             if !self.wildcard_hosts.is_empty() {
-                for suffix in strict_suffixes(host) {
+                for suffix in self.wildcard_suffixes(host) {
                     if let Some(table) = self.wildcard_hosts.get(suffix) {
                         want.best_in(table, &mut best);
                     }
@@ -211,11 +217,11 @@ impl Router {
             None => {}
             Some((None, host)) => {
                 tables.extend(self.exact_hosts.get(host));
-                tables.extend(strict_suffixes(host).filter_map(|s| self.wildcard_hosts.get(s)));
+                tables.extend(self.wildcard_suffixes(host).filter_map(|s| self.wildcard_hosts.get(s)));
             }
             Some((Some(base), _)) => {
                 tables.extend(self.wildcard_hosts.get(base));
-                tables.extend(strict_suffixes(base).filter_map(|s| self.wildcard_hosts.get(s)));
+                tables.extend(self.wildcard_suffixes(base).filter_map(|s| self.wildcard_hosts.get(s)));
             }
         }
         let mut found = Vec::new();
@@ -249,10 +255,14 @@ impl Router {
     }
 }
 
-/// The suffixes of `host` after each of its dots but a leading one: those a wildcard
-/// `*.SUFFIX` covers it by (`a.b.c` gives `b.c`, then `c`).
-fn strict_suffixes(host: &str) -> impl Iterator<Item = &str> {
-    host.bytes().enumerate().filter(|&(i, b)| b == b'.' && i > 0).map(move |(i, _)| &host[i + 1..])
+impl Router {
+    /// The suffixes of `host` after each of its dots but a leading one, shortest first and
+    /// no longer than a configured wildcard's: those a wildcard `*.SUFFIX` could cover it
+    /// by (`a.b.c` gives `c`, then `b.c`).
+    fn wildcard_suffixes<'h>(&self, host: &'h str) -> impl Iterator<Item = &'h str> {
+        let dots = host.bytes().enumerate().rev().filter(|&(i, b)| b == b'.' && i > 0);
+        dots.map(move |(i, _)| &host[i + 1..]).take_while(|suffix| suffix.len() <= self.longest_wildcard)
+    }
 }
 
 /// One request's method and path, looked up table by table.
