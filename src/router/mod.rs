@@ -186,7 +186,7 @@ impl Router {
     pub fn find(&self, method: &Method, path: &[u8], host: Option<&str>) -> Option<usize> {
         let want = Want { router: self, bit: bit(method), method, path };
         let mut best = u32::MAX;
-        if let Some(host) = host {
+        if let Some(host) = host.filter(|_| !self.exact_hosts.is_empty() || !self.wildcard_hosts.is_empty()) {
             let lower;
             let host = if host.bytes().any(|b| b.is_ascii_uppercase()) {
                 lower = host.to_ascii_lowercase();
