@@ -71,7 +71,7 @@ impl PathRegex {
             let span = found.get(*i)?;
             Some((Arc::clone(name), span.start(), span.end()))
         });
-        Captures(Some(spans.collect()))
+        Captures(Some(Box::new(Found { spans: spans.collect(), text: None })))
     }
 }
 
@@ -107,13 +107,32 @@ fn one_line(message: &str) -> String {
 /// The named groups a route's `path_regex` captured: spans of the normalized path. Every
 /// request's key source holds one, mostly empty: a pointer's size then, no allocation.
 #[derive(Debug, Default, Clone)]
-pub struct Captures(Option<Box<[(Arc<str>, usize, usize)]>>);
+pub struct Captures(Option<Box<Found>>);
+
+#[derive(Debug, Clone)]
+struct Found {
+    /// Name, start, end.
+    spans: Box<[(Arc<str>, usize, usize)]>,
+    /// The text the spans are of, when it is not the path (`given`).
+    text: Option<Box<[u8]>>,
+}
 
 impl Captures {
+    /// Captures given by name rather than found in a path: the admin API's key lookup.
+    pub fn given<'v>(values: impl IntoIterator<Item = (&'v str, &'v [u8])>) -> Captures {
+        let (mut spans, mut text) = (Vec::new(), Vec::new());
+        for (name, value) in values {
+            spans.push((Arc::from(name), text.len(), text.len() + value.len()));
+            text.extend_from_slice(value);
+        }
+        Captures(Some(Box::new(Found { spans: spans.into(), text: Some(text.into()) })))
+    }
+
     /// What the group `name` captured of `path` (the path the pattern ran on).
-    pub fn get<'p>(&self, name: &str, path: &'p [u8]) -> Option<&'p [u8]> {
-        let (_, start, end) = self.0.as_deref()?.iter().find(|(n, ..)| &**n == name)?;
-        path.get(*start..*end)
+    pub fn get<'p>(&'p self, name: &str, path: &'p [u8]) -> Option<&'p [u8]> {
+        let found = self.0.as_deref()?;
+        let (_, start, end) = found.spans.iter().find(|(n, ..)| &**n == name)?;
+        found.text.as_deref().unwrap_or(path).get(*start..*end)
     }
 }
 
