@@ -18,9 +18,10 @@ fn host(i: usize) -> RouteMatch {
     RouteMatch { host: Some(format!("h{i}.example.com")), ..RouteMatch::default() }
 }
 
-/// A tenant route as users write them: one pattern per service, a named group.
-fn regex(i: usize) -> RouteMatch {
-    let pattern = format!(r"^/s{i}/t/(?<tenant>[a-z0-9-]+)/orders/[0-9]+$");
+/// A tenant route as users write them: one pattern per service, a named group; anchored
+/// (`^`: indexed by its literal start) or not (matched in the host's `RegexSet`).
+fn regex(i: usize, anchor: &str) -> RouteMatch {
+    let pattern = format!(r"{anchor}/s{i}/t/(?<tenant>[a-z0-9-]+)/orders/[0-9]+$");
     RouteMatch { path: PathMatch::Regex(PathRegex::new(&pattern).expect("valid")), ..RouteMatch::default() }
 }
 
@@ -45,19 +46,21 @@ fn routing(c: &mut Criterion) {
             b.iter(|| by_host.find(&Method::GET, b"/items/7", Some(black_box(name))))
         });
     }
-    for n in [1, 1_000] {
-        let patterns = router((0..n).map(regex));
-        let last = format!("/s{}/t/acme-corp/orders/12345", n - 1);
-        group.bench_with_input(BenchmarkId::new("last_regex", n), &last, |b, path| {
-            b.iter(|| patterns.find(&Method::GET, black_box(path.as_bytes()), None))
-        });
-        group.bench_function(BenchmarkId::new("regex_no_match", n), |b| {
-            b.iter(|| patterns.find(&Method::GET, black_box(b"/static/app.js"), None))
-        });
-        // What the route found then reads of the path: its named groups.
-        if let (1, PathMatch::Regex(r)) = (n, &regex(0).path) {
-            group.bench_function("captures", |b| b.iter(|| r.captures(black_box(last.as_bytes()))));
+    for (kind, anchor) in [("regex", "^"), ("unanchored_regex", "")] {
+        for n in [1, 1_000] {
+            let patterns = router((0..n).map(|i| regex(i, anchor)));
+            let last = format!("/s{}/t/acme-corp/orders/12345", n - 1);
+            group.bench_with_input(BenchmarkId::new(format!("last_{kind}"), n), &last, |b, path| {
+                b.iter(|| patterns.find(&Method::GET, black_box(path.as_bytes()), None))
+            });
+            group.bench_function(BenchmarkId::new(format!("{kind}_no_match"), n), |b| {
+                b.iter(|| patterns.find(&Method::GET, black_box(b"/static/app.js"), None))
+            });
         }
+    }
+    // What the route found then reads of the path: its named groups.
+    if let PathMatch::Regex(r) = &regex(0, "^").path {
+        group.bench_function("captures", |b| b.iter(|| r.captures(black_box(b"/s0/t/acme-corp/orders/12345"))));
     }
     group.finish();
 }

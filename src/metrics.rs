@@ -6,7 +6,7 @@
 //! `/metrics` is scraped. Labels are route and limit names and fixed words, never key
 //! values or client addresses, so the number of series is bounded by the configuration.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use prometheus_client::collector::Collector;
@@ -109,7 +109,15 @@ const DECISIONS: [&str; 3] = ["passed", "delayed", "rejected"];
 const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 const UPSTREAM_ERRORS: [&str; 4] = ["connect", "timeout", "failed", "client_body"];
 
+/// A route's series, made on its first request: a configuration of 100,000 routes holds
+/// no 2,000,000 series of zeros (in memory and in every scrape) for routes never asked for.
 struct RouteMetrics {
+    name: String,
+    series: OnceLock<Box<RouteSeries>>,
+}
+
+#[derive(Clone)]
+struct RouteSeries {
     requests: [Counter; RequestOutcome::ALL.len()],
     responses: [Counter; STATUS_CLASSES.len()],
     errors: [Counter; UPSTREAM_ERRORS.len()],
@@ -218,20 +226,8 @@ impl Metrics {
 
     fn of(families: Arc<Families>, config: &Config) -> Metrics {
         let f = &*families;
-        let routes = config
-            .routes
-            .iter()
-            .map(|route| {
-                let with =
-                    |key: &'static str, value: &str| vec![("route", route.name.clone()), (key, value.to_owned())];
-                RouteMetrics {
-                    requests: RequestOutcome::ALL.map(|o| f.requests.get_or_create_owned(&with("outcome", o.as_str()))),
-                    responses: STATUS_CLASSES.map(|c| f.responses.get_or_create_owned(&with("class", c))),
-                    errors: UPSTREAM_ERRORS.map(|k| f.errors.get_or_create_owned(&with("kind", k))),
-                    latency: f.latency.get_or_create_owned(&vec![("route", route.name.clone())]),
-                }
-            })
-            .collect();
+        let routes =
+            config.routes.iter().map(|r| RouteMetrics { name: r.name.clone(), series: OnceLock::new() }).collect();
         let no_route = f.requests.get_or_create_owned(&vec![("route", String::new()), ("outcome", "no_route".into())]);
         let limits = config
             .limits
@@ -247,9 +243,26 @@ impl Metrics {
         Metrics { families, routes, no_route, limits, reloads }
     }
 
+    /// The series of route `route` (index into `Config::routes`), made on first use.
+    fn route(&self, route: usize) -> &RouteSeries {
+        let RouteMetrics { name, series } = &self.routes[route];
+        series.get_or_init(|| Box::new(self.families.route_series(name, true).expect("made when asked to make")))
+    }
+
+    /// The series of route `route` if a request made them: under this configuration, or
+    /// under an earlier one with a route of that name (found in the families). Never
+    /// makes them: what the dashboard reads must not add zero series to `/metrics`.
+    fn route_if_made(&self, route: usize) -> Option<std::borrow::Cow<'_, RouteSeries>> {
+        let RouteMetrics { name, series } = &self.routes[route];
+        match series.get() {
+            Some(made) => Some(std::borrow::Cow::Borrowed(made)),
+            None => self.families.route_series(name, false).map(std::borrow::Cow::Owned),
+        }
+    }
+
     /// Counts a request of route `route` (index into `Config::routes`).
     pub fn request(&self, route: usize, outcome: RequestOutcome) {
-        self.routes[route].requests[RequestOutcome::ALL.iter().position(|&o| o == outcome).unwrap_or(0)].inc();
+        self.route(route).requests[RequestOutcome::ALL.iter().position(|&o| o == outcome).unwrap_or(0)].inc();
     }
 
     pub fn no_route(&self) {
@@ -271,7 +284,7 @@ impl Metrics {
 
     /// Counts an exchange of route `route` with its upstream that took `elapsed`.
     pub fn upstream(&self, route: usize, result: UpstreamResult, elapsed: Duration) {
-        let m = &self.routes[route];
+        let m = self.route(route);
         match result {
             UpstreamResult::Status(status) => {
                 m.latency.observe(elapsed.as_secs_f64());
@@ -300,7 +313,7 @@ impl Metrics {
 
     /// Route `route`'s requests since start, for the dashboard.
     pub fn route_counts(&self, route: usize) -> RouteCounts {
-        let m = &self.routes[route];
+        let Some(m) = self.route_if_made(route) else { return RouteCounts::default() };
         let n = |o: RequestOutcome| m.requests[RequestOutcome::ALL.iter().position(|&a| a == o).unwrap_or(0)].get();
         let [connect, timeout, failed, _client_body] = &m.errors;
         RouteCounts {
@@ -322,8 +335,10 @@ impl Metrics {
     /// buckets: once a second, by the dashboard, never by a request.
     pub fn latencies(&self, routes: usize) -> Vec<Vec<(f64, u64)>> {
         let mut registry = Registry::default();
-        for (i, route) in self.routes.iter().take(routes).enumerate() {
-            registry.register(format!("r{i}"), "", route.latency.clone());
+        for i in 0..routes.min(self.routes.len()) {
+            if let Some(made) = self.route_if_made(i) {
+                registry.register(format!("r{i}"), "", made.latency.clone());
+            }
         }
         let mut text = String::new();
         // Writing to a String cannot fail.
@@ -350,6 +365,29 @@ impl Metrics {
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.families.registry);
         in_order(&out)
+    }
+}
+
+impl Families {
+    /// Route `name`'s series: those that exist, the others made (`make`) or left at zero
+    /// outside the families; `None` when none exists and none is made. A route's series
+    /// are made all at once: its latency histogram stands for them all.
+    fn route_series(&self, name: &str, make: bool) -> Option<RouteSeries> {
+        fn one<M: Clone>(family: &Family<Labels, M>, labels: &Labels, make: bool) -> Option<M>
+        where
+            fn() -> M: prometheus_client::metrics::family::MetricConstructor<M>,
+        {
+            if make { Some(family.get_or_create_owned(labels)) } else { family.get(labels).map(|m| m.clone()) }
+        }
+        let with = |key: &'static str, value: &str| vec![("route", name.to_owned()), (key, value.to_owned())];
+        let latency = one(&self.latency, &vec![("route", name.to_owned())], make)?;
+        let counter = |family: &Family<Labels, Counter>, labels: Labels| one(family, &labels, make).unwrap_or_default();
+        Some(RouteSeries {
+            requests: RequestOutcome::ALL.map(|o| counter(&self.requests, with("outcome", o.as_str()))),
+            responses: STATUS_CLASSES.map(|c| counter(&self.responses, with("class", c))),
+            errors: UPSTREAM_ERRORS.map(|k| counter(&self.errors, with("kind", k))),
+            latency,
+        })
     }
 }
 
@@ -546,5 +584,22 @@ mod tests {
         assert_eq!(buckets[3], (0.004, 1), "3 ms is within 4 ms");
         assert_eq!(buckets[2], (0.002, 0));
         assert_eq!(buckets[16], (f64::INFINITY, 1));
+    }
+
+    /// Reading a route's counts makes no series for it; a reload finds those an earlier
+    /// request made.
+    #[test]
+    fn the_dashboard_reads_a_routes_series_without_making_them() {
+        let yaml = "listen: 127.0.0.1:0\nroutes:\n  - name: asked\n    match: { path: /a }\n    respond: { status: 200 }\n  - name: never\n    respond: { status: 200 }\n";
+        let config = crate::config::parse(yaml, "t").unwrap();
+        let gate = Gate::new(&config, Clock::System);
+        let metrics = Metrics::new(&config, &gate);
+        metrics.request(0, RequestOutcome::Passed);
+        assert_eq!(metrics.route_counts(1), RouteCounts::default());
+        assert!(metrics.latencies(50)[1].is_empty());
+        assert!(!metrics.encode().contains("never"), "no series made by reading");
+        let reloaded = metrics.reloaded(&config, &gate);
+        assert_eq!(reloaded.route_counts(0).passed, 1, "the series made before the reload");
+        assert_eq!(reloaded.latencies(50)[0].len(), 17);
     }
 }

@@ -30,6 +30,7 @@ use crate::message::{Request, Response, Service};
 use crate::policy::Policy;
 use crate::policy::key::bearer_token;
 use crate::proxy::Proxy;
+use crate::router::Captures;
 use crate::running::Running;
 use crate::store::Reach;
 
@@ -227,7 +228,7 @@ fn key_state(proxy: &Proxy, name: &str, query: &str, reset: bool) -> Response {
         let Ok(request) = key_request(query) else {
             return text(
                 StatusCode::BAD_REQUEST,
-                "give the key's parts as query parameters: ip=, header:NAME=, bearer=, query:NAME=, cookie:NAME=, method=, path=, host=\n",
+                "give the key's parts as query parameters: ip=, header:NAME=, bearer=, query:NAME=, cookie:NAME=, method=, path=, host=, capture:NAME=\n",
             );
         };
         let (parts, _) = request.into_parts();
@@ -240,9 +241,15 @@ fn key_state(proxy: &Proxy, name: &str, query: &str, reset: bool) -> Response {
             authority: None,
             fields: Fields::from(&parts.headers),
         };
-        let Ok(src) = front::source(&head, client_ip, None) else {
+        let Ok(mut src) = front::source(&head, client_ip, None) else {
             return text(StatusCode::BAD_REQUEST, "invalid path\n");
         };
+        let captures: Vec<(String, String)> = form_urlencoded::parse(query.as_bytes())
+            .filter_map(|(part, value)| Some((part.strip_prefix("capture:")?.to_owned(), value.into_owned())))
+            .collect();
+        if !captures.is_empty() {
+            src.captures = Captures::given(captures.iter().map(|(n, v)| (n.as_str(), v.as_bytes())));
+        }
         let limiters = proxy.limiters();
         match (reset, limiters.inspect(index, &src)) {
             (_, None) => {

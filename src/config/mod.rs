@@ -491,17 +491,21 @@ pub fn parse(src: &str, file: &str) -> Result<Config, LoadError> {
     if messages::is_blank(src) {
         return Err(LoadError::Invalid(vec![ConfigError::new(file, (1, 1), "", messages::EMPTY)]));
     }
-    let mut path = String::new();
-    let raw = serde_saphyr::with_deserializer_from_str_with_options(src, yaml_options(), |de| {
-        serde_path_to_error::deserialize(de).map_err(|e| {
-            path = e.path().to_string();
-            e.into_inner()
-        })
+    // Unknown and missing fields are found beside serde, so that they are reported with
+    // every other error: the semantic ones, or the one error that stopped serde. Each
+    // walk parses the file; on another thread, they take the time of one.
+    let (raw, path, fields) = std::thread::scope(|scope| {
+        let fields = scope.spawn(|| fields::check(src, file));
+        let mut path = String::new();
+        let raw = serde_saphyr::with_deserializer_from_str_with_options(src, yaml_options(), |de| {
+            serde_path_to_error::deserialize(de).map_err(|e| {
+                path = e.path().to_string();
+                e.into_inner()
+            })
+        });
+        (raw, path, fields.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
     });
     let positions = position::Positions::new(src);
-    // Unknown and missing fields are found beside serde, so that they are reported with
-    // every other error: the semantic ones, or the one error that stopped serde.
-    let fields = fields::check(src, file);
     match raw {
         Ok(raw) => validate::compile(raw, &positions, fields, file).map_err(LoadError::Invalid),
         Err(e) => {

@@ -36,8 +36,12 @@ pub struct Server<'a> {
 pub enum Match {
     /// `location = /x`
     Exact,
-    /// `location /x` and `location ^~ /x` (the same once regular expressions are out).
+    /// `location ^~ /x`: the longest prefix, and then no regular expression is tried.
+    PrefixFirst,
+    /// `location /x`: the longest prefix, if no regular expression matches.
     Prefix,
+    /// `location ~ RE` (`caseless`: `~*`)
+    Regex { caseless: bool },
 }
 
 pub struct Location<'a> {
@@ -129,11 +133,11 @@ fn server<'a>(d: &'a Directive, http: &Scope<'a>, notes: &mut Notes) -> Server<'
 fn locations<'a>(d: &'a Directive, outer: &Scope<'a>, server: &mut Server<'a>, notes: &mut Notes) {
     let (kind, path) = match &d.args[..] {
         [m, path] if m == "=" => (Match::Exact, path),
-        [m, path] if m == "^~" => (Match::Prefix, path),
+        [m, path] if m == "^~" => (Match::PrefixFirst, path),
+        [m, pattern] if m == "~" || m == "~*" => (Match::Regex { caseless: m == "~*" }, pattern),
         [path] if path.starts_with('/') => (Match::Prefix, path),
         args => {
             let why = match args.first().map(String::as_str) {
-                Some("~" | "~*") => "regular-expression locations are not converted",
                 Some(name) if name.starts_with('@') => "named locations are not converted",
                 _ => "expected `location [=|^~] /path`",
             };

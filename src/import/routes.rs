@@ -1,6 +1,7 @@
 //! Locations -> routes, in nginx's order of matching: per host, exact locations first,
-//! then prefixes longest first; the hosts of every server before the catch-all routes of
-//! the default server. Each route carries what nginx applied at its location: limits
+//! then `^~` prefixes longest first, then regular expressions in file order, then the
+//! other prefixes longest first; the hosts of every server before the catch-all routes
+//! of the default server. Each route carries what nginx applied at its location: limits
 //! (a `return` answers before them), the upstream with its URI part, header fields.
 
 use super::http::{Http, Location, Match, Server};
@@ -150,11 +151,17 @@ fn templates(cx: &mut Context<'_, '_>, server: &Server<'_>, notes: &mut Notes) -
             }
         };
     }
-    let mut locations: Vec<&Location<'_>> = server.locations.iter().collect();
-    locations.sort_by_key(|l| (l.kind != Match::Exact, std::cmp::Reverse(l.path.len())));
     let mut out = Vec::new();
-    for (n, location) in locations.into_iter().enumerate() {
+    for (n, (location, skips)) in in_matching_order(&server.locations).into_iter().enumerate() {
         let mut made = location_templates(cx, server, location, notes);
+        if let Some(under) = skips {
+            for template in &mut made {
+                template.comments.push(format!(
+                    "under `location ^~ {under}`, which comes before the regular expressions: nginx tries them first \
+                     for these paths, sluicegate does not"
+                ));
+            }
+        }
         if n == 0
             && let Some(first) = made.first_mut()
         {
@@ -163,6 +170,35 @@ fn templates(cx: &mut Context<'_, '_>, server: &Server<'_>, notes: &mut Notes) -
         out.extend(made);
     }
     out
+}
+
+/// The locations of a server in the order whose first match is nginx's choice: exact
+/// ones; then the prefixes, longest first, of those that win without the regular
+/// expressions being tried (`^~`); the regular expressions in file order; the other
+/// prefixes, longest first. A plain prefix that extends a `^~` one must come before it,
+/// and so before the regular expressions, which nginx would try for its paths: it comes
+/// with the `^~` prefix it lies under.
+fn in_matching_order<'l, 'a>(locations: &'l [Location<'a>]) -> Vec<(&'l Location<'a>, Option<&'a str>)> {
+    let first_prefixes: Vec<&str> = locations.iter().filter(|l| l.kind == Match::PrefixFirst).map(|l| l.path).collect();
+    let any_regex = locations.iter().any(|l| matches!(l.kind, Match::Regex { .. }));
+    let tier = |l: &Location<'a>| -> (u8, Option<&'a str>) {
+        match l.kind {
+            Match::Exact => (0, None),
+            Match::PrefixFirst => (1, None),
+            Match::Regex { .. } => (2, None),
+            Match::Prefix => match first_prefixes.iter().find(|p| l.path.len() > p.len() && l.path.starts_with(**p)) {
+                Some(under) => (1, any_regex.then_some(*under)),
+                None => (3, None),
+            },
+        }
+    };
+    let mut ordered: Vec<_> = locations.iter().map(|l| (tier(l), l)).collect();
+    // Stable: regular expressions keep their file order.
+    ordered.sort_by_key(|((tier, _), l)| {
+        let length = if matches!(l.kind, Match::Regex { .. }) { 0 } else { l.path.len() };
+        (*tier, std::cmp::Reverse(length))
+    });
+    ordered.into_iter().map(|((_, under), l)| (l, under)).collect()
 }
 
 /// The route(s) of one location: one, or one per set of methods its limits tell apart.
@@ -180,11 +216,19 @@ fn location_templates(
             .into_iter()
             .map(|line| format!("left out: {line}")),
     );
-    let (path_field, name) = match l.kind {
-        Match::Exact => ("path", format!("={}", l.path)),
-        Match::Prefix => ("path_prefix", l.path.to_owned()),
+    let (path_field, name, path) = match l.kind {
+        Match::Exact => ("path", format!("={}", l.path), l.path.to_owned()),
+        Match::Prefix | Match::PrefixFirst => ("path_prefix", l.path.to_owned(), l.path.to_owned()),
+        Match::Regex { caseless } => {
+            let pattern = if caseless { format!("(?i){}", l.path) } else { l.path.to_owned() };
+            if let Err(why) = crate::router::PathRegex::new(&pattern) {
+                notes.left_out(d, format!("{why}; sluicegate's regular expressions match in linear time, without it"));
+                return Vec::new();
+            }
+            ("path_regex", format!("~{} {}", if caseless { "*" } else { "" }, l.path), pattern)
+        }
     };
-    let matcher = vec![(path_field.to_owned(), Item::text(l.path))];
+    let matcher = vec![(path_field.to_owned(), Item::text(&path))];
     let template = |comments: Vec<String>, fields: Vec<(String, Item)>| Template {
         comments,
         name: name.clone(),
@@ -223,6 +267,10 @@ fn location_templates(
     };
     let mut fields = vec![("upstream".to_owned(), Item::text(target.upstream.clone()))];
     if let Some(uri) = &target.uri {
+        if let Match::Regex { .. } = l.kind {
+            notes.left_out(proxy_pass, "a URI part in a regular-expression location, which nginx itself refuses");
+            return Vec::new();
+        }
         fields.extend(path_rewrite(l, uri));
     }
     let (request, mut header_notes) = request_headers(&l.scope, &target.proxy_host, notes);
@@ -268,13 +316,14 @@ fn location_templates(
 
 /// The URI part of `proxy_pass` as `strip_prefix` or `rewrite`.
 fn path_rewrite(l: &Location<'_>, uri: &str) -> Vec<(String, Item)> {
-    if l.kind == Match::Prefix && uri == "/" && l.path.ends_with('/') {
+    let prefix = matches!(l.kind, Match::Prefix | Match::PrefixFirst);
+    if prefix && uri == "/" && l.path.ends_with('/') {
         return vec![("strip_prefix".into(), Item::bool(true))];
     }
     let mut rewrite = MapBuilder::default();
     rewrite.set("prefix", Item::text(l.path)).set("to", Item::text(uri));
     let mut item = rewrite.build();
-    if uri.ends_with('/') && !l.path.ends_with('/') && l.kind == Match::Prefix {
+    if uri.ends_with('/') && !l.path.ends_with('/') && prefix {
         item = item.commented([format!("nginx sent {uri}/x for {}/x (two slashes); sluicegate sends {uri}x", l.path)]);
     }
     vec![("rewrite".into(), item)]

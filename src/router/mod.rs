@@ -5,7 +5,9 @@
 //! - Hosts: exact names in a hash map, `*.example.com` by suffix (one lookup per label
 //!   of the request's host), and the routes that name no host.
 //! - Paths, per host: prefixes and exact paths in a radix tree (`paths`), routes for any
-//!   path in a list, and `path_regex` patterns in one `RegexSet`, matched in one pass.
+//!   path in a list. A `path_regex` anchored with a literal start (`^/t/(?<t>…)`) hangs in
+//!   the tree at that start and is tried only by the paths that have it; the others are
+//!   matched together in one `RegexSet`, in one pass.
 //! - Methods: a bit mask per route.
 //!
 //! Each source yields its routes in ascending order; the request takes the least that
@@ -48,9 +50,14 @@ pub struct Router {
     exact_hosts: HashMap<Box<str>, Table>,
     /// By the suffix after `*.`.
     wildcard_hosts: HashMap<Box<str>, Table>,
+    /// The longest of those suffixes: a request's host is looked up by no longer one, so
+    /// that a `Host` of a thousand labels costs no more than the configuration's own.
+    longest_wildcard: usize,
     any_host: Table,
     /// Per route.
     methods: Box<[Methods]>,
+    /// The `path_regex` patterns hung in the trees.
+    patterns: Vec<PathRegex>,
 }
 
 /// The routes of one host (or of none), by path.
@@ -134,9 +141,22 @@ impl Router {
             table.first = table.first.min(route);
             match &m.path {
                 PathMatch::Any => table.any.push(route),
-                PathMatch::Prefix(p) => table.paths.insert(p.as_bytes(), route, false),
-                PathMatch::Exact(p) => table.paths.insert(p.as_bytes(), route, true),
-                PathMatch::Regex(r) => regexes.entry(host).or_default().push(r, route),
+                PathMatch::Prefix(p) => table.paths.node(p.as_bytes()).prefix.push(route),
+                PathMatch::Exact(p) => table.paths.node(p.as_bytes()).exact.push(route),
+                PathMatch::Regex(r) => match r.anchored_starts() {
+                    Some(starts) => {
+                        let pattern = u32::try_from(router.patterns.len()).unwrap_or(u32::MAX);
+                        let table = router.table_mut(host.as_ref());
+                        for start in starts {
+                            let regex = &mut table.paths.node(start).regex;
+                            if regex.last() != Some(&(route, pattern)) {
+                                regex.push((route, pattern));
+                            }
+                        }
+                        router.patterns.push(r.clone());
+                    }
+                    None => regexes.entry(host).or_default().push(r, route),
+                },
             }
         }
         for (host, builder) in regexes {
@@ -154,7 +174,10 @@ impl Router {
         match host {
             None => &mut self.any_host,
             Some((false, name)) => self.exact_hosts.entry(name.clone()).or_default(),
-            Some((true, suffix)) => self.wildcard_hosts.entry(suffix.clone()).or_default(),
+            Some((true, suffix)) => {
+                self.longest_wildcard = self.longest_wildcard.max(suffix.len());
+                self.wildcard_hosts.entry(suffix.clone()).or_default()
+            }
         }
     }
 
@@ -163,7 +186,7 @@ impl Router {
     pub fn find(&self, method: &Method, path: &[u8], host: Option<&str>) -> Option<usize> {
         let want = Want { router: self, bit: bit(method), method, path };
         let mut best = u32::MAX;
-        if let Some(host) = host {
+        if let Some(host) = host.filter(|_| !self.exact_hosts.is_empty() || !self.wildcard_hosts.is_empty()) {
             let lower;
             let host = if host.bytes().any(|b| b.is_ascii_uppercase()) {
                 lower = host.to_ascii_lowercase();
@@ -175,7 +198,7 @@ impl Router {
                 want.best_in(table, &mut best);
             }
             if !self.wildcard_hosts.is_empty() {
-                for suffix in strict_suffixes(host) {
+                for suffix in self.wildcard_suffixes(host) {
                     if let Some(table) = self.wildcard_hosts.get(suffix) {
                         want.best_in(table, &mut best);
                     }
@@ -194,31 +217,52 @@ impl Router {
             None => {}
             Some((None, host)) => {
                 tables.extend(self.exact_hosts.get(host));
-                tables.extend(strict_suffixes(host).filter_map(|s| self.wildcard_hosts.get(s)));
+                tables.extend(self.wildcard_suffixes(host).filter_map(|s| self.wildcard_hosts.get(s)));
             }
             Some((Some(base), _)) => {
                 tables.extend(self.wildcard_hosts.get(base));
-                tables.extend(strict_suffixes(base).filter_map(|s| self.wildcard_hosts.get(s)));
+                tables.extend(self.wildcard_suffixes(base).filter_map(|s| self.wildcard_hosts.get(s)));
             }
         }
         let mut found = Vec::new();
         for table in tables {
             found.extend(&table.any);
+            let same = |&(route, pattern): &(u32, u32), r: &PathRegex| {
+                (self.patterns[pattern as usize].pattern() == r.pattern()).then_some(route)
+            };
             match &m.path {
                 PathMatch::Any => {}
-                PathMatch::Prefix(p) => table.paths.walk(p.as_bytes(), true, |r| found.extend(r)),
-                PathMatch::Exact(p) => table.paths.walk(p.as_bytes(), false, |r| found.extend(r)),
-                PathMatch::Regex(r) => found.extend(table.regexes.iter().flat_map(|set| set.same(r))),
+                PathMatch::Prefix(p) => table.paths.walk(p.as_bytes(), |node, _| found.extend(&node.prefix)),
+                PathMatch::Exact(p) => table.paths.walk(p.as_bytes(), |node, whole| {
+                    found.extend(&node.prefix);
+                    if whole {
+                        found.extend(&node.exact);
+                    }
+                }),
+                PathMatch::Regex(r) => {
+                    found.extend(table.regexes.iter().flat_map(|set| set.same(r)));
+                    for start in r.anchored_starts().into_iter().flatten() {
+                        table.paths.walk(start, |node, whole| {
+                            if whole {
+                                found.extend(node.regex.iter().filter_map(|entry| same(entry, r)));
+                            }
+                        });
+                    }
+                }
             }
         }
         found.into_iter().map(|r| r as usize).collect()
     }
 }
 
-/// The suffixes of `host` after each of its dots but a leading one: those a wildcard
-/// `*.SUFFIX` covers it by (`a.b.c` gives `b.c`, then `c`).
-fn strict_suffixes(host: &str) -> impl Iterator<Item = &str> {
-    host.bytes().enumerate().filter(|&(i, b)| b == b'.' && i > 0).map(move |(i, _)| &host[i + 1..])
+impl Router {
+    /// The suffixes of `host` after each of its dots but a leading one, shortest first and
+    /// no longer than a configured wildcard's: those a wildcard `*.SUFFIX` could cover it
+    /// by (`a.b.c` gives `c`, then `b.c`).
+    fn wildcard_suffixes<'h>(&self, host: &'h str) -> impl Iterator<Item = &'h str> {
+        let dots = host.bytes().enumerate().rev().filter(|&(i, b)| b == b'.' && i > 0);
+        dots.map(move |(i, _)| &host[i + 1..]).take_while(|suffix| suffix.len() <= self.longest_wildcard)
+    }
 }
 
 /// One request's method and path, looked up table by table.
@@ -236,7 +280,19 @@ impl Want<'_> {
             return;
         }
         self.least(&table.any, best);
-        table.paths.walk(self.path, false, |routes| self.least(routes, best));
+        table.paths.walk(self.path, |node, whole| {
+            self.least(&node.prefix, best);
+            if whole {
+                self.least(&node.exact, best);
+            }
+            let patterns = &self.router.patterns;
+            let mut regex = node.regex.iter().take_while(|&&(route, _)| route < *best);
+            if let Some(&(route, _)) =
+                regex.find(|&&(route, p)| self.takes(route) && patterns[p as usize].is_match(self.path))
+            {
+                *best = route;
+            }
+        });
         if let Some(set) = &table.regexes
             && set.first() < *best
         {

@@ -1,6 +1,7 @@
 //! The path prefixes and exact paths of one host's routes, in a radix tree of bytes: one
-//! walk down a request's path meets every route whose prefix it starts with and the
-//! routes of exactly that path, however many routes there are.
+//! walk down a request's path meets every route whose prefix it starts with, the routes
+//! of exactly that path, and the `path_regex` routes whose every match starts with one of
+//! its prefixes, however many routes there are.
 //!
 //! Written here rather than taken from a crate: the tries on crates.io answer "the
 //! longest prefix" or allocate the keys they return, while routing needs every prefix
@@ -16,21 +17,24 @@ pub struct Paths {
 }
 
 #[derive(Debug, Default)]
-struct Node {
+pub struct Node {
     /// The bytes from the parent to this node (empty for the root only).
     label: Box<[u8]>,
     /// The children, by the first byte of their label, ascending.
     children: Vec<(u8, u32)>,
     /// Routes whose prefix ends here.
-    prefix: Routes,
+    pub prefix: Routes,
     /// Routes whose exact path ends here.
-    exact: Routes,
+    pub exact: Routes,
+    /// `path_regex` routes anchored with this literal start: route, and its pattern's
+    /// index in `Router::patterns`.
+    pub regex: Vec<(u32, u32)>,
 }
 
 impl Paths {
-    /// Adds `route` for the paths starting with `key` (`exact`: the path `key` only).
-    /// Routes are added in ascending order.
-    pub fn insert(&mut self, key: &[u8], route: u32, exact: bool) {
+    /// The node of `key`, made if need be: routes are added to its lists in ascending
+    /// order.
+    pub fn node(&mut self, key: &[u8]) -> &mut Node {
         if self.nodes.is_empty() {
             self.nodes.push(Node::default());
         }
@@ -64,8 +68,7 @@ impl Paths {
             }
             rest = &rest[common..];
         }
-        let node = &mut self.nodes[node];
-        if exact { &mut node.exact } else { &mut node.prefix }.push(route);
+        &mut self.nodes[node]
     }
 
     fn add(&mut self, label: &[u8]) -> u32 {
@@ -73,19 +76,17 @@ impl Paths {
         u32::try_from(self.nodes.len() - 1).unwrap_or(u32::MAX)
     }
 
-    /// Calls `each` with the routes of every prefix of `path` in the tree, and with the
-    /// routes of exactly `path` unless `prefixes_only`.
-    pub fn walk(&self, path: &[u8], prefixes_only: bool, mut each: impl FnMut(&[u32])) {
+    /// Calls `each` with the node of every prefix of `path` in the tree, and whether it is
+    /// `path` itself.
+    pub fn walk(&self, path: &[u8], mut each: impl FnMut(&Node, bool)) {
         let Some(mut node) = self.nodes.first() else { return };
         let mut rest = path;
         loop {
-            each(&node.prefix);
             let Some(&first) = rest.first() else {
-                if !prefixes_only {
-                    each(&node.exact);
-                }
+                each(node, true);
                 return;
             };
+            each(node, false);
             let Ok(at) = node.children.binary_search_by_key(&first, |&(b, _)| b) else { return };
             node = &self.nodes[node.children[at].1 as usize];
             match rest.strip_prefix(&*node.label) {
@@ -102,6 +103,7 @@ impl Paths {
             node.children.shrink_to_fit();
             node.prefix.shrink_to_fit();
             node.exact.shrink_to_fit();
+            node.regex.shrink_to_fit();
         }
     }
 }
@@ -112,7 +114,12 @@ mod tests {
 
     fn found(paths: &Paths, path: &str) -> Vec<u32> {
         let mut all = Vec::new();
-        paths.walk(path.as_bytes(), false, |routes| all.extend_from_slice(routes));
+        paths.walk(path.as_bytes(), |node, whole| {
+            all.extend_from_slice(&node.prefix);
+            if whole {
+                all.extend_from_slice(&node.exact);
+            }
+        });
         all.sort_unstable();
         all
     }
@@ -132,7 +139,8 @@ mod tests {
         .into_iter()
         .enumerate()
         {
-            paths.insert(key.as_bytes(), i as u32, exact);
+            let node = paths.node(key.as_bytes());
+            if exact { &mut node.exact } else { &mut node.prefix }.push(i as u32);
         }
         assert_eq!(found(&paths, "/api/v1/x"), [0, 1, 3, 4, 6]);
         assert_eq!(found(&paths, "/api"), [1, 2, 4, 6]);
@@ -140,9 +148,6 @@ mod tests {
         assert_eq!(found(&paths, "/b"), [4, 5, 6]);
         assert_eq!(found(&paths, "/bc"), [4, 6]);
         assert_eq!(found(&paths, "x"), [6]);
-        let mut prefixes = Vec::new();
-        paths.walk(b"/b", true, |r| prefixes.extend_from_slice(r));
-        assert_eq!(prefixes, [6, 4]);
     }
 
     #[test]

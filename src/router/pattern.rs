@@ -7,7 +7,6 @@
 use std::sync::Arc;
 
 use regex::bytes::{Regex, RegexBuilder, RegexSet, RegexSetBuilder};
-use smallvec::SmallVec;
 
 /// Largest compiled form of one pattern; a larger one is a configuration error.
 pub const MAX_PATTERN_BYTES: usize = 1 << 20;
@@ -18,6 +17,9 @@ pub const MAX_SET_BYTES: usize = 64 << 20;
 #[derive(Debug, Clone)]
 pub struct PathRegex {
     regex: Regex,
+    /// The literal starts of every match, when the pattern is anchored at the start
+    /// (`^/t/` gives `/t/`); `None`: it may match anywhere, or starts too many ways.
+    starts: Option<Box<[Box<[u8]>]>>,
     /// The named groups: their index in the pattern and their name.
     names: Box<[(usize, Arc<str>)]>,
 }
@@ -33,7 +35,12 @@ impl PathRegex {
             other => one_line(&other.to_string()),
         })?;
         let names = regex.capture_names().enumerate().filter_map(|(i, name)| Some((i, Arc::from(name?)))).collect();
-        Ok(PathRegex { regex, names })
+        Ok(PathRegex { starts: anchored_starts(pattern), regex, names })
+    }
+
+    /// The literal starts of every match of an anchored pattern (see `anchored_starts`).
+    pub fn anchored_starts(&self) -> Option<impl Iterator<Item = &[u8]>> {
+        Some(self.starts.as_ref()?.iter().map(|s| &**s))
     }
 
     pub fn pattern(&self) -> &str {
@@ -50,7 +57,6 @@ impl PathRegex {
         self.names.iter().map(|(_, n)| &**n)
     }
 
-    #[cfg(test)]
     pub fn is_match(&self, path: &[u8]) -> bool {
         self.regex.is_match(path)
     }
@@ -65,8 +71,26 @@ impl PathRegex {
             let span = found.get(*i)?;
             Some((Arc::clone(name), span.start(), span.end()))
         });
-        Captures(spans.collect())
+        Captures(Some(Box::new(Found { spans: spans.collect(), text: None })))
     }
+}
+
+/// Most starts an anchored pattern may have to be indexed by them (`(?i)^/api` has 8).
+const MAX_STARTS: usize = 16;
+
+/// The literal starts every match of `pattern` has, if it can match only at the start
+/// of the path (`^/t/(?<t>[^/]+)` gives `/t/`, `^/(a|b)/` gives `/a/` and `/b/`), and
+/// they are few: the routing tree then offers the route only to paths that start so.
+fn anchored_starts(pattern: &str) -> Option<Box<[Box<[u8]>]>> {
+    use regex_syntax::hir::Look;
+    use regex_syntax::hir::literal::{ExtractKind, Extractor};
+    let hir = regex_syntax::Parser::new().parse(pattern).ok()?;
+    if !hir.properties().look_set_prefix().contains(Look::Start) {
+        return None;
+    }
+    let starts = Extractor::new().kind(ExtractKind::Prefix).extract(&hir);
+    let literals = starts.literals().filter(|l| !l.is_empty() && l.len() <= MAX_STARTS)?;
+    Some(literals.iter().map(|l| l.as_bytes().into()).collect())
 }
 
 /// The `regex` crate's syntax error on one line: what is wrong and where, from its
@@ -80,15 +104,35 @@ fn one_line(message: &str) -> String {
     }
 }
 
-/// The named groups a route's `path_regex` captured: spans of the normalized path.
+/// The named groups a route's `path_regex` captured: spans of the normalized path. Every
+/// request's key source holds one, mostly empty: a pointer's size then, no allocation.
 #[derive(Debug, Default, Clone)]
-pub struct Captures(SmallVec<[(Arc<str>, usize, usize); 2]>);
+pub struct Captures(Option<Box<Found>>);
+
+#[derive(Debug, Clone)]
+struct Found {
+    /// Name, start, end.
+    spans: Box<[(Arc<str>, usize, usize)]>,
+    /// The text the spans are of, when it is not the path (`given`).
+    text: Option<Box<[u8]>>,
+}
 
 impl Captures {
+    /// Captures given by name rather than found in a path: the admin API's key lookup.
+    pub fn given<'v>(values: impl IntoIterator<Item = (&'v str, &'v [u8])>) -> Captures {
+        let (mut spans, mut text) = (Vec::new(), Vec::new());
+        for (name, value) in values {
+            spans.push((Arc::from(name), text.len(), text.len() + value.len()));
+            text.extend_from_slice(value);
+        }
+        Captures(Some(Box::new(Found { spans: spans.into(), text: Some(text.into()) })))
+    }
+
     /// What the group `name` captured of `path` (the path the pattern ran on).
-    pub fn get<'p>(&self, name: &str, path: &'p [u8]) -> Option<&'p [u8]> {
-        let (_, start, end) = self.0.iter().find(|(n, ..)| &**n == name)?;
-        path.get(*start..*end)
+    pub fn get<'p>(&'p self, name: &str, path: &'p [u8]) -> Option<&'p [u8]> {
+        let found = self.0.as_deref()?;
+        let (_, start, end) = found.spans.iter().find(|(n, ..)| &**n == name)?;
+        found.text.as_deref().unwrap_or(path).get(*start..*end)
     }
 }
 
@@ -179,6 +223,20 @@ mod tests {
         );
         let huge = PathRegex::new(r"\w{1000}\w{1000}\w{1000}").unwrap_err();
         assert!(huge.contains("compiles to more than 1024 KiB"), "{huge}");
+    }
+
+    #[test]
+    fn anchored_patterns_give_the_literal_starts_of_their_matches() {
+        let starts = |p: &str| {
+            let regex = PathRegex::new(p).unwrap();
+            regex.anchored_starts().map(|s| s.map(|l| String::from_utf8_lossy(l).into_owned()).collect::<Vec<_>>())
+        };
+        assert_eq!(starts(r"^/t/(?<t>[^/]+)/x$"), Some(vec!["/t/".to_owned()]));
+        assert_eq!(starts(r"^/(a|b)/"), Some(vec!["/a/".to_owned(), "/b/".to_owned()]));
+        assert_eq!(starts(r"^/s1\.json"), Some(vec!["/s1.json".to_owned()]));
+        assert_eq!(starts(r"/t/"), None, "not anchored");
+        assert_eq!(starts(r"^/a|/b"), None, "one branch not anchored");
+        assert_eq!(starts(r"(?i)^/api/").map(|s| s.len()), Some(8), "each way to write it");
     }
 
     #[test]

@@ -64,6 +64,10 @@ fn hosts_match_exactly_or_by_wildcard_without_port() {
     assert_eq!(find("a.b.example.com"), Some(1));
     assert_eq!(find("badexample.com"), None);
     assert_eq!(find(".example.com"), None);
+    // A host of many labels is looked up by the suffixes a wildcard could have, not all.
+    let long = format!("{}example.com", "a.".repeat(4_000));
+    assert_eq!(find(&long), Some(1));
+    assert_eq!(router.wildcard_suffixes(&long).count(), 2, "com, example.com");
 }
 
 #[test]

@@ -43,9 +43,9 @@ async fn every_metric_the_grafana_dashboard_queries_is_exported() {
         assert_eq!(panel["datasource"]["uid"], "${datasource}", "{}", panel["title"]);
     }
 
-    // Every family there is: routes forwarding and answering, limits with bans,
-    // concurrency and delays, global limits (Redis absent: the store's counts are
-    // exported all the same).
+    // Every family there is: routes forwarding and answering (a route's series appear
+    // with its first request), limits with bans, concurrency and delays, global limits
+    // (Redis absent: the store's counts are exported all the same).
     let backend = Backend::start().await;
     let sg = Conf::new()
         .admin()
@@ -57,6 +57,9 @@ async fn every_metric_the_grafana_dashboard_queries_is_exported() {
         .route("name: login, match: { path: /login }, respond: { status: 200 }, limits: [banning]")
         .forwarding("slots, shared")
         .start();
+    for path in ["/login", "/api"] {
+        get(sg.addr, path, &[]).await;
+    }
     let scrape = Metrics::of(&sg).await;
     let exported: BTreeSet<&str> = scrape
         .0

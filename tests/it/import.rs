@@ -425,3 +425,51 @@ fn servers_on_different_addresses_are_reported_since_routes_go_by_host() {
     assert_eq!(out.yaml["routes"][1]["respond"], redirect);
     assert_eq!(out.yaml["routes"].as_array().unwrap().len(), 2);
 }
+
+/// nginx's choice of location: the exact one; else the longest prefix, if it is `^~`;
+/// else the first regular expression in file order that matches (`~*`: any case); else
+/// the longest prefix. The imported routes give the same answers, in the same order of
+/// routes, and say where they cannot (a plain prefix under a `^~` one).
+#[tokio::test]
+async fn regular_expression_locations_are_placed_where_nginx_tries_them() {
+    let dir = nginx_conf(
+        r#"events {}
+http {
+    server {
+        listen 127.0.0.1:8080;
+        location / { return 200 "root"; }
+        location /api/ { return 200 "api"; }
+        location ~ \.php$ { return 200 "php"; }
+        location = /exact { return 200 "exact"; }
+        location ^~ /static/ { return 200 "static"; }
+        location ~* \.(png|jpg)$ { return 200 "image"; }
+        location /static/dyn/ { return 200 "dyn"; }
+        location ~ ^/(?<tenant>[a-z]+)/(?=x) { return 200 "look-ahead"; }
+    }
+}
+"#,
+    );
+    let out = import(dir.path());
+    assert_eq!(out.code, 3, "{}", out.stderr);
+    assert_eq!(out.left_out().len(), 1, "{:?}", out.left_out());
+    assert!(out.left_out()[0].starts_with("DIR/nginx.conf:12: location: look-around"), "{:?}", out.left_out());
+    let order: Vec<String> = route_matches(&out.yaml).into_iter().map(|(name, _)| name).collect();
+    assert_eq!(order, ["=/exact", "/static/dyn/", "/static/", r"~ \.php$", r"~* \.(png|jpg)$", "/api/", "/"]);
+    assert_eq!(out.yaml["routes"][4]["match"], json!({"path_regex": r"(?i)\.(png|jpg)$"}));
+    assert!(out.text.contains("under `location ^~ /static/`"), "{}", out.text);
+
+    let yaml = out.text.replace("127.0.0.1:8080", "127.0.0.1:0");
+    let sg = Sluicegate::start(&yaml);
+    for (path, location) in [
+        ("/exact", "exact"),
+        ("/exact.php", "php"),
+        ("/static/a.php", "static"),
+        ("/static/dyn/a.css", "dyn"),
+        ("/api/x.PNG", "image"),
+        ("/api/y.png.txt", "api"),
+        ("/x.jpg", "image"),
+        ("/readme", "root"),
+    ] {
+        assert_eq!(get(sg.addr, path, &[]).await.text(), location, "{path}");
+    }
+}

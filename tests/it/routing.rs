@@ -8,6 +8,7 @@ use crate::common::*;
 /// A tenant route: `/t/{tenant}/…` limited per tenant and forwarded as `/v2/{tenant}/…`.
 fn tenants(backend: &Backend) -> Conf {
     Conf::new()
+        .admin()
         .upstream(backend)
         .limit("per_tenant", "key: capture:tenant, rate: 1r/m, burst: 1, nodelay: true")
         .route("match: { path: /health }, respond: { status: 204 }")
@@ -37,6 +38,14 @@ async fn a_regex_route_limits_per_captured_tenant_and_rewrites_with_its_groups()
     // Not a tenant path: the routes around it.
     assert_eq!(get(sg.addr, "/health", &[]).await.status, 204);
     assert_eq!(get(sg.addr, "/t/UPPER/x", &[]).await.status, 404);
+    // The admin API finds a tenant's key by the group's value.
+    let admin = sg.admin_addr();
+    let state = async |tenant: &str| {
+        let path = format!("/limits/per_tenant?capture:tenant={tenant}");
+        serde_json::from_slice::<serde_json::Value>(&get(admin, &path, &[]).await.body).unwrap()
+    };
+    assert_eq!(state("acme").await["windows"][0]["admits"], false);
+    assert_eq!(state("nobody").await["windows"][0]["remaining"], 2);
     let targets: Vec<String> = backend.hits().into_iter().map(|h| h.path_and_query).collect();
     assert_eq!(
         targets,
