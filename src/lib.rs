@@ -25,13 +25,15 @@
 //!                          next when it could not be sent, bodies streamed and bounded
 //!                          (upstream); hop-by-hop and forwarding fields (hop); upgrades
 //!                          tunnelled; or a static response
-//!   -> account             metrics, rejection lines within their budget, access log line
+//!   -> account             metrics, rejection lines within their budget, a refusal's key
+//!                          (for the dashboard, with an admin listener), access log line
 //!                          when the body is done
 //! ```
 //!
 //! `config` turns the YAML file into the compiled `Config` the request path reads; the
 //! words a limit is written in (`policy`) are shared by `config` and `limit`. Modules
-//! import downwards only: server -> admin -> running -> proxy -> front, gate, upstream,
+//! import downwards only: server -> admin -> dashboard (the page, and its history read
+//! once a second from the counters) -> running -> proxy -> front, gate, upstream,
 //! hop; gate -> store -> limit -> config -> policy -> head, suggest ("did you mean",
 //! for config's and policy's messages); proxy, upstream -> message,
 //! http1 (the upstream side of the engine is `http1::client`). `simulate` replays access
@@ -43,6 +45,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod connection;
+pub mod dashboard;
 pub mod front;
 pub mod gate;
 pub mod head;

@@ -116,6 +116,7 @@ struct RouteMetrics {
     series: OnceLock<Box<RouteSeries>>,
 }
 
+#[derive(Clone)]
 struct RouteSeries {
     requests: [Counter; RequestOutcome::ALL.len()],
     responses: [Counter; STATUS_CLASSES.len()],
@@ -192,6 +193,10 @@ impl Metrics {
         );
         registry.register("reloads", "Configuration reloads by result", reloads.clone());
         registry.register("build_info", "The running version", build);
+        let started = Gauge::<i64>::default();
+        let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        started.set(i64::try_from(since_epoch.as_secs()).unwrap_or(i64::MAX));
+        registry.register("start_time_seconds", "When this process started, in seconds since the Unix epoch", started);
         registry.register_collector(Box::new(State(Arc::clone(&current))));
         let families = Families {
             registry,
@@ -241,16 +246,18 @@ impl Metrics {
     /// The series of route `route` (index into `Config::routes`), made on first use.
     fn route(&self, route: usize) -> &RouteSeries {
         let RouteMetrics { name, series } = &self.routes[route];
-        series.get_or_init(|| {
-            let f = &*self.families;
-            let with = |key: &'static str, value: &str| vec![("route", name.clone()), (key, value.to_owned())];
-            Box::new(RouteSeries {
-                requests: RequestOutcome::ALL.map(|o| f.requests.get_or_create_owned(&with("outcome", o.as_str()))),
-                responses: STATUS_CLASSES.map(|c| f.responses.get_or_create_owned(&with("class", c))),
-                errors: UPSTREAM_ERRORS.map(|k| f.errors.get_or_create_owned(&with("kind", k))),
-                latency: f.latency.get_or_create_owned(&vec![("route", name.clone())]),
-            })
-        })
+        series.get_or_init(|| Box::new(self.families.route_series(name, true).expect("made when asked to make")))
+    }
+
+    /// The series of route `route` if a request made them: under this configuration, or
+    /// under an earlier one with a route of that name (found in the families). Never
+    /// makes them: what the dashboard reads must not add zero series to `/metrics`.
+    fn route_if_made(&self, route: usize) -> Option<std::borrow::Cow<'_, RouteSeries>> {
+        let RouteMetrics { name, series } = &self.routes[route];
+        match series.get() {
+            Some(made) => Some(std::borrow::Cow::Borrowed(made)),
+            None => self.families.route_series(name, false).map(std::borrow::Cow::Owned),
+        }
     }
 
     /// Counts a request of route `route` (index into `Config::routes`).
@@ -304,6 +311,54 @@ impl Metrics {
         self.reloads[usize::from(!ok)].inc();
     }
 
+    /// Route `route`'s requests since start, for the dashboard.
+    pub fn route_counts(&self, route: usize) -> RouteCounts {
+        let Some(m) = self.route_if_made(route) else { return RouteCounts::default() };
+        let n = |o: RequestOutcome| m.requests[RequestOutcome::ALL.iter().position(|&a| a == o).unwrap_or(0)].get();
+        let [connect, timeout, failed, _client_body] = &m.errors;
+        RouteCounts {
+            passed: n(RequestOutcome::Passed) + n(RequestOutcome::DryRunRejected),
+            delayed: n(RequestOutcome::Delayed),
+            refused: n(RequestOutcome::Rejected) + n(RequestOutcome::Banned) + n(RequestOutcome::StoreError),
+            server_errors: m.responses[4].get() + connect.get() + timeout.get() + failed.get(),
+        }
+    }
+
+    /// Limit `limit`'s decisions since start: passed, delayed, rejected.
+    pub fn limit_decisions(&self, limit: usize) -> [u64; 3] {
+        self.limits[limit].decisions.each_ref().map(Counter::get)
+    }
+
+    /// The upstream latency histograms of the first `routes` routes now, by route index:
+    /// (upper bound in seconds, observations up to it), the last bound infinite. Read
+    /// through the text exposition, `prometheus-client`'s only way out for a histogram's
+    /// buckets: once a second, by the dashboard, never by a request.
+    pub fn latencies(&self, routes: usize) -> Vec<Vec<(f64, u64)>> {
+        let mut registry = Registry::default();
+        for i in 0..routes.min(self.routes.len()) {
+            if let Some(made) = self.route_if_made(i) {
+                registry.register(format!("r{i}"), "", made.latency.clone());
+            }
+        }
+        let mut text = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut text, &registry);
+        let mut all = vec![Vec::new(); routes.min(self.routes.len())];
+        // `r3_bucket{le="0.004"} 17`
+        for line in text.lines() {
+            let Some((index, rest)) = line.strip_prefix('r').and_then(|l| l.split_once("_bucket{le=\"")) else {
+                continue;
+            };
+            let Some((bound, count)) = rest.split_once("\"} ") else { continue };
+            let (Ok(index), Ok(count)) = (index.parse::<usize>(), count.trim().parse::<u64>()) else { continue };
+            let bound = if bound == "+Inf" { f64::INFINITY } else { bound.parse().unwrap_or(f64::INFINITY) };
+            if let Some(buckets) = all.get_mut(index) {
+                buckets.push((bound, count));
+            }
+        }
+        all
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -311,6 +366,41 @@ impl Metrics {
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.families.registry);
         in_order(&out)
     }
+}
+
+impl Families {
+    /// Route `name`'s series: those that exist, the others made (`make`) or left at zero
+    /// outside the families; `None` when none exists and none is made. A route's series
+    /// are made all at once: its latency histogram stands for them all.
+    fn route_series(&self, name: &str, make: bool) -> Option<RouteSeries> {
+        fn one<M: Clone>(family: &Family<Labels, M>, labels: &Labels, make: bool) -> Option<M>
+        where
+            fn() -> M: prometheus_client::metrics::family::MetricConstructor<M>,
+        {
+            if make { Some(family.get_or_create_owned(labels)) } else { family.get(labels).map(|m| m.clone()) }
+        }
+        let with = |key: &'static str, value: &str| vec![("route", name.to_owned()), (key, value.to_owned())];
+        let latency = one(&self.latency, &vec![("route", name.to_owned())], make)?;
+        let counter = |family: &Family<Labels, Counter>, labels: Labels| one(family, &labels, make).unwrap_or_default();
+        Some(RouteSeries {
+            requests: RequestOutcome::ALL.map(|o| counter(&self.requests, with("outcome", o.as_str()))),
+            responses: STATUS_CLASSES.map(|c| counter(&self.responses, with("class", c))),
+            errors: UPSTREAM_ERRORS.map(|k| counter(&self.errors, with("kind", k))),
+            latency,
+        })
+    }
+}
+
+/// A route's requests since start, as the dashboard shows them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RouteCounts {
+    /// Passed, dry-run refusals included (they passed).
+    pub passed: u64,
+    pub delayed: u64,
+    /// Refused by a limit, a ban, or Redis's absence (`on_store_error: deny`).
+    pub refused: u64,
+    /// Upstream 5xx responses, and exchanges that failed (502, 504 made here).
+    pub server_errors: u64,
 }
 
 /// `text` with each family's series sorted by their labels: `prometheus-client` writes
@@ -410,6 +500,13 @@ impl Collector for State {
         )?;
         this.per_limit(
             &mut encoder,
+            "limit_max_keys",
+            "Keys each limit's table holds at most (max_keys)",
+            MetricType::Gauge,
+            |i| gauge(l.max_keys(i)),
+        )?;
+        this.per_limit(
+            &mut encoder,
             "limit_in_flight",
             "Requests in flight under each concurrency limit",
             MetricType::Gauge,
@@ -458,5 +555,51 @@ impl Collector for State {
             ConstCounter::new(value).encode(family.encode_family(&vec![("kind", kind)])?)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::Clock;
+
+    #[test]
+    fn the_dashboard_reads_each_routes_counts_each_limits_decisions_and_latency_buckets() {
+        let yaml = "listen: 127.0.0.1:0\nlimits:\n  l: { key: ip, rate: 1r/s }\nroutes:\n  - name: 'say \"hi\"'\n    respond: { status: 200 }\n    limits: [l]\n";
+        let config = crate::config::parse(yaml, "t").unwrap();
+        let metrics = Metrics::new(&config, &Gate::new(&config, Clock::System));
+        for outcome in [RequestOutcome::Passed, RequestOutcome::DryRunRejected, RequestOutcome::Banned] {
+            metrics.request(0, outcome);
+        }
+        metrics.upstream(0, UpstreamResult::Status(503), Duration::from_millis(3));
+        metrics.upstream(0, UpstreamResult::Timeout, Duration::from_secs(30));
+        metrics.upstream(0, UpstreamResult::ClientBody, Duration::ZERO);
+        let counts = metrics.route_counts(0);
+        assert_eq!(counts, RouteCounts { passed: 2, delayed: 0, refused: 1, server_errors: 2 });
+        assert_eq!(metrics.limit_decisions(0), [0, 0, 0]);
+        let latencies = metrics.latencies(50);
+        assert_eq!(latencies.len(), 1, "one route");
+        let buckets = &latencies[0];
+        assert_eq!(buckets.len(), 17, "16 bounds and +Inf");
+        assert_eq!(buckets[3], (0.004, 1), "3 ms is within 4 ms");
+        assert_eq!(buckets[2], (0.002, 0));
+        assert_eq!(buckets[16], (f64::INFINITY, 1));
+    }
+
+    /// Reading a route's counts makes no series for it; a reload finds those an earlier
+    /// request made.
+    #[test]
+    fn the_dashboard_reads_a_routes_series_without_making_them() {
+        let yaml = "listen: 127.0.0.1:0\nroutes:\n  - name: asked\n    match: { path: /a }\n    respond: { status: 200 }\n  - name: never\n    respond: { status: 200 }\n";
+        let config = crate::config::parse(yaml, "t").unwrap();
+        let gate = Gate::new(&config, Clock::System);
+        let metrics = Metrics::new(&config, &gate);
+        metrics.request(0, RequestOutcome::Passed);
+        assert_eq!(metrics.route_counts(1), RouteCounts::default());
+        assert!(metrics.latencies(50)[1].is_empty());
+        assert!(!metrics.encode().contains("never"), "no series made by reading");
+        let reloaded = metrics.reloaded(&config, &gate);
+        assert_eq!(reloaded.route_counts(0).passed, 1, "the series made before the reload");
+        assert_eq!(reloaded.latencies(50)[0].len(), 17);
     }
 }

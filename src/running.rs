@@ -1,9 +1,10 @@
 //! The running instance's state, shared by every connection, the admin listener and a
 //! reload: the proxy of the configuration in force, where that configuration is read
-//! from, and how the last reload went.
+//! from, since when it runs, and how the last reloads went.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Instant, SystemTime};
 
 use arc_swap::ArcSwap;
 use tokio::sync::{Notify, watch};
@@ -20,14 +21,44 @@ pub struct Running {
     reloads_done: watch::Sender<Reloads>,
     /// Reloads asked for through the admin API.
     reloads: Notify,
+    started: Instant,
 }
 
 /// The reloads so far.
 #[derive(Default)]
 struct Reloads {
     count: u64,
-    /// Why the last one failed (`None`: it succeeded, or there was none).
-    failure: Option<String>,
+    /// The last one, if any.
+    last: Option<Reload>,
+    /// The last one that failed, if any (later ones may have succeeded).
+    last_failed: Option<Reload>,
+}
+
+/// What asked for a reload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReloadCause {
+    /// SIGHUP (`kill -HUP`, `systemctl reload`).
+    Signal,
+    /// The admin API's `POST /reload` (`sluicegate reload` among others).
+    AdminApi,
+}
+
+impl ReloadCause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReloadCause::Signal => "SIGHUP",
+            ReloadCause::AdminApi => "POST /reload",
+        }
+    }
+}
+
+/// One reload: when, what asked for it, and why it failed, if it did.
+#[derive(Clone, Debug)]
+pub struct Reload {
+    pub at: SystemTime,
+    pub cause: ReloadCause,
+    /// `None`: it succeeded.
+    pub failure: Option<String>,
 }
 
 impl Running {
@@ -37,7 +68,13 @@ impl Running {
             source,
             reloads_done: watch::Sender::new(Reloads::default()),
             reloads: Notify::new(),
+            started: Instant::now(),
         }
+    }
+
+    /// When this instance started serving.
+    pub fn started(&self) -> Instant {
+        self.started
     }
 
     pub fn proxy(&self) -> Arc<Proxy> {
@@ -49,25 +86,34 @@ impl Running {
         self.source.as_deref()
     }
 
-    /// A reload succeeded: `proxy` serves the requests from now on.
-    pub fn reloaded(&self, proxy: Proxy) {
+    /// A reload that `cause` asked for succeeded: `proxy` serves the requests from now on.
+    pub fn reloaded(&self, proxy: Proxy, cause: ReloadCause) {
         self.proxy.store(Arc::new(proxy));
         self.reloads_done.send_modify(|r| {
             r.count += 1;
-            r.failure = None;
+            r.last = Some(Reload { at: SystemTime::now(), cause, failure: None });
         });
     }
 
-    /// A reload failed for `why`; the running configuration stays.
-    pub fn reload_failed(&self, why: String) {
+    /// A reload that `cause` asked for failed for `why`; the running configuration stays.
+    pub fn reload_failed(&self, why: String, cause: ReloadCause) {
+        let failed = Reload { at: SystemTime::now(), cause, failure: Some(why) };
         self.reloads_done.send_modify(|r| {
             r.count += 1;
-            r.failure = Some(why);
+            r.last = Some(failed.clone());
+            r.last_failed = Some(failed);
         });
     }
 
+    /// Why the last reload failed, if it did.
     pub fn reload_failure(&self) -> Option<String> {
-        self.reloads_done.borrow().failure.clone()
+        self.reloads_done.borrow().last.as_ref().and_then(|r| r.failure.clone())
+    }
+
+    /// The last reload, and the last that failed (the same when the last one failed).
+    pub fn reloads(&self) -> (Option<Reload>, Option<Reload>) {
+        let reloads = self.reloads_done.borrow();
+        (reloads.last.clone(), reloads.last_failed.clone())
     }
 
     /// Asks the server to reload its configuration file (the admin API's `POST /reload`)
@@ -80,7 +126,7 @@ impl Running {
         let before = done.borrow_and_update().count;
         self.reloads.notify_one();
         let after = done.wait_for(|r| r.count > before).await.ok()?;
-        Some(after.failure.clone().map_or(Ok(()), Err))
+        Some(after.last.as_ref().and_then(|r| r.failure.clone()).map_or(Ok(()), Err))
     }
 
     /// Completes when a reload is asked for through `request_reload`.

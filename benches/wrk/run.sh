@@ -34,6 +34,8 @@
 #   PEERS ["nginx haproxy"]  peers to run when installed (empty: sluicegate alone)
 #   BACKEND_PORT  use a backend already listening there instead of starting one
 #   SG  the sluicegate binary [target/release/sluicegate] (SKIP_BUILD=1: use it as is)
+#   ADMIN [0]  1: sluicegate with an admin listener too (its dashboard records history
+#              once a second, and each limit counts the keys it refuses)
 #
 # LAYOUT=instructions: each proxy (sluicegate with `server.workers: 1`, nginx with one
 # worker) runs under `valgrind --tool=callgrind` with the backend; after a warm-up the
@@ -269,6 +271,13 @@ start_nginx() { # $1 dir, $2 port; sets START_PID
 
 # ---- sluicegate configs ----------------------------------------------------------------------
 write_sg_conf() { # $1 file, $2 port, $3 limit yaml ("" for none), $4 more top-level yaml
+  local admin=""
+  if [[ "${ADMIN:-0}" == 1 ]]; then
+    # free_port runs in a subshell: what it takes is skipped here by hand.
+    NEXT_PORT=$(($2 + 1))
+    admin="$(free_port)"
+    NEXT_PORT=$((admin + 1))
+  fi
   {
     cat <<EOF
 listen: 127.0.0.1:$2
@@ -277,6 +286,7 @@ server:
 EOF
     [[ -z "$SG_WORKERS" ]] || echo "  workers: $SG_WORKERS"
     [[ -z "$SG_MAX_CONNECTIONS" ]] || echo "  max_connections: $SG_MAX_CONNECTIONS"
+    [[ -z "$admin" ]] || echo "admin: { listen: \"127.0.0.1:$admin\" }"
     cat <<EOF
 upstreams:
   backend:

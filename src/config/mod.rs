@@ -122,6 +122,8 @@ pub struct Admin {
     pub listen: SocketAddr,
     /// When set, every admin call must carry `Authorization: Bearer TOKEN`.
     pub token: Option<String>,
+    /// `insecure: true`: served without a token on an address other than loopback.
+    pub insecure: bool,
 }
 
 /// An address to accept clients on, in plain text or TLS.

@@ -150,6 +150,10 @@ pub struct RawAdmin {
     pub token: Option<String>,
     /// A file that holds the token.
     pub token_file: Option<String>,
+    /// Serve a listener on an address other than loopback without a token (logged at
+    /// warn on every start).
+    #[serde(default)]
+    pub insecure: bool,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]

@@ -43,7 +43,25 @@ fn admin(e: &mut Errors<'_>, raw: &RawAdmin) -> Option<Admin> {
     if token.as_ref().is_some_and(|t| t.is_empty() || HeaderValue::from_str(&format!("Bearer {t}")).is_err()) {
         e.add("admin.token".into(), "must be a non-empty string of visible ASCII characters");
     }
-    Some(Admin { listen: listen?, token })
+    let given = raw.token.is_some() || raw.token_file.is_some();
+    if let Some(addr) = listen
+        && !addr.ip().to_canonical().is_loopback()
+        && !given
+        && !raw.insecure
+    {
+        e.add(
+            "admin.listen".into(),
+            format!(
+                "{addr} is not a loopback address and the admin API has no token: anyone who reaches it could \
+                 reload the configuration, reset keys and lift bans; set admin.token (or token_file), or \
+                 admin.insecure: true to serve it so knowingly"
+            ),
+        );
+    }
+    if raw.insecure && given {
+        e.warn("admin.insecure".into(), "does nothing with a token: every call needs the token anyway");
+    }
+    Some(Admin { listen: listen?, token, insecure: raw.insecure })
 }
 
 /// `fields`: the file's unknown and missing fields, reported with the rest.

@@ -64,6 +64,8 @@ pub(crate) struct Limiter {
     pub(crate) scope: Scope,
     /// Neither overrides nor an allow-list: it decides every request it is listed for.
     pub(crate) plain: bool,
+    /// The `max_keys` its tables were made with (a reload that keeps them keeps this).
+    max_keys: usize,
 }
 
 /// Every configured limit, indexed like `Config::limits`.
@@ -266,6 +268,12 @@ impl Limiters {
         self.limits[index].windows.iter().map(Algorithm::evictions).max().unwrap_or(0)
     }
 
+    /// The most keys limit `index` holds: the `max_keys` its tables were made with (a
+    /// reload changes it only for a limit that starts fresh).
+    pub fn max_keys(&self, index: usize) -> usize {
+        self.limits[index].max_keys
+    }
+
     /// Keys held by limit `index` now.
     pub fn keys(&self, index: usize) -> usize {
         self.limits[index].windows.iter().map(Algorithm::keys).max().unwrap_or(0)
@@ -321,6 +329,7 @@ impl Limiter {
         if let (Some(bans), Some(old_bans)) = (&mut self.bans, &old.bans) {
             bans.adopt(old_bans);
         }
+        self.max_keys = old.max_keys;
         true
     }
 }
@@ -345,6 +354,7 @@ fn limiter(limit: &Limit) -> Limiter {
         dry_run: limit.dry_run,
         scope: limit.scope,
         plain: limit.overrides.is_empty() && limit.allow.is_empty(),
+        max_keys: limit.max_keys,
     }
 }
 

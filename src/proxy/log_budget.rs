@@ -4,15 +4,12 @@
 //! a refused key, or many clients) then costs the log a few lines a second, not one line
 //! per request.
 //!
-//! The most refused keys are found with the Misra-Gries summary (`TOP` counters): any key
-//! that made more than 1/(TOP+1) of the left-out lines is among them. Its label is built
-//! only when a key takes a counter, so a flood of distinct keys formats one label in
-//! TOP+1 at most. Hand-written: the heavy-hitter crates keep far more state or hash
-//! labels for every event.
+//! The most refused keys are found with the Misra-Gries summary (`top_keys`, `TOP`
+//! counters): any key that made more than 1/(TOP+1) of the left-out lines is among them.
 
 use std::sync::{Mutex, PoisonError};
 
-use smallvec::SmallVec;
+use super::top_keys::TopKeys;
 
 /// Keys named in a summary line.
 const TOP: usize = 3;
@@ -23,8 +20,7 @@ struct Window {
     second: u64,
     written: u32,
     left_out: u64,
-    /// (key hash, key label, Misra-Gries count).
-    top: SmallVec<[(u64, String, u64); TOP]>,
+    top: TopKeys<TOP>,
 }
 
 /// A second's left-out lines, to be written as one.
@@ -63,7 +59,7 @@ impl LogBudget {
             return Take { write: true, summary };
         }
         w.left_out += 1;
-        w.count(key, label);
+        w.top.count(key, label);
         Take { write: false, summary }
     }
 
@@ -81,24 +77,10 @@ impl Window {
     fn restart(&mut self, second: u64) -> Option<Summary> {
         let ended = std::mem::replace(self, Window { second, ..Window::default() });
         (ended.left_out > 0).then(|| {
-            let mut top = ended.top;
-            top.sort_by_key(|&(_, _, n)| std::cmp::Reverse(n));
-            let top = top.iter().map(|(_, label, n)| format!("{label} ({n})")).collect::<Vec<_>>().join(", ");
+            let top = ended.top.into_sorted();
+            let top = top.iter().map(|e| format!("{} ({})", e.label, e.count)).collect::<Vec<_>>().join(", ");
             Summary { left_out: ended.left_out, top }
         })
-    }
-
-    fn count(&mut self, key: u64, label: impl FnOnce() -> String) {
-        if let Some(entry) = self.top.iter_mut().find(|(k, _, _)| *k == key) {
-            entry.2 += 1;
-        } else if self.top.len() < TOP {
-            self.top.push((key, label(), 1));
-        } else {
-            for entry in self.top.iter_mut() {
-                entry.2 -= 1;
-            }
-            self.top.retain(|(_, _, n)| *n > 0);
-        }
     }
 }
 

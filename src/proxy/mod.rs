@@ -8,8 +8,10 @@
 
 pub mod error;
 mod log_budget;
+pub mod refused_keys;
 pub mod response;
 mod rewrite;
+pub mod top_keys;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -34,6 +36,7 @@ use crate::policy::key::KeySource;
 use crate::upstream::{self, Outgoing, UpstreamClient, UpstreamError};
 use error::ProxyError;
 use log_budget::LogBudget;
+use refused_keys::RefusedKeys;
 
 /// `tracing::event!` at a level known only at run time (its callsites need a constant).
 macro_rules! event_at {
@@ -59,6 +62,9 @@ pub struct Proxy {
     /// How many rejection and delay lines each limit may still write, by limit index.
     log_budgets: Arc<[LogBudget]>,
     access_log: Option<Arc<AccessLog>>,
+    /// The keys each limit refused this second, by limit index, when an admin listener
+    /// shows them (`None`: none does, and refusals count nothing more).
+    refused_keys: Option<Box<[RefusedKeys]>>,
 }
 
 impl Proxy {
@@ -103,9 +109,12 @@ impl Proxy {
         }
         let upstreams =
             config.upstreams.iter().map(|u| UpstreamClient::new(u, metrics.upstream_resolution(&u.name))).collect();
+        let refused_keys =
+            config.admin.is_some().then(|| config.limits.iter().map(|_| RefusedKeys::default()).collect());
         Proxy {
             access_log,
             log_budgets,
+            refused_keys,
             metrics: Arc::new(metrics),
             gate,
             upstreams,
@@ -129,6 +138,17 @@ impl Proxy {
 
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+
+    /// The keys limit `index` refused since the dashboard last took them (`None`:
+    /// without an admin listener they are not counted).
+    pub fn refused_keys(&self, index: usize) -> Option<&RefusedKeys> {
+        self.refused_keys.as_ref().map(|all| &all[index])
+    }
+
+    /// The upstreams' clients, by index into `Config::upstreams`.
+    pub fn upstreams(&self) -> &[UpstreamClient] {
+        &self.upstreams
     }
 
     /// Serves one request that came on `conn`. Never fails: every outcome is a response.
@@ -372,13 +392,17 @@ impl Proxy {
         response::add_ratelimit_headers(&mut |name, value| response.set(name, value), standings, &self.quotas, style);
     }
 
-    /// Counts each limit's result, and writes one log line per limit that rejected or
-    /// delayed the request, or would have in dry run. Delays log one level below
-    /// rejections, like nginx.
+    /// Counts each limit's result (and the key of a refusal, for the dashboard), and
+    /// writes one log line per limit that rejected or delayed the request, or would have
+    /// in dry run. Delays log one level below rejections, like nginx.
     fn account(&self, route: &Route, results: &[LimitResult], src: &KeySource<'_>, rejected: bool) {
         for r in results {
             let limit = &self.config.limits[r.limit.index()];
             self.metrics.decision(r);
+            if let (Outcome::Rejected(_), Some(refused)) = (r.outcome, &self.refused_keys) {
+                let label = || self.limiters().key_label(r.limit.index(), src, self.config.log_keys);
+                refused[r.limit.index()].count(r.key.0, label);
+            }
             let (message, lowered, ms) = match (r.outcome, limit.dry_run) {
                 (Outcome::Passed, _) => continue,
                 // The request is refused anyway: its delays would not have happened.

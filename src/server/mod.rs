@@ -27,7 +27,7 @@ use crate::connection::{ClientConn, ConnectionHold, PeerCounts};
 use crate::http1::server::HeadLimits;
 use crate::message::Service;
 use crate::proxy::Proxy;
-use crate::running::Running;
+use crate::running::{ReloadCause, Running};
 pub use watchdog::Timeouts;
 
 /// Connections the kernel queues before `accept`; it caps this at `net.core.somaxconn`.
@@ -88,6 +88,9 @@ impl Server {
         if let (Some(listener), Some(admin)) = (self.admin.take(), admin) {
             if let Ok(addr) = listener.local_addr() {
                 info!(%addr, "admin listening");
+                if admin.insecure && admin.token.is_none() {
+                    warn!(%addr, "the admin API has no token (admin.insecure: true): whoever reaches this address can reload the configuration, reset keys and lift bans");
+                }
             }
             let service = Arc::new(crate::admin::AdminService::new(admin, Arc::clone(&self.running)));
             tokio::spawn(serve_admin(listener, service, settings(self.running.proxy().config())));
@@ -103,11 +106,11 @@ impl Server {
             let accepted = tokio::select! {
                 accepted = accept(&self.listeners, &slots, &mut turn) => accepted,
                 Some(()) = self.hangups.recv() => {
-                    self.reload();
+                    self.reload(ReloadCause::Signal);
                     continue;
                 }
                 () = self.running.reload_requested() => {
-                    self.reload();
+                    self.reload(ReloadCause::AdminApi);
                     continue;
                 }
                 () = &mut shutdown => break,
@@ -132,8 +135,9 @@ impl Server {
 impl Server {
     /// Reloads the configuration from its file (certificates included): all of it or, if
     /// it is invalid or a new `listen` address cannot be bound, none of it (every error is logged, the running
-    /// configuration stays, and `/readyz` and `sluicegate_reloads_total` say so).
-    fn reload(&mut self) {
+    /// configuration stays, and `/readyz` and `sluicegate_reloads_total` say so). `cause`
+    /// is what asked for it, for the dashboard.
+    fn reload(&mut self, cause: ReloadCause) {
         let Some(path) = self.running.source() else {
             warn!("reload asked for, but the configuration was not read from a file");
             return;
@@ -142,7 +146,7 @@ impl Server {
         let fail = |why: String| {
             error!(file = %path.display(), "reload failed; the running configuration stays");
             old.metrics().reload_result(false);
-            self.running.reload_failed(why);
+            self.running.reload_failed(why, cause);
         };
         let config = match config::load(path) {
             Ok(config) => {
@@ -188,7 +192,7 @@ impl Server {
             }
         };
         proxy.metrics().reload_result(true);
-        self.running.reloaded(proxy);
+        self.running.reloaded(proxy, cause);
         info!(file = %path.display(), kept = ?kept, fresh = ?fresh, "configuration reloaded: limits kept their state or started fresh");
         if let Some(listeners) = listeners {
             // Connections accepted on the old addresses are served to their end.

@@ -33,6 +33,7 @@ pub(super) struct Stats {
 }
 
 /// Counts since start: see `Stats`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StoreCounts {
     pub calls: u64,
     pub script_calls: u64,
@@ -43,6 +44,22 @@ pub struct StoreCounts {
     pub fallbacks: [u64; 3],
     /// The circuit breaker is open: global limits are decided by `on_store_error`.
     pub breaker_open: bool,
+}
+
+impl StoreCounts {
+    /// What was counted since `earlier` (the breaker as it is now).
+    pub fn since(&self, earlier: &StoreCounts) -> StoreCounts {
+        let [allow, deny, local] = [0, 1, 2].map(|i| self.fallbacks[i].saturating_sub(earlier.fallbacks[i]));
+        StoreCounts {
+            calls: self.calls.saturating_sub(earlier.calls),
+            script_calls: self.script_calls.saturating_sub(earlier.script_calls),
+            near_hits: self.near_hits.saturating_sub(earlier.near_hits),
+            errors: self.errors.saturating_sub(earlier.errors),
+            skipped: self.skipped.saturating_sub(earlier.skipped),
+            fallbacks: [allow, deny, local],
+            breaker_open: self.breaker_open,
+        }
+    }
 }
 
 /// The counts a fallback line reports, as differences from the last line's.

@@ -6,6 +6,7 @@
 
 use std::future::poll_fn;
 use std::sync::Arc;
+use std::time::Instant;
 
 use http::{Method, StatusCode};
 use tokio::task::JoinHandle;
@@ -46,9 +47,12 @@ pub fn start(servers: &Arc<ServerSet>, check: &HealthCheck, connector: Connector
                 _ = ticks.tick() => {}
             }
             let members = servers.members();
-            let probes = members.iter().map(|m| probe(&pool, m, &check, http2));
-            for (member, outcome) in members.iter().zip(futures_util::future::join_all(probes).await) {
-                let changed = member.checked(outcome.is_ok());
+            let probes = members.iter().map(|m| async {
+                let started = Instant::now();
+                (probe(&pool, m, &check, http2).await, started.elapsed())
+            });
+            for (member, (outcome, took)) in members.iter().zip(futures_util::future::join_all(probes).await) {
+                let changed = member.checked(outcome.as_ref().map(|_| ()).map_err(Clone::clone), took);
                 match outcome {
                     Err(why) if changed => {
                         warn!(upstream, server = %member.describe(), why, "health check failed: server out")

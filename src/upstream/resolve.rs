@@ -249,7 +249,7 @@ mod tests {
         assert_eq!(first.failed, [(1, "timeout".to_owned())]);
         assert!(!set.complete());
         // Both of a.test's addresses fail their health check.
-        assert!(set.members().iter().all(|m| m.checked(false)));
+        assert!(set.members().iter().all(|m| m.checked(Err("down".into()), Duration::ZERO)));
         let second = set.apply(&[(0, Ok(addrs(&["10.0.0.2:80"]))), (1, Ok(addrs(&["10.0.0.1:80"])))]);
         let added_and_removed = addrs(&["10.0.0.1:80"]);
         assert_eq!(second, Change { added: added_and_removed.clone(), removed: added_and_removed, failed: vec![] });
@@ -259,8 +259,8 @@ mod tests {
         assert_eq!(described, ["10.0.0.2:80 (a.test:80)", "10.0.0.1:80 (b.test:80)"]);
         // 10.0.0.2 of a.test is the same server, still out; 10.0.0.1 of b.test is a new
         // one, in, though a.test had that address.
-        assert!(!members[0].checked(false), "a.test's 10.0.0.2 lost its health state");
-        assert!(!members[1].checked(true), "b.test's 10.0.0.1 took a.test's health state");
+        assert!(!members[0].checked(Err("down".into()), Duration::ZERO), "a.test's 10.0.0.2 lost its health state");
+        assert!(!members[1].checked(Ok(()), Duration::ZERO), "b.test's 10.0.0.1 took a.test's health state");
         // The same addresses in another order change nothing.
         let same = set.apply(&[(0, Ok(addrs(&["10.0.0.2:80"]))), (1, Ok(addrs(&["10.0.0.1:80"])))]);
         assert_eq!(same, Change::default());

@@ -13,7 +13,7 @@
 //! `fail_timeout`; then one request at a time probes it until one succeeds.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -87,9 +87,14 @@ struct ServerState {
     tls: bool,
     tls_name: Option<ServerName<'static>>,
     in_flight: AtomicUsize,
+    /// Requests that failed here since it became a server (the failures behind passive
+    /// health), counted when they fail.
+    failures: AtomicU64,
     health: Mutex<Health>,
     /// Its last active health check failed: out until one passes.
     check_failed: AtomicBool,
+    /// What the active health check last found, for the dashboard.
+    checked: Mutex<Option<Checked>>,
     /// Failures that take the server out (0: never).
     max_fails: u32,
     fail_timeout: Duration,
@@ -103,6 +108,31 @@ struct Health {
     /// Taken out until then; past it, the next request probes and pushes it one
     /// `fail_timeout` further, so that only one probe is out at a time.
     out_until: Option<Instant>,
+    /// When it was taken out (kept while probes fail).
+    out_since: Option<Instant>,
+}
+
+/// The last active health check of a server.
+struct Checked {
+    /// Why it failed (`None`: it passed).
+    failure: Option<String>,
+    /// Since when checks have passed, or failed.
+    since: Instant,
+    /// How long the check took.
+    took: Duration,
+}
+
+/// A server as the dashboard shows it.
+#[derive(Debug)]
+pub struct ServerReport {
+    /// Its address, with the name it is an address of.
+    pub address: String,
+    /// Why it is out, and since when (`None`: in use).
+    pub out: Option<(String, Instant)>,
+    pub in_flight: usize,
+    pub failures: u64,
+    /// How long its last active health check took, if it has one.
+    pub check_took: Option<Duration>,
 }
 
 /// A request's claim on a server: counts as in progress there until dropped (with the
@@ -227,8 +257,10 @@ impl ServerSet {
             tls: w.tls,
             tls_name: w.tls_name.clone(),
             in_flight: AtomicUsize::new(0),
+            failures: AtomicU64::new(0),
             health: Mutex::default(),
             check_failed: AtomicBool::new(false),
+            checked: Mutex::new(None),
             max_fails: self.max_fails,
             fail_timeout: self.fail_timeout,
         }
@@ -311,6 +343,13 @@ impl ServerSet {
             (Balance::LeastConn, _) => balance::least_conn(&m.rr, &m.weights, &loads(), eligible),
             (Balance::RandomTwo, _) => balance::random_two(&m.weights, &loads(), eligible, &mut fastrand::Rng::new()),
         }
+    }
+
+    /// Every server of the moment as the dashboard shows it, at `now`.
+    pub fn report(&self, now: Instant) -> Vec<ServerReport> {
+        let members = self.current.load();
+        let lone = members.servers.len() == 1;
+        members.servers.iter().map(|s| s.report(now, lone)).collect()
     }
 
     /// Every server of the moment, for the active health check.
@@ -418,6 +457,29 @@ impl ServerState {
         self.health.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn report(&self, now: Instant, lone: bool) -> ServerReport {
+        let checked = self.checked.lock().unwrap_or_else(|p| p.into_inner());
+        let check_took = checked.as_ref().map(|c| c.took);
+        let out = match checked.as_ref() {
+            Some(Checked { failure: Some(why), since, .. }) => Some((format!("health check: {why}"), *since)),
+            _ if self.usable(now, lone) => None,
+            _ => self.lock().out_since.map(|since| {
+                let why = format!(
+                    "max_fails ({}) reached within fail_timeout ({:?}); a request probes it again",
+                    self.max_fails, self.fail_timeout
+                );
+                (why, since)
+            }),
+        };
+        ServerReport {
+            address: self.describe(),
+            out,
+            in_flight: self.in_flight.load(Ordering::Relaxed),
+            failures: self.failures.load(Ordering::Relaxed),
+            check_took,
+        }
+    }
+
     /// The address, with the name it is an address of when it was written as one.
     fn describe(&self) -> String {
         if self.host == self.address { self.address.to_string() } else { format!("{} ({})", self.address, self.host) }
@@ -457,6 +519,7 @@ impl InFlight {
         if health.out_until.take().is_some() {
             health.fails = 0;
             health.since = None;
+            health.out_since = None;
             info!(upstream, server = %s.describe(), "server answered its probe: back in use");
         }
     }
@@ -464,6 +527,7 @@ impl InFlight {
     /// The server could not be reached, closed the connection or did not answer in time.
     pub fn failed(&self, upstream: &str, now: Instant) {
         let s = &self.server;
+        s.failures.fetch_add(1, Ordering::Relaxed);
         if self.lone || s.max_fails == 0 {
             return;
         }
@@ -475,6 +539,7 @@ impl InFlight {
         health.fails += 1;
         if health.fails >= s.max_fails {
             health.out_until = Some(now + s.fail_timeout);
+            health.out_since.get_or_insert(now);
             warn!(upstream, server = %s.describe(), fails = health.fails, fail_timeout = ?s.fail_timeout,
                 "server taken out after failures");
         }
@@ -510,10 +575,19 @@ impl Member {
         self.0.describe()
     }
 
-    /// Records the outcome of a check: a failed one takes the server out until one passes.
-    /// True when that changed whether it is out.
-    pub fn checked(&self, passed: bool) -> bool {
-        self.0.check_failed.swap(!passed, Ordering::Relaxed) == passed
+    /// Records the outcome of a check that took `took` (`Err`: why it failed): a failed
+    /// one takes the server out until one passes. True when that changed whether it is
+    /// out.
+    pub fn checked(&self, outcome: Result<(), String>, took: Duration) -> bool {
+        let passed = outcome.is_ok();
+        let changed = self.0.check_failed.swap(!passed, Ordering::Relaxed) == passed;
+        let mut checked = self.0.checked.lock().unwrap_or_else(|p| p.into_inner());
+        let since = match checked.as_ref() {
+            Some(last) if !changed => last.since,
+            _ => Instant::now(),
+        };
+        *checked = Some(Checked { failure: outcome.err(), since, took });
+        changed
     }
 }
 
@@ -638,11 +712,29 @@ pub(super) mod tests {
         let set = set(2, 0);
         let now = Instant::now();
         let second = set.members().into_iter().nth(1).unwrap();
-        assert!(second.checked(false));
-        assert!(!second.checked(false), "no change, nothing to log");
+        assert!(second.checked(Err("down".into()), Duration::ZERO));
+        assert!(!second.checked(Err("down".into()), Duration::ZERO), "no change, nothing to log");
         assert!((0..4).all(|_| pick(&set, now) == Some(0)));
-        assert!(second.checked(true));
+        assert!(second.checked(Ok(()), Duration::ZERO));
         assert_eq!(two(&set, now), [Some(0), Some(1)]);
+    }
+
+    #[test]
+    fn the_report_says_why_a_server_is_out_since_when_and_counts_its_failures() {
+        let set = set(2, 1);
+        let t0 = Instant::now();
+        set.pick(None, &ids(&set, &[1]), t0).unwrap().failed("u", t0);
+        let report = set.report(t0 + Duration::from_secs(1));
+        let (why, since) = report[0].out.clone().expect("taken out");
+        assert_eq!(why, "max_fails (1) reached within fail_timeout (10s); a request probes it again");
+        assert_eq!(since, t0);
+        assert_eq!((report[0].failures, report[1].failures), (1, 0));
+        assert!(report[1].out.is_none() && report[1].check_took.is_none());
+        let second = set.members().into_iter().nth(1).unwrap();
+        second.checked(Err("status 500".into()), Duration::from_millis(3));
+        let report = set.report(t0);
+        assert_eq!(report[1].out.as_ref().map(|(why, _)| why.as_str()), Some("health check: status 500"));
+        assert_eq!(report[1].check_took, Some(Duration::from_millis(3)));
     }
 
     #[test]

@@ -78,6 +78,10 @@ async fn metrics_count_what_was_sent() {
     assert_eq!(m.value("sluicegate_upstream_errors_total{route=\"gone\",kind=\"connect\"}"), 1.0);
     assert_eq!(m.value("sluicegate_upstream_duration_seconds_count{route=\"api\"}"), 4.0);
     assert_eq!(m.value("sluicegate_build_info{version=\"0.1.0\"}"), 1.0);
+    assert_eq!(m.value("sluicegate_limit_max_keys{limit=\"strict\"}"), 100_000.0);
+    let started = m.value("sluicegate_start_time_seconds");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    assert!(started <= now && started > now - 600.0, "{started}");
     assert!(!m.0.contains("127.0.0.1"), "a client address became a label:\n{}", m.0);
 
     assert_eq!(get(admin, "/healthz", &[]).await.status, 200);
@@ -174,7 +178,11 @@ async fn metrics_series_come_in_a_stable_order() {
     }
     let (a, b) = (conf.start(), conf.start());
     let (a, b) = (Metrics::of(&a).await.0, Metrics::of(&b).await.0);
-    assert_eq!(a, b);
+    // The same lines but for each process's start time, which two starts may not share.
+    let others = |page: &str| -> Vec<String> {
+        page.lines().filter(|l| !l.starts_with("sluicegate_start_time_seconds ")).map(str::to_owned).collect()
+    };
+    assert_eq!(others(&a), others(&b));
     // A histogram's series keep their own lines together, buckets in order.
     let delay: Vec<&str> = a.lines().filter(|l| l.starts_with("sluicegate_limit_delay_seconds_bucket{le=")).collect();
     assert!(
@@ -252,4 +260,92 @@ async fn the_config_is_shown_in_its_own_words_and_a_key_lookup_says_what_it_need
     let lookup = get(sg.admin_addr(), "/limits/per_user?ip=10.0.0.1", &auth).await;
     assert_eq!(lookup.status, 400);
     assert_eq!(lookup.text(), "limit \"per_user\" is keyed by header:x-user; give ?header:x-user=VALUE\n");
+}
+
+/// An admin listener on an address other than loopback without a token is refused by
+/// `check` and by `run`, at its field; with a token it is fine, and `insecure: true`
+/// serves it without one, saying so at warn on every start.
+#[tokio::test]
+async fn an_admin_listener_beyond_loopback_needs_a_token_or_insecure() {
+    let yaml =
+        |admin: &str| format!("listen: 127.0.0.1:0\nadmin: {{ {admin} }}\nroutes:\n  - respond: {{ status: 200 }}\n");
+    let refused = yaml("listen: 0.0.0.0:0");
+    let (code, stderr) = check_bounded(&refused);
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.starts_with(
+            "FILE:2:18: admin.listen: 0.0.0.0:0 is not a loopback address and the admin API has no token: anyone who \
+             reaches it could reload the configuration, reset keys and lift bans; set admin.token (or token_file), \
+             or admin.insecure: true to serve it so knowingly\n"
+        ),
+        "{stderr}"
+    );
+    let (_dir, path) = config_file(&refused);
+    let run = binary().arg("-c").arg(&path).stdout(std::process::Stdio::null()).output().unwrap();
+    assert_eq!(run.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&run.stderr).contains("admin.listen: 0.0.0.0:0 is not a loopback address"));
+
+    for fine in ["listen: 127.0.0.1:0", "listen: \"[::1]:0\"", "listen: 0.0.0.0:0, token: s3cret"] {
+        assert_eq!(check_bounded(&yaml(fine)), (Some(0), String::new()), "{fine}");
+    }
+    let (code, stderr) = check_bounded(&yaml("listen: 0.0.0.0:0, token: s3cret, insecure: true"));
+    assert_eq!(code, Some(0));
+    assert!(stderr.contains("admin.insecure: does nothing with a token"), "{stderr}");
+
+    let sg = Sluicegate::start(&yaml("listen: 0.0.0.0:0, insecure: true"));
+    let log = sg.wait_for_log(|log| log.contains("admin.insecure: true"));
+    let line = log.lines().find(|l| l.contains("admin.insecure: true")).expect("no warning at start");
+    assert!(line.contains("\"level\":\"WARN\""), "{line}");
+    assert_eq!(get(sg.admin_addr(), "/healthz", &[]).await.status, 200);
+}
+
+/// A call that changes state is refused, `403` with the reason, when a browser says
+/// another site made it: an `Origin` that is not the listener's own, a `Sec-Fetch-Site`
+/// but `same-origin` or `none`, or a body type a plain HTML form sends. The dashboard's
+/// own calls, curl's and `sluicegate reload` pass; reads are not concerned.
+#[tokio::test]
+async fn state_changing_calls_another_site_makes_are_refused() {
+    let conf = Conf::new().admin().limit("l", "key: ip, rate: 1r/m, ban: 10m").answering("l");
+    let sg = conf.start();
+    let admin = sg.admin_addr();
+    let own = format!("http://{admin}");
+    let call = async |method: http::Method, path: &str, fields: &[(&str, &str)]| {
+        let mut req = http::Request::builder().method(method).uri(path).header("host", admin.to_string());
+        for (name, value) in fields {
+            req = req.header(*name, *value);
+        }
+        request(admin, req.body(String::new()).unwrap()).await
+    };
+    let calls = [
+        (http::Method::POST, "/reload", 200),
+        (http::Method::DELETE, "/bans/l/0000000000000001", 404),
+        (http::Method::DELETE, "/limits/l?ip=10.0.0.1", 204),
+    ];
+    for (method, path, answer) in calls {
+        let refused = call(method.clone(), path, &[("origin", "http://evil.example")]).await;
+        assert_eq!(
+            (refused.status, refused.text()),
+            (
+                403,
+                format!(
+                    "cross-site request refused: Origin http://evil.example is not this admin listener's ({own})\n"
+                )
+            ),
+            "{method} {path}"
+        );
+        let refused = call(method.clone(), path, &[("sec-fetch-site", "cross-site")]).await;
+        assert_eq!(refused.status, 403, "{method} {path}: {}", refused.text());
+        let form = call(method.clone(), path, &[("content-type", "application/x-www-form-urlencoded")]).await;
+        assert!(form.text().contains("is what a plain HTML form sends"), "{method} {path}: {}", form.text());
+        let page = [("origin", own.as_str()), ("sec-fetch-site", "same-origin"), ("content-type", "application/json")];
+        assert_eq!(call(method.clone(), path, &page).await.status, answer, "{method} {path} from the page itself");
+        assert_eq!(call(method.clone(), path, &[]).await.status, answer, "{method} {path} from curl");
+    }
+    let read = call(http::Method::GET, "/bans", &[("origin", "http://evil.example")]).await;
+    assert_eq!(read.status, 200, "a read changes nothing (the token guards it)");
+    // `sluicegate reload` finds the listener where the file says.
+    let yaml = conf.yaml().replace("admin: { listen: 127.0.0.1:0 }", &format!("admin: {{ listen: \"{admin}\" }}"));
+    std::fs::write(&sg.config, yaml).unwrap();
+    let reload = binary().arg("reload").arg("-c").arg(&sg.config).output().unwrap();
+    assert!(reload.status.success(), "{}", String::from_utf8_lossy(&reload.stderr));
 }

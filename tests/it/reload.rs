@@ -227,3 +227,15 @@ async fn a_changed_listen_address_rebinds_or_the_whole_reload_fails() {
     assert_eq!(get(moved, "/", &[]).await.text(), "three");
     assert!(tokio::net::TcpStream::connect(sg.addr).await.is_err(), "the old address still accepts");
 }
+
+/// A limit a reload keeps keeps the table it was made with: `max_keys` changes at the next
+/// restart, and `sluicegate_limit_max_keys` says the size in force.
+#[tokio::test]
+async fn a_kept_limit_keeps_its_tables_size_and_says_so() {
+    let conf = |max_keys: u32| {
+        Conf::new().admin().limit("l", &format!("key: ip, rate: 10r/s, max_keys: {max_keys}")).answering("l")
+    };
+    let sg = conf(1000).start();
+    assert!(sg.reload(&conf(5000).yaml()).contains("configuration reloaded"));
+    assert_eq!(Metrics::of(&sg).await.value("sluicegate_limit_max_keys{limit=\"l\"}"), 1000.0);
+}

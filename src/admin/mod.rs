@@ -1,11 +1,16 @@
-//! The admin listener (`admin.listen`): liveness, readiness and Prometheus metrics, apart
-//! from the proxy's own listener so that it can stay on a private address.
+//! The admin listener (`admin.listen`): the dashboard, liveness, readiness and
+//! Prometheus metrics, apart from the proxy's own listener so that it can stay on a
+//! private address.
 //!
+//! `GET /` is the dashboard (`dashboard`: its page and `GET /dashboard.json`);
 //! `GET /healthz` answers while the process serves; `GET /readyz` once the configuration
 //! is loaded (saying so when the last reload failed); `GET /metrics` is the Prometheus
 //! text exposition; `POST /reload` reloads the configuration file, as SIGHUP does. With
 //! `admin.token`, every call must carry `Authorization: Bearer TOKEN` (compared in
-//! constant time).
+//! constant time). A call that changes state is refused when a browser says another site
+//! made it (`cross_site`).
+
+mod cross_site;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +23,7 @@ use subtle::ConstantTimeEq;
 
 use crate::config::{Action, Admin, Config, OnStoreError, PathMatch, Scope};
 use crate::connection::ClientConn;
+use crate::dashboard::{self, Dashboard};
 use crate::front;
 use crate::head::{Fields, RequestHead};
 use crate::message::{Request, Response, Service};
@@ -34,23 +40,40 @@ const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=
 pub struct AdminService {
     admin: Admin,
     running: Arc<Running>,
+    dashboard: Dashboard,
 }
 
 impl AdminService {
+    /// The admin API of `running`; its dashboard's history is recorded from now on
+    /// (within a Tokio runtime).
     pub fn new(admin: Admin, running: Arc<Running>) -> Self {
-        AdminService { admin, running }
+        let dashboard = Dashboard::start(Arc::clone(&running), admin.token.is_some());
+        AdminService { admin, running, dashboard }
     }
 }
 
 impl Service for AdminService {
     async fn call<'a>(&'a self, request: Request<'a>, _conn: &'a ClientConn) -> Response {
-        answer(&request.head, &self.admin, &self.running).await
+        answer(&request.head, self).await
     }
 }
 
 /// The answer to one admin call: one `match` on the method and the path's segments, a
 /// function per endpoint. Only a reload waits (for its outcome).
-async fn answer(head: &RequestHead<'_>, admin: &Admin, running: &Running) -> Response {
+async fn answer(head: &RequestHead<'_>, service: &AdminService) -> Response {
+    let AdminService { admin, running, dashboard } = service;
+    if !head.method.is_safe()
+        && let Some(why) = cross_site::refusal(head)
+    {
+        return typed(StatusCode::FORBIDDEN, "text/plain", format!("cross-site request refused: {why}\n"));
+    }
+    let method = if *head.method == Method::HEAD { &Method::GET } else { head.method };
+    // The page's files hold no data: a browser loads them before the token is typed.
+    if method == Method::GET
+        && let Some((content_type, body)) = dashboard.file(head.path())
+    {
+        return page(typed(StatusCode::OK, content_type, body));
+    }
     if let Some(token) = &admin.token
         && !bearer_token(head.fields).is_some_and(|given| bool::from(given.ct_eq(token.as_bytes())))
     {
@@ -60,13 +83,17 @@ async fn answer(head: &RequestHead<'_>, admin: &Admin, running: &Running) -> Res
     }
     let segments: SmallVec<[&str; 4]> = head.path().trim_start_matches('/').splitn(3, '/').collect();
     let query = head.query().unwrap_or_default();
-    let method = if *head.method == Method::HEAD { &Method::GET } else { head.method };
     let proxy = running.proxy();
     match (method, &segments[..]) {
         (&Method::GET, ["healthz"]) => text(StatusCode::OK, "ok\n"),
         (&Method::GET, ["readyz"]) => readyz(running),
         (&Method::GET, ["metrics"]) => metrics(&proxy),
         (&Method::GET, ["config"]) => json(StatusCode::OK, &describe(proxy.config())),
+        (&Method::GET, ["dashboard.json"]) => {
+            // Compact: a first answer holds 15 minutes of seconds per route and limit.
+            let state = serde_json::to_vec(&dashboard.state(running, query)).unwrap_or_default();
+            page(typed(StatusCode::OK, "application/json", state))
+        }
         (&Method::POST, ["reload"]) => reload(running).await,
         (_, ["reload"]) => text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n"),
         (&Method::GET, ["bans"]) => bans(&proxy),
@@ -76,12 +103,14 @@ async fn answer(head: &RequestHead<'_>, admin: &Admin, running: &Running) -> Res
         (&Method::DELETE, ["bans", name, rest @ ..]) => lift(&proxy, name, rest.first().copied().unwrap_or_default()),
         (&Method::GET, ["limits", name]) => key_state(&proxy, name, query, false),
         (&Method::DELETE, ["limits", name]) => key_state(&proxy, name, query, true),
-        (m, ["healthz" | "readyz" | "metrics" | "config" | "bans" | "limits", ..]) if m != Method::GET => {
+        (m, ["healthz" | "readyz" | "metrics" | "config" | "bans" | "limits" | "dashboard.json", ..])
+            if m != Method::GET =>
+        {
             text(StatusCode::METHOD_NOT_ALLOWED, "use GET\n")
         }
         _ => text(
             StatusCode::NOT_FOUND,
-            "not found: /healthz, /readyz, /metrics, /config, /limits/NAME?PART=VALUE, /bans, POST /reload\n",
+            "not found: / (the dashboard), /healthz, /readyz, /metrics, /config, /limits/NAME?PART=VALUE, /bans, POST /reload\n",
         ),
     }
 }
@@ -279,7 +308,7 @@ fn describe(config: &Config) -> serde_json::Value {
                 "name": l.name,
                 "key": l.key.0.iter().map(ToString::to_string).collect::<Vec<_>>(),
                 "scope": if matches!(l.scope, Scope::Global { .. }) { "global" } else { "local" },
-                "windows": l.windows.iter().map(window).collect::<Vec<_>>(),
+                "windows": l.windows.iter().map(Policy::in_words).collect::<Vec<_>>(),
                 "dry_run": l.dry_run,
                 "ban": l.ban.map(|b| humantime::format_duration(b.base).to_string()),
                 "max_keys": l.max_keys,
@@ -349,26 +378,16 @@ fn describe(config: &Config) -> serde_json::Value {
     serde_json::json!({ "listen": listen, "upstreams": upstreams, "routes": routes, "limits": limits })
 }
 
-/// A limit's window in the configuration's own words (`rate: 10r/s, burst: 2`).
-fn window(policy: &Policy) -> serde_json::Value {
-    let span = |d: &std::time::Duration| humantime::format_duration(*d).to_string();
-    match policy {
-        Policy::Rate { rate, burst, delay } => {
-            serde_json::json!({ "rate": rate.to_string(), "burst": burst, "delay": delay })
-        }
-        Policy::FixedWindow { limit, window } => {
-            serde_json::json!({ "algorithm": "fixed_window", "limit": limit, "window": span(window) })
-        }
-        Policy::SlidingWindow { limit, window } => {
-            serde_json::json!({ "algorithm": "sliding_window", "limit": limit, "window": span(window) })
-        }
-        Policy::SlidingLog { limit, window } => {
-            serde_json::json!({ "algorithm": "sliding_log", "limit": limit, "window": span(window) })
-        }
-        Policy::Concurrency { max, retry_after } => {
-            serde_json::json!({ "concurrency": max, "retry_after": span(retry_after) })
-        }
-    }
+/// `response`, a part of the dashboard: what the page may load and do (CSP), never
+/// sniffed as another type, never framed, never sent elsewhere as a referrer, never
+/// cached.
+fn page(mut response: Response) -> Response {
+    response.set(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(dashboard::CONTENT_SECURITY_POLICY));
+    response.set(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    response.set(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    response.set(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    response.set(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
 }
 
 fn json(status: StatusCode, value: &impl serde::Serialize) -> Response {
@@ -387,10 +406,12 @@ fn typed(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>)
 mod tests {
     use super::*;
 
-    fn running(yaml: &str) -> (Running, Admin) {
+    /// The admin API of an instance of `yaml` (within a Tokio runtime: the dashboard's
+    /// history starts).
+    fn service(yaml: &str) -> AdminService {
         let config = crate::config::parse(yaml, "test").unwrap();
         let admin = config.admin.clone().unwrap();
-        (Running::new(Proxy::new(config).unwrap(), None), admin)
+        AdminService::new(admin, Arc::new(Running::new(Proxy::new(config).unwrap(), None)))
     }
 
     fn head_of(req: &http::Request<()>) -> RequestHead<'_> {
@@ -409,9 +430,9 @@ mod tests {
         answer.now_or_never().expect("answered at once")
     }
 
-    fn call(running: &Running, admin: &Admin, method: Method, uri: &str) -> (StatusCode, String) {
+    fn call(service: &AdminService, method: Method, uri: &str) -> (StatusCode, String) {
         let req = http::Request::builder().method(method).uri(uri).body(()).unwrap();
-        let response = made(answer(&head_of(&req), admin, running));
+        let response = made(answer(&head_of(&req), service));
         let crate::message::Body::Full(body) = &response.body else { panic!("made here") };
         (response.status, String::from_utf8_lossy(body).into_owned())
     }
@@ -429,8 +450,8 @@ routes:
 
     #[tokio::test]
     async fn each_endpoint_answers_its_methods_and_nothing_else() {
-        let (running, admin) = running(CONFIG);
-        let status = |method: Method, uri: &str| call(&running, &admin, method, uri).0;
+        let service = service(CONFIG);
+        let status = |method: Method, uri: &str| call(&service, method, uri).0;
         assert_eq!(status(Method::GET, "/healthz"), StatusCode::OK);
         assert_eq!(status(Method::HEAD, "/readyz"), StatusCode::OK);
         assert_eq!(status(Method::POST, "/healthz"), StatusCode::METHOD_NOT_ALLOWED);
@@ -443,23 +464,34 @@ routes:
         assert_eq!(status(Method::DELETE, "/limits/strict?ip=10.0.0.1"), StatusCode::NO_CONTENT);
         assert_eq!(status(Method::GET, "/bans"), StatusCode::OK);
         assert_eq!(status(Method::DELETE, "/bans/strict/%230000000000000001"), StatusCode::NOT_FOUND, "no such ban");
-        let (_, config) = call(&running, &admin, Method::GET, "/config");
+        let (_, config) = call(&service, Method::GET, "/config");
         assert!(config.contains("strict"), "{config}");
     }
 
     #[tokio::test]
-    async fn with_a_token_nothing_answers_without_it() {
-        let (running, admin) =
-            running(&CONFIG.replace("127.0.0.1:0 }\nlimits", "127.0.0.1:0, token: s3cret }\nlimits"));
-        let request = |token: Option<&str>| {
-            let mut request = http::Request::get("/healthz");
+    async fn with_a_token_nothing_answers_without_it_but_the_pages_files() {
+        let service = service(&CONFIG.replace("127.0.0.1:0 }\nlimits", "127.0.0.1:0, token: s3cret }\nlimits"));
+        let request = |path: &str, token: Option<&str>| {
+            let mut request = http::Request::get(path);
             if let Some(token) = token {
                 request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
             }
-            made(answer(&head_of(&request.body(()).unwrap()), &admin, &running)).status
+            made(answer(&head_of(&request.body(()).unwrap()), &service))
         };
-        assert_eq!(request(None), StatusCode::UNAUTHORIZED);
-        assert_eq!(request(Some("wrong")), StatusCode::UNAUTHORIZED);
-        assert_eq!(request(Some("s3cret")), StatusCode::OK);
+        for path in ["/healthz", "/dashboard.json", "/config"] {
+            assert_eq!(request(path, None).status, StatusCode::UNAUTHORIZED, "{path}");
+            assert_eq!(request(path, Some("wrong")).status, StatusCode::UNAUTHORIZED, "{path}");
+            assert_eq!(request(path, Some("s3cret")).status, StatusCode::OK, "{path}");
+        }
+        for path in ["/", "/dashboard.js", "/dashboard.css", "/icon.svg"] {
+            let file = request(path, None);
+            assert_eq!(file.status, StatusCode::OK, "{path}");
+            let crate::message::Body::Full(body) = &file.body else { panic!("made here") };
+            assert!(!String::from_utf8_lossy(body).contains("shared"), "{path} shows no data (no limit's name)");
+            let csp = file.extra.iter().find(|(name, _)| *name == header::CONTENT_SECURITY_POLICY);
+            assert!(csp.is_some(), "{path} has its Content-Security-Policy");
+        }
+        let crate::message::Body::Full(page) = request("/", None).body else { panic!("made here") };
+        assert!(String::from_utf8_lossy(&page).contains("data-token=\"required\""), "the page asks for the token");
     }
 }
