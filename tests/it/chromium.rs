@@ -43,17 +43,12 @@ impl Drop for Driver {
     }
 }
 
-impl Chromium {
-    /// A new browser, or `None` (saying so) when Chromium or chromedriver is not installed
-    /// and `CI` is not set: CI installs them (`.ci/run`), and there their absence fails.
-    pub async fn start() -> Option<Chromium> {
-        let installed =
-            |program: &str| Command::new(program).arg("--version").output().is_ok_and(|o| o.status.success());
-        if !installed("chromium") || !installed("chromedriver") {
-            assert!(std::env::var_os("CI").is_none(), "{MISSING}");
-            eprintln!("skipped: {MISSING}");
-            return None;
-        }
+/// chromedriver on a free port, and that port. A driver that ends before it says it
+/// listens (seen once in a few hundred starts on a loaded machine) is started again, up
+/// to three times; what it wrote is in the failure.
+fn start_driver() -> (Driver, u16) {
+    let mut said = Vec::new();
+    for _ in 0..3 {
         // A process group of its own: the browser it starts is killed with it.
         let mut driver = Driver(
             Command::new("chromedriver")
@@ -70,13 +65,36 @@ impl Chromium {
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 // "ChromeDriver was started successfully on port 40239."
-                if let Some(port) = line.split("started successfully on port ").nth(1) {
-                    let _ = tx.send(port.trim_end_matches('.').parse::<u16>().unwrap());
-                }
+                let port = line.split("started successfully on port ").nth(1).map(|p| p.trim_end_matches('.').parse());
+                let _ = tx.send((line.clone(), port.and_then(Result::ok)));
             }
         });
+        loop {
+            match rx.recv_timeout(START_WITHIN) {
+                Ok((_, Some(port))) => return (driver, port),
+                Ok((line, None)) => said.push(line),
+                Err(mpsc::RecvTimeoutError::Timeout) => panic!("chromedriver said no port within {START_WITHIN:?}"),
+                // It ended (its output closed) without saying its port: again.
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+    }
+    panic!("chromedriver ended three times without listening; it said:\n{}", said.join("\n"))
+}
+
+impl Chromium {
+    /// A new browser, or `None` (saying so) when Chromium or chromedriver is not installed
+    /// and `CI` is not set: CI installs them (`.ci/run`), and there their absence fails.
+    pub async fn start() -> Option<Chromium> {
+        let installed =
+            |program: &str| Command::new(program).arg("--version").output().is_ok_and(|o| o.status.success());
+        if !installed("chromium") || !installed("chromedriver") {
+            assert!(std::env::var_os("CI").is_none(), "{MISSING}");
+            eprintln!("skipped: {MISSING}");
+            return None;
+        }
+        let (driver, port) = start_driver();
         let profile = tempfile::tempdir().unwrap();
-        let port = rx.recv_timeout(START_WITHIN).expect("chromedriver says its port");
         let client = connect(port, &profile).await;
         client.set_window_size(1300, 1500).await.unwrap();
         Some(Chromium { client, port, _driver: driver, _profile: profile })
