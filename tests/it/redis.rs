@@ -261,8 +261,17 @@ impl Cluster {
 }
 
 /// `n` distinct ports that were free a moment ago (bound together, then released).
+/// `n` free ports below Linux's ephemeral range (32768 and up): a port there is never
+/// given to an outgoing connection as its local port, so a killed server's port is still
+/// free for its restart (a port from the ephemeral range was once taken meanwhile, under
+/// load: `Address already in use`).
 fn free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    let mut listeners = Vec::new();
+    while listeners.len() < n {
+        if let Ok(listener) = TcpListener::bind(("127.0.0.1", fastrand::u16(10_000..32_000))) {
+            listeners.push(listener);
+        }
+    }
     listeners.iter().map(|l| l.local_addr().unwrap().port()).collect()
 }
 
