@@ -75,4 +75,8 @@ impl BodySource for RequestBody<'_> {
             other => other,
         }
     }
+
+    fn poll_interim(&mut self, cx: &mut Context<'_>, head: &crate::http1::parse::ResponseHead) -> Poll<()> {
+        self.inner.poll_interim(cx, head)
+    }
 }
