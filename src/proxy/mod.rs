@@ -286,6 +286,7 @@ impl Proxy {
                     forwarded: config.forwarded,
                     upgrade: hop::upgrade_protocol(head.version, head.fields),
                     rewrite: &route.rewrite,
+                    underscores: config.underscores_in_headers,
                 };
                 let target = admitted.target.as_deref().unwrap_or(head.target);
                 let host = &route.rewrite.upstream_host;
