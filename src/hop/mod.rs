@@ -13,6 +13,7 @@ use smallvec::SmallVec;
 
 use crate::config::{ForwardedMode, Rewrite};
 use crate::head::{Fields, Known, text};
+use crate::variables::Request;
 use forwarded::Node;
 
 pub fn is_trusted(ip: IpAddr, trusted: &[IpNet]) -> bool {
@@ -98,6 +99,8 @@ pub struct Hop<'a> {
     pub upgrade: Option<&'a [u8]>,
     /// The route's changes to the request's fields.
     pub rewrite: &'a Rewrite,
+    /// What the variables of `set_request_headers` values stand for.
+    pub vars: Request<'a>,
 }
 
 /// The fields a request with `fields` carries to the next hop, in order, given to
@@ -136,8 +139,9 @@ pub fn request_fields(fields: Fields<'_>, hop: &Hop<'_>, host: Option<&[u8]>, em
             emit(name, value);
         }
     });
+    let mut made = Vec::new();
     for (name, value) in rewrite.set_request_headers.iter().filter(|(n, _)| *n != header::HOST) {
-        emit(name.as_str().as_bytes(), value.as_bytes());
+        emit(name.as_str().as_bytes(), value.value(&hop.vars, &mut made));
     }
     if let Some(protocol) = hop.upgrade {
         emit(b"connection", b"upgrade");
@@ -148,7 +152,7 @@ pub fn request_fields(fields: Fields<'_>, hop: &Hop<'_>, host: Option<&[u8]>, em
         .set_request_headers
         .iter()
         .find(|(n, _)| *n == header::HOST)
-        .map(|(_, v)| v.as_bytes())
+        .map(|(_, v)| v.value(&hop.vars, &mut made))
         .or_else(|| fields.first_of(Known::Host));
     if rfc7239 {
         let element = forwarded::element(hop.peer, hop.tls, client_host);
@@ -340,8 +344,9 @@ mod tests {
     fn forward(headers: &HeaderMap, peer: &str, trusted_peer: bool, mode: ForwardedMode) -> Vec<(String, String)> {
         let rewrite = Rewrite::default();
         let upgrade = upgrade_protocol(http::Version::HTTP_11, Fields::from(headers));
-        let hop =
-            Hop { peer: peer.parse().unwrap(), trusted_peer, tls: false, forwarded: mode, upgrade, rewrite: &rewrite };
+        let peer = peer.parse().unwrap();
+        let vars = Request { client_ip: peer, host: None, target: b"/", tls: false };
+        let hop = Hop { peer, trusted_peer, tls: false, forwarded: mode, upgrade, rewrite: &rewrite, vars };
         let mut out = Vec::new();
         let host = headers.get(header::HOST).map(|h| h.as_bytes());
         request_fields(Fields::from(headers), &hop, host, &mut |n, v| {
