@@ -65,3 +65,4 @@ pub mod simulate;
 pub mod store;
 pub mod suggest;
 pub mod upstream;
+pub mod variables;

@@ -3,6 +3,7 @@
 //! sections (names, durations, statuses, CIDRs, header fields, allow-lists, key specs).
 //! A leaf of `config`: it imports none of the sections' files.
 
+use crate::variables::Template;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::str::FromStr;
@@ -165,6 +166,12 @@ pub(super) fn status_in(
     let (lo, hi) = (range.start(), range.end());
     e.check(path, ok.ok_or_else(|| format!("must be a status from {lo} to {hi}, not {code}")))
         .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+/// A field a route sets: its value may hold variables (see `variables`).
+pub(super) fn set_field(name: &str, value: &str) -> Result<(HeaderName, Template), String> {
+    let parsed = HeaderName::from_str(name).map_err(|_| format!("invalid header name {name:?}"))?;
+    Ok((parsed, Template::parse(value)?))
 }
 
 pub(super) fn header(name: &str, value: &str) -> Result<(HeaderName, HeaderValue), String> {

@@ -12,7 +12,7 @@ mod limits;
 mod messages;
 mod position;
 mod raw;
-mod resolve;
+pub(crate) mod resolve;
 mod routes;
 mod secrets;
 mod shadow;
@@ -22,6 +22,7 @@ pub mod units;
 mod upstreams;
 mod validate;
 
+use crate::variables::Template;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -144,9 +145,6 @@ pub struct Upstream {
     pub connect_timeout: Duration,
     /// Longest wait for the response headers once the request is sent.
     pub timeout: Duration,
-    /// Failures within `fail_timeout` that take a server out for `fail_timeout` (0: never).
-    pub max_fails: u32,
-    pub fail_timeout: Duration,
     /// Further servers a request that could not be sent is tried on.
     pub retries: u32,
     /// Speak HTTP/2 to the servers (prior knowledge on `http://`, ALPN on `https://`).
@@ -195,6 +193,10 @@ pub struct Server {
     pub tls: bool,
     /// Its share of requests relative to the other servers' weights.
     pub weight: u32,
+    /// Its own passive health, or the upstream's (nginx's `server … max_fails=N
+    /// fail_timeout=T`).
+    pub max_fails: u32,
+    pub fail_timeout: Duration,
 }
 
 /// How an upstream chooses a request's server among those not taken out.
@@ -329,10 +331,23 @@ pub struct BodyRate {
 #[derive(Debug, Default)]
 pub struct Rewrite {
     pub path: Option<PathRewrite>,
-    pub set_request_headers: Vec<(HeaderName, HeaderValue)>,
+    pub set_request_headers: Vec<(HeaderName, Template)>,
     pub remove_request_headers: Vec<HeaderName>,
-    pub set_response_headers: Vec<(HeaderName, HeaderValue)>,
+    pub set_response_headers: Vec<(HeaderName, Template)>,
     pub upstream_host: UpstreamHost,
+    /// `Expires` and `Cache-Control` set on the upstream's responses (nginx's `expires`).
+    pub expires: Option<Expires>,
+}
+
+/// How long a response may be cached, as nginx's `expires` says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expires {
+    /// `Expires` this long from now, `Cache-Control: max-age` of it.
+    After(Duration),
+    /// Already expired: `Expires` in 1970, `Cache-Control: no-cache`.
+    Epoch,
+    /// As far as nginx's `max`: `Expires` at the end of 2037, ten years' `max-age`.
+    Max,
 }
 
 /// The path sent upstream, made from the normalized path that matched `prefix`.
@@ -360,6 +375,8 @@ pub enum UpstreamHost {
     /// The client's.
     #[default]
     Keep,
+    /// The client's without its port, in lower case (nginx's `$host`).
+    KeepName,
     /// The server's `HOST:PORT`.
     Server,
     /// This name.
@@ -385,6 +402,8 @@ pub enum Action {
 pub struct StaticResponse {
     pub status: StatusCode,
     pub headers: HeaderMap,
+    /// Fields whose values hold variables, made for each request.
+    pub made: Vec<(HeaderName, Template)>,
     pub body: Bytes,
 }
 

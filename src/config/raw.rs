@@ -202,7 +202,7 @@ pub struct RawUpstreamTls {
     pub verify: Option<bool>,
 }
 
-/// `"HOST:PORT"`, or `{ address: "HOST:PORT", weight: 3 }`.
+/// `"HOST:PORT"`, or `{ address: "HOST:PORT", weight: 3, max_fails: 2, fail_timeout: 30s }`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum RawUpstreamServer {
@@ -217,6 +217,9 @@ pub struct RawWeightedServer {
     #[schemars(!default)]
     pub address: String,
     pub weight: Option<u32>,
+    /// The upstream's unless given.
+    pub max_fails: Option<u32>,
+    pub fail_timeout: Option<String>,
 }
 
 /// `balance:` of an upstream: how a request's server is chosen.
@@ -374,6 +377,8 @@ pub struct RawRoute {
     #[serde(default)]
     pub set_response_headers: BTreeMap<String, String>,
     pub upstream_host: Option<String>,
+    /// `1h`, `epoch` or `max` (nginx's `expires`).
+    pub expires: Option<String>,
     pub max_body_bytes: Option<RawSize>,
     pub response_body_rate: Option<RawBodyRate>,
 }

@@ -1,6 +1,7 @@
 //! One route of the file -> `Route`: its match, what it does (forward or respond), its
 //! limits and what a request weighs in them, and what it rewrites, every error positioned.
 
+use crate::variables::Template;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
 use std::str::FromStr;
@@ -11,10 +12,11 @@ use http::{HeaderMap, Method};
 
 use crate::policy::key::KeyPart;
 
-use super::checks::{Errors, allow, body_size, header, size, status_in, unknown_name};
+use super::checks::{Errors, allow, body_size, set_field, size, status_in, unknown_name};
 use super::raw::{RawConfig, RawMatch, RawRespond, RawRoute};
+use super::units::parse_duration;
 use super::{
-    Action, BodyRate, Cost, Limit, PathMatch, PathRegex, PathRewrite, Piece, Rewrite, Route, RouteMatch,
+    Action, BodyRate, Cost, Expires, Limit, PathMatch, PathRegex, PathRewrite, Piece, Rewrite, Route, RouteMatch,
     StaticResponse, UpstreamHost,
 };
 
@@ -101,7 +103,8 @@ pub(super) fn route(
         || !raw.set_request_headers.is_empty()
         || !raw.remove_request_headers.is_empty()
         || !raw.set_response_headers.is_empty()
-        || raw.upstream_host.is_some();
+        || raw.upstream_host.is_some()
+        || raw.expires.is_some();
     if rewrites && raw.respond.is_some() {
         e.add(
             format!("{at}.respond"),
@@ -216,8 +219,10 @@ fn rewrite(e: &mut Errors<'_>, at: &str, raw: &RawRoute, matcher: &RouteMatch) -
         },
         (false, None) => None,
     };
-    let mut headers = |field: &str, map: &BTreeMap<String, String>| -> Vec<(HeaderName, HeaderValue)> {
-        map.iter().filter_map(|(name, value)| e.check(|| format!("{at}.{field}.{name}"), header(name, value))).collect()
+    let mut headers = |field: &str, map: &BTreeMap<String, String>| -> Vec<(HeaderName, Template)> {
+        map.iter()
+            .filter_map(|(name, value)| e.check(|| format!("{at}.{field}.{name}"), set_field(name, value)))
+            .collect()
     };
     let set_request_headers = headers("set_request_headers", &raw.set_request_headers);
     let set_response_headers = headers("set_response_headers", &raw.set_response_headers);
@@ -233,17 +238,30 @@ fn rewrite(e: &mut Errors<'_>, at: &str, raw: &RawRoute, matcher: &RouteMatch) -
     let upstream_host = match raw.upstream_host.as_deref() {
         None | Some("keep") => UpstreamHost::Keep,
         Some("server") => UpstreamHost::Server,
+        Some("keep_name") => UpstreamHost::KeepName,
         Some(name) => {
             let valid = http::uri::Authority::from_str(name).ok().filter(|_| !name.contains('@'));
             let value = valid.and_then(|a| HeaderValue::from_str(a.as_str()).ok());
             e.check(
                 || format!("{at}.upstream_host"),
-                value.ok_or_else(|| format!("write keep, server, or a host name such as api.internal, not {name:?}")),
+                value.ok_or_else(|| {
+                    format!("write keep, keep_name, server, or a host name such as api.internal, not {name:?}")
+                }),
             )
             .map_or(UpstreamHost::Keep, UpstreamHost::Name)
         }
     };
-    Rewrite { path, set_request_headers, remove_request_headers, set_response_headers, upstream_host }
+    let expires = raw.expires.as_deref().and_then(|text| {
+        let expires = match text {
+            "epoch" => Ok(Expires::Epoch),
+            "max" => Ok(Expires::Max),
+            text => parse_duration(text)
+                .map(Expires::After)
+                .map_err(|why| format!("{why}; or `epoch` (already expired) or `max` (ten years)")),
+        };
+        e.check(|| format!("{at}.expires"), expires)
+    });
+    Rewrite { path, set_request_headers, remove_request_headers, set_response_headers, upstream_host, expires }
 }
 
 /// A `path_regex` route's `rewrite.to`: text, with `$NAME` or `${NAME}` for what the
@@ -348,15 +366,17 @@ fn route_match(e: &mut Errors<'_>, at: &str, raw: &RawMatch) -> RouteMatch {
 
 fn static_response(e: &mut Errors<'_>, at: &str, raw: &RawRespond) -> StaticResponse {
     let status = status_in(e, || format!("{at}.status"), raw.status.unwrap_or(200), 100..=599);
-    let mut headers = HeaderMap::new();
+    let (mut headers, mut made) = (HeaderMap::new(), Vec::new());
     for (name, value) in &raw.headers {
-        if let Some((n, v)) = e.check(|| format!("{at}.headers.{name}"), header(name, value)) {
-            headers.append(n, v);
+        match e.check(|| format!("{at}.headers.{name}"), set_field(name, value)) {
+            Some((n, Template::Fixed(v))) => _ = headers.append(n, v),
+            Some((n, v)) => made.push((n, v)),
+            None => {}
         }
     }
     let body = Bytes::from(raw.body.clone().unwrap_or_default());
     if !body.is_empty() && !headers.contains_key(CONTENT_TYPE) {
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
     }
-    StaticResponse { status, headers, body }
+    StaticResponse { status, headers, made, body }
 }

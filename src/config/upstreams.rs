@@ -48,8 +48,16 @@ pub(super) fn upstream(e: &mut Errors<'_>, name: &str, raw: &RawUpstream) -> Ups
     if raw.servers.is_empty() {
         e.add(format!("{at}.servers"), "needs at least one server (HOST:PORT)");
     }
-    let servers =
-        raw.servers.iter().enumerate().filter_map(|(i, s)| server(e, &format!("{at}.servers[{i}]"), s)).collect();
+    let health = Health {
+        max_fails: raw.max_fails.unwrap_or(DEFAULT_MAX_FAILS),
+        fail_timeout: fail_timeout(e, &format!("{at}.fail_timeout"), raw.fail_timeout.as_ref(), DEFAULT_FAIL_TIMEOUT),
+    };
+    let servers: Vec<Server> = raw
+        .servers
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| server(e, &format!("{at}.servers[{i}]"), s, health))
+        .collect();
     let balance = match (raw.balance.unwrap_or(BalanceName::RoundRobin), &raw.hash_key) {
         (BalanceName::Hash, Some(key)) => Balance::Hash(KeySpec(key_parts(e, &format!("{at}.hash_key"), key).into())),
         (BalanceName::Hash, None) => {
@@ -67,11 +75,6 @@ pub(super) fn upstream(e: &mut Errors<'_>, name: &str, raw: &RawUpstream) -> Ups
         (BalanceName::LeastConn, None) => Balance::LeastConn,
         (BalanceName::RandomTwo, None) => Balance::RandomTwo,
     };
-    let fail_timeout = e.duration(&format!("{at}.fail_timeout"), raw.fail_timeout.as_ref(), DEFAULT_FAIL_TIMEOUT);
-    if fail_timeout.is_zero() {
-        e.add(format!("{at}.fail_timeout"), "must be longer than zero (turn passive health off with max_fails: 0)");
-    }
-    let servers: Vec<Server> = servers;
     if raw.tls.is_some() && !servers.iter().any(|s| s.tls) {
         e.add(format!("{at}.tls"), "applies only to https:// servers");
     }
@@ -86,8 +89,6 @@ pub(super) fn upstream(e: &mut Errors<'_>, name: &str, raw: &RawUpstream) -> Ups
             DEFAULT_CONNECT_TIMEOUT,
         ),
         timeout: e.duration(&format!("{at}.timeout"), raw.timeout.as_ref(), DEFAULT_UPSTREAM_TIMEOUT),
-        max_fails: raw.max_fails.unwrap_or(DEFAULT_MAX_FAILS),
-        fail_timeout,
         retries: raw.retries.unwrap_or(DEFAULT_RETRIES),
         http2: raw.http2.unwrap_or(false),
         health_check: raw.health_check.as_ref().map(|h| health_check(e, &format!("{at}.health_check"), h)),
@@ -130,10 +131,38 @@ fn resolve_interval(e: &mut Errors<'_>, at: &str, text: Option<&String>) -> Opti
     }
 }
 
-fn server(e: &mut Errors<'_>, at: &str, raw: &RawUpstreamServer) -> Option<Server> {
-    let (text, weight, address_at) = match raw {
-        RawUpstreamServer::Address(text) => (text, None, at.to_owned()),
-        RawUpstreamServer::Weighted(w) => (&w.address, w.weight, format!("{at}.address")),
+/// Passive health: failures within `fail_timeout` that take a server out for `fail_timeout`.
+#[derive(Clone, Copy)]
+struct Health {
+    max_fails: u32,
+    fail_timeout: Duration,
+}
+
+/// A `fail_timeout`: a duration longer than zero.
+fn fail_timeout(e: &mut Errors<'_>, at: &str, text: Option<&String>, default: Duration) -> Duration {
+    let fail_timeout = e.duration(at, text, default);
+    if fail_timeout.is_zero() {
+        e.add(at.to_owned(), "must be longer than zero (turn passive health off with max_fails: 0)");
+    }
+    fail_timeout
+}
+
+/// A server of an upstream whose own passive health is `upstream`'s.
+fn server(e: &mut Errors<'_>, at: &str, raw: &RawUpstreamServer, upstream: Health) -> Option<Server> {
+    let (text, weight, address_at, health) = match raw {
+        RawUpstreamServer::Address(text) => (text, None, at.to_owned(), upstream),
+        RawUpstreamServer::Weighted(w) => {
+            let health = Health {
+                max_fails: w.max_fails.unwrap_or(upstream.max_fails),
+                fail_timeout: fail_timeout(
+                    e,
+                    &format!("{at}.fail_timeout"),
+                    w.fail_timeout.as_ref(),
+                    upstream.fail_timeout,
+                ),
+            };
+            (&w.address, w.weight, format!("{at}.address"), health)
+        }
     };
     let (tls, authority) = match (text.strip_prefix("https://"), text.strip_prefix("http://")) {
         (Some(rest), _) => (true, rest),
@@ -158,7 +187,8 @@ fn server(e: &mut Errors<'_>, at: &str, raw: &RawUpstreamServer) -> Option<Serve
             None
         }
     };
-    Some(Server { address: address?, tls, weight: weight? })
+    let Health { max_fails, fail_timeout } = health;
+    Some(Server { address: address?, tls, weight: weight?, max_fails, fail_timeout })
 }
 
 fn tls(e: &mut Errors<'_>, at: &str, raw: Option<&RawUpstreamTls>) -> UpstreamTls {

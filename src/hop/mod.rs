@@ -13,6 +13,7 @@ use smallvec::SmallVec;
 
 use crate::config::{ForwardedMode, Rewrite};
 use crate::head::{Fields, Known, text};
+use crate::variables::Request;
 use forwarded::Node;
 
 pub fn is_trusted(ip: IpAddr, trusted: &[IpNet]) -> bool {
@@ -101,6 +102,8 @@ pub struct Hop<'a> {
     /// Fields whose names hold `_` go on (`server.underscores_in_headers`), but those
     /// that would stand for a field set here.
     pub underscores: bool,
+    /// What the variables of `set_request_headers` values stand for.
+    pub vars: Request<'a>,
 }
 
 /// Whether a field named `name`, which holds `_`, is dropped. CGI and the frameworks that
@@ -168,8 +171,9 @@ pub fn request_fields(fields: Fields<'_>, hop: &Hop<'_>, host: Option<&[u8]>, em
             emit(name, value);
         }
     });
+    let mut made = Vec::new();
     for (name, value) in rewrite.set_request_headers.iter().filter(|(n, _)| *n != header::HOST) {
-        emit(name.as_str().as_bytes(), value.as_bytes());
+        emit(name.as_str().as_bytes(), value.value(&hop.vars, &mut made));
     }
     if let Some(protocol) = hop.upgrade {
         emit(b"connection", b"upgrade");
@@ -180,7 +184,7 @@ pub fn request_fields(fields: Fields<'_>, hop: &Hop<'_>, host: Option<&[u8]>, em
         .set_request_headers
         .iter()
         .find(|(n, _)| *n == header::HOST)
-        .map(|(_, v)| v.as_bytes())
+        .map(|(_, v)| v.value(&hop.vars, &mut made))
         .or_else(|| fields.first_of(Known::Host));
     if rfc7239 {
         let element = forwarded::element(hop.peer, hop.tls, client_host);
@@ -372,14 +376,17 @@ mod tests {
     fn forward(headers: &HeaderMap, peer: &str, trusted_peer: bool, mode: ForwardedMode) -> Vec<(String, String)> {
         let rewrite = Rewrite::default();
         let upgrade = upgrade_protocol(http::Version::HTTP_11, Fields::from(headers));
+        let peer = peer.parse().unwrap();
+        let vars = Request { client_ip: peer, host: None, target: b"/", tls: false };
         let hop = Hop {
-            peer: peer.parse().unwrap(),
+            peer,
             trusted_peer,
             tls: false,
             forwarded: mode,
             upgrade,
             rewrite: &rewrite,
             underscores: false,
+            vars,
         };
         let mut out = Vec::new();
         let host = headers.get(header::HOST).map(|h| h.as_bytes());
@@ -423,15 +430,18 @@ mod tests {
         let names: Vec<&str> = out.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["x-kept", "x-forwarded-for", "x-forwarded-proto"], "dropped by default");
         let mut rewrite = Rewrite::default();
-        rewrite.set_request_headers.push((http::HeaderName::from_static("x-user"), "set".parse().unwrap()));
+        let set = crate::variables::Template::parse("set").unwrap();
+        rewrite.set_request_headers.push((http::HeaderName::from_static("x-user"), set));
+        let peer = "9.9.9.9".parse().unwrap();
         let hop = Hop {
-            peer: "9.9.9.9".parse().unwrap(),
+            peer,
             trusted_peer: false,
             tls: false,
             forwarded: ForwardedMode::XForwarded,
             upgrade: None,
             rewrite: &rewrite,
             underscores: true,
+            vars: Request { client_ip: peer, host: None, target: b"/", tls: false },
         };
         let mut kept = Vec::new();
         request_fields(Fields::from(&h), &hop, None, &mut |n, _| kept.push(String::from_utf8_lossy(n).into_owned()));

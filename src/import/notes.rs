@@ -117,13 +117,11 @@ pub fn needs_no_counterpart(name: &str) -> bool {
         "keepalive_time",
         "client_header_buffer_size",
         "client_body_buffer_size",
-        "client_body_temp_path",
         "client_body_in_file_only",
         "proxy_buffering",
         "proxy_buffers",
         "proxy_buffer_size",
         "proxy_busy_buffers_size",
-        "proxy_temp_path",
         "proxy_max_temp_file_size",
         "proxy_temp_file_write_size",
         "proxy_request_buffering",
@@ -167,7 +165,8 @@ pub fn needs_no_counterpart(name: &str) -> bool {
         "keepalive",
         "zone",
     ];
-    NAMES.contains(&name)
+    // Where nginx keeps bodies and responses on disk: sluicegate streams them.
+    NAMES.contains(&name) || name.ends_with("_temp_path")
 }
 
 /// Why a directive sluicegate has no counterpart for is left out.
@@ -176,7 +175,7 @@ pub fn unsupported_reason(name: &str) -> &'static str {
         "if" => "conditions are not converted",
         "rewrite" => "regular-expression rewrites are not converted",
         "set" => "variables set here are not converted",
-        "root" | "alias" | "try_files" | "index" | "autoindex" | "expires" | "etag" => {
+        "root" | "alias" | "try_files" | "index" | "autoindex" | "etag" => {
             "sluicegate serves no files: it forwards requests or answers them with `respond`"
         }
         "error_page" | "proxy_intercept_errors" => "error pages are not converted",

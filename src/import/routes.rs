@@ -220,7 +220,10 @@ fn location_templates(
         Match::Exact => ("path", format!("={}", l.path), l.path.to_owned()),
         Match::Prefix | Match::PrefixFirst => ("path_prefix", l.path.to_owned(), l.path.to_owned()),
         Match::Regex { caseless } => {
-            let pattern = if caseless { format!("(?i){}", l.path) } else { l.path.to_owned() };
+            // nginx's PCRE matches the decoded path's bytes, ASCII-only: `\d` is `[0-9]`,
+            // `\w`, `\s`, `\b` and `(?i)` know no other letters, `.` is one byte. The
+            // router matches bytes too, and `(?-u)` gives every one of those that meaning.
+            let pattern = format!("(?{}-u){}", if caseless { "i" } else { "" }, l.path);
             if let Err(why) = crate::router::PathRegex::new(&pattern) {
                 notes.left_out(d, format!("{why}; sluicegate's regular expressions match in linear time, without it"));
                 return Vec::new();
@@ -239,6 +242,12 @@ fn location_templates(
         tiers: Vec::new(),
     };
     if let Some(ret) = l.ret {
+        if let Some(d) = l.scope.one("expires").filter(|d| d.args != ["off"]) {
+            comments.push(format!(
+                "left out: {}",
+                notes.left_out(d, "on a `return`: sluicegate's `respond` sets no Expires")
+            ));
+        }
         return match respond(ret, &l.scope, notes) {
             Ok(respond) => {
                 comments.push(format!(
@@ -294,6 +303,11 @@ fn location_templates(
         Ok(None) => {}
         Err((at, why)) => header_notes.push(notes.left_out(at, why)),
     }
+    match settings::expires(&l.scope) {
+        Ok(Some(expires)) => fields.push(("expires".into(), expires)),
+        Ok(None) => {}
+        Err((at, why)) => header_notes.push(notes.left_out(at, why)),
+    }
     comments.extend(header_notes.into_iter().map(|line| format!("left out: {line}")));
     let (applied, limit_notes) = cx.limits.apply(&l.scope, notes);
     comments.extend(limit_notes.into_iter().map(|line| format!("left out: {line}")));
@@ -345,7 +359,8 @@ fn request_headers(scope: &Scope<'_>, proxy_host: &str, notes: &mut Notes) -> (V
         };
         let lower = name.to_ascii_lowercase();
         match (lower.as_str(), value.as_str()) {
-            ("host", "$host" | "$http_host") => host = None,
+            ("host", "$http_host") => host = None,
+            ("host", "$host") => host = Some(Item::text("keep_name")),
             ("host", "$proxy_host") => {}
             ("host", v) if !v.contains('$') => host = Some(Item::text(v)),
             ("x-forwarded-for", "$proxy_add_x_forwarded_for" | "$remote_addr")
@@ -354,11 +369,10 @@ fn request_headers(scope: &Scope<'_>, proxy_host: &str, notes: &mut Notes) -> (V
             | ("upgrade", "$http_upgrade")
             | ("connection", "$connection_upgrade" | "upgrade" | "") => {}
             (_, "") => remove.push(lower),
-            (_, v) if !v.contains('$') => set.push((lower, Item::text(v))),
-            ("x-real-ip", _) => {
-                lines.push(notes.left_out(d, "sluicegate sends the client's address in X-Forwarded-For, not X-Real-IP"))
-            }
-            _ => lines.push(notes.left_out(d, "values made of variables are not converted")),
+            (_, v) => match values::field_value(v) {
+                Some(value) => set.push((lower, Item::text(value))),
+                None => lines.push(notes.left_out(d, "values made of variables are not converted")),
+            },
         }
     }
     let mut fields = Vec::new();
@@ -379,10 +393,10 @@ fn response_headers(scope: &Scope<'_>, notes: &mut Notes) -> (Vec<(String, Item)
     let (mut set, mut lines) = (Vec::new(), Vec::new());
     for d in scope.all("add_header") {
         match &d.args[..] {
-            [name, value, ..] if !value.contains('$') => {
-                set.push((name.to_ascii_lowercase(), Item::text(value.clone())))
-            }
-            [_, _, ..] => lines.push(notes.left_out(d, "values made of variables are not converted")),
+            [name, value, ..] => match values::field_value(value) {
+                Some(value) => set.push((name.to_ascii_lowercase(), Item::text(value))),
+                None => lines.push(notes.left_out(d, "values made of variables are not converted")),
+            },
             _ => lines.push(notes.left_out(d, "expected `add_header NAME VALUE [always]`")),
         }
     }
@@ -402,16 +416,15 @@ fn respond(d: &Directive, scope: &Scope<'_>, notes: &mut Notes) -> Result<Item, 
     if code == 444 {
         return Err("444 (close the connection without answering) is not supported".into());
     }
-    if rest.is_some_and(|r| r.contains('$')) {
-        return Err("a text or URL made of variables is not converted".into());
-    }
     let mut m = MapBuilder::default();
     m.set("status", Item::int(code));
     let (mut headers, _) = response_headers(scope, notes);
     match rest {
         Some(url) if matches!(code, 301 | 302 | 303 | 307 | 308) => {
-            headers.push(("location".into(), Item::text(url.clone())))
+            let url = values::field_value(url).ok_or("a URL made of other variables is not converted")?;
+            headers.push(("location".into(), Item::text(url)));
         }
+        Some(text) if text.contains('$') => return Err("a text made of variables is not converted".into()),
         Some(text) => {
             m.set("body", Item::text(text.clone()));
         }

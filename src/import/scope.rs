@@ -30,6 +30,7 @@ const INHERITED: &[&str] = &[
     "client_max_body_size",
     "limit_rate",
     "limit_rate_after",
+    "expires",
     "client_header_timeout",
     "client_body_timeout",
     "keepalive_timeout",

@@ -133,6 +133,22 @@ pub fn body_rate<'a>(scope: &Scope<'a>) -> Result<Option<Item>, (&'a Directive, 
     Ok(Some(map.build()))
 }
 
+/// `expires` in force, as the route's `expires`: a time, `epoch` or `max` (`off`: none).
+pub fn expires<'a>(scope: &Scope<'a>) -> Result<Option<Item>, (&'a Directive, String)> {
+    let Some(d) = scope.one("expires") else { return Ok(None) };
+    match &d.args[..] {
+        [off] if off == "off" => Ok(None),
+        [word] if word == "epoch" || word == "max" => Ok(Some(Item::text(word))),
+        [time] if !time.starts_with(['-', '@']) => {
+            values::time(time).map(|t| Some(Item::text(values::duration_text(t)))).map_err(|why| (d, why))
+        }
+        _ => Err((
+            d,
+            "only `expires TIME`, `epoch`, `max` and `off` are converted (not negative times, `@`, `modified`)".into(),
+        )),
+    }
+}
+
 /// The line setting `name` at the chosen server; notes servers whose value differs.
 fn agreed<'a>(servers: &[Server<'a>], chosen: usize, name: &str, notes: &mut Notes) -> Option<&'a Directive> {
     let kept = servers.get(chosen).and_then(|s| s.scope.one(name));

@@ -29,6 +29,8 @@ pub struct Directive {
     /// The words after the name, quotes removed and escapes applied as nginx does.
     pub args: Vec<String>,
     pub at: At,
+    /// The line of the `;` or `{` that ends it: where nginx places its errors.
+    pub end: usize,
     /// The directives of its `{}` block; `None` for a directive ended by `;`.
     pub block: Option<Vec<Directive>>,
 }
@@ -263,12 +265,14 @@ pub fn parse(src: &str, file: &Arc<str>) -> Result<Vec<Directive>, SyntaxError> 
             }
             Token::Semicolon => {
                 let name = words.remove(0);
-                let directive = Directive { name, args: std::mem::take(&mut words), at: at(first_line), block: None };
+                let args = std::mem::take(&mut words);
+                let directive = Directive { name, args, at: at(first_line), end: line, block: None };
                 stack.last_mut().map_or(&mut done, |open| &mut open.2).push(directive);
             }
             Token::Open => {
                 let name = words.remove(0);
-                let directive = Directive { name, args: std::mem::take(&mut words), at: at(first_line), block: None };
+                let args = std::mem::take(&mut words);
+                let directive = Directive { name, args, at: at(first_line), end: line, block: None };
                 if is_foreign_block(&directive.name) {
                     lexer.skip_foreign_block(line)?;
                     let directive = Directive { block: Some(Vec::new()), ..directive };

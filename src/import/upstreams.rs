@@ -275,9 +275,9 @@ fn block(d: &Directive, variables: &Variables<'_>, notes: &mut Notes) -> Block {
     b
 }
 
-/// A `server` line of an upstream: its address and weight, `None` when `down`.
-/// `health` holds the first server's `max_fails` and `fail_timeout`: sluicegate has one
-/// pair per upstream.
+/// A `server` line of an upstream: its address, weight and passive health, `None` when
+/// `down`. `health` holds the first server's `max_fails` and `fail_timeout`, written as
+/// the upstream's; another server's own pair is written with it.
 fn server(d: &Directive, health: &mut Option<(u64, Duration)>) -> Result<Option<Item>, String> {
     let address = address(d.args.first().ok_or("expected an address")?, false)?;
     let (mut weight, mut this) = (1, NGINX_SERVER_HEALTH);
@@ -294,20 +294,14 @@ fn server(d: &Directive, health: &mut Option<(u64, Duration)>) -> Result<Option<
             _ => return Err(format!("{arg} is not converted")),
         }
     }
-    match health {
-        Some(first) if *first != this => {
-            return Err(format!(
-                "max_fails={} fail_timeout={} differ from the upstream's first server's; sluicegate has one pair per upstream",
-                this.0,
-                values::duration_text(this.1)
-            ));
-        }
-        Some(_) => {}
-        None => *health = Some(this),
+    let first = *health.get_or_insert(this);
+    let mut fields = vec![("address".to_owned(), Item::text(address.clone()))];
+    if weight != 1 {
+        fields.push(("weight".into(), Item::int(weight)));
     }
-    Ok(Some(if weight == 1 {
-        Item::text(address)
-    } else {
-        Value::Map(vec![("address".into(), Item::text(address)), ("weight".into(), Item::int(weight))]).into()
-    }))
+    if this != first {
+        fields.push(("max_fails".into(), Item::int(this.0)));
+        fields.push(("fail_timeout".into(), Item::text(values::duration_text(this.1))));
+    }
+    Ok(Some(if fields.len() == 1 { Item::text(address) } else { Value::Map(fields).into() }))
 }

@@ -3,6 +3,36 @@
 
 use std::time::Duration;
 
+/// A field value made of nginx variables (`https://$host$request_uri`) in sluicegate's
+/// words (`variables`): `$remote_addr` is `$client_ip` (`set_real_ip_from` became
+/// `trusted_proxies`), `$host`, `$request_uri` and `$scheme` are the same. `None` when it
+/// uses another variable.
+pub fn field_value(text: &str) -> Option<String> {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(dollar) = rest.find('$') {
+        out.push_str(&rest[..dollar]);
+        let after = &rest[dollar + 1..];
+        let (name, next) = match after.strip_prefix('{') {
+            Some(braced) => braced.split_once('}')?,
+            None => {
+                let end = after.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(after.len());
+                (&after[..end], &after[end..])
+            }
+        };
+        let ours = match name {
+            "remote_addr" => "client_ip",
+            "host" | "request_uri" | "scheme" => name,
+            _ => return None,
+        };
+        let glued = next.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_');
+        out.push_str(&if glued { format!("${{{ours}}}") } else { format!("${ours}") });
+        rest = next;
+    }
+    out.push_str(rest);
+    Some(out)
+}
+
 /// An nginx time (`ngx_parse_time`): parts `N` + unit `ms`, `s`, `m`, `h`, `d`, `w`,
 /// `M` (30 days), `y` (365 days), summed; a bare number is seconds.
 pub fn time(text: &str) -> Result<Duration, String> {

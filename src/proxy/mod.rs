@@ -13,6 +13,7 @@ pub mod response;
 mod rewrite;
 pub mod top_keys;
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -25,7 +26,7 @@ use crate::config::{Action, Config, HeaderMode, LogLevel, Route};
 use crate::connection::ClientConn;
 use crate::front::{self, FrontError};
 use crate::gate::{Decision, Gate, Pending, Permits, Standings};
-use crate::head::RequestHead;
+use crate::head::{Known, RequestHead};
 use crate::hop::{self, Hop};
 use crate::http1::BodySource;
 use crate::http1::parse::Framing;
@@ -34,6 +35,7 @@ use crate::message::{self, Request, Response};
 use crate::metrics::{Metrics, RequestOutcome, UpstreamResult};
 use crate::policy::key::KeySource;
 use crate::upstream::{self, Outgoing, UpstreamClient, UpstreamError};
+use crate::variables;
 use error::ProxyError;
 use log_budget::LogBudget;
 use refused_keys::RefusedKeys;
@@ -247,6 +249,7 @@ impl Proxy {
                     balance_key,
                     target,
                     trusted_peer,
+                    client_ip,
                 };
                 Ok(Admission::Go(admitted))
             }
@@ -275,8 +278,14 @@ impl Proxy {
             // requests do not wait, nor carry a timer's room.)
             Box::pin(tokio::time::sleep(admitted.wait)).await;
         }
+        let vars = variables::Request {
+            client_ip: admitted.client_ip,
+            host: head.fields.first_of(Known::Host).or(head.authority.map(str::as_bytes)),
+            target: head.target.as_bytes(),
+            tls: conn.tls,
+        };
         let response = match &route.action {
-            Action::Respond(r) => Ok(response::static_response(r)),
+            Action::Respond(r) => Ok(response::static_response(r, &vars)),
             Action::Forward(upstream) => {
                 let hop = Hop {
                     peer: conn.peer.ip(),
@@ -286,6 +295,7 @@ impl Proxy {
                     upgrade: hop::upgrade_protocol(head.version, head.fields),
                     rewrite: &route.rewrite,
                     underscores: config.underscores_in_headers,
+                    vars,
                 };
                 let target = admitted.target.as_deref().unwrap_or(head.target);
                 let host = &route.rewrite.upstream_host;
@@ -351,10 +361,16 @@ impl Proxy {
             true => debug!(route = %route.name, error = %e, "client error while forwarding"),
             false => warn!(route = %route.name, error = %e, "upstream error"),
         })?;
+        let mut extra: Vec<_> = (route.rewrite.set_response_headers.iter())
+            .map(|(n, v)| (n.clone(), v.header_value(&out.hop.vars).into()))
+            .collect();
+        if let Some(expires) = route.rewrite.expires {
+            extra.extend(response::expires(expires, response.status).map(|(n, v)| (n, v.into())));
+        }
         Ok(Response {
             status: response.status,
             fields: message::Fields::Upstream(response.fields),
-            extra: route.rewrite.set_response_headers.iter().map(|(n, v)| (n.clone(), v.clone().into())).collect(),
+            extra,
             body: message::Body::Upstream(response.body),
             pace: None,
             receipts: message::Receipts::default(),
@@ -479,6 +495,8 @@ struct Admitted {
     target: Option<String>,
     /// The client's peer is a trusted proxy: its forwarding fields are extended.
     trusted_peer: bool,
+    /// The client's address (`trusted_proxies` applied): `$client_ip`.
+    client_ip: IpAddr,
 }
 
 /// The request's access log line (if one is written), filled in as the request path

@@ -84,7 +84,8 @@ const MAX_STARTS: usize = 16;
 fn anchored_starts(pattern: &str) -> Option<Box<[Box<[u8]>]>> {
     use regex_syntax::hir::Look;
     use regex_syntax::hir::literal::{ExtractKind, Extractor};
-    let hir = regex_syntax::Parser::new().parse(pattern).ok()?;
+    // As the path's bytes are matched: `(?-u:.)` is any byte.
+    let hir = regex_syntax::ParserBuilder::new().utf8(false).build().parse(pattern).ok()?;
     if !hir.properties().look_set_prefix().contains(Look::Start) {
         return None;
     }

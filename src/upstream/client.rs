@@ -11,6 +11,7 @@
 //! closed just as the request went out is tried again on a new connection to the same
 //! server, under the same rule, without counting against the server's health.
 
+use std::borrow::Cow;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -37,6 +38,7 @@ use crate::http1::parse::{Framing, ResponseHead};
 use crate::http1::write;
 use crate::http1::{BodyError, BodySource};
 use crate::metrics::{Metrics, PoolMetrics};
+use crate::variables;
 
 pub struct UpstreamClient {
     servers: std::sync::Arc<ServerSet>,
@@ -266,13 +268,16 @@ impl UpstreamClient {
         body: Option<&mut RequestBody<'_>>,
         fresh: bool,
     ) -> Result<(StatusCode, ResponseFields, BodyKind), Failure> {
+        let client = || out.head.fields.first_of(Known::Host).or(out.head.authority.map(str::as_bytes));
         let host = match out.host {
             // HTTP/1 needs a `Host`; a client's HTTP/1.0 request may come without.
-            UpstreamHost::Keep => out.head.fields.first_of(Known::Host).or(out.head.authority.map(str::as_bytes)),
-            UpstreamHost::Name(name) => Some(name.as_bytes()),
-            UpstreamHost::Server => Some(server.host().as_str().as_bytes()),
+            UpstreamHost::Keep => client().map(Cow::Borrowed),
+            UpstreamHost::KeepName => client().map(variables::host_name),
+            UpstreamHost::Name(name) => Some(Cow::Borrowed(name.as_bytes())),
+            UpstreamHost::Server => Some(Cow::Borrowed(server.host().as_str().as_bytes())),
         };
-        let host = host.or(Some(server.host().as_str().as_bytes()));
+        let host = host.or(Some(Cow::Borrowed(server.host().as_str().as_bytes())));
+        let host = host.as_deref();
         let body = body.map(|b| b as &mut dyn BodySource);
         if self.http2 {
             // Boxed: HTTP/1 requests do not carry its room.

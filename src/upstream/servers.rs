@@ -35,8 +35,6 @@ pub struct ServerSet {
     /// The servers of the moment; shared with the connector, which asks them for names.
     current: Arc<ArcSwap<Members>>,
     balance: Balance,
-    max_fails: u32,
-    fail_timeout: Duration,
     /// The longest a request waits for the first lookup of the names.
     connect_timeout: Duration,
     /// Every name has been looked up once (whatever the answer): read by every request,
@@ -63,6 +61,9 @@ struct Written {
     /// The name TLS sends (SNI) and verifies: `tls.sni`, else the written host.
     tls_name: Option<ServerName<'static>>,
     weight: u32,
+    /// Failures that take the server out (0: never), within and for `fail_timeout`.
+    max_fails: u32,
+    fail_timeout: Duration,
 }
 
 /// One generation of servers: every address of every written server, as resolved last.
@@ -188,8 +189,6 @@ impl ServerSet {
             current: Arc::new(ArcSwap::from_pointee(Members::of(Vec::new(), Vec::new(), &written))),
             written,
             balance: upstream.balance.clone(),
-            max_fails: upstream.max_fails,
-            fail_timeout: upstream.fail_timeout,
             connect_timeout: upstream.connect_timeout,
             resolved: AtomicBool::new(!names),
             resolving_done: tokio::sync::Notify::new(),
@@ -271,8 +270,8 @@ impl ServerSet {
             health: Mutex::default(),
             check_failed: AtomicBool::new(false),
             checked: Mutex::new(None),
-            max_fails: self.max_fails,
-            fail_timeout: self.fail_timeout,
+            max_fails: w.max_fails,
+            fail_timeout: w.fail_timeout,
             max_conns: self.max_conns,
             freed: Arc::clone(&self.freed),
         }
@@ -462,6 +461,8 @@ fn written(server: &Server, upstream: &Upstream) -> Written {
         tls: server.tls,
         tls_name: tls_name.filter(|_| server.tls),
         weight: server.weight,
+        max_fails: server.max_fails,
+        fail_timeout: server.fail_timeout,
     }
 }
 
@@ -676,14 +677,18 @@ pub(super) mod tests {
                 .iter()
                 .map(|s| {
                     let (tls, address) = s.strip_prefix("https://").map_or((false, *s), |rest| (true, rest));
-                    Server { address: address.parse().unwrap(), tls, weight: 1 }
+                    Server {
+                        address: address.parse().unwrap(),
+                        tls,
+                        weight: 1,
+                        max_fails,
+                        fail_timeout: Duration::from_secs(10),
+                    }
                 })
                 .collect(),
             balance: Balance::RoundRobin,
             connect_timeout: Duration::from_secs(1),
             timeout: Duration::from_secs(1),
-            max_fails,
-            fail_timeout: Duration::from_secs(10),
             retries: 1,
             http2: false,
             tls: crate::config::UpstreamTls { roots: None, sni: None, verify: true },

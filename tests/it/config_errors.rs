@@ -81,7 +81,7 @@ FILE:8:19: upstreams.app.fail_timeout: must be longer than zero (turn passive he
 FILE:10:52: limits.per_ip.delay: must not exceed burst (2); use `nodelay: true` for no delay
 FILE:12:33: routes[0].match.hots: unknown field `hots`; did you mean `host`?
 FILE:15:37: routes[0].rewrite.keep: unknown field `keep`; expected `prefix` or `to`
-FILE:16:5: routes[0].colour: unknown field `colour`; the 16 fields of `routes[i]` are listed in README's configuration reference
+FILE:16:5: routes[0].colour: unknown field `colour`; the 17 fields of `routes[i]` are listed in README's configuration reference
 FILE: configuration is invalid
 "
     );
@@ -530,7 +530,7 @@ fn route_rewriting_errors_name_their_fields() {
     for expected in [
         "routes[0].strip_prefix: needs `match.path_prefix`",
         "routes[1].rewrite.prefix: must start with '/'",
-        "routes[1].upstream_host: write keep, server, or a host name",
+        "routes[1].upstream_host: write keep, keep_name, server, or a host name",
         "routes[1].remove_request_headers[0]: invalid header name",
         "routes[2].respond: a `respond` route forwards nothing",
     ] {

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use crate::common::*;
 use crate::conformance::{REAL_TIME, real_time_matches, replay_on_a_fake_clock, scenarios};
+use crate::nginx;
 
 /// What one run of `sluicegate import` gave.
 struct Imported {
@@ -144,8 +145,8 @@ fn an_api_gateway_with_tiers_by_map_imports_whole() {
         y["routes"][2],
         json!({
             "name": "/v1/", "match": {"path_prefix": "/v1/"}, "upstream": "api_pool", "strip_prefix": true,
-            "set_request_headers": {"x-gateway": "edge-1"}, "set_response_headers": headers,
-            "limits": ["free", "per_ip", "conns"]
+            "set_request_headers": {"x-gateway": "edge-1"}, "upstream_host": "keep_name",
+            "set_response_headers": headers, "limits": ["free", "per_ip", "conns"]
         })
     );
     assert_eq!(y["routes"][1]["max_body_bytes"], "50m");
@@ -207,10 +208,9 @@ fn a_login_page_with_a_geo_allow_list_imports_with_what_is_left_out_named() {
             "DIR/nginx.conf:49: add_header: values made of variables are not converted",
             "DIR/nginx.conf:52: location: neither proxy_pass nor return: sluicegate serves no files, so no route is made",
             "DIR/nginx.conf:53: root: sluicegate serves no files: it forwards requests or answers them with `respond`",
-            "DIR/nginx.conf:54: expires: sluicegate serves no files: it forwards requests or answers them with `respond`",
         ]
     );
-    assert!(out.stderr.contains("DIR/nginx.conf: 4 directives left out"), "{}", out.stderr);
+    assert!(out.stderr.contains("DIR/nginx.conf: 3 directives left out"), "{}", out.stderr);
     let y = &out.yaml;
     assert_eq!(
         y["limits"]["login"],
@@ -294,7 +294,7 @@ fn virtual_hosts_with_tls_from_globbed_includes_import_whole() {
     assert_eq!(y["routes"][0]["limits"], json!(["admin"]));
     assert_eq!(y["routes"][0]["upstream_host"], "blog");
     assert_eq!(y["routes"][4]["limits"], json!(["site"]));
-    assert!(y["routes"][4].get("upstream_host").is_none());
+    assert_eq!(y["routes"][4]["upstream_host"], "keep_name", "nginx's $host");
     assert_eq!(y["routes"][6]["respond"], json!({"status": 404}));
     assert!(out.text.contains(&format!("  # {}: limit_req_zone", file("conf.d/limits.conf:1"))));
 }
@@ -455,7 +455,7 @@ http {
     assert!(out.left_out()[0].starts_with("DIR/nginx.conf:12: location: look-around"), "{:?}", out.left_out());
     let order: Vec<String> = route_matches(&out.yaml).into_iter().map(|(name, _)| name).collect();
     assert_eq!(order, ["=/exact", "/static/dyn/", "/static/", r"~ \.php$", r"~* \.(png|jpg)$", "/api/", "/"]);
-    assert_eq!(out.yaml["routes"][4]["match"], json!({"path_regex": r"(?i)\.(png|jpg)$"}));
+    assert_eq!(out.yaml["routes"][4]["match"], json!({"path_regex": r"(?i-u)\.(png|jpg)$"}));
     assert!(out.text.contains("under `location ^~ /static/`"), "{}", out.text);
 
     let yaml = out.text.replace("127.0.0.1:8080", "127.0.0.1:0");
@@ -472,4 +472,238 @@ http {
     ] {
         assert_eq!(get(sg.addr, path, &[]).await.text(), location, "{path}");
     }
+}
+
+/// A server forwarding to a closed port, with `inside` in its location `/` (at line 7).
+fn broken(inside: &str) -> String {
+    format!(
+        "events {{}}\nhttp {{\n    limit_req_zone $binary_remote_addr zone=perip:1m rate=10r/s;\n    server {{\n        listen 127.0.0.1:8080;\n        location / {{\n{inside}\n        }}\n    }}\n}}\n"
+    )
+}
+
+/// Every file `nginx -t` refuses, the import refuses (exit 1, nothing written) at the line
+/// nginx names; the files nginx accepts, it imports.
+#[test]
+fn what_nginx_refuses_to_load_the_import_refuses_at_the_same_line() {
+    if !nginx::installed() {
+        return;
+    }
+    let cases = [
+        // A `;` left out: the next line's words become arguments.
+        broken("            proxy_pass http://127.0.0.1:9\n            proxy_set_header Host $host;"),
+        broken("            proxy_passs http://127.0.0.1:9;"),
+        broken("            client_max_body_size 1m 2m;"),
+        broken("            limit_req_zone $binary_remote_addr zone=two:1m rate=1r/s;"),
+        broken("            limit_req zone=nope;"),
+        broken("            limit_conn nope 1;"),
+        broken("            limit_req zone=perip burst=5;\n            limit_req zone=perip;"),
+        broken("            proxy_pass http://backend_app;"),
+        broken("            proxy_buffering yes;"),
+        broken("            proxy_pass http://127.0.0.1:9 {\n            }"),
+        broken("            location /x;"),
+        broken(
+            "            if ($http_x) {\n                limit_req_zone $binary_remote_addr zone=x:1m rate=1r/s;\n            }",
+        ),
+        broken("            return 200\n        }\n        location /x/ {\n            return 204;"),
+        broken("        }\n        location / {\n            return 204;"),
+        broken("        }\n        location = /a {}\n        location = /a {\n            return 204;"),
+        broken("            proxy_pass ftp://127.0.0.1:9;"),
+        "http {\n    server {\n        listen 127.0.0.1:8080;\n    }\n}\n".to_owned(),
+    ];
+    for conf in &cases {
+        let dir = nginx_conf(conf);
+        let (message, line) = nginx::verdict(dir.path()).expect_err(conf);
+        let out = import(dir.path());
+        assert_eq!(out.code, 1, "nginx: {message}\n{conf}\nimport: {}", out.stderr);
+        assert!(!dir.path().join("sluicegate.yaml").exists());
+        let first = out.stderr.lines().next().unwrap();
+        let at = first.strip_prefix("DIR/nginx.conf:").and_then(|rest| rest.split(':').next()?.parse::<usize>().ok());
+        match line {
+            Some(line) => assert_eq!(at, Some(line), "nginx: {message}\n{conf}\nimport: {}", out.stderr),
+            // nginx names no line (an undefined zone, no events): the import does or not.
+            None => assert!(first.starts_with("DIR/nginx.conf"), "{}", out.stderr),
+        }
+    }
+    for fixture_name in ["gateway", "login"] {
+        let dir = fixture(fixture_name);
+        assert_eq!(nginx::verdict(dir.path()), Ok(()), "{fixture_name}");
+        assert_ne!(import(dir.path()).code, 1, "{fixture_name}");
+    }
+}
+
+/// nginx's regular expressions match ASCII classes on the decoded path's bytes: a digit,
+/// a letter or a space of another script, or a fullwidth digit, is none of `\d`, `\w`,
+/// `\s`; `.` is one byte and `~*` folds ASCII letters only. The imported routes choose
+/// what nginx chooses on such paths, their captures kept.
+#[tokio::test]
+async fn regular_expressions_keep_the_ascii_meaning_nginx_gives_them() {
+    if !nginx::installed() {
+        return;
+    }
+    let port = closed_port();
+    let dir = nginx_conf(&format!(
+        r#"events {{}}
+http {{
+    access_log off;
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{ return 200 "root"; }}
+        location ~ ^/users/(?<id>\d+)/ {{ return 200 "digits"; }}
+        location ~ ^/w/\w+$ {{ return 200 "word"; }}
+        location ~ ^/s/a\sb$ {{ return 200 "space"; }}
+        location ~ ^/n/\D$ {{ return 200 "not-digit"; }}
+        location ~ ^/b/x\b {{ return 200 "boundary"; }}
+        location ~ ^/p/[[:alpha:]]+$ {{ return 200 "posix"; }}
+        location ~ ^/dot/.$ {{ return 200 "one"; }}
+        location ~* ^/k/k$ {{ return 200 "caseless"; }}
+    }}
+}}
+"#
+    ));
+    let out = import(dir.path());
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.yaml["routes"][0]["match"], json!({"path_regex": r"(?-u)^/users/(?<id>\d+)/"}));
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let paths = [
+        "/users/3/x",
+        "/users/%D9%A3/x",
+        "/users/%EF%BC%93/x",
+        "/w/abc",
+        "/w/caf%C3%A9",
+        "/s/a%20b",
+        "/s/a%C2%A0b",
+        "/s/a%E2%80%83b",
+        "/n/a",
+        "/n/%D9%A3",
+        "/b/x",
+        "/b/x%C3%A9",
+        "/p/abc",
+        "/p/%C3%A9",
+        "/dot/a",
+        "/dot/%C3%A9",
+        "/k/K",
+        "/k/%E2%84%AA",
+    ];
+    let mut nginx_chose = Vec::new();
+    {
+        let _nginx = nginx::Nginx::start(dir.path(), addr).await;
+        for path in paths {
+            nginx_chose.push((path, get(addr, path, &[]).await.text()));
+        }
+    }
+    let sg = Sluicegate::start(&out.text.replace(&addr.to_string(), "127.0.0.1:0"));
+    let mut imported_chose = Vec::new();
+    for path in paths {
+        imported_chose.push((path, get(sg.addr, path, &[]).await.text()));
+    }
+    assert_eq!(imported_chose, nginx_chose);
+    // Not every answer is the root's: the comparison tells the locations apart.
+    assert!(nginx_chose.iter().filter(|(_, body)| body != "root").count() >= 9, "{nginx_chose:?}");
+}
+
+/// `GET path` with `Host: host`.
+async fn get_host(addr: std::net::SocketAddr, host: &str, path: &str) -> Reply {
+    let req = http::Request::get(path).header("host", host);
+    request(addr, req.body(http_body_util::Full::new(bytes::Bytes::new())).unwrap()).await
+}
+
+/// What people write most converts, and answers as nginx does: `Host $host` (no port, in
+/// lower case), `X-Real-IP $remote_addr`, the usual HTTP→HTTPS server, `expires` on a
+/// proxied location, each server's own `max_fails`/`fail_timeout`, and temp paths that
+/// need nothing.
+#[tokio::test]
+async fn what_people_write_most_converts_and_answers_as_nginx_does() {
+    if !nginx::installed() {
+        return;
+    }
+    let (a, b) = (Backend::start().await, Backend::start().await);
+    let port = closed_port();
+    let dir = nginx_conf(&format!(
+        r#"events {{}}
+http {{
+    access_log off;
+    client_body_temp_path tmp/body;
+    proxy_temp_path tmp/proxy;
+    fastcgi_temp_path tmp/fastcgi;
+    uwsgi_temp_path tmp/uwsgi;
+    scgi_temp_path tmp/scgi;
+    upstream app {{
+        server {} max_fails=3 fail_timeout=30s;
+        server {} max_fails=1 fail_timeout=5s;
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        server_name plain.test;
+        return 301 https://$host$request_uri;
+    }}
+    server {{
+        listen 127.0.0.1:{port} default_server;
+        server_name app.test;
+        location / {{
+            proxy_pass http://app;
+            proxy_set_header Host $host;
+            proxy_set_header X-Real-IP $remote_addr;
+            expires 1h;
+        }}
+    }}
+}}
+"#,
+        a.addr, b.addr
+    ));
+    std::fs::create_dir(dir.path().join("tmp")).unwrap();
+    let out = import(dir.path());
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let y = &out.yaml;
+    assert_eq!(
+        y["upstreams"]["app"]["servers"],
+        json!([a.addr.to_string(), {"address": b.addr.to_string(), "max_fails": 1, "fail_timeout": "5s"}])
+    );
+    assert_eq!(
+        (&y["upstreams"]["app"]["max_fails"], &y["upstreams"]["app"]["fail_timeout"]),
+        (&json!(3), &json!("30s"))
+    );
+    let route = |name: &str| y["routes"].as_array().unwrap().iter().find(|r| r["name"] == name).unwrap().clone();
+    assert_eq!(route("/")["upstream_host"], "keep_name");
+    assert_eq!(route("/")["set_request_headers"], json!({"x-real-ip": "$client_ip"}));
+    assert_eq!(route("/")["expires"], "1h");
+    let redirect = y["routes"].as_array().unwrap().iter().find(|r| r["match"]["host"] == "plain.test").unwrap();
+    assert_eq!(redirect["respond"], json!({"status": 301, "headers": {"location": "https://$host$request_uri"}}));
+
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    /// What a client and the backends saw of each request.
+    async fn seen(addr: std::net::SocketAddr, backends: [&Backend; 2]) -> Vec<String> {
+        let mut seen = Vec::new();
+        for (host, path) in [("App.Test:8080", "/x"), ("app.test", "/y?z=1"), ("Plain.Test:80", "/a/b?c=d")] {
+            let before = backends.iter().map(|b| b.hits().len()).sum::<usize>();
+            let r = get_host(addr, host, path).await;
+            let field = |name: &str| r.headers.get(name).map(|v| v.to_str().unwrap().to_owned());
+            seen.push(format!(
+                "{host}{path}: {} location={:?} cache-control={:?}",
+                r.status,
+                field("location"),
+                field("cache-control")
+            ));
+            assert_eq!(field("expires").is_some(), r.status == 200, "{host}{path}");
+            let hits: Vec<Hit> = backends.iter().flat_map(|b| b.hits()).collect();
+            if hits.len() > before {
+                let hit = hits.iter().max_by_key(|h| h.at).unwrap();
+                let header = |name: &str| hit.headers.get(name).map(|v| v.to_str().unwrap().to_owned());
+                seen.push(format!(
+                    "  upstream: host={:?} x-real-ip={:?} {}",
+                    header("host"),
+                    header("x-real-ip"),
+                    hit.path_and_query
+                ));
+            }
+        }
+        seen
+    }
+    let nginx_saw = {
+        let _nginx = nginx::Nginx::start(dir.path(), addr).await;
+        seen(addr, [&a, &b]).await
+    };
+    let sg = Sluicegate::start(&out.text.replace(&addr.to_string(), "127.0.0.1:0"));
+    let sluicegate_saw = seen(sg.addr, [&a, &b]).await;
+    assert_eq!(sluicegate_saw, nginx_saw);
+    assert_eq!(nginx_saw.len(), 5, "{nginx_saw:?}");
 }

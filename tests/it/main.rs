@@ -28,6 +28,7 @@ mod import;
 mod keys;
 mod limits;
 mod logs;
+mod nginx;
 mod pacing;
 mod paths;
 mod promises;

@@ -69,6 +69,22 @@ async fn a_server_killed_mid_run_costs_no_client_an_error_and_is_skipped_after_m
     assert!(log.contains(&format!("\"server\":\"{}\"", a.addr)), "{log}");
 }
 
+/// nginx's `server … max_fails=N fail_timeout=T`: a server's own pair wins over its
+/// upstream's.
+#[tokio::test]
+async fn a_servers_own_max_fails_takes_it_out_where_the_upstreams_would_not() {
+    let b = Backend::start().await;
+    let dead = closed_port();
+    let servers = [format!("{{ address: \"127.0.0.1:{dead}\", max_fails: 1, fail_timeout: 60s }}"), quoted(b.addr)];
+    let sg = start(&servers, ", max_fails: 0");
+    for i in 0..10 {
+        assert_eq!(get(sg.addr, "/x", &[]).await.status, 200, "request {i}");
+    }
+    let log = sg.wait_for_log(|log| count(log, "server taken out after failures") > 0);
+    assert_eq!(count(&log, "attempt failed, trying another server"), 1, "taken out after one failure: {log}");
+    assert!(log.contains(&format!("\"server\":\"127.0.0.1:{dead}\"")), "{log}");
+}
+
 #[tokio::test]
 async fn a_request_with_a_body_is_sent_again_whole_when_the_first_server_refused_it() {
     let b = Backend::start().await;

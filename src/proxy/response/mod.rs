@@ -4,15 +4,16 @@
 
 mod ratelimit;
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::StatusCode;
-use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 
 use super::error::ProxyError;
-use crate::config::{RejectionBody, StaticResponse};
+use crate::config::{Expires, RejectionBody, StaticResponse};
 use crate::message::{Body, FieldValue, Fields, Receipts, Response};
+use crate::variables;
 pub use ratelimit::{Quota, add_ratelimit_headers, quotas};
 
 fn made_here(status: StatusCode, body: impl Into<Bytes>) -> Response {
@@ -22,15 +23,36 @@ fn made_here(status: StatusCode, body: impl Into<Bytes>) -> Response {
     Response::made(status, extra, body)
 }
 
-pub fn static_response(r: &StaticResponse) -> Response {
+pub fn static_response(r: &StaticResponse, vars: &variables::Request<'_>) -> Response {
+    let mut fields = r.headers.clone();
+    for (name, value) in &r.made {
+        fields.append(name, value.header_value(vars));
+    }
     Response {
         status: r.status,
-        fields: Fields::Map(r.headers.clone()),
+        fields: Fields::Map(fields),
         extra: vec![],
         body: Body::Full(r.body.clone()),
         pace: None,
         receipts: Receipts::default(),
     }
+}
+
+/// `Expires` and `Cache-Control` for a response of `status` (nginx's `expires`, which
+/// sets them on 200, 201, 204, 206, 301, 302, 303, 304, 307 and 308 only).
+pub fn expires(expires: Expires, status: StatusCode) -> impl Iterator<Item = (HeaderName, HeaderValue)> {
+    const CACHED: [u16; 10] = [200, 201, 204, 206, 301, 302, 303, 304, 307, 308];
+    let (at, cache_control) = match expires {
+        Expires::After(ttl) => (SystemTime::now() + ttl, format!("max-age={}", ttl.as_secs())),
+        Expires::Epoch => (UNIX_EPOCH + Duration::from_secs(1), "no-cache".to_owned()),
+        // nginx's `max`: Thu, 31 Dec 2037 23:55:55 GMT, and ten years.
+        Expires::Max => (UNIX_EPOCH + Duration::from_secs(2_145_916_555), "max-age=315360000".to_owned()),
+    };
+    // An HTTP date and `max-age=N` or `no-cache` are valid field values.
+    let date = HeaderValue::try_from(httpdate::fmt_http_date(at)).unwrap_or_else(|_| HeaderValue::from_static(""));
+    let cache_control = HeaderValue::try_from(cache_control).unwrap_or_else(|_| HeaderValue::from_static("no-cache"));
+    let fields = [(http::header::EXPIRES, date), (http::header::CACHE_CONTROL, cache_control)];
+    fields.into_iter().filter(move |_| CACHED.contains(&status.as_u16()))
 }
 
 /// The answer to a failed request: the reason phrase, and for the client's own faults
