@@ -151,6 +151,7 @@ struct Families {
     reloads: Family<Labels, Counter>,
     resolve_failures: Family<Labels, Counter>,
     addresses: Family<Labels, Gauge>,
+    grpc: Family<Labels, Counter>,
     /// What the scrape-time collector reads: the running configuration's limiters.
     current: Arc<Mutex<Current>>,
 }
@@ -167,6 +168,7 @@ impl Metrics {
         let reloads = Family::<Labels, Counter>::default();
         let resolve_failures = Family::<Labels, Counter>::default();
         let addresses = Family::<Labels, Gauge>::default();
+        let grpc = Family::<Labels, Counter>::default();
         let build = Family::<Labels, Gauge>::default();
         build.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_owned())]).set(1);
         let current = Arc::new(Mutex::new(Current::of(config, gate)));
@@ -191,6 +193,11 @@ impl Metrics {
             "Addresses an upstream's servers resolve to now, each a server, by upstream",
             addresses.clone(),
         );
+        registry.register(
+            "grpc_responses",
+            "gRPC calls by route and the grpc-status they ended with (NONE: without one)",
+            grpc.clone(),
+        );
         registry.register("reloads", "Configuration reloads by result", reloads.clone());
         registry.register("build_info", "The running version", build);
         let started = Gauge::<i64>::default();
@@ -209,6 +216,7 @@ impl Metrics {
             reloads,
             resolve_failures,
             addresses,
+            grpc,
             current,
         };
         Metrics::of(Arc::new(families), config)
@@ -295,6 +303,15 @@ impl Metrics {
             UpstreamResult::Failed => m.errors[2].inc(),
             UpstreamResult::ClientBody => m.errors[3].inc(),
         };
+    }
+
+    /// A gRPC call of route `route` ended with `code` (`None`: without a status). Looked
+    /// up by label: gRPC calls alone pay for it, and its series are bounded by the
+    /// routes and the 17 codes.
+    pub fn grpc(&self, route: usize, code: Option<crate::grpc::Code>) {
+        let status = code.map_or("NONE", crate::grpc::Code::name);
+        let labels = vec![("route", self.routes[route].name.clone()), ("grpc_status", status.to_owned())];
+        self.families.grpc.get_or_create(&labels).inc();
     }
 
     /// Where upstream `upstream` counts its failed lookups and its addresses (series

@@ -186,6 +186,7 @@ pub struct RawHealthCheck {
     pub timeout: Option<String>,
     #[serde(default)]
     pub expect_status: Vec<u16>,
+    pub grpc_service: Option<String>,
 }
 
 /// How `https://` servers are verified.
@@ -273,6 +274,7 @@ pub struct RawLimit {
     pub concurrency: Option<u64>,
     pub retry_after: Option<String>,
     pub status: Option<u16>,
+    pub grpc_status: Option<String>,
     pub max_keys: Option<u64>,
     pub dry_run: Option<bool>,
     pub log_level: Option<LogLevel>,
@@ -281,6 +283,7 @@ pub struct RawLimit {
     pub ban_max: Option<String>,
     pub allow: Option<RawAllow>,
     pub count: Option<Vec<u16>>,
+    pub count_grpc: Option<Vec<String>>,
     #[serde(default)]
     pub overrides: Vec<RawOverride>,
     pub scope: Option<ScopeName>,

@@ -98,6 +98,9 @@ pub struct Hop<'a> {
     pub upgrade: Option<&'a [u8]>,
     /// The route's changes to the request's fields.
     pub rewrite: &'a Rewrite,
+    /// The request's HTTP/2 `:authority` (HTTP/1: its absolute-form target's), which
+    /// stands for `Host` where the request has none (RFC 9113 §8.3.1).
+    pub authority: Option<&'a [u8]>,
 }
 
 /// The fields a request with `fields` carries to the next hop, in order, given to
@@ -108,7 +111,9 @@ pub struct Hop<'a> {
 /// server at hand); the upgrade's `Connection` and `Upgrade`; then the forwarding fields
 /// (`X-Forwarded-*`, `Forwarded`), extended when the peer is a trusted proxy and replaced
 /// otherwise, so that an upstream never sees forwarding claims no trusted hop made. The
-/// framing fields are the writer's.
+/// framing fields are the writer's. Of `TE`, the one value a proxy passes on is
+/// `trailers` (RFC 9110 §10.1.4; the one HTTP/2 allows, RFC 9113 §8.2.2): it says the
+/// client takes trailer fields, which gRPC servers require.
 pub fn request_fields(fields: Fields<'_>, hop: &Hop<'_>, host: Option<&[u8]>, emit: &mut impl FnMut(&[u8], &[u8])) {
     let rewrite = hop.rewrite;
     let connection: SmallVec<[&[u8]; 2]> = fields.all_of(Known::Connection).collect();
@@ -122,9 +127,17 @@ pub fn request_fields(fields: Fields<'_>, hop: &Hop<'_>, host: Option<&[u8]>, em
     if let Some(host) = host {
         emit(b"host", host);
     }
+    let mut trailers = false;
     fields.each(&mut |known, name, value| {
         let dropped = match known {
             Known::Host | Known::ContentLength | Known::Expect => true,
+            Known::Te => {
+                trailers |= value.split(|&b| b == b',').any(|t| {
+                    let token = t.split(|&b| b == b';').next().unwrap_or_default();
+                    token.trim_ascii().eq_ignore_ascii_case(b"trailers")
+                });
+                true
+            }
             // Rebuilt below; with `rfc7239` alone a trusted peer's `X-Forwarded-*` pass as
             // they are, and with `x_forwarded` alone its `Forwarded`.
             Known::XForwardedFor | Known::XForwardedProto | Known::XForwardedHost => x_forwarded || !hop.trusted_peer,
@@ -139,6 +152,9 @@ pub fn request_fields(fields: Fields<'_>, hop: &Hop<'_>, host: Option<&[u8]>, em
     for (name, value) in rewrite.set_request_headers.iter().filter(|(n, _)| *n != header::HOST) {
         emit(name.as_str().as_bytes(), value.as_bytes());
     }
+    if trailers {
+        emit(b"te", b"trailers");
+    }
     if let Some(protocol) = hop.upgrade {
         emit(b"connection", b"upgrade");
         emit(b"upgrade", protocol);
@@ -149,7 +165,8 @@ pub fn request_fields(fields: Fields<'_>, hop: &Hop<'_>, host: Option<&[u8]>, em
         .iter()
         .find(|(n, _)| *n == header::HOST)
         .map(|(_, v)| v.as_bytes())
-        .or_else(|| fields.first_of(Known::Host));
+        .or_else(|| fields.first_of(Known::Host))
+        .or(hop.authority);
     if rfc7239 {
         let element = forwarded::element(hop.peer, hop.tls, client_host);
         let earlier: SmallVec<[&[u8]; 2]> = fields.all_of(Known::Forwarded).collect();
@@ -341,7 +358,7 @@ mod tests {
         let rewrite = Rewrite::default();
         let upgrade = upgrade_protocol(http::Version::HTTP_11, Fields::from(headers));
         let hop =
-            Hop { peer: peer.parse().unwrap(), trusted_peer, tls: false, forwarded: mode, upgrade, rewrite: &rewrite };
+            Hop { peer: peer.parse().unwrap(), trusted_peer, tls: false, forwarded: mode, upgrade, rewrite: &rewrite, authority: None };
         let mut out = Vec::new();
         let host = headers.get(header::HOST).map(|h| h.as_bytes());
         request_fields(Fields::from(headers), &hop, host, &mut |n, v| {
@@ -364,7 +381,18 @@ mod tests {
         h.insert("x-kept", "1".parse().unwrap());
         let out = forward(&h, "9.9.9.9", false, ForwardedMode::XForwarded);
         let names: Vec<&str> = out.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(names, ["x-kept", "x-forwarded-for", "x-forwarded-proto"]);
+        assert_eq!(names, ["x-kept", "te", "x-forwarded-for", "x-forwarded-proto"]);
+        assert_eq!(field(&out, "te"), Some("trailers"));
+    }
+
+    #[test]
+    fn of_te_only_trailers_goes_on() {
+        for (sent, kept) in [("gzip, trailers;q=0.5", true), ("Trailers", true), ("gzip", false), ("trailersx", false)] {
+            let mut h = HeaderMap::new();
+            h.insert("te", sent.parse().unwrap());
+            let out = forward(&h, "9.9.9.9", false, ForwardedMode::XForwarded);
+            assert_eq!(field(&out, "te"), kept.then_some("trailers"), "{sent}");
+        }
     }
 
     #[test]

@@ -33,6 +33,20 @@ pub use body::FramingError;
 pub trait BodySource: Send {
     /// The next piece of the body; `None` at its end.
     fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BodyError>>>;
+
+    /// The trailer fields that came after the body (checked as header fields are), once
+    /// `poll_chunk` has said the body ended; given once.
+    fn trailers(&mut self) -> Option<http::HeaderMap> {
+        None
+    }
+
+    /// The rest of the body as a source of its own, one that outlives the request, when
+    /// its protocol allows it (an HTTP/2 stream's: the body of a stream that goes both
+    /// ways at once, such as a bidirectional gRPC call, keeps coming after the response
+    /// has begun). Taken once; `None` where the body is read from the connection.
+    fn detach(&mut self) -> Option<Box<dyn BodySource>> {
+        None
+    }
 }
 
 /// Why a body could not be read to its end.

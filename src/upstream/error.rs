@@ -30,9 +30,11 @@ pub enum UpstreamError {
     /// The connection was made but the exchange failed (reset, malformed response).
     #[error("upstream {upstream} server {server} failed: {}", causes(.source))]
     Failed { upstream: String, server: Authority, source: SendError },
-    /// No response headers within the upstream's `timeout`.
-    #[error("upstream {upstream} server {server} sent no response within {timeout:?}")]
-    Timeout { upstream: String, server: Authority, timeout: Duration },
+    /// No response headers within the upstream's `timeout` (of the request body's last
+    /// piece), or before the client's own deadline (`deadline`: a gRPC call's
+    /// `grpc-timeout`) passed.
+    #[error("upstream {upstream} server {server} sent no response within {timeout:?}{}", if *.deadline { " (the client's deadline)" } else { "" })]
+    Timeout { upstream: String, server: Authority, timeout: Duration, deadline: bool },
 }
 
 impl UpstreamError {
