@@ -323,8 +323,7 @@ pub fn trailer_fields(mut trailers: HeaderMap) -> Option<HeaderMap> {
             let known = Known::of_name(name);
             known.is_hop_by_hop()
                 || matches!(known, Known::Host | Known::ContentLength | Known::Expect)
-                || [http::header::TRAILER, http::header::CONTENT_TYPE, http::header::CONTENT_ENCODING]
-                    .contains(*name)
+                || [http::header::TRAILER, http::header::CONTENT_TYPE, http::header::CONTENT_ENCODING].contains(*name)
         })
         .cloned()
         .collect();

@@ -225,7 +225,9 @@ impl Response {
             Some((_, value)) => Some(value.as_bytes()),
             None => match &self.fields {
                 Fields::None => None,
-                Fields::Map(map) | Fields::Upstream(ResponseFields::H2(map)) => map.get(&name).map(HeaderValue::as_bytes),
+                Fields::Map(map) | Fields::Upstream(ResponseFields::H2(map)) => {
+                    map.get(&name).map(HeaderValue::as_bytes)
+                }
                 Fields::Upstream(ResponseFields::H1(head)) => head.fields().get(&name),
             },
         };

@@ -4,12 +4,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::grpc::Code;
 use super::checks::{Errors, allow, check_name, key_parts, positive_duration, status_in, unknown_name};
 use super::raw::{AlgorithmName, RawLimit};
 use super::store::scope;
 use super::units::parse_rate;
 use super::{Ban, Limit, LogLevel, Policy, Rate};
+use crate::grpc::Code;
 use crate::policy::allow::Allow;
 use crate::policy::key::{DEFAULT_IP_PREFIX, KeyPart, KeySpec};
 
@@ -336,11 +336,17 @@ fn count(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Box<[u16]>> {
     for (i, name) in raw.count_grpc.iter().flatten().enumerate() {
         match Code::named(name) {
             Some(code) => counted.push(crate::grpc::counted_status(code)),
-            None => e.add(format!("{at}.count_grpc[{i}]"), format!("must name a gRPC status (OK, UNAVAILABLE, ...), not {name:?}")),
+            None => e.add(
+                format!("{at}.count_grpc[{i}]"),
+                format!("must name a gRPC status (OK, UNAVAILABLE, ...), not {name:?}"),
+            ),
         }
     }
     if raw.count_grpc.as_ref().is_some_and(Vec::is_empty) {
-        e.add(format!("{at}.count_grpc"), "needs at least one gRPC status (leave `count_grpc` out to count every call)");
+        e.add(
+            format!("{at}.count_grpc"),
+            "needs at least one gRPC status (leave `count_grpc` out to count every call)",
+        );
     }
     Some(counted.into())
 }

@@ -192,5 +192,11 @@ fn health_check(e: &mut Errors<'_>, at: &str, raw: &RawHealthCheck) -> HealthChe
         .map(|(i, &code)| status_in(e, || format!("{at}.expect_status[{i}]"), code, 100..=599))
         .collect();
     let grpc_service = raw.grpc_service.clone();
-    HealthCheck { path: path.unwrap_or_else(|| PathAndQuery::from_static("/")), interval, timeout, expect_status, grpc_service }
+    HealthCheck {
+        path: path.unwrap_or_else(|| PathAndQuery::from_static("/")),
+        interval,
+        timeout,
+        expect_status,
+        grpc_service,
+    }
 }

@@ -357,8 +357,15 @@ mod tests {
     fn forward(headers: &HeaderMap, peer: &str, trusted_peer: bool, mode: ForwardedMode) -> Vec<(String, String)> {
         let rewrite = Rewrite::default();
         let upgrade = upgrade_protocol(http::Version::HTTP_11, Fields::from(headers));
-        let hop =
-            Hop { peer: peer.parse().unwrap(), trusted_peer, tls: false, forwarded: mode, upgrade, rewrite: &rewrite, authority: None };
+        let hop = Hop {
+            peer: peer.parse().unwrap(),
+            trusted_peer,
+            tls: false,
+            forwarded: mode,
+            upgrade,
+            rewrite: &rewrite,
+            authority: None,
+        };
         let mut out = Vec::new();
         let host = headers.get(header::HOST).map(|h| h.as_bytes());
         request_fields(Fields::from(headers), &hop, host, &mut |n, v| {
@@ -387,7 +394,8 @@ mod tests {
 
     #[test]
     fn of_te_only_trailers_goes_on() {
-        for (sent, kept) in [("gzip, trailers;q=0.5", true), ("Trailers", true), ("gzip", false), ("trailersx", false)] {
+        for (sent, kept) in [("gzip, trailers;q=0.5", true), ("Trailers", true), ("gzip", false), ("trailersx", false)]
+        {
             let mut h = HeaderMap::new();
             h.insert("te", sent.parse().unwrap());
             let out = forward(&h, "9.9.9.9", false, ForwardedMode::XForwarded);

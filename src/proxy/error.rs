@@ -72,7 +72,8 @@ mod tests {
         let headers = ProxyError::from(FrontError::HeadersTooLarge { bytes: 2, max: 1 });
         assert_eq!(headers.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
         let server = Authority::from_static("127.0.0.1:80");
-        let timeout = UpstreamError::Timeout { upstream: "u".into(), server, timeout: Duration::from_secs(1), deadline: false };
+        let timeout =
+            UpstreamError::Timeout { upstream: "u".into(), server, timeout: Duration::from_secs(1), deadline: false };
         assert_eq!(ProxyError::from(timeout).status(), StatusCode::GATEWAY_TIMEOUT);
         let none = UpstreamError::NoServer { upstream: "u".into() };
         assert_eq!(ProxyError::from(none).status(), StatusCode::BAD_GATEWAY);

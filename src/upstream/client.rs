@@ -355,7 +355,9 @@ async fn answered_within<T>(
         match tokio::time::timeout_at(at, &mut attempt).await {
             Ok(outcome) => return Ok(outcome),
             // The body moved since the timer was set: it runs from there.
-            Err(_) if matches!(expired, Expired::Stalled) && progress.is_some_and(|p| p.last() + timeout > tokio::time::Instant::now()) => {}
+            Err(_)
+                if matches!(expired, Expired::Stalled)
+                    && progress.is_some_and(|p| p.last() + timeout > tokio::time::Instant::now()) => {}
             Err(_) => return Err(expired),
         }
     }

@@ -89,7 +89,8 @@ async fn exchange_once(pool: &Pool, member: &Member, check: &HealthCheck, http2:
     if let Some(service) = &check.grpc_service {
         let mut sender = pool.h2(address, tls).await.map_err(|e| super::error::causes(&e))?;
         let scheme = if tls { "https" } else { "http" };
-        let uri = format!("{scheme}://{host}{}", check.path).parse().map_err(|e: http::uri::InvalidUri| e.to_string())?;
+        let uri =
+            format!("{scheme}://{host}{}", check.path).parse().map_err(|e: http::uri::InvalidUri| e.to_string())?;
         return grpc_check(&mut sender, uri, service).await;
     }
     if http2 {
@@ -135,9 +136,10 @@ async fn grpc_check(sender: &mut SendRequest<H2Body>, uri: http::Uri, service: &
     fields.insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/grpc"));
     fields.insert(http::header::TE, http::HeaderValue::from_static("trailers"));
     let mut body = Once(Some(grpc_frame(&health_request(service))));
-    let sent = super::h2::send(sender, &Method::POST, uri, fields, Some(&mut body))
-        .await
-        .map_err(|_| "the exchange failed".to_owned())?;
+    let sent =
+        super::h2::send(sender, &Method::POST, uri, fields, Some(&mut body as &mut dyn crate::http1::BodySource))
+            .await
+            .map_err(|_| "the exchange failed".to_owned())?;
     let (parts, incoming) = sent.response.into_parts();
     if parts.status != StatusCode::OK {
         return Err(format!("status {}", parts.status));
@@ -151,11 +153,13 @@ async fn grpc_check(sender: &mut SendRequest<H2Body>, uri: http::Uri, service: &
     }
     // One message: a zero flag byte, its length, then `status` (field 1, a varint):
     // 1 is SERVING.
-    match collected.to_bytes().as_ref() {
-        [0, _, _, _, _, 0x08, 1] => Ok(StatusCode::OK),
-        [0, _, _, _, _, 0x08, status, ..] => Err(format!("serving status {status} (not SERVING)")),
-        _ => Err("serving status UNKNOWN (not SERVING)".to_owned()),
-    }
+    let status = match collected.to_bytes().as_ref() {
+        [0, _, _, _, _, 0x08, 1] => return Ok(StatusCode::OK),
+        [0, _, _, _, _, 0x08, 2, ..] => "NOT_SERVING",
+        [0, _, _, _, _, 0x08, 3, ..] => "SERVICE_UNKNOWN",
+        _ => "UNKNOWN",
+    };
+    Err(format!("{status} (not SERVING)"))
 }
 
 /// `HealthCheckRequest { service }`: field 1, length-delimited.

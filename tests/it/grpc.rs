@@ -178,24 +178,41 @@ impl tower::Service<http::Request<tonic::body::Body>> for Echo {
     }
 }
 
-/// A gRPC server on a free port: h2c, or TLS (ALPN `h2`) with `tls`.
+/// The test service on a free port: h2c, or TLS (ALPN `h2`) with `tls`.
 async fn grpc_server(seen: &Arc<Seen>, tls: Option<tokio_rustls::TlsAcceptor>) -> SocketAddr {
+    serve(Echo(Arc::clone(seen)), tls).await
+}
+
+/// A gRPC server of `service` on a free port (hyper's HTTP/2 server, without tonic's
+/// transport, whose own handling of `grpc-timeout` would answer before the proxy).
+async fn serve<S>(service: S, tls: Option<tokio_rustls::TlsAcceptor>) -> SocketAddr
+where
+    S: tower::Service<
+            http::Request<tonic::body::Body>,
+            Response = http::Response<tonic::body::Body>,
+            Error = Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let seen = Arc::clone(seen);
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
-            let (echo, tls) = (Echo(Arc::clone(&seen)), tls.clone());
+            let (echo, tls) = (service.clone(), tls.clone());
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
                     tower::Service::call(&mut echo.clone(), req.map(tonic::body::Body::new))
                 });
                 let builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
                 match tls {
-                    None => _ = builder.serve_connection(TokioIo::new(stream), service).await,
+                    None => {
+                        let _ = builder.serve_connection(TokioIo::new(stream), service).await;
+                    }
                     Some(acceptor) => {
                         let Ok(stream) = acceptor.accept(stream).await else { return };
-                        _ = builder.serve_connection(TokioIo::new(stream), service).await;
+                        let _ = builder.serve_connection(TokioIo::new(stream), service).await;
                     }
                 }
             });
@@ -299,15 +316,16 @@ async fn every_shape(channel: &Channel, seen: &Seen, authority: &str) {
     grpc.ready().await.unwrap();
     tx.send(msg("ping", 0, 5)).await.unwrap();
     let request = Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
-    let mut answers = grpc.streaming(request, path("Bidi"), ProstCodec::default()).await.unwrap().into_inner();
+    let codec = ProstCodec::<Msg, Msg>::default();
+    let mut answers = grpc.streaming(request, path("Bidi"), codec).await.unwrap().into_inner();
     for i in 1..=4u32 {
         let answer = tokio::time::timeout(Duration::from_secs(5), answers.message()).await.expect("no answer").unwrap();
-        assert_eq!(answer.unwrap().count, (i as usize * 5 - 5).max(5) as u32);
-        tx.send(msg("ping", i, i as usize * 5)).await.unwrap();
+        assert_eq!(answer.unwrap().count, if i == 1 { 5 } else { (i - 1) * 10 }, "the answer to message {}", i - 1);
+        tx.send(msg("ping", i, i as usize * 10)).await.unwrap();
     }
     drop(tx);
     let last = answers.message().await.unwrap().unwrap();
-    assert_eq!(last.count, 20);
+    assert_eq!(last.count, 40);
     assert!(answers.message().await.unwrap().is_none(), "the call ends with its request");
 }
 
@@ -391,7 +409,11 @@ async fn a_refused_call_is_resource_exhausted_with_the_pushback() {
     let mut grpc = client(&channel);
     grpc.ready().await.unwrap();
     let none = grpc
-        .unary::<Msg, Msg, _>(Request::new(msg("", 0, 0)), PathAndQuery::from_static("/other.Svc/M"), ProstCodec::default())
+        .unary::<Msg, Msg, _>(
+            Request::new(msg("", 0, 0)),
+            PathAndQuery::from_static("/other.Svc/M"),
+            ProstCodec::default(),
+        )
         .await
         .unwrap_err();
     assert_eq!(none.code(), Code::Unimplemented, "{none:?}");
@@ -537,9 +559,10 @@ async fn trailer_echo() -> SocketAddr {
                 let collected = req.into_body().collect().await.unwrap();
                 let mut trailers = collected.trailers().cloned().unwrap_or_default();
                 trailers.insert("x-server", "yes".parse().unwrap());
-                trailers.insert("content-length", "5".parse().unwrap());
+                trailers.insert("content-type", "text/plain".parse().unwrap());
                 let body = collected.to_bytes();
-                let frames: Vec<Result<Frame<Bytes>, Infallible>> = vec![Ok(Frame::data(body)), Ok(Frame::trailers(trailers))];
+                let frames: Vec<Result<Frame<Bytes>, Infallible>> =
+                    vec![Ok(Frame::data(body)), Ok(Frame::trailers(trailers))];
                 let mut response = http::Response::new(StreamBody::new(tokio_stream::iter(frames)));
                 if let Some(te) = te {
                     response.headers_mut().insert("x-te-seen", te);
@@ -564,7 +587,7 @@ async fn trailers_pass_both_ways_over_http2_and_te_trailers_goes_upstream() {
     tokio::spawn(conn);
     let mut trailers = http::HeaderMap::new();
     trailers.insert("x-client", "1".parse().unwrap());
-    trailers.insert("transfer-encoding", "chunked".parse().unwrap());
+    trailers.insert("trailer", "x-client".parse().unwrap());
     let frames: Vec<Result<Frame<Bytes>, Infallible>> =
         vec![Ok(Frame::data(Bytes::from_static(b"body"))), Ok(Frame::trailers(trailers))];
     let request = http::Request::post(format!("http://{}/t", sg.addr))
@@ -578,5 +601,22 @@ async fn trailers_pass_both_ways_over_http2_and_te_trailers_goes_upstream() {
     assert_eq!(collected.to_bytes(), "body");
     assert_eq!(trailers.get("x-client").unwrap(), "1");
     assert_eq!(trailers.get("x-server").unwrap(), "yes");
-    assert!(trailers.get("content-length").is_none() && trailers.get("transfer-encoding").is_none(), "{trailers:?}");
+    assert!(trailers.get("content-type").is_none() && trailers.get("trailer").is_none(), "{trailers:?}");
+}
+
+#[tokio::test]
+async fn a_grpc_health_check_takes_a_server_that_is_not_serving_out_and_back() {
+    use tonic_health::ServingStatus;
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter.set_service_status("", ServingStatus::NotServing).await;
+    let server = serve(health, None).await;
+    let sg = proxy(server, ", health_check: { grpc_service: \"\", interval: 50ms, timeout: 1s }", FORWARD_ALL);
+    let channel = channel(sg.addr, None).await;
+    // Out: the proxy answers UNAVAILABLE itself. Serving: the call reaches the server,
+    // which has no such method.
+    let code = async || call_unary(&channel, msg("", 0, 0)).await.unwrap_err().code();
+    wait_until("the server is out", Duration::from_secs(5), async || code().await == Code::Unavailable).await;
+    sg.wait_for_log(|log| log.contains("health check failed: server out") && log.contains("NOT_SERVING"));
+    reporter.set_service_status("", ServingStatus::Serving).await;
+    wait_until("the server is back", Duration::from_secs(5), async || code().await == Code::Unimplemented).await;
 }

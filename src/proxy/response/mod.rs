@@ -82,7 +82,9 @@ pub fn rejected(status: StatusCode, retry_after: Duration, body: RejectionBody, 
 /// gRPC's retry policy honours.
 pub fn grpc(mut response: Response, code: Code, retry_after: Option<Duration>) -> Response {
     let text = match &response.body {
-        Body::Full(text) if response.extra.iter().any(|(n, v)| n == CONTENT_TYPE && v.as_bytes().starts_with(b"text/")) => {
+        Body::Full(text)
+            if response.extra.iter().any(|(n, v)| n == CONTENT_TYPE && v.as_bytes().starts_with(b"text/")) =>
+        {
             String::from_utf8_lossy(text).trim_end().to_owned()
         }
         _ => response.status.canonical_reason().unwrap_or("error").to_owned(),
