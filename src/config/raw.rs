@@ -179,8 +179,8 @@ pub struct RawUpstream {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
 pub struct RawHealthCheck {
+    /// Required unless `grpc_service` is given (checked when the file is validated).
     #[serde(default)]
-    #[schemars(!default)]
     pub path: String,
     pub interval: Option<String>,
     pub timeout: Option<String>,

@@ -352,7 +352,7 @@ fn tls_listener(dir: &std::path::Path) -> (String, String) {
     std::fs::write(&cert_file, leaf.pem()).unwrap();
     std::fs::write(&key_file, key.serialize_pem()).unwrap();
     let listen = format!(
-        "listen:\n  - 127.0.0.1:0\n  - address: 127.0.0.1:0\n    tls:\n      certificates:\n        - {{ cert: {}, key: {} }}\n",
+        "listen:\n  - 127.0.0.1:0\n  - address: 127.0.0.1:0\n    tls:\n      certificates:\n        - {{ cert: {}, key: {}, names: [localhost] }}\n",
         cert_file.display(),
         key_file.display()
     );
@@ -377,7 +377,7 @@ async fn every_stream_shape_passes_over_tls_on_both_sides() {
     std::fs::write(&ca_file, upstream_ca).unwrap();
     let (listen, ca) = tls_listener(dir.path());
     let sg = Sluicegate::start(&format!(
-        "{listen}upstreams:\n  g: {{ servers: [\"{server}\"], http2: true, tls: {{ ca_file: \"{}\" }} }}\n{FORWARD_ALL}",
+        "{listen}upstreams:\n  g: {{ servers: [\"https://{server}\"], http2: true, tls: {{ ca_file: \"{}\" }} }}\n{FORWARD_ALL}",
         ca_file.display()
     ));
     let addr = tls_addr(&sg);
