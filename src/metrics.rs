@@ -33,6 +33,21 @@ pub struct ResolveMetrics {
     pub addresses: Gauge,
 }
 
+/// Where an upstream's pool counts its connections and its waits
+/// (`sluicegate_upstream_idle_connections`, `…_idle_closed_total`, `…_queued_total`,
+/// `…_full_total`).
+#[derive(Clone, Default)]
+pub struct PoolMetrics {
+    /// Idle connections kept now, to all the upstream's servers.
+    pub idle: Gauge,
+    /// Connections closed on their way back to the pool: `keepalive` were idle already.
+    pub idle_closed: Counter,
+    /// Requests that found every server at `max_conns` and waited.
+    pub queued: Counter,
+    /// Of those, the ones that waited `queue_timeout` in vain (`503`).
+    pub full: Counter,
+}
+
 /// What became of a request, for `sluicegate_requests_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RequestOutcome {
@@ -152,8 +167,18 @@ struct Families {
     resolve_failures: Family<Labels, Counter>,
     addresses: Family<Labels, Gauge>,
     grpc: Family<Labels, Counter>,
+    pool: PoolFamilies,
     /// What the scrape-time collector reads: the running configuration's limiters.
     current: Arc<Mutex<Current>>,
+}
+
+/// The families of `PoolMetrics`, by upstream.
+#[derive(Default)]
+struct PoolFamilies {
+    idle: Family<Labels, Gauge>,
+    idle_closed: Family<Labels, Counter>,
+    queued: Family<Labels, Counter>,
+    full: Family<Labels, Counter>,
 }
 
 impl Metrics {
@@ -169,6 +194,7 @@ impl Metrics {
         let resolve_failures = Family::<Labels, Counter>::default();
         let addresses = Family::<Labels, Gauge>::default();
         let grpc = Family::<Labels, Counter>::default();
+        let pool = PoolFamilies::default();
         let build = Family::<Labels, Gauge>::default();
         build.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_owned())]).set(1);
         let current = Arc::new(Mutex::new(Current::of(config, gate)));
@@ -198,6 +224,26 @@ impl Metrics {
             "gRPC calls by route and the grpc-status they ended with (NONE: without one)",
             grpc.clone(),
         );
+        registry.register(
+            "upstream_idle_connections",
+            "Idle connections kept open to an upstream's servers, by upstream",
+            pool.idle.clone(),
+        );
+        registry.register(
+            "upstream_idle_closed",
+            "Connections closed instead of kept idle: the server had `keepalive` idle ones, by upstream",
+            pool.idle_closed.clone(),
+        );
+        registry.register(
+            "upstream_queued",
+            "Requests that found every server at `max_conns` and waited for room, by upstream",
+            pool.queued.clone(),
+        );
+        registry.register(
+            "upstream_full",
+            "Requests answered 503: every server stayed at `max_conns` for `queue_timeout`, by upstream",
+            pool.full.clone(),
+        );
         registry.register("reloads", "Configuration reloads by result", reloads.clone());
         registry.register("build_info", "The running version", build);
         let started = Gauge::<i64>::default();
@@ -217,6 +263,7 @@ impl Metrics {
             resolve_failures,
             addresses,
             grpc,
+            pool,
             current,
         };
         Metrics::of(Arc::new(families), config)
@@ -321,6 +368,19 @@ impl Metrics {
         ResolveMetrics {
             failures: self.families.resolve_failures.get_or_create_owned(&labels),
             addresses: self.families.addresses.get_or_create_owned(&labels),
+        }
+    }
+
+    /// Where upstream `upstream`'s pool counts (series continued across reloads; the idle
+    /// gauge counts the connections of every pool still open, the replaced ones' too).
+    pub fn upstream_pool(&self, upstream: &str) -> PoolMetrics {
+        let labels = vec![("upstream", upstream.to_owned())];
+        let f = &self.families.pool;
+        PoolMetrics {
+            idle: f.idle.get_or_create_owned(&labels),
+            idle_closed: f.idle_closed.get_or_create_owned(&labels),
+            queued: f.queued.get_or_create_owned(&labels),
+            full: f.full.get_or_create_owned(&labels),
         }
     }
 

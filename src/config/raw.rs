@@ -174,6 +174,9 @@ pub struct RawUpstream {
     pub health_check: Option<RawHealthCheck>,
     pub tunnel_idle_timeout: Option<String>,
     pub resolve_interval: Option<String>,
+    pub keepalive: Option<u32>,
+    pub max_conns: Option<u32>,
+    pub queue_timeout: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]

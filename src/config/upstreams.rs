@@ -31,6 +31,14 @@ const MAX_WEIGHT: u32 = 10_000;
 /// service) reach the proxy within half a minute, for one lookup per name per interval.
 const DEFAULT_RESOLVE_INTERVAL: Duration = Duration::from_secs(30);
 
+/// Idle connections kept per server: enough for the bursts of a busy route without
+/// leaving hundreds open to a backend after one (nginx keeps none unless told; its
+/// documentation's example keeps 32 a worker).
+const DEFAULT_KEEPALIVE: u32 = 32;
+
+/// How long a request waits for a server under its `max_conns` to have room.
+const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// An upgraded connection (WebSocket) idle this long is closed.
 const DEFAULT_TUNNEL_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
 
@@ -95,7 +103,24 @@ pub(super) fn upstream(e: &mut Errors<'_>, name: &str, raw: &RawUpstream) -> Ups
             DEFAULT_TUNNEL_IDLE_TIMEOUT,
         ),
         resolve_interval: resolve_interval(e, &format!("{at}.resolve_interval"), raw.resolve_interval.as_ref()),
+        keepalive: raw.keepalive.unwrap_or(DEFAULT_KEEPALIVE) as usize,
+        max_conns: match raw.max_conns {
+            Some(0) => {
+                e.add(format!("{at}.max_conns"), "must be at least 1 (leave it out for no cap)");
+                None
+            }
+            n => n.and_then(|n| std::num::NonZeroUsize::new(n as usize)),
+        },
+        queue_timeout: queue_timeout(e, &at, raw),
     }
+}
+
+/// `queue_timeout`: how long a request waits for room under `max_conns`, which it needs.
+fn queue_timeout(e: &mut Errors<'_>, at: &str, raw: &RawUpstream) -> Duration {
+    if raw.queue_timeout.is_some() && raw.max_conns.is_none() {
+        e.add(format!("{at}.queue_timeout"), "only used with `max_conns`");
+    }
+    e.duration(&format!("{at}.queue_timeout"), raw.queue_timeout.as_ref(), DEFAULT_QUEUE_TIMEOUT)
 }
 
 /// `resolve_interval`: a positive duration, or `off` (look names up only at load).

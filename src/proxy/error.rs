@@ -37,6 +37,7 @@ impl ProxyError {
                 UpstreamError::NoServer { .. } | UpstreamError::Unreachable { .. } | UpstreamError::Failed { .. } => {
                     StatusCode::BAD_GATEWAY
                 }
+                UpstreamError::Full { .. } => StatusCode::SERVICE_UNAVAILABLE,
                 UpstreamError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             },
         }
@@ -77,6 +78,8 @@ mod tests {
         assert_eq!(ProxyError::from(timeout).status(), StatusCode::GATEWAY_TIMEOUT);
         let none = UpstreamError::NoServer { upstream: "u".into() };
         assert_eq!(ProxyError::from(none).status(), StatusCode::BAD_GATEWAY);
+        let full = UpstreamError::Full { upstream: "u".into(), max_conns: 1, waited: Duration::from_secs(1) };
+        assert_eq!(ProxyError::from(full).status(), StatusCode::SERVICE_UNAVAILABLE);
     }
 
     #[test]

@@ -108,8 +108,7 @@ impl Proxy {
                 store.watch();
             }
         }
-        let upstreams =
-            config.upstreams.iter().map(|u| UpstreamClient::new(u, metrics.upstream_resolution(&u.name))).collect();
+        let upstreams = config.upstreams.iter().map(|u| UpstreamClient::new(u, &metrics)).collect();
         let refused_keys =
             config.admin.is_some().then(|| config.limits.iter().map(|_| RefusedKeys::default()).collect());
         Proxy {

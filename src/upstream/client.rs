@@ -37,7 +37,7 @@ use crate::http1::client::{ExchangeError, ResponseBody, exchange};
 use crate::http1::parse::{Framing, ResponseHead};
 use crate::http1::write;
 use crate::http1::{BodyError, BodySource};
-use crate::metrics::ResolveMetrics;
+use crate::metrics::{Metrics, PoolMetrics};
 
 static GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
 
@@ -48,6 +48,9 @@ pub struct UpstreamClient {
     pool: Pool,
     /// The servers speak HTTP/2 (requests carry scheme and authority, not `Host` alone).
     http2: bool,
+    /// How long a request waits for a server under `max_conns` to have room.
+    queue_timeout: Duration,
+    metrics: PoolMetrics,
     /// The active health check, stopped with this client.
     _checker: Option<Checker>,
 }
@@ -116,11 +119,12 @@ struct H2Body {
 }
 
 impl UpstreamClient {
-    pub fn new(upstream: &Upstream, resolve_metrics: ResolveMetrics) -> Self {
+    pub fn new(upstream: &Upstream, metrics: &Metrics) -> Self {
         if !upstream.tls.verify {
             warn!(upstream = %upstream.name, "TLS certificates of the servers are NOT verified (tls.verify: false): for tests only, never in production");
         }
-        let servers = ServerSet::new(upstream, resolve_metrics);
+        let servers = ServerSet::new(upstream, metrics.upstream_resolution(&upstream.name));
+        let pool_metrics = metrics.upstream_pool(&upstream.name);
         if servers.has_names()
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
@@ -137,8 +141,10 @@ impl UpstreamClient {
             servers,
             timeout: upstream.timeout,
             retries: upstream.retries,
-            pool: Pool::new(connector),
+            pool: Pool::new(connector, upstream.keepalive, pool_metrics.clone()),
             http2: upstream.http2,
+            queue_timeout: upstream.queue_timeout,
+            metrics: pool_metrics,
             _checker: checker,
         }
     }
@@ -165,7 +171,12 @@ impl UpstreamClient {
         let deadline = out.head.fields.get(&GRPC_TIMEOUT).and_then(grpc::timeout).map(|d| started + d);
         self.servers.ready().await;
         loop {
-            let Some(server) = self.servers.pick(out.balance_key, &tried, Instant::now()) else {
+            let picked = match self.servers.pick(out.balance_key, &tried, Instant::now()) {
+                Some(server) => Some(server),
+                // Boxed: what is rare stays out of the future every request moves around.
+                None => Box::pin(self.wait_for_room(out.balance_key, &tried)).await?,
+            };
+            let Some(server) = picked else {
                 // After a failure that could be retried, the others are out or tried:
                 // that failure is the answer.
                 return Err(failed.unwrap_or_else(|| {
@@ -237,6 +248,39 @@ impl UpstreamClient {
             }
             warn!(upstream, error = %error, "attempt failed, trying another server");
             failed = Some(error);
+        }
+    }
+
+    /// The server for the next attempt once one that could take it, at `max_conns` now,
+    /// has room: `None` at once when none is at its cap (every server out or tried),
+    /// an error after `queue_timeout`.
+    async fn wait_for_room(&self, key: Option<u64>, tried: &[usize]) -> Result<Option<InFlight>, UpstreamError> {
+        let deadline = tokio::time::Instant::now() + self.queue_timeout;
+        let mut queued = false;
+        loop {
+            let freed = self.servers.freed();
+            tokio::pin!(freed);
+            // Registered before the look: room made in between still wakes it.
+            freed.as_mut().enable();
+            let now = Instant::now();
+            if let Some(server) = self.servers.pick(key, tried, now) {
+                return Ok(Some(server));
+            }
+            if !self.servers.full(tried, now) {
+                return Ok(None);
+            }
+            if !queued {
+                queued = true;
+                self.metrics.queued.inc();
+            }
+            if tokio::time::timeout_at(deadline, freed).await.is_err() {
+                self.metrics.full.inc();
+                return Err(UpstreamError::Full {
+                    upstream: self.servers.upstream().to_owned(),
+                    max_conns: self.servers.max_conns().unwrap_or(usize::MAX),
+                    waited: self.queue_timeout,
+                });
+            }
         }
     }
 

@@ -30,6 +30,10 @@ pub enum UpstreamError {
     /// The connection was made but the exchange failed (reset, malformed response).
     #[error("upstream {upstream} server {server} failed: {}", causes(.source))]
     Failed { upstream: String, server: Authority, source: SendError },
+    /// Every server the request could go to had `max_conns` requests in progress, for
+    /// all of `queue_timeout`.
+    #[error("upstream {upstream}: every server has max_conns ({max_conns}) requests in progress; waited {waited:?}")]
+    Full { upstream: String, max_conns: usize, waited: Duration },
     /// No response headers within the upstream's `timeout` (of the request body's last
     /// piece), or before the client's own deadline (`deadline`: a gRPC call's
     /// `grpc-timeout`) passed.

@@ -35,8 +35,9 @@ impl Drop for Checker {
 /// Starts checking the servers of `servers`; `None` outside a runtime (nothing to run on).
 pub fn start(servers: &Arc<ServerSet>, check: &HealthCheck, connector: Connector, http2: bool) -> Option<Checker> {
     let runtime = tokio::runtime::Handle::try_current().ok()?;
-    // Its own pool: checks neither take nor keep connections that requests use.
-    let pool = Pool::new(connector);
+    // Its own pool: checks neither take nor keep connections that requests use; one a
+    // server is all a check at a time needs. Not in the metrics: those count requests'.
+    let pool = Pool::new(connector, 1, crate::metrics::PoolMetrics::default());
     let (servers, check) = (Arc::clone(servers), check.clone());
     Some(Checker(runtime.spawn(async move {
         let upstream = servers.upstream();

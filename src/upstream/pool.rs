@@ -25,6 +25,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use super::connect::{Connector, UpstreamIo};
 use super::error::SendError;
 use super::h2::H2Body;
+use crate::metrics::PoolMetrics;
 
 /// The largest response head read from a server (a 502 past it): nginx reads heads into
 /// one `proxy_buffer_size` of 4 or 8 KiB; this leaves room for large cookies.
@@ -43,6 +44,10 @@ pub struct Pool {
 
 struct Inner {
     connector: Connector,
+    /// Idle connections kept per server, at most: one given back past it closes the
+    /// oldest idle one (the newest are the likeliest still open at the server).
+    keepalive: usize,
+    metrics: PoolMetrics,
     /// HTTP/1.1 connections with no request on them, by server, most recently used
     /// last; plain ones, then TLS ones. Keyed by the address as written: `Authority`'s
     /// own hash and equality go byte by byte, case-folded, which cost more per request
@@ -100,8 +105,9 @@ pub struct Checkout {
 }
 
 impl Pool {
-    pub fn new(connector: Connector) -> Self {
-        let inner = Arc::new(Inner { connector, idle: Default::default(), shared: Default::default() });
+    pub fn new(connector: Connector, keepalive: usize, metrics: PoolMetrics) -> Self {
+        let inner =
+            Arc::new(Inner { connector, keepalive, metrics, idle: Default::default(), shared: Default::default() });
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(reap(Arc::downgrade(&inner)));
         }
@@ -151,6 +157,7 @@ impl Inner {
         let mut idle = lock(&self.idle[usize::from(key.tls)]);
         let list = idle.get_mut(key.server.as_str())?;
         while let Some(mut conn) = list.pop() {
+            self.metrics.idle.dec();
             if still_open(&mut conn.io) && (!checked || socket_open(&conn.io)) {
                 return Some((conn.io, conn.heads));
             }
@@ -163,11 +170,24 @@ impl Inner {
         for idle in &self.idle {
             let mut idle = lock(idle);
             for list in idle.values_mut() {
+                let before = list.len();
                 list.retain(|c| now.saturating_duration_since(c.since) < IDLE_TIMEOUT);
+                self.metrics.idle.dec_by(gauge_value(before - list.len()));
             }
             idle.retain(|_, list| !list.is_empty());
         }
     }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let idle: usize = self.idle.iter().map(|idle| lock(idle).values().map(Vec::len).sum::<usize>()).sum();
+        self.metrics.idle.dec_by(gauge_value(idle));
+    }
+}
+
+fn gauge_value(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// Whether an idle connection is still open: a look at its socket that never waits. A
@@ -198,11 +218,32 @@ impl Checkout {
     /// open another).
     pub fn give_back(&mut self) {
         let Some(io) = self.io.take() else { return };
+        let inner = &*self.inner;
+        if inner.keepalive == 0 {
+            inner.metrics.idle_closed.inc();
+            return;
+        }
         let idle = Idle { io, heads: std::mem::take(&mut self.head), since: Instant::now() };
-        let mut pool = lock(&self.inner.idle[usize::from(self.key.tls)]);
-        match pool.get_mut(self.key.server.as_str()) {
-            Some(list) => list.push(idle),
-            None => _ = pool.insert(self.key.server.as_str().into(), vec![idle]),
+        let mut pool = lock(&inner.idle[usize::from(self.key.tls)]);
+        let oldest = match pool.get_mut(self.key.server.as_str()) {
+            Some(list) => {
+                let oldest = (list.len() >= inner.keepalive).then(|| list.remove(0));
+                list.push(idle);
+                oldest
+            }
+            None => {
+                pool.insert(self.key.server.as_str().into(), vec![idle]);
+                None
+            }
+        };
+        drop(pool);
+        match oldest {
+            // Closed outside the lock.
+            Some(oldest) => {
+                inner.metrics.idle_closed.inc();
+                drop(oldest);
+            }
+            None => _ = inner.metrics.idle.inc(),
         }
     }
 

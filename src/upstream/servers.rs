@@ -10,7 +10,8 @@
 //! requests it has finish.
 //!
 //! A server that fails `max_fails` times within `fail_timeout` is taken out for
-//! `fail_timeout`; then one request at a time probes it until one succeeds.
+//! `fail_timeout`; then one request at a time probes it until one succeeds. A server
+//! with `max_conns` requests in progress takes no more until one ends.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -45,6 +46,10 @@ pub struct ServerSet {
     /// Set by `stop`: the background work of this set (lookups, health checks) ends.
     stopped: watch::Sender<bool>,
     pub(super) metrics: ResolveMetrics,
+    /// Requests in progress a server takes at most (`usize::MAX`: no cap).
+    max_conns: usize,
+    /// Told when a server at `max_conns` has room again.
+    freed: Arc<tokio::sync::Notify>,
 }
 
 /// A server as written in the configuration.
@@ -98,6 +103,9 @@ struct ServerState {
     /// Failures that take the server out (0: never).
     max_fails: u32,
     fail_timeout: Duration,
+    max_conns: usize,
+    /// The set's: told when this server, at `max_conns`, has room again.
+    freed: Arc<tokio::sync::Notify>,
 }
 
 #[derive(Default)]
@@ -187,6 +195,8 @@ impl ServerSet {
             resolving_done: tokio::sync::Notify::new(),
             stopped: watch::Sender::new(false),
             metrics,
+            max_conns: upstream.max_conns.map_or(usize::MAX, std::num::NonZeroUsize::get),
+            freed: Arc::default(),
         };
         set.apply(&[]);
         set
@@ -263,6 +273,8 @@ impl ServerSet {
             checked: Mutex::new(None),
             max_fails: self.max_fails,
             fail_timeout: self.fail_timeout,
+            max_conns: self.max_conns,
+            freed: Arc::clone(&self.freed),
         }
     }
 
@@ -320,17 +332,43 @@ impl ServerSet {
         let lone = servers.len() == 1;
         let mut refused: smallvec::SmallVec<[usize; 4]> = smallvec::SmallVec::new();
         loop {
-            let eligible =
-                |i: usize| !tried.contains(&servers[i].id) && !refused.contains(&i) && servers[i].usable(now, lone);
+            let eligible = |i: usize| {
+                !tried.contains(&servers[i].id)
+                    && !refused.contains(&i)
+                    && servers[i].has_room()
+                    && servers[i].usable(now, lone)
+            };
             let index = self.choose(&members, key, eligible)?;
-            // Between the look and the claim another request may have taken the one probe.
-            if servers[index].claim(now, lone) {
-                let server = Arc::clone(&servers[index]);
-                server.in_flight.fetch_add(1, Ordering::Relaxed);
-                return Some(InFlight { server, lone });
+            // Between the look and the claim another request may have taken the last
+            // room or the one probe.
+            let server = &servers[index];
+            if server.take_room() {
+                if server.claim(now, lone) {
+                    return Some(InFlight { server: Arc::clone(server), lone });
+                }
+                server.give_room();
             }
             refused.push(index);
         }
+    }
+
+    /// Some server the request could go to (usable, not in `tried`) has `max_conns`
+    /// requests in progress: room may come.
+    pub fn full(&self, tried: &[usize], now: Instant) -> bool {
+        let members = self.current.load();
+        let lone = members.servers.len() == 1;
+        members.servers.iter().any(|s| !tried.contains(&s.id) && !s.has_room() && s.usable(now, lone))
+    }
+
+    /// Completes when a server at `max_conns` has room again (register it with
+    /// `enable` before looking, so that room made in between is not missed).
+    pub fn freed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.freed.notified()
+    }
+
+    /// The most requests in progress a server takes (`None`: no cap).
+    pub fn max_conns(&self) -> Option<usize> {
+        (self.max_conns != usize::MAX).then_some(self.max_conns)
     }
 
     fn choose(&self, m: &Members, key: Option<u64>, eligible: impl Fn(usize) -> bool) -> Option<usize> {
@@ -428,6 +466,23 @@ fn written(server: &Server, upstream: &Upstream) -> Written {
 }
 
 impl ServerState {
+    fn has_room(&self) -> bool {
+        self.in_flight.load(Ordering::Relaxed) < self.max_conns
+    }
+
+    /// Counts a request in progress here, if under `max_conns`.
+    fn take_room(&self) -> bool {
+        let max = self.max_conns;
+        self.in_flight.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n < max).then_some(n + 1)).is_ok()
+    }
+
+    /// A request here ended: one at `max_conns` has room again, for those that wait.
+    fn give_room(&self) {
+        if self.in_flight.fetch_sub(1, Ordering::Relaxed) == self.max_conns {
+            self.freed.notify_waiters();
+        }
+    }
+
     fn usable(&self, now: Instant, lone: bool) -> bool {
         !self.check_failed.load(Ordering::Relaxed)
             && (lone || self.max_fails == 0 || self.lock().out_until.is_none_or(|until| now >= until))
@@ -548,7 +603,7 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.server.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.server.give_room();
     }
 }
 
@@ -635,6 +690,9 @@ pub(super) mod tests {
             health_check: None,
             tunnel_idle_timeout: Duration::from_secs(3600),
             resolve_interval: None,
+            keepalive: 32,
+            max_conns: None,
+            queue_timeout: Duration::from_secs(5),
         }
     }
 
@@ -746,6 +804,25 @@ pub(super) mod tests {
         assert_eq!(server.in_flight.load(Ordering::Relaxed), 1);
         drop(held);
         assert_eq!(server.in_flight.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test]
+    async fn a_server_at_max_conns_takes_no_more_and_its_room_wakes_those_that_wait() {
+        let mut two = upstream(&["127.0.0.1:8000", "127.0.0.1:8001"], 1);
+        two.max_conns = std::num::NonZeroUsize::new(1);
+        let set = ServerSet::unresolved(&two, ResolveMetrics::default());
+        let now = Instant::now();
+        let (a, b) = (set.pick(None, &[], now).unwrap(), set.pick(None, &[], now).unwrap());
+        assert_ne!(a.id(), b.id(), "the first is full: the second goes to the other");
+        assert!(set.pick(None, &[], now).is_none(), "both full");
+        assert!(set.full(&[], now), "room may come");
+        assert!(!set.full(&[a.id(), b.id()], now), "not for a request that tried both");
+        let freed = set.freed();
+        tokio::pin!(freed);
+        freed.as_mut().enable();
+        drop(b);
+        tokio::time::timeout(Duration::from_secs(5), freed).await.expect("the waiter is told");
+        assert!(set.pick(None, &[], now).is_some());
     }
 
     #[test]

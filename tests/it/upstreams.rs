@@ -417,3 +417,53 @@ async fn a_connection_whose_response_has_no_body_is_kept_alive_too() {
     }
     assert_eq!(accepted.load(Ordering::SeqCst), 1, "three requests in a row share one connection");
 }
+
+/// `start`'s configuration with an admin listener, for the pool's metrics.
+fn start_with_admin(servers: &[String], extra: &str) -> Sluicegate {
+    let list = servers.join(", ");
+    Sluicegate::start(&format!(
+        "listen: 127.0.0.1:0\nadmin: {{ listen: 127.0.0.1:0 }}\nupstreams:\n  app: {{ servers: [{list}], connect_timeout: 500ms, timeout: 1s{extra} }}\nroutes:\n  - match: {{ path_prefix: / }}\n    upstream: app\n"
+    ))
+}
+
+#[tokio::test]
+async fn a_server_at_max_conns_queues_the_next_request_until_one_ends_and_a_queue_that_waits_too_long_is_503() {
+    let backend = Backend::start().await;
+    let sg = start_with_admin(&[quoted(backend.addr)], ", max_conns: 1, queue_timeout: 300ms");
+    // The one room is taken for as long as the server works on the request.
+    let held = tokio::spawn(get(sg.addr, "/held", &[]));
+    wait_until("the held request to reach the server", Duration::from_secs(5), async || backend.hits().len() == 1)
+        .await;
+    let refused = get(sg.addr, "/x", &[]).await;
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert_eq!(backend.hits().len(), 1, "the refused request never reached the server");
+    assert!(sg.wait_for_log(|l| l.contains("max_conns (1)")).contains("waited 300ms"));
+    // One that waits gets the room when the held request ends.
+    let queued = tokio::spawn(get(sg.addr, "/y", &[]));
+    wait_until("the next request to queue", Duration::from_secs(5), async || {
+        series(&Metrics::of(&sg).await, "sluicegate_upstream_queued_total", "app") == Some(2.0)
+    })
+    .await;
+    assert_eq!(backend.hits().len(), 1, "the queued request waits for the room");
+    backend.gate.add_permits(2);
+    assert_eq!(held.await.unwrap().status, 200);
+    assert_eq!(queued.await.unwrap().status, 200);
+    let m = Metrics::of(&sg).await;
+    assert_eq!(series(&m, "sluicegate_upstream_full_total", "app"), Some(1.0), "{}", m.0);
+}
+
+#[tokio::test]
+async fn idle_connections_past_keepalive_are_closed_and_counted() {
+    let backend = Backend::start().await;
+    let sg = start_with_admin(&[quoted(backend.addr)], ", keepalive: 2");
+    // Five at once take five connections; all five come back to a pool that keeps two.
+    let held: Vec<_> = (0..5).map(|_| tokio::spawn(get(sg.addr, "/held", &[]))).collect();
+    wait_until("five requests at the server", Duration::from_secs(5), async || backend.hits().len() == 5).await;
+    backend.gate.add_permits(5);
+    for reply in held {
+        assert_eq!(reply.await.unwrap().status, 200);
+    }
+    let m = Metrics::of(&sg).await;
+    assert_eq!(series(&m, "sluicegate_upstream_idle_connections", "app"), Some(2.0), "{}", m.0);
+    assert_eq!(series(&m, "sluicegate_upstream_idle_closed_total", "app"), Some(3.0), "{}", m.0);
+}
