@@ -68,6 +68,7 @@ http {
   upstream backend { server 127.0.0.1:$BACKEND_PORT; keepalive 64; }
   server {
     listen 127.0.0.1:$NGINX_PORT http2;
+    keepalive_requests 100000000;
     location /bench.Echo/ { grpc_pass grpc://backend; }
   }
 }
