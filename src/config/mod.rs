@@ -67,6 +67,9 @@ pub struct Config {
     /// Longest wait for the next piece of a request body once the upstream asks for it
     /// (nginx `client_body_timeout`); past it the request is cut and answered 408.
     pub body_read_timeout: Duration,
+    /// Request fields whose names hold `_` are forwarded (`server.underscores_in_headers`);
+    /// by default they are dropped (see `hop::request_fields`).
+    pub underscores_in_headers: bool,
     /// The admin listener (`None`: off).
     pub admin: Option<Admin>,
     /// The access log (`None`: off).

@@ -122,6 +122,8 @@ pub struct RawServer {
     pub max_body_bytes: Option<RawSize>,
     pub body_read_timeout: Option<String>,
     pub workers: Option<u64>,
+    #[serde(default)]
+    pub underscores_in_headers: bool,
 }
 
 /// A byte count: a YAML integer, or text with a unit (`10m`).

@@ -185,6 +185,7 @@ pub fn compile(raw: RawConfig, positions: &Positions, fields: Fields, file: &str
             shutdown_grace,
             workers,
             body_read_timeout,
+            underscores_in_headers: raw.server.underscores_in_headers,
             admin,
             access_log: raw.access_log.as_ref().map(|a| AccessLogConfig {
                 format: a.format,

@@ -32,6 +32,10 @@ pub enum FrontError {
     /// `CONNECT` asks for a tunnel: this is a reverse proxy, not a forward proxy.
     #[error("CONNECT is not served: this is a reverse proxy")]
     Connect,
+    /// `TRACE` on a route that does not name it in `match.methods`: it echoes the
+    /// request, credentials included, to whatever script can read the answer.
+    #[error("TRACE is not allowed on this route")]
+    Trace,
     /// The request's `Host` is missing, repeated or invalid.
     #[error("{0}")]
     BadHost(&'static str),
@@ -56,7 +60,7 @@ impl FrontError {
         match self {
             FrontError::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
             FrontError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            FrontError::Connect => StatusCode::METHOD_NOT_ALLOWED,
+            FrontError::Connect | FrontError::Trace => StatusCode::METHOD_NOT_ALLOWED,
             FrontError::NoRoute => StatusCode::NOT_FOUND,
             FrontError::BadHost(_)
             | FrontError::BadPath(_)
@@ -123,6 +127,9 @@ pub fn front<'a>(
 ) -> Result<Front<'a>, FrontError> {
     let mut src = source(head, client_ip, default_host)?;
     let route = config.router.find(head.method, &src.path, src.host).ok_or(FrontError::NoRoute)?;
+    if *head.method == Method::TRACE && !config.routes[route].matcher.methods.contains(&Method::TRACE) {
+        return Err(FrontError::Trace);
+    }
     if let PathMatch::Regex(regex) = &config.routes[route].matcher.path {
         src.captures = regex.captures(&src.path);
     }

@@ -19,7 +19,8 @@ pub fn host_fault(head: &RequestHead<'_>) -> Option<&'static str> {
         return Some("more than one Host header");
     }
     // An authority without userinfo: `host[:port]`, nothing else.
-    let valid = plain_host(host) || !host.contains(&b'@') && text(host).is_some_and(|h| h.parse::<Authority>().is_ok());
+    let valid = plain_host(host)
+        || !host.contains(&b'@') && valid_port(host) && text(host).is_some_and(|h| h.parse::<Authority>().is_ok());
     if !valid {
         return Some("invalid Host header");
     }
@@ -47,6 +48,24 @@ fn plain_host(host: &[u8]) -> bool {
         && name.iter().all(|&b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
         && port.iter().all(u8::is_ascii_digit)
         && std::str::from_utf8(port).is_ok_and(|p| p.parse::<u16>().is_ok())
+}
+
+/// The port of `host` (`name:port`, `[v6]:port`), if it has one, is a port: digits, at
+/// most 65535 (RFC 9112 §3.2: a `Host` with an invalid port is a 400). `Authority`'s
+/// parser takes any bytes after the colon.
+fn valid_port(host: &[u8]) -> bool {
+    let after_name = match host.iter().rposition(|&b| b == b']') {
+        Some(bracket) => &host[bracket + 1..],
+        None => host,
+    };
+    match after_name.iter().rposition(|&b| b == b':') {
+        None => true,
+        Some(colon) => {
+            let port = &after_name[colon + 1..];
+            port.iter().all(u8::is_ascii_digit)
+                && std::str::from_utf8(port).is_ok_and(|p| p.is_empty() || p.parse::<u16>().is_ok())
+        }
+    }
 }
 
 /// The request's host without port: the `Host` field (HTTP/1.1), else the authority
@@ -79,6 +98,16 @@ mod tests {
         }
         for host in ["", ":80", "a:", "a:65536", "a:1:2", "[::1]:80", "a b", "u@h", "h:8x", "é"] {
             assert!(!plain_host(host.as_bytes()), "{host}");
+        }
+    }
+
+    #[test]
+    fn a_host_with_a_port_that_is_no_port_is_invalid() {
+        for host in ["x:abc", "x:8x", "x:65536", "[::1]:ab", "[::1]:99999", "x:-1", "x_y:abc"] {
+            assert!(!valid_port(host.as_bytes()), "{host}");
+        }
+        for host in ["x", "x:80", "x:", "[::1]", "[::1]:443", "x_y:1"] {
+            assert!(valid_port(host.as_bytes()), "{host}");
         }
     }
 

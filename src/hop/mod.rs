@@ -101,6 +101,37 @@ pub struct Hop<'a> {
     /// The request's HTTP/2 `:authority` (HTTP/1: its absolute-form target's), which
     /// stands for `Host` where the request has none (RFC 9113 §8.3.1).
     pub authority: Option<&'a [u8]>,
+    /// Fields whose names hold `_` go on (`server.underscores_in_headers`), but those
+    /// that would stand for a field set here.
+    pub underscores: bool,
+}
+
+/// Whether a field named `name`, which holds `_`, is dropped. CGI and the frameworks that
+/// follow it read `X_Forwarded_For` and `X-Forwarded-For` as one variable, so a client
+/// could forge what this hop sets: by default every such field is dropped (as nginx's
+/// `underscores_in_headers off` does); kept, never one that would stand for a field this
+/// hop sets or frames the request by, nor one the route sets.
+fn underscored_dropped(name: &[u8], underscores: bool, rewrite: &Rewrite) -> bool {
+    if !underscores {
+        return true;
+    }
+    // The longest name a hop sets or frames by is 17 bytes.
+    let mut dashed = [0u8; 32];
+    let known = match dashed.get_mut(..name.len()) {
+        Some(room) => {
+            for (to, &from) in room.iter_mut().zip(name) {
+                *to = if from == b'_' { b'-' } else { from };
+            }
+            Known::of(room)
+        }
+        None => Known::Other,
+    };
+    let same = |set: &[u8]| {
+        set.len() == name.len()
+            && set.iter().zip(name).all(|(&a, &b)| a.eq_ignore_ascii_case(&b) || (a == b'-' && b == b'_'))
+    };
+    !matches!(known, Known::Other | Known::Authorization | Known::Cookie)
+        || rewrite.set_request_headers.iter().any(|(n, _)| same(n.as_str().as_bytes()))
 }
 
 /// The fields a request with `fields` carries to the next hop, in order, given to
@@ -144,7 +175,8 @@ pub fn request_fields(fields: Fields<'_>, hop: &Hop<'_>, host: Option<&[u8]>, em
             Known::Forwarded => rfc7239,
             known => known.is_hop_by_hop(),
         } || (!connection.is_empty() && named_by(name, &connection))
-            || (rewrites && replaced(name));
+            || (rewrites && replaced(name))
+            || (name.contains(&b'_') && underscored_dropped(name, hop.underscores, rewrite));
         if !dropped {
             emit(name, value);
         }
@@ -365,6 +397,7 @@ mod tests {
             upgrade,
             rewrite: &rewrite,
             authority: None,
+            underscores: false,
         };
         let mut out = Vec::new();
         let host = headers.get(header::HOST).map(|h| h.as_bytes());
@@ -401,6 +434,38 @@ mod tests {
             let out = forward(&h, "9.9.9.9", false, ForwardedMode::XForwarded);
             assert_eq!(field(&out, "te"), kept.then_some("trailers"), "{sent}");
         }
+    }
+
+    #[test]
+    fn fields_named_with_underscores_are_dropped_and_kept_never_stand_for_ours() {
+        let mut h = HeaderMap::new();
+        for (name, value) in [
+            ("x_forwarded_for", "6.6.6.6"),
+            ("content_length", "5"),
+            ("transfer_encoding", "chunked"),
+            ("x_api_key", "k"),
+            ("x_user", "u"),
+            ("x-kept", "1"),
+        ] {
+            h.insert(http::HeaderName::from_static(name), value.parse().unwrap());
+        }
+        let out = forward(&h, "9.9.9.9", false, ForwardedMode::XForwarded);
+        let names: Vec<&str> = out.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["x-kept", "x-forwarded-for", "x-forwarded-proto"], "dropped by default");
+        let mut rewrite = Rewrite::default();
+        rewrite.set_request_headers.push((http::HeaderName::from_static("x-user"), "set".parse().unwrap()));
+        let hop = Hop {
+            peer: "9.9.9.9".parse().unwrap(),
+            trusted_peer: false,
+            tls: false,
+            forwarded: ForwardedMode::XForwarded,
+            upgrade: None,
+            rewrite: &rewrite,
+            underscores: true,
+        };
+        let mut kept = Vec::new();
+        request_fields(Fields::from(&h), &hop, None, &mut |n, _| kept.push(String::from_utf8_lossy(n).into_owned()));
+        assert_eq!(kept, ["x_api_key", "x-kept", "x-user", "x-forwarded-for", "x-forwarded-proto"], "kept");
     }
 
     #[test]

@@ -287,6 +287,72 @@ mod tests {
         assert_eq!(decode(Framing::Length(3), b"ab"), Err(FramingError::Incomplete));
     }
 
+    /// Decodes `input` fed in two pieces split at `at`, as a reader gets it from two
+    /// reads: the bytes it keeps between them are the unconsumed rest of the first.
+    fn decode_split(framing: Framing, input: &[u8], at: usize) -> Result<Vec<u8>, FramingError> {
+        let mut d = Decoder::new(framing);
+        let mut buf = input[..at].to_vec();
+        let mut fed = at;
+        let mut data = Vec::new();
+        loop {
+            match d.step(&buf)? {
+                Step::Framing(n) => drop(buf.drain(..n)),
+                Step::Data(n) => data.extend(buf.drain(..n)),
+                Step::End(n) => {
+                    assert_eq!(buf.len() - n + input.len() - fed, 0, "bytes after the body");
+                    return Ok(data);
+                }
+                Step::More if fed < input.len() => {
+                    buf.extend_from_slice(&input[fed..]);
+                    fed = input.len();
+                }
+                Step::More => {
+                    d.close()?;
+                    return Ok(data);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_body_split_at_any_byte_decodes_as_it_does_whole() {
+        let good: &[&[u8]] = &[
+            b"3\r\nabc\r\n0\r\n\r\n",
+            b"A;name=\"v\"\r\n0123456789\r\n0\r\nx-t: 1\r\n\r\n",
+            b"1\r\na\r\n2;x\r\nbc\r\n0\r\n\r\n",
+        ];
+        let bad: &[&[u8]] = &[b"3\nabc\r\n0\r\n\r\n", b"3\r\nabcd\r\n0\r\n\r\n", b"3 \r\nabc\r\n0\r\n\r\n"];
+        for input in good.iter().chain(bad) {
+            let whole = decode(Framing::Chunked, input);
+            for at in 0..=input.len() {
+                assert_eq!(
+                    decode_split(Framing::Chunked, input, at),
+                    whole,
+                    "{:?} at {at}",
+                    String::from_utf8_lossy(input)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn extensions_with_control_bytes_and_trailers_past_their_bound_are_refused() {
+        for bad in [&b"3;a\x01b\r\nabc\r\n0\r\n\r\n"[..], b"3;a\0\r\nabc\r\n0\r\n\r\n", b"3;a\rb\r\nabc\r\n0\r\n\r\n"] {
+            assert_eq!(
+                decode(Framing::Chunked, bad),
+                Err(FramingError::ChunkSize),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        // Whitespace before the `;` and inside the extension is read (RFC 9112 §7.1.1).
+        assert_eq!(decode(Framing::Chunked, b"3 ;a=b c\r\nabc\r\n0\r\n\r\n").unwrap(), b"abc");
+        let trailers = format!("0\r\nx-t: {}\r\n\r\n", "v".repeat(MAX_TRAILER));
+        assert_eq!(decode(Framing::Chunked, trailers.as_bytes()), Err(FramingError::Trailer));
+        let within = format!("0\r\nx-t: {}\r\n\r\n", "v".repeat(MAX_TRAILER - 16));
+        assert!(decode(Framing::Chunked, within.as_bytes()).is_ok());
+    }
+
     #[test]
     fn chunk_heads_are_hex_lines() {
         let mut out = [0; 18];

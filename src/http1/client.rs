@@ -40,9 +40,11 @@ pub struct Sent {
 }
 
 /// Writes the request `head` (its framing fields included) and the body from `body`
-/// framed as `framing`, on `io`, and reads the response head to a request with `method`
-/// (informational responses but `101` are read past). Returns the head and the bytes
-/// already read after it, with what was sent.
+/// framed as `framing`, on `io`, and reads the response head to a request with `method`.
+/// Interim responses (1xx but `101`) are handed to `body`, the client's side, as they
+/// come (`BodySource::poll_interim`), each parsed from what is already read before
+/// reading more: a server may send an interim and the final response in one write.
+/// Returns the final head and the bytes already read after it, with what was sent.
 pub async fn exchange<I: AsyncRead + AsyncWrite + Unpin, B: BodySource + ?Sized>(
     io: &mut I,
     head: &[u8],
@@ -54,6 +56,8 @@ pub async fn exchange<I: AsyncRead + AsyncWrite + Unpin, B: BodySource + ?Sized>
     let mut sent = Sent::default();
     let mut out = Outgoing { head, written: 0, chunk: None, framing, body, ended: framing == Framing::Empty };
     let mut buf = BytesMut::new();
+    // An interim head read and not yet taken by the client's side.
+    let mut interim: Option<ResponseHead> = None;
     let result = poll_fn(|cx| {
         // Writing goes on while the response is awaited: a server may answer before it
         // has read the whole body, or only after.
@@ -61,6 +65,26 @@ pub async fn exchange<I: AsyncRead + AsyncWrite + Unpin, B: BodySource + ?Sized>
             return Poll::Ready(Err(e));
         }
         loop {
+            if let Some(head) = &interim {
+                if let Some(body) = out.body.as_deref_mut() {
+                    ready!(body.poll_interim(cx, head));
+                }
+                interim = None;
+            }
+            if !buf.is_empty() {
+                match parse::response(&buf, method, max_head).map_err(ExchangeError::Response)? {
+                    None => {}
+                    Some((len, parsed)) => {
+                        let head = ResponseHead::new(buf.split_to(len).freeze(), parsed);
+                        if head.status.is_informational() && head.status != http::StatusCode::SWITCHING_PROTOCOLS {
+                            // 100 Continue, 103 Early Hints: the final response follows.
+                            interim = Some(head);
+                            continue;
+                        }
+                        return Poll::Ready(Ok(head));
+                    }
+                }
+            }
             match read_into(cx, &mut *io, &mut buf) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(ExchangeError::Closed(e))),
@@ -68,17 +92,6 @@ pub async fn exchange<I: AsyncRead + AsyncWrite + Unpin, B: BodySource + ?Sized>
                     return Poll::Ready(Err(ExchangeError::Closed(io::ErrorKind::UnexpectedEof.into())));
                 }
                 Poll::Ready(Ok(_)) => {}
-            }
-            match parse::response(&buf, method, max_head).map_err(ExchangeError::Response)? {
-                None => continue,
-                Some((len, parsed)) => {
-                    let head = ResponseHead::new(buf.split_to(len).freeze(), parsed);
-                    if head.status.is_informational() && head.status != http::StatusCode::SWITCHING_PROTOCOLS {
-                        // 100 Continue and the like: the final response follows.
-                        continue;
-                    }
-                    return Poll::Ready(Ok(head));
-                }
             }
         }
     })
@@ -261,5 +274,46 @@ impl<C: AsyncRead + Unpin> ResponseBody<C> {
 impl From<FramingError> for BodyError {
     fn from(e: FramingError) -> Self {
         BodyError::Framing(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncWriteExt;
+
+    use super::*;
+
+    /// A bodiless request's client side that keeps the status of each interim response.
+    #[derive(Default)]
+    struct Interims(Vec<u16>);
+
+    impl BodySource for Interims {
+        fn poll_chunk(&mut self, _cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BodyError>>> {
+            Poll::Ready(None)
+        }
+
+        fn poll_interim(&mut self, _cx: &mut Context<'_>, head: &ResponseHead) -> Poll<()> {
+            self.0.push(head.status.as_u16());
+            Poll::Ready(())
+        }
+    }
+
+    #[tokio::test]
+    async fn interim_responses_read_with_the_final_one_are_handed_over_and_the_final_one_returned() {
+        let (mut io, mut server) = tokio::io::duplex(4096);
+        // All of it in one write, before the request is even sent: nothing more will come.
+        server
+            .write_all(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 204 No Content\r\n\r\nextra")
+            .await
+            .unwrap();
+        let mut interims = Interims::default();
+        let head = b"GET / HTTP/1.1\r\nhost: a\r\n\r\n";
+        let exchanged = exchange(&mut io, head, Some(&mut interims), Framing::Empty, &Method::GET, 32 * 1024);
+        let (result, sent) = tokio::time::timeout(std::time::Duration::from_secs(5), exchanged).await.unwrap();
+        let (response, rest) = result.unwrap();
+        assert_eq!(response.status, http::StatusCode::NO_CONTENT);
+        assert_eq!(&rest[..], b"extra");
+        assert_eq!(interims.0, [100, 103]);
+        assert!(sent.all);
     }
 }

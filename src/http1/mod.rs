@@ -29,7 +29,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 pub use body::FramingError;
 
 /// Where a request body comes from, piece by piece: an HTTP/1 client connection, an
-/// HTTP/2 stream, or either held to a route's limits.
+/// HTTP/2 stream, or either held to a route's limits. It is the client's side of the
+/// exchange, so it also takes what the upstream says before its final response.
 pub trait BodySource: Send {
     /// The next piece of the body; `None` at its end.
     fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BodyError>>>;
@@ -46,6 +47,14 @@ pub trait BodySource: Send {
     /// has begun). Taken once; `None` where the body is read from the connection.
     fn detach(&mut self) -> Option<Box<dyn BodySource>> {
         None
+    }
+
+    /// Passes an interim (1xx) response of the upstream on to the client (RFC 9110
+    /// §15.2: a proxy forwards those it did not ask for), when its protocol can carry
+    /// one; ready once it is written (or dropped). By default it is dropped: HTTP/2's
+    /// server (hyper) cannot send one.
+    fn poll_interim(&mut self, _cx: &mut Context<'_>, _head: &parse::ResponseHead) -> Poll<()> {
+        Poll::Ready(())
     }
 }
 

@@ -142,7 +142,7 @@ pub fn request(buf: &[u8], max_line: usize, max_head: usize) -> Result<Option<Pa
     let method = Method::from_bytes(method.as_bytes()).map_err(|_| HeadError::Malformed("invalid method"))?;
     let version = if minor == 1 { Version::HTTP_11 } else { Version::HTTP_10 };
     let head = &buf[..len];
-    let (target, authority) = target(path.as_bytes(), head)?;
+    let (target, authority) = target(path.as_bytes(), &method, head)?;
     let fields: Vec<FieldSpan> = req.headers.iter().map(|h| field(h, head)).collect();
     let framed = framed(&fields, head, version)?;
     let framing = match (framed.codings, framed.length) {
@@ -232,6 +232,8 @@ pub fn response(buf: &[u8], method: &Method, max_head: usize) -> Result<Option<(
     let mut headers = [const { MaybeUninit::uninit() }; MAX_FIELDS];
     let mut res = httparse::Response::new(&mut []);
     let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(&mut res, buf, &mut headers) {
+        // A head larger than the bound is refused whether it came in one read or several.
+        Ok(httparse::Status::Complete(len)) if len > max_head => return Err("response head too large"),
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) if buf.len() > max_head => return Err("response head too large"),
         Ok(httparse::Status::Partial) => return Ok(None),
@@ -300,17 +302,33 @@ fn field(h: &httparse::Header<'_>, head: &[u8]) -> FieldSpan {
     FieldSpan { name: Span::of(name, head), value: Span::of(h.value, head), known: Known::of(name) }
 }
 
-/// The target's origin form and an absolute-form target's authority (RFC 9112 §3.2).
-fn target(path: &[u8], head: &[u8]) -> Result<(Span, Option<Span>), HeadError> {
-    if path.first() == Some(&b'/') || path == b"*" {
+/// The target's origin form and an absolute-form target's authority (RFC 9112 §3.2):
+/// origin form (`/path?query`), absolute form (`http://host/path`), authority form
+/// (`host:port`) for `CONNECT` only and `*` for `OPTIONS` only. Anything else is a 400:
+/// a relative target (`index.html`) or an authority without `CONNECT` has no path the
+/// request could be routed by, and one forwarded as `/` would be served as another
+/// request than the client sent. A fragment (`#`) is no part of a target (§3.2.1): cut
+/// off as a browser cuts it, the path routed and limited would not be the one forwarded;
+/// kept, a backend would cut it where the routing did not (`/login#/../public`).
+fn target(path: &[u8], method: &Method, head: &[u8]) -> Result<(Span, Option<Span>), HeadError> {
+    if path.contains(&b'#') {
+        return Err(HeadError::Malformed("a fragment (#) in the request target"));
+    }
+    if path.first() == Some(&b'/') {
         return Ok((Span::of(path, head), None));
+    }
+    if path == b"*" {
+        return match *method == Method::OPTIONS {
+            true => Ok((Span::of(path, head), None)),
+            false => Err(HeadError::Malformed("the target * is for OPTIONS only")),
+        };
     }
     let rest = if path.len() > 7 && path[..7].eq_ignore_ascii_case(b"http://") {
         &path[7..]
     } else if path.len() > 8 && path[..8].eq_ignore_ascii_case(b"https://") {
         &path[8..]
-    } else if !path.contains(&b'/') {
-        // Authority form (`CONNECT host:port`): no path; routing refuses CONNECT.
+    } else if *method == Method::CONNECT && !path.contains(&b'/') {
+        // Authority form (`CONNECT host:port`): no path; the front refuses CONNECT (405).
         return Ok((Span::of(&path[path.len()..], head), Some(Span::of(path, head))));
     } else {
         return Err(HeadError::Malformed("the request target is neither a path nor an absolute URI"));
@@ -408,5 +426,81 @@ fn describe(e: httparse::Error) -> &'static str {
         httparse::Error::Token => "invalid byte in the request line",
         httparse::Error::TooManyHeaders => "too many header fields",
         httparse::Error::Version => "not HTTP/1.0 or HTTP/1.1",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The request head at the start of `bytes`: its status if refused, else its target
+    /// as the proxy reads it.
+    fn read(bytes: &str) -> Result<String, StatusCode> {
+        match request(bytes.as_bytes(), 8192, 32768) {
+            Err(e) => Err(e.status()),
+            Ok(None) => panic!("incomplete: {bytes:?}"),
+            Ok(Some(parsed)) => {
+                let len = parsed.len;
+                Ok(RequestHead::new(Bytes::copy_from_slice(&bytes.as_bytes()[..len]), parsed).target().to_owned())
+            }
+        }
+    }
+
+    #[test]
+    fn a_target_is_a_path_an_absolute_uri_an_authority_for_connect_or_a_star_for_options() {
+        for (line, target) in [
+            ("GET /a?b HTTP/1.1", "/a?b"),
+            ("GET http://h/a?b HTTP/1.1", "/a?b"),
+            ("GET http://h HTTP/1.1", "/"),
+            ("CONNECT h:443 HTTP/1.1", "/"),
+            ("OPTIONS * HTTP/1.1", "*"),
+        ] {
+            assert_eq!(read(&format!("{line}\r\nHost: h\r\n\r\n")).as_deref(), Ok(target), "{line}");
+        }
+        for line in [
+            "GET /r/prefix/x#/../../z HTTP/1.1",
+            "POST /login#/../../public HTTP/1.1",
+            "GET /r/exact#x HTTP/1.1",
+            "GET http://h/a#b HTTP/1.1",
+            "DELETE x HTTP/1.1",
+            "GET index.html HTTP/1.0",
+            "GET h:80 HTTP/1.1",
+            "GET * HTTP/1.1",
+            "GET ?q=1 HTTP/1.1",
+            // Decided: refused (README, *HTTP/1 framing*).
+            "GET http://x?q=1 HTTP/1.1",
+            "GET / HTTP/1.2",
+        ] {
+            assert_eq!(read(&format!("{line}\r\nHost: h\r\n\r\n")), Err(StatusCode::BAD_REQUEST), "{line}");
+        }
+    }
+
+    #[test]
+    fn transfer_codings_other_than_one_final_chunked_are_refused() {
+        for te in ["chunked, chunked", "chunked,", ", chunked", "chunked, identity", "identity", "xchunked"] {
+            let head = format!("POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: {te}\r\n\r\n");
+            assert_eq!(read(&head), Err(StatusCode::BAD_REQUEST), "{te}");
+        }
+        let head = "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip, chunked\r\n\r\n";
+        assert_eq!(read(head), Err(StatusCode::NOT_IMPLEMENTED));
+        let head = "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: Chunked\r\nContent-Length: 3\r\n\r\n";
+        let parsed = request(head.as_bytes(), 8192, 32768).unwrap().unwrap();
+        assert_eq!((parsed.framing, parsed.close_after), (Framing::Chunked, true));
+    }
+
+    #[test]
+    fn a_response_head_past_its_bound_is_refused_however_it_was_read() {
+        let head = format!("HTTP/1.1 200 OK\r\nX-Big: {}\r\n\r\n", "x".repeat(100));
+        assert!(response(head.as_bytes(), &Method::GET, 64).is_err(), "whole");
+        assert!(response(&head.as_bytes()[..80], &Method::GET, 64).is_err(), "begun");
+        assert!(response(head.as_bytes(), &Method::GET, head.len()).unwrap().is_some());
+    }
+
+    #[test]
+    fn the_largest_content_length_is_read_and_one_past_it_refused() {
+        let head = "POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 18446744073709551615\r\n\r\n";
+        assert_eq!(request(head.as_bytes(), 8192, 32768).unwrap().unwrap().framing, Framing::Length(u64::MAX));
+        let head = "POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 18446744073709551616\r\n\r\n";
+        assert_eq!(read(head), Err(StatusCode::BAD_REQUEST));
     }
 }

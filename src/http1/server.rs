@@ -13,9 +13,13 @@ use std::task::{Context, Poll, ready};
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use std::sync::Mutex;
+
+use http::{StatusCode, Version};
+
 use super::body::{Decoder, Step};
-use super::parse::{self, HeadError, RequestHead};
-use super::{BodyError, BodySource, read_into, write_parts};
+use super::parse::{self, HeadError, RequestHead, ResponseHead};
+use super::{BodyError, BodySource, read_into, write, write_parts};
 
 /// The preface an HTTP/2 client with prior knowledge opens with (RFC 9113 §3.4).
 pub const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -122,6 +126,60 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Conn<I> {
     }
 }
 
+/// Which interim (1xx) responses of the upstream the client of a request with `head`
+/// gets: none for an HTTP/1.0 client (RFC 9110 §15.2: it knows no 1xx), and no
+/// `100 Continue` for one that asked for it (it gets ours, once its body is wanted).
+#[derive(Clone, Copy)]
+struct InterimFor {
+    version: Version,
+    expect_continue: bool,
+}
+
+impl InterimFor {
+    fn of(head: &RequestHead) -> Self {
+        InterimFor { version: head.version, expect_continue: head.expect_continue }
+    }
+
+    fn forwards(self, interim: &ResponseHead) -> bool {
+        self.version == Version::HTTP_11 && !(interim.status == StatusCode::CONTINUE && self.expect_continue)
+    }
+}
+
+/// The client's side of a request without a body: the interim responses of its upstream,
+/// queued for the connection to write between polls of the request (which cannot write
+/// them itself: the connection meanwhile watches whether the client goes away).
+pub struct Bodiless<'q> {
+    to: InterimFor,
+    queue: &'q Mutex<Vec<u8>>,
+}
+
+/// Interim responses queued past this are dropped: a client that reads none of them must
+/// not make the connection hold what a server sends without end.
+const MAX_INTERIM_QUEUED: usize = 16 * 1024;
+
+impl<'q> Bodiless<'q> {
+    /// For a request with `head`, its interim responses queued in `queue`.
+    pub fn new(head: &RequestHead, queue: &'q Mutex<Vec<u8>>) -> Self {
+        Bodiless { to: InterimFor::of(head), queue }
+    }
+}
+
+impl BodySource for Bodiless<'_> {
+    fn poll_chunk(&mut self, _cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BodyError>>> {
+        Poll::Ready(None)
+    }
+
+    fn poll_interim(&mut self, _cx: &mut Context<'_>, head: &ResponseHead) -> Poll<()> {
+        if let Ok(mut queue) = self.queue.lock()
+            && self.to.forwards(head)
+            && queue.len() < MAX_INTERIM_QUEUED
+        {
+            write::interim(&mut queue, head);
+        }
+        Poll::Ready(())
+    }
+}
+
 /// The body of the request being served, read from its connection as its framing
 /// delimits it.
 pub struct RequestBody<'c, I> {
@@ -129,6 +187,10 @@ pub struct RequestBody<'c, I> {
     decoder: Decoder,
     /// `100 Continue` is owed before the first read (bytes of it written so far).
     continue_owed: Option<usize>,
+    /// Which interim responses the client gets.
+    to: InterimFor,
+    /// An interim response of the upstream being written, and how much of it is out.
+    interim: Option<(Vec<u8>, usize)>,
 }
 
 const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
@@ -137,17 +199,45 @@ impl<'c, I: AsyncRead + AsyncWrite + Unpin + Send> RequestBody<'c, I> {
     pub fn new(conn: &'c mut Conn<I>, head: &RequestHead) -> Self {
         // A client that sent body bytes already is not waiting for leave to.
         let continue_owed = (head.expect_continue && conn.buf.is_empty()).then_some(0);
-        RequestBody { conn, decoder: Decoder::new(head.framing), continue_owed }
+        RequestBody {
+            conn,
+            decoder: Decoder::new(head.framing),
+            continue_owed,
+            to: InterimFor::of(head),
+            interim: None,
+        }
     }
 
     /// The whole body has been read.
     pub fn is_done(&self) -> bool {
         self.decoder.is_done()
     }
+
+    /// Writes what is left of the interim response being written.
+    fn poll_interim_written(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if let Some((bytes, written)) = &mut self.interim {
+            // A client that cannot take it fails its response's write too.
+            let _ = ready!(write_parts(cx, &mut self.conn.io, &[bytes], written));
+            self.interim = None;
+        }
+        Poll::Ready(())
+    }
 }
 
 impl<I: AsyncRead + AsyncWrite + Unpin + Send> BodySource for RequestBody<'_, I> {
+    fn poll_interim(&mut self, cx: &mut Context<'_>, head: &ResponseHead) -> Poll<()> {
+        ready!(self.poll_interim_written(cx));
+        if self.to.forwards(head) {
+            let mut bytes = Vec::with_capacity(128);
+            write::interim(&mut bytes, head);
+            self.interim = Some((bytes, 0));
+        }
+        self.poll_interim_written(cx)
+    }
+
     fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BodyError>>> {
+        // An interim response begun goes out whole before anything else is written.
+        ready!(self.poll_interim_written(cx));
         // RFC 9110 §10.1.1: the client waits for this before it sends the body; it is
         // sent only once the body is asked for, so a request refused before (413, 429)
         // gets its final status instead.

@@ -80,6 +80,14 @@ impl<'a> Head<'a> {
     }
 }
 
+/// An interim (1xx) response of a server as a client gets it: its status line and its
+/// fields but the hop-by-hop and framing ones, appended to `out`.
+pub fn interim(out: &mut Vec<u8>, head: &super::parse::ResponseHead) {
+    let mut writer = Head::response(out, head.status);
+    crate::hop::response_fields(head.fields(), false, false, &[], &mut |name, value| writer.field(name, value));
+    writer.end();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -304,6 +304,7 @@ impl Proxy {
                     upgrade: hop::upgrade_protocol(head.version, head.fields),
                     rewrite: &route.rewrite,
                     authority: head.authority.map(str::as_bytes),
+                    underscores: config.underscores_in_headers,
                 };
                 let target = admitted.target.as_deref().unwrap_or(head.target);
                 let host = &route.rewrite.upstream_host;

@@ -12,7 +12,7 @@
 use std::future::{Future, poll_fn};
 use std::io;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -30,7 +30,7 @@ use crate::connection::ClientConn;
 use crate::head::RequestHead;
 use crate::http1::body::{CHUNK_END, LAST_CHUNK, chunk_head};
 use crate::http1::parse::{self, Framing, HeadError};
-use crate::http1::server::{Conn, HeadLimits, Read, RequestBody};
+use crate::http1::server::{Bodiless, Conn, HeadLimits, Read, RequestBody};
 use crate::http1::{read_away, write};
 use crate::message::{Body, Request, Response, Service};
 
@@ -285,18 +285,34 @@ where
         let response = service.call(request, conn).await;
         (response, body.is_done())
     } else {
-        let request = Request { head: view, framing: head.framing, body: None };
+        let interim = Mutex::new(Vec::new());
+        let mut source = Bodiless::new(&head, &interim);
+        let request = Request { head: view, framing: head.framing, body: Some(&mut source) };
         let mut call = std::pin::pin!(service.call(request, conn));
+        // Bytes of the interim responses queued that are written.
+        let mut written = 0;
         // A client that goes away before its answer gives its request up: the request
         // is dropped wherever it is (waiting its turn, or at the upstream).
         let response = poll_fn(|cx| {
             if let Poll::Ready(response) = call.as_mut().poll(cx) {
                 return Poll::Ready(Some(response));
             }
+            if let Ok(mut queued) = interim.lock()
+                && !queued.is_empty()
+                && c.poll_write_parts(cx, &[&queued], &mut written).is_ready()
+            {
+                // Written, or the client cannot take them: it is seen gone below.
+                queued.clear();
+                written = 0;
+            }
             c.poll_gone(cx, MAX_PIPELINED).map(|()| None)
         })
         .await;
         let Some(response) = response else { return Exchanged::Close };
+        let queued = interim.lock().map(|mut q| std::mem::take(&mut *q)).unwrap_or_default();
+        if written < queued.len() && write_all(c, &[&queued[written..]], send_timeout).await.is_err() {
+            return Exchanged::Close;
+        }
         (response, true)
     };
     let keep_alive = head.keep_alive && !head.close_after && body_read && !stopping.has_changed().unwrap_or(true);
@@ -306,6 +322,14 @@ where
             // The client may still be sending the body no one read: read it away a
             // little before closing, so that its response is not lost to a reset.
             linger_on(c).await;
+            Exchanged::Close
+        }
+        // Requests pipelined behind this one are served only for a client still there:
+        // one that closed its side meanwhile gets nothing more done on its behalf. (A
+        // look without a system call when nothing came: tokio knows the socket drained.)
+        Ok(Written::Done { keep_alive: true })
+            if poll_fn(|cx| Poll::Ready(c.poll_gone(cx, MAX_PIPELINED))).await.is_ready() =>
+        {
             Exchanged::Close
         }
         Ok(Written::Done { keep_alive: true }) => Exchanged::KeepAlive,
@@ -563,6 +587,9 @@ async fn refuse<I: AsyncRead + AsyncWrite + Unpin>(
 ) -> io::Result<()> {
     let status = e.status();
     let body = format!("{}: {e}\n", status.canonical_reason().unwrap_or("Bad Request"));
+    // RFC 9110 §9.3.2: the answer to HEAD has no body, whatever it is (its request line
+    // is read as far as it goes: a refused head may be incomplete).
+    let to_head = c.buf.starts_with(b"HEAD ");
     let mut head = Vec::with_capacity(160);
     let mut writer = write::Head::response(&mut head, status);
     writer.field(b"content-type", b"text/plain; charset=utf-8");
@@ -570,6 +597,7 @@ async fn refuse<I: AsyncRead + AsyncWrite + Unpin>(
     writer.content_length(body.len() as u64);
     writer.field(b"connection", b"close");
     writer.end();
+    let body = if to_head { "" } else { &body };
     write_all(c, &[&head, body.as_bytes()], send_timeout).await
 }
 

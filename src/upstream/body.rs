@@ -145,4 +145,8 @@ impl BodySource for RequestBody<'_> {
             taken: true,
         }))
     }
+
+    fn poll_interim(&mut self, cx: &mut Context<'_>, head: &crate::http1::parse::ResponseHead) -> Poll<()> {
+        self.source().poll_interim(cx, head)
+    }
 }

@@ -460,15 +460,27 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let stream = TcpStream::connect(addr).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
-    tokio::spawn(conn);
-    sender.send_request(req).await.unwrap()
+    let exchange = async {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+        tokio::spawn(conn);
+        sender.send_request(req).await.unwrap()
+    };
+    tokio::time::timeout(REPLY_WITHIN, exchange)
+        .await
+        .unwrap_or_else(|_| panic!("no response head from {addr} within {REPLY_WITHIN:?}"))
 }
+
+/// How long a helper waits for a response (its head, then its body) before it fails the
+/// test: a proxy that hangs fails the test that met it instead of stalling the suite.
+pub const REPLY_WITHIN: Duration = Duration::from_secs(30);
 
 pub async fn read(response: Response<Incoming>) -> Reply {
     let (parts, body) = response.into_parts();
-    Reply { status: parts.status.as_u16(), headers: parts.headers, body: body.collect().await.unwrap().to_bytes() }
+    let body = tokio::time::timeout(REPLY_WITHIN, body.collect())
+        .await
+        .unwrap_or_else(|_| panic!("the response body did not end within {REPLY_WITHIN:?}"));
+    Reply { status: parts.status.as_u16(), headers: parts.headers, body: body.unwrap().to_bytes() }
 }
 
 /// `GET path` with extra `headers`.
@@ -488,11 +500,186 @@ pub async fn get_h2(addr: SocketAddr, path: &str) -> Reply {
 /// Sends `req` (an absolute URI: its authority becomes `:authority`) on a new h2c
 /// connection and reads the whole response.
 pub async fn request_h2(addr: SocketAddr, req: Request<Full<Bytes>>) -> Reply {
-    let stream = TcpStream::connect(addr).await.unwrap();
-    let (mut sender, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await.unwrap();
-    tokio::spawn(conn);
-    read(sender.send_request(req).await.unwrap()).await
+    let exchange = async {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let (mut sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await.unwrap();
+        tokio::spawn(conn);
+        sender.send_request(req).await.unwrap()
+    };
+    let response = tokio::time::timeout(REPLY_WITHIN, exchange)
+        .await
+        .unwrap_or_else(|_| panic!("no HTTP/2 response head from {addr} within {REPLY_WITHIN:?}"));
+    read(response).await
+}
+
+/// A backend that answers every connection with `answer` and records what it received:
+/// one read (a request head is enough to answer), the answer, then it closes.
+pub async fn raw_backend(answer: &'static [u8]) -> (SocketAddr, Arc<Mutex<Vec<u8>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let received = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&received);
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let seen = Arc::clone(&seen);
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let n = stream.read(&mut buf).await.unwrap_or(0);
+                seen.lock().unwrap().extend_from_slice(&buf[..n]);
+                let _ = stream.write_all(answer).await;
+                let _ = stream.shutdown().await;
+            });
+        }
+    });
+    (addr, received)
+}
+
+/// One request a `StrictBackend` read: on which of its connections (0, 1, ... in the
+/// order they were accepted), its bytes exactly as they came (head and body), and its
+/// request line.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    pub conn: usize,
+    pub bytes: Vec<u8>,
+    pub line: String,
+}
+
+/// A backend that frames requests as strictly as the RFC allows and no more leniently
+/// than any server: a head with both `Content-Length` and `Transfer-Encoding`, two
+/// `Content-Length` fields (even equal), or a coding other than `chunked` alone ends the
+/// connection unanswered and is recorded as `REFUSED`. Every request read is recorded
+/// byte for byte and answered with what `answer` makes of its request line; connections
+/// are kept alive until the proxy closes them.
+pub struct StrictBackend {
+    pub addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl StrictBackend {
+    pub async fn start(answer: impl Fn(&str) -> Vec<u8> + Send + Sync + 'static) -> StrictBackend {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let answer = Arc::new(answer);
+        let record = Arc::clone(&seen);
+        tokio::spawn(async move {
+            let mut conn = 0;
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(strict_connection(stream, conn, Arc::clone(&record), Arc::clone(&answer)));
+                conn += 1;
+            }
+        });
+        StrictBackend { addr, seen }
+    }
+
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// The request lines it read, in order.
+    pub fn lines(&self) -> Vec<String> {
+        self.seen().into_iter().map(|s| s.line).collect()
+    }
+}
+
+/// Serves one connection of a `StrictBackend`.
+async fn strict_connection<F: Fn(&str) -> Vec<u8>>(
+    mut stream: TcpStream,
+    conn: usize,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    answer: Arc<F>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = Vec::new();
+    loop {
+        // The head.
+        let (head_len, line, framing) = loop {
+            let mut fields = [httparse::EMPTY_HEADER; 64];
+            let mut req = httparse::Request::new(&mut fields);
+            match req.parse(&buf) {
+                Ok(httparse::Status::Complete(len)) => {
+                    let line = format!("{} {}", req.method.unwrap_or(""), req.path.unwrap_or(""));
+                    let named = |n: &str| req.headers.iter().filter(|h| h.name.eq_ignore_ascii_case(n)).count();
+                    let value =
+                        |n: &str| req.headers.iter().find(|h| h.name.eq_ignore_ascii_case(n)).map(|h| h.value.to_vec());
+                    let framing = match (named("content-length"), named("transfer-encoding")) {
+                        (0, 0) => Some(StrictFraming::Length(0)),
+                        (1, 0) => std::str::from_utf8(&value("content-length").unwrap())
+                            .ok()
+                            .and_then(|v| v.parse().ok())
+                            .map(StrictFraming::Length),
+                        (0, 1) if value("transfer-encoding").unwrap() == b"chunked" => Some(StrictFraming::Chunked),
+                        _ => None,
+                    };
+                    break (len, line, framing);
+                }
+                Ok(httparse::Status::Partial) => {}
+                Err(_) => break (buf.len(), "REFUSED".to_owned(), None),
+            }
+            let mut more = [0u8; 4096];
+            match stream.read(&mut more).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&more[..n]),
+            }
+        };
+        let Some(framing) = framing else {
+            seen.lock().unwrap().push(Seen { conn, bytes: buf, line: "REFUSED".to_owned() });
+            return;
+        };
+        // The body, as its framing says.
+        let end = loop {
+            if let Some(end) = framing.end(&buf[head_len..]) {
+                break head_len + end;
+            }
+            let mut more = [0u8; 4096];
+            match stream.read(&mut more).await {
+                Ok(0) | Err(_) => {
+                    seen.lock().unwrap().push(Seen { conn, bytes: buf, line: format!("{line} (cut short)") });
+                    return;
+                }
+                Ok(n) => buf.extend_from_slice(&more[..n]),
+            }
+        };
+        let bytes: Vec<u8> = buf.drain(..end).collect();
+        seen.lock().unwrap().push(Seen { conn, bytes, line: line.clone() });
+        if stream.write_all(&answer(&line)).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum StrictFraming {
+    Length(usize),
+    Chunked,
+}
+
+impl StrictFraming {
+    /// Where the body that starts `body` ends, once all of it is there.
+    fn end(self, body: &[u8]) -> Option<usize> {
+        match self {
+            StrictFraming::Length(n) => (body.len() >= n).then_some(n),
+            StrictFraming::Chunked => {
+                let mut at = 0;
+                loop {
+                    let line_end = body[at..].windows(2).position(|w| w == b"\r\n")? + at;
+                    let size = std::str::from_utf8(&body[at..line_end]).ok()?;
+                    let size = usize::from_str_radix(size.split(';').next()?, 16).ok()?;
+                    at = line_end + 2;
+                    if size == 0 {
+                        // No trailers: the empty line.
+                        return (body.len() >= at + 2).then_some(at + 2);
+                    }
+                    if body.len() < at + size + 2 {
+                        return None;
+                    }
+                    at += size + 2;
+                }
+            }
+        }
+    }
 }
 
 /// A port on which nothing listens (bound, then released).
@@ -501,13 +688,29 @@ pub fn closed_port() -> u16 {
     listener.local_addr().unwrap().port()
 }
 
-/// Writes `bytes` on a new connection and reads until the server closes it (at most 5 s).
+/// Writes `bytes` on a new connection and reads until the server closes it: every use
+/// expects the server to close (after a refusal, or a `Connection: close`), and the test
+/// fails, showing what was read, if it has not within 5 s. A connection the server resets
+/// after answering counts as closed.
 pub async fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = TcpStream::connect(addr).await.unwrap();
-    stream.write_all(bytes).await.unwrap();
+    const WITHIN: Duration = Duration::from_secs(5);
     let mut out = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut out)).await;
+    let exchange = async {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        // The server may refuse and close before it has read all: what it answered counts.
+        let _ = stream.write_all(bytes).await;
+        let mut piece = [0u8; 16 * 1024];
+        loop {
+            match stream.read(&mut piece).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => out.extend_from_slice(&piece[..n]),
+            }
+        }
+    };
+    if tokio::time::timeout(WITHIN, exchange).await.is_err() {
+        panic!("the server did not close the connection within {WITHIN:?}; read: {:?}", String::from_utf8_lossy(&out));
+    }
     String::from_utf8_lossy(&out).into_owned()
 }
 

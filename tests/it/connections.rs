@@ -249,3 +249,95 @@ async fn one_address_holds_at_most_max_connections_per_ip() {
     .await;
     answered_ok(&mut second).await;
 }
+
+/// A slow body costs on HTTP/2 what it costs on HTTP/1.1: a stream whose body stops
+/// arriving is answered `408` after `body_read_timeout`, the connection's other streams
+/// are served meanwhile, and once none is left the idle timer closes the connection, the
+/// client's bodies still open.
+#[tokio::test]
+async fn http2_streams_whose_bodies_stop_arriving_are_timed_out_and_the_connection_idles_out() {
+    const STREAMS: usize = 40;
+    let backend = Backend::start().await;
+    let sg = Sluicegate::start(&format!(
+        "listen: 127.0.0.1:0
+server: {{ body_read_timeout: 500ms, header_read_timeout: 500ms, idle_timeout: 1s }}
+upstreams:
+  b: {{ servers: [\"{}\"] }}
+routes:
+  - upstream: b
+",
+        backend.addr
+    ));
+    let stream = TcpStream::connect(sg.addr).await.unwrap();
+    let (sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let started = Instant::now();
+    // HEADERS without END_STREAM, then nothing: the body senders are kept, never used.
+    let mut senders = Vec::new();
+    let mut stalled = Vec::new();
+    for _ in 0..STREAMS {
+        let (tx, body) = http_body_util::channel::Channel::<Bytes, hyper::Error>::new(1);
+        senders.push(tx);
+        let req = Request::post("http://test.local/upload").body(body).unwrap();
+        let mut sender = sender.clone();
+        stalled.push(tokio::spawn(async move { sender.send_request(req).await.map(|r| r.status().as_u16()) }));
+    }
+    // Another stream of the connection is served meanwhile.
+    let mut other = sender.clone();
+    let req = Request::get("http://test.local/x")
+        .body(http_body_util::channel::Channel::<Bytes, hyper::Error>::new(1).1)
+        .unwrap();
+    let reply =
+        tokio::time::timeout(Duration::from_secs(5), async { read(other.send_request(req).await.unwrap()).await })
+            .await
+            .expect("another stream was not served");
+    assert_eq!(reply.status, 200);
+    for stream in stalled {
+        let status = tokio::time::timeout(Duration::from_secs(10), stream).await.expect("a stalled stream stayed open");
+        assert_eq!(status.unwrap().unwrap(), 408);
+    }
+    assert!(started.elapsed() >= Duration::from_millis(500), "{:?}", started.elapsed());
+    // Each stream was reset once answered (RFC 9113 §8.1): the client stops sending its
+    // body, as an HTTP/1.1 client whose connection closes does.
+    for tx in &mut senders {
+        let refused = tokio::time::timeout(Duration::from_secs(5), async {
+            while tx.send_data(Bytes::from_static(b"late")).await.is_ok() {}
+        });
+        assert!(refused.await.is_ok(), "a stream answered 408 still takes its body");
+    }
+    // Nothing in progress: closed after the idle timeout, the bodies still held open.
+    let ended = tokio::time::timeout(Duration::from_secs(10), conn).await;
+    assert!(ended.is_ok(), "the idle connection stayed open");
+    drop(senders);
+}
+
+/// A client that sends a slow `POST` and a pipelined `DELETE`, then goes, gets nothing
+/// more done on its behalf: the `DELETE` never reaches the backend.
+#[tokio::test]
+async fn a_pipelined_request_of_a_client_that_has_gone_is_never_sent() {
+    let backend = StrictBackend::start(|_| b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec()).await;
+    let sg = Sluicegate::start(&format!(
+        "listen: 127.0.0.1:0\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nroutes:\n  - upstream: b\n",
+        backend.addr
+    ));
+    for (request, first) in [
+        (
+            &b"POST /slow HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhelloDELETE /x HTTP/1.1\r\nHost: a\r\n\r\n"[..],
+            "POST /slow",
+        ),
+        (b"GET /fast HTTP/1.1\r\nHost: a\r\n\r\nDELETE /x HTTP/1.1\r\nHost: a\r\n\r\n", "GET /fast"),
+    ] {
+        let mut stream = TcpStream::connect(sg.addr).await.unwrap();
+        stream.write_all(request).await.unwrap();
+        drop(stream);
+        wait_until("the first request to be served", Duration::from_secs(5), async || {
+            backend.lines().iter().any(|l| l == first)
+        })
+        .await;
+    }
+    // Both first requests reached the backend; give a DELETE every chance to follow them.
+    let answer = raw_exchange(sg.addr, b"GET /last HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n").await;
+    assert!(answer.ends_with("ok"), "{answer}");
+    assert!(!backend.lines().iter().any(|l| l.starts_with("DELETE")), "{:?}", backend.lines());
+}

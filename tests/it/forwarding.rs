@@ -236,3 +236,26 @@ async fn an_http10_upstream_is_answered_as_http11_chunked_on_a_kept_connection()
         assert!(text.contains("old server\n"), "round {round}: {text}");
     }
 }
+
+/// CGI-style backends read `X_Forwarded_For` as `X-Forwarded-For`: a field named with `_`
+/// never reaches the backend by default, and kept (`underscores_in_headers`), never one
+/// that stands for a field the proxy sets or frames by.
+#[tokio::test]
+async fn fields_named_with_underscores_are_dropped_and_kept_never_shadow_ours() {
+    let request = b"POST /a HTTP/1.1\r\nHost: a\r\nX_Forwarded_For: 6.6.6.6\r\nContent_Length: 99\r\nTransfer_Encoding: chunked\r\nX_Api_Key: k\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi";
+    for (server, kept) in [("", &[][..]), ("server: { underscores_in_headers: true }\n", &["X_Api_Key: k"][..])] {
+        let backend = StrictBackend::start(|_| b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec()).await;
+        let sg = Sluicegate::start(&format!(
+            "listen: 127.0.0.1:0\n{server}upstreams:\n  b: {{ servers: [\"{}\"] }}\nroutes:\n  - upstream: b\n",
+            backend.addr
+        ));
+        let answer = raw_exchange(sg.addr, request).await;
+        assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("ok"), "{answer}");
+        let seen = backend.seen();
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        let sent = String::from_utf8_lossy(&seen[0].bytes).into_owned();
+        let underscored: Vec<&str> = sent.lines().filter(|l| l.split(':').next().unwrap().contains('_')).collect();
+        assert_eq!(underscored, kept, "{server:?}: {sent}");
+        assert!(sent.contains("x-forwarded-for: 127.0.0.1\r\n") && sent.ends_with("\r\n\r\nhi"), "{sent}");
+    }
+}

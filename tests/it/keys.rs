@@ -71,3 +71,30 @@ async fn a_dry_run_limit_lets_a_repeated_key_field_through_and_logs_it() {
     let log = sg.wait_for_log(|log| log.contains("repeated key field"));
     assert!(log.contains("dry run: request would be refused: repeated key field"), "{log}");
 }
+
+/// HTTP/2 browsers send each cookie as a field of its own (RFC 9113 §8.2.3): a limit
+/// keyed on the whole `Cookie` header is exempt from the repeated-field 400, on both
+/// protocols, and counts by the first.
+#[tokio::test]
+async fn a_cookie_header_split_in_fields_is_no_repeated_key_field() {
+    let backend = Backend::start().await;
+    let sg = Conf::new()
+        .upstream(&backend)
+        .limit("by_cookie", "key: \"header:cookie\", rate: 1r/m")
+        .forwarding("by_cookie")
+        .start();
+    let split = |path: &str| {
+        http::Request::get(format!("http://test.local{path}"))
+            .header("cookie", "sid=a")
+            .header("cookie", "theme=dark")
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap()
+    };
+    assert_eq!(request_h2(sg.addr, split("/one")).await.status, 200);
+    // The same first cookie: the same key, its one request a minute spent.
+    assert_eq!(request_h2(sg.addr, split("/two")).await.status, 429);
+    let http1 = get(sg.addr, "/three", &[("cookie", "sid=b"), ("cookie", "theme=dark")]).await;
+    assert_eq!(http1.status, 200, "{}", http1.text());
+    let seen: Vec<String> = backend.hits().iter().map(|h| h.path_and_query.clone()).collect();
+    assert_eq!(seen, ["/one", "/three"]);
+}

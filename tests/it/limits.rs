@@ -422,11 +422,13 @@ pub(crate) async fn a_refused_weighted_request_leaves_the_other_limits_as_they_s
         Some(url) => (", scope: global, on_store_error: deny", format!("redis: {{ url: \"{url}\", timeout: 1s }}\n")),
         None => ("", String::new()),
     };
+    // The windows aligned to the epoch are a year long: a run across the start of an
+    // hour-long one would see it emptied between two requests.
     let yaml = format!(
         "listen: 127.0.0.1:0\nratelimit_headers: all\n{store}limits:
   bucket: {{ key: ip, algorithm: token_bucket, capacity: 10, refill: 1r/h{scope} }}
-  fixed: {{ key: ip, algorithm: fixed_window, limit: 10, window: 1h{scope} }}
-  sliding: {{ key: ip, algorithm: sliding_window, limit: 10, window: 1h{scope} }}
+  fixed: {{ key: ip, algorithm: fixed_window, limit: 10, window: 365d{scope} }}
+  sliding: {{ key: ip, algorithm: sliding_window, limit: 10, window: 365d{scope} }}
   log: {{ key: ip, algorithm: sliding_log, limit: 10, window: 1h{scope} }}
   slow: {{ key: ip, rate: 1r/h, burst: 3, nodelay: true{scope} }}
 routes:

@@ -15,6 +15,7 @@ mod config_fuzz;
 mod conformance;
 mod connections;
 mod dashboard;
+mod engine;
 mod eviction;
 mod forwarded;
 mod forwarding;

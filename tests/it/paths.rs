@@ -136,3 +136,91 @@ async fn the_upstream_receives_the_request_target_byte_for_byte() {
         assert_eq!(backend.hits().last().unwrap().path_and_query, target);
     }
 }
+
+/// RFC 9112 §3.2.1: a target has no fragment. Cut off where the backend cuts it (every
+/// URL parser does), `/login#/../public` would be limited as `/public` and served as
+/// `/login`: it is refused, as nothing the proxy forwards may be routed as another path.
+#[tokio::test]
+async fn a_fragment_in_the_target_is_a_400_and_never_forwarded() {
+    let backend = Backend::start().await;
+    let sg = Sluicegate::start(&config(&backend));
+    let ip = "192.0.2.77";
+    assert_eq!(status(&sg, "/login", ip, "test.local").await, 200);
+    for target in [
+        "/login#/../../public",
+        "/r/prefix/x#/../../z",
+        "/exact#x",
+        "/login#",
+        "/login?next=1#/../x",
+        "/x#/../login",
+        "/stream#1",
+        "http://test.local/login#/../x",
+    ] {
+        assert_eq!(status(&sg, target, ip, "test.local").await, 400, "{target}");
+    }
+    assert_eq!(backend.hits().len(), 1, "a target with a fragment was forwarded: {:?}", backend.hits());
+}
+
+/// HTTP/2's `:path` holds no fragment either: hyper's URI parser cuts a `#` and what
+/// follows, so the path routed, limited and forwarded is the same one (`/login`), as a
+/// URL parser reads it. Sent in a hand-written HEADERS frame, since every client drops
+/// the fragment before sending.
+#[tokio::test]
+async fn an_http2_path_with_a_fragment_is_routed_and_forwarded_as_the_path_before_it() {
+    let backend = Backend::start().await;
+    let sg = Sluicegate::start(&config(&backend));
+    assert_eq!(h2_raw_status(sg.addr, "/login#/../public").await, 200);
+    // The login route's limit took it: the next login (from the same address) is refused.
+    assert_eq!(get_h2(sg.addr, "/login").await.status, 429);
+    assert_eq!(backend.hits().iter().map(|h| h.path_and_query.as_str()).collect::<Vec<_>>(), ["/login"]);
+}
+
+/// Sends `GET path` (`path` as bytes, unchecked) on a new h2c connection from 127.0.0.1
+/// and returns the response's `:status`, read from its HEADERS frame: one of those in
+/// HPACK's static table (RFC 7541 Appendix A), which the test expects.
+async fn h2_raw_status(addr: std::net::SocketAddr, path: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut block = vec![0x82, 0x86]; // :method GET, :scheme http
+    for (index, value) in [(4u8, path), (1, "test.local")] {
+        // Literal without indexing, name indexed (:path 4, :authority 1), no Huffman.
+        block.push(index);
+        block.push(value.len() as u8);
+        block.extend_from_slice(value.as_bytes());
+    }
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]); // SETTINGS, empty
+    let len = block.len();
+    out.extend_from_slice(&[(len >> 16) as u8, (len >> 8) as u8, len as u8, 1, 0x05, 0, 0, 0, 1]);
+    out.extend_from_slice(&block);
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(&out).await.unwrap();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut buf = Vec::new();
+    loop {
+        // Frames: 9-byte header, then the payload.
+        let mut at = 0;
+        while buf.len() >= at + 9 {
+            let len = (usize::from(buf[at]) << 16) | (usize::from(buf[at + 1]) << 8) | usize::from(buf[at + 2]);
+            if buf.len() < at + 9 + len {
+                break;
+            }
+            let (kind, stream_id) =
+                (buf[at + 3], u32::from_be_bytes([buf[at + 5], buf[at + 6], buf[at + 7], buf[at + 8]]));
+            if kind == 1 && stream_id == 1 {
+                const STATIC: [u16; 7] = [200, 204, 206, 304, 400, 404, 500];
+                let first = buf[at + 9];
+                return match first.checked_sub(0x88).and_then(|i| STATIC.get(usize::from(i))) {
+                    Some(&status) => status,
+                    None => panic!("{path}: a status outside the static table: {:x?}", &buf[at + 9..at + 9 + len]),
+                };
+            }
+            assert!(!(kind == 3 && stream_id == 1), "{path}: the stream was reset");
+            at += 9 + len;
+        }
+        let mut piece = [0u8; 4096];
+        let read = tokio::time::timeout_at(deadline, stream.read(&mut piece)).await;
+        let n = read.unwrap_or_else(|_| panic!("{path}: no response within 5 s")).unwrap();
+        assert!(n > 0, "{path}: the connection closed without a response");
+        buf.extend_from_slice(&piece[..n]);
+    }
+}

@@ -297,3 +297,68 @@ fn the_systemd_unit_verifies_and_has_somewhere_to_log() {
         Err(e) => eprintln!("systemd-analyze not run ({e}): only the unit's text was checked"),
     }
 }
+
+/// RFC 9112 §3.2: a target is origin-form, absolute-form, authority-form for CONNECT, or
+/// `*` for OPTIONS. Anything else would be forwarded as another request than sent.
+#[tokio::test]
+async fn a_relative_or_authority_target_without_connect_is_a_400() {
+    let backend = Backend::start().await;
+    let sg = Conf::new().upstream(&backend).route("upstream: b").start();
+    for request in [
+        "DELETE x HTTP/1.1\r\nHost: x\r\n",
+        "GET index.html HTTP/1.0\r\n",
+        "GET x:80 HTTP/1.1\r\nHost: x\r\n",
+        "GET * HTTP/1.1\r\nHost: x\r\n",
+        "GET ?q=1 HTTP/1.1\r\nHost: x\r\n",
+    ] {
+        let answer = raw_exchange(sg.addr, format!("{request}Connection: close\r\n\r\n").as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 400 "), "{request:?}: {answer:?}");
+    }
+    assert!(backend.hits().is_empty(), "{:?}", backend.hits());
+}
+
+/// RFC 9112 §3.2: a `Host` whose port is no port is a 400.
+#[tokio::test]
+async fn a_host_with_an_invalid_port_is_a_400() {
+    let backend = Backend::start().await;
+    let sg = Conf::new().upstream(&backend).route("upstream: b").start();
+    for host in ["x:abc", "x:8o", "x:65536", "[::1]:ab"] {
+        let request = format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        let answer = raw_exchange(sg.addr, request.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 400 "), "{host:?}: {answer:?}");
+    }
+    assert!(backend.hits().is_empty(), "{:?}", backend.hits());
+}
+
+/// RFC 9110 §9.3.2: an answer to HEAD has no body, refusals included.
+#[tokio::test]
+async fn a_refusal_of_a_head_request_has_no_body() {
+    let sg = Sluicegate::start(STATIC);
+    for (request, status) in [
+        ("HEAD / HTTP/1.1\r\nHost: a\r\nX A: 1\r\n\r\n".to_owned(), "400"),
+        (format!("HEAD / HTTP/1.1\r\nHost: a\r\nX-Big: {}\r\n\r\n", "a".repeat(100_000)), "431"),
+        ("HEAD / HTTP/1.1\r\nHost: x:abc\r\nConnection: close\r\n\r\n".to_owned(), "400"),
+        ("HEAD x HTTP/1.1\r\nHost: x\r\n\r\n".to_owned(), "400"),
+    ] {
+        let answer = raw_exchange(sg.addr, request.as_bytes()).await;
+        assert!(answer.starts_with(&format!("HTTP/1.1 {status}")), "{answer:?}");
+        assert!(answer.contains("content-length: ") && answer.ends_with("\r\n\r\n"), "a body: {answer:?}");
+    }
+}
+
+/// TRACE echoes the request, credentials included: refused unless a route names it.
+#[tokio::test]
+async fn trace_is_405_unless_a_route_names_it() {
+    let backend = Backend::start().await;
+    let sg = Conf::new()
+        .upstream(&backend)
+        .route("match: { path: /debug, methods: [TRACE] }, upstream: b")
+        .route("upstream: b")
+        .start();
+    let answer = raw_exchange(sg.addr, b"TRACE / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n").await;
+    assert!(answer.starts_with("HTTP/1.1 405 "), "{answer:?}");
+    assert!(backend.hits().is_empty(), "{:?}", backend.hits());
+    let answer = raw_exchange(sg.addr, b"TRACE /debug HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n").await;
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer:?}");
+    assert_eq!(backend.hits().len(), 1);
+}

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 use crate::common::*;
 
@@ -256,7 +256,8 @@ async fn request_lines_that_are_not_http1_are_refused() {
 async fn an_absolute_target_naming_another_host_than_host_is_refused() {
     let backend = Backend::start().await;
     let sg = proxy(&backend);
-    let answer = send_raw(sg.addr, b"GET http://other.example/x HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    let answer =
+        send_raw(sg.addr, b"GET http://other.example/x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n").await;
     assert_eq!(statuses(&answer), [400], "{answer}");
     let answer = send_raw(sg.addr, b"GET http://a/x?y=1 HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n").await;
     assert_eq!(statuses(&answer), [200], "{answer}");
@@ -321,28 +322,6 @@ routes:
     assert!(rest.starts_with("HTTP/1.1 200") && rest.ends_with("hello"), "{rest}");
     let seen = &backend.hits()[0].headers;
     assert!(seen.get("expect").is_none(), "the expectation was met at this hop");
-}
-
-/// A backend that answers every connection with `answer` and records what it received.
-async fn raw_backend(answer: &'static [u8]) -> (SocketAddr, std::sync::Arc<std::sync::Mutex<Vec<u8>>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let seen = std::sync::Arc::clone(&received);
-    tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            let seen = std::sync::Arc::clone(&seen);
-            tokio::spawn(async move {
-                let mut buf = [0u8; 4096];
-                // One request head is enough to answer.
-                let n = stream.read(&mut buf).await.unwrap_or(0);
-                seen.lock().unwrap().extend_from_slice(&buf[..n]);
-                let _ = stream.write_all(answer).await;
-                let _ = stream.shutdown().await;
-            });
-        }
-    });
-    (addr, received)
 }
 
 /// A proxy in front of a raw backend at `addr`.
