@@ -462,6 +462,7 @@ mod tests {
             upgrade: None,
             rewrite: &rewrite,
             underscores: true,
+            authority: None,
         };
         let mut kept = Vec::new();
         request_fields(Fields::from(&h), &hop, None, &mut |n, _| kept.push(String::from_utf8_lossy(n).into_owned()));
