@@ -168,7 +168,7 @@ impl Proxy {
             Ok(Admission::Answer(response)) => return finish(response, trace, grpc),
             Err(e) => return finish(error(&e), trace, grpc),
         };
-        let response = self.serve(&head, framing, body, &mut admitted, conn, grpc, &mut trace).await;
+        let response = self.serve(&head, framing, body, &mut admitted, conn, &mut trace).await;
         // Each fault was logged where it happened, with what it concerned.
         finish(response.unwrap_or_else(|e| error(&e)), trace, grpc)
     }
@@ -264,6 +264,7 @@ impl Proxy {
                     balance_key,
                     target,
                     trusted_peer,
+                    grpc,
                 };
                 Ok(Admission::Go(admitted))
             }
@@ -281,7 +282,6 @@ impl Proxy {
         body: Option<&mut (dyn BodySource + '_)>,
         admitted: &mut Admitted,
         conn: &ClientConn,
-        grpc: bool,
         trace: &mut Trace,
     ) -> Result<Response, ProxyError> {
         // Borrowed, not moved: the request's state holds it once.
@@ -316,7 +316,7 @@ impl Proxy {
         // Redis (boxed, with the response: most requests have nothing to settle there).
         let mut response = response;
         let mut status = response.as_ref().map_or_else(|e| e.status(), |r| r.status).as_u16();
-        if grpc {
+        if admitted.grpc {
             // A gRPC call counts by its gRPC status: that of a trailers-only answer's
             // head, or else that of its trailers, at the end of its body.
             let in_head = match &response {
@@ -523,6 +523,8 @@ struct Admitted {
     target: Option<String>,
     /// The client's peer is a trusted proxy: its forwarding fields are extended.
     trusted_peer: bool,
+    /// The request is a gRPC call.
+    grpc: bool,
 }
 
 /// The request's access log line (if one is written), filled in as the request path
