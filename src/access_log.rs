@@ -182,6 +182,9 @@ pub struct Entry {
     pub upstream: Option<Duration>,
     /// Body bytes sent to the client.
     pub bytes: u64,
+    /// The `grpc-status` a gRPC call ended with (its trailers', or its trailers-only
+    /// head's), if it has one.
+    pub grpc_status: Option<u8>,
     /// The key parts of the limits its route evaluated (`keys: true`; `None`: none were
     /// found yet, or `keys` is off).
     pub keys: Option<RecordedKeys>,
@@ -240,6 +243,7 @@ impl Entry {
             status: 499,
             upstream: None,
             bytes: 0,
+            grpc_status: None,
             keys: None,
         })
     }
@@ -303,6 +307,9 @@ fn json(e: &Entry) -> String {
         "referer": e.referer.as_ref().map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
         "user_agent": e.user_agent.as_ref().map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
     });
+    if let Some(code) = e.grpc_status {
+        value["grpc_status"] = code.into();
+    }
     if let Some(recorder) = &e.log.keys {
         value["keys"] = e.keys.as_ref().map_or(serde_json::Value::Null, |keys| recorder.json(keys));
     }

@@ -296,9 +296,69 @@ pub fn text(value: &[u8]) -> Option<&str> {
     value.iter().all(|&b| b == b'\t' || (0x20..0x7f).contains(&b)).then(|| std::str::from_utf8(value).ok()).flatten()
 }
 
+/// Longest trailer section passed on, counted as HTTP/2 counts a field list (name,
+/// value and 32 bytes per field): what the HTTP/1 decoder allows a chunked body's.
+pub const MAX_TRAILER_BYTES: usize = 8 * 1024;
+
+/// The trailer fields of `trailers` that are passed on: none that may not be a trailer
+/// (RFC 9110 §6.5.1: framing, routing, the hop-by-hop ones, `Trailer` itself); `None`
+/// when the section is larger than `MAX_TRAILER_BYTES`, which fails the message.
+pub fn trailer_fields(mut trailers: HeaderMap) -> Option<HeaderMap> {
+    let size: usize = trailers.iter().map(|(n, v)| n.as_str().len() + v.len() + 32).sum();
+    if size > MAX_TRAILER_BYTES {
+        return None;
+    }
+    let connection: Vec<HeaderName> = trailers
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .filter_map(|token| HeaderName::from_bytes(token.trim_ascii()).ok())
+        .collect();
+    for name in connection {
+        trailers.remove(name);
+    }
+    let forbidden: Vec<HeaderName> = trailers
+        .keys()
+        .filter(|name| {
+            let known = Known::of_name(name);
+            known.is_hop_by_hop()
+                || matches!(known, Known::Host | Known::ContentLength | Known::Expect)
+                || [http::header::TRAILER, http::header::CONTENT_TYPE, http::header::CONTENT_ENCODING].contains(*name)
+        })
+        .cloned()
+        .collect();
+    for name in forbidden {
+        trailers.remove(name);
+    }
+    Some(trailers)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trailers_lose_what_may_not_be_a_trailer_and_are_bounded() {
+        let mut t = HeaderMap::new();
+        for (name, value) in [
+            ("grpc-status", "0"),
+            ("connection", "x-secret"),
+            ("x-secret", "1"),
+            ("content-length", "5"),
+            ("transfer-encoding", "chunked"),
+            ("host", "a"),
+            ("trailer", "x"),
+            ("x-kept", "yes"),
+        ] {
+            t.append(HeaderName::from_static(name), value.parse().unwrap());
+        }
+        let kept = trailer_fields(t).unwrap();
+        let names: Vec<&str> = kept.keys().map(HeaderName::as_str).collect();
+        assert_eq!(names, ["grpc-status", "x-kept"]);
+        let mut big = HeaderMap::new();
+        big.insert("x-big", "x".repeat(MAX_TRAILER_BYTES).parse().unwrap());
+        assert!(trailer_fields(big).is_none());
+    }
 
     #[test]
     fn each_known_kind_names_itself() {

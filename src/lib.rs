@@ -48,6 +48,7 @@ pub mod connection;
 pub mod dashboard;
 pub mod front;
 pub mod gate;
+pub mod grpc;
 pub mod head;
 pub mod hop;
 pub mod http1;

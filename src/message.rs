@@ -15,6 +15,7 @@ use crate::access_log::Entry;
 use crate::config::BodyRate;
 use crate::connection::ClientConn;
 use crate::gate::Permits;
+use crate::grpc::Code;
 use crate::head::RequestHead;
 use crate::http1::BodySource;
 use crate::http1::parse::Framing;
@@ -158,7 +159,14 @@ pub struct Receipts {
     /// A tunnel made of this response (`101`) through which nothing moves this long is
     /// closed (the upstream's `tunnel_idle_timeout`).
     pub tunnel_idle_timeout: std::time::Duration,
+    /// What the proxy does once a gRPC call's response has ended, with the `grpc-status`
+    /// of its trailers (`None`: it ended without one, its client gone or its protocol
+    /// unable to carry trailers).
+    pub grpc_end: Option<GrpcEnd>,
 }
+
+/// See `Receipts::grpc_end`.
+pub type GrpcEnd = Box<dyn FnOnce(Option<Code>) + Send>;
 
 impl Default for Receipts {
     fn default() -> Self {
@@ -166,6 +174,30 @@ impl Default for Receipts {
             permits: Permits::default(),
             access: None,
             tunnel_idle_timeout: std::time::Duration::from_secs(3600),
+            grpc_end: None,
+        }
+    }
+}
+
+impl Receipts {
+    /// The response's body ended with `trailers`: the gRPC status they carry goes to the
+    /// access log line and to `grpc_end`.
+    pub fn ended(&mut self, trailers: Option<&HeaderMap>) {
+        let code = trailers.and_then(crate::grpc::status);
+        if let (Some(entry), Some(code)) = (&mut self.access, code) {
+            entry.grpc_status = Some(code.0);
+        }
+        if let Some(end) = self.grpc_end.take() {
+            end(code);
+        }
+    }
+}
+
+impl Drop for Receipts {
+    /// A call that ends without its trailers (the client went away) ends all the same.
+    fn drop(&mut self) {
+        if let Some(end) = self.grpc_end.take() {
+            end(None);
         }
     }
 }
@@ -184,6 +216,22 @@ impl Response {
             Some((_, v)) => *v = value,
             None => self.extra.push((name, value)),
         }
+    }
+
+    /// The `grpc-status` its head carries (a trailers-only gRPC response), if any.
+    pub fn grpc_status_in_head(&self) -> Option<Code> {
+        let name = http::HeaderName::from_static("grpc-status");
+        let value = match self.extra.iter().find(|(n, _)| *n == name) {
+            Some((_, value)) => Some(value.as_bytes()),
+            None => match &self.fields {
+                Fields::None => None,
+                Fields::Map(map) | Fields::Upstream(ResponseFields::H2(map)) => {
+                    map.get(&name).map(HeaderValue::as_bytes)
+                }
+                Fields::Upstream(ResponseFields::H1(head)) => head.fields().get(&name),
+            },
+        };
+        value.and_then(Code::parse)
     }
 
     /// Every field the response carries (before the framing fields), as (name, value):

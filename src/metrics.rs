@@ -166,6 +166,7 @@ struct Families {
     reloads: Family<Labels, Counter>,
     resolve_failures: Family<Labels, Counter>,
     addresses: Family<Labels, Gauge>,
+    grpc: Family<Labels, Counter>,
     pool: PoolFamilies,
     /// What the scrape-time collector reads: the running configuration's limiters.
     current: Arc<Mutex<Current>>,
@@ -192,6 +193,7 @@ impl Metrics {
         let reloads = Family::<Labels, Counter>::default();
         let resolve_failures = Family::<Labels, Counter>::default();
         let addresses = Family::<Labels, Gauge>::default();
+        let grpc = Family::<Labels, Counter>::default();
         let pool = PoolFamilies::default();
         let build = Family::<Labels, Gauge>::default();
         build.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_owned())]).set(1);
@@ -216,6 +218,11 @@ impl Metrics {
             "upstream_addresses",
             "Addresses an upstream's servers resolve to now, each a server, by upstream",
             addresses.clone(),
+        );
+        registry.register(
+            "grpc_responses",
+            "gRPC calls by route and the grpc-status they ended with (NONE: without one)",
+            grpc.clone(),
         );
         registry.register(
             "upstream_idle_connections",
@@ -255,6 +262,7 @@ impl Metrics {
             reloads,
             resolve_failures,
             addresses,
+            grpc,
             pool,
             current,
         };
@@ -342,6 +350,15 @@ impl Metrics {
             UpstreamResult::Failed => m.errors[2].inc(),
             UpstreamResult::ClientBody => m.errors[3].inc(),
         };
+    }
+
+    /// A gRPC call of route `route` ended with `code` (`None`: without a status). Looked
+    /// up by label: gRPC calls alone pay for it, and its series are bounded by the
+    /// routes and the 17 codes.
+    pub fn grpc(&self, route: usize, code: Option<crate::grpc::Code>) {
+        let status = code.map_or("NONE", crate::grpc::Code::name);
+        let labels = vec![("route", self.routes[route].name.clone()), ("grpc_status", status.to_owned())];
+        self.families.grpc.get_or_create(&labels).inc();
     }
 
     /// Where upstream `upstream` counts its failed lookups and its addresses (series

@@ -9,6 +9,7 @@ use super::raw::{AlgorithmName, RawLimit};
 use super::store::scope;
 use super::units::parse_rate;
 use super::{Ban, Limit, LogLevel, Policy, Rate};
+use crate::grpc::Code;
 use crate::policy::allow::Allow;
 use crate::policy::key::{DEFAULT_IP_PREFIX, KeyPart, KeySpec};
 
@@ -37,6 +38,7 @@ pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeM
         // A placeholder only where an error is already recorded: then no Config is built.
         windows: policy.unwrap_or_default(),
         status,
+        grpc_status: grpc_status(e, &at, raw),
         max_keys: usize::try_from(raw.max_keys.unwrap_or(DEFAULT_MAX_KEYS)).unwrap_or(usize::MAX),
         dry_run: raw.dry_run.unwrap_or(false),
         log_level: raw.log_level.unwrap_or(LogLevel::Info),
@@ -47,6 +49,16 @@ pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeM
         overrides: overrides(e, &at, name, raw, all),
         scope,
     }
+}
+
+/// The gRPC status of the limit's rejections of gRPC calls: a code's name
+/// (`RESOURCE_EXHAUSTED`, the default), never `OK`.
+fn grpc_status(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Code {
+    let Some(given) = raw.grpc_status.as_deref() else { return Code::RESOURCE_EXHAUSTED };
+    let code = Code::named(given).filter(|&c| c != Code::OK).ok_or_else(|| {
+        format!("must name a gRPC status other than OK (RESOURCE_EXHAUSTED, UNAVAILABLE, ...), not {given:?}")
+    });
+    e.check(|| format!("{at}.grpc_status"), code).unwrap_or(Code::RESOURCE_EXHAUSTED)
 }
 
 /// Applies the limit's `ipv4_prefix` / `ipv6_prefix` to its `ip` key parts.
@@ -296,20 +308,47 @@ fn overrides(
     compiled
 }
 
+/// The statuses the limit counts (`None`: all). A gRPC call counts by the status it
+/// ended with, `crate::grpc::counted_status`: with `count_grpc`, the codes listed; HTTP
+/// statuses as `count` lists them (all, without `count`).
 fn count(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Box<[u16]>> {
-    let statuses = raw.count.as_ref()?;
+    if raw.count.is_none() && raw.count_grpc.is_none() {
+        return None;
+    }
     if raw.concurrency.is_some() {
-        e.add(format!("{at}.count"), "does not apply to concurrency limits (a slot is held by every request)");
+        let field = if raw.count.is_some() { "count" } else { "count_grpc" };
+        e.add(format!("{at}.{field}"), "does not apply to concurrency limits (a slot is held by every request)");
     }
-    if statuses.is_empty() {
-        e.add(format!("{at}.count"), "needs at least one status (leave `count` out to count every response)");
-    }
-    for (i, &status) in statuses.iter().enumerate() {
-        if !(100..=599).contains(&status) {
-            e.add(format!("{at}.count[{i}]"), format!("must be a status from 100 to 599, not {status}"));
+    let mut counted: Vec<u16> = match &raw.count {
+        Some(statuses) => {
+            if statuses.is_empty() {
+                e.add(format!("{at}.count"), "needs at least one status (leave `count` out to count every response)");
+            }
+            for (i, &status) in statuses.iter().enumerate() {
+                if !(100..=599).contains(&status) {
+                    e.add(format!("{at}.count[{i}]"), format!("must be a status from 100 to 599, not {status}"));
+                }
+            }
+            statuses.clone()
+        }
+        None => (100..=599).collect(),
+    };
+    for (i, name) in raw.count_grpc.iter().flatten().enumerate() {
+        match Code::named(name) {
+            Some(code) => counted.push(crate::grpc::counted_status(code)),
+            None => e.add(
+                format!("{at}.count_grpc[{i}]"),
+                format!("must name a gRPC status (OK, UNAVAILABLE, ...), not {name:?}"),
+            ),
         }
     }
-    Some(statuses.clone().into())
+    if raw.count_grpc.as_ref().is_some_and(Vec::is_empty) {
+        e.add(
+            format!("{at}.count_grpc"),
+            "needs at least one gRPC status (leave `count_grpc` out to count every call)",
+        );
+    }
+    Some(counted.into())
 }
 
 fn ban(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Ban> {

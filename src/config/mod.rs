@@ -174,6 +174,9 @@ pub struct HealthCheck {
     pub timeout: Duration,
     /// Empty: any 2xx or 3xx.
     pub expect_status: Vec<StatusCode>,
+    /// Checks with gRPC's `grpc.health.v1.Health/Check` for this service (empty: the
+    /// server as a whole) rather than `GET path`.
+    pub grpc_service: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -256,6 +259,8 @@ pub struct Limit {
     pub windows: Vec<Policy>,
     /// Status of a rejection.
     pub status: StatusCode,
+    /// gRPC status of a rejection of a gRPC call.
+    pub grpc_status: crate::grpc::Code,
     pub max_keys: usize,
     /// Decide and keep state as if enforced, but never reject or delay.
     pub dry_run: bool,

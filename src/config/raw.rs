@@ -184,13 +184,14 @@ pub struct RawUpstream {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
 pub struct RawHealthCheck {
+    /// Required unless `grpc_service` is given (checked when the file is validated).
     #[serde(default)]
-    #[schemars(!default)]
     pub path: String,
     pub interval: Option<String>,
     pub timeout: Option<String>,
     #[serde(default)]
     pub expect_status: Vec<u16>,
+    pub grpc_service: Option<String>,
 }
 
 /// How `https://` servers are verified.
@@ -281,6 +282,7 @@ pub struct RawLimit {
     pub concurrency: Option<u64>,
     pub retry_after: Option<String>,
     pub status: Option<u16>,
+    pub grpc_status: Option<String>,
     pub max_keys: Option<u64>,
     pub dry_run: Option<bool>,
     pub log_level: Option<LogLevel>,
@@ -289,6 +291,7 @@ pub struct RawLimit {
     pub ban_max: Option<String>,
     pub allow: Option<RawAllow>,
     pub count: Option<Vec<u16>>,
+    pub count_grpc: Option<Vec<String>>,
     #[serde(default)]
     pub overrides: Vec<RawOverride>,
     pub scope: Option<ScopeName>,

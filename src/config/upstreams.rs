@@ -91,7 +91,12 @@ pub(super) fn upstream(e: &mut Errors<'_>, name: &str, raw: &RawUpstream) -> Ups
         timeout: e.duration(&format!("{at}.timeout"), raw.timeout.as_ref(), DEFAULT_UPSTREAM_TIMEOUT),
         retries: raw.retries.unwrap_or(DEFAULT_RETRIES),
         http2: raw.http2.unwrap_or(false),
-        health_check: raw.health_check.as_ref().map(|h| health_check(e, &format!("{at}.health_check"), h)),
+        health_check: raw.health_check.as_ref().map(|h| {
+            if h.grpc_service.is_some() && !raw.http2.unwrap_or(false) {
+                e.add(format!("{at}.health_check.grpc_service"), "needs http2: true (gRPC is HTTP/2)");
+            }
+            health_check(e, &format!("{at}.health_check"), h)
+        }),
         tunnel_idle_timeout: super::checks::connection_timeout(
             e,
             &format!("{at}.tunnel_idle_timeout"),
@@ -214,11 +219,21 @@ fn tls(e: &mut Errors<'_>, at: &str, raw: Option<&RawUpstreamTls>) -> UpstreamTl
 }
 
 fn health_check(e: &mut Errors<'_>, at: &str, raw: &RawHealthCheck) -> HealthCheck {
-    let path = PathAndQuery::from_str(&raw.path).ok().filter(|_| raw.path.starts_with('/'));
-    let path = e.check(
-        || format!("{at}.path"),
-        path.ok_or_else(|| format!("must be a path starting with '/', such as /healthz, not {:?}", raw.path)),
-    );
+    if raw.grpc_service.is_some() && (!raw.path.is_empty() || !raw.expect_status.is_empty()) {
+        let field = if raw.path.is_empty() { "expect_status" } else { "path" };
+        e.add(format!("{at}.{field}"), "does not go with grpc_service (a gRPC check asks grpc.health.v1.Health/Check)");
+    }
+    let path = match raw.grpc_service {
+        // A gRPC check has its one path.
+        Some(_) => Some(PathAndQuery::from_static("/grpc.health.v1.Health/Check")),
+        None => {
+            let path = PathAndQuery::from_str(&raw.path).ok().filter(|_| raw.path.starts_with('/'));
+            e.check(
+                || format!("{at}.path"),
+                path.ok_or_else(|| format!("must be a path starting with '/', such as /healthz, not {:?}", raw.path)),
+            )
+        }
+    };
     let mut positive = |field: &str, text: Option<&String>, default: Duration| match text {
         None => default,
         Some(text) => e.check(|| format!("{at}.{field}"), positive_duration(text)).unwrap_or(default),
@@ -231,5 +246,12 @@ fn health_check(e: &mut Errors<'_>, at: &str, raw: &RawHealthCheck) -> HealthChe
         .enumerate()
         .map(|(i, &code)| status_in(e, || format!("{at}.expect_status[{i}]"), code, 100..=599))
         .collect();
-    HealthCheck { path: path.unwrap_or_else(|| PathAndQuery::from_static("/")), interval, timeout, expect_status }
+    let grpc_service = raw.grpc_service.clone();
+    HealthCheck {
+        path: path.unwrap_or_else(|| PathAndQuery::from_static("/")),
+        interval,
+        timeout,
+        expect_status,
+        grpc_service,
+    }
 }

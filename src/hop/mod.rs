@@ -99,6 +99,9 @@ pub struct Hop<'a> {
     pub upgrade: Option<&'a [u8]>,
     /// The route's changes to the request's fields.
     pub rewrite: &'a Rewrite,
+    /// The request's HTTP/2 `:authority` (HTTP/1: its absolute-form target's), which
+    /// stands for `Host` where the request has none (RFC 9113 §8.3.1).
+    pub authority: Option<&'a [u8]>,
     /// Fields whose names hold `_` go on (`server.underscores_in_headers`), but those
     /// that would stand for a field set here.
     pub underscores: bool,
@@ -142,7 +145,9 @@ fn underscored_dropped(name: &[u8], underscores: bool, rewrite: &Rewrite) -> boo
 /// server at hand); the upgrade's `Connection` and `Upgrade`; then the forwarding fields
 /// (`X-Forwarded-*`, `Forwarded`), extended when the peer is a trusted proxy and replaced
 /// otherwise, so that an upstream never sees forwarding claims no trusted hop made. The
-/// framing fields are the writer's.
+/// framing fields are the writer's. Of `TE`, the one value a proxy passes on is
+/// `trailers` (RFC 9110 §10.1.4; the one HTTP/2 allows, RFC 9113 §8.2.2): it says the
+/// client takes trailer fields, which gRPC servers require.
 pub fn request_fields(fields: Fields<'_>, hop: &Hop<'_>, host: Option<&[u8]>, emit: &mut impl FnMut(&[u8], &[u8])) {
     let rewrite = hop.rewrite;
     let connection: SmallVec<[&[u8]; 2]> = fields.all_of(Known::Connection).collect();
@@ -156,9 +161,17 @@ pub fn request_fields(fields: Fields<'_>, hop: &Hop<'_>, host: Option<&[u8]>, em
     if let Some(host) = host {
         emit(b"host", host);
     }
+    let mut trailers = false;
     fields.each(&mut |known, name, value| {
         let dropped = match known {
             Known::Host | Known::ContentLength | Known::Expect => true,
+            Known::Te => {
+                trailers |= value.split(|&b| b == b',').any(|t| {
+                    let token = t.split(|&b| b == b';').next().unwrap_or_default();
+                    token.trim_ascii().eq_ignore_ascii_case(b"trailers")
+                });
+                true
+            }
             // Rebuilt below; with `rfc7239` alone a trusted peer's `X-Forwarded-*` pass as
             // they are, and with `x_forwarded` alone its `Forwarded`.
             Known::XForwardedFor | Known::XForwardedProto | Known::XForwardedHost => x_forwarded || !hop.trusted_peer,
@@ -175,6 +188,9 @@ pub fn request_fields(fields: Fields<'_>, hop: &Hop<'_>, host: Option<&[u8]>, em
     for (name, value) in rewrite.set_request_headers.iter().filter(|(n, _)| *n != header::HOST) {
         emit(name.as_str().as_bytes(), value.value(&hop.vars, &mut made));
     }
+    if trailers {
+        emit(b"te", b"trailers");
+    }
     if let Some(protocol) = hop.upgrade {
         emit(b"connection", b"upgrade");
         emit(b"upgrade", protocol);
@@ -185,7 +201,8 @@ pub fn request_fields(fields: Fields<'_>, hop: &Hop<'_>, host: Option<&[u8]>, em
         .iter()
         .find(|(n, _)| *n == header::HOST)
         .map(|(_, v)| v.value(&hop.vars, &mut made))
-        .or_else(|| fields.first_of(Known::Host));
+        .or_else(|| fields.first_of(Known::Host))
+        .or(hop.authority);
     if rfc7239 {
         let element = forwarded::element(hop.peer, hop.tls, client_host);
         let earlier: SmallVec<[&[u8]; 2]> = fields.all_of(Known::Forwarded).collect();
@@ -385,6 +402,7 @@ mod tests {
             forwarded: mode,
             upgrade,
             rewrite: &rewrite,
+            authority: None,
             underscores: false,
             vars,
         };
@@ -410,7 +428,19 @@ mod tests {
         h.insert("x-kept", "1".parse().unwrap());
         let out = forward(&h, "9.9.9.9", false, ForwardedMode::XForwarded);
         let names: Vec<&str> = out.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(names, ["x-kept", "x-forwarded-for", "x-forwarded-proto"]);
+        assert_eq!(names, ["x-kept", "te", "x-forwarded-for", "x-forwarded-proto"]);
+        assert_eq!(field(&out, "te"), Some("trailers"));
+    }
+
+    #[test]
+    fn of_te_only_trailers_goes_on() {
+        for (sent, kept) in [("gzip, trailers;q=0.5", true), ("Trailers", true), ("gzip", false), ("trailersx", false)]
+        {
+            let mut h = HeaderMap::new();
+            h.insert("te", sent.parse().unwrap());
+            let out = forward(&h, "9.9.9.9", false, ForwardedMode::XForwarded);
+            assert_eq!(field(&out, "te"), kept.then_some("trailers"), "{sent}");
+        }
     }
 
     #[test]
@@ -442,6 +472,7 @@ mod tests {
             rewrite: &rewrite,
             underscores: true,
             vars: Request { client_ip: peer, host: None, target: b"/", tls: false },
+            authority: None,
         };
         let mut kept = Vec::new();
         request_fields(Fields::from(&h), &hop, None, &mut |n, _| kept.push(String::from_utf8_lossy(n).into_owned()));

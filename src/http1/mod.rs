@@ -35,6 +35,20 @@ pub trait BodySource: Send {
     /// The next piece of the body; `None` at its end.
     fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BodyError>>>;
 
+    /// The trailer fields that came after the body (checked as header fields are), once
+    /// `poll_chunk` has said the body ended; given once.
+    fn trailers(&mut self) -> Option<http::HeaderMap> {
+        None
+    }
+
+    /// The rest of the body as a source of its own, one that outlives the request, when
+    /// its protocol allows it (an HTTP/2 stream's: the body of a stream that goes both
+    /// ways at once, such as a bidirectional gRPC call, keeps coming after the response
+    /// has begun). Taken once; `None` where the body is read from the connection.
+    fn detach(&mut self) -> Option<Box<dyn BodySource>> {
+        None
+    }
+
     /// Passes an interim (1xx) response of the upstream on to the client (RFC 9110
     /// §15.2: a proxy forwards those it did not ask for), when its protocol can carry
     /// one; ready once it is written (or dropped). By default it is dropped: HTTP/2's

@@ -3,6 +3,7 @@
 use http::StatusCode;
 
 use crate::front::FrontError;
+use crate::grpc::Code;
 use crate::upstream::{BodyFault, UpstreamError};
 
 /// Each variant says who is at fault: the client (4xx) or the upstream (5xx).
@@ -43,6 +44,19 @@ impl ProxyError {
     }
 }
 
+impl ProxyError {
+    /// The gRPC status a gRPC call gets for it (a table in README's *gRPC*): the status's,
+    /// but that an upstream that did not answer before the client's own deadline is
+    /// `DEADLINE_EXCEEDED`, and a body over the route's limit `RESOURCE_EXHAUSTED`.
+    pub fn grpc_code(&self) -> Code {
+        match self {
+            ProxyError::Upstream(UpstreamError::Timeout { deadline: true, .. }) => Code::DEADLINE_EXCEEDED,
+            ProxyError::Upstream(UpstreamError::Timeout { deadline: false, .. }) => Code::UNAVAILABLE,
+            e => Code::of_http(e.status().as_u16()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -59,11 +73,31 @@ mod tests {
         let headers = ProxyError::from(FrontError::HeadersTooLarge { bytes: 2, max: 1 });
         assert_eq!(headers.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
         let server = Authority::from_static("127.0.0.1:80");
-        let timeout = UpstreamError::Timeout { upstream: "u".into(), server, timeout: Duration::from_secs(1) };
+        let timeout =
+            UpstreamError::Timeout { upstream: "u".into(), server, timeout: Duration::from_secs(1), deadline: false };
         assert_eq!(ProxyError::from(timeout).status(), StatusCode::GATEWAY_TIMEOUT);
         let none = UpstreamError::NoServer { upstream: "u".into() };
         assert_eq!(ProxyError::from(none).status(), StatusCode::BAD_GATEWAY);
         let full = UpstreamError::Full { upstream: "u".into(), max_conns: 1, waited: Duration::from_secs(1) };
         assert_eq!(ProxyError::from(full).status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    #[test]
+    fn each_error_maps_to_its_grpc_status() {
+        let server = Authority::from_static("127.0.0.1:80");
+        let timeout = |deadline| UpstreamError::Timeout {
+            upstream: "u".into(),
+            server: server.clone(),
+            timeout: Duration::from_secs(1),
+            deadline,
+        };
+        assert_eq!(ProxyError::from(timeout(true)).grpc_code(), Code::DEADLINE_EXCEEDED);
+        assert_eq!(ProxyError::from(timeout(false)).grpc_code(), Code::UNAVAILABLE);
+        assert_eq!(ProxyError::from(FrontError::NoRoute).grpc_code(), Code::UNIMPLEMENTED);
+        let none = UpstreamError::NoServer { upstream: "u".into() };
+        assert_eq!(ProxyError::from(none).grpc_code(), Code::UNAVAILABLE);
+        let large = ProxyError::BodyTooLarge { length: 2, limit: 1 };
+        assert_eq!(large.grpc_code(), Code::RESOURCE_EXHAUSTED);
+        assert_eq!(ProxyError::from(UpstreamError::Body(BodyFault::TooLarge(1))).grpc_code(), Code::RESOURCE_EXHAUSTED);
     }
 }

@@ -26,6 +26,7 @@ use crate::config::{Action, Config, HeaderMode, LogLevel, Route};
 use crate::connection::ClientConn;
 use crate::front::{self, FrontError};
 use crate::gate::{Decision, Gate, Pending, Permits, Standings};
+use crate::grpc;
 use crate::head::{Known, RequestHead};
 use crate::hop::{self, Hop};
 use crate::http1::BodySource;
@@ -156,16 +157,22 @@ impl Proxy {
     pub async fn handle(&self, request: Request<'_>, conn: &ClientConn) -> Response {
         let Request { head, framing, body } = request;
         let mut trace = Trace(self.access_log.as_ref().map(|log| access_log::Entry::begin(log, &head, conn.peer.ip())));
+        // What sluicegate answers a gRPC call itself is a gRPC response.
+        let grpc = grpc::is_grpc(head.fields.get(&http::header::CONTENT_TYPE));
+        let error = |e: &ProxyError| match grpc {
+            true => response::grpc(response::error(e), e.grpc_code(), None),
+            false => response::error(e),
+        };
         // The admission is taken apart before the request is served: an answer already
         // made is not held in the request's state while another is made.
-        let mut admitted = match self.admit(&head, framing, conn, &mut trace).await {
+        let mut admitted = match self.admit(&head, framing, conn, grpc, &mut trace).await {
             Ok(Admission::Go(admitted)) => admitted,
-            Ok(Admission::Answer(response)) => return finish(response, trace),
-            Err(e) => return finish(response::error(&e), trace),
+            Ok(Admission::Answer(response)) => return finish(response, trace, grpc),
+            Err(e) => return finish(error(&e), trace, grpc),
         };
         let response = self.serve(&head, framing, body, &mut admitted, conn, &mut trace).await;
         // Each fault was logged where it happened, with what it concerned.
-        finish(response.unwrap_or_else(|e| response::error(&e)), trace)
+        finish(response.unwrap_or_else(|e| error(&e)), trace, grpc)
     }
 
     /// The first step: everything up to and including the limits' decision. A request
@@ -176,6 +183,7 @@ impl Proxy {
         head: &RequestHead<'_>,
         framing: Framing,
         conn: &ClientConn,
+        grpc: bool,
         trace: &mut Trace,
     ) -> Result<Admission, ProxyError> {
         let config = &self.config;
@@ -221,9 +229,13 @@ impl Proxy {
             Decision::Reject { limit, status, retry_after, store_error: Some(error), .. } => {
                 // Not a limit's refusal: no limit item in the headers, no decision counted.
                 self.unavailable(route, limit, &front.src, &error);
-                Ok(Admission::Answer(response::rejected(status, retry_after, config.rejection_body, &[])))
+                let response = response::rejected(status, retry_after, config.rejection_body, &[]);
+                Ok(Admission::Answer(match grpc {
+                    true => response::grpc(response, grpc::Code::UNAVAILABLE, Some(retry_after)),
+                    false => response,
+                }))
             }
-            Decision::Reject { status, retry_after, results, standings, .. } => {
+            Decision::Reject { limit, status, retry_after, results, standings, .. } => {
                 self.account(route, &results, &front.src, true);
                 let violated: SmallVec<[&str; 2]> = results
                     .iter()
@@ -234,6 +246,11 @@ impl Proxy {
                 let mut response = response::rejected(status, retry_after, config.rejection_body, &violated);
                 if config.ratelimit_headers != HeaderMode::None {
                     self.add_ratelimit_headers(&mut response, &standings);
+                }
+                if grpc {
+                    let code = config.limits[limit].grpc_status;
+                    self.metrics.grpc(front.route, Some(code));
+                    response = response::grpc(response, code, Some(retry_after));
                 }
                 Ok(Admission::Answer(response))
             }
@@ -250,6 +267,7 @@ impl Proxy {
                     target,
                     trusted_peer,
                     client_ip,
+                    grpc,
                 };
                 Ok(Admission::Go(admitted))
             }
@@ -294,6 +312,7 @@ impl Proxy {
                     forwarded: config.forwarded,
                     upgrade: hop::upgrade_protocol(head.version, head.fields),
                     rewrite: &route.rewrite,
+                    authority: head.authority.map(str::as_bytes),
                     underscores: config.underscores_in_headers,
                     vars,
                 };
@@ -305,7 +324,32 @@ impl Proxy {
         };
         // Limits that count only some statuses keep or take back this request now; in
         // Redis (boxed, with the response: most requests have nothing to settle there).
-        let status = response.as_ref().map_or_else(|e| e.status(), |r| r.status).as_u16();
+        let mut response = response;
+        let mut status = response.as_ref().map_or_else(|e| e.status(), |r| r.status).as_u16();
+        if admitted.grpc {
+            // A gRPC call counts by its gRPC status: that of a trailers-only answer's
+            // head, or else that of its trailers, at the end of its body.
+            let in_head = match &response {
+                Ok(r) => r.grpc_status_in_head(),
+                Err(e) => Some(e.grpc_code()),
+            };
+            match (in_head, &mut response) {
+                (Some(code), _) => {
+                    self.metrics.grpc(index, Some(code));
+                    status = grpc::counted_status(code);
+                }
+                (None, Ok(r)) => {
+                    let (pending, metrics) = (std::mem::take(&mut admitted.pending), Arc::clone(&self.metrics));
+                    r.receipts.grpc_end = Some(Box::new(move |code| {
+                        metrics.grpc(index, code);
+                        if let Some(global) = pending.settle(code.map_or(status, grpc::counted_status)) {
+                            tokio::spawn(global);
+                        }
+                    }));
+                }
+                (None, Err(_)) => {}
+            }
+        }
         let response = match std::mem::take(&mut admitted.pending).settle(status) {
             None => response,
             Some(global) => {
@@ -497,6 +541,8 @@ struct Admitted {
     trusted_peer: bool,
     /// The client's address (`trusted_proxies` applied): `$client_ip`.
     client_ip: IpAddr,
+    /// The request is a gRPC call.
+    grpc: bool,
 }
 
 /// The request's access log line (if one is written), filled in as the request path
@@ -514,9 +560,12 @@ impl Trace {
 
 /// `response`, carrying the request's access log line, if it is written: the line is
 /// written when the body is done.
-fn finish(mut response: Response, trace: Trace) -> Response {
+fn finish(mut response: Response, trace: Trace, grpc: bool) -> Response {
     if let Trace(Some(mut entry)) = trace {
         entry.status = response.status.as_u16();
+        if grpc {
+            entry.grpc_status = response.grpc_status_in_head().map(|c| c.0);
+        }
         response.receipts.access = Some(entry);
     }
     response

@@ -236,7 +236,8 @@ struct Tunnel {
     upstream_sent: bytes::BytesMut,
     idle: Duration,
     /// What the response held: kept until the tunnel closes.
-    _receipts: crate::message::Receipts,
+    /// Boxed: upgrades are rare, and the connection's state should not carry its room.
+    _receipts: Box<crate::message::Receipts>,
 }
 
 impl Tunnel {
@@ -406,7 +407,7 @@ async fn write_response<I: AsyncRead + AsyncWrite + Unpin>(
         let idle = response.receipts.tunnel_idle_timeout;
         let (upstream, upstream_sent) = body.into_upgrade().ok_or(io::ErrorKind::Unsupported)?;
         let receipts = std::mem::take(&mut response.receipts);
-        return Ok(Written::Upgraded(Tunnel { upstream, upstream_sent, idle, _receipts: receipts }));
+        return Ok(Written::Upgraded(Tunnel { upstream, upstream_sent, idle, _receipts: Box::new(receipts) }));
     }
     if bodiless {
         settle(&mut response.receipts).await;

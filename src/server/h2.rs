@@ -67,7 +67,7 @@ pub async fn serve<I, S>(
                 (false, Some(n)) => Framing::Length(n),
                 (false, None) => Framing::Chunked,
             };
-            let mut source = Stream(incoming);
+            let mut source = Stream { body: Some(incoming), trailers: None };
             let request = Request { head, framing, body: Some(&mut source) };
             let response = service.call(request, &conn).await;
             Ok::<_, Infallible>(into_hyper(response, &parts.method).map(|body| WatchedBody::new(body, in_flight)))
@@ -88,11 +88,28 @@ pub async fn serve<I, S>(
 }
 
 /// A stream's request body, as the service reads bodies.
-struct Stream(Incoming);
+struct Stream {
+    /// `None` once its rest was taken over (`detach`).
+    body: Option<Incoming>,
+    trailers: Option<HeaderMap>,
+}
 
 impl BodySource for Stream {
     fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BodyError>>> {
-        crate::upstream::h2::poll_data(&mut self.0, cx)
+        match &mut self.body {
+            Some(body) => crate::upstream::h2::poll_data(body, &mut self.trailers, cx),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn trailers(&mut self) -> Option<HeaderMap> {
+        self.trailers.take()
+    }
+
+    /// The stream's body is hyper's, owned: it can go on after the request's call.
+    fn detach(&mut self) -> Option<Box<dyn BodySource>> {
+        let body = self.body.take()?;
+        Some(Box::new(Stream { body: Some(body), trailers: None }))
     }
 }
 
@@ -133,14 +150,22 @@ pub struct Outgoing {
 type Release = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 impl Outgoing {
-    /// The body's last `data` (or none): the slots go back first.
+    /// The body's last `data` (or none, and then its trailers, if it has any): the slots
+    /// go back first.
     fn end(
         &mut self,
         cx: &mut Context<'_>,
         data: Option<Bytes>,
     ) -> Poll<Option<Result<Frame<Bytes>, <Self as hyper::body::Body>::Error>>> {
+        // A body's trailers come once its data has ended (a poll that gave data did not
+        // read them yet).
+        let trailers = match (&mut self.body, &data) {
+            (Some(Body::Upstream(body)), None) => body.trailers(),
+            _ => None,
+        };
+        self.receipts.ended(trailers.as_ref());
         self.body = None;
-        let frame = data.map(Frame::data);
+        let frame = data.map(Frame::data).or_else(|| trailers.map(Frame::trailers));
         match self.receipts.permits.finish() {
             None => Poll::Ready(frame.map(Ok)),
             Some(release) => {
@@ -207,8 +232,16 @@ impl hyper::body::Body for Outgoing {
         this.end(cx, frame)
     }
 
+    /// A body made here and empty ends with the head: a gRPC answer made here is a
+    /// trailers-only response (its status in the one HEADERS frame, which ends the
+    /// stream), as the protocol requires.
     fn is_end_stream(&self) -> bool {
-        self.releasing.is_none() && !self.receipts.permits.holds_leases() && self.body.is_none() && self.held.is_empty()
+        let empty = match &self.body {
+            None => true,
+            Some(Body::Full(bytes)) => bytes.is_empty(),
+            Some(Body::Upstream(_)) => false,
+        };
+        self.releasing.is_none() && !self.receipts.permits.holds_leases() && empty && self.held.is_empty()
     }
 
     fn size_hint(&self) -> SizeHint {

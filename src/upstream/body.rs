@@ -2,14 +2,21 @@
 //! `server.body_read_timeout`, and counted, so that a request whose body has begun to
 //! leave is never sent again. A body that breaks a limit is cut: the exchange fails (its
 //! connection is not kept), and the fault is kept so the request is answered 413 or 408
-//! if the upstream has not answered yet.
+//! if the upstream has not answered yet. Each piece that leaves is stamped (`Progress`):
+//! a request whose body is still moving is not a stalled upstream.
+//!
+//! A body that goes on after its response has begun (an HTTP/2 client's, `detach`) is
+//! no longer held to `body_read_timeout`: a bidirectional stream waits on both sides as
+//! its application decides, as long as the response is in progress.
 
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::time::Sleep;
+use tokio::time::{Instant, Sleep};
 
 use crate::http1::{BodyError, BodySource};
 
@@ -22,12 +29,43 @@ pub enum BodyFault {
     TooSlow(Duration),
 }
 
+/// When a request body last moved, shared with what times the upstream's answer.
+#[derive(Debug)]
+pub struct Progress {
+    since: Instant,
+    /// Nanoseconds from `since` to the last piece.
+    last: AtomicU64,
+}
+
+impl Progress {
+    fn new() -> Self {
+        Progress { since: Instant::now(), last: AtomicU64::new(0) }
+    }
+
+    fn moved(&self) {
+        self.last.store(u64::try_from(self.since.elapsed().as_nanos()).unwrap_or(u64::MAX), Relaxed);
+    }
+
+    /// When the body last moved (when it began, if it has not).
+    pub fn last(&self) -> Instant {
+        self.since + Duration::from_nanos(self.last.load(Relaxed))
+    }
+}
+
+/// Where a body is read from: the request's, or its rest taken over (`detach`).
+enum Inner<'a> {
+    Borrowed(&'a mut (dyn BodySource + 'a)),
+    Owned(Box<dyn BodySource>),
+}
+
 /// A client's request body held to its limits.
 pub struct RequestBody<'a> {
-    inner: &'a mut (dyn BodySource + 'a),
+    inner: Inner<'a>,
     limit: Option<u64>,
     read: u64,
-    timeout: Duration,
+    /// `None` once the response has begun (`detach`).
+    timeout: Option<Duration>,
+    progress: Arc<Progress>,
     /// Armed while the upstream waits for data the client has not sent.
     timer: Option<Pin<Box<Sleep>>>,
     /// Why it was cut, if it was.
@@ -40,7 +78,20 @@ impl<'a> RequestBody<'a> {
     /// `inner`, at most `limit` bytes of it (`None`: any), each piece within `timeout`
     /// of the previous one.
     pub fn new(inner: &'a mut (dyn BodySource + 'a), limit: Option<u64>, timeout: Duration) -> Self {
-        RequestBody { inner, limit, read: 0, timeout, timer: None, fault: None, taken: false }
+        let (inner, progress) = (Inner::Borrowed(inner), Arc::new(Progress::new()));
+        RequestBody { inner, limit, read: 0, timeout: Some(timeout), progress, timer: None, fault: None, taken: false }
+    }
+
+    /// When the body last moved.
+    pub fn progress(&self) -> Arc<Progress> {
+        Arc::clone(&self.progress)
+    }
+
+    fn source(&mut self) -> &mut (dyn BodySource + 'a) {
+        match &mut self.inner {
+            Inner::Borrowed(inner) => &mut **inner,
+            Inner::Owned(inner) => &mut **inner,
+        }
     }
 
     fn cut(&mut self, fault: BodyFault) -> Poll<Option<Result<Bytes, BodyError>>> {
@@ -54,9 +105,9 @@ impl BodySource for RequestBody<'_> {
         if let Some(fault) = self.fault {
             return self.cut(fault);
         }
-        match self.inner.poll_chunk(cx) {
+        match self.source().poll_chunk(cx) {
             Poll::Pending => {
-                let timeout = self.timeout;
+                let Some(timeout) = self.timeout else { return Poll::Pending };
                 let timer = self.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
                 match timer.as_mut().poll(cx) {
                     Poll::Ready(()) => self.cut(BodyFault::TooSlow(timeout)),
@@ -66,6 +117,7 @@ impl BodySource for RequestBody<'_> {
             Poll::Ready(Some(Ok(data))) => {
                 self.timer = None;
                 self.taken = true;
+                self.progress.moved();
                 self.read = self.read.saturating_add(data.len() as u64);
                 if let Some(limit) = self.limit.filter(|&limit| self.read > limit) {
                     return self.cut(BodyFault::TooLarge(limit));
@@ -76,7 +128,25 @@ impl BodySource for RequestBody<'_> {
         }
     }
 
+    fn trailers(&mut self) -> Option<http::HeaderMap> {
+        self.source().trailers()
+    }
+
+    fn detach(&mut self) -> Option<Box<dyn BodySource>> {
+        let rest = self.source().detach()?;
+        Some(Box::new(RequestBody {
+            inner: Inner::Owned(rest),
+            limit: self.limit,
+            read: self.read,
+            timeout: None,
+            progress: Arc::clone(&self.progress),
+            timer: None,
+            fault: None,
+            taken: true,
+        }))
+    }
+
     fn poll_interim(&mut self, cx: &mut Context<'_>, head: &crate::http1::parse::ResponseHead) -> Poll<()> {
-        self.inner.poll_interim(cx, head)
+        self.source().poll_interim(cx, head)
     }
 }

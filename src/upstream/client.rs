@@ -22,7 +22,7 @@ use hyper::body::{Body, Incoming};
 use smallvec::SmallVec;
 use tracing::warn;
 
-use super::body::RequestBody;
+use super::body::{Progress, RequestBody};
 use super::connect::{Connector, UpstreamIo};
 use super::error::{SendError, UpstreamError};
 use super::h2::{self, H2Error};
@@ -31,6 +31,7 @@ use super::pool::{Checkout, MAX_RESPONSE_HEAD, Pool, Take};
 use super::resolve;
 use super::servers::{InFlight, ServerSet};
 use crate::config::{Upstream, UpstreamHost};
+use crate::grpc;
 use crate::head::{Known, RequestHead};
 use crate::hop::{self, Hop};
 use crate::http1::client::{ExchangeError, ResponseBody, exchange};
@@ -39,6 +40,8 @@ use crate::http1::write;
 use crate::http1::{BodyError, BodySource};
 use crate::metrics::{Metrics, PoolMetrics};
 use crate::variables;
+
+static GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
 
 pub struct UpstreamClient {
     servers: std::sync::Arc<ServerSet>,
@@ -104,7 +107,17 @@ enum BodyKind {
         /// The request went out whole: the connection is in step for another.
         sent: bool,
     },
-    H2(Incoming),
+    H2(Box<H2Body>),
+}
+
+/// An HTTP/2 server's response body.
+struct H2Body {
+    incoming: Incoming,
+    /// Its trailers, once read.
+    trailers: Option<HeaderMap>,
+    /// The request's body still being sent, if the response began first: stopped with
+    /// this body.
+    _pumping: Option<h2::Pumping>,
 }
 
 impl UpstreamClient {
@@ -155,6 +168,9 @@ impl UpstreamClient {
         let empty = matches!(out.framing, Framing::Empty | Framing::Length(0));
         let mut tried: SmallVec<[usize; 4]> = SmallVec::new();
         let mut failed = None;
+        // A gRPC call's deadline bounds the wait for its answer as well.
+        let started = tokio::time::Instant::now();
+        let deadline = out.head.fields.get(&GRPC_TIMEOUT).and_then(grpc::timeout).map(|d| started + d);
         self.servers.ready().await;
         loop {
             let picked = match self.servers.pick(out.balance_key, &tried, Instant::now()) {
@@ -177,22 +193,32 @@ impl UpstreamClient {
             let mut fresh = false;
             let error = loop {
                 let taken_before = body.as_ref().is_some_and(|b| b.taken);
-                let attempt =
-                    tokio::time::timeout(self.timeout, self.attempt(&server, out, body.as_deref_mut(), fresh));
-                match attempt.await {
+                let progress = body.as_ref().map(|b| b.progress());
+                let attempt = self.attempt(&server, out, body.as_deref_mut(), fresh);
+                match answered_within(self.timeout, progress.as_deref(), deadline, attempt).await {
                     Ok(Ok((status, fields, kind))) => {
                         server.succeeded(upstream);
                         let mut body = UpstreamBody { kind, in_flight: Some(server) };
                         body.release_if_done();
                         return Ok(UpstreamResponse { status, fields, body });
                     }
-                    Err(_) => {
+                    Err(Expired::Deadline) => {
+                        // The client gave up: that says nothing of the server's health.
+                        return Err(UpstreamError::Timeout {
+                            upstream: upstream.to_owned(),
+                            server: address,
+                            timeout: deadline.map_or(self.timeout, |d| d.duration_since(started)),
+                            deadline: true,
+                        });
+                    }
+                    Err(Expired::Stalled) => {
                         server.failed(upstream, Instant::now());
                         // The request was sent and may be in progress there: not retried.
                         return Err(UpstreamError::Timeout {
                             upstream: upstream.to_owned(),
                             server: address,
                             timeout: self.timeout,
+                            deadline: false,
                         });
                     }
                     // The client's fault says nothing of the server's health, and a body
@@ -338,12 +364,50 @@ impl UpstreamClient {
         let uri = h2_uri(server.address(), server.tls(), out.target, host);
         let body = body.filter(|_| !matches!(out.framing, Framing::Empty | Framing::Length(0)));
         match h2::send(&mut sender, out.head.method, uri, fields, body).await {
-            Ok(response) => {
+            Ok(h2::Sent { response, pumping }) => {
                 let (parts, incoming) = response.into_parts();
-                Ok((parts.status, ResponseFields::H2(parts.headers), BodyKind::H2(incoming)))
+                let body = BodyKind::H2(Box::new(H2Body { incoming, trailers: None, _pumping: pumping }));
+                Ok((parts.status, ResponseFields::H2(parts.headers), body))
             }
             Err(H2Error::Body(e)) => Err(Failure::Body(e)),
             Err(H2Error::Exchange(e)) => Err(Failure::Send { error: SendError::H2(e), reused: true, responded: false }),
+        }
+    }
+}
+
+/// Why an attempt's answer was not waited for any longer.
+enum Expired {
+    /// Nothing moved for the upstream's `timeout`: no response head, and no piece of
+    /// the request body sent.
+    Stalled,
+    /// The client's own deadline (`grpc-timeout`) passed.
+    Deadline,
+}
+
+/// `attempt`'s outcome, unless it stalls: no response within `timeout` of the request
+/// body's last piece (`progress`: a body still moving is no stalled server), or the
+/// client's `deadline` passes.
+async fn answered_within<T>(
+    timeout: Duration,
+    progress: Option<&Progress>,
+    deadline: Option<tokio::time::Instant>,
+    attempt: impl Future<Output = T>,
+) -> Result<T, Expired> {
+    let mut attempt = std::pin::pin!(attempt);
+    let started = tokio::time::Instant::now();
+    loop {
+        let stalled_at = progress.map_or(started, |p| p.last().max(started)) + timeout;
+        let (at, expired) = match deadline {
+            Some(deadline) if deadline < stalled_at => (deadline, Expired::Deadline),
+            _ => (stalled_at, Expired::Stalled),
+        };
+        match tokio::time::timeout_at(at, &mut attempt).await {
+            Ok(outcome) => return Ok(outcome),
+            // The body moved since the timer was set: it runs from there.
+            Err(_)
+                if matches!(expired, Expired::Stalled)
+                    && progress.is_some_and(|p| p.last() + timeout > tokio::time::Instant::now()) => {}
+            Err(_) => return Err(expired),
         }
     }
 }
@@ -407,7 +471,7 @@ impl UpstreamBody {
                 self.kind.give_back_if_done();
                 polled
             }
-            BodyKind::H2(incoming) => h2::poll_data(incoming, cx),
+            BodyKind::H2(h2) => h2::poll_data(&mut h2.incoming, &mut h2.trailers, cx),
         };
         if polled.is_ready() {
             self.release_if_done();
@@ -426,7 +490,16 @@ impl UpstreamBody {
     pub fn is_done(&self) -> bool {
         match &self.kind {
             BodyKind::H1 { body, .. } => body.is_done(),
-            BodyKind::H2(incoming) => incoming.is_end_stream(),
+            BodyKind::H2(h2) => h2.incoming.is_end_stream(),
+        }
+    }
+
+    /// The trailer fields that followed the body, once it has been read to its end
+    /// (HTTP/2 trailers; an HTTP/1 server's chunked trailers are not kept); given once.
+    pub fn trailers(&mut self) -> Option<HeaderMap> {
+        match &mut self.kind {
+            BodyKind::H1 { .. } => None,
+            BodyKind::H2(h2) => h2.trailers.take(),
         }
     }
 
@@ -434,7 +507,7 @@ impl UpstreamBody {
     pub fn length(&self) -> Option<u64> {
         match &self.kind {
             BodyKind::H1 { body, .. } => body.remaining(),
-            BodyKind::H2(incoming) => incoming.size_hint().exact(),
+            BodyKind::H2(h2) => h2.incoming.size_hint().exact(),
         }
     }
 

@@ -34,9 +34,11 @@ pub enum UpstreamError {
     /// all of `queue_timeout`.
     #[error("upstream {upstream}: every server has max_conns ({max_conns}) requests in progress; waited {waited:?}")]
     Full { upstream: String, max_conns: usize, waited: Duration },
-    /// No response headers within the upstream's `timeout`.
-    #[error("upstream {upstream} server {server} sent no response within {timeout:?}")]
-    Timeout { upstream: String, server: Authority, timeout: Duration },
+    /// No response headers within the upstream's `timeout` (of the request body's last
+    /// piece), or before the client's own deadline (`deadline`: a gRPC call's
+    /// `grpc-timeout`) passed.
+    #[error("upstream {upstream} server {server} sent no response within {timeout:?}{}", if *.deadline { " (the client's deadline)" } else { "" })]
+    Timeout { upstream: String, server: Authority, timeout: Duration, deadline: bool },
 }
 
 impl UpstreamError {

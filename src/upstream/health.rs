@@ -12,7 +12,10 @@ use http::{Method, StatusCode};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use hyper::client::conn::http2::SendRequest;
+
 use super::connect::Connector;
+use super::h2::H2Body;
 use super::pool::{MAX_RESPONSE_HEAD, Pool};
 use super::servers::{Member, ServerSet};
 use crate::config::HealthCheck;
@@ -80,9 +83,17 @@ async fn probe(pool: &Pool, member: &Member, check: &HealthCheck, http2: bool) -
     if expected { Ok(status) } else { Err(format!("status {status}")) }
 }
 
-/// `GET path` on `member`, its body read to the end so that the connection can be kept.
+/// `GET path` on `member` (or gRPC's health check, with `grpc_service`), its body read
+/// to the end so that the connection can be kept.
 async fn exchange_once(pool: &Pool, member: &Member, check: &HealthCheck, http2: bool) -> Result<StatusCode, String> {
     let (address, tls, host) = (member.address(), member.tls(), member.host().as_str());
+    if let Some(service) = &check.grpc_service {
+        let mut sender = pool.h2(address, tls).await.map_err(|e| super::error::causes(&e))?;
+        let scheme = if tls { "https" } else { "http" };
+        let uri =
+            format!("{scheme}://{host}{}", check.path).parse().map_err(|e: http::uri::InvalidUri| e.to_string())?;
+        return grpc_check(&mut sender, uri, service).await;
+    }
     if http2 {
         let mut sender = pool.h2(address, tls).await.map_err(|e| super::error::causes(&e))?;
         let scheme = if tls { "https" } else { "http" };
@@ -90,7 +101,8 @@ async fn exchange_once(pool: &Pool, member: &Member, check: &HealthCheck, http2:
             format!("{scheme}://{host}{}", check.path).parse().map_err(|e: http::uri::InvalidUri| e.to_string())?;
         let response = super::h2::send(&mut sender, &Method::GET, uri, http::HeaderMap::new(), None)
             .await
-            .map_err(|_| "the exchange failed".to_owned())?;
+            .map_err(|_| "the exchange failed".to_owned())?
+            .response;
         let status = response.status();
         http_body_util::BodyExt::collect(response.into_body()).await.map_err(|e| e.to_string())?;
         return Ok(status);
@@ -111,6 +123,81 @@ async fn exchange_once(pool: &Pool, member: &Member, check: &HealthCheck, http2:
         body.conn_mut().give_back();
     }
     Ok(response.status)
+}
+
+/// gRPC's standard health check (`grpc.health.v1.Health/Check`, grpc/grpc's
+/// `doc/health-checking.md`) of `service`: passed (`200 OK`) when the server answers
+/// `SERVING` with `grpc-status: 0`.
+///
+/// Its two messages are encoded here by hand: `HealthCheckRequest` is one string field
+/// and `HealthCheckResponse` one enum field, a few bytes each, which do not call for a
+/// protobuf library and its generated code.
+async fn grpc_check(sender: &mut SendRequest<H2Body>, uri: http::Uri, service: &str) -> Result<StatusCode, String> {
+    let mut fields = http::HeaderMap::new();
+    fields.insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/grpc"));
+    fields.insert(http::header::TE, http::HeaderValue::from_static("trailers"));
+    let mut body = Once(Some(grpc_frame(&health_request(service))));
+    let sent =
+        super::h2::send(sender, &Method::POST, uri, fields, Some(&mut body as &mut dyn crate::http1::BodySource))
+            .await
+            .map_err(|_| "the exchange failed".to_owned())?;
+    let (parts, incoming) = sent.response.into_parts();
+    if parts.status != StatusCode::OK {
+        return Err(format!("status {}", parts.status));
+    }
+    let collected = http_body_util::BodyExt::collect(incoming).await.map_err(|e| e.to_string())?;
+    let code = collected.trailers().and_then(crate::grpc::status).or_else(|| crate::grpc::status(&parts.headers));
+    match code {
+        Some(crate::grpc::Code::OK) => {}
+        Some(code) => return Err(format!("grpc-status {} ({})", code.0, code.name())),
+        None => return Err("no grpc-status".to_owned()),
+    }
+    // One message: a zero flag byte, its length, then `status` (field 1, a varint):
+    // 1 is SERVING.
+    let status = match collected.to_bytes().as_ref() {
+        [0, _, _, _, _, 0x08, 1] => return Ok(StatusCode::OK),
+        [0, _, _, _, _, 0x08, 2, ..] => "NOT_SERVING",
+        [0, _, _, _, _, 0x08, 3, ..] => "SERVICE_UNKNOWN",
+        _ => "UNKNOWN",
+    };
+    Err(format!("{status} (not SERVING)"))
+}
+
+/// `HealthCheckRequest { service }`: field 1, length-delimited.
+fn health_request(service: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(service.len() + 6);
+    if !service.is_empty() {
+        out.push(0x0a);
+        let mut len = service.len();
+        while len >= 0x80 {
+            out.push((len as u8 & 0x7f) | 0x80);
+            len >>= 7;
+        }
+        out.push(len as u8);
+        out.extend_from_slice(service.as_bytes());
+    }
+    out
+}
+
+/// One gRPC message as it goes on the wire: not compressed, its length, itself.
+fn grpc_frame(message: &[u8]) -> bytes::Bytes {
+    let mut out = Vec::with_capacity(5 + message.len());
+    out.push(0);
+    out.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    out.extend_from_slice(message);
+    out.into()
+}
+
+/// A body of one piece.
+struct Once(Option<bytes::Bytes>);
+
+impl crate::http1::BodySource for Once {
+    fn poll_chunk(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<bytes::Bytes, crate::http1::BodyError>>> {
+        std::task::Poll::Ready(self.0.take().map(Ok))
+    }
 }
 
 #[cfg(test)]
@@ -153,6 +240,7 @@ mod tests {
             interval: Duration::from_millis(20),
             timeout: Duration::from_millis(500),
             expect_status: vec![],
+            grpc_service: None,
         };
         let _checker = start(&set, &check, Connector::new(&upstream, set.tls_names()), false).unwrap();
         // The name now also resolves to an address where nothing listens.
@@ -171,5 +259,14 @@ mod tests {
         set.apply(&[(0, Ok(vec![also_down]))]);
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(set.pick(None, &[], Instant::now()).is_some(), "checked after stop");
+    }
+
+    #[test]
+    fn the_grpc_health_request_is_its_protobuf_encoding() {
+        assert_eq!(health_request(""), b"");
+        assert_eq!(health_request("a.B"), b"\x0a\x03a.B");
+        let long = "s".repeat(200);
+        assert_eq!(&health_request(&long)[..3], &[0x0a, 0xc8, 0x01]);
+        assert_eq!(grpc_frame(b"\x08\x01").as_ref(), b"\x00\x00\x00\x00\x02\x08\x01");
     }
 }

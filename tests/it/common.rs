@@ -221,7 +221,7 @@ enum Wire {
 
 /// A TLS acceptor with a certificate for `names` signed by a CA made for this call, and
 /// that CA's certificate in PEM.
-fn private_ca_acceptor(names: &[&str]) -> (tokio_rustls::TlsAcceptor, String) {
+pub fn private_ca_acceptor(names: &[&str]) -> (tokio_rustls::TlsAcceptor, String) {
     use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
     let ca_key = KeyPair::generate().unwrap();
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();

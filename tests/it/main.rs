@@ -24,6 +24,7 @@ mod forwarding;
 mod gcra_cases;
 mod global;
 mod grafana;
+mod grpc;
 mod import;
 mod keys;
 mod limits;

@@ -12,6 +12,7 @@ use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 
 use super::error::ProxyError;
 use crate::config::{Expires, RejectionBody, StaticResponse};
+use crate::grpc::{self, Code};
 use crate::message::{Body, FieldValue, Fields, Receipts, Response};
 use crate::variables;
 pub use ratelimit::{Quota, add_ratelimit_headers, quotas};
@@ -94,6 +95,38 @@ pub fn rejected(status: StatusCode, retry_after: Duration, body: RejectionBody, 
     response
 }
 
+/// `response`, made here, as the answer to a gRPC call (README's *gRPC*): HTTP 200,
+/// `content-type: application/grpc`, no body, its status as a trailers-only response
+/// (`grpc-status` `code`, `grpc-message` the text it would have had), so that a gRPC
+/// client reads `code` rather than its own mapping of an HTTP status (a 429 is
+/// `UNAVAILABLE` to it, "retry at once"). Its other fields stay (`Retry-After`, the
+/// rate-limit fields), and `retry_after` goes as `grpc-retry-pushback-ms` too, which
+/// gRPC's retry policy honours.
+pub fn grpc(mut response: Response, code: Code, retry_after: Option<Duration>) -> Response {
+    let text = match &response.body {
+        Body::Full(text)
+            if response.extra.iter().any(|(n, v)| n == CONTENT_TYPE && v.as_bytes().starts_with(b"text/")) =>
+        {
+            String::from_utf8_lossy(text).trim_end().to_owned()
+        }
+        _ => response.status.canonical_reason().unwrap_or("error").to_owned(),
+    };
+    response.status = StatusCode::OK;
+    response.body = Body::Full(Bytes::new());
+    response.set(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    response.set(GRPC_STATUS, FieldValue::number(u64::from(code.0)));
+    response.set(GRPC_MESSAGE, FieldValue::Long(grpc::message(&text).into_bytes()));
+    if let Some(wait) = retry_after {
+        let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        response.set(GRPC_RETRY_PUSHBACK_MS, FieldValue::number(ms));
+    }
+    response
+}
+
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+
 pub(super) fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
@@ -112,6 +145,19 @@ mod tests {
         assert_eq!(retry(Duration::from_millis(1)), "1");
         assert_eq!(retry(Duration::from_millis(2001)), "3");
         assert_eq!(retry(Duration::from_secs(2)), "2");
+    }
+
+    #[test]
+    fn a_grpc_rejection_is_a_trailers_only_resource_exhausted_with_the_pushback() {
+        let r = rejected(StatusCode::TOO_MANY_REQUESTS, Duration::from_millis(1500), RejectionBody::Text, &[]);
+        let r = grpc(r, Code::RESOURCE_EXHAUSTED, Some(Duration::from_millis(1500)));
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(field(&r, &CONTENT_TYPE), "application/grpc");
+        assert_eq!(field(&r, &GRPC_STATUS), "8");
+        assert_eq!(field(&r, &GRPC_MESSAGE), "Too Many Requests");
+        assert_eq!(field(&r, &GRPC_RETRY_PUSHBACK_MS), "1500");
+        assert_eq!(field(&r, &RETRY_AFTER), "2");
+        assert!(matches!(&r.body, Body::Full(b) if b.is_empty()));
     }
 
     #[test]

@@ -144,6 +144,7 @@ mod tests {
             dry_run: false,
             log_level: crate::config::LogLevel::Info,
             log_lines_per_second: 5,
+            grpc_status: crate::grpc::Code::RESOURCE_EXHAUSTED,
             ban: None,
             allow: Default::default(),
             count: None,

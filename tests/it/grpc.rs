@@ -1,0 +1,623 @@
+//! gRPC through the proxy: a tonic client and a tonic server (messages written with
+//! prost's derive, the service dispatched by hand: no protoc), over h2c and over TLS on
+//! both sides; every stream shape, large messages, deadlines, cancellation, flow
+//! control, and the gRPC answers sluicegate makes itself.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http::uri::PathAndQuery;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Frame;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, mpsc};
+use tokio_stream::{Stream, StreamExt};
+use tonic::metadata::MetadataMap;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+use tonic::{Code, Request, Response, Status, Streaming};
+use tonic_prost::ProstCodec;
+
+use crate::common::*;
+
+/// The one message of the test service.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Msg {
+    #[prost(string, tag = "1")]
+    pub text: String,
+    #[prost(uint32, tag = "2")]
+    pub count: u32,
+    #[prost(bytes = "vec", tag = "3")]
+    pub payload: Vec<u8>,
+}
+
+fn msg(text: &str, count: u32, payload: usize) -> Msg {
+    Msg { text: text.to_owned(), count, payload: vec![b'x'; payload] }
+}
+
+/// Messages up to this size pass (tonic's default is 4 MiB).
+const MAX_MESSAGE: usize = 64 << 20;
+
+/// What the test server saw.
+#[derive(Default)]
+struct Seen {
+    /// `hold` calls begun, and those that ended because their client went away.
+    held: AtomicUsize,
+    cancelled: AtomicUsize,
+    entered: Notify,
+    /// Bytes of payload a server stream has produced so far.
+    produced: AtomicUsize,
+    /// Bytes of payload a client stream has delivered so far.
+    consumed: AtomicUsize,
+    /// The `x-forwarded-host` of the last call.
+    forwarded_host: Mutex<Option<String>>,
+}
+
+/// Counts a `hold` call that ends without being released: its client cancelled it.
+struct CancelGuard(Arc<Seen>);
+
+impl Drop for CancelGuard {
+    fn drop(&mut self) {
+        self.0.cancelled.fetch_add(1, SeqCst);
+        self.0.entered.notify_waiters();
+    }
+}
+
+type MsgStream = Pin<Box<dyn Stream<Item = Result<Msg, Status>> + Send>>;
+
+/// `/test.Echo/Unary`: by `text`, `fail` answers `NOT_FOUND` with trailing metadata,
+/// `sleep` answers after `count` ms, `hold` never answers (until cancelled); anything
+/// else echoes the message, `count` its payload's length.
+async fn unary(seen: Arc<Seen>, request: Request<Msg>) -> Result<Response<Msg>, Status> {
+    let host = request.metadata().get("x-forwarded-host").map(|v| v.to_str().unwrap().to_owned());
+    *seen.forwarded_host.lock().unwrap() = host;
+    let m = request.into_inner();
+    match m.text.as_str() {
+        "fail" => {
+            let mut trailing = MetadataMap::new();
+            trailing.insert("x-detail", "because".parse().unwrap());
+            Err(Status::with_metadata(Code::NotFound, "no such thing", trailing))
+        }
+        "sleep" => {
+            tokio::time::sleep(Duration::from_millis(m.count.into())).await;
+            Ok(Response::new(m))
+        }
+        "hold" => {
+            let _guard = CancelGuard(Arc::clone(&seen));
+            seen.held.fetch_add(1, SeqCst);
+            seen.entered.notify_waiters();
+            std::future::pending().await
+        }
+        _ => Ok(Response::new(Msg { count: m.payload.len() as u32, ..m })),
+    }
+}
+
+/// `/test.Echo/ServerStream`: `count` messages of the request's payload size, one every
+/// `text` ms (empty: at once), made as the client takes them.
+async fn server_stream(seen: Arc<Seen>, request: Request<Msg>) -> Result<Response<MsgStream>, Status> {
+    let m = request.into_inner();
+    let every = Duration::from_millis(m.text.parse().unwrap_or(0));
+    let size = m.payload.len();
+    let stream = futures_util::stream::unfold(0u32, move |i| {
+        let seen = Arc::clone(&seen);
+        async move {
+            if i == m.count {
+                return None;
+            }
+            if !every.is_zero() {
+                tokio::time::sleep(every).await;
+            }
+            seen.produced.fetch_add(size, SeqCst);
+            Some((Ok(Msg { text: i.to_string(), count: i, payload: vec![b'y'; size] }), i + 1))
+        }
+    });
+    Ok(Response::new(Box::pin(stream)))
+}
+
+/// `/test.Echo/ClientStream`: how many messages came (`count`) and their payloads'
+/// bytes (`text`); `hold` as the first message's text stops reading after it.
+async fn client_stream(seen: Arc<Seen>, request: Request<Streaming<Msg>>) -> Result<Response<Msg>, Status> {
+    let mut stream = request.into_inner();
+    let (mut count, mut bytes) = (0u32, 0usize);
+    while let Some(m) = stream.message().await? {
+        count += 1;
+        bytes += m.payload.len();
+        seen.consumed.fetch_add(m.payload.len(), SeqCst);
+        if m.text == "hold" {
+            std::future::pending::<()>().await;
+        }
+    }
+    Ok(Response::new(Msg { text: bytes.to_string(), count, payload: vec![] }))
+}
+
+/// `/test.Echo/Bidi`: each message echoed as it comes, `count` its payload's length.
+async fn bidi(request: Request<Streaming<Msg>>) -> Result<Response<MsgStream>, Status> {
+    let echoed = request.into_inner().map(|m| m.map(|m| Msg { count: m.payload.len() as u32, ..m }));
+    Ok(Response::new(Box::pin(echoed)))
+}
+
+/// The test service, `test.Echo`, as generated code would dispatch it.
+#[derive(Clone)]
+struct Echo(Arc<Seen>);
+
+impl tower::Service<http::Request<tonic::body::Body>> for Echo {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        let seen = Arc::clone(&self.0);
+        Box::pin(async move {
+            let mut grpc = tonic::server::Grpc::new(ProstCodec::<Msg, Msg>::default())
+                .max_decoding_message_size(MAX_MESSAGE)
+                .max_encoding_message_size(MAX_MESSAGE);
+            let s = Arc::clone(&seen);
+            Ok(match req.uri().path() {
+                "/test.Echo/Unary" => grpc.unary(tower::service_fn(move |r| unary(Arc::clone(&s), r)), req).await,
+                "/test.Echo/ServerStream" => {
+                    grpc.server_streaming(tower::service_fn(move |r| server_stream(Arc::clone(&s), r)), req).await
+                }
+                "/test.Echo/ClientStream" => {
+                    grpc.client_streaming(tower::service_fn(move |r| client_stream(Arc::clone(&s), r)), req).await
+                }
+                "/test.Echo/Bidi" => grpc.streaming(tower::service_fn(bidi), req).await,
+                _ => Status::unimplemented("no such method").into_http(),
+            })
+        })
+    }
+}
+
+/// The test service on a free port: h2c, or TLS (ALPN `h2`) with `tls`.
+async fn grpc_server(seen: &Arc<Seen>, tls: Option<tokio_rustls::TlsAcceptor>) -> SocketAddr {
+    serve(Echo(Arc::clone(seen)), tls).await
+}
+
+/// A gRPC server of `service` on a free port (hyper's HTTP/2 server, without tonic's
+/// transport, whose own handling of `grpc-timeout` would answer before the proxy).
+async fn serve<S>(service: S, tls: Option<tokio_rustls::TlsAcceptor>) -> SocketAddr
+where
+    S: tower::Service<
+            http::Request<tonic::body::Body>,
+            Response = http::Response<tonic::body::Body>,
+            Error = Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (echo, tls) = (service.clone(), tls.clone());
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    tower::Service::call(&mut echo.clone(), req.map(tonic::body::Body::new))
+                });
+                let builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+                match tls {
+                    None => {
+                        let _ = builder.serve_connection(TokioIo::new(stream), service).await;
+                    }
+                    Some(acceptor) => {
+                        let Ok(stream) = acceptor.accept(stream).await else { return };
+                        let _ = builder.serve_connection(TokioIo::new(stream), service).await;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A channel to `addr`: h2c, or TLS for `localhost` trusting `ca`.
+async fn channel(addr: SocketAddr, ca: Option<&str>) -> Channel {
+    let endpoint = match ca {
+        None => Endpoint::from_shared(format!("http://{addr}")).unwrap(),
+        Some(ca) => Endpoint::from_shared(format!("https://{addr}"))
+            .unwrap()
+            .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)).domain_name("localhost"))
+            .unwrap(),
+    };
+    endpoint.connect().await.unwrap()
+}
+
+fn client(channel: &Channel) -> tonic::client::Grpc<Channel> {
+    tonic::client::Grpc::new(channel.clone())
+        .max_decoding_message_size(MAX_MESSAGE)
+        .max_encoding_message_size(MAX_MESSAGE)
+}
+
+fn path(method: &str) -> PathAndQuery {
+    PathAndQuery::try_from(format!("/test.Echo/{method}")).unwrap()
+}
+
+async fn call_unary(channel: &Channel, m: Msg) -> Result<Response<Msg>, Status> {
+    let mut grpc = client(channel);
+    grpc.ready().await.unwrap();
+    grpc.unary(Request::new(m), path("Unary"), ProstCodec::default()).await
+}
+
+async fn call_server_stream(channel: &Channel, m: Msg) -> Result<Streaming<Msg>, Status> {
+    let mut grpc = client(channel);
+    grpc.ready().await.unwrap();
+    Ok(grpc.server_streaming(Request::new(m), path("ServerStream"), ProstCodec::default()).await?.into_inner())
+}
+
+async fn call_client_stream(
+    channel: &Channel,
+    messages: impl Stream<Item = Msg> + Send + 'static,
+) -> Result<Response<Msg>, Status> {
+    let mut grpc = client(channel);
+    grpc.ready().await.unwrap();
+    grpc.client_streaming(Request::new(messages), path("ClientStream"), ProstCodec::default()).await
+}
+
+/// A proxy in front of gRPC server `server` (`http2: true`; `upstream` more of its
+/// fields), with `rest` (limits, routes) after; the TLS listener's files and address
+/// when `tls` gives its certificate and key.
+fn proxy(server: SocketAddr, upstream: &str, rest: &str) -> Sluicegate {
+    Sluicegate::start(&format!(
+        "listen: 127.0.0.1:0\nupstreams:\n  g: {{ servers: [\"{server}\"], http2: true{upstream} }}\n{rest}"
+    ))
+}
+
+const FORWARD_ALL: &str = "routes:\n  - upstream: g\n";
+
+/// Every stream shape, a large message each way, an error status with its trailing
+/// metadata, and the forwarding fields, on `channel` to a proxy.
+async fn every_shape(channel: &Channel, seen: &Seen, authority: &str) {
+    let reply = call_unary(channel, msg("hello", 0, 3)).await.unwrap().into_inner();
+    assert_eq!((reply.text.as_str(), reply.count), ("hello", 3));
+    assert_eq!(seen.forwarded_host.lock().unwrap().as_deref(), Some(authority), "X-Forwarded-Host from :authority");
+
+    // Several MiB each way in one message.
+    let big = call_unary(channel, msg("big", 0, 6 << 20)).await.unwrap().into_inner();
+    assert_eq!((big.count, big.payload.len()), (6 << 20, 6 << 20));
+
+    // The server's own status, message and trailing metadata, from its trailers.
+    let status = call_unary(channel, msg("fail", 0, 0)).await.unwrap_err();
+    assert_eq!((status.code(), status.message()), (Code::NotFound, "no such thing"));
+    assert_eq!(status.metadata().get("x-detail").unwrap(), "because");
+
+    let mut stream = call_server_stream(channel, msg("", 3, 10)).await.unwrap();
+    let mut got = vec![];
+    while let Some(m) = stream.message().await.unwrap() {
+        got.push(m.count);
+    }
+    assert_eq!(got, [0, 1, 2]);
+    // A large server stream: 8 messages of 1 MiB.
+    let mut stream = call_server_stream(channel, msg("", 8, 1 << 20)).await.unwrap();
+    let mut bytes = 0;
+    while let Some(m) = stream.message().await.unwrap() {
+        bytes += m.payload.len();
+    }
+    assert_eq!(bytes, 8 << 20);
+
+    let messages = tokio_stream::iter((0..5).map(|i| msg("part", i, 1 << 20)));
+    let summed = call_client_stream(channel, messages).await.unwrap().into_inner();
+    assert_eq!((summed.count, summed.text.as_str()), (5, (5usize << 20).to_string().as_str()));
+
+    // Ping-pong: each message is sent only once the previous one's answer came, so the
+    // call deadlocks unless its response flows while its request is still open.
+    let (tx, rx) = mpsc::channel(1);
+    let mut grpc = client(channel);
+    grpc.ready().await.unwrap();
+    tx.send(msg("ping", 0, 5)).await.unwrap();
+    let request = Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    let codec = ProstCodec::<Msg, Msg>::default();
+    let mut answers = grpc.streaming(request, path("Bidi"), codec).await.unwrap().into_inner();
+    for i in 1..=4u32 {
+        let answer = tokio::time::timeout(Duration::from_secs(5), answers.message()).await.expect("no answer").unwrap();
+        assert_eq!(answer.unwrap().count, if i == 1 { 5 } else { (i - 1) * 10 }, "the answer to message {}", i - 1);
+        tx.send(msg("ping", i, i as usize * 10)).await.unwrap();
+    }
+    drop(tx);
+    let last = answers.message().await.unwrap().unwrap();
+    assert_eq!(last.count, 40);
+    assert!(answers.message().await.unwrap().is_none(), "the call ends with its request");
+}
+
+#[tokio::test]
+async fn every_stream_shape_passes_over_h2c() {
+    let seen = Arc::new(Seen::default());
+    let server = grpc_server(&seen, None).await;
+    let sg = proxy(server, "", FORWARD_ALL);
+    every_shape(&channel(sg.addr, None).await, &seen, &sg.addr.to_string()).await;
+}
+
+/// A TLS listener's configuration for `localhost`, its files written in `dir`; the CA's
+/// certificate.
+fn tls_listener(dir: &std::path::Path) -> (String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec!["localhost".to_owned()]).unwrap().signed_by(&key, &issuer).unwrap();
+    let (cert_file, key_file) = (dir.join("l.crt"), dir.join("l.key"));
+    std::fs::write(&cert_file, leaf.pem()).unwrap();
+    std::fs::write(&key_file, key.serialize_pem()).unwrap();
+    let listen = format!(
+        "listen:\n  - 127.0.0.1:0\n  - address: 127.0.0.1:0\n    tls:\n      certificates:\n        - {{ cert: {}, key: {}, names: [localhost] }}\n",
+        cert_file.display(),
+        key_file.display()
+    );
+    (listen, ca.pem())
+}
+
+/// The address of the proxy's TLS listener, from its log.
+fn tls_addr(sg: &Sluicegate) -> SocketAddr {
+    let is_tls = |l: &str| l.contains("\"listening\"") && l.contains("\"tls\":true");
+    let log = sg.wait_for_log(|log| log.lines().any(is_tls));
+    let json: serde_json::Value = serde_json::from_str(log.lines().find(|l| is_tls(l)).unwrap()).unwrap();
+    json["fields"]["addr"].as_str().unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn every_stream_shape_passes_over_tls_on_both_sides() {
+    let seen = Arc::new(Seen::default());
+    let (acceptor, upstream_ca) = private_ca_acceptor(&["localhost", "127.0.0.1"]);
+    let server = grpc_server(&seen, Some(acceptor)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("upstream-ca.pem");
+    std::fs::write(&ca_file, upstream_ca).unwrap();
+    let (listen, ca) = tls_listener(dir.path());
+    let sg = Sluicegate::start(&format!(
+        "{listen}upstreams:\n  g: {{ servers: [\"https://{server}\"], http2: true, tls: {{ ca_file: \"{}\" }} }}\n{FORWARD_ALL}",
+        ca_file.display()
+    ));
+    let addr = tls_addr(&sg);
+    // tonic names the address it connects to as `:authority` (and `localhost` by SNI).
+    every_shape(&channel(addr, Some(&ca)).await, &seen, &addr.to_string()).await;
+}
+
+#[tokio::test]
+async fn a_refused_call_is_resource_exhausted_with_the_pushback() {
+    let seen = Arc::new(Seen::default());
+    let server = grpc_server(&seen, None).await;
+    let sg = proxy(
+        server,
+        "",
+        "limits:\n  per_ip: { key: ip, rate: 1r/m, burst: 0, nodelay: true }\n  methods: { key: ip, rate: 1r/m, burst: 0, nodelay: true, grpc_status: UNAVAILABLE }\nroutes:\n  - { match: { path: /test.Echo/Unary }, upstream: g, limits: [per_ip] }\n  - { match: { path_prefix: /test.Echo/Server }, upstream: g, limits: [methods] }\n",
+    );
+    let channel = channel(sg.addr, None).await;
+    call_unary(&channel, msg("first", 0, 0)).await.unwrap();
+    let refused = call_unary(&channel, msg("second", 0, 0)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert_eq!(refused.message(), "Too Many Requests");
+    let pushback: u64 = refused.metadata().get("grpc-retry-pushback-ms").unwrap().to_str().unwrap().parse().unwrap();
+    assert!((59_000..=60_000).contains(&pushback), "{pushback}");
+    assert_eq!(refused.metadata().get("retry-after").unwrap(), "60");
+    // A limit may answer another code.
+    call_server_stream(&channel, msg("", 1, 0)).await.unwrap();
+    let refused = call_server_stream(&channel, msg("", 1, 0)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    // No route: UNIMPLEMENTED, as a server answers a method it does not have.
+    let mut grpc = client(&channel);
+    grpc.ready().await.unwrap();
+    let none = grpc
+        .unary::<Msg, Msg, _>(
+            Request::new(msg("", 0, 0)),
+            PathAndQuery::from_static("/other.Svc/M"),
+            ProstCodec::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(none.code(), Code::Unimplemented, "{none:?}");
+}
+
+#[tokio::test]
+async fn a_cancelled_call_cancels_upstream_and_frees_its_slot_within_a_round_trip() {
+    let seen = Arc::new(Seen::default());
+    let server = grpc_server(&seen, None).await;
+    let sg = proxy(
+        server,
+        "",
+        "limits:\n  one: { key: ip, concurrency: 1 }\nroutes:\n  - { match: { path: /test.Echo/Unary }, upstream: g, limits: [one] }\n  - { upstream: g }\n",
+    );
+    let channel = channel(sg.addr, None).await;
+    for _ in 0..3 {
+        let entered = seen.entered.notified();
+        let before = seen.held.load(SeqCst);
+        let call = tokio::spawn({
+            let channel = channel.clone();
+            async move { call_unary(&channel, msg("hold", 0, 0)).await }
+        });
+        tokio::time::timeout(Duration::from_secs(5), entered).await.expect("the call never reached the server");
+        assert_eq!(seen.held.load(SeqCst), before + 1);
+        // The slot is taken while the call is open.
+        let refused = call_unary(&channel, msg("x", 0, 0)).await.unwrap_err();
+        assert_eq!(refused.code(), Code::ResourceExhausted);
+        // The client cancels (RST_STREAM): the server's handler is dropped...
+        let cancelled = seen.cancelled.load(SeqCst);
+        let gone = seen.entered.notified();
+        call.abort();
+        tokio::time::timeout(Duration::from_secs(5), gone).await.expect("the upstream call was not cancelled");
+        assert_eq!(seen.cancelled.load(SeqCst), cancelled + 1);
+        // ...and after one round trip on another route, the slot is free.
+        call_server_stream(&channel, msg("", 0, 0)).await.unwrap();
+        call_unary(&channel, msg("x", 0, 0)).await.expect("the cancelled call's slot is still taken");
+    }
+}
+
+/// A gRPC request for `/test.Echo/Unary` as bytes on the wire (one framed message).
+fn framed(m: &Msg) -> Bytes {
+    let body = prost::Message::encode_to_vec(m);
+    let mut out = BytesMut::with_capacity(5 + body.len());
+    out.put_u8(0);
+    out.put_u32(body.len() as u32);
+    out.put_slice(&body);
+    out.freeze()
+}
+
+fn grpc_request(addr: SocketAddr, m: &Msg, extra: &[(&str, &str)]) -> http::Request<Full<Bytes>> {
+    let mut req = http::Request::post(format!("http://{addr}/test.Echo/Unary"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    for (name, value) in extra {
+        req = req.header(*name, *value);
+    }
+    req.body(Full::new(framed(m))).unwrap()
+}
+
+#[tokio::test]
+async fn the_clients_deadline_is_honoured_and_a_live_stream_outlasts_the_upstream_timeout() {
+    let seen = Arc::new(Seen::default());
+    let server = grpc_server(&seen, None).await;
+    let sg = proxy(server, ", timeout: 400ms", FORWARD_ALL);
+    // The client's deadline comes first: DEADLINE_EXCEEDED (raw HTTP/2: tonic's client
+    // would give up by itself at the same instant).
+    let started = Instant::now();
+    let reply = request_h2(sg.addr, grpc_request(sg.addr, &msg("sleep", 2000, 0), &[("grpc-timeout", "150m")])).await;
+    assert!(started.elapsed() < Duration::from_millis(390), "{:?}", started.elapsed());
+    assert_eq!((reply.status, reply.header("grpc-status")), (200, Some("4")), "{reply:?}");
+    assert_eq!(reply.header("content-type"), Some("application/grpc"));
+    // The upstream's timeout comes first: UNAVAILABLE.
+    let reply = request_h2(sg.addr, grpc_request(sg.addr, &msg("sleep", 2000, 0), &[("grpc-timeout", "5S")])).await;
+    assert_eq!(reply.header("grpc-status"), Some("14"), "{reply:?}");
+    // A deadline longer than the upstream's timeout does not stretch it for a silent
+    // server, but a stream that moves is alive: a server stream lasting 3 × the timeout...
+    let channel = channel(sg.addr, None).await;
+    let mut stream = call_server_stream(&channel, msg("150", 8, 10)).await.unwrap();
+    let mut n = 0;
+    while let Some(_m) = stream.message().await.unwrap() {
+        n += 1;
+    }
+    assert_eq!(n, 8);
+    // ...and a client stream sending for as long, answered only at its end.
+    let slow = tokio_stream::iter((0..8).map(|i| msg("part", i, 10))).throttle(Duration::from_millis(150));
+    let summed = call_client_stream(&channel, slow).await.unwrap().into_inner();
+    assert_eq!(summed.count, 8);
+}
+
+#[tokio::test]
+async fn a_slow_reader_holds_the_server_back_and_a_slow_server_the_client() {
+    let seen = Arc::new(Seen::default());
+    let server = grpc_server(&seen, None).await;
+    let sg = proxy(server, "", FORWARD_ALL);
+    let channel = channel(sg.addr, None).await;
+    // 64 MiB offered by the server, one message read.
+    let mut stream = call_server_stream(&channel, msg("", 64, 1 << 20)).await.unwrap();
+    stream.message().await.unwrap().unwrap();
+    let settled = settle(&seen.produced).await;
+    assert!(settled < 24 << 20, "the server made {} MiB for a client that read 1", settled >> 20);
+    drop(stream);
+
+    // 64 MiB offered by the client, to a server that reads one message.
+    let sent = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&sent);
+    let messages = tokio_stream::iter(0..64).map(move |i| {
+        counted.fetch_add(1 << 20, SeqCst);
+        msg(if i == 0 { "hold" } else { "part" }, i, 1 << 20)
+    });
+    let call = tokio::spawn({
+        let channel = channel.clone();
+        async move { call_client_stream(&channel, messages).await }
+    });
+    let settled = settle(&sent).await;
+    assert!(settled < 24 << 20, "the client sent {} MiB to a server that read 1", settled >> 20);
+    assert_eq!(seen.consumed.load(SeqCst), 1 << 20);
+    call.abort();
+}
+
+/// `counter`'s value once it has not moved for 300 ms (bounded: at most 10 s).
+async fn settle(counter: &AtomicUsize) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut last = counter.load(SeqCst);
+    loop {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let now = counter.load(SeqCst);
+        if now == last || Instant::now() > deadline {
+            return now;
+        }
+        last = now;
+    }
+}
+
+/// An HTTP/2 server that answers every request with the trailers it got, plus its own
+/// (and fields that may not be trailers, which the proxy drops), after echoing the body.
+async fn trailer_echo() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let service = hyper::service::service_fn(|req: http::Request<hyper::body::Incoming>| async move {
+                let te = req.headers().get("te").cloned();
+                let collected = req.into_body().collect().await.unwrap();
+                let mut trailers = collected.trailers().cloned().unwrap_or_default();
+                trailers.insert("x-server", "yes".parse().unwrap());
+                trailers.insert("content-type", "text/plain".parse().unwrap());
+                let body = collected.to_bytes();
+                let frames: Vec<Result<Frame<Bytes>, Infallible>> =
+                    vec![Ok(Frame::data(body)), Ok(Frame::trailers(trailers))];
+                let mut response = http::Response::new(StreamBody::new(tokio_stream::iter(frames)));
+                if let Some(te) = te {
+                    response.headers_mut().insert("x-te-seen", te);
+                }
+                Ok::<_, Infallible>(response)
+            });
+            tokio::spawn(async move {
+                let builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+                _ = builder.serve_connection(TokioIo::new(stream), service).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn trailers_pass_both_ways_over_http2_and_te_trailers_goes_upstream() {
+    let sg = proxy(trailer_echo().await, "", FORWARD_ALL);
+    let stream = TcpStream::connect(sg.addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await.unwrap();
+    tokio::spawn(conn);
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("x-client", "1".parse().unwrap());
+    trailers.insert("trailer", "x-client".parse().unwrap());
+    let frames: Vec<Result<Frame<Bytes>, Infallible>> =
+        vec![Ok(Frame::data(Bytes::from_static(b"body"))), Ok(Frame::trailers(trailers))];
+    let request = http::Request::post(format!("http://{}/t", sg.addr))
+        .header("te", "trailers")
+        .body(StreamBody::new(tokio_stream::iter(frames)))
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    assert_eq!(response.headers().get("x-te-seen").unwrap(), "trailers");
+    let collected = response.into_body().collect().await.unwrap();
+    let trailers = collected.trailers().cloned().expect("no trailers came");
+    assert_eq!(collected.to_bytes(), "body");
+    assert_eq!(trailers.get("x-client").unwrap(), "1");
+    assert_eq!(trailers.get("x-server").unwrap(), "yes");
+    assert!(trailers.get("content-type").is_none() && trailers.get("trailer").is_none(), "{trailers:?}");
+}
+
+#[tokio::test]
+async fn a_grpc_health_check_takes_a_server_that_is_not_serving_out_and_back() {
+    use tonic_health::ServingStatus;
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter.set_service_status("", ServingStatus::NotServing).await;
+    let server = serve(health, None).await;
+    let sg = proxy(server, ", health_check: { grpc_service: \"\", interval: 50ms, timeout: 1s }", FORWARD_ALL);
+    let channel = channel(sg.addr, None).await;
+    // Out: the proxy answers UNAVAILABLE itself. Serving: the call reaches the server,
+    // which has no such method.
+    let code = async || call_unary(&channel, msg("", 0, 0)).await.unwrap_err().code();
+    wait_until("the server is out", Duration::from_secs(5), async || code().await == Code::Unavailable).await;
+    sg.wait_for_log(|log| log.contains("health check failed: server out") && log.contains("NOT_SERVING"));
+    reporter.set_service_status("", ServingStatus::Serving).await;
+    wait_until("the server is back", Duration::from_secs(5), async || code().await == Code::Unimplemented).await;
+}
