@@ -24,6 +24,7 @@ mod gcra_cases;
 mod global;
 mod grafana;
 mod import;
+mod key_names;
 mod keys;
 mod limits;
 mod logs;
