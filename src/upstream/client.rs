@@ -26,7 +26,7 @@ use super::connect::{Connector, UpstreamIo};
 use super::error::{SendError, UpstreamError};
 use super::h2::{self, H2Error};
 use super::health::{self, Checker};
-use super::pool::{Checkout, MAX_RESPONSE_HEAD, Pool};
+use super::pool::{Checkout, MAX_RESPONSE_HEAD, Pool, Take};
 use super::resolve;
 use super::servers::{InFlight, ServerSet};
 use crate::config::{Upstream, UpstreamHost};
@@ -234,7 +234,14 @@ impl UpstreamClient {
             // Boxed: HTTP/1 requests do not carry its room.
             return Box::pin(self.attempt_h2(server, out, body, host)).await;
         }
-        let mut conn = self.pool.checkout(server.address(), server.tls(), fresh).await.map_err(Failure::connect)?;
+        // A request that cannot be sent again must not go out on a connection the server
+        // has closed already: its socket is asked.
+        let take = match (fresh, out.head.method.is_idempotent()) {
+            (true, _) => Take::New,
+            (false, true) => Take::Idle,
+            (false, false) => Take::IdleChecked,
+        };
+        let mut conn = self.pool.checkout(server.address(), server.tls(), take).await.map_err(Failure::connect)?;
         let reused = conn.reused;
         let mut head = std::mem::take(&mut conn.head);
         let mut writer = write::Head::request(&mut head, out.head.method, out.target);

@@ -94,7 +94,7 @@ async fn exchange_once(pool: &Pool, member: &Member, check: &HealthCheck, http2:
         http_body_util::BodyExt::collect(response.into_body()).await.map_err(|e| e.to_string())?;
         return Ok(status);
     }
-    let mut conn = pool.checkout(address, tls, false).await.map_err(|e| super::error::causes(&e))?;
+    let mut conn = pool.checkout(address, tls, super::pool::Take::Idle).await.map_err(|e| super::error::causes(&e))?;
     let mut head = Vec::with_capacity(128);
     let mut writer = write::Head::request(&mut head, &Method::GET, check.path.as_str());
     writer.field(b"host", host.as_bytes());

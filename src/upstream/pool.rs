@@ -6,7 +6,9 @@
 //!
 //! A server may close an idle connection at any time. A connection checked out is first
 //! looked at without blocking: one the server closed (or wrote to unasked) is dropped
-//! for the next, so that a request is rarely sent on a connection already gone.
+//! for the next, so that a request is rarely sent on a connection already gone. The
+//! cheap look sees what the runtime has seen of the socket; a request that could not be
+//! sent again on a new connection (`Take::IdleChecked`) asks the socket itself.
 
 use std::collections::HashMap;
 use std::io;
@@ -68,6 +70,20 @@ struct Key {
     tls: bool,
 }
 
+/// Which connection a request takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Take {
+    /// An idle one the runtime has not seen closed, else a new one: for a request that
+    /// can be sent again on a new connection should this one turn out to be gone.
+    Idle,
+    /// An idle one its socket says is open (a look that costs a system call: the
+    /// runtime may not yet have taken in a close the kernel has), else a new one: for a
+    /// request that cannot be sent again (RFC 9110 §9.2.2).
+    IdleChecked,
+    /// A new one.
+    New,
+}
+
 /// An HTTP/1.1 connection lent to one exchange. `give_back` it once the exchange ended
 /// cleanly (the response read to its end, the server willing); dropped before, it is
 /// closed.
@@ -92,11 +108,12 @@ impl Pool {
         Pool { inner }
     }
 
-    /// An HTTP/1.1 connection to `server` (over TLS when `tls`): an idle one still open,
-    /// else a new one (`fresh`: a new one in any case).
-    pub async fn checkout(&self, server: &Authority, tls: bool, fresh: bool) -> Result<Checkout, SendError> {
+    /// An HTTP/1.1 connection to `server` (over TLS when `tls`), as `take` says.
+    pub async fn checkout(&self, server: &Authority, tls: bool, take: Take) -> Result<Checkout, SendError> {
         let key = Key { server: server.clone(), tls };
-        if !fresh && let Some((io, mut head)) = self.inner.take_idle(&key) {
+        if take != Take::New
+            && let Some((io, mut head)) = self.inner.take_idle(&key, take == Take::IdleChecked)
+        {
             head.clear();
             return Ok(Checkout { io: Some(io), inner: Arc::clone(&self.inner), key, reused: true, head });
         }
@@ -128,13 +145,13 @@ impl Pool {
 }
 
 impl Inner {
-    /// The most recently used idle connection to `key` that is still open, with its
-    /// head buffer.
-    fn take_idle(&self, key: &Key) -> Option<(UpstreamIo, Vec<u8>)> {
+    /// The most recently used idle connection to `key` that is still open (its socket
+    /// asked when `checked`), with its head buffer.
+    fn take_idle(&self, key: &Key, checked: bool) -> Option<(UpstreamIo, Vec<u8>)> {
         let mut idle = lock(&self.idle[usize::from(key.tls)]);
         let list = idle.get_mut(key.server.as_str())?;
         while let Some(mut conn) = list.pop() {
-            if still_open(&mut conn.io) {
+            if still_open(&mut conn.io) && (!checked || socket_open(&conn.io)) {
                 return Some((conn.io, conn.heads));
             }
         }
@@ -160,6 +177,18 @@ fn still_open(io: &mut UpstreamIo) -> bool {
     let mut byte = [0u8; 1];
     let mut buf = ReadBuf::new(&mut byte);
     matches!(Pin::new(io).poll_read(&mut cx, &mut buf), Poll::Pending)
+}
+
+/// Whether the socket under `io` is open and has nothing to read, as the kernel says
+/// now: a peek that never blocks (the socket is non-blocking). Bytes waiting (a TLS
+/// alert, a response nobody asked for) make it out of step, as a close does.
+fn socket_open(io: &UpstreamIo) -> bool {
+    let tcp = match io {
+        UpstreamIo::Plain(tcp) => tcp,
+        UpstreamIo::Tls(tls) => tls.get_ref().0,
+    };
+    let mut byte = [std::mem::MaybeUninit::<u8>::uninit()];
+    matches!(socket2::SockRef::from(tcp).peek(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
 }
 
 impl Checkout {
@@ -231,4 +260,43 @@ async fn reap(pool: std::sync::Weak<Inner>) {
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // Lists of connections, valid whatever a panicking holder left.
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::*;
+
+    /// A connection to a server of our own, and the server's end of it.
+    async fn pair() -> (UpstreamIo, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        (UpstreamIo::Plain(client), server)
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_close_the_runtime_has_not_taken_in_yet_is_seen_by_asking_the_socket() {
+        let (mut io, server) = pair().await;
+        assert!(still_open(&mut io) && socket_open(&io), "an open, quiet connection");
+        drop(server);
+        // No await since the close: the runtime has not polled its events, so only the
+        // socket knows. A request that cannot be sent again must not take it.
+        assert!(still_open(&mut io), "the runtime's view lags (what made the race)");
+        assert!(!socket_open(&io), "the kernel has the close");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn bytes_nobody_asked_for_make_a_connection_out_of_step() {
+        let (io, mut server) = pair().await;
+        server.write_all(b"HTTP/1.1 408 Request Timeout\r\n\r\n").await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while socket_open(&io) && Instant::now() < deadline {
+            tokio::task::yield_now().await;
+        }
+        assert!(!socket_open(&io));
+        drop(server);
+    }
 }
