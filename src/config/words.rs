@@ -41,8 +41,8 @@ pub struct ServerWords {
     pub shutdown_grace: String,
     pub max_connections: Option<usize>,
     pub max_connections_per_ip: Option<usize>,
-    pub max_header_bytes: String,
-    pub max_uri_bytes: String,
+    pub max_header_bytes: usize,
+    pub max_uri_bytes: usize,
     pub workers: Option<usize>,
 }
 
@@ -153,8 +153,8 @@ impl<'a> ConfigWords<'a> {
                 shutdown_grace: span(config.shutdown_grace),
                 max_connections: config.max_connections,
                 max_connections_per_ip: config.max_connections_per_ip,
-                max_header_bytes: size(config.max_header_bytes as u64),
-                max_uri_bytes: size(config.max_uri_bytes as u64),
+                max_header_bytes: config.max_header_bytes,
+                max_uri_bytes: config.max_uri_bytes,
                 workers: config.workers,
             },
             log_keys: config.log_keys,
@@ -295,7 +295,7 @@ mod tests {
     #[test]
     fn the_configuration_is_written_in_the_files_words() {
         let yaml = "listen: 127.0.0.1:0
-server: { idle_timeout: 90s, max_header_bytes: 16k }
+server: { idle_timeout: 90s, max_header_bytes: 16384 }
 upstreams: { api: { servers: [127.0.0.1:1], http2: true } }
 limits:
   per_ip: { key: ip, rate: 20r/s, burst: 40, nodelay: true }
@@ -313,7 +313,7 @@ routes:
         assert_eq!(*windows[2], serde_json::json!({ "rate": "100r/15m", "burst": 0 }));
         assert_eq!(words["limits"][0]["key"], serde_json::json!(["ip", "header:x-key"]));
         assert_eq!(words["server"]["idle_timeout"], "1m 30s");
-        assert_eq!(words["server"]["max_header_bytes"], "16k");
+        assert_eq!(words["server"]["max_header_bytes"], 16384);
         assert_eq!(words["upstreams"][0]["http2"], true);
         assert_eq!(words["routes"][0]["match"], serde_json::json!({ "path_prefix": "/api" }));
         assert_eq!(words["routes"][0]["max_body_bytes"], "10m");

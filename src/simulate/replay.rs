@@ -217,9 +217,14 @@ impl Replay {
             }
         }
         let refused = matches!(decision, Decision::Reject { .. });
-        // As the proxy counts decisions: what another limit refused is none of this one's.
-        for r in results.iter().filter(|r| !refused || r.outcome.is_rejected()) {
+        for r in results {
             let limit = r.limit.index();
+            if refused && !r.outcome.is_rejected() {
+                // As the proxy counts decisions: what another limit refused is none of
+                // this one's.
+                self.tally.limits[limit].refused_elsewhere();
+                continue;
+            }
             let wait = if let Outcome::Delayed(d) = r.outcome { d } else { Duration::ZERO };
             let label = || self.text.write(&self.config.limits[limit].key, &src);
             let key = r.outcome.is_rejected().then_some((r.key.0, label));
