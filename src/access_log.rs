@@ -20,10 +20,10 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync
 use std::time::{Duration, Instant, SystemTime};
 
 use http::{HeaderValue, Method, Version};
-use ring::hmac;
 
 use crate::config::{AccessFormat, AccessLogConfig, Config};
 use crate::head::RequestHead;
+use crate::limit::key_text::KeyText;
 use crate::policy::key::{KeyPart, KeySource};
 
 /// Lines waiting for the writer before new ones are dropped.
@@ -41,22 +41,15 @@ pub struct AccessLog {
 /// limits (and those their overrides name) are keyed on that a line does not carry
 /// otherwise (`KeyPart::logged_apart`): headers, the bearer token, cookies, the host.
 ///
-/// Each value is written as the log's `log_keys` says (`LogKeys::digests_in_access_log`):
-/// as sent (bytes outside printable ASCII, and `\`, escaped as `\xHH`, nginx's way), or
-/// as a digest, `#` and 32 hex digits: the first 128 bits of HMAC-SHA-256, keyed with
-/// `keys_secret`, of the part's name and value.
-///
-/// Why a digest keyed with a configured secret, and not the per-process keyed hash that
-/// the limits and the rejection lines use (`log_keys: hashed`): a replay groups requests
-/// by their key, so one value must have one digest on every line of the logs it is
-/// given, across restarts, reloads and instances, which a seed drawn at start does not
-/// give. Keyed (rather than a plain SHA-256 of the value, which is stable too), a reader
-/// of the log who guesses a token or a short API key cannot check the guess against it.
-/// `simulate` never needs the secret: it takes a digest for the value it stands for, as
-/// equal values have equal digests and a limit only compares keys.
+/// Each value is written as every other surface writes it (`KeyText`): as sent (bytes
+/// outside printable ASCII, and `\`, escaped as `\xHH`, nginx's way), or, as `log_keys`
+/// says, as its digest keyed with `keys_secret`: a replay groups requests by their key,
+/// so one value must have one digest on every line of the logs it is given, across
+/// restarts, reloads and instances, which a secret drawn at start does not give.
+/// `simulate` never needs the secret to group: it takes a digest for the value it stands
+/// for, as equal values have equal digests and a limit only compares keys.
 pub struct KeyRecorder {
-    /// Keys the digests (`None`: no recorded part is a digest).
-    secret: Option<hmac::Key>,
+    text: KeyText,
     /// By route index: the parts its lines record, in this order.
     routes: Box<[Box<[Recorded]>]>,
 }
@@ -66,8 +59,6 @@ struct Recorded {
     part: KeyPart,
     /// As a limit's `key` names it, the field's name in a line: `header:x-tenant`.
     name: Box<str>,
-    /// Written as its digest.
-    digest: bool,
 }
 
 /// What one line records of keys: its route's parts' values, in `KeyRecorder` order, as
@@ -84,41 +75,31 @@ impl KeyRecorder {
         if !log.keys {
             return None;
         }
-        let secret = log.keys_secret.as_ref().map(|s| hmac::Key::new(hmac::HMAC_SHA256, s.as_bytes()));
+        let text = KeyText::new(config, None);
         let routes = config
             .routes
             .iter()
             .map(|route| {
                 let mut parts: Vec<Recorded> = Vec::new();
                 for part in route.candidates.iter().flat_map(|&l| config.limits[l].key.0.iter()) {
-                    let digest = config.log_keys.digests_in_access_log(part);
-                    // A part to digest without a secret is never written (validation
+                    // A part to digest without `keys_secret` is never written (validation
                     // refuses that configuration): its limits are then reported as not
                     // simulated, rather than a credential written as sent.
-                    if !part.logged_apart() || (digest && secret.is_none()) || parts.iter().any(|r| r.part == *part) {
+                    let unkeyed = text.digests(part) && !text.stable();
+                    if !part.logged_apart() || unkeyed || parts.iter().any(|r| r.part == *part) {
                         continue;
                     }
-                    parts.push(Recorded { part: part.clone(), name: part.to_string().into(), digest });
+                    parts.push(Recorded { part: part.clone(), name: part.to_string().into() });
                 }
                 parts.into_boxed_slice()
             })
             .collect();
-        Some(KeyRecorder { secret, routes })
+        Some(KeyRecorder { text, routes })
     }
 
     fn record(&self, route: usize, exempt: bool, src: &KeySource<'_>) -> RecordedKeys {
         let parts: &[Recorded] = if exempt { &[] } else { &self.routes[route] };
-        let values = parts
-            .iter()
-            .map(|r| {
-                let value = r.part.value_in(src)?;
-                // (A part to digest is recorded only with a secret: `new`.)
-                Some(match self.secret.as_ref().filter(|_| r.digest) {
-                    Some(secret) => digest(secret, &r.name, &value),
-                    None => escape(&value),
-                })
-            })
-            .collect();
+        let values = parts.iter().map(|r| Some(self.text.value(&r.part, &r.part.value_in(src)?))).collect();
         RecordedKeys { route, values }
     }
 
@@ -128,38 +109,6 @@ impl KeyRecorder {
         let map = parts.iter().zip(&keys.values).map(|(r, v)| (r.name.to_string(), serde_json::Value::from(v.clone())));
         serde_json::Value::Object(map.collect())
     }
-}
-
-/// `#` and the first 128 bits of HMAC-SHA-256 of `name`, a NUL and `value`, in hex.
-fn digest(secret: &hmac::Key, name: &str, value: &[u8]) -> String {
-    let mut mac = hmac::Context::with_key(secret);
-    mac.update(name.as_bytes());
-    mac.update(&[0]);
-    mac.update(value);
-    let tag = mac.sign();
-    let mut out = String::with_capacity(33);
-    out.push('#');
-    for &b in &tag.as_ref()[..16] {
-        out.push(char::from(HEX[usize::from(b >> 4)]));
-        out.push(char::from(HEX[usize::from(b & 15)]));
-    }
-    out
-}
-
-const HEX: &[u8; 16] = b"0123456789abcdef";
-
-/// `value` as printable ASCII: other bytes, and `\`, as `\xHH` (nginx's escaping, which
-/// `simulate` undoes), so that any value, UTF-8 or not, is written exactly.
-fn escape(value: &[u8]) -> String {
-    let mut out = String::with_capacity(value.len());
-    for &b in value {
-        if (0x20..0x7f).contains(&b) && b != b'\\' {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("\\x{b:02X}"));
-        }
-    }
-    out
 }
 
 /// What one request's line says, gathered along the request path.
@@ -389,7 +338,7 @@ mod tests {
         let keys = recorded(&config, 0, &REQUEST);
         let names: Vec<&String> = keys.as_object().unwrap().keys().collect();
         assert_eq!(names, ["bearer", "cookie:sid", "header:x-tenant", "host"], "each part once, ip not at all");
-        assert_eq!((keys["header:x-tenant"].as_str(), keys["host"].as_str()), (Some("acme"), Some("Example.com")));
+        assert_eq!((keys["header:x-tenant"].as_str(), keys["host"].as_str()), (Some("acme"), Some("example.com")));
         let text = keys.to_string();
         assert!(!text.contains("tok-123") && !text.contains("s-456"), "{text}");
         let bearer = keys["bearer"].as_str().unwrap();
@@ -417,7 +366,7 @@ mod tests {
         let hashed = keyed("log_keys: hashed\naccess_log: { keys: true, keys_secret: 0123456789abcdef }");
         let keys = recorded(&hashed, 0, &REQUEST);
         assert!(keys["header:x-tenant"].as_str().unwrap().starts_with('#'));
-        assert_eq!(keys["host"], "Example.com", "the host is no credential, and a replay routes by it");
+        assert_eq!(keys["host"], "example.com", "the host is no credential, and a replay routes by it");
         let clear = keyed("log_keys: clear\naccess_log: { keys: true }");
         let keys = recorded(&clear, 0, &REQUEST);
         assert_eq!((keys["bearer"].as_str(), keys["cookie:sid"].as_str()), (Some("tok-123"), Some("s-456")));

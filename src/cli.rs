@@ -3,7 +3,7 @@
 //! `sluicegate import [--out FILE] NGINX_CONF`.
 
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -185,22 +185,28 @@ pub fn init_tracing(cli: &RunArgs) {
 /// How long `sluicegate reload` waits for the running instance's answer.
 const RELOAD_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// Asks the instance running `config` to reload its file: `POST /reload` on its admin
-/// listener, with its token, and waits for the outcome. The client side of `sluicegate
-/// reload`: `Err` says why the reload failed (or could not be asked for).
-pub async fn request_reload(config: &Config) -> Result<(), String> {
+/// Asks the instance running `config`, read from `file`, to reload that file: `POST
+/// /reload?file=FILE` on its admin listener, with its token, and waits for the outcome.
+/// The client side of `sluicegate reload`: `Ok` names the file the instance reloaded;
+/// `Err` says why the reload failed, or could not be asked for, or was refused (the
+/// instance reads another file: both are named).
+pub async fn request_reload(config: &Config, file: &Path) -> Result<String, String> {
     let admin = config.admin.as_ref().ok_or("the configuration has no admin listener (admin.listen)")?;
-    tokio::time::timeout(RELOAD_WAIT, ask_reload(config))
+    tokio::time::timeout(RELOAD_WAIT, ask_reload(config, file))
         .await
         .unwrap_or_else(|_| Err(format!("{} did not answer within {}s", admin.listen, RELOAD_WAIT.as_secs())))
 }
 
-async fn ask_reload(config: &Config) -> Result<(), String> {
+async fn ask_reload(config: &Config, file: &Path) -> Result<String, String> {
     let admin = config.admin.as_ref().ok_or("the configuration has no admin listener (admin.listen)")?;
     let mut stream =
         tokio::net::TcpStream::connect(admin.listen).await.map_err(|e| format!("{}: {e}", admin.listen))?;
+    // Absolute, for the instance, which may run in another directory.
+    let file = file.canonicalize().or_else(|_| std::path::absolute(file)).unwrap_or_else(|_| file.to_owned());
+    let target: String =
+        form_urlencoded::Serializer::new("/reload?".to_owned()).append_pair("file", &file.to_string_lossy()).finish();
     let mut head = Vec::with_capacity(128);
-    let mut writer = write::Head::request(&mut head, &http::Method::POST, "/reload");
+    let mut writer = write::Head::request(&mut head, &http::Method::POST, &target);
     writer.field(b"host", admin.listen.to_string().as_bytes());
     if let Some(token) = &admin.token {
         writer.field(b"authorization", format!("Bearer {token}").as_bytes());
@@ -210,15 +216,15 @@ async fn ask_reload(config: &Config) -> Result<(), String> {
     let no_body: Option<&mut dyn BodySource> = None;
     let (result, _) = exchange(&mut stream, &head, no_body, Framing::Empty, &http::Method::POST, 64 * 1024).await;
     let (response, read) = result.map_err(|e| e.to_string())?;
-    if response.status == StatusCode::OK {
-        return Ok(());
-    }
-    // The answer's body says why.
+    // The answer's body names the file reloaded, or says why not.
     let mut body = crate::http1::client::ResponseBody::new(stream, &response, read);
     let mut why = Vec::new();
     while let Some(piece) = std::future::poll_fn(|cx| body.poll_data(cx)).await {
         why.extend_from_slice(&piece.map_err(|e| e.to_string())?);
     }
     let why = String::from_utf8_lossy(&why);
-    Err(format!("{} answered {}: {}", admin.listen, response.status, why.trim_end()))
+    match response.status {
+        StatusCode::OK => Ok(why.trim_end().strip_prefix("reloaded ").unwrap_or(why.trim_end()).to_owned()),
+        status => Err(format!("{} answered {status}: {}", admin.listen, why.trim_end())),
+    }
 }

@@ -70,9 +70,9 @@ fn main() -> ExitCode {
 /// instance to reload it (`sluicegate reload`).
 async fn run(run_args: Option<RunArgs>, path: std::path::PathBuf, config: config::Config) -> ExitCode {
     let Some(run_args) = run_args else {
-        return match sluicegate::cli::request_reload(&config).await {
-            Ok(()) => {
-                println!("{}: reloaded", path.display());
+        return match sluicegate::cli::request_reload(&config, &path).await {
+            Ok(reloaded) => {
+                println!("{reloaded}: reloaded");
                 ExitCode::SUCCESS
             }
             Err(e) => {

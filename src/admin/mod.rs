@@ -21,13 +21,14 @@ use http::{Method, StatusCode};
 use smallvec::SmallVec;
 use subtle::ConstantTimeEq;
 
-use crate::config::{Action, Admin, Config, OnStoreError, PathMatch, Scope};
+use crate::config::words::ConfigWords;
+use crate::config::{OnStoreError, Scope};
 use crate::connection::ClientConn;
 use crate::dashboard::{self, Dashboard};
 use crate::front;
 use crate::head::{Fields, RequestHead};
+use crate::limit::inspect::Lifted;
 use crate::message::{Request, Response, Service};
-use crate::policy::Policy;
 use crate::policy::key::bearer_token;
 use crate::proxy::Proxy;
 use crate::router::Captures;
@@ -36,9 +37,10 @@ use crate::store::Reach;
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// The admin API, as the listener's connections are served.
+/// The admin API, as the listener's connections are served. Its token is the one of the
+/// configuration in force when a call arrives: a reload that adds, changes or removes
+/// `admin.token` applies to the next call.
 pub struct AdminService {
-    admin: Admin,
     running: Arc<Running>,
     dashboard: Dashboard,
 }
@@ -46,9 +48,9 @@ pub struct AdminService {
 impl AdminService {
     /// The admin API of `running`; its dashboard's history is recorded from now on
     /// (within a Tokio runtime).
-    pub fn new(admin: Admin, running: Arc<Running>) -> Self {
-        let dashboard = Dashboard::start(Arc::clone(&running), admin.token.is_some());
-        AdminService { admin, running, dashboard }
+    pub fn new(running: Arc<Running>) -> Self {
+        let dashboard = Dashboard::start(Arc::clone(&running));
+        AdminService { running, dashboard }
     }
 }
 
@@ -61,7 +63,9 @@ impl Service for AdminService {
 /// The answer to one admin call: one `match` on the method and the path's segments, a
 /// function per endpoint. Only a reload waits (for its outcome).
 async fn answer(head: &RequestHead<'_>, service: &AdminService) -> Response {
-    let AdminService { admin, running, dashboard } = service;
+    let AdminService { running, dashboard } = service;
+    let proxy = running.proxy();
+    let token = proxy.config().admin.as_ref().and_then(|admin| admin.token.as_deref());
     if !head.method.is_safe()
         && let Some(why) = cross_site::refusal(head)
     {
@@ -70,11 +74,11 @@ async fn answer(head: &RequestHead<'_>, service: &AdminService) -> Response {
     let method = if *head.method == Method::HEAD { &Method::GET } else { head.method };
     // The page's files hold no data: a browser loads them before the token is typed.
     if method == Method::GET
-        && let Some((content_type, body)) = dashboard.file(head.path())
+        && let Some((content_type, body)) = dashboard.file(head.path(), token.is_some())
     {
         return page(typed(StatusCode::OK, content_type, body));
     }
-    if let Some(token) = &admin.token
+    if let Some(token) = token
         && !bearer_token(head.fields).is_some_and(|given| bool::from(given.ct_eq(token.as_bytes())))
     {
         let mut response = text(StatusCode::UNAUTHORIZED, "admin token required\n");
@@ -83,18 +87,17 @@ async fn answer(head: &RequestHead<'_>, service: &AdminService) -> Response {
     }
     let segments: SmallVec<[&str; 4]> = head.path().trim_start_matches('/').splitn(3, '/').collect();
     let query = head.query().unwrap_or_default();
-    let proxy = running.proxy();
     match (method, &segments[..]) {
         (&Method::GET, ["healthz"]) => text(StatusCode::OK, "ok\n"),
         (&Method::GET, ["readyz"]) => readyz(running),
         (&Method::GET, ["metrics"]) => metrics(&proxy),
-        (&Method::GET, ["config"]) => json(StatusCode::OK, &describe(proxy.config())),
+        (&Method::GET, ["config"]) => json(StatusCode::OK, &ConfigWords::of(proxy.config())),
         (&Method::GET, ["dashboard.json"]) => {
             // Compact: a first answer holds 15 minutes of seconds per route and limit.
             let state = serde_json::to_vec(&dashboard.state(running, query)).unwrap_or_default();
             page(typed(StatusCode::OK, "application/json", state))
         }
-        (&Method::POST, ["reload"]) => reload(running).await,
+        (&Method::POST, ["reload"]) => reload(running, query).await,
         (_, ["reload"]) => text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n"),
         (&Method::GET, ["bans"]) => bans(&proxy),
         (&Method::GET, ["bans", name, ..]) => {
@@ -173,12 +176,33 @@ fn metrics(proxy: &Proxy) -> Response {
     typed(StatusCode::OK, OPENMETRICS, proxy.metrics().encode())
 }
 
-/// `POST /reload`: the configuration file is read again, as on SIGHUP, and the answer
-/// says how that went: `200`, or `422` with every reason when the file (or binding its
-/// addresses, or opening its access log) failed and the running configuration stays.
-async fn reload(running: &Running) -> Response {
+/// `POST /reload[?file=PATH]`: the configuration file is read again, as on SIGHUP, and
+/// the answer says how that went: `200` naming the file, or `422` with every reason when
+/// the file (or binding its addresses, or opening its access log) failed and the running
+/// configuration stays. With `file` (what `sluicegate reload -c` gives), a file that is
+/// not the instance's is refused (`409`, both named) and nothing is reloaded: the
+/// instance reads only its own file.
+async fn reload(running: &Running, query: &str) -> Response {
+    let given = form_urlencoded::parse(query.as_bytes()).find(|(name, _)| name == "file").map(|(_, file)| file);
+    if let (Some(given), Some(source)) = (given, running.source()) {
+        let same = |a: &std::path::Path, b: &std::path::Path| match (a.canonicalize(), b.canonicalize()) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => a == b,
+        };
+        if !same(std::path::Path::new(given.as_ref()), source) {
+            let body = format!(
+                "this instance reads {}, not {given}: nothing reloaded (reload {} or start an instance with {given})\n",
+                source.display(),
+                source.display()
+            );
+            return typed(StatusCode::CONFLICT, "text/plain", body);
+        }
+    }
     match running.reload().await {
-        Some(Ok(())) => text(StatusCode::OK, "reloaded\n"),
+        Some(Ok(())) => {
+            let file = running.source().map(|s| s.display().to_string()).unwrap_or_default();
+            typed(StatusCode::OK, "text/plain", format!("reloaded {file}\n"))
+        }
         Some(Err(why)) => typed(
             StatusCode::UNPROCESSABLE_ENTITY,
             "text/plain",
@@ -201,13 +225,28 @@ fn bans(proxy: &Proxy) -> Response {
     json(StatusCode::OK, &all)
 }
 
-/// `DELETE /bans/NAME/KEY`: lifts a ban by the keyed hash that `/bans` and log lines show.
+/// `DELETE /bans/NAME/KEY`: lifts a ban by its key as `/bans` and log lines write it
+/// (percent-encoded), or by one of its digests, with or without its `#` (which a URL
+/// cannot carry unencoded: it starts the fragment).
 fn lift(proxy: &Proxy, name: &str, key: &str) -> Response {
-    let key = key.replace("%23", "#");
-    let key = if key.starts_with('#') { key } else { format!("#{key}") };
+    let key = percent_encoding::percent_decode_str(key).decode_utf8_lossy();
     with_limit(proxy, name, |i| match proxy.limiters().lift(i, &key) {
-        true => text(StatusCode::NO_CONTENT, ""),
-        false => text(StatusCode::NOT_FOUND, "no such ban\n"),
+        Lifted::Lifted => text(StatusCode::NO_CONTENT, ""),
+        Lifted::NoSuchBan => typed(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            format!(
+                "no running ban of limit {name:?} has the key {key:?}: give a key as GET /bans/{name} writes it \
+                 (percent-encoded), or one of its digests, with or without its #\n"
+            ),
+        ),
+        Lifted::Ambiguous(n) => typed(
+            StatusCode::CONFLICT,
+            "text/plain",
+            format!(
+                "{n} running bans of limit {name:?} have the digest {key:?}: give the whole key as GET /bans/{name} writes it\n"
+            ),
+        ),
     })
 }
 
@@ -298,86 +337,6 @@ fn key_request(query: &str) -> Result<http::Request<()>, http::Error> {
     request.body(())
 }
 
-/// The running configuration's routes and limits.
-fn describe(config: &Config) -> serde_json::Value {
-    let limits: Vec<_> = config
-        .limits
-        .iter()
-        .map(|l| {
-            serde_json::json!({
-                "name": l.name,
-                "key": l.key.0.iter().map(ToString::to_string).collect::<Vec<_>>(),
-                "scope": if matches!(l.scope, Scope::Global { .. }) { "global" } else { "local" },
-                "windows": l.windows.iter().map(Policy::in_words).collect::<Vec<_>>(),
-                "dry_run": l.dry_run,
-                "ban": l.ban.map(|b| humantime::format_duration(b.base).to_string()),
-                "max_keys": l.max_keys,
-            })
-        })
-        .collect();
-    let routes: Vec<_> = config
-        .routes
-        .iter()
-        .map(|r| {
-            let path = match &r.matcher.path {
-                PathMatch::Any => serde_json::json!({}),
-                PathMatch::Prefix(p) => serde_json::json!({ "path_prefix": p }),
-                PathMatch::Exact(p) => serde_json::json!({ "path": p }),
-                PathMatch::Regex(r) => serde_json::json!({ "path_regex": r.pattern() }),
-            };
-            let mut matcher = path;
-            if let Some(host) = &r.matcher.host {
-                matcher["host"] = host.as_str().into();
-            }
-            if !r.matcher.methods.is_empty() {
-                matcher["methods"] = r.matcher.methods.iter().map(Method::as_str).collect::<Vec<_>>().into();
-            }
-            let action = match &r.action {
-                Action::Forward(u) => serde_json::json!({ "upstream": config.upstreams[*u].name }),
-                Action::Respond(answer) => serde_json::json!({ "respond": { "status": answer.status.as_u16() } }),
-            };
-            let mut route = serde_json::json!({
-                "name": r.name,
-                "match": matcher,
-                "limits": r.limits.iter().map(|&i| config.limits[i].name.as_str()).collect::<Vec<_>>(),
-            });
-            if let (Some(route), serde_json::Value::Object(action)) = (route.as_object_mut(), action) {
-                route.extend(action);
-            }
-            route
-        })
-        .collect();
-    let listen: Vec<_> = config
-        .listeners
-        .iter()
-        .map(|l| serde_json::json!({ "address": l.address.to_string(), "tls": l.tls.is_some() }))
-        .collect();
-    let span = |d: &std::time::Duration| humantime::format_duration(*d).to_string();
-    let upstreams: Vec<_> = config
-        .upstreams
-        .iter()
-        .map(|u| {
-            let servers: Vec<_> = u
-                .servers
-                .iter()
-                .map(|s| {
-                    let scheme = if s.tls { "https://" } else { "" };
-                    serde_json::json!({ "address": format!("{scheme}{}", s.address), "weight": s.weight })
-                })
-                .collect();
-            serde_json::json!({
-                "name": u.name,
-                "servers": servers,
-                "connect_timeout": span(&u.connect_timeout),
-                "timeout": span(&u.timeout),
-                "retries": u.retries,
-            })
-        })
-        .collect();
-    // Secrets (the admin token, Redis's credentials) are never shown.
-    serde_json::json!({ "listen": listen, "upstreams": upstreams, "routes": routes, "limits": limits })
-}
-
 /// `response`, a part of the dashboard: what the page may load and do (CSP), never
 /// sniffed as another type, never framed, never sent elsewhere as a referrer, never
 /// cached.
@@ -410,8 +369,7 @@ mod tests {
     /// history starts).
     fn service(yaml: &str) -> AdminService {
         let config = crate::config::parse(yaml, "test").unwrap();
-        let admin = config.admin.clone().unwrap();
-        AdminService::new(admin, Arc::new(Running::new(Proxy::new(config).unwrap(), None)))
+        AdminService::new(Arc::new(Running::new(Proxy::new(config).unwrap(), None)))
     }
 
     fn head_of(req: &http::Request<()>) -> RequestHead<'_> {

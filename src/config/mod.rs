@@ -21,6 +21,7 @@ pub mod tls;
 pub mod units;
 mod upstreams;
 mod validate;
+pub mod words;
 
 use crate::variables::Template;
 use std::fmt;
@@ -80,6 +81,8 @@ pub struct Config {
     pub rejection_body: RejectionBody,
     /// How log lines show keys: credentials hashed unless the operator opts in.
     pub log_keys: LogKeys,
+    /// What the digests of key parts are keyed with (`None`: a secret drawn at start).
+    pub keys_secret: Option<String>,
     /// Forwarding fields sent upstream and read from trusted proxies.
     pub forwarded: ForwardedMode,
     /// What is valid but likely a mistake (an expired certificate, no routes): `check`
@@ -100,18 +103,16 @@ pub struct AccessLogConfig {
     pub format: AccessFormat,
     /// `None`: stderr.
     pub path: Option<String>,
-    /// Each line records the key parts of the limits its route evaluated (`keys: true`).
+    /// Each line records the key parts of the limits its route evaluated (`keys: true`);
+    /// a part written as a digest requires `Config::keys_secret` (validation).
     pub keys: bool,
-    /// What the digests of recorded key parts are keyed with (HMAC-SHA-256). Required
-    /// when a recorded part is written as a digest (`LogKeys::digests_in_access_log`).
-    pub keys_secret: Option<String>,
 }
 
 impl LogKeys {
-    /// Whether the access log's `keys` writes `part` as a digest rather than as sent:
-    /// credentials unless `clear`; with `hashed`, every part but the host (no credential,
-    /// and what a replay routes by).
-    pub fn digests_in_access_log(self, part: &KeyPart) -> bool {
+    /// Whether keys show `part` as its digest rather than as sent: credentials unless
+    /// `clear`; with `hashed`, every part but the host (no credential, and what a replay
+    /// routes by).
+    pub fn digests(self, part: &KeyPart) -> bool {
         match self {
             LogKeys::Clear => false,
             LogKeys::HashedSecrets => part.is_secret(),

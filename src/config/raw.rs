@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 
 use schemars::JsonSchema;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 pub use crate::policy::OnStoreError;
 
@@ -40,6 +40,12 @@ pub struct RawConfig {
     /// The older spelling of `log_keys: hashed` (`true`); `false` changes nothing.
     #[serde(default)]
     pub redact_keys: bool,
+    /// What the digests of key parts are keyed with (HMAC-SHA-256), wherever a key is
+    /// written: the same on every instance and across restarts, so that one value has
+    /// one digest everywhere.
+    pub keys_secret: Option<String>,
+    /// A file that holds `keys_secret`.
+    pub keys_secret_file: Option<String>,
     #[serde(default)]
     pub forwarded: ForwardedMode,
     #[serde(default)]
@@ -57,6 +63,10 @@ pub struct RawConfig {
 pub enum RawListen {
     One(String),
     Many(Vec<RawListener>),
+    /// A number: a port without its address, refused with a message that says so
+    /// (rather than serde's "did not match any variant").
+    #[schemars(skip)]
+    Port(i64),
 }
 
 /// The placeholder of a `listen` left out.
@@ -71,6 +81,9 @@ impl Default for RawListen {
 pub enum RawListener {
     Address(String),
     Full(RawFullListener),
+    /// As `RawListen::Port`.
+    #[schemars(skip)]
+    Port(i64),
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -451,10 +464,9 @@ pub struct RawAccessLog {
     /// `simulate` replays limits keyed on headers, tokens and cookies from.
     #[serde(default)]
     pub keys: bool,
-    /// What the digests of recorded key parts are keyed with (HMAC-SHA-256): the same on
-    /// every instance and across restarts, so that one value has one digest in every line.
+    /// The older place of the top-level `keys_secret`.
     pub keys_secret: Option<String>,
-    /// A file that holds `keys_secret`.
+    /// The older place of the top-level `keys_secret_file`.
     pub keys_secret_file: Option<String>,
 }
 
@@ -518,7 +530,7 @@ pub enum RejectionBody {
 }
 
 /// How log lines show the keys of limits.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum LogKeys {
     /// Key parts that carry credentials (`bearer`, cookies, `Authorization`, API-key and

@@ -87,22 +87,31 @@ pub fn parse_rate(text: &str) -> Result<Rate, String> {
     Ok(rate)
 }
 
-/// A byte count as nginx writes it: `1048576`, `512k`, `10m`, `1g` (multiples of 1024;
-/// `KiB`/`MiB`/`GiB` and `kb`/`mb`/`gb` are read the same way).
+/// The units sizes take, as nginx's do.
+const SIZE_UNITS: &str = "k, m, g (×1024, upper or lower case)";
+
+/// A byte count as nginx writes it, and only so: a whole number of bytes, or one followed
+/// at once by `k`, `m` or `g` (`K`, `M`, `G`), multiples of 1024: `1048576`, `512k`,
+/// `10m`, `1g`. nginx refuses `10MB`, `1 kb` and `1.5m`; so does sluicegate, rather than
+/// guess whether `MB` means 10⁶ or 2²⁰ bytes.
 pub fn parse_size(text: &str) -> Result<u64, String> {
-    let bad = || format!("invalid size {text:?}; write bytes or a number with k, m or g, e.g. 1048576, 512k, 10m");
-    let trimmed = text.trim();
-    let split = trimmed.find(|c: char| !c.is_ascii_digit()).unwrap_or(trimmed.len());
-    let (digits, unit) = trimmed.split_at(split);
-    let count: u64 = digits.parse().map_err(|_| bad())?;
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        _ => return Err(bad()),
+    let bad = |why: String| format!("invalid size {text:?}: {why}; write e.g. 1048576, 512k, 10m, 1g");
+    let digits = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    if digits == 0 {
+        return Err(bad(format!("expected a whole number of bytes; the units are {SIZE_UNITS}")));
+    }
+    let count: u64 = text[..digits].parse().map_err(|_| bad("the number is too large".into()))?;
+    let shift = match &text[digits..] {
+        "" => 0,
+        "k" | "K" => 10,
+        "m" | "M" => 20,
+        "g" | "G" => 30,
+        unit if unit.starts_with(char::is_whitespace) => {
+            return Err(bad(format!("no space between the number and its unit; the units are {SIZE_UNITS}")));
+        }
+        unit => return Err(bad(format!("unknown unit `{unit}`; the units are {SIZE_UNITS}"))),
     };
-    count.checked_mul(1 << shift).ok_or_else(bad)
+    count.checked_mul(1 << shift).ok_or_else(|| bad("the number is too large".into()))
 }
 
 #[cfg(test)]
@@ -129,14 +138,22 @@ mod tests {
     }
 
     #[test]
-    fn sizes_are_bytes_or_binary_multiples() {
+    fn sizes_are_written_as_nginx_writes_them_and_only_so() {
         assert_eq!(parse_size("1048576").unwrap(), 1 << 20);
         assert_eq!(parse_size("512k").unwrap(), 512 << 10);
-        assert_eq!(parse_size("10MiB").unwrap(), 10 << 20);
-        assert_eq!(parse_size("1 g").unwrap(), 1 << 30);
-        for bad in ["", "k", "1.5m", "10t", "-1", "99999999999999999999g"] {
+        assert_eq!(parse_size("512K").unwrap(), 512 << 10);
+        assert_eq!(parse_size("10m").unwrap(), 10 << 20);
+        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+        for bad in
+            ["", "k", "1.5m", "10t", "-1", "99999999999999999999g", "10MB", "10Mb", "10MiB", "1 kb", "1 g", "10b"]
+        {
             assert!(parse_size(bad).is_err(), "{bad}");
         }
+        assert_eq!(
+            parse_size("10MB").unwrap_err(),
+            "invalid size \"10MB\": unknown unit `MB`; the units are k, m, g (×1024, upper or lower case); write e.g. 1048576, 512k, 10m, 1g"
+        );
+        assert!(parse_size("1 kb").unwrap_err().contains("no space between the number and its unit"));
     }
 
     #[test]

@@ -157,16 +157,10 @@ pub fn compile(raw: RawConfig, positions: &Positions, fields: Fields, file: &str
             e.warn(format!("limits.{name}"), "no route lists this limit: it decides nothing");
         }
     }
-    let keys_secret = raw.access_log.as_ref().and_then(|a| {
-        let secret = super::secrets::secret(
-            &mut e,
-            "access_log.keys_secret",
-            a.keys_secret.as_deref(),
-            a.keys_secret_file.as_deref(),
-        );
-        access_log_keys(&mut e, a, secret.as_deref(), log_keys, &limits, &routes);
-        secret
-    });
+    let keys_secret = keys_secret(&mut e, &raw);
+    if let Some(log) = &raw.access_log {
+        access_log_keys(&mut e, log, keys_secret.is_some(), log_keys, &limits, &routes);
+    }
     if routes.is_empty() {
         e.warn("routes".into(), "no routes: every request is answered 404");
     }
@@ -191,12 +185,12 @@ pub fn compile(raw: RawConfig, positions: &Positions, fields: Fields, file: &str
                 format: a.format,
                 path: a.path.clone().filter(|p| p != "stderr"),
                 keys: a.keys,
-                keys_secret: keys_secret.clone(),
             }),
             ratelimit_headers: raw.ratelimit_headers,
             ratelimit_header_style: raw.ratelimit_header_style,
             rejection_body: raw.rejection_body,
             log_keys,
+            keys_secret,
             forwarded: raw.forwarded,
             warnings: e.warnings,
             upstreams,
@@ -212,17 +206,42 @@ pub fn compile(raw: RawConfig, positions: &Positions, fields: Fields, file: &str
     }
 }
 
-/// Shortest `access_log.keys_secret`: 16 characters of a random string key HMAC-SHA-256
-/// well past guessing.
+/// Shortest `keys_secret`: 16 characters of a random string key HMAC-SHA-256 well past
+/// guessing.
 const MIN_KEYS_SECRET: usize = 16;
 
-/// `access_log.keys` and `keys_secret`: key parts are written in JSON lines, and a part
-/// written as a digest (a credential, unless `log_keys: clear`) needs the secret the
-/// digest is keyed with, so that a reader of the log cannot test guesses of it.
+/// `keys_secret` (or `keys_secret_file`), or its older place in `access_log`.
+fn keys_secret(e: &mut Errors<'_>, raw: &RawConfig) -> Option<String> {
+    let top = (raw.keys_secret.as_deref(), raw.keys_secret_file.as_deref());
+    let old =
+        raw.access_log.as_ref().map_or((None, None), |a| (a.keys_secret.as_deref(), a.keys_secret_file.as_deref()));
+    let field = match (top, old) {
+        ((None, None), (None, None)) => return None,
+        (_, (None, None)) => "keys_secret",
+        ((None, None), _) => "access_log.keys_secret",
+        _ => {
+            e.add("access_log.keys_secret".into(), "give keys_secret at the top level only (this is its older place)");
+            return None;
+        }
+    };
+    let (value, file) = if field == "keys_secret" { top } else { old };
+    let secret = super::secrets::secret(e, field, value, file)?;
+    if secret.chars().count() < MIN_KEYS_SECRET {
+        e.add(
+            field.into(),
+            format!("must be at least {MIN_KEYS_SECRET} characters (a random string, kept like a password)"),
+        );
+    }
+    Some(secret)
+}
+
+/// `access_log.keys`: key parts are written in JSON lines, and a part written as a digest
+/// (a credential, unless `log_keys: clear`) needs `keys_secret`, so that one value has one
+/// digest in every line a replay is given, and a reader of the log cannot test guesses.
 fn access_log_keys(
     e: &mut Errors<'_>,
     raw: &RawAccessLog,
-    keys_secret: Option<&str>,
+    keys_secret: bool,
     log_keys: LogKeys,
     limits: &[Limit],
     routes: &[Route],
@@ -233,27 +252,20 @@ fn access_log_keys(
             "key parts are written in JSON lines only: give format: json (nginx's combined has no place for them)",
         );
     }
-    if let Some(secret) = keys_secret
-        && secret.chars().count() < MIN_KEYS_SECRET
-    {
-        e.add(
-            "access_log.keys_secret".into(),
-            format!("must be at least {MIN_KEYS_SECRET} characters (a random string, kept like a password)"),
-        );
-    }
-    if !raw.keys || keys_secret.is_some() {
+    if !raw.keys || keys_secret {
         return;
     }
-    let digested =
-        routes.iter().flat_map(|r| r.candidates.iter()).filter_map(|&l| limits.get(l)).find_map(|l| {
-            l.key.0.iter().find(|p| p.logged_apart() && log_keys.digests_in_access_log(p)).map(|p| (l, p))
-        });
+    let digested = routes
+        .iter()
+        .flat_map(|r| r.candidates.iter())
+        .filter_map(|&l| limits.get(l))
+        .find_map(|l| l.key.0.iter().find(|p| p.logged_apart() && log_keys.digests(p)).map(|p| (l, p)));
     if let Some((limit, part)) = digested {
         e.add(
             "access_log.keys".into(),
             format!(
                 "limit {} is keyed on {part}, which the access log writes as a keyed digest: give \
-                 access_log.keys_secret (at least {MIN_KEYS_SECRET} characters, the same on every instance and \
+                 keys_secret (at least {MIN_KEYS_SECRET} characters, the same on every instance and \
                  across restarts), or log_keys: clear to write it as sent",
                 limit.name
             ),
@@ -282,8 +294,20 @@ fn listeners(e: &mut Errors<'_>, raw: &RawListen) -> Option<Vec<Listener>> {
                 .map_err(|_| format!("invalid address {text:?}; write IP:PORT, e.g. 0.0.0.0:8080")),
         )
     };
+    let port = |e: &mut Errors<'_>, at: String, n: i64| {
+        e.add(
+            at,
+            format!(
+                "{n} is a port alone: write the address with it, e.g. 0.0.0.0:{n} (every interface) or 127.0.0.1:{n}"
+            ),
+        );
+    };
     match raw {
         RawListen::One(text) => Some(vec![Listener { address: address(e, "listen".into(), text)?, tls: None }]),
+        RawListen::Port(n) => {
+            port(e, "listen".into(), *n);
+            None
+        }
         RawListen::Many(list) if list.is_empty() => {
             e.add("listen".into(), "needs at least one address");
             None
@@ -294,6 +318,10 @@ fn listeners(e: &mut Errors<'_>, raw: &RawListen) -> Option<Vec<Listener>> {
                 let at = format!("listen[{i}]");
                 let listener = match item {
                     RawListener::Address(text) => address(e, at, text).map(|address| Listener { address, tls: None }),
+                    RawListener::Port(n) => {
+                        port(e, at, *n);
+                        None
+                    }
                     RawListener::Full(full) => {
                         let addr = address(e, format!("{at}.address"), &full.address);
                         let tls = full.tls.as_ref().map(|t| tls::tls(e, &format!("{at}.tls"), t));

@@ -29,23 +29,23 @@ const ICON: &str = include_str!("page/icon.svg");
 /// The dashboard of the running instance.
 pub struct Dashboard {
     history: Arc<Mutex<History>>,
-    /// The page, saying whether a token must be typed.
-    page: Bytes,
+    /// The page, saying that a token must be typed, and saying that none is needed.
+    pages: [Bytes; 2],
 }
 
 impl Dashboard {
     /// The dashboard of `running`, whose history is recorded from now on (within a Tokio
-    /// runtime). `token`: the admin API needs one, so the page asks for it first.
-    pub fn start(running: Arc<Running>, token: bool) -> Dashboard {
-        let page =
-            PAGE.replace("data-token=\"\"", if token { "data-token=\"required\"" } else { "data-token=\"none\"" });
-        Dashboard { history: history::start(running), page: Bytes::from(page) }
+    /// runtime).
+    pub fn start(running: Arc<Running>) -> Dashboard {
+        let page = |token: &str| Bytes::from(PAGE.replace("data-token=\"\"", &format!("data-token=\"{token}\"")));
+        Dashboard { history: history::start(running), pages: [page("required"), page("none")] }
     }
 
-    /// The page's file at `path` (its content type and bytes), if it is one.
-    pub fn file(&self, path: &str) -> Option<(&'static str, Bytes)> {
+    /// The page's file at `path` (its content type and bytes), if it is one. `token`: the
+    /// admin API needs one now, so the page asks for it first.
+    pub fn file(&self, path: &str, token: bool) -> Option<(&'static str, Bytes)> {
         match path {
-            "/" => Some(("text/html; charset=utf-8", self.page.clone())),
+            "/" => Some(("text/html; charset=utf-8", self.pages[usize::from(!token)].clone())),
             "/dashboard.js" => Some(("text/javascript; charset=utf-8", Bytes::from_static(SCRIPT.as_bytes()))),
             "/dashboard.css" => Some(("text/css; charset=utf-8", Bytes::from_static(STYLE.as_bytes()))),
             "/icon.svg" => Some(("image/svg+xml", Bytes::from_static(ICON.as_bytes()))),

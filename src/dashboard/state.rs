@@ -9,7 +9,8 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::{Value, json};
 
 use super::history::{History, MAX_SHOWN};
-use crate::config::{Action, Config, LogKeys, Scope};
+use crate::config::Config;
+use crate::config::words::{LimitWords, RouteWords};
 use crate::policy::Policy;
 use crate::proxy::Proxy;
 use crate::running::{Reload, Running};
@@ -40,13 +41,7 @@ pub fn state(running: &Running, history: &History, since: Option<u64>) -> Value 
                 h.map_or_else(|| vec![0; seconds], |h| pick(h).last(seconds))
             };
             let latency = |q: f64| h.and_then(|h| h.latency(q));
-            json!({
-                "name": route.name,
-                "to": match &route.action {
-                    Action::Forward(u) => format!("upstream {}", config.upstreams[*u].name),
-                    Action::Respond(answer) => format!("answers {}", answer.status.as_u16()),
-                },
-                "limits": route.limits.iter().map(|&i| config.limits[i].name.as_str()).collect::<Vec<_>>(),
+            let mut shown = json!({
                 "passed": series(|h| &h.passed),
                 "delayed": series(|h| &h.delayed),
                 "refused": series(|h| &h.refused),
@@ -54,7 +49,9 @@ pub fn state(running: &Running, history: &History, since: Option<u64>) -> Value 
                 "latency": latency(0.5).zip(latency(0.99)).map(|((p50, responses), (p99, _))| json!({
                     "p50_ms": p50 * 1000.0, "p99_ms": p99 * 1000.0, "responses": responses,
                 })),
-            })
+            });
+            with_words(&mut shown, &RouteWords::of(route, config));
+            shown
         })
         .collect();
     let limits: Vec<Value> =
@@ -86,24 +83,9 @@ fn limit(proxy: &Proxy, history: &History, index: usize, seconds: usize) -> Valu
     let mut bans = limiters.banned(index);
     bans.sort_by_key(|b| std::cmp::Reverse(b.left_ms));
     let banned = bans.len();
-    let listed: Vec<Value> = bans
-        .into_iter()
-        .take(BANS_LISTED)
-        .map(|b| {
-            // Bans are kept by hash; the key's label is known if it was refused lately.
-            let label = refused.iter().find(|r| crate::limit::inspect::label(r.key) == b.key).map(|r| &r.label);
-            json!({ "key": b.key, "label": label, "left_ms": b.left_ms })
-        })
-        .collect();
-    let global = matches!(limit.scope, Scope::Global { .. });
-    json!({
-        "name": limit.name,
-        "key": limit.key.0.iter().map(ToString::to_string).collect::<Vec<_>>().join(" + "),
-        "scope": if global { "global" } else { "local" },
-        "dry_run": limit.dry_run,
-        "windows": limit.windows.iter().map(Policy::in_words).collect::<Vec<_>>(),
-        "ban": limit.ban.map(|b| humantime::format_duration(b.base).to_string()),
-        "max_keys": limiters.max_keys(index),
+    let listed: Vec<Value> =
+        bans.into_iter().take(BANS_LISTED).map(|b| json!({ "key": b.key, "left_ms": b.left_ms })).collect();
+    let mut shown = json!({
         "keys": limiters.keys(index),
         "in_flight": limit.windows.iter().any(Policy::is_concurrency).then(|| limiters.in_flight(index)),
         "evictions": limiters.evictions(index),
@@ -112,10 +94,21 @@ fn limit(proxy: &Proxy, history: &History, index: usize, seconds: usize) -> Valu
         "rejected": series(|h| &h.rejected),
         "banned": banned,
         "bans": listed,
-        "refused_most": refused.iter().map(|r| json!({
-            "key": crate::limit::inspect::label(r.key), "label": r.label, "count": r.count,
-        })).collect::<Vec<_>>(),
-    })
+        "refused_most": refused.iter().map(|r| json!({ "key": r.label, "count": r.count })).collect::<Vec<_>>(),
+    });
+    let mut words = LimitWords::of(limit);
+    // The table's bound as it stands: a reload keeps the one it was made with.
+    words.max_keys = limiters.max_keys(index);
+    with_words(&mut shown, &words);
+    shown
+}
+
+/// `shown` (an object) with the fields of `words`, how `GET /config` describes the same
+/// route or limit.
+fn with_words(shown: &mut Value, words: &impl serde::Serialize) {
+    if let (Some(shown), Ok(Value::Object(words))) = (shown.as_object_mut(), serde_json::to_value(words)) {
+        shown.extend(words);
+    }
 }
 
 /// The version, since when it runs, its file and its reloads.
@@ -128,11 +121,7 @@ fn instance(running: &Running, config: &Config) -> Value {
         "uptime_s": running.started().elapsed().as_secs(),
         "file": running.source().map(|p| p.display().to_string()),
         "listen": config.listeners.iter().map(|l| l.address.to_string()).collect::<Vec<_>>(),
-        "log_keys": match config.log_keys {
-            LogKeys::HashedSecrets => "hashed_secrets",
-            LogKeys::Hashed => "hashed",
-            LogKeys::Clear => "clear",
-        },
+        "log_keys": config.log_keys,
         "last_reload": reload(last),
         "last_failed_reload": reload(last_failed),
     })

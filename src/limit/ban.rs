@@ -5,10 +5,12 @@
 //!
 //! A ban table per limit, bounded like the limit's own (see `table`). State: the ban's
 //! end in milliseconds since the Unix epoch (48 bits, good until the year 10889) and the
-//! number of bans in a row (16 bits), in one `u64`.
+//! number of bans in a row (16 bits), in one `u64`. Beside it, each running ban's key as
+//! written (`KeyText`), given when the ban starts, for `GET /bans`.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use super::table::{KeyTable, Shard};
@@ -23,6 +25,9 @@ pub struct Bans {
     /// Shared with the limit's previous configuration across a reload (`adopt`).
     table: Arc<KeyTable>,
     imposed: Arc<AtomicU64>,
+    /// Each banned key as written, by its hash: at most `max_keys` (as the table).
+    names: Arc<Mutex<HashMap<u64, Box<str>>>>,
+    max_keys: usize,
 }
 
 fn unpack(state: u64) -> (u64, u64) {
@@ -34,13 +39,34 @@ impl Bans {
     pub fn new(base: Duration, max: Duration, max_keys: usize) -> Self {
         let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         let table = Arc::new(KeyTable::new(max_keys));
-        Bans { base: ns(base), max: ns(max).max(ns(base)), table, imposed: Arc::default() }
+        Bans {
+            base: ns(base),
+            max: ns(max).max(ns(base)),
+            table,
+            imposed: Arc::default(),
+            names: Arc::default(),
+            max_keys,
+        }
     }
 
     /// Keeps the bans (and their count) of `old`, the same limit's bans before a reload.
     pub fn adopt(&mut self, old: &Bans) {
         self.table = Arc::clone(&old.table);
         self.imposed = Arc::clone(&old.imposed);
+        self.names = Arc::clone(&old.names);
+    }
+
+    /// Names the ban of `key`, started at `now`, by the key as written. Names of bans that
+    /// have ended are dropped when the names would outnumber the table's keys.
+    pub fn name(&self, key: u64, name: String, now: u64) {
+        let mut names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
+        if names.len() >= self.max_keys && !names.contains_key(&key) {
+            names.retain(|&k, _| self.left(&self.table.lock(k), k, now).is_some());
+            if names.len() >= self.max_keys {
+                return;
+            }
+        }
+        names.insert(key, name.into());
     }
 
     pub fn lock(&self, key: u64) -> MutexGuard<'_, Shard> {
@@ -77,8 +103,9 @@ impl Bans {
         n
     }
 
-    /// The keys banned at `now`, with the time each ban has left.
-    pub fn list(&self, now: u64) -> Vec<(u64, u64)> {
+    /// The keys banned at `now`, as written (`None`: the ban has no name yet, its start
+    /// being under way), with the time each ban has left.
+    pub fn list(&self, now: u64) -> Vec<(u64, Option<Box<str>>, u64)> {
         let mut banned = Vec::new();
         self.table.each(|key, state| {
             let (until, _) = unpack(state);
@@ -86,7 +113,8 @@ impl Bans {
                 banned.push((key, until - now));
             }
         });
-        banned
+        let names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
+        banned.into_iter().map(|(key, left)| (key, names.get(&key).cloned(), left)).collect()
     }
 
     /// Ends `key`'s ban, if it has one; true if it had.
@@ -94,6 +122,8 @@ impl Bans {
         let mut shard = self.table.lock(key);
         let banned = self.left(&shard, key, now).is_some();
         shard.remove(key);
+        drop(shard);
+        self.names.lock().unwrap_or_else(PoisonError::into_inner).remove(&key);
         banned
     }
 

@@ -12,7 +12,7 @@ use crate::policy::key::KeySource;
 /// One key of one limit, as a request with it would find it now.
 #[derive(Debug, Serialize)]
 pub struct KeyState {
-    /// The key's keyed hash, as log lines show it with `log_keys: hashed`.
+    /// The key as log lines write it (`KeyText`).
     pub key: String,
     /// Banned for this long still, if banned.
     pub ban_left_ms: Option<u64>,
@@ -22,7 +22,8 @@ pub struct KeyState {
 
 #[derive(Debug, Serialize)]
 pub struct WindowState {
-    /// A request of cost 1 would be admitted now (perhaps after a delay).
+    /// A request of cost 1 would be admitted now (perhaps after a delay): never while the
+    /// key is banned.
     pub admits: bool,
     /// Requests (units) the key could still make now without rejection.
     pub remaining: u64,
@@ -37,17 +38,25 @@ pub struct WindowState {
 /// One banned key.
 #[derive(Debug, Serialize)]
 pub struct Banned {
-    pub key: String,
+    /// As log lines write it (`None` for the instant between the ban's start and its
+    /// naming).
+    pub key: Option<Box<str>>,
     pub left_ms: u64,
+}
+
+/// What `Limiters::lift` found for the key it was given.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Lifted {
+    /// The one ban with this key or digest is lifted.
+    Lifted,
+    /// No running ban has this key or digest.
+    NoSuchBan,
+    /// Several running bans' keys hold this digest (a part they share): give the key.
+    Ambiguous(usize),
 }
 
 fn ms(ns: u64) -> u64 {
     Duration::from_nanos(ns).as_millis().try_into().unwrap_or(u64::MAX)
-}
-
-/// How keys are named: the same keyed hash as the log's.
-pub fn label(key: u64) -> String {
-    format!("#{key:016x}")
 }
 
 impl Limiters {
@@ -57,19 +66,24 @@ impl Limiters {
         let limiter = &self.limits[index];
         let key = limiter.key.hash(src, &self.seed)?;
         let t = self.clock.now();
-        let ban_left_ms = limiter.bans.as_ref().and_then(|b| b.left(&b.lock(key.0), key.0, t.0)).map(ms);
+        let ban_left = limiter.bans.as_ref().and_then(|b| b.left(&b.lock(key.0), key.0, t.0));
         let windows = limiter
             .windows
             .iter()
-            .map(|algorithm| match algorithm.lock(key).decide(key, t, 1) {
-                Verdict::Admit { remaining, reset, excess, .. } => WindowState {
+            .map(|algorithm| match (ban_left, algorithm.lock(key).decide(key, t, 1)) {
+                // A ban refuses whatever the window says, for the time it has left (as
+                // the gate decides: `Group::decide`).
+                (Some(left), Verdict::Admit { excess, .. } | Verdict::Reject { excess, .. }) => {
+                    WindowState { admits: false, remaining: 0, reset_ms: ms(left), retry_after_ms: ms(left), excess }
+                }
+                (None, Verdict::Admit { remaining, reset, excess, .. }) => WindowState {
                     admits: true,
                     remaining: remaining + 1,
                     reset_ms: ms(reset),
                     retry_after_ms: 0,
                     excess,
                 },
-                Verdict::Reject { retry_after, remaining, reset, excess } => WindowState {
+                (None, Verdict::Reject { retry_after, remaining, reset, excess }) => WindowState {
                     admits: false,
                     remaining,
                     reset_ms: ms(reset),
@@ -78,7 +92,7 @@ impl Limiters {
                 },
             })
             .collect();
-        Some(KeyState { key: label(key.0), ban_left_ms, windows })
+        Some(KeyState { key: self.key_label(index, src), ban_left_ms: ban_left.map(ms), windows })
     }
 
     /// Forgets the key of `src` in limit `index` (and lifts its ban): its next request is
@@ -102,19 +116,30 @@ impl Limiters {
     /// The keys limit `index` bans now.
     pub fn banned(&self, index: usize) -> Vec<Banned> {
         let Some(bans) = &self.limits[index].bans else { return Vec::new() };
-        bans.list(self.clock.now().0)
-            .into_iter()
-            .map(|(key, left)| Banned { key: label(key), left_ms: ms(left) })
-            .collect()
+        bans.list(self.clock.now().0).into_iter().map(|(_, key, left)| Banned { key, left_ms: ms(left) }).collect()
     }
 
-    /// Lifts the ban of the key labelled `label` (`#` and 16 hex digits) in limit
-    /// `index`; true if it was banned.
-    pub fn lift(&self, index: usize, label: &str) -> bool {
-        let key = label.strip_prefix('#').and_then(|hex| u64::from_str_radix(hex, 16).ok());
-        match (key, &self.limits[index].bans) {
-            (Some(key), Some(bans)) => bans.lift(key, self.clock.now().0),
-            _ => false,
+    /// Lifts, in limit `index`, the ban of the key `given` as `GET /bans` writes it, or by
+    /// one of its digests (with or without its `#`).
+    pub fn lift(&self, index: usize, given: &str) -> Lifted {
+        let Some(bans) = &self.limits[index].bans else { return Lifted::NoSuchBan };
+        let now = self.clock.now().0;
+        let digest = format!("#{}", given.trim_start_matches('#'));
+        let named: Vec<(u64, Box<str>)> =
+            bans.list(now).into_iter().filter_map(|(k, name, _)| Some((k, name?))).collect();
+        let whole: Vec<&(u64, Box<str>)> = named.iter().filter(|(_, name)| **name == *given).collect();
+        let matching = if whole.is_empty() {
+            named.iter().filter(|(_, name)| name.split(' ').any(|part| part.ends_with(&format!("={digest}")))).collect()
+        } else {
+            whole
+        };
+        match matching[..] {
+            [] => Lifted::NoSuchBan,
+            [(key, _)] => {
+                bans.lift(*key, now);
+                Lifted::Lifted
+            }
+            _ => Lifted::Ambiguous(matching.len()),
         }
     }
 }

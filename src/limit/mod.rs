@@ -10,6 +10,7 @@ pub mod fixed_window;
 #[cfg(test)]
 pub(crate) mod gcra_cases;
 pub mod inspect;
+pub mod key_text;
 pub mod leaky_bucket;
 mod shards;
 pub mod sliding_log;
@@ -23,12 +24,13 @@ use std::time::Duration;
 use http::StatusCode;
 
 use crate::clock::{Clock, Nanos};
-use crate::config::{Config, Limit, LogKeys};
+use crate::config::{Config, Limit};
 use crate::policy::allow::Allow;
 use crate::policy::key::{KeyHash, KeySource, KeySpec};
 use crate::policy::{Policy, Rate, Scope};
 use algorithm::Algorithm;
 use ban::Bans;
+use key_text::KeyText;
 
 /// What one limit makes of one request; times in ns.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -71,6 +73,8 @@ pub(crate) struct Limiter {
 /// Every configured limit, indexed like `Config::limits`.
 pub struct Limiters {
     seed: RandomState,
+    /// How keys are written, wherever they are shown.
+    text: KeyText,
     limits: Box<[Limiter]>,
     clock: Clock,
 }
@@ -202,7 +206,7 @@ impl Limiters {
     /// The limiters of `config`, every key fresh, reading the time from `clock`.
     pub fn new(config: &Config, clock: Clock) -> Arc<Self> {
         let limits = config.limits.iter().map(limiter).collect();
-        Arc::new(Limiters { seed: RandomState::new(), limits, clock })
+        Arc::new(Limiters { seed: RandomState::new(), text: KeyText::new(config, None), limits, clock })
     }
 
     /// The limiters of `config`, a reload of the configuration `old` was made from: a
@@ -228,7 +232,8 @@ impl Limiters {
                 new
             })
             .collect();
-        let limiters = Limiters { seed: old.seed.clone(), limits, clock: old.clock.clone() };
+        let text = KeyText::new(config, Some(&old.text));
+        let limiters = Limiters { seed: old.seed.clone(), text, limits, clock: old.clock.clone() };
         (Arc::new(limiters), kept, fresh)
     }
 
@@ -285,15 +290,16 @@ impl Limiters {
         self.limits[index].key.hash(src, &self.seed)
     }
 
-    /// How log lines name the key of `src` for limit `index`: its value, its keyed hash
-    /// (stable while the process runs), or its value with credentials hashed (`mode`).
-    pub fn key_label(&self, index: usize, src: &KeySource<'_>, mode: LogKeys) -> String {
-        let spec = &self.limits[index].key;
-        match (mode, spec.hash(src, &self.seed)) {
-            (_, None) => "-".to_owned(),
-            (LogKeys::Hashed, Some(hash)) => inspect::label(hash.0),
-            (LogKeys::HashedSecrets, Some(_)) => spec.describe(src, Some(&self.seed)),
-            (LogKeys::Clear, Some(_)) => spec.describe(src, None),
+    /// The key of `src` for limit `index`, as every surface writes it (`KeyText`).
+    pub fn key_label(&self, index: usize, src: &KeySource<'_>) -> String {
+        self.text.write(&self.limits[index].key, src)
+    }
+
+    /// Names the ban that `src`'s key (hashed: `key`) has just started in limit `index`,
+    /// so that `GET /bans` writes it as log lines do.
+    pub fn name_ban(&self, index: usize, key: KeyHash, src: &KeySource<'_>) {
+        if let Some(bans) = &self.limits[index].bans {
+            bans.name(key.0, self.key_label(index, src), self.clock.now().0);
         }
     }
 

@@ -50,29 +50,6 @@ impl Policy {
             Policy::Concurrency { .. } => None,
         }
     }
-
-    /// The policy in the configuration's own words (`rate: 10r/s, burst: 2`), as the
-    /// admin API and the dashboard show it.
-    pub fn in_words(&self) -> serde_json::Value {
-        let span = |d: &Duration| humantime::format_duration(*d).to_string();
-        match self {
-            Policy::Rate { rate, burst, delay } => {
-                serde_json::json!({ "rate": rate.to_string(), "burst": burst, "delay": delay })
-            }
-            Policy::FixedWindow { limit, window } => {
-                serde_json::json!({ "algorithm": "fixed_window", "limit": limit, "window": span(window) })
-            }
-            Policy::SlidingWindow { limit, window } => {
-                serde_json::json!({ "algorithm": "sliding_window", "limit": limit, "window": span(window) })
-            }
-            Policy::SlidingLog { limit, window } => {
-                serde_json::json!({ "algorithm": "sliding_log", "limit": limit, "window": span(window) })
-            }
-            Policy::Concurrency { max, retry_after } => {
-                serde_json::json!({ "concurrency": max, "retry_after": span(retry_after) })
-            }
-        }
-    }
 }
 
 /// Where a limit keeps its state.

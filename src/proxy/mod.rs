@@ -436,7 +436,7 @@ impl Proxy {
                 let key = self.limiters().key_hash(limit, src).map_or(0, |k| k.0);
                 if self.line_allowed(limit, key, src, level) {
                     event_at!(level, limit = %all[limit].name, field = %part,
-                        key = %self.limiters().key_label(limit, src, self.config.log_keys),
+                        key = %self.limiters().key_label(limit, src),
                         "dry run: request would be refused: repeated key field");
                 }
                 continue;
@@ -458,9 +458,16 @@ impl Proxy {
     fn account(&self, route: &Route, results: &[LimitResult], src: &KeySource<'_>, rejected: bool) {
         for r in results {
             let limit = &self.config.limits[r.limit.index()];
-            self.metrics.decision(r);
+            // What another limit refused, this one neither passed nor counted (all or
+            // nothing): no decision of its own.
+            if !rejected || r.outcome.is_rejected() {
+                self.metrics.decision(r);
+            }
+            if r.banned {
+                self.limiters().name_ban(r.limit.index(), r.key, src);
+            }
             if let (Outcome::Rejected(_), Some(refused)) = (r.outcome, &self.refused_keys) {
-                let label = || self.limiters().key_label(r.limit.index(), src, self.config.log_keys);
+                let label = || self.limiters().key_label(r.limit.index(), src);
                 refused[r.limit.index()].count(r.key.0, label);
             }
             let (message, lowered, ms) = match (r.outcome, limit.dry_run) {
@@ -479,7 +486,7 @@ impl Proxy {
                 continue;
             }
             event_at!(level, route = %route.name, limit = %limit.name,
-                key = %self.limiters().key_label(r.limit.index(), src, self.config.log_keys),
+                key = %self.limiters().key_label(r.limit.index(), src),
                 excess = round_to_thousandths(r.excess), ms = ms.as_millis() as u64, "{message}");
         }
     }
@@ -490,7 +497,7 @@ impl Proxy {
         let key = self.limiters().key_hash(limit, src).map_or(0, |k| k.0);
         if self.line_allowed(limit, key, src, Level::WARN) {
             warn!(route = %route.name, limit = %self.config.limits[limit].name,
-                key = %self.limiters().key_label(limit, src, self.config.log_keys), error,
+                key = %self.limiters().key_label(limit, src), error,
                 "request refused: Redis could not decide this global limit (on_store_error: deny)");
         }
     }
@@ -504,7 +511,7 @@ impl Proxy {
         if !enabled(level) {
             return false;
         }
-        let label = || self.limiters().key_label(index, src, self.config.log_keys);
+        let label = || self.limiters().key_label(index, src);
         let take = self.log_budgets[index].take(self.gate.clock().now().secs(), key, label);
         if let Some(summary) = take.summary {
             log_summary(level, &self.config.limits[index].name, &summary);

@@ -13,7 +13,7 @@ pub mod watchdog;
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,8 +41,14 @@ const RESERVED_FILES: u64 = 64;
 pub struct Server {
     /// One per `listen` entry, in the same order.
     listeners: Vec<TcpListener>,
-    /// The admin listener, when `admin.listen` is set.
+    /// The admin listener, when `admin.listen` is set, until `run` serves it.
     admin: Option<TcpListener>,
+    /// The admin listener being served: the addresses it was configured with and bound
+    /// to (they differ for port 0), and its task's handle, so that a reload that moves or
+    /// removes it can stop it.
+    admin_served: Option<([SocketAddr; 2], tokio::task::AbortHandle)>,
+    /// The admin API, made once: its dashboard keeps its history across reloads.
+    admin_service: Option<Arc<crate::admin::AdminService>>,
     running: Arc<Running>,
     max_connections: usize,
     /// SIGHUPs, listened for from `bind` on: one that comes before `run` must not end
@@ -72,7 +78,15 @@ impl Server {
             None => None,
         };
         let running = Running::new(Proxy::new(config)?, source);
-        Ok(Server { listeners, admin, running: Arc::new(running), max_connections, hangups: hangups() })
+        Ok(Server {
+            listeners,
+            admin,
+            admin_served: None,
+            admin_service: None,
+            running: Arc::new(running),
+            max_connections,
+            hangups: hangups(),
+        })
     }
 
     /// Each listener's bound address, and whether it speaks TLS.
@@ -84,16 +98,8 @@ impl Server {
 
     /// Serves until `shutdown` completes, then drains.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
-        let admin = self.running.proxy().config().admin.clone();
-        if let (Some(listener), Some(admin)) = (self.admin.take(), admin) {
-            if let Ok(addr) = listener.local_addr() {
-                info!(%addr, "admin listening");
-                if admin.insecure && admin.token.is_none() {
-                    warn!(%addr, "the admin API has no token (admin.insecure: true): whoever reaches this address can reload the configuration, reset keys and lift bans");
-                }
-            }
-            let service = Arc::new(crate::admin::AdminService::new(admin, Arc::clone(&self.running)));
-            tokio::spawn(serve_admin(listener, service, settings(self.running.proxy().config())));
+        if let Some(listener) = self.admin.take() {
+            self.serve_admin(listener);
         }
         // Established connections keep being served at the cap; new ones wait in the
         // listen backlog until one closes (as nginx does at `worker_connections`).
@@ -133,15 +139,35 @@ impl Server {
 }
 
 impl Server {
+    /// Serves the admin API on `listener`, bound to the configuration's `admin.listen`,
+    /// in place of the listener served so far, if any.
+    fn serve_admin(&mut self, listener: TcpListener) {
+        let proxy = self.running.proxy();
+        let Some(admin) = &proxy.config().admin else { return };
+        let bound = listener.local_addr().unwrap_or(admin.listen);
+        info!(addr = %bound, "admin listening");
+        if admin.insecure && admin.token.is_none() {
+            warn!(addr = %bound, "the admin API has no token (admin.insecure: true): whoever reaches this address can reload the configuration, reset keys and lift bans");
+        }
+        let running = &self.running;
+        let service =
+            self.admin_service.get_or_insert_with(|| Arc::new(crate::admin::AdminService::new(Arc::clone(running))));
+        let task = tokio::spawn(serve_admin(listener, Arc::clone(service), Arc::clone(running)));
+        if let Some((_, before)) = self.admin_served.replace(([admin.listen, bound], task.abort_handle())) {
+            before.abort();
+        }
+    }
+
     /// Reloads the configuration from its file (certificates included): all of it or, if
     /// it is invalid or a new `listen` address cannot be bound, none of it (every error is logged, the running
     /// configuration stays, and `/readyz` and `sluicegate_reloads_total` say so). `cause`
     /// is what asked for it, for the dashboard.
     fn reload(&mut self, cause: ReloadCause) {
-        let Some(path) = self.running.source() else {
+        let Some(path) = self.running.source().map(Path::to_path_buf) else {
             warn!("reload asked for, but the configuration was not read from a file");
             return;
         };
+        let path = path.as_path();
         let old = self.running.proxy();
         let fail = |why: String| {
             error!(file = %path.display(), "reload failed; the running configuration stays");
@@ -178,9 +204,23 @@ impl Server {
             }
             Some(bound)
         };
-        if config.admin.as_ref().map(|a| a.listen) != old.config().admin.as_ref().map(|a| a.listen) {
-            warn!("admin.listen changes at the next restart; the admin listener stays where it is");
-        }
+        // The admin listener moves with `admin.listen` (bound before anything changes, so
+        // that an address that cannot be had fails the reload); its token and settings are
+        // read by each call and connection.
+        let admin_listen = config.admin.as_ref().map(|a| a.listen);
+        let admin = match admin_listen {
+            // (The address it is bound to, written out in place of port 0, is no move.)
+            Some(address) if !self.admin_served.as_ref().is_some_and(|(served, _)| served.contains(&address)) => {
+                match listen(address) {
+                    Ok(listener) => Some(listener),
+                    Err(e) => {
+                        error!(addr = %address, error = %e, "cannot listen on the reloaded admin address");
+                        return fail(format!("admin.listen: cannot listen on {address}: {e}"));
+                    }
+                }
+            }
+            _ => None,
+        };
         if config.workers != old.config().workers {
             warn!("server.workers changes at the next restart; the running threads stay");
         }
@@ -193,6 +233,14 @@ impl Server {
         };
         proxy.metrics().reload_result(true);
         self.running.reloaded(proxy, cause);
+        if let Some(listener) = admin {
+            self.serve_admin(listener);
+        } else if admin_listen.is_none()
+            && let Some(([_, addr], task)) = self.admin_served.take()
+        {
+            info!(%addr, "admin listener closed: the configuration has none");
+            task.abort();
+        }
         info!(file = %path.display(), kept = ?kept, fresh = ?fresh, "configuration reloaded: limits kept their state or started fresh");
         if let Some(listeners) = listeners {
             // Connections accepted on the old addresses are served to their end.
@@ -329,8 +377,9 @@ fn settings(config: &Config) -> h1::Settings {
     }
 }
 
-/// Serves the admin listener until the process ends.
-async fn serve_admin(listener: TcpListener, service: Arc<crate::admin::AdminService>, settings: h1::Settings) {
+/// Serves the admin listener until the process ends or a reload moves it, each
+/// connection with the settings of the configuration in force when it comes.
+async fn serve_admin(listener: TcpListener, service: Arc<crate::admin::AdminService>, running: Arc<Running>) {
     // Admin connections are not counted against `max_connections`, and shutdown does not
     // wait for them: their shutdown signal never comes.
     let (_never, stopping) = watch::channel(());
@@ -343,7 +392,8 @@ async fn serve_admin(listener: TcpListener, service: Arc<crate::admin::AdminServ
                 continue;
             }
         };
-        let (service, settings, stopping) = (Arc::clone(&service), settings.clone(), stopping.clone());
+        let settings = settings(running.proxy().config());
+        let (service, stopping) = (Arc::clone(&service), stopping.clone());
         tokio::spawn(async move {
             let conn = ClientConn::unheld(peer);
             h1::serve(stream, conn, service, settings, stopping).await;

@@ -23,6 +23,7 @@ use crate::config::{Config, Scope};
 use crate::front::{self, FrontError};
 use crate::gate::{Decision, Gate, Pending, Permits};
 use crate::limit::Outcome;
+use crate::limit::key_text::KeyText;
 use crate::metrics::RequestOutcome;
 use crate::policy::allow::Allow;
 use crate::policy::key::{KeyPart, KeySource};
@@ -51,6 +52,9 @@ pub struct Replay {
     gate: Gate,
     /// The virtual clock the gate reads: each request's instant in the log.
     clock: ManualClock,
+    /// How the report writes keys: as the instance's log lines did (with the same
+    /// `keys_secret`), a recorded digest as itself.
+    text: KeyText,
     /// Per limit, why this log cannot drive it (`None`: it can).
     pub skipped: Vec<Option<String>>,
     /// Per limit, the key parts that only a line's recorded keys carry (its own key's
@@ -145,11 +149,13 @@ impl Replay {
         let clock = ManualClock::default();
         let gate = Gate::new(&config, clock.clone().into());
         let tally = Tally::new(&config);
+        let text = KeyText::new(&config, None).recorded();
         Replay {
             config,
             name,
             gate,
             clock,
+            text,
             skipped,
             per_line,
             notes,
@@ -210,10 +216,17 @@ impl Replay {
                 self.tally.limits[l].no_key += 1;
             }
         }
+        let refused = matches!(decision, Decision::Reject { .. });
         for r in results {
             let limit = r.limit.index();
+            if refused && !r.outcome.is_rejected() {
+                // As the proxy counts decisions: what another limit refused is none of
+                // this one's.
+                self.tally.limits[limit].refused_elsewhere();
+                continue;
+            }
             let wait = if let Outcome::Delayed(d) = r.outcome { d } else { Duration::ZERO };
-            let label = || self.gate.limiters().key_label(limit, &src, self.config.log_keys);
+            let label = || self.text.write(&self.config.limits[limit].key, &src);
             let key = r.outcome.is_rejected().then_some((r.key.0, label));
             self.tally.limits[limit].decided(at, r.outcome.is_rejected(), wait, key);
         }

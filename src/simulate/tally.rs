@@ -118,6 +118,12 @@ impl LimitTally {
         }
     }
 
+    /// Counts a request another limit refused: one this limit reached but did not decide
+    /// (it spent nothing on it), as the proxy's decision counters have it.
+    pub fn refused_elsewhere(&mut self) {
+        self.counts.requests += 1;
+    }
+
     /// Counts a request it would have decided had its line recorded key part `part`.
     pub fn unrecorded(&mut self, part: &KeyPart) {
         self.not_simulated += 1;

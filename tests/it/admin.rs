@@ -227,13 +227,16 @@ async fn the_admin_token_comes_from_the_environment_or_a_file() {
 }
 
 /// `GET /config` speaks the configuration's own words (routes with their match and
-/// action, limits' windows as written, upstreams), never a secret; a key lookup without
-/// the limit's key parts says which it needs.
+/// action, limits' windows as written, `nodelay: true` and `10r/s` included, the server's
+/// settings, upstreams with `http2`), never a secret; the dashboard describes routes and
+/// limits in the same words; a key lookup without the limit's key parts says which it
+/// needs.
 #[tokio::test]
 async fn the_config_is_shown_in_its_own_words_and_a_key_lookup_says_what_it_needs() {
     let backend = Backend::start().await;
     let sg = Conf::new()
         .set("admin: { listen: 127.0.0.1:0, token: s3cret-token }")
+        .set("server: { idle_timeout: 90s }")
         .upstream(&backend)
         .limit("per_user", "key: \"header:x-user\", rate: 10r/s, burst: 2, nodelay: true")
         .limit("window", "key: ip, algorithm: fixed_window, limit: 5, window: 1m")
@@ -252,10 +255,29 @@ async fn the_config_is_shown_in_its_own_words_and_a_key_lookup_says_what_it_need
         (Some("b"), serde_json::json!(["per_user", "window"]))
     );
     let limit = json["limits"].as_array().unwrap().iter().find(|l| l["name"] == "per_user").unwrap();
-    assert_eq!(limit["windows"], serde_json::json!([{ "rate": "10r/1s", "burst": 2, "delay": 2 }]), "{limit}");
+    assert_eq!(limit["windows"], serde_json::json!([{ "rate": "10r/s", "burst": 2, "nodelay": true }]), "{limit}");
     let window = json["limits"].as_array().unwrap().iter().find(|l| l["name"] == "window").unwrap();
     assert_eq!(window["windows"][0]["window"], "1m", "{window}");
-    assert_eq!(json["upstreams"][0]["name"], "b");
+    assert_eq!(
+        (json["upstreams"][0]["name"].as_str(), json["upstreams"][0]["http2"].as_bool()),
+        (Some("b"), Some(false))
+    );
+    assert_eq!(
+        (json["server"]["idle_timeout"].as_str(), json["server"]["header_read_timeout"].as_str()),
+        (Some("1m 30s"), Some("10s")),
+        "{}",
+        json["server"]
+    );
+    // The dashboard says the same of the same route and limit.
+    let shown = get(sg.admin_addr(), "/dashboard.json", &auth).await;
+    let shown: serde_json::Value = serde_json::from_slice(&shown.body).unwrap();
+    let dashboard_limit = shown["limits"].as_array().unwrap().iter().find(|l| l["name"] == "per_user").unwrap();
+    for field in ["key", "scope", "windows", "dry_run", "ban", "max_keys"] {
+        assert_eq!(dashboard_limit[field], limit[field], "{field}");
+    }
+    for field in ["name", "match", "upstream", "limits"] {
+        assert_eq!(shown["routes"][0][field], *route.get(field).unwrap(), "{field}");
+    }
     // A lookup whose parameters give no key for the limit.
     let lookup = get(sg.admin_addr(), "/limits/per_user?ip=10.0.0.1", &auth).await;
     assert_eq!(lookup.status, 400);

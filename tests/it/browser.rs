@@ -30,6 +30,7 @@ async fn the_page_shows_a_floods_refusals_and_the_refused_key_without_a_reload()
     let sg = Conf::new()
         .admin()
         .limit("per_user", "key: \"header:x-user\", rate: 1r/m")
+        .route("name: quiet, match: { path: /quiet }, respond: { status: 200 }")
         .route("name: api, respond: { status: 200 }, limits: [per_user]")
         .start();
     open(&browser, &sg).await;
@@ -54,6 +55,15 @@ async fn the_page_shows_a_floods_refusals_and_the_refused_key_without_a_reload()
                return line.getAttribute('points').split(' ').some((p) => Number(p.split(',')[1]) < 100)"#,
         )
         .await;
+    // A route that refused nothing draws no refusal line at 0, only the line of what
+    // passed, which says where 0 is.
+    let quiet = browser
+        .run(
+            r#"const points = (kind) => document.querySelector(`[data-route="quiet"] polyline.${kind}`).getAttribute('points');
+               return [points('passed') !== '', points('delayed'), points('refused')]"#,
+        )
+        .await;
+    assert_eq!(quiet, serde_json::json!([true, "", ""]));
     let same_page = browser
         .run("return window.openedOnce === true && performance.getEntriesByType('navigation').length === 1")
         .await;
@@ -199,6 +209,11 @@ async fn the_page_logs_no_error_and_fetches_nothing_from_another_origin() {
     for shown in ["per_ip", "dry run", "in Redis", "unreachable", "health check", "failed", "ip=127.0.0.1"] {
         assert!(text.contains(shown), "{shown:?} not in:\n{text}");
     }
+    // Times as the logs write them: UTC, 24 hours, whatever the browser's zone.
+    let failed = text.lines().find(|l| l.contains("by SIGHUP: failed")).unwrap_or_else(|| panic!("{text}"));
+    let utc = failed.split(" by SIGHUP").next().unwrap().rsplit('\t').next().unwrap().trim();
+    let (day, time) = utc.strip_suffix(" UTC").and_then(|t| t.split_once(' ')).unwrap_or_else(|| panic!("{failed:?}"));
+    assert!(day.len() == 10 && time.len() == 8 && !failed.contains(" PM") && !failed.contains(" AM"), "{failed:?}");
     assert_eq!(complaints(&browser).await, []);
     browser.close().await;
 }

@@ -119,7 +119,7 @@ async fn log_lines_name_route_limit_key_and_excess_at_the_configured_levels() {
     pass_delay_reject(&redacted).await;
     let log = redacted.wait_for_log(|log| log.contains("request rejected"));
     let line = log.lines().find(|l| l.contains("request rejected")).unwrap_or_else(|| panic!("{log}"));
-    assert!(!line.contains("alice") && line.contains("\"key\":\"#"), "{line}");
+    assert!(!line.contains("alice") && line.contains("\"key\":\"header:x-user=#"), "{line}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

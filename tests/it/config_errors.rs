@@ -213,7 +213,7 @@ fn an_alias_bomb_under_an_unknown_field_is_still_refused() {
     }
     let (code, stderr) = check_bounded(&yaml);
     assert_eq!(code, Some(1), "{stderr}");
-    assert!(stderr.starts_with("FILE:2:1: x0: unknown field `x0`; the 15 top-level fields"), "{stderr}");
+    assert!(stderr.starts_with("FILE:2:1: x0: unknown field `x0`; the 17 top-level fields"), "{stderr}");
     assert!(stderr.contains("YAML document too large or too complex: limits breached"), "{stderr}");
 }
 
@@ -972,7 +972,7 @@ fn access_log_keys_are_json_lines_with_credentials_digested_by_a_secret_of_the_o
     assert_eq!(
         stderr,
         "FILE:2:21: access_log.keys: limit per_token is keyed on bearer, which the access log writes as a keyed \
-         digest: give access_log.keys_secret (at least 16 characters, the same on every instance and across \
+         digest: give keys_secret (at least 16 characters, the same on every instance and across \
          restarts), or log_keys: clear to write it as sent\nFILE: configuration is invalid\n"
     );
     let (ok, stderr) = check(&yaml("", "{ keys: true, keys_secret: short }"));
@@ -985,10 +985,14 @@ fn access_log_keys_are_json_lines_with_credentials_digested_by_a_secret_of_the_o
         ("log_keys: clear\n", "{ keys: true }"),
         // Off: a secret is not needed, and one given is harmless.
         ("", "{ format: combined, keys_secret: 0123456789abcdef }"),
+        // Its place now: the top level (every surface's digests are keyed with it).
+        ("keys_secret: 0123456789abcdef\n", "{ keys: true }"),
     ] {
         let (ok, stderr) = check(&yaml(log_keys, access_log));
         assert!(ok, "{log_keys}{access_log}: {stderr}");
     }
+    let (ok, stderr) = check(&yaml("keys_secret: 0123456789abcdef\n", "{ keys: true, keys_secret: 0123456789abcdef }"));
+    assert!(!ok && stderr.contains("access_log.keys_secret: give keys_secret at the top level only"), "{stderr}");
     // A header that is no credential is written as sent, without a secret...
     let tenant_only =
         |log_keys| yaml(log_keys, "{ keys: true }").replace("limits: [per_tenant, per_token]", "limits: [per_tenant]");
@@ -1019,4 +1023,44 @@ fn the_access_log_keys_secret_comes_from_the_environment_or_a_file() {
     std::fs::write(&file, "short\n").unwrap();
     let (ok, stderr) = check(&yaml(&format!("keys_secret_file: \"{}\"", file.display())));
     assert!(!ok && stderr.contains("access_log.keys_secret: must be at least 16 characters"), "{stderr}");
+}
+
+/// A port alone where an address is expected, and sizes in other spellings than nginx's,
+/// are refused with what to write instead.
+#[test]
+fn a_bare_port_and_sizes_nginx_would_refuse_are_explained() {
+    let (ok, stderr) = check("listen: 19200\nroutes:\n  - respond: { status: 200 }\n");
+    assert!(!ok);
+    assert!(
+        stderr.starts_with(
+            "FILE:1:9: listen: 19200 is a port alone: write the address with it, e.g. 0.0.0.0:19200 (every interface) or 127.0.0.1:19200\n"
+        ),
+        "{stderr}"
+    );
+    let (ok, stderr) = check("listen: [127.0.0.1:0, 19201]\nroutes:\n  - respond: { status: 200 }\n");
+    assert!(!ok && stderr.contains("listen[1]: 19201 is a port alone"), "{stderr}");
+    for (size, why) in [
+        ("10MB", "unknown unit `MB`"),
+        ("10Mb", "unknown unit `Mb`"),
+        ("\"1 kb\"", "no space between the number and its unit"),
+        ("10G0", "unknown unit `G0`"),
+    ] {
+        let (ok, stderr) = check(&format!(
+            "listen: 127.0.0.1:0\nserver: {{ max_body_bytes: {size} }}\nroutes:\n  - respond: {{ status: 200 }}\n"
+        ));
+        assert!(!ok, "{size}");
+        assert!(
+            stderr.contains("server.max_body_bytes: invalid size")
+                && stderr.contains(why)
+                && stderr
+                    .contains("the units are k, m, g (×1024, upper or lower case); write e.g. 1048576, 512k, 10m, 1g"),
+            "{size}: {stderr}"
+        );
+    }
+    for size in ["10m", "10M", "512k", "1g", "1048576"] {
+        let (ok, stderr) = check(&format!(
+            "listen: 127.0.0.1:0\nserver: {{ max_body_bytes: {size} }}\nroutes:\n  - respond: {{ status: 200 }}\n"
+        ));
+        assert!(ok, "{size}: {stderr}");
+    }
 }

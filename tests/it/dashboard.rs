@@ -26,7 +26,7 @@ fn sum(series: &serde_json::Value) -> u64 {
 /// A flood of one client shows, within a few seconds and without any request reading
 /// it: the route's refusals per second, the limit's rejections, the refused keys as
 /// `log_keys` says (a bearer token hashed, a plain header as sent), and the ban, by the
-/// hash it is kept by and with the label of the key it bans.
+/// key it bans as log lines write it.
 #[tokio::test]
 async fn a_flood_shows_its_refusals_its_keys_and_its_ban() {
     let sg = Conf::new()
@@ -50,23 +50,53 @@ async fn a_flood_shows_its_refusals_its_keys_and_its_ban() {
     .await;
     let api = named(&shown["routes"], "api");
     assert_eq!(sum(&api["passed"]), 3);
-    assert_eq!(api["to"], "answers 200");
+    assert_eq!(api["respond"]["status"], 200);
     let per_token = named(&shown["limits"], "per_token");
     assert_eq!((sum(&per_token["passed"]), sum(&per_token["rejected"])), (3, 5));
     assert_eq!((per_token["keys"].as_u64(), per_token["max_keys"].as_u64()), (Some(1), Some(100_000)));
     let refused = &per_token["refused_most"][0];
-    let label = refused["label"].as_str().unwrap();
+    let label = refused["key"].as_str().unwrap();
     assert!(label.starts_with("bearer=#") && !shown.to_string().contains("s3cret-token"), "{label}");
     assert_eq!(refused["count"], 5);
     let per_user = named(&shown["limits"], "per_user");
-    assert_eq!(per_user["refused_most"][0]["label"], "header:x-user=mallory");
+    assert_eq!(per_user["refused_most"][0]["key"], "header:x-user=mallory");
     assert_eq!(per_user["banned"], 1);
     let ban = &per_user["bans"][0];
-    assert_eq!(ban["label"], "header:x-user=mallory", "{ban}");
-    assert_eq!(ban["key"], per_user["refused_most"][0]["key"]);
+    assert_eq!(ban["key"], "header:x-user=mallory", "{ban}");
     assert!(ban["left_ms"].as_u64().unwrap() > 590_000, "{ban}");
     assert_eq!(shown["redis"], serde_json::Value::Null, "no global limits");
     assert_eq!(shown["instance"]["file"], sg.config.display().to_string());
+}
+
+/// A limit's card counts its own decisions: a request another limit of the route refused
+/// is no pass of this one (it spent nothing here), so a generous limit beside a strict one
+/// shows as many passes as the route let through, not one per request.
+#[tokio::test]
+async fn a_limit_counts_no_pass_for_a_request_another_limit_refused() {
+    let sg = Conf::new()
+        .admin()
+        .limit("generous", "key: ip, rate: 100r/s, burst: 100, nodelay: true")
+        .limit("strict", "key: ip, rate: 1r/m, burst: 1, nodelay: true")
+        .route("name: api, respond: { status: 200 }, limits: [generous, strict]")
+        .start();
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        statuses.push(get(sg.addr, "/", &[]).await.status);
+    }
+    assert_eq!(statuses, [200, 200, 429, 429, 429, 429]);
+    let mut shown = serde_json::Value::Null;
+    wait_until("the refusals in the dashboard's history", Duration::from_secs(10), async || {
+        shown = state(&sg, None).await;
+        sum(&named(&shown["routes"], "api")["refused"]) == 4
+    })
+    .await;
+    assert_eq!(sum(&named(&shown["routes"], "api")["passed"]), 2);
+    let generous = named(&shown["limits"], "generous");
+    assert_eq!((sum(&generous["passed"]), sum(&generous["rejected"])), (2, 0), "{generous}");
+    let strict = named(&shown["limits"], "strict");
+    assert_eq!((sum(&strict["passed"]), sum(&strict["rejected"])), (2, 4), "{strict}");
+    let metrics = Metrics::of(&sg).await;
+    assert_eq!(metrics.value("sluicegate_limit_decisions_total{limit=\"generous\",outcome=\"passed\"}"), 2.0);
 }
 
 /// The page's first call gets the whole history the server keeps; each next call, the

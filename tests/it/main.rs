@@ -26,6 +26,7 @@ mod global;
 mod grafana;
 mod grpc;
 mod import;
+mod key_names;
 mod keys;
 mod limits;
 mod logs;

@@ -270,7 +270,7 @@ async fn post_reload_reloads_the_file() {
         admin_call(admin, http::Method::POST, "/reload").await
     };
     let done = reload(&yaml("after")).await;
-    assert_eq!((done.status, done.text().as_str()), (200, "reloaded\n"));
+    assert_eq!((done.status, done.text()), (200, format!("reloaded {}\n", sg.config.display())));
     assert_eq!(get(sg.addr, "/", &[]).await.text(), "after", "the next request sees the new configuration");
 
     let failed = reload("listen: 127.0.0.1:0\nroutes: nonsense\n").await;

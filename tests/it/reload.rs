@@ -214,6 +214,86 @@ async fn sluicegate_reload_checks_the_file_then_asks_the_running_instance() {
     assert_eq!(get(sg.addr, "/", &[]).await.text(), "two");
 }
 
+/// `sluicegate reload -c FILE` reloads the instance's own file only: given another file
+/// (which names the same admin listener), it says which file the instance reads and
+/// which was given, exits 1, and the instance reloads nothing; given its file, it names
+/// the file reloaded.
+#[tokio::test]
+async fn sluicegate_reload_of_a_file_the_instance_does_not_read_is_refused_with_both_names() {
+    let yaml = |body: &str, port: u16| {
+        format!(
+            "listen: 127.0.0.1:0\nadmin: {{ listen: \"127.0.0.1:{port}\" }}\nroutes:\n  - respond: {{ status: 200, body: {body} }}\n"
+        )
+    };
+    let port = closed_port();
+    let sg = Sluicegate::start(&yaml("one", port));
+    sg.admin_addr();
+    let dir = tempfile::tempdir().unwrap();
+    let other = dir.path().join("other.yaml");
+    std::fs::write(&other, yaml("other", port)).unwrap();
+    let refused = binary().arg("reload").arg("-c").arg(&other).output().unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    let own = sg.config.canonicalize().unwrap();
+    let given = other.canonicalize().unwrap();
+    assert!(stderr.contains(&own.display().to_string()) && stderr.contains(&given.display().to_string()), "{stderr}");
+    assert!(stderr.contains("nothing reloaded"), "{stderr}");
+    assert!(refused.stdout.is_empty(), "{}", String::from_utf8_lossy(&refused.stdout));
+    assert_eq!(get(sg.addr, "/", &[]).await.text(), "one");
+    let log = sg.log();
+    assert!(!log.contains("configuration reloaded"), "the instance reloaded:\n{log}");
+    // Its own file, by another path to it: reloaded, and named as the instance reads it.
+    std::fs::write(&sg.config, yaml("two", port)).unwrap();
+    let dotted = sg.config.parent().unwrap().join(".").join(sg.config.file_name().unwrap());
+    let asked = binary().arg("reload").arg("-c").arg(&dotted).output().unwrap();
+    assert!(asked.status.success(), "{}", String::from_utf8_lossy(&asked.stderr));
+    assert_eq!(String::from_utf8_lossy(&asked.stdout), format!("{}: reloaded\n", sg.config.display()));
+    assert_eq!(get(sg.addr, "/", &[]).await.text(), "two");
+}
+
+/// The admin listener takes its token from the configuration in force: a reload that
+/// adds a token closes the API to calls without it, one that changes it opens it to the
+/// new token only (and `sluicegate reload` with the new file uses it), one that removes
+/// it opens it again; a reload that moves `admin.listen` moves the listener.
+#[tokio::test]
+async fn a_reload_adds_changes_and_removes_the_admin_token_and_moves_the_admin_listener() {
+    let yaml =
+        |admin: &str| format!("listen: 127.0.0.1:0\nadmin: {{ {admin} }}\nroutes:\n  - respond: {{ status: 200 }}\n");
+    let port = closed_port();
+    let listen = format!("listen: \"127.0.0.1:{port}\"");
+    let sg = Sluicegate::start(&yaml(&listen));
+    let admin = sg.admin_addr();
+    let status = async |token: Option<&str>| {
+        let bearer = token.map(|t| format!("Bearer {t}"));
+        let headers: Vec<(&str, &str)> = bearer.as_deref().map(|b| ("authorization", b)).into_iter().collect();
+        get(admin, "/config", &headers).await.status
+    };
+    assert_eq!(status(None).await, 200);
+    assert!(sg.reload(&yaml(&format!("{listen}, token: first-token"))).contains("configuration reloaded"));
+    assert_eq!((status(None).await, status(Some("first-token")).await), (401, 200), "a token added");
+    let page = get(admin, "/", &[]).await.text();
+    assert!(page.contains("data-token=\"required\""), "the page asks for the token");
+    assert!(sg.reload(&yaml(&format!("{listen}, token: second-token"))).contains("configuration reloaded"));
+    let changed = (status(Some("first-token")).await, status(Some("second-token")).await);
+    assert_eq!(changed, (401, 200), "the token changed");
+    std::fs::write(&sg.config, yaml(&format!("{listen}, token: second-token"))).unwrap();
+    let asked = binary().arg("reload").arg("-c").arg(&sg.config).output().unwrap();
+    assert!(asked.status.success(), "{}", String::from_utf8_lossy(&asked.stderr));
+    assert!(sg.reload(&yaml(&listen)).contains("configuration reloaded"));
+    assert_eq!(status(None).await, 200, "the token removed");
+    assert!(get(admin, "/", &[]).await.text().contains("data-token=\"none\""));
+    // Moved: served at the new address, no longer at the old one.
+    let moved_port = closed_port();
+    let log = sg.reload(&yaml(&format!("listen: \"127.0.0.1:{moved_port}\"")));
+    assert!(log.contains("configuration reloaded"), "{log}");
+    let moved: std::net::SocketAddr = format!("127.0.0.1:{moved_port}").parse().unwrap();
+    assert_eq!(get(moved, "/healthz", &[]).await.status, 200);
+    wait_until("the old admin address to close", Duration::from_secs(5), async || {
+        tokio::net::TcpStream::connect(admin).await.is_err()
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_changed_listen_address_rebinds_or_the_whole_reload_fails() {
     let yaml = |listen: &str, body: &str| {

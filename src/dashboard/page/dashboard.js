@@ -126,7 +126,8 @@
         const s = follow(history.routes, r.name, r, ['passed', 'delayed', 'refused', 'server_errors'], state.full);
         const cells = row.children;
         cells[0].firstChild.textContent = r.name;
-        cells[0].lastChild.textContent = r.to + (r.limits.length ? ' · limits: ' + r.limits.join(', ') : '');
+        const to = r.upstream ? `upstream ${r.upstream}` : `answers ${r.respond.status}`;
+        cells[0].lastChild.textContent = to + (r.limits.length ? ' · limits: ' + r.limits.join(', ') : '');
         cells[1].lastChild.textContent = draw(cells[1].firstChild, [s.passed, s.delayed, s.refused], 'requests per second');
         cells[2].textContent = rate(s.passed);
         cells[3].textContent = rate(s.delayed);
@@ -158,7 +159,7 @@
         card.querySelector('.dry').hidden = !l.dry_run;
         card.querySelector('.refused-title').textContent =
           (l.dry_run ? 'Would have refused most' : 'Refused most') + ' in the last minute';
-        card.querySelector('.words').textContent = `key ${l.key} · ${l.windows.map(words).join(' and ')}` +
+        card.querySelector('.words').textContent = `key ${l.key.join(' + ')} · ${l.windows.map(words).join(' and ')}` +
           (l.ban ? ` · ban ${l.ban}` : '');
         card.querySelector('.peak').textContent =
           draw(card.querySelector('svg'), [s.passed, s.delayed, s.rejected], 'decisions per second');
@@ -175,19 +176,19 @@
         keyed(card.querySelector('ul.bans'), l.bans, (b) => b.key,
           (b) => el('li', { 'data-ban': b.key }, el('span'), el('button', { type: 'button', text: 'lift', class: 'lift' })),
           (li, b) => {
-            li.firstChild.textContent = `${b.label || b.key} · ${duration(b.left_ms)} left`;
+            li.firstChild.textContent = `${b.key ?? 'a key being banned'} · ${duration(b.left_ms)} left`;
             li.lastChild.onclick = () => lift(l.name, b.key, li.lastChild);
           });
         keyed(card.querySelector('ol.refused'), l.refused_most, (k) => k.key,
           () => el('li', { class: 'refused-key' }),
-          (li, k) => { li.textContent = `${k.label} (${k.count})`; });
+          (li, k) => { li.textContent = `${k.key} (${k.count})`; });
       });
     leftOut('#limits-left-out', state.limits_left_out, 'limits');
   }
 
   async function lift(limit, key, button) {
     button.disabled = true;
-    const path = `/bans/${encodeURIComponent(limit)}/${encodeURIComponent(key.replace(/^#/, ''))}`;
+    const path = `/bans/${encodeURIComponent(limit)}/${encodeURIComponent(key || '')}`;
     try {
       const answer = await fetch(path, { method: 'DELETE', headers: authorization(), credentials: 'omit' });
       if (answer.status !== 204 && answer.status !== 404) throw new Error('answered ' + answer.status);
@@ -281,12 +282,16 @@
 
   // The series as lines over the last 15 minutes, the newest second at the right edge,
   // on one scale from 0 to their highest value; returns what the scale's top stands for.
+  // A series that stayed at 0 is not drawn (its line would lie over the others' at 0,
+  // in its own colour: a refusal-coloured line on a route that refused nothing), but for
+  // the first, which shows where 0 is.
   function draw(svg, series, what) {
     const top = Math.max(1, ...series.map((values) => Math.max(0, ...values)));
     const lines = svg.querySelectorAll('polyline');
     series.forEach((values, i) => {
       const start = SECONDS - values.length;
-      const points = values.map((v, x) => `${start + x},${(100 - (v / top) * 96).toFixed(1)}`);
+      const drawn = i === 0 || values.some((v) => v > 0);
+      const points = drawn ? values.map((v, x) => `${start + x},${(100 - (v / top) * 96).toFixed(1)}`) : [];
       lines[i].setAttribute('points', points.join(' '));
     });
     svg.firstChild.textContent = `${what}, last 15 minutes; top of the scale ${top}/s`;
@@ -302,7 +307,7 @@
   }
 
   function words(w) {
-    if (w.rate) return `${w.rate} burst ${w.burst}` + (w.delay === w.burst ? ' nodelay' : w.delay ? ` delay ${w.delay}` : '');
+    if (w.rate) return `${w.rate} burst ${w.burst}` + (w.nodelay ? ' nodelay' : w.delay ? ` delay ${w.delay}` : '');
     if (w.concurrency !== undefined) return `concurrency ${w.concurrency}`;
     return `${w.algorithm} ${w.limit} per ${w.window}`;
   }
@@ -324,8 +329,9 @@
     return parts.slice(0, 2).join(' ');
   }
 
+  // In UTC and 24 hours, as the instance's logs write time: not the browser's zone.
   function clock(unixMs) {
-    return new Date(unixMs).toLocaleString();
+    return new Date(unixMs).toISOString().slice(0, 19).replace('T', ' ') + ' UTC';
   }
 
   document.addEventListener('DOMContentLoaded', () => {

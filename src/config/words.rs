@@ -1,0 +1,324 @@
+//! The configuration in force, in the file's own words: what `GET /config` answers and
+//! what the dashboard describes routes and limits with, from one typed view each
+//! (`RouteWords`, `LimitWords`), so that the two never tell a route or a limit apart.
+//! Values are written as the file writes them (`rate: 20r/s`, `nodelay: true`, `30s`,
+//! `10m` bytes); settings left at their default are written too, so that the answer says
+//! what is in force. Secrets (the admin token, Redis's credentials, `keys_secret`) are
+//! never written.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::{Action, Balance, Config, Limit, LogKeys, Route, Scope, Upstream};
+use crate::policy::{Policy, Rate};
+use crate::router::PathMatch;
+
+/// `GET /config`.
+#[derive(Serialize)]
+pub struct ConfigWords<'a> {
+    pub listen: Vec<ListenerWords>,
+    pub server: ServerWords,
+    pub log_keys: LogKeys,
+    pub upstreams: Vec<UpstreamWords<'a>>,
+    pub routes: Vec<RouteWords<'a>>,
+    pub limits: Vec<LimitWords<'a>>,
+}
+
+#[derive(Serialize)]
+pub struct ListenerWords {
+    pub address: String,
+    pub tls: bool,
+}
+
+/// `server:`, every setting as in force (defaults included).
+#[derive(Serialize)]
+pub struct ServerWords {
+    pub header_read_timeout: String,
+    pub idle_timeout: String,
+    pub send_timeout: String,
+    pub body_read_timeout: String,
+    pub shutdown_grace: String,
+    pub max_connections: Option<usize>,
+    pub max_connections_per_ip: Option<usize>,
+    pub max_header_bytes: usize,
+    pub max_uri_bytes: usize,
+    pub workers: Option<usize>,
+}
+
+#[derive(Serialize)]
+pub struct UpstreamWords<'a> {
+    pub name: &'a str,
+    pub servers: Vec<ServerAddressWords>,
+    pub balance: String,
+    pub connect_timeout: String,
+    pub timeout: String,
+    pub max_fails: u32,
+    pub fail_timeout: String,
+    pub retries: u32,
+    pub http2: bool,
+}
+
+#[derive(Serialize)]
+pub struct ServerAddressWords {
+    pub address: String,
+    pub weight: u32,
+}
+
+/// A route: its name, its `match`, where it goes and the limits it lists.
+#[derive(Serialize)]
+pub struct RouteWords<'a> {
+    pub name: &'a str,
+    #[serde(rename = "match")]
+    pub matcher: MatchWords<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub respond: Option<RespondWords>,
+    pub limits: Vec<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_body_bytes: Option<String>,
+}
+
+#[derive(Serialize)]
+pub struct MatchWords<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path_prefix: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path_regex: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub methods: Vec<&'a str>,
+}
+
+#[derive(Serialize)]
+pub struct RespondWords {
+    pub status: u16,
+}
+
+/// A limit: its name, key, scope and windows.
+#[derive(Serialize)]
+pub struct LimitWords<'a> {
+    pub name: &'a str,
+    /// Its key's parts (`ip`, `header:x-api-key`).
+    pub key: Vec<String>,
+    pub scope: &'static str,
+    pub windows: Vec<PolicyWords>,
+    pub dry_run: bool,
+    pub ban: Option<String>,
+    pub max_keys: usize,
+}
+
+/// One window of a limit, in the words of its algorithm.
+#[derive(Serialize)]
+#[serde(untagged)]
+pub enum PolicyWords {
+    Rate {
+        rate: String,
+        burst: u64,
+        /// `nodelay: true`: every request within `burst` passes at once.
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        nodelay: bool,
+        /// `delay: N` (left out for 0, the default, and for `nodelay`).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        delay: Option<u64>,
+    },
+    Window {
+        algorithm: &'static str,
+        limit: u64,
+        window: String,
+    },
+    Concurrency {
+        concurrency: u64,
+        retry_after: String,
+    },
+}
+
+impl<'a> ConfigWords<'a> {
+    pub fn of(config: &'a Config) -> Self {
+        ConfigWords {
+            listen: config
+                .listeners
+                .iter()
+                .map(|l| ListenerWords { address: l.address.to_string(), tls: l.tls.is_some() })
+                .collect(),
+            server: ServerWords {
+                header_read_timeout: span(config.header_read_timeout),
+                idle_timeout: span(config.idle_timeout),
+                send_timeout: span(config.send_timeout),
+                body_read_timeout: span(config.body_read_timeout),
+                shutdown_grace: span(config.shutdown_grace),
+                max_connections: config.max_connections,
+                max_connections_per_ip: config.max_connections_per_ip,
+                max_header_bytes: config.max_header_bytes,
+                max_uri_bytes: config.max_uri_bytes,
+                workers: config.workers,
+            },
+            log_keys: config.log_keys,
+            upstreams: config.upstreams.iter().map(UpstreamWords::of).collect(),
+            routes: config.routes.iter().map(|r| RouteWords::of(r, config)).collect(),
+            limits: config.limits.iter().map(LimitWords::of).collect(),
+        }
+    }
+}
+
+impl<'a> UpstreamWords<'a> {
+    fn of(u: &'a Upstream) -> Self {
+        UpstreamWords {
+            name: &u.name,
+            servers: u
+                .servers
+                .iter()
+                .map(|s| ServerAddressWords {
+                    address: format!("{}{}", if s.tls { "https://" } else { "" }, s.address),
+                    weight: s.weight,
+                })
+                .collect(),
+            balance: match &u.balance {
+                Balance::RoundRobin => "round_robin".to_owned(),
+                Balance::LeastConn => "least_conn".to_owned(),
+                Balance::RandomTwo => "random_two".to_owned(),
+                Balance::Hash(key) => {
+                    format!("hash ({})", key.0.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))
+                }
+            },
+            connect_timeout: span(u.connect_timeout),
+            timeout: span(u.timeout),
+            max_fails: u.max_fails,
+            fail_timeout: span(u.fail_timeout),
+            retries: u.retries,
+            http2: u.http2,
+        }
+    }
+}
+
+impl<'a> RouteWords<'a> {
+    pub fn of(route: &'a Route, config: &'a Config) -> Self {
+        let m = &route.matcher;
+        let (mut path_prefix, mut path, mut path_regex) = (None, None, None);
+        match &m.path {
+            PathMatch::Any => {}
+            PathMatch::Prefix(p) => path_prefix = Some(p.as_str()),
+            PathMatch::Exact(p) => path = Some(p.as_str()),
+            PathMatch::Regex(r) => path_regex = Some(r.pattern()),
+        }
+        let (upstream, respond) = match &route.action {
+            Action::Forward(u) => (Some(config.upstreams[*u].name.as_str()), None),
+            Action::Respond(answer) => (None, Some(RespondWords { status: answer.status.as_u16() })),
+        };
+        RouteWords {
+            name: &route.name,
+            matcher: MatchWords {
+                host: m.host.as_deref(),
+                path_prefix,
+                path,
+                path_regex,
+                methods: m.methods.iter().map(http::Method::as_str).collect(),
+            },
+            upstream,
+            respond,
+            limits: route.limits.iter().map(|&i| config.limits[i].name.as_str()).collect(),
+            max_body_bytes: route.max_body_bytes.map(size),
+        }
+    }
+}
+
+impl<'a> LimitWords<'a> {
+    pub fn of(limit: &'a Limit) -> Self {
+        LimitWords {
+            name: &limit.name,
+            key: limit.key.0.iter().map(ToString::to_string).collect(),
+            scope: if matches!(limit.scope, Scope::Global { .. }) { "global" } else { "local" },
+            windows: limit.windows.iter().map(PolicyWords::of).collect(),
+            dry_run: limit.dry_run,
+            ban: limit.ban.map(|b| span(b.base)),
+            max_keys: limit.max_keys,
+        }
+    }
+}
+
+impl PolicyWords {
+    pub fn of(policy: &Policy) -> Self {
+        let windowed =
+            |algorithm, limit, window: &Duration| PolicyWords::Window { algorithm, limit, window: span(*window) };
+        match *policy {
+            Policy::Rate { rate, burst, delay } => PolicyWords::Rate {
+                rate: rate_words(rate),
+                burst,
+                nodelay: burst > 0 && delay >= burst,
+                delay: (delay > 0 && delay < burst).then_some(delay),
+            },
+            Policy::FixedWindow { limit, ref window } => windowed("fixed_window", limit, window),
+            Policy::SlidingWindow { limit, ref window } => windowed("sliding_window", limit, window),
+            Policy::SlidingLog { limit, ref window } => windowed("sliding_log", limit, window),
+            Policy::Concurrency { max, retry_after } => {
+                PolicyWords::Concurrency { concurrency: max, retry_after: span(retry_after) }
+            }
+        }
+    }
+}
+
+/// A rate as the file writes it: `20r/s`, `600r/m`, `100r/15m`.
+fn rate_words(rate: Rate) -> String {
+    let per = span(rate.per);
+    // One of a unit is written as the bare unit: `r/s`, not `r/1s`.
+    let per = match per.strip_prefix('1') {
+        Some(unit) if unit.chars().all(|c| c.is_ascii_alphabetic()) => unit.to_owned(),
+        _ => per,
+    };
+    format!("{}r/{per}", rate.count)
+}
+
+/// A duration as the file writes it: `30s`, `1m 30s`, `250ms`.
+fn span(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
+}
+
+/// A size as the file writes it: `10m`, `512k`, or bytes.
+fn size(bytes: u64) -> String {
+    match bytes {
+        0 => "0".to_owned(),
+        n if n % (1 << 30) == 0 => format!("{}g", n >> 30),
+        n if n % (1 << 20) == 0 => format!("{}m", n >> 20),
+        n if n % (1 << 10) == 0 => format!("{}k", n >> 10),
+        n => n.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_configuration_is_written_in_the_files_words() {
+        let yaml = "listen: 127.0.0.1:0
+server: { idle_timeout: 90s, max_header_bytes: 16384 }
+upstreams: { api: { servers: [127.0.0.1:1], http2: true } }
+limits:
+  per_ip: { key: ip, rate: 20r/s, burst: 40, nodelay: true }
+  half: { key: [ip, \"header:x-key\"], rate: 600r/m, burst: 10, delay: 4 }
+  slow: { key: ip, rate: 100r/15m }
+routes:
+  - { match: { path_prefix: /api }, upstream: api, limits: [per_ip, half, slow], max_body_bytes: 10m }
+";
+        let config = crate::config::parse(yaml, "t").unwrap();
+        let words = serde_json::to_value(ConfigWords::of(&config)).unwrap();
+        let windows: Vec<&serde_json::Value> =
+            words["limits"].as_array().unwrap().iter().map(|l| &l["windows"][0]).collect();
+        assert_eq!(*windows[0], serde_json::json!({ "rate": "600r/m", "burst": 10, "delay": 4 }));
+        assert_eq!(*windows[1], serde_json::json!({ "rate": "20r/s", "burst": 40, "nodelay": true }));
+        assert_eq!(*windows[2], serde_json::json!({ "rate": "100r/15m", "burst": 0 }));
+        assert_eq!(words["limits"][0]["key"], serde_json::json!(["ip", "header:x-key"]));
+        assert_eq!(words["server"]["idle_timeout"], "1m 30s");
+        assert_eq!(words["server"]["max_header_bytes"], 16384);
+        assert_eq!(words["upstreams"][0]["http2"], true);
+        assert_eq!(words["routes"][0]["match"], serde_json::json!({ "path_prefix": "/api" }));
+        assert_eq!(words["routes"][0]["max_body_bytes"], "10m");
+        // What it writes, the file reads back to the same.
+        let rate = crate::config::units::parse_rate(windows[2]["rate"].as_str().unwrap()).unwrap();
+        assert_eq!(rate.per, Duration::from_secs(900));
+    }
+}
