@@ -53,8 +53,6 @@ pub struct UpstreamWords<'a> {
     pub balance: String,
     pub connect_timeout: String,
     pub timeout: String,
-    pub max_fails: u32,
-    pub fail_timeout: String,
     pub retries: u32,
     pub http2: bool,
 }
@@ -63,6 +61,9 @@ pub struct UpstreamWords<'a> {
 pub struct ServerAddressWords {
     pub address: String,
     pub weight: u32,
+    /// Its passive health: its own, or the upstream's as it inherited them.
+    pub max_fails: u32,
+    pub fail_timeout: String,
 }
 
 /// A route: its name, its `match`, where it goes and the limits it lists.
@@ -175,6 +176,8 @@ impl<'a> UpstreamWords<'a> {
                 .map(|s| ServerAddressWords {
                     address: format!("{}{}", if s.tls { "https://" } else { "" }, s.address),
                     weight: s.weight,
+                    max_fails: s.max_fails,
+                    fail_timeout: span(s.fail_timeout),
                 })
                 .collect(),
             balance: match &u.balance {
@@ -187,8 +190,6 @@ impl<'a> UpstreamWords<'a> {
             },
             connect_timeout: span(u.connect_timeout),
             timeout: span(u.timeout),
-            max_fails: u.max_fails,
-            fail_timeout: span(u.fail_timeout),
             retries: u.retries,
             http2: u.http2,
         }
