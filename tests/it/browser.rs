@@ -88,10 +88,13 @@ async fn a_ban_lifted_from_the_page_lets_the_key_in() {
     browser
         .until("the ban in the list", WITHIN, &format!("return ({ban})?.textContent.includes('header:x-user=mallory')"))
         .await;
-    // The rate itself lets the key in again (a tenth of a second later): only the ban holds it.
-    wait_until("the bucket to admit the key", WITHIN, async || {
+    // The rate itself lets the key in again (a tenth of a second later: no excess left),
+    // and the lookup says the ban still refuses it.
+    wait_until("the bucket to drain under the ban", WITHIN, async || {
         let state = get(sg.admin_addr(), "/limits/login?header:x-user=mallory", &[]).await;
-        serde_json::from_slice::<serde_json::Value>(&state.body).unwrap()["windows"][0]["admits"] == true
+        let window = &serde_json::from_slice::<serde_json::Value>(&state.body).unwrap()["windows"][0];
+        assert_eq!(window["admits"], false, "banned: {window}");
+        window["excess"].as_f64() == Some(0.0)
     })
     .await;
     assert_eq!(get(sg.addr, "/", &mallory).await.status, 429, "banned");
