@@ -172,21 +172,7 @@ fn policy(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Vec<Policy>> {
         }
         Kind::Algorithm(AlgorithmName::LeakyBucket) => {
             let (rate, burst) = (rate(e, at, "rate", raw.rate.as_deref()), raw.burst.unwrap_or(0));
-            let delay = match (raw.nodelay, raw.delay) {
-                (Some(true), Some(_)) => {
-                    e.add(format!("{at}.delay"), "give either `nodelay: true` or `delay: N`, not both");
-                    0
-                }
-                (_, Some(d)) if d > burst => {
-                    e.add(
-                        format!("{at}.delay"),
-                        format!("must not exceed burst ({burst}); use `nodelay: true` for no delay"),
-                    );
-                    0
-                }
-                (Some(true), None) => burst,
-                (_, delay) => delay.unwrap_or(0),
-            };
+            let delay = delay(e, at, burst, raw.nodelay, raw.delay);
             Some(Policy::Rate { rate: rate?, burst, delay })
         }
         // GCRA (governor's, redis-cell's): the leaky bucket with `nodelay`. Both store the
@@ -373,6 +359,24 @@ fn ban(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Ban> {
         }
     };
     Some(Ban { base, max })
+}
+
+/// The excess requests admitted without waiting, out of `burst`, from `nodelay` or
+/// `delay` (of a leaky-bucket limit at `at`, or of a route's own use of one): 0 by
+/// default (every excess request waits), `burst` for `nodelay`.
+pub(super) fn delay(e: &mut Errors<'_>, at: &str, burst: u64, nodelay: Option<bool>, delay: Option<u64>) -> u64 {
+    match (nodelay, delay) {
+        (Some(true), Some(_)) => {
+            e.add(format!("{at}.delay"), "give either `nodelay: true` or `delay: N`, not both");
+            0
+        }
+        (_, Some(d)) if d > burst => {
+            e.add(format!("{at}.delay"), format!("must not exceed burst ({burst}); use `nodelay: true` for no delay"));
+            0
+        }
+        (Some(true), None) => burst,
+        (_, delay) => delay.unwrap_or(0),
+    }
 }
 
 fn rate(e: &mut Errors<'_>, at: &str, field: &str, text: Option<&str>) -> Option<Rate> {

@@ -37,7 +37,7 @@ use ipnet::IpNet;
 pub use crate::policy::allow::Allow;
 use crate::policy::key::KeyPart;
 pub use crate::policy::key::KeySpec;
-pub use crate::policy::{OnStoreError, Policy, Rate, Scope};
+pub use crate::policy::{Burst, LimitUse, OnStoreError, Policy, Rate, Scope};
 pub use crate::router::{PathMatch, PathRegex, RouteMatch, Router};
 pub use raw::{AccessFormat, ForwardedMode, HeaderMode, HeaderStyle, LogKeys, LogLevel, RejectionBody};
 pub use validate::MAX_CONNECTIONS;
@@ -303,9 +303,10 @@ pub struct Route {
     pub name: String,
     pub matcher: RouteMatch,
     pub action: Action,
-    /// Indices into `Config::limits`, ascending: every request takes the locks of its
+    /// The limits it applies (indices into `Config::limits`, each with the route's own
+    /// burst and delay if it gives them), ascending: every request takes the locks of its
     /// limits in this one order.
-    pub limits: Vec<usize>,
+    pub limits: Vec<LimitUse>,
     /// `limits` and the limits their overrides name, ascending: every limit that may
     /// decide one of the route's requests.
     pub candidates: Box<[usize]>,

@@ -371,6 +371,34 @@ impl Default for RawKey {
     }
 }
 
+/// An entry of a route's `limits`: a limit's name, or `{ limit: NAME, burst: N, nodelay:
+/// true | delay: N }`, the limit with the route's own burst and delay on its one state.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum RawLimitUse {
+    Name(String),
+    Tuned(RawTunedUse),
+}
+
+impl RawLimitUse {
+    /// The limit's name.
+    pub fn name(&self) -> &str {
+        match self {
+            RawLimitUse::Name(name) => name,
+            RawLimitUse::Tuned(tuned) => &tuned.limit,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct RawTunedUse {
+    pub limit: String,
+    pub burst: Option<u64>,
+    pub nodelay: Option<bool>,
+    pub delay: Option<u64>,
+}
+
 #[derive(Debug, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
 pub struct RawRoute {
@@ -380,7 +408,7 @@ pub struct RawRoute {
     pub upstream: Option<String>,
     pub respond: Option<RawRespond>,
     #[serde(default)]
-    pub limits: Vec<String>,
+    pub limits: Vec<RawLimitUse>,
     pub allow: Option<RawAllow>,
     pub cost: Option<u64>,
     pub cost_header: Option<String>,

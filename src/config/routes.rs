@@ -13,10 +13,10 @@ use http::{HeaderMap, Method};
 use crate::policy::key::KeyPart;
 
 use super::checks::{Errors, allow, body_size, set_field, size, status_in, unknown_name};
-use super::raw::{RawConfig, RawMatch, RawRespond, RawRoute};
+use super::raw::{AlgorithmName, RawConfig, RawLimit, RawLimitUse, RawMatch, RawRespond, RawRoute, RawTunedUse};
 use super::units::parse_duration;
 use super::{
-    Action, BodyRate, Cost, Expires, Limit, PathMatch, PathRegex, PathRewrite, Piece, Rewrite, Route, RouteMatch,
+    Action, BodyRate, Burst, Cost, Expires, Limit, LimitUse, PathMatch, PathRegex, PathRewrite, Piece, Rewrite, Route, RouteMatch,
     StaticResponse, UpstreamHost,
 };
 
@@ -51,16 +51,25 @@ pub(super) fn route(
     };
     let mut limits = Vec::new();
     let mut seen = HashSet::new();
-    for (j, name) in raw.limits.iter().enumerate() {
+    for (j, entry) in raw.limits.iter().enumerate() {
+        let (here, name) = (format!("{at}.limits[{j}]"), entry.name());
+        let field = match entry {
+            RawLimitUse::Name(_) => here.clone(),
+            RawLimitUse::Tuned(_) => format!("{here}.limit"),
+        };
         match config.limits.keys().position(|n| n == name) {
-            Some(_) if !seen.insert(name) => {
-                e.add(format!("{at}.limits[{j}]"), format!("limit {name:?} is listed twice"))
+            Some(_) if !seen.insert(name) => e.add(field, format!("limit {name:?} is listed twice")),
+            Some(index) => {
+                let burst = match entry {
+                    RawLimitUse::Name(_) => None,
+                    RawLimitUse::Tuned(tuned) => own_burst(e, &here, tuned, &config.limits[name]),
+                };
+                limits.push(LimitUse { limit: index, burst });
             }
-            Some(index) => limits.push(index),
-            None => e.add(format!("{at}.limits[{j}]"), unknown_name("limit", name, &config.limits, "limits")),
+            None => e.add(field, unknown_name("limit", name, &config.limits, "limits")),
         }
     }
-    limits.sort_unstable();
+    limits.sort_unstable_by_key(|u| u.limit);
     let allow = allow(e, &format!("{at}.allow"), raw.allow.as_ref());
     let cost = match (raw.cost, &raw.cost_header) {
         (Some(_), Some(_)) => {
@@ -81,13 +90,21 @@ pub(super) fn route(
         (cost, None) => Cost::Fixed(cost.unwrap_or(1)),
     };
     let candidates = candidates(&limits, compiled);
-    let capacity = candidates.iter().filter_map(|&l| Some((compiled.get(l)?.capacity()?, l))).min();
+    let capacity = candidates
+        .iter()
+        .filter_map(|&l| {
+            // A route's own burst is what the limit admits at once here.
+            let own = limits.iter().find(|u| u.limit == l).and_then(|u| u.burst);
+            let capacity = own.map_or_else(|| compiled.get(l)?.capacity(), |b| Some(b.burst.saturating_add(1)));
+            Some((capacity?, l))
+        })
+        .min();
     if let (Cost::Fixed(cost), Some((capacity, limit))) = (&cost, capacity)
         && *cost > capacity
     {
         // A fixed cost above what a limit admits at once would reject every request.
         let name = &compiled[limit].name;
-        let whose = match raw.limits.iter().position(|n| n == name) {
+        let whose = match raw.limits.iter().position(|u| u.name() == name) {
             Some(j) => format!("routes[{i}].limits[{j}]"),
             None => "named by an override of the route's limits".to_owned(),
         };
@@ -150,7 +167,7 @@ fn captures_named(
                 _ => false,
             };
             if !has {
-                let whose = match raw.limits.iter().position(|n| *n == limit.name) {
+                let whose = match raw.limits.iter().position(|u| u.name() == limit.name) {
                     Some(j) => format!("{at}.limits[{j}]"),
                     None => at.to_owned(),
                 };
@@ -167,11 +184,43 @@ fn captures_named(
     }
 }
 
+/// A route's own burst and delay on limit `limit` (`{ limit, burst, nodelay | delay }` at
+/// `at`): only a leaky bucket (nginx's `limit_req`) has them, and an entry gives its own
+/// `burst`, as each `limit_req` line does; its delay, as a limit's, is 0 unless given.
+fn own_burst(e: &mut Errors<'_>, at: &str, tuned: &RawTunedUse, limit: &RawLimit) -> Option<Burst> {
+    let leaky = limit.rate.is_some()
+        && limit.rates.is_none()
+        && limit.concurrency.is_none()
+        && matches!(limit.algorithm, None | Some(AlgorithmName::LeakyBucket));
+    let given = [("burst", tuned.burst.is_some()), ("nodelay", tuned.nodelay.is_some()), ("delay", tuned.delay.is_some())];
+    if !leaky {
+        // The limit's own errors, if any, are reported at the limit.
+        if let Some((field, _)) = given.iter().find(|(_, given)| *given) {
+            e.add(
+                format!("{at}.{field}"),
+                format!(
+                    "a route gives its own burst and delay only to a leaky-bucket limit (`rate:` without `algorithm`), \
+                     and {:?} is not one: name it alone",
+                    tuned.limit
+                ),
+            );
+        }
+        return None;
+    }
+    let Some(burst) = tuned.burst else {
+        e.add(at.to_owned(), "needs `burst: N` (each use gives its own, as a `limit_req` line does); or name the limit alone");
+        return None;
+    };
+    let delay = super::limits::delay(e, at, burst, tuned.nodelay, tuned.delay);
+    Some(Burst { burst, delay })
+}
+
 /// The route's `limits` and the limits their overrides name: every limit that may decide
 /// one of its requests, ascending.
-fn candidates(limits: &[usize], compiled: &[Limit]) -> Box<[usize]> {
-    let overridden = limits.iter().filter_map(|&l| compiled.get(l)).flat_map(|l| l.overrides.iter().map(|o| o.1));
-    let mut all: Vec<usize> = limits.iter().copied().chain(overridden).collect();
+fn candidates(limits: &[LimitUse], compiled: &[Limit]) -> Box<[usize]> {
+    let limits = limits.iter().map(|u| u.limit);
+    let overridden = limits.clone().filter_map(|l| compiled.get(l)).flat_map(|l| l.overrides.iter().map(|o| o.1));
+    let mut all: Vec<usize> = limits.chain(overridden).collect();
     all.sort_unstable();
     all.dedup();
     all.into()

@@ -151,7 +151,7 @@ pub fn compile(raw: RawConfig, positions: &Positions, fields: Fields, file: &str
     // A limit no route lists (nor overrides into) decides nothing: most likely a name
     // left out of a route's `limits`.
     for name in raw.limits.keys() {
-        let listed = raw.routes.iter().any(|r| r.limits.contains(name))
+        let listed = raw.routes.iter().any(|r| r.limits.iter().any(|u| u.name() == name))
             || raw.limits.values().any(|l| l.overrides.iter().any(|o| &o.target == name));
         if !listed {
             e.warn(format!("limits.{name}"), "no route lists this limit: it decides nothing");

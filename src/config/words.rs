@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::{Action, Balance, Config, Limit, LogKeys, Route, Scope, Upstream};
-use crate::policy::{Policy, Rate};
+use crate::policy::{Burst, Policy, Rate};
 use crate::router::PathMatch;
 
 /// `GET /config`.
@@ -76,9 +76,25 @@ pub struct RouteWords<'a> {
     pub upstream: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub respond: Option<RespondWords>,
-    pub limits: Vec<&'a str>,
+    pub limits: Vec<LimitUseWords<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_body_bytes: Option<String>,
+}
+
+/// An entry of a route's `limits`: the limit's name, or the limit with the route's own
+/// burst and delay, as the file writes them.
+#[derive(Serialize)]
+#[serde(untagged)]
+pub enum LimitUseWords<'a> {
+    Name(&'a str),
+    Tuned {
+        limit: &'a str,
+        burst: u64,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        nodelay: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        delay: Option<u64>,
+    },
 }
 
 #[derive(Serialize)]
@@ -221,7 +237,20 @@ impl<'a> RouteWords<'a> {
             },
             upstream,
             respond,
-            limits: route.limits.iter().map(|&i| config.limits[i].name.as_str()).collect(),
+            limits: route
+                .limits
+                .iter()
+                .map(|u| {
+                    let limit = config.limits[u.limit].name.as_str();
+                    match u.burst {
+                        None => LimitUseWords::Name(limit),
+                        Some(Burst { burst, delay }) => {
+                            let (nodelay, delay) = delay_words(burst, delay);
+                            LimitUseWords::Tuned { limit, burst, nodelay, delay }
+                        }
+                    }
+                })
+                .collect(),
             max_body_bytes: route.max_body_bytes.map(size),
         }
     }
@@ -241,17 +270,22 @@ impl<'a> LimitWords<'a> {
     }
 }
 
+/// `nodelay` and `delay` as the file writes them for `delay` excess requests out of
+/// `burst` passing at once: `nodelay: true` for all of them, `delay: N` for some, neither
+/// for none (the default).
+fn delay_words(burst: u64, delay: u64) -> (bool, Option<u64>) {
+    (burst > 0 && delay >= burst, (delay > 0 && delay < burst).then_some(delay))
+}
+
 impl PolicyWords {
     pub fn of(policy: &Policy) -> Self {
         let windowed =
             |algorithm, limit, window: &Duration| PolicyWords::Window { algorithm, limit, window: span(*window) };
         match *policy {
-            Policy::Rate { rate, burst, delay } => PolicyWords::Rate {
-                rate: rate_words(rate),
-                burst,
-                nodelay: burst > 0 && delay >= burst,
-                delay: (delay > 0 && delay < burst).then_some(delay),
-            },
+            Policy::Rate { rate, burst, delay } => {
+                let (nodelay, delay) = delay_words(burst, delay);
+                PolicyWords::Rate { rate: rate_words(rate), burst, nodelay, delay }
+            }
             Policy::FixedWindow { limit, ref window } => windowed("fixed_window", limit, window),
             Policy::SlidingWindow { limit, ref window } => windowed("sliding_window", limit, window),
             Policy::SlidingLog { limit, ref window } => windowed("sliding_log", limit, window),

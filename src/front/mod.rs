@@ -14,7 +14,7 @@ use std::net::IpAddr;
 
 use http::{Method, StatusCode};
 
-use crate::config::{Config, Cost, PathMatch, Route};
+use crate::config::{Config, Cost, LimitUse, PathMatch, Route};
 use crate::head::{Fields, RequestHead, text};
 use crate::path::{self, BadPath};
 use crate::policy::key::KeySource;
@@ -82,7 +82,7 @@ pub struct Front<'a> {
 
 impl Front<'_> {
     /// The limits that decide the request: the route's, or none when it is exempt.
-    pub fn limits<'c>(&self, config: &'c Config) -> &'c [usize] {
+    pub fn limits<'c>(&self, config: &'c Config) -> &'c [LimitUse] {
         if self.exempt { &[] } else { &config.routes[self.route].limits }
     }
 

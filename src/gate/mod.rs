@@ -33,8 +33,8 @@ use crate::limit::algorithm::Held;
 use crate::limit::table::Shard;
 use crate::limit::{LimitResult, Limiter, Limiters, Outcome, Standing, Verdict};
 use crate::policy::key::{KeyHash, KeySource};
-use crate::policy::{OnStoreError, Scope};
-use crate::store::{Admissions, Call, Store, StoreError, Verdicts};
+use crate::policy::{LimitUse, OnStoreError, Scope};
+use crate::store::{Admissions, Call, Store, StoreError, Verdicts, near_key};
 use receipt::{Admitted, Slot};
 pub use receipt::{Pending, Permits};
 
@@ -45,6 +45,8 @@ const DENIED_RETRY_AFTER: Duration = Duration::from_secs(1);
 pub type Results = SmallVec<[LimitResult; 2]>;
 /// Where each window of those limits stands, by limit and window (the `RateLimit` fields).
 pub type Standings = SmallVec<[Standing; 2]>;
+/// The limits that decide a request, as `Gate::choose` picks them.
+type Chosen = SmallVec<[LimitUse; 2]>;
 
 /// What the limits of a route make of a request. A rejection is an outcome, not an error.
 pub enum Decision {
@@ -117,18 +119,18 @@ impl Gate {
     }
 
     /// Decides the request `src`, weighing `cost` units (≥ 1, and no more than every
-    /// limit's `capacity`), against `limits` (ascending indices into `Config::limits`),
-    /// local and global. The request path's one call.
-    pub async fn decide(&self, limits: &[usize], src: &KeySource<'_>, cost: u64) -> Decision {
+    /// limit's `capacity`), against `limits` (a route's, ascending by limit, each with the
+    /// route's own burst if it gives one), local and global. The request path's one call.
+    pub async fn decide(&self, limits: &[LimitUse], src: &KeySource<'_>, cost: u64) -> Decision {
         let Some(store) = &self.store else { return self.check(limits, src, cost) };
         let chosen = self.choose(limits, src);
-        let (global, local): (SmallVec<[usize; 2]>, SmallVec<[usize; 2]>) =
-            chosen.into_iter().partition(|&limit| store.is_global(limit));
+        let (global, local): (Chosen, Chosen) = chosen.into_iter().partition(|u| store.is_global(u.limit));
         let calls: SmallVec<[Call; 2]> = global
             .iter()
-            .filter_map(|&limit| {
+            .filter_map(|&LimitUse { limit, burst }| {
                 let hash = self.limiters.get(limit).key.global(src)?;
-                Some(Call { limit, base: store.base(limit, hash), near: KeyHash((hash >> 64) as u64) })
+                let (base, near) = (store.base(limit, hash), near_key((hash >> 64) as u64, burst));
+                Some(Call { limit, burst, base, near })
             })
             .collect();
         if cost == 1
@@ -141,7 +143,7 @@ impl Gate {
             return first;
         }
         match store.decide(&calls, cost, None).await {
-            Ok(verdicts) => self.with_global(first, verdicts, store, src, cost),
+            Ok(verdicts) => self.with_global(first, &local, &calls, verdicts, store, src, cost),
             Err(e) => self.fall_back(first, &calls, store, src, cost, &e),
         }
     }
@@ -150,31 +152,31 @@ impl Gate {
     /// local twin, as if Redis could not answer and its `on_store_error` were `local`), at
     /// the gate's clock's time: what a replay on a `ManualClock` calls, one request at a
     /// time. Concurrency slots are held until the returned `Permits` drop.
-    pub fn check(&self, limits: &[usize], src: &KeySource<'_>, cost: u64) -> Decision {
-        if limits.iter().all(|&l| self.limiters.get(l).plain) {
+    pub fn check(&self, limits: &[LimitUse], src: &KeySource<'_>, cost: u64) -> Decision {
+        if limits.iter().all(|u| self.limiters.get(u.limit).plain) {
             return self.check_chosen(limits, src, cost);
         }
         self.check_chosen(&self.choose(limits, src), src, cost)
     }
 
-    /// The limits that decide `src`: `limits` with overrides applied (sorted again, so
-    /// that locks are still taken in ascending order), less those whose allow-list
-    /// exempts it.
-    fn choose(&self, limits: &[usize], src: &KeySource<'_>) -> SmallVec<[usize; 2]> {
-        let mut chosen: SmallVec<[usize; 2]> = SmallVec::from_slice(limits);
+    /// The limits that decide `src`: `limits` with overrides applied (an override's
+    /// limit with its own burst; sorted again, so that locks are still taken in ascending
+    /// order), less those whose allow-list exempts it.
+    fn choose(&self, limits: &[LimitUse], src: &KeySource<'_>) -> Chosen {
+        let mut chosen = Chosen::from_slice(limits);
         let mut swapped = false;
-        for limit in chosen.iter_mut() {
-            if let Some(&(_, other)) = self.limiters.get(*limit).overrides.iter().find(|(m, _)| m.admits(src)) {
-                *limit = other;
+        for used in chosen.iter_mut() {
+            if let Some(&(_, other)) = self.limiters.get(used.limit).overrides.iter().find(|(m, _)| m.admits(src)) {
+                *used = LimitUse::plain(other);
                 swapped = true;
             }
         }
         if swapped {
-            chosen.sort_unstable();
-            chosen.dedup();
+            chosen.sort_unstable_by_key(|u| u.limit);
+            chosen.dedup_by_key(|u| u.limit);
         }
-        chosen.retain(|&mut limit| {
-            let allow = &self.limiters.get(limit).allow;
+        chosen.retain(|used| {
+            let allow = &self.limiters.get(used.limit).allow;
             allow.is_empty() || !allow.admits(src)
         });
         chosen
@@ -198,15 +200,16 @@ impl Gate {
     /// lock is held: read earlier, a request delayed on its way to the lock could find a
     /// later instant already stored by another thread and count the difference as excess.
     #[inline]
-    fn check_chosen(&self, chosen: &[usize], src: &KeySource<'_>, cost: u64) -> Decision {
+    fn check_chosen(&self, chosen: &[LimitUse], src: &KeySource<'_>, cost: u64) -> Decision {
         // Every shard in one order for every request: limit by limit, each limit's
         // windows in order, then its bans.
         // (Built in place: moving these groups around costs more than deciding them.)
         let mut groups: SmallVec<[Group<'_>; 2]> = SmallVec::new();
-        for &limit in chosen {
+        for &LimitUse { limit, burst } in chosen {
             let limiter = self.limiters.get(limit);
             let Some(key) = self.limiters.key_hash(limit, src) else { continue };
-            let shards = limiter.windows.iter().map(|algorithm| algorithm.lock(key)).collect();
+            let burst = limiter.burst(burst);
+            let shards = limiter.windows.iter().map(|algorithm| algorithm.lock_as(key, burst)).collect();
             let bans = limiter.bans.as_ref().map(|bans| bans.lock(key.0));
             groups.push(Group { limit, limiter, key, shards, bans, admits: SmallVec::new(), rejects: false });
         }
@@ -259,10 +262,14 @@ impl Gate {
         Decision::Pass { wait, results, standings, permits, pending, at: now }
     }
 
-    /// The local decision `first` (a pass) joined with what Redis decided.
+    /// The local decision `first` (a pass, by the `local` limits) joined with what Redis
+    /// decided of `calls`.
+    #[allow(clippy::too_many_arguments)]
     fn with_global(
         &self,
         first: Decision,
+        local: &[LimitUse],
+        calls: &[Call],
         verdicts: Verdicts,
         store: &Arc<Store>,
         src: &KeySource<'_>,
@@ -273,10 +280,10 @@ impl Gate {
         };
         if verdicts.rejected {
             self.undo(&results, cost, at);
-            self.restate(&results, &mut standings);
+            self.restate(&results, local, &mut standings);
         }
         let global = self.fold_global(&verdicts.standings, src);
-        self.hear(&verdicts, &global);
+        self.hear(&verdicts, &global, calls);
         let global_wait = global
             .iter()
             .filter(|r| !self.limiters.get(r.limit.index()).dry_run)
@@ -319,15 +326,17 @@ impl Gate {
     /// Keeps the local twins of `on_store_error: local` limits where Redis says the key
     /// stands, each with its share (`remaining / instances`): if Redis then fails, the
     /// twin goes on from there, not from a fresh key's full share.
-    fn hear(&self, verdicts: &Verdicts, global: &[LimitResult]) {
+    fn hear(&self, verdicts: &Verdicts, global: &[LimitResult], calls: &[Call]) {
         let now = self.clock.now();
         for s in &verdicts.standings {
             let limiter = self.limiters.get(s.limit);
             let Scope::Global { on_store_error: OnStoreError::Local, instances } = limiter.scope else { continue };
             let Some(key) = global.iter().find(|r| r.limit.index() == s.limit).map(|r| r.key) else { continue };
+            // Redis counted the units left under the route's own burst, if it has one.
+            let burst = limiter.burst(calls.iter().find(|c| c.limit == s.limit).and_then(|c| c.burst));
             // (A window that admitted a request another limit refused says where the key
             // stands without it.)
-            limiter.windows[s.window].lock(key).hear(key, s.remaining / instances, now);
+            limiter.windows[s.window].lock_as(key, burst).hear(key, s.remaining / instances, now);
         }
     }
 
@@ -345,7 +354,7 @@ impl Gate {
         let Decision::Pass { wait, mut results, mut standings, mut permits, mut pending, at } = first else {
             return first;
         };
-        let mut local: SmallVec<[usize; 2]> = SmallVec::new();
+        let mut local = Chosen::new();
         let mut denied = None;
         for call in calls {
             let limiter = self.limiters.get(call.limit);
@@ -355,7 +364,7 @@ impl Gate {
                 OnStoreError::Allow => {}
                 OnStoreError::Deny if !limiter.dry_run => denied = Some(call.limit),
                 OnStoreError::Deny => {}
-                OnStoreError::Local => local.push(call.limit),
+                OnStoreError::Local => local.push(LimitUse { limit: call.limit, burst: call.burst }),
             }
         }
         if let Some(limit) = denied {
@@ -420,12 +429,15 @@ impl Gate {
     }
 
     /// Sets the `standings` of local windows that admitted a request whose admissions
-    /// were then taken back (`undo`) to where their keys stand: the request did not count.
-    fn restate(&self, results: &[LimitResult], standings: &mut [Standing]) {
+    /// were then taken back (`undo`) to where their keys stand (under the bursts `local`
+    /// gives them): the request did not count.
+    fn restate(&self, results: &[LimitResult], local: &[LimitUse], standings: &mut [Standing]) {
         let now = self.clock.now();
         for s in standings.iter_mut().filter(|s| !s.outcome.is_rejected()) {
             let Some(r) = results.iter().find(|r| r.limit.index() == s.limit) else { continue };
-            let (remaining, reset) = self.limiters.get(s.limit).windows[s.window].lock(r.key).stands(r.key, now);
+            let limiter = self.limiters.get(s.limit);
+            let burst = limiter.burst(local.iter().find(|u| u.limit == s.limit).and_then(|u| u.burst));
+            let (remaining, reset) = limiter.windows[s.window].lock_as(r.key, burst).stands(r.key, now);
             s.remaining = remaining;
             s.reset = Duration::from_nanos(reset);
         }

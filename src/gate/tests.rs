@@ -11,6 +11,7 @@ use super::{Decision, Gate};
 use crate::clock::{ManualClock, Nanos};
 use crate::limit::gcra_cases;
 use crate::limit::{Limiters, Outcome};
+use crate::policy::LimitUse;
 use crate::policy::key::{KeyHash, KeySource};
 
 /// A gate on a manual clock, read as its limiters for their counts.
@@ -23,7 +24,7 @@ impl Harness {
     /// Decides `src` locally at the instant `at` gives (ns since the epoch).
     fn check(&self, limits: &[usize], src: &KeySource<'_>, cost: u64, at: impl FnOnce() -> u64) -> Decision {
         self.clock.set(Nanos(at()));
-        self.gate.check(limits, src, cost)
+        self.gate.check(&plain(limits), src, cost)
     }
 }
 
@@ -44,6 +45,11 @@ fn check(l: &Harness, limits: &[usize], ip: u32, now_ms: u64) -> Decision {
     let headers = HeaderMap::new();
     let src = KeySource::get(IpAddr::V4(Ipv4Addr::from(ip)), "/", &headers);
     l.check(limits, &src, 1, || now_ms * 1_000_000)
+}
+
+/// Limits `limits`, each with its own burst.
+fn plain(limits: &[usize]) -> Vec<LimitUse> {
+    limits.iter().copied().map(LimitUse::plain).collect()
 }
 
 fn passes(d: &Decision) -> bool {
@@ -363,7 +369,7 @@ mod global_path {
     async fn decide_at(gate: &Gate, clock: &ManualClock, limits: &[usize], at_ms: u64, cost: u64) -> Decision {
         clock.set(Nanos(T0 + at_ms * MS));
         let headers = HeaderMap::new();
-        gate.decide(limits, &src(&headers), cost).await
+        gate.decide(&plain(limits), &src(&headers), cost).await
     }
 
     fn counts(gate: &Gate) -> StoreCounts {
@@ -383,7 +389,7 @@ mod global_path {
         let headers = HeaderMap::new();
         let hash = gate.limiters().get(0).key.global(&src(&headers)).expect("an ip key");
         let store = gate.store().expect("a global limit");
-        let call = Call { limit: 0, base: store.base(0, hash), near: KeyHash((hash >> 64) as u64) };
+        let call = Call { limit: 0, burst: None, base: store.base(0, hash), near: KeyHash((hash >> 64) as u64) };
         let refusal = Refusal { until: T0 + 2_000 * MS, reset: T0 + 5_000 * MS, window: 0 };
         store.remember_refusal(&call, refusal, Nanos(T0));
 

@@ -11,7 +11,7 @@ use super::sliding_log::{LogShard, LogTable, SlidingLog};
 use super::sliding_window::SlidingWindow;
 use super::table::{KeyTable, Shard};
 use crate::clock::Nanos;
-use crate::policy::Policy;
+use crate::policy::{Burst, Policy};
 use crate::policy::key::KeyHash;
 
 /// A limit's algorithm with the table of its keys' state. The table is shared with the
@@ -27,7 +27,8 @@ pub(crate) enum Algorithm {
 
 /// A limit's algorithm with the locked shard that holds one key.
 pub(crate) enum Held<'a> {
-    LeakyBucket(&'a LeakyBucket, &'a KeyTable, MutexGuard<'a, Shard>),
+    /// By value: a route may decide with its own burst and delay (`Algorithm::lock_as`).
+    LeakyBucket(LeakyBucket, &'a KeyTable, MutexGuard<'a, Shard>),
     FixedWindow(&'a FixedWindow, &'a KeyTable, MutexGuard<'a, Shard>),
     SlidingWindow(&'a SlidingWindow, &'a KeyTable<[u64; 2]>, MutexGuard<'a, Shard<[u64; 2]>>),
     SlidingLog(&'a SlidingLog, &'a LogTable, MutexGuard<'a, LogShard>),
@@ -79,9 +80,16 @@ impl Algorithm {
     }
 
     #[inline]
-    pub fn lock(&self, KeyHash(key): KeyHash) -> Held<'_> {
+    pub fn lock(&self, key: KeyHash) -> Held<'_> {
+        self.lock_as(key, None)
+    }
+
+    /// `lock`, deciding with `burst` in place of the limit's own burst and delay (a
+    /// route's own, on the limit's one state; only a leaky bucket is given one).
+    #[inline]
+    pub fn lock_as(&self, KeyHash(key): KeyHash, burst: Option<Burst>) -> Held<'_> {
         match self {
-            Algorithm::LeakyBucket(a, t) => Held::LeakyBucket(a, t, t.lock(key)),
+            Algorithm::LeakyBucket(a, t) => Held::LeakyBucket(burst.map_or(*a, |b| a.with(b)), t, t.lock(key)),
             Algorithm::FixedWindow(a, t) => Held::FixedWindow(a, t, t.lock(key)),
             Algorithm::SlidingWindow(a, t) => Held::SlidingWindow(a, t, t.lock(key)),
             Algorithm::SlidingLog(a, t) => Held::SlidingLog(a, t, t.lock(key)),

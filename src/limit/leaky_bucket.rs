@@ -19,7 +19,7 @@
 //! delay" outcome, and its keyed store grows without bound; hence this small type.
 
 use super::Verdict;
-use crate::policy::Rate;
+use crate::policy::{Burst, Rate};
 
 /// Per-key state: the instant, in ns, at which the bucket drains empty.
 pub type Tat = u64;
@@ -38,6 +38,13 @@ impl LeakyBucket {
     pub fn new(rate: Rate, burst: u64, delay: u64) -> Self {
         let period = rate.period_ns();
         LeakyBucket { period, burst: burst.saturating_mul(period), delay: delay.saturating_mul(period) }
+    }
+
+    /// This bucket with `burst` in place of its burst and delay: the same rate, so the
+    /// same state (`tat`) means the same here (nginx: one zone, several `limit_req` lines).
+    pub fn with(&self, burst: Burst) -> Self {
+        let period = self.period;
+        LeakyBucket { period, burst: burst.burst.saturating_mul(period), delay: burst.delay.saturating_mul(period) }
     }
 
     /// Decides a request of `cost` (≥ 1) units: as `cost` requests at the same instant,

@@ -27,7 +27,7 @@ use crate::clock::{Clock, Nanos};
 use crate::config::{Config, Limit};
 use crate::policy::allow::Allow;
 use crate::policy::key::{KeyHash, KeySource, KeySpec};
-use crate::policy::{Policy, Rate, Scope};
+use crate::policy::{Burst, Policy, Rate, Scope};
 use algorithm::Algorithm;
 use ban::Bans;
 use key_text::KeyText;
@@ -66,6 +66,8 @@ pub(crate) struct Limiter {
     pub(crate) scope: Scope,
     /// Neither overrides nor an allow-list: it decides every request it is listed for.
     pub(crate) plain: bool,
+    /// The instances a global limit's local twin shares it with (1 for a local limit).
+    share: u64,
     /// The `max_keys` its tables were made with (a reload that keeps them keeps this).
     max_keys: usize,
 }
@@ -325,6 +327,13 @@ impl Limiters {
 }
 
 impl Limiter {
+    /// A route's own `burst` on this limit as its local state decides with it: a global
+    /// limit's twin takes its share, as it does of the limit's own burst.
+    #[inline]
+    pub(crate) fn burst(&self, burst: Option<Burst>) -> Option<Burst> {
+        burst.map(|b| b.shared(self.share))
+    }
+
     /// Takes over the state of `old`, this limit before a reload, if its key, scope and
     /// algorithms are the same; true if it did.
     fn carry(&mut self, old: &Limiter) -> bool {
@@ -360,6 +369,7 @@ fn limiter(limit: &Limit) -> Limiter {
         dry_run: limit.dry_run,
         scope: limit.scope,
         plain: limit.overrides.is_empty() && limit.allow.is_empty(),
+        share,
         max_keys: limit.max_keys,
     }
 }
@@ -372,8 +382,8 @@ fn shared(policy: &Policy, instances: u64) -> Policy {
     match *policy {
         Policy::Rate { rate, burst, delay } => {
             let per = rate.per.saturating_mul(u32::try_from(instances).unwrap_or(u32::MAX));
-            let burst = part(burst.saturating_add(1)) - 1;
-            Policy::Rate { rate: Rate { count: rate.count, per }, burst, delay: delay.min(burst) }
+            let Burst { burst, delay } = Burst { burst, delay }.shared(instances);
+            Policy::Rate { rate: Rate { count: rate.count, per }, burst, delay }
         }
         Policy::FixedWindow { limit, window } => Policy::FixedWindow { limit: part(limit), window },
         Policy::SlidingWindow { limit, window } => Policy::SlidingWindow { limit: part(limit), window },

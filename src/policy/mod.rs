@@ -97,3 +97,38 @@ pub enum OnStoreError {
     /// Decide it with a local limiter of the same policy (its rate divided by `instances`).
     Local,
 }
+
+/// A route's own `burst` and delay on a rate limit: nginx's model, where one zone keeps
+/// one `excess` per key and each `limit_req` line that uses it brings its own `burst`
+/// and `delay`/`nodelay`. The limit's state is shared; only these parameters differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Burst {
+    /// Excess requests admitted beyond the rate.
+    pub burst: u64,
+    /// Excess requests admitted without waiting (`burst` for `nodelay`), at most `burst`.
+    pub delay: u64,
+}
+
+impl Burst {
+    /// This burst for one of `instances` sharing a global limit: as `limit`'s local twin
+    /// shares the limit's own (the requests admitted at once, `burst + 1`, are divided).
+    pub fn shared(self, instances: u64) -> Burst {
+        let burst = (self.burst.saturating_add(1)).div_ceil(instances.max(1)).max(1) - 1;
+        Burst { burst, delay: self.delay.min(burst) }
+    }
+}
+
+/// One limit a route applies: its index into `Config::limits`, and the route's own
+/// burst and delay on it (`None`: the limit's own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitUse {
+    pub limit: usize,
+    pub burst: Option<Burst>,
+}
+
+impl LimitUse {
+    /// Limit `limit` with its own burst and delay.
+    pub fn plain(limit: usize) -> LimitUse {
+        LimitUse { limit, burst: None }
+    }
+}

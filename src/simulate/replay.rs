@@ -19,7 +19,7 @@ use super::ByKey;
 use super::format::{Carried, Logged};
 use super::tally::Tally;
 use crate::clock::{ManualClock, Nanos};
-use crate::config::{Config, Scope};
+use crate::config::{Config, LimitUse, Scope};
 use crate::front::{self, FrontError};
 use crate::gate::{Decision, Gate, Pending, Permits};
 use crate::limit::Outcome;
@@ -168,7 +168,7 @@ impl Replay {
 
     /// The one call into the gate: what `run` decides for `src` against `limits`,
     /// weighing `cost`, at the virtual instant `at` (ns since the epoch).
-    fn decide(&self, limits: &[usize], src: &KeySource<'_>, cost: u64, at: u64) -> Decision {
+    fn decide(&self, limits: &[LimitUse], src: &KeySource<'_>, cost: u64, at: u64) -> Decision {
         self.clock.set(Nanos(at));
         self.gate.check(limits, src, cost)
     }
@@ -194,11 +194,12 @@ impl Replay {
         fate.route = Some(index);
         let route = &self.config.routes[index];
         self.tally.second(at);
-        let mut limits: smallvec::SmallVec<[usize; 4]> = smallvec::SmallVec::new();
+        let mut limits: smallvec::SmallVec<[LimitUse; 4]> = smallvec::SmallVec::new();
         if !exempt {
-            for &l in &route.limits {
+            for &used in &route.limits {
+                let l = used.limit;
                 if simulated(&self.skipped[l], &self.per_line[l], &mut self.tally, l, index, request) {
-                    limits.push(l);
+                    limits.push(used);
                 }
             }
         }
@@ -211,7 +212,7 @@ impl Replay {
         let outcome = RequestOutcome::of(&decision, &self.config.limits);
         fate.outcome = outcome.as_str();
         let results = decision.results();
-        for &l in &limits {
+        for l in limits.iter().map(|u| u.limit) {
             if !results.iter().any(|r| r.limit.index() == l) && self.gate.limiters().key_hash(l, &src).is_none() {
                 self.tally.limits[l].no_key += 1;
             }

@@ -29,7 +29,7 @@ use smallvec::SmallVec;
 use tracing::warn;
 
 use crate::clock::{Clock, Nanos};
-use crate::config::{Config, Scope};
+use crate::config::{Burst, Config, Scope};
 use crate::policy::key::KeyHash;
 use breaker::Breaker;
 use connection::Connections;
@@ -40,7 +40,7 @@ use reply::Batch;
 pub use reply::Verdicts;
 pub use report::StoreCounts;
 use report::{Reported, Stats};
-use script::{Parts, REFUND, ScriptCall, Spec};
+use script::{Part, Parts, REFUND, ScriptCall, Spec};
 
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum StoreError {
@@ -54,12 +54,30 @@ pub enum StoreError {
     Reply(usize),
 }
 
-/// One global limit of a request: its index and the Redis key base of the request's key.
+/// One global limit of a request: its index, the route's own burst and delay on it, and
+/// the Redis key base of the request's key.
 pub struct Call {
     pub limit: usize,
+    /// `None`: the limit's own.
+    pub burst: Option<Burst>,
     pub base: String,
-    /// The key's 64-bit hash, for the near-cache.
+    /// The key's 64-bit hash, for the near-cache (see `near_key`).
     pub near: KeyHash,
+}
+
+/// The near-cache's key of a request whose key hashes to `hash` (64 bits), using a limit
+/// with `burst`: a refusal under one burst says nothing of another (a larger one may
+/// admit the same request now), so each burst remembers its own. The limit's own burst
+/// keeps the key's hash; another is mixed in (for each burst a bijection of the hash, so
+/// two keys never meet under one burst; across bursts, only by a 64-bit chance).
+pub fn near_key(hash: u64, burst: Option<Burst>) -> KeyHash {
+    match burst {
+        None => KeyHash(hash),
+        Some(b) => {
+            let salt = (b.burst.wrapping_add(1)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            KeyHash((hash ^ salt).wrapping_mul(0xff51_afd7_ed55_8ccd).rotate_left(29))
+        }
+    }
 }
 
 /// An instant on Redis's clock, as its `TIME` command and the scripts give it.
@@ -212,7 +230,13 @@ impl Store {
             .collect();
         let batches = self.batches(calls.iter().map(|c| c.base.as_str()));
         let parts = |batch: &Batch| -> Parts {
-            batch.iter().map(|&c| (calls[c].limit, calls[c].base.clone(), ids[c].clone())).collect()
+            let part = |c: &Call, lease: &String| Part {
+                limit: c.limit,
+                burst: c.burst,
+                base: c.base.clone(),
+                lease: lease.clone(),
+            };
+            batch.iter().map(|&c| part(&calls[c], &ids[c])).collect()
         };
         let replies = match batches.as_slice() {
             // At Redis's own time on a standalone Redis (one batch), the decision may share

@@ -110,7 +110,7 @@ impl Store {
             let (call, windows) = script::decide_call(&self.specs, None, jobs.iter().map(|j| (j.cost, &j.calls)));
             let mut waiting: VecDeque<(Instant, usize, oneshot::Sender<_>)> = jobs
                 .into_iter()
-                .map(|j| (j.deadline, j.calls.iter().map(|c| self.spec(c.0).windows()).sum(), j.reply))
+                .map(|j| (j.deadline, j.calls.iter().map(|c| self.spec(c.limit).windows()).sum(), j.reply))
                 .collect();
             // Windows of the requests already answered `Timeout`: the reply's first ones.
             let mut answered = 0;

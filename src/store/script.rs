@@ -15,7 +15,7 @@ use smallvec::SmallVec;
 use super::RedisTime;
 
 use crate::config::Limit;
-use crate::policy::Policy;
+use crate::policy::{Burst, Policy};
 
 /// The algorithm modules, each with the code that names it in the scripts' arguments.
 const MODULES: [(&str, &str); 6] = [
@@ -102,40 +102,53 @@ impl ScriptCall {
 /// remaining, reset ns, excess in thousandths, banned.
 pub const REPLY_FIELDS: usize = 6;
 
-/// A request's global limits as a `DECIDE` call carries them: `(limit, key base, lease
-/// id)` each.
-pub type Parts = SmallVec<[(usize, String, String); 2]>;
+/// One global limit of a request as a `DECIDE` call carries it.
+#[derive(Clone, Debug)]
+pub struct Part {
+    pub limit: usize,
+    /// The route's own burst and delay on it (`None`: the limit's own).
+    pub burst: Option<Burst>,
+    /// The Redis key base of the request's key.
+    pub base: String,
+    /// The lease a concurrency window takes ('' for others).
+    pub lease: String,
+}
+
+/// A request's global limits as a `DECIDE` call carries them.
+pub type Parts = SmallVec<[Part; 2]>;
 
 /// A `DECIDE` call for `requests` (each its cost and its limits), at Redis's time or
-/// `at`, with the number of windows it decides. Each limit's fixed part is sent once.
+/// `at`, with the number of windows it decides. Each limit's fixed part is sent once per
+/// burst it is used with (a route's own burst is another set of parameters on the same
+/// keys).
 pub fn decide_call<'a>(
     specs: &[Option<Spec>],
     at: Option<RedisTime>,
     requests: impl Iterator<Item = (u64, &'a Parts)> + Clone,
 ) -> (ScriptCall, usize) {
     let spec = |limit: usize| specs[limit].as_ref().expect("only global limits reach the store");
-    let mut used: SmallVec<[usize; 4]> = SmallVec::new();
-    for (limit, ..) in requests.clone().flat_map(|(_, parts)| parts) {
-        if !used.contains(limit) {
-            used.push(*limit);
+    let mut used: SmallVec<[(usize, Option<Burst>); 4]> = SmallVec::new();
+    for part in requests.clone().flat_map(|(_, parts)| parts) {
+        if !used.contains(&(part.limit, part.burst)) {
+            used.push((part.limit, part.burst));
         }
     }
-    let mut call = ScriptCall::new(decide(used.iter().fold(0, |m, &l| m | spec(l).modules)));
+    let mut call = ScriptCall::new(decide(used.iter().fold(0, |m, &(l, _)| m | spec(l).modules)));
     match at {
         Some(RedisTime { secs, micros }) => call.arg(secs).arg(micros),
         None => call.arg("").arg(""),
     };
     call.arg(requests.clone().count()).arg(used.len());
-    for &limit in &used {
-        spec(limit).push_limit(&mut call);
+    for &(limit, burst) in &used {
+        spec(limit).push_limit(burst, &mut call);
     }
     let mut windows = 0;
     for (cost, parts) in requests {
         call.arg(cost).arg(parts.len());
-        for (limit, base, lease) in parts {
-            let index = used.iter().position(|l| l == limit).unwrap_or_default() + 1;
-            spec(*limit).push_use(index, base, lease, &mut call);
-            windows += spec(*limit).windows();
+        for part in parts {
+            let index = used.iter().position(|&u| u == (part.limit, part.burst)).unwrap_or_default() + 1;
+            spec(part.limit).push_use(index, &part.base, &part.lease, &mut call);
+            windows += spec(part.limit).windows();
         }
     }
     (call, windows)
@@ -219,14 +232,20 @@ impl Spec {
         format!("{base}{}", self.windows[window].0)
     }
 
-    /// Adds this limit's fixed part to a `DECIDE` call (once per call, however many of
-    /// its requests use the limit).
-    fn push_limit(&self, call: &mut ScriptCall) {
+    /// Adds this limit's fixed part to a `DECIDE` call (once per call and burst, however
+    /// many of its requests use the limit), with `burst` in place of its own burst and
+    /// delay if given (a leaky bucket's: `[kind, period, burst · period, delay · period]`).
+    fn push_limit(&self, burst: Option<Burst>, call: &mut ScriptCall) {
         for field in &self.header {
             call.arg(field);
         }
         for (_, params) in &self.windows {
-            call.arg(params);
+            match (burst, params[1].parse::<u64>()) {
+                (Some(b), Ok(period)) if params[0] == "lb" => {
+                    call.arg(&params[..2]).arg(b.burst.saturating_mul(period)).arg(b.delay.saturating_mul(period));
+                }
+                _ => _ = call.arg(params),
+            }
         }
     }
 

@@ -127,7 +127,7 @@
         const cells = row.children;
         cells[0].firstChild.textContent = r.name;
         const to = r.upstream ? `upstream ${r.upstream}` : `answers ${r.respond.status}`;
-        cells[0].lastChild.textContent = to + (r.limits.length ? ' · limits: ' + r.limits.join(', ') : '');
+        cells[0].lastChild.textContent = to + (r.limits.length ? ' · limits: ' + r.limits.map(limitUse).join(', ') : '');
         cells[1].lastChild.textContent = draw(cells[1].firstChild, [s.passed, s.delayed, s.refused], 'requests per second');
         cells[2].textContent = rate(s.passed);
         cells[3].textContent = rate(s.delayed);
@@ -137,6 +137,13 @@
         cells[7].textContent = r.latency ? ms(r.latency.p99_ms) : '–';
       });
     leftOut('#routes-left-out', state.routes_left_out, 'routes');
+  }
+
+  // A route's limit: its name, with the route's own burst and delay if it gives them.
+  function limitUse(u) {
+    if (typeof u === 'string') return u;
+    const delay = u.nodelay ? ', nodelay' : u.delay ? `, delay ${u.delay}` : '';
+    return `${u.limit} (burst ${u.burst}${delay})`;
   }
 
   function showLimits(state) {

@@ -65,10 +65,10 @@ async fn local_and_redis_decide_every_schedule_alike() {
         for &cost in costs {
             let client = Ipv4Addr::new(10, 0, i as u8, cost as u8);
             let src = KeySource::get(IpAddr::V4(client), "/", &headers);
-            let call = || Call { limit: i, base: store.base(i, u128::from(client.to_bits())), near: KeyHash(0) };
+            let call = || Call { limit: i, burst: None, base: store.base(i, u128::from(client.to_bits())), near: KeyHash(0) };
             for (n, (s, us)) in schedule(i as u64 * 31 + cost, 150).into_iter().enumerate() {
                 clock.set(Nanos(s * 1_000_000_000 + us * 1000));
-                let local = match gate.check(&[i], &src, cost) {
+                let local = match gate.check(&[LimitUse::plain(i)], &src, cost) {
                     Decision::Pass { standings, .. } | Decision::Reject { standings, .. } => outcomes(&standings),
                 };
                 let global = store.decide(&[call()], cost, Some(RedisTime { secs: s, micros: us })).await.unwrap();
@@ -94,7 +94,7 @@ async fn redis_answers_the_leaky_bucket_schedules_as_worked_out_by_hand() {
     let store = Arc::clone(gate.store().unwrap());
     for (i, case) in CASES.iter().enumerate() {
         for (n, step) in case.steps.iter().enumerate() {
-            let call = Call { limit: i, base: store.base(i, u128::from(step.key)), near: KeyHash(0) };
+            let call = Call { limit: i, burst: None, base: store.base(i, u128::from(step.key)), near: KeyHash(0) };
             let at = RedisTime { secs: 1_700_000_000 + step.at, micros: 0 };
             let verdicts = store.decide(&[call], step.cost, Some(at)).await.unwrap();
             let s = verdicts.standings[0];

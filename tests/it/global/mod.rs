@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use http::HeaderMap;
 use sluicegate::clock::{ManualClock, Nanos};
-use sluicegate::config::parse;
+use sluicegate::config::{LimitUse, parse};
 use sluicegate::gate::{Decision, Gate};
 use sluicegate::limit::{Outcome, Standing};
 use sluicegate::policy::key::{KeyHash, KeySource};
