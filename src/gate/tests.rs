@@ -341,6 +341,92 @@ fn a_dry_run_limit_stores_no_window_when_one_would_reject() {
 /// The global path when Redis cannot answer (nothing listens on its port), on the fake
 /// clock: the near-cache counts down, the breaker opens and probes, and each
 /// `on_store_error` decides, all read from the gate's one clock.
+
+/// A gate on a manual clock for a whole configuration (`routes` with their limits).
+fn gate_of(yaml: &str) -> (Gate, ManualClock, crate::config::Config) {
+    let config = crate::config::parse(&format!("listen: 127.0.0.1:0\n{yaml}"), "test").unwrap();
+    let clock = ManualClock::default();
+    (Gate::new(&config, clock.clone().into()), clock, config)
+}
+
+/// Decides a request of `ip` through route `route`'s limits at `ms`: `Ok(wait in ms)` or
+/// `Err(retry after in ms)`.
+fn through(gate: &Gate, clock: &ManualClock, config: &crate::config::Config, route: usize, ms: u64) -> Result<u64, u64> {
+    let headers = HeaderMap::new();
+    let src = KeySource::get(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), "/", &headers);
+    clock.set(Nanos(1_700_000_000_000_000_000 + ms * 1_000_000));
+    match gate.check(&config.routes[route].limits, &src, 1) {
+        Decision::Pass { wait, .. } => Ok(wait.as_millis() as u64),
+        Decision::Reject { retry_after, .. } => Err(retry_after.as_millis() as u64),
+    }
+}
+
+const SHARED: &str = "limits:
+  perip: { key: ip, rate: 10r/s, burst: 20, nodelay: true }
+routes:
+  - { match: { path: /api }, limits: [perip], respond: { status: 200 } }
+  - { match: { path: /users }, limits: [{ limit: perip, burst: 5 }], respond: { status: 200 } }
+  - { match: { path: /pages }, limits: [{ limit: perip, burst: 10, delay: 4 }], respond: { status: 200 } }
+";
+
+/// nginx's one zone, several `limit_req` lines: every route's requests count in the
+/// limit's one state, and each route decides with its own burst and delay.
+#[test]
+fn routes_decide_with_their_own_burst_on_the_limits_one_state() {
+    let (gate, clock, config) = gate_of(SHARED);
+    // Twelve at once through the limit's own burst (20, nodelay): all pass, excess 11.
+    for _ in 0..12 {
+        assert_eq!(through(&gate, &clock, &config, 0, 0), Ok(0));
+    }
+    // The route with burst 5 sees that excess: refused until it is back within 5, which
+    // a state of its own would not have been.
+    assert_eq!(through(&gate, &clock, &config, 1, 0), Err(700));
+    assert_eq!(through(&gate, &clock, &config, 1, 699), Err(1));
+    // The route with burst 10, delay 4, at 200 ms: excess 10, six of them waited for.
+    assert_eq!(through(&gate, &clock, &config, 2, 200), Ok(600));
+    // ... which counts for every route: the limit's own burst takes 10 more at once.
+    for n in 0..10 {
+        assert_eq!(through(&gate, &clock, &config, 0, 200), Ok(0), "request {n}");
+    }
+    assert_eq!(through(&gate, &clock, &config, 0, 200), Err(100));
+    // Burst 5 with no delay: admitted at excess 5, waiting it out at the rate.
+    assert_eq!(through(&gate, &clock, &config, 1, 1_800), Ok(500));
+}
+
+/// A refusal under a route's own burst stores nothing, as any refusal: the limit's own
+/// burst still admits exactly what it did.
+#[test]
+fn a_refusal_under_a_routes_own_burst_takes_nothing() {
+    let (gate, clock, config) = gate_of(SHARED);
+    for _ in 0..6 {
+        assert_eq!(through(&gate, &clock, &config, 0, 0), Ok(0));
+    }
+    for _ in 0..50 {
+        assert!(through(&gate, &clock, &config, 1, 0).is_err());
+    }
+    for n in 0..15 {
+        assert_eq!(through(&gate, &clock, &config, 0, 0), Ok(0), "request {n}");
+    }
+    assert_eq!(through(&gate, &clock, &config, 0, 0), Err(100));
+}
+
+/// A global limit's local twin takes its share of a route's own burst as of its own.
+#[tokio::test]
+async fn a_global_limits_twin_shares_a_routes_own_burst() {
+    let (gate, clock, config) = gate_of(
+        "redis: { url: \"redis://127.0.0.1:1\" }
+limits:
+  g: { key: ip, rate: 10r/s, burst: 9, nodelay: true, scope: global, on_store_error: local, instances: 2 }
+routes:
+  - { limits: [{ limit: g, burst: 3, nodelay: true }], respond: { status: 200 } }
+",
+    );
+    // Of burst 3 (four at once), each of two instances admits two at once.
+    assert_eq!(through(&gate, &clock, &config, 0, 0), Ok(0));
+    assert_eq!(through(&gate, &clock, &config, 0, 0), Ok(0));
+    assert!(through(&gate, &clock, &config, 0, 0).is_err());
+}
+
 mod global_path {
     use http::StatusCode;
 

@@ -1064,3 +1064,50 @@ fn a_bare_port_and_sizes_nginx_would_refuse_are_explained() {
         assert!(ok, "{size}: {stderr}");
     }
 }
+
+/// A route's own burst and delay on a limit: only on a leaky bucket, with its own
+/// `burst`, the delay rules of a limit's, each error at its field.
+#[test]
+fn a_routes_own_burst_is_checked_at_its_field() {
+    let yaml = "listen: 127.0.0.1:0
+limits:
+  perip: { key: ip, rate: 10r/s, burst: 20, nodelay: true }
+  win: { key: ip, algorithm: fixed_window, limit: 5, window: 1s }
+  gcra: { key: ip, algorithm: gcra, rate: 10r/s, burst: 3 }
+routes:
+  - limits: [{ limit: perip, burst: 5, delay: 6 }]
+    respond: { status: 200 }
+    match: { path: /0 }
+  - limits: [{ limit: perip, burst: 5, nodelay: true, delay: 1 }]
+    respond: { status: 200 }
+    match: { path: /1 }
+  - limits: [{ limit: perip, nodelay: true }, { limit: win, brust: 1 }]
+    respond: { status: 200 }
+    match: { path: /2 }
+  - limits: [{ limit: win, burst: 5 }, { limit: gcra, burst: 1 }]
+    respond: { status: 200 }
+    match: { path: /3 }
+  - limits: [perip, { limit: perip, burst: 1 }, { limit: nope, burst: 1 }]
+    respond: { status: 200 }
+    match: { path: /4 }
+  - limits: [{ limit: perip, burst: 2 }]
+    cost: 4
+    respond: { status: 200 }
+";
+    let (ok, stderr) = check(yaml);
+    assert!(!ok);
+    assert_eq!(
+        stderr,
+        "FILE:7:47: routes[0].limits[0].delay: must not exceed burst (5); use `nodelay: true` for no delay
+FILE:10:62: routes[1].limits[0].delay: give either `nodelay: true` or `delay: N`, not both
+FILE:13:14: routes[2].limits[0]: needs `burst: N` (each use gives its own, as a `limit_req` line does); or name the limit alone
+FILE:13:61: routes[2].limits[1].brust: unknown field `brust`; did you mean `burst`?
+FILE:16:35: routes[3].limits[0].burst: a route gives its own burst and delay only to a leaky-bucket limit (`rate:` without `algorithm`), and \"win\" is not one: name it alone
+FILE:16:62: routes[3].limits[1].burst: a route gives its own burst and delay only to a leaky-bucket limit (`rate:` without `algorithm`), and \"gcra\" is not one: name it alone
+FILE:19:30: routes[4].limits[1].limit: limit \"perip\" is listed twice
+FILE:19:58: routes[4].limits[2].limit: unknown limit \"nope\" (defined: gcra, perip, win)
+FILE:23:11: routes[5].cost: 4 can never fit limit \"perip\" (routes[5].limits[0]), which admits at most 3 at once
+FILE: configuration is invalid
+"
+    );
+}
