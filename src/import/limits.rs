@@ -1,7 +1,10 @@
 //! `limit_req_zone` / `limit_conn_zone` and the `limit_req` / `limit_conn` lines in force
 //! at each location -> sluicegate limits. A zone is one state in nginx, so it becomes
-//! one limit shared by every route that uses it; only a zone used with different
-//! settings (burst, delay, status, log level, dry run) needs one limit per setting.
+//! one limit shared by every route that uses it, with the burst and delay of its first
+//! `limit_req` line; a route whose line asks another burst or delay lists the limit with
+//! its own (`{ limit, burst, nodelay | delay }`), on the same state, as nginx decides it.
+//! Only a zone used with different statuses, log levels or dry runs needs one limit per
+//! setting, each with its own state.
 
 use std::collections::BTreeMap;
 
@@ -37,16 +40,22 @@ struct Zone<'a> {
 }
 
 /// What a `limit_req` or `limit_conn` line asks of its zone, with the location's
-/// `*_status`, `*_log_level` and `*_dry_run`.
+/// `*_status`, `*_log_level` and `*_dry_run`: what tells one limit made of a zone from
+/// another (a line's burst and delay do not: a route gives its own).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Setting {
-    /// `limit_req`: burst and delay (`None`: nodelay); `limit_conn`: the concurrency.
-    burst: u64,
-    delay: Option<u64>,
+    /// `limit_conn`: the concurrency.
     concurrency: u64,
     status: u16,
     log_level: &'static str,
     dry_run: bool,
+}
+
+/// A `limit_req` line's burst and delay (`delay: None`: nodelay); zero for `limit_conn`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Burst {
+    pub burst: u64,
+    pub delay: Option<u64>,
 }
 
 /// One sluicegate limit.
@@ -54,16 +63,24 @@ struct Made {
     name: String,
     zone: usize,
     setting: Setting,
+    /// Its own burst and delay: its first line's.
+    burst: Burst,
     /// The `limit_req`/`limit_conn` lines it stands for, as written.
     uses: Vec<(At, String)>,
     /// Requests decided by another limit instead (a tier), by what matches them.
     overrides: Vec<(Matcher, String)>,
 }
 
+/// A limit as a route lists it: its name, and the line's own burst and delay where they
+/// are not the limit's.
+pub type Listed = (String, Option<Burst>);
+
 /// A limit a route applies, with its key.
 #[derive(Debug, Clone)]
 pub struct Applied {
     pub name: String,
+    /// The line's own burst and delay, where they are not the limit's.
+    pub burst: Option<Burst>,
     pub key: Key,
     /// The `limit_req` or `limit_conn` line.
     pub at: At,
@@ -103,7 +120,7 @@ impl<'a> Limits<'a> {
 
     fn apply_one(&mut self, d: &Directive, scope: &Scope<'_>) -> Result<Applied, String> {
         let req = d.name == "limit_req";
-        let (zone_name, setting) = if req { limit_req(d, scope)? } else { limit_conn(d, scope)? };
+        let (zone_name, setting, burst) = if req { limit_req(d, scope)? } else { limit_conn(d, scope)? };
         let zone = self
             .zones
             .iter()
@@ -119,7 +136,7 @@ impl<'a> Limits<'a> {
                 } else {
                     format!("{}-{}", limit_name(&zone_name), taken + 1)
                 };
-                self.made.push(Made { name, zone, setting, uses: Vec::new(), overrides: Vec::new() });
+                self.made.push(Made { name, zone, setting, burst, uses: Vec::new(), overrides: Vec::new() });
                 self.made.len() - 1
             }
         };
@@ -129,7 +146,9 @@ impl<'a> Limits<'a> {
             uses.sort();
         }
         let directive = if req { "limit_req" } else { "limit_conn" };
-        Ok(Applied { name: self.made[made].name.clone(), key, at: d.at.clone(), directive })
+        let made = &self.made[made];
+        let burst = (burst != made.burst).then_some(burst);
+        Ok(Applied { name: made.name.clone(), burst, key, at: d.at.clone(), directive })
     }
 
     /// Has `limit` hand the requests matching `matchers` to `to`. Fails when `limit`
@@ -170,7 +189,7 @@ impl<'a> Limits<'a> {
                 shared.push(notes.left_out(
                     zone.directive,
                     format!(
-                        "zone {:?} is used with different settings, so it became {} limits ({}), each with its own state where nginx shares one",
+                        "zone {:?} is used with different statuses, log levels or dry runs, so it became {} limits ({}), each with its own state where nginx shares one",
                         zone.name,
                         made.len(),
                         names.join(", ")
@@ -183,6 +202,27 @@ impl<'a> Limits<'a> {
             }
         }
         out
+    }
+}
+
+impl Burst {
+    /// Sets `nodelay` or `delay` in `m` as this burst asks (neither for the default, every
+    /// excess request waiting).
+    fn set_delay(&self, m: &mut MapBuilder) {
+        match self.delay {
+            None => _ = m.set("nodelay", Item::bool(true)),
+            Some(0) => {}
+            Some(n) => _ = m.set("delay", Item::int(n)),
+        }
+    }
+
+    /// A route's entry for limit `name` with this burst and delay:
+    /// `{ limit: NAME, burst: N, nodelay: true | delay: N }`.
+    pub fn entry(&self, name: &str) -> Item {
+        let mut m = MapBuilder::default();
+        m.set("limit", Item::text(name)).set("burst", Item::int(self.burst));
+        self.set_delay(&mut m);
+        m.build()
     }
 }
 
@@ -252,7 +292,7 @@ fn common(scope: &Scope<'_>, prefix: &str) -> Result<(u16, &'static str, bool), 
     Ok((status, log_level, dry_run))
 }
 
-fn limit_req(d: &Directive, scope: &Scope<'_>) -> Result<(String, Setting), String> {
+fn limit_req(d: &Directive, scope: &Scope<'_>) -> Result<(String, Setting, Burst), String> {
     let (status, log_level, dry_run) = common(scope, "limit_req")?;
     let (mut zone, mut burst, mut delay) = (None, 0, Some(0));
     for arg in &d.args {
@@ -272,15 +312,15 @@ fn limit_req(d: &Directive, scope: &Scope<'_>) -> Result<(String, Setting), Stri
     // No request ever waits when `delay` reaches `burst`: that is `nodelay`.
     let delay = delay.filter(|&n| n < burst || burst == 0).map(|n| n.min(burst));
     let zone = zone.ok_or("expected zone=NAME")?;
-    Ok((zone, Setting { burst, delay, concurrency: 0, status, log_level, dry_run }))
+    Ok((zone, Setting { concurrency: 0, status, log_level, dry_run }, Burst { burst, delay }))
 }
 
-fn limit_conn(d: &Directive, scope: &Scope<'_>) -> Result<(String, Setting), String> {
+fn limit_conn(d: &Directive, scope: &Scope<'_>) -> Result<(String, Setting, Burst), String> {
     let (status, log_level, dry_run) = common(scope, "limit_conn")?;
     let [zone, n] = &d.args[..] else { return Err("expected `limit_conn ZONE NUMBER`".into()) };
     let concurrency =
         n.parse().ok().filter(|&n: &u64| n > 0).ok_or_else(|| format!("{n}: expected a positive number"))?;
-    Ok((zone.clone(), Setting { burst: 0, delay: None, concurrency, status, log_level, dry_run }))
+    Ok((zone.clone(), Setting { concurrency, status, log_level, dry_run }, Burst { burst: 0, delay: None }))
 }
 
 fn limit_item(zone: &Zone<'_>, key: &Key, made: &Made, notes: &mut Notes) -> Item {
@@ -308,18 +348,10 @@ fn limit_item(zone: &Zone<'_>, key: &Key, made: &Made, notes: &mut Notes) -> Ite
                 )]);
             }
             m.set("rate", rate);
-            if made.setting.burst > 0 {
-                m.set("burst", Item::int(made.setting.burst));
+            if made.burst.burst > 0 {
+                m.set("burst", Item::int(made.burst.burst));
             }
-            match made.setting.delay {
-                None => {
-                    m.set("nodelay", Item::bool(true));
-                }
-                Some(0) => {}
-                Some(n) => {
-                    m.set("delay", Item::int(n));
-                }
-            }
+            made.burst.set_delay(&mut m);
             ("limit_req", REQ_STATE_BYTES)
         }
         Kind::Conn => {

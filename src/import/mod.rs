@@ -322,20 +322,44 @@ mod tests {
     }
 
     #[test]
-    fn a_zone_used_with_two_bursts_becomes_two_limits_and_each_problem_on_a_line_is_reported() {
+    fn a_zone_used_with_two_bursts_is_one_limit_and_each_problem_on_a_line_is_reported() {
         let (yaml, left_out) = import(
             "http { limit_req_zone $binary_remote_addr zone=one:1m rate=1r/s;\n\
              server { location /x/ { limit_req zone=one burst=5; proxy_pass http://b:1; }\n\
-             location /y/ { limit_req zone=one burst=9; limit_req zone=nope; limit_req zone=gone; proxy_pass http://b:1; } } }",
+             location /y/ { limit_req zone=one burst=9; limit_req zone=nope; limit_req zone=gone; proxy_pass http://b:1; }\n\
+             location /z/ { limit_req zone=one burst=7 delay=2; proxy_pass http://b:1; } } }",
         );
+        // One state, as nginx keeps: the limit has its first line's burst, and each route
+        // whose line asks another gives its own.
         assert_eq!(yaml["limits"]["one"]["burst"], 5);
-        assert_eq!(yaml["limits"]["one-2"]["burst"], 9);
+        assert!(yaml["limits"]["one-2"].is_null());
+        assert_eq!(yaml["routes"][0]["limits"], serde_json::json!(["one"]));
+        assert_eq!(yaml["routes"][1]["limits"], serde_json::json!([{ "limit": "one", "burst": 9 }]));
+        assert_eq!(yaml["routes"][2]["limits"], serde_json::json!([{ "limit": "one", "burst": 7, "delay": 2 }]));
         assert_eq!(
             left_out,
             [
-                "nginx.conf:1: limit_req_zone: zone \"one\" is used with different settings, so it became 2 limits (one, one-2), each with its own state where nginx shares one",
                 "nginx.conf:3: limit_req: zone \"gone\" is not defined by a limit_req_zone line that converts",
                 "nginx.conf:3: limit_req: zone \"nope\" is not defined by a limit_req_zone line that converts",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_zone_used_with_two_statuses_becomes_two_limits_with_a_note() {
+        let (yaml, left_out) = import(
+            "http { limit_req_zone $binary_remote_addr zone=one:1m rate=1r/s;\n\
+             server { location /x/ { limit_req zone=one burst=5; proxy_pass http://b:1; }\n\
+             location /y/ { limit_req zone=one burst=9 nodelay; limit_req_status 429; proxy_pass http://b:1; } } }",
+        );
+        assert_eq!(yaml["limits"]["one"]["status"], 503);
+        assert_eq!(yaml["limits"]["one-2"]["status"], 429);
+        assert_eq!(yaml["limits"]["one-2"]["nodelay"], true);
+        assert_eq!(yaml["routes"][1]["limits"], serde_json::json!(["one-2"]));
+        assert_eq!(
+            left_out,
+            [
+                "nginx.conf:1: limit_req_zone: zone \"one\" is used with different statuses, log levels or dry runs, so it became 2 limits (one, one-2), each with its own state where nginx shares one",
             ]
         );
     }

@@ -6,7 +6,7 @@
 
 use super::http::{Http, Location, Match, Server};
 use super::keys::Var;
-use super::limits::Limits;
+use super::limits::{Limits, Listed};
 use super::listeners::Listeners;
 use super::notes::Notes;
 use super::scope::Scope;
@@ -25,7 +25,7 @@ struct Template {
     methods: Vec<String>,
     /// Everything after `match`.
     fields: Vec<(String, Item)>,
-    limits: Vec<String>,
+    limits: Vec<Listed>,
     /// Limits reached only through an override of one in `limits` (a tier).
     tiers: Vec<String>,
 }
@@ -48,7 +48,8 @@ pub fn section(cx: &mut Context<'_, '_>, notes: &mut Notes) -> Item {
     for server in servers {
         let templates = templates(cx, server, notes);
         for t in &templates {
-            tiers::check_overrides(cx.limits, &t.name, &t.limits, &t.tiers, &server.at, notes);
+            let listed: Vec<String> = t.limits.iter().map(|(name, _)| name.clone()).collect();
+            tiers::check_overrides(cx.limits, &t.name, &listed, &t.tiers, &server.at, notes);
         }
         per_server.push(templates);
     }
@@ -123,7 +124,8 @@ fn route(t: &Template, host: Option<&str>) -> Item {
         m.set(k, v.clone());
     }
     if !t.limits.is_empty() {
-        m.set("limits", Item::texts(t.limits.clone()));
+        let entry = |(name, burst): &Listed| burst.map_or_else(|| Item::text(name.clone()), |b| b.entry(name));
+        m.set("limits", Value::List(t.limits.iter().map(entry).collect()).into());
     }
     m.build().commented(t.comments.iter().cloned())
 }

@@ -3,7 +3,7 @@
 //! out; a map of the request method becomes one route per set of methods.
 
 use super::keys::Matcher;
-use super::limits::{Applied, Limits};
+use super::limits::{Applied, Limits, Listed};
 use super::notes::Notes;
 use super::syntax::At;
 
@@ -62,8 +62,9 @@ pub fn check_overrides(
 }
 
 /// The routes a location's limits need when their maps tell methods apart: one per
-/// set of methods with the same limits, then one for every other method.
-pub fn split_by_methods(applied: &[Applied]) -> Vec<(Vec<String>, Vec<String>)> {
+/// set of methods with the same limits (each with the line's own burst, if any), then
+/// one for every other method.
+pub fn split_by_methods(applied: &[Applied]) -> Vec<(Vec<String>, Vec<Listed>)> {
     let methods_of = |matchers: &[Matcher]| -> Vec<String> {
         matchers.iter().filter_map(|m| if let Matcher::Method(x) = m { Some(x.clone()) } else { None }).collect()
     };
@@ -80,10 +81,10 @@ pub fn split_by_methods(applied: &[Applied]) -> Vec<(Vec<String>, Vec<String>)> 
         conditions.iter().flat_map(|(o, e)| o.iter().flatten().chain(e)).cloned().collect();
     mentioned.sort();
     mentioned.dedup();
-    let names = |method: Option<&str>| -> Vec<String> {
-        (0..applied.len()).filter(|&i| applies(i, method)).map(|i| applied[i].name.clone()).collect()
+    let names = |method: Option<&str>| -> Vec<Listed> {
+        (0..applied.len()).filter(|&i| applies(i, method)).map(|i| (applied[i].name.clone(), applied[i].burst)).collect()
     };
-    let mut out: Vec<(Vec<String>, Vec<String>)> = Vec::new();
+    let mut out: Vec<(Vec<String>, Vec<Listed>)> = Vec::new();
     for m in &mentioned {
         let limits = names(Some(m));
         match out.iter_mut().find(|(_, l)| *l == limits) {
