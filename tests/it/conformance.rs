@@ -1,7 +1,8 @@
 //! Replays of request schedules recorded against real nginx 1.22 `limit_req`
-//! (`tests/fixtures/nginx-limit-req/`, see its README): statuses must match exactly and
-//! delays closely, first on a fake clock through the limiter, then in real time
-//! through the proxy.
+//! (`tests/fixtures/nginx-limit-req/`, see its README; and zones shared by locations
+//! with their own bursts, `tests/fixtures/nginx-shared-zone/`): statuses must match
+//! exactly and delays closely, first on a fake clock through the limiter, then in real
+//! time through the proxy.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -17,9 +18,16 @@ use crate::common::*;
 #[derive(Deserialize)]
 pub struct Scenario {
     pub scenario: String,
-    limit: LimitDef,
-    /// The nginx directives the schedule was recorded with.
+    /// The one `limit_req` line (`nginx-limit-req/`; a shared zone's lines are in
+    /// `locations`).
+    limit: Option<LimitDef>,
+    /// The nginx directives the schedule was recorded with, in `http`.
     pub target_config: String,
+    /// A shared zone's: the server's own directives, and its location blocks
+    /// (`BACKEND` standing for the backend's address).
+    #[serde(default)]
+    pub server_config: String,
+    pub locations: Option<String>,
     pub requests: Vec<Recorded>,
 }
 
@@ -36,25 +44,43 @@ struct LimitDef {
 pub struct Recorded {
     pub t_ms: u64,
     pub key: Option<String>,
+    #[serde(default = "root")]
+    pub path: String,
     pub status: u16,
     latency_ms: f64,
 }
 
+fn root() -> String {
+    "/".to_owned()
+}
+
 pub fn scenarios() -> Vec<Scenario> {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/nginx-limit-req");
+    let scenarios = recorded("nginx-limit-req");
+    assert!(scenarios.len() >= 9, "fixtures missing");
+    scenarios
+}
+
+/// Zones shared by several locations with their own bursts (`record.py` beside them).
+pub fn shared_zone_scenarios() -> Vec<Scenario> {
+    let scenarios = recorded("nginx-shared-zone");
+    assert!(scenarios.len() >= 3, "fixtures missing");
+    scenarios
+}
+
+fn recorded(dir: &str) -> Vec<Scenario> {
+    let dir = format!("{}/tests/fixtures/{dir}", env!("CARGO_MANIFEST_DIR"));
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "json"))
         .collect();
     files.sort();
-    assert!(files.len() >= 9, "fixtures missing");
     files.iter().map(|f| serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap()).collect()
 }
 
 /// The sluicegate equivalent of the scenario's `limit_req` line.
 pub fn policy_yaml(s: &Scenario) -> String {
-    let l = &s.limit;
+    let l = s.limit.as_ref().expect("a scenario of one limit_req line");
     let mut limit = format!("key: \"header:x-key\", rate: {}", l.rate);
     if l.burst > 0 {
         limit += &format!(", burst: {}", l.burst);
@@ -91,11 +117,11 @@ fn limiter_matches_nginx_on_a_fake_clock() {
     }
 }
 
-/// Replays `s` through the limits of the first route of configuration `yaml` on a fake
-/// clock: every status must be nginx's, every delay within `tolerance_ms` of nginx's.
+/// Replays `s` through the limits of the routes of configuration `yaml` that its
+/// requests' paths match, on a fake clock: every status must be nginx's, every delay
+/// within `tolerance_ms` of nginx's.
 pub fn replay_on_a_fake_clock(s: &Scenario, yaml: &str) {
     let config = sluicegate::config::parse(yaml, &s.scenario).unwrap();
-    let limits = config.routes[0].limits.clone();
     let clock = ManualClock::default();
     let gate = Gate::new(&config, clock.clone().into());
     let expected_delays = nginx_delays_ms(s);
@@ -104,13 +130,15 @@ pub fn replay_on_a_fake_clock(s: &Scenario, yaml: &str) {
         if let Some(key) = &r.key {
             headers.insert("x-key", key.parse().unwrap());
         }
-        let src = KeySource::get([127, 0, 0, 1].into(), "/", &headers);
+        let src = KeySource::get([127, 0, 0, 1].into(), &r.path, &headers);
+        let route = config.router.find(&http::Method::GET, r.path.as_bytes(), Some("localhost"));
+        let limits = &config.routes[route.unwrap_or_else(|| panic!("{}: no route for {}", s.scenario, r.path))].limits;
         clock.set(Nanos(r.t_ms * 1_000_000));
-        let (status, wait) = match gate.check(&limits, &src, 1) {
+        let (status, wait) = match gate.check(limits, &src, 1) {
             Decision::Pass { wait, .. } => (200, wait),
             Decision::Reject { status, .. } => (status.as_u16(), Duration::ZERO),
         };
-        assert_eq!(status, r.status, "{} request {i} at {} ms", s.scenario, r.t_ms);
+        assert_eq!(status, r.status, "{} request {i} at {} ms to {}", s.scenario, r.t_ms, r.path);
         let ours = wait.as_secs_f64() * 1000.0;
         let theirs = expected_delays[i];
         assert!(
@@ -211,12 +239,13 @@ async fn replay_in_real_time(runs: &[(Scenario, String)]) -> Result<(), String> 
             .iter()
             .map(|r| {
                 let (addr, key, at) = (sg.addr, r.key.clone(), start + Duration::from_millis(r.t_ms));
+                let path = r.path.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep_until(at).await;
                     let late = at.elapsed().as_secs_f64() * 1000.0;
                     let sent = Instant::now();
                     let headers: Vec<(&str, &str)> = key.as_deref().map(|k| ("x-key", k)).into_iter().collect();
-                    let status = get(addr, "/", &headers).await.status;
+                    let status = get(addr, &path, &headers).await.status;
                     ((status, sent.elapsed().as_secs_f64() * 1000.0), late)
                 })
             })

@@ -8,7 +8,7 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use crate::common::*;
-use crate::conformance::{REAL_TIME, real_time_matches, replay_on_a_fake_clock, scenarios};
+use crate::conformance::{REAL_TIME, real_time_matches, replay_on_a_fake_clock, scenarios, shared_zone_scenarios};
 use crate::nginx;
 
 /// What one run of `sluicegate import` gave.
@@ -325,6 +325,40 @@ async fn every_recorded_nginx_trace_replays_the_same_through_its_imported_config
         }
     }
     assert_eq!(runs.len(), REAL_TIME.len());
+    real_time_matches(&runs).await;
+}
+
+/// nginx's commonest pattern, one zone used by several locations with their own
+/// `burst`, `delay` or `nodelay` (and two zones in one location, and a server's line that
+/// a location's own replaces), recorded against real nginx: the import makes one limit
+/// per zone and a route entry per line, and every request gets nginx's status (and
+/// delay), on a fake clock and in real time through the proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_recorded_shared_zone_trace_replays_the_same_through_its_imported_configuration() {
+    let backend = Backend::start().await;
+    let mut runs = Vec::new();
+    for s in shared_zone_scenarios() {
+        let locations = s.locations.as_deref().expect("a shared zone's locations");
+        let dir = nginx_conf(&format!(
+            "events {{}}\nhttp {{\n    {}\n    server {{\n        listen 127.0.0.1:8080;\n        {}\n        {}\n    }}\n}}\n",
+            s.target_config,
+            s.server_config,
+            locations.replace("BACKEND", &backend.addr.to_string())
+        ));
+        let out = import(dir.path());
+        assert_eq!(out.code, 3, "{}: {}", s.scenario, out.stderr);
+        assert!(
+            out.left_out().iter().all(|l| l.ends_with("add_header: values made of variables are not converted")),
+            "{}",
+            out.stderr
+        );
+        // One limit per zone: nginx's one state.
+        let zones = s.target_config.matches("limit_req_zone").count();
+        assert_eq!(out.yaml["limits"].as_object().map(|l| l.len()), Some(zones), "{}", out.text);
+        let yaml = out.text.replace("127.0.0.1:8080", "127.0.0.1:0");
+        replay_on_a_fake_clock(&s, &yaml);
+        runs.push((s, yaml));
+    }
     real_time_matches(&runs).await;
 }
 
