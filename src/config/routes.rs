@@ -16,8 +16,8 @@ use super::checks::{Errors, allow, body_size, set_field, size, status_in, unknow
 use super::raw::{AlgorithmName, RawConfig, RawLimit, RawLimitUse, RawMatch, RawRespond, RawRoute, RawTunedUse};
 use super::units::parse_duration;
 use super::{
-    Action, BodyRate, Burst, Cost, Expires, Limit, LimitUse, PathMatch, PathRegex, PathRewrite, Piece, Rewrite, Route, RouteMatch,
-    StaticResponse, UpstreamHost,
+    Action, BodyRate, Burst, Cost, Expires, Limit, LimitUse, PathMatch, PathRegex, PathRewrite, Piece, Rewrite, Route,
+    RouteMatch, StaticResponse, UpstreamHost,
 };
 
 /// Route `i`; `compiled` are the configuration's limits, indexed as `config.limits`.
@@ -192,7 +192,8 @@ fn own_burst(e: &mut Errors<'_>, at: &str, tuned: &RawTunedUse, limit: &RawLimit
         && limit.rates.is_none()
         && limit.concurrency.is_none()
         && matches!(limit.algorithm, None | Some(AlgorithmName::LeakyBucket));
-    let given = [("burst", tuned.burst.is_some()), ("nodelay", tuned.nodelay.is_some()), ("delay", tuned.delay.is_some())];
+    let given =
+        [("burst", tuned.burst.is_some()), ("nodelay", tuned.nodelay.is_some()), ("delay", tuned.delay.is_some())];
     if !leaky {
         // The limit's own errors, if any, are reported at the limit.
         if let Some((field, _)) = given.iter().find(|(_, given)| *given) {
@@ -208,7 +209,10 @@ fn own_burst(e: &mut Errors<'_>, at: &str, tuned: &RawTunedUse, limit: &RawLimit
         return None;
     }
     let Some(burst) = tuned.burst else {
-        e.add(at.to_owned(), "needs `burst: N` (each use gives its own, as a `limit_req` line does); or name the limit alone");
+        e.add(
+            at.to_owned(),
+            "needs `burst: N` (each use gives its own, as a `limit_req` line does); or name the limit alone",
+        );
         return None;
     };
     let delay = super::limits::delay(e, at, burst, tuned.nodelay, tuned.delay);

@@ -356,4 +356,33 @@ routes:
         let rate = crate::config::units::parse_rate(windows[2]["rate"].as_str().unwrap()).unwrap();
         assert_eq!(rate.per, Duration::from_secs(900));
     }
+
+    #[test]
+    fn a_routes_own_burst_is_written_as_the_file_gives_it_and_reads_back_the_same() {
+        let limits = "[per_ip, { limit: half, burst: 3, nodelay: true }, { limit: slow, burst: 5, delay: 2 }, \
+                      { limit: other, burst: 4 }]";
+        let yaml = format!(
+            "listen: 127.0.0.1:0
+limits:
+  per_ip: {{ key: ip, rate: 20r/s }}
+  half: {{ key: ip, rate: 600r/m }}
+  slow: {{ key: ip, rate: 1r/s }}
+  other: {{ key: ip, rate: 1r/s }}
+routes:
+  - {{ limits: {limits}, respond: {{ status: 200 }} }}
+"
+        );
+        let config = crate::config::parse(&yaml, "t").unwrap();
+        let words = serde_json::to_value(ConfigWords::of(&config)).unwrap();
+        // (In the order of the limits' names, as every request takes their locks.)
+        let written = serde_json::json!([
+            { "limit": "half", "burst": 3, "nodelay": true },
+            { "limit": "other", "burst": 4 },
+            "per_ip",
+            { "limit": "slow", "burst": 5, "delay": 2 },
+        ]);
+        assert_eq!(words["routes"][0]["limits"], written);
+        let again = yaml.replace(limits, &written.to_string());
+        assert_eq!(crate::config::parse(&again, "t").unwrap().routes[0].limits, config.routes[0].limits);
+    }
 }

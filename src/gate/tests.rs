@@ -351,7 +351,13 @@ fn gate_of(yaml: &str) -> (Gate, ManualClock, crate::config::Config) {
 
 /// Decides a request of `ip` through route `route`'s limits at `ms`: `Ok(wait in ms)` or
 /// `Err(retry after in ms)`.
-fn through(gate: &Gate, clock: &ManualClock, config: &crate::config::Config, route: usize, ms: u64) -> Result<u64, u64> {
+fn through(
+    gate: &Gate,
+    clock: &ManualClock,
+    config: &crate::config::Config,
+    route: usize,
+    ms: u64,
+) -> Result<u64, u64> {
     let headers = HeaderMap::new();
     let src = KeySource::get(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), "/", &headers);
     clock.set(Nanos(1_700_000_000_000_000_000 + ms * 1_000_000));
@@ -432,7 +438,7 @@ mod global_path {
 
     use super::*;
     use crate::store::near_cache::Refusal;
-    use crate::store::{Call, Reach, StoreCounts};
+    use crate::store::{Call, Reach, StoreCounts, near_key};
 
     const T0: u64 = 1_700_000_000_000_000_000;
     const MS: u64 = 1_000_000;
@@ -495,6 +501,31 @@ mod global_path {
 
     /// (No probe runs here: a bare gate's store is not watched, and its first probe
     /// would come a cooldown after the breaker opened, in real time.)
+    /// A refusal Redis gave under one burst is no answer for another: a route with a
+    /// larger burst (or the limit's own) may be admitted now, so it asks Redis.
+    #[tokio::test]
+    async fn the_near_cache_answers_only_for_the_burst_it_heard_a_refusal_under() {
+        let (gate, clock) = gate("", "  g: { key: ip, scope: global, rate: 1r/s, burst: 9, on_store_error: deny }\n");
+        let headers = HeaderMap::new();
+        let hash = gate.limiters().get(0).key.global(&src(&headers)).expect("an ip key");
+        let store = gate.store().expect("a global limit");
+        let tight = Some(crate::policy::Burst { burst: 1, delay: 0 });
+        let call =
+            Call { limit: 0, burst: tight, base: store.base(0, hash), near: near_key((hash >> 64) as u64, tight) };
+        store.remember_refusal(&call, Refusal { until: T0 + 2_000 * MS, reset: T0 + 3_000 * MS, window: 0 }, Nanos(T0));
+
+        clock.set(Nanos(T0 + 500 * MS));
+        let through = |burst| [LimitUse { limit: 0, burst }];
+        let same = gate.decide(&through(tight), &src(&headers), 1).await;
+        assert_eq!(rejected(&same), Some((StatusCode::TOO_MANY_REQUESTS, Duration::from_millis(1_500))));
+        for other in [None, Some(crate::policy::Burst { burst: 5, delay: 5 })] {
+            let asked = gate.decide(&through(other), &src(&headers), 1).await;
+            // Redis cannot answer here: `deny` refuses with 503, not the remembered 429.
+            assert_eq!(rejected(&asked).map(|r| r.0), Some(StatusCode::SERVICE_UNAVAILABLE), "{other:?}");
+        }
+        assert_eq!(counts(&gate).near_hits, 1);
+    }
+
     #[tokio::test]
     async fn the_breaker_opens_over_its_window_and_no_request_asks_redis_while_it_is_open() {
         let (gate, clock) = gate(

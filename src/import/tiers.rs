@@ -82,7 +82,10 @@ pub fn split_by_methods(applied: &[Applied]) -> Vec<(Vec<String>, Vec<Listed>)> 
     mentioned.sort();
     mentioned.dedup();
     let names = |method: Option<&str>| -> Vec<Listed> {
-        (0..applied.len()).filter(|&i| applies(i, method)).map(|i| (applied[i].name.clone(), applied[i].burst)).collect()
+        (0..applied.len())
+            .filter(|&i| applies(i, method))
+            .map(|i| (applied[i].name.clone(), applied[i].burst))
+            .collect()
     };
     let mut out: Vec<(Vec<String>, Vec<Listed>)> = Vec::new();
     for m in &mentioned {

@@ -11,8 +11,8 @@ use super::sliding_log::{LogShard, LogTable, SlidingLog};
 use super::sliding_window::SlidingWindow;
 use super::table::{KeyTable, Shard};
 use crate::clock::Nanos;
-use crate::policy::{Burst, Policy};
 use crate::policy::key::KeyHash;
+use crate::policy::{Burst, Policy};
 
 /// A limit's algorithm with the table of its keys' state. The table is shared with the
 /// limit's previous configuration across a reload that keeps its state (`adopt`), so

@@ -65,7 +65,8 @@ async fn local_and_redis_decide_every_schedule_alike() {
         for &cost in costs {
             let client = Ipv4Addr::new(10, 0, i as u8, cost as u8);
             let src = KeySource::get(IpAddr::V4(client), "/", &headers);
-            let call = || Call { limit: i, burst: None, base: store.base(i, u128::from(client.to_bits())), near: KeyHash(0) };
+            let call =
+                || Call { limit: i, burst: None, base: store.base(i, u128::from(client.to_bits())), near: KeyHash(0) };
             for (n, (s, us)) in schedule(i as u64 * 31 + cost, 150).into_iter().enumerate() {
                 clock.set(Nanos(s * 1_000_000_000 + us * 1000));
                 let local = match gate.check(&[LimitUse::plain(i)], &src, cost) {
@@ -343,4 +344,54 @@ async fn requests_waiting_together_share_a_call_and_keep_the_exact_budget() {
 async fn a_refused_weighted_request_leaves_the_other_global_limits_as_they_stand() {
     let redis = Redis::start();
     crate::limits::a_refused_weighted_request_leaves_the_other_limits_as_they_stand(Some(&redis.url())).await;
+}
+
+/// A route's own burst and delay on a global limit: Redis decides each entry with its
+/// parameters on the limit's one state, as the local limiter does, request by request,
+/// whichever entry each request comes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_and_redis_decide_a_limit_used_with_several_bursts_alike() {
+    let redis = Redis::start();
+    let yaml = format!(
+        "listen: 127.0.0.1:0
+redis: {{ url: \"{}\", timeout: 2s }}
+limits:
+  l: {{ key: ip, scope: global, rate: 10r/m, burst: 8, nodelay: true }}
+routes:
+  - {{ match: {{ path: /a }}, limits: [l], respond: {{ status: 200 }} }}
+  - {{ match: {{ path: /b }}, limits: [{{ limit: l, burst: 2 }}], respond: {{ status: 200 }} }}
+  - {{ match: {{ path: /c }}, limits: [{{ limit: l, burst: 5, delay: 3 }}], respond: {{ status: 200 }} }}
+",
+        redis.url()
+    );
+    let config = parse(&yaml, "test").unwrap();
+    let clock = ManualClock::default();
+    let gate = Gate::new(&config, clock.clone().into());
+    let store = Arc::clone(gate.store().unwrap());
+    let headers = HeaderMap::new();
+    let (mut compared, mut refused, mut delayed) = (0, 0, 0);
+    for cost in [1, 2] {
+        let client = Ipv4Addr::new(10, 9, 0, cost as u8);
+        let src = KeySource::get(IpAddr::V4(client), "/", &headers);
+        for (n, (s, us)) in schedule(77 + cost, 200).into_iter().enumerate() {
+            let route = &config.routes[n % 3];
+            let used = route.limits[0];
+            clock.set(Nanos(s * 1_000_000_000 + us * 1000));
+            let local = match gate.check(&route.limits, &src, cost) {
+                Decision::Pass { standings, .. } | Decision::Reject { standings, .. } => outcomes(&standings),
+            };
+            let call = Call {
+                limit: 0,
+                burst: used.burst,
+                base: store.base(0, u128::from(client.to_bits())),
+                near: KeyHash(0),
+            };
+            let global = store.decide(&[call], cost, Some(RedisTime { secs: s, micros: us })).await.unwrap();
+            assert_eq!(outcomes(&global.standings), local, "route {}, cost {cost}, request {n} at {s}.{us:06}", n % 3);
+            refused += usize::from(local[0].0.is_rejected());
+            delayed += usize::from(matches!(local[0].0, Outcome::Delayed(_)));
+            compared += 1;
+        }
+    }
+    assert!(compared == 400 && refused > 50 && delayed > 5, "{refused} refused, {delayed} delayed");
 }
