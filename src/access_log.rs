@@ -22,7 +22,7 @@ use std::time::{Duration, Instant, SystemTime};
 use http::{HeaderValue, Method, Version};
 
 use crate::config::{AccessFormat, AccessLogConfig, Config};
-use crate::head::RequestHead;
+use crate::wire::head::RequestHead;
 use crate::limit::key_text::KeyText;
 use crate::policy::key::{KeyPart, KeySource};
 

@@ -15,7 +15,7 @@ use std::net::IpAddr;
 use http::{Method, StatusCode};
 
 use crate::config::{Config, Cost, PathMatch, Route};
-use crate::head::{Fields, RequestHead, text};
+use crate::wire::head::{Fields, RequestHead, text};
 use crate::path::{self, BadPath};
 use crate::policy::key::KeySource;
 pub use route::{host_fault, request_host};

@@ -14,7 +14,7 @@ use std::str::FromStr;
 
 use http::{HeaderName, Method, header};
 
-use crate::head::{Fields, Known, RequestHead};
+use crate::wire::head::{Fields, Known, RequestHead};
 use crate::router::Captures;
 use crate::suggest::closest;
 

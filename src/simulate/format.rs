@@ -11,7 +11,7 @@ use serde::Deserialize;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use crate::head::{Fields, RequestHead};
+use crate::wire::head::{Fields, RequestHead};
 use crate::policy::key::KeyPart;
 
 /// nginx's predefined `combined` format.
