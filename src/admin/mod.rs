@@ -23,18 +23,18 @@ use subtle::ConstantTimeEq;
 
 use crate::config::words::ConfigWords;
 use crate::config::{OnStoreError, Scope};
-use crate::wire::connection::ClientConn;
 use crate::dashboard::{self, Dashboard};
 use crate::front;
-use crate::wire::head::{Fields, RequestHead};
 use crate::limit::inspect::Lifted;
-use crate::proxy::body::{Response, Settling};
-use crate::wire::message::{Request, Service};
 use crate::policy::key::bearer_token;
 use crate::proxy::Proxy;
+use crate::proxy::body::{Response, Settling};
 use crate::router::Captures;
 use crate::running::Running;
 use crate::store::Reach;
+use crate::wire::connection::ClientConn;
+use crate::wire::head::{Fields, RequestHead};
+use crate::wire::message::{Request, Service};
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 

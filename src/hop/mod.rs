@@ -12,8 +12,8 @@ use ipnet::IpNet;
 use smallvec::SmallVec;
 
 use crate::config::{ForwardedMode, Rewrite};
-use crate::wire::head::{Fields, Known, named_by, takes_trailers, text};
 use crate::variables::Request;
+use crate::wire::head::{Fields, Known, named_by, takes_trailers, text};
 use forwarded::Node;
 
 pub fn is_trusted(ip: IpAddr, trusted: &[IpNet]) -> bool {
@@ -66,7 +66,6 @@ pub fn client_ip(peer: IpAddr, fields: Fields<'_>, trusted: &[IpNet], mode: Forw
 fn parse_hop(hop: &str) -> Option<IpAddr> {
     hop.parse().ok().or_else(|| hop.parse::<SocketAddr>().ok().map(|s| s.ip()))
 }
-
 
 /// The protocol an HTTP/1.1 request asks to switch to: its `Upgrade` field, when its
 /// `Connection` field names `upgrade` (RFC 9110 §7.8). HTTP/2 has no such upgrade.

@@ -20,9 +20,9 @@ use crate::access_log::Entry;
 use crate::config::BodyRate;
 use crate::gate::Permits;
 use crate::grpc::Code;
+use crate::upstream::UpstreamBody;
 use crate::wire::http1::BodyError;
 use crate::wire::message::{ResponseBody, Upgrade};
-use crate::upstream::UpstreamBody;
 
 /// A response of the proxy (or the admin API).
 pub type Response = crate::wire::message::Response<Settling>;
@@ -32,11 +32,12 @@ pub struct Settling {
     /// `None` once its last frame has been given.
     source: Option<Source>,
     pub receipts: Receipts,
-    /// The release of global slots under way, and the frame (or end) it holds back.
-    releasing: Option<(Release, Option<Frame<Bytes>>)>,
+    /// The release of global slots under way, and the frame (or end) it holds back
+    /// (boxed, as the pace: both are rare, and every response carries room for them).
+    releasing: Option<Box<(Release, Option<Frame<Bytes>>)>>,
     /// The body's pace (the route's `response_body_rate`), and what it read but did not
     /// give yet.
-    pacer: Option<Pacer>,
+    pacer: Option<Box<Pacer>>,
     held: Bytes,
 }
 
@@ -114,12 +115,18 @@ impl From<UpstreamBody> for Settling {
 
 impl Settling {
     fn new(source: Source) -> Self {
-        Settling { source: Some(source), receipts: Receipts::default(), releasing: None, pacer: None, held: Bytes::new() }
+        Settling {
+            source: Some(source),
+            receipts: Receipts::default(),
+            releasing: None,
+            pacer: None,
+            held: Bytes::new(),
+        }
     }
 
     /// Sends the body at `rate`.
     pub fn pace(&mut self, rate: BodyRate) {
-        self.pacer = Some(Pacer::new(rate));
+        self.pacer = Some(Box::new(Pacer::new(rate)));
     }
 
     /// Replaces the body by `bytes`, made here; what it holds stays.
@@ -163,7 +170,7 @@ impl Settling {
                 Poll::Ready(frame.map(Ok))
             }
             Some(release) => {
-                self.releasing = Some((Box::pin(release), frame));
+                self.releasing = Some(Box::new((Box::pin(release), frame)));
                 self.poll_released(cx)
             }
         }
@@ -171,9 +178,9 @@ impl Settling {
 
     /// The frame held back while global slots are released, once they are.
     fn poll_released(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        let Some((release, _)) = &mut self.releasing else { return Poll::Ready(None) };
-        std::task::ready!(release.as_mut().poll(cx));
-        let held = self.releasing.take().and_then(|(_, frame)| frame);
+        let Some(releasing) = &mut self.releasing else { return Poll::Ready(None) };
+        std::task::ready!(releasing.0.as_mut().poll(cx));
+        let held = self.releasing.take().and_then(|releasing| releasing.1);
         self.receipts.access = None;
         Poll::Ready(held.map(Ok))
     }

@@ -5,7 +5,6 @@
 //! SIGHUP, and on shutdown stop accepting and let in-flight requests and tunnels finish
 //! within the grace period.
 
-
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -18,12 +17,12 @@ use tokio_rustls::TlsAcceptor;
 use tracing::{debug, error, info, warn};
 
 use crate::config::{self, Config, MAX_CONNECTIONS};
-use crate::wire::connection::{ClientConn, ConnectionHold, PeerCounts};
-use crate::wire::http1::server::HeadLimits;
-use crate::wire::message::Service;
 use crate::proxy::Proxy;
 use crate::proxy::body::Settling;
 use crate::running::{ReloadCause, Running};
+use crate::wire::connection::{ClientConn, ConnectionHold, PeerCounts};
+use crate::wire::http1::server::HeadLimits;
+use crate::wire::message::Service;
 use crate::wire::{Timeouts, h1, h2};
 
 /// Connections the kernel queues before `accept`; it caps this at `net.core.somaxconn`.

@@ -32,15 +32,15 @@ use super::resolve;
 use super::servers::{InFlight, ServerSet};
 use crate::config::{Upstream, UpstreamHost};
 use crate::grpc;
-use crate::wire::head::{Known, RequestHead};
 use crate::hop::{self, Hop};
+use crate::metrics::{Metrics, PoolMetrics};
+use crate::variables;
+use crate::wire::head::{Known, RequestHead};
 use crate::wire::http1::client::{ExchangeError, ResponseBody, exchange};
-use crate::wire::message::ServerFields;
 use crate::wire::http1::parse::Framing;
 use crate::wire::http1::write;
 use crate::wire::http1::{BodyError, BodySource};
-use crate::metrics::{Metrics, PoolMetrics};
-use crate::variables;
+use crate::wire::message::ServerFields;
 
 static GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
 
@@ -487,10 +487,10 @@ impl UpstreamBody {
     }
 
     /// The trailer fields that followed the body, once it has been read to its end
-    /// (HTTP/2 trailers; an HTTP/1 server's chunked trailers are not kept); given once.
+    /// (HTTP/2 trailers, or an HTTP/1 server's chunked ones); given once.
     pub fn trailers(&mut self) -> Option<HeaderMap> {
         match &mut self.kind {
-            BodyKind::H1 { .. } => None,
+            BodyKind::H1 { body, .. } => body.trailers(),
             BodyKind::H2(h2) => h2.trailers.take(),
         }
     }

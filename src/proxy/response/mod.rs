@@ -10,12 +10,12 @@ use bytes::Bytes;
 use http::StatusCode;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 
+use super::body::{Response, Settling};
 use super::error::ProxyError;
 use crate::config::{Expires, RejectionBody, StaticResponse};
 use crate::grpc::{self, Code};
-use super::body::{Response, Settling};
-use crate::wire::message::{FieldValue, Fields};
 use crate::variables;
+use crate::wire::message::{FieldValue, Fields};
 pub use ratelimit::{Quota, add_ratelimit_headers, quotas};
 
 fn made_here(status: StatusCode, body: impl Into<Bytes>) -> Response {
@@ -30,12 +30,7 @@ pub fn static_response(r: &StaticResponse, vars: &variables::Request<'_>) -> Res
     for (name, value) in &r.made {
         fields.append(name, value.header_value(vars));
     }
-    Response {
-        status: r.status,
-        fields: Fields::Map(fields),
-        extra: vec![],
-        body: Settling::from(r.body.clone()),
-    }
+    Response { status: r.status, fields: Fields::Map(fields), extra: vec![], body: Settling::from(r.body.clone()) }
 }
 
 /// `Expires` and `Cache-Control` for a response of `status` (nginx's `expires`, which
@@ -103,9 +98,7 @@ pub fn rejected(status: StatusCode, retry_after: Duration, body: RejectionBody, 
 /// gRPC's retry policy honours.
 pub fn grpc(mut response: Response, code: Code, retry_after: Option<Duration>) -> Response {
     let text = match response.body.made() {
-        Some(text)
-            if response.extra.iter().any(|(n, v)| n == CONTENT_TYPE && v.as_bytes().starts_with(b"text/")) =>
-        {
+        Some(text) if response.extra.iter().any(|(n, v)| n == CONTENT_TYPE && v.as_bytes().starts_with(b"text/")) => {
             String::from_utf8_lossy(text).trim_end().to_owned()
         }
         _ => response.status.canonical_reason().unwrap_or("error").to_owned(),
