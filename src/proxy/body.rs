@@ -261,7 +261,7 @@ impl ResponseBody for Settling {
             self.source = None;
             self.held = Bytes::new();
             self.receipts.ended(None);
-            if let Poll::Ready(_) = self.settle(cx, None) {
+            if self.settle(cx, None).is_ready() {
                 return Poll::Ready(());
             }
         }

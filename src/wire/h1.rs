@@ -726,7 +726,9 @@ mod tests {
     #[tokio::test]
     async fn smuggling_vectors_are_refused_or_read_one_way_then_closed() {
         let hidden = "GET /hidden HTTP/1.1\r\nHost: x\r\n\r\n";
-        let cases: &[(&str, &[(u16, &str, bool)])] = &[
+        /// A request's bytes, and the answers (status, body, closed) the engine gives.
+        type Case<'a> = (&'a str, &'a [(u16, &'a str, bool)]);
+        let cases: &[Case<'_>] = &[
             (
                 "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
                 &[(200, "POST / []", true)],
