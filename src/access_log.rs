@@ -22,9 +22,9 @@ use std::time::{Duration, Instant, SystemTime};
 use http::{HeaderValue, Method, Version};
 
 use crate::config::{AccessFormat, AccessLogConfig, Config};
-use crate::head::RequestHead;
 use crate::limit::key_text::KeyText;
 use crate::policy::key::{KeyPart, KeySource};
+use crate::wire::head::RequestHead;
 
 /// Lines waiting for the writer before new ones are dropped.
 const QUEUE: usize = 16 * 1024;

@@ -11,10 +11,10 @@ use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 use http::StatusCode;
 
 use crate::config::Config;
-use crate::http1::BodySource;
-use crate::http1::client::exchange;
-use crate::http1::parse::Framing;
-use crate::http1::write;
+use crate::wire::http1::BodySource;
+use crate::wire::http1::client::exchange;
+use crate::wire::http1::parse::Framing;
+use crate::wire::http1::write;
 use crate::{import, simulate};
 
 /// The configuration file `run`, `check` and `reload` read without `-c`: where the
@@ -217,7 +217,7 @@ async fn ask_reload(config: &Config, file: &Path) -> Result<String, String> {
     let (result, _) = exchange(&mut stream, &head, no_body, Framing::Empty, &http::Method::POST, 64 * 1024).await;
     let (response, read) = result.map_err(|e| e.to_string())?;
     // The answer's body names the file reloaded, or says why not.
-    let mut body = crate::http1::client::ResponseBody::new(stream, &response, read);
+    let mut body = crate::wire::http1::client::ResponseBody::new(stream, &response, read);
     let mut why = Vec::new();
     while let Some(piece) = std::future::poll_fn(|cx| body.poll_data(cx)).await {
         why.extend_from_slice(&piece.map_err(|e| e.to_string())?);

@@ -361,6 +361,20 @@ impl Metrics {
         self.families.grpc.get_or_create(&labels).inc();
     }
 
+    /// Route `route`'s gRPC calls since start by the status they ended with (`NONE`: none),
+    /// the statuses seen only. Read by the dashboard, never by a request.
+    pub fn grpc_counts(&self, route: usize) -> Vec<(&'static str, u64)> {
+        let name = &self.routes[route].name;
+        (0..=16u8)
+            .map(|code| crate::grpc::Code(code).name())
+            .chain(["NONE"])
+            .filter_map(|status| {
+                let labels = vec![("route", name.clone()), ("grpc_status", status.to_owned())];
+                self.families.grpc.get(&labels).map(|count| (status, count.get()))
+            })
+            .collect()
+    }
+
     /// Where upstream `upstream` counts its failed lookups and its addresses (series
     /// continued across reloads).
     pub fn upstream_resolution(&self, upstream: &str) -> ResolveMetrics {

@@ -10,7 +10,7 @@
 
 use http::header::{self, HeaderName};
 
-use crate::head::{Known, RequestHead, text};
+use crate::wire::head::{Known, RequestHead, text};
 
 const SEC_FETCH_SITE: HeaderName = HeaderName::from_static("sec-fetch-site");
 
@@ -49,7 +49,7 @@ pub fn refusal(head: &RequestHead<'_>) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::head::Fields;
+    use crate::wire::head::Fields;
 
     fn refused(fields: &[(&str, &str)]) -> Option<String> {
         let mut request = http::Request::post("/reload");

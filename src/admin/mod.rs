@@ -23,17 +23,18 @@ use subtle::ConstantTimeEq;
 
 use crate::config::words::ConfigWords;
 use crate::config::{OnStoreError, Scope};
-use crate::connection::ClientConn;
 use crate::dashboard::{self, Dashboard};
 use crate::front;
-use crate::head::{Fields, RequestHead};
 use crate::limit::inspect::Lifted;
-use crate::message::{Request, Response, Service};
 use crate::policy::key::bearer_token;
 use crate::proxy::Proxy;
+use crate::proxy::body::{Response, Settling};
 use crate::router::Captures;
 use crate::running::Running;
 use crate::store::Reach;
+use crate::wire::connection::ClientConn;
+use crate::wire::head::{Fields, RequestHead};
+use crate::wire::message::{Request, Service};
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -55,6 +56,8 @@ impl AdminService {
 }
 
 impl Service for AdminService {
+    type Body = Settling;
+
     async fn call<'a>(&'a self, request: Request<'a>, _conn: &'a ClientConn) -> Response {
         answer(&request.head, self).await
     }
@@ -391,7 +394,7 @@ mod tests {
     fn call(service: &AdminService, method: Method, uri: &str) -> (StatusCode, String) {
         let req = http::Request::builder().method(method).uri(uri).body(()).unwrap();
         let response = made(answer(&head_of(&req), service));
-        let crate::message::Body::Full(body) = &response.body else { panic!("made here") };
+        let body = response.body.made().expect("made here");
         (response.status, String::from_utf8_lossy(body).into_owned())
     }
 
@@ -444,12 +447,12 @@ routes:
         for path in ["/", "/dashboard.js", "/dashboard.css", "/icon.svg"] {
             let file = request(path, None);
             assert_eq!(file.status, StatusCode::OK, "{path}");
-            let crate::message::Body::Full(body) = &file.body else { panic!("made here") };
+            let body = file.body.made().expect("made here");
             assert!(!String::from_utf8_lossy(body).contains("shared"), "{path} shows no data (no limit's name)");
             let csp = file.extra.iter().find(|(name, _)| *name == header::CONTENT_SECURITY_POLICY);
             assert!(csp.is_some(), "{path} has its Content-Security-Policy");
         }
-        let crate::message::Body::Full(page) = request("/", None).body else { panic!("made here") };
+        let page = request("/", None).body.made().expect("made here").clone();
         assert!(String::from_utf8_lossy(&page).contains("data-token=\"required\""), "the page asks for the token");
     }
 }

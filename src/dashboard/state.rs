@@ -34,8 +34,9 @@ pub fn state(running: &Running, history: &History, since: Option<u64>) -> Value 
     let routes: Vec<Value> = config
         .routes
         .iter()
+        .enumerate()
         .take(MAX_SHOWN)
-        .map(|route| {
+        .map(|(i, route)| {
             let (h, _) = history_of(&route.name);
             let series = |pick: fn(&super::history::RouteHistory) -> &super::history::Series| {
                 h.map_or_else(|| vec![0; seconds], |h| pick(h).last(seconds))
@@ -49,6 +50,8 @@ pub fn state(running: &Running, history: &History, since: Option<u64>) -> Value 
                 "latency": latency(0.5).zip(latency(0.99)).map(|((p50, responses), (p99, _))| json!({
                     "p50_ms": p50 * 1000.0, "p99_ms": p99 * 1000.0, "responses": responses,
                 })),
+                // Its gRPC calls since start, by the status they ended with.
+                "grpc": proxy.metrics().grpc_counts(i).into_iter().map(|(s, n)| (s.to_owned(), Value::from(n))).collect::<serde_json::Map<_, _>>(),
             });
             with_words(&mut shown, &RouteWords::of(route, config));
             shown

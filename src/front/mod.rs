@@ -15,9 +15,9 @@ use std::net::IpAddr;
 use http::{Method, StatusCode};
 
 use crate::config::{Config, Cost, LimitUse, PathMatch, Route};
-use crate::head::{Fields, RequestHead, text};
 use crate::path::{self, BadPath};
 use crate::policy::key::KeySource;
+use crate::wire::head::{Fields, RequestHead, text};
 pub use route::{host_fault, request_host};
 
 /// Why a request cannot reach its limits; each is the client's fault (a 4xx).

@@ -4,7 +4,7 @@
 use http::Version;
 use http::uri::Authority;
 
-use crate::head::{Known, RequestHead, text};
+use crate::wire::head::{Known, RequestHead, text};
 
 /// Why a request's `Host` is unusable, if it is: HTTP/1.1 requires exactly one valid
 /// `Host` (RFC 9112 §3.2); HTTP/1.0 and HTTP/2 may omit it, never repeat or garble it;
@@ -118,7 +118,7 @@ mod tests {
             target: "/",
             version: Version::HTTP_11,
             authority,
-            fields: crate::head::Fields::from(headers),
+            fields: crate::wire::head::Fields::from(headers),
         };
         let h = |v: &str| {
             let mut map = HeaderMap::new();

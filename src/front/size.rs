@@ -7,7 +7,7 @@
 
 use super::FrontError;
 use crate::config::Config;
-use crate::head::RequestHead;
+use crate::wire::head::RequestHead;
 
 /// 414 when the target is too long, 431 when the header fields are too large.
 pub fn check(head: &RequestHead<'_>, config: &Config) -> Result<(), FrontError> {
@@ -41,7 +41,7 @@ mod tests {
     use http::{HeaderMap, Method, Version};
 
     use super::*;
-    use crate::head::Fields;
+    use crate::wire::head::Fields;
 
     #[test]
     fn the_header_section_counts_as_http1_sends_it() {

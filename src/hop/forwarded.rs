@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 
-use crate::head::text;
+use crate::wire::head::text;
 
 /// One `for=` value of a `Forwarded` element, as far as the client address goes.
 #[derive(Debug, PartialEq, Eq)]

@@ -12,8 +12,8 @@ use ipnet::IpNet;
 use smallvec::SmallVec;
 
 use crate::config::{ForwardedMode, Rewrite};
-use crate::head::{Fields, Known, text};
 use crate::variables::Request;
+use crate::wire::head::{Fields, Known, named_by, takes_trailers, text};
 use forwarded::Node;
 
 pub fn is_trusted(ip: IpAddr, trusted: &[IpNet]) -> bool {
@@ -65,12 +65,6 @@ pub fn client_ip(peer: IpAddr, fields: Fields<'_>, trusted: &[IpNet], mode: Forw
 /// `1.2.3.4`, `2001:db8::1`, `1.2.3.4:5678` or `[2001:db8::1]:443`.
 fn parse_hop(hop: &str) -> Option<IpAddr> {
     hop.parse().ok().or_else(|| hop.parse::<SocketAddr>().ok().map(|s| s.ip()))
-}
-
-/// Whether a field named `name` is one of those `connection` (the message's `Connection`
-/// values) names: hop-by-hop too (RFC 9110 §7.6.1).
-fn named_by(name: &[u8], connection: &[&[u8]]) -> bool {
-    connection.iter().any(|list| list.split(|&b| b == b',').any(|token| token.trim_ascii().eq_ignore_ascii_case(name)))
 }
 
 /// The protocol an HTTP/1.1 request asks to switch to: its `Upgrade` field, when its
@@ -166,10 +160,7 @@ pub fn request_fields(fields: Fields<'_>, hop: &Hop<'_>, host: Option<&[u8]>, em
         let dropped = match known {
             Known::Host | Known::ContentLength | Known::Expect => true,
             Known::Te => {
-                trailers |= value.split(|&b| b == b',').any(|t| {
-                    let token = t.split(|&b| b == b';').next().unwrap_or_default();
-                    token.trim_ascii().eq_ignore_ascii_case(b"trailers")
-                });
+                trailers |= takes_trailers(value);
                 true
             }
             // Rebuilt below; with `rfc7239` alone a trusted peer's `X-Forwarded-*` pass as
@@ -240,34 +231,6 @@ pub fn request_fields(fields: Fields<'_>, hop: &Hop<'_>, host: Option<&[u8]>, em
         (Some(_), _) => fields.all_of(Known::XForwardedHost).for_each(|v| emit(b"x-forwarded-host", v)),
         (None, Some(host)) => emit(b"x-forwarded-host", host),
         (None, None) => {}
-    }
-}
-
-/// The fields of an upstream's response that the client gets, given to `emit`: all but
-/// the hop-by-hop ones (a `101`'s `Upgrade` kept, with `Connection: upgrade`), the framing
-/// fields (the writer's, unless `keep_length`: a response without body, to `HEAD` say,
-/// whose `Content-Length` describes another), and those named in `replaced`.
-pub fn response_fields(
-    fields: Fields<'_>,
-    switching: bool,
-    keep_length: bool,
-    replaced: &[&[u8]],
-    emit: &mut impl FnMut(&[u8], &[u8]),
-) {
-    let connection: SmallVec<[&[u8]; 2]> = fields.all_of(Known::Connection).collect();
-    fields.each(&mut |known, name, value| {
-        let dropped = match known {
-            // A `101`'s `Upgrade` says what the connection becomes.
-            Known::Upgrade => !switching,
-            Known::ContentLength => !keep_length,
-            known => known.is_hop_by_hop() || (!connection.is_empty() && named_by(name, &connection)),
-        } || replaced.iter().any(|r| r.eq_ignore_ascii_case(name));
-        if !dropped {
-            emit(name, value);
-        }
-    });
-    if switching {
-        emit(b"connection", b"upgrade");
     }
 }
 

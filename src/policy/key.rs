@@ -14,9 +14,9 @@ use std::str::FromStr;
 
 use http::{HeaderName, Method, header};
 
-use crate::head::{Fields, Known, RequestHead};
 use crate::router::Captures;
 use crate::suggest::closest;
+use crate::wire::head::{Fields, Known, RequestHead};
 
 /// Prefix lengths an `ip` key keeps of IPv4 and IPv6 addresses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -6,8 +6,10 @@
 //! settling), and turns a `ProxyError` into its response in one place. Rejections are
 //! not errors: they are a `Decision` answered with a 429.
 
+pub mod body;
 pub mod error;
 mod log_budget;
+mod pace;
 pub mod refused_keys;
 pub mod response;
 mod rewrite;
@@ -23,20 +25,21 @@ use tracing::{Level, debug, warn};
 use crate::access_log::{self, AccessLog};
 use crate::clock::Clock;
 use crate::config::{Action, Config, HeaderMode, LogLevel, Route};
-use crate::connection::ClientConn;
 use crate::front::{self, FrontError};
 use crate::gate::{Decision, Gate, Pending, Permits, Standings};
 use crate::grpc;
-use crate::head::{Known, RequestHead};
 use crate::hop::{self, Hop};
-use crate::http1::BodySource;
-use crate::http1::parse::Framing;
 use crate::limit::{LimitResult, Limiters, Outcome, Standing};
-use crate::message::{self, Request, Response};
 use crate::metrics::{Metrics, RequestOutcome, UpstreamResult};
 use crate::policy::key::KeySource;
 use crate::upstream::{self, Outgoing, UpstreamClient, UpstreamError};
 use crate::variables;
+use crate::wire::connection::ClientConn;
+use crate::wire::head::{Known, RequestHead};
+use crate::wire::http1::BodySource;
+use crate::wire::http1::parse::Framing;
+use crate::wire::message::{self, Request};
+use body::{Response, Settling};
 use error::ProxyError;
 use log_budget::LogBudget;
 use refused_keys::RefusedKeys;
@@ -330,7 +333,7 @@ impl Proxy {
             // A gRPC call counts by its gRPC status: that of a trailers-only answer's
             // head, or else that of its trailers, at the end of its body.
             let in_head = match &response {
-                Ok(r) => r.grpc_status_in_head(),
+                Ok(r) => grpc_status_in_head(r),
                 Err(e) => Some(e.grpc_code()),
             };
             match (in_head, &mut response) {
@@ -340,7 +343,7 @@ impl Proxy {
                 }
                 (None, Ok(r)) => {
                     let (pending, metrics) = (std::mem::take(&mut admitted.pending), Arc::clone(&self.metrics));
-                    r.receipts.grpc_end = Some(Box::new(move |code| {
+                    r.body.receipts.grpc_end = Some(Box::new(move |code| {
                         metrics.grpc(index, code);
                         if let Some(global) = pending.settle(code.map_or(status, grpc::counted_status)) {
                             tokio::spawn(global);
@@ -361,13 +364,15 @@ impl Proxy {
             }
         };
         let mut response = response?;
-        response.receipts.permits = std::mem::take(&mut admitted.permits);
+        response.body.receipts.permits = std::mem::take(&mut admitted.permits);
         // A tunnel is not paced: its bytes are no response body.
-        if response.status != http::StatusCode::SWITCHING_PROTOCOLS {
-            response.pace = route.body_rate;
+        if let Some(rate) = route.body_rate
+            && response.status != http::StatusCode::SWITCHING_PROTOCOLS
+        {
+            response.body.pace(rate);
         }
         if let Action::Forward(upstream) = &route.action {
-            response.receipts.tunnel_idle_timeout = config.upstreams[*upstream].tunnel_idle_timeout;
+            response.body.receipts.tunnel_idle_timeout = config.upstreams[*upstream].tunnel_idle_timeout;
         }
         if config.ratelimit_headers == HeaderMode::All {
             self.add_ratelimit_headers(&mut response, &admitted.standings);
@@ -415,9 +420,7 @@ impl Proxy {
             status: response.status,
             fields: message::Fields::Upstream(response.fields),
             extra,
-            body: message::Body::Upstream(response.body),
-            pace: None,
-            receipts: message::Receipts::default(),
+            body: Settling::from(response.body),
         })
     }
 
@@ -571,11 +574,29 @@ fn finish(mut response: Response, trace: Trace, grpc: bool) -> Response {
     if let Trace(Some(mut entry)) = trace {
         entry.status = response.status.as_u16();
         if grpc {
-            entry.grpc_status = response.grpc_status_in_head().map(|c| c.0);
+            entry.grpc_status = grpc_status_in_head(&response).map(|c| c.0);
         }
-        response.receipts.access = Some(entry);
+        response.body.receipts.access = Some(entry);
     }
     response
+}
+
+/// The `grpc-status` the head of `response` carries (a trailers-only gRPC response), if
+/// any.
+fn grpc_status_in_head(response: &Response) -> Option<grpc::Code> {
+    use message::{Fields, ServerFields};
+    let name = http::HeaderName::from_static("grpc-status");
+    let value = match response.extra.iter().find(|(n, _)| *n == name) {
+        Some((_, value)) => Some(value.as_bytes()),
+        None => match &response.fields {
+            Fields::None => None,
+            Fields::Map(map) | Fields::Upstream(ServerFields::H2(map)) => {
+                map.get(&name).map(http::HeaderValue::as_bytes)
+            }
+            Fields::Upstream(ServerFields::H1(head)) => head.fields().get(&name),
+        },
+    };
+    value.and_then(grpc::Code::parse)
 }
 
 /// The level of a limit's rejection lines (`lowered`: its delay lines, one below, as
@@ -644,13 +665,13 @@ mod tests {
             target: "/",
             version: http::Version::HTTP_11,
             authority: None,
-            fields: crate::head::Fields::from(&headers),
+            fields: crate::wire::head::Fields::from(&headers),
         };
         let conn = ClientConn::unheld("127.0.0.1:1".parse().unwrap());
         let request = proxy.handle(Request { head, framing: Framing::Empty, body: None }, &conn);
         // 3,120 bytes once gRPC, header variables and the pool's bounded wait were merged
         // together: over the 3 KiB this held before. Shrinking it is issue 37's work.
         assert!(std::mem::size_of_val(&request) <= 3136, "{} bytes", std::mem::size_of_val(&request));
-        assert!(std::mem::size_of::<Response>() <= 512, "{} bytes", std::mem::size_of::<Response>());
+        assert!(std::mem::size_of::<Response>() <= 512, "response: {} bytes", std::mem::size_of::<Response>());
     }
 }

@@ -1,15 +1,9 @@
 //! The listeners: accept connections up to `server.max_connections` (all listeners
 //! together), end TLS where a listener has it, serve each connection (HTTP/1.x by
-//! sluicegate's engine, `h1`; HTTP/2 by hyper, `h2`: h2c after the HTTP/1 engine saw its
+//! sluicegate's engine, `wire::h1`; HTTP/2 by hyper, `wire::h2`: h2c after the HTTP/1 engine saw its
 //! preface, `h2` by ALPN over TLS), reload the configuration (certificates included) on
 //! SIGHUP, and on shutdown stop accepting and let in-flight requests and tunnels finish
 //! within the grace period.
-
-pub mod h1;
-pub mod h2;
-mod pace;
-mod tunnel;
-pub mod watchdog;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -23,12 +17,13 @@ use tokio_rustls::TlsAcceptor;
 use tracing::{debug, error, info, warn};
 
 use crate::config::{self, Config, MAX_CONNECTIONS};
-use crate::connection::{ClientConn, ConnectionHold, PeerCounts};
-use crate::http1::server::HeadLimits;
-use crate::message::Service;
 use crate::proxy::Proxy;
+use crate::proxy::body::Settling;
 use crate::running::{ReloadCause, Running};
-pub use watchdog::Timeouts;
+use crate::wire::connection::{ClientConn, ConnectionHold, PeerCounts};
+use crate::wire::http1::server::HeadLimits;
+use crate::wire::message::Service;
+use crate::wire::{Timeouts, h1, h2};
 
 /// Connections the kernel queues before `accept`; it caps this at `net.core.somaxconn`.
 const LISTEN_BACKLOG: u32 = 4096;
@@ -487,12 +482,34 @@ pub async fn shutdown_signal() {
 
 /// The proxy answers requests with the configuration in force when each arrives.
 impl Service for Running {
+    type Body = Settling;
+
     fn call<'a>(
         &'a self,
-        request: crate::message::Request<'a>,
+        request: crate::wire::message::Request<'a>,
         conn: &'a ClientConn,
-    ) -> impl Future<Output = crate::message::Response> + Send + 'a {
+    ) -> impl Future<Output = crate::wire::message::Response<Settling>> + Send + 'a {
         let proxy = self.proxy();
         async move { proxy.handle(request, conn).await }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connection between requests holds its socket, its timer and a few words: what
+    /// a request, a refusal, a tunnel or HTTP/2 need is boxed while it lasts.
+    #[tokio::test]
+    async fn a_connection_waiting_for_a_request_stays_small() {
+        let config = config::parse("listen: 127.0.0.1:0\nroutes:\n  - respond: { status: 200 }\n", "t").unwrap();
+        let settings = settings(&config);
+        let running = Running::new(Proxy::new(config).unwrap(), None);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let stream = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let conn = ClientConn::unheld("127.0.0.1:1".parse().unwrap());
+        let (_stop, stopping) = watch::channel(());
+        let serving = h1::serve(stream, conn, Arc::new(running), settings, stopping);
+        assert!(std::mem::size_of_val(&serving) <= 768, "{} bytes", std::mem::size_of_val(&serving));
     }
 }

@@ -11,8 +11,8 @@ use serde::Deserialize;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use crate::head::{Fields, RequestHead};
 use crate::policy::key::KeyPart;
+use crate::wire::head::{Fields, RequestHead};
 
 /// nginx's predefined `combined` format.
 pub const COMBINED: &str = r#"$remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent "$http_referer" "$http_user_agent""#;
@@ -30,6 +30,9 @@ pub struct Logged {
     pub headers: HeaderMap,
     /// What was answered (`None`: the log does not say).
     pub status: Option<u16>,
+    /// The gRPC status a gRPC call ended with (sluicegate's `grpc_status`; `None`: no
+    /// gRPC call, or the log does not say).
+    pub grpc_status: Option<u8>,
     /// How long it was in progress, ns (`None`: the log does not say).
     pub duration: Option<u64>,
     /// The key parts the line records (sluicegate's `keys`), present or not: those
@@ -191,6 +194,7 @@ struct JsonLine<'a> {
     #[serde(borrow)]
     target: std::borrow::Cow<'a, str>,
     status: Option<u16>,
+    grpc_status: Option<u8>,
     duration_ms: Option<f64>,
     upstream_ms: Option<f64>,
     #[serde(borrow)]
@@ -236,6 +240,7 @@ fn read_json(line: &str, cache: &mut TimeCache) -> Result<Read, Unreadable> {
         uri: target(&parsed.target)?,
         headers,
         status: parsed.status,
+        grpc_status: parsed.grpc_status,
         duration,
         recorded,
     })))
@@ -679,6 +684,7 @@ impl Pattern {
             uri: target(&target_text)?,
             headers,
             status,
+            grpc_status: None,
             duration,
             recorded: Vec::new(),
         })

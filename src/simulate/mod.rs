@@ -194,6 +194,10 @@ fn decision_line(replay: &Replay, fate: &Fate, log: &str, line: u64, at: u64, n:
         "status": fate.refused.map(|(_, status, _)| status),
         "limit": fate.refused.map(|(limit, _, _)| limits[limit].name.as_str()),
     });
+    if let (true, Some((limit, _, _))) = (fate.grpc, fate.refused) {
+        // A gRPC call is refused with a gRPC status (HTTP 200, as the proxy answers it).
+        value["grpc_status"] = serde_json::Value::from(limits[limit].grpc_status.0);
+    }
     if of > 1 {
         value["config"] = serde_json::Value::from(replay.name.as_str());
         value["config_index"] = serde_json::Value::from(n);

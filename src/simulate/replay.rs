@@ -22,6 +22,7 @@ use crate::clock::{ManualClock, Nanos};
 use crate::config::{Config, LimitUse, Scope};
 use crate::front::{self, FrontError};
 use crate::gate::{Decision, Gate, Pending, Permits};
+use crate::grpc;
 use crate::limit::Outcome;
 use crate::limit::key_text::KeyText;
 use crate::metrics::RequestOutcome;
@@ -37,6 +38,9 @@ pub struct Fate {
     pub wait: Duration,
     /// The enforced limit that refused it, the status it answers, and the key's hash.
     pub refused: Option<(usize, u16, Option<u64>)>,
+    /// The request was a gRPC call (its line has a `grpc_status`): a refusal is answered
+    /// with the limit's `grpc_status`.
+    pub grpc: bool,
 }
 
 /// A request in progress: what it gives back when it ends.
@@ -176,7 +180,8 @@ impl Replay {
     /// Replays `request`, arriving at `at` (no earlier than the previous one).
     pub fn take(&mut self, request: &Logged, at: u64) -> Fate {
         self.end_until(at);
-        let mut fate = Fate { route: None, outcome: "no_route", wait: Duration::ZERO, refused: None };
+        let grpc = request.grpc_status.is_some();
+        let mut fate = Fate { route: None, outcome: "no_route", wait: Duration::ZERO, refused: None, grpc };
         let head = request.head();
         let front = match front::front(&self.config, &head, request.client, self.host.as_deref()) {
             Ok(front) => front,
@@ -246,7 +251,8 @@ impl Replay {
                     at.saturating_add(wait).saturating_add(request.duration.unwrap_or(0)),
                     permits,
                     pending,
-                    request.status,
+                    // A gRPC call counts by its gRPC status, as the proxy counts it.
+                    request.grpc_status.map(|code| grpc::counted_status(grpc::Code(code))).or(request.status),
                 );
             }
         }

@@ -18,7 +18,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::{Instant, Sleep};
 
-use crate::http1::{BodyError, BodySource};
+use crate::wire::http1::{BodyError, BodySource};
 
 /// Why a request body was cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -146,7 +146,7 @@ impl BodySource for RequestBody<'_> {
         }))
     }
 
-    fn poll_interim(&mut self, cx: &mut Context<'_>, head: &crate::http1::parse::ResponseHead) -> Poll<()> {
+    fn poll_interim(&mut self, cx: &mut Context<'_>, head: &crate::wire::http1::parse::ResponseHead) -> Poll<()> {
         self.source().poll_interim(cx, head)
     }
 }

@@ -32,14 +32,15 @@ use super::resolve;
 use super::servers::{InFlight, ServerSet};
 use crate::config::{Upstream, UpstreamHost};
 use crate::grpc;
-use crate::head::{Known, RequestHead};
 use crate::hop::{self, Hop};
-use crate::http1::client::{ExchangeError, ResponseBody, exchange};
-use crate::http1::parse::{Framing, ResponseHead};
-use crate::http1::write;
-use crate::http1::{BodyError, BodySource};
 use crate::metrics::{Metrics, PoolMetrics};
 use crate::variables;
+use crate::wire::head::{Known, RequestHead};
+use crate::wire::http1::client::{ExchangeError, ResponseBody, exchange};
+use crate::wire::http1::parse::Framing;
+use crate::wire::http1::write;
+use crate::wire::http1::{BodyError, BodySource};
+use crate::wire::message::ServerFields;
 
 static GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
 
@@ -75,17 +76,8 @@ pub struct Outgoing<'a> {
 /// A server's response, its body still to be read.
 pub struct UpstreamResponse {
     pub status: StatusCode,
-    pub fields: ResponseFields,
+    pub fields: ServerFields,
     pub body: UpstreamBody,
-}
-
-/// A response's header fields as the protocol gave them.
-// The HTTP/1 head, the common one, is kept inline: boxing it would cost an allocation
-// per response.
-#[allow(clippy::large_enum_variant)]
-pub enum ResponseFields {
-    H1(ResponseHead),
-    H2(HeaderMap),
 }
 
 /// A response body from a server, which counts the request as in progress there until
@@ -293,7 +285,7 @@ impl UpstreamClient {
         out: &Outgoing<'_>,
         body: Option<&mut RequestBody<'_>>,
         fresh: bool,
-    ) -> Result<(StatusCode, ResponseFields, BodyKind), Failure> {
+    ) -> Result<(StatusCode, ServerFields, BodyKind), Failure> {
         let client = || out.head.fields.first_of(Known::Host).or(out.head.authority.map(str::as_bytes));
         let host = match out.host {
             // HTTP/1 needs a `Host`; a client's HTTP/1.0 request may come without.
@@ -345,7 +337,7 @@ impl UpstreamClient {
         let mut body = BodyKind::H1 { body: ResponseBody::new(conn, &response, read), sent: sent.all };
         // A response without a body (204, 304, to HEAD) is read already.
         body.give_back_if_done();
-        Ok((response.status, ResponseFields::H1(response), body))
+        Ok((response.status, ServerFields::H1(response), body))
     }
 
     async fn attempt_h2(
@@ -354,7 +346,7 @@ impl UpstreamClient {
         out: &Outgoing<'_>,
         body: Option<&mut dyn BodySource>,
         host: Option<&[u8]>,
-    ) -> Result<(StatusCode, ResponseFields, BodyKind), Failure> {
+    ) -> Result<(StatusCode, ServerFields, BodyKind), Failure> {
         let mut sender = self.pool.h2(server.address(), server.tls()).await.map_err(Failure::connect)?;
         let mut pairs = Vec::with_capacity(16);
         hop::request_fields(out.head.fields, &out.hop, None, &mut |name, value| {
@@ -367,7 +359,7 @@ impl UpstreamClient {
             Ok(h2::Sent { response, pumping }) => {
                 let (parts, incoming) = response.into_parts();
                 let body = BodyKind::H2(Box::new(H2Body { incoming, trailers: None, _pumping: pumping }));
-                Ok((parts.status, ResponseFields::H2(parts.headers), body))
+                Ok((parts.status, ServerFields::H2(parts.headers), body))
             }
             Err(H2Error::Body(e)) => Err(Failure::Body(e)),
             Err(H2Error::Exchange(e)) => Err(Failure::Send { error: SendError::H2(e), reused: true, responded: false }),
@@ -471,7 +463,7 @@ impl UpstreamBody {
                 self.kind.give_back_if_done();
                 polled
             }
-            BodyKind::H2(h2) => h2::poll_data(&mut h2.incoming, &mut h2.trailers, cx),
+            BodyKind::H2(h2) => crate::wire::h2::poll_data(&mut h2.incoming, &mut h2.trailers, cx),
         };
         if polled.is_ready() {
             self.release_if_done();
@@ -495,10 +487,10 @@ impl UpstreamBody {
     }
 
     /// The trailer fields that followed the body, once it has been read to its end
-    /// (HTTP/2 trailers; an HTTP/1 server's chunked trailers are not kept); given once.
+    /// (HTTP/2 trailers, or an HTTP/1 server's chunked ones); given once.
     pub fn trailers(&mut self) -> Option<HeaderMap> {
         match &mut self.kind {
-            BodyKind::H1 { .. } => None,
+            BodyKind::H1 { body, .. } => body.trailers(),
             BodyKind::H2(h2) => h2.trailers.take(),
         }
     }

@@ -7,8 +7,8 @@ use http::uri::Authority;
 
 use super::body::BodyFault;
 
-use crate::http1::BodyError;
-use crate::http1::client::ExchangeError;
+use crate::wire::http1::BodyError;
+use crate::wire::http1::client::ExchangeError;
 
 /// Each variant says who is at fault: the client (its body) or the upstream.
 #[derive(Debug, thiserror::Error)]

@@ -13,11 +13,11 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Uri};
 use http_body_util::BodyExt;
 use http_body_util::combinators::BoxBody;
-use hyper::body::{Body as _, Frame, Incoming, SizeHint};
+use hyper::body::{Frame, Incoming, SizeHint};
 use hyper::client::conn::http2::SendRequest;
 use tokio::sync::mpsc;
 
-use crate::http1::{BodyError, BodySource, FramingError};
+use crate::wire::http1::{BodyError, BodySource};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -29,33 +29,6 @@ pub enum H2Error {
     Exchange(hyper::Error),
     /// The client's body failed on the way.
     Body(BodyError),
-}
-
-/// The next data of an HTTP/2 body, a request's or a response's; its trailers, checked
-/// as header fields are (`crate::head::trailer_fields`), are kept in `trailers`. `None`
-/// at its end.
-pub fn poll_data(
-    body: &mut Incoming,
-    trailers: &mut Option<HeaderMap>,
-    cx: &mut Context<'_>,
-) -> Poll<Option<Result<Bytes, BodyError>>> {
-    loop {
-        match std::task::ready!(Pin::new(&mut *body).poll_frame(cx)) {
-            None => return Poll::Ready(None),
-            Some(Err(e)) => return Poll::Ready(Some(Err(BodyError::Io(std::io::Error::other(e))))),
-            Some(Ok(frame)) => match frame.into_data() {
-                Ok(data) => return Poll::Ready(Some(Ok(data))),
-                Err(frame) => {
-                    if let Ok(fields) = frame.into_trailers() {
-                        let Some(fields) = crate::head::trailer_fields(fields) else {
-                            return Poll::Ready(Some(Err(BodyError::Framing(FramingError::Trailer))));
-                        };
-                        *trailers = Some(fields);
-                    }
-                }
-            },
-        }
-    }
 }
 
 /// A response from an HTTP/2 server, and the task still sending its request's body,

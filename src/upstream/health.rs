@@ -19,9 +19,9 @@ use super::h2::H2Body;
 use super::pool::{MAX_RESPONSE_HEAD, Pool};
 use super::servers::{Member, ServerSet};
 use crate::config::HealthCheck;
-use crate::http1::client::{ResponseBody, exchange};
-use crate::http1::parse::Framing;
-use crate::http1::write;
+use crate::wire::http1::client::{ResponseBody, exchange};
+use crate::wire::http1::parse::Framing;
+use crate::wire::http1::write;
 
 /// The running check; dropping it stops the check.
 pub struct Checker(JoinHandle<()>);
@@ -112,7 +112,7 @@ async fn exchange_once(pool: &Pool, member: &Member, check: &HealthCheck, http2:
     let mut writer = write::Head::request(&mut head, &Method::GET, check.path.as_str());
     writer.field(b"host", host.as_bytes());
     writer.end();
-    let no_body: Option<&mut dyn crate::http1::BodySource> = None;
+    let no_body: Option<&mut dyn crate::wire::http1::BodySource> = None;
     let (result, _) = exchange(&mut conn, &head, no_body, Framing::Empty, &Method::GET, MAX_RESPONSE_HEAD).await;
     let (response, read) = result.map_err(|e| super::error::causes(&e))?;
     let mut body = ResponseBody::new(conn, &response, read);
@@ -138,7 +138,7 @@ async fn grpc_check(sender: &mut SendRequest<H2Body>, uri: http::Uri, service: &
     fields.insert(http::header::TE, http::HeaderValue::from_static("trailers"));
     let mut body = Once(Some(grpc_frame(&health_request(service))));
     let sent =
-        super::h2::send(sender, &Method::POST, uri, fields, Some(&mut body as &mut dyn crate::http1::BodySource))
+        super::h2::send(sender, &Method::POST, uri, fields, Some(&mut body as &mut dyn crate::wire::http1::BodySource))
             .await
             .map_err(|_| "the exchange failed".to_owned())?;
     let (parts, incoming) = sent.response.into_parts();
@@ -191,11 +191,11 @@ fn grpc_frame(message: &[u8]) -> bytes::Bytes {
 /// A body of one piece.
 struct Once(Option<bytes::Bytes>);
 
-impl crate::http1::BodySource for Once {
+impl crate::wire::http1::BodySource for Once {
     fn poll_chunk(
         &mut self,
         _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<bytes::Bytes, crate::http1::BodyError>>> {
+    ) -> std::task::Poll<Option<Result<bytes::Bytes, crate::wire::http1::BodyError>>> {
         std::task::Poll::Ready(self.0.take().map(Ok))
     }
 }

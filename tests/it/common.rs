@@ -669,8 +669,12 @@ impl StrictFraming {
                     let size = usize::from_str_radix(size.split(';').next()?, 16).ok()?;
                     at = line_end + 2;
                     if size == 0 {
-                        // No trailers: the empty line.
-                        return (body.len() >= at + 2).then_some(at + 2);
+                        // The trailer section, to its empty line.
+                        let rest = &body[at..];
+                        return match rest.starts_with(b"\r\n") {
+                            true => Some(at + 2),
+                            false => rest.windows(4).position(|w| w == b"\r\n\r\n").map(|p| at + p + 4),
+                        };
                     }
                     if body.len() < at + size + 2 {
                         return None;

@@ -392,7 +392,7 @@ async fn a_refused_call_is_resource_exhausted_with_the_pushback() {
     let sg = proxy(
         server,
         "",
-        "limits:\n  per_ip: { key: ip, rate: 1r/m, burst: 0, nodelay: true }\n  methods: { key: ip, rate: 1r/m, burst: 0, nodelay: true, grpc_status: UNAVAILABLE }\nroutes:\n  - { match: { path: /test.Echo/Unary }, upstream: g, limits: [per_ip] }\n  - { match: { path_prefix: /test.Echo/Server }, upstream: g, limits: [methods] }\n",
+        "admin: { listen: 127.0.0.1:0 }\nlimits:\n  per_ip: { key: ip, rate: 1r/m, burst: 0, nodelay: true }\n  methods: { key: ip, rate: 1r/m, burst: 0, nodelay: true, grpc_status: UNAVAILABLE }\nroutes:\n  - { match: { path: /test.Echo/Unary }, upstream: g, limits: [per_ip] }\n  - { match: { path_prefix: /test.Echo/Server }, upstream: g, limits: [methods] }\n",
     );
     let channel = channel(sg.addr, None).await;
     call_unary(&channel, msg("first", 0, 0)).await.unwrap();
@@ -418,6 +418,12 @@ async fn a_refused_call_is_resource_exhausted_with_the_pushback() {
         .await
         .unwrap_err();
     assert_eq!(none.code(), Code::Unimplemented, "{none:?}");
+    // The dashboard shows each route's calls by the status they ended with.
+    let state: serde_json::Value =
+        serde_json::from_slice(&get(sg.admin_addr(), "/dashboard.json", &[]).await.body).unwrap();
+    let grpc: Vec<&serde_json::Value> = state["routes"].as_array().unwrap().iter().map(|r| &r["grpc"]).collect();
+    assert_eq!(grpc[0], &serde_json::json!({ "OK": 1, "RESOURCE_EXHAUSTED": 1 }));
+    assert_eq!(grpc[1], &serde_json::json!({ "OK": 1, "UNAVAILABLE": 1 }));
 }
 
 #[tokio::test]
@@ -451,6 +457,59 @@ async fn a_cancelled_call_cancels_upstream_and_frees_its_slot_within_a_round_tri
         // ...and after one round trip on another route, the slot is free.
         call_server_stream(&channel, msg("", 0, 0)).await.unwrap();
         call_unary(&channel, msg("x", 0, 0)).await.expect("the cancelled call's slot is still taken");
+    }
+}
+
+/// An upstream that resets its stream midway through the response resets the client's
+/// stream, and the call's concurrency slot goes back with it.
+#[tokio::test]
+async fn an_upstream_that_resets_its_stream_resets_the_clients_and_frees_the_slot() {
+    type Piece = Result<Frame<Bytes>, std::io::Error>;
+    // Each response sends its first piece at once and hands the test what sends the rest.
+    let (to_test, mut responses) = mpsc::unbounded_channel::<mpsc::Sender<Piece>>();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let Ok((stream, _)) = listener.accept().await else { return };
+        let service = hyper::service::service_fn(move |_req: http::Request<hyper::body::Incoming>| {
+            let to_test = to_test.clone();
+            async move {
+                let (tx, rx) = mpsc::channel::<Piece>(4);
+                tx.send(Ok(Frame::data(Bytes::from_static(b"part")))).await.unwrap();
+                to_test.send(tx).unwrap();
+                let body = StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+                Ok::<_, Infallible>(http::Response::new(body))
+            }
+        });
+        let builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+        _ = builder.serve_connection(TokioIo::new(stream), service).await;
+    });
+    let sg =
+        proxy(server, "", "limits:\n  one: { key: ip, concurrency: 1 }\nroutes:\n  - { upstream: g, limits: [one] }\n");
+    let stream = TcpStream::connect(sg.addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await.unwrap();
+    tokio::spawn(conn);
+    let get = || http::Request::get(format!("http://{}/r", sg.addr)).body(Full::new(Bytes::new())).unwrap();
+    for _ in 0..2 {
+        // The slot of the call reset before is free (at once, or within a moment).
+        let mut opened = None;
+        wait_until("the slot to be free", Duration::from_secs(5), async || {
+            let response = sender.send_request(get()).await.unwrap();
+            let passed = response.status() == 200;
+            opened = passed.then_some(response);
+            passed
+        })
+        .await;
+        let mut body = opened.unwrap().into_body();
+        let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(first, "part");
+        // The slot is taken while the response is open.
+        assert_eq!(sender.send_request(get()).await.unwrap().status(), 429);
+        let rest = responses.recv().await.unwrap();
+        rest.send(Err(std::io::Error::other("the server gives up"))).await.unwrap();
+        let reset = tokio::time::timeout(Duration::from_secs(5), body.frame()).await.expect("no reset came");
+        assert!(matches!(reset, Some(Err(_))), "the stream ended instead of being reset: {reset:?}");
     }
 }
 
@@ -603,6 +662,79 @@ async fn trailers_pass_both_ways_over_http2_and_te_trailers_goes_upstream() {
     assert_eq!(trailers.get("x-client").unwrap(), "1");
     assert_eq!(trailers.get("x-server").unwrap(), "yes");
     assert!(trailers.get("content-type").is_none() && trailers.get("trailer").is_none(), "{trailers:?}");
+}
+
+/// The trailer section of a raw HTTP/1.1 chunked answer whose body is `data` in one
+/// chunk: its field lines, sorted.
+fn chunked_trailers(answer: &str, data: &str) -> Vec<String> {
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no head: {answer}"));
+    assert!(head.contains("\r\ntransfer-encoding: chunked"), "{head}");
+    let chunk = format!("{:x}\r\n{data}\r\n0\r\n", data.len());
+    let section = body.strip_prefix(&chunk).and_then(|s| s.strip_suffix("\r\n")).unwrap_or_else(|| panic!("{body:?}"));
+    let mut lines: Vec<String> = section.lines().map(str::to_owned).collect();
+    lines.sort();
+    lines
+}
+
+/// An HTTP/1.1 client's chunked trailers go upstream (as an HTTP/2 server's trailers),
+/// and the response's trailers reach it as its last chunk's when it sent `TE: trailers`,
+/// and not otherwise; fields that may not be trailers are left out both ways.
+#[tokio::test]
+async fn http11_clients_send_trailers_and_get_them_when_they_take_them() {
+    let sg = proxy(trailer_echo().await, "", FORWARD_ALL);
+    let request = |te: &str| {
+        format!(
+            "POST /t HTTP/1.1\r\nHost: x\r\n{te}Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n\
+             4\r\nbody\r\n0\r\nx-client: 1\r\ncontent-length: 4\r\n\r\n"
+        )
+    };
+    let answer = raw_exchange(sg.addr, request("TE: trailers\r\n").as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 200 ") && answer.contains("\r\nx-te-seen: trailers\r\n"), "{answer}");
+    assert_eq!(chunked_trailers(&answer, "body"), ["x-client: 1", "x-server: yes"]);
+    let answer = raw_exchange(sg.addr, request("").as_bytes()).await;
+    assert!(!answer.contains("x-te-seen"), "{answer}");
+    assert_eq!(chunked_trailers(&answer, "body"), Vec::<String>::new(), "not taken: not sent");
+}
+
+/// An HTTP/1.1 server's chunked trailers reach an HTTP/2 client as its trailers and an
+/// HTTP/1.1 client that takes them as its last chunk's; an HTTP/2 client's trailers reach
+/// the HTTP/1.1 server as the request's last chunk's.
+#[tokio::test]
+async fn an_http11_servers_trailers_reach_clients_of_both_protocols_and_theirs_reach_it() {
+    let backend = StrictBackend::start(|_| {
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n\
+          4\r\nbody\r\n0\r\ngrpc-status: 0\r\nx-up: 1\r\ncontent-length: 4\r\n\r\n"
+            .to_vec()
+    })
+    .await;
+    let sg = Sluicegate::start(&format!(
+        "listen: 127.0.0.1:0\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nroutes:\n  - upstream: b\n",
+        backend.addr
+    ));
+    let stream = TcpStream::connect(sg.addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await.unwrap();
+    tokio::spawn(conn);
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("x-client", "1".parse().unwrap());
+    let frames: Vec<Result<Frame<Bytes>, Infallible>> =
+        vec![Ok(Frame::data(Bytes::from_static(b"body"))), Ok(Frame::trailers(trailers))];
+    let request = http::Request::post(format!("http://{}/t", sg.addr))
+        .header("te", "trailers")
+        .body(StreamBody::new(tokio_stream::iter(frames)))
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    let collected = response.into_body().collect().await.unwrap();
+    let trailers = collected.trailers().cloned().expect("no trailers came");
+    assert_eq!(collected.to_bytes(), "body");
+    assert_eq!((trailers["grpc-status"].to_str().unwrap(), trailers["x-up"].to_str().unwrap()), ("0", "1"));
+    assert!(trailers.get("content-length").is_none(), "{trailers:?}");
+    let seen = String::from_utf8(backend.seen()[0].bytes.clone()).unwrap();
+    assert!(seen.ends_with("\r\n4\r\nbody\r\n0\r\nx-client: 1\r\n\r\n"), "{seen:?}");
+
+    let request = "GET /t HTTP/1.1\r\nHost: x\r\nTE: trailers\r\nConnection: close\r\n\r\n";
+    let answer = raw_exchange(sg.addr, request.as_bytes()).await;
+    assert_eq!(chunked_trailers(&answer, "body"), ["grpc-status: 0", "x-up: 1"]);
 }
 
 #[tokio::test]

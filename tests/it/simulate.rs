@@ -597,3 +597,38 @@ routes:
     let notes = report["configs"][0]["notes"].to_string();
     assert!(notes.contains("keyed on both bearer and header:authorization"), "{notes}");
 }
+
+/// gRPC calls in the proxy's JSON log count by the `grpc_status` they ended with, as the
+/// proxy counts them (`count_grpc`), and a refused one is answered with the limit's
+/// `grpc_status` in the decisions.
+#[test]
+fn grpc_calls_count_by_their_logged_grpc_status_and_are_refused_with_the_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        dir.path(),
+        "c.yaml",
+        "listen: 127.0.0.1:0
+limits:
+  bad_auth: { key: ip, rate: 1r/m, burst: 1, nodelay: true, count_grpc: [UNAUTHENTICATED], grpc_status: UNAVAILABLE }
+routes:
+  - name: api
+    limits: [bad_auth]
+    respond: { status: 200 }
+",
+    );
+    // A call that ended with `grpc_status` (HTTP 200, as every gRPC answer), at second `s`.
+    let call = |s: u32, code: u8| {
+        format!(
+            "{{\"time\":\"2026-11-22T10:00:{s:02}.000Z\",\"client\":\"10.0.0.1\",\"method\":\"POST\",\"target\":\"/a.B/C\",\"status\":200,\"grpc_status\":{code},\"duration_ms\":1.0}}\n"
+        )
+    };
+    // Successful calls count nothing; the second failed authentication uses up the
+    // burst, and the next call is refused whatever it would have ended with.
+    let log = [call(1, 0), call(2, 0), call(3, 16), call(4, 0), call(5, 16), call(6, 0)].concat();
+    write(dir.path(), "access.log", &log);
+    simulate(dir.path(), &["-c", "c.yaml", "--decisions", "d.jsonl", "access.log"]);
+    let d = decisions(&dir.path().join("d.jsonl"));
+    let outcomes: Vec<&str> = d.iter().map(|d| d["outcome"].as_str().unwrap()).collect();
+    assert_eq!(outcomes, ["passed", "passed", "passed", "passed", "passed", "rejected"]);
+    assert_eq!((d[5]["grpc_status"].as_u64(), d[0].get("grpc_status")), (Some(14), None));
+}

@@ -127,7 +127,9 @@
         const cells = row.children;
         cells[0].firstChild.textContent = r.name;
         const to = r.upstream ? `upstream ${r.upstream}` : `answers ${r.respond.status}`;
-        cells[0].lastChild.textContent = to + (r.limits.length ? ' · limits: ' + r.limits.map(limitUse).join(', ') : '');
+        const grpc = Object.entries(r.grpc).map(([status, n]) => `${status} ${n}`).join(', ');
+        cells[0].lastChild.textContent = to + (r.limits.length ? ' · limits: ' + r.limits.map(limitUse).join(', ') : '') +
+          (grpc ? ` · gRPC calls: ${grpc}` : '');
         cells[1].lastChild.textContent = draw(cells[1].firstChild, [s.passed, s.delayed, s.refused], 'requests per second');
         cells[2].textContent = rate(s.passed);
         cells[3].textContent = rate(s.delayed);

@@ -10,11 +10,12 @@ use bytes::Bytes;
 use http::StatusCode;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 
+use super::body::{Response, Settling};
 use super::error::ProxyError;
 use crate::config::{Expires, RejectionBody, StaticResponse};
 use crate::grpc::{self, Code};
-use crate::message::{Body, FieldValue, Fields, Receipts, Response};
 use crate::variables;
+use crate::wire::message::{FieldValue, Fields};
 pub use ratelimit::{Quota, add_ratelimit_headers, quotas};
 
 fn made_here(status: StatusCode, body: impl Into<Bytes>) -> Response {
@@ -29,14 +30,7 @@ pub fn static_response(r: &StaticResponse, vars: &variables::Request<'_>) -> Res
     for (name, value) in &r.made {
         fields.append(name, value.header_value(vars));
     }
-    Response {
-        status: r.status,
-        fields: Fields::Map(fields),
-        extra: vec![],
-        body: Body::Full(r.body.clone()),
-        pace: None,
-        receipts: Receipts::default(),
-    }
+    Response { status: r.status, fields: Fields::Map(fields), extra: vec![], body: Settling::from(r.body.clone()) }
 }
 
 /// `Expires` and `Cache-Control` for a response of `status` (nginx's `expires`, which
@@ -103,16 +97,14 @@ pub fn rejected(status: StatusCode, retry_after: Duration, body: RejectionBody, 
 /// rate-limit fields), and `retry_after` goes as `grpc-retry-pushback-ms` too, which
 /// gRPC's retry policy honours.
 pub fn grpc(mut response: Response, code: Code, retry_after: Option<Duration>) -> Response {
-    let text = match &response.body {
-        Body::Full(text)
-            if response.extra.iter().any(|(n, v)| n == CONTENT_TYPE && v.as_bytes().starts_with(b"text/")) =>
-        {
+    let text = match response.body.made() {
+        Some(text) if response.extra.iter().any(|(n, v)| n == CONTENT_TYPE && v.as_bytes().starts_with(b"text/")) => {
             String::from_utf8_lossy(text).trim_end().to_owned()
         }
         _ => response.status.canonical_reason().unwrap_or("error").to_owned(),
     };
     response.status = StatusCode::OK;
-    response.body = Body::Full(Bytes::new());
+    response.body.set_made(Bytes::new());
     response.set(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     response.set(GRPC_STATUS, FieldValue::number(u64::from(code.0)));
     response.set(GRPC_MESSAGE, FieldValue::Long(grpc::message(&text).into_bytes()));
@@ -157,7 +149,7 @@ mod tests {
         assert_eq!(field(&r, &GRPC_MESSAGE), "Too Many Requests");
         assert_eq!(field(&r, &GRPC_RETRY_PUSHBACK_MS), "1500");
         assert_eq!(field(&r, &RETRY_AFTER), "2");
-        assert!(matches!(&r.body, Body::Full(b) if b.is_empty()));
+        assert!(r.body.made().is_some_and(Bytes::is_empty));
     }
 
     #[test]
@@ -169,7 +161,7 @@ mod tests {
             &["a", "b"],
         );
         assert_eq!(field(&r, &CONTENT_TYPE), "application/problem+json");
-        let Body::Full(body) = &r.body else { panic!("not made here") };
+        let body = r.body.made().expect("made here");
         let body = String::from_utf8_lossy(body);
         assert!(body.contains(r#""violated_limits":["a","b"]"#) && body.contains(r#""retry_after":2"#), "{body}");
     }

@@ -6,7 +6,7 @@ use http::header::{HeaderName, HeaderValue};
 use super::ceil_secs;
 use crate::config::{HeaderStyle, Limit, Policy};
 use crate::limit::Standing;
-use crate::message::FieldValue;
+use crate::wire::message::FieldValue;
 
 static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");

@@ -21,7 +21,7 @@ use std::mem::MaybeUninit;
 use bytes::Bytes;
 use http::{Method, StatusCode, Version};
 
-use crate::head::{FieldSpan, Fields, Known, Span};
+use crate::wire::head::{FieldSpan, Fields, Known, Span};
 
 /// More fields than this in a head: 431 (nginx allows about as many in its default
 /// buffers; no real client sends more).

@@ -14,7 +14,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::body::{self, Decoder, FramingError, Step};
 use super::parse::{self, Framing, ResponseHead};
-use super::{BodyError, BodySource, read_into, write_parts};
+use super::{BodyError, BodySource, read_into, write, write_parts};
 
 /// How an exchange failed, and how far it got (for deciding whether to try again).
 #[derive(Debug, thiserror::Error)]
@@ -196,9 +196,14 @@ impl<B: BodySource + ?Sized> Outgoing<'_, '_, B> {
             Poll::Ready(None) => {
                 self.ended = true;
                 if chunked {
-                    let mut line = [0; 18];
-                    line[..5].copy_from_slice(body::LAST_CHUNK);
-                    self.chunk = Some(Chunk { line, line_len: 5, data: Bytes::new(), tail: false, written: 0 });
+                    // The client's trailer fields go on as the last chunk's.
+                    let mut last = Vec::new();
+                    match body.trailers() {
+                        Some(trailers) => write::last_chunk(&mut last, &trailers),
+                        None => last.extend_from_slice(body::LAST_CHUNK),
+                    }
+                    let data = Bytes::from(last);
+                    self.chunk = Some(Chunk { line: [0; 18], line_len: 0, data, tail: false, written: 0 });
                 }
             }
         }
@@ -225,6 +230,11 @@ impl<C: AsyncRead + Unpin> ResponseBody<C> {
     /// The whole body has been read.
     pub fn is_done(&self) -> bool {
         self.decoder.is_done()
+    }
+
+    /// The trailer fields of a chunked body read to its end; given once.
+    pub fn trailers(&mut self) -> Option<http::HeaderMap> {
+        self.decoder.take_trailers()
     }
 
     /// Data bytes still to come, when the framing says.

@@ -58,16 +58,18 @@ impl Pacer {
         self.sent = total;
         Poll::Ready(())
     }
-
-    /// Waits until `n` more bytes may go out, and counts them.
-    pub async fn send(&mut self, n: usize) {
-        std::future::poll_fn(|cx| self.poll_send(cx, n)).await;
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl Pacer {
+        /// Waits until `n` more bytes may go out, and counts them.
+        async fn send(&mut self, n: usize) {
+            std::future::poll_fn(|cx| self.poll_send(cx, n)).await;
+        }
+    }
 
     #[tokio::test(start_paused = true)]
     async fn the_first_bytes_go_at_once_then_the_rest_at_the_rate() {

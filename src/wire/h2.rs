@@ -11,7 +11,7 @@ use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
-use hyper::body::{Body as _, Frame, Incoming, SizeHint};
+use hyper::body::{Body as _, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -19,13 +19,12 @@ use tokio::sync::watch;
 use tracing::debug;
 
 use super::Timeouts;
-use super::pace::{self, Pacer};
 use super::watchdog::{self, DriveError, Watch, WatchedBody, WatchedIo};
-use crate::connection::ClientConn;
-use crate::head::{Fields, RequestHead};
-use crate::http1::parse::Framing;
-use crate::http1::{BodyError, BodySource};
-use crate::message::{Body, Receipts, Request, Response, Service};
+use crate::wire::connection::ClientConn;
+use crate::wire::head::{Fields, RequestHead};
+use crate::wire::http1::parse::Framing;
+use crate::wire::http1::{BodyError, BodySource, FramingError};
+use crate::wire::message::{self, Request, Response, Service};
 
 /// How HTTP/2 connections are served.
 #[derive(Clone, Copy)]
@@ -97,7 +96,7 @@ struct Stream {
 impl BodySource for Stream {
     fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BodyError>>> {
         match &mut self.body {
-            Some(body) => crate::upstream::h2::poll_data(body, &mut self.trailers, cx),
+            Some(body) => poll_data(body, &mut self.trailers, cx),
             None => Poll::Ready(None),
         }
     }
@@ -114,141 +113,46 @@ impl BodySource for Stream {
 }
 
 /// hyper's response of `response`, to a request with `method`.
-fn into_hyper(response: Response, method: &Method) -> http::Response<Outgoing> {
+fn into_hyper<B>(response: Response<B>, method: &Method) -> http::Response<B> {
     let bodiless = *method == Method::HEAD
         || response.status == StatusCode::NO_CONTENT
         || response.status == StatusCode::NOT_MODIFIED;
-    let keep_length = bodiless && matches!(response.body, Body::Upstream(_));
+    let keep_length = bodiless && matches!(response.fields, message::Fields::Upstream(_));
     let mut headers = HeaderMap::new();
     response.each_field(keep_length, &mut |name, value| {
         if let (Ok(name), Ok(value)) = (HeaderName::from_bytes(name), HeaderValue::from_bytes(value)) {
             headers.append(name, value);
         }
     });
-    let Response { status, body, receipts, .. } = response;
-    let pacer = response.pace.map(Pacer::new);
-    let outgoing = Outgoing { body: Some(body), receipts, releasing: None, pacer, held: Bytes::new() };
-    let mut out = http::Response::new(outgoing);
-    *out.status_mut() = status;
+    let mut out = http::Response::new(response.body);
+    *out.status_mut() = response.status;
     *out.headers_mut() = headers;
     out
 }
 
-/// A response body as hyper sends it: the service's, carrying the receipts to its end.
-pub struct Outgoing {
-    /// `None` once sent.
-    body: Option<Body>,
-    receipts: Receipts,
-    /// The release of global slots under way, and the frame (or end) it holds back.
-    releasing: Option<(Release, Option<Frame<Bytes>>)>,
-    /// The body's pace (the route's `response_body_rate`), and what it read but did not
-    /// send yet.
-    pacer: Option<Pacer>,
-    held: Bytes,
-}
-
-type Release = Pin<Box<dyn Future<Output = ()> + Send>>;
-
-impl Outgoing {
-    /// The body's last `data` (or none, and then its trailers, if it has any): the slots
-    /// go back first.
-    fn end(
-        &mut self,
-        cx: &mut Context<'_>,
-        data: Option<Bytes>,
-    ) -> Poll<Option<Result<Frame<Bytes>, <Self as hyper::body::Body>::Error>>> {
-        // A body's trailers come once its data has ended (a poll that gave data did not
-        // read them yet).
-        let trailers = match (&mut self.body, &data) {
-            (Some(Body::Upstream(body)), None) => body.trailers(),
-            _ => None,
-        };
-        self.receipts.ended(trailers.as_ref());
-        self.body = None;
-        let frame = data.map(Frame::data).or_else(|| trailers.map(Frame::trailers));
-        match self.receipts.permits.finish() {
-            None => Poll::Ready(frame.map(Ok)),
-            Some(release) => {
-                self.releasing = Some((Box::pin(release), frame));
-                Pin::new(self).poll_frame(cx)
-            }
-        }
-    }
-}
-
-impl hyper::body::Body for Outgoing {
-    type Data = Bytes;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
-
-    /// Slots are given back when the body ends. The last frame (or the end) waits until
-    /// global slots are released in Redis, so the client cannot see its response done
-    /// while the slot still counts.
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let this = self.get_mut();
-        if let Some((release, _)) = &mut this.releasing {
-            std::task::ready!(release.as_mut().poll(cx));
-            let held = this.releasing.take().and_then(|(_, frame)| frame);
-            return Poll::Ready(held.map(Ok));
-        }
-        if let (Some(pacer), false) = (&mut this.pacer, this.held.is_empty()) {
-            // A paced body goes in steps of what was read, each once the pace allows it.
-            let n = pace::piece_bytes(pacer.rate()).min(this.held.len());
-            std::task::ready!(pacer.poll_send(cx, n));
-            let step = this.held.split_to(n);
-            if !this.held.is_empty() || this.body.is_some() {
-                return Poll::Ready(Some(Ok(Frame::data(step))));
-            }
-            return this.end(cx, Some(step));
-        }
-        let (frame, ends) = match &mut this.body {
-            None => (None, true),
-            Some(Body::Full(bytes)) => {
-                let bytes = std::mem::take(bytes);
-                this.body = None;
-                (Some(bytes).filter(|b| b.has_remaining()), true)
-            }
-            Some(Body::Upstream(body)) => match std::task::ready!(body.poll_data(cx)) {
-                Some(Ok(data)) => (Some(data), body.is_done()),
-                Some(Err(e)) => return Poll::Ready(Some(Err(Box::new(e)))),
-                None => (None, true),
-            },
-        };
-        if let (Some(entry), Some(data)) = (&mut this.receipts.access, &frame) {
-            entry.bytes += data.len() as u64;
-        }
-        let frame = match frame {
-            Some(data) if this.pacer.is_some() => {
-                this.held = data;
-                if ends {
-                    this.body = None;
+/// The next data of an HTTP/2 body, a request's or a response's; its trailers, checked
+/// as header fields are (`crate::wire::head::trailer_fields`), are kept in `trailers`. `None`
+/// at its end.
+pub fn poll_data(
+    body: &mut Incoming,
+    trailers: &mut Option<HeaderMap>,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Bytes, BodyError>>> {
+    loop {
+        match std::task::ready!(Pin::new(&mut *body).poll_frame(cx)) {
+            None => return Poll::Ready(None),
+            Some(Err(e)) => return Poll::Ready(Some(Err(BodyError::Io(std::io::Error::other(e))))),
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => return Poll::Ready(Some(Ok(data))),
+                Err(frame) => {
+                    if let Ok(fields) = frame.into_trailers() {
+                        let Some(fields) = crate::wire::head::trailer_fields(fields) else {
+                            return Poll::Ready(Some(Err(BodyError::Framing(FramingError::Trailer))));
+                        };
+                        *trailers = Some(fields);
+                    }
                 }
-                return Pin::new(this).poll_frame(cx);
-            }
-            frame => frame,
-        };
-        if !ends {
-            return Poll::Ready(frame.map(|data| Ok(Frame::data(data))));
-        }
-        this.end(cx, frame)
-    }
-
-    /// A body made here and empty ends with the head: a gRPC answer made here is a
-    /// trailers-only response (its status in the one HEADERS frame, which ends the
-    /// stream), as the protocol requires.
-    fn is_end_stream(&self) -> bool {
-        let empty = match &self.body {
-            None => true,
-            Some(Body::Full(bytes)) => bytes.is_empty(),
-            Some(Body::Upstream(_)) => false,
-        };
-        self.releasing.is_none() && !self.receipts.permits.holds_leases() && empty && self.held.is_empty()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match &self.body {
-            None => SizeHint::with_exact(0),
-            Some(Body::Full(bytes)) => SizeHint::with_exact(bytes.len() as u64),
-            Some(Body::Upstream(body)) => body.length().map_or_else(SizeHint::default, SizeHint::with_exact),
+            },
         }
     }
 }

@@ -17,6 +17,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{Method, StatusCode, Version};
+use hyper::body::Frame;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
@@ -24,15 +25,14 @@ use tracing::debug;
 
 use super::Timeouts;
 use super::h2::{self, H2Settings};
-use super::pace::{self, Pacer};
 use super::tunnel;
-use crate::connection::ClientConn;
-use crate::head::RequestHead;
-use crate::http1::body::{CHUNK_END, LAST_CHUNK, chunk_head};
-use crate::http1::parse::{self, Framing, HeadError};
-use crate::http1::server::{Bodiless, Conn, HeadLimits, Read, RequestBody};
-use crate::http1::{read_away, write};
-use crate::message::{Body, Request, Response, Service};
+use crate::wire::connection::ClientConn;
+use crate::wire::head::{Known, RequestHead, takes_trailers};
+use crate::wire::http1::body::{CHUNK_END, LAST_CHUNK, chunk_head};
+use crate::wire::http1::parse::{self, Framing, HeadError};
+use crate::wire::http1::server::{Bodiless, Conn, HeadLimits, Read, RequestBody};
+use crate::wire::http1::{read_away, write};
+use crate::wire::message::{Fields, Request, Response, ResponseBody, Service, Upgrade};
 
 /// How one connection is served.
 #[derive(Clone)]
@@ -230,22 +230,19 @@ impl Waiting {
     }
 }
 
-/// A connection that became a tunnel after its `101`.
-struct Tunnel {
-    upstream: crate::upstream::UpstreamIo,
-    upstream_sent: bytes::BytesMut,
-    idle: Duration,
-    /// What the response held: kept until the tunnel closes.
-    /// Boxed: upgrades are rare, and the connection's state should not carry its room.
-    _receipts: Box<crate::message::Receipts>,
-}
+/// A connection that became a tunnel after its `101` (boxed: upgrades are rare, and the
+/// connection's state should not carry their room). What the response held is kept
+/// until the tunnel closes.
+struct Tunnel(Box<Upgrade>);
 
 impl Tunnel {
     async fn run<I: AsyncRead + AsyncWrite + Unpin>(self, c: Conn<I>, peer: std::net::SocketAddr) {
-        match tunnel::run(c.io, c.buf, self.upstream, self.upstream_sent, self.idle).await {
+        let Upgrade { io, read, idle, held } = *self.0;
+        match tunnel::run(c.io, c.buf, io, read, idle).await {
             Ok(how) => debug!(%peer, "tunnel {how}"),
             Err(e) => debug!(%peer, error = %e, "tunnel ended with an error"),
         }
+        drop(held);
     }
 }
 
@@ -317,8 +314,7 @@ where
         (response, true)
     };
     let keep_alive = head.keep_alive && !head.close_after && body_read && !stopping.has_changed().unwrap_or(true);
-    let method = &head.method;
-    match write_response(c, response, method, head.version, keep_alive, send_timeout).await {
+    match write_response(c, response, &head, keep_alive, send_timeout).await {
         Ok(Written::Done { .. }) if !body_read => {
             // The client may still be sending the body no one read: read it away a
             // little before closing, so that its response is not lost to a reset.
@@ -352,16 +348,19 @@ enum Written {
     Upgraded(Tunnel),
 }
 
-/// Writes `response` to a request with `method` from an HTTP/1.`version` client: its
-/// head in one buffer with the first piece of its body, then the rest as it comes.
-async fn write_response<I: AsyncRead + AsyncWrite + Unpin>(
+/// Writes `response` to a request from an HTTP/1.`version` client (`to`): its head in
+/// one buffer with the first piece of its body, then the rest as it comes; a body that
+/// ends with trailers is given them as its chunked trailer section when the client takes
+/// them (`TE: trailers`). The body settles itself before its last piece (see
+/// `message::ResponseBody`).
+async fn write_response<I: AsyncRead + AsyncWrite + Unpin, B: ResponseBody>(
     c: &mut Conn<I>,
-    mut response: Response,
-    method: &Method,
-    version: Version,
+    response: Response<B>,
+    to: &parse::RequestHead,
     keep_alive: bool,
     send_timeout: Duration,
 ) -> io::Result<Written> {
+    let (method, version) = (&to.method, to.version);
     let status = response.status;
     let switching = status == StatusCode::SWITCHING_PROTOCOLS;
     // RFC 9112 §6.3: these have no body whatever their fields say; a response to HEAD
@@ -370,10 +369,7 @@ async fn write_response<I: AsyncRead + AsyncWrite + Unpin>(
         || status.is_informational()
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED;
-    let length = match &response.body {
-        Body::Full(bytes) => Some(bytes.len() as u64),
-        Body::Upstream(body) => body.length(),
-    };
+    let length = response.body.size_hint().exact();
     // Without a length, an HTTP/1.1 client gets the body chunked; an HTTP/1.0 client
     // gets it until the connection closes.
     let chunked = !bodiless && length.is_none() && version == Version::HTTP_11;
@@ -381,7 +377,8 @@ async fn write_response<I: AsyncRead + AsyncWrite + Unpin>(
     let mut head = write::buffer();
     let mut writer = write::Head::response(&mut head, status);
     let mut dated = false;
-    let keep_length = bodiless && matches!(response.body, Body::Upstream(_));
+    let from_server = matches!(response.fields, Fields::Upstream(_));
+    let keep_length = bodiless && from_server;
     response.each_field(keep_length, &mut |name, value| {
         dated |= name.eq_ignore_ascii_case(b"date");
         writer.field(name, value);
@@ -402,135 +399,66 @@ async fn write_response<I: AsyncRead + AsyncWrite + Unpin>(
         _ => {}
     }
     writer.end();
-    if switching && let Body::Upstream(body) = response.body {
+    let mut body = response.body;
+    if switching && from_server {
+        let upgrade = body.upgrade().ok_or(io::ErrorKind::Unsupported)?;
         write_all(c, &[&head], send_timeout).await?;
-        let idle = response.receipts.tunnel_idle_timeout;
-        let (upstream, upstream_sent) = body.into_upgrade().ok_or(io::ErrorKind::Unsupported)?;
-        let receipts = std::mem::take(&mut response.receipts);
-        return Ok(Written::Upgraded(Tunnel { upstream, upstream_sent, idle, _receipts: Box::new(receipts) }));
+        return Ok(Written::Upgraded(Tunnel(Box::new(upgrade))));
     }
     if bodiless {
-        settle(&mut response.receipts).await;
+        poll_fn(|cx| body.poll_unsent(cx)).await;
         write_all(c, &[&head], send_timeout).await?;
         write::give_back(head);
         return Ok(Written::Done { keep_alive });
     }
-    let Response { body, mut receipts, pace, .. } = response;
-    let mut pacer = pace.map(Pacer::new);
-    match body {
-        Body::Full(bytes) => {
-            count(&mut receipts, bytes.len());
-            send(c, pacer.as_mut(), &head, &bytes, false, Some(&mut receipts), send_timeout).await?;
-        }
-        Body::Upstream(mut body) => {
-            let mut head_sent = false;
-            loop {
-                // The first piece goes out with the head when it is at hand already;
-                // otherwise the head goes alone, and the body follows as it comes.
-                let piece = match head_sent {
-                    false => match poll_fn(|cx| Poll::Ready(body.poll_data(cx))).await {
-                        Poll::Ready(piece) => piece,
-                        Poll::Pending => {
-                            write_all(c, &[&head], send_timeout).await?;
-                            head_sent = true;
-                            continue;
-                        }
-                    },
-                    true => poll_fn(|cx| body.poll_data(cx)).await,
-                };
-                let first: &[u8] = if head_sent { &[] } else { &head };
-                head_sent = true;
-                match piece {
-                    Some(Ok(data)) => {
-                        count(&mut receipts, data.len());
-                        let done = body.is_done();
-                        let last = if done { Some(&mut receipts) } else { None };
-                        send(c, pacer.as_mut(), first, &data, chunked, last, send_timeout).await?;
-                        if done {
-                            break;
-                        }
-                    }
-                    Some(Err(e)) => {
-                        // Broken off midway: the client sees the connection close short of
-                        // the declared length (or without the last chunk).
-                        write_all(c, &[first], send_timeout).await?;
-                        return Err(io::Error::other(e.to_string()));
-                    }
-                    None => {
-                        settle(&mut receipts).await;
-                        let last: &[u8] = if chunked { LAST_CHUNK } else { &[] };
-                        write_all(c, &[first, last], send_timeout).await?;
-                        break;
-                    }
+    let takes_trailers = chunked && to.fields().all_of(Known::Te).any(takes_trailers);
+    let mut head_sent = false;
+    loop {
+        // The first piece goes out with the head when it is at hand already; otherwise
+        // the head goes alone, and the body follows as it comes.
+        let frame = match head_sent {
+            false => match poll_fn(|cx| Poll::Ready(Pin::new(&mut body).poll_frame(cx))).await {
+                Poll::Ready(frame) => frame,
+                Poll::Pending => {
+                    write_all(c, &[&head], send_timeout).await?;
+                    head_sent = true;
+                    continue;
                 }
+            },
+            true => poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await,
+        };
+        let first: &[u8] = if head_sent { &[] } else { &head };
+        head_sent = true;
+        let trailers = match frame.map(|f| f.map(Frame::into_data)) {
+            Some(Ok(Ok(data))) => {
+                let last = body.is_end_stream();
+                let mut line = [0u8; 18];
+                write_all(c, &piece(first, &data, chunked, last, &mut line), send_timeout).await?;
+                if last {
+                    break;
+                }
+                continue;
             }
+            Some(Ok(Err(frame))) => frame.into_trailers().ok(),
+            Some(Err(e)) => {
+                // Broken off midway: the client sees the connection close short of the
+                // declared length (or without the last chunk).
+                write_all(c, &[first], send_timeout).await?;
+                return Err(io::Error::other(e.to_string()));
+            }
+            None => None,
+        };
+        let mut end = Vec::new();
+        match trailers.filter(|_| takes_trailers) {
+            Some(trailers) => write::last_chunk(&mut end, &trailers),
+            None if chunked => end.extend_from_slice(LAST_CHUNK),
+            None => {}
         }
+        write_all(c, &[first, &end], send_timeout).await?;
+        break;
     }
     write::give_back(head);
     Ok(Written::Done { keep_alive })
-}
-
-/// Counts `n` body bytes sent in the access log line.
-fn count(receipts: &mut crate::message::Receipts, n: usize) {
-    if let Some(entry) = &mut receipts.access {
-        entry.bytes += n as u64;
-    }
-}
-
-/// Ends what a response held, before its last bytes go out: the request's concurrency
-/// slots go back (a global one's release awaited: the client must not see its response
-/// end while a slot still counts it), and its access log line is written, so that the
-/// lines of a client's requests one after another come in their order.
-async fn settle(receipts: &mut crate::message::Receipts) {
-    if let Some(release) = receipts.permits.finish() {
-        release.await;
-    }
-    drop(std::mem::take(receipts));
-}
-
-/// Writes `head` (possibly empty) and one piece of body `data`, in the chunked coding
-/// when `chunked`; at the pace of `pacer` when there is one, in steps of
-/// `pace::piece_bytes`, the head not held back by the first. `last`: the body ends with
-/// this piece, and what the response held is settled before its last bytes go out.
-async fn send<I: AsyncRead + AsyncWrite + Unpin>(
-    c: &mut Conn<I>,
-    mut pacer: Option<&mut Pacer>,
-    head: &[u8],
-    data: &[u8],
-    chunked: bool,
-    mut last: Option<&mut crate::message::Receipts>,
-    send_timeout: Duration,
-) -> io::Result<()> {
-    let mut head = head;
-    let mut rest = data;
-    loop {
-        let step = match &pacer {
-            Some(pacer) => pace::piece_bytes(pacer.rate()).min(rest.len()),
-            None => rest.len(),
-        };
-        let (part, after) = rest.split_at(step);
-        rest = after;
-        if let Some(pacer) = pacer.as_deref_mut() {
-            // (The head goes with the first step when that may go now, else alone before it.)
-            if head.is_empty() || poll_fn(|cx| Poll::Ready(pacer.poll_send(cx, part.len()))).await.is_pending() {
-                if !head.is_empty() {
-                    write_all(c, &[head], send_timeout).await?;
-                    head = &[];
-                }
-                pacer.send(part.len()).await;
-            }
-        }
-        let ends = rest.is_empty() && last.is_some();
-        if ends && let Some(receipts) = last.take() {
-            settle(receipts).await;
-        }
-        let mut line = [0u8; 18];
-        write_all(c, &piece(head, part, chunked, ends, &mut line), send_timeout).await?;
-        head = &[];
-        if rest.is_empty() {
-            return Ok(());
-        }
-    }
 }
 
 /// The parts that write `head` (possibly empty) and one piece of body `data`: in the
@@ -619,22 +547,263 @@ async fn linger_on<I: AsyncRead + AsyncWrite + Unpin>(c: &mut Conn<I>) {
     let _ = tokio::time::timeout(LINGER, drain).await;
 }
 
+/// The engine in-process: a client's bytes in over an in-memory pipe, split wherever a
+/// test says, and what it answers read back; the service echoes what the engine read.
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use bytes::Bytes;
+    use hyper::body::SizeHint;
+    use tokio::io::{AsyncReadExt, DuplexStream, ReadHalf, WriteHalf};
 
-    /// A connection between requests holds its socket, its timer and a few words: what
-    /// a request, a refusal, a tunnel or HTTP/2 need is boxed while it lasts.
-    #[tokio::test]
-    async fn a_connection_waiting_for_a_request_stays_small() {
-        let config = crate::config::parse("listen: 127.0.0.1:0\nroutes:\n  - respond: { status: 200 }\n", "t").unwrap();
-        let settings = super::super::settings(&config);
-        let running = crate::running::Running::new(crate::proxy::Proxy::new(config).unwrap(), None);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let stream = tokio::net::TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+    use super::*;
+    use crate::wire::http1::BodyError;
+
+    /// A body made in full.
+    struct Made(Option<Bytes>);
+
+    impl From<Bytes> for Made {
+        fn from(bytes: Bytes) -> Self {
+            Made(Some(bytes))
+        }
+    }
+
+    impl hyper::body::Body for Made {
+        type Data = Bytes;
+        type Error = BodyError;
+
+        fn poll_frame(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+            Poll::Ready(self.get_mut().0.take().filter(|b| !b.is_empty()).map(|b| Ok(Frame::data(b))))
+        }
+
+        fn is_end_stream(&self) -> bool {
+            self.0.as_ref().is_none_or(Bytes::is_empty)
+        }
+
+        fn size_hint(&self) -> SizeHint {
+            SizeHint::with_exact(self.0.as_ref().map_or(0, |b| b.len() as u64))
+        }
+    }
+
+    impl ResponseBody for Made {
+        fn poll_unsent(&mut self, _cx: &mut Context<'_>) -> Poll<()> {
+            Poll::Ready(())
+        }
+
+        fn upgrade(&mut self) -> Option<Upgrade> {
+            None
+        }
+    }
+
+    /// Answers each request with what the engine read of it: `METHOD TARGET [BODY]`, and
+    /// the body's trailer fields after it; a body that breaks its framing is a 400.
+    struct Echo;
+
+    impl Service for Echo {
+        type Body = Made;
+
+        async fn call<'a>(&'a self, request: Request<'a>, _conn: &'a ClientConn) -> Response<Made> {
+            let mut body = Vec::new();
+            let mut trailers = String::new();
+            if let Some(source) = request.body {
+                while let Some(piece) = poll_fn(|cx| source.poll_chunk(cx)).await {
+                    match piece {
+                        Ok(piece) => body.extend_from_slice(&piece),
+                        Err(e) => return Response::made(StatusCode::BAD_REQUEST, vec![], format!("body: {e}")),
+                    }
+                }
+                for (name, value) in source.trailers().iter().flatten() {
+                    trailers.push_str(&format!(" {name}={}", value.to_str().unwrap_or("?")));
+                }
+            }
+            let (method, target) = (request.head.method, request.head.target);
+            let text = format!("{method} {target} [{}]{trailers}", String::from_utf8_lossy(&body));
+            Response::made(StatusCode::OK, vec![], text)
+        }
+    }
+
+    fn settings() -> Settings {
+        let t = Duration::from_secs(5);
+        Settings {
+            timeouts: Timeouts { header_read: t, idle: t, send: t },
+            head: HeadLimits { line: 1024, head: 4096 },
+            h2: None,
+        }
+    }
+
+    /// A connection served by the engine; the client's two halves.
+    fn connect() -> (ReadHalf<DuplexStream>, WriteHalf<DuplexStream>, watch::Sender<()>) {
+        let (client, server) = tokio::io::duplex(1 << 16);
+        let (stop, stopping) = watch::channel(());
         let conn = ClientConn::unheld("127.0.0.1:1".parse().unwrap());
-        let (_stop, stopping) = watch::channel(());
-        let serving = serve(stream, conn, Arc::new(running), settings, stopping);
-        assert!(std::mem::size_of_val(&serving) <= 768, "{} bytes", std::mem::size_of_val(&serving));
+        tokio::spawn(serve(server, conn, Arc::new(Echo), settings(), stopping));
+        let (read, write) = tokio::io::split(client);
+        (read, write, stop)
+    }
+
+    /// The responses in `out` (status, body, whether it said `connection: close`), and
+    /// whether the last is incomplete.
+    fn responses(mut out: &[u8]) -> (Vec<(u16, String, bool)>, bool) {
+        let mut all = Vec::new();
+        while !out.is_empty() {
+            let mut fields = [httparse::EMPTY_HEADER; 16];
+            let mut response = httparse::Response::new(&mut fields);
+            let Ok(httparse::Status::Complete(len)) = response.parse(out) else { return (all, true) };
+            let field = |name: &str| {
+                response.headers.iter().find(|f| f.name.eq_ignore_ascii_case(name)).map(|f| f.value.to_vec())
+            };
+            let length: usize = field("content-length").map_or(0, |v| String::from_utf8(v).unwrap().parse().unwrap());
+            if out.len() < len + length {
+                return (all, true);
+            }
+            let close = field("connection").is_some_and(|v| v == b"close");
+            let body = String::from_utf8_lossy(&out[len..len + length]).into_owned();
+            all.push((response.code.unwrap(), body, close));
+            out = &out[len + length..];
+        }
+        (all, false)
+    }
+
+    /// What the engine answers `pieces`, each written on its own (the engine runs between
+    /// them): the responses, once `count` have come or the engine closed the connection.
+    async fn exchange(pieces: &[&[u8]], count: usize) -> Vec<(u16, String, bool)> {
+        let (mut read, mut write, _stop) = connect();
+        for piece in pieces {
+            write.write_all(piece).await.unwrap();
+            tokio::task::yield_now().await;
+        }
+        let mut out = Vec::new();
+        let reading = async {
+            loop {
+                let (got, partial) = responses(&out);
+                if got.len() >= count && !partial {
+                    return got;
+                }
+                let mut buf = [0u8; 4096];
+                match read.read(&mut buf).await.unwrap() {
+                    0 => return got,
+                    n => out.extend_from_slice(&buf[..n]),
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), reading)
+            .await
+            .unwrap_or_else(|_| panic!("no answer within 5 s; read {:?}", String::from_utf8_lossy(&out)))
+    }
+
+    const PIPELINED: &[u8] = b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n\
+        3;ext=1\r\nabc\r\n10\r\n0123456789abcdef\r\n0\r\nx-t: 1\r\n\r\n\
+        GET /b?q HTTP/1.1\r\nHost: x\r\n\r\n\
+        POST /c HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi";
+
+    fn pipelined_answers() -> Vec<(u16, String, bool)> {
+        vec![
+            (200, "POST /a [abc0123456789abcdef] x-t=1".to_owned(), false),
+            (200, "GET /b?q []".to_owned(), false),
+            (200, "POST /c [hi]".to_owned(), false),
+        ]
+    }
+
+    #[tokio::test]
+    async fn pipelined_requests_are_answered_in_order() {
+        assert_eq!(exchange(&[PIPELINED], 3).await, pipelined_answers());
+    }
+
+    /// Heads, chunk-size lines, chunk data, trailers and the next request's head, split at
+    /// every byte: each split reads as the whole does.
+    #[tokio::test]
+    async fn requests_split_at_every_byte_read_as_sent_whole() {
+        for at in 1..PIPELINED.len() {
+            let (a, b) = PIPELINED.split_at(at);
+            assert_eq!(exchange(&[a, b], 3).await, pipelined_answers(), "split at {at}");
+        }
+        let bytes: Vec<&[u8]> = PIPELINED.chunks(1).collect();
+        assert_eq!(exchange(&bytes, 3).await, pipelined_answers(), "a byte at a time");
+    }
+
+    /// The framings that lenient readers disagree on: refused with 400 and the connection
+    /// closed, or read one way only and the connection closed after (both `Content-Length`
+    /// and `Transfer-Encoding`): a request hidden in a body is never served.
+    #[tokio::test]
+    async fn smuggling_vectors_are_refused_or_read_one_way_then_closed() {
+        let hidden = "GET /hidden HTTP/1.1\r\nHost: x\r\n\r\n";
+        /// A request's bytes, and the answers (status, body, closed) the engine gives.
+        type Case<'a> = (&'a str, &'a [(u16, &'a str, bool)]);
+        let cases: &[Case<'_>] = &[
+            (
+                "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+                &[(200, "POST / []", true)],
+            ),
+            ("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n", &[(400, "", true)]),
+            ("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: +0\r\n\r\n", &[(400, "", true)]),
+            ("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, chunked\r\n\r\n0\r\n\r\n", &[(400, "", true)]),
+            ("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: xchunked\r\n\r\n0\r\n\r\n", &[(400, "", true)]),
+            ("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding : chunked\r\n\r\n0\r\n\r\n", &[(400, "", true)]),
+            ("POST / HTTP/1.1\r\nHost: x\r\n Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n", &[(400, "", true)]),
+            ("POST / HTTP/1.0\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", &[(400, "", true)]),
+            (
+                "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0x0\r\n\r\n",
+                &[(400, "body: invalid chunk size", true)],
+            ),
+            (
+                "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nab\r\n0\r\n\r\n",
+                &[(400, "body: chunk data not followed by CRLF", true)],
+            ),
+            (
+                "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\nx\r\n\r\n",
+                &[(400, "body: invalid chunk size", true)],
+            ),
+            ("GET /a#/../b HTTP/1.1\r\nHost: x\r\n\r\n", &[(400, "", true)]),
+        ];
+        for (request, answers) in cases {
+            let sent = format!("{request}{hidden}");
+            let got = exchange(&[sent.as_bytes()], 2).await;
+            let got: Vec<(u16, &str, bool)> = got
+                .iter()
+                .map(|(status, body, close)| {
+                    (*status, if *status == 400 && !body.starts_with("body:") { "" } else { body.as_str() }, *close)
+                })
+                .collect();
+            assert_eq!(&got, answers, "{request:?}");
+        }
+    }
+
+    /// A client that asked for `100 Continue` gets it before it sends its body, and only
+    /// when the body is read.
+    #[tokio::test]
+    async fn a_client_waiting_for_100_continue_gets_it_then_its_answer() {
+        let (mut read, mut write, _stop) = connect();
+        write
+            .write_all(b"POST /e HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 25];
+        tokio::time::timeout(Duration::from_secs(5), read.read_exact(&mut buf)).await.unwrap().unwrap();
+        assert_eq!(&buf, b"HTTP/1.1 100 Continue\r\n\r\n");
+        write.write_all(b"abc").await.unwrap();
+        let mut out = vec![0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(5), read.read(&mut out)).await.unwrap().unwrap();
+        assert_eq!(responses(&out[..n]).0, [(200, "POST /e [abc]".to_owned(), false)]);
+    }
+
+    /// A response to `HEAD` has a head only (its length that of the body `GET` would
+    /// get), and the next response follows it at once.
+    #[tokio::test]
+    async fn a_response_to_head_has_no_body() {
+        let (mut read, mut write, _stop) = connect();
+        write.write_all(b"HEAD /h HTTP/1.1\r\nHost: x\r\n\r\nGET /g HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+        let mut out = Vec::new();
+        let reading = async {
+            while !out.ends_with(b"GET /g []") {
+                let mut buf = [0u8; 4096];
+                let n = read.read(&mut buf).await.unwrap();
+                assert!(n > 0, "closed");
+                out.extend_from_slice(&buf[..n]);
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), reading).await.expect("no second answer");
+        let text = String::from_utf8(out).unwrap();
+        let (first, second) = text.split_once("\r\n\r\n").unwrap();
+        assert!(first.starts_with("HTTP/1.1 200 ") && first.contains("content-length: 10"), "{first}");
+        assert!(second.starts_with("HTTP/1.1 200 "), "{second}");
     }
 }

@@ -84,8 +84,20 @@ impl<'a> Head<'a> {
 /// fields but the hop-by-hop and framing ones, appended to `out`.
 pub fn interim(out: &mut Vec<u8>, head: &super::parse::ResponseHead) {
     let mut writer = Head::response(out, head.status);
-    crate::hop::response_fields(head.fields(), false, false, &[], &mut |name, value| writer.field(name, value));
+    crate::wire::head::response_fields(head.fields(), false, false, &[], &mut |name, value| writer.field(name, value));
     writer.end();
+}
+
+/// The end of a chunked body: the last chunk, `trailers` (checked already as trailer
+/// fields are) as its trailer section, and the empty line; appended to `out`.
+pub fn last_chunk(out: &mut Vec<u8>, trailers: &http::HeaderMap) {
+    out.extend_from_slice(b"0\r\n");
+    for (name, value) in trailers {
+        for part in [name.as_str().as_bytes(), b": ", value.as_bytes(), b"\r\n"] {
+            out.extend_from_slice(part);
+        }
+    }
+    out.extend_from_slice(b"\r\n");
 }
 
 #[cfg(test)]
@@ -103,5 +115,18 @@ mod tests {
         let mut out = Vec::new();
         Head::response(&mut out, StatusCode::TOO_MANY_REQUESTS).end();
         assert_eq!(out, b"HTTP/1.1 429 Too Many Requests\r\n\r\n");
+    }
+
+    #[test]
+    fn a_chunked_body_ends_with_its_trailers() {
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", "0".parse().unwrap());
+        trailers.append("x-t", "1".parse().unwrap());
+        let mut out = Vec::new();
+        last_chunk(&mut out, &trailers);
+        assert_eq!(out, b"0\r\ngrpc-status: 0\r\nx-t: 1\r\n\r\n");
+        let mut out = Vec::new();
+        last_chunk(&mut out, &http::HeaderMap::new());
+        assert_eq!(out, super::super::body::LAST_CHUNK);
     }
 }

@@ -225,6 +225,10 @@ impl<'c, I: AsyncRead + AsyncWrite + Unpin + Send> RequestBody<'c, I> {
 }
 
 impl<I: AsyncRead + AsyncWrite + Unpin + Send> BodySource for RequestBody<'_, I> {
+    fn trailers(&mut self) -> Option<http::HeaderMap> {
+        self.decoder.take_trailers()
+    }
+
     fn poll_interim(&mut self, cx: &mut Context<'_>, head: &ResponseHead) -> Poll<()> {
         ready!(self.poll_interim_written(cx));
         if self.to.forwards(head) {

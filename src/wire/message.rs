@@ -1,25 +1,22 @@
 //! What passes between the wire and the proxy, whichever protocol carried the request:
 //! the request (its head, how its body is framed, where the body comes from) and the
-//! response (status, fields, body, and the receipts it carries until it has been sent).
-//! `crate::server` turns a connection's bytes into `Request`s and writes `Response`s
-//! back, over sluicegate's HTTP/1 engine or hyper's HTTP/2; a `Service` (the proxy, the
-//! admin API) answers one with the other and knows nothing of the protocol.
+//! response (status, fields, and a body that settles itself). `crate::server` turns a
+//! connection's bytes into `Request`s and writes `Response`s back, over sluicegate's
+//! HTTP/1 engine or hyper's HTTP/2; a `Service` (the proxy, the admin API) answers one
+//! with the other and knows nothing of the protocol. The wire knows nothing of what a
+//! response holds (slots, a log line, a pace): its body does, and settles it as it ends.
 
 use std::future::Future;
+use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use smallvec::SmallVec;
 
-use crate::access_log::Entry;
-use crate::config::BodyRate;
-use crate::connection::ClientConn;
-use crate::gate::Permits;
-use crate::grpc::Code;
-use crate::head::RequestHead;
-use crate::http1::BodySource;
-use crate::http1::parse::Framing;
-use crate::upstream::{ResponseFields, UpstreamBody};
+use crate::wire::connection::ClientConn;
+use crate::wire::head::RequestHead;
+use crate::wire::http1::parse::{Framing, ResponseHead};
+use crate::wire::http1::{BodyError, BodySource};
 
 /// One request.
 pub struct Request<'a> {
@@ -32,23 +29,57 @@ pub struct Request<'a> {
 
 /// What answers requests: the proxy, or the admin API.
 pub trait Service: Send + Sync + 'static {
-    fn call<'a>(&'a self, request: Request<'a>, conn: &'a ClientConn) -> impl Future<Output = Response> + Send + 'a;
+    /// The body of its responses.
+    type Body: ResponseBody;
+
+    fn call<'a>(
+        &'a self,
+        request: Request<'a>,
+        conn: &'a ClientConn,
+    ) -> impl Future<Output = Response<Self::Body>> + Send + 'a;
 }
 
 /// One response.
-pub struct Response {
+pub struct Response<B> {
     pub status: StatusCode,
     /// Fields as given where the response was made (a server's, a static route's).
     pub fields: Fields,
     /// Fields set here, replacing any of the same name in `fields`: the route's
     /// `set_response_headers`, `Retry-After`, the rate-limit fields.
     pub extra: Vec<(HeaderName, FieldValue)>,
-    pub body: Body,
-    /// The pace its body is sent at (the route's `response_body_rate`).
-    pub pace: Option<BodyRate>,
-    /// What the response holds until it has been sent (or abandoned by the client).
-    pub receipts: Receipts,
+    pub body: B,
 }
+
+/// A response's body as the wire sends it, whichever protocol: its frames (data, then
+/// perhaps trailers) as `hyper::body::Body` gives them, its length when known
+/// (`size_hint`), and whether nothing is left (`is_end_stream`, also after its last
+/// frame). Whatever the response holds until it has been sent (concurrency slots, its log
+/// line, its pace) is the body's to settle, before its last frame goes out (or when it is
+/// dropped, its client gone): the wire only writes what it is given.
+pub trait ResponseBody: hyper::body::Body<Data = Bytes, Error = BodyError> + Send + Unpin + 'static {
+    /// The response goes out without its body (to `HEAD`, a `204`, a `304`): what the
+    /// body holds is settled without it; ready once it is, before the head goes out.
+    fn poll_unsent(&mut self, cx: &mut Context<'_>) -> Poll<()>;
+
+    /// The connection a `101` handed over, with what it holds for the tunnel's life.
+    /// Taken once.
+    fn upgrade(&mut self) -> Option<Upgrade>;
+}
+
+/// A connection a server's `101` switched to another protocol: its socket, the bytes
+/// read from it past the response head, how long it may idle, and what the response
+/// holds until the tunnel closes.
+pub struct Upgrade {
+    pub io: Box<dyn UpgradedIo>,
+    pub read: BytesMut,
+    pub idle: std::time::Duration,
+    pub held: Box<dyn Send>,
+}
+
+/// A socket, both ways.
+pub trait UpgradedIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> UpgradedIo for T {}
 
 /// A response's own fields.
 // A server's head is kept inline: boxing it would cost an allocation per response, more
@@ -59,7 +90,16 @@ pub enum Fields {
     None,
     Map(HeaderMap),
     /// A server's, as its protocol gave them.
-    Upstream(ResponseFields),
+    Upstream(ServerFields),
+}
+
+/// A server's response header fields as the protocol gave them.
+// The HTTP/1 head, the common one, is kept inline: boxing it would cost an allocation
+// per response.
+#[allow(clippy::large_enum_variant)]
+pub enum ServerFields {
+    H1(ResponseHead),
+    H2(HeaderMap),
 }
 
 /// The value of a field set here.
@@ -144,71 +184,14 @@ impl PartialEq<&str> for FieldValue {
     }
 }
 
-pub enum Body {
-    /// Made here, in full (empty for no body).
-    Full(Bytes),
-    /// A server's, still to be read.
-    Upstream(UpstreamBody),
-}
-
-/// What a response carries until it has been sent in full or the client went away: the
-/// request's concurrency slots, and its access log line (written when dropped).
-pub struct Receipts {
-    pub permits: Permits,
-    pub access: Option<Box<Entry>>,
-    /// A tunnel made of this response (`101`) through which nothing moves this long is
-    /// closed (the upstream's `tunnel_idle_timeout`).
-    pub tunnel_idle_timeout: std::time::Duration,
-    /// What the proxy does once a gRPC call's response has ended, with the `grpc-status`
-    /// of its trailers (`None`: it ended without one, its client gone or its protocol
-    /// unable to carry trailers).
-    pub grpc_end: Option<GrpcEnd>,
-}
-
-/// See `Receipts::grpc_end`.
-pub type GrpcEnd = Box<dyn FnOnce(Option<Code>) + Send>;
-
-impl Default for Receipts {
-    fn default() -> Self {
-        Receipts {
-            permits: Permits::default(),
-            access: None,
-            tunnel_idle_timeout: std::time::Duration::from_secs(3600),
-            grpc_end: None,
-        }
-    }
-}
-
-impl Receipts {
-    /// The response's body ended with `trailers`: the gRPC status they carry goes to the
-    /// access log line and to `grpc_end`.
-    pub fn ended(&mut self, trailers: Option<&HeaderMap>) {
-        let code = trailers.and_then(crate::grpc::status);
-        if let (Some(entry), Some(code)) = (&mut self.access, code) {
-            entry.grpc_status = Some(code.0);
-        }
-        if let Some(end) = self.grpc_end.take() {
-            end(code);
-        }
-    }
-}
-
-impl Drop for Receipts {
-    /// A call that ends without its trailers (the client went away) ends all the same.
-    fn drop(&mut self) {
-        if let Some(end) = self.grpc_end.take() {
-            end(None);
-        }
-    }
-}
-
-impl Response {
-    /// A response made here: `status`, `fields`, `body`.
+impl<B: From<Bytes>> Response<B> {
+    /// A response made here: `status`, `extra` fields, `body`.
     pub fn made(status: StatusCode, extra: Vec<(HeaderName, FieldValue)>, body: impl Into<Bytes>) -> Self {
-        let body = Body::Full(body.into());
-        Response { status, fields: Fields::None, extra, body, pace: None, receipts: Receipts::default() }
+        Response { status, fields: Fields::None, extra, body: B::from(body.into()) }
     }
+}
 
+impl<B> Response<B> {
     /// Sets `name` to `value`, replacing what the response had of it.
     pub fn set(&mut self, name: HeaderName, value: impl Into<FieldValue>) {
         let value = value.into();
@@ -216,22 +199,6 @@ impl Response {
             Some((_, v)) => *v = value,
             None => self.extra.push((name, value)),
         }
-    }
-
-    /// The `grpc-status` its head carries (a trailers-only gRPC response), if any.
-    pub fn grpc_status_in_head(&self) -> Option<Code> {
-        let name = http::HeaderName::from_static("grpc-status");
-        let value = match self.extra.iter().find(|(n, _)| *n == name) {
-            Some((_, value)) => Some(value.as_bytes()),
-            None => match &self.fields {
-                Fields::None => None,
-                Fields::Map(map) | Fields::Upstream(ResponseFields::H2(map)) => {
-                    map.get(&name).map(HeaderValue::as_bytes)
-                }
-                Fields::Upstream(ResponseFields::H1(head)) => head.fields().get(&name),
-            },
-        };
-        value.and_then(Code::parse)
     }
 
     /// Every field the response carries (before the framing fields), as (name, value):
@@ -250,11 +217,11 @@ impl Response {
                     }
                 }
             }
-            Fields::Upstream(ResponseFields::H1(head)) => {
-                crate::hop::response_fields(head.fields(), switching, keep_length, &replaced, emit);
+            Fields::Upstream(ServerFields::H1(head)) => {
+                crate::wire::head::response_fields(head.fields(), switching, keep_length, &replaced, emit);
             }
-            Fields::Upstream(ResponseFields::H2(map)) => {
-                crate::hop::response_fields(map.into(), switching, keep_length, &replaced, emit);
+            Fields::Upstream(ServerFields::H2(map)) => {
+                crate::wire::head::response_fields(map.into(), switching, keep_length, &replaced, emit);
             }
         }
         for (name, value) in &self.extra {

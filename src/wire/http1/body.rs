@@ -6,8 +6,8 @@
 //! sign, no `0x`, no space before the extension), every line ends in CRLF (a bare LF or
 //! CR is an error, not a line end), an extension is bounded (`MAX_LINE`), the data is
 //! followed by CRLF exactly, and the trailer section is bounded (`MAX_TRAILER`) and read
-//! to its empty line. Trailer fields are not forwarded: the body is written again with
-//! our own framing.
+//! to its empty line, each of its lines a field (a token, a colon, a value) kept for
+//! `take_trailers`. The body is written again with our own framing.
 
 use super::parse::Framing;
 
@@ -49,6 +49,8 @@ pub enum Step {
 #[derive(Debug, Clone)]
 pub struct Decoder {
     state: State,
+    /// The trailer fields read (boxed: most bodies have none).
+    trailers: Option<Box<http::HeaderMap>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +79,13 @@ impl Decoder {
             Framing::Chunked => State::Size,
             Framing::UntilClose => State::UntilClose,
         };
-        Decoder { state }
+        Decoder { state, trailers: None }
+    }
+
+    /// The trailer fields of a chunked body, once it has been read to its end, less those
+    /// that may not be trailers (`crate::wire::head::trailer_fields`); given once.
+    pub fn take_trailers(&mut self) -> Option<http::HeaderMap> {
+        self.trailers.take().filter(|_| self.state == State::Done).map(|fields| *fields)
     }
 
     /// The whole body has been read.
@@ -188,13 +196,22 @@ impl Decoder {
         }
         let line = &input[..lf - 1];
         if line.is_empty() {
+            if let Some(fields) = self.trailers.take() {
+                // Counted as HTTP/2 counts a field list, the section fails past its bound.
+                let kept = crate::wire::head::trailer_fields(*fields).ok_or(FramingError::Trailer)?;
+                self.trailers = Some(Box::new(kept));
+            }
             self.state = State::Done;
             return Ok(Step::End(lf + 1));
         }
-        // A field line: no control byte but tabs, no bare CR.
-        if !line.iter().all(|&b| b == b'\t' || b >= 0x20 && b != 0x7f) || !line.contains(&b':') {
+        // A field line: a token, a colon, a value of no control byte but tabs.
+        let colon = line.iter().position(|&b| b == b':').ok_or(FramingError::Trailer)?;
+        let name = http::HeaderName::from_bytes(&line[..colon]).map_err(|_| FramingError::Trailer)?;
+        let value = http::HeaderValue::from_bytes(line[colon + 1..].trim_ascii()).map_err(|_| FramingError::Trailer)?;
+        if !line.iter().all(|&b| b == b'\t' || b >= 0x20 && b != 0x7f) {
             return Err(FramingError::Trailer);
         }
+        self.trailers.get_or_insert_default().append(name, value);
         self.state = State::Trailer { read: read + lf + 1 };
         Ok(Step::Framing(lf + 1))
     }
@@ -262,6 +279,30 @@ mod tests {
         );
         assert_eq!(decode(Framing::Chunked, b"000003\r\nabc\r\n0\r\n\r\n").unwrap(), b"abc");
         assert_eq!(decode(Framing::Length(3), b"abc").unwrap(), b"abc");
+    }
+
+    #[test]
+    fn trailer_fields_are_kept_checked_and_given_once() {
+        let input = b"3\r\nabc\r\n0\r\ngrpc-status: 0\r\nx-t:  two words \r\ncontent-length: 3\r\n\r\n";
+        let mut d = Decoder::new(Framing::Chunked);
+        let mut at = 0;
+        loop {
+            match d.step(&input[at..]).unwrap() {
+                Step::Framing(n) | Step::Data(n) => at += n,
+                Step::End(n) => break assert_eq!(at + n, input.len()),
+                Step::More => panic!("the whole body was given"),
+            }
+        }
+        let trailers = d.take_trailers().unwrap();
+        assert_eq!((trailers["grpc-status"].as_bytes(), trailers["x-t"].as_bytes()), (&b"0"[..], &b"two words"[..]));
+        assert!(!trailers.contains_key("content-length"), "no framing field is a trailer");
+        assert!(d.take_trailers().is_none());
+        for bad in [&b"0\r\nx t: 1\r\n\r\n"[..], b"0\r\n: 1\r\n\r\n", b"0\r\nx-t: \x01\r\n\r\n"] {
+            assert_eq!(decode(Framing::Chunked, bad), Err(FramingError::Trailer), "{:?}", String::from_utf8_lossy(bad));
+        }
+        // Many small fields are counted as HTTP/2 counts them (32 bytes each besides).
+        let many = format!("0\r\n{}\r\n", "a: b\r\n".repeat(300));
+        assert_eq!(decode(Framing::Chunked, many.as_bytes()), Err(FramingError::Trailer));
     }
 
     #[test]
@@ -349,7 +390,9 @@ mod tests {
         assert_eq!(decode(Framing::Chunked, b"3 ;a=b c\r\nabc\r\n0\r\n\r\n").unwrap(), b"abc");
         let trailers = format!("0\r\nx-t: {}\r\n\r\n", "v".repeat(MAX_TRAILER));
         assert_eq!(decode(Framing::Chunked, trailers.as_bytes()), Err(FramingError::Trailer));
-        let within = format!("0\r\nx-t: {}\r\n\r\n", "v".repeat(MAX_TRAILER - 16));
+        // (Within the bytes read, and within the bound as HTTP/2 counts fields: 32 each
+        // besides name and value.)
+        let within = format!("0\r\nx-t: {}\r\n\r\n", "v".repeat(MAX_TRAILER - 40));
         assert!(decode(Framing::Chunked, within.as_bytes()).is_ok());
     }
 

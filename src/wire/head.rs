@@ -7,6 +7,7 @@
 //! each field lies in them); HTTP/2's are hyper's `HeaderMap` (`Fields::Map`).
 
 use http::{HeaderMap, HeaderName, Method, Version};
+use smallvec::SmallVec;
 
 /// One request's head, borrowed from wherever the protocol keeps it.
 #[derive(Clone, Copy)]
@@ -294,6 +295,49 @@ impl DoubleEndedIterator for Values<'_, '_> {
 /// reads it: what a field that names hosts, addresses or numbers must be.
 pub fn text(value: &[u8]) -> Option<&str> {
     value.iter().all(|&b| b == b'\t' || (0x20..0x7f).contains(&b)).then(|| std::str::from_utf8(value).ok()).flatten()
+}
+
+/// Whether a field named `name` is one of those `connection` (the message's `Connection`
+/// values) names: hop-by-hop too (RFC 9110 §7.6.1).
+pub fn named_by(name: &[u8], connection: &[&[u8]]) -> bool {
+    connection.iter().any(|list| list.split(|&b| b == b',').any(|token| token.trim_ascii().eq_ignore_ascii_case(name)))
+}
+
+/// The fields of an upstream's response that the client gets, given to `emit`: all but
+/// the hop-by-hop ones (a `101`'s `Upgrade` kept, with `Connection: upgrade`), the framing
+/// fields (the writer's, unless `keep_length`: a response without body, to `HEAD` say,
+/// whose `Content-Length` describes another), and those named in `replaced`.
+pub fn response_fields(
+    fields: Fields<'_>,
+    switching: bool,
+    keep_length: bool,
+    replaced: &[&[u8]],
+    emit: &mut impl FnMut(&[u8], &[u8]),
+) {
+    let connection: SmallVec<[&[u8]; 2]> = fields.all_of(Known::Connection).collect();
+    fields.each(&mut |known, name, value| {
+        let dropped = match known {
+            // A `101`'s `Upgrade` says what the connection becomes.
+            Known::Upgrade => !switching,
+            Known::ContentLength => !keep_length,
+            known => known.is_hop_by_hop() || (!connection.is_empty() && named_by(name, &connection)),
+        } || replaced.iter().any(|r| r.eq_ignore_ascii_case(name));
+        if !dropped {
+            emit(name, value);
+        }
+    });
+    if switching {
+        emit(b"connection", b"upgrade");
+    }
+}
+
+/// Whether a `TE` field's value lists `trailers`: its sender takes trailer fields (RFC
+/// 9110 §10.1.4).
+pub fn takes_trailers(value: &[u8]) -> bool {
+    value.split(|&b| b == b',').any(|t| {
+        let token = t.split(|&b| b == b';').next().unwrap_or_default();
+        token.trim_ascii().eq_ignore_ascii_case(b"trailers")
+    })
 }
 
 /// Longest trailer section passed on, counted as HTTP/2 counts a field list (name,

@@ -4,7 +4,7 @@
 //! one buffer (`write`), a client connection's requests read and answered (`server`),
 //! and a request sent to a server on a connection the request's own task drives
 //! (`client`). HTTP/2 stays with hyper; above this module every request looks the same
-//! (`crate::head`).
+//! (`crate::wire::head`).
 //!
 //! Written here rather than taken from hyper, whose HTTP/1 machinery (two state machines,
 //! a header map per message, a task and channel per upstream connection, a buffer per

@@ -1,0 +1,277 @@
+//! A response's body as the proxy hands it to the wire: made here in full, or a server's
+//! still to be read, carrying what the response holds until it has been sent (its
+//! receipts: the request's concurrency slots, its access log line, what a gRPC call does
+//! at its end) and its pace. It settles itself: the slots go back (a global one's release
+//! awaited) before its last frame goes out, so the client never sees its response end
+//! while a slot still counts it, and the log line is written then; a body dropped first
+//! (its client gone) settles as it drops. HTTP/1 and HTTP/2 poll it alike
+//! (`crate::wire::message::ResponseBody`).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::HeaderMap;
+use hyper::body::{Frame, SizeHint};
+
+use super::pace::{self, Pacer};
+use crate::access_log::Entry;
+use crate::config::BodyRate;
+use crate::gate::Permits;
+use crate::grpc::Code;
+use crate::upstream::UpstreamBody;
+use crate::wire::http1::BodyError;
+use crate::wire::message::{ResponseBody, Upgrade};
+
+/// A response of the proxy (or the admin API).
+pub type Response = crate::wire::message::Response<Settling>;
+
+/// A response body that settles the request as it ends.
+pub struct Settling {
+    /// `None` once its last frame has been given.
+    source: Option<Source>,
+    pub receipts: Receipts,
+    /// The release of global slots under way, and the frame (or end) it holds back
+    /// (boxed, as the pace: both are rare, and every response carries room for them).
+    releasing: Option<Box<(Release, Option<Frame<Bytes>>)>>,
+    /// The body's pace (the route's `response_body_rate`), and what it read but did not
+    /// give yet.
+    pacer: Option<Box<Pacer>>,
+    held: Bytes,
+}
+
+enum Source {
+    /// Made here, in full (empty for no body).
+    Full(Bytes),
+    /// A server's, still to be read.
+    Upstream(UpstreamBody),
+}
+
+type Release = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// What a response carries until it has been sent in full or the client went away: the
+/// request's concurrency slots, and its access log line (written when dropped).
+pub struct Receipts {
+    pub permits: Permits,
+    pub access: Option<Box<Entry>>,
+    /// A tunnel made of this response (`101`) through which nothing moves this long is
+    /// closed (the upstream's `tunnel_idle_timeout`).
+    pub tunnel_idle_timeout: std::time::Duration,
+    /// What the proxy does once a gRPC call's response has ended, with the `grpc-status`
+    /// of its trailers (`None`: it ended without one, its client gone or its protocol
+    /// unable to carry trailers).
+    pub grpc_end: Option<GrpcEnd>,
+}
+
+/// See `Receipts::grpc_end`.
+pub type GrpcEnd = Box<dyn FnOnce(Option<Code>) + Send>;
+
+impl Default for Receipts {
+    fn default() -> Self {
+        Receipts {
+            permits: Permits::default(),
+            access: None,
+            tunnel_idle_timeout: std::time::Duration::from_secs(3600),
+            grpc_end: None,
+        }
+    }
+}
+
+impl Receipts {
+    /// The response's body ended with `trailers`: the gRPC status they carry goes to the
+    /// access log line and to `grpc_end`.
+    fn ended(&mut self, trailers: Option<&HeaderMap>) {
+        let code = trailers.and_then(crate::grpc::status);
+        if let (Some(entry), Some(code)) = (&mut self.access, code) {
+            entry.grpc_status = Some(code.0);
+        }
+        if let Some(end) = self.grpc_end.take() {
+            end(code);
+        }
+    }
+}
+
+impl Drop for Receipts {
+    /// A call that ends without its trailers (the client went away) ends all the same.
+    fn drop(&mut self) {
+        if let Some(end) = self.grpc_end.take() {
+            end(None);
+        }
+    }
+}
+
+impl From<Bytes> for Settling {
+    fn from(bytes: Bytes) -> Self {
+        Settling::new(Source::Full(bytes))
+    }
+}
+
+impl From<UpstreamBody> for Settling {
+    fn from(body: UpstreamBody) -> Self {
+        Settling::new(Source::Upstream(body))
+    }
+}
+
+impl Settling {
+    fn new(source: Source) -> Self {
+        Settling {
+            source: Some(source),
+            receipts: Receipts::default(),
+            releasing: None,
+            pacer: None,
+            held: Bytes::new(),
+        }
+    }
+
+    /// Sends the body at `rate`.
+    pub fn pace(&mut self, rate: BodyRate) {
+        self.pacer = Some(Box::new(Pacer::new(rate)));
+    }
+
+    /// Replaces the body by `bytes`, made here; what it holds stays.
+    pub fn set_made(&mut self, bytes: Bytes) {
+        self.source = Some(Source::Full(bytes));
+    }
+
+    /// The body, when it was made here in full and not sent yet.
+    pub fn made(&self) -> Option<&Bytes> {
+        match &self.source {
+            Some(Source::Full(bytes)) => Some(bytes),
+            _ => None,
+        }
+    }
+
+    /// The body's last `data` (or none, and then its trailers, if it has any): what the
+    /// response holds is settled first.
+    fn end(&mut self, cx: &mut Context<'_>, data: Option<Bytes>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        // A body's trailers come once its data has ended (a poll that gave data did not
+        // read them yet).
+        let trailers = match (&mut self.source, &data) {
+            (Some(Source::Upstream(body)), None) => body.trailers(),
+            _ => None,
+        };
+        self.receipts.ended(trailers.as_ref());
+        self.source = None;
+        let frame = data.map(Frame::data).or_else(|| trailers.map(Frame::trailers));
+        self.settle(cx, frame)
+    }
+
+    /// Gives `frame` (or the end) once the slots have gone back; the access log line is
+    /// written then.
+    fn settle(
+        &mut self,
+        cx: &mut Context<'_>,
+        frame: Option<Frame<Bytes>>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        match self.receipts.permits.finish() {
+            None => {
+                self.receipts.access = None;
+                Poll::Ready(frame.map(Ok))
+            }
+            Some(release) => {
+                self.releasing = Some(Box::new((Box::pin(release), frame)));
+                self.poll_released(cx)
+            }
+        }
+    }
+
+    /// The frame held back while global slots are released, once they are.
+    fn poll_released(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let Some(releasing) = &mut self.releasing else { return Poll::Ready(None) };
+        std::task::ready!(releasing.0.as_mut().poll(cx));
+        let held = self.releasing.take().and_then(|releasing| releasing.1);
+        self.receipts.access = None;
+        Poll::Ready(held.map(Ok))
+    }
+}
+
+impl hyper::body::Body for Settling {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = self.get_mut();
+        if this.releasing.is_some() {
+            return this.poll_released(cx);
+        }
+        if let (Some(pacer), false) = (&mut this.pacer, this.held.is_empty()) {
+            // A paced body goes in steps of what was read, each once the pace allows it.
+            let n = pace::piece_bytes(pacer.rate()).min(this.held.len());
+            std::task::ready!(pacer.poll_send(cx, n));
+            let step = this.held.split_to(n);
+            if !this.held.is_empty() || this.source.is_some() {
+                return Poll::Ready(Some(Ok(Frame::data(step))));
+            }
+            return this.end(cx, Some(step));
+        }
+        let (data, ends) = match &mut this.source {
+            None => return Poll::Ready(None),
+            Some(Source::Full(bytes)) => {
+                let bytes = std::mem::take(bytes);
+                (Some(bytes).filter(|b| !b.is_empty()), true)
+            }
+            Some(Source::Upstream(body)) => match std::task::ready!(body.poll_data(cx)) {
+                Some(Ok(data)) => (Some(data), body.is_done()),
+                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+                None => (None, true),
+            },
+        };
+        if let (Some(entry), Some(data)) = (&mut this.receipts.access, &data) {
+            entry.bytes += data.len() as u64;
+        }
+        match data {
+            Some(data) if this.pacer.is_some() => {
+                this.held = data;
+                if ends {
+                    // (A body that ended with data has no trailers.)
+                    this.source = None;
+                }
+                Pin::new(this).poll_frame(cx)
+            }
+            data if !ends => Poll::Ready(data.map(|d| Ok(Frame::data(d)))),
+            data => this.end(cx, data),
+        }
+    }
+
+    /// Nothing is left to give: no data, no trailers, nothing to settle first. A body
+    /// made here and empty ends with the head (a gRPC answer made here is then a
+    /// trailers-only response, as the protocol requires).
+    fn is_end_stream(&self) -> bool {
+        let empty = match &self.source {
+            None => true,
+            Some(Source::Full(bytes)) => bytes.is_empty(),
+            Some(Source::Upstream(_)) => false,
+        };
+        self.releasing.is_none() && !self.receipts.permits.holds_leases() && empty && self.held.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.source {
+            None => SizeHint::with_exact(self.held.len() as u64),
+            Some(Source::Full(bytes)) => SizeHint::with_exact(bytes.len() as u64),
+            Some(Source::Upstream(body)) => body.length().map_or_else(SizeHint::default, SizeHint::with_exact),
+        }
+    }
+}
+
+impl ResponseBody for Settling {
+    fn poll_unsent(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.releasing.is_none() {
+            self.source = None;
+            self.held = Bytes::new();
+            self.receipts.ended(None);
+            if self.settle(cx, None).is_ready() {
+                return Poll::Ready(());
+            }
+        }
+        self.poll_released(cx).map(|_| ())
+    }
+
+    fn upgrade(&mut self) -> Option<Upgrade> {
+        let Some(Source::Upstream(body)) = self.source.take() else { return None };
+        let (io, read) = body.into_upgrade()?;
+        let idle = self.receipts.tunnel_idle_timeout;
+        Some(Upgrade { io: Box::new(io), read, idle, held: Box::new(std::mem::take(&mut self.receipts)) })
+    }
+}
