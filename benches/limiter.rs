@@ -10,7 +10,7 @@ use std::num::NonZeroU32;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use http::HeaderMap;
 use sluicegate::clock::{Clock, ManualClock, Nanos};
-use sluicegate::config;
+use sluicegate::config::{self, LimitUse};
 use sluicegate::gate::Gate;
 use sluicegate::policy::key::KeySource;
 
@@ -49,7 +49,7 @@ fn decision(c: &mut Criterion) {
         let mut now = 0u64;
         for i in 0..keys {
             src.client_ip = ip(i);
-            l.check(&[0], &src, 1);
+            l.check(&[LimitUse::plain(0)], &src, 1);
         }
         let mut i = 0u32;
         group.bench_function(BenchmarkId::new("sluicegate", keys), |b| {
@@ -58,7 +58,7 @@ fn decision(c: &mut Criterion) {
                 now += 1_000;
                 clock.set(Nanos(now));
                 src.client_ip = ip(i);
-                black_box(l.check(&[0], &src, 1))
+                black_box(l.check(&[LimitUse::plain(0)], &src, 1))
             })
         });
     }
@@ -119,7 +119,7 @@ fn memory_per_key(_: &mut Criterion) {
     let l = gate("ip", keys as usize, &ManualClock::default());
     for i in 0..keys {
         let src = KeySource::get(ip(i), "/", &headers);
-        l.check(&[0], &src, 1);
+        l.check(&[LimitUse::plain(0)], &src, 1);
     }
     if let (Some(before), Some(after)) = (before, rss()) {
         println!(

@@ -338,10 +338,6 @@ fn a_dry_run_limit_stores_no_window_when_one_would_reject() {
     assert_eq!(remaining(check(&l, &[0], 1, t(2_000))), remaining(check(&l, &[1], 1, t(2_000))));
 }
 
-/// The global path when Redis cannot answer (nothing listens on its port), on the fake
-/// clock: the near-cache counts down, the breaker opens and probes, and each
-/// `on_store_error` decides, all read from the gate's one clock.
-
 /// A gate on a manual clock for a whole configuration (`routes` with their limits).
 fn gate_of(yaml: &str) -> (Gate, ManualClock, crate::config::Config) {
     let config = crate::config::parse(&format!("listen: 127.0.0.1:0\n{yaml}"), "test").unwrap();
@@ -433,6 +429,9 @@ routes:
     assert!(through(&gate, &clock, &config, 0, 0).is_err());
 }
 
+/// The global path when Redis cannot answer (nothing listens on its port), on the fake
+/// clock: the near-cache counts down, the breaker opens and probes, and each
+/// `on_store_error` decides, all read from the gate's one clock.
 mod global_path {
     use http::StatusCode;
 
