@@ -10,6 +10,8 @@
 //! evaluated (`KeyRecorder`), so that `simulate` can replay limits keyed on headers,
 //! tokens and cookies, which the rest of the line does not carry.
 
+use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::io::{BufWriter, Write};
 use std::net::IpAddr;
@@ -20,6 +22,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync
 use std::time::{Duration, Instant, SystemTime};
 
 use http::{HeaderValue, Method, Version};
+use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::config::{AccessFormat, AccessLogConfig, Config};
 use crate::limit::key_text::KeyText;
@@ -104,10 +107,9 @@ impl KeyRecorder {
     }
 
     /// The `keys` object of a line.
-    fn json(&self, keys: &RecordedKeys) -> serde_json::Value {
+    fn keys(&self, keys: &RecordedKeys) -> BTreeMap<String, Option<String>> {
         let parts = self.routes.get(keys.route).map_or(&[][..], |p| &p[..]);
-        let map = parts.iter().zip(&keys.values).map(|(r, v)| (r.name.to_string(), serde_json::Value::from(v.clone())));
-        serde_json::Value::Object(map.collect())
+        parts.iter().zip(&keys.values).map(|(r, v)| (r.name.to_string(), v.clone())).collect()
     }
 }
 
@@ -240,29 +242,79 @@ fn header_text(value: Option<&HeaderValue>) -> String {
     value.map_or_else(|| "-".to_owned(), |v| String::from_utf8_lossy(v.as_bytes()).into_owned())
 }
 
+/// One line of the JSON access log, as `json` writes it and as `simulate` reads it back:
+/// one type both ways. What a reader may find missing (lines of an older version, or
+/// written by hand) is optional.
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+pub struct JsonLine<'a> {
+    /// When the request arrived (RFC 3339, milliseconds, UTC).
+    #[serde(borrow)]
+    pub time: Cow<'a, str>,
+    /// The client's address, after `trusted_proxies`.
+    #[serde(borrow)]
+    pub client: Cow<'a, str>,
+    #[serde(borrow)]
+    pub method: Cow<'a, str>,
+    /// The target as sent.
+    #[serde(borrow)]
+    pub target: Cow<'a, str>,
+    #[serde(borrow, default)]
+    pub protocol: Option<Cow<'a, str>>,
+    #[serde(default)]
+    pub status: Option<u16>,
+    /// Body bytes sent.
+    #[serde(default)]
+    pub bytes: Option<u64>,
+    #[serde(default)]
+    pub duration_ms: Option<f64>,
+    /// To the upstream's response headers (`None`: none was asked).
+    #[serde(default)]
+    pub upstream_ms: Option<f64>,
+    #[serde(borrow, default)]
+    pub route: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub outcome: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub referer: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub user_agent: Option<Cow<'a, str>>,
+    /// A gRPC call's status; absent on other requests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grpc_status: Option<u8>,
+    /// The key parts recorded, by name, `null` for one the request lacked: absent when the
+    /// log records none (`keys: false`), `null` when the request reached no limit's key.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "present")]
+    pub keys: Option<Option<BTreeMap<String, Option<String>>>>,
+}
+
+/// A field that is there, even as `null`.
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
 fn json(e: &Entry) -> String {
-    let mut value = serde_json::json!({
-        "time": humantime::format_rfc3339_millis(e.time).to_string(),
-        "client": e.client.to_canonical().to_string(),
-        "method": e.method.as_str(),
-        "target": e.target,
-        "protocol": format!("{:?}", e.version),
-        "status": e.status,
-        "bytes": e.bytes,
-        "duration_ms": round_ms(e.started.elapsed()),
-        "upstream_ms": e.upstream.map(round_ms),
-        "route": e.route,
-        "outcome": e.outcome,
-        "referer": e.referer.as_ref().map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
-        "user_agent": e.user_agent.as_ref().map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
-    });
-    if let Some(code) = e.grpc_status {
-        value["grpc_status"] = code.into();
-    }
-    if let Some(recorder) = &e.log.keys {
-        value["keys"] = e.keys.as_ref().map_or(serde_json::Value::Null, |keys| recorder.json(keys));
-    }
-    format!("{value}\n")
+    let text = |v: &HeaderValue| String::from_utf8_lossy(v.as_bytes()).into_owned().into();
+    let line = JsonLine {
+        time: humantime::format_rfc3339_millis(e.time).to_string().into(),
+        client: e.client.to_canonical().to_string().into(),
+        method: e.method.as_str().into(),
+        target: e.target.as_str().into(),
+        protocol: Some(format!("{:?}", e.version).into()),
+        status: Some(e.status),
+        bytes: Some(e.bytes),
+        duration_ms: Some(round_ms(e.started.elapsed())),
+        upstream_ms: e.upstream.map(round_ms),
+        route: e.route.as_deref().map(Cow::Borrowed),
+        outcome: Some(e.outcome.into()),
+        referer: e.referer.as_ref().map(text),
+        user_agent: e.user_agent.as_ref().map(text),
+        grpc_status: e.grpc_status,
+        keys: e.log.keys.as_ref().map(|recorder| e.keys.as_ref().map(|keys| recorder.keys(keys))),
+    };
+    // A line of strings, numbers and maps of strings always serializes.
+    let mut out = serde_json::to_string(&line).unwrap_or_default();
+    out.push('\n');
+    out
 }
 
 fn round_ms(d: Duration) -> f64 {
@@ -322,7 +374,7 @@ mod tests {
         let src = KeySource::get("10.0.0.1".parse().unwrap(), "/a", &map);
         let log = config.access_log.as_ref().unwrap();
         let recorder = KeyRecorder::new(log, config).unwrap();
-        recorder.json(&recorder.record(route, false, &src))
+        serde_json::to_value(recorder.keys(&recorder.record(route, false, &src))).unwrap()
     }
 
     const REQUEST: [(&str, &[u8]); 4] = [
@@ -356,7 +408,7 @@ mod tests {
         assert_eq!(recorded(&config, 1, &REQUEST), serde_json::json!({}));
         let exempt = KeyRecorder::new(config.access_log.as_ref().unwrap(), &config).unwrap();
         let src = KeySource::get("10.0.0.1".parse().unwrap(), "/a", &HEADERS);
-        assert_eq!(exempt.json(&exempt.record(0, true, &src)), serde_json::json!({}));
+        assert!(exempt.keys(&exempt.record(0, true, &src)).is_empty());
     }
 
     static HEADERS: std::sync::LazyLock<http::HeaderMap> = std::sync::LazyLock::new(http::HeaderMap::new);
@@ -373,6 +425,65 @@ mod tests {
         // Any bytes are written exactly, in printable ASCII.
         let keys = recorded(&clear, 0, &[("x-tenant", b"caf\xc3\xa9 \\x41\xff")]);
         assert_eq!(keys["header:x-tenant"], r"caf\xC3\xA9 \x5Cx41\xFF");
+    }
+
+    /// The line the log writes reads back as `simulate` reads it, and written again from
+    /// what was read, it is the same line.
+    #[test]
+    fn a_json_line_reads_back_as_it_was_written() {
+        let config = keyed("access_log: { keys: true, keys_secret: 0123456789abcdef }");
+        let (lines, queued) = sync_channel(4);
+        let keys = KeyRecorder::new(config.access_log.as_ref().unwrap(), &config);
+        let log = Arc::new(AccessLog { format: AccessFormat::Json, lines, dropped: Arc::default(), keys });
+        let headers: http::HeaderMap =
+            [(http::header::HeaderName::from_static("x-tenant"), HeaderValue::from_static("acme"))]
+                .into_iter()
+                .collect();
+        let src = KeySource::get("10.0.0.1".parse().unwrap(), "/a", &headers);
+        let recorded = log.keys.as_ref().unwrap().record(0, false, &src);
+        let entry = Entry {
+            log: Arc::clone(&log),
+            started: Instant::now(),
+            time: SystemTime::UNIX_EPOCH + Duration::from_millis(1_764_000_000_123),
+            client: "::ffff:10.0.0.1".parse().unwrap(),
+            method: Method::POST,
+            target: "/a?q=\"x\"&é".to_owned(),
+            version: Version::HTTP_2,
+            referer: Some(HeaderValue::from_static("https://r.example/")),
+            user_agent: None,
+            route: Some("api".to_owned()),
+            outcome: "passed",
+            status: 200,
+            upstream: Some(Duration::from_micros(2_500)),
+            bytes: 12,
+            grpc_status: Some(16),
+            keys: Some(recorded),
+        };
+        drop(entry);
+        let line = queued.recv().unwrap();
+        let read: JsonLine<'_> = serde_json::from_str(&line).unwrap();
+        let recorder = log.keys.as_ref().unwrap();
+        let keys = recorder.keys(&recorder.record(0, false, &src));
+        assert_eq!(keys.get("header:x-tenant"), Some(&Some("acme".to_owned())), "{keys:?}");
+        let expected = JsonLine {
+            time: "2025-11-24T16:00:00.123Z".into(),
+            client: "10.0.0.1".into(),
+            method: "POST".into(),
+            target: "/a?q=\"x\"&é".into(),
+            protocol: Some("HTTP/2.0".into()),
+            status: Some(200),
+            bytes: Some(12),
+            duration_ms: read.duration_ms,
+            upstream_ms: Some(2.5),
+            route: Some("api".into()),
+            outcome: Some("passed".into()),
+            referer: Some("https://r.example/".into()),
+            user_agent: None,
+            grpc_status: Some(16),
+            keys: Some(Some(keys)),
+        };
+        assert_eq!(read, expected, "{line}");
+        assert_eq!(format!("{}\n", serde_json::to_string(&read).unwrap()), line);
     }
 
     #[test]

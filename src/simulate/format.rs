@@ -11,6 +11,7 @@ use serde::Deserialize;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
+use crate::access_log::JsonLine;
 use crate::policy::key::KeyPart;
 use crate::wire::head::{Fields, RequestHead};
 
@@ -182,30 +183,6 @@ impl Format {
     }
 }
 
-/// The fields of a sluicegate JSON line that a replay needs.
-#[derive(Deserialize)]
-struct JsonLine<'a> {
-    #[serde(borrow)]
-    time: std::borrow::Cow<'a, str>,
-    #[serde(borrow)]
-    client: std::borrow::Cow<'a, str>,
-    #[serde(borrow)]
-    method: std::borrow::Cow<'a, str>,
-    #[serde(borrow)]
-    target: std::borrow::Cow<'a, str>,
-    status: Option<u16>,
-    grpc_status: Option<u8>,
-    duration_ms: Option<f64>,
-    upstream_ms: Option<f64>,
-    #[serde(borrow)]
-    referer: Option<std::borrow::Cow<'a, str>>,
-    #[serde(borrow)]
-    user_agent: Option<std::borrow::Cow<'a, str>>,
-    access_log_lines_dropped: Option<u64>,
-    /// The key parts the line records, by name (`header:x-tenant`); `null`: absent.
-    keys: Option<std::collections::BTreeMap<String, Option<String>>>,
-}
-
 fn read_json(line: &str, cache: &mut TimeCache) -> Result<Read, Unreadable> {
     #[derive(Deserialize)]
     struct Dropped {
@@ -220,16 +197,13 @@ fn read_json(line: &str, cache: &mut TimeCache) -> Result<Read, Unreadable> {
             };
         }
     };
-    if let Some(n) = parsed.access_log_lines_dropped {
-        return Ok(Read::Dropped(n));
-    }
     let mut headers = HeaderMap::new();
     for (name, value) in [(header::REFERER, &parsed.referer), (header::USER_AGENT, &parsed.user_agent)] {
         if let Some(v) = value.as_deref().and_then(|v| HeaderValue::from_str(v).ok()) {
             headers.insert(name, v);
         }
     }
-    let recorded = recorded_keys(parsed.keys.as_ref(), &mut headers)?;
+    let recorded = recorded_keys(parsed.keys.flatten().as_ref(), &mut headers)?;
     // The duration of the whole request, else the upstream's part of it.
     let duration = parsed.duration_ms.or(parsed.upstream_ms).map(|ms| (ms.max(0.0) * 1e6).round() as u64);
     Ok(Read::Request(Box::new(Logged {
