@@ -2,12 +2,15 @@
 //!
 //! ```text
 //! accept (server)          listeners, TLS, connection cap, graceful shutdown; each accepted
-//!                          stream set up in one place; HTTP/1 on sluicegate's engine
-//!                          (http1, server::h1: strict framing, keep-alive, timeouts in its
-//!                          loop), HTTP/2 on hyper (server::h2, watchdog); both hand the
-//!                          service one Request and take one Response (message); the proxy
-//!                          of the configuration in force (running), swapped whole by a
-//!                          reload; what a connection holds (connection)
+//!                          stream set up in one place; the proxy of the configuration in
+//!                          force (running), swapped whole by a reload
+//!   wire                   HTTP and nothing above it: HTTP/1 on sluicegate's engine
+//!                          (wire::http1, wire::h1: strict framing, keep-alive, timeouts in
+//!                          its loop), HTTP/2 on hyper (wire::h2, wire::watchdog); both hand
+//!                          the service one Request and write one Response (wire::message),
+//!                          whose body settles itself; what a connection holds
+//!                          (wire::connection); the request view every layer reads
+//!                          (wire::head)
 //!   -> front               the head's checks (431 / 414, CONNECT 405, one valid Host), the
 //!                          client address (hop), the normalized path (path), host, route,
 //!                          key source, allow-list, cost: written once for the proxy,
@@ -18,8 +21,8 @@
 //!                          requests share it), undone or decided by on_store_error when
 //!                          Redis cannot answer; pass, delay, or reject with 429 — all on
 //!                          one clock (clock); one result per limit for every reader
-//!   -> receipts            slots held until the body is sent (proxy::response); `count:`
-//!                          refunds by status
+//!   -> receipts            slots held until the body is sent, the log line written as it
+//!                          ends, its pace (proxy::body); `count:` refunds by status
 //!   -> forward / respond   (proxy: admit, then serve) a server by balance and health, host
 //!                          names looked up again, on a pooled connection, retried on the
 //!                          next when it could not be sent, bodies streamed and bounded
@@ -34,10 +37,10 @@
 //! words a limit is written in (`policy`) are shared by `config` and `limit`. Modules
 //! import downwards only: server -> admin -> dashboard (the page, and its history read
 //! once a second from the counters) -> running -> proxy -> front, gate, upstream,
-//! hop; gate -> store -> limit -> config -> policy -> head, suggest ("did you mean",
-//! for config's and policy's messages); proxy, upstream -> message,
-//! http1 (the upstream side of the engine is `http1::client`). `simulate` replays access
-//! logs through the same front and gate offline.
+//! hop; gate -> store -> limit -> config -> policy -> wire::head, suggest ("did you
+//! mean", for config's and policy's messages); proxy, upstream -> wire (the upstream side
+//! of the engine is `wire::http1::client`), and the wire imports nothing above it.
+//! `simulate` replays access logs through the same front and gate offline.
 
 pub mod access_log;
 pub mod admin;

@@ -489,8 +489,8 @@ impl Service for Running {
         request: crate::wire::message::Request<'a>,
         conn: &'a ClientConn,
     ) -> impl Future<Output = crate::wire::message::Response<Settling>> + Send + 'a {
-        let proxy = self.proxy();
-        async move { proxy.handle(request, conn).await }
+        // The proxy in force now, owned by the request's future: no future wraps it.
+        self.proxy().handle(request, conn)
     }
 }
 

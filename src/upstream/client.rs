@@ -186,8 +186,13 @@ impl UpstreamClient {
             let error = loop {
                 let taken_before = body.as_ref().is_some_and(|b| b.taken);
                 let progress = body.as_ref().map(|b| b.progress());
-                let attempt = self.attempt(&server, out, body.as_deref_mut(), fresh);
-                match answered_within(self.timeout, progress.as_deref(), deadline, attempt).await {
+                // Pinned where it lies and lent: passed by value, the attempt's future would
+                // be moved whole into the timer's, and that into this one.
+                let answered = {
+                    let attempt = std::pin::pin!(self.attempt(&server, out, body.as_deref_mut(), fresh));
+                    answered_within(self.timeout, progress.as_deref(), deadline, attempt).await
+                };
+                match answered {
                     Ok(Ok((status, fields, kind))) => {
                         server.succeeded(upstream);
                         let mut body = UpstreamBody { kind, in_flight: Some(server) };
@@ -383,9 +388,8 @@ async fn answered_within<T>(
     timeout: Duration,
     progress: Option<&Progress>,
     deadline: Option<tokio::time::Instant>,
-    attempt: impl Future<Output = T>,
+    mut attempt: std::pin::Pin<&mut impl Future<Output = T>>,
 ) -> Result<T, Expired> {
-    let mut attempt = std::pin::pin!(attempt);
     let started = tokio::time::Instant::now();
     loop {
         let stalled_at = progress.map_or(started, |p| p.last().max(started)) + timeout;

@@ -76,8 +76,6 @@ pub enum UpstreamIo {
     Tls(Box<TlsStream<TcpStream>>),
 }
 
-impl UpstreamIo {}
-
 impl AsyncRead for UpstreamIo {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {

@@ -87,6 +87,10 @@ pub enum Known {
     Forwarded,
     Authorization,
     Cookie,
+    /// Read for every request (is it a gRPC call?).
+    ContentType,
+    /// A gRPC call's deadline, looked for in every forwarded request.
+    GrpcTimeout,
 }
 
 impl Known {
@@ -102,6 +106,8 @@ impl Known {
             9 if is("forwarded") => Known::Forwarded,
             10 if is("connection") => Known::Connection,
             10 if is("keep-alive") => Known::KeepAlive,
+            12 if is("content-type") => Known::ContentType,
+            12 if is("grpc-timeout") => Known::GrpcTimeout,
             13 if is("authorization") => Known::Authorization,
             14 if is("content-length") => Known::ContentLength,
             15 if is("x-forwarded-for") => Known::XForwardedFor,
@@ -122,7 +128,7 @@ impl Known {
     /// The name of a known field (`Other` has none: it is never looked up by kind).
     pub fn header_name(self) -> &'static HeaderName {
         use http::header;
-        static NAMES: [HeaderName; 16] = [
+        static NAMES: [HeaderName; 18] = [
             HeaderName::from_static("x-sluicegate-none"),
             header::HOST,
             header::CONNECTION,
@@ -139,6 +145,8 @@ impl Known {
             header::FORWARDED,
             header::AUTHORIZATION,
             header::COOKIE,
+            header::CONTENT_TYPE,
+            HeaderName::from_static("grpc-timeout"),
         ];
         &NAMES[self as usize]
     }
@@ -422,6 +430,8 @@ mod tests {
             Known::Forwarded,
             Known::Authorization,
             Known::Cookie,
+            Known::ContentType,
+            Known::GrpcTimeout,
         ] {
             assert_eq!(Known::of_name(known.header_name()), known);
             assert_eq!(Known::of(known.header_name().as_str().to_uppercase().as_bytes()), known);
