@@ -51,7 +51,7 @@ pub async fn serve<I, S>(
     let (conn, requests) = (Arc::new(conn), Arc::clone(&watch));
     let service = service_fn(move |req: http::Request<Incoming>| {
         let (service, conn) = (Arc::clone(&service), Arc::clone(&conn));
-        let in_flight = requests.request(http::Version::HTTP_2);
+        let in_flight = requests.request();
         async move {
             let (parts, incoming) = req.into_parts();
             let head = RequestHead {

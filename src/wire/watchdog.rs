@@ -1,4 +1,5 @@
-//! The connection watchdog: closes connections that say nothing or read nothing.
+//! The HTTP/2 connection watchdog: closes connections that say nothing or read nothing.
+//! (HTTP/1 connections keep their timeouts in their own loop, `wire::h1`.)
 //!
 //! One `Watch` per connection is shared by the socket (`WatchedIo`), every response body
 //! (`WatchedBody`) and the task that drives the connection (`drive`). Events only store a
@@ -6,10 +7,8 @@
 //! the latest one "shortest timeout" after its last look, and then checks lazily. So no
 //! timer is reset per byte, per frame or per request.
 //!
-//! hyper offers no hook for these (its HTTP/1 header timer also runs while a keep-alive
-//! connection is idle, the auto builder waits for the protocol preface without a timer,
-//! HTTP/2 has no idle timer, and neither protocol a send timeout); no crate wraps a
-//! socket with them either, hence this module.
+//! hyper offers no hook for these (HTTP/2 has no idle timer and no send timeout); no
+//! crate wraps a socket with them either, hence this module.
 
 use std::future::{Future, poll_fn};
 use std::io;
@@ -47,12 +46,8 @@ pub struct Watch {
     in_flight: AtomicUsize,
     /// A request has been received: the connection is past its opening.
     served: AtomicBool,
-    /// The connection speaks HTTP/2: its reads are frames, not the start of a request.
-    h2: AtomicBool,
     /// When the last request in flight ended.
     idle_since: AtomicU64,
-    /// HTTP/1: when the first byte of the next request came.
-    head_since: AtomicU64,
     /// When a write to the socket found it full, with no write done since.
     write_blocked_since: AtomicU64,
     /// When a response body handed out a frame the connection has not taken on from.
@@ -86,9 +81,7 @@ impl Watch {
             opened: Instant::now(),
             in_flight: AtomicUsize::new(0),
             served: AtomicBool::new(false),
-            h2: AtomicBool::new(false),
             idle_since: AtomicU64::new(0),
-            head_since: AtomicU64::new(0),
             write_blocked_since: AtomicU64::new(0),
             body_waiting_since: AtomicU64::new(0),
         })
@@ -103,13 +96,9 @@ impl Watch {
     }
 
     /// A request arrived; the returned guard, kept with its response, ends it.
-    pub fn request(self: &Arc<Self>, version: http::Version) -> InFlight {
+    pub fn request(self: &Arc<Self>) -> InFlight {
         self.in_flight.fetch_add(1, Relaxed);
         self.served.store(true, Relaxed);
-        self.head_since.store(0, Relaxed);
-        if version == http::Version::HTTP_2 {
-            self.h2.store(true, Relaxed);
-        }
         InFlight(Arc::clone(self))
     }
 
@@ -127,13 +116,9 @@ impl Watch {
         consider(self.write_blocked_since.load(Relaxed), t.send, Expiry::Send);
         consider(self.body_waiting_since.load(Relaxed), t.send, Expiry::Send);
         if self.in_flight.load(Relaxed) == 0 {
-            if !self.served.load(Relaxed) {
-                consider(1, t.header_read, Expiry::Header);
-            } else {
-                match self.head_since.load(Relaxed) {
-                    0 => consider(self.idle_since.load(Relaxed), t.idle, Expiry::Idle),
-                    head => consider(head, t.header_read, Expiry::Header),
-                }
+            match self.served.load(Relaxed) {
+                false => consider(1, t.header_read, Expiry::Header),
+                true => consider(self.idle_since.load(Relaxed), t.idle, Expiry::Idle),
             }
         }
         earliest
@@ -264,8 +249,7 @@ pub enum DriveError<E> {
     Expired(Expiry),
 }
 
-/// The socket of a connection: reports the first byte of a request and writes that
-/// find it full.
+/// The socket of a connection: reports writes that find it full.
 pub struct WatchedIo<T> {
     inner: T,
     watch: Arc<Watch>,
@@ -278,28 +262,8 @@ impl<T> WatchedIo<T> {
 }
 
 impl<T: Read + Unpin> Read for WatchedIo<T> {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, mut buf: ReadBufCursor<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let watch = &this.watch;
-        // A byte read between HTTP/1 requests starts the next request's header timer.
-        let between_requests = watch.served.load(Relaxed)
-            && watch.in_flight.load(Relaxed) == 0
-            && watch.head_since.load(Relaxed) == 0
-            && !watch.h2.load(Relaxed);
-        if !between_requests || buf.remaining() == 0 {
-            return Pin::new(&mut this.inner).poll_read(cx, buf);
-        }
-        // The cursor cannot tell how much a read filled (without unsafe code): read into
-        // a buffer on the stack first, once per request.
-        let mut head = [0u8; 512];
-        let room = buf.remaining().min(head.len());
-        let mut probe = hyper::rt::ReadBuf::new(&mut head[..room]);
-        std::task::ready!(Pin::new(&mut this.inner).poll_read(cx, probe.unfilled()))?;
-        if !probe.filled().is_empty() {
-            watch.head_since.store(watch.now(), Relaxed);
-            buf.put_slice(probe.filled());
-        }
-        Poll::Ready(Ok(()))
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: ReadBufCursor<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
     }
 }
 
@@ -354,8 +318,8 @@ impl<T: Write + Unpin> Write for WatchedIo<T> {
 }
 
 /// A response body that ends its request's `InFlight` when done, and reports a frame
-/// handed out that the connection does not come back for (HTTP/2: the client's flow
-/// control window stays shut; HTTP/1: hyper's write buffer stays full).
+/// handed out that the connection does not come back for (the client's flow control
+/// window stays shut).
 pub struct WatchedBody<B> {
     inner: B,
     in_flight: Option<InFlight>,
@@ -410,15 +374,13 @@ mod tests {
         let watch = Watch::new();
         let secs = Duration::from_secs;
         assert_eq!(why(&watch), Some((secs(10), Expiry::Header)), "opening");
-        let request = watch.request(http::Version::HTTP_11);
+        let request = watch.request();
         assert_eq!(why(&watch), None, "busy");
         tokio::time::advance(secs(100)).await;
         drop(request);
         assert_eq!(why(&watch), Some((secs(160), Expiry::Idle)), "idle from the end of the request");
         tokio::time::advance(secs(5)).await;
-        watch.head_since.store(watch.now(), Relaxed);
-        assert_eq!(why(&watch), Some((secs(115), Expiry::Header)), "a request head begun");
-        let request = watch.request(http::Version::HTTP_11);
+        let request = watch.request();
         tokio::time::advance(secs(1)).await;
         watch.write_blocked_since.store(watch.now(), Relaxed);
         assert_eq!(why(&watch), Some((secs(136), Expiry::Send)), "a write waits for the client");
