@@ -448,13 +448,17 @@ async fn write_response<I: AsyncRead + AsyncWrite + Unpin, B: ResponseBody>(
             }
             None => None,
         };
-        let mut end = Vec::new();
-        match trailers.filter(|_| takes_trailers) {
-            Some(trailers) => write::last_chunk(&mut end, &trailers),
-            None if chunked => end.extend_from_slice(LAST_CHUNK),
-            None => {}
-        }
-        write_all(c, &[first, &end], send_timeout).await?;
+        // Written into a buffer only when there are trailers to carry.
+        let mut with_trailers = Vec::new();
+        let end: &[u8] = match trailers.filter(|_| takes_trailers) {
+            Some(trailers) => {
+                write::last_chunk(&mut with_trailers, &trailers);
+                &with_trailers
+            }
+            None if chunked => LAST_CHUNK,
+            None => &[],
+        };
+        write_all(c, &[first, end], send_timeout).await?;
         break;
     }
     write::give_back(head);

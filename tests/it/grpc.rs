@@ -638,23 +638,30 @@ async fn trailer_echo() -> SocketAddr {
     addr
 }
 
-#[tokio::test]
-async fn trailers_pass_both_ways_over_http2_and_te_trailers_goes_upstream() {
-    let sg = proxy(trailer_echo().await, "", FORWARD_ALL);
-    let stream = TcpStream::connect(sg.addr).await.unwrap();
+/// An HTTP/2 `POST /t` to `addr` with `te: trailers`, the body `body`, then `trailers`.
+async fn post_with_trailers(
+    addr: SocketAddr,
+    trailers: &[(&'static str, &'static str)],
+) -> http::Response<hyper::body::Incoming> {
+    let stream = TcpStream::connect(addr).await.unwrap();
     let (mut sender, conn) =
         hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await.unwrap();
     tokio::spawn(conn);
-    let mut trailers = http::HeaderMap::new();
-    trailers.insert("x-client", "1".parse().unwrap());
-    trailers.insert("trailer", "x-client".parse().unwrap());
+    let fields: http::HeaderMap =
+        trailers.iter().map(|&(n, v)| (http::HeaderName::from_static(n), v.parse().unwrap())).collect();
     let frames: Vec<Result<Frame<Bytes>, Infallible>> =
-        vec![Ok(Frame::data(Bytes::from_static(b"body"))), Ok(Frame::trailers(trailers))];
-    let request = http::Request::post(format!("http://{}/t", sg.addr))
+        vec![Ok(Frame::data(Bytes::from_static(b"body"))), Ok(Frame::trailers(fields))];
+    let request = http::Request::post(format!("http://{addr}/t"))
         .header("te", "trailers")
         .body(StreamBody::new(tokio_stream::iter(frames)))
         .unwrap();
-    let response = sender.send_request(request).await.unwrap();
+    sender.send_request(request).await.unwrap()
+}
+
+#[tokio::test]
+async fn trailers_pass_both_ways_over_http2_and_te_trailers_goes_upstream() {
+    let sg = proxy(trailer_echo().await, "", FORWARD_ALL);
+    let response = post_with_trailers(sg.addr, &[("x-client", "1"), ("trailer", "x-client")]).await;
     assert_eq!(response.headers().get("x-te-seen").unwrap(), "trailers");
     let collected = response.into_body().collect().await.unwrap();
     let trailers = collected.trailers().cloned().expect("no trailers came");
@@ -711,19 +718,7 @@ async fn an_http11_servers_trailers_reach_clients_of_both_protocols_and_theirs_r
         "listen: 127.0.0.1:0\nupstreams:\n  b: {{ servers: [\"{}\"] }}\nroutes:\n  - upstream: b\n",
         backend.addr
     ));
-    let stream = TcpStream::connect(sg.addr).await.unwrap();
-    let (mut sender, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await.unwrap();
-    tokio::spawn(conn);
-    let mut trailers = http::HeaderMap::new();
-    trailers.insert("x-client", "1".parse().unwrap());
-    let frames: Vec<Result<Frame<Bytes>, Infallible>> =
-        vec![Ok(Frame::data(Bytes::from_static(b"body"))), Ok(Frame::trailers(trailers))];
-    let request = http::Request::post(format!("http://{}/t", sg.addr))
-        .header("te", "trailers")
-        .body(StreamBody::new(tokio_stream::iter(frames)))
-        .unwrap();
-    let response = sender.send_request(request).await.unwrap();
+    let response = post_with_trailers(sg.addr, &[("x-client", "1")]).await;
     let collected = response.into_body().collect().await.unwrap();
     let trailers = collected.trailers().cloned().expect("no trailers came");
     assert_eq!(collected.to_bytes(), "body");

@@ -197,12 +197,14 @@ impl<B: BodySource + ?Sized> Outgoing<'_, '_, B> {
                 self.ended = true;
                 if chunked {
                     // The client's trailer fields go on as the last chunk's.
-                    let mut last = Vec::new();
-                    match body.trailers() {
-                        Some(trailers) => write::last_chunk(&mut last, &trailers),
-                        None => last.extend_from_slice(body::LAST_CHUNK),
-                    }
-                    let data = Bytes::from(last);
+                    let data = match body.trailers() {
+                        Some(trailers) => {
+                            let mut last = Vec::new();
+                            write::last_chunk(&mut last, &trailers);
+                            Bytes::from(last)
+                        }
+                        None => Bytes::from_static(body::LAST_CHUNK),
+                    };
                     self.chunk = Some(Chunk { line: [0; 18], line_len: 0, data, tail: false, written: 0 });
                 }
             }
