@@ -1,20 +1,27 @@
 //! The command line: `sluicegate [run] -c FILE`, `sluicegate check -c FILE`,
 //! `sluicegate reload -c FILE`, `sluicegate simulate -c FILE [-c NEW] LOG...`,
-//! `sluicegate import [--out FILE] NGINX_CONF`.
+//! `sluicegate import [--out FILE] NGINX_CONF`, `sluicegate explain -c FILE [-X M] [-H F]… URL`.
 
 use std::io::{IsTerminal, Write};
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
-use http::StatusCode;
+use http::{Method, StatusCode};
 
-use crate::config::Config;
-use crate::wire::http1::BodySource;
+use crate::clock::{Clock, ManualClock};
+use crate::config::{self, Config};
+use crate::explain::asked::Asked;
+use crate::explain::{self, Explanation};
+use crate::gate::Gate;
 use crate::wire::http1::client::exchange;
 use crate::wire::http1::parse::Framing;
 use crate::wire::http1::write;
+use crate::wire::http1::{BodyError, BodySource};
 use crate::{import, simulate};
 
 /// The configuration file `run`, `check` and `reload` read without `-c`: where the
@@ -72,8 +79,124 @@ pub enum Command {
     /// sluicegate one, then check it. Exit status: 0 converted whole, 3 directives left
     /// out (listed on stderr), 4 written but refused by check, 1 nothing written.
     Import(ImportArgs),
+    /// Explain how the configuration answers one request, given as curl takes it: the
+    /// route and why earlier ones did not match, the client address, each limit's key
+    /// and decision, and the answer with its status, wait and rate-limit fields.
+    Explain(ExplainArgs),
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct ExplainArgs {
+    /// The configuration file.
+    #[arg(short, long = "config", value_name = "FILE", required = true)]
+    pub config: PathBuf,
+    /// The request's method (curl's `-X`).
+    #[arg(short = 'X', long = "request", value_name = "METHOD", default_value = "GET")]
+    pub method: String,
+    /// A header field, `'Name: value'` (curl's `-H`); repeat it for more.
+    #[arg(short = 'H', long = "header", value_name = "'NAME: VALUE'", action = ArgAction::Append)]
+    pub headers: Vec<String>,
+    /// The address the request comes from, its TCP peer [default: 127.0.0.1].
+    #[arg(long, value_name = "IP")]
+    pub peer: Option<IpAddr>,
+    /// Decide this many identical requests first (at the same instant), from an empty state.
+    #[arg(long, value_name = "N", default_value_t = 0, conflicts_with = "admin")]
+    pub after: u64,
+    /// Decide against the running instance's state, through its admin listener (this
+    /// address, or the file's `admin.listen`), with the file's `admin.token`; nothing is spent.
+    #[arg(long, value_name = "ADDRESS", num_args = 0..=1, default_missing_value = "")]
+    pub admin: Option<String>,
+    /// Print the explanation as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// `http://HOST[:PORT]/PATH?QUERY` (its host is sent as `Host`, as curl does).
+    #[arg(value_name = "URL")]
+    pub url: String,
+}
+
+/// `sluicegate explain`: the explanation on stdout; exit 0 once explained, 1 when the
+/// configuration or the instance fails, 2 for a request that HTTP cannot carry.
+pub fn explain(args: &ExplainArgs) -> ExitCode {
+    let config = match config::load(&args.config) {
+        Ok(config) => config,
+        Err(e @ config::LoadError::Read { .. }) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+        Err(e) => {
+            eprintln!("{e}\n{}: configuration is invalid", args.config.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    let asked = match Asked::from_curl(&args.method, &args.headers, &args.url, args.peer) {
+        Ok(asked) => asked,
+        Err(e) => {
+            eprintln!("sluicegate: explain: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let request = match asked.request() {
+        Ok(request) => request,
+        Err(e) => {
+            eprintln!("sluicegate: explain: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let explained = match &args.admin {
+        None => {
+            let (config, notes) = explain::local(config);
+            // A clock of its own: the identical requests and this one at one instant.
+            let gate = Gate::new(&config, ManualClock::new(Clock::System.now()).into());
+            let mut explained = explain::explain(&config, &gate, &request, args.after, "empty");
+            explained.notes.extend(notes);
+            Ok(explained)
+        }
+        Some(admin) => ask_explain(&config, admin, &asked),
+    };
+    let mut explained = match explained {
+        Ok(explained) => explained,
+        Err(e) => {
+            eprintln!("sluicegate: explain: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Ok(src) = std::fs::read_to_string(&args.config) {
+        explained.locate(&src);
+    }
+    let text = if args.json {
+        serde_json::to_string_pretty(&explained).unwrap_or_default() + "\n"
+    } else {
+        explained.to_string()
+    };
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+    ExitCode::SUCCESS
+}
+
+/// `POST /explain` of `asked` to the admin listener `admin` (empty: the configuration's
+/// `admin.listen`), with the configuration's token.
+fn ask_explain(config: &Config, admin: &str, asked: &Asked) -> Result<Explanation, String> {
+    let token = config.admin.as_ref().and_then(|a| a.token.clone());
+    let addr = match admin.trim_start_matches("http://").trim_end_matches('/') {
+        "" => config
+            .admin
+            .as_ref()
+            .map(|a| a.listen)
+            .ok_or("the configuration has no admin listener (admin.listen); give --admin ADDRESS")?,
+        given => {
+            given.parse::<SocketAddr>().map_err(|_| format!("--admin {admin:?}: give IP:PORT, as admin.listen"))?
+        }
+    };
+    let body = Bytes::from(serde_json::to_vec(asked).map_err(|e| e.to_string())?);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let call = admin_call(addr, token.as_deref(), &Method::POST, "/explain", Some(body));
+    let (status, answer) = runtime
+        .block_on(async { tokio::time::timeout(ADMIN_WAIT, call).await })
+        .map_err(|_| format!("{addr} did not answer within {}s", ADMIN_WAIT.as_secs()))??;
+    if status != StatusCode::OK {
+        return Err(format!("{addr} answered {status}: {}", answer.trim_end()));
+    }
+    serde_json::from_str(&answer).map_err(|e| format!("{addr} answered what is no explanation: {e}"))
+}
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
 pub struct ImportArgs {
     /// The nginx configuration file.
@@ -183,7 +306,10 @@ pub fn init_tracing(cli: &RunArgs) {
 }
 
 /// How long `sluicegate reload` waits for the running instance's answer.
-const RELOAD_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+const RELOAD_WAIT: Duration = Duration::from_secs(60);
+
+/// How long `sluicegate explain --admin` waits for the running instance's answer.
+const ADMIN_WAIT: Duration = Duration::from_secs(10);
 
 /// Asks the instance running `config`, read from `file`, to reload that file: `POST
 /// /reload?file=FILE` on its admin listener, with its token, and waits for the outcome.
@@ -199,32 +325,57 @@ pub async fn request_reload(config: &Config, file: &Path) -> Result<String, Stri
 
 async fn ask_reload(config: &Config, file: &Path) -> Result<String, String> {
     let admin = config.admin.as_ref().ok_or("the configuration has no admin listener (admin.listen)")?;
-    let mut stream =
-        tokio::net::TcpStream::connect(admin.listen).await.map_err(|e| format!("{}: {e}", admin.listen))?;
     // Absolute, for the instance, which may run in another directory.
     let file = file.canonicalize().or_else(|_| std::path::absolute(file)).unwrap_or_else(|_| file.to_owned());
     let target: String =
         form_urlencoded::Serializer::new("/reload?".to_owned()).append_pair("file", &file.to_string_lossy()).finish();
-    let mut head = Vec::with_capacity(128);
-    let mut writer = write::Head::request(&mut head, &http::Method::POST, &target);
-    writer.field(b"host", admin.listen.to_string().as_bytes());
-    if let Some(token) = &admin.token {
-        writer.field(b"authorization", format!("Bearer {token}").as_bytes());
-    }
-    writer.content_length(0);
-    writer.end();
-    let no_body: Option<&mut dyn BodySource> = None;
-    let (result, _) = exchange(&mut stream, &head, no_body, Framing::Empty, &http::Method::POST, 64 * 1024).await;
-    let (response, read) = result.map_err(|e| e.to_string())?;
     // The answer's body names the file reloaded, or says why not.
-    let mut body = crate::wire::http1::client::ResponseBody::new(stream, &response, read);
-    let mut why = Vec::new();
-    while let Some(piece) = std::future::poll_fn(|cx| body.poll_data(cx)).await {
-        why.extend_from_slice(&piece.map_err(|e| e.to_string())?);
-    }
-    let why = String::from_utf8_lossy(&why);
-    match response.status {
+    let (status, why) = admin_call(admin.listen, admin.token.as_deref(), &Method::POST, &target, None).await?;
+    match status {
         StatusCode::OK => Ok(why.trim_end().strip_prefix("reloaded ").unwrap_or(why.trim_end()).to_owned()),
         status => Err(format!("{} answered {status}: {}", admin.listen, why.trim_end())),
+    }
+}
+
+/// One call to the admin listener at `addr` (with `token`, if any): `method` on
+/// `target`, with a JSON `body` if given; returns the answer's status and body.
+async fn admin_call(
+    addr: SocketAddr,
+    token: Option<&str>,
+    method: &Method,
+    target: &str,
+    body: Option<Bytes>,
+) -> Result<(StatusCode, String), String> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("{addr}: {e}"))?;
+    let mut head = Vec::with_capacity(128);
+    let mut writer = write::Head::request(&mut head, method, target);
+    writer.field(b"host", addr.to_string().as_bytes());
+    if let Some(token) = token {
+        writer.field(b"authorization", format!("Bearer {token}").as_bytes());
+    }
+    let length = body.as_ref().map_or(0, Bytes::len);
+    if body.is_some() {
+        writer.field(b"content-type", b"application/json");
+    }
+    writer.content_length(length as u64);
+    writer.end();
+    let framing = if length == 0 { Framing::Empty } else { Framing::Length(length as u64) };
+    let mut whole = Whole(body);
+    let (result, _) = exchange(&mut stream, &head, Some(&mut whole), framing, method, 64 * 1024).await;
+    let (response, read) = result.map_err(|e| e.to_string())?;
+    let mut body = crate::wire::http1::client::ResponseBody::new(stream, &response, read);
+    let mut answer = Vec::new();
+    while let Some(piece) = std::future::poll_fn(|cx| body.poll_data(cx)).await {
+        answer.extend_from_slice(&piece.map_err(|e| e.to_string())?);
+    }
+    Ok((response.status, String::from_utf8_lossy(&answer).into_owned()))
+}
+
+/// A request body held whole, sent in one piece.
+struct Whole(Option<Bytes>);
+
+impl BodySource for Whole {
+    fn poll_chunk(&mut self, _cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BodyError>>> {
+        Poll::Ready(self.0.take().map(Ok))
     }
 }

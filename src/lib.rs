@@ -48,6 +48,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod dashboard;
+pub mod explain;
 pub mod front;
 pub mod gate;
 pub mod grpc;

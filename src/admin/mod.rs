@@ -5,7 +5,9 @@
 //! `GET /` is the dashboard (`dashboard`: its page and `GET /dashboard.json`);
 //! `GET /healthz` answers while the process serves; `GET /readyz` once the configuration
 //! is loaded (saying so when the last reload failed); `GET /metrics` is the Prometheus
-//! text exposition; `POST /reload` reloads the configuration file, as SIGHUP does. With
+//! text exposition; `POST /reload` reloads the configuration file, as SIGHUP does;
+//! `POST /explain` explains how a request would be answered now (`explain`), spending
+//! nothing. With
 //! `admin.token`, every call must carry `Authorization: Bearer TOKEN` (compared in
 //! constant time). A call that changes state is refused when a browser says another site
 //! made it (`cross_site`).
@@ -24,6 +26,7 @@ use subtle::ConstantTimeEq;
 use crate::config::words::ConfigWords;
 use crate::config::{OnStoreError, Scope};
 use crate::dashboard::{self, Dashboard};
+use crate::explain::{self, asked::Asked};
 use crate::front;
 use crate::limit::inspect::Lifted;
 use crate::policy::key::bearer_token;
@@ -34,6 +37,7 @@ use crate::running::Running;
 use crate::store::Reach;
 use crate::wire::connection::ClientConn;
 use crate::wire::head::{Fields, RequestHead};
+use crate::wire::http1::BodySource;
 use crate::wire::message::{Request, Service};
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -59,13 +63,14 @@ impl Service for AdminService {
     type Body = Settling;
 
     async fn call<'a>(&'a self, request: Request<'a>, _conn: &'a ClientConn) -> Response {
-        answer(&request.head, self).await
+        answer(&request.head, request.body, self).await
     }
 }
 
 /// The answer to one admin call: one `match` on the method and the path's segments, a
-/// function per endpoint. Only a reload waits (for its outcome).
-async fn answer(head: &RequestHead<'_>, service: &AdminService) -> Response {
+/// function per endpoint. Only a reload waits (for its outcome), and an explanation (for
+/// its request, read from `body` once the token is checked).
+async fn answer(head: &RequestHead<'_>, body: Option<&mut (dyn BodySource + '_)>, service: &AdminService) -> Response {
     let AdminService { running, dashboard } = service;
     let proxy = running.proxy();
     let token = proxy.config().admin.as_ref().and_then(|admin| admin.token.as_deref());
@@ -102,6 +107,8 @@ async fn answer(head: &RequestHead<'_>, service: &AdminService) -> Response {
         }
         (&Method::POST, ["reload"]) => reload(running, query).await,
         (_, ["reload"]) => text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n"),
+        (&Method::POST, ["explain"]) => explain(&proxy, body).await,
+        (_, ["explain"]) => text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n"),
         (&Method::GET, ["bans"]) => bans(&proxy),
         (&Method::GET, ["bans", name, ..]) => {
             with_limit(&proxy, name, |i| json(StatusCode::OK, &proxy.limiters().banned(i)))
@@ -116,7 +123,7 @@ async fn answer(head: &RequestHead<'_>, service: &AdminService) -> Response {
         }
         _ => text(
             StatusCode::NOT_FOUND,
-            "not found: / (the dashboard), /healthz, /readyz, /metrics, /config, /limits/NAME?PART=VALUE, /bans, POST /reload\n",
+            "not found: / (the dashboard), /healthz, /readyz, /metrics, /config, /limits/NAME?PART=VALUE, /bans, POST /reload, POST /explain\n",
         ),
     }
 }
@@ -212,6 +219,51 @@ async fn reload(running: &Running, query: &str) -> Response {
             format!("reload failed; the running configuration stays:\n{why}\n"),
         ),
         None => text(StatusCode::CONFLICT, "not started from a file: nothing to reload\n"),
+    }
+}
+
+/// The largest request `POST /explain` reads, and how long it waits for it.
+const EXPLAIN_MAX_BYTES: usize = 64 * 1024;
+const EXPLAIN_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `POST /explain` with `{"method", "url", "headers", "peer"}`: how the running
+/// instance would answer that request now, from its live tables, spending nothing (the
+/// gate's `preview`): `200` with the explanation as JSON, `400` saying what is wrong with
+/// the request asked, `413` past 64 KiB, `408` when the body does not come within 10 s.
+async fn explain(proxy: &Proxy, body: Option<&mut (dyn BodySource + '_)>) -> Response {
+    let mut read = Vec::new();
+    if let Some(body) = body {
+        let whole = async {
+            while let Some(piece) = std::future::poll_fn(|cx| body.poll_chunk(cx)).await {
+                let Ok(piece) = piece else { return Err(StatusCode::BAD_REQUEST) };
+                if read.len() + piece.len() > EXPLAIN_MAX_BYTES {
+                    return Err(StatusCode::PAYLOAD_TOO_LARGE);
+                }
+                read.extend_from_slice(&piece);
+            }
+            Ok(())
+        };
+        match tokio::time::timeout(EXPLAIN_READ_TIMEOUT, whole).await {
+            Ok(Ok(())) => {}
+            Ok(Err(StatusCode::PAYLOAD_TOO_LARGE)) => {
+                return text(StatusCode::PAYLOAD_TOO_LARGE, "the request to explain takes at most 64 KiB\n");
+            }
+            Ok(Err(_)) => return text(StatusCode::BAD_REQUEST, "the body broke off\n"),
+            Err(_) => return text(StatusCode::REQUEST_TIMEOUT, "the body did not come within 10 s\n"),
+        }
+    }
+    let asked: Asked = match serde_json::from_slice(&read) {
+        Ok(asked) => asked,
+        Err(e) => {
+            let why = format!(
+                "give the request as JSON: {{\"method\": \"GET\", \"url\": \"http://HOST/PATH\", \"headers\": {{\"name\": \"value\"}}, \"peer\": \"IP\"}}: {e}\n"
+            );
+            return typed(StatusCode::BAD_REQUEST, "text/plain", why);
+        }
+    };
+    match asked.request() {
+        Ok(request) => json(StatusCode::OK, &explain::explain(proxy.config(), proxy.gate(), &request, 0, "live")),
+        Err(e) => typed(StatusCode::BAD_REQUEST, "text/plain", format!("{e}\n")),
     }
 }
 
@@ -393,7 +445,7 @@ mod tests {
 
     fn call(service: &AdminService, method: Method, uri: &str) -> (StatusCode, String) {
         let req = http::Request::builder().method(method).uri(uri).body(()).unwrap();
-        let response = made(answer(&head_of(&req), service));
+        let response = made(answer(&head_of(&req), None, service));
         let body = response.body.made().expect("made here");
         (response.status, String::from_utf8_lossy(body).into_owned())
     }
@@ -437,7 +489,7 @@ routes:
             if let Some(token) = token {
                 request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
             }
-            made(answer(&head_of(&request.body(()).unwrap()), &service))
+            made(answer(&head_of(&request.body(()).unwrap()), None, &service))
         };
         for path in ["/healthz", "/dashboard.json", "/config"] {
             assert_eq!(request(path, None).status, StatusCode::UNAUTHORIZED, "{path}");

@@ -10,7 +10,7 @@ mod fields;
 mod files;
 mod limits;
 mod messages;
-mod position;
+pub mod position;
 mod raw;
 pub(crate) mod resolve;
 mod routes;

@@ -77,6 +77,17 @@ impl Decision {
     }
 }
 
+/// What one limit of a route becomes for a request (`Gate::choice`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Choice {
+    /// The limit that decides it: the route's, or the one an override names.
+    pub used: LimitUse,
+    /// An override of the route's limit matched.
+    pub overridden: bool,
+    /// The deciding limit's allow-list exempts the request.
+    pub exempt: bool,
+}
+
 /// Where a configuration's requests are decided: its limits' local state, the Redis
 /// store of its global limits, and the clock both read.
 pub struct Gate {
@@ -138,7 +149,7 @@ impl Gate {
         {
             return refused;
         }
-        let first = self.check_chosen(&local, src, cost);
+        let first = self.check_chosen::<false>(&local, src, cost);
         if calls.is_empty() || matches!(first, Decision::Reject { .. }) {
             return first;
         }
@@ -154,32 +165,47 @@ impl Gate {
     /// time. Concurrency slots are held until the returned `Permits` drop.
     pub fn check(&self, limits: &[LimitUse], src: &KeySource<'_>, cost: u64) -> Decision {
         if limits.iter().all(|u| self.limiters.get(u.limit).plain) {
-            return self.check_chosen(limits, src, cost);
+            return self.check_chosen::<false>(limits, src, cost);
         }
-        self.check_chosen(&self.choose(limits, src), src, cost)
+        self.check_chosen::<false>(&self.choose(limits, src), src, cost)
+    }
+
+    /// What `check` would decide for `src` now, from the limits' state as it is, but
+    /// storing nothing: no quota spent, no ban started (a rejection that would start one
+    /// says how long it would be), no slot taken, no key touched. What `explain` asks of
+    /// the live tables.
+    pub fn preview(&self, limits: &[LimitUse], src: &KeySource<'_>, cost: u64) -> Decision {
+        self.check_chosen::<true>(&self.choose(limits, src), src, cost)
     }
 
     /// The limits that decide `src`: `limits` with overrides applied (an override's
     /// limit with its own burst; sorted again, so that locks are still taken in ascending
     /// order), less those whose allow-list exempts it.
     fn choose(&self, limits: &[LimitUse], src: &KeySource<'_>) -> Chosen {
-        let mut chosen = Chosen::from_slice(limits);
+        let mut chosen = Chosen::new();
         let mut swapped = false;
-        for used in chosen.iter_mut() {
-            if let Some(&(_, other)) = self.limiters.get(used.limit).overrides.iter().find(|(m, _)| m.admits(src)) {
-                *used = LimitUse::plain(other);
-                swapped = true;
+        for &used in limits {
+            let choice = self.choice(used, src);
+            swapped |= choice.overridden;
+            if !choice.exempt {
+                chosen.push(choice.used);
             }
         }
         if swapped {
             chosen.sort_unstable_by_key(|u| u.limit);
             chosen.dedup_by_key(|u| u.limit);
         }
-        chosen.retain(|used| {
-            let allow = &self.limiters.get(used.limit).allow;
-            allow.is_empty() || !allow.admits(src)
-        });
         chosen
+    }
+
+    /// What becomes of `used`, one limit of a route, for `src`: the limit its first
+    /// matching override names decides instead (with that limit's own burst), and that
+    /// limit's allow-list may exempt the request.
+    pub fn choice(&self, used: LimitUse, src: &KeySource<'_>) -> Choice {
+        let over = self.limiters.get(used.limit).overrides.iter().find(|(m, _)| m.admits(src));
+        let used = over.map_or(used, |&(_, other)| LimitUse::plain(other));
+        let allow = &self.limiters.get(used.limit).allow;
+        Choice { used, overridden: over.is_some(), exempt: !allow.is_empty() && allow.admits(src) }
     }
 
     /// The near-cache's refusal of a one-unit request by the longest-refused enforced
@@ -199,8 +225,9 @@ impl Gate {
     /// Decides `src` against the `chosen` limits, all local. The clock is read once every
     /// lock is held: read earlier, a request delayed on its way to the lock could find a
     /// later instant already stored by another thread and count the difference as excess.
+    /// `PREVIEW` decides the same way and changes nothing (`preview`).
     #[inline]
-    fn check_chosen(&self, chosen: &[LimitUse], src: &KeySource<'_>, cost: u64) -> Decision {
+    fn check_chosen<const PREVIEW: bool>(&self, chosen: &[LimitUse], src: &KeySource<'_>, cost: u64) -> Decision {
         // Every shard in one order for every request: limit by limit, each limit's
         // windows in order, then its bans.
         // (Built in place: moving these groups around costs more than deciding them.)
@@ -219,7 +246,7 @@ impl Gate {
         for group in &mut groups {
             let first = standings.len();
             group.decide(now, cost, &mut standings);
-            group.ban_if_rejected(now, &mut standings[first..]);
+            group.ban_if_rejected::<PREVIEW>(now, &mut standings[first..]);
             results.push(LimitResult::fold(group.limit, group.key, &standings[first..]));
         }
         if let Some(rejection) = self.rejection(&results) {
@@ -228,7 +255,10 @@ impl Gate {
             let mut first = 0;
             for group in &mut groups {
                 let windows = group.shards.len();
-                group.refuse(now, &mut standings[first..first + windows]);
+                group.restate(now, &mut standings[first..first + windows]);
+                if !PREVIEW {
+                    group.refuse(now);
+                }
                 first += windows;
             }
             return self.reject(rejection, results, standings);
@@ -245,16 +275,19 @@ impl Gate {
             }
             let (limit, key, dry_run) = (group.limit, group.key, group.limiter.dry_run);
             for (shard, admit) in group.shards.iter_mut().zip(&group.admits) {
-                shard.store(key, admit.state, now, cost);
                 if !dry_run {
                     wait = wait.max(Duration::from_nanos(admit.wait));
                 }
+                if PREVIEW {
+                    continue;
+                }
+                shard.store(key, admit.state, now, cost);
                 if let Held::Concurrency(..) = shard {
                     permits.limiters.get_or_insert_with(|| Arc::clone(&self.limiters));
                     permits.slots.push(Slot { limit, key });
                 }
             }
-            if group.limiter.counted.is_some() {
+            if group.limiter.counted.is_some() && !PREVIEW {
                 pending.limiters.get_or_insert_with(|| Arc::clone(&self.limiters));
                 pending.admissions.push(Admitted { limit, key, at: now });
             }
@@ -381,7 +414,7 @@ impl Gate {
         if local.is_empty() {
             return Decision::Pass { wait, results, standings, permits, pending, at };
         }
-        match self.check_chosen(&local, src, cost) {
+        match self.check_chosen::<false>(&local, src, cost) {
             rejection @ Decision::Reject { .. } => {
                 self.undo(&results, cost, at);
                 rejection
@@ -513,9 +546,10 @@ impl Group<'_> {
     }
 
     /// A rejection by any window of an enforced limit that bans starts a ban, unless one
-    /// runs; the first of the limit's `standings` then says the ban's length.
+    /// runs; the first of the limit's `standings` then says the ban's length. `PREVIEW`:
+    /// says so without starting it.
     #[inline]
-    fn ban_if_rejected(&mut self, now: Nanos, standings: &mut [Standing]) {
+    fn ban_if_rejected<const PREVIEW: bool>(&mut self, now: Nanos, standings: &mut [Standing]) {
         if self.limiter.dry_run || !self.rejects {
             return;
         }
@@ -524,21 +558,28 @@ impl Group<'_> {
             return;
         };
         if bans.left(shard, self.key.0, now.0).is_none() {
-            first.outcome = Outcome::Rejected(Duration::from_nanos(bans.impose(shard, self.key.0, now.0)));
+            let length =
+                if PREVIEW { bans.length(shard, self.key.0, now.0) } else { bans.impose(shard, self.key.0, now.0) };
+            first.outcome = Outcome::Rejected(Duration::from_nanos(length));
             first.banned = true;
         }
     }
 
-    /// Counts a refusal as use of the key in each of this limit's tables; the `standings`
-    /// of its windows that would have admitted the request say where the key stands, as
-    /// the request did not count.
-    fn refuse(&mut self, now: Nanos, standings: &mut [Standing]) {
-        for (shard, s) in self.shards.iter_mut().zip(standings) {
+    /// Sets the `standings` of this limit's windows that would have admitted a refused
+    /// request to where the key stands, as the request did not count.
+    fn restate(&self, now: Nanos, standings: &mut [Standing]) {
+        for (shard, s) in self.shards.iter().zip(standings) {
             if !s.outcome.is_rejected() {
                 let (remaining, reset) = shard.stands(self.key, now);
                 s.remaining = remaining;
                 s.reset = Duration::from_nanos(reset);
             }
+        }
+    }
+
+    /// Counts a refusal as use of the key in each of this limit's tables.
+    fn refuse(&mut self, now: Nanos) {
+        for shard in self.shards.iter_mut() {
             shard.refuse(self.key, now);
         }
         if let Some(shard) = self.bans.as_mut() {

@@ -577,3 +577,32 @@ mod global_path {
         assert_eq!(counts(&gate).fallbacks, [0, 1, 3]);
     }
 }
+
+/// A preview of every request of a schedule answers what `check` then answers, and
+/// changes nothing: no quota, no ban, no concurrency slot.
+#[test]
+fn a_preview_decides_as_check_does_and_changes_nothing() {
+    let l = limiters(
+        "  a: { key: ip, rate: 10r/s, burst: 2 }\n  b: { key: ip, rate: 1r/s, ban: 1m }\n  c: { key: ip, concurrency: 1 }\n",
+    );
+    let headers = HeaderMap::new();
+    let src = KeySource::get(IpAddr::V4(Ipv4Addr::from(1)), "/", &headers);
+    let outcome = |d: &Decision| match d {
+        Decision::Pass { wait, standings, .. } => (None, *wait, standings.clone()),
+        Decision::Reject { retry_after, standings, .. } => (Some(*retry_after), Duration::ZERO, standings.clone()),
+    };
+    let mut held = Vec::new();
+    for (limits, at_ms) in
+        [(&[0][..], 0), (&[0], 0), (&[0], 0), (&[0], 0), (&[0], 150), (&[1], 0), (&[1], 10), (&[2], 0), (&[2], 1)]
+    {
+        l.clock.set(Nanos(at_ms * 1_000_000));
+        let previews: Vec<_> = (0..3).map(|_| outcome(&l.gate.preview(&plain(limits), &src, 1))).collect();
+        assert!(previews.windows(2).all(|p| p[0] == p[1]), "a preview changes nothing: {previews:?}");
+        let decided = l.check(limits, &src, 1, || at_ms * 1_000_000);
+        assert_eq!(previews[0], outcome(&decided), "limits {limits:?} at {at_ms} ms");
+        if let Decision::Pass { permits, .. } = decided {
+            held.push(permits);
+        }
+    }
+    assert_eq!(l.bans(1), 1, "the ban was started by the check, not by its previews");
+}

@@ -81,11 +81,7 @@ impl Bans {
 
     /// Bans `key` from `now`; returns the ban's length.
     pub fn impose(&self, shard: &mut Shard, key: u64, now: u64) -> u64 {
-        let strikes = match shard.get(key).map(unpack) {
-            Some((until, strikes)) if now < until.saturating_add(self.max) => strikes + 1,
-            _ => 1,
-        };
-        let length = self.base.saturating_mul(1u64.checked_shl((strikes - 1) as u32).unwrap_or(u64::MAX)).min(self.max);
+        let (strikes, length) = self.next(shard, key, now);
         // Kept to the millisecond, rounded down, so that a `Retry-After` of `length` is
         // never earlier than the ban's end.
         let until = now.saturating_add(length) / MS;
@@ -94,6 +90,22 @@ impl Bans {
         self.table.put(shard, key, state, |s| unpack(s).0.saturating_add(max) <= now, |s| s & UNTIL_MASK);
         self.imposed.fetch_add(1, Ordering::Relaxed);
         length
+    }
+
+    /// How long a ban of `key` started at `now` would last, without starting it.
+    pub fn length(&self, shard: &Shard, key: u64, now: u64) -> u64 {
+        self.next(shard, key, now).1
+    }
+
+    /// The strike a ban of `key` started at `now` would be, and its length: a repeat
+    /// within `max` of the last ban's end doubles it, up to `max`.
+    fn next(&self, shard: &Shard, key: u64, now: u64) -> (u64, u64) {
+        let strikes = match shard.get(key).map(unpack) {
+            Some((until, strikes)) if now < until.saturating_add(self.max) => strikes + 1,
+            _ => 1,
+        };
+        let length = self.base.saturating_mul(1u64.checked_shl((strikes - 1) as u32).unwrap_or(u64::MAX)).min(self.max);
+        (strikes, length)
     }
 
     /// Keys banned at `now`.

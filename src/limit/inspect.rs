@@ -3,14 +3,14 @@
 
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::algorithm::Held;
 use super::{Limiters, Verdict};
 use crate::policy::key::KeySource;
 
 /// One key of one limit, as a request with it would find it now.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct KeyState {
     /// The key as log lines write it (`KeyText`).
     pub key: String,
@@ -20,7 +20,7 @@ pub struct KeyState {
     pub windows: Vec<WindowState>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WindowState {
     /// A request of cost 1 would be admitted now (perhaps after a delay): never while the
     /// key is banned.

@@ -19,7 +19,6 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use smallvec::SmallVec;
 use tracing::{Level, debug, warn};
 
 use crate::access_log::{self, AccessLog};
@@ -136,6 +135,11 @@ impl Proxy {
         self.gate.limiters()
     }
 
+    /// Where requests are decided.
+    pub fn gate(&self) -> &Gate {
+        &self.gate
+    }
+
     /// The Redis store of the global limits, if any.
     pub fn store(&self) -> Option<&Arc<crate::store::Store>> {
         self.gate.store()
@@ -229,33 +233,19 @@ impl Proxy {
         self.metrics.request(front.route, outcome);
         trace.with(|e| e.outcome = outcome.as_str());
         match decision {
-            Decision::Reject { limit, status, retry_after, store_error: Some(error), .. } => {
-                // Not a limit's refusal: no limit item in the headers, no decision counted.
-                self.unavailable(route, limit, &front.src, &error);
-                let response = response::rejected(status, retry_after, config.rejection_body, &[]);
-                Ok(Admission::Answer(match grpc {
-                    true => response::grpc(response, grpc::Code::UNAVAILABLE, Some(retry_after)),
-                    false => response,
-                }))
-            }
-            Decision::Reject { limit, status, retry_after, results, standings, .. } => {
-                self.account(route, &results, &front.src, true);
-                let violated: SmallVec<[&str; 2]> = results
-                    .iter()
-                    .map(|r| (r, &config.limits[r.limit.index()]))
-                    .filter(|(r, limit)| r.outcome.is_rejected() && !limit.dry_run)
-                    .map(|(_, limit)| limit.name.as_str())
-                    .collect();
-                let mut response = response::rejected(status, retry_after, config.rejection_body, &violated);
-                if config.ratelimit_headers != HeaderMode::None {
-                    self.add_ratelimit_headers(&mut response, &standings);
+            Decision::Reject { limit, ref results, ref store_error, .. } => {
+                match store_error {
+                    // Not a limit's refusal: no limit item in the headers, no decision counted.
+                    Some(error) => self.unavailable(route, limit, &front.src, error),
+                    None => {
+                        self.account(route, results, &front.src, true);
+                        if grpc {
+                            self.metrics.grpc(front.route, Some(config.limits[limit].grpc_status));
+                        }
+                    }
                 }
-                if grpc {
-                    let code = config.limits[limit].grpc_status;
-                    self.metrics.grpc(front.route, Some(code));
-                    response = response::grpc(response, code, Some(retry_after));
-                }
-                Ok(Admission::Answer(response))
+                let response = response::refusal(config, &self.quotas, &decision, grpc);
+                Ok(Admission::Answer(response.expect("a rejection is answered")))
             }
             Decision::Pass { wait, results, standings, permits, pending, .. } => {
                 self.account(route, &results, &front.src, false);

@@ -324,6 +324,20 @@ impl Want<'_> {
 /// (the property test below), and which `config::shadow` compares with.
 #[cfg(test)]
 pub fn matches(m: &RouteMatch, method: &Method, path: &[u8], host: Option<&str>) -> bool {
+    mismatch(m, method, path, host) == Mismatch::default()
+}
+
+/// Which of a request's host, path and method `m` does not match (all false: it
+/// matches). Not on the request path, which asks the index (`Router::find`); this is the
+/// rule in plain words, for `explain` to say why a route was passed over.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Mismatch {
+    pub host: bool,
+    pub path: bool,
+    pub method: bool,
+}
+
+pub fn mismatch(m: &RouteMatch, method: &Method, path: &[u8], host: Option<&str>) -> Mismatch {
     let host_ok = match (&m.host, host) {
         (None, _) => true,
         (Some(_), None) => false,
@@ -342,7 +356,8 @@ pub fn matches(m: &RouteMatch, method: &Method, path: &[u8], host: Option<&str>)
         PathMatch::Exact(exact) => path == exact.as_bytes(),
         PathMatch::Regex(r) => r.is_match(path),
     };
-    host_ok && path_ok && (m.methods.is_empty() || m.methods.contains(method))
+    let method_ok = m.methods.is_empty() || m.methods.contains(method);
+    Mismatch { host: !host_ok, path: !path_ok, method: !method_ok }
 }
 
 #[cfg(test)]

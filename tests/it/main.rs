@@ -17,6 +17,7 @@ mod connections;
 mod dashboard;
 mod engine;
 mod eviction;
+mod explain;
 mod forwarded;
 mod forwarding;
 // The hand-worked GCRA schedules the local limiter's tests replay too.

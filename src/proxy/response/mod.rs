@@ -12,7 +12,8 @@ use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 
 use super::body::{Response, Settling};
 use super::error::ProxyError;
-use crate::config::{Expires, RejectionBody, StaticResponse};
+use crate::config::{Config, Expires, HeaderMode, RejectionBody, StaticResponse};
+use crate::gate::Decision;
 use crate::grpc::{self, Code};
 use crate::variables;
 use crate::wire::message::{FieldValue, Fields};
@@ -87,6 +88,44 @@ pub fn rejected(status: StatusCode, retry_after: Duration, body: RejectionBody, 
     };
     response.set(RETRY_AFTER, FieldValue::number(retry_after));
     response
+}
+
+/// The answer to a request its limits refused (`None`: `decision` passed it), as the
+/// client gets it, a gRPC call's as a gRPC response: the rejecting limit's status with
+/// `Retry-After`, the body `rejection_body` says, and the rate-limit fields of every
+/// limit that decided (`quotas`, by limit); or, when Redis could not decide a global
+/// limit with `on_store_error: deny`, a 503 (gRPC `UNAVAILABLE`) naming no limit.
+pub fn refusal(config: &Config, quotas: &[Box<[Quota]>], decision: &Decision, grpc: bool) -> Option<Response> {
+    let Decision::Reject { limit, status, retry_after, results, standings, store_error } = decision else {
+        return None;
+    };
+    if store_error.is_some() {
+        let response = rejected(*status, *retry_after, config.rejection_body, &[]);
+        return Some(match grpc {
+            true => self::grpc(response, Code::UNAVAILABLE, Some(*retry_after)),
+            false => response,
+        });
+    }
+    let violated: smallvec::SmallVec<[&str; 2]> = results
+        .iter()
+        .map(|r| &config.limits[r.limit.index()])
+        .zip(results.iter())
+        .filter(|(limit, r)| r.outcome.is_rejected() && !limit.dry_run)
+        .map(|(limit, _)| limit.name.as_str())
+        .collect();
+    let mut response = rejected(*status, *retry_after, config.rejection_body, &violated);
+    if config.ratelimit_headers != HeaderMode::None {
+        add_ratelimit_headers(
+            &mut |name, value| response.set(name, value),
+            standings,
+            quotas,
+            config.ratelimit_header_style,
+        );
+    }
+    Some(match grpc {
+        true => self::grpc(response, config.limits[*limit].grpc_status, Some(*retry_after)),
+        false => response,
+    })
 }
 
 /// `response`, made here, as the answer to a gRPC call (README's *gRPC*): HTTP 200,

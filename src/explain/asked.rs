@@ -1,0 +1,153 @@
+//! The request to explain, as asked: curl's spelling on the command line (`-X`, `-H`,
+//! a URL), or the JSON body of the admin API's `POST /explain`, which the command line
+//! sends with `--admin`. Either becomes one `Asked`, checked here: a method, a URL and
+//! header fields that HTTP can carry, or a clear error.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri};
+use serde::{Deserialize, Serialize};
+
+/// Where the request comes from when nothing says: the peer a local client has.
+pub const DEFAULT_PEER: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
+/// A request to explain, as `POST /explain` takes it:
+/// `{"method": "GET", "url": "http://host/path", "headers": {"x-key": "k1"}, "peer": "10.0.0.1"}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Asked {
+    #[serde(default = "get")]
+    pub method: String,
+    /// `http://HOST[:PORT]/PATH?QUERY`, or the target alone (`/PATH?QUERY`).
+    pub url: String,
+    /// Header fields by name; a field sent several times as a list of its values.
+    #[serde(default)]
+    pub headers: BTreeMap<String, Values>,
+    /// The address the request comes from (its TCP peer); 127.0.0.1 when not given.
+    #[serde(default)]
+    pub peer: Option<IpAddr>,
+}
+
+fn get() -> String {
+    "GET".to_owned()
+}
+
+/// One header field's value, or the values of a field sent several times.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Values {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// Why a request cannot be explained: it is not one HTTP could carry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AskedError {
+    #[error("invalid method {0:?}")]
+    Method(String),
+    #[error("invalid URL {0:?}: give http://HOST/PATH or /PATH")]
+    Url(String),
+    #[error("invalid header {0:?}: give 'name: value'")]
+    Header(String),
+}
+
+/// A request ready for the front: its method, target (origin-form) and fields.
+pub struct Request {
+    pub method: Method,
+    pub target: String,
+    pub headers: HeaderMap,
+    pub peer: IpAddr,
+}
+
+impl Asked {
+    /// The request of `curl -X METHOD -H 'name: value'… URL`.
+    pub fn from_curl(method: &str, headers: &[String], url: &str, peer: Option<IpAddr>) -> Result<Asked, AskedError> {
+        let mut fields: BTreeMap<String, Values> = BTreeMap::new();
+        for header in headers {
+            let (name, value) = header.split_once(':').ok_or_else(|| AskedError::Header(header.clone()))?;
+            let (name, value) = (name.trim().to_ascii_lowercase(), value.trim().to_owned());
+            match fields.remove(&name) {
+                None => fields.insert(name, Values::One(value)),
+                Some(Values::One(first)) => fields.insert(name, Values::Many(vec![first, value])),
+                Some(Values::Many(mut all)) => {
+                    all.push(value);
+                    fields.insert(name, Values::Many(all))
+                }
+            };
+        }
+        Ok(Asked { method: method.to_owned(), url: url.to_owned(), headers: fields, peer })
+    }
+
+    /// The request as the front reads it. As curl does, a URL's host is sent as `Host`
+    /// unless a `Host` field is given.
+    pub fn request(&self) -> Result<Request, AskedError> {
+        let method = Method::from_bytes(self.method.as_bytes()).map_err(|_| AskedError::Method(self.method.clone()))?;
+        let uri: Uri = self.url.parse().map_err(|_| AskedError::Url(self.url.clone()))?;
+        if uri.scheme().is_some_and(|s| s != "http" && s != "https")
+            || (uri.scheme().is_some() != uri.authority().is_some())
+        {
+            return Err(AskedError::Url(self.url.clone()));
+        }
+        let mut headers = HeaderMap::new();
+        for (name, values) in &self.headers {
+            let bad = || AskedError::Header(format!("{name}: {values:?}"));
+            let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| bad())?;
+            let values = match values {
+                Values::One(one) => std::slice::from_ref(one),
+                Values::Many(many) => many.as_slice(),
+            };
+            for value in values {
+                headers.append(&name, HeaderValue::from_str(value).map_err(|_| bad())?);
+            }
+        }
+        if let Some(authority) = uri.authority()
+            && !headers.contains_key(http::header::HOST)
+        {
+            let host = HeaderValue::from_str(authority.as_str()).map_err(|_| AskedError::Url(self.url.clone()))?;
+            headers.insert(http::header::HOST, host);
+        }
+        let target = uri.path_and_query().map_or("/", http::uri::PathAndQuery::as_str);
+        let target = if target.is_empty() { "/" } else { target };
+        Ok(Request { method, target: target.to_owned(), headers, peer: self.peer.unwrap_or(DEFAULT_PEER) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn curls_spelling_makes_the_request_curl_would_send() {
+        let asked = Asked::from_curl(
+            "POST",
+            &["X-Key: k1".into(), "x-key: k2".into(), "Cookie: a=b".into()],
+            "http://api.example.com:8080/v1/x?y=1",
+            None,
+        )
+        .unwrap();
+        let request = asked.request().unwrap();
+        assert_eq!(request.method, Method::POST);
+        assert_eq!(request.target, "/v1/x?y=1");
+        assert_eq!(request.headers.get_all("x-key").iter().count(), 2, "a field given twice is sent twice");
+        assert_eq!(request.headers["host"], "api.example.com:8080");
+        assert_eq!(request.peer, DEFAULT_PEER);
+        let given_host = Asked::from_curl("GET", &["Host: other".into()], "http://a/", None).unwrap();
+        assert_eq!(given_host.request().unwrap().headers["host"], "other", "a given Host wins, as with curl");
+        let path_only = Asked::from_curl("GET", &[], "/x", None).unwrap().request().unwrap();
+        assert!(path_only.headers.get("host").is_none());
+    }
+
+    #[test]
+    fn what_http_cannot_carry_is_refused_with_what_to_give() {
+        let asked = |method: &str, header: &str, url: &str| {
+            let headers: Vec<String> = if header.is_empty() { vec![] } else { vec![header.into()] };
+            Asked::from_curl(method, &headers, url, None).and_then(|a| a.request())
+        };
+        assert!(matches!(asked("G T", "", "/"), Err(AskedError::Method(_))));
+        assert!(matches!(asked("GET", "no colon", "/"), Err(AskedError::Header(_))));
+        assert!(matches!(asked("GET", "x: a\u{1}b", "/"), Err(AskedError::Header(_))));
+        assert!(matches!(asked("GET", "", "ftp://a/"), Err(AskedError::Url(_))));
+        assert!(matches!(asked("GET", "", "not a url"), Err(AskedError::Url(_))));
+    }
+}

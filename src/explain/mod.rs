@@ -1,0 +1,503 @@
+//! `sluicegate explain` and the admin API's `POST /explain`: why a request is answered
+//! as it is. The request goes through the steps the proxy takes (`front`: head checks,
+//! client address, normalized path and host, route, allow-list, cost; the gate's
+//! overrides and allow-lists per limit), and is decided by the gate's `preview`, which
+//! decides as `check` does and stores nothing. Nothing here routes, keys or decides on
+//! its own: it only says what those steps found.
+//!
+//! The command line decides against a gate of its own, fresh (after `--after N`
+//! identical requests); the admin API against the live tables, spending nothing.
+
+pub mod asked;
+mod text;
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use http::Method;
+use serde::{Deserialize, Serialize};
+
+use crate::config::position::Positions;
+use crate::config::{Action, Config, ForwardedMode, PathMatch, Route, Scope};
+use crate::front::{self, FrontError};
+use crate::gate::{Decision, Gate, Permits};
+use crate::hop;
+use crate::limit::inspect::KeyState;
+use crate::limit::{Outcome, Standing};
+use crate::metrics::RequestOutcome;
+use crate::policy::key::KeySource;
+use crate::proxy::response;
+use crate::router::{Mismatch, mismatch};
+use crate::wire::head::{Fields, Known, RequestHead};
+use asked::Request;
+
+/// Earlier routes listed with why they did not match, at most.
+const PASSED_OVER_SHOWN: usize = 100;
+
+/// Everything `explain` found out about one request, in the order the proxy finds it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Explanation {
+    pub method: String,
+    /// The target as sent.
+    pub target: String,
+    /// The normalized path that routes and `path` keys see (`None`: it cannot be
+    /// normalized, and the request is refused).
+    pub path: Option<String>,
+    /// The host, without its port, as routing reads it.
+    pub host: Option<String>,
+    pub client: Client,
+    /// The routes before the one taken (or all, when none is), each with why it did
+    /// not match; at most `PASSED_OVER_SHOWN`, `passed_over_more` saying how many more.
+    pub passed_over: Vec<PassedOver>,
+    pub passed_over_more: usize,
+    pub route: Option<RouteTaken>,
+    /// What the request weighs in the route's limits.
+    pub cost: Option<u64>,
+    /// The route's limits, in the route's order.
+    pub limits: Vec<LimitExplained>,
+    /// Where the limits' state comes from: `empty` (a fresh state, after `after`
+    /// identical requests) or `live` (the running instance's tables).
+    pub state: String,
+    /// Identical requests decided before this one, from an empty state.
+    pub after: u64,
+    pub answer: Answer,
+    pub notes: Vec<String>,
+}
+
+/// The client address and how it was found.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Client {
+    pub address: IpAddr,
+    pub peer: IpAddr,
+    pub how: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PassedOver {
+    pub route: String,
+    pub index: usize,
+    /// Its line in the configuration file, where the file is at hand.
+    pub line: Option<usize>,
+    pub why: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RouteTaken {
+    pub name: String,
+    pub index: usize,
+    pub line: Option<usize>,
+    /// `upstream NAME`, or `respond STATUS`.
+    pub action: String,
+    /// The route's allow-list exempts the request from all its limits.
+    pub exempt: bool,
+}
+
+/// One limit of the route and what it made of the request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LimitExplained {
+    /// The limit as the route lists it.
+    pub limit: String,
+    pub line: Option<usize>,
+    /// The limit that decides instead, by an override.
+    pub decided_by: Option<String>,
+    /// The route's own burst on it, if it gives one.
+    pub burst: Option<u64>,
+    pub scope: String,
+    pub dry_run: bool,
+    /// The request's key, written as log lines, `/bans` and `simulate` write it (`None`:
+    /// every part is missing).
+    pub key: Option<String>,
+    /// The key's parts the request lacks.
+    pub missing: Vec<String>,
+    /// Why the limit does not decide the request, if it does not.
+    pub skipped: Option<String>,
+    /// The key's state as the request finds it (as `GET /limits/NAME` shows it).
+    pub before: Option<KeyState>,
+    /// Where each window stands once the request is decided (as it was, if refused).
+    pub after: Vec<WindowAfter>,
+    /// `passed`, `delayed`, `rejected` or `banned` (a dry-run limit's: what it would do).
+    pub outcome: Option<String>,
+}
+
+/// One window once the request is decided.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WindowAfter {
+    pub outcome: String,
+    /// The wait it asks for (delayed) or after which the request would pass (rejected),
+    /// in ms, to the nanosecond.
+    pub ms: f64,
+    /// Further units the key could send now without rejection.
+    pub remaining: u64,
+    pub reset_ms: f64,
+    /// nginx's excess (requests in flight, for a concurrency limit).
+    pub excess: f64,
+    /// This request starts a ban, as long as `ms` says.
+    pub bans: bool,
+}
+
+/// What the client gets.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Answer {
+    /// The access log's outcome (`passed`, `delayed`, `rejected`, `banned`,
+    /// `dry_run_rejected`, `store_error`), or `refused` for a request the front refuses.
+    pub outcome: String,
+    /// The status sluicegate answers with (`None`: the upstream's, once forwarded).
+    pub status: Option<u16>,
+    /// Why the front refuses the request.
+    pub reason: Option<String>,
+    /// How long the request waits before it is forwarded, in ms, to the nanosecond.
+    pub wait_ms: f64,
+    /// `upstream NAME` where it goes once admitted.
+    pub forwarded_to: Option<String>,
+    /// The fields sluicegate sets on the answer: `Retry-After`, `RateLimit-Policy`,
+    /// `RateLimit`, `X-RateLimit-*`, and a refusal's `Content-Type`.
+    pub headers: Vec<(String, String)>,
+    /// A refusal's body.
+    pub body: Option<String>,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_nanos() as f64 / 1e6
+}
+
+/// `config` for an explanation from an empty state: a global limit decided here as one
+/// instance holding the whole budget (its state would be in Redis), as `simulate` does.
+pub fn local(mut config: Config) -> (Config, Vec<String>) {
+    let mut notes = Vec::new();
+    for limit in &mut config.limits {
+        if let Scope::Global { .. } = limit.scope {
+            notes.push(format!(
+                "limit {}: global; decided here as one instance holding the whole budget, from an empty state",
+                limit.name
+            ));
+            limit.scope = Scope::Local;
+        }
+    }
+    (config, notes)
+}
+
+/// Explains `request` against `config` and the state of `gate`. With `after`, `after`
+/// identical requests are first decided by `gate` (and held: their concurrency slots
+/// stay taken) — only for a gate of the explanation's own, never the live one. `state`
+/// says which it is.
+pub fn explain(config: &Config, gate: &Gate, request: &Request, after: u64, state: &str) -> Explanation {
+    let head = RequestHead {
+        method: &request.method,
+        target: &request.target,
+        version: http::Version::HTTP_11,
+        authority: None,
+        fields: Fields::from(&request.headers),
+    };
+    let address = hop::client_ip(request.peer, head.fields, &config.trusted_proxies, config.forwarded);
+    let mut explanation = Explanation {
+        method: request.method.to_string(),
+        target: request.target.clone(),
+        path: None,
+        host: front::request_host(&head).map(str::to_ascii_lowercase),
+        client: Client { address, peer: request.peer, how: how_found(config, request.peer, address, head.fields) },
+        passed_over: Vec::new(),
+        passed_over_more: 0,
+        route: None,
+        cost: None,
+        limits: Vec::new(),
+        state: state.to_owned(),
+        after,
+        answer: Answer {
+            outcome: "refused".to_owned(),
+            status: None,
+            reason: None,
+            wait_ms: 0.0,
+            forwarded_to: None,
+            headers: Vec::new(),
+            body: None,
+        },
+        notes: Vec::new(),
+    };
+    if let Err(e) = front::check_head(&head, config) {
+        explanation.refuse(&e);
+        return explanation;
+    }
+    let src = match front::source(&head, address, None) {
+        Ok(src) => src,
+        Err(e) => {
+            explanation.refuse(&e);
+            return explanation;
+        }
+    };
+    explanation.path = Some(String::from_utf8_lossy(&src.path).into_owned());
+    let found = front::front(config, &head, address, None);
+    let taken = found.as_ref().map_or(config.routes.len(), |f| f.route);
+    explanation.passed_over(config, &request.method, &src, taken);
+    let front = match found {
+        Ok(front) => front,
+        Err(e) => {
+            explanation.refuse(&e);
+            return explanation;
+        }
+    };
+    let route = &config.routes[front.route];
+    explanation.route = Some(RouteTaken {
+        name: route.name.clone(),
+        index: front.route,
+        line: None,
+        action: action(config, route),
+        exempt: front.exempt,
+    });
+    let cost = match front::cost(config, route, head.fields) {
+        Ok(cost) => cost,
+        Err(e) => {
+            explanation.refuse(&e);
+            return explanation;
+        }
+    };
+    explanation.cost = Some(cost);
+    // The identical requests before this one, held in progress.
+    let held: Vec<Permits> = (0..after)
+        .filter_map(|_| match gate.check(front.limits(config), &front.src, cost) {
+            Decision::Pass { permits, .. } => Some(permits),
+            Decision::Reject { .. } => None,
+        })
+        .collect();
+    // Global limits keep their state in Redis, which a preview does not ask (it would
+    // spend): only a gate of the explanation's own decides them (`local`).
+    let decided: Vec<_> = front
+        .limits(config)
+        .iter()
+        .copied()
+        .filter(|u| !matches!(config.limits[u.limit].scope, Scope::Global { .. }))
+        .collect();
+    let before: Vec<Option<KeyState>> =
+        route.candidates.iter().map(|&l| gate.limiters().inspect(l, &front.src)).collect();
+    let decision = gate.preview(&decided, &front.src, cost);
+    explanation.limits = route
+        .limits
+        .iter()
+        .map(|&used| {
+            let state = |l: usize| route.candidates.iter().position(|&c| c == l).and_then(|i| before[i].clone());
+            explain_limit(config, gate, &front.src, front.exempt, used, &decision, state)
+        })
+        .collect();
+    explanation.answer = answer(config, route, &decision, grpc(&head));
+    drop(held);
+    explanation
+}
+
+/// Whether `head` is a gRPC call, whose refusals are gRPC responses.
+fn grpc(head: &RequestHead<'_>) -> bool {
+    crate::grpc::is_grpc(head.fields.get(&http::header::CONTENT_TYPE))
+}
+
+impl Explanation {
+    /// The front refuses the request: its status and why.
+    fn refuse(&mut self, e: &FrontError) {
+        self.answer.status = Some(e.status().as_u16());
+        self.answer.reason = Some(e.to_string());
+    }
+
+    /// Lists the routes before `taken` (all of them when `taken` is their number: none
+    /// matched), each with why it does not match.
+    fn passed_over(&mut self, config: &Config, method: &Method, src: &KeySource<'_>, taken: usize) {
+        for (index, route) in config.routes[..taken].iter().enumerate() {
+            let missed = mismatch(&route.matcher, method, &src.path, src.host);
+            if self.passed_over.len() == PASSED_OVER_SHOWN {
+                self.passed_over_more += 1;
+                continue;
+            }
+            let why = why_not(route, missed, method, src);
+            self.passed_over.push(PassedOver { route: route.name.clone(), index, line: None, why });
+        }
+    }
+
+    /// Fills in the lines of routes and limits from `src`, the configuration file's text.
+    pub fn locate(&mut self, src: &str) {
+        let positions = Positions::new(src);
+        let route_line = |index: usize| positions.of(&format!("routes[{index}]")).0;
+        for passed in &mut self.passed_over {
+            passed.line = Some(route_line(passed.index));
+        }
+        if let Some(route) = &mut self.route {
+            route.line = Some(route_line(route.index));
+        }
+        for limit in &mut self.limits {
+            limit.line = positions.key_line(&format!("limits.{}", limit.limit));
+        }
+    }
+}
+
+/// Why `route` does not take the request, in words, from what `mismatch` found.
+fn why_not(route: &Route, missed: Mismatch, method: &Method, src: &KeySource<'_>) -> Vec<String> {
+    let m = &route.matcher;
+    let path = String::from_utf8_lossy(&src.path);
+    let mut why = Vec::new();
+    if missed.host {
+        let want = m.host.as_deref().unwrap_or_default();
+        why.push(match src.host {
+            Some(host) => format!("host {} is not {want}", host.to_ascii_lowercase()),
+            None => format!("the request names no host; the route wants {want}"),
+        });
+    }
+    if missed.path {
+        why.push(match &m.path {
+            PathMatch::Prefix(prefix) => format!("path {path} does not start with {prefix}"),
+            PathMatch::Exact(exact) => format!("path {path} is not {exact}"),
+            PathMatch::Regex(regex) => format!("path {path} does not match {}", regex.pattern()),
+            PathMatch::Any => format!("path {path}"),
+        });
+    }
+    if missed.method {
+        let methods: Vec<&str> = m.methods.iter().map(Method::as_str).collect();
+        why.push(format!("method {method} is not one of {}", methods.join(", ")));
+    }
+    why
+}
+
+/// How the client address was found from `peer`.
+fn how_found(config: &Config, peer: IpAddr, address: IpAddr, fields: Fields<'_>) -> String {
+    let peer = peer.to_canonical();
+    if !hop::is_trusted(peer, &config.trusted_proxies) {
+        return "the peer's address: the peer is not in trusted_proxies".to_owned();
+    }
+    let field = match config.forwarded {
+        ForwardedMode::XForwarded => "X-Forwarded-For",
+        ForwardedMode::Rfc7239 => "Forwarded",
+        ForwardedMode::Both if fields.contains(&http::header::FORWARDED) => "Forwarded",
+        ForwardedMode::Both => "X-Forwarded-For",
+    };
+    let given = fields.contains(&http::header::FORWARDED) || fields.first_of(Known::XForwardedFor).is_some();
+    match (given, address == peer) {
+        (false, _) => format!("the peer's address: the peer is a trusted proxy, but the request has no {field}"),
+        (true, true) => {
+            format!("the peer's address: the peer is a trusted proxy and {field} names no untrusted hop it can read")
+        }
+        (true, false) => format!(
+            "{field}, its rightmost hop not in trusted_proxies (the peer {peer} is a trusted proxy; hops left of it are the client's word)"
+        ),
+    }
+}
+
+/// `upstream NAME` or `respond STATUS`.
+fn action(config: &Config, route: &Route) -> String {
+    match &route.action {
+        Action::Forward(upstream) => format!("upstream {}", config.upstreams[*upstream].name),
+        Action::Respond(r) => format!("respond {}", r.status.as_u16()),
+    }
+}
+
+/// What limit `used` of a route made of the request `src` (`exempt`: the route's
+/// allow-list exempts it), from `decision` and the key's state before (`before`, by
+/// limit).
+fn explain_limit(
+    config: &Config,
+    gate: &Gate,
+    src: &KeySource<'_>,
+    exempt: bool,
+    used: crate::policy::LimitUse,
+    decision: &Decision,
+    before: impl Fn(usize) -> Option<KeyState>,
+) -> LimitExplained {
+    let choice = gate.choice(used, src);
+    let deciding = choice.used.limit;
+    let limit = &config.limits[deciding];
+    let limiters = gate.limiters();
+    let missing: Vec<String> =
+        limit.key.0.iter().filter(|part| part.value_in(src).is_none()).map(ToString::to_string).collect();
+    let key = limiters.key_hash(deciding, src).map(|_| limiters.key_label(deciding, src));
+    let global = matches!(limit.scope, Scope::Global { .. });
+    let skipped = if exempt {
+        Some("the route's allow-list exempts the request".to_owned())
+    } else if choice.exempt {
+        Some(format!("the allow-list of limit {} exempts the request", limit.name))
+    } else if key.is_none() {
+        Some(format!("the request has no {}: the limit does not count it", missing.join(", nor ")))
+    } else if global {
+        Some("global: its state is in Redis, which explain does not ask (asking would spend)".to_owned())
+    } else {
+        None
+    };
+    let standings: Vec<&Standing> = match decision {
+        Decision::Pass { standings, .. } | Decision::Reject { standings, .. } => {
+            standings.iter().filter(|s| s.limit == deciding).collect()
+        }
+    };
+    let result = decision.results().iter().find(|r| r.limit.index() == deciding);
+    let outcome = result.filter(|_| skipped.is_none()).map(|r| match (r.outcome, r.banned) {
+        (Outcome::Rejected(_), true) => "banned".to_owned(),
+        (outcome, _) => outcome_word(outcome).to_owned(),
+    });
+    LimitExplained {
+        limit: config.limits[used.limit].name.clone(),
+        line: None,
+        decided_by: choice.overridden.then(|| limit.name.clone()),
+        burst: choice.used.burst.map(|b| b.burst),
+        scope: if global { "global" } else { "local" }.to_owned(),
+        dry_run: limit.dry_run,
+        key,
+        missing,
+        before: if skipped.is_none() { before(deciding) } else { None },
+        after: if skipped.is_none() { standings.iter().map(|s| window_after(s)).collect() } else { Vec::new() },
+        outcome,
+        skipped,
+    }
+}
+
+fn outcome_word(outcome: Outcome) -> &'static str {
+    match outcome {
+        Outcome::Passed => "passed",
+        Outcome::Delayed(_) => "delayed",
+        Outcome::Rejected(_) => "rejected",
+    }
+}
+
+fn window_after(s: &Standing) -> WindowAfter {
+    let wait = match s.outcome {
+        Outcome::Passed => Duration::ZERO,
+        Outcome::Delayed(d) | Outcome::Rejected(d) => d,
+    };
+    WindowAfter {
+        outcome: outcome_word(s.outcome).to_owned(),
+        ms: ms(wait),
+        remaining: s.remaining,
+        reset_ms: ms(s.reset),
+        excess: s.excess,
+        bans: s.banned,
+    }
+}
+
+/// What the client gets from `decision` on `route`: a refusal as the proxy makes it
+/// (`response::refusal`), or a pass with its wait and the rate-limit fields the proxy
+/// adds to the route's response.
+fn answer(config: &Config, route: &Route, decision: &Decision, grpc: bool) -> Answer {
+    let outcome = RequestOutcome::of(decision, &config.limits).as_str().to_owned();
+    let quotas: Vec<Box<[response::Quota]>> = config.limits.iter().map(response::quotas).collect();
+    let mut headers = Vec::new();
+    if let Some(refusal) = response::refusal(config, &quotas, decision, grpc) {
+        for (name, value) in &refusal.extra {
+            headers.push((name.to_string(), String::from_utf8_lossy(value.as_bytes()).into_owned()));
+        }
+        let body = refusal.body.made().map(|b| String::from_utf8_lossy(b).into_owned());
+        return Answer {
+            outcome,
+            status: Some(refusal.status.as_u16()),
+            reason: None,
+            wait_ms: 0.0,
+            forwarded_to: None,
+            headers,
+            body,
+        };
+    }
+    let (wait, standings) = match decision {
+        Decision::Pass { wait, standings, .. } => (*wait, standings.as_slice()),
+        Decision::Reject { .. } => (Duration::ZERO, &[][..]),
+    };
+    if config.ratelimit_headers == crate::config::HeaderMode::All {
+        let mut add = |name: http::HeaderName, value: crate::wire::message::FieldValue| {
+            headers.push((name.to_string(), String::from_utf8_lossy(value.as_bytes()).into_owned()));
+        };
+        response::add_ratelimit_headers(&mut add, standings, &quotas, config.ratelimit_header_style);
+    }
+    let (status, forwarded_to) = match &route.action {
+        Action::Respond(r) => (Some(r.status.as_u16()), None),
+        Action::Forward(upstream) => (None, Some(config.upstreams[*upstream].name.clone())),
+    };
+    Answer { outcome, status, reason: None, wait_ms: ms(wait), forwarded_to, headers, body: None }
+}

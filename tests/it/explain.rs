@@ -1,0 +1,274 @@
+//! `sluicegate explain` and `POST /explain`: the route, the keys, the limits' decisions
+//! and the answer, said before the request is sent, and what a real request then gets.
+
+use std::path::Path;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use serde_json::Value;
+
+use crate::common::*;
+
+/// `sluicegate explain --json ARGS` on the configuration file `config`: the explanation.
+fn explain(config: &Path, args: &[&str]) -> Value {
+    let output = binary().arg("explain").arg("-c").arg(config).arg("--json").args(args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "explain {args:?}: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+/// The same, in plain words.
+fn explain_text(config: &Path, args: &[&str]) -> String {
+    let output = binary().arg("explain").arg("-c").arg(config).args(args).output().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// The value of the answer's header `name`.
+fn header<'a>(explained: &'a Value, name: &str) -> Option<&'a str> {
+    explained["answer"]["headers"].as_array()?.iter().find(|h| h[0] == name).and_then(|h| h[1].as_str())
+}
+
+/// The explanation of limit `name`.
+fn limit<'a>(explained: &'a Value, name: &str) -> &'a Value {
+    let limits = explained["limits"].as_array().unwrap();
+    limits.iter().find(|l| l["limit"] == name).unwrap_or_else(|| panic!("no limit {name} in {explained:#}"))
+}
+
+const CONFIG: &str = r#"listen: 127.0.0.1:0
+ratelimit_headers: all
+limits:
+  per_ip: { key: ip, rate: 10r/s, burst: 5 }
+  per_key: { key: "header:x-api-key", rate: 100r/s, burst: 100 }
+  pair: { key: [ip, "header:x-tenant"], rate: 100r/s, burst: 100 }
+  login: { key: ip, rate: 1r/m, ban: 10m }
+  heavy: { key: ip, rate: 1r/s, burst: 5, nodelay: true }
+routes:
+  - name: login
+    match: { path_prefix: /login, methods: [POST] }
+    respond: { status: 200 }
+    limits: [login]
+  - name: reports
+    match: { host: reports.example.com }
+    respond: { status: 200 }
+    limits: [heavy]
+    cost: 3
+  - name: api
+    match: { path_prefix: /api/ }
+    respond: { status: 200 }
+    limits: [per_ip, per_key, pair]
+"#;
+
+#[test]
+fn a_request_for_a_later_route_says_why_each_earlier_one_did_not_match_with_its_line() {
+    let (_dir, config) = config_file(CONFIG);
+    let explained = explain(&config, &["http://Example.COM:8080/api/./x/../users"]);
+    assert_eq!(explained["path"], "/api/users", "the normalized path");
+    assert_eq!(explained["host"], "example.com", "the host without port, in lower case");
+    assert_eq!(explained["route"]["name"], "api");
+    assert_eq!(explained["route"]["line"], 19, "the route's line in the file");
+    let passed = explained["passed_over"].as_array().unwrap();
+    assert_eq!(passed.len(), 2, "{explained:#}");
+    assert_eq!(passed[0]["route"], "login");
+    assert_eq!(passed[0]["line"], 10);
+    assert_eq!(
+        passed[0]["why"],
+        serde_json::json!(["path /api/users does not start with /login", "method GET is not one of POST"])
+    );
+    assert_eq!(passed[1]["why"], serde_json::json!(["host example.com is not reports.example.com"]));
+    assert_eq!(explained["answer"]["outcome"], "passed");
+    assert_eq!(explained["answer"]["status"], 200);
+    let text = explain_text(&config, &["http://example.com/api/users"]);
+    assert!(text.contains("route login (line 10) not taken: path /api/users does not start with /login"), "{text}");
+    assert!(text.contains("route api (line 19) taken: respond 200"), "{text}");
+}
+
+#[test]
+fn a_request_no_route_takes_lists_every_route_and_is_answered_404() {
+    let (_dir, config) = config_file(CONFIG);
+    let explained = explain(&config, &["http://example.com/nothing"]);
+    assert_eq!(explained["route"], Value::Null);
+    assert_eq!(explained["passed_over"].as_array().unwrap().len(), 3);
+    assert_eq!(explained["answer"]["status"], 404);
+    assert_eq!(explained["answer"]["reason"], "no route matches");
+}
+
+#[test]
+fn a_limit_whose_key_is_missing_says_so_and_skips_the_request_while_a_tuple_counts_what_it_has() {
+    let (_dir, config) = config_file(CONFIG);
+    let explained = explain(&config, &["--peer", "192.0.2.7", "http://example.com/api/x"]);
+    let per_key = limit(&explained, "per_key");
+    assert_eq!(per_key["key"], Value::Null);
+    assert_eq!(per_key["missing"], serde_json::json!(["header:x-api-key"]));
+    assert_eq!(per_key["skipped"], "the request has no header:x-api-key: the limit does not count it");
+    assert_eq!(per_key["outcome"], Value::Null, "no decision of its own");
+    let pair = limit(&explained, "pair");
+    assert_eq!(pair["key"], "ip=192.0.2.7 header:x-tenant=-", "written as log lines write it");
+    assert_eq!(pair["missing"], serde_json::json!(["header:x-tenant"]));
+    assert_eq!(pair["skipped"], Value::Null, "a tuple is missing only when every part is");
+    assert_eq!(pair["outcome"], "passed");
+    // With the header, its value is a credential by its name: written as its digest.
+    let keyed = explain(&config, &["-H", "X-Api-Key: k1", "http://example.com/api/x"]);
+    let key = limit(&keyed, "per_key")["key"].as_str().unwrap();
+    assert!(key.starts_with("header:x-api-key=#") && key.len() == "header:x-api-key=#".len() + 32, "{key}");
+}
+
+#[test]
+fn a_delayed_request_is_told_its_exact_delay_after_identical_requests() {
+    let (_dir, config) = config_file(CONFIG);
+    // 10r/s, burst 5: three at once leave an excess of 2; the fourth waits 3 / 10 s.
+    let explained = explain(&config, &["--after", "3", "http://example.com/api/x"]);
+    assert_eq!(explained["after"], 3);
+    assert_eq!(explained["answer"]["outcome"], "delayed");
+    assert_eq!(explained["answer"]["wait_ms"], 300.0);
+    let per_ip = limit(&explained, "per_ip");
+    assert_eq!(per_ip["outcome"], "delayed");
+    assert_eq!(per_ip["after"][0]["ms"], 300.0);
+    assert_eq!(per_ip["after"][0]["excess"], 3.0);
+    let fresh = explain(&config, &["http://example.com/api/x"]);
+    assert_eq!(fresh["answer"]["outcome"], "passed");
+    assert_eq!(fresh["answer"]["wait_ms"], 0.0);
+    let text = explain_text(&config, &["--after", "3", "http://example.com/api/x"]);
+    assert!(text.contains("answer: delayed 200, after a wait of 300 ms"), "{text}");
+}
+
+#[test]
+fn a_weighted_request_counts_its_cost_and_is_refused_when_it_no_longer_fits() {
+    let (_dir, config) = config_file(CONFIG);
+    let url = "http://reports.example.com/r";
+    // 1r/s, burst 5, nodelay, cost 3: an excess of 2, then 5, then 8 > 5.
+    let second = explain(&config, &["--after", "1", url]);
+    assert_eq!(second["cost"], 3);
+    assert_eq!(second["answer"]["outcome"], "passed");
+    assert_eq!(limit(&second, "heavy")["after"][0]["excess"], 5.0);
+    assert_eq!(header(&second, "ratelimit"), Some("\"heavy\";r=0;t=6"), "{second:#}");
+    let third = explain(&config, &["--after", "2", url]);
+    assert_eq!(third["answer"]["outcome"], "rejected");
+    assert_eq!(third["answer"]["status"], 429);
+    assert_eq!(header(&third, "retry-after"), Some("3"), "an excess of 8 is 5 again in 3 s");
+    assert_eq!(limit(&third, "heavy")["after"][0]["ms"], 3000.0);
+}
+
+#[test]
+fn a_banned_key_is_refused_for_the_bans_time_left() {
+    let (_dir, config) = config_file(CONFIG);
+    // The first passes, the second is refused and starts a ten-minute ban.
+    let explained = explain(&config, &["-X", "POST", "--after", "2", "http://example.com/login"]);
+    let login = limit(&explained, "login");
+    assert!(login["before"]["ban_left_ms"].as_u64().is_some_and(|ms| ms > 599_000 && ms <= 600_000), "{login:#}");
+    assert_eq!(login["outcome"], "rejected");
+    assert_eq!(explained["answer"]["status"], 429);
+    assert_eq!(header(&explained, "retry-after"), Some("600"));
+    // The request that starts the ban says so.
+    let starting = explain(&config, &["-X", "POST", "--after", "1", "http://example.com/login"]);
+    assert_eq!(limit(&starting, "login")["outcome"], "banned");
+    assert_eq!(starting["answer"]["outcome"], "banned");
+    assert_eq!(header(&starting, "retry-after"), Some("600"));
+}
+
+#[test]
+fn a_request_http_cannot_carry_is_refused_with_exit_2() {
+    let (_dir, config) = config_file(CONFIG);
+    for args in [&["-H", "no colon", "http://a/"][..], &["-X", "G T", "http://a/"], &["ftp://a/"]] {
+        let output = binary().arg("explain").arg("-c").arg(&config).args(args).output().unwrap();
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        assert!(String::from_utf8_lossy(&output.stderr).starts_with("sluicegate: explain: invalid"), "{args:?}");
+    }
+}
+
+/// `POST /explain` of `body` on the admin listener at `admin`, with the token.
+async fn post_explain(admin: std::net::SocketAddr, body: &str) -> Reply {
+    let asked = http::Request::post("/explain")
+        .header("host", admin.to_string())
+        .header("authorization", "Bearer s3cret")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_owned())))
+        .unwrap();
+    request(admin, asked).await
+}
+
+const LIVE: &str = r#"listen: 127.0.0.1:0
+admin: { listen: 127.0.0.1:0, token: s3cret }
+limits:
+  once: { key: "header:x-user", rate: 1r/h }
+  login: { key: ip, rate: 1r/h, ban: 10m }
+routes:
+  - { match: { path: /login }, respond: { status: 200 }, limits: [login] }
+  - { respond: { status: 200 }, limits: [once] }
+"#;
+
+#[tokio::test]
+async fn post_explain_spends_nothing_and_the_next_real_request_gets_what_it_said() {
+    let sg = Sluicegate::start(LIVE);
+    let admin = sg.admin_addr();
+    let asked = r#"{"url": "http://example.com/x", "headers": {"x-user": "alice"}}"#;
+    // Asked again and again, a limit that admits one request per hour admits it still.
+    for _ in 0..5 {
+        let reply = post_explain(admin, asked).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let explained: Value = serde_json::from_str(&reply.text()).unwrap();
+        assert_eq!(explained["state"], "live");
+        assert_eq!(explained["answer"]["outcome"], "passed", "{explained:#}");
+        assert_eq!(limit(&explained, "once")["key"], "header:x-user=alice");
+    }
+    let first = get(sg.addr, "/x", &[("x-user", "alice")]).await;
+    assert_eq!(first.status, 200, "explain spent nothing: the one request of the hour passes");
+    let explained: Value = serde_json::from_str(&post_explain(admin, asked).await.text()).unwrap();
+    assert_eq!(explained["answer"]["status"], 429);
+    let said = header(&explained, "retry-after").unwrap().parse::<u64>().unwrap();
+    let second = get(sg.addr, "/x", &[("x-user", "alice")]).await;
+    assert_eq!(second.status, 429, "as explain said");
+    let got = second.header("retry-after").unwrap().parse::<u64>().unwrap();
+    // Wall-clock time passes between the two: at most one second of it, on a loaded machine.
+    assert!(got == said || got + 1 == said, "explain said Retry-After {said}, the request got {got}");
+    assert_eq!(header(&explained, "ratelimit-policy"), second.header("ratelimit-policy"));
+    // The command line asks the same through the file's admin address and token.
+    let text = explain_text(&sg.config, &["--admin", &admin.to_string(), "-H", "x-user: bob", "http://example.com/x"]);
+    assert!(text.contains("limits, from the running instance's state (nothing spent):"), "{text}");
+    assert!(text.contains("answer: passed 200"), "{text}");
+    assert_eq!(get(sg.addr, "/x", &[("x-user", "bob")]).await.status, 200);
+}
+
+#[tokio::test]
+async fn post_explain_shows_a_live_ban_under_the_key_bans_lists() {
+    let sg = Sluicegate::start(LIVE);
+    let admin = sg.admin_addr();
+    assert_eq!(get(sg.addr, "/login", &[]).await.status, 200);
+    assert_eq!(get(sg.addr, "/login", &[]).await.status, 429, "refused: banned");
+    let reply = post_explain(admin, r#"{"url": "http://example.com/login", "peer": "127.0.0.1"}"#).await;
+    let explained: Value = serde_json::from_str(&reply.text()).unwrap();
+    let login = limit(&explained, "login");
+    assert!(login["before"]["ban_left_ms"].as_u64().is_some_and(|ms| ms > 500_000), "{login:#}");
+    assert_eq!(explained["answer"]["outcome"], "rejected");
+    let bans = request(
+        admin,
+        http::Request::get("/bans").header("authorization", "Bearer s3cret").body(Full::new(Bytes::new())).unwrap(),
+    )
+    .await;
+    let bans: Value = serde_json::from_str(&bans.text()).unwrap();
+    assert_eq!(bans["login"][0]["key"], login["key"], "one key, one name");
+}
+
+#[tokio::test]
+async fn post_explain_needs_the_token_and_says_what_to_give() {
+    let sg = Sluicegate::start(LIVE);
+    let admin = sg.admin_addr();
+    let unauthorized = request(
+        admin,
+        http::Request::post("/explain").body(Full::new(Bytes::from_static(b"{\"url\": \"/\"}"))).unwrap(),
+    )
+    .await;
+    assert_eq!(unauthorized.status, 401);
+    let bad = post_explain(admin, "{\"uri\": \"/\"}").await;
+    assert_eq!(bad.status, 400);
+    assert!(bad.text().starts_with("give the request as JSON"), "{}", bad.text());
+    let bad_header = post_explain(admin, r#"{"url": "/", "headers": {"a b": "c"}}"#).await;
+    assert_eq!(bad_header.status, 400);
+    assert!(bad_header.text().starts_with("invalid header"), "{}", bad_header.text());
+    let get_it = request(
+        admin,
+        http::Request::get("/explain").header("authorization", "Bearer s3cret").body(Full::new(Bytes::new())).unwrap(),
+    )
+    .await;
+    assert_eq!(get_it.status, 405);
+}
