@@ -19,13 +19,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::position::Positions;
 use crate::config::{Action, Config, ForwardedMode, PathMatch, Route, Scope};
-use crate::front::{self, FrontError};
+use crate::front;
 use crate::gate::{Decision, Gate, Permits};
 use crate::hop;
 use crate::limit::inspect::KeyState;
 use crate::limit::{Outcome, Standing};
 use crate::metrics::RequestOutcome;
 use crate::policy::key::KeySource;
+use crate::proxy::error::ProxyError;
 use crate::proxy::response;
 use crate::router::{Mismatch, mismatch};
 use crate::wire::head::{Fields, Known, RequestHead};
@@ -214,13 +215,13 @@ pub fn explain(config: &Config, gate: &Gate, request: &Request, after: u64, stat
         notes: Vec::new(),
     };
     if let Err(e) = front::check_head(&head, config) {
-        explanation.refuse(&e);
+        explanation.refuse(e.status(), &e);
         return explanation;
     }
     let src = match front::source(&head, address, None) {
         Ok(src) => src,
         Err(e) => {
-            explanation.refuse(&e);
+            explanation.refuse(e.status(), &e);
             return explanation;
         }
     };
@@ -231,7 +232,7 @@ pub fn explain(config: &Config, gate: &Gate, request: &Request, after: u64, stat
     let front = match found {
         Ok(front) => front,
         Err(e) => {
-            explanation.refuse(&e);
+            explanation.refuse(e.status(), &e);
             return explanation;
         }
     };
@@ -243,10 +244,17 @@ pub fn explain(config: &Config, gate: &Gate, request: &Request, after: u64, stat
         action: action(config, route),
         exempt: front.exempt,
     });
+    let repeated = front::repeated_key_fields(config, front.candidates(config), &front.src)
+        .find(|&(limit, _)| !config.limits[limit].dry_run);
+    if let Some((limit, part)) = repeated {
+        let e = ProxyError::DuplicateKeyField { limit: config.limits[limit].name.clone(), field: part.field() };
+        explanation.refuse(e.status(), &e);
+        return explanation;
+    }
     let cost = match front::cost(config, route, head.fields) {
         Ok(cost) => cost,
         Err(e) => {
-            explanation.refuse(&e);
+            explanation.refuse(e.status(), &e);
             return explanation;
         }
     };
@@ -288,10 +296,10 @@ fn grpc(head: &RequestHead<'_>) -> bool {
 }
 
 impl Explanation {
-    /// The front refuses the request: its status and why.
-    fn refuse(&mut self, e: &FrontError) {
-        self.answer.status = Some(e.status().as_u16());
-        self.answer.reason = Some(e.to_string());
+    /// The proxy refuses the request before its limits: with `status`, for `why`.
+    fn refuse(&mut self, status: http::StatusCode, why: &impl std::fmt::Display) {
+        self.answer.status = Some(status.as_u16());
+        self.answer.reason = Some(why.to_string());
     }
 
     /// Lists the routes before `taken` (all of them when `taken` is their number: none

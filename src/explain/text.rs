@@ -127,7 +127,7 @@ impl Display for Before<'_> {
         }
         // As `GET /limits/NAME` shows the key: what a one-unit request would find.
         for w in &self.0.windows {
-            writeln!(f, "    before: {} remaining, full again in {}", w.remaining, ms(w.reset_ms as f64))?;
+            writeln!(f, "    before: {} remaining", w.remaining)?;
         }
         Ok(())
     }

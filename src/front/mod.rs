@@ -16,7 +16,7 @@ use http::{Method, StatusCode};
 
 use crate::config::{Config, Cost, LimitUse, PathMatch, Route};
 use crate::path::{self, BadPath};
-use crate::policy::key::KeySource;
+use crate::policy::key::{KeyPart, KeySource};
 use crate::wire::head::{Fields, RequestHead, text};
 pub use route::{host_fault, request_host};
 
@@ -135,6 +135,19 @@ pub fn front<'a>(
     }
     let exempt = config.routes[route].allow.admits(&src);
     Ok(Front { route, src, exempt })
+}
+
+/// The limits of `candidates` (a route's, those their overrides name included) keyed on a
+/// field that `src` carries more than once, each with that key part: a key reads the
+/// first value, and an upstream that reads another would let a client spend one key's
+/// quota while acting as someone else. The proxy refuses such a request for an enforced
+/// limit (a dry-run limit only says so).
+pub fn repeated_key_fields<'c>(
+    config: &'c Config,
+    candidates: &'c [usize],
+    src: &'c KeySource<'_>,
+) -> impl Iterator<Item = (usize, &'c KeyPart)> {
+    candidates.iter().filter_map(|&limit| Some((limit, config.limits[limit].key.duplicated(src)?)))
 }
 
 /// What a request with `fields` weighs in the limits of `route` (of `config`): its

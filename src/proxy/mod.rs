@@ -417,14 +417,11 @@ impl Proxy {
         })
     }
 
-    /// Refuses a request that repeats a field one of `limits` (or a limit their
-    /// overrides may hand it to) is keyed on: a key reads the first value, and an
-    /// upstream that reads another would let a client spend one key's quota while
-    /// acting as someone else.
+    /// Refuses a request that repeats a field one of `candidates` is keyed on
+    /// (`front::repeated_key_fields`); a dry-run limit logs it instead.
     fn refuse_duplicated_keys(&self, candidates: &[usize], src: &KeySource<'_>) -> Result<(), ProxyError> {
         let all = &self.config.limits;
-        for &limit in candidates {
-            let Some(part) = all[limit].key.duplicated(src) else { continue };
+        for (limit, part) in front::repeated_key_fields(&self.config, candidates, src) {
             if all[limit].dry_run {
                 // A limit on trial never refuses anything; it says so within its log
                 // budget, at the level of its rejection lines.

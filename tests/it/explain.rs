@@ -114,6 +114,15 @@ fn a_limit_whose_key_is_missing_says_so_and_skips_the_request_while_a_tuple_coun
 }
 
 #[test]
+fn a_request_repeating_a_key_field_is_explained_as_the_400_it_gets() {
+    let (_dir, config) = config_file(CONFIG);
+    let explained = explain(&config, &["-H", "x-api-key: a", "-H", "x-api-key: b", "http://example.com/api/x"]);
+    assert_eq!(explained["answer"]["status"], 400);
+    let reason = explained["answer"]["reason"].as_str().unwrap();
+    assert!(reason.starts_with("limit \"per_key\" counts requests by"), "{reason}");
+}
+
+#[test]
 fn a_delayed_request_is_told_its_exact_delay_after_identical_requests() {
     let (_dir, config) = config_file(CONFIG);
     // 10r/s, burst 5: three at once leave an excess of 2; the fourth waits 3 / 10 s.
