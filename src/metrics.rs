@@ -610,6 +610,13 @@ impl Collector for State {
             MetricType::Counter,
             |i| ConstCounter::new(l.evictions(i)),
         )?;
+        this.per_limit(
+            &mut encoder,
+            "limit_missing_key",
+            "Requests that lacked the limit's key: not counted, counted under one shared key, or refused (on_missing_key)",
+            MetricType::Counter,
+            |i| ConstCounter::new(l.missing(i)),
+        )?;
         this.per_limit(&mut encoder, "bans", "Bans imposed by each limit", MetricType::Counter, |i| {
             ConstCounter::new(l.bans(i))
         })?;

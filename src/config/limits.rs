@@ -32,9 +32,21 @@ pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeM
         e.add(format!("{at}.max_keys"), "must be a positive integer");
     }
     let scope = scope(e, &at, raw, policy.as_deref().unwrap_or_default());
+    let key = KeySpec(parts.into());
+    if raw.on_missing_key.is_none() && key.may_be_missing() && !key.0.is_empty() {
+        let parts: Vec<String> = key.0.iter().map(ToString::to_string).collect();
+        e.warn(
+            format!("{at}.key"),
+            format!(
+                "a request without {} is not counted by this limit; say so with `on_missing_key: skip`, or count such \
+                 requests under one key (`shared`) or refuse them (`refuse`)",
+                parts.join(" nor ")
+            ),
+        );
+    }
     Limit {
         name: name.to_owned(),
-        key: KeySpec(parts.into()),
+        key,
         // A placeholder only where an error is already recorded: then no Config is built.
         windows: policy.unwrap_or_default(),
         status,
@@ -48,6 +60,7 @@ pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeM
         count: count(e, &at, raw),
         overrides: overrides(e, &at, name, raw, all),
         scope,
+        on_missing_key: raw.on_missing_key.unwrap_or_default(),
     }
 }
 

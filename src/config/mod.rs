@@ -37,7 +37,7 @@ use ipnet::IpNet;
 pub use crate::policy::allow::Allow;
 use crate::policy::key::KeyPart;
 pub use crate::policy::key::KeySpec;
-pub use crate::policy::{Burst, LimitUse, OnStoreError, Policy, Rate, Scope};
+pub use crate::policy::{Burst, LimitUse, OnMissingKey, OnStoreError, Policy, Rate, Scope};
 pub use crate::router::{PathMatch, PathRegex, RouteMatch, Router};
 pub use raw::{AccessFormat, ForwardedMode, HeaderMode, HeaderStyle, LogKeys, LogLevel, RejectionBody};
 pub use validate::MAX_CONNECTIONS;
@@ -280,6 +280,8 @@ pub struct Limit {
     /// `Config::limits`) instead: a paid tier with its own rate, say.
     pub overrides: Vec<(Allow, usize)>,
     pub scope: Scope,
+    /// What it does with a request that lacks its key.
+    pub on_missing_key: OnMissingKey,
 }
 
 impl Limit {

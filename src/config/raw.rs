@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-pub use crate::policy::OnStoreError;
+pub use crate::policy::{OnMissingKey, OnStoreError};
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
@@ -310,6 +310,7 @@ pub struct RawLimit {
     pub scope: Option<ScopeName>,
     pub on_store_error: Option<OnStoreError>,
     pub instances: Option<u64>,
+    pub on_missing_key: Option<OnMissingKey>,
 }
 
 /// Where a limit keeps its state: in this process, or in Redis, shared by every instance.

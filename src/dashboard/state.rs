@@ -92,6 +92,7 @@ fn limit(proxy: &Proxy, history: &History, index: usize, seconds: usize) -> Valu
         "keys": limiters.keys(index),
         "in_flight": limit.windows.iter().any(Policy::is_concurrency).then(|| limiters.in_flight(index)),
         "evictions": limiters.evictions(index),
+        "missing_key": limiters.missing(index),
         "passed": series(|h| &h.passed),
         "delayed": series(|h| &h.delayed),
         "rejected": series(|h| &h.rejected),

@@ -251,6 +251,14 @@ pub fn explain(config: &Config, gate: &Gate, request: &Request, after: u64, stat
         explanation.refuse(e.status(), &e);
         return explanation;
     }
+    let refusing = front::refused_missing_keys(config, front.limits(config), &front.src)
+        .find(|&limit| !config.limits[limit].dry_run);
+    if let Some(limit) = refusing {
+        let limit = &config.limits[limit];
+        let e = ProxyError::MissingKey { limit: limit.name.clone(), key: crate::proxy::key_words(limit) };
+        explanation.refuse(e.status(), &e);
+        return explanation;
+    }
     let cost = match front::cost(config, route, head.fields) {
         Ok(cost) => cost,
         Err(e) => {
@@ -416,7 +424,10 @@ fn explain_limit(
     } else if choice.exempt {
         Some(format!("the allow-list of limit {} exempts the request", limit.name))
     } else if key.is_none() {
-        Some(format!("the request has no {}: the limit does not count it", missing.join(", nor ")))
+        Some(format!(
+            "the request has no {}: the limit does not count it (on_missing_key: skip)",
+            missing.join(", nor ")
+        ))
     } else if global {
         Some("global: its state is in Redis, which explain does not ask (asking would spend)".to_owned())
     } else {

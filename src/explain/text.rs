@@ -92,6 +92,11 @@ impl Display for LimitExplained {
         }
         match &self.key {
             Some(key) if self.missing.is_empty() => writeln!(f, "    key {key}")?,
+            Some(key) if key == "-" => writeln!(
+                f,
+                "    key missing: {}; counted under the one key of such requests (on_missing_key: shared)",
+                self.missing.join(", ")
+            )?,
             Some(key) => writeln!(f, "    key {key} (missing: {})", self.missing.join(", "))?,
             None => writeln!(f, "    key missing: {}", self.missing.join(", "))?,
         }

@@ -14,7 +14,7 @@ use std::net::IpAddr;
 
 use http::{Method, StatusCode};
 
-use crate::config::{Config, Cost, LimitUse, PathMatch, Route};
+use crate::config::{Config, Cost, LimitUse, OnMissingKey, PathMatch, Route};
 use crate::path::{self, BadPath};
 use crate::policy::key::{KeyPart, KeySource};
 use crate::wire::head::{Fields, RequestHead, text};
@@ -148,6 +148,20 @@ pub fn repeated_key_fields<'c>(
     src: &'c KeySource<'_>,
 ) -> impl Iterator<Item = (usize, &'c KeyPart)> {
     candidates.iter().filter_map(|&limit| Some((limit, config.limits[limit].key.duplicated(src)?)))
+}
+
+/// The limits of `limits` (a route's) with `on_missing_key: refuse` whose key `src`
+/// lacks: the proxy refuses such a request (`400`) for an enforced limit, before any
+/// limit decides it.
+pub fn refused_missing_keys<'c>(
+    config: &'c Config,
+    limits: &'c [LimitUse],
+    src: &'c KeySource<'_>,
+) -> impl Iterator<Item = usize> + 'c {
+    limits.iter().map(|u| u.limit).filter(move |&limit| {
+        let limit = &config.limits[limit];
+        limit.on_missing_key == OnMissingKey::Refuse && !limit.key.present(src)
+    })
 }
 
 /// What a request with `fields` weighs in the limits of `route` (of `config`): its

@@ -33,7 +33,7 @@ use crate::limit::algorithm::Held;
 use crate::limit::table::Shard;
 use crate::limit::{LimitResult, Limiter, Limiters, Outcome, Standing, Verdict};
 use crate::policy::key::{KeyHash, KeySource};
-use crate::policy::{LimitUse, OnStoreError, Scope};
+use crate::policy::{LimitUse, OnMissingKey, OnStoreError, Scope};
 use crate::store::{Admissions, Call, Store, StoreError, Verdicts, near_key};
 use receipt::{Admitted, Slot};
 pub use receipt::{Pending, Permits};
@@ -139,7 +139,13 @@ impl Gate {
         let calls: SmallVec<[Call; 2]> = global
             .iter()
             .filter_map(|&LimitUse { limit, burst }| {
-                let hash = self.limiters.get(limit).key.global(src)?;
+                let (hash, present) = self.limiters.get(limit).key.global_any(src);
+                if !present {
+                    self.limiters.missed(limit, src);
+                    if self.limiters.get(limit).on_missing_key != OnMissingKey::Shared {
+                        return None;
+                    }
+                }
                 let (base, near) = (store.base(limit, hash), near_key((hash >> 64) as u64, burst));
                 Some(Call { limit, burst, base, near })
             })
@@ -234,7 +240,11 @@ impl Gate {
         let mut groups: SmallVec<[Group<'_>; 2]> = SmallVec::new();
         for &LimitUse { limit, burst } in chosen {
             let limiter = self.limiters.get(limit);
-            let Some(key) = self.limiters.key_hash(limit, src) else { continue };
+            let (key, present) = self.limiters.key_found(limit, src);
+            if !present && !PREVIEW {
+                self.limiters.missed(limit, src);
+            }
+            let Some(key) = key else { continue };
             let burst = limiter.burst(burst);
             let shards = limiter.windows.iter().map(|algorithm| algorithm.lock_as(key, burst)).collect();
             let bans = limiter.bans.as_ref().map(|bans| bans.lock(key.0));

@@ -19,6 +19,7 @@ pub mod table;
 
 use std::hash::RandomState;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use http::StatusCode;
@@ -27,7 +28,7 @@ use crate::clock::{Clock, Nanos};
 use crate::config::{Config, Limit};
 use crate::policy::allow::Allow;
 use crate::policy::key::{KeyHash, KeySource, KeySpec};
-use crate::policy::{Burst, Policy, Rate, Scope};
+use crate::policy::{Burst, OnMissingKey, Policy, Rate, Scope};
 use algorithm::Algorithm;
 use ban::Bans;
 use key_text::KeyText;
@@ -66,6 +67,9 @@ pub(crate) struct Limiter {
     pub(crate) scope: Scope,
     /// Neither overrides nor an allow-list: it decides every request it is listed for.
     pub(crate) plain: bool,
+    pub(crate) on_missing_key: OnMissingKey,
+    /// Requests that lacked its key, since start (a reload that keeps the limit keeps it).
+    missing: Arc<AtomicU64>,
     /// The instances a global limit's local twin shares it with (1 for a local limit).
     share: u64,
     /// The `max_keys` its tables were made with (a reload that keeps them keeps this).
@@ -286,10 +290,42 @@ impl Limiters {
         self.limits[index].windows.iter().map(Algorithm::keys).max().unwrap_or(0)
     }
 
-    /// The key of `src` for limit `index`, hashed (`None`: the request has none).
+    /// The key of `src` for limit `index`, hashed (`None`: the request has none, and the
+    /// limit does not count it).
     #[inline]
     pub fn key_hash(&self, index: usize, src: &KeySource<'_>) -> Option<KeyHash> {
-        self.limits[index].key.hash(src, &self.seed)
+        self.key_found(index, src).0
+    }
+
+    /// The key of `src` for limit `index` as its tables hold it (`None`: the limit does
+    /// not count the request), and whether the request has it: one that lacks it is
+    /// counted under the one shared key with `on_missing_key: shared`.
+    #[inline]
+    pub fn key_found(&self, index: usize, src: &KeySource<'_>) -> (Option<KeyHash>, bool) {
+        let limiter = &self.limits[index];
+        let (key, present) = limiter.key.hash_any(src, &self.seed);
+        ((present || limiter.on_missing_key == OnMissingKey::Shared).then_some(key), present)
+    }
+
+    /// Counts a request `src` that lacks the key of limit `index`; the first one since
+    /// start is logged at warn (once: a flood of them writes one line), naming the parts.
+    pub fn missed(&self, index: usize, src: &KeySource<'_>) {
+        let limiter = &self.limits[index];
+        if limiter.missing.fetch_add(1, Ordering::Relaxed) == 0 {
+            let parts: Vec<String> = limiter.key.0.iter().map(ToString::to_string).collect();
+            let what = match limiter.on_missing_key {
+                OnMissingKey::Skip => "not counted by this limit (on_missing_key: skip)",
+                OnMissingKey::Shared => "counted under the one key shared by such requests (on_missing_key: shared)",
+                OnMissingKey::Refuse => "refused (on_missing_key: refuse)",
+            };
+            tracing::warn!(limit = %limiter.id.0, key = %self.key_label(index, src), missing = %parts.join(" "),
+                "a first request without this limit's key: {what}; sluicegate_limit_missing_key_total counts them");
+        }
+    }
+
+    /// Requests that lacked the key of limit `index`, since start.
+    pub fn missing(&self, index: usize) -> u64 {
+        self.limits[index].missing.load(Ordering::Relaxed)
     }
 
     /// The key of `src` for limit `index`, as every surface writes it (`KeyText`).
@@ -345,6 +381,7 @@ impl Limiter {
             bans.adopt(old_bans);
         }
         self.max_keys = old.max_keys;
+        self.missing = Arc::clone(&old.missing);
         true
     }
 }
@@ -369,6 +406,8 @@ fn limiter(limit: &Limit) -> Limiter {
         dry_run: limit.dry_run,
         scope: limit.scope,
         plain: limit.overrides.is_empty() && limit.allow.is_empty(),
+        on_missing_key: limit.on_missing_key,
+        missing: Arc::default(),
         share,
         max_keys: limit.max_keys,
     }

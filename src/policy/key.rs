@@ -217,22 +217,49 @@ impl KeySpec {
     /// missing only when every part is missing, so leaving out one header does not
     /// escape a limit keyed on `[ip, header:x]`.
     pub fn hash(&self, src: &KeySource<'_>, seed: &RandomState) -> Option<KeyHash> {
+        let (key, present) = self.hash_any(src, seed);
+        present.then_some(key)
+    }
+
+    /// The key of `src` hashed with `seed` whether or not the request has it, and whether
+    /// it has: every request lacking every part has one key, the same (a limit with
+    /// `on_missing_key: shared` counts them all under it).
+    #[inline]
+    pub fn hash_any(&self, src: &KeySource<'_>, seed: &RandomState) -> (KeyHash, bool) {
         let mut h = seed.build_hasher();
-        self.feed(src, &mut h).then(|| KeyHash(h.finish()))
+        let present = self.feed(src, &mut h);
+        (KeyHash(h.finish()), present)
     }
 
     /// The key of `src` as every instance computes it, for global limits: 128 bits of
     /// SHA-1 (a fixed function, unlike `hash`, whose seed is per process; and one that
-    /// keeps key values such as tokens out of Redis).
-    pub fn global(&self, src: &KeySource<'_>) -> Option<u128> {
+    /// keeps key values such as tokens out of Redis). Whether or not the request has it,
+    /// as `hash_any`, with whether it has.
+    pub fn global_any(&self, src: &KeySource<'_>) -> (u128, bool) {
         let mut h = Sha1Hasher(sha1_smol::Sha1::new());
-        if !self.feed(src, &mut h) {
-            return None;
-        }
+        let present = self.feed(src, &mut h);
         let digest = h.0.digest().bytes();
         let mut first = [0; 16];
         first.copy_from_slice(&digest[..16]);
-        Some(u128::from_be_bytes(first))
+        (u128::from_be_bytes(first), present)
+    }
+
+    /// The key of `src` for global limits (`None`: the request lacks it).
+    pub fn global(&self, src: &KeySource<'_>) -> Option<u128> {
+        let (key, present) = self.global_any(src);
+        present.then_some(key)
+    }
+
+    /// Whether `src` has this key: some part present (`ip`, `method` and `path` always are).
+    pub fn present(&self, src: &KeySource<'_>) -> bool {
+        self.0.iter().any(|part| {
+            matches!(part, KeyPart::Ip(_) | KeyPart::Method | KeyPart::Path) || part.value_in(src).is_some()
+        })
+    }
+
+    /// Whether a request may lack this key: no part is one every request has.
+    pub fn may_be_missing(&self) -> bool {
+        !self.0.iter().any(|part| matches!(part, KeyPart::Ip(_) | KeyPart::Method | KeyPart::Path))
     }
 
     /// Feeds every part of `src` into `h`; false when all are missing.

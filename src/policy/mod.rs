@@ -86,6 +86,19 @@ impl fmt::Display for Rate {
     }
 }
 
+/// What a limit does with a request that lacks its key (every part of it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum OnMissingKey {
+    /// Not counted, as nginx does with an empty key.
+    #[default]
+    Skip,
+    /// Counted under one key shared by every request that lacks it.
+    Shared,
+    /// Refused with `400`, naming the limit and the key.
+    Refuse,
+}
+
 /// What a global limit does while Redis cannot answer in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]

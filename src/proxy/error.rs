@@ -16,6 +16,9 @@ pub enum ProxyError {
     /// would count one value while the upstream may act on another.
     #[error("limit {limit:?} counts requests by {field}, which this request carries more than once; send it once")]
     DuplicateKeyField { limit: String, field: String },
+    /// The request lacks the key of a limit with `on_missing_key: refuse`.
+    #[error("limit {limit:?} counts requests by {key}, which this request lacks")]
+    MissingKey { limit: String, key: String },
     /// The declared `Content-Length` is over the route's limit: refused unread.
     #[error("declared body of {length} bytes is larger than {limit}")]
     BodyTooLarge { length: u64, limit: u64 },
@@ -28,7 +31,7 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::Front(e) => e.status(),
-            ProxyError::DuplicateKeyField { .. } => StatusCode::BAD_REQUEST,
+            ProxyError::DuplicateKeyField { .. } | ProxyError::MissingKey { .. } => StatusCode::BAD_REQUEST,
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::Upstream(e) => match e {
                 UpstreamError::ClientBody { .. } => StatusCode::BAD_REQUEST,

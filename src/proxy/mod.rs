@@ -30,6 +30,7 @@ use crate::grpc;
 use crate::hop::{self, Hop};
 use crate::limit::{LimitResult, Limiters, Outcome, Standing};
 use crate::metrics::{Metrics, RequestOutcome, UpstreamResult};
+use crate::policy::LimitUse;
 use crate::policy::key::KeySource;
 use crate::upstream::{self, Outgoing, UpstreamClient, UpstreamError};
 use crate::variables;
@@ -219,6 +220,7 @@ impl Proxy {
             Action::Respond(_) => None,
         };
         self.refuse_duplicated_keys(front.candidates(config), &front.src)?;
+        self.refuse_missing_keys(front.limits(config), &front.src)?;
         // What its limits are keyed on, for `simulate` (when the access log records keys).
         trace.with(|e| e.record_keys(front.route, front.exempt, &front.src));
         let cost = front::cost(config, route, head.fields)?;
@@ -440,6 +442,21 @@ impl Proxy {
         Ok(())
     }
 
+    /// Refuses a request that lacks the key of one of `limits` with `on_missing_key:
+    /// refuse` (`front::refused_missing_keys`), counting it.
+    fn refuse_missing_keys(&self, limits: &[LimitUse], src: &KeySource<'_>) -> Result<(), ProxyError> {
+        for index in front::refused_missing_keys(&self.config, limits, src) {
+            let limit = &self.config.limits[index];
+            // A dry-run limit refuses nothing: the gate counts the request, as one it skips.
+            if !limit.dry_run {
+                self.limiters().missed(index, src);
+                debug!(limit = %limit.name, "request without the limit's key refused");
+                return Err(ProxyError::MissingKey { limit: limit.name.clone(), key: key_words(limit) });
+            }
+        }
+        Ok(())
+    }
+
     fn add_ratelimit_headers(&self, response: &mut Response, standings: &[Standing]) {
         let style = self.config.ratelimit_header_style;
         response::add_ratelimit_headers(&mut |name, value| response.set(name, value), standings, &self.quotas, style);
@@ -511,6 +528,11 @@ impl Proxy {
         }
         take.write
     }
+}
+
+/// A limit's key in words: its parts, `ip`, `header:x-api-key`, joined by `+`.
+pub fn key_words(limit: &crate::config::Limit) -> String {
+    limit.key.0.iter().map(ToString::to_string).collect::<Vec<_>>().join(" + ")
 }
 
 /// What the first step of a request ends in.

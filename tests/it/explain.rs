@@ -100,7 +100,10 @@ fn a_limit_whose_key_is_missing_says_so_and_skips_the_request_while_a_tuple_coun
     let per_key = limit(&explained, "per_key");
     assert_eq!(per_key["key"], Value::Null);
     assert_eq!(per_key["missing"], serde_json::json!(["header:x-api-key"]));
-    assert_eq!(per_key["skipped"], "the request has no header:x-api-key: the limit does not count it");
+    assert_eq!(
+        per_key["skipped"],
+        "the request has no header:x-api-key: the limit does not count it (on_missing_key: skip)"
+    );
     assert_eq!(per_key["outcome"], Value::Null, "no decision of its own");
     let pair = limit(&explained, "pair");
     assert_eq!(pair["key"], "ip=192.0.2.7 header:x-tenant=-", "written as log lines write it");
@@ -120,6 +123,27 @@ fn a_request_repeating_a_key_field_is_explained_as_the_400_it_gets() {
     assert_eq!(explained["answer"]["status"], 400);
     let reason = explained["answer"]["reason"].as_str().unwrap();
     assert!(reason.starts_with("limit \"per_key\" counts requests by"), "{reason}");
+}
+
+#[test]
+fn a_missing_key_is_explained_as_its_limits_on_missing_key_says() {
+    let yaml = |mode: &str| {
+        Conf::new()
+            .limit("k", &format!("key: \"header:x-api-key\", rate: 1r/m, on_missing_key: {mode}"))
+            .answering("k")
+            .yaml()
+    };
+    let (_dir, refuse) = config_file(&yaml("refuse"));
+    let refused = explain(&refuse, &["http://example.com/"]);
+    assert_eq!(refused["answer"]["status"], 400);
+    assert_eq!(
+        refused["answer"]["reason"],
+        "limit \"k\" counts requests by header:x-api-key, which this request lacks"
+    );
+    let (_dir, shared) = config_file(&yaml("shared"));
+    let second = explain(&shared, &["--after", "1", "http://example.com/"]);
+    assert_eq!(limit(&second, "k")["skipped"], Value::Null, "counted, under the one shared key");
+    assert_eq!(second["answer"]["status"], 429, "the first request without a key spent the shared key's quota");
 }
 
 #[test]

@@ -31,6 +31,7 @@ mod key_names;
 mod keys;
 mod limits;
 mod logs;
+mod missing_keys;
 mod nginx;
 mod pacing;
 mod paths;

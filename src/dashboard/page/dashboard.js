@@ -178,6 +178,7 @@
           stat(l.dry_run ? 'would refuse/s' : 'refused/s', rate(s.rejected)),
           l.scope === 'global' ? stat('keys', 'in Redis') : stat('keys / max_keys', `${l.keys} / ${l.max_keys}`, l.keys / l.max_keys),
           stat('evictions', String(l.evictions)),
+          l.missing_key > 0 ? stat('without its key', String(l.missing_key)) : null,
           l.in_flight === null ? null : stat('in flight', String(l.in_flight))].filter(Boolean));
         const title = card.querySelector('.bans-title');
         title.hidden = l.ban === null;

@@ -150,6 +150,7 @@ mod tests {
             count: None,
             overrides: Vec::new(),
             scope: crate::config::Scope::Local,
+            on_missing_key: Default::default(),
         }
     }
 

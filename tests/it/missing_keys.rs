@@ -1,0 +1,79 @@
+//! Requests that lack a limit's key: counted in `/metrics`, logged once, warned of by
+//! `check`, and skipped, counted under one shared key, or refused (`on_missing_key`).
+
+use crate::common::*;
+
+/// A proxy answering every request, decided by limit `k`, keyed on `x-api-key`, with
+/// `fields` more.
+fn keyed(fields: &str) -> Sluicegate {
+    Conf::new().admin().limit("k", &format!("key: \"header:x-api-key\", rate: 1r/m, {fields}")).answering("k").start()
+}
+
+#[tokio::test]
+async fn requests_without_the_key_are_skipped_by_default_counted_and_logged_once() {
+    let sg = keyed("on_missing_key: skip");
+    for _ in 0..3 {
+        assert_eq!(
+            get(sg.addr, "/", &[]).await.status,
+            200,
+            "not counted: a limit of one a minute lets them all through"
+        );
+    }
+    assert_eq!(get(sg.addr, "/", &[("x-api-key", "a")]).await.status, 200);
+    assert_eq!(get(sg.addr, "/", &[("x-api-key", "a")]).await.status, 429, "with the key, it limits");
+    let m = Metrics::of(&sg).await;
+    assert_eq!(m.value("sluicegate_limit_missing_key_total{limit=\"k\"}"), 3.0);
+    let log = sg.wait_for_log(|log| log.contains("a first request without this limit's key"));
+    assert_eq!(log.matches("a first request without this limit's key").count(), 1, "one line, not one per request");
+    assert!(log.contains("on_missing_key: skip"), "{log}");
+}
+
+#[tokio::test]
+async fn shared_counts_every_request_without_the_key_under_one_key() {
+    let sg = keyed("on_missing_key: shared");
+    assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
+    assert_eq!(get(sg.addr, "/", &[]).await.status, 429, "the second request without a key shares the first's");
+    assert_eq!(get(sg.addr, "/", &[("x-api-key", "a")]).await.status, 200, "a key of its own");
+    let m = Metrics::of(&sg).await;
+    assert_eq!(m.value("sluicegate_limit_missing_key_total{limit=\"k\"}"), 2.0);
+}
+
+#[tokio::test]
+async fn refuse_answers_400_naming_the_limit_and_the_key() {
+    let sg = keyed("on_missing_key: refuse");
+    let refused = get(sg.addr, "/", &[]).await;
+    assert_eq!(refused.status, 400);
+    assert!(
+        refused.text().contains("limit \"k\" counts requests by header:x-api-key, which this request lacks"),
+        "{}",
+        refused.text()
+    );
+    assert_eq!(get(sg.addr, "/", &[("x-api-key", "a")]).await.status, 200);
+    let m = Metrics::of(&sg).await;
+    assert_eq!(m.value("sluicegate_limit_missing_key_total{limit=\"k\"}"), 1.0);
+    // A dry-run limit refuses nothing.
+    let trial = keyed("on_missing_key: refuse, dry_run: true");
+    assert_eq!(get(trial.addr, "/", &[]).await.status, 200);
+}
+
+#[test]
+fn check_warns_of_a_key_a_request_may_lack_until_on_missing_key_says_what_to_do() {
+    let conf = |fields: &str| {
+        Conf::new().limit("k", &format!("key: \"header:x-api-key\", rate: 1r/s{fields}")).answering("k").yaml()
+    };
+    let (status, stderr) = check_bounded(&conf(""));
+    assert_eq!(status, Some(0), "a warning, not an error: {stderr}");
+    assert!(
+        stderr.contains("warning: FILE:3:")
+            && stderr.contains("limits.k.key: a request without header:x-api-key is not counted by this limit"),
+        "{stderr}"
+    );
+    for mode in ["skip", "shared", "refuse"] {
+        let (status, stderr) = check_bounded(&conf(&format!(", on_missing_key: {mode}")));
+        assert_eq!(status, Some(0));
+        assert!(!stderr.contains("warning"), "{mode}: {stderr}");
+    }
+    let (_, stderr) =
+        check_bounded(&Conf::new().limit("k", "key: [ip, \"header:x\"], rate: 1r/s").answering("k").yaml());
+    assert!(!stderr.contains("warning"), "a key with ip is never missing: {stderr}");
+}
