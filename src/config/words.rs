@@ -326,6 +326,7 @@ fn size(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::RouteId;
 
     #[test]
     fn the_configuration_is_written_in_the_files_words() {
@@ -383,6 +384,9 @@ routes:
         ]);
         assert_eq!(words["routes"][0]["limits"], written);
         let again = yaml.replace(limits, &written.to_string());
-        assert_eq!(crate::config::parse(&again, "t").unwrap().routes[0].limits, config.routes[0].limits);
+        assert_eq!(
+            crate::config::parse(&again, "t").unwrap().routes[RouteId::from(0)].limits,
+            config.routes[RouteId::from(0)].limits
+        );
     }
 }

@@ -14,7 +14,7 @@ use std::net::IpAddr;
 
 use http::{Method, StatusCode};
 
-use crate::config::{Config, Cost, LimitUse, PathMatch, Route};
+use crate::config::{Config, Cost, LimitId, LimitUse, PathMatch, Route, RouteId};
 use crate::path::{self, BadPath};
 use crate::policy::key::KeySource;
 use crate::wire::head::{Fields, RequestHead, text};
@@ -72,8 +72,7 @@ impl FrontError {
 
 /// What the steps in front of the limits made of a request.
 pub struct Front<'a> {
-    /// Index into `Config::routes`.
-    pub route: usize,
+    pub route: RouteId,
     /// What the route's limits take their keys from.
     pub src: KeySource<'a>,
     /// The route's allow-list lets the request skip all of its limits.
@@ -87,7 +86,7 @@ impl Front<'_> {
     }
 
     /// The limits that may decide it, those their overrides name included.
-    pub fn candidates<'c>(&self, config: &'c Config) -> &'c [usize] {
+    pub fn candidates<'c>(&self, config: &'c Config) -> &'c [LimitId] {
         if self.exempt { &[] } else { &config.routes[self.route].candidates }
     }
 }
