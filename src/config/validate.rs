@@ -8,7 +8,7 @@ use http::header::HeaderValue;
 use typed_index_collections::{TiSlice, TiVec};
 
 use super::checks::{Errors, body_size, connection_timeout, parse_cidr};
-use super::fields::Fields;
+use super::fields::FieldReport;
 use super::position::Positions;
 use super::raw::{AccessFormat, LogKeys, RawAccessLog, RawAdmin, RawConfig, RawListen, RawListener};
 use super::{
@@ -66,8 +66,13 @@ fn admin(e: &mut Errors<'_>, raw: &RawAdmin) -> Option<Admin> {
 }
 
 /// `fields`: the file's unknown and missing fields, reported with the rest.
-pub fn compile(raw: RawConfig, positions: &Positions, fields: Fields, file: &str) -> Result<Config, Vec<ConfigError>> {
-    let Fields { errors, missing } = fields;
+pub fn compile(
+    raw: RawConfig,
+    positions: &Positions,
+    fields: FieldReport,
+    file: &str,
+) -> Result<Config, Vec<ConfigError>> {
+    let FieldReport { errors, missing } = fields;
     let mut e = Errors { file, positions, missing: &missing, list: errors, warnings: Vec::new() };
 
     let listeners = listeners(&mut e, &raw.listen);

@@ -35,8 +35,8 @@ use crate::limit::{LimitResult, Limiter, Limiters, Outcome, Standing, Verdict};
 use crate::policy::key::{KeyHash, KeySource};
 use crate::policy::{LimitUse, OnStoreError, Scope};
 use crate::store::{Admissions, Call, Store, StoreError, Verdicts, near_key};
-use receipt::{Admitted, Slot};
 pub use receipt::{Pending, Permits};
+use receipt::{Refundable, Slot};
 
 /// `Retry-After` of a request refused because Redis cannot answer (`on_store_error: deny`).
 const DENIED_RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -256,7 +256,7 @@ impl Gate {
             }
             if group.limiter.counted.is_some() {
                 pending.limiters.get_or_insert_with(|| Arc::clone(&self.limiters));
-                pending.admissions.push(Admitted { limit, key, at: now });
+                pending.admissions.push(Refundable { limit, key, at: now });
             }
         }
         Decision::Pass { wait, results, standings, permits, pending, at: now }

@@ -28,7 +28,7 @@ pub(super) struct Slot {
 }
 
 /// A local admission that `Pending::settle` may take back.
-pub(super) struct Admitted {
+pub(super) struct Refundable {
     pub(super) limit: LimitId,
     pub(super) key: KeyHash,
     /// When the limit decided it.
@@ -42,7 +42,7 @@ pub(super) struct Admitted {
 pub struct Pending {
     pub(super) limiters: Option<Arc<Limiters>>,
     /// Each local admission, all of `cost` units.
-    pub(super) admissions: SmallVec<[Admitted; 1]>,
+    pub(super) admissions: SmallVec<[Refundable; 1]>,
     pub(super) cost: u64,
     /// Global admissions, boxed: most requests have none.
     pub(super) global: Option<Box<Admissions>>,

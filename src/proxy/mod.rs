@@ -421,7 +421,7 @@ impl Proxy {
         }
         Ok(Response {
             status: response.status,
-            fields: message::Fields::Upstream(response.fields),
+            fields: message::ResponseFields::Upstream(response.fields),
             extra,
             body: Settling::from(response.body),
         })
@@ -585,16 +585,16 @@ fn finish(mut response: Response, trace: Trace, grpc: bool) -> Response {
 /// The `grpc-status` the head of `response` carries (a trailers-only gRPC response), if
 /// any.
 fn grpc_status_in_head(response: &Response) -> Option<grpc::Code> {
-    use message::{Fields, ServerFields};
+    use message::{ResponseFields, ServerFields};
     let name = http::HeaderName::from_static("grpc-status");
     let value = match response.extra.iter().find(|(n, _)| *n == name) {
         Some((_, value)) => Some(value.as_bytes()),
         None => match &response.fields {
-            Fields::None => None,
-            Fields::Map(map) | Fields::Upstream(ServerFields::H2(map)) => {
+            ResponseFields::None => None,
+            ResponseFields::Map(map) | ResponseFields::Upstream(ServerFields::H2(map)) => {
                 map.get(&name).map(http::HeaderValue::as_bytes)
             }
-            Fields::Upstream(ServerFields::H1(head)) => head.fields().get(&name),
+            ResponseFields::Upstream(ServerFields::H1(head)) => head.fields().get(&name),
         },
     };
     value.and_then(grpc::Code::parse)

@@ -15,7 +15,7 @@ use super::error::ProxyError;
 use crate::config::{Expires, RejectionBody, StaticResponse};
 use crate::grpc::{self, Code};
 use crate::variables;
-use crate::wire::message::{FieldValue, Fields};
+use crate::wire::message::{FieldValue, ResponseFields};
 pub use ratelimit::{Quota, add_ratelimit_headers, quotas};
 
 fn made_here(status: StatusCode, body: impl Into<Bytes>) -> Response {
@@ -30,7 +30,12 @@ pub fn static_response(r: &StaticResponse, vars: &variables::Request<'_>) -> Res
     for (name, value) in &r.made {
         fields.append(name, value.header_value(vars));
     }
-    Response { status: r.status, fields: Fields::Map(fields), extra: vec![], body: Settling::from(r.body.clone()) }
+    Response {
+        status: r.status,
+        fields: ResponseFields::Map(fields),
+        extra: vec![],
+        body: Settling::from(r.body.clone()),
+    }
 }
 
 /// `Expires` and `Cache-Control` for a response of `status` (nginx's `expires`, which
