@@ -161,7 +161,9 @@ impl Gate {
 
     /// The limits that decide `src`: `limits` with overrides applied (an override's
     /// limit with its own burst; sorted again, so that locks are still taken in ascending
-    /// order), less those whose allow-list exempts it.
+    /// order), less those whose allow-list exempts it. A limit both listed by the route
+    /// and reached through an override decides once, with the route's entry (its own
+    /// burst, if it gives one).
     fn choose(&self, limits: &[LimitUse], src: &KeySource<'_>) -> Chosen {
         let mut chosen = Chosen::from_slice(limits);
         let mut swapped = false;
@@ -172,7 +174,9 @@ impl Gate {
             }
         }
         if swapped {
-            chosen.sort_unstable_by_key(|u| u.limit);
+            // An override's use has no burst of its own: a route's entry with one sorts
+            // first, and is the one kept.
+            chosen.sort_unstable_by_key(|u| (u.limit, u.burst.is_none()));
             chosen.dedup_by_key(|u| u.limit);
         }
         chosen.retain(|used| {

@@ -192,6 +192,30 @@ fn gcra_and_token_bucket_agree_with_governor() {
         .unwrap();
 }
 
+/// A route that lists a limit with its own burst and also reaches it through another
+/// limit's override decides with the route's entry, once: the request counts once, under
+/// the burst the route gave (whichever order the two uses were found in).
+#[test]
+fn a_limit_listed_and_reached_through_an_override_decides_once_with_the_routes_own_burst() {
+    let l = limiters(
+        "  a: { key: ip, rate: 1r/m, overrides: [ { match: { cidrs: [10.0.0.0/8] }, use: b } ] }\n  \
+         b: { key: ip, rate: 1r/m, burst: 0 }\n",
+    );
+    let (a, b) = (LimitId::from(0), LimitId::from(1));
+    let own = Some(crate::policy::Burst { burst: 3, delay: 3 });
+    let headers = HeaderMap::new();
+    let src = KeySource::get([10, 0, 0, 1].into(), "/", &headers);
+    for route in [
+        [LimitUse::plain(a), LimitUse { limit: b, burst: own }],
+        [LimitUse { limit: b, burst: own }, LimitUse::plain(a)],
+    ] {
+        let passed = (0..6).filter(|_| passes(&l.gate.check(&route, &src, 1))).count();
+        // Burst 3 on 1r/m: four at once, then refused; each request counted once.
+        assert_eq!(passed, 4);
+        l.reset(b, &src).unwrap();
+    }
+}
+
 #[test]
 fn a_flood_of_fresh_keys_frees_neither_a_throttled_nor_a_banned_key() {
     // Every algorithm, with room for 64 keys: key 1 is throttled, key 2 banned, then
