@@ -309,6 +309,8 @@ pub struct Route {
     /// burst and delay if it gives them), ascending: every request takes the locks of its
     /// limits in this one order.
     pub limits: Vec<LimitUse>,
+    /// The same limits in the file's order: how `GET /config` and the dashboard list them.
+    pub listed: Box<[LimitId]>,
     /// `limits` and the limits their overrides name, ascending: every limit that may
     /// decide one of the route's requests.
     pub candidates: Box<[LimitId]>,

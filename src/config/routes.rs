@@ -70,6 +70,7 @@ pub(super) fn route(
             None => e.add(field, unknown_name("limit", name, &config.limits, "limits")),
         }
     }
+    let listed = limits.iter().map(|u| u.limit).collect();
     limits.sort_unstable_by_key(|u| u.limit);
     let allow = allow(e, &format!("{at}.allow"), raw.allow.as_ref());
     let cost = match (raw.cost, &raw.cost_header) {
@@ -140,6 +141,7 @@ pub(super) fn route(
         matcher,
         action,
         limits,
+        listed,
         candidates,
         capacity,
         allow,

@@ -237,9 +237,8 @@ impl<'a> RouteWords<'a> {
             },
             upstream,
             respond,
-            limits: route
-                .limits
-                .iter()
+            limits: (route.listed.iter())
+                .filter_map(|&listed| route.limits.iter().find(|u| u.limit == listed))
                 .map(|u| {
                     let limit = config.limits[u.limit].name.as_str();
                     match u.burst {
@@ -375,12 +374,12 @@ routes:
         );
         let config = crate::config::parse(&yaml, "t").unwrap();
         let words = serde_json::to_value(ConfigWords::of(&config)).unwrap();
-        // (In the order of the limits' names, as every request takes their locks.)
+        // In the file's order (requests take their locks in the order of the names).
         let written = serde_json::json!([
-            { "limit": "half", "burst": 3, "nodelay": true },
-            { "limit": "other", "burst": 4 },
             "per_ip",
+            { "limit": "half", "burst": 3, "nodelay": true },
             { "limit": "slow", "burst": 5, "delay": 2 },
+            { "limit": "other", "burst": 4 },
         ]);
         assert_eq!(words["routes"][0]["limits"], written);
         let again = yaml.replace(limits, &written.to_string());
