@@ -10,7 +10,7 @@ use std::num::NonZeroU32;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use http::HeaderMap;
 use sluicegate::clock::{Clock, ManualClock, Nanos};
-use sluicegate::config::{self, LimitUse};
+use sluicegate::config::{self, LimitId, LimitUse};
 use sluicegate::gate::Gate;
 use sluicegate::policy::key::KeySource;
 
@@ -49,7 +49,7 @@ fn decision(c: &mut Criterion) {
         let mut now = 0u64;
         for i in 0..keys {
             src.client_ip = ip(i);
-            l.check(&[LimitUse::plain(0)], &src, 1);
+            l.check(&[LimitUse::plain(LimitId::from(0))], &src, 1);
         }
         let mut i = 0u32;
         group.bench_function(BenchmarkId::new("sluicegate", keys), |b| {
@@ -58,7 +58,7 @@ fn decision(c: &mut Criterion) {
                 now += 1_000;
                 clock.set(Nanos(now));
                 src.client_ip = ip(i);
-                black_box(l.check(&[LimitUse::plain(0)], &src, 1))
+                black_box(l.check(&[LimitUse::plain(LimitId::from(0))], &src, 1))
             })
         });
     }
@@ -97,7 +97,7 @@ fn key_extraction(c: &mut Criterion) {
             config::parse(&format!("listen: 127.0.0.1:0\nlimits:\n  l: {{ key: {key}, rate: 1r/s }}\n"), "bench")
                 .expect("bench config is valid")
                 .limits
-                .remove(0)
+                .remove(LimitId::from(0))
                 .key;
         let seed = std::hash::RandomState::new();
         group.bench_function(key.replace('"', ""), |b| b.iter(|| black_box(spec.hash(&src, &seed))));
@@ -119,7 +119,7 @@ fn memory_per_key(_: &mut Criterion) {
     let l = gate("ip", keys as usize, &ManualClock::default());
     for i in 0..keys {
         let src = KeySource::get(ip(i), "/", &headers);
-        l.check(&[LimitUse::plain(0)], &src, 1);
+        l.check(&[LimitUse::plain(LimitId::from(0))], &src, 1);
     }
     if let (Some(before), Some(after)) = (before, rss()) {
         println!(

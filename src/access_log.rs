@@ -23,8 +23,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use http::{HeaderValue, Method, Version};
 use serde::{Deserialize, Deserializer, Serialize};
+use typed_index_collections::TiVec;
 
-use crate::config::{AccessFormat, AccessLogConfig, Config};
+use crate::config::{AccessFormat, AccessLogConfig, Config, RouteId};
 use crate::limit::key_text::KeyText;
 use crate::policy::key::{KeyPart, KeySource};
 use crate::wire::head::RequestHead;
@@ -53,8 +54,8 @@ pub struct AccessLog {
 /// for, as equal values have equal digests and a limit only compares keys.
 pub struct KeyRecorder {
     text: KeyText,
-    /// By route index: the parts its lines record, in this order.
-    routes: Box<[Box<[Recorded]>]>,
+    /// By route: the parts its lines record, in this order.
+    routes: TiVec<RouteId, Box<[Recorded]>>,
 }
 
 /// One key part a route's lines record.
@@ -68,7 +69,7 @@ struct Recorded {
 /// written (`None`: the request has none). Empty when the route's allow-list exempted the
 /// request: no limit evaluated it.
 pub struct RecordedKeys {
-    route: usize,
+    route: RouteId,
     values: Vec<Option<String>>,
 }
 
@@ -100,7 +101,7 @@ impl KeyRecorder {
         Some(KeyRecorder { text, routes })
     }
 
-    fn record(&self, route: usize, exempt: bool, src: &KeySource<'_>) -> RecordedKeys {
+    fn record(&self, route: RouteId, exempt: bool, src: &KeySource<'_>) -> RecordedKeys {
         let parts: &[Recorded] = if exempt { &[] } else { &self.routes[route] };
         let values = parts.iter().map(|r| Some(self.text.value(&r.part, &r.part.value_in(src)?))).collect();
         RecordedKeys { route, values }
@@ -202,7 +203,7 @@ impl Entry {
     /// Records the key parts of the limits of route `route` (an index into the
     /// configuration's routes) in `src`, if the log records keys; none when the route's
     /// allow-list `exempt`s the request.
-    pub fn record_keys(&mut self, route: usize, exempt: bool, src: &KeySource<'_>) {
+    pub fn record_keys(&mut self, route: RouteId, exempt: bool, src: &KeySource<'_>) {
         if let Some(recorder) = &self.log.keys {
             self.keys = Some(recorder.record(route, exempt, src));
         }
@@ -374,7 +375,7 @@ mod tests {
         let src = KeySource::get("10.0.0.1".parse().unwrap(), "/a", &map);
         let log = config.access_log.as_ref().unwrap();
         let recorder = KeyRecorder::new(log, config).unwrap();
-        serde_json::to_value(recorder.keys(&recorder.record(route, false, &src))).unwrap()
+        serde_json::to_value(recorder.keys(&recorder.record(RouteId::from(route), false, &src))).unwrap()
     }
 
     const REQUEST: [(&str, &[u8]); 4] = [
@@ -408,7 +409,7 @@ mod tests {
         assert_eq!(recorded(&config, 1, &REQUEST), serde_json::json!({}));
         let exempt = KeyRecorder::new(config.access_log.as_ref().unwrap(), &config).unwrap();
         let src = KeySource::get("10.0.0.1".parse().unwrap(), "/a", &HEADERS);
-        assert!(exempt.keys(&exempt.record(0, true, &src)).is_empty());
+        assert!(exempt.keys(&exempt.record(RouteId::from(0), true, &src)).is_empty());
     }
 
     static HEADERS: std::sync::LazyLock<http::HeaderMap> = std::sync::LazyLock::new(http::HeaderMap::new);
@@ -440,7 +441,7 @@ mod tests {
                 .into_iter()
                 .collect();
         let src = KeySource::get("10.0.0.1".parse().unwrap(), "/a", &headers);
-        let recorded = log.keys.as_ref().unwrap().record(0, false, &src);
+        let recorded = log.keys.as_ref().unwrap().record(RouteId::from(0), false, &src);
         let entry = Entry {
             log: Arc::clone(&log),
             started: Instant::now(),
@@ -463,7 +464,7 @@ mod tests {
         let line = queued.recv().unwrap();
         let read: JsonLine<'_> = serde_json::from_str(&line).unwrap();
         let recorder = log.keys.as_ref().unwrap();
-        let keys = recorder.keys(&recorder.record(0, false, &src));
+        let keys = recorder.keys(&recorder.record(RouteId::from(0), false, &src));
         assert_eq!(keys.get("header:x-tenant"), Some(&Some("acme".to_owned())), "{keys:?}");
         let expected = JsonLine {
             time: "2025-11-24T16:00:00.123Z".into(),

@@ -33,7 +33,8 @@
 //!                          when the body is done
 //! ```
 //!
-//! `config` turns the YAML file into the compiled `Config` the request path reads; the
+//! `config` turns the YAML file into the compiled `Config` the request path reads, its
+//! routes, limits and upstreams named by typed ids (`ids`) in every table beside them; the
 //! words a limit is written in (`policy`) are shared by `config` and `limit`. Modules
 //! import downwards only: server -> admin -> dashboard (the page, and its history read
 //! once a second from the counters) -> running -> proxy -> front, gate, upstream,
@@ -53,6 +54,7 @@ pub mod front;
 pub mod gate;
 pub mod grpc;
 pub mod hop;
+pub mod ids;
 pub mod import;
 pub mod limit;
 pub mod metrics;

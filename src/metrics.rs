@@ -17,8 +17,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use typed_index_collections::{TiSlice, TiVec};
 
-use crate::config::{Config, Limit};
+use crate::config::{Config, Limit, LimitId, RouteId};
 use crate::gate::{Decision, Gate};
 use crate::limit::{LimitResult, Limiters, Outcome};
 use crate::store::Store;
@@ -74,11 +75,11 @@ impl RequestOutcome {
     ];
 
     /// What `decision` makes of a request, the configuration's limits being `limits`.
-    pub fn of(decision: &Decision, limits: &[Limit]) -> RequestOutcome {
+    pub fn of(decision: &Decision, limits: &TiSlice<LimitId, Limit>) -> RequestOutcome {
         match decision {
             Decision::Reject { store_error: Some(_), .. } => RequestOutcome::StoreError,
             Decision::Reject { results, .. } => {
-                let banned = results.iter().any(|r| r.banned && !limits[r.limit.index()].dry_run);
+                let banned = results.iter().any(|r| r.banned && !limits[r.limit].dry_run);
                 if banned { RequestOutcome::Banned } else { RequestOutcome::Rejected }
             }
             Decision::Pass { wait, results, .. } => {
@@ -148,9 +149,9 @@ struct LimitMetrics {
 /// every configuration since start shares, so that a reload continues each series.
 pub struct Metrics {
     families: Arc<Families>,
-    routes: Box<[RouteMetrics]>,
+    routes: TiVec<RouteId, RouteMetrics>,
     no_route: Counter,
-    limits: Box<[LimitMetrics]>,
+    limits: TiVec<LimitId, LimitMetrics>,
     reloads: [Counter; 2],
 }
 
@@ -298,8 +299,8 @@ impl Metrics {
         Metrics { families, routes, no_route, limits, reloads }
     }
 
-    /// The series of route `route` (index into `Config::routes`), made on first use.
-    fn route(&self, route: usize) -> &RouteSeries {
+    /// The series of route `route` , made on first use.
+    fn route(&self, route: RouteId) -> &RouteSeries {
         let RouteMetrics { name, series } = &self.routes[route];
         series.get_or_init(|| Box::new(self.families.route_series(name, true).expect("made when asked to make")))
     }
@@ -307,7 +308,7 @@ impl Metrics {
     /// The series of route `route` if a request made them: under this configuration, or
     /// under an earlier one with a route of that name (found in the families). Never
     /// makes them: what the dashboard reads must not add zero series to `/metrics`.
-    fn route_if_made(&self, route: usize) -> Option<std::borrow::Cow<'_, RouteSeries>> {
+    fn route_if_made(&self, route: RouteId) -> Option<std::borrow::Cow<'_, RouteSeries>> {
         let RouteMetrics { name, series } = &self.routes[route];
         match series.get() {
             Some(made) => Some(std::borrow::Cow::Borrowed(made)),
@@ -315,8 +316,8 @@ impl Metrics {
         }
     }
 
-    /// Counts a request of route `route` (index into `Config::routes`).
-    pub fn request(&self, route: usize, outcome: RequestOutcome) {
+    /// Counts a request of route `route` .
+    pub fn request(&self, route: RouteId, outcome: RequestOutcome) {
         self.route(route).requests[RequestOutcome::ALL.iter().position(|&o| o == outcome).unwrap_or(0)].inc();
     }
 
@@ -326,7 +327,7 @@ impl Metrics {
 
     /// Counts what a limit decided: once per request, whatever its number of windows.
     pub fn decision(&self, result: &LimitResult) {
-        let m = &self.limits[result.limit.index()];
+        let m = &self.limits[result.limit];
         match result.outcome {
             Outcome::Passed => m.decisions[0].inc(),
             Outcome::Delayed(wait) => {
@@ -338,7 +339,7 @@ impl Metrics {
     }
 
     /// Counts an exchange of route `route` with its upstream that took `elapsed`.
-    pub fn upstream(&self, route: usize, result: UpstreamResult, elapsed: Duration) {
+    pub fn upstream(&self, route: RouteId, result: UpstreamResult, elapsed: Duration) {
         let m = self.route(route);
         match result {
             UpstreamResult::Status(status) => {
@@ -355,7 +356,7 @@ impl Metrics {
     /// A gRPC call of route `route` ended with `code` (`None`: without a status). Looked
     /// up by label: gRPC calls alone pay for it, and its series are bounded by the
     /// routes and the 17 codes.
-    pub fn grpc(&self, route: usize, code: Option<crate::grpc::Code>) {
+    pub fn grpc(&self, route: RouteId, code: Option<crate::grpc::Code>) {
         let status = code.map_or("NONE", crate::grpc::Code::name);
         let labels = vec![("route", self.routes[route].name.clone()), ("grpc_status", status.to_owned())];
         self.families.grpc.get_or_create(&labels).inc();
@@ -363,7 +364,7 @@ impl Metrics {
 
     /// Route `route`'s gRPC calls since start by the status they ended with (`NONE`: none),
     /// the statuses seen only. Read by the dashboard, never by a request.
-    pub fn grpc_counts(&self, route: usize) -> Vec<(&'static str, u64)> {
+    pub fn grpc_counts(&self, route: RouteId) -> Vec<(&'static str, u64)> {
         let name = &self.routes[route].name;
         (0..=16u8)
             .map(|code| crate::grpc::Code(code).name())
@@ -403,7 +404,7 @@ impl Metrics {
     }
 
     /// Route `route`'s requests since start, for the dashboard.
-    pub fn route_counts(&self, route: usize) -> RouteCounts {
+    pub fn route_counts(&self, route: RouteId) -> RouteCounts {
         let Some(m) = self.route_if_made(route) else { return RouteCounts::default() };
         let n = |o: RequestOutcome| m.requests[RequestOutcome::ALL.iter().position(|&a| a == o).unwrap_or(0)].get();
         let [connect, timeout, failed, _client_body] = &m.errors;
@@ -416,7 +417,7 @@ impl Metrics {
     }
 
     /// Limit `limit`'s decisions since start: passed, delayed, rejected.
-    pub fn limit_decisions(&self, limit: usize) -> [u64; 3] {
+    pub fn limit_decisions(&self, limit: LimitId) -> [u64; 3] {
         self.limits[limit].decisions.each_ref().map(Counter::get)
     }
 
@@ -427,7 +428,7 @@ impl Metrics {
     pub fn latencies(&self, routes: usize) -> Vec<Vec<(f64, u64)>> {
         let mut registry = Registry::default();
         for i in 0..routes.min(self.routes.len()) {
-            if let Some(made) = self.route_if_made(i) {
+            if let Some(made) = self.route_if_made(RouteId::from(i)) {
                 registry.register(format!("r{i}"), "", made.latency.clone());
             }
         }
@@ -534,7 +535,7 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0005, 2.0, 16))
 }
 
-fn names(config: &Config) -> Box<[String]> {
+fn names(config: &Config) -> TiVec<LimitId, String> {
     config.limits.iter().map(|l| l.name.clone()).collect()
 }
 
@@ -542,7 +543,7 @@ fn names(config: &Config) -> Box<[String]> {
 struct Current {
     limiters: Arc<Limiters>,
     store: Option<Arc<Store>>,
-    names: Box<[String]>,
+    names: TiVec<LimitId, String>,
 }
 
 impl Current {
@@ -567,10 +568,10 @@ impl Current {
         name: &str,
         help: &str,
         kind: MetricType,
-        value: impl Fn(usize) -> M,
+        value: impl Fn(LimitId) -> M,
     ) -> std::fmt::Result {
         let mut family = encoder.encode_descriptor(name, help, None, kind)?;
-        for (i, limit) in self.names.iter().enumerate() {
+        for (i, limit) in self.names.iter_enumerated() {
             value(i).encode(family.encode_family(&vec![("limit", limit.as_str())])?)?;
         }
         Ok(())
@@ -667,14 +668,14 @@ mod tests {
         let config = crate::config::parse(yaml, "t").unwrap();
         let metrics = Metrics::new(&config, &Gate::new(&config, Clock::System));
         for outcome in [RequestOutcome::Passed, RequestOutcome::DryRunRejected, RequestOutcome::Banned] {
-            metrics.request(0, outcome);
+            metrics.request(RouteId::from(0), outcome);
         }
-        metrics.upstream(0, UpstreamResult::Status(503), Duration::from_millis(3));
-        metrics.upstream(0, UpstreamResult::Timeout, Duration::from_secs(30));
-        metrics.upstream(0, UpstreamResult::ClientBody, Duration::ZERO);
-        let counts = metrics.route_counts(0);
+        metrics.upstream(RouteId::from(0), UpstreamResult::Status(503), Duration::from_millis(3));
+        metrics.upstream(RouteId::from(0), UpstreamResult::Timeout, Duration::from_secs(30));
+        metrics.upstream(RouteId::from(0), UpstreamResult::ClientBody, Duration::ZERO);
+        let counts = metrics.route_counts(RouteId::from(0));
         assert_eq!(counts, RouteCounts { passed: 2, delayed: 0, refused: 1, server_errors: 2 });
-        assert_eq!(metrics.limit_decisions(0), [0, 0, 0]);
+        assert_eq!(metrics.limit_decisions(LimitId::from(0)), [0, 0, 0]);
         let latencies = metrics.latencies(50);
         assert_eq!(latencies.len(), 1, "one route");
         let buckets = &latencies[0];
@@ -692,12 +693,12 @@ mod tests {
         let config = crate::config::parse(yaml, "t").unwrap();
         let gate = Gate::new(&config, Clock::System);
         let metrics = Metrics::new(&config, &gate);
-        metrics.request(0, RequestOutcome::Passed);
-        assert_eq!(metrics.route_counts(1), RouteCounts::default());
+        metrics.request(RouteId::from(0), RequestOutcome::Passed);
+        assert_eq!(metrics.route_counts(RouteId::from(1)), RouteCounts::default());
         assert!(metrics.latencies(50)[1].is_empty());
         assert!(!metrics.encode().contains("never"), "no series made by reading");
         let reloaded = metrics.reloaded(&config, &gate);
-        assert_eq!(reloaded.route_counts(0).passed, 1, "the series made before the reload");
+        assert_eq!(reloaded.route_counts(RouteId::from(0)).passed, 1, "the series made before the reload");
         assert_eq!(reloaded.latencies(50)[0].len(), 17);
     }
 }

@@ -24,7 +24,7 @@ use smallvec::SmallVec;
 use subtle::ConstantTimeEq;
 
 use crate::config::words::ConfigWords;
-use crate::config::{OnStoreError, Scope};
+use crate::config::{LimitId, OnStoreError, Scope};
 use crate::dashboard::{self, Dashboard};
 use crate::explain::{self, asked::Asked};
 use crate::front;
@@ -272,8 +272,7 @@ fn bans(proxy: &Proxy) -> Response {
     let config = proxy.config();
     let all: serde_json::Map<String, serde_json::Value> = config
         .limits
-        .iter()
-        .enumerate()
+        .iter_enumerated()
         .filter(|(_, l)| l.ban.is_some())
         .map(|(i, l)| (l.name.clone(), serde_json::json!(proxy.limiters().banned(i))))
         .collect();
@@ -305,9 +304,9 @@ fn lift(proxy: &Proxy, name: &str, key: &str) -> Response {
     })
 }
 
-/// `answer` with the index of limit `name`, or 404.
-fn with_limit(proxy: &Proxy, name: &str, answer: impl FnOnce(usize) -> Response) -> Response {
-    match proxy.config().limits.iter().position(|l| l.name == name) {
+/// `answer` with limit `name`, or 404.
+fn with_limit(proxy: &Proxy, name: &str, answer: impl FnOnce(LimitId) -> Response) -> Response {
+    match proxy.config().limits.position(|l| l.name == name) {
         Some(index) => answer(index),
         None => text(StatusCode::NOT_FOUND, "no such limit\n"),
     }

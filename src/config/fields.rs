@@ -20,7 +20,7 @@ use crate::suggest::{LISTED, closest, one_of};
 
 /// What the walk found.
 #[derive(Debug, Default)]
-pub(super) struct Fields {
+pub(super) struct FieldReport {
     /// Unknown fields (at their key) and required fields left out (at their mapping).
     pub errors: Vec<ConfigError>,
     /// Paths of the required fields left out, such as `limits.a.key`: serde filled them
@@ -150,8 +150,8 @@ impl Frame {
 
 /// Unknown and missing fields of `src`, named `file` in errors. A syntax error ends the
 /// walk (the deserializer reports it); what came before it is reported.
-pub(super) fn check(src: &str, file: &str) -> Fields {
-    let mut fields = Fields::default();
+pub(super) fn check(src: &str, file: &str) -> FieldReport {
+    let mut fields = FieldReport::default();
     let mut stack: Vec<Frame> = Vec::new();
     for event in Parser::new_from_str(src) {
         let Ok((event, span)) = event else { break };

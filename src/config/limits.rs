@@ -8,7 +8,7 @@ use super::checks::{Errors, allow, check_name, key_parts, positive_duration, sta
 use super::raw::{AlgorithmName, RawLimit};
 use super::store::scope;
 use super::units::parse_rate;
-use super::{Ban, Limit, LogLevel, Policy, Rate};
+use super::{Ban, Limit, LimitId, LogLevel, Policy, Rate};
 use crate::grpc::Code;
 use crate::policy::allow::Allow;
 use crate::policy::key::{DEFAULT_IP_PREFIX, KeyPart, KeySpec};
@@ -287,7 +287,7 @@ fn overrides(
     name: &str,
     raw: &RawLimit,
     all: &BTreeMap<String, RawLimit>,
-) -> Vec<(Allow, usize)> {
+) -> Vec<(Allow, LimitId)> {
     let mut compiled = Vec::new();
     for (i, o) in raw.overrides.iter().enumerate() {
         let here = format!("{at}.overrides[{i}]");
@@ -301,7 +301,7 @@ fn overrides(
                     format!("limit {:?} has overrides of its own; overrides do not chain", o.target),
                 );
             }
-            Some(index) => compiled.push((matcher, index)),
+            Some(index) => compiled.push((matcher, LimitId::from(index))),
         }
     }
     compiled

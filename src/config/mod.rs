@@ -23,7 +23,6 @@ mod upstreams;
 mod validate;
 pub mod words;
 
-use crate::variables::Template;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -33,12 +32,15 @@ use bytes::Bytes;
 use http::uri::Authority;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use ipnet::IpNet;
+use typed_index_collections::TiVec;
 
+pub use crate::ids::{LimitId, RouteId, UpstreamId};
 pub use crate::policy::allow::Allow;
 use crate::policy::key::KeyPart;
 pub use crate::policy::key::KeySpec;
 pub use crate::policy::{Burst, LimitUse, OnMissingKey, OnStoreError, Policy, Rate, Scope};
 pub use crate::router::{PathMatch, PathRegex, RouteMatch, Router};
+use crate::variables::Template;
 pub use raw::{AccessFormat, ForwardedMode, HeaderMode, HeaderStyle, LogKeys, LogLevel, RejectionBody};
 pub use validate::MAX_CONNECTIONS;
 
@@ -88,11 +90,11 @@ pub struct Config {
     /// What is valid but likely a mistake (an expired certificate, no routes): `check`
     /// prints these, `run` and a reload log them.
     pub warnings: Vec<ConfigError>,
-    pub upstreams: Vec<Upstream>,
+    pub upstreams: TiVec<UpstreamId, Upstream>,
     /// The Redis of global limits (required when one is global).
     pub redis: Option<Redis>,
-    pub limits: Vec<Limit>,
-    pub routes: Vec<Route>,
+    pub limits: TiVec<LimitId, Limit>,
+    pub routes: TiVec<RouteId, Route>,
     /// `routes` indexed: which one a request takes.
     pub router: Router,
 }
@@ -278,7 +280,7 @@ pub struct Limit {
     pub count: Option<Box<[u16]>>,
     /// Requests matching an override are decided by that limit (index into
     /// `Config::limits`) instead: a paid tier with its own rate, say.
-    pub overrides: Vec<(Allow, usize)>,
+    pub overrides: Vec<(Allow, LimitId)>,
     pub scope: Scope,
     /// What it does with a request that lacks its key.
     pub on_missing_key: OnMissingKey,
@@ -309,12 +311,14 @@ pub struct Route {
     /// burst and delay if it gives them), ascending: every request takes the locks of its
     /// limits in this one order.
     pub limits: Vec<LimitUse>,
+    /// The same limits in the file's order: how `GET /config` and the dashboard list them.
+    pub listed: Box<[LimitId]>,
     /// `limits` and the limits their overrides name, ascending: every limit that may
     /// decide one of the route's requests.
-    pub candidates: Box<[usize]>,
+    pub candidates: Box<[LimitId]>,
     /// The least any of `candidates` admits at once, and which one that is (`None`: no
     /// bound on what a request may weigh).
-    pub capacity: Option<(u64, usize)>,
+    pub capacity: Option<(u64, LimitId)>,
     /// Requests that skip all of the route's limits.
     pub allow: Allow,
     /// What a request weighs in the route's limits.
@@ -402,8 +406,7 @@ pub enum Cost {
 
 #[derive(Debug)]
 pub enum Action {
-    /// Index into `Config::upstreams`.
-    Forward(usize),
+    Forward(UpstreamId),
     Respond(StaticResponse),
 }
 

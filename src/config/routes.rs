@@ -9,6 +9,7 @@ use std::str::FromStr;
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use http::{HeaderMap, Method};
+use typed_index_collections::TiSlice;
 
 use crate::policy::key::KeyPart;
 
@@ -16,8 +17,8 @@ use super::checks::{Errors, allow, body_size, set_field, size, status_in, unknow
 use super::raw::{AlgorithmName, RawConfig, RawLimit, RawLimitUse, RawMatch, RawRespond, RawRoute, RawTunedUse};
 use super::units::parse_duration;
 use super::{
-    Action, BodyRate, Burst, Cost, Expires, Limit, LimitUse, PathMatch, PathRegex, PathRewrite, Piece, Rewrite, Route,
-    RouteMatch, StaticResponse, UpstreamHost,
+    Action, BodyRate, Burst, Cost, Expires, Limit, LimitId, LimitUse, PathMatch, PathRegex, PathRewrite, Piece,
+    Rewrite, Route, RouteMatch, StaticResponse, UpstreamHost, UpstreamId,
 };
 
 /// Route `i`; `compiled` are the configuration's limits, indexed as `config.limits`.
@@ -26,27 +27,27 @@ pub(super) fn route(
     i: usize,
     raw: &RawRoute,
     config: &RawConfig,
-    compiled: &[Limit],
+    compiled: &TiSlice<LimitId, Limit>,
     max_body_bytes: Option<u64>,
 ) -> Route {
     let at = format!("routes[{i}]");
     let matcher = route_match(e, &format!("{at}.match"), &raw.matcher);
     let action = match (&raw.upstream, &raw.respond) {
         (Some(name), None) => match config.upstreams.keys().position(|n| n == name) {
-            Some(index) => Action::Forward(index),
+            Some(index) => Action::Forward(UpstreamId::from(index)),
             None => {
                 e.add(format!("{at}.upstream"), unknown_name("upstream", name, &config.upstreams, "upstreams"));
-                Action::Forward(0)
+                Action::Forward(UpstreamId::from(0))
             }
         },
         (None, Some(respond)) => Action::Respond(static_response(e, &format!("{at}.respond"), respond)),
         (Some(_), Some(_)) => {
             e.add(format!("{at}.respond"), "a route has either `upstream` or `respond`, not both");
-            Action::Forward(0)
+            Action::Forward(UpstreamId::from(0))
         }
         (None, None) => {
             e.add(at.clone(), "needs `upstream: NAME` or `respond: {status, body}`");
-            Action::Forward(0)
+            Action::Forward(UpstreamId::from(0))
         }
     };
     let mut limits = Vec::new();
@@ -64,11 +65,12 @@ pub(super) fn route(
                     RawLimitUse::Name(_) => None,
                     RawLimitUse::Tuned(tuned) => own_burst(e, &here, tuned, &config.limits[name]),
                 };
-                limits.push(LimitUse { limit: index, burst });
+                limits.push(LimitUse { limit: LimitId::from(index), burst });
             }
             None => e.add(field, unknown_name("limit", name, &config.limits, "limits")),
         }
     }
+    let listed = limits.iter().map(|u| u.limit).collect();
     limits.sort_unstable_by_key(|u| u.limit);
     let allow = allow(e, &format!("{at}.allow"), raw.allow.as_ref());
     let cost = match (raw.cost, &raw.cost_header) {
@@ -139,6 +141,7 @@ pub(super) fn route(
         matcher,
         action,
         limits,
+        listed,
         candidates,
         capacity,
         allow,
@@ -156,8 +159,8 @@ fn captures_named(
     at: &str,
     raw: &RawRoute,
     matcher: &RouteMatch,
-    candidates: &[usize],
-    compiled: &[Limit],
+    candidates: &[LimitId],
+    compiled: &TiSlice<LimitId, Limit>,
 ) {
     for limit in candidates.iter().filter_map(|&l| compiled.get(l)) {
         for part in limit.key.0.iter() {
@@ -221,10 +224,10 @@ fn own_burst(e: &mut Errors<'_>, at: &str, tuned: &RawTunedUse, limit: &RawLimit
 
 /// The route's `limits` and the limits their overrides name: every limit that may decide
 /// one of its requests, ascending.
-fn candidates(limits: &[LimitUse], compiled: &[Limit]) -> Box<[usize]> {
+fn candidates(limits: &[LimitUse], compiled: &TiSlice<LimitId, Limit>) -> Box<[LimitId]> {
     let limits = limits.iter().map(|u| u.limit);
     let overridden = limits.clone().filter_map(|l| compiled.get(l)).flat_map(|l| l.overrides.iter().map(|o| o.1));
-    let mut all: Vec<usize> = limits.chain(overridden).collect();
+    let mut all: Vec<LimitId> = limits.chain(overridden).collect();
     all.sort_unstable();
     all.dedup();
     all.into()

@@ -5,14 +5,15 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use http::header::HeaderValue;
+use typed_index_collections::{TiSlice, TiVec};
 
 use super::checks::{Errors, body_size, connection_timeout, parse_cidr};
-use super::fields::Fields;
+use super::fields::FieldReport;
 use super::position::Positions;
 use super::raw::{AccessFormat, LogKeys, RawAccessLog, RawAdmin, RawConfig, RawListen, RawListener};
 use super::{
-    AccessLogConfig, Admin, Config, ConfigError, Limit, Listener, Route, Router, limits, routes, shadow, store, tls,
-    upstreams,
+    AccessLogConfig, Admin, Config, ConfigError, Limit, LimitId, Listener, Route, RouteId, Router, limits, routes,
+    shadow, store, tls, upstreams,
 };
 
 const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -65,8 +66,13 @@ fn admin(e: &mut Errors<'_>, raw: &RawAdmin) -> Option<Admin> {
 }
 
 /// `fields`: the file's unknown and missing fields, reported with the rest.
-pub fn compile(raw: RawConfig, positions: &Positions, fields: Fields, file: &str) -> Result<Config, Vec<ConfigError>> {
-    let Fields { errors, missing } = fields;
+pub fn compile(
+    raw: RawConfig,
+    positions: &Positions,
+    fields: FieldReport,
+    file: &str,
+) -> Result<Config, Vec<ConfigError>> {
+    let FieldReport { errors, missing } = fields;
     let mut e = Errors { file, positions, missing: &missing, list: errors, warnings: Vec::new() };
 
     let listeners = listeners(&mut e, &raw.listen);
@@ -133,11 +139,12 @@ pub fn compile(raw: RawConfig, positions: &Positions, fields: Fields, file: &str
     }
     let upstreams = raw.upstreams.iter().map(|(name, u)| upstreams::upstream(&mut e, name, u)).collect();
     let redis = raw.redis.as_ref().map(|r| store::redis(&mut e, r));
-    let limits: Vec<_> = raw.limits.iter().map(|(name, l)| limits::limit(&mut e, name, l, &raw.limits)).collect();
+    let limits: TiVec<LimitId, _> =
+        raw.limits.iter().map(|(name, l)| limits::limit(&mut e, name, l, &raw.limits)).collect();
     if redis.is_none() {
-        store::require_redis(&mut e, &limits);
+        store::require_redis(&mut e, &limits.raw);
     }
-    let routes: Vec<_> = raw
+    let routes: TiVec<RouteId, _> = raw
         .routes
         .iter()
         .enumerate()
@@ -147,7 +154,7 @@ pub fn compile(raw: RawConfig, positions: &Positions, fields: Fields, file: &str
         e.add("routes".into(), message);
         Router::default()
     });
-    shadow::check(&mut e, &routes, &router);
+    shadow::check(&mut e, &routes.raw, &router);
     // A limit no route lists (nor overrides into) decides nothing: most likely a name
     // left out of a route's `limits`.
     for name in raw.limits.keys() {
@@ -243,8 +250,8 @@ fn access_log_keys(
     raw: &RawAccessLog,
     keys_secret: bool,
     log_keys: LogKeys,
-    limits: &[Limit],
-    routes: &[Route],
+    limits: &TiSlice<LimitId, Limit>,
+    routes: &TiSlice<RouteId, Route>,
 ) {
     if raw.keys && raw.format == AccessFormat::Combined {
         e.add(

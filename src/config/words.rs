@@ -237,9 +237,8 @@ impl<'a> RouteWords<'a> {
             },
             upstream,
             respond,
-            limits: route
-                .limits
-                .iter()
+            limits: (route.listed.iter())
+                .filter_map(|&listed| route.limits.iter().find(|u| u.limit == listed))
                 .map(|u| {
                     let limit = config.limits[u.limit].name.as_str();
                     match u.burst {
@@ -326,6 +325,7 @@ fn size(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::RouteId;
 
     #[test]
     fn the_configuration_is_written_in_the_files_words() {
@@ -374,15 +374,18 @@ routes:
         );
         let config = crate::config::parse(&yaml, "t").unwrap();
         let words = serde_json::to_value(ConfigWords::of(&config)).unwrap();
-        // (In the order of the limits' names, as every request takes their locks.)
+        // In the file's order (requests take their locks in the order of the names).
         let written = serde_json::json!([
-            { "limit": "half", "burst": 3, "nodelay": true },
-            { "limit": "other", "burst": 4 },
             "per_ip",
+            { "limit": "half", "burst": 3, "nodelay": true },
             { "limit": "slow", "burst": 5, "delay": 2 },
+            { "limit": "other", "burst": 4 },
         ]);
         assert_eq!(words["routes"][0]["limits"], written);
         let again = yaml.replace(limits, &written.to_string());
-        assert_eq!(crate::config::parse(&again, "t").unwrap().routes[0].limits, config.routes[0].limits);
+        assert_eq!(
+            crate::config::parse(&again, "t").unwrap().routes[RouteId::from(0)].limits,
+            config.routes[RouteId::from(0)].limits
+        );
     }
 }

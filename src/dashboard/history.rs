@@ -211,7 +211,7 @@ impl History {
 
         let latencies = metrics.latencies(MAX_SHOWN);
         let mut routes = HashMap::new();
-        for ((i, route), latency) in config.routes.iter().enumerate().take(MAX_SHOWN).zip(latencies) {
+        for ((i, route), latency) in config.routes.iter_enumerated().take(MAX_SHOWN).zip(latencies) {
             let counts = metrics.route_counts(i);
             let mut history = self.routes.remove(&route.name).unwrap_or_else(|| RouteHistory::starting_at(counts));
             history.push(counts, seconds, latency);
@@ -220,7 +220,7 @@ impl History {
         self.routes = routes;
 
         let mut limits = HashMap::new();
-        for (i, limit) in config.limits.iter().enumerate().take(MAX_SHOWN) {
+        for (i, limit) in config.limits.iter_enumerated().take(MAX_SHOWN) {
             let decisions = metrics.limit_decisions(i);
             let mut history = self.limits.remove(&limit.name).unwrap_or_else(|| LimitHistory::starting_at(decisions));
             let refused = proxy.refused_keys(i).map(|r| r.take()).unwrap_or_default();

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::{Value, json};
 
 use super::history::{History, MAX_SHOWN};
-use crate::config::Config;
 use crate::config::words::{LimitWords, RouteWords};
+use crate::config::{Config, LimitId};
 use crate::policy::Policy;
 use crate::proxy::Proxy;
 use crate::running::{Reload, Running};
@@ -33,8 +33,7 @@ pub fn state(running: &Running, history: &History, since: Option<u64>) -> Value 
     let history_of = |n: &str| (history.routes.get(n), history.limits.get(n));
     let routes: Vec<Value> = config
         .routes
-        .iter()
-        .enumerate()
+        .iter_enumerated()
         .take(MAX_SHOWN)
         .map(|(i, route)| {
             let (h, _) = history_of(&route.name);
@@ -57,8 +56,7 @@ pub fn state(running: &Running, history: &History, since: Option<u64>) -> Value 
             shown
         })
         .collect();
-    let limits: Vec<Value> =
-        (0..config.limits.len().min(MAX_SHOWN)).map(|i| limit(&proxy, history, i, seconds)).collect();
+    let limits: Vec<Value> = config.limits.keys().take(MAX_SHOWN).map(|i| limit(&proxy, history, i, seconds)).collect();
     json!({
         "seq": history.seq,
         "at_ms": history.at.map(unix_ms),
@@ -75,7 +73,7 @@ pub fn state(running: &Running, history: &History, since: Option<u64>) -> Value 
 }
 
 /// Limit `index`: its words, its history, its keys and bans.
-fn limit(proxy: &Proxy, history: &History, index: usize, seconds: usize) -> Value {
+fn limit(proxy: &Proxy, history: &History, index: LimitId, seconds: usize) -> Value {
     let (config, limiters) = (proxy.config(), proxy.limiters());
     let limit = &config.limits[index];
     let h = history.limits.get(&limit.name);

@@ -18,7 +18,9 @@ use http::Method;
 use serde::{Deserialize, Serialize};
 
 use crate::config::position::Positions;
-use crate::config::{Action, Config, ForwardedMode, PathMatch, Route, Scope};
+use typed_index_collections::TiVec;
+
+use crate::config::{Action, Config, ForwardedMode, LimitId, PathMatch, Route, Scope};
 use crate::front;
 use crate::gate::{Decision, Gate, Permits};
 use crate::hop;
@@ -227,7 +229,7 @@ pub fn explain(config: &Config, gate: &Gate, request: &Request, after: u64, stat
     };
     explanation.path = Some(String::from_utf8_lossy(&src.path).into_owned());
     let found = front::front(config, &head, address, None);
-    let taken = found.as_ref().map_or(config.routes.len(), |f| f.route);
+    let taken = found.as_ref().map_or(config.routes.len(), |f| f.route.index());
     explanation.passed_over(config, &request.method, &src, taken);
     let front = match found {
         Ok(front) => front,
@@ -239,7 +241,7 @@ pub fn explain(config: &Config, gate: &Gate, request: &Request, after: u64, stat
     let route = &config.routes[front.route];
     explanation.route = Some(RouteTaken {
         name: route.name.clone(),
-        index: front.route,
+        index: front.route.index(),
         line: None,
         action: action(config, route),
         exempt: front.exempt,
@@ -289,7 +291,7 @@ pub fn explain(config: &Config, gate: &Gate, request: &Request, after: u64, stat
         .limits
         .iter()
         .map(|&used| {
-            let state = |l: usize| route.candidates.iter().position(|&c| c == l).and_then(|i| before[i].clone());
+            let state = |l: LimitId| route.candidates.iter().position(|&c| c == l).and_then(|i| before[i].clone());
             explain_limit(config, gate, &front.src, front.exempt, used, &decision, state)
         })
         .collect();
@@ -313,7 +315,7 @@ impl Explanation {
     /// Lists the routes before `taken` (all of them when `taken` is their number: none
     /// matched), each with why it does not match.
     fn passed_over(&mut self, config: &Config, method: &Method, src: &KeySource<'_>, taken: usize) {
-        for (index, route) in config.routes[..taken].iter().enumerate() {
+        for (index, route) in config.routes.iter().take(taken).enumerate() {
             let missed = mismatch(&route.matcher, method, &src.path, src.host);
             if self.passed_over.len() == PASSED_OVER_SHOWN {
                 self.passed_over_more += 1;
@@ -409,7 +411,7 @@ fn explain_limit(
     exempt: bool,
     used: crate::policy::LimitUse,
     decision: &Decision,
-    before: impl Fn(usize) -> Option<KeyState>,
+    before: impl Fn(LimitId) -> Option<KeyState>,
 ) -> LimitExplained {
     let choice = gate.choice(used, src);
     let deciding = choice.used.limit;
@@ -438,7 +440,7 @@ fn explain_limit(
             standings.iter().filter(|s| s.limit == deciding).collect()
         }
     };
-    let result = decision.results().iter().find(|r| r.limit.index() == deciding);
+    let result = decision.results().iter().find(|r| r.limit == deciding);
     let outcome = result.filter(|_| skipped.is_none()).map(|r| match (r.outcome, r.banned) {
         (Outcome::Rejected(_), true) => "banned".to_owned(),
         (outcome, _) => outcome_word(outcome).to_owned(),
@@ -487,7 +489,7 @@ fn window_after(s: &Standing) -> WindowAfter {
 /// adds to the route's response.
 fn answer(config: &Config, route: &Route, decision: &Decision, grpc: bool) -> Answer {
     let outcome = RequestOutcome::of(decision, &config.limits).as_str().to_owned();
-    let quotas: Vec<Box<[response::Quota]>> = config.limits.iter().map(response::quotas).collect();
+    let quotas: TiVec<LimitId, Box<[response::Quota]>> = config.limits.iter().map(response::quotas).collect();
     let mut headers = Vec::new();
     if let Some(refusal) = response::refusal(config, &quotas, decision, grpc) {
         for (name, value) in &refusal.extra {

@@ -14,7 +14,7 @@ use std::net::IpAddr;
 
 use http::{Method, StatusCode};
 
-use crate::config::{Config, Cost, LimitUse, OnMissingKey, PathMatch, Route};
+use crate::config::{Config, Cost, LimitId, LimitUse, OnMissingKey, PathMatch, Route, RouteId};
 use crate::path::{self, BadPath};
 use crate::policy::key::{KeyPart, KeySource};
 use crate::wire::head::{Fields, RequestHead, text};
@@ -72,8 +72,7 @@ impl FrontError {
 
 /// What the steps in front of the limits made of a request.
 pub struct Front<'a> {
-    /// Index into `Config::routes`.
-    pub route: usize,
+    pub route: RouteId,
     /// What the route's limits take their keys from.
     pub src: KeySource<'a>,
     /// The route's allow-list lets the request skip all of its limits.
@@ -87,7 +86,7 @@ impl Front<'_> {
     }
 
     /// The limits that may decide it, those their overrides name included.
-    pub fn candidates<'c>(&self, config: &'c Config) -> &'c [usize] {
+    pub fn candidates<'c>(&self, config: &'c Config) -> &'c [LimitId] {
         if self.exempt { &[] } else { &config.routes[self.route].candidates }
     }
 }
@@ -144,9 +143,9 @@ pub fn front<'a>(
 /// limit (a dry-run limit only says so).
 pub fn repeated_key_fields<'c>(
     config: &'c Config,
-    candidates: &'c [usize],
+    candidates: &'c [LimitId],
     src: &'c KeySource<'_>,
-) -> impl Iterator<Item = (usize, &'c KeyPart)> {
+) -> impl Iterator<Item = (LimitId, &'c KeyPart)> {
     candidates.iter().filter_map(|&limit| Some((limit, config.limits[limit].key.duplicated(src)?)))
 }
 
@@ -157,7 +156,7 @@ pub fn refused_missing_keys<'c>(
     config: &'c Config,
     limits: &'c [LimitUse],
     src: &'c KeySource<'_>,
-) -> impl Iterator<Item = usize> + 'c {
+) -> impl Iterator<Item = LimitId> + 'c {
     limits.iter().map(|u| u.limit).filter(move |&limit| {
         let limit = &config.limits[limit];
         limit.on_missing_key == OnMissingKey::Refuse && !limit.key.present(src)

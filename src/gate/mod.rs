@@ -28,20 +28,20 @@ use http::StatusCode;
 use smallvec::{SmallVec, smallvec};
 
 use crate::clock::{Clock, Nanos};
-use crate::config::Config;
+use crate::config::{Config, LimitId};
 use crate::limit::algorithm::Held;
 use crate::limit::table::Shard;
 use crate::limit::{LimitResult, Limiter, Limiters, Outcome, Standing, Verdict};
 use crate::policy::key::{KeyHash, KeySource};
 use crate::policy::{LimitUse, OnMissingKey, OnStoreError, Scope};
 use crate::store::{Admissions, Call, Store, StoreError, Verdicts, near_key};
-use receipt::{Admitted, Slot};
 pub use receipt::{Pending, Permits};
+use receipt::{Refundable, Slot};
 
 /// `Retry-After` of a request refused because Redis cannot answer (`on_store_error: deny`).
 const DENIED_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// What each limit that decided a request made of it, by limit index.
+/// What each limit that decided a request made of it, one result per limit.
 pub type Results = SmallVec<[LimitResult; 2]>;
 /// Where each window of those limits stands, by limit and window (the `RateLimit` fields).
 pub type Standings = SmallVec<[Standing; 2]>;
@@ -54,12 +54,12 @@ pub enum Decision {
     /// response is done, and settling `pending` with the response's status. The local
     /// limits decided at `at`.
     Pass { wait: Duration, results: Results, standings: Standings, permits: Permits, pending: Pending, at: Nanos },
-    /// Answer `status` now; `limit` (index into `Config::limits`) is the enforced
+    /// Answer `status` now; `limit` is the enforced
     /// rejecting limit that would admit the request last, after `retry_after`. With a
     /// `store_error`, no limit refused it: Redis could not decide global limit `limit`,
     /// whose `on_store_error: deny` refuses (503; `results` and `standings` are empty).
     Reject {
-        limit: usize,
+        limit: LimitId,
         status: StatusCode,
         retry_after: Duration,
         results: Results,
@@ -186,7 +186,9 @@ impl Gate {
 
     /// The limits that decide `src`: `limits` with overrides applied (an override's
     /// limit with its own burst; sorted again, so that locks are still taken in ascending
-    /// order), less those whose allow-list exempts it.
+    /// order), less those whose allow-list exempts it. A limit both listed by the route
+    /// and reached through an override decides once, with the route's entry (its own
+    /// burst, if it gives one).
     fn choose(&self, limits: &[LimitUse], src: &KeySource<'_>) -> Chosen {
         let mut chosen = Chosen::new();
         let mut swapped = false;
@@ -198,7 +200,9 @@ impl Gate {
             }
         }
         if swapped {
-            chosen.sort_unstable_by_key(|u| u.limit);
+            // An override's use has no burst of its own: a route's entry with one sorts
+            // first, and is the one kept.
+            chosen.sort_unstable_by_key(|u| (u.limit, u.burst.is_none()));
             chosen.dedup_by_key(|u| u.limit);
         }
         chosen
@@ -299,7 +303,7 @@ impl Gate {
             }
             if group.limiter.counted.is_some() && !PREVIEW {
                 pending.limiters.get_or_insert_with(|| Arc::clone(&self.limiters));
-                pending.admissions.push(Admitted { limit, key, at: now });
+                pending.admissions.push(Refundable { limit, key, at: now });
             }
         }
         Decision::Pass { wait, results, standings, permits, pending, at: now }
@@ -329,7 +333,7 @@ impl Gate {
         self.hear(&verdicts, &global, calls);
         let global_wait = global
             .iter()
-            .filter(|r| !self.limiters.get(r.limit.index()).dry_run)
+            .filter(|r| !self.limiters.get(r.limit).dry_run)
             .filter_map(|r| match r.outcome {
                 Outcome::Delayed(wait) => Some(wait),
                 _ => None,
@@ -374,7 +378,7 @@ impl Gate {
         for s in &verdicts.standings {
             let limiter = self.limiters.get(s.limit);
             let Scope::Global { on_store_error: OnStoreError::Local, instances } = limiter.scope else { continue };
-            let Some(key) = global.iter().find(|r| r.limit.index() == s.limit).map(|r| r.key) else { continue };
+            let Some(key) = global.iter().find(|r| r.limit == s.limit).map(|r| r.key) else { continue };
             // Redis counted the units left under the route's own burst, if it has one.
             let burst = limiter.burst(calls.iter().find(|c| c.limit == s.limit).and_then(|c| c.burst));
             // (A window that admitted a request another limit refused says where the key
@@ -442,12 +446,12 @@ impl Gate {
     }
 
     /// The enforced limit that rejects, if one does: the one that would admit last.
-    fn rejection(&self, results: &[LimitResult]) -> Option<(usize, Duration)> {
+    fn rejection(&self, results: &[LimitResult]) -> Option<(LimitId, Duration)> {
         results
             .iter()
-            .filter(|r| !self.limiters.get(r.limit.index()).dry_run)
+            .filter(|r| !self.limiters.get(r.limit).dry_run)
             .filter_map(|r| match r.outcome {
-                Outcome::Rejected(after) => Some((r.limit.index(), after)),
+                Outcome::Rejected(after) => Some((r.limit, after)),
                 _ => None,
             })
             .max_by_key(|&(_, after)| after)
@@ -456,7 +460,7 @@ impl Gate {
     /// The rejection of a request by `limit`, with the results and standings of all its
     /// limits (those of windows that would have admitted it say where the key stands, as
     /// the request did not count).
-    fn reject(&self, (limit, retry_after): (usize, Duration), results: Results, standings: Standings) -> Decision {
+    fn reject(&self, (limit, retry_after): (LimitId, Duration), results: Results, standings: Standings) -> Decision {
         let status = self.limiters.get(limit).status;
         Decision::Reject { limit, status, retry_after, results, standings, store_error: None }
     }
@@ -465,7 +469,7 @@ impl Gate {
     /// another part of the request's limits refused it after all.
     fn undo(&self, results: &[LimitResult], cost: u64, at: Nanos) {
         for r in results.iter().filter(|r| !r.outcome.is_rejected()) {
-            for window in self.limiters.get(r.limit.index()).windows.iter() {
+            for window in self.limiters.get(r.limit).windows.iter() {
                 window.lock(r.key).refund(r.key, cost, at);
             }
         }
@@ -477,7 +481,7 @@ impl Gate {
     fn restate(&self, results: &[LimitResult], local: &[LimitUse], standings: &mut [Standing]) {
         let now = self.clock.now();
         for s in standings.iter_mut().filter(|s| !s.outcome.is_rejected()) {
-            let Some(r) = results.iter().find(|r| r.limit.index() == s.limit) else { continue };
+            let Some(r) = results.iter().find(|r| r.limit == s.limit) else { continue };
             let limiter = self.limiters.get(s.limit);
             let burst = limiter.burst(local.iter().find(|u| u.limit == s.limit).and_then(|u| u.burst));
             let (remaining, reset) = limiter.windows[s.window].lock_as(r.key, burst).stands(r.key, now);
@@ -490,7 +494,7 @@ impl Gate {
     /// with `status`, for `after`, no unit left, the full quota back after `reset`.
     fn refusal(
         &self,
-        limit: usize,
+        limit: LimitId,
         src: &KeySource<'_>,
         window: usize,
         status: StatusCode,
@@ -515,7 +519,7 @@ impl Gate {
 /// One limit's part in a local decision: its key, its shards locked for the key (one per
 /// window, then its bans), and what its windows decided once the clock was read.
 struct Group<'a> {
-    limit: usize,
+    limit: LimitId,
     limiter: &'a Limiter,
     key: KeyHash,
     /// In window order.

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use crate::clock::Nanos;
+use crate::ids::LimitId;
 use crate::limit::Limiters;
 use crate::policy::key::KeyHash;
 use crate::store::{Admissions, Lease};
@@ -22,13 +23,13 @@ pub struct Permits {
 
 /// A local concurrency slot: held by `key` in limit `limit`.
 pub(super) struct Slot {
-    pub(super) limit: usize,
+    pub(super) limit: LimitId,
     pub(super) key: KeyHash,
 }
 
 /// A local admission that `Pending::settle` may take back.
-pub(super) struct Admitted {
-    pub(super) limit: usize,
+pub(super) struct Refundable {
+    pub(super) limit: LimitId,
     pub(super) key: KeyHash,
     /// When the limit decided it.
     pub(super) at: Nanos,
@@ -41,7 +42,7 @@ pub(super) struct Admitted {
 pub struct Pending {
     pub(super) limiters: Option<Arc<Limiters>>,
     /// Each local admission, all of `cost` units.
-    pub(super) admissions: SmallVec<[Admitted; 1]>,
+    pub(super) admissions: SmallVec<[Refundable; 1]>,
     pub(super) cost: u64,
     /// Global admissions, boxed: most requests have none.
     pub(super) global: Option<Box<Admissions>>,

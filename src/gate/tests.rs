@@ -9,6 +9,7 @@ use http::HeaderMap;
 
 use super::{Decision, Gate};
 use crate::clock::{ManualClock, Nanos};
+use crate::config::{LimitId, RouteId};
 use crate::limit::gcra_cases;
 use crate::limit::{Limiters, Outcome};
 use crate::policy::LimitUse;
@@ -49,7 +50,7 @@ fn check(l: &Harness, limits: &[usize], ip: u32, now_ms: u64) -> Decision {
 
 /// Limits `limits`, each with its own burst.
 fn plain(limits: &[usize]) -> Vec<LimitUse> {
-    limits.iter().copied().map(LimitUse::plain).collect()
+    limits.iter().map(|&l| LimitUse::plain(LimitId::from(l))).collect()
 }
 
 fn passes(d: &Decision) -> bool {
@@ -90,8 +91,8 @@ fn a_flood_of_random_addresses_stays_within_max_keys() {
         x ^= x << 5;
         check(&l, &[0], x, t / 1000);
     }
-    assert!(l.keys(0) <= 10_000 + 63, "{} keys", l.keys(0));
-    assert!(l.evictions(0) > 0);
+    assert!(l.keys(LimitId::from(0)) <= 10_000 + 63, "{} keys", l.keys(LimitId::from(0)));
+    assert!(l.evictions(LimitId::from(0)) > 0);
 }
 
 #[test]
@@ -107,11 +108,11 @@ fn concurrency_slots_return_when_permits_drop_and_in_flight_keys_are_never_evict
     // a fifth key, since the table may not forget a key with requests in flight.
     assert!(!passes(&check(&l, &[0], 1, 0)));
     assert!(!passes(&check(&l, &[0], 5, 0)));
-    assert_eq!(l.keys(0), 4);
+    assert_eq!(l.keys(LimitId::from(0)), 4);
     held.pop();
     assert!(passes(&check(&l, &[0], 4, 0)));
     held.clear();
-    assert_eq!(l.keys(0), 0, "released keys are removed");
+    assert_eq!(l.keys(LimitId::from(0)), 0, "released keys are removed");
 }
 
 #[test]
@@ -124,7 +125,7 @@ fn a_rejection_takes_no_concurrency_slot() {
     for _ in 0..3 {
         assert!(!passes(&check(&l, &[0, 1], 1, 0)));
     }
-    assert_eq!(l.keys(0), 0);
+    assert_eq!(l.keys(LimitId::from(0)), 0);
     assert!(passes(&check(&l, &[0], 1, 0)));
 }
 
@@ -191,6 +192,30 @@ fn gcra_and_token_bucket_agree_with_governor() {
         .unwrap();
 }
 
+/// A route that lists a limit with its own burst and also reaches it through another
+/// limit's override decides with the route's entry, once: the request counts once, under
+/// the burst the route gave (whichever order the two uses were found in).
+#[test]
+fn a_limit_listed_and_reached_through_an_override_decides_once_with_the_routes_own_burst() {
+    let l = limiters(
+        "  a: { key: ip, rate: 1r/m, overrides: [ { match: { cidrs: [10.0.0.0/8] }, use: b } ] }\n  \
+         b: { key: ip, rate: 1r/m, burst: 0 }\n",
+    );
+    let (a, b) = (LimitId::from(0), LimitId::from(1));
+    let own = Some(crate::policy::Burst { burst: 3, delay: 3 });
+    let headers = HeaderMap::new();
+    let src = KeySource::get([10, 0, 0, 1].into(), "/", &headers);
+    for route in [
+        [LimitUse::plain(a), LimitUse { limit: b, burst: own }],
+        [LimitUse { limit: b, burst: own }, LimitUse::plain(a)],
+    ] {
+        let passed = (0..6).filter(|_| passes(&l.gate.check(&route, &src, 1))).count();
+        // Burst 3 on 1r/m: four at once, then refused; each request counted once.
+        assert_eq!(passed, 4);
+        l.reset(b, &src).unwrap();
+    }
+}
+
 #[test]
 fn a_flood_of_fresh_keys_frees_neither_a_throttled_nor_a_banned_key() {
     // Every algorithm, with room for 64 keys: key 1 is throttled, key 2 banned, then
@@ -242,13 +267,13 @@ fn a_rejection_bans_the_key_for_the_ban_and_only_enforced_limits_ban() {
     // Long after the rate would admit again, the ban still refuses, for the time left.
     assert_eq!(retry(check(&l, &[0], 1, 1_000)), Some(Duration::from_millis(59_010)));
     assert!(passes(&check(&l, &[0], 2, 1_000)), "another key is not banned");
-    assert_eq!(l.bans(0), 1);
+    assert_eq!(l.bans(LimitId::from(0)), 1);
     assert!(passes(&check(&l, &[0], 1, 60_010)));
     // The dry-run limit would reject and ban, but does neither.
     assert!(passes(&check(&l, &[1], 3, 0)));
     assert!(passes(&check(&l, &[1], 3, 10)));
     assert!(passes(&check(&l, &[1], 3, 1_000)));
-    assert_eq!(l.bans(1), 0);
+    assert_eq!(l.bans(LimitId::from(1)), 0);
 }
 
 #[test]
@@ -274,7 +299,7 @@ fn several_windows_all_must_admit_and_the_slowest_sets_retry_after() {
     }
     assert!(passes(&check(&l, &[0], 2, 1_000)) && passes(&check(&l, &[0], 2, 2_000)));
     assert_eq!(outcome(check(&l, &[0], 2, 3_000)), Err(Duration::from_secs(600)));
-    assert_eq!(l.bans(0), 1);
+    assert_eq!(l.bans(LimitId::from(0)), 1);
 }
 
 #[test]
@@ -357,7 +382,7 @@ fn through(
     let headers = HeaderMap::new();
     let src = KeySource::get(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), "/", &headers);
     clock.set(Nanos(1_700_000_000_000_000_000 + ms * 1_000_000));
-    match gate.check(&config.routes[route].limits, &src, 1) {
+    match gate.check(&config.routes[RouteId::from(route)].limits, &src, 1) {
         Decision::Pass { wait, .. } => Ok(wait.as_millis() as u64),
         Decision::Reject { retry_after, .. } => Err(retry_after.as_millis() as u64),
     }
@@ -478,9 +503,14 @@ mod global_path {
     async fn the_near_cache_refuses_one_unit_until_redis_said_counting_down_on_the_clock() {
         let (gate, clock) = gate("", "  g: { key: ip, scope: global, rate: 1r/s, on_store_error: deny }\n");
         let headers = HeaderMap::new();
-        let hash = gate.limiters().get(0).key.global(&src(&headers)).expect("an ip key");
+        let hash = gate.limiters().get(LimitId::from(0)).key.global(&src(&headers)).expect("an ip key");
         let store = gate.store().expect("a global limit");
-        let call = Call { limit: 0, burst: None, base: store.base(0, hash), near: KeyHash((hash >> 64) as u64) };
+        let call = Call {
+            limit: LimitId::from(0),
+            burst: None,
+            base: store.base(LimitId::from(0), hash),
+            near: KeyHash((hash >> 64) as u64),
+        };
         let refusal = Refusal { until: T0 + 2_000 * MS, reset: T0 + 5_000 * MS, window: 0 };
         store.remember_refusal(&call, refusal, Nanos(T0));
 
@@ -506,15 +536,19 @@ mod global_path {
     async fn the_near_cache_answers_only_for_the_burst_it_heard_a_refusal_under() {
         let (gate, clock) = gate("", "  g: { key: ip, scope: global, rate: 1r/s, burst: 9, on_store_error: deny }\n");
         let headers = HeaderMap::new();
-        let hash = gate.limiters().get(0).key.global(&src(&headers)).expect("an ip key");
+        let hash = gate.limiters().get(LimitId::from(0)).key.global(&src(&headers)).expect("an ip key");
         let store = gate.store().expect("a global limit");
         let tight = Some(crate::policy::Burst { burst: 1, delay: 0 });
-        let call =
-            Call { limit: 0, burst: tight, base: store.base(0, hash), near: near_key((hash >> 64) as u64, tight) };
+        let call = Call {
+            limit: LimitId::from(0),
+            burst: tight,
+            base: store.base(LimitId::from(0), hash),
+            near: near_key((hash >> 64) as u64, tight),
+        };
         store.remember_refusal(&call, Refusal { until: T0 + 2_000 * MS, reset: T0 + 3_000 * MS, window: 0 }, Nanos(T0));
 
         clock.set(Nanos(T0 + 500 * MS));
-        let through = |burst| [LimitUse { limit: 0, burst }];
+        let through = |burst| [LimitUse { limit: LimitId::from(0), burst }];
         let same = gate.decide(&through(tight), &src(&headers), 1).await;
         assert_eq!(rejected(&same), Some((StatusCode::TOO_MANY_REQUESTS, Duration::from_millis(1_500))));
         for other in [None, Some(crate::policy::Burst { burst: 5, delay: 5 })] {
@@ -604,5 +638,5 @@ fn a_preview_decides_as_check_does_and_changes_nothing() {
             held.push(permits);
         }
     }
-    assert_eq!(l.bans(1), 1, "the ban was started by the check, not by its previews");
+    assert_eq!(l.bans(LimitId::from(1)), 1, "the ban was started by the check, not by its previews");
 }

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::algorithm::Held;
 use super::{Limiters, Verdict};
+use crate::ids::LimitId;
 use crate::policy::key::KeySource;
 
 /// One key of one limit, as a request with it would find it now.
@@ -60,10 +61,10 @@ fn ms(ns: u64) -> u64 {
 }
 
 impl Limiters {
-    /// Limit `index`'s state for the key of `src` (`None`: `src` has no key for it),
+    /// `limit`'s state for the key of `src` (`None`: `src` has no key for it),
     /// decided as a request of cost 1 would be, without storing anything.
-    pub fn inspect(&self, index: usize, src: &KeySource<'_>) -> Option<KeyState> {
-        let limiter = &self.limits[index];
+    pub fn inspect(&self, limit: LimitId, src: &KeySource<'_>) -> Option<KeyState> {
+        let limiter = &self.limits[limit];
         let key = limiter.key.hash(src, &self.seed)?;
         let t = self.clock.now();
         let ban_left = limiter.bans.as_ref().and_then(|b| b.left(&b.lock(key.0), key.0, t.0));
@@ -92,14 +93,14 @@ impl Limiters {
                 },
             })
             .collect();
-        Some(KeyState { key: self.key_label(index, src), ban_left_ms: ban_left.map(ms), windows })
+        Some(KeyState { key: self.key_label(limit, src), ban_left_ms: ban_left.map(ms), windows })
     }
 
-    /// Forgets the key of `src` in limit `index` (and lifts its ban): its next request is
+    /// Forgets the key of `src` in `limit` (and lifts its ban): its next request is
     /// a fresh key's. `None`: `src` has no key for this limit. A concurrency limit keeps
     /// its count of requests in flight, which only their ends may change.
-    pub fn reset(&self, index: usize, src: &KeySource<'_>) -> Option<()> {
-        let limiter = &self.limits[index];
+    pub fn reset(&self, limit: LimitId, src: &KeySource<'_>) -> Option<()> {
+        let limiter = &self.limits[limit];
         let key = limiter.key.hash(src, &self.seed)?;
         for algorithm in limiter.windows.iter() {
             let mut held = algorithm.lock(key);
@@ -113,16 +114,16 @@ impl Limiters {
         Some(())
     }
 
-    /// The keys limit `index` bans now.
-    pub fn banned(&self, index: usize) -> Vec<Banned> {
-        let Some(bans) = &self.limits[index].bans else { return Vec::new() };
+    /// The keys `limit` bans now.
+    pub fn banned(&self, limit: LimitId) -> Vec<Banned> {
+        let Some(bans) = &self.limits[limit].bans else { return Vec::new() };
         bans.list(self.clock.now().0).into_iter().map(|(_, key, left)| Banned { key, left_ms: ms(left) }).collect()
     }
 
-    /// Lifts, in limit `index`, the ban of the key `given` as `GET /bans` writes it, or by
+    /// Lifts, in `limit`, the ban of the key `given` as `GET /bans` writes it, or by
     /// one of its digests (with or without its `#`).
-    pub fn lift(&self, index: usize, given: &str) -> Lifted {
-        let Some(bans) = &self.limits[index].bans else { return Lifted::NoSuchBan };
+    pub fn lift(&self, limit: LimitId, given: &str) -> Lifted {
+        let Some(bans) = &self.limits[limit].bans else { return Lifted::NoSuchBan };
         let now = self.clock.now().0;
         let digest = format!("#{}", given.trim_start_matches('#'));
         let named: Vec<(u64, Box<str>)> =

@@ -23,9 +23,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use http::StatusCode;
+use typed_index_collections::TiVec;
 
 use crate::clock::{Clock, Nanos};
 use crate::config::{Config, Limit};
+pub use crate::ids::LimitId;
 use crate::policy::allow::Allow;
 use crate::policy::key::{KeyHash, KeySource, KeySpec};
 use crate::policy::{Burst, OnMissingKey, Policy, Rate, Scope};
@@ -60,7 +62,7 @@ pub(crate) struct Limiter {
     /// Statuses that count: an admission whose response has another is taken back.
     pub(crate) counted: Option<Box<[u16]>>,
     /// Requests matching one are decided by that limit instead.
-    pub(crate) overrides: Box<[(Allow, usize)]>,
+    pub(crate) overrides: Box<[(Allow, LimitId)]>,
     pub(crate) bans: Option<Bans>,
     pub(crate) status: StatusCode,
     pub(crate) dry_run: bool,
@@ -81,7 +83,7 @@ pub struct Limiters {
     seed: RandomState,
     /// How keys are written, wherever they are shown.
     text: KeyText,
-    limits: Box<[Limiter]>,
+    limits: TiVec<LimitId, Limiter>,
     clock: Clock,
 }
 
@@ -97,8 +99,7 @@ pub enum Outcome {
 /// Where one limit stands for the current request.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Standing {
-    /// Index into `Config::limits`.
-    pub limit: usize,
+    pub limit: LimitId,
     /// Which of the limit's windows (0 unless it has `rates:`).
     pub window: usize,
     /// As decided, even for a dry-run limit that then did not act on it.
@@ -116,23 +117,6 @@ impl Outcome {
     #[inline]
     pub fn is_rejected(&self) -> bool {
         matches!(self, Outcome::Rejected(_))
-    }
-}
-
-/// A limit's place in `Config::limits`, as the results of a decision name it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct LimitId(pub u16);
-
-impl LimitId {
-    /// The limit's index into `Config::limits` (the configuration holds at most 65,536).
-    #[inline]
-    pub fn index(self) -> usize {
-        usize::from(self.0)
-    }
-
-    #[inline]
-    pub fn of(index: usize) -> LimitId {
-        LimitId(u16::try_from(index).unwrap_or(u16::MAX))
     }
 }
 
@@ -158,9 +142,9 @@ pub struct LimitResult {
 impl LimitResult {
     /// The result of limit `limit` for `key`, from its windows' `standings` (at least one).
     #[inline]
-    pub fn fold(limit: usize, key: KeyHash, standings: &[Standing]) -> LimitResult {
+    pub fn fold(limit: LimitId, key: KeyHash, standings: &[Standing]) -> LimitResult {
         let of = |decider: &Standing| LimitResult {
-            limit: LimitId::of(limit),
+            limit,
             key,
             outcome: decider.outcome,
             banned: decider.banned,
@@ -194,7 +178,7 @@ impl LimitResult {
 impl Standing {
     /// Where window `window` of limit `limit` stands after deciding `verdict`.
     #[inline]
-    pub fn of(limit: usize, window: usize, verdict: &Verdict) -> Standing {
+    pub fn of(limit: LimitId, window: usize, verdict: &Verdict) -> Standing {
         let (outcome, remaining, reset, excess) = match *verdict {
             Verdict::Admit { wait, remaining, reset, excess, .. } => {
                 let outcome = if wait > 0 { Outcome::Delayed(Duration::from_nanos(wait)) } else { Outcome::Passed };
@@ -243,10 +227,10 @@ impl Limiters {
         (Arc::new(limiters), kept, fresh)
     }
 
-    /// Limit `index` (into `Config::limits`).
+    /// The limiter of `limit`.
     #[inline]
-    pub(crate) fn get(&self, index: usize) -> &Limiter {
-        &self.limits[index]
+    pub(crate) fn get(&self, limit: LimitId) -> &Limiter {
+        &self.limits[limit]
     }
 
     /// The clock every decision of these limits reads.
@@ -254,63 +238,63 @@ impl Limiters {
         &self.clock
     }
 
-    /// Bans imposed by limit `index` since start.
-    pub fn bans(&self, index: usize) -> u64 {
-        self.limits[index].bans.as_ref().map_or(0, Bans::imposed)
+    /// Bans imposed by `limit` since start.
+    pub fn bans(&self, limit: LimitId) -> u64 {
+        self.limits[limit].bans.as_ref().map_or(0, Bans::imposed)
     }
 
-    /// Keys banned now by limit `index`.
-    pub fn bans_active(&self, index: usize) -> usize {
-        self.limits[index].bans.as_ref().map_or(0, |b| b.active(self.clock.now().0))
+    /// Keys banned now by `limit`.
+    pub fn bans_active(&self, limit: LimitId) -> usize {
+        self.limits[limit].bans.as_ref().map_or(0, |b| b.active(self.clock.now().0))
     }
 
-    /// Requests in flight under limit `index`, if it is a concurrency limit (else 0).
-    pub fn in_flight(&self, index: usize) -> usize {
-        let Some(Algorithm::Concurrency(_, table)) = self.limits[index].windows.first() else { return 0 };
+    /// Requests in flight under `limit`, if it is a concurrency limit (else 0).
+    pub fn in_flight(&self, limit: LimitId) -> usize {
+        let Some(Algorithm::Concurrency(_, table)) = self.limits[limit].windows.first() else { return 0 };
         let mut n = 0u64;
         table.each(|_, in_flight| n += in_flight);
         usize::try_from(n).unwrap_or(usize::MAX)
     }
 
-    /// Keys dropped with live state by limit `index` since start. Each window's table
+    /// Keys dropped with live state by `limit` since start. Each window's table
     /// drops keys of its own; a key dropped by several windows counts once: the most any
     /// window dropped (their sum would count one key once per window).
-    pub fn evictions(&self, index: usize) -> u64 {
-        self.limits[index].windows.iter().map(Algorithm::evictions).max().unwrap_or(0)
+    pub fn evictions(&self, limit: LimitId) -> u64 {
+        self.limits[limit].windows.iter().map(Algorithm::evictions).max().unwrap_or(0)
     }
 
-    /// The most keys limit `index` holds: the `max_keys` its tables were made with (a
+    /// The most keys `limit` holds: the `max_keys` its tables were made with (a
     /// reload changes it only for a limit that starts fresh).
-    pub fn max_keys(&self, index: usize) -> usize {
-        self.limits[index].max_keys
+    pub fn max_keys(&self, limit: LimitId) -> usize {
+        self.limits[limit].max_keys
     }
 
-    /// Keys held by limit `index` now.
-    pub fn keys(&self, index: usize) -> usize {
-        self.limits[index].windows.iter().map(Algorithm::keys).max().unwrap_or(0)
+    /// Keys held by `limit` now.
+    pub fn keys(&self, limit: LimitId) -> usize {
+        self.limits[limit].windows.iter().map(Algorithm::keys).max().unwrap_or(0)
     }
 
-    /// The key of `src` for limit `index`, hashed (`None`: the request has none, and the
+    /// The key of `src` for `limit`, hashed (`None`: the request has none, and the
     /// limit does not count it).
     #[inline]
-    pub fn key_hash(&self, index: usize, src: &KeySource<'_>) -> Option<KeyHash> {
-        self.key_found(index, src).0
+    pub fn key_hash(&self, limit: LimitId, src: &KeySource<'_>) -> Option<KeyHash> {
+        self.key_found(limit, src).0
     }
 
-    /// The key of `src` for limit `index` as its tables hold it (`None`: the limit does
+    /// The key of `src` for `limit` as its tables hold it (`None`: the limit does
     /// not count the request), and whether the request has it: one that lacks it is
     /// counted under the one shared key with `on_missing_key: shared`.
     #[inline]
-    pub fn key_found(&self, index: usize, src: &KeySource<'_>) -> (Option<KeyHash>, bool) {
-        let limiter = &self.limits[index];
+    pub fn key_found(&self, limit: LimitId, src: &KeySource<'_>) -> (Option<KeyHash>, bool) {
+        let limiter = &self.limits[limit];
         let (key, present) = limiter.key.hash_any(src, &self.seed);
         ((present || limiter.on_missing_key == OnMissingKey::Shared).then_some(key), present)
     }
 
-    /// Counts a request `src` that lacks the key of limit `index`; the first one since
+    /// Counts a request `src` that lacks the key of `limit`; the first one since
     /// start is logged at warn (once: a flood of them writes one line), naming the parts.
-    pub fn missed(&self, index: usize, src: &KeySource<'_>) {
-        let limiter = &self.limits[index];
+    pub fn missed(&self, limit: LimitId, src: &KeySource<'_>) {
+        let limiter = &self.limits[limit];
         if limiter.missing.fetch_add(1, Ordering::Relaxed) == 0 {
             let parts: Vec<String> = limiter.key.0.iter().map(ToString::to_string).collect();
             let what = match limiter.on_missing_key {
@@ -318,31 +302,31 @@ impl Limiters {
                 OnMissingKey::Shared => "counted under the one key shared by such requests (on_missing_key: shared)",
                 OnMissingKey::Refuse => "refused (on_missing_key: refuse)",
             };
-            tracing::warn!(limit = %limiter.id.0, key = %self.key_label(index, src), missing = %parts.join(" "),
+            tracing::warn!(limit = %limiter.id.0, key = %self.key_label(limit, src), missing = %parts.join(" "),
                 "a first request without this limit's key: {what}; sluicegate_limit_missing_key_total counts them");
         }
     }
 
-    /// Requests that lacked the key of limit `index`, since start.
-    pub fn missing(&self, index: usize) -> u64 {
-        self.limits[index].missing.load(Ordering::Relaxed)
+    /// Requests that lacked the key of `limit`, since start.
+    pub fn missing(&self, limit: LimitId) -> u64 {
+        self.limits[limit].missing.load(Ordering::Relaxed)
     }
 
-    /// The key of `src` for limit `index`, as every surface writes it (`KeyText`).
-    pub fn key_label(&self, index: usize, src: &KeySource<'_>) -> String {
-        self.text.write(&self.limits[index].key, src)
+    /// The key of `src` for `limit`, as every surface writes it (`KeyText`).
+    pub fn key_label(&self, limit: LimitId, src: &KeySource<'_>) -> String {
+        self.text.write(&self.limits[limit].key, src)
     }
 
-    /// Names the ban that `src`'s key (hashed: `key`) has just started in limit `index`,
+    /// Names the ban that `src`'s key (hashed: `key`) has just started in `limit`,
     /// so that `GET /bans` writes it as log lines do.
-    pub fn name_ban(&self, index: usize, key: KeyHash, src: &KeySource<'_>) {
-        if let Some(bans) = &self.limits[index].bans {
-            bans.name(key.0, self.key_label(index, src), self.clock.now().0);
+    pub fn name_ban(&self, limit: LimitId, key: KeyHash, src: &KeySource<'_>) {
+        if let Some(bans) = &self.limits[limit].bans {
+            bans.name(key.0, self.key_label(limit, src), self.clock.now().0);
         }
     }
 
     /// Takes back an admission of limit `limit` for `key` unless it counts `status`.
-    pub(crate) fn settle(&self, limit: usize, key: KeyHash, cost: u64, at: Nanos, status: u16) {
+    pub(crate) fn settle(&self, limit: LimitId, key: KeyHash, cost: u64, at: Nanos, status: u16) {
         let limiter = &self.limits[limit];
         if limiter.counted.as_ref().is_some_and(|counted| !counted.contains(&status)) {
             for algorithm in limiter.windows.iter() {
@@ -352,7 +336,7 @@ impl Limiters {
     }
 
     /// Gives back a concurrency slot of limit `limit` held by `key`.
-    pub(crate) fn release(&self, limit: usize, key: KeyHash) {
+    pub(crate) fn release(&self, limit: LimitId, key: KeyHash) {
         let Some(Algorithm::Concurrency(_, table)) = self.limits[limit].windows.first() else { return };
         let mut shard = table.lock(key.0);
         match shard.get(key.0) {

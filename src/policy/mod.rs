@@ -12,6 +12,8 @@ use std::time::Duration;
 use schemars::JsonSchema;
 use serde::Deserialize;
 
+use crate::ids::LimitId;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
     /// Request rate with nginx `limit_req` semantics. GCRA, the token bucket and the
@@ -131,17 +133,17 @@ impl Burst {
     }
 }
 
-/// One limit a route applies: its index into `Config::limits`, and the route's own
-/// burst and delay on it (`None`: the limit's own).
+/// One limit a route applies, with the route's own burst and delay on it (`None`: the
+/// limit's own).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LimitUse {
-    pub limit: usize,
+    pub limit: LimitId,
     pub burst: Option<Burst>,
 }
 
 impl LimitUse {
     /// Limit `limit` with its own burst and delay.
-    pub fn plain(limit: usize) -> LimitUse {
+    pub fn plain(limit: LimitId) -> LimitUse {
         LimitUse { limit, burst: None }
     }
 }

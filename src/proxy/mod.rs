@@ -20,10 +20,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tracing::{Level, debug, warn};
+use typed_index_collections::{TiSlice, TiVec};
 
 use crate::access_log::{self, AccessLog};
 use crate::clock::Clock;
-use crate::config::{Action, Config, HeaderMode, LogLevel, Route};
+use crate::config::{Action, Config, HeaderMode, LimitId, LogLevel, Route, RouteId, UpstreamId};
 use crate::front::{self, FrontError};
 use crate::gate::{Decision, Gate, Pending, Permits, Standings};
 use crate::grpc;
@@ -62,15 +63,15 @@ pub struct Proxy {
     /// Where each request's limits are decided.
     gate: Gate,
     metrics: Arc<Metrics>,
-    upstreams: Box<[UpstreamClient]>,
-    /// What the rate-limit headers say of each limit, by limit index.
-    quotas: Box<[Box<[response::Quota]>]>,
-    /// How many rejection and delay lines each limit may still write, by limit index.
-    log_budgets: Arc<[LogBudget]>,
+    upstreams: TiVec<UpstreamId, UpstreamClient>,
+    /// What the rate-limit headers say of each limit.
+    quotas: TiVec<LimitId, Box<[response::Quota]>>,
+    /// How many rejection and delay lines each limit may still write.
+    log_budgets: Arc<TiVec<LimitId, LogBudget>>,
     access_log: Option<Arc<AccessLog>>,
-    /// The keys each limit refused this second, by limit index, when an admin listener
-    /// shows them (`None`: none does, and refusals count nothing more).
-    refused_keys: Option<Box<[RefusedKeys]>>,
+    /// The keys each limit refused this second, when an admin listener shows them
+    /// (`None`: none does, and refusals count nothing more).
+    refused_keys: Option<TiVec<LimitId, RefusedKeys>>,
 }
 
 impl Proxy {
@@ -103,8 +104,7 @@ impl Proxy {
     }
 
     fn assemble(config: Config, gate: Gate, metrics: Metrics, access_log: Option<Arc<AccessLog>>) -> Self {
-        let log_budgets: Arc<[LogBudget]> =
-            config.limits.iter().map(|l| LogBudget::new(l.log_lines_per_second)).collect();
+        let log_budgets = Arc::new(config.limits.iter().map(|l| LogBudget::new(l.log_lines_per_second)).collect());
         let levels = config.limits.iter().map(|l| (l.name.clone(), line_level(l.log_level, false))).collect();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(flush_log_budgets(Arc::downgrade(&log_budgets), levels, gate.clock().clone()));
@@ -150,14 +150,14 @@ impl Proxy {
         &self.metrics
     }
 
-    /// The keys limit `index` refused since the dashboard last took them (`None`:
-    /// without an admin listener they are not counted).
-    pub fn refused_keys(&self, index: usize) -> Option<&RefusedKeys> {
-        self.refused_keys.as_ref().map(|all| &all[index])
+    /// The keys `limit` refused since the dashboard last took them (`None`: without an
+    /// admin listener they are not counted).
+    pub fn refused_keys(&self, limit: LimitId) -> Option<&RefusedKeys> {
+        self.refused_keys.as_ref().map(|all| &all[limit])
     }
 
-    /// The upstreams' clients, by index into `Config::upstreams`.
-    pub fn upstreams(&self) -> &[UpstreamClient] {
+    /// The upstreams' clients, as `Config::upstreams` lists them.
+    pub fn upstreams(&self) -> &TiSlice<UpstreamId, UpstreamClient> {
         &self.upstreams
     }
 
@@ -385,7 +385,7 @@ impl Proxy {
         forwarded: Result<upstream::UpstreamResponse, UpstreamError>,
         started: Instant,
         out: &Outgoing<'_>,
-        index: usize,
+        index: RouteId,
         trace: &mut Trace,
     ) -> Result<Response, ProxyError> {
         let route = &self.config.routes[index];
@@ -413,7 +413,7 @@ impl Proxy {
         }
         Ok(Response {
             status: response.status,
-            fields: message::Fields::Upstream(response.fields),
+            fields: message::ResponseFields::Upstream(response.fields),
             extra,
             body: Settling::from(response.body),
         })
@@ -421,7 +421,7 @@ impl Proxy {
 
     /// Refuses a request that repeats a field one of `candidates` is keyed on
     /// (`front::repeated_key_fields`); a dry-run limit logs it instead.
-    fn refuse_duplicated_keys(&self, candidates: &[usize], src: &KeySource<'_>) -> Result<(), ProxyError> {
+    fn refuse_duplicated_keys(&self, candidates: &[LimitId], src: &KeySource<'_>) -> Result<(), ProxyError> {
         let all = &self.config.limits;
         for (limit, part) in front::repeated_key_fields(&self.config, candidates, src) {
             if all[limit].dry_run {
@@ -467,18 +467,18 @@ impl Proxy {
     /// in dry run. Delays log one level below rejections, like nginx.
     fn account(&self, route: &Route, results: &[LimitResult], src: &KeySource<'_>, rejected: bool) {
         for r in results {
-            let limit = &self.config.limits[r.limit.index()];
+            let limit = &self.config.limits[r.limit];
             // What another limit refused, this one neither passed nor counted (all or
             // nothing): no decision of its own.
             if !rejected || r.outcome.is_rejected() {
                 self.metrics.decision(r);
             }
             if r.banned {
-                self.limiters().name_ban(r.limit.index(), r.key, src);
+                self.limiters().name_ban(r.limit, r.key, src);
             }
             if let (Outcome::Rejected(_), Some(refused)) = (r.outcome, &self.refused_keys) {
-                let label = || self.limiters().key_label(r.limit.index(), src);
-                refused[r.limit.index()].count(r.key.0, label);
+                let label = || self.limiters().key_label(r.limit, src);
+                refused[r.limit].count(r.key.0, label);
             }
             let (message, lowered, ms) = match (r.outcome, limit.dry_run) {
                 (Outcome::Passed, _) => continue,
@@ -492,18 +492,18 @@ impl Proxy {
                 (Outcome::Delayed(wait), true) => ("dry run: request would be delayed", true, wait),
             };
             let level = line_level(limit.log_level, lowered);
-            if !self.line_allowed(r.limit.index(), r.key.0, src, level) {
+            if !self.line_allowed(r.limit, r.key.0, src, level) {
                 continue;
             }
             event_at!(level, route = %route.name, limit = %limit.name,
-                key = %self.limiters().key_label(r.limit.index(), src),
+                key = %self.limiters().key_label(r.limit, src),
                 excess = round_to_thousandths(r.excess), ms = ms.as_millis() as u64, "{message}");
         }
     }
 
     /// Logs, at warn and within the limit's `log_lines_per_second`, a request refused
     /// because Redis could not decide global limit `limit` (`on_store_error: deny`).
-    fn unavailable(&self, route: &Route, limit: usize, src: &KeySource<'_>, error: &str) {
+    fn unavailable(&self, route: &Route, limit: LimitId, src: &KeySource<'_>, error: &str) {
         let key = self.limiters().key_hash(limit, src).map_or(0, |k| k.0);
         if self.line_allowed(limit, key, src, Level::WARN) {
             warn!(route = %route.name, limit = %self.config.limits[limit].name,
@@ -512,19 +512,18 @@ impl Proxy {
         }
     }
 
-    /// Whether a line of limit `index` about `src` (its key hashed: `key`) may be written
-    /// at `level`: the level
-    /// is logged and the limit's `log_lines_per_second` is not spent (the summary of a
+    /// Whether a line of `limit` about `src` (its key hashed: `key`) may be written at
+    /// `level`: the level is logged and the limit's `log_lines_per_second` is not spent (the summary of a
     /// second that has ended is written first). Nothing is computed for lines nobody
     /// reads: no key label, no budget.
-    fn line_allowed(&self, index: usize, key: u64, src: &KeySource<'_>, level: Level) -> bool {
+    fn line_allowed(&self, limit: LimitId, key: u64, src: &KeySource<'_>, level: Level) -> bool {
         if !enabled(level) {
             return false;
         }
-        let label = || self.limiters().key_label(index, src);
-        let take = self.log_budgets[index].take(self.gate.clock().now().secs(), key, label);
+        let label = || self.limiters().key_label(limit, src);
+        let take = self.log_budgets[limit].take(self.gate.clock().now().secs(), key, label);
         if let Some(summary) = take.summary {
-            log_summary(level, &self.config.limits[index].name, &summary);
+            log_summary(level, &self.config.limits[limit].name, &summary);
         }
         take.write
     }
@@ -547,8 +546,7 @@ enum Admission {
 
 /// What the admission of a request hands to its serving.
 struct Admitted {
-    /// Index into `Config::routes`.
-    route: usize,
+    route: RouteId,
     /// How long the limits ask it to wait.
     wait: std::time::Duration,
     /// Where each window stands, for the `RateLimit` fields.
@@ -596,16 +594,16 @@ fn finish(mut response: Response, trace: Trace, grpc: bool) -> Response {
 /// The `grpc-status` the head of `response` carries (a trailers-only gRPC response), if
 /// any.
 fn grpc_status_in_head(response: &Response) -> Option<grpc::Code> {
-    use message::{Fields, ServerFields};
+    use message::{ResponseFields, ServerFields};
     let name = http::HeaderName::from_static("grpc-status");
     let value = match response.extra.iter().find(|(n, _)| *n == name) {
         Some((_, value)) => Some(value.as_bytes()),
         None => match &response.fields {
-            Fields::None => None,
-            Fields::Map(map) | Fields::Upstream(ServerFields::H2(map)) => {
+            ResponseFields::None => None,
+            ResponseFields::Map(map) | ResponseFields::Upstream(ServerFields::H2(map)) => {
                 map.get(&name).map(http::HeaderValue::as_bytes)
             }
-            Fields::Upstream(ServerFields::H1(head)) => head.fields().get(&name),
+            ResponseFields::Upstream(ServerFields::H1(head)) => head.fields().get(&name),
         },
     };
     value.and_then(grpc::Code::parse)
@@ -642,7 +640,11 @@ fn log_summary(level: Level, limit: &str, summary: &log_budget::Summary) {
 
 /// Once a second, sums up what each limit left out in a second no later line closed;
 /// ends with the proxy that owns the budgets.
-async fn flush_log_budgets(budgets: std::sync::Weak<[LogBudget]>, limits: Vec<(String, Level)>, clock: Clock) {
+async fn flush_log_budgets(
+    budgets: std::sync::Weak<TiVec<LimitId, LogBudget>>,
+    limits: Vec<(String, Level)>,
+    clock: Clock,
+) {
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
     loop {
         tick.tick().await;

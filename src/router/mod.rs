@@ -21,6 +21,8 @@ use std::collections::HashMap;
 
 use http::Method;
 
+use crate::ids::RouteId;
+
 use paths::Paths;
 pub use pattern::{Captures, PathRegex};
 
@@ -183,7 +185,7 @@ impl Router {
 
     /// The first route, in file order, that serves `method` on the normalized `path` at
     /// `host` (without port or trailing dot, any case).
-    pub fn find(&self, method: &Method, path: &[u8], host: Option<&str>) -> Option<usize> {
+    pub fn find(&self, method: &Method, path: &[u8], host: Option<&str>) -> Option<RouteId> {
         let want = Want { router: self, bit: bit(method), method, path };
         let mut best = u32::MAX;
         if let Some(host) = host.filter(|_| !self.exact_hosts.is_empty() || !self.wildcard_hosts.is_empty()) {
@@ -206,7 +208,7 @@ impl Router {
             }
         }
         want.best_in(&self.any_host, &mut best);
-        (best != u32::MAX).then_some(best as usize)
+        (best != u32::MAX).then(|| RouteId::from(best as usize))
     }
 
     /// Every route that might take all the requests `m` matches, a superset, in no order:

@@ -45,7 +45,7 @@ proptest! {
     ) {
         let router = Router::new(&routes).unwrap();
         for (method, path, host) in requests {
-            let plain = routes.iter().position(|r| matches(r, &method, path.as_bytes(), host));
+            let plain = routes.iter().position(|r| matches(r, &method, path.as_bytes(), host)).map(RouteId::from);
             prop_assert_eq!(router.find(&method, path.as_bytes(), host), plain, "{} {:?} at {:?}", method, path, host);
         }
     }
@@ -58,7 +58,7 @@ fn hosts_match_exactly_or_by_wildcard_without_port() {
         RouteMatch { host: Some("*.example.com".into()), ..RouteMatch::default() },
     ];
     let router = Router::new(&routes).unwrap();
-    let find = |host| router.find(&Method::GET, b"/", Some(host));
+    let find = |host| router.find(&Method::GET, b"/", Some(host)).map(RouteId::index);
     assert_eq!(find("EXAMPLE.com"), Some(0));
     assert_eq!(find("www.example.com"), Some(1));
     assert_eq!(find("a.b.example.com"), Some(1));
@@ -77,10 +77,10 @@ fn paths_and_methods_narrow_a_route() {
         RouteMatch { path: PathMatch::Exact("/login".into()), ..RouteMatch::default() },
     ];
     let router = Router::new(&routes).unwrap();
-    assert_eq!(router.find(&Method::POST, b"/api/x", None), Some(0));
+    assert_eq!(router.find(&Method::POST, b"/api/x", None), Some(RouteId::from(0)));
     assert_eq!(router.find(&Method::GET, b"/api/x", None), None);
     assert_eq!(router.find(&Method::POST, b"/ap", None), None);
-    assert_eq!(router.find(&Method::GET, b"/login", None), Some(1));
+    assert_eq!(router.find(&Method::GET, b"/login", None), Some(RouteId::from(1)));
     assert_eq!(router.find(&Method::GET, b"/login/x", None), None);
 }
 
@@ -94,8 +94,8 @@ fn a_hundred_thousand_routes_are_found_by_their_own_host_and_prefix() {
         })
         .collect();
     let router = Router::new(&routes).unwrap();
-    assert_eq!(router.find(&Method::GET, b"/r99999/x", None), Some(99_999));
-    assert_eq!(router.find(&Method::GET, b"/r99998/x", Some("h99998.example.com")), Some(99_998));
+    assert_eq!(router.find(&Method::GET, b"/r99999/x", None), Some(RouteId::from(99_999)));
+    assert_eq!(router.find(&Method::GET, b"/r99998/x", Some("h99998.example.com")), Some(RouteId::from(99_998)));
     assert_eq!(router.find(&Method::GET, b"/r99998/x", Some("h2.example.com")), None);
     assert_eq!(router.find(&Method::GET, b"/nowhere", Some("h2.example.com")), None);
 }

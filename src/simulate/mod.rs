@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use crate::config::{self, LoadError};
+use crate::config::{self, LimitId, LoadError};
 pub use format::FormatError;
 use intake::Logs;
 use replay::{Fate, Replay};
@@ -209,7 +209,7 @@ fn decision_line(replay: &Replay, fate: &Fate, log: &str, line: u64, at: u64, n:
 #[derive(Default)]
 struct Compared {
     /// Requests the second refuses and the first did not, by refusing limit and key hash.
-    refused: HashMap<(usize, Option<u64>), u64>,
+    refused: HashMap<(LimitId, Option<u64>), u64>,
     newly_refused: u64,
     newly_admitted: u64,
 }

@@ -14,7 +14,7 @@ const BUCKETS: u64 = 600;
 pub fn draw(path: &Path, replays: &[Replay]) -> Result<(), String> {
     let mut panels = Vec::new();
     for replay in replays {
-        for (i, limit) in replay.config.limits.iter().enumerate() {
+        for (i, limit) in replay.config.limits.iter_enumerated() {
             let tally = &replay.tally.limits[i];
             // Not simulated: the log could not drive it, or no line recorded its key.
             if replay.skipped[i].is_some() || (tally.counts.requests == 0 && tally.not_simulated > 0) {

@@ -15,11 +15,13 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::Duration;
 
+use typed_index_collections::TiVec;
+
 use super::ByKey;
 use super::format::{Carried, Logged};
 use super::tally::Tally;
 use crate::clock::{ManualClock, Nanos};
-use crate::config::{Config, LimitUse, Scope};
+use crate::config::{Config, LimitId, LimitUse, RouteId, Scope};
 use crate::front::{self, FrontError};
 use crate::gate::{Decision, Gate, Pending, Permits};
 use crate::grpc;
@@ -31,13 +33,13 @@ use crate::policy::key::{KeyPart, KeySource};
 
 /// What became of one request.
 pub struct Fate {
-    pub route: Option<usize>,
+    pub route: Option<RouteId>,
     /// `passed`, `delayed`, `rejected`, `banned`, `dry_run_rejected`; or why no limit
     /// saw it: `no_route`, `bad_path`, `invalid_cost`.
     pub outcome: &'static str,
     pub wait: Duration,
     /// The enforced limit that refused it, the status it answers, and the key's hash.
-    pub refused: Option<(usize, u16, Option<u64>)>,
+    pub refused: Option<(LimitId, u16, Option<u64>)>,
     /// The request was a gRPC call (its line has a `grpc_status`): a refusal is answered
     /// with the limit's `grpc_status`.
     pub grpc: bool,
@@ -60,11 +62,11 @@ pub struct Replay {
     /// `keys_secret`), a recorded digest as itself.
     text: KeyText,
     /// Per limit, why this log cannot drive it (`None`: it can).
-    pub skipped: Vec<Option<String>>,
+    pub skipped: TiVec<LimitId, Option<String>>,
     /// Per limit, the key parts that only a line's recorded keys carry (its own key's
     /// and those of the limits its overrides name): a line without one of them cannot
     /// tell how the limit would count its request.
-    per_line: Vec<Box<[KeyPart]>>,
+    per_line: TiVec<LimitId, Box<[KeyPart]>>,
     /// Caveats of this configuration with this log.
     pub notes: Vec<String>,
     /// The host of requests whose log line names none.
@@ -218,13 +220,13 @@ impl Replay {
         fate.outcome = outcome.as_str();
         let results = decision.results();
         for l in limits.iter().map(|u| u.limit) {
-            if !results.iter().any(|r| r.limit.index() == l) && self.gate.limiters().key_hash(l, &src).is_none() {
+            if !results.iter().any(|r| r.limit == l) && self.gate.limiters().key_hash(l, &src).is_none() {
                 self.tally.limits[l].no_key += 1;
             }
         }
         let refused = matches!(decision, Decision::Reject { .. });
         for r in results {
-            let limit = r.limit.index();
+            let limit = r.limit;
             if refused && !r.outcome.is_rejected() {
                 // As the proxy counts decisions: what another limit refused is none of
                 // this one's.
@@ -239,7 +241,7 @@ impl Replay {
         self.tally.routes[index].outcome(outcome);
         match decision {
             Decision::Reject { limit, status, ref results, .. } => {
-                let key = results.iter().find(|r| r.limit.index() == limit).map(|r| r.key.0);
+                let key = results.iter().find(|r| r.limit == limit).map(|r| r.key.0);
                 fate.refused = Some((limit, status.as_u16(), key));
                 self.tally.rejected_at(at);
             }
@@ -293,8 +295,8 @@ fn simulated(
     skipped: &Option<String>,
     per_line: &[KeyPart],
     tally: &mut Tally,
-    l: usize,
-    route: usize,
+    l: LimitId,
+    route: RouteId,
     request: &Logged,
 ) -> bool {
     if skipped.is_some() {

@@ -5,9 +5,11 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use typed_index_collections::TiVec;
+
 use serde::Serialize;
 
-use crate::config::Config;
+use crate::config::{Config, LimitId, RouteId};
 use crate::metrics::RequestOutcome;
 use crate::policy::key::KeyPart;
 
@@ -29,8 +31,8 @@ pub struct RouteTally {
     /// Every wait of a delayed request, ns.
     pub(super) waits: Vec<u64>,
     /// Limits of the route that did not decide some of its requests, as the log could
-    /// not drive them, and how many each: (limit index, requests).
-    pub(super) not_simulated: Vec<(usize, u64)>,
+    /// not drive them, and how many each: (limit, requests).
+    pub(super) not_simulated: Vec<(LimitId, u64)>,
 }
 
 impl RouteTally {
@@ -55,7 +57,7 @@ impl RouteTally {
 
     /// Counts a request that limit `limit` of the route would have decided, had the log
     /// allowed.
-    pub fn not_simulated(&mut self, limit: usize) {
+    pub fn not_simulated(&mut self, limit: LimitId) {
         match self.not_simulated.iter_mut().find(|(l, _)| *l == limit) {
             Some((_, requests)) => *requests += 1,
             None => self.not_simulated.push((limit, 1)),
@@ -146,8 +148,8 @@ impl LimitTally {
 
 /// Everything one configuration's replay counted.
 pub struct Tally {
-    pub routes: Vec<RouteTally>,
-    pub limits: Vec<LimitTally>,
+    pub routes: TiVec<RouteId, RouteTally>,
+    pub limits: TiVec<LimitId, LimitTally>,
     pub no_route: u64,
     pub bad_path: u64,
     /// Requests and rejections per second, over every route.

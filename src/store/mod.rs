@@ -27,9 +27,10 @@ use redis::RedisError;
 use redis::cluster_routing::Slot;
 use smallvec::SmallVec;
 use tracing::warn;
+use typed_index_collections::TiVec;
 
 use crate::clock::{Clock, Nanos};
-use crate::config::{Burst, Config, Scope};
+use crate::config::{Burst, Config, LimitId, Scope};
 use crate::policy::key::KeyHash;
 use breaker::Breaker;
 use connection::Connections;
@@ -57,7 +58,7 @@ pub enum StoreError {
 /// One global limit of a request: its index, the route's own burst and delay on it, and
 /// the Redis key base of the request's key.
 pub struct Call {
-    pub limit: usize,
+    pub limit: LimitId,
     /// `None`: the limit's own.
     pub burst: Option<Burst>,
     pub base: String,
@@ -89,7 +90,7 @@ pub struct RedisTime {
 
 /// A global admission that `settle` may take back.
 pub struct Admission {
-    pub limit: usize,
+    pub limit: LimitId,
     /// The key base.
     pub base: String,
     /// When Redis admitted it.
@@ -117,7 +118,7 @@ impl Admissions {
 pub struct Store {
     connections: Connections,
     /// Per limit, indexed like `Config::limits` (`None`: local).
-    specs: Box<[Option<Spec>]>,
+    specs: TiVec<LimitId, Option<Spec>>,
     prefix: String,
     cluster: bool,
     timeout: Duration,
@@ -184,12 +185,12 @@ impl Store {
         Some(store)
     }
 
-    pub fn is_global(&self, limit: usize) -> bool {
+    pub fn is_global(&self, limit: LimitId) -> bool {
         self.specs[limit].is_some()
     }
 
     /// The Redis key base of `limit` for a request whose key hashes to `hash`.
-    pub fn base(&self, limit: usize, hash: u128) -> String {
+    pub fn base(&self, limit: LimitId, hash: u128) -> String {
         let name = self.specs[limit].as_ref().map_or("", |s| s.name.as_str());
         key_base(&self.prefix, name, hash)
     }
@@ -291,14 +292,14 @@ impl Store {
 
     /// Takes back an admission of `cost` by `limit` for `base` made at Redis time `at`,
     /// in the background.
-    pub fn refund(self: &Arc<Self>, limit: usize, base: String, at: RedisTime, cost: u64) {
+    pub fn refund(self: &Arc<Self>, limit: LimitId, base: String, at: RedisTime, cost: u64) {
         let store = Arc::clone(self);
         tokio::spawn(async move { store.take_back(limit, &base, at, cost).await });
     }
 
     /// Takes back an admission now, waiting at most a few timeouts (a failure leaves it
     /// counted, and is logged).
-    async fn take_back(&self, limit: usize, base: &str, at: RedisTime, cost: u64) {
+    async fn take_back(&self, limit: LimitId, base: &str, at: RedisTime, cost: u64) {
         let mut call = ScriptCall::new(&REFUND);
         call.arg(at.secs).arg(at.micros).arg(cost);
         self.spec(limit).push_refund(base, &mut call);
@@ -310,7 +311,7 @@ impl Store {
         }
     }
 
-    fn spec(&self, limit: usize) -> &Spec {
+    fn spec(&self, limit: LimitId) -> &Spec {
         self.specs[limit].as_ref().expect("only global limits reach the store")
     }
 }

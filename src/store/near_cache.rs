@@ -6,6 +6,9 @@
 //! One bounded table per limit (the local limiters' `KeyTable`): expired entries are
 //! dropped first, then those that expire soonest.
 
+use typed_index_collections::TiVec;
+
+use crate::ids::LimitId;
 use crate::limit::table::KeyTable;
 
 /// A remembered refusal, as instants on the limiter clock (ns).
@@ -21,7 +24,7 @@ pub struct Refusal {
 
 pub struct NearCache {
     /// Per limit (indexed like `Config::limits`; `None` for local limits).
-    tables: Box<[Option<KeyTable<Refusal>>]>,
+    tables: TiVec<LimitId, Option<KeyTable<Refusal>>>,
 }
 
 impl NearCache {
@@ -31,14 +34,14 @@ impl NearCache {
     }
 
     /// The refusal of a one-unit request for `key` of `limit` at `now`, if one is known.
-    pub fn refused(&self, limit: usize, key: u64, now: u64) -> Option<Refusal> {
+    pub fn refused(&self, limit: LimitId, key: u64, now: u64) -> Option<Refusal> {
         let table = self.tables[limit].as_ref()?;
         let refusal = table.lock(key).get(key)?;
         (refusal.until > now).then_some(refusal)
     }
 
     /// Remembers that a one-unit request for `key` of `limit` is refused as `refusal` says.
-    pub fn remember(&self, limit: usize, key: u64, refusal: Refusal, now: u64) {
+    pub fn remember(&self, limit: LimitId, key: u64, refusal: Refusal, now: u64) {
         if let Some(table) = &self.tables[limit] {
             let mut shard = table.lock(key);
             table.put(&mut shard, key, refusal, |r| r.until <= now, |r| r.until);
@@ -53,12 +56,13 @@ mod tests {
     #[test]
     fn remembers_a_refusal_until_it_ends_and_only_for_global_limits() {
         let cache = NearCache::new([true, false].into_iter(), 100);
+        let (a, b) = (LimitId::from(0), LimitId::from(1));
         let refusal = Refusal { until: 1_000, reset: 3_000, window: 1 };
-        cache.remember(0, 7, refusal, 0);
-        cache.remember(1, 7, refusal, 0);
-        assert_eq!(cache.refused(0, 7, 400), Some(refusal));
-        assert_eq!(cache.refused(0, 7, 1_000), None);
-        assert_eq!(cache.refused(0, 8, 400), None);
-        assert_eq!(cache.refused(1, 7, 400), None);
+        cache.remember(a, 7, refusal, 0);
+        cache.remember(b, 7, refusal, 0);
+        assert_eq!(cache.refused(a, 7, 400), Some(refusal));
+        assert_eq!(cache.refused(a, 7, 1_000), None);
+        assert_eq!(cache.refused(a, 8, 400), None);
+        assert_eq!(cache.refused(b, 7, 400), None);
     }
 }

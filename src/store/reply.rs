@@ -11,6 +11,7 @@ use super::near_cache::Refusal;
 use super::script::REPLY_FIELDS;
 use super::{Admission, Call, Lease, RedisTime, Store};
 use crate::clock::Nanos;
+use crate::ids::LimitId;
 use crate::limit::{Outcome, Standing};
 
 /// Calls (indices) that go to Redis in one script call.
@@ -106,7 +107,7 @@ impl Store {
 }
 
 /// A window's reply fields as a standing of `limit`.
-fn standing(limit: usize, window: usize, f: &[u64]) -> Standing {
+fn standing(limit: LimitId, window: usize, f: &[u64]) -> Standing {
     let t = Duration::from_nanos(f[1]);
     let outcome = match (f[0], t.is_zero()) {
         (1, true) => Outcome::Passed,

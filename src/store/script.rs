@@ -11,10 +11,11 @@ use std::sync::{LazyLock, OnceLock};
 
 use redis::{Cmd, RedisWrite, Script, ToRedisArgs};
 use smallvec::SmallVec;
+use typed_index_collections::TiSlice;
 
 use super::RedisTime;
 
-use crate::config::Limit;
+use crate::config::{Limit, LimitId};
 use crate::policy::{Burst, Policy};
 
 /// The algorithm modules, each with the code that names it in the scripts' arguments.
@@ -105,7 +106,7 @@ pub const REPLY_FIELDS: usize = 6;
 /// One global limit of a request as a `DECIDE` call carries it.
 #[derive(Clone, Debug)]
 pub struct Part {
-    pub limit: usize,
+    pub limit: LimitId,
     /// The route's own burst and delay on it (`None`: the limit's own).
     pub burst: Option<Burst>,
     /// The Redis key base of the request's key.
@@ -122,12 +123,12 @@ pub type Parts = SmallVec<[Part; 2]>;
 /// burst it is used with (a route's own burst is another set of parameters on the same
 /// keys).
 pub fn decide_call<'a>(
-    specs: &[Option<Spec>],
+    specs: &TiSlice<LimitId, Option<Spec>>,
     at: Option<RedisTime>,
     requests: impl Iterator<Item = (u64, &'a Parts)> + Clone,
 ) -> (ScriptCall, usize) {
-    let spec = |limit: usize| specs[limit].as_ref().expect("only global limits reach the store");
-    let mut used: SmallVec<[(usize, Option<Burst>); 4]> = SmallVec::new();
+    let spec = |limit: LimitId| specs[limit].as_ref().expect("only global limits reach the store");
+    let mut used: SmallVec<[(LimitId, Option<Burst>); 4]> = SmallVec::new();
     for part in requests.clone().flat_map(|(_, parts)| parts) {
         if !used.contains(&(part.limit, part.burst)) {
             used.push((part.limit, part.burst));

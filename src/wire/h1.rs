@@ -30,9 +30,9 @@ use crate::wire::connection::ClientConn;
 use crate::wire::head::{Known, RequestHead, takes_trailers};
 use crate::wire::http1::body::{CHUNK_END, LAST_CHUNK, chunk_head};
 use crate::wire::http1::parse::{self, Framing, HeadError};
-use crate::wire::http1::server::{Bodiless, Conn, HeadLimits, Read, RequestBody};
+use crate::wire::http1::server::{Bodiless, BodyReader, Conn, HeadLimits, Read};
 use crate::wire::http1::{read_away, write};
-use crate::wire::message::{Fields, Request, Response, ResponseBody, Service, Upgrade};
+use crate::wire::message::{Request, Response, ResponseBody, ResponseFields, Service, Upgrade};
 
 /// How one connection is served.
 #[derive(Clone)]
@@ -259,7 +259,7 @@ enum Exchanged {
 /// One request and its response.
 async fn exchange<I, S>(
     c: &mut Conn<I>,
-    head: parse::RequestHead,
+    head: parse::ParsedHead,
     conn: &ClientConn,
     service: &S,
     send_timeout: Duration,
@@ -278,7 +278,7 @@ where
     };
     let has_body = !matches!(head.framing, Framing::Empty | Framing::Length(0));
     let (response, body_read) = if has_body {
-        let mut body = RequestBody::new(c, &head);
+        let mut body = BodyReader::new(c, &head);
         let request = Request { head: view, framing: head.framing, body: Some(&mut body) };
         let response = service.call(request, conn).await;
         (response, body.is_done())
@@ -356,7 +356,7 @@ enum Written {
 async fn write_response<I: AsyncRead + AsyncWrite + Unpin, B: ResponseBody>(
     c: &mut Conn<I>,
     response: Response<B>,
-    to: &parse::RequestHead,
+    to: &parse::ParsedHead,
     keep_alive: bool,
     send_timeout: Duration,
 ) -> io::Result<Written> {
@@ -377,7 +377,7 @@ async fn write_response<I: AsyncRead + AsyncWrite + Unpin, B: ResponseBody>(
     let mut head = write::buffer();
     let mut writer = write::Head::response(&mut head, status);
     let mut dated = false;
-    let from_server = matches!(response.fields, Fields::Upstream(_));
+    let from_server = matches!(response.fields, ResponseFields::Upstream(_));
     let keep_length = bodiless && from_server;
     response.each_field(keep_length, &mut |name, value| {
         dated |= name.eq_ignore_ascii_case(b"date");

@@ -117,7 +117,7 @@ fn into_hyper<B>(response: Response<B>, method: &Method) -> http::Response<B> {
     let bodiless = *method == Method::HEAD
         || response.status == StatusCode::NO_CONTENT
         || response.status == StatusCode::NOT_MODIFIED;
-    let keep_length = bodiless && matches!(response.fields, message::Fields::Upstream(_));
+    let keep_length = bodiless && matches!(response.fields, message::ResponseFields::Upstream(_));
     let mut headers = HeaderMap::new();
     response.each_field(keep_length, &mut |name, value| {
         if let (Ok(name), Ok(value)) = (HeaderName::from_bytes(name), HeaderValue::from_bytes(value)) {

@@ -43,7 +43,7 @@ pub trait Service: Send + Sync + 'static {
 pub struct Response<B> {
     pub status: StatusCode,
     /// Fields as given where the response was made (a server's, a static route's).
-    pub fields: Fields,
+    pub fields: ResponseFields,
     /// Fields set here, replacing any of the same name in `fields`: the route's
     /// `set_response_headers`, `Retry-After`, the rate-limit fields.
     pub extra: Vec<(HeaderName, FieldValue)>,
@@ -85,7 +85,7 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> UpgradedIo 
 // A server's head is kept inline: boxing it would cost an allocation per response, more
 // than moving it the few times a response moves.
 #[allow(clippy::large_enum_variant)]
-pub enum Fields {
+pub enum ResponseFields {
     /// None but `extra`.
     None,
     Map(HeaderMap),
@@ -187,7 +187,7 @@ impl PartialEq<&str> for FieldValue {
 impl<B: From<Bytes>> Response<B> {
     /// A response made here: `status`, `extra` fields, `body`.
     pub fn made(status: StatusCode, extra: Vec<(HeaderName, FieldValue)>, body: impl Into<Bytes>) -> Self {
-        Response { status, fields: Fields::None, extra, body: B::from(body.into()) }
+        Response { status, fields: ResponseFields::None, extra, body: B::from(body.into()) }
     }
 }
 
@@ -209,18 +209,18 @@ impl<B> Response<B> {
         let replaced: SmallVec<[&[u8]; 4]> = self.extra.iter().map(|(n, _)| n.as_str().as_bytes()).collect();
         let switching = self.status == StatusCode::SWITCHING_PROTOCOLS;
         match &self.fields {
-            Fields::None => {}
-            Fields::Map(map) => {
+            ResponseFields::None => {}
+            ResponseFields::Map(map) => {
                 for (name, value) in map {
                     if !replaced.iter().any(|r| *r == name.as_str().as_bytes()) {
                         emit(name.as_str().as_bytes(), value.as_bytes());
                     }
                 }
             }
-            Fields::Upstream(ServerFields::H1(head)) => {
+            ResponseFields::Upstream(ServerFields::H1(head)) => {
                 crate::wire::head::response_fields(head.fields(), switching, keep_length, &replaced, emit);
             }
-            Fields::Upstream(ServerFields::H2(map)) => {
+            ResponseFields::Upstream(ServerFields::H2(map)) => {
                 crate::wire::head::response_fields(map.into(), switching, keep_length, &replaced, emit);
             }
         }

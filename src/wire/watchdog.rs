@@ -96,10 +96,10 @@ impl Watch {
     }
 
     /// A request arrived; the returned guard, kept with its response, ends it.
-    pub fn request(self: &Arc<Self>) -> InFlight {
+    pub fn request(self: &Arc<Self>) -> OpenRequest {
         self.in_flight.fetch_add(1, Relaxed);
         self.served.store(true, Relaxed);
-        InFlight(Arc::clone(self))
+        OpenRequest(Arc::clone(self))
     }
 
     /// The earliest deadline now in force, and which timeout it is.
@@ -126,9 +126,9 @@ impl Watch {
 }
 
 /// One request in flight on a connection, until its response body is done or dropped.
-pub struct InFlight(Arc<Watch>);
+pub struct OpenRequest(Arc<Watch>);
 
-impl Drop for InFlight {
+impl Drop for OpenRequest {
     fn drop(&mut self) {
         let watch = &self.0;
         watch.body_waiting_since.store(0, Relaxed);
@@ -317,16 +317,16 @@ impl<T: Write + Unpin> Write for WatchedIo<T> {
     }
 }
 
-/// A response body that ends its request's `InFlight` when done, and reports a frame
+/// A response body that ends its request's `OpenRequest` when done, and reports a frame
 /// handed out that the connection does not come back for (the client's flow control
 /// window stays shut).
 pub struct WatchedBody<B> {
     inner: B,
-    in_flight: Option<InFlight>,
+    in_flight: Option<OpenRequest>,
 }
 
 impl<B> WatchedBody<B> {
-    pub fn new(inner: B, in_flight: InFlight) -> Self {
+    pub fn new(inner: B, in_flight: OpenRequest) -> Self {
         WatchedBody { inner, in_flight: Some(in_flight) }
     }
 }

@@ -1,4 +1,5 @@
 use crate::common::*;
+use sluicegate::config::RouteId;
 
 /// Issue 4's acceptance configuration, as written, each limit on its own route.
 const CONFIG: &str = r#"
@@ -53,7 +54,7 @@ fn each_algorithm_says_exactly_when_a_refused_request_would_pass() {
     ] {
         let clock = ManualClock::new(Nanos(1_000_000 * H * 1_000_000_000 + into.as_nanos() as u64));
         let gate = Gate::new(&config, clock.clone().into());
-        let limits = &config.routes[route].limits;
+        let limits = &config.routes[RouteId::from(route)].limits;
         for n in 0..burst {
             assert!(matches!(gate.check(limits, &src, 1), Decision::Pass { .. }), "route {route}: request {n}");
         }

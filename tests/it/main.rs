@@ -7,6 +7,7 @@ mod algorithms;
 mod bench;
 mod bodies;
 mod browser;
+mod build_once;
 mod chromium;
 mod common;
 mod concurrency;

@@ -12,11 +12,13 @@ use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 
 use super::body::{Response, Settling};
 use super::error::ProxyError;
-use crate::config::{Config, Expires, HeaderMode, RejectionBody, StaticResponse};
+use typed_index_collections::TiSlice;
+
+use crate::config::{Config, Expires, HeaderMode, LimitId, RejectionBody, StaticResponse};
 use crate::gate::Decision;
 use crate::grpc::{self, Code};
 use crate::variables;
-use crate::wire::message::{FieldValue, Fields};
+use crate::wire::message::{FieldValue, ResponseFields};
 pub use ratelimit::{Quota, add_ratelimit_headers, quotas};
 
 fn made_here(status: StatusCode, body: impl Into<Bytes>) -> Response {
@@ -31,7 +33,12 @@ pub fn static_response(r: &StaticResponse, vars: &variables::Request<'_>) -> Res
     for (name, value) in &r.made {
         fields.append(name, value.header_value(vars));
     }
-    Response { status: r.status, fields: Fields::Map(fields), extra: vec![], body: Settling::from(r.body.clone()) }
+    Response {
+        status: r.status,
+        fields: ResponseFields::Map(fields),
+        extra: vec![],
+        body: Settling::from(r.body.clone()),
+    }
 }
 
 /// `Expires` and `Cache-Control` for a response of `status` (nginx's `expires`, which
@@ -95,7 +102,12 @@ pub fn rejected(status: StatusCode, retry_after: Duration, body: RejectionBody, 
 /// `Retry-After`, the body `rejection_body` says, and the rate-limit fields of every
 /// limit that decided (`quotas`, by limit); or, when Redis could not decide a global
 /// limit with `on_store_error: deny`, a 503 (gRPC `UNAVAILABLE`) naming no limit.
-pub fn refusal(config: &Config, quotas: &[Box<[Quota]>], decision: &Decision, grpc: bool) -> Option<Response> {
+pub fn refusal(
+    config: &Config,
+    quotas: &TiSlice<LimitId, Box<[Quota]>>,
+    decision: &Decision,
+    grpc: bool,
+) -> Option<Response> {
     let Decision::Reject { limit, status, retry_after, results, standings, store_error } = decision else {
         return None;
     };
@@ -108,7 +120,7 @@ pub fn refusal(config: &Config, quotas: &[Box<[Quota]>], decision: &Decision, gr
     }
     let violated: smallvec::SmallVec<[&str; 2]> = results
         .iter()
-        .map(|r| &config.limits[r.limit.index()])
+        .map(|r| &config.limits[r.limit])
         .zip(results.iter())
         .filter(|(limit, r)| r.outcome.is_rejected() && !limit.dry_run)
         .map(|(limit, _)| limit.name.as_str())

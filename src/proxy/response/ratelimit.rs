@@ -2,9 +2,10 @@
 //! `X-RateLimit-*`) that tell a client where it stands, on any response.
 
 use http::header::{HeaderName, HeaderValue};
+use typed_index_collections::TiSlice;
 
 use super::ceil_secs;
-use crate::config::{HeaderStyle, Limit, Policy};
+use crate::config::{HeaderStyle, Limit, LimitId, Policy};
 use crate::limit::Standing;
 use crate::wire::message::FieldValue;
 
@@ -73,13 +74,13 @@ static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-
 static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 /// Adds the rate-limit fields for `standings` in `style`; `quotas` holds each limit's
-/// quotas (by window) by limit index. The legacy `X-RateLimit-*` fields can describe one limit only:
+/// quotas (by window). The legacy `X-RateLimit-*` fields can describe one limit only:
 /// the one with the fewest requests remaining (then the longest reset); their reset is
 /// in seconds from now, like the draft's `t`.
 pub fn add_ratelimit_headers(
     set: &mut impl FnMut(HeaderName, FieldValue),
     standings: &[Standing],
-    quotas: &[Box<[Quota]>],
+    quotas: &TiSlice<LimitId, Box<[Quota]>>,
     style: HeaderStyle,
 ) {
     // Limits without quotas (dry runs) are not shown.
@@ -133,6 +134,7 @@ mod tests {
     use crate::config::units::parse_rate;
     use crate::limit::Outcome;
     use crate::policy::key::KeySpec;
+    use typed_index_collections::TiVec;
 
     fn limit(name: &str, rate: &str) -> Limit {
         Limit {
@@ -168,10 +170,10 @@ mod tests {
     #[test]
     fn ratelimit_fields_list_every_standing() {
         let limits = [limit("a", "10r/s"), limit("b", "1r/m")];
-        let quotas: Vec<Box<[Quota]>> = limits.iter().map(quotas).collect();
+        let quotas: TiVec<LimitId, Box<[Quota]>> = limits.iter().map(quotas).collect();
         let standings = [
             Standing {
-                limit: 0,
+                limit: LimitId::from(0),
                 window: 0,
                 outcome: Outcome::Passed,
                 remaining: 2,
@@ -180,7 +182,7 @@ mod tests {
                 banned: false,
             },
             Standing {
-                limit: 1,
+                limit: LimitId::from(1),
                 window: 0,
                 outcome: Outcome::Rejected(Duration::from_secs(1)),
                 remaining: 0,

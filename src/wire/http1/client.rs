@@ -54,7 +54,7 @@ pub async fn exchange<I: AsyncRead + AsyncWrite + Unpin, B: BodySource + ?Sized>
     max_head: usize,
 ) -> (Result<(ResponseHead, BytesMut), ExchangeError>, Sent) {
     let mut sent = Sent::default();
-    let mut out = Outgoing { head, written: 0, chunk: None, framing, body, ended: framing == Framing::Empty };
+    let mut out = Sending { head, written: 0, chunk: None, framing, body, ended: framing == Framing::Empty };
     let mut buf = BytesMut::new();
     // An interim head read and not yet taken by the client's side.
     let mut interim: Option<ResponseHead> = None;
@@ -101,7 +101,7 @@ pub async fn exchange<I: AsyncRead + AsyncWrite + Unpin, B: BodySource + ?Sized>
 }
 
 /// The request on its way out: its head, then its body.
-struct Outgoing<'h, 'b, B: ?Sized> {
+struct Sending<'h, 'b, B: ?Sized> {
     head: &'h [u8],
     /// Bytes of `head` written.
     written: usize,
@@ -122,7 +122,7 @@ struct Chunk {
     written: usize,
 }
 
-impl<B: BodySource + ?Sized> Outgoing<'_, '_, B> {
+impl<B: BodySource + ?Sized> Sending<'_, '_, B> {
     /// Writes what can be written now: what is left of the head with the piece of body
     /// at hand, in one vectored write (a small request goes out in one), then the body
     /// as the client sends it.

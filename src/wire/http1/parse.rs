@@ -41,7 +41,7 @@ pub enum Framing {
 }
 
 /// A request head, parsed.
-pub struct RequestHead {
+pub struct ParsedHead {
     bytes: Bytes,
     pub method: Method,
     /// The target in origin form (path and query); for an absolute-form target, its
@@ -114,7 +114,7 @@ struct Framed {
 
 /// Parses the request head at the start of `buf`: `Ok(None)` while it is incomplete,
 /// else its length in bytes and the head (whose bytes the caller then splits off the
-/// buffer and hands to `RequestHead::new`). `max_line` bounds the request line,
+/// buffer and hands to `ParsedHead::new`). `max_line` bounds the request line,
 /// `max_head` the whole head while it is incomplete.
 pub fn request(buf: &[u8], max_line: usize, max_head: usize) -> Result<Option<Parsed>, HeadError> {
     let mut headers = [const { MaybeUninit::uninit() }; MAX_FIELDS];
@@ -182,10 +182,10 @@ pub struct Parsed {
     expect_continue: bool,
 }
 
-impl RequestHead {
+impl ParsedHead {
     /// The head `parsed` from `bytes` (the same bytes, split off the buffer).
     pub fn new(bytes: Bytes, parsed: Parsed) -> Self {
-        RequestHead {
+        ParsedHead {
             bytes,
             method: parsed.method,
             target: parsed.target,
@@ -342,7 +342,7 @@ fn target(path: &[u8], method: &Method, head: &[u8]) -> Result<(Span, Option<Spa
         return Err(HeadError::Malformed("an absolute URI with a query but no path"));
     }
     // `http://host` stands for the path `/`: an empty target is read as `/` (see
-    // `RequestHead::target`).
+    // `ParsedHead::target`).
     Ok((Span::of(origin, head), Some(Span::of(authority, head))))
 }
 
@@ -441,7 +441,7 @@ mod tests {
             Ok(None) => panic!("incomplete: {bytes:?}"),
             Ok(Some(parsed)) => {
                 let len = parsed.len;
-                Ok(RequestHead::new(Bytes::copy_from_slice(&bytes.as_bytes()[..len]), parsed).target().to_owned())
+                Ok(ParsedHead::new(Bytes::copy_from_slice(&bytes.as_bytes()[..len]), parsed).target().to_owned())
             }
         }
     }

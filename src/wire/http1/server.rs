@@ -1,6 +1,6 @@
 //! A client's HTTP/1 connection: its requests read one after another (pipelined ones
 //! wait in the buffer, answered in order), the body of each read as its framing
-//! delimits it (`RequestBody`, which sends `100 Continue` when the client waits for it),
+//! delimits it (`BodyReader`, which sends `100 Continue` when the client waits for it),
 //! and what a response needs written. `crate::server` runs the loop over these.
 //!
 //! Between requests the connection holds no buffer: `buf` is empty and unallocated, and
@@ -18,7 +18,7 @@ use std::sync::Mutex;
 use http::{StatusCode, Version};
 
 use super::body::{Decoder, Step};
-use super::parse::{self, HeadError, RequestHead, ResponseHead};
+use super::parse::{self, HeadError, ParsedHead, ResponseHead};
 use super::{BodyError, BodySource, read_into, write, write_parts};
 
 /// The preface an HTTP/2 client with prior knowledge opens with (RFC 9113 §3.4).
@@ -33,7 +33,7 @@ pub struct Conn<I> {
 
 /// What reading a head found.
 pub enum Read {
-    Head(RequestHead),
+    Head(ParsedHead),
     /// The HTTP/2 preface: the connection speaks HTTP/2 (its bytes are still in `buf`).
     H2,
     /// The client closed the connection between requests.
@@ -86,7 +86,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Conn<I> {
                                 true => std::mem::take(&mut self.buf).freeze(),
                                 false => self.buf.split_to(parsed.len).freeze(),
                             };
-                            return Poll::Ready(Ok(Ok(Read::Head(RequestHead::new(bytes, parsed)))));
+                            return Poll::Ready(Ok(Ok(Read::Head(ParsedHead::new(bytes, parsed)))));
                         }
                         Ok(None) => {}
                     }
@@ -136,7 +136,7 @@ struct InterimFor {
 }
 
 impl InterimFor {
-    fn of(head: &RequestHead) -> Self {
+    fn of(head: &ParsedHead) -> Self {
         InterimFor { version: head.version, expect_continue: head.expect_continue }
     }
 
@@ -159,7 +159,7 @@ const MAX_INTERIM_QUEUED: usize = 16 * 1024;
 
 impl<'q> Bodiless<'q> {
     /// For a request with `head`, its interim responses queued in `queue`.
-    pub fn new(head: &RequestHead, queue: &'q Mutex<Vec<u8>>) -> Self {
+    pub fn new(head: &ParsedHead, queue: &'q Mutex<Vec<u8>>) -> Self {
         Bodiless { to: InterimFor::of(head), queue }
     }
 }
@@ -182,7 +182,7 @@ impl BodySource for Bodiless<'_> {
 
 /// The body of the request being served, read from its connection as its framing
 /// delimits it.
-pub struct RequestBody<'c, I> {
+pub struct BodyReader<'c, I> {
     conn: &'c mut Conn<I>,
     decoder: Decoder,
     /// `100 Continue` is owed before the first read (bytes of it written so far).
@@ -195,17 +195,11 @@ pub struct RequestBody<'c, I> {
 
 const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
-impl<'c, I: AsyncRead + AsyncWrite + Unpin + Send> RequestBody<'c, I> {
-    pub fn new(conn: &'c mut Conn<I>, head: &RequestHead) -> Self {
+impl<'c, I: AsyncRead + AsyncWrite + Unpin + Send> BodyReader<'c, I> {
+    pub fn new(conn: &'c mut Conn<I>, head: &ParsedHead) -> Self {
         // A client that sent body bytes already is not waiting for leave to.
         let continue_owed = (head.expect_continue && conn.buf.is_empty()).then_some(0);
-        RequestBody {
-            conn,
-            decoder: Decoder::new(head.framing),
-            continue_owed,
-            to: InterimFor::of(head),
-            interim: None,
-        }
+        BodyReader { conn, decoder: Decoder::new(head.framing), continue_owed, to: InterimFor::of(head), interim: None }
     }
 
     /// The whole body has been read.
@@ -224,7 +218,7 @@ impl<'c, I: AsyncRead + AsyncWrite + Unpin + Send> RequestBody<'c, I> {
     }
 }
 
-impl<I: AsyncRead + AsyncWrite + Unpin + Send> BodySource for RequestBody<'_, I> {
+impl<I: AsyncRead + AsyncWrite + Unpin + Send> BodySource for BodyReader<'_, I> {
     fn trailers(&mut self) -> Option<http::HeaderMap> {
         self.decoder.take_trailers()
     }

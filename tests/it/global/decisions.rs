@@ -2,6 +2,12 @@
 //! every instance and every request that waits for Redis together.
 
 use super::*;
+use sluicegate::config::{LimitId, RouteId};
+
+/// Limit `i` of the configuration.
+fn id(i: usize) -> LimitId {
+    LimitId::from(i)
+}
 
 /// The policies compared, each with periods long enough that the keys' TTLs (in Redis's
 /// real time) outlast the replay (in schedule time).
@@ -65,11 +71,15 @@ async fn local_and_redis_decide_every_schedule_alike() {
         for &cost in costs {
             let client = Ipv4Addr::new(10, 0, i as u8, cost as u8);
             let src = KeySource::get(IpAddr::V4(client), "/", &headers);
-            let call =
-                || Call { limit: i, burst: None, base: store.base(i, u128::from(client.to_bits())), near: KeyHash(0) };
+            let call = || Call {
+                limit: id(i),
+                burst: None,
+                base: store.base(id(i), u128::from(client.to_bits())),
+                near: KeyHash(0),
+            };
             for (n, (s, us)) in schedule(i as u64 * 31 + cost, 150).into_iter().enumerate() {
                 clock.set(Nanos(s * 1_000_000_000 + us * 1000));
-                let local = match gate.check(&[LimitUse::plain(i)], &src, cost) {
+                let local = match gate.check(&[LimitUse::plain(id(i))], &src, cost) {
                     Decision::Pass { standings, .. } | Decision::Reject { standings, .. } => outcomes(&standings),
                 };
                 let global = store.decide(&[call()], cost, Some(RedisTime { secs: s, micros: us })).await.unwrap();
@@ -95,7 +105,8 @@ async fn redis_answers_the_leaky_bucket_schedules_as_worked_out_by_hand() {
     let store = Arc::clone(gate.store().unwrap());
     for (i, case) in CASES.iter().enumerate() {
         for (n, step) in case.steps.iter().enumerate() {
-            let call = Call { limit: i, burst: None, base: store.base(i, u128::from(step.key)), near: KeyHash(0) };
+            let call =
+                Call { limit: id(i), burst: None, base: store.base(id(i), u128::from(step.key)), near: KeyHash(0) };
             let at = RedisTime { secs: 1_700_000_000 + step.at, micros: 0 };
             let verdicts = store.decide(&[call], step.cost, Some(at)).await.unwrap();
             let s = verdicts.standings[0];
@@ -374,16 +385,16 @@ routes:
         let client = Ipv4Addr::new(10, 9, 0, cost as u8);
         let src = KeySource::get(IpAddr::V4(client), "/", &headers);
         for (n, (s, us)) in schedule(77 + cost, 200).into_iter().enumerate() {
-            let route = &config.routes[n % 3];
+            let route = &config.routes[RouteId::from(n % 3)];
             let used = route.limits[0];
             clock.set(Nanos(s * 1_000_000_000 + us * 1000));
             let local = match gate.check(&route.limits, &src, cost) {
                 Decision::Pass { standings, .. } | Decision::Reject { standings, .. } => outcomes(&standings),
             };
             let call = Call {
-                limit: 0,
+                limit: id(0),
                 burst: used.burst,
-                base: store.base(0, u128::from(client.to_bits())),
+                base: store.base(id(0), u128::from(client.to_bits())),
                 near: KeyHash(0),
             };
             let global = store.decide(&[call], cost, Some(RedisTime { secs: s, micros: us })).await.unwrap();
