@@ -605,7 +605,7 @@ fn long_values_in_errors_are_cut_short() {
     let cut = format!("{}…", "k".repeat(60));
     assert!(
         stderr.starts_with(&format!(
-            "FILE:3:29: limits.a.{cut}: unknown field `{cut}`; the 31 fields of `limits.NAME` are listed in README's configuration reference\n"
+            "FILE:3:29: limits.a.{cut}: unknown field `{cut}`; the 32 fields of `limits.NAME` are listed in README's configuration reference\n"
         )),
         "{stderr}"
     );
