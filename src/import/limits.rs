@@ -309,8 +309,10 @@ fn limit_req(d: &Directive, scope: &Scope<'_>) -> Result<(String, Setting, Burst
             return Err(format!("unknown parameter {arg:?}"));
         }
     }
-    // No request ever waits when `delay` reaches `burst`: that is `nodelay`.
-    let delay = delay.filter(|&n| n < burst || burst == 0).map(|n| n.min(burst));
+    // No request ever waits when `delay` reaches `burst`: that is `nodelay`. Without a
+    // burst none can wait either way: one form (the default's) for both, so that lines
+    // that differ only there share the limit's own entry.
+    let delay = if burst == 0 { Some(0) } else { delay.filter(|&n| n < burst) };
     let zone = zone.ok_or("expected zone=NAME")?;
     Ok((zone, Setting { concurrency: 0, status, log_level, dry_run }, Burst { burst, delay }))
 }

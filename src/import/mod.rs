@@ -345,6 +345,20 @@ mod tests {
         );
     }
 
+    /// Without a burst, `nodelay` changes nothing: lines that differ only there use the
+    /// limit as it is, with no entry of their own.
+    #[test]
+    fn lines_without_a_burst_share_the_limit_whether_or_not_they_say_nodelay() {
+        let (yaml, _) = import(
+            "http { limit_req_zone $binary_remote_addr zone=one:1m rate=1r/s;\n\
+             server { location /x/ { limit_req zone=one; proxy_pass http://b:1; }\n\
+             location /y/ { limit_req zone=one nodelay; proxy_pass http://b:1; } } }",
+        );
+        assert_eq!(yaml["routes"][0]["limits"], serde_json::json!(["one"]));
+        assert_eq!(yaml["routes"][1]["limits"], serde_json::json!(["one"]));
+        assert_eq!(yaml["limits"]["one"].get("nodelay"), None);
+    }
+
     #[test]
     fn a_zone_used_with_two_statuses_becomes_two_limits_with_a_note() {
         let (yaml, left_out) = import(
