@@ -345,6 +345,20 @@ mod tests {
         );
     }
 
+    /// `underscores_in_headers on` keeps such fields, as the server's setting does; `off`
+    /// (nginx's default) is sluicegate's own.
+    #[test]
+    fn underscores_in_headers_on_keeps_such_fields() {
+        let conf = |flag| {
+            format!("http {{ underscores_in_headers {flag}; server {{ location / {{ proxy_pass http://b:1; }} }} }}")
+        };
+        let (on, left_out) = import(&conf("on"));
+        assert_eq!(on["server"]["underscores_in_headers"], true);
+        assert!(left_out.is_empty(), "{left_out:?}");
+        let (off, _) = import(&conf("off"));
+        assert_eq!(off["server"].get("underscores_in_headers"), None);
+    }
+
     /// Without a burst, `nodelay` changes nothing: lines that differ only there use the
     /// limit as it is, with no entry of their own.
     #[test]

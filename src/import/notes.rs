@@ -154,7 +154,6 @@ pub fn needs_no_counterpart(name: &str) -> bool {
         "http2_chunk_size",
         "http2_recv_buffer_size",
         "http2_idle_timeout",
-        "underscores_in_headers",
         "ignore_invalid_headers",
         "server_name_in_redirect",
         "port_in_redirect",

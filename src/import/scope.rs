@@ -36,6 +36,7 @@ const INHERITED: &[&str] = &[
     "keepalive_timeout",
     "send_timeout",
     "large_client_header_buffers",
+    "underscores_in_headers",
     "set_real_ip_from",
     "real_ip_header",
     "real_ip_recursive",

@@ -74,6 +74,10 @@ pub fn section(main: &[Directive], servers: &[Server<'_>], chosen: usize, notes:
             }
         }
     }
+    // `off`, nginx's default, is sluicegate's: such fields are dropped.
+    if let Some(d) = agreed(servers, chosen, "underscores_in_headers", notes).filter(|d| d.args == ["on"]) {
+        m.set("underscores_in_headers", Item::bool(true).commented([format!("{}: {}", d.at, d.text())]));
+    }
     let body = servers.get(chosen).map_or(Ok(NGINX_MAX_BODY), |s| max_body(&s.scope));
     let max_body = match body {
         Ok(0) => None,

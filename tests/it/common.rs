@@ -853,3 +853,22 @@ impl Conf {
         Sluicegate::start(&self.yaml())
     }
 }
+
+/// Sends `POST PATH` with `Expect: 100-continue` and a five-byte body (`hello`) only once
+/// `100 Continue` came, as a client that waits does; returns the rest of the answer,
+/// read until the connection closes.
+pub async fn post_after_100_continue(addr: SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut interim = [0u8; 25];
+    tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut interim)).await.unwrap().unwrap();
+    assert_eq!(&interim, b"HTTP/1.1 100 Continue\r\n\r\n");
+    stream.write_all(b"hello").await.unwrap();
+    let mut rest = String::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut rest)).await.unwrap().unwrap();
+    rest
+}

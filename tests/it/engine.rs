@@ -74,19 +74,7 @@ async fn a_client_that_asked_for_100_continue_gets_ours_not_the_upstreams_as_wel
     })
     .await;
     let sg = proxy_to(backend.addr, "");
-    let mut stream = TcpStream::connect(sg.addr).await.unwrap();
-    stream
-        .write_all(
-            b"POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n",
-        )
-        .await
-        .unwrap();
-    let mut interim = [0u8; 25];
-    tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut interim)).await.unwrap().unwrap();
-    assert_eq!(&interim, b"HTTP/1.1 100 Continue\r\n\r\n");
-    stream.write_all(b"hello").await.unwrap();
-    let mut rest = String::new();
-    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut rest)).await.unwrap().unwrap();
+    let rest = post_after_100_continue(sg.addr, "/a").await;
     assert_eq!(status_lines(&rest), ["HTTP/1.1 103 Early Hints", "HTTP/1.1 200 OK"], "{rest}");
 }
 

@@ -5,10 +5,6 @@
 //! whatever it sees is what a real server behind sluicegate would act on.
 
 use std::net::SocketAddr;
-use std::time::Duration;
-
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 use crate::common::*;
 
@@ -306,19 +302,7 @@ routes:
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
     assert!(!answer.contains("100 Continue"), "{answer}");
     // Forwarded: the client is told to go on, then answered.
-    let mut stream = TcpStream::connect(sg.addr).await.unwrap();
-    stream
-        .write_all(
-            b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n",
-        )
-        .await
-        .unwrap();
-    let mut interim = [0u8; 25];
-    tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut interim)).await.unwrap().unwrap();
-    assert_eq!(&interim, b"HTTP/1.1 100 Continue\r\n\r\n");
-    stream.write_all(b"hello").await.unwrap();
-    let mut rest = String::new();
-    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut rest)).await.unwrap().unwrap();
+    let rest = post_after_100_continue(sg.addr, "/echo").await;
     assert!(rest.starts_with("HTTP/1.1 200") && rest.ends_with("hello"), "{rest}");
     let seen = &backend.hits()[0].headers;
     assert!(seen.get("expect").is_none(), "the expectation was met at this hop");
