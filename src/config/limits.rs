@@ -2,13 +2,16 @@
 //! windows, bans, allow-list, counted statuses and overrides, every error positioned.
 
 use std::collections::BTreeMap;
+use std::str::FromStr;
 use std::time::Duration;
+
+use http::{HeaderName, HeaderValue};
 
 use super::checks::{Errors, allow, check_name, key_parts, positive_duration, status_in, unknown_name};
 use super::raw::{AlgorithmName, RawLimit};
 use super::store::scope;
 use super::units::parse_rate;
-use super::{Ban, Limit, LimitId, LogLevel, Policy, Rate};
+use super::{Ban, BodyPiece, Limit, LimitId, LimitResponse, LogLevel, Policy, Rate};
 use crate::grpc::Code;
 use crate::policy::allow::Allow;
 use crate::policy::key::{DEFAULT_IP_PREFIX, KeyPart, KeySpec};
@@ -27,7 +30,12 @@ pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeM
     let parts = key_parts(e, &format!("{at}.key"), &raw.key);
     let parts = ip_prefix(e, &at, raw, parts);
     let policy = policy(e, &at, raw);
-    let status = status_in(e, || format!("{at}.status"), raw.status.unwrap_or(429), 400..=599);
+    let own_status = raw.response.as_ref().and_then(|r| r.status);
+    if own_status.is_some() && raw.status.is_some() {
+        e.add(format!("{at}.response.status"), "give the refusal's status once: `status` or `response.status`");
+    }
+    let status_at = if own_status.is_some() { "response.status" } else { "status" };
+    let status = status_in(e, || format!("{at}.{status_at}"), own_status.or(raw.status).unwrap_or(429), 400..=599);
     if raw.max_keys == Some(0) {
         e.add(format!("{at}.max_keys"), "must be a positive integer");
     }
@@ -61,7 +69,95 @@ pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeM
         overrides: overrides(e, &at, name, raw, all),
         scope,
         on_missing_key: raw.on_missing_key.unwrap_or_default(),
+        response: response(e, &at, raw, status),
     }
+}
+
+/// A refusal body's largest size.
+const MAX_RESPONSE_BODY: usize = 64 * 1024;
+
+/// Fields a limit's refusal may not set: sluicegate frames the response and writes its
+/// `Retry-After` and rate-limit fields itself; `content_type` says the content type.
+const SET_HERE: &[&str] = &[
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "content-type",
+    "retry-after",
+    "ratelimit",
+    "ratelimit-policy",
+    "ratelimit-limit",
+    "ratelimit-remaining",
+    "ratelimit-reset",
+    "x-ratelimit-limit",
+    "x-ratelimit-remaining",
+    "x-ratelimit-reset",
+];
+
+/// `response:`, the limit's own refusal: its body (by default the status's reason, as
+/// `rejection_body: text` writes it) with `{limit}` and `{retry_after}` written in, its
+/// content type (default `text/plain; charset=utf-8`) and extra fields.
+fn response(e: &mut Errors<'_>, at: &str, raw: &RawLimit, status: http::StatusCode) -> Option<LimitResponse> {
+    let raw = raw.response.as_ref()?;
+    let at = format!("{at}.response");
+    let body = match &raw.body {
+        Some(body) if body.len() > MAX_RESPONSE_BODY => {
+            e.add(
+                format!("{at}.body"),
+                format!("{} bytes, more than the {MAX_RESPONSE_BODY} a refusal may have", body.len()),
+            );
+            Vec::new()
+        }
+        Some(body) => body_pieces(body),
+        None => vec![BodyPiece::Text(format!("{}\n", status.canonical_reason().unwrap_or("Rejected")))],
+    };
+    let content_type = raw.content_type.as_deref().unwrap_or("text/plain; charset=utf-8");
+    let content_type = e
+        .check(
+            || format!("{at}.content_type"),
+            HeaderValue::from_str(content_type).map_err(|_| format!("{content_type:?} is no valid field value")),
+        )
+        .unwrap_or(HeaderValue::from_static("text/plain"));
+    let mut headers = Vec::new();
+    for (name, value) in &raw.headers {
+        let here = format!("{at}.headers.{name}");
+        let Ok(parsed) = HeaderName::from_str(name) else {
+            e.add(here, format!("invalid header name {name:?}"));
+            continue;
+        };
+        if SET_HERE.contains(&parsed.as_str()) {
+            e.add(here, "sluicegate writes this field of a refusal itself (the content type: `content_type`)");
+            continue;
+        }
+        match HeaderValue::from_str(value) {
+            Ok(value) => headers.push((parsed, value)),
+            Err(_) => e.add(here, format!("{value:?} is no valid field value")),
+        }
+    }
+    Some(LimitResponse { body, content_type, headers })
+}
+
+/// `body` in pieces: `{limit}` and `{retry_after}` where they are written, the rest as
+/// text (any other brace is text: a JSON body keeps its own).
+fn body_pieces(body: &str) -> Vec<BodyPiece> {
+    let mut pieces = Vec::new();
+    let mut rest = body;
+    while !rest.is_empty() {
+        let next = [("{limit}", BodyPiece::Limit), ("{retry_after}", BodyPiece::RetryAfter)]
+            .into_iter()
+            .filter_map(|(mark, piece)| rest.find(mark).map(|at| (at, mark.len(), piece)))
+            .min_by_key(|&(at, _, _)| at);
+        let Some((at, len, piece)) = next else {
+            pieces.push(BodyPiece::Text(rest.to_owned()));
+            break;
+        };
+        if at > 0 {
+            pieces.push(BodyPiece::Text(rest[..at].to_owned()));
+        }
+        pieces.push(piece);
+        rest = &rest[at + len..];
+    }
+    pieces
 }
 
 /// The gRPC status of the limit's rejections of gRPC calls: a code's name

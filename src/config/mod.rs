@@ -284,6 +284,27 @@ pub struct Limit {
     pub scope: Scope,
     /// What it does with a request that lacks its key.
     pub on_missing_key: OnMissingKey,
+    /// Its own refusal (`response:`; `None`: `rejection_body`'s).
+    pub response: Option<LimitResponse>,
+}
+
+/// A limit's own refusal: its body (written with the limit's name and `Retry-After`),
+/// content type and extra fields; its status is the limit's `status`.
+#[derive(Debug, Clone)]
+pub struct LimitResponse {
+    pub body: Vec<BodyPiece>,
+    pub content_type: HeaderValue,
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+/// A piece of a limit's refusal body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BodyPiece {
+    Text(String),
+    /// `{limit}`: the limit's name.
+    Limit,
+    /// `{retry_after}`: the seconds of `Retry-After`.
+    RetryAfter,
 }
 
 impl Limit {

@@ -311,6 +311,18 @@ pub struct RawLimit {
     pub on_store_error: Option<OnStoreError>,
     pub instances: Option<u64>,
     pub on_missing_key: Option<OnMissingKey>,
+    pub response: Option<RawLimitResponse>,
+}
+
+/// `limits.NAME.response`: the limit's own refusal.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct RawLimitResponse {
+    pub status: Option<u16>,
+    pub body: Option<String>,
+    pub content_type: Option<String>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
 }
 
 /// Where a limit keeps its state: in this process, or in Redis, shared by every instance.

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::{Action, Balance, Config, Limit, LogKeys, Route, Scope, Upstream};
+use super::{Action, Balance, BodyPiece, Config, Limit, LogKeys, Route, Scope, Upstream};
 use crate::policy::{Burst, Policy, Rate};
 use crate::router::PathMatch;
 
@@ -127,6 +127,18 @@ pub struct LimitWords<'a> {
     pub dry_run: bool,
     pub ban: Option<String>,
     pub max_keys: usize,
+    /// Its own refusal, if it gives one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub response: Option<ResponseWords>,
+}
+
+/// `response:` of a limit: its body as written (with `{limit}` and `{retry_after}`), its
+/// content type and fields.
+#[derive(Serialize)]
+pub struct ResponseWords {
+    pub body: String,
+    pub content_type: String,
+    pub headers: std::collections::BTreeMap<String, String>,
 }
 
 /// One window of a limit, in the words of its algorithm.
@@ -265,6 +277,19 @@ impl<'a> LimitWords<'a> {
             dry_run: limit.dry_run,
             ban: limit.ban.map(|b| span(b.base)),
             max_keys: limit.max_keys,
+            response: limit.response.as_ref().map(|r| ResponseWords {
+                body: (r.body.iter())
+                    .map(|piece| match piece {
+                        BodyPiece::Text(text) => text.as_str(),
+                        BodyPiece::Limit => "{limit}",
+                        BodyPiece::RetryAfter => "{retry_after}",
+                    })
+                    .collect(),
+                content_type: String::from_utf8_lossy(r.content_type.as_bytes()).into_owned(),
+                headers: (r.headers.iter())
+                    .map(|(n, v)| (n.to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+                    .collect(),
+            }),
         }
     }
 }

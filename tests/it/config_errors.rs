@@ -605,7 +605,7 @@ fn long_values_in_errors_are_cut_short() {
     let cut = format!("{}…", "k".repeat(60));
     assert!(
         stderr.starts_with(&format!(
-            "FILE:3:29: limits.a.{cut}: unknown field `{cut}`; the 32 fields of `limits.NAME` are listed in README's configuration reference\n"
+            "FILE:3:29: limits.a.{cut}: unknown field `{cut}`; the 33 fields of `limits.NAME` are listed in README's configuration reference\n"
         )),
         "{stderr}"
     );
@@ -1110,4 +1110,32 @@ FILE:23:11: routes[5].cost: 4 can never fit limit \"perip\" (routes[5].limits[0]
 FILE: configuration is invalid
 "
     );
+}
+
+/// A limit's own refusal may not set what sluicegate writes itself, and gives its status
+/// once; each error at its field.
+#[test]
+fn a_limits_own_response_is_checked_field_by_field() {
+    let base = "listen: 127.0.0.1:0\nlimits:\n  a:\n    key: ip\n    rate: 1r/s\n";
+    for (extra, error) in [
+        (
+            "    response: { headers: { retry-after: '5' } }\n",
+            "limits.a.response.headers.retry-after: sluicegate writes this field of a refusal itself",
+        ),
+        (
+            "    status: 429\n    response: { status: 503 }\n",
+            "limits.a.response.status: give the refusal's status once",
+        ),
+        ("    response: { status: 200 }\n", "limits.a.response.status: must be a status from 400 to 599, not 200"),
+        ("    response: { content_type: \"a\\u0001b\" }\n", "limits.a.response.content_type: "),
+    ] {
+        let (ok, stderr) = check(&format!("{base}{extra}"));
+        assert!(!ok, "{extra}");
+        assert!(stderr.starts_with("FILE:6:") || stderr.starts_with("FILE:7:"), "{extra}: {stderr}");
+        assert!(stderr.contains(error), "{extra}: {stderr}");
+    }
+    let (ok, stderr) = check(&format!(
+        "{base}    response: {{ body: 'limit {{limit}}, {{retry_after}} s', headers: {{ x-a: b }} }}\n"
+    ));
+    assert!(ok, "{stderr}");
 }

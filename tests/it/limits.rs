@@ -553,3 +553,43 @@ async fn a_dry_run_limit_is_never_advertised_to_clients() {
     assert!(r.header("ratelimit").unwrap().starts_with("\"real\";r=8;t="), "{:?}", r.header("ratelimit"));
     assert_eq!((r.header("x-ratelimit-limit"), r.header("x-ratelimit-remaining")), (Some("1"), Some("8")));
 }
+
+/// A limit's own refusal: its status, its body with the limit's name and `Retry-After`
+/// written in (a JSON body keeps its other braces), its content type and fields; the
+/// `Retry-After` and rate-limit fields as every refusal has them.
+#[tokio::test]
+async fn a_limit_answers_its_refusals_with_its_own_response() {
+    let yaml = r#"
+listen: 127.0.0.1:0
+limits:
+  api:
+    key: ip
+    rate: 1r/m
+    response:
+      status: 503
+      body: '{"error": "slow down", "limit": "{limit}", "retry_in": {retry_after}}'
+      content_type: application/json
+      headers: { x-limited-by: edge }
+  plain: { key: ip, rate: 1r/m }
+routes:
+  - match: { path: /api }
+    respond: { status: 200 }
+    limits: [api]
+  - respond: { status: 200 }
+    limits: [plain]
+"#;
+    let sg = Sluicegate::start(yaml);
+    assert_eq!(get(sg.addr, "/api", &[]).await.status, 200);
+    let refused = get(sg.addr, "/api", &[]).await;
+    assert_eq!(refused.status, 503);
+    assert_eq!(refused.header("content-type"), Some("application/json"));
+    assert_eq!(refused.header("x-limited-by"), Some("edge"));
+    let retry = refused.header("retry-after").unwrap().to_owned();
+    assert_eq!(refused.text(), format!(r#"{{"error": "slow down", "limit": "api", "retry_in": {retry}}}"#));
+    assert!(refused.header("ratelimit-policy").is_some(), "the rate-limit fields too");
+    // A limit without one answers as `rejection_body` says.
+    assert_eq!(get(sg.addr, "/other", &[]).await.status, 200);
+    let other = get(sg.addr, "/other", &[]).await;
+    assert_eq!((other.status, other.text().as_str()), (429, "Too Many Requests\n"));
+    assert_eq!(other.header("x-limited-by"), None);
+}

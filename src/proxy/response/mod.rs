@@ -14,7 +14,7 @@ use super::body::{Response, Settling};
 use super::error::ProxyError;
 use typed_index_collections::TiSlice;
 
-use crate::config::{Config, Expires, HeaderMode, LimitId, RejectionBody, StaticResponse};
+use crate::config::{BodyPiece, Config, Expires, HeaderMode, LimitId, LimitResponse, RejectionBody, StaticResponse};
 use crate::gate::Decision;
 use crate::grpc::{self, Code};
 use crate::variables;
@@ -97,6 +97,27 @@ pub fn rejected(status: StatusCode, retry_after: Duration, body: RejectionBody, 
     response
 }
 
+/// The refusal a limit gives of its own (`response:`): `status`, its body with the limit's
+/// `name` and the seconds of `Retry-After` written in, its content type and fields.
+fn own_refusal(own: &LimitResponse, name: &str, status: StatusCode, retry_after: Duration) -> Response {
+    let seconds = ceil_secs(retry_after).max(1);
+    let mut body = String::new();
+    for piece in &own.body {
+        match piece {
+            BodyPiece::Text(text) => body.push_str(text),
+            BodyPiece::Limit => body.push_str(name),
+            BodyPiece::RetryAfter => body.push_str(itoa::Buffer::new().format(seconds)),
+        }
+    }
+    let mut response = made_here(status, body);
+    response.set(CONTENT_TYPE, own.content_type.clone());
+    for (field, value) in &own.headers {
+        response.set(field.clone(), value.clone());
+    }
+    response.set(RETRY_AFTER, FieldValue::number(seconds));
+    response
+}
+
 /// The answer to a request its limits refused (`None`: `decision` passed it), as the
 /// client gets it, a gRPC call's as a gRPC response: the rejecting limit's status with
 /// `Retry-After`, the body `rejection_body` says, and the rate-limit fields of every
@@ -125,7 +146,11 @@ pub fn refusal(
         .filter(|(limit, r)| r.outcome.is_rejected() && !limit.dry_run)
         .map(|(limit, _)| limit.name.as_str())
         .collect();
-    let mut response = rejected(*status, *retry_after, config.rejection_body, &violated);
+    let refusing = &config.limits[*limit];
+    let mut response = match &refusing.response {
+        Some(own) => own_refusal(own, &refusing.name, *status, *retry_after),
+        None => rejected(*status, *retry_after, config.rejection_body, &violated),
+    };
     if config.ratelimit_headers != HeaderMode::None {
         add_ratelimit_headers(
             &mut |name, value| response.set(name, value),
