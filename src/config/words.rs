@@ -127,6 +127,10 @@ pub struct LimitWords<'a> {
     pub dry_run: bool,
     pub ban: Option<String>,
     pub max_keys: usize,
+    /// The status of its refusals, and a refused gRPC call's `grpc-status`.
+    pub status: u16,
+    pub grpc_status: &'static str,
+    pub on_missing_key: crate::policy::OnMissingKey,
     /// Its own refusal, if it gives one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub response: Option<ResponseWords>,
@@ -277,6 +281,9 @@ impl<'a> LimitWords<'a> {
             dry_run: limit.dry_run,
             ban: limit.ban.map(|b| span(b.base)),
             max_keys: limit.max_keys,
+            status: limit.status.as_u16(),
+            grpc_status: limit.grpc_status.name(),
+            on_missing_key: limit.on_missing_key,
             response: limit.response.as_ref().map(|r| ResponseWords {
                 body: (r.body.iter())
                     .map(|piece| match piece {

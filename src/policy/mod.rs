@@ -10,7 +10,7 @@ use std::fmt;
 use std::time::Duration;
 
 use schemars::JsonSchema;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::ids::LimitId;
 
@@ -89,7 +89,7 @@ impl fmt::Display for Rate {
 }
 
 /// What a limit does with a request that lacks its key (every part of it).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum OnMissingKey {
     /// Not counted, as nginx does with an empty key.

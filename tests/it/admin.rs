@@ -256,6 +256,11 @@ async fn the_config_is_shown_in_its_own_words_and_a_key_lookup_says_what_it_need
     );
     let limit = json["limits"].as_array().unwrap().iter().find(|l| l["name"] == "per_user").unwrap();
     assert_eq!(limit["windows"], serde_json::json!([{ "rate": "10r/s", "burst": 2, "nodelay": true }]), "{limit}");
+    let refusal = (&limit["status"], &limit["grpc_status"], &limit["on_missing_key"]);
+    assert_eq!(
+        refusal,
+        (&serde_json::json!(429), &serde_json::json!("RESOURCE_EXHAUSTED"), &serde_json::json!("skip"))
+    );
     let window = json["limits"].as_array().unwrap().iter().find(|l| l["name"] == "window").unwrap();
     assert_eq!(window["windows"][0]["window"], "1m", "{window}");
     assert_eq!(
@@ -272,7 +277,7 @@ async fn the_config_is_shown_in_its_own_words_and_a_key_lookup_says_what_it_need
     let shown = get(sg.admin_addr(), "/dashboard.json", &auth).await;
     let shown: serde_json::Value = serde_json::from_slice(&shown.body).unwrap();
     let dashboard_limit = shown["limits"].as_array().unwrap().iter().find(|l| l["name"] == "per_user").unwrap();
-    for field in ["key", "scope", "windows", "dry_run", "ban", "max_keys"] {
+    for field in ["key", "scope", "windows", "dry_run", "ban", "max_keys", "status", "grpc_status", "on_missing_key"] {
         assert_eq!(dashboard_limit[field], limit[field], "{field}");
     }
     for field in ["name", "match", "upstream", "limits"] {
