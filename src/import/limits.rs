@@ -361,6 +361,16 @@ fn limit_item(zone: &Zone<'_>, key: &Key, made: &Made, notes: &mut Notes) -> Ite
             ("limit_conn", CONN_STATE_BYTES)
         }
     };
+    // nginx counts no request whose key is empty: said so, where the key can be (every
+    // key but one with the client address, the method or the path, as `check` reads it).
+    let never_missing =
+        key.vars.iter().any(|v| matches!(v, super::keys::Var::Ip | super::keys::Var::Path | super::keys::Var::Method));
+    if !never_missing {
+        m.set(
+            "on_missing_key",
+            Item::text("skip").commented(["nginx does not count a request whose key is empty".to_owned()]),
+        );
+    }
     m.set("status", Item::int(u64::from(made.setting.status)));
     m.set("log_level", Item::text(made.setting.log_level));
     if made.setting.dry_run {

@@ -113,13 +113,13 @@ fn an_api_gateway_with_tiers_by_map_imports_whole() {
     assert_eq!(
         y["limits"]["free"],
         json!({
-            "key": "header:x-api-key", "rate": "300r/m", "burst": 20, "nodelay": true, "status": 429,
-            "log_level": "warn", "max_keys": 81920, "overrides": [gold_key("gold-7f3a"), gold_key("gold-91bc")]
+            "key": "header:x-api-key", "rate": "300r/m", "burst": 20, "nodelay": true, "on_missing_key": "skip",
+            "status": 429, "log_level": "warn", "max_keys": 81920, "overrides": [gold_key("gold-7f3a"), gold_key("gold-91bc")]
         })
     );
     assert_eq!(
         y["limits"]["gold"],
-        json!({"key": "header:x-api-key", "rate": "50r/s", "burst": 100, "nodelay": true, "status": 429, "log_level": "warn", "max_keys": 81920})
+        json!({"key": "header:x-api-key", "rate": "50r/s", "burst": 100, "nodelay": true, "on_missing_key": "skip", "status": 429, "log_level": "warn", "max_keys": 81920})
     );
     assert_eq!(
         y["limits"]["per_ip"],
