@@ -14,6 +14,7 @@ use super::scope::Scope;
 use super::syntax::{At, Directive};
 use super::values;
 use super::yaml::{Item, MapBuilder, Value};
+use crate::policy::key::{KeyPart, KeySpec};
 
 /// Bytes nginx takes per state on 64-bit: its tree node and record (88 bytes for
 /// `limit_req`, 36 for `limit_conn`) plus the key, rounded up to a power of two by its
@@ -330,6 +331,9 @@ fn limit_item(zone: &Zone<'_>, key: &Key, made: &Made, notes: &mut Notes) -> Ite
     comments.extend(made.uses.iter().map(|(at, text)| format!("used by {at}: {text}")));
     let mut m = MapBuilder::default();
     let spec = key.spec();
+    // By the rule `check` warns by.
+    let parts: Result<Box<[KeyPart]>, String> = spec.iter().map(|p| p.parse()).collect();
+    let may_be_missing = parts.is_ok_and(|parts| KeySpec(parts).may_be_missing());
     m.set("key", if spec.len() == 1 { Item::text(spec[0].clone()) } else { Item::texts(spec) });
     if key.vars.contains(&super::keys::Var::Ip) {
         m.set(
@@ -361,11 +365,8 @@ fn limit_item(zone: &Zone<'_>, key: &Key, made: &Made, notes: &mut Notes) -> Ite
             ("limit_conn", CONN_STATE_BYTES)
         }
     };
-    // nginx counts no request whose key is empty: said so, where the key can be (every
-    // key but one with the client address, the method or the path, as `check` reads it).
-    let never_missing =
-        key.vars.iter().any(|v| matches!(v, super::keys::Var::Ip | super::keys::Var::Path | super::keys::Var::Method));
-    if !never_missing {
+    // nginx counts no request whose key is empty: said so where the key can be.
+    if may_be_missing {
         m.set(
             "on_missing_key",
             Item::text("skip").commented(["nginx does not count a request whose key is empty".to_owned()]),
