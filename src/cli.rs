@@ -18,11 +18,11 @@ use crate::config::{self, Config};
 use crate::explain::asked::Asked;
 use crate::explain::{self, Explanation};
 use crate::gate::Gate;
+use crate::simulate::synthetic::{self, Model, Spec};
 use crate::wire::http1::client::exchange;
 use crate::wire::http1::parse::Framing;
 use crate::wire::http1::write;
 use crate::wire::http1::{BodyError, BodySource};
-use crate::simulate::synthetic::{self, Model, Spec};
 use crate::{import, simulate, verify};
 
 /// The configuration file `run`, `check` and `reload` read without `-c`: where the
@@ -154,11 +154,8 @@ fn verify_run(args: &VerifyArgs) -> Result<bool, String> {
     let spec = Spec::parse(spec).map_err(|e| e.to_string())?;
     let mut model = Model::new(config, args.config.display().to_string(), spec);
     let verdict = verify::verify(&mut model, &before, &scraped, args.duration).map_err(|e| e.to_string())?;
-    let text = if args.json {
-        serde_json::to_string_pretty(&verdict).unwrap_or_default() + "\n"
-    } else {
-        verdict.text()
-    };
+    let text =
+        if args.json { serde_json::to_string_pretty(&verdict).unwrap_or_default() + "\n" } else { verdict.text() };
     let _ = std::io::stdout().lock().write_all(text.as_bytes());
     Ok(verdict.within)
 }
@@ -169,7 +166,10 @@ fn scrape(config: &Config, url: Option<&str>) -> Result<verify::Snapshot, String
     let token = config.admin.as_ref().and_then(|a| a.token.clone());
     let (addr, target) = match url {
         None => {
-            let admin = config.admin.as_ref().ok_or("the configuration has no admin listener (admin.listen); give --metrics URL")?;
+            let admin = config
+                .admin
+                .as_ref()
+                .ok_or("the configuration has no admin listener (admin.listen); give --metrics URL")?;
             (admin.listen, "/metrics".to_owned())
         }
         Some(url) => {

@@ -66,6 +66,21 @@ impl Snapshot {
     }
 }
 
+/// What a route or limit admitted and refused in a run (or a model of it).
+#[derive(Debug, Clone, Copy)]
+struct Split {
+    admitted: u64,
+    refused: u64,
+}
+
+/// What the run's `/metrics` say of one limit: its decisions (`None`: no such series)
+/// and its mean delay, ms.
+struct LimitSeen {
+    name: String,
+    split: Option<Split>,
+    mean_delay_ms: Option<f64>,
+}
+
 /// One count of the run beside its prediction.
 #[derive(Debug, Serialize)]
 pub struct Compared {
@@ -145,33 +160,34 @@ pub fn verify(
     };
     const ADMITTED: [&str; 3] = ["passed", "delayed", "dry_run_rejected"];
     const REFUSED: [&str; 3] = ["rejected", "banned", "store_error"];
-    let routes: Vec<(String, u64, u64)> = config
+    let routes: Vec<(String, Split)> = config
         .routes
         .iter()
-        .map(|r| (r.name.clone(), outcomes(&r.name, &ADMITTED), outcomes(&r.name, &REFUSED)))
+        .map(|r| {
+            (r.name.clone(), Split { admitted: outcomes(&r.name, &ADMITTED), refused: outcomes(&r.name, &REFUSED) })
+        })
         .collect();
     let no_route = outcomes("", &["no_route"]);
-    let requests = routes.iter().map(|(_, a, r)| a + r).sum::<u64>() + no_route;
+    let requests = routes.iter().map(|(_, s)| s.admitted + s.refused).sum::<u64>() + no_route;
     if requests == 0 {
         return Err(VerifyError::NoRequests);
     }
-    let limits: Vec<(String, Option<(u64, u64)>, Option<f64>)> = config
+    let limits: Vec<LimitSeen> = config
         .limits
         .iter()
         .map(|l| {
             let decided = |o| diff("sluicegate_limit_decisions_total", &[("limit", &l.name), ("outcome", o)]);
-            let counts = match (decided("passed"), decided("delayed"), decided("rejected")) {
-                (Some(p), Some(d), Some(r)) => Some((p + d, r)),
+            let split = match (decided("passed"), decided("delayed"), decided("rejected")) {
+                (Some(p), Some(d), Some(r)) => Some(Split { admitted: p + d, refused: r }),
                 _ => None,
             };
-            let sum = |s: &str| {
-                Some(new.get(s, &[("limit", &l.name)])? - old.get(s, &[("limit", &l.name)]).unwrap_or(0.0))
-            };
+            let sum =
+                |s: &str| Some(new.get(s, &[("limit", &l.name)])? - old.get(s, &[("limit", &l.name)]).unwrap_or(0.0));
             let mean = match (sum("sluicegate_limit_delay_seconds_sum"), sum("sluicegate_limit_delay_seconds_count")) {
                 (Some(total), Some(n)) if n >= 1.0 => Some(total / n * 1e3),
                 _ => None,
             };
-            (l.name.clone(), counts, mean)
+            LimitSeen { name: l.name.clone(), split, mean_delay_ms: mean }
         })
         .collect();
 
@@ -179,8 +195,8 @@ pub fn verify(
     // may have started (fixed windows are aligned to the clock).
     let start = Nanos(before.taken_at).after((span - length) / 2);
     model.spec_mut().duration = length;
-    let admitted_seen: u64 = routes.iter().map(|(_, a, _)| a).sum();
-    let waited_seen: f64 = limits.iter().filter_map(|(_, c, m)| Some(m.as_ref()? * c.as_ref()?.0 as f64 / 1e3)).sum();
+    let admitted_seen: u64 = routes.iter().map(|(_, s)| s.admitted).sum();
+    let waited_seen: f64 = limits.iter().filter_map(|l| Some(l.mean_delay_ms? * l.split?.admitted as f64 / 1e3)).sum();
     let (prediction, turnaround) = match model.spec().rate {
         Offered::PerSecond(_) => {
             model.spec_mut().rate = Offered::PerSecond(requests as f64 / length.as_secs_f64());
@@ -207,36 +223,39 @@ pub fn verify(
     // the model's miss when some key was never held back (its admissions follow the
     // requests sent). A refusal count is the requests less the admissions: its noise is
     // theirs and the model's miss.
-    let mut compare = |of: String, admitted: &dyn Fn(&Prediction) -> u64, refused: &dyn Fn(&Prediction) -> u64, seen: Option<(u64, u64)>| {
+    let mut compare = |of: String,
+                       admitted: &dyn Fn(&Prediction) -> u64,
+                       refused: &dyn Fn(&Prediction) -> u64,
+                       seen: Option<Split>| {
         let spread = admitted(&high).abs_diff(admitted(&low)).div_ceil(2) + keys;
         let noise = spread + if all_held { 0 } else { residual };
         for (count, expected, seen, noise) in [
-            ("admitted", admitted(&prediction), seen.map(|s| s.0), noise),
-            ("refused", refused(&prediction), seen.map(|s| s.1), spread + residual),
+            ("admitted", admitted(&prediction), seen.map(|s| s.admitted), noise),
+            ("refused", refused(&prediction), seen.map(|s| s.refused), spread + residual),
         ] {
             let within = seen.is_some_and(|seen| seen.abs_diff(expected) <= noise);
             counts.push(Compared { of: of.clone(), count, expected, seen, noise, within });
         }
     };
-    for (i, (name, admitted, refused)) in routes.iter().enumerate() {
+    for (i, (name, seen)) in routes.iter().enumerate() {
         let route = |p: &Prediction| p.report.routes[i].counts;
-        if route(&prediction).requests == 0 && admitted + refused == 0 {
+        if route(&prediction).requests == 0 && seen.admitted + seen.refused == 0 {
             continue;
         }
         let admitted_of = |p: &Prediction| route(p).passed + route(p).delayed;
-        compare(format!("route {name}"), &admitted_of, &|p| route(p).rejected, Some((*admitted, *refused)));
+        compare(format!("route {name}"), &admitted_of, &|p| route(p).rejected, Some(*seen));
     }
     let mut delays = Vec::new();
-    for (i, (name, seen, mean)) in limits.iter().enumerate() {
+    for (i, seen) in limits.iter().enumerate() {
         let limit = |p: &Prediction| p.report.limits[i].counts;
-        if limit(&prediction).requests == 0 && seen.is_some_and(|(a, r)| a + r == 0) {
+        if limit(&prediction).requests == 0 && seen.split.is_some_and(|s| s.admitted + s.refused == 0) {
             continue;
         }
         let admitted_of = |p: &Prediction| limit(p).passed + limit(p).delayed;
-        compare(format!("limit {name}"), &admitted_of, &|p| limit(p).rejected, *seen);
+        compare(format!("limit {}", seen.name), &admitted_of, &|p| limit(p).rejected, seen.split);
         let expected_ms = prediction.report.limits[i].delay.as_ref().map(|d| d.mean_ms);
-        if expected_ms.is_some() || mean.is_some() {
-            delays.push(Delay { limit: name.clone(), expected_ms, seen_ms: *mean });
+        if expected_ms.is_some() || seen.mean_delay_ms.is_some() {
+            delays.push(Delay { limit: seen.name.clone(), expected_ms, seen_ms: seen.mean_delay_ms });
         }
     }
     let within = counts.iter().all(|c| c.within);
@@ -332,7 +351,11 @@ impl Verdict {
                 );
             }
             None => {
-                let _ = writeln!(o, "  open loop at the run's rate: the model sends {} requests", thousands(self.modelled_requests));
+                let _ = writeln!(
+                    o,
+                    "  open loop at the run's rate: the model sends {} requests",
+                    thousands(self.modelled_requests)
+                );
             }
         }
         let _ = writeln!(
@@ -361,8 +384,7 @@ impl Verdict {
             let change = if c.expected == 0 {
                 String::new()
             } else {
-                format!(", {:+.1} %", (seen as f64 - c.expected as f64) / c.expected as f64 * 100.0)
-                    .replace('-', "−")
+                format!(", {:+.1} %", (seen as f64 - c.expected as f64) / c.expected as f64 * 100.0).replace('-', "−")
             };
             let _ = writeln!(
                 o,

@@ -148,7 +148,10 @@ fn a_closed_loop_admits_per_key_its_burst_and_its_rate_over_the_run_whatever_the
         "connections=4 duration=1500ms keys=header:x-key:2",
     ]));
     assert!(text.contains("closed loop: each of the 4 connections sends its next request when its answer arrives"));
-    assert!(text.contains("exact, whatever the machine's speed: admitted 68 (34 for each of the 2 keys sent)"), "{text}");
+    assert!(
+        text.contains("exact, whatever the machine's speed: admitted 68 (34 for each of the 2 keys sent)"),
+        "{text}"
+    );
     assert!(text.contains("depends on the machine's speed: requests sent"), "{text}");
 }
 
@@ -183,10 +186,7 @@ fn a_spec_that_cannot_be_read_is_refused_naming_its_field() {
     let out = sluicegate(&["simulate", "-c", config, "--synthetic", "conections=4"]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("--synthetic: conections: unknown field; did you mean `connections`?"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("--synthetic: conections: unknown field; did you mean `connections`?"), "{stderr}");
     let out = sluicegate(&["simulate", "-c", config, "--synthetic", "keys=ip:0"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--synthetic: keys: the number of keys must be"));
@@ -257,5 +257,8 @@ async fn an_open_loops_prediction_made_before_the_run_is_what_the_run_admits() {
     let out = verify(&sg.config, &before, &after, ran, spec);
     assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
     let metrics = Metrics::of(&sg).await;
-    assert_eq!(metrics.value("sluicegate_limit_decisions_total{limit=\"per_key\",outcome=\"passed\"}") as i64, admitted);
+    assert_eq!(
+        metrics.value("sluicegate_limit_decisions_total{limit=\"per_key\",outcome=\"passed\"}") as i64,
+        admitted
+    );
 }

@@ -159,11 +159,8 @@ impl Model {
                         continue;
                     }
                     let fate = send(&mut self.replay, connection, at);
-                    let answered = if forwarded(&fate) {
-                        at.saturating_add(nanos(fate.wait)).saturating_add(latency)
-                    } else {
-                        at
-                    };
+                    let answered =
+                        if forwarded(&fate) { at.saturating_add(nanos(fate.wait)).saturating_add(latency) } else { at };
                     next.push(Reverse((answered.saturating_add(turnaround), connection)));
                 }
             }
@@ -327,7 +324,11 @@ impl Prediction {
             format!("{} to {} for each of the {} keys sent", k.admitted_min, k.admitted_max, k.used)
         };
         if self.closed_loop {
-            let _ = writeln!(o, "\nexact, whatever the machine's speed: admitted {} ({per_key}), and the delays", self.admitted);
+            let _ = writeln!(
+                o,
+                "\nexact, whatever the machine's speed: admitted {} ({per_key}), and the delays",
+                self.admitted
+            );
             if k.held_back < k.used {
                 let _ = writeln!(
                     o,
@@ -344,8 +345,11 @@ impl Prediction {
                 self.requests, self.refused
             );
         } else {
-            let _ =
-                writeln!(o, "\nrequests {}: admitted {} ({per_key}), refused {}", self.requests, self.admitted, self.refused);
+            let _ = writeln!(
+                o,
+                "\nrequests {}: admitted {} ({per_key}), refused {}",
+                self.requests, self.admitted, self.refused
+            );
         }
         self.report.text(o);
         let _ = writeln!(o, "\n{:>8} {:>10} {:>10} {:>10}", "second", "requests", "admitted", "refused");

@@ -85,7 +85,11 @@ impl fmt::Display for Keys {
                 self.address(n.get() - 1)
             ),
             Keys::Header(name, n) => {
-                write!(f, "header:{name}:{n} ({name}: key-0 to key-{}; connection i sends key-(i mod {n}))", n.get() - 1)
+                write!(
+                    f,
+                    "header:{name}:{n} ({name}: key-0 to key-{}; connection i sends key-(i mod {n}))",
+                    n.get() - 1
+                )
             }
         }
     }
@@ -261,7 +265,8 @@ impl fmt::Display for Spec {
 
 /// A duration as humantime reads it (`10s`, `1ms`, `250us`).
 fn span(field: &str, value: &str) -> Result<Duration, SpecError> {
-    humantime::parse_duration(value).or_else(|e| bad(field, format!("invalid duration {value:?}: {e}; write e.g. 10s, 1ms, 250us")))
+    humantime::parse_duration(value)
+        .or_else(|e| bad(field, format!("invalid duration {value:?}: {e}; write e.g. 10s, 1ms, 250us")))
 }
 
 /// `max`, a number of requests a second, or a rate as the file writes one (`600r/m`).
@@ -273,7 +278,9 @@ fn offered(value: &str) -> Result<Offered, SpecError> {
         Ok(n) => n,
         Err(_) => match parse_rate(value) {
             Ok(rate) => rate.count as f64 / rate.per.as_secs_f64(),
-            Err(_) => return bad("rate", format!("give max, requests a second (500), or a rate (500r/s), not {value:?}")),
+            Err(_) => {
+                return bad("rate", format!("give max, requests a second (500), or a rate (500r/s), not {value:?}"));
+            }
         },
     };
     if !(per_second.is_finite() && per_second > 0.0) {
