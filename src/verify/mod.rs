@@ -26,8 +26,9 @@ use exposition::{ExpositionError, Scrape};
 /// The tick of the timers at either end of a run: wrk's stop and the proxy's delays are
 /// whole milliseconds.
 const TICK: Duration = Duration::from_millis(1);
-/// The most model runs spent fitting a closed loop's turnaround.
-const FITS: usize = 8;
+/// The most model runs spent fitting a closed loop's turnaround: halving a span of
+/// turnarounds from 1 ns to seconds in proportion takes about this many.
+const FITS: usize = 12;
 
 /// `/metrics` as it was at an instant: what `verify --snapshot` writes.
 #[derive(Debug, Serialize, Deserialize)]
@@ -277,18 +278,20 @@ pub fn verify(
 }
 
 /// Runs the closed loop of `model` from `start` with the turnaround that makes it send
-/// `requests`, as the run did: first the turnaround the run's own counts imply (each
-/// connection busy for the whole run: a turnaround per request, the latency per
-/// admission, and the delays), then corrected by the ratio of requests sent to wanted,
-/// until the model is within one request per connection or `FITS` runs are spent.
-/// Returns the closest run and its turnaround.
+/// `requests`, as the run did. The requests sent fall as the turnaround grows, so it is
+/// sought between the fastest a model run may take and the slowest the run allows
+/// (every connection busy all along, a turnaround per request), halving the span in
+/// proportion each time, from the turnaround the run's own counts imply (a turnaround per
+/// request, the latency per admission and the delays filling the connections' time),
+/// until the model is within one request per connection of the run or `FITS` runs are
+/// spent. Where delays pace the loop, the requests sent barely move with it. Returns the
+/// closest run and its turnaround.
 fn fit(model: &mut Model, start: Nanos, requests: u64, admitted: u64, waited_s: f64) -> (Prediction, Option<Duration>) {
     let spec = model.spec();
     let busy = f64::from(spec.connections.get()) * spec.duration.as_secs_f64();
-    // The fastest turnaround a model run may take: it would send MAX_REQUESTS.
-    let fastest = busy / MAX_REQUESTS as f64;
+    let (mut fast, mut slow) = (busy / MAX_REQUESTS as f64, busy / requests as f64);
     let implied = (busy - admitted as f64 * spec.latency.as_secs_f64() - waited_s) / requests as f64;
-    let mut turnaround = if implied > fastest { implied } else { busy / requests as f64 / 2.0 }.max(fastest);
+    let mut turnaround = if implied > fast && implied < slow { implied } else { (fast * slow).sqrt() };
     let tolerance = u64::from(spec.connections.get());
     let mut best: Option<(Prediction, f64)> = None;
     for _ in 0..FITS {
@@ -301,10 +304,15 @@ fn fit(model: &mut Model, start: Nanos, requests: u64, admitted: u64, waited_s: 
         if closer {
             best = Some((run, turnaround));
         }
-        if sent.abs_diff(requests) <= tolerance || sent == 0 {
+        if sent.abs_diff(requests) <= tolerance {
             break;
         }
-        turnaround = (turnaround * sent as f64 / requests as f64).max(fastest);
+        if sent > requests {
+            fast = turnaround;
+        } else {
+            slow = turnaround;
+        }
+        turnaround = (fast * slow).sqrt();
     }
     let (run, turnaround) = best.expect("at least one run");
     model.spec_mut().turnaround = Duration::from_secs_f64(turnaround);

@@ -352,9 +352,20 @@ impl Prediction {
             );
         }
         self.report.text(o);
-        let _ = writeln!(o, "\n{:>8} {:>10} {:>10} {:>10}", "second", "requests", "admitted", "refused");
-        for s in &self.seconds {
-            let _ = writeln!(o, "{:>8} {:>10} {:>10} {:>10}", s.second, s.requests, s.admitted, s.refused);
+        // Each limit that decided a request, its admissions/refusals beside the totals.
+        let limits: Vec<&LimitSeconds> =
+            self.limit_seconds.iter().filter(|l| l.admitted.iter().chain(&l.refused).any(|&n| n > 0)).collect();
+        let _ = write!(o, "\n{:>8} {:>10} {:>10} {:>10}", "second", "requests", "admitted", "refused");
+        for l in &limits {
+            let _ = write!(o, " {:>20}", format!("{} adm/ref", l.limit));
+        }
+        let _ = writeln!(o);
+        for (i, s) in self.seconds.iter().enumerate() {
+            let _ = write!(o, "{:>8} {:>10} {:>10} {:>10}", s.second, s.requests, s.admitted, s.refused);
+            for l in &limits {
+                let _ = write!(o, " {:>20}", format!("{}/{}", l.admitted[i], l.refused[i]));
+            }
+            let _ = writeln!(o);
         }
         out
     }
