@@ -4,6 +4,9 @@ use clap::Parser;
 use sluicegate::cli::{Cli, Command, RunArgs, init_tracing};
 use sluicegate::{config, server};
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let (config, run_args) = match cli.command {

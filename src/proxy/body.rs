@@ -27,8 +27,13 @@ use crate::wire::message::{ResponseBody, Upgrade};
 /// A response of the proxy (or the admin API).
 pub type Response = crate::wire::message::Response<Settling>;
 
-/// A response body that settles the request as it ends.
-pub struct Settling {
+/// A response body that settles the request as it ends. Its state lives in one box made
+/// with the response: a response is moved from the upstream client through the proxy
+/// to the wire, and each move of a future or a result that holds it copies it whole.
+pub struct Settling(Box<State>);
+
+/// What a `Settling` body holds.
+pub struct State {
     /// `None` once its last frame has been given.
     source: Option<Source>,
     pub receipts: Receipts,
@@ -113,15 +118,29 @@ impl From<UpstreamBody> for Settling {
     }
 }
 
+impl std::ops::Deref for Settling {
+    type Target = State;
+
+    fn deref(&self) -> &State {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Settling {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.0
+    }
+}
+
 impl Settling {
     fn new(source: Source) -> Self {
-        Settling {
+        Settling(Box::new(State {
             source: Some(source),
             receipts: Receipts::default(),
             releasing: None,
             pacer: None,
             held: Bytes::new(),
-        }
+        }))
     }
 
     /// Sends the body at `rate`.
@@ -141,7 +160,9 @@ impl Settling {
             _ => None,
         }
     }
+}
 
+impl State {
     /// The body's last `data` (or none, and then its trailers, if it has any): what the
     /// response holds is settled first.
     fn end(&mut self, cx: &mut Context<'_>, data: Option<Bytes>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
@@ -184,14 +205,10 @@ impl Settling {
         self.receipts.access = None;
         Poll::Ready(held.map(Ok))
     }
-}
 
-impl hyper::body::Body for Settling {
-    type Data = Bytes;
-    type Error = BodyError;
-
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        let this = self.get_mut();
+    /// The next frame (see `hyper::body::Body::poll_frame`).
+    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = self;
         if this.releasing.is_some() {
             return this.poll_released(cx);
         }
@@ -227,11 +244,20 @@ impl hyper::body::Body for Settling {
                     // (A body that ended with data has no trailers.)
                     this.source = None;
                 }
-                Pin::new(this).poll_frame(cx)
+                this.poll_frame(cx)
             }
             data if !ends => Poll::Ready(data.map(|d| Ok(Frame::data(d)))),
             data => this.end(cx, data),
         }
+    }
+}
+
+impl hyper::body::Body for Settling {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        self.get_mut().0.poll_frame(cx)
     }
 
     /// Nothing is left to give: no data, no trailers, nothing to settle first. A body

@@ -166,7 +166,7 @@ impl Proxy {
         let Request { head, framing, body } = request;
         let mut trace = Trace(self.access_log.as_ref().map(|log| access_log::Entry::begin(log, &head, conn.peer.ip())));
         // What sluicegate answers a gRPC call itself is a gRPC response.
-        let grpc = grpc::is_grpc(head.fields.get(&http::header::CONTENT_TYPE));
+        let grpc = grpc::is_grpc(head.fields.first_of(Known::ContentType));
         let error = |e: &ProxyError| match grpc {
             true => response::grpc(response::error(e), e.grpc_code(), None),
             false => response::error(e),

@@ -42,8 +42,6 @@ use crate::wire::http1::write;
 use crate::wire::http1::{BodyError, BodySource};
 use crate::wire::message::ServerFields;
 
-static GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
-
 pub struct UpstreamClient {
     servers: std::sync::Arc<ServerSet>,
     timeout: Duration,
@@ -162,7 +160,7 @@ impl UpstreamClient {
         let mut failed = None;
         // A gRPC call's deadline bounds the wait for its answer as well.
         let started = tokio::time::Instant::now();
-        let deadline = out.head.fields.get(&GRPC_TIMEOUT).and_then(grpc::timeout).map(|d| started + d);
+        let deadline = out.head.fields.first_of(Known::GrpcTimeout).and_then(grpc::timeout).map(|d| started + d);
         self.servers.ready().await;
         loop {
             let picked = match self.servers.pick(out.balance_key, &tried, Instant::now()) {
