@@ -52,6 +52,8 @@ pub enum VerifyError {
     Longer { given: String, span: String },
     #[error("no request reached the instance between the scrapes: run the load between them")]
     NoRequests,
+    #[error("the run had {0} requests, more than the {MAX_REQUESTS} a model run decides: verify a shorter run")]
+    TooMany(u64),
 }
 
 impl Snapshot {
@@ -172,6 +174,9 @@ pub fn verify(
     let requests = routes.iter().map(|(_, s)| s.admitted + s.refused).sum::<u64>() + no_route;
     if requests == 0 {
         return Err(VerifyError::NoRequests);
+    }
+    if requests > MAX_REQUESTS {
+        return Err(VerifyError::TooMany(requests));
     }
     let limits: Vec<LimitSeen> = config
         .limits
@@ -370,8 +375,8 @@ impl Verdict {
             o,
             "noise: the run's length is known to within {:.1} ms (the span less the duration, and a {} ms timer tick at \
              each end); each count may differ by what that is worth to the model (half the difference of its counts \
-             for the run that much shorter and longer), by one request per key ({} keys: an admission under way as the \
-             run ended), and refusals (the requests less the admissions) by the {} requests the model sends more or \
+             for the run that much shorter and longer), by one request per key ({} sent: an admission under way as \
+             the run ended), and refusals (the requests less the admissions) by the {} requests the model sends more or \
              fewer than the run",
             self.delta_ms,
             TICK.as_millis(),
@@ -431,6 +436,77 @@ impl Verdict {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config;
+    use crate::simulate::synthetic::Spec;
+
+    const CONFIG: &str = "listen: 127.0.0.1:0
+limits:
+  per_key: { key: header:x-key, rate: 10r/s, nodelay: true }
+routes:
+  - { name: api, limits: [per_key], respond: { status: 200 } }
+";
+
+    /// `/metrics` after a run on route `api` and limit `per_key` that admitted `admitted`
+    /// and refused `refused`.
+    fn metrics(admitted: u64, refused: u64) -> String {
+        format!(
+            "sluicegate_requests_total{{route=\"api\",outcome=\"passed\"}} {admitted}\n\
+             sluicegate_requests_total{{route=\"api\",outcome=\"rejected\"}} {refused}\n\
+             sluicegate_limit_decisions_total{{limit=\"per_key\",outcome=\"passed\"}} {admitted}\n\
+             sluicegate_limit_decisions_total{{limit=\"per_key\",outcome=\"delayed\"}} 0\n\
+             sluicegate_limit_decisions_total{{limit=\"per_key\",outcome=\"rejected\"}} {refused}\n"
+        )
+    }
+
+    /// The verdict on a 2 s open loop of 100 requests a second on 2 keys that saw
+    /// `after` (from nothing), with `--duration 2s` read 2 ms into a span of 2.002 s.
+    fn verdict(after: String) -> Verdict {
+        let config = config::parse(CONFIG, "c.yaml").unwrap();
+        let spec = Spec::parse("rate=100 duration=2s keys=header:x-key:2 latency=0s").unwrap();
+        let mut model = Model::new(config, "c.yaml".to_owned(), spec);
+        let before = Snapshot { taken_at: 1_767_225_600_000_000_000, metrics: String::new() };
+        let after = Snapshot { taken_at: before.taken_at + 2_002_000_000, metrics: after };
+        verify(&mut model, &before, &after, Some(Duration::from_secs(2))).unwrap()
+    }
+
+    #[test]
+    fn a_run_that_admitted_what_the_model_admits_is_within_the_noise_and_one_far_from_it_is_not() {
+        // Per key: 1 at once, then one each 100 ms, of a request each 20 ms: 20 in 2 s.
+        let v = verdict(metrics(40, 160));
+        let admitted = v.counts.iter().find(|c| c.of == "limit per_key" && c.count == "admitted").unwrap();
+        assert_eq!(admitted.expected, 40, "{v:#?}");
+        // δ = 4 ms (the span less the duration, and a tick at each end): the run 4 ms
+        // longer would take the request of 2.000 s, admitted; half of it (rounded up), and
+        // one request per key.
+        assert_eq!(admitted.noise, 1 + 2);
+        assert!(v.within);
+        assert!(verdict(metrics(43, 157)).within, "three more: within");
+        let v = verdict(metrics(45, 155));
+        assert!(!v.within, "five more: outside");
+        assert!(v.text().contains("limit per_key: expected 40 admitted, saw 45, +12.5 %, OUTSIDE the noise (±3)"));
+    }
+
+    #[test]
+    fn a_limit_the_instance_does_not_have_is_outside_and_said_so() {
+        let v = verdict(metrics(40, 160).replace("per_key", "per_client"));
+        assert!(!v.within);
+        assert!(
+            v.text().contains("limit per_key: expected 40 admitted, but /metrics has no such series"),
+            "{}",
+            v.text()
+        );
+    }
+
+    #[test]
+    fn a_run_without_requests_or_longer_than_its_reads_cannot_be_verified() {
+        let config = config::parse(CONFIG, "c.yaml").unwrap();
+        let mut model = Model::new(config, "c.yaml".to_owned(), Spec::parse("").unwrap());
+        let before = Snapshot { taken_at: 0, metrics: String::new() };
+        let after = Snapshot { taken_at: 1_000_000_000, metrics: metrics(0, 0) };
+        assert!(matches!(verify(&mut model, &before, &after, None), Err(VerifyError::NoRequests)));
+        let long = Some(Duration::from_secs(2));
+        assert!(matches!(verify(&mut model, &before, &after, long), Err(VerifyError::Longer { .. })));
+    }
 
     #[test]
     fn thousands_are_separated_by_commas() {
