@@ -65,7 +65,8 @@ pub struct RequestBody<'a> {
     read: u64,
     /// `None` once the response has begun (`detach`).
     timeout: Option<Duration>,
-    progress: Arc<Progress>,
+    /// Made when first asked for (a request without a body has none to tell).
+    progress: Option<Arc<Progress>>,
     /// Armed while the upstream waits for data the client has not sent.
     timer: Option<Pin<Box<Sleep>>>,
     /// Why it was cut, if it was.
@@ -78,13 +79,22 @@ impl<'a> RequestBody<'a> {
     /// `inner`, at most `limit` bytes of it (`None`: any), each piece within `timeout`
     /// of the previous one.
     pub fn new(inner: &'a mut (dyn BodySource + 'a), limit: Option<u64>, timeout: Duration) -> Self {
-        let (inner, progress) = (Inner::Borrowed(inner), Arc::new(Progress::new()));
-        RequestBody { inner, limit, read: 0, timeout: Some(timeout), progress, timer: None, fault: None, taken: false }
+        let inner = Inner::Borrowed(inner);
+        RequestBody {
+            inner,
+            limit,
+            read: 0,
+            timeout: Some(timeout),
+            progress: None,
+            timer: None,
+            fault: None,
+            taken: false,
+        }
     }
 
-    /// When the body last moved.
-    pub fn progress(&self) -> Arc<Progress> {
-        Arc::clone(&self.progress)
+    /// When the body last moved (from now on: asked for before it is read).
+    pub fn progress(&mut self) -> Arc<Progress> {
+        Arc::clone(self.progress.get_or_insert_with(|| Arc::new(Progress::new())))
     }
 
     fn source(&mut self) -> &mut (dyn BodySource + 'a) {
@@ -117,7 +127,9 @@ impl BodySource for RequestBody<'_> {
             Poll::Ready(Some(Ok(data))) => {
                 self.timer = None;
                 self.taken = true;
-                self.progress.moved();
+                if let Some(progress) = &self.progress {
+                    progress.moved();
+                }
                 self.read = self.read.saturating_add(data.len() as u64);
                 if let Some(limit) = self.limit.filter(|&limit| self.read > limit) {
                     return self.cut(BodyFault::TooLarge(limit));
@@ -139,7 +151,7 @@ impl BodySource for RequestBody<'_> {
             limit: self.limit,
             read: self.read,
             timeout: None,
-            progress: Arc::clone(&self.progress),
+            progress: self.progress.clone(),
             timer: None,
             fault: None,
             taken: true,

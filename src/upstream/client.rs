@@ -159,8 +159,8 @@ impl UpstreamClient {
         let mut tried: SmallVec<[usize; 4]> = SmallVec::new();
         let mut failed = None;
         // A gRPC call's deadline bounds the wait for its answer as well.
-        let started = tokio::time::Instant::now();
-        let deadline = out.head.fields.first_of(Known::GrpcTimeout).and_then(grpc::timeout).map(|d| started + d);
+        let grpc_timeout = out.head.fields.first_of(Known::GrpcTimeout).and_then(grpc::timeout);
+        let deadline = grpc_timeout.map(|d| tokio::time::Instant::now() + d);
         self.servers.ready().await;
         loop {
             let picked = match self.servers.pick(out.balance_key, &tried, Instant::now()) {
@@ -183,7 +183,8 @@ impl UpstreamClient {
             let mut fresh = false;
             let error = loop {
                 let taken_before = body.as_ref().is_some_and(|b| b.taken);
-                let progress = body.as_ref().map(|b| b.progress());
+                // A request without a body has none to move.
+                let progress = body.as_mut().filter(|_| !empty).map(|b| b.progress());
                 // Pinned where it lies and lent: passed by value, the attempt's future would
                 // be moved whole into the timer's, and that into this one.
                 let answered = {
@@ -202,7 +203,7 @@ impl UpstreamClient {
                         return Err(UpstreamError::Timeout {
                             upstream: upstream.to_owned(),
                             server: address,
-                            timeout: deadline.map_or(self.timeout, |d| d.duration_since(started)),
+                            timeout: grpc_timeout.unwrap_or(self.timeout),
                             deadline: true,
                         });
                     }

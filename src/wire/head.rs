@@ -94,28 +94,34 @@ pub enum Known {
 }
 
 impl Known {
-    /// What a field named `name` (as sent: any case) is.
+    /// What a field named `name` (as sent: any case) is. Told apart by its length and
+    /// first letter, then the one candidate compared whole: exactly first, as most
+    /// senders write names in lower case, then whatever their case.
     pub fn of(name: &[u8]) -> Known {
-        let is = |known: &str| name.eq_ignore_ascii_case(known.as_bytes());
-        match name.len() {
-            2 if is("te") => Known::Te,
-            4 if is("host") => Known::Host,
-            6 if is("cookie") => Known::Cookie,
-            6 if is("expect") => Known::Expect,
-            7 if is("upgrade") => Known::Upgrade,
-            9 if is("forwarded") => Known::Forwarded,
-            10 if is("connection") => Known::Connection,
-            10 if is("keep-alive") => Known::KeepAlive,
-            12 if is("content-type") => Known::ContentType,
-            12 if is("grpc-timeout") => Known::GrpcTimeout,
-            13 if is("authorization") => Known::Authorization,
-            14 if is("content-length") => Known::ContentLength,
-            15 if is("x-forwarded-for") => Known::XForwardedFor,
-            16 if is("x-forwarded-host") => Known::XForwardedHost,
-            16 if is("proxy-connection") => Known::ProxyConnection,
-            17 if is("transfer-encoding") => Known::TransferEncoding,
-            17 if is("x-forwarded-proto") => Known::XForwardedProto,
-            _ => Known::Other,
+        let Some(&first) = name.first() else { return Known::Other };
+        let (known, lower): (Known, &[u8]) = match (name.len(), first | 0x20) {
+            (2, b't') => (Known::Te, b"te"),
+            (4, b'h') => (Known::Host, b"host"),
+            (6, b'c') => (Known::Cookie, b"cookie"),
+            (6, b'e') => (Known::Expect, b"expect"),
+            (7, b'u') => (Known::Upgrade, b"upgrade"),
+            (9, b'f') => (Known::Forwarded, b"forwarded"),
+            (10, b'c') => (Known::Connection, b"connection"),
+            (10, b'k') => (Known::KeepAlive, b"keep-alive"),
+            (12, b'c') => (Known::ContentType, b"content-type"),
+            (12, b'g') => (Known::GrpcTimeout, b"grpc-timeout"),
+            (13, b'a') => (Known::Authorization, b"authorization"),
+            (14, b'c') => (Known::ContentLength, b"content-length"),
+            (15, b'x') => (Known::XForwardedFor, b"x-forwarded-for"),
+            (16, b'p') => (Known::ProxyConnection, b"proxy-connection"),
+            (16, b'x') => (Known::XForwardedHost, b"x-forwarded-host"),
+            (17, b't') => (Known::TransferEncoding, b"transfer-encoding"),
+            (17, b'x') => (Known::XForwardedProto, b"x-forwarded-proto"),
+            _ => return Known::Other,
+        };
+        match name == lower || name.eq_ignore_ascii_case(lower) {
+            true => known,
+            false => Known::Other,
         }
     }
 
@@ -436,6 +442,10 @@ mod tests {
             assert_eq!(Known::of_name(known.header_name()), known);
             assert_eq!(Known::of(known.header_name().as_str().to_uppercase().as_bytes()), known);
         }
-        assert_eq!(Known::of(b"x-api-key"), Known::Other);
+        assert_eq!(Known::of(b"Content-Length"), Known::ContentLength);
+        // Of a known name's length and first letter, or neither, but none of them.
+        for other in ["x-api-key", "", "t", "date", "hosT2", "x-forwarded-fox", "content-lengtx", "tx", "expecT-"] {
+            assert_eq!(Known::of(other.as_bytes()), Known::Other, "{other}");
+        }
     }
 }
