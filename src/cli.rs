@@ -320,12 +320,13 @@ pub fn import(args: &ImportArgs) -> ExitCode {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["logs", "synthetic"])))]
 pub struct SimulateArgs {
     /// The configuration to replay the logs through; a second one is compared with it.
     #[arg(short, long = "config", value_name = "FILE", required = true, action = ArgAction::Append)]
     pub configs: Vec<PathBuf>,
     /// Access logs to replay, merged by time (`-`: standard input).
-    #[arg(required_unless_present = "synthetic", value_name = "LOG")]
+    #[arg(value_name = "LOG")]
     pub logs: Vec<PathBuf>,
     /// Predict what a load tool such as wrk will see, instead of replaying logs: a load
     /// spec, `'connections=64 rate=max duration=10s keys=ip:8 path=/api/x'`.

@@ -83,27 +83,24 @@ pub struct LimitSeconds {
     pub refused: Vec<u64>,
 }
 
-/// One connection's requests, ready to replay: the key it keeps.
-struct Sender {
-    request: Logged,
-}
-
 /// The model of `spec` against one configuration: its replay, restarted for every run.
 pub struct Model {
     replay: Replay,
     spec: Spec,
-    senders: Vec<Sender>,
+    /// The request each key is sent with (connection i sends that of key i mod their
+    /// number), ready to replay.
+    requests: Vec<Logged>,
 }
 
 impl Model {
     /// `config` (read from `name`) under `spec`.
     pub fn new(config: Config, name: String, spec: Spec) -> Model {
         let carried = carried(&config);
-        let senders = (0..spec.connections.get().min(spec.keys.count()))
-            .map(|connection| Sender { request: request(&config, &spec, connection) })
+        let requests = (0..spec.connections.get().min(spec.keys.count()))
+            .map(|connection| request(&config, &spec, connection))
             .collect();
         let replay = Replay::new(config, name, &carried, None);
-        Model { replay, spec, senders }
+        Model { replay, spec, requests }
     }
 
     pub fn config(&self) -> &Config {
@@ -114,6 +111,8 @@ impl Model {
         &self.spec
     }
 
+    /// The spec, to change its timing (`duration`, `rate`, `turnaround`) between runs:
+    /// the requests themselves were made once, by `new`.
     pub fn spec_mut(&mut self) -> &mut Spec {
         &mut self.spec
     }
@@ -123,13 +122,13 @@ impl Model {
         self.replay.restart();
         let spec = &self.spec;
         let end = start.after(spec.duration).0;
-        let keys = self.senders.len();
+        let keys = self.requests.len();
         let mut per_key = vec![(0u64, false); keys];
         let mut seconds: Vec<Second> = Vec::new();
         let (mut requests, mut admitted) = (0u64, 0u64);
         let mut send = |replay: &mut Replay, connection: u32, at: u64| -> Fate {
             let key = connection as usize % keys;
-            let fate = replay.take(&self.senders[key].request, at);
+            let fate = replay.take(&self.requests[key], at);
             let second = (at - start.0) / 1_000_000_000;
             let index = usize::try_from(second).unwrap_or(usize::MAX);
             if seconds.len() <= index {
