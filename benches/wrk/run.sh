@@ -291,6 +291,9 @@ EOF
 upstreams:
   backend:
     servers: ["127.0.0.1:$BACKEND_PORT"]
+    # As nginx's keepalive 64 below: as many idle connections kept as wrk has clients,
+    # so that neither proxy opens a connection per request.
+    keepalive: 64
 EOF
     [[ -z "${4:-}" ]] || printf '%s\n' "$4"
     if [[ -n "$3" ]]; then

@@ -382,7 +382,7 @@ impl Proxy {
     /// exchange counted in the route's metrics, and the response to send on.
     fn forwarded(
         &self,
-        forwarded: Result<upstream::UpstreamResponse, UpstreamError>,
+        forwarded: Result<upstream::Answer, UpstreamError>,
         started: Instant,
         out: &Outgoing<'_>,
         index: RouteId,
@@ -400,23 +400,19 @@ impl Proxy {
         let took = started.elapsed();
         trace.with(|e| e.upstream = Some(took));
         self.metrics.upstream(index, result, took);
-        let response = forwarded.inspect_err(|e| match e.is_client_error() {
-            // The client's fault says nothing about the upstream's health.
-            true => debug!(route = %route.name, error = %e, "client error while forwarding"),
-            false => warn!(route = %route.name, error = %e, "upstream error"),
-        })?;
+        let upstream::UpstreamResponse { status, fields, body } =
+            *forwarded.inspect_err(|e| match e.is_client_error() {
+                // The client's fault says nothing about the upstream's health.
+                true => debug!(route = %route.name, error = %e, "client error while forwarding"),
+                false => warn!(route = %route.name, error = %e, "upstream error"),
+            })?;
         let mut extra: Vec<_> = (route.rewrite.set_response_headers.iter())
             .map(|(n, v)| (n.clone(), v.header_value(&out.hop.vars).into()))
             .collect();
         if let Some(expires) = route.rewrite.expires {
-            extra.extend(response::expires(expires, response.status).map(|(n, v)| (n, v.into())));
+            extra.extend(response::expires(expires, status).map(|(n, v)| (n, v.into())));
         }
-        Ok(Response {
-            status: response.status,
-            fields: message::ResponseFields::Upstream(response.fields),
-            extra,
-            body: Settling::from(response.body),
-        })
+        Ok(Response { status, fields: message::ResponseFields::Upstream(fields), extra, body: Settling::from(body) })
     }
 
     /// Refuses a request that repeats a field one of `candidates` is keyed on

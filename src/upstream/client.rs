@@ -71,11 +71,23 @@ pub struct Outgoing<'a> {
     pub balance_key: Option<u64>,
 }
 
-/// A server's response, its body still to be read.
+/// A server's response, its body still to be read. Boxed where an attempt makes it
+/// (`Answer`): it is moved through the attempt's timer, the retries and the proxy, and
+/// each move of it whole would be a copy of some 300 bytes.
 pub struct UpstreamResponse {
     pub status: StatusCode,
     pub fields: ServerFields,
     pub body: UpstreamBody,
+}
+
+/// A server's response as an attempt brings it back.
+pub type Answer = Box<UpstreamResponse>;
+
+impl UpstreamResponse {
+    /// A response to an attempt, its server not counted yet.
+    fn new(status: StatusCode, fields: ServerFields, kind: BodyKind) -> Answer {
+        Box::new(UpstreamResponse { status, fields, body: UpstreamBody { kind, in_flight: None } })
+    }
 }
 
 /// A response body from a server, which counts the request as in progress there until
@@ -152,7 +164,7 @@ impl UpstreamClient {
         &self,
         out: &Outgoing<'_>,
         mut body: Option<&mut RequestBody<'_>>,
-    ) -> Result<UpstreamResponse, UpstreamError> {
+    ) -> Result<Answer, UpstreamError> {
         let upstream = self.servers.upstream();
         let idempotent = out.head.method.is_idempotent();
         let empty = matches!(out.framing, Framing::Empty | Framing::Length(0));
@@ -192,11 +204,11 @@ impl UpstreamClient {
                     answered_within(self.timeout, progress.as_deref(), deadline, attempt).await
                 };
                 match answered {
-                    Ok(Ok((status, fields, kind))) => {
+                    Ok(Ok(mut answer)) => {
                         server.succeeded(upstream);
-                        let mut body = UpstreamBody { kind, in_flight: Some(server) };
-                        body.release_if_done();
-                        return Ok(UpstreamResponse { status, fields, body });
+                        answer.body.in_flight = Some(server);
+                        answer.body.release_if_done();
+                        return Ok(answer);
                     }
                     Err(Expired::Deadline) => {
                         // The client gave up: that says nothing of the server's health.
@@ -289,7 +301,7 @@ impl UpstreamClient {
         out: &Outgoing<'_>,
         body: Option<&mut RequestBody<'_>>,
         fresh: bool,
-    ) -> Result<(StatusCode, ServerFields, BodyKind), Failure> {
+    ) -> Result<Answer, Failure> {
         let client = || out.head.fields.first_of(Known::Host).or(out.head.authority.map(str::as_bytes));
         let host = match out.host {
             // HTTP/1 needs a `Host`; a client's HTTP/1.0 request may come without.
@@ -341,7 +353,7 @@ impl UpstreamClient {
         let mut body = BodyKind::H1 { body: ResponseBody::new(conn, &response, read), sent: sent.all };
         // A response without a body (204, 304, to HEAD) is read already.
         body.give_back_if_done();
-        Ok((response.status, ServerFields::H1(response), body))
+        Ok(UpstreamResponse::new(response.status, ServerFields::H1(response), body))
     }
 
     async fn attempt_h2(
@@ -350,7 +362,7 @@ impl UpstreamClient {
         out: &Outgoing<'_>,
         body: Option<&mut dyn BodySource>,
         host: Option<&[u8]>,
-    ) -> Result<(StatusCode, ServerFields, BodyKind), Failure> {
+    ) -> Result<Answer, Failure> {
         let mut sender = self.pool.h2(server.address(), server.tls()).await.map_err(Failure::connect)?;
         let mut pairs = Vec::with_capacity(16);
         hop::request_fields(out.head.fields, &out.hop, None, &mut |name, value| {
@@ -363,7 +375,7 @@ impl UpstreamClient {
             Ok(h2::Sent { response, pumping }) => {
                 let (parts, incoming) = response.into_parts();
                 let body = BodyKind::H2(Box::new(H2Body { incoming, trailers: None, _pumping: pumping }));
-                Ok((parts.status, ServerFields::H2(parts.headers), body))
+                Ok(UpstreamResponse::new(parts.status, ServerFields::H2(parts.headers), body))
             }
             Err(H2Error::Body(e)) => Err(Failure::Body(e)),
             Err(H2Error::Exchange(e)) => Err(Failure::Send { error: SendError::H2(e), reused: true, responded: false }),

@@ -18,6 +18,6 @@ mod resolve;
 mod servers;
 
 pub use body::{BodyFault, RequestBody};
-pub use client::{Outgoing, UpstreamBody, UpstreamClient, UpstreamResponse};
+pub use client::{Answer, Outgoing, UpstreamBody, UpstreamClient, UpstreamResponse};
 pub use connect::UpstreamIo;
 pub use error::{SendError, UpstreamError};
