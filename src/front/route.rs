@@ -44,10 +44,16 @@ fn plain_host(host: &[u8]) -> bool {
         Some(colon) => (&host[..colon], &host[colon + 1..]),
         None => (host, &b"0"[..]),
     };
+    // A port: one to five digits, at most 65535 (summed here: parsing it as text would
+    // first check the bytes again as UTF-8).
+    let port_number = port.iter().try_fold(0u32, |n, &b| match b.is_ascii_digit() && n <= 6553 {
+        true => Some(n * 10 + u32::from(b - b'0')),
+        false => None,
+    });
     !name.is_empty()
         && name.iter().all(|&b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
-        && port.iter().all(u8::is_ascii_digit)
-        && std::str::from_utf8(port).is_ok_and(|p| p.parse::<u16>().is_ok())
+        && !port.is_empty()
+        && port_number.is_some_and(|n| n <= 65535)
 }
 
 /// The port of `host` (`name:port`, `[v6]:port`), if it has one, is a port: digits, at
@@ -96,11 +102,11 @@ mod tests {
 
     #[test]
     fn a_plain_host_is_one_the_authority_parser_accepts_too() {
-        for host in ["example.com", "a", "127.0.0.1:8080", "x-y.z.:1", "A1:65535", "..", "-"] {
+        for host in ["example.com", "a", "127.0.0.1:8080", "x-y.z.:1", "A1:65535", "..", "-", "x:00080"] {
             assert!(plain_host(host.as_bytes()), "{host}");
             assert!(host.parse::<Authority>().is_ok(), "{host}");
         }
-        for host in ["", ":80", "a:", "a:65536", "a:1:2", "[::1]:80", "a b", "u@h", "h:8x", "é"] {
+        for host in ["", ":80", "a:", "a:65536", "a:70000", "a:1:2", "[::1]:80", "a b", "u@h", "h:8x", "é"] {
             assert!(!plain_host(host.as_bytes()), "{host}");
         }
     }

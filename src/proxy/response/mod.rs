@@ -22,8 +22,9 @@ use crate::wire::message::{FieldValue, ResponseFields};
 pub use ratelimit::{Quota, add_ratelimit_headers, quotas};
 
 fn made_here(status: StatusCode, body: impl Into<Bytes>) -> Response {
-    // Room for `Retry-After` and the rate-limit fields of a rejection.
-    let mut extra = Vec::with_capacity(4);
+    // Room for a rejection's fields, made once: its content type, `Retry-After` and the
+    // five rate-limit fields of `ratelimit_header_style: both`.
+    let mut extra = Vec::with_capacity(8);
     extra.push((CONTENT_TYPE, FieldValue::Given(HeaderValue::from_static("text/plain; charset=utf-8"))));
     Response::made(status, extra, body)
 }
