@@ -18,11 +18,12 @@ use crate::config::{self, Config};
 use crate::explain::asked::Asked;
 use crate::explain::{self, Explanation};
 use crate::gate::Gate;
+use crate::simulate::synthetic::{self, Model, Spec};
 use crate::wire::http1::client::exchange;
 use crate::wire::http1::parse::Framing;
 use crate::wire::http1::write;
 use crate::wire::http1::{BodyError, BodySource};
-use crate::{import, simulate};
+use crate::{import, simulate, verify};
 
 /// The configuration file `run`, `check` and `reload` read without `-c`: where the
 /// systemd unit (`contrib/sluicegate.service`) keeps it.
@@ -83,6 +84,115 @@ pub enum Command {
     /// route and why earlier ones did not match, the client address, each limit's key
     /// and decision, and the answer with its status, wait and rate-limit fields.
     Explain(ExplainArgs),
+    /// Check a real run against the synthetic model: `--snapshot FILE` before the load
+    /// saves `/metrics`; `--since FILE --synthetic SPEC` after it compares what the run
+    /// admitted and refused, per route and limit, with what `simulate --synthetic`
+    /// predicts for a run of its length and requests, each count with its noise. Exit
+    /// status: 0 every count within its noise, 1 some outside it, 2 when it cannot tell.
+    Verify(VerifyArgs),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+#[command(group(clap::ArgGroup::new("when").required(true).args(["snapshot", "since"])))]
+pub struct VerifyArgs {
+    /// The configuration the instance runs (its admin listener and token; its routes and
+    /// limits for the model).
+    #[arg(short, long = "config", value_name = "FILE", required = true)]
+    pub config: PathBuf,
+    /// Where `/metrics` is read [default: http://ADMIN.LISTEN/metrics, from the file].
+    #[arg(long, value_name = "URL")]
+    pub metrics: Option<String>,
+    /// Before the run: save `/metrics` and the time to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub snapshot: Option<PathBuf>,
+    /// After the run: compare it with the snapshot FILE taken before it.
+    #[arg(long, value_name = "FILE", requires = "synthetic")]
+    pub since: Option<PathBuf>,
+    /// The end of the run: a snapshot FILE taken after it, rather than `/metrics` now (to
+    /// check a saved run again, against another configuration say).
+    #[arg(long, value_name = "FILE", requires = "since")]
+    pub until: Option<PathBuf>,
+    /// The load that ran, as `simulate --synthetic` takes it; its duration is the run's,
+    /// and an open loop's rate the run's.
+    #[arg(long, value_name = "SPEC", conflicts_with = "snapshot")]
+    pub synthetic: Option<String>,
+    /// How long the load ran (wrk's -d) [default: the span between the scrapes].
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration, conflicts_with = "snapshot")]
+    pub duration: Option<Duration>,
+    /// Print the verdict as JSON.
+    #[arg(long, conflicts_with = "snapshot")]
+    pub json: bool,
+}
+
+/// `sluicegate verify`: the snapshot saved, or the verdict on stdout; exit 0 within the
+/// noise, 1 outside it, 2 when it cannot tell.
+pub fn verify(args: &VerifyArgs) -> ExitCode {
+    match verify_run(args) {
+        Ok(within) => ExitCode::from(u8::from(!within)),
+        Err(e) => {
+            eprintln!("sluicegate: verify: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn verify_run(args: &VerifyArgs) -> Result<bool, String> {
+    let config = load_config(&args.config).ok_or_else(|| "the configuration cannot be used".to_owned())?;
+    let scraped = match &args.until {
+        Some(path) => verify::Snapshot::read(path).map_err(|e| e.to_string())?,
+        None => scrape(&config, args.metrics.as_deref())?,
+    };
+    if let Some(path) = &args.snapshot {
+        scraped.write(path).map_err(|e| e.to_string())?;
+        println!("{}: /metrics saved; run the load, then verify --since {0}", path.display());
+        return Ok(true);
+    }
+    let (Some(since), Some(spec)) = (&args.since, &args.synthetic) else {
+        return Err("give --snapshot FILE before the run, or --since FILE --synthetic SPEC after it".to_owned());
+    };
+    let before = verify::Snapshot::read(since).map_err(|e| e.to_string())?;
+    let spec = Spec::parse(spec).map_err(|e| e.to_string())?;
+    let mut model = Model::new(config, args.config.display().to_string(), spec);
+    let verdict = verify::verify(&mut model, &before, &scraped, args.duration).map_err(|e| e.to_string())?;
+    let text =
+        if args.json { serde_json::to_string_pretty(&verdict).unwrap_or_default() + "\n" } else { verdict.text() };
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+    Ok(verdict.within)
+}
+
+/// `/metrics` of the instance running `config`, at `url` (default: its admin listener),
+/// with its admin token, and the instant it was read.
+fn scrape(config: &Config, url: Option<&str>) -> Result<verify::Snapshot, String> {
+    let token = config.admin.as_ref().and_then(|a| a.token.clone());
+    let (addr, target) = match url {
+        None => {
+            let admin = config
+                .admin
+                .as_ref()
+                .ok_or("the configuration has no admin listener (admin.listen); give --metrics URL")?;
+            (admin.listen, "/metrics".to_owned())
+        }
+        Some(url) => {
+            let bad = || format!("--metrics {url:?}: give http://HOST:PORT/metrics");
+            let uri: http::Uri = url.parse().map_err(|_| bad())?;
+            let (Some("http"), Some(authority)) = (uri.scheme_str(), uri.authority()) else { return Err(bad()) };
+            let port = authority.port_u16().unwrap_or(80);
+            let addr = std::net::ToSocketAddrs::to_socket_addrs(&(authority.host(), port))
+                .map_err(|e| format!("--metrics {url:?}: {e}"))?
+                .next()
+                .ok_or_else(bad)?;
+            (addr, uri.path_and_query().map_or("/metrics", |p| p.as_str()).to_owned())
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let call = admin_call(addr, token.as_deref(), &Method::GET, &target, None);
+    let (status, metrics) = runtime
+        .block_on(async { tokio::time::timeout(ADMIN_WAIT, call).await })
+        .map_err(|_| format!("{addr} did not answer within {}s", ADMIN_WAIT.as_secs()))??;
+    if status != StatusCode::OK {
+        return Err(format!("{addr}{target} answered {status}: {}", metrics.trim_end()));
+    }
+    Ok(verify::Snapshot { taken_at: Clock::System.now().0, metrics })
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
@@ -117,17 +227,7 @@ pub struct ExplainArgs {
 /// `sluicegate explain`: the explanation on stdout; exit 0 once explained, 1 when the
 /// configuration or the instance fails, 2 for a request that HTTP cannot carry.
 pub fn explain(args: &ExplainArgs) -> ExitCode {
-    let config = match config::load(&args.config) {
-        Ok(config) => config,
-        Err(e @ config::LoadError::Read { .. }) => {
-            eprintln!("{e}");
-            return ExitCode::FAILURE;
-        }
-        Err(e) => {
-            eprintln!("{e}\n{}: configuration is invalid", args.config.display());
-            return ExitCode::FAILURE;
-        }
-    };
+    let Some(config) = load_config(&args.config) else { return ExitCode::FAILURE };
     let asked = match Asked::from_curl(&args.method, &args.headers, &args.url, args.peer) {
         Ok(asked) => asked,
         Err(e) => {
@@ -220,13 +320,36 @@ pub fn import(args: &ImportArgs) -> ExitCode {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["logs", "synthetic"])))]
 pub struct SimulateArgs {
     /// The configuration to replay the logs through; a second one is compared with it.
     #[arg(short, long = "config", value_name = "FILE", required = true, action = ArgAction::Append)]
     pub configs: Vec<PathBuf>,
     /// Access logs to replay, merged by time (`-`: standard input).
-    #[arg(required = true, value_name = "LOG")]
+    #[arg(value_name = "LOG")]
     pub logs: Vec<PathBuf>,
+    /// Predict what a load tool such as wrk will see, instead of replaying logs: a load
+    /// spec, `'connections=64 rate=max duration=10s keys=ip:8 path=/api/x'`.
+    ///
+    /// Fields (NAME=VALUE, separated by spaces; defaults in brackets): connections [64];
+    /// rate [max]: `max` for a closed loop, or N (or `Nr/s`, `Nr/m`) for an open loop of N
+    /// requests a second in all; duration [10s]; keys [ip:1]: `ip:N`, N client addresses
+    /// 127.0.0.1 upwards, connection i using address i mod N, or `header:NAME:N`, N values
+    /// `key-0`… of the header, connection i sending value i mod N; path [/]; method [GET];
+    /// host; header=NAME:VALUE (repeatable); latency [1ms]: the backend's service time;
+    /// turnaround [100us]: what one exchange takes on the machine, apart from the backend.
+    ///
+    /// The model: closed loop (rate=max, as wrk): each connection sends its next request
+    /// when its answer arrives, a refusal after the turnaround, an admitted request after
+    /// the turnaround, its delay and the latency. Open loop (rate=N, as wrk2 -R): requests
+    /// leave on schedule whatever the answers. Requests are decided on a virtual clock by
+    /// the proxy's own routing, keys and limits, every key fresh at the start. Exact
+    /// whatever the machine: what each key held back by a limit is admitted, and the
+    /// delays. Depends on the machine's speed, in a closed loop: how many requests are sent,
+    /// so how many are refused (printed at the turnaround given; `sluicegate verify`
+    /// measures it on a real run).
+    #[arg(long, value_name = "SPEC", conflicts_with_all = ["logs", "compare", "format", "host", "plot", "decisions"])]
+    pub synthetic: Option<String>,
     /// A configuration to compare with the first (as a second `-c`).
     #[arg(long, value_name = "FILE")]
     pub compare: Option<PathBuf>,
@@ -257,6 +380,9 @@ pub struct SimulateArgs {
 
 /// `sluicegate simulate`: the report on stdout, errors on stderr.
 pub fn simulate(args: &SimulateArgs) -> ExitCode {
+    if let Some(spec) = &args.synthetic {
+        return synthetic(args, spec);
+    }
     let mut configs = args.configs.clone();
     configs.extend(args.compare.clone());
     if configs.is_empty() {
@@ -284,6 +410,46 @@ pub fn simulate(args: &SimulateArgs) -> ExitCode {
     // A closed pipe (`| head`) is not an error worth a panic.
     let _ = std::io::stdout().lock().write_all(text.as_bytes());
     ExitCode::SUCCESS
+}
+
+/// `sluicegate simulate --synthetic SPEC -c FILE`: the prediction on stdout; exit 1 when
+/// the configuration fails, 2 for a spec that cannot be read.
+fn synthetic(args: &SimulateArgs, spec: &str) -> ExitCode {
+    let [path] = &args.configs[..] else {
+        eprintln!("sluicegate: simulate --synthetic takes one configuration (-c FILE)");
+        return ExitCode::from(2);
+    };
+    let spec = match Spec::parse(spec) {
+        Ok(spec) => spec,
+        Err(e) => {
+            eprintln!("sluicegate: simulate {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let Some(config) = load_config(path) else { return ExitCode::FAILURE };
+    let prediction = Model::new(config, path.display().to_string(), spec).run(synthetic::START);
+    let text = if args.json {
+        serde_json::to_string_pretty(&prediction).unwrap_or_default() + "\n"
+    } else {
+        prediction.text()
+    };
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+    ExitCode::SUCCESS
+}
+
+/// The configuration at `path`, or `None` once what is wrong with it is on stderr.
+fn load_config(path: &Path) -> Option<Config> {
+    match config::load(path) {
+        Ok(config) => Some(config),
+        Err(e @ config::LoadError::Read { .. }) => {
+            eprintln!("{e}");
+            None
+        }
+        Err(e) => {
+            eprintln!("{e}\n{}: configuration is invalid", path.display());
+            None
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]

@@ -69,4 +69,5 @@ pub mod store;
 pub mod suggest;
 pub mod upstream;
 pub mod variables;
+pub mod verify;
 pub mod wire;

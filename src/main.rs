@@ -17,6 +17,7 @@ fn main() -> ExitCode {
         Some(Command::Simulate(args)) => return sluicegate::cli::simulate(&args),
         Some(Command::Import(args)) => return sluicegate::cli::import(&args),
         Some(Command::Explain(args)) => return sluicegate::cli::explain(&args),
+        Some(Command::Verify(args)) => return sluicegate::cli::verify(&args),
         Some(Command::Check(ref c) | Command::Reload(ref c)) => (c.config.clone(), None),
         Some(Command::Run(ref r)) => (r.config.config.clone(), Some(r.clone())),
         None => (cli.run.config.config.clone(), Some(cli.run.clone())),

@@ -10,6 +10,7 @@ mod intake;
 mod plot;
 mod replay;
 pub mod report;
+pub mod synthetic;
 mod tally;
 
 use std::collections::HashMap;

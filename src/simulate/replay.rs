@@ -172,6 +172,14 @@ impl Replay {
         }
     }
 
+    /// Starts again from nothing: every key fresh, no request in progress, nothing counted.
+    pub fn restart(&mut self) {
+        self.gate = Gate::new(&self.config, self.clock.clone().into());
+        self.tally = Tally::new(&self.config);
+        self.in_flight.clear();
+        self.seq = 0;
+    }
+
     /// The one call into the gate: what `run` decides for `src` against `limits`,
     /// weighing `cost`, at the virtual instant `at` (ns since the epoch).
     fn decide(&self, limits: &[LimitUse], src: &KeySource<'_>, cost: u64, at: u64) -> Decision {

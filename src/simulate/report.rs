@@ -19,6 +19,7 @@ pub struct Percentiles {
     pub p90_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
+    pub mean_ms: f64,
 }
 
 impl Percentiles {
@@ -32,7 +33,14 @@ impl Percentiles {
             let i = ((p * waits.len() as f64).ceil() as usize).clamp(1, waits.len()) - 1;
             (waits[i] as f64 / 1e3).round() / 1e3
         };
-        Some(Percentiles { p50_ms: rank(0.5), p90_ms: rank(0.9), p99_ms: rank(0.99), max_ms: rank(1.0) })
+        let mean = waits.iter().map(|&w| w as f64).sum::<f64>() / waits.len() as f64;
+        Some(Percentiles {
+            p50_ms: rank(0.5),
+            p90_ms: rank(0.9),
+            p99_ms: rank(0.99),
+            max_ms: rank(1.0),
+            mean_ms: (mean / 1e3).round() / 1e3,
+        })
     }
 }
 
@@ -300,7 +308,7 @@ fn delay_text(p: &Option<Percentiles>) -> String {
 }
 
 impl Report {
-    fn text(&self, o: &mut String) {
+    pub(super) fn text(&self, o: &mut String) {
         let _ = writeln!(o, "\n== {}", self.config);
         for note in &self.notes {
             let _ = writeln!(o, "note: {note}");

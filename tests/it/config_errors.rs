@@ -941,10 +941,13 @@ fn each_subcommand_has_its_own_options_and_readme_lists_them() {
     assert!(check.contains("--config") && !check.contains("--log-level"), "{check}");
     assert!(!help("import").contains("--log-level"));
     let simulate = help("simulate");
-    assert!(simulate.contains("Usage: sluicegate simulate [OPTIONS] --config <FILE> <LOG>..."), "{simulate}");
+    assert!(
+        simulate.contains("Usage: sluicegate simulate [OPTIONS] --config <FILE> <LOG|--synthetic <SPEC>>"),
+        "{simulate}"
+    );
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
     let summary = readme.split("## Command line").nth(1).unwrap().split("\n## ").next().unwrap();
-    for command in ["run", "check", "reload", "simulate", "import"] {
+    for command in ["run", "check", "reload", "simulate", "import", "verify"] {
         // An option line: `  -c, --config <FILE>  …` or `      --json  …`; README may
         // write the short form.
         for line in help(command).lines().map(str::trim_start).filter(|l| l.starts_with('-')) {

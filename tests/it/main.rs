@@ -43,6 +43,7 @@ mod routing;
 mod server;
 mod simulate;
 mod smuggling;
+mod synthetic;
 mod tls;
 mod upgrades;
 mod upstreams;
