@@ -65,7 +65,7 @@ pub fn serve<I, S>(
     conn: ClientConn,
     service: Arc<S>,
     settings: Settings,
-    mut stopping: watch::Receiver<()>,
+    stopping: watch::Receiver<()>,
 ) -> impl Future<Output = ()> + Send + 'static
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -73,7 +73,7 @@ where
 {
     async move {
         let mut c = Conn::new(io);
-        let end = keep_alive(&mut c, &conn, &*service, &settings, &mut stopping).await;
+        let end = keep_alive(&mut c, &conn, &*service, &settings, &stopping).await;
         let peer = conn.peer;
         match end {
             End::Closed => {}
@@ -93,7 +93,7 @@ async fn keep_alive<I, S>(
     conn: &ClientConn,
     service: &S,
     settings: &Settings,
-    stopping: &mut watch::Receiver<()>,
+    stopping: &watch::Receiver<()>,
 ) -> End
 where
     I: AsyncRead + AsyncWrite + Unpin + Send,
@@ -815,5 +815,44 @@ mod tests {
         let (first, second) = text.split_once("\r\n\r\n").unwrap();
         assert!(first.starts_with("HTTP/1.1 200 ") && first.contains("content-length: 10"), "{first}");
         assert!(second.starts_with("HTTP/1.1 200 "), "{second}");
+    }
+
+    /// Everything the client reads until the engine closes the connection (5 s at most).
+    async fn read_to_close(read: &mut ReadHalf<DuplexStream>) -> Vec<u8> {
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), read.read_to_end(&mut out))
+            .await
+            .unwrap_or_else(|_| panic!("not closed within 5 s; read {:?}", String::from_utf8_lossy(&out)))
+            .unwrap();
+        out
+    }
+
+    /// Shutdown closes a kept-alive connection between requests, however many it has
+    /// served (its wait for the signal lasts the connection's life), and answers first a
+    /// request whose head has begun, with `connection: close`.
+    #[tokio::test]
+    async fn shutdown_closes_a_connection_between_requests_and_answers_a_begun_one_first() {
+        let get = |path: &str| format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n");
+        let (mut read, mut write, stop) = connect();
+        for path in ["/1", "/2"] {
+            write.write_all(get(path).as_bytes()).await.unwrap();
+            let mut buf = vec![0u8; 4096];
+            let n = read.read(&mut buf).await.unwrap();
+            let (got, partial) = responses(&buf[..n]);
+            assert!(!partial && got == [(200, format!("GET {path} []"), false)], "{got:?}");
+        }
+        stop.send(()).unwrap();
+        assert_eq!(read_to_close(&mut read).await, b"", "closed, nothing more sent");
+
+        let (mut read, mut write, stop) = connect();
+        write.write_all(b"GET /begun HTTP/1.1\r\n").await.unwrap();
+        // The engine reads the piece before the signal comes (it runs between yields).
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        stop.send(()).unwrap();
+        write.write_all(b"host: x\r\n\r\n").await.unwrap();
+        let out = read_to_close(&mut read).await;
+        assert_eq!(responses(&out), (vec![(200, "GET /begun []".to_owned(), true)], false));
     }
 }
