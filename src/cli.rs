@@ -2,7 +2,7 @@
 //! `sluicegate reload -c FILE`, `sluicegate simulate -c FILE [-c NEW] LOG...`,
 //! `sluicegate import [--out FILE] NGINX_CONF`, `sluicegate explain -c FILE [-X M] [-H F]… URL`.
 
-use std::io::{IsTerminal, Write};
+use std::io::{IsTerminal, Read as _, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -18,9 +18,11 @@ use crate::config::{self, Config};
 use crate::explain::asked::Asked;
 use crate::explain::{self, Explanation};
 use crate::gate::Gate;
+use crate::server;
 use crate::simulate::synthetic::{self, Model, Spec};
+use crate::wire::head::RequestHead;
 use crate::wire::http1::client::exchange;
-use crate::wire::http1::parse::Framing;
+use crate::wire::http1::parse::{self, Framing, ParsedHead};
 use crate::wire::http1::write;
 use crate::wire::http1::{BodyError, BodySource};
 use crate::{import, simulate, verify};
@@ -200,14 +202,15 @@ pub struct ExplainArgs {
     /// The configuration file.
     #[arg(short, long = "config", value_name = "FILE", required = true)]
     pub config: PathBuf,
-    /// The request's method (curl's `-X`).
-    #[arg(short = 'X', long = "request", value_name = "METHOD", default_value = "GET")]
-    pub method: String,
-    /// A header field, `'Name: value'` (curl's `-H`); repeat it for more.
+    /// The request's method (curl's `-X`) [default: GET].
+    #[arg(short = 'X', long = "request", value_name = "METHOD", conflicts_with = "log_line")]
+    pub method: Option<String>,
+    /// A header field, `'Name: value'` (curl's `-H`); repeat it for more. With
+    /// `--log-line`, a field the line does not carry (it replaces one of the same name).
     #[arg(short = 'H', long = "header", value_name = "'NAME: VALUE'", action = ArgAction::Append)]
     pub headers: Vec<String>,
     /// The address the request comes from, its TCP peer [default: 127.0.0.1].
-    #[arg(long, value_name = "IP")]
+    #[arg(long, value_name = "IP", conflicts_with = "log_line")]
     pub peer: Option<IpAddr>,
     /// Decide this many identical requests first (at the same instant), from an empty state.
     #[arg(long, value_name = "N", default_value_t = 0, conflicts_with = "admin")]
@@ -219,39 +222,161 @@ pub struct ExplainArgs {
     /// Print the explanation as JSON.
     #[arg(long)]
     pub json: bool,
-    /// `http://HOST[:PORT]/PATH?QUERY` (its host is sent as `Host`, as curl does).
-    #[arg(value_name = "URL")]
-    pub url: String,
+    /// Explain the request an access-log line records (its client, method, target, and
+    /// the fields it carries), instead of a URL.
+    #[arg(long, value_name = "LINE", conflicts_with = "url")]
+    pub log_line: Option<String>,
+    /// The log line's format, as `simulate --format` takes it: `json`, `combined`, or an
+    /// nginx `log_format` string [default: told from the line].
+    #[arg(long, value_name = "F", requires = "log_line")]
+    pub format: Option<String>,
+    /// `http://HOST[:PORT]/PATH?QUERY` (its host is sent as `Host`, as curl does), or `-`:
+    /// one raw HTTP/1.1 request head on standard input, read as the proxy reads one.
+    #[arg(value_name = "URL", required_unless_present = "log_line")]
+    pub url: Option<String>,
+}
+
+/// The request to explain, as given: curl's spelling, an access-log line, or a raw head.
+enum Given {
+    Curl(explain::asked::Request),
+    Logged(Box<simulate::format::Logged>),
+    Raw(ParsedHead),
+}
+
+impl Given {
+    /// Reads the request `args` give (from standard input for `-`), with what the
+    /// explanation should say of how it was read; an error says why it cannot be read.
+    fn read(args: &ExplainArgs, config: &Config) -> Result<(Given, Vec<String>), String> {
+        if let Some(line) = &args.log_line {
+            return logged(line, args.format.as_deref(), &args.headers).map(|(l, notes)| (Given::Logged(l), notes));
+        }
+        let url = args.url.as_deref().unwrap_or_default();
+        if url == "-" {
+            if args.method.is_some() || !args.headers.is_empty() {
+                return Err("a request on standard input is given whole: put its method and fields in it".to_owned());
+            }
+            let mut read = Vec::new();
+            // One byte past the most the proxy reads of a head: a head it refuses as too
+            // large is refused here too, with its status.
+            let most = server::head_limits(config).head as u64 + 1;
+            std::io::Read::take(std::io::stdin().lock(), most)
+                .read_to_end(&mut read)
+                .map_err(|e| format!("cannot read standard input: {e}"))?;
+            return raw_head(config, read).map(|head| (Given::Raw(head), Vec::new()));
+        }
+        let method = args.method.as_deref().unwrap_or("GET");
+        let asked = Asked::from_curl(method, &args.headers, url, args.peer).map_err(|e| e.to_string())?;
+        asked.request().map(|r| (Given::Curl(r), Vec::new())).map_err(|e| e.to_string())
+    }
+
+    /// Its head, as the front reads it, and the address it came from.
+    fn head(&self) -> (RequestHead<'_>, IpAddr) {
+        match self {
+            Given::Curl(request) => (request.head(), request.peer),
+            Given::Logged(logged) => (logged.head(), logged.client),
+            Given::Raw(head) => (head.view(), explain::asked::DEFAULT_PEER),
+        }
+    }
+}
+
+/// The request an access-log `line` records (in `format`, else told from the line), with
+/// `headers` (`'Name: value'`) in place of those of the same names, and the notes that
+/// say what a line cannot carry.
+fn logged(
+    line: &str,
+    format: Option<&str>,
+    headers: &[String],
+) -> Result<(Box<simulate::format::Logged>, Vec<String>), String> {
+    use simulate::format::{Format, Read, TimeCache};
+    let format = match format {
+        Some(name) => Format::named(name).map_err(|e| e.to_string())?,
+        None => Format::detect([line]).ok_or(
+            "cannot tell the line's format: give --format json, --format combined, or the nginx log_format string",
+        )?,
+    };
+    let mut logged = match format.read(line, &mut TimeCache::default()) {
+        Ok(Read::Request(logged)) => logged,
+        Ok(_) => return Err("the line records no request".to_owned()),
+        Err(e) => return Err(format!("the line is no {} line: {e}", format.name())),
+    };
+    let given = Asked::from_curl("GET", headers, "/", None).and_then(|a| a.request()).map_err(|e| e.to_string())?;
+    for name in given.headers.keys() {
+        logged.headers.remove(name);
+    }
+    logged.headers.extend(given.headers);
+    let carried = format.carried();
+    let mut fields: Vec<String> = carried.headers.iter().map(ToString::to_string).collect();
+    fields.extend(carried.cookies.iter().map(|c| format!("cookie {c}")));
+    if carried.host {
+        fields.push("host".to_owned());
+    }
+    if carried.recorded_keys {
+        fields.push("the key parts its limits read, where the line records them (keys)".to_owned());
+    }
+    let mut notes = vec![format!(
+        "from an access-log line ({}): the client is the address it logged, trusted_proxies already applied; \
+         of the header fields it carries only {}: every other field (Host included, unless it carries it) is taken \
+         as absent: add one with -H 'Name: value'",
+        format.name(),
+        if fields.is_empty() { "none".to_owned() } else { fields.join(", ") },
+    )];
+    if let Some(status) = logged.status {
+        notes.push(format!("the line says it was answered {status}"));
+    }
+    Ok((logged, notes))
+}
+
+/// The request head in `read` (standard input), parsed as the proxy parses one with
+/// `config`'s limits: one the proxy refuses is an error saying what it answers.
+fn raw_head(config: &Config, read: Vec<u8>) -> Result<ParsedHead, String> {
+    let limits = server::head_limits(config);
+    match parse::request(&read, limits.line, limits.head) {
+        Ok(Some(parsed)) => {
+            let mut bytes = Bytes::from(read);
+            Ok(ParsedHead::new(bytes.split_to(parsed.len), parsed))
+        }
+        Ok(None) => Err(format!(
+            "the request head on standard input ends before its blank line ({} bytes read): end each line with \\r\\n \
+             and the head with an empty line",
+            read.len()
+        )),
+        Err(e) => {
+            let status = e.status();
+            Err(format!("the proxy answers {} {}: {e}", status.as_u16(), status.canonical_reason().unwrap_or_default()))
+        }
+    }
 }
 
 /// `sluicegate explain`: the explanation on stdout; exit 0 once explained, 1 when the
-/// configuration or the instance fails, 2 for a request that HTTP cannot carry.
+/// configuration or the instance fails, 2 for a request that HTTP cannot carry (or a
+/// log line that cannot be read, a raw head the proxy refuses).
 pub fn explain(args: &ExplainArgs) -> ExitCode {
     let Some(config) = load_config(&args.config) else { return ExitCode::FAILURE };
-    let asked = match Asked::from_curl(&args.method, &args.headers, &args.url, args.peer) {
-        Ok(asked) => asked,
+    let (given, notes) = match Given::read(args, &config) {
+        Ok(given) => given,
         Err(e) => {
             eprintln!("sluicegate: explain: {e}");
             return ExitCode::from(2);
         }
     };
-    let request = match asked.request() {
-        Ok(request) => request,
-        Err(e) => {
-            eprintln!("sluicegate: explain: {e}");
-            return ExitCode::from(2);
-        }
-    };
+    let (head, peer) = given.head();
+    let logged = matches!(given, Given::Logged(_));
     let explained = match &args.admin {
         None => {
-            let (config, notes) = explain::local(config);
+            let (config, local) = explain::local(config);
             // A clock of its own: the identical requests and this one at one instant.
             let gate = Gate::new(&config, ManualClock::new(Clock::System.now()).into());
-            let mut explained = explain::explain(&config, &gate, &request, args.after, "empty");
-            explained.notes.extend(notes);
+            let mut explained = explain::explain(&config, &gate, &head, peer, logged, args.after, "empty");
+            explained.notes.extend(local);
             Ok(explained)
         }
-        Some(admin) => ask_explain(&config, admin, &asked),
+        Some(admin) => match Asked::from_head(&head, peer, logged) {
+            Ok(asked) => ask_explain(&config, admin, &asked),
+            Err(e) => {
+                eprintln!("sluicegate: explain: {e}");
+                return ExitCode::from(2);
+            }
+        },
     };
     let mut explained = match explained {
         Ok(explained) => explained,
@@ -260,6 +385,7 @@ pub fn explain(args: &ExplainArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    explained.notes.extend(notes);
     if let Ok(src) = std::fs::read_to_string(&args.config) {
         explained.locate(&src);
     }

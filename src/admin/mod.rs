@@ -262,7 +262,11 @@ async fn explain(proxy: &Proxy, body: Option<&mut (dyn BodySource + '_)>) -> Res
         }
     };
     match asked.request() {
-        Ok(request) => json(StatusCode::OK, &explain::explain(proxy.config(), proxy.gate(), &request, 0, "live")),
+        Ok(request) => {
+            let explained =
+                explain::explain(proxy.config(), proxy.gate(), &request.head(), request.peer, asked.logged, 0, "live");
+            json(StatusCode::OK, &explained)
+        }
         Err(e) => typed(StatusCode::BAD_REQUEST, "text/plain", format!("{e}\n")),
     }
 }

@@ -1,13 +1,16 @@
 //! The request to explain, as asked: curl's spelling on the command line (`-X`, `-H`,
 //! a URL), or the JSON body of the admin API's `POST /explain`, which the command line
 //! sends with `--admin`. Either becomes one `Asked`, checked here: a method, a URL and
-//! header fields that HTTP can carry, or a clear error.
+//! header fields that HTTP can carry, or a clear error. A head read otherwise (an
+//! access-log line, a raw request) is asked of the admin API as one too (`from_head`).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri};
 use serde::{Deserialize, Serialize};
+
+use crate::wire::head::{Fields, RequestHead};
 
 /// Where the request comes from when nothing says: the peer a local client has.
 pub const DEFAULT_PEER: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
@@ -27,6 +30,10 @@ pub struct Asked {
     /// The address the request comes from (its TCP peer); 127.0.0.1 when not given.
     #[serde(default)]
     pub peer: Option<IpAddr>,
+    /// The request is one an access-log line recorded: it passed the head's checks when
+    /// the proxy read it (a line carries no `Host` unless it logs one).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub logged: bool,
 }
 
 fn get() -> String {
@@ -39,6 +46,15 @@ fn get() -> String {
 pub enum Values {
     One(String),
     Many(Vec<String>),
+}
+
+impl Values {
+    fn push(&mut self, value: String) {
+        match self {
+            Values::Many(all) => all.push(value),
+            Values::One(first) => *self = Values::Many(vec![std::mem::take(first), value]),
+        }
+    }
 }
 
 /// Why a request cannot be explained: it is not one HTTP could carry.
@@ -60,23 +76,48 @@ pub struct Request {
     pub peer: IpAddr,
 }
 
+impl Request {
+    /// The request's head, as the front reads one.
+    pub fn head(&self) -> RequestHead<'_> {
+        RequestHead {
+            method: &self.method,
+            target: &self.target,
+            version: http::Version::HTTP_11,
+            authority: None,
+            fields: Fields::from(&self.headers),
+        }
+    }
+}
+
 impl Asked {
+    /// The request of `head` from `peer` (`logged`: as an access-log line recorded it), as
+    /// `POST /explain` takes it: its method, its target (with an absolute-form target's
+    /// authority, `http://AUTHORITY/PATH`) and its fields (a field's value must be text:
+    /// JSON carries no other bytes).
+    pub fn from_head(head: &RequestHead<'_>, peer: IpAddr, logged: bool) -> Result<Asked, AskedError> {
+        let url = match head.authority {
+            Some(authority) => format!("http://{authority}{}", head.target),
+            None => head.target.to_owned(),
+        };
+        let mut fields: BTreeMap<String, Values> = BTreeMap::new();
+        for (name, value) in head.fields.iter() {
+            let name = String::from_utf8_lossy(name).to_ascii_lowercase();
+            let value = std::str::from_utf8(value)
+                .map_err(|_| AskedError::Header(format!("{name}: {}", String::from_utf8_lossy(value))))?;
+            fields.entry(name).or_insert_with(|| Values::Many(Vec::new())).push(value.to_owned());
+        }
+        Ok(Asked { method: head.method.to_string(), url, headers: fields, peer: Some(peer), logged })
+    }
+
     /// The request of `curl -X METHOD -H 'name: value'… URL`.
     pub fn from_curl(method: &str, headers: &[String], url: &str, peer: Option<IpAddr>) -> Result<Asked, AskedError> {
         let mut fields: BTreeMap<String, Values> = BTreeMap::new();
         for header in headers {
             let (name, value) = header.split_once(':').ok_or_else(|| AskedError::Header(header.clone()))?;
             let (name, value) = (name.trim().to_ascii_lowercase(), value.trim().to_owned());
-            match fields.remove(&name) {
-                None => fields.insert(name, Values::One(value)),
-                Some(Values::One(first)) => fields.insert(name, Values::Many(vec![first, value])),
-                Some(Values::Many(mut all)) => {
-                    all.push(value);
-                    fields.insert(name, Values::Many(all))
-                }
-            };
+            fields.entry(name).or_insert_with(|| Values::Many(Vec::new())).push(value);
         }
-        Ok(Asked { method: method.to_owned(), url: url.to_owned(), headers: fields, peer })
+        Ok(Asked { method: method.to_owned(), url: url.to_owned(), headers: fields, peer, logged: false })
     }
 
     /// The request as the front reads it. As curl does, a URL's host is sent as `Host`
@@ -136,6 +177,31 @@ mod tests {
         assert_eq!(given_host.request().unwrap().headers["host"], "other", "a given Host wins, as with curl");
         let path_only = Asked::from_curl("GET", &[], "/x", None).unwrap().request().unwrap();
         assert!(path_only.headers.get("host").is_none());
+    }
+
+    #[test]
+    fn a_head_read_elsewhere_is_asked_as_the_same_request() {
+        let mut headers = HeaderMap::new();
+        headers.append("x-key", HeaderValue::from_static("k1"));
+        headers.append("x-key", HeaderValue::from_static("k2"));
+        headers.append("host", HeaderValue::from_static("a.example"));
+        let head = RequestHead {
+            method: &Method::PUT,
+            target: "/x?y=1",
+            version: http::Version::HTTP_11,
+            authority: Some("a.example"),
+            fields: Fields::from(&headers),
+        };
+        let peer: IpAddr = "192.0.2.1".parse().unwrap();
+        let asked = Asked::from_head(&head, peer, true).unwrap();
+        assert_eq!((asked.url.as_str(), asked.logged, asked.peer), ("http://a.example/x?y=1", true, Some(peer)));
+        let request = asked.request().unwrap();
+        assert_eq!((request.method, request.target.as_str()), (Method::PUT, "/x?y=1"));
+        assert_eq!(request.headers, headers, "every field, each value in order");
+        let mut binary = headers.clone();
+        binary.insert("x-bin", HeaderValue::from_bytes(b"\xff").unwrap());
+        let head = RequestHead { fields: Fields::from(&binary), ..head };
+        assert!(matches!(Asked::from_head(&head, peer, false), Err(AskedError::Header(_))), "JSON carries text only");
     }
 
     #[test]

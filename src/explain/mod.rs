@@ -25,6 +25,7 @@ use crate::front;
 use crate::gate::{Decision, Gate, Permits};
 use crate::hop;
 use crate::limit::inspect::KeyState;
+use crate::limit::key_text::KeyText;
 use crate::limit::{Outcome, Standing};
 use crate::metrics::RequestOutcome;
 use crate::policy::key::KeySource;
@@ -32,7 +33,6 @@ use crate::proxy::error::ProxyError;
 use crate::proxy::response;
 use crate::router::{Mismatch, mismatch};
 use crate::wire::head::{Fields, Known, RequestHead};
-use asked::Request;
 
 /// Earlier routes listed with why they did not match, at most.
 const PASSED_OVER_SHOWN: usize = 100;
@@ -179,25 +179,28 @@ pub fn local(mut config: Config) -> (Config, Vec<String>) {
     (config, notes)
 }
 
-/// Explains `request` against `config` and the state of `gate`. With `after`, `after`
-/// identical requests are first decided by `gate` (and held: their concurrency slots
-/// stay taken) — only for a gate of the explanation's own, never the live one. `state`
-/// says which it is.
-pub fn explain(config: &Config, gate: &Gate, request: &Request, after: u64, state: &str) -> Explanation {
-    let head = RequestHead {
-        method: &request.method,
-        target: &request.target,
-        version: http::Version::HTTP_11,
-        authority: None,
-        fields: Fields::from(&request.headers),
-    };
-    let address = hop::client_ip(request.peer, head.fields, &config.trusted_proxies, config.forwarded);
+/// Explains the request `head` from `peer` against `config` and the state of `gate`.
+/// `logged`: the head is what an access-log line recorded, which passed the head's checks
+/// when the proxy read it (a line carries no `Host` unless it logs one). With `after`, `after` identical requests are first decided by `gate` (and held:
+/// their concurrency slots stay taken) — only for a gate of the explanation's own, never
+/// the live one. `state` says which it is.
+pub fn explain(
+    config: &Config,
+    gate: &Gate,
+    head: &RequestHead<'_>,
+    peer: IpAddr,
+    logged: bool,
+    after: u64,
+    state: &str,
+) -> Explanation {
+    let head = *head;
+    let address = hop::client_ip(peer, head.fields, &config.trusted_proxies, config.forwarded);
     let mut explanation = Explanation {
-        method: request.method.to_string(),
-        target: request.target.clone(),
+        method: head.method.to_string(),
+        target: head.target.to_owned(),
         path: None,
         host: front::request_host(&head).map(str::to_ascii_lowercase),
-        client: Client { address, peer: request.peer, how: how_found(config, request.peer, address, head.fields) },
+        client: Client { address, peer, how: how_found(config, peer, address, head.fields) },
         passed_over: Vec::new(),
         passed_over_more: 0,
         route: None,
@@ -216,7 +219,8 @@ pub fn explain(config: &Config, gate: &Gate, request: &Request, after: u64, stat
         },
         notes: Vec::new(),
     };
-    if let Err(e) = front::check_head(&head, config) {
+    let checked = if logged { Ok(()) } else { front::check_head(&head, config) };
+    if let Err(e) = checked {
         explanation.refuse(e.status(), &e);
         return explanation;
     }
@@ -230,7 +234,7 @@ pub fn explain(config: &Config, gate: &Gate, request: &Request, after: u64, stat
     explanation.path = Some(String::from_utf8_lossy(&src.path).into_owned());
     let found = front::front(config, &head, address, None);
     let taken = found.as_ref().map_or(config.routes.len(), |f| f.route.index());
-    explanation.passed_over(config, &request.method, &src, taken);
+    explanation.passed_over(config, head.method, &src, taken);
     let front = match found {
         Ok(front) => front,
         Err(e) => {
@@ -287,12 +291,15 @@ pub fn explain(config: &Config, gate: &Gate, request: &Request, after: u64, stat
     let before: Vec<Option<KeyState>> =
         route.candidates.iter().map(|&l| gate.limiters().inspect(l, &front.src)).collect();
     let decision = gate.preview(&decided, &front.src, cost);
+    // A line's recorded credential is its digest already: written as it is.
+    let text = gate.limiters().key_text().clone();
+    let text = if logged { text.recorded() } else { text };
     explanation.limits = route
         .limits
         .iter()
         .map(|&used| {
             let state = |l: LimitId| route.candidates.iter().position(|&c| c == l).and_then(|i| before[i].clone());
-            explain_limit(config, gate, &front.src, front.exempt, used, &decision, state)
+            explain_limit(config, gate, &text, &front.src, front.exempt, used, &decision, state)
         })
         .collect();
     explanation.answer = answer(config, route, &decision, grpc(&head));
@@ -403,10 +410,12 @@ fn action(config: &Config, route: &Route) -> String {
 
 /// What limit `used` of a route made of the request `src` (`exempt`: the route's
 /// allow-list exempts it), from `decision` and the key's state before (`before`, by
-/// limit).
+/// limit); its key written by `text`.
+#[allow(clippy::too_many_arguments)]
 fn explain_limit(
     config: &Config,
     gate: &Gate,
+    text: &KeyText,
     src: &KeySource<'_>,
     exempt: bool,
     used: crate::policy::LimitUse,
@@ -419,7 +428,7 @@ fn explain_limit(
     let limiters = gate.limiters();
     let missing: Vec<String> =
         limit.key.0.iter().filter(|part| part.value_in(src).is_none()).map(ToString::to_string).collect();
-    let key = limiters.key_hash(deciding, src).map(|_| limiters.key_label(deciding, src));
+    let key = limiters.key_hash(deciding, src).map(|_| text.write(&limit.key, src));
     let global = matches!(limit.scope, Scope::Global { .. });
     let skipped = if exempt {
         Some("the route's allow-list exempts the request".to_owned())

@@ -312,6 +312,11 @@ impl Limiters {
         self.limits[limit].missing.load(Ordering::Relaxed)
     }
 
+    /// How keys are written.
+    pub fn key_text(&self) -> &KeyText {
+        &self.text
+    }
+
     /// The key of `src` for `limit`, as every surface writes it (`KeyText`).
     pub fn key_label(&self, limit: LimitId, src: &KeySource<'_>) -> String {
         self.text.write(&self.limits[limit].key, src)

@@ -353,6 +353,17 @@ impl Accepting {
     }
 }
 
+/// The bounds of the request heads `config`'s HTTP/1 connections read. A head whose
+/// target and header fields are within their limits always fits, so that the front
+/// answers 414 or 431 with the limit that was passed; one too large even for this is
+/// refused while it is read.
+pub fn head_limits(config: &Config) -> HeadLimits {
+    HeadLimits {
+        line: config.max_uri_bytes + HEAD_SLACK_BYTES,
+        head: config.max_header_bytes + config.max_uri_bytes + HEAD_SLACK_BYTES,
+    }
+}
+
 /// How the connections of `config` are served: its timeouts, its head limits.
 fn settings(config: &Config) -> h1::Settings {
     h1::Settings {
@@ -361,13 +372,7 @@ fn settings(config: &Config) -> h1::Settings {
             idle: config.idle_timeout,
             send: config.send_timeout,
         },
-        // A head whose target and header fields are within their limits always fits, so
-        // that the front answers 414 or 431 with the limit that was passed; one too large
-        // even for this is refused while it is read.
-        head: HeadLimits {
-            line: config.max_uri_bytes + HEAD_SLACK_BYTES,
-            head: config.max_header_bytes + config.max_uri_bytes + HEAD_SLACK_BYTES,
-        },
+        head: head_limits(config),
         h2: Some(h2::H2Settings { max_header_list_size: http2_header_list_bytes(config) }),
     }
 }

@@ -28,7 +28,7 @@ use super::Timeouts;
 use super::h2::{self, H2Settings};
 use super::tunnel;
 use crate::wire::connection::ClientConn;
-use crate::wire::head::{Known, RequestHead, takes_trailers};
+use crate::wire::head::{Known, takes_trailers};
 use crate::wire::http1::body::{CHUNK_END, LAST_CHUNK, chunk_head};
 use crate::wire::http1::parse::{self, Framing, HeadError};
 use crate::wire::http1::server::{Bodiless, BodyReader, Conn, HeadLimits, Read};
@@ -275,13 +275,7 @@ where
     I: AsyncRead + AsyncWrite + Unpin + Send,
     S: Service,
 {
-    let view = RequestHead {
-        method: &head.method,
-        target: head.target(),
-        version: head.version,
-        authority: head.authority(),
-        fields: head.fields(),
-    };
+    let view = head.view();
     let has_body = !matches!(head.framing, Framing::Empty | Framing::Length(0));
     let (response, body_read) = if has_body {
         let mut body = BodyReader::new(c, &head);

@@ -305,3 +305,122 @@ async fn post_explain_needs_the_token_and_says_what_to_give() {
     .await;
     assert_eq!(get_it.status, 405);
 }
+
+/// `CONFIG` with a JSON access log at `log` that records keys.
+fn logging(log: &Path) -> String {
+    CONFIG.replacen(
+        "ratelimit_headers: all\n",
+        &format!(
+            "ratelimit_headers: all\naccess_log: {{ format: json, path: \"{}\", keys: true, keys_secret: \"0123456789abcdef\" }}\n",
+            log.display()
+        ),
+        1,
+    )
+}
+
+#[tokio::test]
+async fn an_access_log_line_is_explained_as_the_request_it_records_saying_what_a_line_cannot_carry() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let sg = Sluicegate::start(&logging(&log));
+    let sent = get(sg.addr, "/api/x", &[("x-api-key", "k1"), ("x-tenant", "t1")]).await;
+    assert_eq!(sent.status, 200);
+    let line = crate::logs::access_lines(&log, 1).remove(0);
+    let explained = explain(&sg.config, &["--log-line", &line]);
+    assert_eq!(explained["route"]["name"], "api", "{explained:#}");
+    assert_eq!(explained["client"]["address"], "127.0.0.1");
+    // The key parts the line records are the request's: the same keys as the request
+    // given as curl gives it (a credential by the digest the line holds).
+    let asked = explain(&sg.config, &["-H", "X-Api-Key: k1", "-H", "X-Tenant: t1", "http://example.com/api/x"]);
+    for name in ["per_ip", "per_key", "pair"] {
+        assert_eq!(limit(&explained, name)["key"], limit(&asked, name)["key"], "limit {name}");
+    }
+    assert_eq!(limit(&explained, "pair")["key"], "ip=127.0.0.1 header:x-tenant=t1");
+    let notes = explained["notes"].to_string();
+    assert!(notes.contains("every other field (Host included, unless it carries it) is taken as absent"), "{notes}");
+    assert!(notes.contains("the line says it was answered 200"), "{notes}");
+    // A field the line lacks is given with -H: here the host a later route matches on.
+    let combined = r#"192.0.2.9 - - [22/Nov/2026:23:48:25 +0000] "GET /reports HTTP/1.1" 429 0 "-" "curl/8""#;
+    let hosted = explain(&sg.config, &["--log-line", combined, "-H", "Host: reports.example.com"]);
+    assert_eq!(hosted["route"]["name"], "reports", "{hosted:#}");
+    assert_eq!(limit(&hosted, "heavy")["key"], "ip=192.0.2.9", "the client the line logged");
+    let hostless = explain(&sg.config, &["--log-line", combined]);
+    assert_eq!(hostless["answer"]["status"], 404, "routed as a request without a host, not refused as one");
+    // What is no log line is refused, saying why, with exit 2.
+    let output = binary().arg("explain").arg("-c").arg(&sg.config).args(["--log-line", "hello"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.starts_with("sluicegate: explain: cannot tell the line's format"), "{stderr}");
+}
+
+/// `sluicegate explain -c CONFIG ARGS -` with `raw` on standard input: its exit code, stdout
+/// and stderr.
+fn explain_stdin(config: &Path, args: &[&str], raw: &[u8]) -> (Option<i32>, String, String) {
+    use std::io::Write;
+    let mut child = binary()
+        .arg("explain")
+        .arg("-c")
+        .arg(config)
+        .args(args)
+        .arg("-")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(raw).unwrap();
+    let output = child.wait_with_output().unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (output.status.code(), text(&output.stdout), text(&output.stderr))
+}
+
+#[tokio::test]
+async fn a_raw_request_on_stdin_is_read_as_the_proxy_reads_it_and_a_head_it_refuses_gets_its_answer() {
+    let sg = Sluicegate::start(CONFIG);
+    let raw = b"POST /login HTTP/1.1\r\nHost: example.com\r\nX-Api-Key: k1\r\nContent-Length: 3\r\n\r\nabc";
+    let (code, stdout, stderr) = explain_stdin(&sg.config, &["--json"], raw);
+    assert_eq!(code, Some(0), "{stderr}");
+    let explained: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!((explained["method"].as_str(), explained["route"]["name"].as_str()), (Some("POST"), Some("login")));
+    // An absolute-form target names its host, and a Host naming another is refused as
+    // the proxy refuses it.
+    let (_, stdout, _) = explain_stdin(
+        &sg.config,
+        &["--json"],
+        b"GET http://reports.example.com/x HTTP/1.1\r\nHost: reports.example.com\r\n\r\n",
+    );
+    let explained: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(explained["route"]["name"], "reports", "{explained:#}");
+    let two_hosts = b"GET http://a.example/x HTTP/1.1\r\nHost: b.example\r\nConnection: close\r\n\r\n";
+    let (_, stdout, _) = explain_stdin(&sg.config, &["--json"], two_hosts);
+    let explained: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(explained["answer"]["status"], 400);
+    assert_eq!(explained["answer"]["reason"], "Host differs from the request target's authority");
+    let (status, body) = answered(sg.addr, two_hosts).await;
+    assert_eq!((status, body.as_str()), (400, "Bad Request: Host differs from the request target's authority"));
+    // A head the proxy's parser refuses: the status and reason the proxy answers, exit 2.
+    for malformed in [
+        &b"GET /api/x HTTP/1.1\r\nHost: a\r\nBad Field: x\r\n\r\n"[..],
+        b"GET /api/x HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+        b"GET /a#b HTTP/1.1\r\nHost: a\r\n\r\n",
+    ] {
+        let (code, stdout, stderr) = explain_stdin(&sg.config, &[], malformed);
+        assert_eq!((code, stdout.as_str()), (Some(2), ""), "{stderr}");
+        let (status, body) = answered(sg.addr, malformed).await;
+        assert_eq!(stderr, format!("sluicegate: explain: the proxy answers {status} {body}\n"));
+    }
+    let (code, _, stderr) = explain_stdin(&sg.config, &[], b"GET / HTTP/1.1\r\nHost: a\r\n");
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("ends before its blank line"), "{stderr}");
+    let (code, _, stderr) = explain_stdin(&sg.config, &["-H", "x: y"], b"GET / HTTP/1.1\r\n\r\n");
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("given whole"), "{stderr}");
+}
+
+/// What the proxy at `addr` answers `raw`: its status and its body's one line.
+async fn answered(addr: std::net::SocketAddr, raw: &[u8]) -> (u16, String) {
+    let answer = raw_exchange(addr, raw).await;
+    let status = answer.get(9..12).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{answer}"));
+    let body = answer.split_once("\r\n\r\n").map_or("", |(_, body)| body).trim_end().to_owned();
+    (status, body)
+}

@@ -21,7 +21,7 @@ use std::mem::MaybeUninit;
 use bytes::Bytes;
 use http::{Method, StatusCode, Version};
 
-use crate::wire::head::{FieldSpan, Fields, Known, Span};
+use crate::wire::head::{FieldSpan, Fields, Known, RequestHead, Span};
 
 /// More fields than this in a head: 431 (nginx allows about as many in its default
 /// buffers; no real client sends more).
@@ -215,6 +215,17 @@ impl ParsedHead {
     /// Every field, where it was read.
     pub fn fields(&self) -> Fields<'_> {
         Fields::Raw { bytes: &self.bytes, spans: &self.fields }
+    }
+
+    /// The head as every step above the wire reads it.
+    pub fn view(&self) -> RequestHead<'_> {
+        RequestHead {
+            method: &self.method,
+            target: self.target(),
+            version: self.version,
+            authority: self.authority(),
+            fields: self.fields(),
+        }
     }
 }
 
