@@ -140,6 +140,8 @@ pub struct Entry {
     /// The key parts of the limits its route evaluated (`keys: true`; `None`: none were
     /// found yet, or `keys` is off).
     pub keys: Option<RecordedKeys>,
+    /// The limits whose key it lacked, as `sluicegate_limit_missing_key_total` counts them.
+    pub missing_key: Vec<String>,
 }
 
 impl AccessLog {
@@ -197,6 +199,7 @@ impl Entry {
             bytes: 0,
             grpc_status: None,
             keys: None,
+            missing_key: Vec::new(),
         })
     }
 
@@ -286,6 +289,10 @@ pub struct JsonLine<'a> {
     /// log records none (`keys: false`), `null` when the request reached no limit's key.
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "present")]
     pub keys: Option<Option<BTreeMap<String, Option<String>>>>,
+    /// The limits whose key the request lacked (skipped, counted under the shared key, or
+    /// refusing it, as their `on_missing_key` says); absent when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missing_key: Vec<String>,
 }
 
 /// A field that is there, even as `null`.
@@ -311,6 +318,7 @@ fn json(e: &Entry) -> String {
         user_agent: e.user_agent.as_ref().map(text),
         grpc_status: e.grpc_status,
         keys: e.log.keys.as_ref().map(|recorder| e.keys.as_ref().map(|keys| recorder.keys(keys))),
+        missing_key: e.missing_key.clone(),
     };
     // A line of strings, numbers and maps of strings always serializes.
     let mut out = serde_json::to_string(&line).unwrap_or_default();
@@ -459,6 +467,7 @@ mod tests {
             bytes: 12,
             grpc_status: Some(16),
             keys: Some(recorded),
+            missing_key: vec!["per_tenant".to_owned(), "per_token".to_owned()],
         };
         drop(entry);
         let line = queued.recv().unwrap();
@@ -482,6 +491,7 @@ mod tests {
             user_agent: None,
             grpc_status: Some(16),
             keys: Some(Some(keys)),
+            missing_key: vec!["per_tenant".into(), "per_token".into()],
         };
         assert_eq!(read, expected, "{line}");
         assert_eq!(format!("{}\n", serde_json::to_string(&read).unwrap()), line);

@@ -184,6 +184,15 @@ impl Gate {
         self.check_chosen::<true>(&self.choose(limits, src), src, cost)
     }
 
+    /// The limits of `limits` (overrides and allow-lists applied, as `choose` picks them)
+    /// whose key `src` lacks: those that count it as `on_missing_key` says, in
+    /// `sluicegate_limit_missing_key_total`, when they decide it.
+    pub fn missing_keys<'s>(&self, limits: &[LimitUse], src: &'s KeySource<'_>) -> impl Iterator<Item = LimitId> + 's {
+        let limiters = Arc::clone(&self.limiters);
+        let chosen = self.choose(limits, src);
+        chosen.into_iter().map(|u| u.limit).filter(move |&limit| !limiters.get(limit).key.present(src))
+    }
+
     /// The limits that decide `src`: `limits` with overrides applied (an override's
     /// limit with its own burst; sorted again, so that locks are still taken in ascending
     /// order), less those whose allow-list exempts it. A limit both listed by the route

@@ -640,3 +640,32 @@ fn a_preview_decides_as_check_does_and_changes_nothing() {
     }
     assert_eq!(l.bans(LimitId::from(1)), 1, "the ban was started by the check, not by its previews");
 }
+
+#[test]
+fn the_limits_missing_a_key_are_those_that_decide_the_request_and_count_it_as_missing() {
+    let l = limiters(
+        "  by_key: { key: \"header:x-key\", rate: 1r/m, overrides: [ { match: { cidrs: [10.0.0.0/8] }, use: by_user } ] }\n  \
+         by_user: { key: \"header:x-user\", rate: 1r/m }\n  \
+         by_ip: { key: ip, rate: 1r/m }\n  \
+         exempt: { key: \"header:x-team\", rate: 1r/m, allow: { cidrs: [192.0.2.0/24] } }\n",
+    );
+    // Limits are numbered by name: by_ip 0, by_key 1, by_user 2, exempt 3.
+    let route = plain(&[0, 1, 3]);
+    let missing = |ip: [u8; 4], headers: &HeaderMap| {
+        let src = KeySource::get(ip.into(), "/", headers);
+        let found: Vec<usize> = l.gate.missing_keys(&route, &src).map(LimitId::index).collect();
+        // As the gate counts them when it decides.
+        let before: Vec<u64> = (0..4).map(|i| l.missing(LimitId::from(i))).collect();
+        drop(l.gate.check(&route, &src, 1));
+        let counted: Vec<usize> = (0..4).filter(|&i| l.missing(LimitId::from(i)) > before[i]).collect();
+        assert_eq!(found, counted, "{ip:?}");
+        found
+    };
+    let none = HeaderMap::new();
+    assert_eq!(missing([198, 51, 100, 1], &none), [1, 3], "an ip key is never missing");
+    assert_eq!(missing([10, 0, 0, 1], &none), [2, 3], "an override's limit is asked in its place");
+    assert_eq!(missing([192, 0, 2, 1], &none), [1], "an allow-list exempts it from its limit");
+    let mut with_key = HeaderMap::new();
+    with_key.insert("x-key", "k".parse().unwrap());
+    assert_eq!(missing([198, 51, 100, 2], &with_key), [3]);
+}

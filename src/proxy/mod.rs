@@ -219,10 +219,15 @@ impl Proxy {
             Action::Forward(upstream) => self.upstreams[*upstream].servers().balance_key(&front.src),
             Action::Respond(_) => None,
         };
-        self.refuse_duplicated_keys(front.candidates(config), &front.src)?;
-        self.refuse_missing_keys(front.limits(config), &front.src)?;
-        // What its limits are keyed on, for `simulate` (when the access log records keys).
+        // What its limits are keyed on, for `simulate` (when the access log records keys),
+        // so that a replay refuses as below what was refused here.
         trace.with(|e| e.record_keys(front.route, front.exempt, &front.src));
+        self.refuse_duplicated_keys(front.candidates(config), &front.src)?;
+        self.refuse_missing_keys(front.limits(config), &front.src).inspect_err(|e| {
+            if let ProxyError::MissingKey { limit, .. } = e {
+                trace.with(|entry| entry.missing_key = vec![limit.clone()]);
+            }
+        })?;
         let cost = front::cost(config, route, head.fields)?;
         // Without Redis the decision never waits, and `check` is what `decide` does:
         // no future is built for it. With Redis, the call's future is boxed, so that
@@ -233,7 +238,11 @@ impl Proxy {
         };
         let outcome = RequestOutcome::of(&decision, &config.limits);
         self.metrics.request(front.route, outcome);
-        trace.with(|e| e.outcome = outcome.as_str());
+        trace.with(|e| {
+            e.outcome = outcome.as_str();
+            let missing = self.gate.missing_keys(front.limits(config), &front.src);
+            e.missing_key = missing.map(|limit| config.limits[limit].name.clone()).collect();
+        });
         match decision {
             Decision::Reject { limit, ref results, ref store_error, .. } => {
                 match store_error {

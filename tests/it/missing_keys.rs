@@ -77,3 +77,31 @@ fn check_warns_of_a_key_a_request_may_lack_until_on_missing_key_says_what_to_do(
         check_bounded(&Conf::new().limit("k", "key: [ip, \"header:x\"], rate: 1r/s").answering("k").yaml());
     assert!(!stderr.contains("warning"), "a key with ip is never missing: {stderr}");
 }
+
+#[tokio::test]
+async fn the_access_log_names_the_limits_whose_key_a_request_lacked_as_the_counter_counts_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let sg = Conf::new()
+        .admin()
+        .set(&format!("access_log: {{ format: json, path: \"{}\" }}", log.display()))
+        .limit("skipping", "key: \"header:x-a\", rate: 100r/s, burst: 10, on_missing_key: skip")
+        .limit("sharing", "key: \"header:x-b\", rate: 100r/s, burst: 10, on_missing_key: shared")
+        .limit("refusing", "key: \"header:x-c\", rate: 100r/s, burst: 10, on_missing_key: refuse")
+        .answering("skipping, sharing, refusing")
+        .start();
+    assert_eq!(get(sg.addr, "/", &[("x-c", "c")]).await.status, 200);
+    assert_eq!(get(sg.addr, "/", &[]).await.status, 400);
+    assert_eq!(get(sg.addr, "/", &[("x-a", "a"), ("x-b", "b"), ("x-c", "c")]).await.status, 200);
+    let lines: Vec<serde_json::Value> =
+        crate::logs::access_lines(&log, 3).iter().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines[0]["missing_key"], serde_json::json!(["sharing", "skipping"]), "{}", lines[0]);
+    assert_eq!(lines[1]["missing_key"], serde_json::json!(["refusing"]), "the limit that refused it: {}", lines[1]);
+    assert!(lines[2].get("missing_key").is_none(), "absent when no key was missing: {}", lines[2]);
+    let m = Metrics::of(&sg).await;
+    for limit in ["skipping", "sharing", "refusing"] {
+        let logged = lines.iter().filter(|l| l["missing_key"].as_array().is_some_and(|a| a.contains(&limit.into())));
+        let counted = m.value(&format!("sluicegate_limit_missing_key_total{{limit=\"{limit}\"}}"));
+        assert_eq!(logged.count() as f64, counted, "limit {limit}: the log and /metrics say the same");
+    }
+}
