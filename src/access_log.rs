@@ -66,11 +66,11 @@ struct Recorded {
 }
 
 /// What one line records of keys: its route's parts' values, in `KeyRecorder` order, as
-/// written (`None`: the request has none). Empty when the route's allow-list exempted the
-/// request: no limit evaluated it.
+/// written (`None`: the request has none; several: it sent the part more than once).
+/// Empty when the route's allow-list exempted the request: no limit evaluated it.
 pub struct RecordedKeys {
     route: RouteId,
-    values: Vec<Option<String>>,
+    values: Vec<Option<Values>>,
 }
 
 impl KeyRecorder {
@@ -103,12 +103,15 @@ impl KeyRecorder {
 
     fn record(&self, route: RouteId, exempt: bool, src: &KeySource<'_>) -> RecordedKeys {
         let parts: &[Recorded] = if exempt { &[] } else { &self.routes[route] };
-        let values = parts.iter().map(|r| Some(self.text.value(&r.part, &r.part.value_in(src)?))).collect();
+        let values = parts
+            .iter()
+            .map(|r| Values::of(r.part.values_in(src).iter().map(|v| self.text.value(&r.part, v)).collect()))
+            .collect();
         RecordedKeys { route, values }
     }
 
     /// The `keys` object of a line.
-    fn keys(&self, keys: &RecordedKeys) -> BTreeMap<String, Option<String>> {
+    fn keys(&self, keys: &RecordedKeys) -> BTreeMap<String, Option<Values>> {
         let parts = self.routes.get(keys.route).map_or(&[][..], |p| &p[..]);
         parts.iter().zip(&keys.values).map(|(r, v)| (r.name.to_string(), v.clone())).collect()
     }
@@ -246,6 +249,41 @@ fn header_text(value: Option<&HeaderValue>) -> String {
     value.map_or_else(|| "-".to_owned(), |v| String::from_utf8_lossy(v.as_bytes()).into_owned())
 }
 
+/// One field's value, or the values of a field sent several times in order: as the access
+/// log's `keys` and `POST /explain`'s `headers` write them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Values {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Values {
+    /// `values` as written: one alone, several as a list (`None`: there are none).
+    pub fn of(mut values: Vec<String>) -> Option<Values> {
+        match values.len() {
+            0 => None,
+            1 => values.pop().map(Values::One),
+            _ => Some(Values::Many(values)),
+        }
+    }
+
+    pub fn push(&mut self, value: String) {
+        match self {
+            Values::Many(all) => all.push(value),
+            Values::One(first) => *self = Values::Many(vec![std::mem::take(first), value]),
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &str> {
+        match self {
+            Values::One(one) => std::slice::from_ref(one).iter(),
+            Values::Many(all) => all.iter(),
+        }
+        .map(String::as_str)
+    }
+}
+
 /// One line of the JSON access log, as `json` writes it and as `simulate` reads it back:
 /// one type both ways. What a reader may find missing (lines of an older version, or
 /// written by hand) is optional.
@@ -288,7 +326,7 @@ pub struct JsonLine<'a> {
     /// The key parts recorded, by name, `null` for one the request lacked: absent when the
     /// log records none (`keys: false`), `null` when the request reached no limit's key.
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "present")]
-    pub keys: Option<Option<BTreeMap<String, Option<String>>>>,
+    pub keys: Option<Option<BTreeMap<String, Option<Values>>>>,
     /// The limits whose key the request lacked (skipped, counted under the shared key, or
     /// refusing it, as their `on_missing_key` says); absent when none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -415,6 +453,11 @@ mod tests {
         let lacking = recorded(&config, 0, &[("x-tenant", b"acme")]);
         assert!(lacking["bearer"].is_null() && lacking["cookie:sid"].is_null() && lacking["host"].is_null());
         assert_eq!(recorded(&config, 1, &REQUEST), serde_json::json!({}));
+        // A part sent more than once is every value, in order, each written as one is.
+        let twice = recorded(&config, 0, &[("x-tenant", b"a"), ("x-tenant", b"b"), ("cookie", b"sid=1; sid=2")]);
+        assert_eq!(twice["header:x-tenant"], serde_json::json!(["a", "b"]));
+        let sids = twice["cookie:sid"].as_array().unwrap();
+        assert!(sids.len() == 2 && sids[0] != sids[1] && sids[0].as_str().unwrap().starts_with('#'), "{twice}");
         let exempt = KeyRecorder::new(config.access_log.as_ref().unwrap(), &config).unwrap();
         let src = KeySource::get("10.0.0.1".parse().unwrap(), "/a", &HEADERS);
         assert!(exempt.keys(&exempt.record(RouteId::from(0), true, &src)).is_empty());
@@ -474,7 +517,7 @@ mod tests {
         let read: JsonLine<'_> = serde_json::from_str(&line).unwrap();
         let recorder = log.keys.as_ref().unwrap();
         let keys = recorder.keys(&recorder.record(RouteId::from(0), false, &src));
-        assert_eq!(keys.get("header:x-tenant"), Some(&Some("acme".to_owned())), "{keys:?}");
+        assert_eq!(keys.get("header:x-tenant"), Some(&Some(Values::One("acme".to_owned()))), "{keys:?}");
         let expected = JsonLine {
             time: "2025-11-24T16:00:00.123Z".into(),
             client: "10.0.0.1".into(),

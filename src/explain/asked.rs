@@ -10,6 +10,7 @@ use std::net::IpAddr;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri};
 use serde::{Deserialize, Serialize};
 
+pub use crate::access_log::Values;
 use crate::wire::head::{Fields, RequestHead};
 
 /// Where the request comes from when nothing says: the peer a local client has.
@@ -38,23 +39,6 @@ pub struct Asked {
 
 fn get() -> String {
     "GET".to_owned()
-}
-
-/// One header field's value, or the values of a field sent several times.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum Values {
-    One(String),
-    Many(Vec<String>),
-}
-
-impl Values {
-    fn push(&mut self, value: String) {
-        match self {
-            Values::Many(all) => all.push(value),
-            Values::One(first) => *self = Values::Many(vec![std::mem::take(first), value]),
-        }
-    }
 }
 
 /// Why a request cannot be explained: it is not one HTTP could carry.
@@ -134,11 +118,7 @@ impl Asked {
         for (name, values) in &self.headers {
             let bad = || AskedError::Header(format!("{name}: {values:?}"));
             let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| bad())?;
-            let values = match values {
-                Values::One(one) => std::slice::from_ref(one),
-                Values::Many(many) => many.as_slice(),
-            };
-            for value in values {
+            for value in values.iter() {
                 headers.append(&name, HeaderValue::from_str(value).map_err(|_| bad())?);
             }
         }

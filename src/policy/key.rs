@@ -13,6 +13,7 @@ use std::net::IpAddr;
 use std::str::FromStr;
 
 use http::{HeaderName, Method, header};
+use smallvec::SmallVec;
 
 use crate::router::Captures;
 use crate::suggest::closest;
@@ -369,7 +370,11 @@ impl fmt::Display for KeyPart {
 /// The token of `Authorization: Bearer TOKEN` (RFC 6750 §2.1; the scheme is
 /// case-insensitive, RFC 9110 §11.1).
 pub fn bearer_token<'a>(fields: Fields<'a>) -> Option<&'a [u8]> {
-    let value = fields.first_of(Known::Authorization)?;
+    bearer(fields.first_of(Known::Authorization)?)
+}
+
+/// The token of an `Authorization` field's `value` of the `Bearer` scheme.
+fn bearer(value: &[u8]) -> Option<&[u8]> {
     let (scheme, rest) = value.split_at_checked(6)?;
     if !scheme.eq_ignore_ascii_case(b"bearer") || rest.first() != Some(&b' ') {
         return None;
@@ -408,6 +413,24 @@ impl KeyPart {
             KeyPart::Host => "the `Host` header".to_owned(),
             KeyPart::Capture(name) => format!("the group `{name}` of the route's path_regex"),
         }
+    }
+}
+
+impl KeyPart {
+    /// Every value of this part in `src`: the one `value_in` reads, or, when the request
+    /// carries the part more than once (`KeySpec::duplicated`), each in order (a repeated
+    /// `Authorization`'s token, or the field whole where it holds none), so that what
+    /// the proxy refused can be told again from them.
+    pub fn values_in<'s>(&self, src: &'s KeySource<'_>) -> SmallVec<[Cow<'s, [u8]>; 1]> {
+        let many: SmallVec<[Cow<'s, [u8]>; 1]> = match self {
+            KeyPart::Header(name) if *name != header::COOKIE => src.fields.get_all(name).map(Cow::Borrowed).collect(),
+            KeyPart::Bearer => {
+                src.fields.all_of(Known::Authorization).map(|v| Cow::Borrowed(bearer(v).unwrap_or(v))).collect()
+            }
+            KeyPart::Cookie(name) => cookies(src.fields, name).map(Cow::Borrowed).collect(),
+            _ => SmallVec::new(),
+        };
+        if many.len() > 1 { many } else { self.value_in(src).into_iter().collect() }
     }
 }
 

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use crate::access_log::JsonLine;
+use crate::access_log::{JsonLine, Values};
 use crate::policy::key::KeyPart;
 use crate::wire::head::{Fields, RequestHead};
 
@@ -221,19 +221,20 @@ fn read_json(line: &str, cache: &mut TimeCache) -> Result<Read, Unreadable> {
 }
 
 /// The key parts a line's `keys` records, each present one put where its key reads it:
-/// a header, `Authorization: Bearer VALUE`, a cookie in `Cookie`, `Host`. A digest
-/// (`#…`) stands for the value it was made of: equal values have equal digests, and a
-/// limit only compares keys. Names that are no key part a line records are passed over.
+/// a header, `Authorization: Bearer VALUE`, a cookie in `Cookie`, `Host`; a part the
+/// request sent several times, each time, as it sent them. A digest (`#…`) stands for the
+/// value it was made of: equal values have equal digests, and a limit only compares keys.
+/// Names that are no key part a line records are passed over.
 fn recorded_keys(
-    keys: Option<&std::collections::BTreeMap<String, Option<String>>>,
+    keys: Option<&std::collections::BTreeMap<String, Option<Values>>>,
     headers: &mut HeaderMap,
 ) -> Result<Vec<KeyPart>, Unreadable> {
     let Some(keys) = keys else { return Ok(Vec::new()) };
     let mut recorded = Vec::with_capacity(keys.len());
     let mut cookies = Vec::new();
-    for (name, value) in keys {
+    for (name, values) in keys {
         let Some(part) = name.parse::<KeyPart>().ok().filter(KeyPart::logged_apart) else { continue };
-        if let Some(value) = value {
+        for value in values.iter().flat_map(Values::iter) {
             let value = unescape(value);
             let field = |bytes: &[u8]| {
                 HeaderValue::from_bytes(bytes).or_else(|_| {
@@ -242,10 +243,10 @@ fn recorded_keys(
             };
             match &part {
                 KeyPart::Header(header) => {
-                    headers.insert(header.clone(), field(&value)?);
+                    headers.append(header.clone(), field(&value)?);
                 }
                 KeyPart::Bearer => {
-                    headers.insert(header::AUTHORIZATION, field(&[b"Bearer ", &value[..]].concat())?);
+                    headers.append(header::AUTHORIZATION, field(&[b"Bearer ", &value[..]].concat())?);
                 }
                 KeyPart::Cookie(cookie) => {
                     if !cookies.is_empty() {
@@ -770,6 +771,15 @@ mod tests {
         // otherwise (`ip`) and what is no key part are passed over.
         assert_eq!(recorded, ["bearer", "cookie:other", "cookie:sid", "header:x-tenant", "host"]);
         assert_eq!(l.client, "10.0.0.1".parse::<IpAddr>().unwrap());
+        // A part sent several times is put back each time, as it was sent.
+        let Ok(Read::Request(l)) =
+            read(r##"{"header:x-tenant":["a","b"],"bearer":["#1","#2"],"cookie:sid":["s1","s2"]}"##)
+        else {
+            panic!()
+        };
+        let all = |name: &str| l.headers.get_all(name).iter().map(|v| v.to_str().unwrap()).collect::<Vec<_>>();
+        assert_eq!((all("x-tenant"), all("authorization")), (vec!["a", "b"], vec!["Bearer #1", "Bearer #2"]));
+        assert_eq!(all("cookie"), ["sid=s1; sid=s2"]);
         let why = match read(r#"{"header:x-tenant":"a\\x0Ab"}"#) {
             Err(e) => e.0,
             Ok(_) => panic!("a value no field can hold was read"),

@@ -194,8 +194,9 @@ fn decision_line(replay: &Replay, fate: &Fate, log: &str, line: u64, at: u64, n:
         "wait_ms": fate.wait.as_secs_f64() * 1000.0,
         "status": fate.refused.map(|(_, status, _)| status),
         "limit": fate.refused.map(|(limit, _, _)| limits[limit].name.as_str()),
+        "missing_key": fate.missing_key.iter().map(|&l| limits[l].name.as_str()).collect::<Vec<_>>(),
     });
-    if let (true, Some((limit, _, _))) = (fate.grpc, fate.refused) {
+    if let (true, Some((limit, _, _)), "rejected" | "banned") = (fate.grpc, fate.refused, fate.outcome) {
         // A gRPC call is refused with a gRPC status (HTTP 200, as the proxy answers it).
         value["grpc_status"] = serde_json::Value::from(limits[limit].grpc_status.0);
     }

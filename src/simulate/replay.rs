@@ -15,6 +15,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::Duration;
 
+use smallvec::SmallVec;
 use typed_index_collections::TiVec;
 
 use super::ByKey;
@@ -35,11 +36,15 @@ use crate::policy::key::{KeyPart, KeySource};
 pub struct Fate {
     pub route: Option<RouteId>,
     /// `passed`, `delayed`, `rejected`, `banned`, `dry_run_rejected`; or why no limit
-    /// saw it: `no_route`, `bad_path`, `invalid_cost`.
+    /// saw it: `no_route`, `bad_path`, `invalid_cost`, `repeated_key_field` (a field a
+    /// limit is keyed on, sent twice: 400), `missing_key` (a key that a limit with
+    /// `on_missing_key: refuse` needs: 400).
     pub outcome: &'static str,
     pub wait: Duration,
     /// The enforced limit that refused it, the status it answers, and the key's hash.
     pub refused: Option<(LimitId, u16, Option<u64>)>,
+    /// The limits whose key it lacked, as the access log's `missing_key` names them.
+    pub missing_key: SmallVec<[LimitId; 2]>,
     /// The request was a gRPC call (its line has a `grpc_status`): a refusal is answered
     /// with the limit's `grpc_status`.
     pub grpc: bool,
@@ -191,7 +196,14 @@ impl Replay {
     pub fn take(&mut self, request: &Logged, at: u64) -> Fate {
         self.end_until(at);
         let grpc = request.grpc_status.is_some();
-        let mut fate = Fate { route: None, outcome: "no_route", wait: Duration::ZERO, refused: None, grpc };
+        let mut fate = Fate {
+            route: None,
+            outcome: "no_route",
+            wait: Duration::ZERO,
+            refused: None,
+            missing_key: SmallVec::new(),
+            grpc,
+        };
         let head = request.head();
         let front = match front::front(&self.config, &head, request.client, self.host.as_deref()) {
             Ok(front) => front,
@@ -209,7 +221,7 @@ impl Replay {
         fate.route = Some(index);
         let route = &self.config.routes[index];
         self.tally.second(at);
-        let mut limits: smallvec::SmallVec<[LimitUse; 4]> = smallvec::SmallVec::new();
+        let mut limits: SmallVec<[LimitUse; 4]> = SmallVec::new();
         if !exempt {
             for &used in &route.limits {
                 let l = used.limit;
@@ -218,11 +230,37 @@ impl Replay {
                 }
             }
         }
+        // What the proxy refuses with 400 before any limit decides, among the limits the
+        // line can drive: a key field sent twice, a key missing for `on_missing_key: refuse`.
+        let driven: SmallVec<[LimitId; 4]> = match exempt {
+            true => SmallVec::new(),
+            false => route
+                .candidates
+                .iter()
+                .copied()
+                .filter(|&l| drives(&self.skipped[l], &self.per_line[l], request))
+                .collect(),
+        };
+        let enforced = |&l: &LimitId| !self.config.limits[l].dry_run;
+        let repeated = front::repeated_key_fields(&self.config, &driven, &src).map(|(l, _)| l).find(enforced);
+        let refusing = front::refused_missing_keys(&self.config, &limits, &src).find(enforced);
+        if let Some((limit, outcome)) =
+            repeated.map(|l| (l, "repeated_key_field")).or(refusing.map(|l| (l, "missing_key")))
+        {
+            self.tally.routes[index].key_refused += 1;
+            if outcome == "missing_key" {
+                fate.missing_key.push(limit);
+            }
+            fate.outcome = outcome;
+            fate.refused = Some((limit, http::StatusCode::BAD_REQUEST.as_u16(), None));
+            return fate;
+        }
         let Ok(cost) = front::cost(&self.config, route, head.fields) else {
             self.tally.routes[index].invalid_cost += 1;
             fate.outcome = "invalid_cost";
             return fate;
         };
+        fate.missing_key = self.gate.missing_keys(&limits, &src).collect();
         let decision = self.decide(&limits, &src, cost, at);
         let outcome = RequestOutcome::of(&decision, &self.config.limits);
         fate.outcome = outcome.as_str();
@@ -307,15 +345,21 @@ fn simulated(
     route: RouteId,
     request: &Logged,
 ) -> bool {
-    if skipped.is_some() {
-        tally.limits[l].not_simulated += 1;
-    } else if let Some(part) = per_line.iter().find(|p| !request.recorded.contains(p)) {
-        tally.limits[l].unrecorded(part);
-    } else {
+    if drives(skipped, per_line, request) {
         return true;
+    }
+    match per_line.iter().find(|p| !request.recorded.contains(p)) {
+        Some(part) if skipped.is_none() => tally.limits[l].unrecorded(part),
+        _ => tally.limits[l].not_simulated += 1,
     }
     tally.routes[route].not_simulated(l);
     false
+}
+
+/// Whether a limit can decide `request`: the log can drive it (`skipped` is `None`) and
+/// the line records every part only recorded keys carry (`per_line`).
+fn drives(skipped: &Option<String>, per_line: &[KeyPart], request: &Logged) -> bool {
+    skipped.is_none() && per_line.iter().all(|p| request.recorded.contains(p))
 }
 
 /// Key parts of `config`'s limits that recorded keys put back in one field (`bearer` and

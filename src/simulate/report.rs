@@ -52,6 +52,8 @@ pub struct RouteReport {
     pub banned: u64,
     pub dry_run_rejected: u64,
     pub invalid_cost: u64,
+    /// Refused with 400 for a key field sent twice, or missing (`on_missing_key: refuse`).
+    pub key_refused: u64,
     pub delay: Option<Percentiles>,
     /// The route's limits that the log could not drive for some (or all) of its
     /// requests: its counts are not all they would have been.
@@ -122,6 +124,7 @@ impl Report {
                 banned: t.banned,
                 dry_run_rejected: t.dry_run_rejected,
                 invalid_cost: t.invalid_cost,
+                key_refused: t.key_refused,
                 delay: Percentiles::of(&mut t.waits),
                 limits_not_simulated: {
                     t.not_simulated.sort_unstable();
@@ -328,6 +331,12 @@ impl Report {
             }
             if r.invalid_cost > 0 {
                 extra.push(format!("{} had an invalid cost header (400)", r.invalid_cost));
+            }
+            if r.key_refused > 0 {
+                extra.push(format!(
+                    "{} refused for their key (400): a key field sent twice, or missing with on_missing_key: refuse",
+                    r.key_refused
+                ));
             }
             if r.delay.is_some() {
                 extra.push(delay_text(&r.delay));

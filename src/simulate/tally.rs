@@ -28,6 +28,9 @@ pub struct RouteTally {
     pub(super) banned: u64,
     pub(super) dry_run_rejected: u64,
     pub invalid_cost: u64,
+    /// Refused with 400 before its limits: a key field sent twice, or a key missing for a
+    /// limit with `on_missing_key: refuse`.
+    pub key_refused: u64,
     /// Every wait of a delayed request, ns.
     pub(super) waits: Vec<u64>,
     /// Limits of the route that did not decide some of its requests, as the log could

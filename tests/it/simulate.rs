@@ -632,3 +632,56 @@ routes:
     assert_eq!(outcomes, ["passed", "passed", "passed", "passed", "passed", "rejected"]);
     assert_eq!((d[5]["grpc_status"].as_u64(), d[0].get("grpc_status")), (Some(14), None));
 }
+
+#[tokio::test]
+async fn requests_the_proxy_refused_with_400_for_their_keys_replay_as_refused_and_the_rest_as_decided() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let yaml = format!(
+        "listen: 127.0.0.1:0
+access_log: {{ format: json, path: \"{}\", keys: true, keys_secret: \"{KEYS_SECRET}\" }}
+limits:
+  per_client: {{ key: \"header:x-client\", rate: 1r/m, burst: 1, nodelay: true, on_missing_key: refuse }}
+  per_key: {{ key: \"header:x-api-key\", rate: 1r/m, burst: 1, nodelay: true, on_missing_key: skip }}
+  per_session: {{ key: \"cookie:sid\", rate: 1r/m, burst: 5, nodelay: true, on_missing_key: skip }}
+routes:
+  - name: api
+    limits: [per_client, per_key, per_session]
+    respond: {{ status: 200 }}
+",
+        log.display()
+    );
+    let sg = Sluicegate::start(&yaml);
+    let sent: [&[(&str, &str)]; 8] = [
+        &[("x-client", "c1"), ("x-api-key", "a1")],
+        &[("x-api-key", "a1")],
+        &[("x-client", "c1"), ("x-client", "c2")],
+        &[("x-client", "c2"), ("x-api-key", "a1"), ("x-api-key", "a2")],
+        &[("x-client", "c2"), ("cookie", "sid=s1; sid=s2")],
+        &[("x-client", "c2"), ("authorization", "Bearer t")],
+        &[("x-client", "c1")],
+        &[("x-client", "c1"), ("x-api-key", "a1")],
+    ];
+    let mut statuses = Vec::new();
+    for headers in sent {
+        statuses.push(get(sg.addr, "/", headers).await.status);
+    }
+    assert_eq!(statuses, [200, 400, 400, 400, 400, 200, 200, 429], "the proxy's answers");
+    let logged: Vec<Value> =
+        crate::logs::access_lines(&log, sent.len()).iter().map(|l| serde_json::from_str(l).unwrap()).collect();
+    write(dir.path(), "c.yaml", &yaml);
+    simulate(dir.path(), &["-c", "c.yaml", "--decisions", "decisions.jsonl", "access.log"]);
+    let replayed = decisions(&dir.path().join("decisions.jsonl"));
+    assert_eq!(replayed.len(), sent.len());
+    for (n, (logged, replayed)) in logged.iter().zip(&replayed).enumerate() {
+        let status = replayed["status"].as_u64().unwrap_or(200);
+        assert_eq!(Some(status), logged["status"].as_u64(), "request {n}: {logged} replayed as {replayed}");
+        let missing = |v: &Value| v.get("missing_key").cloned().unwrap_or_else(|| serde_json::json!([]));
+        assert_eq!(missing(replayed), missing(logged), "request {n}: {logged} replayed as {replayed}");
+    }
+    assert_eq!(replayed[1]["outcome"], "missing_key");
+    assert_eq!(replayed[1]["limit"], "per_client");
+    for n in [2, 3, 4] {
+        assert_eq!(replayed[n]["outcome"], "repeated_key_field", "{}", replayed[n]);
+    }
+}
