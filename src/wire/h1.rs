@@ -109,7 +109,7 @@ where
     let mut watcher = stopping.clone();
     let stop = watcher.changed().fuse();
     tokio::pin!(stop);
-    let mut waiting = Waiting { since: Instant::now(), first: true, head_since: None };
+    let mut waiting = Waiting { since: Instant::now(), first: true, head_since: None, stop_registered: false };
     loop {
         let head = match poll_fn(|cx| waiting.poll_head(cx, c, settings, timer.as_mut(), stopping, stop.as_mut())).await
         {
@@ -129,7 +129,7 @@ where
             Exchanged::Close => return End::Closed,
             Exchanged::Upgraded(tunnel) => return End::Tunnel(tunnel),
         }
-        waiting = Waiting { since: Instant::now(), first: false, head_since: None };
+        waiting = Waiting { since: Instant::now(), first: false, head_since: None, ..waiting };
     }
 }
 
@@ -189,6 +189,10 @@ struct Waiting {
     first: bool,
     /// When the head's first byte came.
     head_since: Option<Instant>,
+    /// Shutdown's wait has been polled once: it holds the connection task's waker (the
+    /// same for the task's life) until the signal, so later waits only look at the
+    /// receiver. Polling it again per request costs about 180 instructions.
+    stop_registered: bool,
 }
 
 impl Waiting {
@@ -228,9 +232,12 @@ impl Waiting {
             timer.as_mut().reset(deadline.min(now + t.shortest()));
         }
         // Asked for shutdown's signal only while nothing of a request is in (a request
-        // begun is read and answered first).
-        if !c.head_begun() && stop.poll(cx).is_ready() {
-            return Poll::Ready(Err(Ended::Stopping));
+        // begun is read and answered first); the signal itself is looked at above.
+        if !c.head_begun() && !self.stop_registered {
+            if stop.poll(cx).is_ready() {
+                return Poll::Ready(Err(Ended::Stopping));
+            }
+            self.stop_registered = true;
         }
         Poll::Pending
     }
