@@ -1,5 +1,6 @@
 //! The dashboard in a real browser (headless Chromium, `chromium.rs`): it shows what
-//! happens without a reload, lifts a ban, shows nothing before its token is typed, logs
+//! happens without a reload (a limit's requests without its key among it), lifts a ban,
+//! shows nothing before its token is typed, logs
 //! no error and fetches nothing from another origin. Skipped with a notice where Chromium
 //! is not installed, unless `CI` is set.
 
@@ -276,5 +277,37 @@ async fn a_picture_of_the_dashboard_for_the_readme() {
     browser.until("a fresh answer", WITHIN, "return document.querySelector('#status').textContent === 'live'").await;
     let png = browser.client.screenshot().await.unwrap();
     std::fs::write(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/dashboard.png"), png).unwrap();
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limits_card_shows_its_requests_without_its_key_once_there_are_any() {
+    let Some(browser) = Chromium::start().await else { return };
+    let sg = Conf::new()
+        .admin()
+        .limit("per_user", "key: \"header:x-user\", rate: 10r/s, on_missing_key: skip")
+        .answering("per_user")
+        .start();
+    // The figures of the limit's card, each `name: value`.
+    const STATS: &str = r#"(() => {
+        const card = document.querySelector('[data-limit="per_user"]');
+        return card === null ? [] : [...card.querySelectorAll('.stats > div')].map((d) => {
+          const name = d.querySelector('b').textContent;
+          return `${name}: ${d.textContent.slice(name.length)}`;
+        });
+      })()"#;
+    open(&browser, &sg).await;
+    let shown = format!("return {STATS}.some((s) => s.startsWith('evictions: '))");
+    browser.until("the limit's card with its figures", WITHIN, &shown).await;
+    assert_eq!(get(sg.addr, "/", &[("x-user", "alice")]).await.status, 200);
+    let before = browser.run(&format!("return {STATS}")).await;
+    let before: Vec<&str> = before.as_array().unwrap().iter().filter_map(|s| s.as_str()).collect();
+    assert!(!before.iter().any(|s| s.starts_with("without its key")), "not shown while none came: {before:?}");
+    for _ in 0..3 {
+        assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
+    }
+    let counted = format!("return {STATS}.includes('without its key: 3')");
+    browser.until("the requests without its key in the card", WITHIN, &counted).await;
+    assert_eq!(complaints(&browser).await, []);
     browser.close().await;
 }
