@@ -1,8 +1,8 @@
 //! The dashboard in a real browser (headless Chromium, `chromium.rs`): it shows what
 //! happens without a reload (a limit's requests without its key among it), lifts a ban,
-//! shows nothing before its token is typed, logs
-//! no error and fetches nothing from another origin. Skipped with a notice where Chromium
-//! is not installed, unless `CI` is set.
+//! shows nothing before its token is typed, logs no error and fetches nothing from
+//! another origin. Skipped with a notice where Chromium is not installed, unless `CI` is
+//! set.
 
 use std::time::Duration;
 
