@@ -104,3 +104,40 @@ async fn futures_statuses_of<F: std::future::Future<Output = u16>>(
     }
     out
 }
+
+/// The master's password (`redis.password`) and the sentinels' own
+/// (`redis.sentinel.password`) each go where they belong; a wrong one is a store error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_go_to_the_master_and_to_the_sentinels() {
+    let master = Redis::start();
+    let sentinel = Redis::start_sentinel("main", &master);
+    assert_eq!(master.command(&["CONFIG", "SET", "requirepass", "m4ster"]), "OK");
+    assert_eq!(sentinel.command(&["SENTINEL", "SET", "main", "auth-pass", "m4ster"]), "OK");
+    // Last: the sentinel answers no unauthenticated command after this.
+    assert_eq!(sentinel.command(&["ACL", "SETUSER", "default", "resetpass", ">s3ntinel"]), "OK");
+    let config = |master_password: &str, sentinel_password: &str| {
+        Conf::new()
+            .set(&format!(
+                "redis: {{ sentinel: {{ master: main, nodes: [\"127.0.0.1:{}\"], password: {sentinel_password} }},
+         password: {master_password}, timeout: 1s }}",
+                sentinel.port
+            ))
+            .limit("g", "key: ip, rate: 1r/m, burst: 1, nodelay: true, scope: global, on_store_error: deny")
+            .answering("g")
+    };
+    let right = config("m4ster", "s3ntinel").start();
+    // Refused by `on_store_error` (spending nothing) until the master is found.
+    wait_until("the master found", Duration::from_secs(10), async || get(right.addr, "/", &[]).await.status == 200)
+        .await;
+    assert_eq!(futures_statuses(right.addr, "/", 2).await, [200, 429], "{}", right.log());
+    for (master_password, sentinel_password, why) in
+        [("guess", "s3ntinel", "the master's"), ("m4ster", "guess", "the sentinels'")]
+    {
+        let sg = config(master_password, sentinel_password).start();
+        assert_eq!(futures_statuses(sg.addr, "/", 2).await, [503, 503], "{why}: {}", sg.log());
+        wait_until("the failure logged", Duration::from_secs(10), async || {
+            sg.log().contains("the sentinels name no Redis master")
+        })
+        .await;
+    }
+}
