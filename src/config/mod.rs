@@ -223,10 +223,13 @@ pub enum Balance {
 /// waits for it.
 #[derive(Debug, Clone)]
 pub struct Redis {
-    /// `redis://` or `rediss://` (TLS), with optional credentials and database.
+    /// `redis://` or `rediss://` (TLS), with optional credentials and database; empty
+    /// with `sentinel`.
     pub url: String,
     /// `url` is one node of a Redis Cluster; the others are discovered.
     pub cluster: bool,
+    /// The master is found through these sentinels.
+    pub sentinel: Option<Sentinel>,
     pub username: Option<String>,
     pub password: Option<String>,
     /// With `rediss://`: the PEM certificate(s) of the CA to trust instead of the public
@@ -252,6 +255,17 @@ pub struct Redis {
     pub lease_ttl: Duration,
     /// Keys known to be over a global limit, remembered per limit (0: no near-cache).
     pub near_cache_keys: usize,
+}
+
+/// `redis.sentinel`.
+#[derive(Debug, Clone)]
+pub struct Sentinel {
+    /// The master's name the sentinels know.
+    pub master: String,
+    /// `redis://host:port` of each sentinel.
+    pub nodes: Vec<String>,
+    pub password: Option<String>,
+    pub check_interval: Duration,
 }
 
 #[derive(Debug)]

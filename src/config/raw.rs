@@ -250,11 +250,13 @@ pub enum BalanceName {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
 pub struct RawRedis {
+    /// Required unless `sentinel` is given (checked with the rest).
     #[serde(default)]
-    #[schemars(!default)]
     pub url: String,
     #[serde(default)]
     pub cluster: bool,
+    /// The master is found through Redis Sentinel (instead of `url`).
+    pub sentinel: Option<RawSentinel>,
     /// The user itself, or `${VARIABLE}`.
     pub username: Option<String>,
     /// The password itself, or `${VARIABLE}`.
@@ -271,6 +273,23 @@ pub struct RawRedis {
     pub breaker_cooldown: Option<String>,
     pub lease_ttl: Option<String>,
     pub near_cache_keys: Option<u64>,
+}
+
+/// `redis.sentinel`: the sentinels that name the master of a Redis replication group.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct RawSentinel {
+    /// The master's name, as the sentinels' `sentinel monitor NAME …` gives it.
+    pub master: String,
+    /// The sentinels, `host:port`.
+    pub nodes: Vec<String>,
+    /// The sentinels' own password (`requirepass` of the sentinels), itself or `${VARIABLE}`.
+    pub password: Option<String>,
+    /// A file that holds the sentinels' password.
+    pub password_file: Option<String>,
+    /// How often the sentinels are asked which server is the master (besides after
+    /// every failed call); default `5s`.
+    pub check_interval: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]

@@ -5,8 +5,8 @@ use std::time::Duration;
 use redis::IntoConnectionInfo;
 
 use super::checks::{Errors, positive_duration};
-use super::raw::{OnStoreError, RawLimit, RawRedis, ScopeName};
-use super::{Limit, Policy, Redis, Scope};
+use super::raw::{OnStoreError, RawLimit, RawRedis, RawSentinel, ScopeName};
+use super::{Limit, Policy, Redis, Scope, Sentinel};
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(20);
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -16,19 +16,23 @@ const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_secs(1);
 const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
 const DEFAULT_NEAR_CACHE_KEYS: u64 = 100_000;
 pub const DEFAULT_KEY_PREFIX: &str = "sluicegate:";
+const DEFAULT_SENTINEL_CHECK: Duration = Duration::from_secs(5);
 
 /// Global scripts compute in Lua numbers (doubles), exact up to 2^53; spans of time up to
 /// 2^52 ns (52 days) and products of counts and microseconds up to 2^52 leave room.
 const EXACT: u128 = 1 << 52;
 
 pub(super) fn redis(e: &mut Errors<'_>, raw: &RawRedis) -> Redis {
-    if let Err(err) = raw.url.as_str().into_connection_info() {
-        e.add("redis.url".into(), format!("invalid Redis URL {:?}: {err}", raw.url));
+    let sentinel = raw.sentinel.as_ref().map(|s| sentinel(e, raw, s));
+    if sentinel.is_none()
+        && let Err(err) = raw.url.as_str().into_connection_info()
+    {
+        let message = match raw.url.is_empty() {
+            true => "required: the Redis server's URL (or `sentinel:` to find it)".to_owned(),
+            false => format!("invalid Redis URL {:?}: {err}", raw.url),
+        };
+        e.add("redis.url".into(), message);
     }
-    let positive = |e: &mut Errors<'_>, field: &str, text: Option<&String>, default: Duration| match text {
-        None => default,
-        Some(text) => e.check(|| format!("redis.{field}"), positive_duration(text)).unwrap_or(default),
-    };
     let connections = raw.connections.unwrap_or(1);
     if !(1..=64).contains(&connections) {
         e.add("redis.connections".into(), "must be from 1 to 64");
@@ -40,12 +44,12 @@ pub(super) fn redis(e: &mut Errors<'_>, raw: &RawRedis) -> Redis {
     if key_prefix.contains(['{', '}']) {
         e.add("redis.key_prefix".into(), "must not contain '{' or '}': sluicegate places the cluster hash tag itself");
     }
-    let lease_ttl = positive(e, "lease_ttl", raw.lease_ttl.as_ref(), DEFAULT_LEASE_TTL);
+    let lease_ttl = positive(e, "redis.lease_ttl", raw.lease_ttl.as_ref(), DEFAULT_LEASE_TTL);
     if lease_ttl < Duration::from_millis(300) {
         e.add("redis.lease_ttl".into(), "must be at least 300ms (leases are renewed every third of it)");
     }
     let tls_ca = raw.tls_ca_file.as_ref().and_then(|file| {
-        if !raw.url.starts_with("rediss://") {
+        if !raw.url.starts_with("rediss://") && raw.sentinel.is_none() {
             e.add("redis.tls_ca_file".into(), "applies only to TLS URLs (`rediss://`)");
         }
         e.check(|| "redis.tls_ca_file".into(), super::files::read_regular(file))
@@ -53,19 +57,82 @@ pub(super) fn redis(e: &mut Errors<'_>, raw: &RawRedis) -> Redis {
     Redis {
         url: raw.url.clone(),
         cluster: raw.cluster,
+        sentinel,
         username: super::secrets::secret(e, "redis.username", raw.username.as_deref(), None),
         password: super::secrets::secret(e, "redis.password", raw.password.as_deref(), raw.password_file.as_deref()),
         tls_ca,
-        timeout: positive(e, "timeout", raw.timeout.as_ref(), DEFAULT_TIMEOUT),
-        connect_timeout: positive(e, "connect_timeout", raw.connect_timeout.as_ref(), DEFAULT_CONNECT_TIMEOUT),
+        timeout: positive(e, "redis.timeout", raw.timeout.as_ref(), DEFAULT_TIMEOUT),
+        connect_timeout: positive(e, "redis.connect_timeout", raw.connect_timeout.as_ref(), DEFAULT_CONNECT_TIMEOUT),
         connections: usize::try_from(connections.clamp(1, 64)).unwrap_or(1),
         key_prefix,
         breaker_failures: raw.breaker_failures.unwrap_or(DEFAULT_BREAKER_FAILURES).max(1),
         // Zero is allowed: the breaker then counts failures in a row only.
         breaker_window: e.duration("redis.breaker_window", raw.breaker_window.as_ref(), DEFAULT_BREAKER_WINDOW),
-        breaker_cooldown: positive(e, "breaker_cooldown", raw.breaker_cooldown.as_ref(), DEFAULT_BREAKER_COOLDOWN),
+        breaker_cooldown: positive(
+            e,
+            "redis.breaker_cooldown",
+            raw.breaker_cooldown.as_ref(),
+            DEFAULT_BREAKER_COOLDOWN,
+        ),
         lease_ttl,
         near_cache_keys: usize::try_from(raw.near_cache_keys.unwrap_or(DEFAULT_NEAR_CACHE_KEYS)).unwrap_or(usize::MAX),
+    }
+}
+
+/// `redis.sentinel`, and what it excludes: a URL, a cluster, TLS (not supported with
+/// sentinels yet).
+fn sentinel(e: &mut Errors<'_>, raw: &RawRedis, s: &RawSentinel) -> Sentinel {
+    let at = "redis.sentinel";
+    for (field, given, why) in [
+        ("url", !raw.url.is_empty(), "give either `url` or `sentinel`: with `sentinel` the sentinels name the master"),
+        ("cluster", raw.cluster, "a Redis Cluster fails over by itself: give either `cluster` or `sentinel`"),
+        ("tls_ca_file", raw.tls_ca_file.is_some(), "TLS is not supported with `sentinel`"),
+    ] {
+        if given {
+            e.add(format!("redis.{field}"), why);
+        }
+    }
+    if s.master.is_empty() {
+        e.add(format!("{at}.master"), "must name the master the sentinels monitor");
+    }
+    if s.nodes.is_empty() {
+        e.add(format!("{at}.nodes"), "must list at least one sentinel (`host:port`)");
+    }
+    let nodes = (s.nodes.iter().enumerate())
+        .filter_map(|(i, node)| e.check(|| format!("{at}.nodes[{i}]"), sentinel_node(node)))
+        .collect();
+    Sentinel {
+        master: s.master.clone(),
+        nodes,
+        password: super::secrets::secret(
+            e,
+            "redis.sentinel.password",
+            s.password.as_deref(),
+            s.password_file.as_deref(),
+        ),
+        check_interval: positive(e, "redis.sentinel.check_interval", s.check_interval.as_ref(), DEFAULT_SENTINEL_CHECK),
+    }
+}
+
+/// The duration at `field`, positive, or `default` when not given (or wrong: the error
+/// is reported).
+fn positive(e: &mut Errors<'_>, field: &str, text: Option<&String>, default: Duration) -> Duration {
+    match text {
+        None => default,
+        Some(text) => e.check(|| field.to_owned(), positive_duration(text)).unwrap_or(default),
+    }
+}
+
+/// A sentinel's `host:port` as the URL the client takes.
+fn sentinel_node(node: &str) -> Result<String, String> {
+    let port = node.rsplit_once(':').map(|(host, port)| (host, port.parse::<u16>()));
+    match port {
+        Some((host, Ok(port))) if !host.is_empty() && port > 0 => {
+            let url = format!("redis://{node}");
+            url.as_str().into_connection_info().map_err(|err| format!("invalid sentinel address {node:?}: {err}"))?;
+            Ok(url)
+        }
+        _ => Err(format!("{node:?} is not `host:port` (a sentinel's address, e.g. 10.0.0.1:26379)")),
     }
 }
 

@@ -446,6 +446,43 @@ limits:
 }
 
 #[test]
+fn a_sentinel_section_is_checked_with_positions() {
+    let yaml = "listen: 127.0.0.1:0
+limits:
+  a: { key: ip, rate: 1r/s, scope: global }
+redis:
+  url: redis://127.0.0.1
+  cluster: true
+  sentinel:
+    master: \"\"
+    nodes: [\"10.0.0.1:26379\", \"10.0.0.2\", \"[::1]:26379\"]
+    check_interval: 0s
+";
+    let (ok, stderr) = check(yaml);
+    assert!(!ok);
+    for line in [
+        "FILE:5:8: redis.url: give either `url` or `sentinel`",
+        "FILE:6:12: redis.cluster: a Redis Cluster fails over by itself",
+        "FILE:8:13: redis.sentinel.master: must name the master the sentinels monitor",
+        "FILE:9:31: redis.sentinel.nodes[1]: \"10.0.0.2\" is not `host:port`",
+        "FILE:10:21: redis.sentinel.check_interval: must be longer than zero",
+    ] {
+        assert!(stderr.contains(line), "{line}\nnot in\n{stderr}");
+    }
+    assert!(!stderr.contains("nodes[0]") && !stderr.contains("nodes[2]"), "{stderr}");
+    let (ok, stderr) = check("listen: 127.0.0.1:0\nredis: { timeout: 10ms }\n");
+    assert!(!ok);
+    assert!(
+        stderr.contains("FILE:2:8: redis.url: required: the Redis server's URL (or `sentinel:` to find it)"),
+        "{stderr}"
+    );
+    let (ok, stderr) = check(
+        "listen: 127.0.0.1:0\nredis: { sentinel: { master: main, nodes: [\"127.0.0.1:26379\"], password: secret } }\n",
+    );
+    assert!(ok, "{stderr}");
+}
+
+#[test]
 fn connection_limits_are_bounded() {
     let yaml = "listen: 127.0.0.1:0\nserver:\n  idle_timeout: 0s\n  send_timeout: 2d\n  max_connections: 0\n";
     let (ok, stderr) = check(yaml);

@@ -22,6 +22,8 @@ pub struct Redis {
     pub port: u16,
     /// The TLS port of a server started with `start_tls` (0 otherwise).
     pub tls_port: u16,
+    /// A configuration file, given first (a sentinel's, which it rewrites).
+    config_file: Option<PathBuf>,
     /// Arguments after the common ones (cluster settings).
     extra_args: Vec<String>,
     child: Option<Child>,
@@ -43,7 +45,7 @@ impl Redis {
     /// Starts a server, picking new ports if the process exits before it is ready.
     fn start_on_free_ports(cluster: bool, tls: Option<&std::path::Path>) -> Redis {
         let dir = tempfile::tempdir().unwrap();
-        let mut redis = Redis { port: 0, tls_port: 0, extra_args: Vec::new(), child: None, dir };
+        let mut redis = Redis { port: 0, tls_port: 0, config_file: None, extra_args: Vec::new(), child: None, dir };
         let mut failures = Vec::new();
         for _ in 0..START_ATTEMPTS {
             let ports = free_ports(2);
@@ -77,6 +79,37 @@ impl Redis {
             }
         }
         panic!("redis-server did not start in {START_ATTEMPTS} attempts:\n{}", failures.join("\n"));
+    }
+
+    /// Starts a sentinel on a free port that monitors `master` as `name`, alone (quorum
+    /// 1): a master silent for one second is down, and its replica (if it has one) is made
+    /// master.
+    pub fn start_sentinel(name: &str, master: &Redis) -> Redis {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("sentinel.conf");
+        let text = format!(
+            "sentinel monitor {name} 127.0.0.1 {port} 1\nsentinel down-after-milliseconds {name} 1000\n\
+             sentinel failover-timeout {name} 10000\n",
+            port = master.port
+        );
+        std::fs::write(&config, text).unwrap();
+        let mut sentinel = Redis {
+            port: 0,
+            tls_port: 0,
+            config_file: Some(config),
+            extra_args: vec!["--sentinel".into()],
+            child: None,
+            dir,
+        };
+        let mut failures = Vec::new();
+        for _ in 0..START_ATTEMPTS {
+            sentinel.port = free_ports(1)[0];
+            match sentinel.spawn_and_wait() {
+                Ok(()) => return sentinel,
+                Err(failure) => failures.push(failure),
+            }
+        }
+        panic!("redis-server --sentinel did not start in {START_ATTEMPTS} attempts:\n{}", failures.join("\n"));
     }
 
     /// `redis://127.0.0.1:PORT`.
@@ -145,6 +178,7 @@ impl Redis {
     /// Spawns the process; Err if it exits before it is ready (say, the port is taken).
     fn spawn_and_wait(&mut self) -> Result<(), String> {
         let spawned = Command::new("redis-server")
+            .args(&self.config_file)
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(self.dir.path())

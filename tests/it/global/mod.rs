@@ -1,11 +1,13 @@
 //! Global limits against a real Redis: the same decisions as local ones, one budget
 //! shared by several instances (`decisions`), what happens when Redis fails, is paused,
 //! forgets its scripts or starts late (`outages`), and Redis as deployed: a cluster,
-//! TLS, credentials, leases of an instance that dies, keys' TTLs (`deployments`).
+//! TLS, credentials, leases of an instance that dies, keys' TTLs (`deployments`), a
+//! master found through sentinels and their failover (`sentinel`).
 
 mod decisions;
 mod deployments;
 mod outages;
+mod sentinel;
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
