@@ -187,10 +187,13 @@ impl Gate {
     /// The limits of `limits` (overrides and allow-lists applied, as `choose` picks them)
     /// whose key `src` lacks: those that count it as `on_missing_key` says, in
     /// `sluicegate_limit_missing_key_total`, when they decide it.
-    pub fn missing_keys<'s>(&self, limits: &[LimitUse], src: &'s KeySource<'_>) -> impl Iterator<Item = LimitId> + 's {
-        let limiters = Arc::clone(&self.limiters);
+    pub fn missing_keys<'a>(
+        &'a self,
+        limits: &[LimitUse],
+        src: &'a KeySource<'_>,
+    ) -> impl Iterator<Item = LimitId> + 'a {
         let chosen = self.choose(limits, src);
-        chosen.into_iter().map(|u| u.limit).filter(move |&limit| !limiters.get(limit).key.present(src))
+        chosen.into_iter().map(|u| u.limit).filter(move |&limit| !self.limiters.get(limit).key.present(src))
     }
 
     /// The limits that decide `src`: `limits` with overrides applied (an override's
