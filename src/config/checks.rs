@@ -73,6 +73,14 @@ impl Errors<'_> {
             Some(text) => self.check(|| path.to_owned(), parse_duration(text)).unwrap_or(default),
         }
     }
+
+    /// As `duration`, longer than zero.
+    pub(super) fn positive(&mut self, path: &str, text: Option<&String>, default: Duration) -> Duration {
+        match text {
+            None => default,
+            Some(text) => self.check(|| path.to_owned(), positive_duration(text)).unwrap_or(default),
+        }
+    }
 }
 
 /// What to say of `name`, which names no `kind` (`limit`, `upstream`) among `defined`,

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use redis::IntoConnectionInfo;
 
-use super::checks::{Errors, positive_duration};
+use super::checks::Errors;
 use super::raw::{OnStoreError, RawLimit, RawRedis, RawSentinel, ScopeName};
 use super::{Limit, Policy, Redis, Scope, Sentinel};
 
@@ -44,7 +44,7 @@ pub(super) fn redis(e: &mut Errors<'_>, raw: &RawRedis) -> Redis {
     if key_prefix.contains(['{', '}']) {
         e.add("redis.key_prefix".into(), "must not contain '{' or '}': sluicegate places the cluster hash tag itself");
     }
-    let lease_ttl = positive(e, "redis.lease_ttl", raw.lease_ttl.as_ref(), DEFAULT_LEASE_TTL);
+    let lease_ttl = e.positive("redis.lease_ttl", raw.lease_ttl.as_ref(), DEFAULT_LEASE_TTL);
     if lease_ttl < Duration::from_millis(300) {
         e.add("redis.lease_ttl".into(), "must be at least 300ms (leases are renewed every third of it)");
     }
@@ -61,19 +61,14 @@ pub(super) fn redis(e: &mut Errors<'_>, raw: &RawRedis) -> Redis {
         username: super::secrets::secret(e, "redis.username", raw.username.as_deref(), None),
         password: super::secrets::secret(e, "redis.password", raw.password.as_deref(), raw.password_file.as_deref()),
         tls_ca,
-        timeout: positive(e, "redis.timeout", raw.timeout.as_ref(), DEFAULT_TIMEOUT),
-        connect_timeout: positive(e, "redis.connect_timeout", raw.connect_timeout.as_ref(), DEFAULT_CONNECT_TIMEOUT),
+        timeout: e.positive("redis.timeout", raw.timeout.as_ref(), DEFAULT_TIMEOUT),
+        connect_timeout: e.positive("redis.connect_timeout", raw.connect_timeout.as_ref(), DEFAULT_CONNECT_TIMEOUT),
         connections: usize::try_from(connections.clamp(1, 64)).unwrap_or(1),
         key_prefix,
         breaker_failures: raw.breaker_failures.unwrap_or(DEFAULT_BREAKER_FAILURES).max(1),
         // Zero is allowed: the breaker then counts failures in a row only.
         breaker_window: e.duration("redis.breaker_window", raw.breaker_window.as_ref(), DEFAULT_BREAKER_WINDOW),
-        breaker_cooldown: positive(
-            e,
-            "redis.breaker_cooldown",
-            raw.breaker_cooldown.as_ref(),
-            DEFAULT_BREAKER_COOLDOWN,
-        ),
+        breaker_cooldown: e.positive("redis.breaker_cooldown", raw.breaker_cooldown.as_ref(), DEFAULT_BREAKER_COOLDOWN),
         lease_ttl,
         near_cache_keys: usize::try_from(raw.near_cache_keys.unwrap_or(DEFAULT_NEAR_CACHE_KEYS)).unwrap_or(usize::MAX),
     }
@@ -110,16 +105,7 @@ fn sentinel(e: &mut Errors<'_>, raw: &RawRedis, s: &RawSentinel) -> Sentinel {
             s.password.as_deref(),
             s.password_file.as_deref(),
         ),
-        check_interval: positive(e, "redis.sentinel.check_interval", s.check_interval.as_ref(), DEFAULT_SENTINEL_CHECK),
-    }
-}
-
-/// The duration at `field`, positive, or `default` when not given (or wrong: the error
-/// is reported).
-fn positive(e: &mut Errors<'_>, field: &str, text: Option<&String>, default: Duration) -> Duration {
-    match text {
-        None => default,
-        Some(text) => e.check(|| field.to_owned(), positive_duration(text)).unwrap_or(default),
+        check_interval: e.positive("redis.sentinel.check_interval", s.check_interval.as_ref(), DEFAULT_SENTINEL_CHECK),
     }
 }
 

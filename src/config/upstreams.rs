@@ -234,12 +234,8 @@ fn health_check(e: &mut Errors<'_>, at: &str, raw: &RawHealthCheck) -> HealthChe
             )
         }
     };
-    let mut positive = |field: &str, text: Option<&String>, default: Duration| match text {
-        None => default,
-        Some(text) => e.check(|| format!("{at}.{field}"), positive_duration(text)).unwrap_or(default),
-    };
-    let interval = positive("interval", raw.interval.as_ref(), DEFAULT_CHECK_INTERVAL);
-    let timeout = positive("timeout", raw.timeout.as_ref(), DEFAULT_CHECK_TIMEOUT);
+    let interval = e.positive(&format!("{at}.interval"), raw.interval.as_ref(), DEFAULT_CHECK_INTERVAL);
+    let timeout = e.positive(&format!("{at}.timeout"), raw.timeout.as_ref(), DEFAULT_CHECK_TIMEOUT);
     let expect_status = raw
         .expect_status
         .iter()

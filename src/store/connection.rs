@@ -266,8 +266,9 @@ fn follow_master(
             Ok(info.set_redis_settings(settings))
         })
         .collect();
-    let mut sentinels = match nodes.clone().and_then(redis::sentinel::Sentinel::build) {
-        Ok(sentinels) => sentinels,
+    let built = nodes.and_then(|nodes| Ok((redis::sentinel::Sentinel::build(nodes.clone())?, nodes)));
+    let (mut sentinels, nodes) = match built {
+        Ok(built) => built,
         Err(e) => {
             // Validated with the config; kept for completeness: every call then fails.
             warn!(error = %e, "invalid sentinel addresses: global limits use their on_store_error");
@@ -279,8 +280,8 @@ fn follow_master(
         config.username.as_ref(),
         config.password.as_ref(),
     ));
-    for node in nodes.iter().flatten() {
-        hear_switches(node.clone(), Weak::clone(&slots), Arc::clone(&recheck));
+    for node in nodes {
+        hear_switches(node, Weak::clone(&slots), Arc::clone(&recheck));
     }
     let (name, interval, manager) = (sentinel.master.clone(), sentinel.check_interval, manager_config(config));
     // A sentinel that does not answer must not hold the search: each question is bounded.
