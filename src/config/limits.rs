@@ -7,12 +7,14 @@ use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
 
+use super::calendar;
 use super::checks::{Errors, allow, check_name, key_parts, positive_duration, status_in, unknown_name};
-use super::raw::{AlgorithmName, RawLimit};
+use super::raw::{AlgorithmName, RawLimit, RawWindow};
 use super::store::scope;
 use super::units::parse_rate;
 use super::{Ban, BodyPiece, Limit, LimitId, LimitResponse, LogLevel, Policy, Rate};
 use crate::grpc::Code;
+use crate::policy::Window;
 use crate::policy::allow::Allow;
 use crate::policy::key::{DEFAULT_IP_PREFIX, KeyPart, KeySpec};
 
@@ -337,12 +339,28 @@ fn policy(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Vec<Policy>> {
             if !(1..=max).contains(&limit) {
                 e.add(format!("{at}.limit"), format!("must be from 1 to {max}"));
             }
-            let window = e.check(|| format!("{at}.window"), positive_duration(raw.window.as_deref()?))?;
+            let window = match raw.window.as_ref()? {
+                RawWindow::Length(text) => e.check(|| format!("{at}.window"), positive_duration(text))?,
+                RawWindow::Calendar(calendar) if name == AlgorithmName::FixedWindow => {
+                    let calendar = calendar::calendar(e, at, calendar)?;
+                    return Some(vec![Policy::FixedWindow { limit, window: Window::Calendar(calendar) }]);
+                }
+                RawWindow::Calendar(_) => {
+                    e.add(
+                        format!("{at}.window"),
+                        format!(
+                            "a calendar window applies only to algorithm fixed_window; {} takes a length (e.g. window: 1h)",
+                            kind.describe()
+                        ),
+                    );
+                    return None;
+                }
+            };
             if window < Duration::from_millis(1) {
                 e.add(format!("{at}.window"), "must be at least 1ms");
             }
             Some(match name {
-                AlgorithmName::FixedWindow => Policy::FixedWindow { limit, window },
+                AlgorithmName::FixedWindow => Policy::FixedWindow { limit, window: Window::Every(window) },
                 AlgorithmName::SlidingLog => Policy::SlidingLog { limit, window },
                 _ => Policy::SlidingWindow { limit, window },
             })

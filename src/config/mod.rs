@@ -5,6 +5,7 @@
 //! line, column and field path, all reported together), `position` maps field paths back
 //! to lines. Nothing here is parsed again per request.
 
+mod calendar;
 mod checks;
 mod fields;
 mod files;

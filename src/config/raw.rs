@@ -307,7 +307,7 @@ pub struct RawLimit {
     pub nodelay: Option<bool>,
     pub delay: Option<u64>,
     pub limit: Option<u64>,
-    pub window: Option<String>,
+    pub window: Option<RawWindow>,
     pub capacity: Option<u64>,
     pub refill: Option<String>,
     pub interval: Option<String>,
@@ -331,6 +331,36 @@ pub struct RawLimit {
     pub instances: Option<u64>,
     pub on_missing_key: Option<OnMissingKey>,
     pub response: Option<RawLimitResponse>,
+}
+
+/// `window: 1m`, or a calendar window: `{ calendar: month, tz: Europe/Berlin, reset_day: 1 }`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum RawWindow {
+    Length(String),
+    Calendar(RawCalendarWindow),
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct RawCalendarWindow {
+    /// `day`, `week` or `month`.
+    #[serde(default)]
+    #[schemars(!default)]
+    pub calendar: String,
+    /// An IANA time zone name (default `UTC`).
+    pub tz: Option<String>,
+    /// The month's day (1 to 28, default 1) or the week's (`monday` … `sunday`, default
+    /// `monday`) the window starts on, at local midnight.
+    pub reset_day: Option<RawResetDay>,
+}
+
+/// A day of the month (a number) or of the week (a name).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum RawResetDay {
+    Number(i64),
+    Name(String),
 }
 
 /// `limits.NAME.response`: the limit's own refusal.

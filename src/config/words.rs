@@ -11,7 +11,8 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::{Action, Balance, BodyPiece, Config, Limit, LogKeys, Route, Scope, Upstream};
-use crate::policy::{Burst, Policy, Rate};
+use crate::policy::calendar::{self, Period};
+use crate::policy::{Burst, Policy, Rate, Window};
 use crate::router::PathMatch;
 
 /// `GET /config`.
@@ -162,12 +163,50 @@ pub enum PolicyWords {
     Window {
         algorithm: &'static str,
         limit: u64,
-        window: String,
+        window: WindowWords,
     },
     Concurrency {
         concurrency: u64,
         retry_after: String,
     },
+}
+
+/// A window: its length (`1m`), or `{ calendar: month, tz: Europe/Berlin, reset_day: 1 }`.
+#[derive(Serialize)]
+#[serde(untagged)]
+pub enum WindowWords {
+    Length(String),
+    Calendar {
+        calendar: &'static str,
+        tz: String,
+        /// The month's day (1 to 28), or the week's day (`monday` … `sunday`).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reset_day: Option<ResetDayWords>,
+    },
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+pub enum ResetDayWords {
+    OfMonth(u8),
+    OfWeek(&'static str),
+}
+
+impl WindowWords {
+    fn of(window: &Window) -> Self {
+        match window {
+            Window::Every(length) => WindowWords::Length(span(*length)),
+            Window::Calendar(calendar) => WindowWords::Calendar {
+                calendar: calendar.unit(),
+                tz: calendar.tz_name().to_owned(),
+                reset_day: match calendar.period {
+                    Period::Day => None,
+                    Period::Week(weekday) => Some(ResetDayWords::OfWeek(calendar::weekday_name(weekday))),
+                    Period::Month(day) => Some(ResetDayWords::OfMonth(day)),
+                },
+            },
+        }
+    }
 }
 
 impl<'a> ConfigWords<'a> {
@@ -310,17 +349,22 @@ fn delay_words(burst: u64, delay: u64) -> (bool, Option<u64>) {
 
 impl PolicyWords {
     pub fn of(policy: &Policy) -> Self {
-        let windowed =
-            |algorithm, limit, window: &Duration| PolicyWords::Window { algorithm, limit, window: span(*window) };
-        match *policy {
-            Policy::Rate { rate, burst, delay } => {
+        let windowed = |algorithm, limit, window: Duration| PolicyWords::Window {
+            algorithm,
+            limit,
+            window: WindowWords::Length(span(window)),
+        };
+        match policy {
+            &Policy::Rate { rate, burst, delay } => {
                 let (nodelay, delay) = delay_words(burst, delay);
                 PolicyWords::Rate { rate: rate_words(rate), burst, nodelay, delay }
             }
-            Policy::FixedWindow { limit, ref window } => windowed("fixed_window", limit, window),
-            Policy::SlidingWindow { limit, ref window } => windowed("sliding_window", limit, window),
-            Policy::SlidingLog { limit, ref window } => windowed("sliding_log", limit, window),
-            Policy::Concurrency { max, retry_after } => {
+            Policy::FixedWindow { limit, window } => {
+                PolicyWords::Window { algorithm: "fixed_window", limit: *limit, window: WindowWords::of(window) }
+            }
+            &Policy::SlidingWindow { limit, window } => windowed("sliding_window", limit, window),
+            &Policy::SlidingLog { limit, window } => windowed("sliding_log", limit, window),
+            &Policy::Concurrency { max, retry_after } => {
                 PolicyWords::Concurrency { concurrency: max, retry_after: span(retry_after) }
             }
         }

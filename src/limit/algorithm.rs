@@ -37,20 +37,20 @@ pub(crate) enum Held<'a> {
 
 impl Algorithm {
     pub fn new(policy: &Policy, max_keys: usize) -> Self {
-        match *policy {
-            Policy::Rate { rate, burst, delay } => {
+        match policy {
+            &Policy::Rate { rate, burst, delay } => {
                 Algorithm::LeakyBucket(LeakyBucket::new(rate, burst, delay), Arc::new(KeyTable::new(max_keys)))
             }
             Policy::FixedWindow { limit, window } => {
-                Algorithm::FixedWindow(FixedWindow::new(limit, window), Arc::new(KeyTable::new(max_keys)))
+                Algorithm::FixedWindow(FixedWindow::new(*limit, window), Arc::new(KeyTable::new(max_keys)))
             }
-            Policy::SlidingWindow { limit, window } => {
+            &Policy::SlidingWindow { limit, window } => {
                 Algorithm::SlidingWindow(SlidingWindow::new(limit, window), Arc::new(KeyTable::new(max_keys)))
             }
-            Policy::SlidingLog { limit, window } => {
+            &Policy::SlidingLog { limit, window } => {
                 Algorithm::SlidingLog(SlidingLog::new(limit, window), Arc::new(LogTable::new(max_keys)))
             }
-            Policy::Concurrency { max, retry_after } => {
+            &Policy::Concurrency { max, retry_after } => {
                 Algorithm::Concurrency(Concurrency::new(max, retry_after), Arc::new(KeyTable::new(max_keys)))
             }
         }
@@ -65,9 +65,7 @@ impl Algorithm {
         match (self, old) {
             (Algorithm::LeakyBucket(_, t), Algorithm::LeakyBucket(_, o))
             | (Algorithm::Concurrency(_, t), Algorithm::Concurrency(_, o)) => *t = Arc::clone(o),
-            (Algorithm::FixedWindow(a, t), Algorithm::FixedWindow(b, o)) if a.window() == b.window() => {
-                *t = Arc::clone(o)
-            }
+            (Algorithm::FixedWindow(a, t), Algorithm::FixedWindow(b, o)) if a.same_windows(b) => *t = Arc::clone(o),
             (Algorithm::SlidingWindow(a, t), Algorithm::SlidingWindow(b, o)) if a.window() == b.window() => {
                 *t = Arc::clone(o)
             }

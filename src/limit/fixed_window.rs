@@ -1,6 +1,8 @@
-//! Fixed window: at most `limit` requests per key in each window, windows aligned to
-//! the Unix epoch (`[k·window, (k+1)·window)`), so every instance, and every restart,
-//! agrees on where a window starts.
+//! Fixed window: at most `limit` requests per key in each window. A window of a given
+//! length is aligned to the Unix epoch (`[k·window, (k+1)·window)`), so every instance,
+//! and every restart, agrees on where a window starts; a calendar window (a day, week or
+//! month of a time zone, `policy::calendar`) runs from local midnight to local midnight,
+//! whatever the day's or the month's length.
 //!
 //! The cheapest algorithm, and the coarsest: a client can spend `limit` at the end of
 //! one window and `limit` again at the start of the next, `2·limit` within a moment
@@ -8,19 +10,29 @@
 //! acceptable.
 //!
 //! State: the window's index (low 40 bits: windows of at least 1 ms repeat an index
-//! only after 34 years) and the count in it (24 bits), in one `u64`.
-
-use std::time::Duration;
+//! only after 34 years; a calendar window's is its start in seconds) and the count in it
+//! (24 bits), in one `u64`.
 
 use super::Verdict;
+use crate::policy::Window;
+use crate::policy::calendar::Windows;
 
 const COUNT_BITS: u32 = 24;
 const INDEX_MASK: u64 = (1 << 40) - 1;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct FixedWindow {
     limit: u64,
-    window: u64,
+    span: Span,
+}
+
+/// Where the windows start and end.
+#[derive(Debug)]
+enum Span {
+    /// Every this many ns from the epoch.
+    Every(u64),
+    /// By the calendar.
+    Calendar(Windows),
 }
 
 fn pack(index: u64, count: u64) -> u64 {
@@ -28,19 +40,41 @@ fn pack(index: u64, count: u64) -> u64 {
 }
 
 impl FixedWindow {
-    /// `limit` below 2^24, `window` at least 1 ms (checked by the config).
-    pub fn new(limit: u64, window: Duration) -> Self {
-        FixedWindow { limit, window: u64::try_from(window.as_nanos()).unwrap_or(u64::MAX).max(1) }
+    /// `limit` below 2^24, a window of at least 1 ms (checked by the config).
+    pub fn new(limit: u64, window: &Window) -> Self {
+        let span = match window {
+            Window::Every(length) => Span::Every(u64::try_from(length.as_nanos()).unwrap_or(u64::MAX).max(1)),
+            Window::Calendar(calendar) => Span::Calendar(Windows::new(calendar.clone())),
+        };
+        FixedWindow { limit, span }
     }
 
-    /// The window's length, ns.
-    pub fn window(&self) -> u64 {
-        self.window
+    /// Whether `other` has the same windows (then a key's state means the same in both).
+    pub fn same_windows(&self, other: &FixedWindow) -> bool {
+        match (&self.span, &other.span) {
+            (Span::Every(a), Span::Every(b)) => a == b,
+            (Span::Calendar(a), Span::Calendar(b)) => a.calendar == b.calendar,
+            _ => false,
+        }
     }
 
-    /// The count this window so far for `state` at `now` (ns since the Unix epoch).
-    fn count(&self, state: Option<u64>, now: u64) -> u64 {
-        let index = now / self.window;
+    /// The index of the window of `now` (ns since the Unix epoch), and its end.
+    #[inline]
+    fn window(&self, now: u64) -> (u64, u64) {
+        match &self.span {
+            Span::Every(length) => {
+                let index = now / length;
+                (index, (index + 1).saturating_mul(*length))
+            }
+            Span::Calendar(windows) => {
+                let bounds = windows.at(now);
+                (bounds.start / 1_000_000_000, bounds.end)
+            }
+        }
+    }
+
+    /// The count in the window `index` for `state`.
+    fn count(state: Option<u64>, index: u64) -> u64 {
         match state {
             Some(s) if s >> COUNT_BITS == index & INDEX_MASK => s & ((1 << COUNT_BITS) - 1),
             _ => 0,
@@ -49,9 +83,9 @@ impl FixedWindow {
 
     /// Decides a request of `cost` (≥ 1) units.
     pub fn decide(&self, state: Option<u64>, now: u64, cost: u64) -> Verdict {
-        let count = self.count(state, now);
-        let index = now / self.window;
-        let reset = self.reset(now);
+        let (index, end) = self.window(now);
+        let count = Self::count(state, index);
+        let reset = end - now;
         if count.saturating_add(cost) > self.limit {
             let remaining = self.limit.saturating_sub(count);
             return Verdict::Reject { retry_after: reset, remaining, reset, excess: count as f64 };
@@ -69,17 +103,13 @@ impl FixedWindow {
     /// Where a key in `state` stands at `now`, nothing taken: the units left in the
     /// current window, and its end.
     pub fn stands(&self, state: Option<u64>, now: u64) -> (u64, u64) {
-        (self.limit.saturating_sub(self.count(state, now)), self.reset(now))
-    }
-
-    /// Until the window of `now` ends.
-    fn reset(&self, now: u64) -> u64 {
-        (now / self.window + 1) * self.window - now
+        let (index, end) = self.window(now);
+        (self.limit.saturating_sub(Self::count(state, index)), end - now)
     }
 
     /// Takes back an admission of `cost` units made at `at`, if its window still runs.
     pub fn refund(&self, state: u64, cost: u64, at: u64) -> u64 {
-        if state >> COUNT_BITS == (at / self.window) & INDEX_MASK {
+        if state >> COUNT_BITS == self.window(at).0 & INDEX_MASK {
             let count = state & ((1 << COUNT_BITS) - 1);
             (state & !((1 << COUNT_BITS) - 1)) | count.saturating_sub(cost)
         } else {
@@ -90,16 +120,18 @@ impl FixedWindow {
     /// A count from an earlier window is a fresh key's.
     /// The state of a key with `units` left in the window of `now`.
     pub fn holding(&self, units: u64, now: u64) -> u64 {
-        pack(now / self.window, self.limit - units.min(self.limit))
+        pack(self.window(now).0, self.limit - units.min(self.limit))
     }
 
     pub fn is_idle(&self, state: u64, now: u64) -> bool {
-        self.count(Some(state), now) == 0
+        Self::count(Some(state), self.window(now).0) == 0
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     const S: u64 = 1_000_000_000;
@@ -120,7 +152,7 @@ mod tests {
 
     #[test]
     fn a_key_holding_n_units_admits_n_until_the_window_ends() {
-        let w = FixedWindow::new(5, Duration::from_secs(10));
+        let w = FixedWindow::new(5, &Window::Every(Duration::from_secs(10)));
         let state = w.holding(2, 12 * S);
         assert!(matches!(w.decide(Some(state), 13 * S, 2), Verdict::Admit { remaining: 0, .. }));
         assert!(matches!(w.decide(Some(state), 13 * S, 3), Verdict::Reject { remaining: 2, .. }));
@@ -130,7 +162,7 @@ mod tests {
 
     #[test]
     fn limit_per_epoch_aligned_window_and_the_double_burst_at_its_edge() {
-        let w = FixedWindow::new(3, Duration::from_secs(60));
+        let w = FixedWindow::new(3, &Window::Every(Duration::from_secs(60)));
         // Window [60, 120): three pass, the fourth waits for 120. At 119.9 and 120.0 the
         // client gets 3 + 3 within a tenth of a second: the documented boundary burst.
         let out = replay(&w, &[60.0, 61.0, 62.0, 63.0, 119.9, 120.0, 120.0, 120.0, 120.1]);
@@ -139,7 +171,7 @@ mod tests {
 
     #[test]
     fn rejection_says_when_the_window_ends() {
-        let w = FixedWindow::new(1, Duration::from_secs(10));
+        let w = FixedWindow::new(1, &Window::Every(Duration::from_secs(10)));
         let Verdict::Admit { state, remaining: 0, reset, .. } = w.decide(None, 12 * S, 1) else { panic!() };
         assert_eq!(reset, 8 * S);
         assert_eq!(
@@ -150,8 +182,119 @@ mod tests {
     }
 }
 
+/// Calendar windows on a clock the tests set: each instant is a local time in Berlin.
+#[cfg(test)]
+mod calendar {
+    use std::time::Duration;
+
+    use jiff::civil::Weekday;
+    use jiff::tz::TimeZone;
+
+    use super::*;
+    use crate::policy::calendar::{Calendar, Period};
+
+    const S: u64 = 1_000_000_000;
+    const H: u64 = 3600 * S;
+
+    fn berlin(limit: u64, period: Period) -> FixedWindow {
+        let calendar = Calendar { period, tz: TimeZone::get("Europe/Berlin").unwrap() };
+        FixedWindow::new(limit, &Window::Calendar(calendar))
+    }
+
+    /// ns of a local time in Europe/Berlin.
+    fn at(text: &str) -> u64 {
+        let zoned = text.parse::<jiff::civil::DateTime>().unwrap().in_tz("Europe/Berlin").unwrap();
+        u64::try_from(zoned.timestamp().as_nanosecond()).unwrap()
+    }
+
+    /// Admits `limit` at `first`, refuses the next at `refused` with `Retry-After` (and
+    /// reset) equal to `retry`, and admits again at `next` (the next window's start).
+    fn exhaust(w: &FixedWindow, limit: u64, first: u64, refused: u64, retry: u64, next: u64) {
+        let mut state = None;
+        for n in 0..limit {
+            let Verdict::Admit { state: s, remaining, .. } = w.decide(state, first, 1) else { panic!("request {n}") };
+            assert_eq!(remaining, limit - n - 1);
+            state = Some(s);
+        }
+        assert_eq!(
+            w.decide(state, refused, 1),
+            Verdict::Reject { retry_after: retry, remaining: 0, reset: retry, excess: limit as f64 }
+        );
+        assert_eq!(w.stands(state, refused), (0, retry));
+        assert!(matches!(w.decide(state, next - 1, 1), Verdict::Reject { retry_after: 1, .. }));
+        assert!(matches!(w.decide(state, next, 1), Verdict::Admit { remaining, .. } if remaining == limit - 1));
+        assert!(w.is_idle(state.unwrap(), next) && !w.is_idle(state.unwrap(), next - 1));
+    }
+
+    #[test]
+    fn a_month_ends_at_midnight_of_the_first_whatever_its_length() {
+        let w = berlin(3, Period::Month(1));
+        // January: 31 days; refused on the 31st at 23:00, one hour before February.
+        exhaust(&w, 3, at("2026-01-01T00:00"), at("2026-01-31T23:00"), H, at("2026-02-01T00:00"));
+        // February 2026: 28 days, then March.
+        exhaust(&w, 3, at("2026-02-10T08:00"), at("2026-02-28T12:00"), 12 * H, at("2026-03-01T00:00"));
+        // February 2028: 29 days.
+        exhaust(&w, 3, at("2028-02-28T12:00"), at("2028-02-28T12:00"), 36 * H, at("2028-03-01T00:00"));
+        // March 2026 loses an hour to daylight saving time: 31 days less one hour.
+        let march = at("2026-03-01T00:00");
+        exhaust(&w, 3, march, march, 31 * 24 * H - H, at("2026-04-01T00:00"));
+    }
+
+    #[test]
+    fn a_month_from_the_15th_runs_to_the_next_15th() {
+        let w = berlin(2, Period::Month(15));
+        // Refused on 1 March: the window began on 15 February and ends on 15 March.
+        exhaust(&w, 2, at("2026-02-15T00:00"), at("2026-03-01T00:00"), 14 * 24 * H, at("2026-03-15T00:00"));
+        // Used on 14 March: the window of 15 February still, which ends the next day.
+        exhaust(&w, 2, at("2026-03-14T10:00"), at("2026-03-14T10:00"), 14 * H, at("2026-03-15T00:00"));
+    }
+
+    #[test]
+    fn a_day_lasts_23_hours_when_the_clocks_go_forward_and_25_when_they_go_back() {
+        let w = berlin(1, Period::Day);
+        // 29 March 2026: 02:00 does not exist; at 01:30 the day has 21.5 hours left, not 22.5.
+        exhaust(&w, 1, at("2026-03-29T00:00"), at("2026-03-29T01:30"), 21 * H + H / 2, at("2026-03-30T00:00"));
+        // The whole day: 23 hours.
+        let spring = at("2026-03-29T00:00");
+        exhaust(&w, 1, spring, spring, 23 * H, at("2026-03-30T00:00"));
+        // 25 October 2026: 02:00 to 03:00 twice; from midnight, 25 hours to the next.
+        let autumn = at("2026-10-25T00:00");
+        exhaust(&w, 1, autumn, autumn, 25 * H, at("2026-10-26T00:00"));
+        // At noon, after the change: 12 hours left, as the clock on the wall says.
+        exhaust(&w, 1, autumn, at("2026-10-25T12:00"), 12 * H, at("2026-10-26T00:00"));
+    }
+
+    #[test]
+    fn a_week_runs_from_midnight_of_its_weekday() {
+        let w = berlin(2, Period::Week(Weekday::Monday));
+        // Friday 27 November 2026, noon: until Monday 30 November, midnight.
+        exhaust(&w, 2, at("2026-11-23T00:00"), at("2026-11-27T12:00"), 2 * 24 * H + 12 * H, at("2026-11-30T00:00"));
+        // The week of 25 October has 7 days and one hour.
+        let week = at("2026-10-19T00:00");
+        exhaust(&w, 2, week, week, 7 * 24 * H + H, at("2026-10-26T00:00"));
+        let sunday = berlin(1, Period::Week(Weekday::Sunday));
+        exhaust(&sunday, 1, at("2026-11-28T23:00"), at("2026-11-28T23:00"), H, at("2026-11-29T00:00"));
+    }
+
+    #[test]
+    fn a_calendar_key_heard_or_refunded_stays_in_its_window() {
+        let w = berlin(5, Period::Day);
+        let state = w.holding(2, at("2026-10-25T10:00"));
+        assert!(matches!(w.decide(Some(state), at("2026-10-25T23:00"), 2), Verdict::Admit { remaining: 0, .. }));
+        assert!(matches!(w.decide(Some(state), at("2026-10-26T00:00"), 5), Verdict::Admit { .. }));
+        let Verdict::Admit { state, .. } = w.decide(Some(state), at("2026-10-25T23:00"), 2) else { panic!() };
+        assert_eq!(w.refund(state, 2, at("2026-10-25T01:00")), w.holding(2, at("2026-10-25T23:00")));
+        assert_eq!(w.refund(state, 2, at("2026-10-24T23:00")), state, "an admission of the day before");
+        let other = berlin(5, Period::Month(1));
+        assert!(w.same_windows(&berlin(9, Period::Day)) && !w.same_windows(&other));
+        assert!(!w.same_windows(&FixedWindow::new(5, &Window::Every(Duration::from_secs(86_400)))));
+    }
+}
+
 #[cfg(test)]
 mod properties {
+    use std::time::Duration;
+
     use proptest::prelude::*;
 
     use super::*;
@@ -167,7 +310,7 @@ mod properties {
             gaps in proptest::collection::vec(0u64..400, 1..150),
         ) {
             let window = window_ms * 1_000_000;
-            let w = FixedWindow::new(limit, Duration::from_nanos(window));
+            let w = FixedWindow::new(limit, &Window::Every(Duration::from_nanos(window)));
             let mut state = None;
             let admitted: Vec<u64> = arrivals(&gaps, window)
                 .filter(|&now| match w.decide(state, now, 1) {

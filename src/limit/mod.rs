@@ -413,7 +413,7 @@ fn shared(policy: &Policy, instances: u64) -> Policy {
             let Burst { burst, delay } = Burst { burst, delay }.shared(instances);
             Policy::Rate { rate: Rate { count: rate.count, per }, burst, delay }
         }
-        Policy::FixedWindow { limit, window } => Policy::FixedWindow { limit: part(limit), window },
+        Policy::FixedWindow { limit, ref window } => Policy::FixedWindow { limit: part(limit), window: window.clone() },
         Policy::SlidingWindow { limit, window } => Policy::SlidingWindow { limit: part(limit), window },
         Policy::SlidingLog { limit, window } => Policy::SlidingLog { limit: part(limit), window },
         Policy::Concurrency { max, retry_after } => Policy::Concurrency { max: part(max), retry_after },
@@ -460,7 +460,8 @@ mod tests {
         assert_eq!(shared(&policy, 3), Policy::Rate { rate: rate(50, 3), burst: 6, delay: 6 });
         let strict = Policy::Rate { rate: rate(10, 1), burst: 0, delay: 0 };
         assert_eq!(shared(&strict, 4), Policy::Rate { rate: rate(10, 4), burst: 0, delay: 0 });
-        let window = Policy::FixedWindow { limit: 10, window: Duration::from_secs(60) };
-        assert_eq!(shared(&window, 3), Policy::FixedWindow { limit: 4, window: Duration::from_secs(60) });
+        let minute = crate::policy::Window::Every(Duration::from_secs(60));
+        let window = Policy::FixedWindow { limit: 10, window: minute.clone() };
+        assert_eq!(shared(&window, 3), Policy::FixedWindow { limit: 4, window: minute });
     }
 }

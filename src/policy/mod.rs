@@ -4,6 +4,7 @@
 //! through (`allow`). A leaf: it imports no other module of the crate.
 
 pub mod allow;
+pub mod calendar;
 pub mod key;
 
 use std::fmt;
@@ -13,8 +14,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::LimitId;
+use calendar::Calendar;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Policy {
     /// Request rate with nginx `limit_req` semantics. GCRA, the token bucket and the
     /// minimum interval are this with other parameters (see `limits`).
@@ -26,8 +28,8 @@ pub enum Policy {
         /// request waits), `burst` for `nodelay`, N for `delay: N`.
         delay: u64,
     },
-    /// At most `limit` requests per `window`, windows aligned to the Unix epoch.
-    FixedWindow { limit: u64, window: Duration },
+    /// At most `limit` requests per `window`.
+    FixedWindow { limit: u64, window: Window },
     /// `prev · (1 − elapsed/window) + curr` at most `limit`, windows aligned to the epoch.
     SlidingWindow { limit: u64, window: Duration },
     /// At most `limit` admissions in any interval of `window`, exactly.
@@ -52,6 +54,15 @@ impl Policy {
             Policy::Concurrency { .. } => None,
         }
     }
+}
+
+/// The window of a fixed-window limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Window {
+    /// This long, windows aligned to the Unix epoch (`[k·length, (k+1)·length)`).
+    Every(Duration),
+    /// A day, week or month of a time zone's calendar.
+    Calendar(Calendar),
 }
 
 /// Where a limit keeps its state.

@@ -88,6 +88,13 @@ pub struct RedisTime {
     pub micros: u64,
 }
 
+impl RedisTime {
+    /// The instant, ns since the Unix epoch.
+    pub fn nanos(self) -> Nanos {
+        Nanos(self.secs * 1_000_000_000 + self.micros * 1000)
+    }
+}
+
 /// A global admission that `settle` may take back.
 pub struct Admission {
     pub limit: LimitId,
@@ -247,7 +254,8 @@ impl Store {
             // schedule), are calls of their own.
             _ => {
                 let sent = batches.iter().map(|batch| {
-                    let (call, windows) = script::decide_call(&self.specs, at, std::iter::once((cost, &parts(batch))));
+                    let (call, windows) =
+                        script::decide_call(&self.specs, at, self.clock.now(), std::iter::once((cost, &parts(batch))));
                     async move { self.invoke_decide(&call, windows).await }
                 });
                 match tokio::time::timeout(self.timeout, join_all(sent)).await {
@@ -302,7 +310,7 @@ impl Store {
     async fn take_back(&self, limit: LimitId, base: &str, at: RedisTime, cost: u64) {
         let mut call = ScriptCall::new(&REFUND);
         call.arg(at.secs).arg(at.micros).arg(cost);
-        self.spec(limit).push_refund(base, &mut call);
+        self.spec(limit).push_refund(base, at, &mut call);
         let wait = self.timeout * 4;
         let result = tokio::time::timeout(wait, self.connections.invoke(&call)).await;
         if let Ok(Err(e)) | Err(e) = result.map_err(|_| StoreError::Timeout(wait)).map(|r| r.map_err(StoreError::from))

@@ -107,7 +107,8 @@ impl Store {
     /// so the next call starts in time for the requests queued behind.
     async fn send_queued(self: Arc<Self>) {
         while let Some(jobs) = self.queue.next() {
-            let (call, windows) = script::decide_call(&self.specs, None, jobs.iter().map(|j| (j.cost, &j.calls)));
+            let (call, windows) =
+                script::decide_call(&self.specs, None, self.clock.now(), jobs.iter().map(|j| (j.cost, &j.calls)));
             let mut waiting: VecDeque<(Instant, usize, oneshot::Sender<_>)> = jobs
                 .into_iter()
                 .map(|j| (j.deadline, j.calls.iter().map(|c| self.spec(c.limit).windows()).sum(), j.reply))

@@ -15,8 +15,10 @@ use typed_index_collections::TiSlice;
 
 use super::RedisTime;
 
+use crate::clock::Nanos;
 use crate::config::{Limit, LimitId};
-use crate::policy::{Burst, Policy};
+use crate::policy::calendar::Windows;
+use crate::policy::{Burst, Policy, Window};
 
 /// The algorithm modules, each with the code that names it in the scripts' arguments.
 const MODULES: [(&str, &str); 6] = [
@@ -32,8 +34,8 @@ const MODULES: [(&str, &str); 6] = [
 /// the others stay empty tables), then `driver`.
 fn script(modules: u8, driver: &str) -> Script {
     let mut source = String::from(include_str!("lua/time.lua"));
-    source +=
-        "local leaky_bucket, fixed_window, sliding_window, sliding_log, concurrency, ban = {}, {}, {}, {}, {}, {}\n";
+    source += "local leaky_bucket, fixed_window, calendar_window, sliding_window, sliding_log, concurrency, ban = \
+               {}, {}, {}, {}, {}, {}, {}\n";
     for (bit, (_, module)) in MODULES.iter().enumerate() {
         if modules & (1 << bit) != 0 {
             source += module;
@@ -119,14 +121,17 @@ pub struct Part {
 pub type Parts = SmallVec<[Part; 2]>;
 
 /// A `DECIDE` call for `requests` (each its cost and its limits), at Redis's time or
-/// `at`, with the number of windows it decides. Each limit's fixed part is sent once per
+/// `at`, with the number of windows it decides. Calendar windows are given from `at`,
+/// else from `now` on the caller's clock. Each limit's fixed part is sent once per
 /// burst it is used with (a route's own burst is another set of parameters on the same
 /// keys).
 pub fn decide_call<'a>(
     specs: &TiSlice<LimitId, Option<Spec>>,
     at: Option<RedisTime>,
+    now: Nanos,
     requests: impl Iterator<Item = (u64, &'a Parts)> + Clone,
 ) -> (ScriptCall, usize) {
+    let instant = at.map_or(now, RedisTime::nanos);
     let spec = |limit: LimitId| specs[limit].as_ref().expect("only global limits reach the store");
     let mut used: SmallVec<[(LimitId, Option<Burst>); 4]> = SmallVec::new();
     for part in requests.clone().flat_map(|(_, parts)| parts) {
@@ -141,7 +146,7 @@ pub fn decide_call<'a>(
     };
     call.arg(requests.clone().count()).arg(used.len());
     for &(limit, burst) in &used {
-        spec(limit).push_limit(burst, &mut call);
+        spec(limit).push_limit(burst, instant, &mut call);
     }
     let mut windows = 0;
     for (cost, parts) in requests {
@@ -160,8 +165,11 @@ pub fn decide_call<'a>(
 pub struct Spec {
     pub name: String,
     /// Per window: the key suffix (kind and window index), the kind and its three
-    /// parameters.
+    /// parameters (a calendar window's first: its instants are given per call).
     windows: Vec<(String, [String; 4])>,
+    /// Per window, a calendar window's calendar: for the window of the call's instant
+    /// (`0`) and the next one (`1`), each remembering the last it found.
+    calendars: Vec<Option<(Windows, Windows)>>,
     /// `DECIDE`'s group header: dry run, window count, ban and ban_max in ns.
     header: [String; 4],
     has_ban: bool,
@@ -178,6 +186,8 @@ fn ns(d: std::time::Duration) -> u64 {
 }
 
 fn module(kind: &str) -> u8 {
+    // The calendar window is a fixed window: its module holds both.
+    let kind = if kind == "cw" { "fw" } else { kind };
     1 << MODULES.iter().position(|(k, _)| *k == kind).unwrap_or(0)
 }
 
@@ -188,12 +198,15 @@ impl Spec {
             .iter()
             .enumerate()
             .map(|(i, policy)| {
-                let (kind, params) = match *policy {
+                let (kind, params) = match policy.clone() {
                     Policy::Rate { rate, burst, delay } => {
                         let period = rate.period_ns();
                         ("lb", [period, burst * period, delay * period])
                     }
-                    Policy::FixedWindow { limit, window } => ("fw", [limit, window.as_millis() as u64, 0]),
+                    Policy::FixedWindow { limit, window: Window::Every(window) } => {
+                        ("fw", [limit, window.as_millis() as u64, 0])
+                    }
+                    Policy::FixedWindow { limit, window: Window::Calendar(_) } => ("cw", [limit, 0, 0]),
                     Policy::SlidingWindow { limit, window } => ("sw", [limit, window.as_millis() as u64, 0]),
                     Policy::SlidingLog { limit, window } => ("sl", [limit, ns(window), 0]),
                     Policy::Concurrency { max, retry_after } => ("cc", [max, ns(retry_after), lease_ttl_ms]),
@@ -203,6 +216,14 @@ impl Spec {
             })
             .collect();
         let ban = limit.ban.map_or([0, 0], |b| [ns(b.base), ns(b.max)]);
+        let calendars = (limit.windows.iter())
+            .map(|policy| match policy {
+                Policy::FixedWindow { window: Window::Calendar(c), .. } => {
+                    Some((Windows::new(c.clone()), Windows::new(c.clone())))
+                }
+                _ => None,
+            })
+            .collect();
         let mut modules = windows.iter().fold(0, |m, (_, w)| m | module(&w[0]));
         if ban[0] > 0 {
             modules |= module("ban");
@@ -218,6 +239,7 @@ impl Spec {
             ],
             has_ban: ban[0] > 0,
             windows,
+            calendars,
             modules,
             dry_run: limit.dry_run,
             counted: limit.count.clone(),
@@ -235,12 +257,18 @@ impl Spec {
 
     /// Adds this limit's fixed part to a `DECIDE` call (once per call and burst, however
     /// many of its requests use the limit), with `burst` in place of its own burst and
-    /// delay if given (a leaky bucket's: `[kind, period, burst · period, delay · period]`).
-    fn push_limit(&self, burst: Option<Burst>, call: &mut ScriptCall) {
+    /// delay if given (a leaky bucket's: `[kind, period, burst · period, delay · period]`),
+    /// and its calendar windows' instants around `now`.
+    fn push_limit(&self, burst: Option<Burst>, now: Nanos, call: &mut ScriptCall) {
         for field in &self.header {
             call.arg(field);
         }
-        for (_, params) in &self.windows {
+        for ((_, params), calendar) in self.windows.iter().zip(&self.calendars) {
+            if let Some(calendar) = calendar {
+                call.arg(&params[..2]);
+                push_calendar(calendar, now, call);
+                continue;
+            }
             match (burst, params[1].parse::<u64>()) {
                 (Some(b), Ok(period)) if params[0] == "lb" => {
                     call.arg(&params[..2]).arg(b.burst.saturating_mul(period)).arg(b.delay.saturating_mul(period));
@@ -265,15 +293,25 @@ impl Spec {
     }
 
     /// Adds this limit's windows to a `REFUND` call for the key `base`.
-    pub fn push_refund(&self, base: &str, call: &mut ScriptCall) {
-        for (suffix, params) in &self.windows {
+    /// Adds this limit's windows to a `REFUND` call for the key `base`, of an admission
+    /// at `at`.
+    pub fn push_refund(&self, base: &str, at: RedisTime, call: &mut ScriptCall) {
+        for ((suffix, params), calendar) in self.windows.iter().zip(&self.calendars) {
             call.key(&[base, suffix]);
-            for p in params {
-                call.arg(p);
+            match calendar {
+                Some(calendar) => push_calendar(calendar, at.nanos(), call.arg(&params[..2])),
+                None => _ = call.arg(params).arg(""),
             }
-            call.arg("");
         }
     }
+}
+
+/// A calendar window's instants for a call at `now`: the start and end of its window and
+/// the next one's end, in ms.
+fn push_calendar((this, next): &(Windows, Windows), now: Nanos, call: &mut ScriptCall) {
+    let ms = |ns: u64| ns / 1_000_000;
+    let window = this.at(now.0);
+    call.arg(ms(window.start)).arg(ms(window.end)).arg(ms(next.at(window.end).end));
 }
 
 #[cfg(test)]

@@ -319,7 +319,12 @@
   function words(w) {
     if (w.rate) return `${w.rate} burst ${w.burst}` + (w.nodelay ? ' nodelay' : w.delay ? ` delay ${w.delay}` : '');
     if (w.concurrency !== undefined) return `concurrency ${w.concurrency}`;
-    return `${w.algorithm} ${w.limit} per ${w.window}`;
+    return `${w.algorithm} ${w.limit} per ${typeof w.window === 'string' ? w.window : calendar(w.window)}`;
+  }
+
+  // A calendar window: `month (Europe/Berlin, from day 1)`.
+  function calendar(c) {
+    return `${c.calendar} (${c.tz}` + (c.reset_day !== undefined ? `, from ${Number.isInteger(c.reset_day) ? 'day ' : ''}${c.reset_day}` : '') + ')';
   }
 
   function ms(value) {

@@ -7,6 +7,7 @@ use typed_index_collections::TiSlice;
 use super::ceil_secs;
 use crate::config::{HeaderStyle, Limit, LimitId, Policy};
 use crate::limit::Standing;
+use crate::policy::Window;
 use crate::wire::message::FieldValue;
 
 static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -42,15 +43,21 @@ pub fn quotas(limit: &Limit) -> Box<[Quota]> {
 }
 
 /// The quota of one window: the sustained rate as requests per window in whole seconds
-/// (a sub-second or fractional window is scaled to one second); a concurrency limit has a
-/// quota and no window: `"uploads";q=4`.
+/// (a sub-second or fractional window is scaled to one second); a concurrency limit and
+/// a calendar window have a quota and no window: `"uploads";q=4`.
 fn quota(name: &str, policy: &Policy) -> Quota {
-    let (count, per) = match *policy {
-        Policy::Rate { rate, .. } => (rate.count, rate.per),
-        Policy::FixedWindow { limit, window }
-        | Policy::SlidingWindow { limit, window }
-        | Policy::SlidingLog { limit, window } => (limit, window),
-        Policy::Concurrency { max, .. } => {
+    let (count, per) = match policy {
+        &Policy::Rate { rate, .. } => (rate.count, rate.per),
+        &Policy::FixedWindow { limit, window: Window::Every(window) }
+        | &Policy::SlidingWindow { limit, window }
+        | &Policy::SlidingLog { limit, window } => (limit, window),
+        // A calendar window has no one length (days of 23 to 25 hours, months of 28 to
+        // 31 days): `w` is left out, as the draft allows, and `RateLimit`'s `t` says when
+        // the current one ends.
+        &Policy::FixedWindow { limit, window: Window::Calendar(_) } => {
+            return Quota::new(format!("\"{name}\";q={limit}"), name, limit);
+        }
+        &Policy::Concurrency { max, .. } => {
             return Quota::new(format!("\"{name}\";q={max}"), name, max);
         }
     };

@@ -4,7 +4,8 @@
 --
 -- ARGV: now_s, now_us ('' and '': Redis TIME), request count, limit count, then per
 -- limit (sent once, however many requests use it): dry_run (0/1), window count, ban ns
--- (0: none), ban_max ns, then per window: kind, p1, p2, p3. Then per request: cost,
+-- (0: none), ban_max ns, then per window: kind, p1, p2, p3 (and p4 for a calendar window,
+-- `cw`). Then per request: cost,
 -- group count, then per group: its limit (1-based, in the list above), then per window
 -- the lease id ('' but for a concurrency window). KEYS: per request, per group, one per
 -- window, then the ban's if any.
@@ -12,7 +13,8 @@
 -- per window: admitted (0/1), wait or retry ns, remaining, reset ns, excess in
 -- thousandths, banned (0/1). (A string, not an array of integers: the proxy reads it
 -- with a few loads, where a RESP parser spends hundreds of instructions per integer.)
-local algorithms = { lb = leaky_bucket, fw = fixed_window, sw = sliding_window, sl = sliding_log, cc = concurrency }
+local algorithms = { lb = leaky_bucket, fw = fixed_window, cw = calendar_window, sw = sliding_window, sl = sliding_log,
+                     cc = concurrency }
 
 -- The limits, read once: { dry, ban_base, ban_max, windows = { { algorithm, p } } }.
 local function limits(a)
@@ -23,9 +25,14 @@ local function limits(a)
     local windows = tonumber(ARGV[a + 1])
     a = a + 4
     for w = 1, windows do
-      limit.windows[w] = { algorithm = algorithms[ARGV[a]],
-                           p = { tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), '' } }
+      local kind, p = ARGV[a], { tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), '' }
       a = a + 4
+      -- A calendar window has one more: the next window's end.
+      if kind == 'cw' then
+        p[4] = tonumber(ARGV[a])
+        a = a + 1
+      end
+      limit.windows[w] = { algorithm = algorithms[kind], p = p }
     end
     list[l] = limit
   end
