@@ -1179,3 +1179,40 @@ fn a_limits_own_response_is_checked_field_by_field() {
     ));
     assert!(ok, "{stderr}");
 }
+
+/// A calendar window's fields, each checked where it stands: the period's word (with the
+/// one it most likely misspells), the zone's name (in the IANA database), the reset day
+/// for the period, and the algorithms that take one.
+#[test]
+fn calendar_window_fields_are_checked_with_their_positions() {
+    let yaml = format!(
+        "{BASE}  a: {{ key: ip, algorithm: fixed_window, limit: 5, window: {{ calendar: mnth }} }}
+  b: {{ key: ip, algorithm: fixed_window, limit: 5, window: {{ calendar: day, tz: Europe/Berln }} }}
+  c: {{ key: ip, algorithm: fixed_window, limit: 5, window: {{ calendar: month, reset_day: 31 }} }}
+  d: {{ key: ip, algorithm: fixed_window, limit: 5, window: {{ calendar: day, reset_day: 1 }} }}
+  e: {{ key: ip, algorithm: fixed_window, limit: 5, window: {{ calendar: week, reset_day: sundy }} }}
+  f: {{ key: ip, algorithm: fixed_window, limit: 5, window: {{ calendar: week, reset_day: 7 }} }}
+  g: {{ key: ip, algorithm: sliding_window, limit: 5, window: {{ calendar: day }} }}
+  h: {{ key: ip, algorithm: fixed_window, limit: 5, window: {{ calender: day }} }}
+  i: {{ key: ip, algorithm: fixed_window, limit: 5, window: {{ calendar: month, tz: Mars/Olympus_Mons }} }}
+  ok: {{ key: ip, on_missing_key: skip, algorithm: fixed_window, limit: 5, window: {{ calendar: week, tz: Asia/Tokyo, reset_day: sunday }} }}
+"
+    );
+    let (ok, stderr) = check(&yaml);
+    assert!(!ok);
+    let expected = [
+        "FILE:3:72: limits.a.window.calendar: unknown calendar \"mnth\": give `day`, `week` or `month`; did you mean `month`?",
+        "FILE:4:81: limits.b.window.tz: unknown time zone \"Europe/Berln\"; did you mean `Europe/Berlin`?",
+        "FILE:5:90: limits.c.window.reset_day: a month starts on a day from 1 to 28 (a day every month has), not 31",
+        "FILE:6:88: limits.d.window.reset_day: does not apply to `calendar: day` (a day starts at local midnight)",
+        "FILE:7:89: limits.e.window.reset_day: a week starts on a weekday: give `monday` … `sunday`, not \"sundy\"; did you mean `sunday`?",
+        "FILE:8:89: limits.f.window.reset_day: a week starts on a weekday: give `monday` … `sunday`, not 7",
+        "FILE:9:62: limits.g.window: a calendar window applies only to algorithm fixed_window; algorithm sliding_window takes a length (e.g. window: 1h)",
+        "FILE:10:62: limits.h.window.calender: unknown field `calender`; did you mean `calendar`?",
+        "FILE:11:83: limits.i.window.tz: unknown time zone \"Mars/Olympus_Mons\" (an IANA time zone name, such as `Europe/Berlin` or `UTC`)",
+    ];
+    for line in expected {
+        assert!(stderr.contains(line), "{line}\nnot in\n{stderr}");
+    }
+    assert!(!stderr.contains("limits.ok"), "{stderr}");
+}

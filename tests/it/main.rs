@@ -8,6 +8,7 @@ mod bench;
 mod bodies;
 mod browser;
 mod build_once;
+mod calendar;
 mod chromium;
 mod common;
 mod concurrency;
