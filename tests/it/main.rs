@@ -45,5 +45,6 @@ mod simulate;
 mod smuggling;
 mod synthetic;
 mod tls;
+mod tokens;
 mod upgrades;
 mod upstreams;
