@@ -361,12 +361,16 @@ pub fn explain(args: &ExplainArgs) -> ExitCode {
     };
     let (head, peer) = given.head();
     let logged = matches!(given, Given::Logged(_));
+    let claimed = match &given {
+        Given::Logged(line) => crate::front::Claimed::Logged(line.claims.as_ref()),
+        _ => crate::front::Claimed::Verify,
+    };
     let explained = match &args.admin {
         None => {
             let (config, local) = explain::local(config);
             // A clock of its own: the identical requests and this one at one instant.
             let gate = Gate::new(&config, ManualClock::new(Clock::System.now()).into());
-            let mut explained = explain::explain(&config, &gate, &head, peer, logged, args.after, "empty");
+            let mut explained = explain::explain(&config, &gate, &head, peer, claimed, args.after, "empty");
             explained.notes.extend(local);
             Ok(explained)
         }

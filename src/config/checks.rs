@@ -18,7 +18,7 @@ use super::position::Positions;
 use super::raw::{RawAllow, RawKey, RawSize};
 use super::units::{parse_duration, parse_size};
 use crate::policy::allow::Allow;
-use crate::policy::key::KeyPart;
+use crate::policy::key::{ClaimPath, KeyPart};
 use crate::suggest::{LISTED, closest};
 
 pub(super) struct Errors<'a> {
@@ -157,7 +157,19 @@ pub(super) fn allow(e: &mut Errors<'_>, at: &str, raw: Option<&RawAllow>) -> All
         .filter_map(|(name, value)| e.check(|| format!("{at}.headers.{name}"), header(name, value)))
         .collect();
     let tokens = raw.tokens.iter().map(|t| t.as_bytes().into()).collect();
-    Allow { nets, headers, tokens }
+    let claims = raw
+        .claims
+        .iter()
+        .filter_map(|(claim, values)| {
+            let path = e.check(|| format!("{at}.claims.{claim}"), claim.parse::<ClaimPath>())?;
+            let values = values.values();
+            if values.is_empty() {
+                e.add(format!("{at}.claims.{claim}"), "needs at least one value");
+            }
+            Some((path, values.into()))
+        })
+        .collect();
+    Allow { nets, headers, tokens, claims }
 }
 
 pub(super) fn positive_duration(text: &str) -> Result<Duration, String> {

@@ -43,6 +43,9 @@ pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeM
     }
     let scope = scope(e, &at, raw, policy.as_deref().unwrap_or_default());
     let key = KeySpec(parts.into());
+    if raw.on_invalid_token.is_some() && !key.0.iter().any(|p| matches!(p, KeyPart::Jwt(_))) {
+        e.add(format!("{at}.on_invalid_token"), "applies to a limit keyed on a token's claims (`jwt:CLAIM`) only");
+    }
     if raw.on_missing_key.is_none() && key.may_be_missing() && !key.0.is_empty() {
         let parts: Vec<String> = key.0.iter().map(ToString::to_string).collect();
         e.warn(
@@ -71,6 +74,7 @@ pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeM
         overrides: overrides(e, &at, name, raw, all),
         scope,
         on_missing_key: raw.on_missing_key.unwrap_or_default(),
+        on_invalid_token: raw.on_invalid_token.unwrap_or_default(),
         response: response(e, &at, raw, status),
     }
 }

@@ -9,6 +9,7 @@ mod calendar;
 mod checks;
 mod fields;
 mod files;
+mod jwt;
 mod limits;
 mod messages;
 pub mod position;
@@ -27,6 +28,7 @@ pub mod words;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -36,10 +38,11 @@ use ipnet::IpNet;
 use typed_index_collections::TiVec;
 
 pub use crate::ids::{LimitId, RouteId, UpstreamId};
+pub use crate::jwt::Verifier;
 pub use crate::policy::allow::Allow;
 use crate::policy::key::KeyPart;
 pub use crate::policy::key::KeySpec;
-pub use crate::policy::{Burst, LimitUse, OnMissingKey, OnStoreError, Policy, Rate, Scope};
+pub use crate::policy::{Burst, LimitUse, OnInvalidToken, OnMissingKey, OnStoreError, Policy, Rate, Scope};
 pub use crate::router::{PathMatch, PathRegex, RouteMatch, Router};
 use crate::variables::Template;
 pub use raw::{AccessFormat, ForwardedMode, HeaderMode, HeaderStyle, LogKeys, LogLevel, RejectionBody};
@@ -94,6 +97,8 @@ pub struct Config {
     pub upstreams: TiVec<UpstreamId, Upstream>,
     /// The Redis of global limits (required when one is global).
     pub redis: Option<Redis>,
+    /// How tokens are verified (`jwt:`; required when a limit or match reads claims).
+    pub jwt: Option<Arc<Verifier>>,
     pub limits: TiVec<LimitId, Limit>,
     pub routes: TiVec<RouteId, Route>,
     /// `routes` indexed: which one a request takes.
@@ -299,6 +304,8 @@ pub struct Limit {
     pub scope: Scope,
     /// What it does with a request that lacks its key.
     pub on_missing_key: OnMissingKey,
+    /// What it does with a request whose token does not verify (a key with `jwt:` parts).
+    pub on_invalid_token: OnInvalidToken,
     /// Its own refusal (`response:`; `None`: `rejection_body`'s).
     pub response: Option<LimitResponse>,
 }
@@ -366,6 +373,21 @@ pub struct Route {
     pub max_body_bytes: Option<u64>,
     /// How fast each response's body is sent (`None`: as fast as the client takes it).
     pub body_rate: Option<BodyRate>,
+    /// Whether its requests' tokens are verified, and what an invalid one gets.
+    pub token: TokenUse,
+}
+
+/// Whether a route reads its requests' tokens: some limit that may decide them is keyed
+/// on a claim, or an allow-list or override matches claims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenUse {
+    Unread,
+    Read {
+        /// The first enforced limit keyed on a claim with `on_invalid_token: refuse`: a
+        /// request whose token does not verify is refused (401) in its name. `None`:
+        /// such a request goes on without claims.
+        refused_by: Option<LimitId>,
+    },
 }
 
 /// A response body's pace: its first `after` bytes at once, the rest at `per_second`

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-pub use crate::policy::{OnMissingKey, OnStoreError};
+pub use crate::policy::{OnInvalidToken, OnMissingKey, OnStoreError};
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
@@ -51,6 +51,7 @@ pub struct RawConfig {
     #[serde(default)]
     pub upstreams: BTreeMap<String, RawUpstream>,
     pub redis: Option<RawRedis>,
+    pub jwt: Option<RawJwt>,
     #[serde(default)]
     pub limits: BTreeMap<String, RawLimit>,
     #[serde(default)]
@@ -292,6 +293,43 @@ pub struct RawSentinel {
     pub check_interval: Option<String>,
 }
 
+/// `jwt:`: how the tokens that `jwt:CLAIM` keys and `claims:` matches read are verified.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct RawJwt {
+    /// The HMAC secret (HS256, HS384, HS512), itself or `${VARIABLE}`.
+    pub secret: Option<String>,
+    /// A file that holds the secret.
+    pub secret_file: Option<String>,
+    /// Public keys: a PEM file (RSA, EC or Ed25519 keys) or a JWKS file.
+    pub keys_file: Option<String>,
+    /// Accepted `iss`: one or a list (left out: any).
+    pub issuer: Option<RawOneOrMany>,
+    /// Accepted `aud`: one or a list (left out: not checked).
+    pub audience: Option<RawOneOrMany>,
+    /// Clock skew allowed on `exp` and `nbf`; default `30s`.
+    pub leeway: Option<String>,
+    /// Where requests carry the token: `bearer` (default), `header:NAME` or `cookie:NAME`.
+    pub from: Option<String>,
+}
+
+/// A value or a list of values.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum RawOneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl RawOneOrMany {
+    pub fn values(&self) -> Vec<String> {
+        match self {
+            RawOneOrMany::One(one) => vec![one.clone()],
+            RawOneOrMany::Many(many) => many.clone(),
+        }
+    }
+}
+
 #[derive(Debug, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
 pub struct RawLimit {
@@ -330,6 +368,7 @@ pub struct RawLimit {
     pub on_store_error: Option<OnStoreError>,
     pub instances: Option<u64>,
     pub on_missing_key: Option<OnMissingKey>,
+    pub on_invalid_token: Option<OnInvalidToken>,
     pub response: Option<RawLimitResponse>,
 }
 
@@ -521,6 +560,9 @@ pub struct RawAllow {
     pub headers: BTreeMap<String, String>,
     #[serde(default)]
     pub tokens: Vec<String>,
+    /// Claims of the verified token and the values that match (`tier: [gold]`, `org.id: acme`).
+    #[serde(default)]
+    pub claims: BTreeMap<String, RawOneOrMany>,
 }
 
 #[derive(Debug, Default, Deserialize, JsonSchema)]

@@ -17,8 +17,8 @@ use super::checks::{Errors, allow, body_size, set_field, size, status_in, unknow
 use super::raw::{AlgorithmName, RawConfig, RawLimit, RawLimitUse, RawMatch, RawRespond, RawRoute, RawTunedUse};
 use super::units::parse_duration;
 use super::{
-    Action, BodyRate, Burst, Cost, Expires, Limit, LimitId, LimitUse, PathMatch, PathRegex, PathRewrite, Piece,
-    Rewrite, Route, RouteMatch, StaticResponse, UpstreamHost, UpstreamId,
+    Action, Allow, BodyRate, Burst, Cost, Expires, Limit, LimitId, LimitUse, OnInvalidToken, PathMatch, PathRegex,
+    PathRewrite, Piece, Rewrite, Route, RouteMatch, StaticResponse, TokenUse, UpstreamHost, UpstreamId,
 };
 
 /// Route `i`; `compiled` are the configuration's limits, indexed as `config.limits`.
@@ -116,6 +116,7 @@ pub(super) fn route(
         );
     }
     captures_named(e, &at, raw, &matcher, &candidates, compiled);
+    let token = token_use(&allow, &candidates, compiled);
     let rewrite = rewrite(e, &at, raw, &matcher);
     let rewrites = raw.strip_prefix.is_some()
         || raw.rewrite.is_some()
@@ -149,7 +150,24 @@ pub(super) fn route(
         rewrite,
         max_body_bytes,
         body_rate,
+        token,
     }
+}
+
+/// Whether the route's requests have their token verified: some limit that may decide
+/// them is keyed on a claim, or its allow-list, theirs or their overrides match claims.
+fn token_use(allow: &Allow, candidates: &[LimitId], compiled: &TiSlice<LimitId, Limit>) -> TokenUse {
+    let limits = || candidates.iter().filter_map(|&l| Some((l, compiled.get(l)?)));
+    let keyed = |limit: &Limit| limit.key.0.iter().any(|p| matches!(p, KeyPart::Jwt(_)));
+    let reads = allow.reads_claims()
+        || limits().any(|(_, l)| keyed(l) || l.allow.reads_claims() || l.overrides.iter().any(|o| o.0.reads_claims()));
+    if !reads {
+        return TokenUse::Unread;
+    }
+    let refused_by = limits()
+        .find(|(_, l)| keyed(l) && !l.dry_run && l.on_invalid_token == OnInvalidToken::Refuse)
+        .map(|(id, _)| id);
+    TokenUse::Read { refused_by }
 }
 
 /// Every `capture:NAME` key part of a limit that may decide the route's requests names

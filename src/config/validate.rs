@@ -12,7 +12,7 @@ use super::fields::FieldReport;
 use super::position::Positions;
 use super::raw::{AccessFormat, LogKeys, RawAccessLog, RawAdmin, RawConfig, RawListen, RawListener};
 use super::{
-    AccessLogConfig, Admin, Config, ConfigError, Limit, LimitId, Listener, Route, RouteId, Router, limits, routes,
+    AccessLogConfig, Admin, Config, ConfigError, Limit, LimitId, Listener, Route, RouteId, Router, jwt, limits, routes,
     shadow, store, tls, upstreams,
 };
 
@@ -139,6 +139,10 @@ pub fn compile(
     }
     let upstreams = raw.upstreams.iter().map(|(name, u)| upstreams::upstream(&mut e, name, u)).collect();
     let redis = raw.redis.as_ref().map(|r| store::redis(&mut e, r));
+    let jwt = raw.jwt.as_ref().and_then(|j| jwt::jwt(&mut e, j));
+    if raw.jwt.is_none() {
+        jwt::require_jwt(&mut e, &raw);
+    }
     let limits: TiVec<LimitId, _> =
         raw.limits.iter().map(|(name, l)| limits::limit(&mut e, name, l, &raw.limits)).collect();
     if redis.is_none() {
@@ -202,6 +206,7 @@ pub fn compile(
             warnings: e.warnings,
             upstreams,
             redis,
+            jwt,
             limits,
             routes,
             router,

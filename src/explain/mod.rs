@@ -180,8 +180,9 @@ pub fn local(mut config: Config) -> (Config, Vec<String>) {
 }
 
 /// Explains the request `head` from `peer` against `config` and the state of `gate`.
-/// `logged`: the head is what an access-log line recorded, which passed the head's checks
-/// when the proxy read it (a line carries no `Host` unless it logs one). With `after`, `after` identical requests are first decided by `gate` (and held:
+/// `claimed`: `Logged` when the head is what an access-log line recorded, which passed the
+/// head's checks when the proxy read it (a line carries no `Host` unless it logs one),
+/// with the token's claims the line recorded. With `after`, `after` identical requests are first decided by `gate` (and held:
 /// their concurrency slots stay taken) — only for a gate of the explanation's own, never
 /// the live one. `state` says which it is.
 pub fn explain(
@@ -189,11 +190,12 @@ pub fn explain(
     gate: &Gate,
     head: &RequestHead<'_>,
     peer: IpAddr,
-    logged: bool,
+    claimed: front::Claimed<'_>,
     after: u64,
     state: &str,
 ) -> Explanation {
     let head = *head;
+    let logged = matches!(claimed, front::Claimed::Logged(_));
     let address = hop::client_ip(peer, head.fields, &config.trusted_proxies, config.forwarded);
     let mut explanation = Explanation {
         method: head.method.to_string(),
@@ -232,7 +234,7 @@ pub fn explain(
         }
     };
     explanation.path = Some(String::from_utf8_lossy(&src.path).into_owned());
-    let found = front::front(config, &head, address, None);
+    let found = front::front(config, &head, address, None, claimed);
     let taken = found.as_ref().map_or(config.routes.len(), |f| f.route.index());
     explanation.passed_over(config, head.method, &src, taken);
     let front = match found {

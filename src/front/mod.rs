@@ -1,8 +1,9 @@
 //! The steps in front of the limits, written once for every caller: the proxy (for
 //! requests on the wire), `simulate` (for logged requests) and the admin API's key
 //! lookup. From a request head and its client's address they find the normalized path,
-//! the host, the route, the key source, whether the route's allow-list exempts the
-//! request, and what it weighs; or why the request cannot go on (`FrontError`).
+//! the host, the route, the claims of its verified token (when the route reads them), the
+//! key source, whether the route's allow-list exempts the request, and what it weighs;
+//! or why the request cannot go on (`FrontError`).
 //!
 //! The proxy checks the head itself first (`check_head`: sizes, `CONNECT`, `Host`), as
 //! only a request on the wire can break those.
@@ -11,12 +12,14 @@ mod route;
 pub mod size;
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use http::{Method, StatusCode};
 
-use crate::config::{Config, Cost, LimitId, LimitUse, OnMissingKey, PathMatch, Route, RouteId};
+use crate::config::{Config, Cost, LimitId, LimitUse, OnMissingKey, PathMatch, Route, RouteId, TokenUse};
+use crate::jwt::TokenError;
 use crate::path::{self, BadPath};
-use crate::policy::key::{KeyPart, KeySource};
+use crate::policy::key::{Claims, KeyPart, KeySource};
 use crate::wire::head::{Fields, RequestHead, text};
 pub use route::{host_fault, request_host};
 
@@ -52,6 +55,10 @@ pub enum FrontError {
     /// The request weighs more than a limit ever admits at once: waiting will not help.
     #[error("a cost of {cost} can never fit limit {limit:?}, which admits at most {capacity} at once")]
     CostTooHigh { cost: u64, limit: String, capacity: u64 },
+    /// The request's token does not verify, and a limit keyed on its claims refuses such
+    /// requests (`on_invalid_token: refuse`).
+    #[error("limit {limit:?} counts requests by a verified token's claims: {error}")]
+    InvalidToken { limit: String, error: TokenError },
 }
 
 impl FrontError {
@@ -62,6 +69,7 @@ impl FrontError {
             FrontError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             FrontError::Connect | FrontError::Trace => StatusCode::METHOD_NOT_ALLOWED,
             FrontError::NoRoute => StatusCode::NOT_FOUND,
+            FrontError::InvalidToken { .. } => StatusCode::UNAUTHORIZED,
             FrontError::BadHost(_)
             | FrontError::BadPath(_)
             | FrontError::InvalidCost { .. }
@@ -117,12 +125,23 @@ pub fn source<'a>(
     Ok(KeySource::new(client_ip, head, path, host))
 }
 
+/// Where the claims of a request's token come from.
+#[derive(Clone, Copy)]
+pub enum Claimed<'c> {
+    /// Its token, verified with `Config::jwt` (a request on the wire, or one explained).
+    Verify,
+    /// What an access-log line recorded of them (the claims its limits' keys read),
+    /// verified when the request was served.
+    Logged(Option<&'c Arc<Claims>>),
+}
+
 /// The route `head` from `client_ip` takes, with its key source and exemption.
 pub fn front<'a>(
     config: &Config,
     head: &RequestHead<'a>,
     client_ip: IpAddr,
     default_host: Option<&'a str>,
+    claimed: Claimed<'_>,
 ) -> Result<Front<'a>, FrontError> {
     let mut src = source(head, client_ip, default_host)?;
     let route = config.router.find(head.method, &src.path, src.host).ok_or(FrontError::NoRoute)?;
@@ -131,6 +150,22 @@ pub fn front<'a>(
     }
     if let PathMatch::Regex(regex) = &config.routes[route].matcher.path {
         src.captures = regex.captures(&src.path);
+    }
+    if let TokenUse::Read { refused_by } = config.routes[route].token {
+        src.claims = match (claimed, &config.jwt) {
+            (Claimed::Logged(claims), _) => claims.cloned(),
+            (Claimed::Verify, None) => None,
+            (Claimed::Verify, Some(verifier)) => match verifier.claims(head.fields) {
+                Ok(claims) => claims,
+                Err(error) => match refused_by {
+                    Some(limit) => {
+                        return Err(FrontError::InvalidToken { limit: config.limits[limit].name.clone(), error });
+                    }
+                    // No limit refuses it: a request without claims.
+                    None => None,
+                },
+            },
+        };
     }
     let exempt = config.routes[route].allow.admits(&src);
     Ok(Front { route, src, exempt })

@@ -1,7 +1,8 @@
 //! What a limit counts by: the key of a request, reduced to a fixed-size keyed hash.
 //!
 //! A key spec is parsed once from the config (`ip`, `header:NAME`, `bearer`,
-//! `query:NAME`, `cookie:NAME`, `method`, `path`, `host`, or a list of these). Per
+//! `query:NAME`, `cookie:NAME`, `method`, `path`, `host`, `capture:NAME`, `jwt:CLAIM`, or
+//! a list of these). Per
 //! request the parts are fed into one SipHash with a per-process random seed, so a
 //! table stores 8 bytes per key whatever the key's length, and a client cannot
 //! choose values that collide.
@@ -11,6 +12,7 @@ use std::fmt;
 use std::hash::{BuildHasher, Hasher, RandomState};
 use std::net::IpAddr;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use http::{HeaderName, Method, header};
 use smallvec::SmallVec;
@@ -64,11 +66,83 @@ pub enum KeyPart {
     Host,
     /// What the group of this name in the route's `path_regex` captured of the path.
     Capture(Box<str>),
+    /// A claim of the request's verified token (`jwt:sub`, `jwt:org.id`).
+    Jwt(ClaimPath),
+}
+
+/// The claims of a verified token.
+pub type Claims = serde_json::Map<String, serde_json::Value>;
+
+/// A claim's place in a token's claims: `sub`, or `org.id` for a nested one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimPath(Box<[Box<str>]>);
+
+impl FromStr for ClaimPath {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.is_empty() {
+            return Err("jwt: needs a claim, e.g. jwt:sub or jwt:org.id".into());
+        }
+        if s.split('.').any(str::is_empty) {
+            return Err(format!("invalid claim {s:?}: names separated by single dots, e.g. org.id"));
+        }
+        Ok(ClaimPath(s.split('.').map(Into::into).collect()))
+    }
+}
+
+impl fmt::Display for ClaimPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0.join("."))
+    }
+}
+
+impl ClaimPath {
+    /// The claim in `claims`, if the token has it (`null` counts as absent).
+    pub fn find<'c>(&self, claims: &'c Claims) -> Option<&'c serde_json::Value> {
+        let (first, rest) = self.0.split_first()?;
+        let mut value = claims.get(&**first)?;
+        for name in rest {
+            value = value.as_object()?.get(&**name)?;
+        }
+        (!value.is_null()).then_some(value)
+    }
+
+    /// Sets the claim in `claims` to `value`, making the objects it is nested in.
+    pub fn put(&self, claims: &mut Claims, value: serde_json::Value) {
+        let Some((last, outer)) = self.0.split_last() else { return };
+        let mut map = claims;
+        for name in outer {
+            let entry = map.entry(&**name).or_insert_with(|| serde_json::Value::Object(Claims::new()));
+            if !entry.is_object() {
+                *entry = serde_json::Value::Object(Claims::new());
+            }
+            let serde_json::Value::Object(inner) = entry else { return };
+            map = inner;
+        }
+        map.insert(last.to_string(), value);
+    }
+
+    /// Whether the claim in `claims` is `wanted`: a string equal to it, a number or
+    /// boolean written as it, or an array holding one of these.
+    pub fn holds(&self, claims: &Claims, wanted: &str) -> bool {
+        let is = |v: &serde_json::Value| match v {
+            serde_json::Value::String(s) => s == wanted,
+            serde_json::Value::Number(n) => wanted.parse::<serde_json::Number>().is_ok_and(|w| w == *n),
+            serde_json::Value::Bool(b) => wanted == if *b { "true" } else { "false" },
+            _ => false,
+        };
+        match self.find(claims) {
+            Some(serde_json::Value::Array(items)) => items.iter().any(is),
+            Some(v) => is(v),
+            None => false,
+        }
+    }
 }
 
 /// Key parts written alone, and the kinds written with a name (`header:NAME`).
 const PLAIN: [&str; 5] = ["ip", "bearer", "method", "path", "host"];
-const NAMED: [&str; 4] = ["header", "query", "cookie", "capture"];
+const NAMED: [&str; 5] = ["header", "query", "cookie", "capture", "jwt"];
 
 impl FromStr for KeyPart {
     type Err = String;
@@ -85,12 +159,13 @@ impl FromStr for KeyPart {
                 "method" => Ok(KeyPart::Method),
                 "path" => Ok(KeyPart::Path),
                 "host" => Ok(KeyPart::Host),
+                "jwt" => Err("jwt: needs a claim, e.g. jwt:sub or jwt:org.id".into()),
                 kind if NAMED.contains(&kind) => Err(nameless(kind)),
                 _ => Err(match closest(s, PLAIN.into_iter().chain(NAMED)) {
                     Some(kind) if NAMED.contains(&kind) => format!("unknown key {s:?}; did you mean `{kind}:NAME`?"),
                     Some(part) => format!("unknown key {s:?}; did you mean `{part}`?"),
                     None => format!(
-                        "unknown key {s:?} (expected ip, bearer, method, path, host, header:NAME, query:NAME, cookie:NAME or capture:NAME)"
+                        "unknown key {s:?} (expected ip, bearer, method, path, host, header:NAME, query:NAME, cookie:NAME, capture:NAME or jwt:CLAIM)"
                     ),
                 }),
             },
@@ -101,9 +176,10 @@ impl FromStr for KeyPart {
             Some(("query", name)) => named("query", name).map(KeyPart::Query),
             Some(("cookie", name)) => named("cookie", name).map(KeyPart::Cookie),
             Some(("capture", name)) => named("capture", name).map(KeyPart::Capture),
+            Some(("jwt", claim)) => claim.parse().map(KeyPart::Jwt),
             Some((kind, name)) => Err(match closest(kind, NAMED) {
                 Some(meant) => format!("unknown key kind {kind:?}; did you mean `{meant}:{name}`?"),
-                None => format!("unknown key kind {kind:?} (expected header:, query: or cookie:)"),
+                None => format!("unknown key kind {kind:?} (expected header:, query:, cookie:, capture: or jwt:)"),
             }),
         }
     }
@@ -126,7 +202,12 @@ impl KeyPart {
             KeyPart::Bearer | KeyPart::Cookie(_) => true,
             KeyPart::Header(name) => name == header::COOKIE || named(name.as_str()),
             KeyPart::Query(name) => named(name),
-            KeyPart::Ip(_) | KeyPart::Method | KeyPart::Path | KeyPart::Host | KeyPart::Capture(_) => false,
+            KeyPart::Ip(_)
+            | KeyPart::Method
+            | KeyPart::Path
+            | KeyPart::Host
+            | KeyPart::Capture(_)
+            | KeyPart::Jwt(_) => false,
         }
     }
 }
@@ -138,7 +219,7 @@ impl KeyPart {
     pub fn logged_apart(&self) -> bool {
         match self {
             KeyPart::Header(name) => name != header::REFERER && name != header::USER_AGENT,
-            KeyPart::Bearer | KeyPart::Cookie(_) | KeyPart::Host => true,
+            KeyPart::Bearer | KeyPart::Cookie(_) | KeyPart::Host | KeyPart::Jwt(_) => true,
             KeyPart::Ip(_) | KeyPart::Query(_) | KeyPart::Method | KeyPart::Path | KeyPart::Capture(_) => false,
         }
     }
@@ -179,6 +260,9 @@ pub struct KeySource<'a> {
     pub host: Option<&'a str>,
     /// What the route's `path_regex` captured of `path` (empty until a route is found).
     pub captures: Captures,
+    /// The claims of the request's verified token (`None`: none, or none verified; read
+    /// once a route that uses them is found).
+    pub claims: Option<Arc<Claims>>,
 }
 
 impl<'a> KeySource<'a> {
@@ -193,6 +277,7 @@ impl<'a> KeySource<'a> {
             fields: head.fields,
             host,
             captures: Captures::default(),
+            claims: None,
         }
     }
 
@@ -327,6 +412,11 @@ fn value<'s>(part: &KeyPart, src: &'s KeySource<'_>) -> Option<Value<'s>> {
         KeyPart::Path => Some(Value::Bytes(Cow::Borrowed(&src.path))),
         KeyPart::Host => Some(Value::Host(src.host?)),
         KeyPart::Capture(name) => bytes(src.captures.get(name, &src.path)?),
+        KeyPart::Jwt(claim) => Some(Value::Bytes(match claim.find(src.claims.as_deref()?)? {
+            serde_json::Value::String(s) => Cow::Borrowed(s.as_bytes()),
+            // A number or boolean as written; an array or object as its JSON.
+            other => Cow::Owned(other.to_string().into_bytes()),
+        })),
     }
 }
 
@@ -363,6 +453,7 @@ impl fmt::Display for KeyPart {
             KeyPart::Path => f.write_str("path"),
             KeyPart::Host => f.write_str("host"),
             KeyPart::Capture(name) => write!(f, "capture:{name}"),
+            KeyPart::Jwt(claim) => write!(f, "jwt:{claim}"),
         }
     }
 }
@@ -385,7 +476,7 @@ fn bearer(value: &[u8]) -> Option<&[u8]> {
 
 /// The values of cookie `name` in the `Cookie` header(s) (RFC 6265 §5.4: `a=1; b=2`).
 /// A scan without allocation, where a cookie crate would build a struct per pair.
-fn cookies<'h>(fields: Fields<'h>, name: &str) -> impl Iterator<Item = &'h [u8]> {
+pub fn cookies<'h>(fields: Fields<'h>, name: &str) -> impl Iterator<Item = &'h [u8]> {
     fields.all_of(Known::Cookie).flat_map(move |line| {
         line.split(|&b| b == b';').filter_map(move |pair| {
             let pair = pair.trim_ascii();
@@ -412,6 +503,7 @@ impl KeyPart {
             KeyPart::Path => "the path".to_owned(),
             KeyPart::Host => "the `Host` header".to_owned(),
             KeyPart::Capture(name) => format!("the group `{name}` of the route's path_regex"),
+            KeyPart::Jwt(claim) => format!("the claim `{claim}` of a verified token"),
         }
     }
 }
@@ -449,8 +541,14 @@ impl KeySpec {
             KeyPart::Query(name) => src.query.is_some_and(|q| {
                 form_urlencoded::parse(q.as_bytes()).filter(|(k, _)| k == name.as_ref()).nth(1).is_some()
             }),
-            // One address, one method, one path; a repeated `Host` is refused before.
-            KeyPart::Ip(_) | KeyPart::Method | KeyPart::Path | KeyPart::Host | KeyPart::Capture(_) => false,
+            // One address, one method, one path; a repeated `Host` is refused before, and
+            // so is a repeated token (`jwt::Verifier::token`).
+            KeyPart::Ip(_)
+            | KeyPart::Method
+            | KeyPart::Path
+            | KeyPart::Host
+            | KeyPart::Capture(_)
+            | KeyPart::Jwt(_) => false,
         })
     }
 }
@@ -574,16 +672,44 @@ mod tests {
     }
 
     #[test]
+    fn claims_key_by_their_value_nested_or_not() {
+        let claims: Claims = serde_json::from_value(serde_json::json!({
+            "sub": "alice", "n": 7, "org": {"id": "acme"}, "roles": ["a", "b"], "none": null
+        }))
+        .unwrap();
+        let map = HeaderMap::new();
+        let mut src = KeySource::get("10.0.0.1".parse().unwrap(), "/", &map);
+        let value = |src: &KeySource<'_>, part: &str| {
+            part.parse::<KeyPart>().unwrap().value_in(src).map(|v| String::from_utf8(v.into_owned()).unwrap())
+        };
+        assert_eq!(value(&src, "jwt:sub"), None, "no verified token, no claim");
+        src.claims = Some(Arc::new(claims));
+        assert_eq!(value(&src, "jwt:sub").as_deref(), Some("alice"));
+        assert_eq!(value(&src, "jwt:n").as_deref(), Some("7"));
+        assert_eq!(value(&src, "jwt:org.id").as_deref(), Some("acme"));
+        assert_eq!(value(&src, "jwt:roles").as_deref(), Some(r#"["a","b"]"#));
+        assert_eq!(value(&src, "jwt:none"), None);
+        assert_eq!(value(&src, "jwt:sub.x"), None);
+        let roles: ClaimPath = "roles".parse().unwrap();
+        let claims = src.claims.as_deref().unwrap();
+        assert!(roles.holds(claims, "b") && !roles.holds(claims, "c"));
+        assert!("n".parse::<ClaimPath>().unwrap().holds(claims, "7"));
+        assert!("org.id".parse::<ClaimPath>().unwrap().holds(claims, "acme"));
+    }
+
+    #[test]
     fn unknown_key_kinds_are_explained() {
         let error = |s: &str| s.parse::<KeyPart>().unwrap_err();
         assert_eq!(
             error("ipv4"),
-            "unknown key \"ipv4\" (expected ip, bearer, method, path, host, header:NAME, query:NAME, cookie:NAME or capture:NAME)"
+            "unknown key \"ipv4\" (expected ip, bearer, method, path, host, header:NAME, query:NAME, cookie:NAME, capture:NAME or jwt:CLAIM)"
         );
         assert!(error("header:").contains("needs a name"));
         assert!(error("header:bad name").contains("invalid header name"));
         assert_eq!(error("header"), "header: needs a name, e.g. header:x-api-key");
-        assert_eq!(error("nope:x"), "unknown key kind \"nope\" (expected header:, query: or cookie:)");
+        assert_eq!(error("nope:x"), "unknown key kind \"nope\" (expected header:, query:, cookie:, capture: or jwt:)");
+        assert!(error("jwt:").contains("needs a claim"));
+        assert!(error("jwt:org..id").contains("single dots"));
     }
 
     #[test]

@@ -112,6 +112,17 @@ pub enum OnMissingKey {
     Refuse,
 }
 
+/// What a limit keyed on a token's claims does with a request whose token does not verify.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OnInvalidToken {
+    /// Refused with `401` and `WWW-Authenticate: Bearer error="invalid_token"`.
+    #[default]
+    Refuse,
+    /// Taken as carrying no token: its claims are missing (`on_missing_key` decides).
+    MissingKey,
+}
+
 /// What a global limit does while Redis cannot answer in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]

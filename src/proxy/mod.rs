@@ -200,7 +200,7 @@ impl Proxy {
         let trusted_peer = hop::is_trusted(conn.peer.ip().to_canonical(), &config.trusted_proxies);
         let client_ip = hop::client_ip(conn.peer.ip(), head.fields, &config.trusted_proxies, config.forwarded);
         trace.with(|e| e.client = client_ip);
-        let front = front::front(config, head, client_ip, None).inspect_err(|e| {
+        let front = front::front(config, head, client_ip, None, front::Claimed::Verify).inspect_err(|e| {
             if *e == FrontError::NoRoute {
                 debug!(method = %head.method, path = head.path(), host = front::request_host(head), "no route matches");
                 self.metrics.no_route();

@@ -5,6 +5,7 @@
 
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, header};
 use serde::Deserialize;
@@ -12,7 +13,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use crate::access_log::{JsonLine, Values};
-use crate::policy::key::KeyPart;
+use crate::policy::key::{Claims, KeyPart};
 use crate::wire::head::{Fields, RequestHead};
 
 /// nginx's predefined `combined` format.
@@ -37,8 +38,11 @@ pub struct Logged {
     /// How long it was in progress, ns (`None`: the log does not say).
     pub duration: Option<u64>,
     /// The key parts the line records (sluicegate's `keys`), present or not: those
-    /// present are in `headers`, as the request carried them or as their digests.
+    /// present are in `headers`, as the request carried them or as their digests, but
+    /// a token's claims, which are in `claims`.
     pub recorded: Vec<KeyPart>,
+    /// The claims of its verified token that the line records (`jwt:CLAIM` keys).
+    pub claims: Option<Arc<Claims>>,
 }
 
 impl Logged {
@@ -203,7 +207,8 @@ fn read_json(line: &str, cache: &mut TimeCache) -> Result<Read, Unreadable> {
             headers.insert(name, v);
         }
     }
-    let recorded = recorded_keys(parsed.keys.flatten().as_ref(), &mut headers)?;
+    let mut claims = Claims::new();
+    let recorded = recorded_keys(parsed.keys.flatten().as_ref(), &mut headers, &mut claims)?;
     // The duration of the whole request, else the upstream's part of it.
     let duration = parsed.duration_ms.or(parsed.upstream_ms).map(|ms| (ms.max(0.0) * 1e6).round() as u64);
     Ok(Read::Request(Box::new(Logged {
@@ -217,6 +222,7 @@ fn read_json(line: &str, cache: &mut TimeCache) -> Result<Read, Unreadable> {
         grpc_status: parsed.grpc_status,
         duration,
         recorded,
+        claims: (!claims.is_empty()).then(|| Arc::new(claims)),
     })))
 }
 
@@ -228,6 +234,7 @@ fn read_json(line: &str, cache: &mut TimeCache) -> Result<Read, Unreadable> {
 fn recorded_keys(
     keys: Option<&std::collections::BTreeMap<String, Option<Values>>>,
     headers: &mut HeaderMap,
+    claims: &mut Claims,
 ) -> Result<Vec<KeyPart>, Unreadable> {
     let Some(keys) = keys else { return Ok(Vec::new()) };
     let mut recorded = Vec::with_capacity(keys.len());
@@ -258,6 +265,15 @@ fn recorded_keys(
                 }
                 KeyPart::Host => {
                     headers.insert(header::HOST, field(&value)?);
+                }
+                KeyPart::Jwt(claim) => {
+                    let text = String::from_utf8_lossy(&value);
+                    // An array or object claim is logged as its JSON: read back as one.
+                    let value = match text.starts_with(['[', '{']) {
+                        true => serde_json::from_str(&text).unwrap_or_else(|_| text.clone().into()),
+                        false => serde_json::Value::String(text.into_owned()),
+                    };
+                    claim.put(claims, value);
                 }
                 KeyPart::Ip(_) | KeyPart::Query(_) | KeyPart::Method | KeyPart::Path | KeyPart::Capture(_) => {}
             }
@@ -662,6 +678,7 @@ impl Pattern {
             grpc_status: None,
             duration,
             recorded: Vec::new(),
+            claims: None,
         })
     }
 }

@@ -205,7 +205,8 @@ impl Replay {
             grpc,
         };
         let head = request.head();
-        let front = match front::front(&self.config, &head, request.client, self.host.as_deref()) {
+        let claimed = front::Claimed::Logged(request.claims.as_ref());
+        let front = match front::front(&self.config, &head, request.client, self.host.as_deref(), claimed) {
             Ok(front) => front,
             Err(FrontError::BadPath(_)) => {
                 self.tally.bad_path += 1;
@@ -392,6 +393,8 @@ fn carried_by_format(part: &KeyPart, carried: &Carried, host_given: bool) -> boo
     match part {
         KeyPart::Ip(_) | KeyPart::Method | KeyPart::Path | KeyPart::Capture(_) => true,
         KeyPart::Host => carried.host || host_given,
+        // Only sluicegate's own lines, with `keys`, record a verified token's claims.
+        KeyPart::Jwt(_) => false,
         KeyPart::Header(name) => has_header(name),
         KeyPart::Bearer => has_header(&http::header::AUTHORIZATION),
         KeyPart::Query(name) => carried.query || carried.args.iter().any(|a| a == name.as_ref()),
@@ -456,5 +459,6 @@ fn nginx_variable(part: &KeyPart) -> String {
         KeyPart::Host => "$host".to_owned(),
         KeyPart::Ip(_) => "$remote_addr".to_owned(),
         KeyPart::Method | KeyPart::Path | KeyPart::Capture(_) => "$request".to_owned(),
+        KeyPart::Jwt(_) => "sluicegate's `keys`: no nginx variable holds a verified claim".to_owned(),
     }
 }

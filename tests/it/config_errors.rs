@@ -483,6 +483,61 @@ redis:
 }
 
 #[test]
+fn the_jwt_section_and_what_reads_claims_are_checked_with_positions() {
+    // Claims read without a `jwt:` section to verify tokens with.
+    let yaml = "listen: 127.0.0.1:0
+limits:
+  a: { key: \"jwt:sub\", rate: 1r/s, on_missing_key: skip }
+  b: { key: ip, rate: 1r/s, on_invalid_token: refuse, allow: { claims: { roles: admin } } }
+routes:
+  - { limits: [a, b], respond: { status: 200 } }
+";
+    let (ok, stderr) = check(yaml);
+    assert!(!ok);
+    for line in [
+        "FILE:3:13: limits.a.key: reads a verified token's claims: add a top-level `jwt:` section",
+        "FILE:4:72: limits.b.allow.claims: reads a verified token's claims",
+        "FILE:4:47: limits.b.on_invalid_token: applies to a limit keyed on a token's claims (`jwt:CLAIM`) only",
+    ] {
+        assert!(stderr.contains(line), "{line}\nnot in\n{stderr}");
+    }
+    let yaml = "listen: 127.0.0.1:0
+jwt:
+  secret: short
+  keys_file: /etc/hostname-that-is-not-there
+  leeway: 10m
+  from: \"query:token\"
+  issuer: []
+limits:
+  a: { key: \"jwt:org..id\", rate: 1r/s }
+";
+    let (ok, stderr) = check(yaml);
+    assert!(!ok);
+    for line in [
+        "FILE:3:11: jwt.secret: is 5 bytes long; an HMAC secret needs at least 32",
+        "FILE:4:14: jwt.keys_file: cannot read \"/etc/hostname-that-is-not-there\"",
+        "FILE:5:11: jwt.leeway: 10m is too long; at most 5m",
+        "FILE:6:9: jwt.from: \"query:token\" is not where a token can be: bearer, header:NAME or cookie:NAME",
+        "FILE:7:11: jwt.issuer: needs a non-empty value",
+        "FILE:9:13: limits.a.key: invalid claim \"org..id\"",
+    ] {
+        assert!(stderr.contains(line), "{line}\nnot in\n{stderr}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys.pem");
+    std::fs::write(&keys, "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n").unwrap();
+    let (ok, stderr) = check(&format!("listen: 127.0.0.1:0\njwt: {{ keys_file: \"{}\" }}\n", keys.display()));
+    assert!(!ok);
+    assert!(stderr.contains("jwt.keys_file:") && stderr.contains("not a public key"), "{stderr}");
+    let (ok, stderr) = check("listen: 127.0.0.1:0\njwt: { issuer: x }\n");
+    assert!(!ok);
+    assert!(stderr.contains("FILE:2:6: jwt: needs the keys tokens are verified with"), "{stderr}");
+    let (ok, stderr) =
+        check("listen: 127.0.0.1:0\njwt: { secret: \"0123456789abcdef0123456789abcdef\", audience: [api, web] }\n");
+    assert!(ok, "{stderr}");
+}
+
+#[test]
 fn connection_limits_are_bounded() {
     let yaml = "listen: 127.0.0.1:0\nserver:\n  idle_timeout: 0s\n  send_timeout: 2d\n  max_connections: 0\n";
     let (ok, stderr) = check(yaml);

@@ -46,5 +46,6 @@ mod simulate;
 mod smuggling;
 mod synthetic;
 mod tls;
+mod tokens;
 mod upgrades;
 mod upstreams;

@@ -15,6 +15,7 @@ use super::error::ProxyError;
 use typed_index_collections::TiSlice;
 
 use crate::config::{BodyPiece, Config, Expires, HeaderMode, LimitId, LimitResponse, RejectionBody, StaticResponse};
+use crate::front::FrontError;
 use crate::gate::Decision;
 use crate::grpc::{self, Code};
 use crate::variables;
@@ -65,7 +66,12 @@ pub fn error(e: &ProxyError) -> Response {
     let status = e.status();
     let reason = status.canonical_reason().unwrap_or("error");
     let body = if status.is_client_error() { format!("{reason}: {e}\n") } else { format!("{reason}\n") };
-    made_here(status, body)
+    let mut response = made_here(status, body);
+    if let ProxyError::Front(FrontError::InvalidToken { .. }) = e {
+        // RFC 6750 §3: the challenge a refused bearer token gets.
+        response.set(http::header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer error=\"invalid_token\""));
+    }
+    response
 }
 
 /// The rejection: `Retry-After` in whole seconds, rounded up and at least 1, so a client

@@ -160,6 +160,7 @@ mod tests {
             overrides: Vec::new(),
             scope: crate::config::Scope::Local,
             on_missing_key: Default::default(),
+            on_invalid_token: Default::default(),
             response: None,
         }
     }

@@ -281,6 +281,7 @@ fn request(config: &Config, spec: &Spec, connection: u32) -> Logged {
         headers,
         status: Some(200),
         grpc_status: None,
+        claims: None,
         duration: Some(nanos(spec.latency)),
         recorded: Vec::new(),
     }

@@ -1,0 +1,459 @@
+//! Verified JSON Web Tokens (RFC 7519): what `jwt:CLAIM` key parts and `claims:`
+//! matches read. A token counts only once its signature verifies with a configured key
+//! (a secret, PEM keys or a JWKS) and its times, issuer and audience hold: an unverified
+//! claim is whatever the client writes, a fresh key per request.
+//!
+//! Verification is the cryptography of `jsonwebtoken`; what it costs per request is
+//! spent once per token: a verified token's claims are kept until it expires (a bounded
+//! table, emptied whenever the keys change).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::HeaderName;
+use jsonwebtoken::jwk::JwkSet;
+use jsonwebtoken::{Algorithm, DecodingKey, Validation, errors::ErrorKind};
+
+use crate::policy::key::{Claims, bearer_token, cookies};
+use crate::wire::head::Fields;
+
+/// Where a request carries its token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenField {
+    /// `Authorization: Bearer TOKEN` (the default).
+    Bearer,
+    /// The whole value of a header.
+    Header(HeaderName),
+    /// The value of a cookie.
+    Cookie(Box<str>),
+}
+
+impl fmt::Display for TokenField {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TokenField::Bearer => f.write_str("bearer"),
+            TokenField::Header(name) => write!(f, "header:{name}"),
+            TokenField::Cookie(name) => write!(f, "cookie:{name}"),
+        }
+    }
+}
+
+/// Why a request's token was not taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    #[error("the request carries more than one token")]
+    Repeated,
+    #[error("the token is not a JSON Web Token")]
+    Malformed,
+    #[error("the token's key (kid {0:?}) is not one of the configured keys")]
+    UnknownKey(String),
+    #[error("the token is signed with an algorithm no configured key verifies")]
+    Algorithm,
+    #[error("the token's signature does not verify")]
+    Signature,
+    #[error("the token has expired")]
+    Expired,
+    #[error("the token is not valid yet")]
+    NotYetValid,
+    #[error("the token lacks the claim `{0}`")]
+    MissingClaim(String),
+    #[error("the token's issuer is not the configured one")]
+    Issuer,
+    #[error("the token's audience is not the configured one")]
+    Audience,
+}
+
+impl TokenError {
+    /// A short word for metrics and log fields.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            TokenError::Repeated => "repeated",
+            TokenError::Malformed => "malformed",
+            TokenError::UnknownKey(_) => "unknown_key",
+            TokenError::Algorithm => "algorithm",
+            TokenError::Signature => "signature",
+            TokenError::Expired => "expired",
+            TokenError::NotYetValid => "not_yet_valid",
+            TokenError::MissingClaim(_) => "missing_claim",
+            TokenError::Issuer => "issuer",
+            TokenError::Audience => "audience",
+        }
+    }
+
+    fn of(kind: &ErrorKind) -> TokenError {
+        match kind {
+            ErrorKind::InvalidSignature => TokenError::Signature,
+            ErrorKind::ExpiredSignature => TokenError::Expired,
+            ErrorKind::ImmatureSignature => TokenError::NotYetValid,
+            ErrorKind::InvalidIssuer => TokenError::Issuer,
+            ErrorKind::InvalidAudience => TokenError::Audience,
+            ErrorKind::MissingRequiredClaim(claim) => TokenError::MissingClaim(claim.clone()),
+            ErrorKind::InvalidAlgorithm | ErrorKind::MissingAlgorithm | ErrorKind::InvalidAlgorithmName => {
+                TokenError::Algorithm
+            }
+            // A key the token's header does not fit (an RSA modulus too short, an
+            // EC point off the curve) is a signature that does not verify.
+            ErrorKind::InvalidEcdsaKey | ErrorKind::InvalidRsaKey(_) | ErrorKind::Crypto(_) => TokenError::Signature,
+            _ => TokenError::Malformed,
+        }
+    }
+}
+
+/// One key tokens may be signed with, and the validation that goes with it (the
+/// algorithms of its family, the configured times, issuer and audience).
+pub struct VerifyingKey {
+    /// The JWKS `kid`, if the key has one: a token naming a `kid` is verified by that
+    /// key only.
+    pub kid: Option<String>,
+    key: DecodingKey,
+    validation: Validation,
+}
+
+impl fmt::Debug for VerifyingKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VerifyingKey").field("kid", &self.kid).field("algorithms", &self.validation.algorithms).finish()
+    }
+}
+
+/// What every token must satisfy besides its signature.
+#[derive(Debug, Clone, Default)]
+pub struct Checks {
+    /// Accepted `iss` values (empty: any).
+    pub issuers: Vec<String>,
+    /// Accepted `aud` values (empty: `aud` not checked).
+    pub audiences: Vec<String>,
+    /// Clock skew allowed on `exp` and `nbf`.
+    pub leeway: Duration,
+}
+
+impl Checks {
+    fn validation(&self, algorithms: &[Algorithm]) -> Validation {
+        let mut v = Validation::new(algorithms[0]);
+        v.algorithms = algorithms.to_vec();
+        // `exp` is required (a token without it would never expire), but the times are
+        // checked by `Verifier::verify`, against the clock it is given.
+        v.validate_exp = false;
+        v.validate_nbf = false;
+        v.validate_aud = !self.audiences.is_empty();
+        if !self.audiences.is_empty() {
+            v.set_audience(&self.audiences);
+        }
+        if !self.issuers.is_empty() {
+            v.set_issuer(&self.issuers);
+            v.set_required_spec_claims(&["exp", "iss"]);
+        }
+        v
+    }
+}
+
+const HMAC: [Algorithm; 3] = [Algorithm::HS256, Algorithm::HS384, Algorithm::HS512];
+const RSA: [Algorithm; 6] =
+    [Algorithm::RS256, Algorithm::RS384, Algorithm::RS512, Algorithm::PS256, Algorithm::PS384, Algorithm::PS512];
+const EC: [Algorithm; 2] = [Algorithm::ES256, Algorithm::ES384];
+const ED: [Algorithm; 1] = [Algorithm::EdDSA];
+
+impl VerifyingKey {
+    /// A shared secret (HS256, HS384, HS512).
+    pub fn secret(secret: &[u8], checks: &Checks) -> VerifyingKey {
+        VerifyingKey { kid: None, key: DecodingKey::from_secret(secret), validation: checks.validation(&HMAC) }
+    }
+
+    /// The public keys of `text`: a JWKS (`{"keys": [...]}`) or PEM public keys (RSA, EC
+    /// or Ed25519, one or more blocks).
+    pub fn parse(text: &str, checks: &Checks) -> Result<Vec<VerifyingKey>, String> {
+        if text.trim_start().starts_with('{') {
+            let set: JwkSet = serde_json::from_str(text).map_err(|e| format!("not a JWKS: {e}"))?;
+            return VerifyingKey::of_jwks(&set, checks);
+        }
+        let blocks: Vec<&str> = text.split_inclusive("-----END ").collect();
+        let mut keys = Vec::new();
+        for (i, block) in blocks.iter().enumerate() {
+            let Some(start) = block.find("-----BEGIN ") else { continue };
+            // The END line's label, which `split_inclusive` left in the next piece.
+            let label_end = blocks.get(i + 1).and_then(|next| next.find('\n')).unwrap_or(0);
+            let pem = format!("{}{}", &block[start..], blocks.get(i + 1).map_or("", |next| &next[..label_end]));
+            keys.push(VerifyingKey::of_pem(pem.as_bytes(), checks)?);
+        }
+        if keys.is_empty() {
+            return Err("holds no PEM public key and is not a JWKS".into());
+        }
+        Ok(keys)
+    }
+
+    fn of_pem(pem: &[u8], checks: &Checks) -> Result<VerifyingKey, String> {
+        let found = [
+            (DecodingKey::from_rsa_pem(pem), &RSA[..]),
+            (DecodingKey::from_ec_pem(pem), &EC[..]),
+            (DecodingKey::from_ed_pem(pem), &ED[..]),
+        ]
+        .into_iter()
+        .find_map(|(key, algorithms)| Some((key.ok()?, algorithms)));
+        let (key, algorithms) = found.ok_or("a PEM block is not a public key of RSA, EC (P-256, P-384) or Ed25519")?;
+        Ok(VerifyingKey { kid: None, key, validation: checks.validation(algorithms) })
+    }
+
+    /// The keys of a JWKS; a key whose `alg` is given verifies that algorithm only.
+    pub fn of_jwks(set: &JwkSet, checks: &Checks) -> Result<Vec<VerifyingKey>, String> {
+        use jsonwebtoken::jwk::AlgorithmParameters as P;
+        let mut keys = Vec::new();
+        for (i, jwk) in set.keys.iter().enumerate() {
+            let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("key {i} of the JWKS: {e}"))?;
+            let family: &[Algorithm] = match jwk.algorithm {
+                P::RSA(_) => &RSA,
+                P::EllipticCurve(_) => &EC,
+                P::OctetKeyPair(_) => &ED,
+                P::OctetKey(_) => &HMAC,
+            };
+            let named = jwk.common.key_algorithm.and_then(|a| a.to_string().parse::<Algorithm>().ok());
+            let algorithms = match named {
+                Some(alg) if family.contains(&alg) => vec![alg],
+                Some(alg) => return Err(format!("key {i} of the JWKS: alg {alg:?} does not fit its key type")),
+                None => family.to_vec(),
+            };
+            keys.push(VerifyingKey { kid: jwk.common.key_id.clone(), key, validation: checks.validation(&algorithms) });
+        }
+        Ok(keys)
+    }
+}
+
+/// Verified tokens kept, at most; past it the table is emptied of expired tokens, then
+/// of all.
+const CACHED_TOKENS: usize = 10_000;
+
+/// A verified token's claims and the times it holds between.
+struct Verified {
+    claims: Arc<Claims>,
+    /// `nbf` and `exp` in Unix seconds, with the leeway applied.
+    from: u64,
+    until: u64,
+}
+
+/// The keys tokens are verified with, where requests carry them, and the tokens verified
+/// so far.
+#[derive(Debug)]
+pub struct Verifier {
+    pub field: TokenField,
+    pub checks: Checks,
+    keys: Vec<VerifyingKey>,
+    verified: Mutex<HashMap<Box<[u8]>, Verified>>,
+}
+
+impl Verified {
+    /// Its claims if it holds at `now`.
+    fn at(&self, now: u64) -> Result<Arc<Claims>, TokenError> {
+        if now < self.from {
+            Err(TokenError::NotYetValid)
+        } else if now > self.until {
+            Err(TokenError::Expired)
+        } else {
+            Ok(self.claims.clone())
+        }
+    }
+}
+
+impl fmt::Debug for Verified {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Verified").field("from", &self.from).field("until", &self.until).finish()
+    }
+}
+
+impl Verifier {
+    pub fn new(field: TokenField, checks: Checks, keys: Vec<VerifyingKey>) -> Verifier {
+        Verifier { field, checks, keys, verified: Mutex::new(HashMap::new()) }
+    }
+
+    /// How many keys tokens may be signed with.
+    pub fn key_count(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// The request's token (`None`: it carries none), or why it cannot be taken. A token
+    /// carried twice is refused: the upstream may read the other one.
+    pub fn token<'f>(&self, fields: Fields<'f>) -> Result<Option<&'f [u8]>, TokenError> {
+        match &self.field {
+            TokenField::Bearer => {
+                if fields.all_of(crate::wire::head::Known::Authorization).nth(1).is_some() {
+                    return Err(TokenError::Repeated);
+                }
+                Ok(bearer_token(fields))
+            }
+            TokenField::Header(name) => {
+                let mut all = fields.get_all(name);
+                let first = all.next();
+                if all.next().is_some() {
+                    return Err(TokenError::Repeated);
+                }
+                Ok(first.map(<[u8]>::trim_ascii).filter(|t| !t.is_empty()))
+            }
+            TokenField::Cookie(name) => {
+                let mut all = cookies(fields, name);
+                let first = all.next();
+                if all.next().is_some() {
+                    return Err(TokenError::Repeated);
+                }
+                Ok(first.filter(|t| !t.is_empty()))
+            }
+        }
+    }
+
+    /// The claims of the request's token (`None`: it carries none), verified.
+    pub fn claims(&self, fields: Fields<'_>) -> Result<Option<Arc<Claims>>, TokenError> {
+        match self.token(fields)? {
+            None => Ok(None),
+            Some(token) => self.verify(token, now()).map(Some),
+        }
+    }
+
+    /// The claims of `token` at `now` (Unix seconds), verified.
+    pub fn verify(&self, token: &[u8], now: u64) -> Result<Arc<Claims>, TokenError> {
+        if let Some(known) = self.verified.lock().unwrap_or_else(|p| p.into_inner()).get(token) {
+            return known.at(now);
+        }
+        let text = std::str::from_utf8(token).map_err(|_| TokenError::Malformed)?;
+        let header = jsonwebtoken::decode_header(text).map_err(|e| TokenError::of(e.kind()))?;
+        let mut tried = None;
+        for key in &self.keys {
+            let fits = match (&header.kid, &key.kid) {
+                (Some(asked), Some(kid)) => asked == kid,
+                // A key without a `kid` verifies any token its algorithm fits.
+                (_, None) => true,
+                (None, Some(_)) => true,
+            };
+            if !fits || !key.validation.algorithms.contains(&header.alg) {
+                continue;
+            }
+            match jsonwebtoken::decode::<Claims>(text, &key.key, &key.validation) {
+                Ok(data) => return self.keep(token, data.claims, now),
+                // Another key of the same algorithm may have signed it (a rotation).
+                Err(e) => tried = Some(TokenError::of(e.kind())),
+            }
+        }
+        Err(tried.unwrap_or_else(|| match header.kid {
+            Some(kid) if !self.keys.iter().any(|k| k.kid.as_deref() == Some(&kid)) => TokenError::UnknownKey(kid),
+            _ => TokenError::Algorithm,
+        }))
+    }
+
+    /// Keeps a token whose signature verified until it expires, and its claims if its
+    /// times hold at `now`.
+    fn keep(&self, token: &[u8], claims: Claims, now: u64) -> Result<Arc<Claims>, TokenError> {
+        let leeway = self.checks.leeway.as_secs();
+        // `exp` is a whole number (the signature's check requires it); an `nbf` that is
+        // no number is a token refused.
+        let exp =
+            claims.get("exp").and_then(serde_json::Value::as_u64).ok_or(TokenError::MissingClaim("exp".into()))?;
+        let nbf = match claims.get("nbf") {
+            None => 0,
+            Some(nbf) => nbf.as_f64().filter(|t| *t >= 0.0).ok_or(TokenError::Malformed)?.ceil() as u64,
+        };
+        let known =
+            Verified { claims: Arc::new(claims), from: nbf.saturating_sub(leeway), until: exp.saturating_add(leeway) };
+        let answer = known.at(now);
+        let mut verified = self.verified.lock().unwrap_or_else(|p| p.into_inner());
+        if verified.len() >= CACHED_TOKENS {
+            verified.retain(|_, v| now <= v.until);
+            if verified.len() >= CACHED_TOKENS {
+                verified.clear();
+            }
+        }
+        verified.insert(token.into(), known);
+        answer
+    }
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use jsonwebtoken::{EncodingKey, Header, encode};
+    use serde_json::json;
+
+    use super::*;
+
+    const NOW: u64 = 1_800_000_000;
+
+    fn hs(claims: serde_json::Value, secret: &[u8]) -> String {
+        encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(secret)).unwrap()
+    }
+
+    fn verifier(checks: Checks) -> Verifier {
+        let keys = vec![VerifyingKey::secret(b"0123456789abcdef0123456789abcdef", &checks)];
+        Verifier::new(TokenField::Bearer, checks, keys)
+    }
+
+    const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn a_token_verifies_only_with_its_key_and_within_its_times() {
+        let v = verifier(Checks { leeway: Duration::from_secs(30), ..Checks::default() });
+        let good = hs(json!({"sub": "alice", "exp": NOW + 60}), SECRET);
+        assert_eq!(v.verify(good.as_bytes(), NOW).unwrap()["sub"], "alice");
+        let forged = hs(json!({"sub": "alice", "exp": NOW + 60}), b"another secret of thirty-two b..");
+        assert_eq!(v.verify(forged.as_bytes(), NOW).unwrap_err(), TokenError::Signature);
+        let expired = hs(json!({"sub": "bob", "exp": NOW - 31}), SECRET);
+        assert_eq!(v.verify(expired.as_bytes(), NOW).unwrap_err(), TokenError::Expired);
+        let within_leeway = hs(json!({"sub": "bob", "exp": NOW - 29}), SECRET);
+        assert!(v.verify(within_leeway.as_bytes(), NOW).is_ok());
+        let early = hs(json!({"sub": "bob", "exp": NOW + 600, "nbf": NOW + 31}), SECRET);
+        assert_eq!(v.verify(early.as_bytes(), NOW).unwrap_err(), TokenError::NotYetValid);
+        let endless = hs(json!({"sub": "bob"}), SECRET);
+        assert_eq!(v.verify(endless.as_bytes(), NOW).unwrap_err(), TokenError::MissingClaim("exp".into()));
+        assert_eq!(v.verify(b"not.a.token", NOW).unwrap_err(), TokenError::Malformed);
+    }
+
+    #[test]
+    fn a_kept_token_still_expires() {
+        let v = verifier(Checks::default());
+        let token = hs(json!({"sub": "alice", "exp": NOW + 10}), SECRET);
+        assert!(v.verify(token.as_bytes(), NOW).is_ok());
+        assert!(v.verify(token.as_bytes(), NOW + 10).is_ok());
+        assert_eq!(v.verify(token.as_bytes(), NOW + 11).unwrap_err(), TokenError::Expired);
+    }
+
+    #[test]
+    fn alg_none_and_an_hmac_token_against_a_public_key_are_refused() {
+        let v = verifier(Checks::default());
+        // {"alg":"none"}.{"sub":"alice","exp":...}. with no signature.
+        let none = format!(
+            "eyJhbGciOiJub25lIn0.{}.",
+            base64_url(format!("{{\"sub\":\"alice\",\"exp\":{}}}", NOW + 60).as_bytes())
+        );
+        assert!(v.verify(none.as_bytes(), NOW).is_err());
+        let token = hs(json!({"sub": "alice", "exp": NOW + 60}), SECRET);
+        let rs = Verifier::new(TokenField::Bearer, Checks::default(), vec![]);
+        assert_eq!(rs.verify(token.as_bytes(), NOW).unwrap_err(), TokenError::Algorithm);
+    }
+
+    #[test]
+    fn issuer_and_audience_are_checked_when_configured() {
+        let v = verifier(Checks {
+            issuers: vec!["https://id.example".into()],
+            audiences: vec!["api".into()],
+            leeway: Duration::ZERO,
+        });
+        let ok = hs(json!({"sub": "a", "exp": NOW + 60, "iss": "https://id.example", "aud": "api"}), SECRET);
+        assert!(v.verify(ok.as_bytes(), NOW).is_ok());
+        let other_aud = hs(json!({"sub": "a", "exp": NOW + 60, "iss": "https://id.example", "aud": "web"}), SECRET);
+        assert_eq!(v.verify(other_aud.as_bytes(), NOW).unwrap_err(), TokenError::Audience);
+        let other_iss = hs(json!({"sub": "a", "exp": NOW + 60, "iss": "https://evil.example", "aud": "api"}), SECRET);
+        assert_eq!(v.verify(other_iss.as_bytes(), NOW).unwrap_err(), TokenError::Issuer);
+        let no_iss = hs(json!({"sub": "a", "exp": NOW + 60, "aud": "api"}), SECRET);
+        assert_eq!(v.verify(no_iss.as_bytes(), NOW).unwrap_err(), TokenError::MissingClaim("iss".into()));
+    }
+
+    fn base64_url(bytes: &[u8]) -> String {
+        const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+        let mut out = String::new();
+        for chunk in bytes.chunks(3) {
+            let n = chunk.iter().enumerate().fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+            for i in 0..=chunk.len() {
+                out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,232 @@
+//! Limits keyed on a verified token's claims (`jwt:CLAIM`): tokens made here, signed with
+//! an HMAC secret or an ECDSA key (PEM and JWKS), forged, expired and unsigned ones
+//! refused, overrides and allow-lists by claim, a key rotation picked up by a reload.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
+use serde_json::json;
+
+use crate::common::*;
+
+const SECRET: &str = "0123456789abcdef0123456789abcdef";
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
+}
+
+/// An HS256 token of `claims` signed with `secret`.
+fn hs(claims: serde_json::Value, secret: &str) -> String {
+    encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(secret.as_bytes())).unwrap()
+}
+
+fn bearer(token: &str) -> String {
+    format!("Bearer {token}")
+}
+
+/// The status of `GET /` with `token` as its bearer token (none: `None`).
+async fn status_with(sg: &Sluicegate, token: Option<&str>) -> u16 {
+    match token {
+        Some(token) => get(sg.addr, "/", &[("authorization", &bearer(token))]).await.status,
+        None => get(sg.addr, "/", &[]).await.status,
+    }
+}
+
+fn base64url(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk.iter().enumerate().fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+        for i in 0..=chunk.len() {
+            out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
+        }
+    }
+    out
+}
+
+/// A P-256 key: what signs (PKCS#8 PEM), its public key as PEM, and as a JWK named `kid`.
+struct EcKey {
+    signing: EncodingKey,
+    public_pem: String,
+    jwk: serde_json::Value,
+}
+
+impl EcKey {
+    fn new(kid: &str) -> EcKey {
+        let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let signing = EncodingKey::from_ec_pem(pair.serialize_pem().as_bytes()).unwrap();
+        let point = pair.public_key_raw();
+        assert_eq!(point.len(), 65, "an uncompressed P-256 point");
+        let jwk = json!({
+            "kty": "EC", "crv": "P-256", "kid": kid, "alg": "ES256", "use": "sig",
+            "x": base64url(&point[1..33]), "y": base64url(&point[33..65]),
+        });
+        EcKey { signing, public_pem: pair.public_key_pem(), jwk }
+    }
+
+    fn token(&self, kid: Option<&str>, claims: serde_json::Value) -> String {
+        let mut header = Header::new(Algorithm::ES256);
+        header.kid = kid.map(str::to_owned);
+        encode(&header, &claims, &self.signing).unwrap()
+    }
+}
+
+#[tokio::test]
+async fn a_limit_keyed_on_a_verified_claim_counts_each_subject_and_refuses_what_does_not_verify() {
+    let sg = Conf::new()
+        .admin()
+        .set(&format!("jwt: {{ secret: \"{SECRET}\" }}"))
+        .limit("per_user", "key: \"jwt:sub\", rate: 1r/m, on_missing_key: skip")
+        .answering("per_user")
+        .start();
+    let exp = now() + 600;
+    let alice = hs(json!({"sub": "alice", "exp": exp}), SECRET);
+    assert_eq!(status_with(&sg, Some(&alice)).await, 200);
+    assert_eq!(status_with(&sg, Some(&alice)).await, 429, "one a minute per subject");
+    // A fresh token of the same subject is the same key: a new token escapes nothing.
+    let alice_again = hs(json!({"sub": "alice", "exp": exp + 1, "jti": "x"}), SECRET);
+    assert_eq!(status_with(&sg, Some(&alice_again)).await, 429);
+    let bob = hs(json!({"sub": "bob", "exp": exp}), SECRET);
+    assert_eq!(status_with(&sg, Some(&bob)).await, 200, "another subject, another key");
+
+    // What does not verify is refused before any limit, never keyed by its claims.
+    let forged = hs(json!({"sub": "mallory", "exp": exp}), "a secret that is not the configured one!");
+    let expired = hs(json!({"sub": "carol", "exp": now() - 120}), SECRET);
+    let unsigned = format!(
+        "{}.{}.",
+        base64url(br#"{"alg":"none","typ":"JWT"}"#),
+        base64url(format!(r#"{{"sub":"dave","exp":{exp}}}"#).as_bytes())
+    );
+    let endless = hs(json!({"sub": "erin"}), SECRET);
+    for (token, why) in [
+        (&forged, "the token's signature does not verify"),
+        (&expired, "the token has expired"),
+        (&unsigned, "not a JSON Web Token"),
+        (&endless, "the token lacks the claim `exp`"),
+        (&"not-a-jwt".to_owned(), "not a JSON Web Token"),
+    ] {
+        let reply = get(sg.addr, "/", &[("authorization", &bearer(token))]).await;
+        assert_eq!(reply.status, 401, "{why}");
+        assert_eq!(reply.header("www-authenticate"), Some("Bearer error=\"invalid_token\""));
+        assert!(reply.text().contains("limit \"per_user\"") && reply.text().contains(why), "{}", reply.text());
+    }
+    // Sent twice, the token is refused: the upstream may read the other one.
+    let twice = get(sg.addr, "/", &[("authorization", &bearer(&bob)), ("authorization", &bearer(&alice))]).await;
+    assert_eq!(twice.status, 401);
+    assert!(twice.text().contains("more than one token"), "{}", twice.text());
+    // Without a token, the key is missing: `on_missing_key: skip` lets it through.
+    assert_eq!(status_with(&sg, None).await, 200);
+    assert_eq!(status_with(&sg, None).await, 200);
+    let m = Metrics::of(&sg).await;
+    assert_eq!(m.value("sluicegate_limit_missing_key_total{limit=\"per_user\"}"), 2.0);
+}
+
+#[tokio::test]
+async fn a_limit_that_takes_invalid_tokens_as_missing_counts_them_under_the_shared_key() {
+    let sg = Conf::new()
+        .set(&format!("jwt: {{ secret: \"{SECRET}\" }}"))
+        .limit("per_user", "key: \"jwt:sub\", rate: 1r/m, on_invalid_token: missing_key, on_missing_key: shared")
+        .answering("per_user")
+        .start();
+    let exp = now() + 600;
+    let forged = |sub: &str| hs(json!({"sub": sub, "exp": exp}), "a secret that is not the configured one!");
+    assert_eq!(status_with(&sg, Some(&forged("m1"))).await, 200);
+    assert_eq!(status_with(&sg, Some(&forged("m2"))).await, 429, "every forged token shares one key");
+    assert_eq!(status_with(&sg, None).await, 429, "with the requests that carry none");
+    assert_eq!(status_with(&sg, Some(&hs(json!({"sub": "alice", "exp": exp}), SECRET))).await, 200);
+}
+
+#[tokio::test]
+async fn ecdsa_tokens_verify_with_pem_and_jwks_keys_chosen_by_kid_and_a_rotation_is_picked_up_by_a_reload() {
+    let (k1, k2, pem_key) = (EcKey::new("k1"), EcKey::new("k2"), EcKey::new("pem"));
+    let dir = tempfile::tempdir().unwrap();
+    let jwks = dir.path().join("jwks.json");
+    std::fs::write(&jwks, json!({"keys": [k1.jwk]}).to_string()).unwrap();
+    let pem = dir.path().join("key.pem");
+    std::fs::write(&pem, &pem_key.public_pem).unwrap();
+    let conf = |keys_file: &std::path::Path| {
+        Conf::new()
+            .set(&format!("jwt: {{ keys_file: \"{}\", issuer: https://id.example }}", keys_file.display()))
+            .limit("per_org", "key: \"jwt:org.id\", rate: 1r/m, on_missing_key: skip")
+            .answering("per_org")
+            .yaml()
+    };
+    let mut sg = Sluicegate::start(&conf(&jwks));
+    let claims = |org: &str| json!({"sub": "u", "org": {"id": org}, "iss": "https://id.example", "exp": now() + 600});
+    assert_eq!(status_with(&sg, Some(&k1.token(Some("k1"), claims("acme")))).await, 200);
+    assert_eq!(status_with(&sg, Some(&k1.token(Some("k1"), claims("acme")))).await, 429, "keyed on org.id");
+    assert_eq!(status_with(&sg, Some(&k1.token(Some("k1"), claims("globex")))).await, 200);
+    // A key the set does not hold, a kid naming another key, another issuer: refused.
+    let unknown = get(sg.addr, "/", &[("authorization", &bearer(&k2.token(Some("k2"), claims("initech"))))]).await;
+    assert_eq!(unknown.status, 401);
+    assert!(unknown.text().contains("kid \"k2\""), "{}", unknown.text());
+    assert_eq!(status_with(&sg, Some(&k2.token(Some("k1"), claims("initech")))).await, 401, "signed by another key");
+    let other_issuer = json!({"sub": "u", "org": {"id": "x"}, "iss": "https://evil.example", "exp": now() + 600});
+    assert_eq!(status_with(&sg, Some(&k1.token(Some("k1"), other_issuer))).await, 401);
+    // An HMAC token signed with the public key's text never verifies against it.
+    let confused = hs(claims("hmac"), &serde_json::to_string(&k1.jwk).unwrap());
+    assert_eq!(status_with(&sg, Some(&confused)).await, 401);
+
+    // The rotation: the set now holds k2 as well.
+    std::fs::write(&jwks, json!({"keys": [k1.jwk, k2.jwk]}).to_string()).unwrap();
+    sg.reload(&conf(&jwks));
+    wait_until("k2 verifies", Duration::from_secs(5), async || {
+        status_with(&sg, Some(&k2.token(Some("k2"), claims(&format!("r{}", now()))))).await == 200
+    })
+    .await;
+    // PEM public keys: a token without a kid verifies with the key whose algorithm fits.
+    sg.reload(&conf(&pem));
+    wait_until("the PEM key verifies", Duration::from_secs(5), async || {
+        status_with(&sg, Some(&pem_key.token(None, claims(&format!("p{}", now()))))).await == 200
+    })
+    .await;
+    assert_eq!(status_with(&sg, Some(&k1.token(Some("k1"), claims("acme-2")))).await, 401, "k1 no longer configured");
+    sg.kill();
+}
+
+#[tokio::test]
+async fn overrides_and_allow_lists_match_a_verified_tokens_claims() {
+    let sg = Conf::new()
+        .set(&format!("jwt: {{ secret: \"{SECRET}\", from: \"header:x-token\" }}"))
+        .limit(
+            "per_user",
+            "key: \"jwt:sub\", rate: 1r/m, on_missing_key: skip, \
+             overrides: [ { match: { claims: { tier: [gold, platinum] } }, use: gold } ], \
+             allow: { claims: { roles: admin } }",
+        )
+        .limit("gold", "key: \"jwt:sub\", rate: 1r/m, burst: 2, nodelay: true, on_missing_key: skip")
+        .answering("per_user")
+        .start();
+    let exp = now() + 600;
+    let token = |claims: serde_json::Value| hs(claims, SECRET);
+    let with = async |token: &str| get(sg.addr, "/", &[("x-token", token)]).await.status;
+    let free = token(json!({"sub": "f", "tier": "free", "exp": exp}));
+    assert_eq!((with(&free).await, with(&free).await), (200, 429));
+    let gold = token(json!({"sub": "g", "tier": "gold", "exp": exp}));
+    let golds = [with(&gold).await, with(&gold).await, with(&gold).await, with(&gold).await];
+    assert_eq!(golds, [200, 200, 200, 429], "a gold token is decided by the gold limit");
+    let admin = token(json!({"sub": "a", "roles": ["user", "admin"], "exp": exp}));
+    for _ in 0..3 {
+        assert_eq!(with(&admin).await, 200, "an array holding admin: exempt");
+    }
+    // A forged gold token is refused, not promoted.
+    let forged = hs(json!({"sub": "f", "tier": "gold", "exp": exp}), "a secret that is not the configured one!");
+    assert_eq!(with(&forged).await, 401);
+    // The bearer field is not where this configuration reads tokens.
+    assert_eq!(get(sg.addr, "/", &[("authorization", &bearer(&gold))]).await.status, 200, "no token: skipped");
+}
+
+#[tokio::test]
+async fn routes_whose_limits_read_no_claims_never_look_at_the_token() {
+    let sg = Conf::new()
+        .set(&format!("jwt: {{ secret: \"{SECRET}\" }}"))
+        .limit("per_user", "key: \"jwt:sub\", rate: 1r/m, on_missing_key: skip")
+        .limit("per_ip", "key: ip, rate: 100r/s")
+        .route("match: { path_prefix: /api/ }, limits: [per_user], respond: { status: 200 }")
+        .route("match: { path_prefix: /static/ }, limits: [per_ip], respond: { status: 200 }")
+        .start();
+    let forged = hs(json!({"sub": "m", "exp": now() + 600}), "a secret that is not the configured one!");
+    let auth = bearer(&forged);
+    assert_eq!(get(sg.addr, "/api/x", &[("authorization", &auth)]).await.status, 401);
+    assert_eq!(get(sg.addr, "/static/x", &[("authorization", &auth)]).await.status, 200);
+}
