@@ -81,6 +81,35 @@ fn decision(c: &mut Criterion) {
     group.finish();
 }
 
+/// A fixed window's decision, over 1000 keys: a window of a length (arithmetic on the
+/// instant) and a calendar month (its window remembered: the zone's rules are read once
+/// per window).
+fn fixed_window(c: &mut Criterion) {
+    let headers = headers();
+    let mut src = KeySource::get(ip(0), "/", &headers);
+    let mut group = c.benchmark_group("fixed_window");
+    for (name, window) in [("1h", "1h"), ("calendar_month", "{ calendar: month, tz: Europe/Berlin }")] {
+        let yaml = format!(
+            "listen: 127.0.0.1:0\nlimits:\n  l: {{ key: ip, algorithm: fixed_window, limit: 16000000, window: {window} }}\nroutes:\n  - limits: [l]\n    respond: {{ status: 200 }}\n"
+        );
+        // From 2026-01-01T00:00Z, a millisecond per decision.
+        let mut now = 1_767_225_600_000_000_000u64;
+        let clock = ManualClock::new(Nanos(now));
+        let gate = Gate::new(&config::parse(&yaml, "bench").expect("bench config is valid"), clock.clone().into());
+        let mut i = 0u32;
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                i = (i + 7919) % 1000;
+                now += 1_000_000;
+                clock.set(Nanos(now));
+                src.client_ip = ip(i);
+                black_box(gate.check(&[LimitUse::plain(LimitId::from(0))], &src, 1))
+            })
+        });
+    }
+    group.finish();
+}
+
 fn key_extraction(c: &mut Criterion) {
     let headers = headers();
     let src = KeySource::get(ip(1), "/api/v1/items?page=2&user=42", &headers);
@@ -131,5 +160,5 @@ fn memory_per_key(_: &mut Criterion) {
     black_box(&l);
 }
 
-criterion_group!(benches, memory_per_key, decision, key_extraction);
+criterion_group!(benches, memory_per_key, decision, fixed_window, key_extraction);
 criterion_main!(benches);
