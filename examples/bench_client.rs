@@ -6,6 +6,9 @@
 //!
 //!     bench_client ADDR REQUESTS [CONNECTIONS]
 //!
+//! With `BENCH_BEARER=TOKEN` in the environment every request carries
+//! `Authorization: Bearer TOKEN`.
+//!
 //! Prints the status codes it got (`200: N`); exits non-zero if a request failed.
 
 use std::collections::BTreeMap;
@@ -31,7 +34,7 @@ fn main() -> Result<(), Error> {
         for c in 0..connections {
             // The requests spread evenly; the first connections take the remainder.
             let share = requests / connections + usize::from(c < requests % connections);
-            tasks.push(tokio::spawn(drive(addr.clone(), share)));
+            tasks.push(tokio::spawn(drive(addr.clone(), share, std::env::var("BENCH_BEARER").ok())));
         }
         let mut counts = BTreeMap::new();
         for task in tasks {
@@ -48,14 +51,18 @@ fn main() -> Result<(), Error> {
 }
 
 /// `requests` requests one after another on one connection; counts by status.
-async fn drive(addr: String, requests: usize) -> Result<BTreeMap<u16, usize>, Error> {
+async fn drive(addr: String, requests: usize, bearer: Option<String>) -> Result<BTreeMap<u16, usize>, Error> {
     let stream = TcpStream::connect(&addr).await?;
     stream.set_nodelay(true)?;
     let (mut sender, connection) = http1::handshake(TokioIo::new(stream)).await?;
     tokio::spawn(connection);
     let mut counts = BTreeMap::new();
     for _ in 0..requests {
-        let req = Request::get("/").header(http::header::HOST, &addr).body(Empty::<Bytes>::new())?;
+        let mut req = Request::get("/").header(http::header::HOST, &addr);
+        if let Some(token) = &bearer {
+            req = req.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let req = req.body(Empty::<Bytes>::new())?;
         let response = sender.send_request(req).await?;
         *counts.entry(response.status().as_u16()).or_insert(0) += 1;
         response.into_body().collect().await?;

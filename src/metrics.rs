@@ -168,6 +168,7 @@ struct Families {
     resolve_failures: Family<Labels, Counter>,
     addresses: Family<Labels, Gauge>,
     grpc: Family<Labels, Counter>,
+    invalid_tokens: Family<Labels, Counter>,
     pool: PoolFamilies,
     /// What the scrape-time collector reads: the running configuration's limiters.
     current: Arc<Mutex<Current>>,
@@ -195,6 +196,7 @@ impl Metrics {
         let resolve_failures = Family::<Labels, Counter>::default();
         let addresses = Family::<Labels, Gauge>::default();
         let grpc = Family::<Labels, Counter>::default();
+        let invalid_tokens = Family::<Labels, Counter>::default();
         let pool = PoolFamilies::default();
         let build = Family::<Labels, Gauge>::default();
         build.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_owned())]).set(1);
@@ -245,6 +247,11 @@ impl Metrics {
             "Requests answered 503: every server stayed at `max_conns` for `queue_timeout`, by upstream",
             pool.full.clone(),
         );
+        registry.register(
+            "invalid_tokens",
+            "Requests whose token did not verify, by reason: refused (401) or taken without claims (on_invalid_token)",
+            invalid_tokens.clone(),
+        );
         registry.register("reloads", "Configuration reloads by result", reloads.clone());
         registry.register("build_info", "The running version", build);
         let started = Gauge::<i64>::default();
@@ -264,6 +271,7 @@ impl Metrics {
             resolve_failures,
             addresses,
             grpc,
+            invalid_tokens,
             pool,
             current,
         };
@@ -323,6 +331,11 @@ impl Metrics {
 
     pub fn no_route(&self) {
         self.no_route.inc();
+    }
+
+    /// Counts a request whose token did not verify, by `reason` (`TokenError::reason`).
+    pub fn invalid_token(&self, reason: &'static str) {
+        self.families.invalid_tokens.get_or_create(&vec![("reason", reason.to_owned())]).inc();
     }
 
     /// Counts what a limit decided: once per request, whatever its number of windows.

@@ -43,7 +43,10 @@
 # over CONNECTIONS_IR [8] keep-alive connections, and the instructions the proxy executed
 # divided by REQUESTS are its cost per request: a figure that does not move with the load
 # of the machine. KEEP_TMP=1 keeps the callgrind files for callgrind_annotate. The cases
-# are onecore's (CASES); `global` uses a redis-server outside callgrind.
+# are onecore's (CASES); `global` uses a redis-server outside callgrind. Two more cases here
+# only (no peer has them), each request with the same bearer token (a signed JWT):
+#   bearer       forwarded's limit keyed on the bearer token
+#   jwt          forwarded's limit keyed on the token's verified `sub` (jwt:sub, HS256)
 #
 # LAYOUT=memory: each proxy (sluicegate with `server.workers: 1`, nginx with one worker),
 # a fresh process per case, after one request through it; examples/hold_connections.rs
@@ -414,8 +417,20 @@ sg_limit() {
     concurrency) echo "$LIMIT_CONC" ;;
     plain) echo "" ;;
     global) printf '%s\n    scope: global\n' "$LIMIT_PASS" ;;
+    bearer) echo "${LIMIT_PASS/key: ip/key: bearer}" ;;
+    jwt) echo "${LIMIT_PASS/key: ip/key: \"jwt:sub\"}" ;;
   esac
 }
+# What a case adds at the top level of sluicegate's file.
+sg_top() {
+  case "$1" in
+    global) echo "$REDIS_YAML" ;;
+    jwt) echo "jwt: { secret: \"$JWT_SECRET\" }" ;;
+  esac
+}
+# A token of `{"sub": "bench-user", "exp": 4102444800}` signed (HS256) with JWT_SECRET.
+JWT_SECRET="bench-secret-of-at-least-32-bytes!"
+JWT_TOKEN="eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiJiZW5jaC11c2VyIiwiZXhwIjo0MTAyNDQ0ODAwfQ.bt4kRAG8i4HG9VJ5gd65pmKJ_qbV8voCa6yjvKuexKo"
 ng_http() {
   case "$1" in
     forwarded) echo "limit_req_zone \$binary_remote_addr zone=per_ip:10m rate=100000000r/s;" ;;
@@ -468,7 +483,7 @@ start_targets() {
     tag="$c"
     [[ "$c" != global ]] || start_redis
     port="$(free_port)"
-    write_sg_conf "$TMP/sg-$tag.yaml" "$port" "$(sg_limit "$c")" "$([[ "$c" != global ]] || echo "$REDIS_YAML")"
+    write_sg_conf "$TMP/sg-$tag.yaml" "$port" "$(sg_limit "$c")" "$(sg_top "$c")"
     start_sg "$TMP/sg-$tag.yaml" "$port" "$TMP/sg-$tag.log"
     ROWS+=("$c/sluicegate")
     TARGET_PORT["$c/sluicegate"]="$port"
@@ -633,9 +648,11 @@ instructions_main() {
   for c in $CASES; do
     [[ "$c" != global ]] || start_redis
     port="$(free_port)"
-    write_sg_conf "$TMP/sg-$c.yaml" "$port" "$(sg_limit "$c")" "$([[ "$c" != global ]] || echo "$REDIS_YAML")"
+    write_sg_conf "$TMP/sg-$c.yaml" "$port" "$(sg_limit "$c")" "$(sg_top "$c")"
+    [[ "$c" != bearer && "$c" != jwt ]] || export BENCH_BEARER="$JWT_TOKEN"
     under_callgrind "$c/sluicegate" "$port" "$TMP/sg-$c.log" "$SG" -c "$TMP/sg-$c.yaml" --log-level warn
-    if [[ "$c" != global ]] && has_peer nginx; then
+    unset BENCH_BEARER
+    if [[ "$c" != global && "$c" != bearer && "$c" != jwt ]] && has_peer nginx; then
       port="$(free_port)"
       dir="$TMP/nginx-$c"
       mkdir -p "$dir"

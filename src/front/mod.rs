@@ -85,6 +85,9 @@ pub struct Front<'a> {
     pub src: KeySource<'a>,
     /// The route's allow-list lets the request skip all of its limits.
     pub exempt: bool,
+    /// Why its token did not verify, when no limit refused it for that (it goes on
+    /// without claims).
+    pub invalid_token: Option<TokenError>,
 }
 
 impl Front<'_> {
@@ -151,6 +154,7 @@ pub fn front<'a>(
     if let PathMatch::Regex(regex) = &config.routes[route].matcher.path {
         src.captures = regex.captures(&src.path);
     }
+    let mut invalid_token = None;
     if let TokenUse::Read { refused_by } = config.routes[route].token {
         src.claims = match (claimed, &config.jwt) {
             (Claimed::Logged(claims), _) => claims.cloned(),
@@ -162,13 +166,16 @@ pub fn front<'a>(
                         return Err(FrontError::InvalidToken { limit: config.limits[limit].name.clone(), error });
                     }
                     // No limit refuses it: a request without claims.
-                    None => None,
+                    None => {
+                        invalid_token = Some(error);
+                        None
+                    }
                 },
             },
         };
     }
     let exempt = config.routes[route].allow.admits(&src);
-    Ok(Front { route, src, exempt })
+    Ok(Front { route, src, exempt, invalid_token })
 }
 
 /// The limits of `candidates` (a route's, those their overrides name included) keyed on a

@@ -200,12 +200,21 @@ impl Proxy {
         let trusted_peer = hop::is_trusted(conn.peer.ip().to_canonical(), &config.trusted_proxies);
         let client_ip = hop::client_ip(conn.peer.ip(), head.fields, &config.trusted_proxies, config.forwarded);
         trace.with(|e| e.client = client_ip);
-        let front = front::front(config, head, client_ip, None, front::Claimed::Verify).inspect_err(|e| {
-            if *e == FrontError::NoRoute {
+        let front = front::front(config, head, client_ip, None, front::Claimed::Verify).inspect_err(|e| match e {
+            FrontError::NoRoute => {
                 debug!(method = %head.method, path = head.path(), host = front::request_host(head), "no route matches");
                 self.metrics.no_route();
             }
+            FrontError::InvalidToken { limit, error } => {
+                debug!(peer = %conn.peer, limit, %error, "token refused");
+                self.metrics.invalid_token(error.reason());
+            }
+            _ => {}
         })?;
+        if let Some(error) = &front.invalid_token {
+            debug!(peer = %conn.peer, %error, "token not verified: the request goes on without claims");
+            self.metrics.invalid_token(error.reason());
+        }
         let route = &config.routes[front.route];
         trace.with(|e| e.route = Some(route.name.clone()));
         // Refused before it takes any quota, and unread: no `100 Continue` is sent.

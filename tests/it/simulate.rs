@@ -685,3 +685,48 @@ routes:
         assert_eq!(replayed[n]["outcome"], "repeated_key_field", "{}", replayed[n]);
     }
 }
+
+#[tokio::test]
+async fn limits_keyed_on_verified_claims_replay_from_the_claims_the_proxys_log_recorded() {
+    use jsonwebtoken::{EncodingKey, Header, encode};
+    const SECRET: &str = "0123456789abcdef0123456789abcdef";
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let sg = Sluicegate::start(&format!(
+        "listen: 127.0.0.1:0
+access_log: {{ format: json, path: \"{}\", keys: true }}
+jwt: {{ secret: \"{SECRET}\" }}
+limits:
+  per_user: {{ key: \"jwt:sub\", rate: 1r/m, burst: 1, nodelay: true, on_missing_key: skip }}
+  per_org: {{ key: \"jwt:org.id\", rate: 1r/m, burst: 2, nodelay: true, on_missing_key: skip }}
+routes:
+  - name: api
+    limits: [per_user, per_org]
+    respond: {{ status: 200 }}
+",
+        log.display()
+    ));
+    let exp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() + 600;
+    let token = |sub: &str, org: &str| {
+        let claims = serde_json::json!({"sub": sub, "org": {"id": org}, "exp": exp});
+        format!("Bearer {}", encode(&Header::default(), &claims, &EncodingKey::from_secret(SECRET.as_bytes())).unwrap())
+    };
+    let sent = [("alice", "acme"), ("alice", "acme"), ("alice", "acme"), ("bob", "acme"), ("carol", "globex")];
+    let mut answers = Vec::new();
+    for (sub, org) in sent {
+        answers.push(get(sg.addr, "/", &[("authorization", &token(sub, org))]).await.status);
+    }
+    answers.push(get(sg.addr, "/", &[]).await.status);
+    // alice's third is refused by per_user, and takes none of acme's three: bob's is.
+    assert_eq!(answers, [200, 200, 429, 200, 200, 200]);
+    let lines = crate::logs::access_lines(&log, answers.len());
+    let first: Value = serde_json::from_str(&lines[0]).unwrap();
+    assert_eq!(first["keys"], serde_json::json!({ "jwt:sub": "alice", "jwt:org.id": "acme" }));
+    let config = sg.config.to_str().unwrap();
+    simulate_json(dir.path(), &["-c", config, "--decisions", "d.jsonl", "access.log"]);
+    let logged: Vec<u16> =
+        lines.iter().map(|l| serde_json::from_str::<Value>(l).unwrap()["status"].as_u64().unwrap() as u16).collect();
+    let replayed: Vec<u16> = decisions(&dir.path().join("d.jsonl")).iter().map(status).collect();
+    assert_eq!(replayed, logged, "the replay decides by the logged claims as the proxy did");
+    assert_eq!(logged, answers);
+}

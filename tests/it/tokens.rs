@@ -119,11 +119,17 @@ async fn a_limit_keyed_on_a_verified_claim_counts_each_subject_and_refuses_what_
     assert_eq!(status_with(&sg, None).await, 200);
     let m = Metrics::of(&sg).await;
     assert_eq!(m.value("sluicegate_limit_missing_key_total{limit=\"per_user\"}"), 2.0);
+    for (reason, n) in
+        [("signature", 1.0), ("expired", 1.0), ("malformed", 2.0), ("missing_claim", 1.0), ("repeated", 1.0)]
+    {
+        assert_eq!(m.value(&format!("sluicegate_invalid_tokens_total{{reason=\"{reason}\"}}")), n, "{reason}");
+    }
 }
 
 #[tokio::test]
 async fn a_limit_that_takes_invalid_tokens_as_missing_counts_them_under_the_shared_key() {
     let sg = Conf::new()
+        .admin()
         .set(&format!("jwt: {{ secret: \"{SECRET}\" }}"))
         .limit("per_user", "key: \"jwt:sub\", rate: 1r/m, on_invalid_token: missing_key, on_missing_key: shared")
         .answering("per_user")
@@ -134,6 +140,8 @@ async fn a_limit_that_takes_invalid_tokens_as_missing_counts_them_under_the_shar
     assert_eq!(status_with(&sg, Some(&forged("m2"))).await, 429, "every forged token shares one key");
     assert_eq!(status_with(&sg, None).await, 429, "with the requests that carry none");
     assert_eq!(status_with(&sg, Some(&hs(json!({"sub": "alice", "exp": exp}), SECRET))).await, 200);
+    let m = Metrics::of(&sg).await;
+    assert_eq!(m.value("sluicegate_invalid_tokens_total{reason=\"signature\"}"), 2.0, "counted, though not refused");
 }
 
 #[tokio::test]
