@@ -5,12 +5,20 @@
 //!
 //! Verification is the cryptography of `jsonwebtoken`; what it costs per request is
 //! spent once per token: a verified token's claims are kept until it expires (a bounded
-//! table, emptied whenever the keys change).
+//! table; a kept token is verified again once the fetched keys change).
+//!
+//! Keys come from the configuration (a secret, a keys file), read at every load, and from
+//! a JWKS URL (`RemoteKeys`), which `jwks` fetches in the background and keeps across
+//! reloads.
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use arc_swap::ArcSwap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::Notify;
 
 use http::HeaderName;
 use jsonwebtoken::jwk::JwkSet;
@@ -118,7 +126,7 @@ impl fmt::Debug for VerifyingKey {
 }
 
 /// What every token must satisfy besides its signature.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Checks {
     /// Accepted `iss` values (empty: any).
     pub issuers: Vec<String>,
@@ -225,6 +233,8 @@ const CACHED_TOKENS: usize = 10_000;
 /// A verified token's claims and the times it holds between.
 struct Verified {
     claims: Arc<Claims>,
+    /// The fetched keys' generation it was verified under.
+    generation: u64,
     /// `nbf` and `exp` in Unix seconds, with the leeway applied.
     from: u64,
     until: u64,
@@ -237,7 +247,53 @@ pub struct Verifier {
     pub field: TokenField,
     pub checks: Checks,
     keys: Vec<VerifyingKey>,
+    /// The keys of `jwt.jwks_url`, once `jwks` attached them.
+    remote: OnceLock<Arc<RemoteKeys>>,
     verified: Mutex<HashMap<Box<[u8]>, Verified>>,
+}
+
+/// The keys of a JWKS URL as last fetched, shared by the configurations that name it.
+#[derive(Debug)]
+pub struct RemoteKeys {
+    /// The URL, as written.
+    pub url: String,
+    /// What the keys' validations check: a configuration that checks otherwise fetches
+    /// its own.
+    pub checks: Checks,
+    keys: ArcSwap<Vec<VerifyingKey>>,
+    /// Bumped by every change of `keys`.
+    generation: AtomicU64,
+    /// Woken when a token names a key the set lacks, or when these keys are dropped.
+    pub wanted: Arc<Notify>,
+}
+
+impl RemoteKeys {
+    pub fn new(url: &str, checks: &Checks) -> RemoteKeys {
+        RemoteKeys {
+            url: url.to_owned(),
+            checks: checks.clone(),
+            keys: ArcSwap::from_pointee(Vec::new()),
+            generation: AtomicU64::new(0),
+            wanted: Arc::new(Notify::new()),
+        }
+    }
+
+    /// Replaces the keys with those of the JWKS `text`; how many there are now.
+    pub fn set(&self, text: &str) -> Result<usize, String> {
+        let set: JwkSet = serde_json::from_str(text).map_err(|e| format!("not a JWKS: {e}"))?;
+        let keys = VerifyingKey::of_jwks(&set, &self.checks)?;
+        let count = keys.len();
+        self.keys.store(Arc::new(keys));
+        self.generation.fetch_add(1, Ordering::Release);
+        Ok(count)
+    }
+}
+
+impl Drop for RemoteKeys {
+    fn drop(&mut self) {
+        // Its fetcher wakes, finds it gone and ends.
+        self.wanted.notify_one();
+    }
 }
 
 impl Verified {
@@ -261,12 +317,17 @@ impl fmt::Debug for Verified {
 
 impl Verifier {
     pub fn new(field: TokenField, checks: Checks, keys: Vec<VerifyingKey>) -> Verifier {
-        Verifier { field, checks, keys, verified: Mutex::new(HashMap::new()) }
+        Verifier { field, checks, keys, remote: OnceLock::new(), verified: Mutex::new(HashMap::new()) }
     }
 
-    /// How many keys tokens may be signed with.
-    pub fn key_count(&self) -> usize {
-        self.keys.len()
+    /// Verifies with `remote`'s keys as well (once: later calls change nothing).
+    pub fn attach(&self, remote: Arc<RemoteKeys>) {
+        let _ = self.remote.set(remote);
+    }
+
+    /// The keys of the JWKS URL it verifies with, once attached.
+    pub fn remote(&self) -> Option<&Arc<RemoteKeys>> {
+        self.remote.get()
     }
 
     /// The request's token (`None`: it carries none), or why it cannot be taken. A token
@@ -308,13 +369,19 @@ impl Verifier {
 
     /// The claims of `token` at `now` (Unix seconds), verified.
     pub fn verify(&self, token: &[u8], now: u64) -> Result<Arc<Claims>, TokenError> {
-        if let Some(known) = self.verified.lock().unwrap_or_else(|p| p.into_inner()).get(token) {
+        let remote = self.remote.get();
+        let generation = remote.map_or(0, |r| r.generation.load(Ordering::Acquire));
+        if let Some(known) = self.verified.lock().unwrap_or_else(|p| p.into_inner()).get(token)
+            && known.generation == generation
+        {
             return known.at(now);
         }
         let text = std::str::from_utf8(token).map_err(|_| TokenError::Malformed)?;
         let header = jsonwebtoken::decode_header(text).map_err(|e| TokenError::of(e.kind()))?;
+        let fetched = remote.map(|r| r.keys.load_full());
+        let keys: Vec<&VerifyingKey> = self.keys.iter().chain(fetched.iter().flat_map(|k| k.iter())).collect();
         let mut tried = None;
-        for key in &self.keys {
+        for key in keys.iter().copied() {
             let fits = match (&header.kid, &key.kid) {
                 (Some(asked), Some(kid)) => asked == kid,
                 // A key without a `kid` verifies any token its algorithm fits.
@@ -325,20 +392,25 @@ impl Verifier {
                 continue;
             }
             match jsonwebtoken::decode::<Claims>(text, &key.key, &key.validation) {
-                Ok(data) => return self.keep(token, data.claims, now),
+                Ok(data) => return self.keep(token, data.claims, generation, now),
                 // Another key of the same algorithm may have signed it (a rotation).
                 Err(e) => tried = Some(TokenError::of(e.kind())),
             }
         }
-        Err(tried.unwrap_or_else(|| match header.kid {
-            Some(kid) if !self.keys.iter().any(|k| k.kid.as_deref() == Some(&kid)) => TokenError::UnknownKey(kid),
+        let error = tried.unwrap_or_else(|| match header.kid {
+            Some(kid) if !keys.iter().any(|k| k.kid.as_deref() == Some(&kid)) => TokenError::UnknownKey(kid),
             _ => TokenError::Algorithm,
-        }))
+        });
+        if let (Some(remote), TokenError::UnknownKey(_) | TokenError::Algorithm) = (remote, &error) {
+            // The key server may hold a key made since the last fetch.
+            remote.wanted.notify_one();
+        }
+        Err(error)
     }
 
     /// Keeps a token whose signature verified until it expires, and its claims if its
     /// times hold at `now`.
-    fn keep(&self, token: &[u8], claims: Claims, now: u64) -> Result<Arc<Claims>, TokenError> {
+    fn keep(&self, token: &[u8], claims: Claims, generation: u64, now: u64) -> Result<Arc<Claims>, TokenError> {
         let leeway = self.checks.leeway.as_secs();
         // `exp` is a whole number (the signature's check requires it); an `nbf` that is
         // no number is a token refused.
@@ -348,8 +420,12 @@ impl Verifier {
             None => 0,
             Some(nbf) => nbf.as_f64().filter(|t| *t >= 0.0).ok_or(TokenError::Malformed)?.ceil() as u64,
         };
-        let known =
-            Verified { claims: Arc::new(claims), from: nbf.saturating_sub(leeway), until: exp.saturating_add(leeway) };
+        let known = Verified {
+            claims: Arc::new(claims),
+            generation,
+            from: nbf.saturating_sub(leeway),
+            until: exp.saturating_add(leeway),
+        };
         let answer = known.at(now);
         let mut verified = self.verified.lock().unwrap_or_else(|p| p.into_inner());
         if verified.len() >= CACHED_TOKENS {

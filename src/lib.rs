@@ -13,7 +13,8 @@
 //!                          (wire::head)
 //!   -> front               the head's checks (431 / 414, CONNECT 405, one valid Host), the
 //!                          client address (hop), the normalized path (path), host, route,
-//!                          the route's token verified (jwt), key source, allow-list,
+//!                          the route's token verified (jwt; keys fetched by jwks), key
+//!                          source, allow-list,
 //!                          cost: written once for the proxy,
 //!                          `simulate` and the admin API, over one request view (head)
 //!   -> limits (gate)       one call decides the request, all or nothing: overrides and
@@ -57,6 +58,7 @@ pub mod grpc;
 pub mod hop;
 pub mod ids;
 pub mod import;
+pub mod jwks;
 pub mod jwt;
 pub mod limit;
 pub mod metrics;

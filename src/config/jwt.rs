@@ -9,8 +9,9 @@ use std::time::Duration;
 use http::HeaderName;
 
 use super::checks::Errors;
-use super::raw::{RawAllow, RawConfig, RawJwt, RawKey, RawOneOrMany};
+use super::raw::{RawAllow, RawConfig, RawJwt, RawKey, RawOneOrMany, RawUpstream, RawUpstreamServer};
 use super::secrets::secret;
+use super::{JwksSource, upstreams};
 use crate::jwt::{Checks, TokenField, Verifier, VerifyingKey};
 use crate::policy::key::KeyPart;
 
@@ -59,11 +60,49 @@ pub(super) fn jwt(e: &mut Errors<'_>, raw: &RawJwt) -> Option<Arc<Verifier>> {
             .and_then(|text| VerifyingKey::parse(&text, &checks).map_err(|err| format!("{path:?}: {err}")));
         keys.extend(e.check(|| "jwt.keys_file".into(), read).into_iter().flatten());
     }
-    if raw.secret.is_none() && raw.secret_file.is_none() && raw.keys_file.is_none() {
-        e.add("jwt".into(), "needs the keys tokens are verified with: `secret`, `secret_file` or `keys_file`");
+    if raw.secret.is_none() && raw.secret_file.is_none() && raw.keys_file.is_none() && raw.jwks_url.is_none() {
+        e.add(
+            "jwt".into(),
+            "needs the keys tokens are verified with: `secret`, `secret_file`, `keys_file` or `jwks_url`",
+        );
     }
     Some(Arc::new(Verifier::new(field?, checks, keys)))
 }
+
+const DEFAULT_JWKS_REFRESH: Duration = Duration::from_secs(300);
+/// Fetching more often than this would ask the key server once a request.
+const MIN_JWKS_REFRESH: Duration = Duration::from_secs(10);
+
+/// `jwt.jwks_url` (`http://` or `https://`), fetched from an upstream of its own: its one
+/// server is the URL's host and port, with every upstream default.
+pub(super) fn jwks(e: &mut Errors<'_>, raw: &RawJwt) -> Option<JwksSource> {
+    let url = raw.jwks_url.as_ref()?;
+    let refresh = e.duration("jwt.jwks_refresh", raw.jwks_refresh.as_ref(), DEFAULT_JWKS_REFRESH);
+    if refresh < MIN_JWKS_REFRESH {
+        e.add("jwt.jwks_refresh".into(), "must be at least 10s");
+    }
+    let parsed = url.parse::<http::Uri>().ok().and_then(|uri| {
+        let tls = match uri.scheme_str()? {
+            "https" => true,
+            "http" => false,
+            _ => return None,
+        };
+        let authority = uri.authority().filter(|a| !a.as_str().contains('@'))?;
+        let port = authority.port_u16().unwrap_or(if tls { 443 } else { 80 });
+        let server = format!("{}://{}:{port}", if tls { "https" } else { "http" }, authority.host());
+        let target = uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
+        Some((server, target))
+    });
+    let Some((server, target)) = parsed else {
+        e.add("jwt.jwks_url".into(), format!("{url:?} is not an http:// or https:// URL"));
+        return None;
+    };
+    let upstream = RawUpstream { servers: vec![RawUpstreamServer::Address(server)], ..RawUpstream::default() };
+    Some(JwksSource { url: url.clone(), upstream: upstreams::upstream(e, JWKS_UPSTREAM, &upstream), target, refresh })
+}
+
+/// The name of `jwt.jwks_url`'s upstream, in log lines and metrics.
+const JWKS_UPSTREAM: &str = "jwt.jwks_url";
 
 /// `bearer`, `header:NAME` or `cookie:NAME`.
 fn token_field(from: &str) -> Result<TokenField, String> {

@@ -99,6 +99,8 @@ pub struct Config {
     pub redis: Option<Redis>,
     /// How tokens are verified (`jwt:`; required when a limit or match reads claims).
     pub jwt: Option<Arc<Verifier>>,
+    /// Where `jwt.jwks_url` is fetched from (`None`: no such URL).
+    pub jwks: Option<JwksSource>,
     pub limits: TiVec<LimitId, Limit>,
     pub routes: TiVec<RouteId, Route>,
     /// `routes` indexed: which one a request takes.
@@ -375,6 +377,19 @@ pub struct Route {
     pub body_rate: Option<BodyRate>,
     /// Whether its requests' tokens are verified, and what an invalid one gets.
     pub token: TokenUse,
+}
+
+/// `jwt.jwks_url`: a JWKS fetched with the upstream client, from an upstream of its own.
+#[derive(Debug)]
+pub struct JwksSource {
+    /// As written, for log lines.
+    pub url: String,
+    /// Its one server (the URL's scheme, host and port), with the default timeouts.
+    pub upstream: Upstream,
+    /// The path and query asked for.
+    pub target: String,
+    /// How often it is fetched again.
+    pub refresh: Duration,
 }
 
 /// Whether a route reads its requests' tokens: some limit that may decide them is keyed

@@ -172,7 +172,7 @@ pub struct RawAdmin {
     pub insecure: bool,
 }
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
 pub struct RawUpstream {
     #[serde(default)]
@@ -303,6 +303,11 @@ pub struct RawJwt {
     pub secret_file: Option<String>,
     /// Public keys: a PEM file (RSA, EC or Ed25519 keys) or a JWKS file.
     pub keys_file: Option<String>,
+    /// A JWKS fetched over HTTP(S), again every `jwks_refresh` and when a token names a
+    /// key it lacks.
+    pub jwks_url: Option<String>,
+    /// How often `jwks_url` is fetched again; default `5m`.
+    pub jwks_refresh: Option<String>,
     /// Accepted `iss`: one or a list (left out: any).
     pub issuer: Option<RawOneOrMany>,
     /// Accepted `aud`: one or a list (left out: not checked).

@@ -140,6 +140,7 @@ pub fn compile(
     let upstreams = raw.upstreams.iter().map(|(name, u)| upstreams::upstream(&mut e, name, u)).collect();
     let redis = raw.redis.as_ref().map(|r| store::redis(&mut e, r));
     let jwt = raw.jwt.as_ref().and_then(|j| jwt::jwt(&mut e, j));
+    let jwks = raw.jwt.as_ref().and_then(|j| jwt::jwks(&mut e, j));
     if raw.jwt.is_none() {
         jwt::require_jwt(&mut e, &raw);
     }
@@ -207,6 +208,7 @@ pub fn compile(
             upstreams,
             redis,
             jwt,
+            jwks,
             limits,
             routes,
             router,

@@ -97,6 +97,9 @@ mod tests {
         assert_eq!(ProxyError::from(timeout(true)).grpc_code(), Code::DEADLINE_EXCEEDED);
         assert_eq!(ProxyError::from(timeout(false)).grpc_code(), Code::UNAVAILABLE);
         assert_eq!(ProxyError::from(FrontError::NoRoute).grpc_code(), Code::UNIMPLEMENTED);
+        let token = FrontError::InvalidToken { limit: "l".into(), error: crate::jwt::TokenError::Expired };
+        assert_eq!(ProxyError::from(token.clone()).status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(ProxyError::from(token).grpc_code(), Code::UNAUTHENTICATED);
         let none = UpstreamError::NoServer { upstream: "u".into() };
         assert_eq!(ProxyError::from(none).grpc_code(), Code::UNAVAILABLE);
         let large = ProxyError::BodyTooLarge { length: 2, limit: 1 };

@@ -29,6 +29,7 @@ use crate::front::{self, FrontError};
 use crate::gate::{Decision, Gate, Pending, Permits, Standings};
 use crate::grpc;
 use crate::hop::{self, Hop};
+use crate::jwks;
 use crate::limit::{LimitResult, Limiters, Outcome, Standing};
 use crate::metrics::{Metrics, RequestOutcome, UpstreamResult};
 use crate::policy::LimitUse;
@@ -95,11 +96,13 @@ impl Proxy {
         }
         let (gate, kept, fresh) = Gate::reloaded(&config, &old.gate);
         let metrics = old.metrics.reloaded(&config, &gate);
+        jwks::start(&config, &metrics, old.config.jwt.as_deref());
         Ok((Proxy::assemble(config, gate, metrics, access_log), kept, fresh))
     }
 
     fn with(config: Config, gate: Gate, metrics: Metrics) -> std::io::Result<Self> {
         let access_log = config.access_log.as_ref().map(|log| AccessLog::open(log, &config)).transpose()?;
+        jwks::start(&config, &metrics, None);
         Ok(Proxy::assemble(config, gate, metrics, access_log))
     }
 

@@ -157,6 +157,26 @@ impl UpstreamClient {
         &self.servers
     }
 
+    /// `GET target` from sluicegate itself (a JWKS), no client request behind it: its
+    /// status and body, at most `max` bytes, within the upstream's `timeout`. HTTP/1.1.
+    pub async fn fetch(&self, target: &str, max: usize) -> Result<(StatusCode, Vec<u8>), String> {
+        let upstream = self.servers.upstream();
+        self.servers.ready().await;
+        let server = self.servers.pick(None, &[], Instant::now()).ok_or("no server of the upstream is in use")?;
+        let host = server.host().as_str();
+        let got = tokio::time::timeout(
+            self.timeout,
+            health::get(&self.pool, server.address(), server.tls(), host, target, Some(max)),
+        )
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer within {:?}", self.timeout)));
+        match &got {
+            Ok(_) => server.succeeded(upstream),
+            Err(_) => server.failed(upstream, Instant::now()),
+        }
+        got
+    }
+
     /// Forwards `out` (its body from `body`) to a server and returns its response, body
     /// still to be read. A request that could not be sent goes to another server, at
     /// most `retries` times.

@@ -107,22 +107,44 @@ async fn exchange_once(pool: &Pool, member: &Member, check: &HealthCheck, http2:
         http_body_util::BodyExt::collect(response.into_body()).await.map_err(|e| e.to_string())?;
         return Ok(status);
     }
+    get(pool, address, tls, host, check.path.as_str(), None).await.map(|(status, _)| status)
+}
+
+/// `GET target` over HTTP/1.1 from sluicegate itself (a check, a JWKS) on the server at
+/// `address`, over TLS when `tls`, with `Host: host`: its status, and its body when
+/// `keep` bounds it (a longer one fails); read to the end so that the connection can be
+/// kept.
+pub(super) async fn get(
+    pool: &Pool,
+    address: &http::uri::Authority,
+    tls: bool,
+    host: &str,
+    target: &str,
+    keep: Option<usize>,
+) -> Result<(StatusCode, Vec<u8>), String> {
     let mut conn = pool.checkout(address, tls, super::pool::Take::Idle).await.map_err(|e| super::error::causes(&e))?;
     let mut head = Vec::with_capacity(128);
-    let mut writer = write::Head::request(&mut head, &Method::GET, check.path.as_str());
+    let mut writer = write::Head::request(&mut head, &Method::GET, target);
     writer.field(b"host", host.as_bytes());
     writer.end();
     let no_body: Option<&mut dyn crate::wire::http1::BodySource> = None;
     let (result, _) = exchange(&mut conn, &head, no_body, Framing::Empty, &Method::GET, MAX_RESPONSE_HEAD).await;
     let (response, read) = result.map_err(|e| super::error::causes(&e))?;
     let mut body = ResponseBody::new(conn, &response, read);
+    let mut kept = Vec::new();
     while let Some(piece) = poll_fn(|cx| body.poll_data(cx)).await {
-        piece.map_err(|e| e.to_string())?;
+        let piece = piece.map_err(|e| e.to_string())?;
+        if let Some(max) = keep {
+            if kept.len() + piece.len() > max {
+                return Err(format!("the body is larger than {} KiB", max / 1024));
+            }
+            kept.extend_from_slice(&piece);
+        }
     }
     if body.is_reusable() {
         body.conn_mut().give_back();
     }
-    Ok(response.status)
+    Ok((response.status, kept))
 }
 
 /// gRPC's standard health check (`grpc.health.v1.Health/Check`, grpc/grpc's

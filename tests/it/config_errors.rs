@@ -529,6 +529,13 @@ limits:
     let (ok, stderr) = check(&format!("listen: 127.0.0.1:0\njwt: {{ keys_file: \"{}\" }}\n", keys.display()));
     assert!(!ok);
     assert!(stderr.contains("jwt.keys_file:") && stderr.contains("not a public key"), "{stderr}");
+    let (ok, stderr) = check("listen: 127.0.0.1:0\njwt: { jwks_url: \"ftp://idp/keys\", jwks_refresh: 1s }\n");
+    assert!(!ok);
+    assert!(
+        stderr.contains("FILE:2:18: jwt.jwks_url: \"ftp://idp/keys\" is not an http:// or https:// URL"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("FILE:2:50: jwt.jwks_refresh: must be at least 10s"), "{stderr}");
     let (ok, stderr) = check("listen: 127.0.0.1:0\njwt: { issuer: x }\n");
     assert!(!ok);
     assert!(stderr.contains("FILE:2:6: jwt: needs the keys tokens are verified with"), "{stderr}");

@@ -2,6 +2,7 @@
 //! an HMAC secret or an ECDSA key (PEM and JWKS), forged, expired and unsigned ones
 //! refused, overrides and allow-lists by claim, a key rotation picked up by a reload.
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
@@ -237,4 +238,69 @@ async fn routes_whose_limits_read_no_claims_never_look_at_the_token() {
     let auth = bearer(&forged);
     assert_eq!(get(sg.addr, "/api/x", &[("authorization", &auth)]).await.status, 401);
     assert_eq!(get(sg.addr, "/static/x", &[("authorization", &auth)]).await.status, 200);
+}
+
+#[tokio::test]
+async fn a_jwks_url_is_fetched_again_when_a_token_names_a_key_it_lacks_and_kept_across_a_reload() {
+    let (k1, k2) = (EcKey::new("k1"), EcKey::new("k2"));
+    let served = Arc::new(Mutex::new(json!({"keys": [k1.jwk]}).to_string()));
+    let body = Arc::clone(&served);
+    let idp = StrictBackend::start(move |line| {
+        let (status, text) = match line == "GET /.well-known/jwks.json" {
+            true => ("200 OK", body.lock().unwrap().clone()),
+            false => ("404 Not Found", String::new()),
+        };
+        format!("HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{text}", text.len())
+            .into_bytes()
+    })
+    .await;
+    let conf = |leeway: &str| {
+        Conf::new()
+            .set(&format!(
+                "jwt: {{ jwks_url: \"http://{}/.well-known/jwks.json\", jwks_refresh: 1h, leeway: {leeway} }}",
+                idp.addr
+            ))
+            .limit("per_user", "key: \"jwt:sub\", rate: 1r/m, on_missing_key: skip")
+            .answering("per_user")
+            .yaml()
+    };
+    let mut sg = Sluicegate::start(&conf("30s"));
+    let claims = |sub: &str| json!({"sub": sub, "exp": now() + 600});
+    wait_until("the JWKS is fetched", Duration::from_secs(10), async || {
+        status_with(&sg, Some(&k1.token(Some("k1"), claims(&format!("a{}", rand_suffix()))))).await == 200
+    })
+    .await;
+    let fetches = || idp.lines().iter().filter(|l| *l == "GET /.well-known/jwks.json").count();
+    assert_eq!(fetches(), 1, "fetched once at start: {:?}", idp.lines());
+
+    // The key server rotates: k2 appears. A token signed with it is refused until the
+    // set is fetched again, which that token asked for.
+    *served.lock().unwrap() = json!({"keys": [k1.jwk, k2.jwk]}).to_string();
+    assert_eq!(status_with(&sg, Some(&k2.token(Some("k2"), claims("b")))).await, 401);
+    wait_until("k2 verifies", Duration::from_secs(15), async || {
+        status_with(&sg, Some(&k2.token(Some("k2"), claims(&format!("b{}", rand_suffix()))))).await == 200
+    })
+    .await;
+    assert_eq!(fetches(), 2, "fetched again once: {:?}", idp.lines());
+    // A flood of made-up kids asks the key server at most once in 5 s.
+    for i in 0..20 {
+        assert_eq!(status_with(&sg, Some(&k2.token(Some(&format!("nope{i}")), claims("c")))).await, 401);
+    }
+    assert!(fetches() <= 3, "{} fetches", fetches());
+    wait_until("the flood's one fetch", Duration::from_secs(15), async || fetches() == 3).await;
+
+    // A reload with the same URL and checks keeps the keys: no fetch, no refusal.
+    let before = fetches();
+    sg.reload(&conf("30s"));
+    assert_eq!(status_with(&sg, Some(&k2.token(Some("k2"), claims("d")))).await, 200);
+    assert_eq!(fetches(), before, "kept across the reload");
+    // Other checks fetch a set of their own.
+    sg.reload(&conf("20s"));
+    wait_until("fetched for the new checks", Duration::from_secs(10), async || fetches() > before).await;
+    sg.kill();
+}
+
+/// A suffix that makes each token of a retry loop a fresh key.
+fn rand_suffix() -> u128 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos()
 }
