@@ -465,7 +465,7 @@ pub fn bearer_token<'a>(fields: Fields<'a>) -> Option<&'a [u8]> {
 }
 
 /// The token of an `Authorization` field's `value` of the `Bearer` scheme.
-fn bearer(value: &[u8]) -> Option<&[u8]> {
+pub fn bearer(value: &[u8]) -> Option<&[u8]> {
     let (scheme, rest) = value.split_at_checked(6)?;
     if !scheme.eq_ignore_ascii_case(b"bearer") || rest.first() != Some(&b' ') {
         return None;

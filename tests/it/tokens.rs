@@ -304,3 +304,17 @@ async fn a_jwks_url_is_fetched_again_when_a_token_names_a_key_it_lacks_and_kept_
 fn rand_suffix() -> u128 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos()
 }
+
+#[tokio::test]
+async fn a_dry_run_limit_refuses_no_token_and_counts_it() {
+    let sg = Conf::new()
+        .admin()
+        .set(&format!("jwt: {{ secret: \"{SECRET}\" }}"))
+        .limit("per_user", "key: \"jwt:sub\", rate: 1r/m, on_missing_key: skip, dry_run: true")
+        .answering("per_user")
+        .start();
+    let forged = hs(json!({"sub": "m", "exp": now() + 600}), "a secret that is not the configured one!");
+    assert_eq!(status_with(&sg, Some(&forged)).await, 200, "a limit on trial refuses nothing");
+    let m = Metrics::of(&sg).await;
+    assert_eq!(m.value("sluicegate_invalid_tokens_total{reason=\"signature\"}"), 1.0);
+}
