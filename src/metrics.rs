@@ -169,6 +169,9 @@ struct Families {
     addresses: Family<Labels, Gauge>,
     grpc: Family<Labels, Counter>,
     invalid_tokens: Family<Labels, Counter>,
+    /// Keys held after the upstream refused them, and requests answered from a hold.
+    holds: Family<Labels, Counter>,
+    held: Family<Labels, Counter>,
     pool: PoolFamilies,
     /// What the scrape-time collector reads: the running configuration's limiters.
     current: Arc<Mutex<Current>>,
@@ -197,6 +200,7 @@ impl Metrics {
         let addresses = Family::<Labels, Gauge>::default();
         let grpc = Family::<Labels, Counter>::default();
         let invalid_tokens = Family::<Labels, Counter>::default();
+        let (holds, held) = (Family::<Labels, Counter>::default(), Family::<Labels, Counter>::default());
         let pool = PoolFamilies::default();
         let build = Family::<Labels, Gauge>::default();
         build.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_owned())]).set(1);
@@ -252,6 +256,16 @@ impl Metrics {
             "Requests whose token did not verify, by reason: refused (401) or taken without claims (on_invalid_token)",
             invalid_tokens.clone(),
         );
+        registry.register(
+            "upstream_holds",
+            "Keys held by each route after its upstream refused them with a time to wait (upstream_hold)",
+            holds.clone(),
+        );
+        registry.register(
+            "upstream_held_requests",
+            "Requests answered by each route from a hold of its upstream's refusal, unsent (upstream_hold)",
+            held.clone(),
+        );
         registry.register("reloads", "Configuration reloads by result", reloads.clone());
         registry.register("build_info", "The running version", build);
         let started = Gauge::<i64>::default();
@@ -272,6 +286,8 @@ impl Metrics {
             addresses,
             grpc,
             invalid_tokens,
+            holds,
+            held,
             pool,
             current,
         };
@@ -336,6 +352,19 @@ impl Metrics {
     /// Counts a request whose token did not verify, by `reason` (`TokenError::reason`).
     pub fn invalid_token(&self, reason: &'static str) {
         self.families.invalid_tokens.get_or_create(&vec![("reason", reason.to_owned())]).inc();
+    }
+
+    /// Counts a hold of a key by route `route` (`answered`: a request answered from one).
+    pub fn hold(&self, route: RouteId, answered: bool) {
+        let family = if answered { &self.families.held } else { &self.families.holds };
+        family.get_or_create(&vec![("route", self.routes[route].name.clone())]).inc();
+    }
+
+    /// Holds begun by route `route`, and requests it answered from one, since start.
+    pub fn hold_counts(&self, route: RouteId) -> (u64, u64) {
+        let labels = vec![("route", self.routes[route].name.clone())];
+        let count = |family: &Family<Labels, Counter>| family.get(&labels).map_or(0, |c| c.get());
+        (count(&self.families.holds), count(&self.families.held))
     }
 
     /// Counts what a limit decided: once per request, whatever its number of windows.

@@ -379,6 +379,26 @@ pub struct Route {
     pub body_rate: Option<BodyRate>,
     /// Whether its requests' tokens are verified, and what an invalid one gets.
     pub token: TokenUse,
+    /// Keys the upstream refused with a time to wait are answered here until then.
+    pub upstream_hold: Option<UpstreamHold>,
+}
+
+/// `upstream_hold:` of a route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamHold {
+    /// Whose requests a refusal holds.
+    pub by: HoldBy,
+    /// The longest hold, whatever the upstream asks.
+    pub max: Duration,
+    /// Keys held at most at once.
+    pub max_keys: usize,
+}
+
+/// What an upstream's refusal holds: the key of one of the route's limits, or the route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldBy {
+    Limit(LimitId),
+    Route,
 }
 
 /// `jwt.jwks_url`: a JWKS fetched with the upstream client, from an upstream of its own.

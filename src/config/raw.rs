@@ -545,6 +545,25 @@ pub struct RawRoute {
     pub expires: Option<String>,
     pub max_body_bytes: Option<RawSize>,
     pub response_body_rate: Option<RawBodyRate>,
+    pub upstream_hold: Option<RawUpstreamHold>,
+}
+
+/// `upstream_hold: true`, or `{ by: LIMIT | route, max: 1h, max_keys: 10000 }`: a key the
+/// upstream refused (429/503 with a time to wait) is answered here until then.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum RawUpstreamHold {
+    On(bool),
+    Spec(RawUpstreamHoldSpec),
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct RawUpstreamHoldSpec {
+    /// The name of one of the route's limits, whose key is held, or `route`.
+    pub by: Option<String>,
+    pub max: Option<String>,
+    pub max_keys: Option<u64>,
 }
 
 /// `response_body_rate: { bytes_per_second: 100k, after: 1m }`: each response's body

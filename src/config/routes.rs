@@ -5,6 +5,7 @@ use crate::variables::Template;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
 use std::str::FromStr;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
@@ -13,12 +14,15 @@ use typed_index_collections::TiSlice;
 
 use crate::policy::key::KeyPart;
 
-use super::checks::{Errors, allow, body_size, set_field, size, status_in, unknown_name};
-use super::raw::{AlgorithmName, RawConfig, RawLimit, RawLimitUse, RawMatch, RawRespond, RawRoute, RawTunedUse};
+use super::checks::{Errors, allow, body_size, positive_duration, set_field, size, status_in, unknown_name};
+use super::raw::{
+    AlgorithmName, RawConfig, RawLimit, RawLimitUse, RawMatch, RawRespond, RawRoute, RawTunedUse, RawUpstreamHold,
+};
 use super::units::parse_duration;
 use super::{
-    Action, Allow, BodyRate, Burst, Cost, Expires, Limit, LimitId, LimitUse, OnInvalidToken, PathMatch, PathRegex,
-    PathRewrite, Piece, Rewrite, Route, RouteMatch, StaticResponse, TokenUse, UpstreamHost, UpstreamId,
+    Action, Allow, BodyRate, Burst, Cost, Expires, HoldBy, Limit, LimitId, LimitUse, OnInvalidToken, PathMatch,
+    PathRegex, PathRewrite, Piece, Rewrite, Route, RouteMatch, StaticResponse, TokenUse, UpstreamHold, UpstreamHost,
+    UpstreamId,
 };
 
 /// Route `i`; `compiled` are the configuration's limits, indexed as `config.limits`.
@@ -131,6 +135,7 @@ pub(super) fn route(
             "a `respond` route forwards nothing: rewriting fields apply only with `upstream`",
         );
     }
+    let upstream_hold = upstream_hold(e, &at, raw, &limits, compiled);
     let max_body_bytes = body_size(e, &format!("{at}.max_body_bytes"), raw.max_body_bytes.as_ref()).or(max_body_bytes);
     let body_rate = raw.response_body_rate.as_ref().and_then(|r| {
         let per_second = body_size(e, &format!("{at}.response_body_rate.bytes_per_second"), Some(&r.bytes_per_second));
@@ -151,6 +156,7 @@ pub(super) fn route(
         max_body_bytes,
         body_rate,
         token,
+        upstream_hold,
     }
 }
 
@@ -453,4 +459,54 @@ fn static_response(e: &mut Errors<'_>, at: &str, raw: &RawRespond) -> StaticResp
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
     }
     StaticResponse { status, headers, made, body }
+}
+
+/// The longest an upstream's refusal holds a key unless `upstream_hold.max` says.
+const DEFAULT_HOLD_MAX: Duration = Duration::from_secs(3600);
+/// Keys held at once unless `upstream_hold.max_keys` says.
+const DEFAULT_HOLD_KEYS: u64 = 10_000;
+
+/// `upstream_hold:`: by the key of the limit it names (`true`: the route's first limit,
+/// or the route when it has none), on a route that forwards.
+fn upstream_hold(
+    e: &mut Errors<'_>,
+    at: &str,
+    raw: &RawRoute,
+    limits: &[LimitUse],
+    compiled: &TiSlice<LimitId, Limit>,
+) -> Option<UpstreamHold> {
+    let spec = match raw.upstream_hold.as_ref()? {
+        RawUpstreamHold::On(false) => return None,
+        RawUpstreamHold::On(true) => None,
+        RawUpstreamHold::Spec(spec) => Some(spec),
+    };
+    let at = format!("{at}.upstream_hold");
+    if raw.respond.is_some() {
+        e.add(at.clone(), "applies to a route that forwards (`upstream`): a `respond` route has no upstream to refuse");
+    }
+    let first = raw.limits.first().and_then(|u| compiled.iter_enumerated().find(|(_, l)| l.name == u.name()));
+    let by = match spec.and_then(|s| s.by.as_deref()) {
+        None => first.map_or(HoldBy::Route, |(id, _)| HoldBy::Limit(id)),
+        Some("route") => HoldBy::Route,
+        Some(name) => match limits.iter().find(|u| compiled.get(u.limit).is_some_and(|l| l.name == name)) {
+            Some(u) => HoldBy::Limit(u.limit),
+            None => {
+                let listed: Vec<&str> = raw.limits.iter().map(|u| u.name()).collect();
+                e.add(
+                    format!("{at}.by"),
+                    format!("{name:?} is not one of the route's limits ({}); or give `route`", listed.join(", ")),
+                );
+                HoldBy::Route
+            }
+        },
+    };
+    let max = match spec.and_then(|s| s.max.as_deref()) {
+        None => DEFAULT_HOLD_MAX,
+        Some(text) => e.check(|| format!("{at}.max"), positive_duration(text)).unwrap_or(DEFAULT_HOLD_MAX),
+    };
+    let max_keys = spec.and_then(|s| s.max_keys).unwrap_or(DEFAULT_HOLD_KEYS);
+    if max_keys == 0 {
+        e.add(format!("{at}.max_keys"), "must be a positive integer");
+    }
+    Some(UpstreamHold { by, max, max_keys: usize::try_from(max_keys).unwrap_or(usize::MAX) })
 }

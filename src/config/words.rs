@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::{Action, Balance, BodyPiece, Config, Limit, LogKeys, Route, Scope, Upstream};
+use super::{Action, Balance, BodyPiece, Config, HoldBy, Limit, LogKeys, Route, Scope, Upstream};
 use crate::policy::calendar::{self, Period};
 use crate::policy::{Burst, Policy, Rate, Window};
 use crate::router::PathMatch;
@@ -80,6 +80,17 @@ pub struct RouteWords<'a> {
     pub limits: Vec<LimitUseWords<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_body_bytes: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream_hold: Option<HoldWords<'a>>,
+}
+
+/// A route's `upstream_hold`: whose key it holds (a limit's name, or `route`), for how
+/// long at most, and how many keys at once.
+#[derive(Serialize)]
+pub struct HoldWords<'a> {
+    pub by: &'a str,
+    pub max: String,
+    pub max_keys: usize,
 }
 
 /// An entry of a route's `limits`: the limit's name, or the limit with the route's own
@@ -306,6 +317,14 @@ impl<'a> RouteWords<'a> {
                 })
                 .collect(),
             max_body_bytes: route.max_body_bytes.map(size),
+            upstream_hold: route.upstream_hold.as_ref().map(|h| HoldWords {
+                by: match h.by {
+                    HoldBy::Limit(limit) => &config.limits[limit].name,
+                    HoldBy::Route => "route",
+                },
+                max: span(h.max),
+                max_keys: h.max_keys,
+            }),
         }
     }
 }

@@ -2,7 +2,8 @@
 //! configuration; per route and per limit the seconds of history the page lacks (those
 //! after its `since`); per limit its keys, bans and most refused keys; per upstream
 //! server its health; Redis. Keys are shown as `log_keys` says (credentials hashed unless
-//! `clear`), bans by the keyed hash they are kept by.
+//! `clear`), bans by the keyed hash they are kept by; per route the keys its upstream
+//! refused and it holds (`upstream_hold`).
 
 use std::time::{Duration, Instant, SystemTime};
 
@@ -10,9 +11,10 @@ use serde_json::{Value, json};
 
 use super::history::{History, MAX_SHOWN};
 use crate::config::words::{LimitWords, RouteWords};
-use crate::config::{Config, LimitId};
+use crate::config::{Config, LimitId, RouteId};
 use crate::policy::Policy;
 use crate::proxy::Proxy;
+use crate::proxy::hold::HoldTable;
 use crate::running::{Reload, Running};
 use crate::store::Reach;
 
@@ -53,6 +55,9 @@ pub fn state(running: &Running, history: &History, since: Option<u64>) -> Value 
                 "grpc": proxy.metrics().grpc_counts(i).into_iter().map(|(s, n)| (s.to_owned(), Value::from(n))).collect::<serde_json::Map<_, _>>(),
             });
             with_words(&mut shown, &RouteWords::of(route, config));
+            if let (Some(table), Some(shown)) = (proxy.holds().table(i), shown.as_object_mut()) {
+                shown.insert("held".into(), held(&proxy, i, table));
+            }
             shown
         })
         .collect();
@@ -70,6 +75,20 @@ pub fn state(running: &Running, history: &History, since: Option<u64>) -> Value 
         "upstreams": upstreams(&proxy),
         "redis": redis(&proxy, history),
     })
+}
+
+/// The keys route `route` holds after its upstream refused them: how many, those with
+/// the most time left, and the holds begun and requests answered from one since start.
+fn held(proxy: &Proxy, route: RouteId, table: &HoldTable) -> Value {
+    let running = table.running(Instant::now());
+    let (begun, answered) = proxy.metrics().hold_counts(route);
+    let listed: Vec<Value> = (running.iter().take(BANS_LISTED))
+        .map(|h| {
+            let left = h.until.saturating_duration_since(Instant::now());
+            json!({ "key": &*h.key, "status": h.status.as_u16(), "left_ms": left.as_millis() as u64 })
+        })
+        .collect();
+    json!({ "now": running.len(), "keys": listed, "begun": begun, "answered": answered })
 }
 
 /// Limit `index`: its words, its history, its keys and bans.

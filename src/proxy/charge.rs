@@ -5,10 +5,10 @@
 use http::HeaderMap;
 use smallvec::SmallVec;
 
-use super::body::Response;
 use crate::gate::Charges;
 use crate::ids::LimitId;
 use crate::policy::charge::{Charge, Reading, SseScan, units_in};
+use crate::wire::message::Response;
 
 /// A response's meter: one report per limit that charges it.
 pub struct Meter {
@@ -29,7 +29,10 @@ struct Report {
 
 impl Meter {
     /// A meter for `limits` (each with its `charge:`) of `response`, its head known.
-    pub fn new<'c>(limits: impl Iterator<Item = (LimitId, &'c Charge)>, response: &Response) -> Option<Meter> {
+    pub fn new<'c, B>(limits: impl Iterator<Item = (LimitId, &'c Charge)>, response: &Response<B>) -> Option<Meter> {
+        // Most responses have no limit that charges: nothing of them is read.
+        let mut limits = limits.peekable();
+        limits.peek()?;
         let events = response
             .field(&http::header::CONTENT_TYPE)
             .and_then(|v| std::str::from_utf8(v).ok())
@@ -46,7 +49,7 @@ impl Meter {
                 Report { limit, reading: charge.reading.clone(), found, scan }
             })
             .collect();
-        (!reports.is_empty()).then_some(Meter { charges: None, reports })
+        Some(Meter { charges: None, reports })
     }
 
     /// Reads the next piece of the body.

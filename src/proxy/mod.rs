@@ -9,6 +9,7 @@
 pub mod body;
 mod charge;
 pub mod error;
+pub mod hold;
 mod log_budget;
 mod pace;
 pub mod refused_keys;
@@ -20,7 +21,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tracing::{Level, debug, warn};
+use tracing::{Level, debug, info, warn};
 use typed_index_collections::{TiSlice, TiVec};
 
 use crate::access_log::{self, AccessLog};
@@ -45,6 +46,7 @@ use crate::wire::message::{self, Request};
 use body::{Response, Settling};
 use charge::Meter;
 use error::ProxyError;
+use hold::{HoldKey, Holds};
 use log_budget::LogBudget;
 use refused_keys::RefusedKeys;
 
@@ -75,6 +77,8 @@ pub struct Proxy {
     /// The keys each limit refused this second, when an admin listener shows them
     /// (`None`: none does, and refusals count nothing more).
     refused_keys: Option<TiVec<LimitId, RefusedKeys>>,
+    /// Keys the upstreams refused with a time to wait, per route (`upstream_hold`).
+    holds: Holds,
 }
 
 impl Proxy {
@@ -99,16 +103,24 @@ impl Proxy {
         let (gate, kept, fresh) = Gate::reloaded(&config, &old.gate);
         let metrics = old.metrics.reloaded(&config, &gate);
         jwks::start(&config, &metrics, old.config.jwt.as_deref());
-        Ok((Proxy::assemble(config, gate, metrics, access_log), kept, fresh))
+        let holds = Holds::new(&config, Some((&old.config, &old.holds)));
+        Ok((Proxy::assemble(config, gate, metrics, access_log, holds), kept, fresh))
     }
 
     fn with(config: Config, gate: Gate, metrics: Metrics) -> std::io::Result<Self> {
         let access_log = config.access_log.as_ref().map(|log| AccessLog::open(log, &config)).transpose()?;
         jwks::start(&config, &metrics, None);
-        Ok(Proxy::assemble(config, gate, metrics, access_log))
+        let holds = Holds::new(&config, None);
+        Ok(Proxy::assemble(config, gate, metrics, access_log, holds))
     }
 
-    fn assemble(config: Config, gate: Gate, metrics: Metrics, access_log: Option<Arc<AccessLog>>) -> Self {
+    fn assemble(
+        config: Config,
+        gate: Gate,
+        metrics: Metrics,
+        access_log: Option<Arc<AccessLog>>,
+        holds: Holds,
+    ) -> Self {
         let log_budgets = Arc::new(config.limits.iter().map(|l| LogBudget::new(l.log_lines_per_second)).collect());
         let levels = config.limits.iter().map(|l| (l.name.clone(), line_level(l.log_level, false))).collect();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -129,6 +141,7 @@ impl Proxy {
             gate,
             upstreams,
             quotas: config.limits.iter().map(response::quotas).collect(),
+            holds,
             config,
         }
     }
@@ -159,6 +172,11 @@ impl Proxy {
     /// admin listener they are not counted).
     pub fn refused_keys(&self, limit: LimitId) -> Option<&RefusedKeys> {
         self.refused_keys.as_ref().map(|all| &all[limit])
+    }
+
+    /// The keys each route holds after its upstream refused them (`upstream_hold`).
+    pub fn holds(&self) -> &Holds {
+        &self.holds
     }
 
     /// The upstreams' clients, as `Config::upstreams` lists them.
@@ -242,6 +260,24 @@ impl Proxy {
                 trace.with(|entry| entry.missing_key = vec![limit.clone()]);
             }
         })?;
+        // A key its upstream refused with a time to wait is answered here until then,
+        // before it takes any quota.
+        let hold = self.holds.key(front.route, self.gate.limiters(), &front.src);
+        if let Some(key) = &hold
+            && let Some(held) = self.holds.table(front.route).and_then(|t| t.held(key, Instant::now()))
+        {
+            let left = held.until.saturating_duration_since(Instant::now());
+            debug!(route = %route.name, key = %held.key, status = held.status.as_u16(), "held: the upstream asked to wait");
+            self.metrics.hold(front.route, true);
+            trace.with(|e| e.outcome = "upstream_hold");
+            let answer = response::rejected(held.status, left, config.rejection_body, &[]);
+            let answer = if grpc {
+                response::grpc(answer, grpc::Code::of_http(held.status.as_u16()), Some(left))
+            } else {
+                answer
+            };
+            return Ok(Admission::Answer(answer));
+        }
         let cost = front::cost(config, route, head.fields)?;
         // Without Redis the decision never waits, and `check` is what `decide` does:
         // no future is built for it. With Redis, the call's future is boxed, so that
@@ -286,6 +322,7 @@ impl Proxy {
                     trusted_peer,
                     client_ip,
                     grpc,
+                    hold: hold.map(Box::new),
                 };
                 Ok(Admission::Go(admitted))
             }
@@ -346,6 +383,9 @@ impl Proxy {
                 self.forwarded(forwarded, started, &out, index, trace)
             }
         };
+        if let (Some(key), Ok(r)) = (&admitted.hold, &response) {
+            self.hold(index, key, r);
+        }
         // Limits that count only some statuses keep or take back this request now; in
         // Redis (boxed, with the response: most requests have nothing to settle there).
         let mut response = response;
@@ -412,6 +452,17 @@ impl Proxy {
             self.add_ratelimit_headers(&mut response, &admitted.standings);
         }
         Ok(response)
+    }
+
+    /// Holds `key` of route `index` if the upstream's answer `response` refused it with
+    /// a time to wait.
+    fn hold(&self, index: RouteId, key: &HoldKey, response: &Response) {
+        let Some(table) = self.holds.table(index) else { return };
+        if let Some(wait) = table.hold(key, response, Instant::now(), std::time::SystemTime::now()) {
+            self.metrics.hold(index, false);
+            info!(route = %self.config.routes[index].name, key = %key.label, status = response.status.as_u16(),
+                wait_s = wait.as_secs_f64(), "the upstream refused: key held until it asked");
+        }
     }
 
     /// What came of sending `out` (of route `index`) upstream, begun at `started`: the
@@ -595,6 +646,8 @@ struct Admitted {
     client_ip: IpAddr,
     /// The request is a gRPC call.
     grpc: bool,
+    /// The key its route's `upstream_hold` holds it by (boxed: most routes hold none).
+    hold: Option<Box<HoldKey>>,
 }
 
 /// The request's access log line (if one is written), filled in as the request path

@@ -81,7 +81,7 @@ FILE:8:19: upstreams.app.fail_timeout: must be longer than zero (turn passive he
 FILE:10:52: limits.per_ip.delay: must not exceed burst (2); use `nodelay: true` for no delay
 FILE:12:33: routes[0].match.hots: unknown field `hots`; did you mean `host`?
 FILE:15:37: routes[0].rewrite.keep: unknown field `keep`; expected `prefix` or `to`
-FILE:16:5: routes[0].colour: unknown field `colour`; the 17 fields of `routes[i]` are listed in README's configuration reference
+FILE:16:5: routes[0].colour: unknown field `colour`; the 18 fields of `routes[i]` are listed in README's configuration reference
 FILE: configuration is invalid
 "
     );
@@ -1311,4 +1311,35 @@ fn charge_fields_are_checked_with_their_positions() {
         assert!(stderr.contains(line), "{line}\nnot in\n{stderr}");
     }
     assert!(!stderr.contains("limits.ok"), "{stderr}");
+}
+
+/// `upstream_hold`: by one of the route's limits or `route`, a positive `max` and
+/// `max_keys`, on a route that forwards.
+#[test]
+fn upstream_hold_fields_are_checked_with_their_positions() {
+    let yaml = "listen: 127.0.0.1:0
+upstreams:
+  b: { servers: [\"127.0.0.1:9\"] }
+limits:
+  a: { key: ip, rate: 1r/s }
+routes:
+  - { match: { path: /1 }, limits: [a], upstream: b, upstream_hold: { by: other } }
+  - { match: { path: /2 }, limits: [a], upstream: b, upstream_hold: { max: 0s, max_keys: 0 } }
+  - { match: { path: /3 }, limits: [a], respond: { status: 200 }, upstream_hold: true }
+  - { match: { path: /4 }, limits: [a], upstream: b, upstream_hold: { by: route, hold: 1s } }
+  - { match: { path: /5 }, limits: [a], upstream: b, upstream_hold: { by: a, max: 10m, max_keys: 50 } }
+";
+    let (ok, stderr) = check(yaml);
+    assert!(!ok);
+    let expected = [
+        "FILE:7:75: routes[0].upstream_hold.by: \"other\" is not one of the route's limits (a); or give `route`",
+        "FILE:8:76: routes[1].upstream_hold.max: must be longer than zero",
+        "FILE:8:90: routes[1].upstream_hold.max_keys: must be a positive integer",
+        "FILE:9:82: routes[2].upstream_hold: applies to a route that forwards",
+        "FILE:10:82: routes[3].upstream_hold.hold: unknown field `hold`",
+    ];
+    for line in expected {
+        assert!(stderr.contains(line), "{line}\nnot in\n{stderr}");
+    }
+    assert!(!stderr.contains("routes[4]"), "{stderr}");
 }

@@ -29,6 +29,7 @@ mod gcra_cases;
 mod global;
 mod grafana;
 mod grpc;
+mod holds;
 mod import;
 mod key_names;
 mod keys;

@@ -129,7 +129,7 @@
         const to = r.upstream ? `upstream ${r.upstream}` : `answers ${r.respond.status}`;
         const grpc = Object.entries(r.grpc).map(([status, n]) => `${status} ${n}`).join(', ');
         cells[0].lastChild.textContent = to + (r.limits.length ? ' · limits: ' + r.limits.map(limitUse).join(', ') : '') +
-          (grpc ? ` · gRPC calls: ${grpc}` : '');
+          (grpc ? ` · gRPC calls: ${grpc}` : '') + (r.held ? ' · ' + held(r.held) : '');
         cells[1].lastChild.textContent = draw(cells[1].firstChild, [s.passed, s.delayed, s.refused], 'requests per second');
         cells[2].textContent = rate(s.passed);
         cells[3].textContent = rate(s.delayed);
@@ -139,6 +139,13 @@
         cells[7].textContent = r.latency ? ms(r.latency.p99_ms) : '–';
       });
     leftOut('#routes-left-out', state.routes_left_out, 'routes');
+  }
+
+  // The keys a route holds after its upstream refused them (upstream_hold).
+  function held(h) {
+    const keys = h.keys.map((k) => `${k.key} ${k.status} ${duration(k.left_ms)} left`).join(', ');
+    return `held by the upstream now: ${h.now}` + (keys ? ` (${keys})` : '') +
+      ` · holds ${h.begun}, requests answered from them ${h.answered}`;
   }
 
   // A route's limit: its name, with the route's own burst and delay if it gives them.
