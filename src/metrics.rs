@@ -169,6 +169,7 @@ struct Families {
     addresses: Family<Labels, Gauge>,
     grpc: Family<Labels, Counter>,
     invalid_tokens: Family<Labels, Counter>,
+    state_writes: Family<Labels, Counter>,
     pool: PoolFamilies,
     /// What the scrape-time collector reads: the running configuration's limiters.
     current: Arc<Mutex<Current>>,
@@ -197,6 +198,7 @@ impl Metrics {
         let addresses = Family::<Labels, Gauge>::default();
         let grpc = Family::<Labels, Counter>::default();
         let invalid_tokens = Family::<Labels, Counter>::default();
+        let state_writes = Family::<Labels, Counter>::default();
         let pool = PoolFamilies::default();
         let build = Family::<Labels, Gauge>::default();
         build.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_owned())]).set(1);
@@ -252,6 +254,11 @@ impl Metrics {
             "Requests whose token did not verify, by reason: refused (401) or taken without claims (on_invalid_token)",
             invalid_tokens.clone(),
         );
+        registry.register(
+            "state_writes",
+            "Writes of a persisted limit's state file, by limit and result (ok, failed)",
+            state_writes.clone(),
+        );
         registry.register("reloads", "Configuration reloads by result", reloads.clone());
         registry.register("build_info", "The running version", build);
         let started = Gauge::<i64>::default();
@@ -272,6 +279,7 @@ impl Metrics {
             addresses,
             grpc,
             invalid_tokens,
+            state_writes,
             pool,
             current,
         };
@@ -410,6 +418,15 @@ impl Metrics {
             queued: f.queued.get_or_create_owned(&labels),
             full: f.full.get_or_create_owned(&labels),
         }
+    }
+
+    /// Counts a write of limit `limit`'s state file (off the request path).
+    pub fn state_write(&self, limit: &str, ok: bool) {
+        let result = if ok { "ok" } else { "failed" };
+        self.families
+            .state_writes
+            .get_or_create(&vec![("limit", limit.to_owned()), ("result", result.to_owned())])
+            .inc();
     }
 
     pub fn reload_result(&self, ok: bool) {
