@@ -62,6 +62,8 @@ async fn a_restart_keeps_a_spent_quota_and_a_ban_named_as_before() {
     let (quota_retry, banned) = spend(&sg).await;
     // A digest of the credential, not the key itself.
     assert!(banned.starts_with("header:x-api-key=#"), "{banned}");
+    // A reload carries the state; shutdown writes what it carried.
+    assert!(sg.reload(&conf.yaml()).contains("configuration reloaded"));
     assert!(sg.terminate().success());
     for file in ["quota.state", "login.state", "keys.secret"] {
         assert!(state.path().join(file).exists(), "{file} written at shutdown");
