@@ -169,3 +169,35 @@ routes:
         assert!(err.contains(line), "no {line:?} in\n{err}");
     }
 }
+
+#[tokio::test]
+async fn a_state_directory_that_cannot_be_written_is_counted_logged_once_and_the_proxy_serves_on() {
+    let state = tempfile::tempdir().unwrap();
+    // A directory under a regular file cannot be made, whoever runs the test.
+    let file = state.path().join("file");
+    std::fs::write(&file, "").unwrap();
+    let sg = conf(&file.join("state"), "30d", "1s").start();
+    sg.wait_for_log(|log| log.contains("cannot save the key secret"));
+    let failed = async |sg: &Sluicegate| {
+        Metrics::of(sg).await.get(r#"sluicegate_state_writes_total{limit="quota",result="failed"}"#).unwrap_or(0.0)
+    };
+    wait_until("two failed writes", Duration::from_secs(10), async || failed(&sg).await >= 2.0).await;
+    let log = sg.log();
+    assert_eq!(log.matches("cannot write the state file").count(), 2, "once per limit: {log}");
+    assert_eq!(status(&sg, "/", "k1").await.status, 200);
+}
+
+#[test]
+fn the_state_directory_is_read_from_the_configuration_files_directory() {
+    let parse = |persist: &str| {
+        let yaml = format!("listen: 127.0.0.1:0\n{persist}routes:\n  - {{ respond: {{ status: 200 }} }}\n");
+        sluicegate::config::parse(&yaml, "/etc/sluicegate/config.yaml").unwrap().persist
+    };
+    let default = parse("");
+    assert_eq!(default.dir, Path::new("/var/lib/sluicegate"));
+    assert_eq!(default.interval, Duration::from_secs(60));
+    let relative = parse("persist: { dir: state, interval: 5s }\n");
+    assert_eq!(relative.dir, Path::new("/etc/sluicegate/state"));
+    assert_eq!(relative.interval, Duration::from_secs(5));
+    assert_eq!(parse("persist: { dir: /srv/sg }\n").dir, Path::new("/srv/sg"));
+}
