@@ -648,6 +648,20 @@ impl Collector for State {
             MetricType::Counter,
             |i| ConstCounter::new(l.missing(i)),
         )?;
+        this.per_limit(
+            &mut encoder,
+            "limit_charged_units",
+            "Units each limit's charge debited after responses (what they reported, or the default)",
+            MetricType::Counter,
+            |i| ConstCounter::new(l.charged_units(i)),
+        )?;
+        this.per_limit(
+            &mut encoder,
+            "limit_charges_defaulted",
+            "Responses each limit's charge debited the default: they reported no count",
+            MetricType::Counter,
+            |i| ConstCounter::new(l.charges_defaulted(i)),
+        )?;
         this.per_limit(&mut encoder, "bans", "Bans imposed by each limit", MetricType::Counter, |i| {
             ConstCounter::new(l.bans(i))
         })?;

@@ -15,7 +15,8 @@ use super::units::parse_rate;
 use super::{Ban, BodyPiece, Limit, LimitId, LimitResponse, LogLevel, Policy, Rate};
 use crate::grpc::Code;
 use crate::policy::allow::Allow;
-use crate::policy::key::{DEFAULT_IP_PREFIX, KeyPart, KeySpec};
+use crate::policy::charge::{Charge, MAX_UNITS, Reading};
+use crate::policy::key::{ClaimPath, DEFAULT_IP_PREFIX, KeyPart, KeySpec};
 use crate::policy::{Scope, Window};
 
 /// `Retry-After` of a concurrency rejection unless the limit says otherwise.
@@ -32,6 +33,7 @@ pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeM
     let parts = key_parts(e, &format!("{at}.key"), &raw.key);
     let parts = ip_prefix(e, &at, raw, parts);
     let policy = policy(e, &at, raw);
+    let charge = charge(e, &at, raw, policy.as_deref().unwrap_or_default());
     let own_status = raw.response.as_ref().and_then(|r| r.status);
     if own_status.is_some() && raw.status.is_some() {
         e.add(format!("{at}.response.status"), "give the refusal's status once: `status` or `response.status`");
@@ -84,12 +86,53 @@ pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeM
         ban: ban(e, &at, raw),
         allow: allow(e, &format!("{at}.allow"), raw.allow.as_ref()),
         count: count(e, &at, raw),
+        charge,
         overrides: overrides(e, &at, name, raw, all),
         scope,
         on_missing_key: raw.on_missing_key.unwrap_or_default(),
         on_invalid_token: raw.on_invalid_token.unwrap_or_default(),
         response: response(e, &at, raw, status),
     }
+}
+
+/// `charge:`: exactly one place the response reports its cost in, on a limit whose state
+/// can carry a debt (the leaky-bucket family and fixed windows: a debt is a later
+/// drain, or a count past the window's limit carried into the next window).
+fn charge(e: &mut Errors<'_>, at: &str, raw: &RawLimit, windows: &[Policy]) -> Option<Charge> {
+    let raw_charge = raw.charge.as_ref()?;
+    let at = format!("{at}.charge");
+    let chargeable = |p: &Policy| matches!(p, Policy::Rate { .. } | Policy::FixedWindow { .. });
+    if let Some(other) = windows.iter().find(|p| !chargeable(p)) {
+        let what = match other {
+            Policy::Concurrency { .. } => "a concurrency limit counts requests in progress, not units",
+            _ => "a sliding window weighs its windows by elapsed time, so a debt has no defined end",
+        };
+        e.add(at.clone(), format!("applies to rate, gcra, token_bucket, interval and fixed_window limits: {what}"));
+    }
+    let field = |name: &str, text: &str, e: &mut Errors<'_>| {
+        let parsed = HeaderName::from_str(text).map_err(|_| format!("invalid field name {text:?}"));
+        e.check(|| format!("{at}.{name}"), parsed)
+    };
+    let reading = match (&raw_charge.header, &raw_charge.trailer, &raw_charge.sse_json) {
+        (Some(name), None, None) => Reading::Header(field("header", name, e)?),
+        (None, Some(name), None) => Reading::Trailer(field("trailer", name, e)?),
+        (None, None, Some(path)) => {
+            let parsed = match path.parse::<ClaimPath>() {
+                Ok(p) if !path.is_empty() => Ok(p),
+                _ => Err(format!("{path:?}: a JSON path of names separated by dots, e.g. usage.total_tokens")),
+            };
+            Reading::SseJson(e.check(|| format!("{at}.sse_json"), parsed)?)
+        }
+        _ => {
+            e.add(at, "give one place the response reports its cost in: `header`, `trailer` or `sse_json`");
+            return None;
+        }
+    };
+    let default = raw_charge.default.unwrap_or(0);
+    if default > MAX_UNITS {
+        e.add(format!("{at}.default"), format!("at most {MAX_UNITS} units"));
+    }
+    Some(Charge { reading, default, instead_of_cost: raw_charge.instead_of_cost.unwrap_or(false) })
 }
 
 /// A refusal body's largest size.

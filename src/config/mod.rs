@@ -314,6 +314,8 @@ pub struct Limit {
     pub allow: Allow,
     /// Only responses with these statuses count (`None`: all).
     pub count: Option<Box<[u16]>>,
+    /// What the response reports it cost, debited once it has ended.
+    pub charge: Option<crate::policy::charge::Charge>,
     /// Requests matching an override are decided by that limit (index into
     /// `Config::limits`) instead: a paid tier with its own rate, say.
     pub overrides: Vec<(Allow, LimitId)>,

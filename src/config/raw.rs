@@ -371,6 +371,7 @@ pub struct RawLimit {
     pub allow: Option<RawAllow>,
     pub count: Option<Vec<u16>>,
     pub count_grpc: Option<Vec<String>>,
+    pub charge: Option<RawCharge>,
     #[serde(default)]
     pub overrides: Vec<RawOverride>,
     pub scope: Option<ScopeName>,
@@ -411,6 +412,19 @@ pub struct RawCalendarWindow {
     /// The month's day (1 to 28, default 1) or the week's (`monday` … `sunday`, default
     /// `monday`) the window starts on, at local midnight.
     pub reset_day: Option<RawResetDay>,
+}
+
+/// `limits.NAME.charge`: where the response reports what it cost (one of `header`,
+/// `trailer`, `sse_json`), what is charged when it does not, and whether the report
+/// replaces the request's cost.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct RawCharge {
+    pub header: Option<String>,
+    pub trailer: Option<String>,
+    pub sse_json: Option<String>,
+    pub default: Option<u64>,
+    pub instead_of_cost: Option<bool>,
 }
 
 /// A day of the month (a number) or of the week (a name).

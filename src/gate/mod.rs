@@ -36,7 +36,7 @@ use crate::limit::{LimitResult, Limiter, Limiters, Outcome, Standing, Verdict};
 use crate::policy::key::{KeyHash, KeySource};
 use crate::policy::{LimitUse, OnMissingKey, OnStoreError, Scope};
 use crate::store::{Admissions, Call, Store, StoreError, Verdicts, near_key};
-pub use receipt::{Pending, Permits};
+pub use receipt::{Charges, Pending, Permits};
 use receipt::{Refundable, Slot};
 
 /// `Retry-After` of a request refused because Redis cannot answer (`on_store_error: deny`).
@@ -320,7 +320,7 @@ impl Gate {
                     permits.slots.push(Slot { limit, key });
                 }
             }
-            if group.limiter.counted.is_some() && !PREVIEW {
+            if group.limiter.settles_after() && !PREVIEW {
                 pending.limiters.get_or_insert_with(|| Arc::clone(&self.limiters));
                 pending.admissions.push(Refundable { limit, key, at: now });
             }
@@ -368,8 +368,9 @@ impl Gate {
         }
         permits.leases = verdicts.leases;
         let counted: SmallVec<_> =
-            verdicts.admissions.into_iter().filter(|a| self.limiters.get(a.limit).counted.is_some()).collect();
+            verdicts.admissions.into_iter().filter(|a| self.limiters.get(a.limit).settles_after()).collect();
         if !counted.is_empty() {
+            pending.limiters.get_or_insert_with(|| Arc::clone(&self.limiters));
             pending.global = Some(Box::new(Admissions { store: Arc::clone(store), list: counted }));
         }
         Decision::Pass { wait: wait.max(global_wait), results, standings, permits, pending, at }

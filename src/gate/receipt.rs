@@ -9,6 +9,7 @@ use smallvec::SmallVec;
 use crate::clock::Nanos;
 use crate::ids::LimitId;
 use crate::limit::Limiters;
+use crate::policy::charge::Charge;
 use crate::policy::key::KeyHash;
 use crate::store::{Admissions, Lease};
 
@@ -36,8 +37,9 @@ pub(super) struct Refundable {
 }
 
 /// Admissions by limits that count only some responses (`count:`), to be kept or taken
-/// back once the response's status is known. Dropped unsettled (the client went away
-/// before an answer), they stay counted.
+/// back once the response's status is known, and by limits that charge what the
+/// response reports (`charge:`). Dropped unsettled (the client went away before an
+/// answer), they stay counted, and nothing is charged.
 #[derive(Default)]
 pub struct Pending {
     pub(super) limiters: Option<Arc<Limiters>>,
@@ -50,23 +52,92 @@ pub struct Pending {
 
 impl Pending {
     /// Takes back the admissions of limits that do not count `status`: the local ones
-    /// now; the global ones' settling in Redis is returned, to be awaited. Not an `async
-    /// fn`: its future would be built and moved for every request, most of which have no
-    /// global admissions.
-    pub fn settle(self, status: u16) -> Option<impl Future<Output = ()> + use<>> {
-        if let Some(limiters) = &self.limiters {
-            for a in &self.admissions {
-                limiters.settle(a.limit, a.key, self.cost, a.at, status);
+    /// now; the global ones' settling in Redis is returned, to be awaited. What is left
+    /// of limits that charge is returned too, to be charged once the response has ended.
+    /// Not an `async fn`: its future would be built and moved for every request, most
+    /// of which have no global admissions.
+    pub fn settle(self, status: u16) -> (Option<impl Future<Output = ()> + use<>>, Option<Charges>) {
+        let Pending { limiters, admissions, cost, global } = self;
+        let mut charges = Charges { limiters: None, local: SmallVec::new(), global: None, cost };
+        if let Some(limiters) = &limiters {
+            for a in admissions {
+                limiters.settle(a.limit, a.key, cost, a.at, status);
+                if limiters.counts(a.limit, status) && limiters.get(a.limit).charge.is_some() {
+                    charges.local.push(a);
+                }
+            }
+            if !charges.local.is_empty() {
+                charges.limiters = Some(Arc::clone(limiters));
             }
         }
-        let (global, cost) = (self.global?, self.cost);
-        Some(async move { global.settle(cost, status).await })
+        let global = global.map(|global| {
+            let (charged, settled) = global.split(|limit| {
+                limiters.as_ref().is_some_and(|l| l.counts(limit, status) && l.get(limit).charge.is_some())
+            });
+            if let Some(charged) = charged {
+                charges.limiters = limiters.clone();
+                charges.global = Some(Box::new(charged));
+            }
+            async move { settled.settle(cost, status).await }
+        });
+        (global, charges.limiters.is_some().then_some(charges))
+    }
+
+    /// The limits of these admissions that charge what the response reports, each with
+    /// its `charge:`.
+    pub fn charging(&self) -> impl Iterator<Item = (LimitId, &Charge)> {
+        let limiters = self.limiters.as_deref();
+        let global = self.global.iter().flat_map(|g| g.list.iter().map(|a| a.limit));
+        self.admissions.iter().map(|a| a.limit).chain(global).filter_map(move |limit| {
+            let charge = limiters?.get(limit).charge.as_ref()?;
+            Some((limit, charge))
+        })
     }
 
     /// Adds `other`'s admissions (the same request's, decided in a second step).
     pub(super) fn absorb(&mut self, other: Pending) {
         self.limiters = self.limiters.take().or(other.limiters);
         self.admissions.extend(other.admissions);
+    }
+}
+
+/// A request's admissions by limits that charge what its response reports
+/// (`charge:`), once its status has kept them.
+pub struct Charges {
+    limiters: Option<Arc<Limiters>>,
+    local: SmallVec<[Refundable; 1]>,
+    global: Option<Box<Admissions>>,
+    /// The request's own cost.
+    cost: u64,
+}
+
+impl Charges {
+    /// Debits what the response reported to each limit (`reported(limit)`: `None`, it
+    /// did not, and the limit's default is charged): the local ones now; the global
+    /// ones' debit in Redis is returned, to be awaited before the response ends, so the
+    /// client's next request finds it.
+    pub fn debit(self, reported: &dyn Fn(LimitId) -> Option<u64>) -> Option<impl Future<Output = ()> + Send + use<>> {
+        let limiters = self.limiters?;
+        let cost = i64::try_from(self.cost).unwrap_or(i64::MAX);
+        // What limit `limit` is debited: the report (or the default), less the request's
+        // cost where the report replaces it.
+        let units = |limit: LimitId| {
+            let charge = limiters.get(limit).charge.as_ref()?;
+            let found = reported(limit);
+            let units = found.unwrap_or(charge.default);
+            limiters.count_charge(limit, units, found.is_some());
+            let units = i64::try_from(units).unwrap_or(i64::MAX);
+            Some(if charge.instead_of_cost { units - cost } else { units })
+        };
+        for a in &self.local {
+            match units(a.limit) {
+                Some(0) | None => {}
+                Some(n) => limiters.charge(a.limit, a.key, n, a.at),
+            }
+        }
+        let global = self.global?;
+        let debits: SmallVec<[i64; 1]> = global.list.iter().map(|a| units(a.limit).unwrap_or(0)).collect();
+        Some(async move { global.charge(&debits).await })
     }
 }
 

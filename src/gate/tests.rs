@@ -313,7 +313,7 @@ fn only_counted_statuses_keep_their_quota_for_every_algorithm() {
     ] {
         let l = limiters(&format!("  login: {{ key: ip, {limit}, count: [401, 403] }}\n"));
         let settle = |d: Decision, status: u16| match d {
-            Decision::Pass { pending, .. } => assert!(pending.settle(status).is_none(), "local settling never waits"),
+            Decision::Pass { pending, .. } => assert!(pending.settle(status).0.is_none(), "local settling never waits"),
             Decision::Reject { .. } => panic!("{limit}: rejected"),
         };
         // A realistic clock: a refund subtracts time, which must not run below zero.

@@ -209,6 +209,22 @@ impl Held<'_> {
         }
     }
 
+    /// Debits `units` more from `key` at `now`, past its quota if need be (`charge:`,
+    /// which only the leaky-bucket family and fixed windows take).
+    pub fn charge(&mut self, KeyHash(key): KeyHash, units: u64, Nanos(now): Nanos) {
+        match self {
+            Held::LeakyBucket(a, t, shard) => {
+                let state = a.charge(shard.get(key), units, now);
+                t.put(shard, key, state, |s| a.is_idle(s, now), |s| s);
+            }
+            Held::FixedWindow(a, t, shard) => {
+                let state = a.charge(shard.get(key), units, now);
+                t.put(shard, key, state, |s| a.is_idle(s, now), |s| s);
+            }
+            Held::SlidingWindow(..) | Held::SlidingLog(..) | Held::Concurrency(..) => {}
+        }
+    }
+
     /// Stores an admission's `state` for `key`. When the shard is full it forgets first
     /// the keys whose state equals a fresh key's, then the lowest ranked: for the leaky
     /// bucket the soonest to drain, for the windows the oldest window, so the keys closest

@@ -18,6 +18,7 @@ use crate::policy::Window;
 use crate::policy::calendar::Windows;
 
 const COUNT_BITS: u32 = 24;
+const COUNT_MAX: u64 = (1 << COUNT_BITS) - 1;
 const INDEX_MASK: u64 = (1 << 40) - 1;
 
 #[derive(Debug)]
@@ -86,11 +87,34 @@ impl FixedWindow {
         }
     }
 
-    /// The count in the window `index` for `state`.
-    fn count(state: Option<u64>, index: u64) -> u64 {
-        match state {
-            Some(s) if s >> COUNT_BITS == index & INDEX_MASK => s & ((1 << COUNT_BITS) - 1),
-            _ => 0,
+    /// The count in the window `index` for `state`: its own, or what the window just
+    /// before it counted past its limit (a charge's debt, `charge`), at most a whole
+    /// window's: a debt carries into the next window, no further.
+    fn count(&self, state: Option<u64>, index: u64) -> u64 {
+        let Some(s) = state else { return 0 };
+        let (stored, count) = (s >> COUNT_BITS, s & COUNT_MAX);
+        if stored == index & INDEX_MASK {
+            count
+        } else if count > self.limit && stored == self.previous(index) & INDEX_MASK {
+            (count - self.limit).min(self.limit)
+        } else {
+            0
+        }
+    }
+
+    /// The index of the window before window `index` (only asked of a key in debt).
+    fn previous(&self, index: u64) -> u64 {
+        match &self.span {
+            Span::Every(_) => index.wrapping_sub(1),
+            Span::Calendar(windows) => windows.at((index * 1_000_000_000).saturating_sub(1)).start / 1_000_000_000,
+        }
+    }
+
+    /// The length of the window that starts at `end` (ns).
+    fn next_length(&self, end: u64) -> u64 {
+        match &self.span {
+            Span::Every(length) => *length,
+            Span::Calendar(windows) => windows.at(end).end - end,
         }
     }
 
@@ -98,11 +122,14 @@ impl FixedWindow {
     #[inline]
     pub fn decide(&self, state: Option<u64>, now: u64, cost: u64) -> Verdict {
         let (index, end) = self.window(now);
-        let count = Self::count(state, index);
+        let count = self.count(state, index);
         let reset = end - now;
         if count.saturating_add(cost) > self.limit {
             let remaining = self.limit.saturating_sub(count);
-            return Verdict::Reject { retry_after: reset, remaining, reset, excess: count as f64 };
+            // A debt past this window's limit fills the next one too.
+            let carried = count.saturating_sub(self.limit).min(self.limit);
+            let retry_after = if carried + cost > self.limit { reset + self.next_length(end) } else { reset };
+            return Verdict::Reject { retry_after, remaining, reset, excess: count as f64 };
         }
         let count = count + cost;
         Verdict::Admit {
@@ -118,7 +145,15 @@ impl FixedWindow {
     /// current window, and its end.
     pub fn stands(&self, state: Option<u64>, now: u64) -> (u64, u64) {
         let (index, end) = self.window(now);
-        (self.limit.saturating_sub(Self::count(state, index)), end - now)
+        (self.limit.saturating_sub(self.count(state, index)), end - now)
+    }
+
+    /// Debits `units` more at `now` (what a response reported it cost), past the limit
+    /// if need be: the rest of the window is refused, and what is past the limit is
+    /// carried into the next window (at most a whole window's).
+    pub fn charge(&self, state: Option<u64>, units: u64, now: u64) -> u64 {
+        let index = self.window(now).0;
+        pack(index, self.count(state, index).saturating_add(units).min(COUNT_MAX))
     }
 
     /// Takes back an admission of `cost` units made at `at`, if its window still runs.
@@ -138,7 +173,7 @@ impl FixedWindow {
     }
 
     pub fn is_idle(&self, state: u64, now: u64) -> bool {
-        Self::count(Some(state), self.window(now).0) == 0
+        self.count(Some(state), self.window(now).0) == 0
     }
 }
 
@@ -193,6 +228,32 @@ mod tests {
             Verdict::Reject { retry_after: 5 * S, remaining: 0, reset: 5 * S, excess: 1.0 }
         );
         assert!(w.is_idle(state, 20 * S) && !w.is_idle(state, 19 * S));
+    }
+
+    #[test]
+    fn a_charge_past_the_limit_carries_into_the_next_window_and_no_further() {
+        let w = FixedWindow::new(10, &Window::Every(Duration::from_secs(10)));
+        let Verdict::Admit { state, .. } = w.decide(None, 12 * S, 1) else { panic!() };
+        // 1 + 14 units in [10, 20): 5 past the limit, carried into [20, 30).
+        let state = w.charge(Some(state), 14, 13 * S);
+        assert_eq!(
+            w.decide(Some(state), 15 * S, 1),
+            Verdict::Reject { retry_after: 5 * S, remaining: 0, reset: 5 * S, excess: 15.0 }
+        );
+        assert!(!w.is_idle(state, 25 * S), "the debt is still owed in the next window");
+        assert!(matches!(w.decide(Some(state), 21 * S, 5), Verdict::Admit { remaining: 0, .. }));
+        assert!(matches!(w.decide(Some(state), 21 * S, 6), Verdict::Reject { remaining: 5, .. }));
+        assert!(matches!(w.decide(Some(state), 30 * S, 10), Verdict::Admit { .. }), "paid off");
+        // A debt of more than a window fills the next one whole, and the refusal says so.
+        let deep = w.charge(Some(state), 100, 13 * S);
+        assert!(
+            matches!(w.decide(Some(deep), 15 * S, 1), Verdict::Reject { retry_after, .. } if retry_after == 15 * S)
+        );
+        assert!(matches!(w.decide(Some(deep), 25 * S, 1), Verdict::Reject { retry_after, .. } if retry_after == 5 * S));
+        assert!(matches!(w.decide(Some(deep), 30 * S, 10), Verdict::Admit { .. }), "no further");
+        // A charge in a later window starts from that window's count.
+        assert_eq!(w.charge(Some(state), 3, 41 * S), w.charge(None, 3, 41 * S));
+        assert!(w.is_idle(deep, 30 * S));
     }
 }
 
@@ -252,6 +313,22 @@ mod calendar {
         // March 2026 loses an hour to daylight saving time: 31 days less one hour.
         let march = at("2026-03-01T00:00");
         exhaust(&w, 3, march, march, 31 * 24 * H - H, at("2026-04-01T00:00"));
+    }
+
+    #[test]
+    fn a_monthly_debt_carries_into_the_next_month_and_its_refusal_waits_for_the_month_after() {
+        let w = berlin(100, Period::Month(1));
+        let jan = at("2026-01-31T23:00");
+        // 150 charged in January: 50 carried into February (28 days), refused at its end.
+        let state = w.charge(None, 150, jan);
+        assert!(matches!(w.decide(Some(state), jan, 1), Verdict::Reject { retry_after, .. } if retry_after == H));
+        assert!(matches!(w.decide(Some(state), at("2026-02-27T00:00"), 50), Verdict::Admit { remaining: 0, .. }));
+        assert!(matches!(w.decide(Some(state), at("2026-02-27T00:00"), 51), Verdict::Reject { .. }));
+        // 300 in January: February is owed whole; a refusal in January says 1 March.
+        let deep = w.charge(None, 300, jan);
+        let to_march = at("2026-03-01T00:00") - jan;
+        assert!(matches!(w.decide(Some(deep), jan, 1), Verdict::Reject { retry_after, .. } if retry_after == to_march));
+        assert!(matches!(w.decide(Some(deep), at("2026-03-01T00:00"), 100), Verdict::Admit { .. }));
     }
 
     #[test]

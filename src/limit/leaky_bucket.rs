@@ -102,6 +102,16 @@ impl LeakyBucket {
         tat.saturating_sub(cost.saturating_mul(self.period))
     }
 
+    /// Debits `units` more at `now` (what a response reported it cost): the bucket
+    /// drains that much later, past its burst if need be. Such a debt is paid by the
+    /// requests refused until the bucket has drained back within its burst, and their
+    /// `Retry-After` says when.
+    pub fn charge(&self, state: Option<Tat>, units: u64, now: u64) -> Tat {
+        // A key idle since (or forgotten) starts from a fresh key's state.
+        let from = now.saturating_sub(self.period);
+        state.map_or(from, |tat| tat.max(from)).saturating_add(units.saturating_mul(self.period))
+    }
+
     /// True when a stored key behaves exactly like a fresh one from `now` on, so
     /// forgetting it loses nothing.
     pub fn is_idle(&self, tat: Tat, now: u64) -> bool {
@@ -220,6 +230,29 @@ mod tests {
         let Verdict::Admit { state, .. } = b.decide(Some(0), 0, 2) else { panic!() };
         assert!(matches!(b.decide(Some(state), 0, 1), Verdict::Reject { .. }));
         assert!(matches!(b.decide(Some(b.refund(state, 2)), 0, 2), Verdict::Admit { .. }));
+    }
+
+    #[test]
+    fn a_charge_past_the_burst_is_a_debt_paid_by_refusals_that_say_when_it_ends() {
+        // 10r/s, burst 4: five units at once. A request, then a charge of 9 more.
+        let b = bucket("10r/s", 4, 4);
+        let Verdict::Admit { state, .. } = b.decide(None, 0, 1) else { panic!() };
+        let state = b.charge(Some(state), 9, 0);
+        // Ten units spent at 0: the next passes once the bucket is back within its burst,
+        // at 600 ms, and a refusal before says so.
+        assert_eq!(
+            b.decide(Some(state), 0, 1),
+            Verdict::Reject { retry_after: 600 * MS, remaining: 0, reset: 1_000 * MS, excess: 10.0 }
+        );
+        assert!(matches!(b.decide(Some(state), 599 * MS, 1), Verdict::Reject { retry_after, .. } if retry_after == MS));
+        assert!(matches!(b.decide(Some(state), 600 * MS, 1), Verdict::Admit { .. }));
+        // A key forgotten (or idle) is charged from a fresh key's state.
+        assert_eq!(b.charge(None, 2, 5_000 * MS), b.charge(Some(0), 2, 5_000 * MS));
+        // Five units on a fresh key: the bucket full, and one more past it.
+        let t = 10_000 * MS;
+        assert!(
+            matches!(b.decide(Some(b.charge(None, 5, t)), t, 1), Verdict::Reject { retry_after, .. } if retry_after == 100 * MS)
+        );
     }
 
     #[test]

@@ -30,6 +30,7 @@ use crate::clock::{Clock, Nanos};
 use crate::config::{Config, Limit};
 pub use crate::ids::LimitId;
 use crate::policy::allow::Allow;
+use crate::policy::charge::Charge;
 use crate::policy::key::{KeyHash, KeySource, KeySpec};
 use crate::policy::{Burst, OnMissingKey, Policy, Rate, Scope};
 use algorithm::Algorithm;
@@ -63,6 +64,8 @@ pub(crate) struct Limiter {
     pub(crate) windows: Box<[Algorithm]>,
     /// Statuses that count: an admission whose response has another is taken back.
     pub(crate) counted: Option<Box<[u16]>>,
+    /// What a response reports it cost, debited after it (`charge`).
+    pub(crate) charge: Option<Charge>,
     /// Requests matching one are decided by that limit instead.
     pub(crate) overrides: Box<[(Allow, LimitId)]>,
     pub(crate) bans: Option<Bans>,
@@ -74,10 +77,20 @@ pub(crate) struct Limiter {
     pub(crate) on_missing_key: OnMissingKey,
     /// Requests that lacked its key, since start (a reload that keeps the limit keeps it).
     missing: Arc<AtomicU64>,
+    /// What its `charge:` debited, since start (kept alike).
+    charged: Arc<Charged>,
     /// The instances a global limit's local twin shares it with (1 for a local limit).
     share: u64,
     /// The `max_keys` its tables were made with (a reload that keeps them keeps this).
     max_keys: usize,
+}
+
+/// What a limit's `charge:` debited: units, and responses that did not report and were
+/// charged the default.
+#[derive(Default)]
+struct Charged {
+    units: AtomicU64,
+    defaulted: AtomicU64,
 }
 
 /// Every configured limit, indexed like `Config::limits`.
@@ -318,6 +331,25 @@ impl Limiters {
         }
     }
 
+    /// Units debited by the `charge:` of `limit`, since start.
+    pub fn charged_units(&self, limit: LimitId) -> u64 {
+        self.limits[limit].charged.units.load(Ordering::Relaxed)
+    }
+
+    /// Responses charged the default by the `charge:` of `limit` (they did not report).
+    pub fn charges_defaulted(&self, limit: LimitId) -> u64 {
+        self.limits[limit].charged.defaulted.load(Ordering::Relaxed)
+    }
+
+    /// Counts a charge of `units` by `limit` (`reported`: the response said so).
+    pub(crate) fn count_charge(&self, limit: LimitId, units: u64, reported: bool) {
+        let charged = &self.limits[limit].charged;
+        charged.units.fetch_add(units, Ordering::Relaxed);
+        if !reported {
+            charged.defaulted.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// Requests that lacked the key of `limit`, since start.
     pub fn missing(&self, limit: LimitId) -> u64 {
         self.limits[limit].missing.load(Ordering::Relaxed)
@@ -343,10 +375,28 @@ impl Limiters {
 
     /// Takes back an admission of limit `limit` for `key` unless it counts `status`.
     pub(crate) fn settle(&self, limit: LimitId, key: KeyHash, cost: u64, at: Nanos, status: u16) {
-        let limiter = &self.limits[limit];
-        if limiter.counted.as_ref().is_some_and(|counted| !counted.contains(&status)) {
-            for algorithm in limiter.windows.iter() {
+        if !self.counts(limit, status) {
+            for algorithm in self.limits[limit].windows.iter() {
                 algorithm.lock(key).refund(key, cost, at);
+            }
+        }
+    }
+
+    /// Whether limit `limit` counts a response of `status` (`count:`).
+    pub(crate) fn counts(&self, limit: LimitId, status: u16) -> bool {
+        self.limits[limit].counted.as_ref().is_none_or(|counted| counted.contains(&status))
+    }
+
+    /// Debits `units` from `key` in limit `limit` now, after its response (`charge:`);
+    /// a negative `units` gives back what the request was admitted with (`instead_of_cost`,
+    /// a report below the cost), as a refund of an admission at `at`.
+    pub(crate) fn charge(&self, limit: LimitId, key: KeyHash, units: i64, at: Nanos) {
+        let now = self.clock.now();
+        for algorithm in self.limits[limit].windows.iter() {
+            let mut held = algorithm.lock(key);
+            match u64::try_from(units) {
+                Ok(units) => held.charge(key, units, now),
+                Err(_) => held.refund(key, units.unsigned_abs(), at),
             }
         }
     }
@@ -363,6 +413,12 @@ impl Limiters {
 }
 
 impl Limiter {
+    /// Whether its admissions wait for the response: to be taken back by status
+    /// (`count:`) or charged what it reports (`charge:`).
+    pub(crate) fn settles_after(&self) -> bool {
+        self.counted.is_some() || self.charge.is_some()
+    }
+
     /// A route's own `burst` on this limit as its local state decides with it: a global
     /// limit's twin takes its share, as it does of the limit's own burst.
     #[inline]
@@ -382,6 +438,7 @@ impl Limiter {
         }
         self.max_keys = old.max_keys;
         self.missing = Arc::clone(&old.missing);
+        self.charged = Arc::clone(&old.charged);
         true
     }
 }
@@ -400,6 +457,7 @@ fn limiter(limit: &Limit) -> Limiter {
         allow: limit.allow.clone(),
         windows,
         counted: limit.count.clone(),
+        charge: limit.charge.clone(),
         overrides: limit.overrides.clone().into(),
         bans: limit.ban.map(|ban| Bans::new(ban.base, ban.max, limit.max_keys)),
         status: limit.status,
@@ -408,6 +466,7 @@ fn limiter(limit: &Limit) -> Limiter {
         plain: limit.overrides.is_empty() && limit.allow.is_empty(),
         on_missing_key: limit.on_missing_key,
         missing: Arc::default(),
+        charged: Arc::default(),
         share,
         max_keys: limit.max_keys,
     }

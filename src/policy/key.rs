@@ -99,6 +99,11 @@ impl fmt::Display for ClaimPath {
 }
 
 impl ClaimPath {
+    /// Its first (outermost) name.
+    pub fn first(&self) -> &str {
+        &self.0[0]
+    }
+
     /// The claim in `claims`, if the token has it (`null` counts as absent).
     pub fn find<'c>(&self, claims: &'c Claims) -> Option<&'c serde_json::Value> {
         let (first, rest) = self.0.split_first()?;

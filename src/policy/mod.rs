@@ -5,6 +5,7 @@
 
 pub mod allow;
 pub mod calendar;
+pub mod charge;
 pub mod key;
 
 use std::fmt;

@@ -15,10 +15,11 @@ use bytes::Bytes;
 use http::HeaderMap;
 use hyper::body::{Frame, SizeHint};
 
+use super::charge::Meter;
 use super::pace::{self, Pacer};
 use crate::access_log::Entry;
 use crate::config::BodyRate;
-use crate::gate::Permits;
+use crate::gate::{Charges, Permits};
 use crate::grpc::Code;
 use crate::upstream::UpstreamBody;
 use crate::wire::http1::BodyError;
@@ -65,12 +66,14 @@ pub struct Receipts {
     pub tunnel_idle_timeout: std::time::Duration,
     /// What the proxy does once a gRPC call's response has ended, with the `grpc-status`
     /// of its trailers (`None`: it ended without one, its client gone or its protocol
-    /// unable to carry trailers).
+    /// unable to carry trailers): the charges its status kept, if any, are returned.
     pub grpc_end: Option<GrpcEnd>,
+    /// What the response reports it cost, read for the limits that charge it.
+    pub meter: Option<Box<Meter>>,
 }
 
 /// See `Receipts::grpc_end`.
-pub type GrpcEnd = Box<dyn FnOnce(Option<Code>) + Send>;
+pub type GrpcEnd = Box<dyn FnOnce(Option<Code>) -> Option<Charges> + Send>;
 
 impl Default for Receipts {
     fn default() -> Self {
@@ -79,29 +82,34 @@ impl Default for Receipts {
             access: None,
             tunnel_idle_timeout: std::time::Duration::from_secs(3600),
             grpc_end: None,
+            meter: None,
         }
     }
 }
 
 impl Receipts {
     /// The response's body ended with `trailers`: the gRPC status they carry goes to the
-    /// access log line and to `grpc_end`.
-    fn ended(&mut self, trailers: Option<&HeaderMap>) {
+    /// access log line and to `grpc_end`; what it reported it cost is charged, the
+    /// debit in Redis returned, to be awaited.
+    fn ended(&mut self, trailers: Option<&HeaderMap>) -> Option<Release> {
         let code = trailers.and_then(crate::grpc::status);
         if let (Some(entry), Some(code)) = (&mut self.access, code) {
             entry.grpc_status = Some(code.0);
         }
-        if let Some(end) = self.grpc_end.take() {
-            end(code);
-        }
+        let settled = self.grpc_end.take().and_then(|end| end(code));
+        let debit = self.meter.take()?.end(trailers, settled)?;
+        Some(Box::pin(debit))
     }
 }
 
 impl Drop for Receipts {
-    /// A call that ends without its trailers (the client went away) ends all the same.
+    /// A call that ends without its trailers (the client went away) ends all the same,
+    /// and a response that did is charged what it reported so far (or the default).
     fn drop(&mut self) {
-        if let Some(end) = self.grpc_end.take() {
-            end(None);
+        if let Some(debit) = self.ended(None)
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(debit);
         }
     }
 }
@@ -172,29 +180,33 @@ impl State {
             (Some(Source::Upstream(body)), None) => body.trailers(),
             _ => None,
         };
-        self.receipts.ended(trailers.as_ref());
+        let debit = self.receipts.ended(trailers.as_ref());
         self.source = None;
         let frame = data.map(Frame::data).or_else(|| trailers.map(Frame::trailers));
-        self.settle(cx, frame)
+        self.settle(cx, frame, debit)
     }
 
-    /// Gives `frame` (or the end) once the slots have gone back; the access log line is
-    /// written then.
+    /// Gives `frame` (or the end) once the slots have gone back and what the response
+    /// cost has been debited (`debit`); the access log line is written then.
     fn settle(
         &mut self,
         cx: &mut Context<'_>,
         frame: Option<Frame<Bytes>>,
+        debit: Option<Release>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        match self.receipts.permits.finish() {
-            None => {
+        let release: Release = match (self.receipts.permits.finish(), debit) {
+            (None, None) => {
                 self.receipts.access = None;
-                Poll::Ready(frame.map(Ok))
+                return Poll::Ready(frame.map(Ok));
             }
-            Some(release) => {
-                self.releasing = Some(Box::new((Box::pin(release), frame)));
-                self.poll_released(cx)
-            }
-        }
+            (Some(release), None) => Box::pin(release),
+            (None, Some(debit)) => debit,
+            (Some(release), Some(debit)) => Box::pin(async move {
+                futures_util::future::join(release, debit).await;
+            }),
+        };
+        self.releasing = Some(Box::new((release, frame)));
+        self.poll_released(cx)
     }
 
     /// The frame held back while global slots are released, once they are.
@@ -236,6 +248,9 @@ impl State {
         };
         if let (Some(entry), Some(data)) = (&mut this.receipts.access, &data) {
             entry.bytes += data.len() as u64;
+        }
+        if let (Some(meter), Some(data)) = (&mut this.receipts.meter, &data) {
+            meter.feed(data);
         }
         match data {
             Some(data) if this.pacer.is_some() => {
@@ -286,8 +301,8 @@ impl ResponseBody for Settling {
         if self.releasing.is_none() {
             self.source = None;
             self.held = Bytes::new();
-            self.receipts.ended(None);
-            if self.settle(cx, None).is_ready() {
+            let debit = self.receipts.ended(None);
+            if self.settle(cx, None, debit).is_ready() {
                 return Poll::Ready(());
             }
         }

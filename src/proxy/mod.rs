@@ -7,6 +7,7 @@
 //! not errors: they are a `Decision` answered with a 429.
 
 pub mod body;
+mod charge;
 pub mod error;
 mod log_budget;
 mod pace;
@@ -43,6 +44,7 @@ use crate::wire::http1::BodySource;
 use crate::wire::http1::parse::Framing;
 use crate::wire::message::{self, Request};
 use body::{Response, Settling};
+use charge::Meter;
 use error::ProxyError;
 use log_budget::LogBudget;
 use refused_keys::RefusedKeys;
@@ -350,6 +352,12 @@ impl Proxy {
         // Redis (boxed, with the response: most requests have nothing to settle there).
         let mut response = response;
         let mut status = response.as_ref().map_or_else(|e| e.status(), |r| r.status).as_u16();
+        // Limits that charge what the response reports read it as it passes (boxed: most
+        // responses have none).
+        let mut meter = match &response {
+            Ok(r) => Meter::new(admitted.pending.charging(), r).map(Box::new),
+            Err(_) => None,
+        };
         if admitted.grpc {
             // A gRPC call counts by its gRPC status: that of a trailers-only answer's
             // head, or else that of its trailers, at the end of its body.
@@ -366,15 +374,21 @@ impl Proxy {
                     let (pending, metrics) = (std::mem::take(&mut admitted.pending), Arc::clone(&self.metrics));
                     r.body.receipts.grpc_end = Some(Box::new(move |code| {
                         metrics.grpc(index, code);
-                        if let Some(global) = pending.settle(code.map_or(status, grpc::counted_status)) {
+                        let (global, charges) = pending.settle(code.map_or(status, grpc::counted_status));
+                        if let Some(global) = global {
                             tokio::spawn(global);
                         }
+                        charges
                     }));
                 }
                 (None, Err(_)) => {}
             }
         }
-        let response = match std::mem::take(&mut admitted.pending).settle(status) {
+        let (global, charges) = std::mem::take(&mut admitted.pending).settle(status);
+        if let Some(meter) = &mut meter {
+            meter.charges = charges;
+        }
+        let response = match global {
             None => response,
             Some(global) => {
                 Box::pin(async move {
@@ -386,6 +400,7 @@ impl Proxy {
         };
         let mut response = response?;
         response.body.receipts.permits = std::mem::take(&mut admitted.permits);
+        response.body.receipts.meter = meter;
         // A tunnel is not paced: its bytes are no response body.
         if let Some(rate) = route.body_rate
             && response.status != http::StatusCode::SWITCHING_PROTOCOLS
@@ -613,19 +628,7 @@ fn finish(mut response: Response, trace: Trace, grpc: bool) -> Response {
 /// The `grpc-status` the head of `response` carries (a trailers-only gRPC response), if
 /// any.
 fn grpc_status_in_head(response: &Response) -> Option<grpc::Code> {
-    use message::{ResponseFields, ServerFields};
-    let name = http::HeaderName::from_static("grpc-status");
-    let value = match response.extra.iter().find(|(n, _)| *n == name) {
-        Some((_, value)) => Some(value.as_bytes()),
-        None => match &response.fields {
-            ResponseFields::None => None,
-            ResponseFields::Map(map) | ResponseFields::Upstream(ServerFields::H2(map)) => {
-                map.get(&name).map(http::HeaderValue::as_bytes)
-            }
-            ResponseFields::Upstream(ServerFields::H1(head)) => head.fields().get(&name),
-        },
-    };
-    value.and_then(grpc::Code::parse)
+    response.field(&http::HeaderName::from_static("grpc-status")).and_then(grpc::Code::parse)
 }
 
 /// The level of a limit's rejection lines (`lowered`: its delay lines, one below, as

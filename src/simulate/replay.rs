@@ -322,7 +322,8 @@ impl Replay {
             // client went away before an answer does.
             if let Some(status) = held.status {
                 // Every limit here is local: settling is done at once, nothing to await.
-                let global = held.pending.settle(status);
+                // (A replay knows no response's report: `charge:` debits nothing here.)
+                let (global, _) = held.pending.settle(status);
                 debug_assert!(global.is_none(), "a replay's limits are all local");
             }
             drop(held.permits);

@@ -41,7 +41,7 @@ use reply::Batch;
 pub use reply::Verdicts;
 pub use report::StoreCounts;
 use report::{Reported, Stats};
-use script::{Part, Parts, REFUND, ScriptCall, Spec};
+use script::{CHARGE, Part, Parts, REFUND, ScriptCall, Spec};
 
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum StoreError {
@@ -117,6 +117,26 @@ impl Admissions {
         for a in &self.list {
             if self.store.spec(a.limit).counted.as_ref().is_some_and(|counted| !counted.contains(&status)) {
                 self.store.take_back(a.limit, &a.base, a.at, cost).await;
+            }
+        }
+    }
+
+    /// These admissions parted in two: those of limits `pick` picks (`None`: none are),
+    /// and the others.
+    pub fn split(self, pick: impl Fn(LimitId) -> bool) -> (Option<Admissions>, Admissions) {
+        let (picked, rest): (SmallVec<_>, SmallVec<_>) = self.list.into_iter().partition(|a| pick(a.limit));
+        let picked = (!picked.is_empty()).then(|| Admissions { store: Arc::clone(&self.store), list: picked });
+        (picked, Admissions { store: self.store, list: rest })
+    }
+
+    /// Debits each admission's key `units` more (a negative number takes that many
+    /// back): what its response reported it cost (`charge:`), after the admission.
+    pub async fn charge(&self, units: &[i64]) {
+        for (a, &n) in self.list.iter().zip(units) {
+            match u64::try_from(n) {
+                Ok(0) => {}
+                Ok(n) => self.store.debit(a.limit, &a.base, n).await,
+                Err(_) => self.store.take_back(a.limit, &a.base, a.at, n.unsigned_abs()).await,
             }
         }
     }
@@ -316,6 +336,21 @@ impl Store {
         if let Ok(Err(e)) | Err(e) = result.map_err(|_| StoreError::Timeout(wait)).map(|r| r.map_err(StoreError::from))
         {
             warn!(limit = %self.spec(limit).name, error = %e, "a global admission could not be taken back");
+        }
+    }
+
+    /// Debits `units` from the key `base` of `limit` at Redis's own time, past its
+    /// quota if need be (`charge:`), waiting at most a few timeouts (a failure leaves
+    /// the debt unpaid, and is logged).
+    async fn debit(&self, limit: LimitId, base: &str, units: u64) {
+        let mut call = ScriptCall::new(&CHARGE);
+        call.arg("").arg("");
+        self.spec(limit).push_charge(base, self.clock.now(), units, &mut call);
+        let wait = self.timeout * 4;
+        let result = tokio::time::timeout(wait, self.connections.invoke(&call)).await;
+        if let Ok(Err(e)) | Err(e) = result.map_err(|_| StoreError::Timeout(wait)).map(|r| r.map_err(StoreError::from))
+        {
+            warn!(limit = %self.spec(limit).name, error = %e, units, "a charge could not be debited");
         }
     }
 

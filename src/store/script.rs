@@ -53,6 +53,7 @@ pub fn decide(modules: u8) -> &'static Script {
 }
 
 pub static REFUND: LazyLock<Script> = LazyLock::new(|| script(0b1111, include_str!("lua/refund.lua")));
+pub static CHARGE: LazyLock<Script> = LazyLock::new(|| script(0b11, include_str!("lua/charge.lua")));
 pub static RENEW: LazyLock<Script> = LazyLock::new(|| script(0, include_str!("lua/renew.lua")));
 
 /// A call of a script being built: its keys and its arguments, each added in turn.
@@ -292,7 +293,6 @@ impl Spec {
         }
     }
 
-    /// Adds this limit's windows to a `REFUND` call for the key `base`.
     /// Adds this limit's windows to a `REFUND` call for the key `base`, of an admission
     /// at `at`.
     pub fn push_refund(&self, base: &str, at: RedisTime, call: &mut ScriptCall) {
@@ -300,6 +300,25 @@ impl Spec {
             call.key(&[base, suffix]);
             match calendar {
                 Some(calendar) => push_calendar(calendar, at.nanos(), call.arg(&params[..2])),
+                None => _ = call.arg(params).arg(""),
+            }
+        }
+    }
+
+    /// Adds this limit's windows to a `CHARGE` call for the key `base`, of `units` at
+    /// `now` (a leaky bucket's debt bounded to 100 days of its drain, which the script's
+    /// arithmetic keeps exact).
+    pub fn push_charge(&self, base: &str, now: Nanos, units: u64, call: &mut ScriptCall) {
+        const MAX_DEBT_NS: u64 = 100 * 86_400 * 1_000_000_000;
+        for ((suffix, params), calendar) in self.windows.iter().zip(&self.calendars) {
+            call.key(&[base, suffix]);
+            let units = match params[1].parse::<u64>() {
+                Ok(period) if params[0] == "lb" => units.min(MAX_DEBT_NS / period.max(1)),
+                _ => units,
+            };
+            call.arg(units);
+            match calendar {
+                Some(calendar) => push_calendar(calendar, now, call.arg(&params[..2])),
                 None => _ = call.arg(params).arg(""),
             }
         }

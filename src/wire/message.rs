@@ -201,6 +201,21 @@ impl<B> Response<B> {
         }
     }
 
+    /// The value of field `name`, as the response will carry it: `extra`'s, or else its
+    /// own (the first, if it has several).
+    pub fn field(&self, name: &HeaderName) -> Option<&[u8]> {
+        if let Some((_, value)) = self.extra.iter().find(|(n, _)| n == name) {
+            return Some(value.as_bytes());
+        }
+        match &self.fields {
+            ResponseFields::None => None,
+            ResponseFields::Map(map) | ResponseFields::Upstream(ServerFields::H2(map)) => {
+                map.get(name).map(http::HeaderValue::as_bytes)
+            }
+            ResponseFields::Upstream(ServerFields::H1(head)) => head.fields().get(name),
+        }
+    }
+
     /// Every field the response carries (before the framing fields), as (name, value):
     /// its own, less hop-by-hop ones and those `extra` replaces; then `extra`.
     /// `keep_length`: a server's `Content-Length` stays (a response with no body, to

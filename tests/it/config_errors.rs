@@ -704,7 +704,7 @@ fn long_values_in_errors_are_cut_short() {
     let cut = format!("{}…", "k".repeat(60));
     assert!(
         stderr.starts_with(&format!(
-            "FILE:3:29: limits.a.{cut}: unknown field `{cut}`; the 35 fields of `limits.NAME` are listed in README's configuration reference\n"
+            "FILE:3:29: limits.a.{cut}: unknown field `{cut}`; the 36 fields of `limits.NAME` are listed in README's configuration reference\n"
         )),
         "{stderr}"
     );
@@ -1272,6 +1272,40 @@ fn calendar_window_fields_are_checked_with_their_positions() {
         "FILE:9:62: limits.g.window: a calendar window applies only to algorithm fixed_window; algorithm sliding_window takes a length (e.g. window: 1h)",
         "FILE:10:62: limits.h.window.calender: unknown field `calender`; did you mean `calendar`?",
         "FILE:11:83: limits.i.window.tz: unknown time zone \"Mars/Olympus_Mons\" (an IANA time zone name, such as `Europe/Berlin` or `UTC`)",
+    ];
+    for line in expected {
+        assert!(stderr.contains(line), "{line}\nnot in\n{stderr}");
+    }
+    assert!(!stderr.contains("limits.ok"), "{stderr}");
+}
+
+/// `charge:`: one place the report is read from, a field name or a JSON path that is
+/// one, a default within bounds, on an algorithm whose state can carry a debt.
+#[test]
+fn charge_fields_are_checked_with_their_positions() {
+    let yaml = format!(
+        "{BASE}  a: {{ key: ip, rate: 1r/s, charge: {{ header: x-used, trailer: x-used }} }}
+  b: {{ key: ip, rate: 1r/s, charge: {{ default: 2 }} }}
+  c: {{ key: ip, rate: 1r/s, charge: {{ header: \"x used\" }} }}
+  d: {{ key: ip, rate: 1r/s, charge: {{ sse_json: usage..total }} }}
+  e: {{ key: ip, algorithm: sliding_window, limit: 5, window: 1m, charge: {{ header: x-used }} }}
+  f: {{ key: ip, concurrency: 5, charge: {{ header: x-used }} }}
+  g: {{ key: ip, rate: 1r/s, charge: {{ header: x-used, default: 5000000000 }} }}
+  h: {{ key: ip, rate: 1r/s, charge: {{ headr: x-used }} }}
+  ok: {{ key: ip, on_missing_key: skip, algorithm: token_bucket, capacity: 100, refill: 100r/h, charge: {{ sse_json: usage.total_tokens, default: 50, instead_of_cost: true }} }}
+"
+    );
+    let (ok, stderr) = check(&yaml);
+    assert!(!ok);
+    let expected = [
+        "FILE:3:37: limits.a.charge: give one place the response reports its cost in: `header`, `trailer` or `sse_json`",
+        "FILE:4:37: limits.b.charge: give one place",
+        "FILE:5:47: limits.c.charge.header: invalid field name \"x used\"",
+        "FILE:6:49: limits.d.charge.sse_json: \"usage..total\": a JSON path of names separated by dots, e.g. usage.total_tokens",
+        "FILE:7:74: limits.e.charge: applies to rate, gcra, token_bucket, interval and fixed_window limits: a sliding window",
+        "FILE:8:41: limits.f.charge: applies to rate, gcra, token_bucket, interval and fixed_window limits: a concurrency limit",
+        "FILE:9:64: limits.g.charge.default: at most 4294967296 units",
+        "FILE:10:39: limits.h.charge.headr: unknown field `headr`; did you mean `header`?",
     ];
     for line in expected {
         assert!(stderr.contains(line), "{line}\nnot in\n{stderr}");

@@ -38,7 +38,7 @@ pub struct Msg {
     pub payload: Vec<u8>,
 }
 
-fn msg(text: &str, count: u32, payload: usize) -> Msg {
+pub(crate) fn msg(text: &str, count: u32, payload: usize) -> Msg {
     Msg { text: text.to_owned(), count, payload: vec![b'x'; payload] }
 }
 
@@ -222,7 +222,7 @@ where
 }
 
 /// A channel to `addr`: h2c, or TLS for `localhost` trusting `ca`.
-async fn channel(addr: SocketAddr, ca: Option<&str>) -> Channel {
+pub(crate) async fn channel(addr: SocketAddr, ca: Option<&str>) -> Channel {
     let endpoint = match ca {
         None => Endpoint::from_shared(format!("http://{addr}")).unwrap(),
         Some(ca) => Endpoint::from_shared(format!("https://{addr}"))
@@ -514,7 +514,7 @@ async fn an_upstream_that_resets_its_stream_resets_the_clients_and_frees_the_slo
 }
 
 /// A gRPC request for `/test.Echo/Unary` as bytes on the wire (one framed message).
-fn framed(m: &Msg) -> Bytes {
+pub(crate) fn framed(m: &Msg) -> Bytes {
     let body = prost::Message::encode_to_vec(m);
     let mut out = BytesMut::with_capacity(5 + body.len());
     out.put_u8(0);

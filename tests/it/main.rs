@@ -9,6 +9,7 @@ mod bodies;
 mod browser;
 mod build_once;
 mod calendar;
+mod charges;
 mod chromium;
 mod common;
 mod concurrency;

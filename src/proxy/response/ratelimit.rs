@@ -158,6 +158,7 @@ mod tests {
             ban: None,
             allow: Default::default(),
             count: None,
+            charge: None,
             overrides: Vec::new(),
             scope: crate::config::Scope::Local,
             on_missing_key: Default::default(),

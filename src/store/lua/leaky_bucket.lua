@@ -43,3 +43,15 @@ function leaky_bucket.refund(key, p, at, cost)
   local tat = parse(redis.call('GET', key))
   if tat then redis.call('SET', key, format(plus(tat, -cost * p[1])), 'KEEPTTL') end
 end
+
+-- Debits `units` more after an admission (what its response reported it cost): the
+-- bucket drains that much later, past its burst if need be, a debt the next requests
+-- pay by being refused. A key idle since starts from a fresh key's state.
+function leaky_bucket.charge(key, p, now, units)
+  local period = p[1]
+  local from = plus(now, -period)
+  local tat = parse(redis.call('GET', key))
+  if tat and since(tat, from) > 0 then from = tat end
+  local drained = plus(from, units * period)
+  redis.call('SET', key, format(drained), 'PX', ttl_ms(since(drained, now) + period))
+end

@@ -1,0 +1,85 @@
+//! What a response reports it cost, read as it passes, for the limits that charge it
+//! (`charge:`): a field of its head at once, a server-sent event stream as its data goes
+//! by, its trailers at its end; then each limit is debited (`gate::Charges`).
+
+use http::HeaderMap;
+use smallvec::SmallVec;
+
+use super::body::Response;
+use crate::gate::Charges;
+use crate::ids::LimitId;
+use crate::policy::charge::{Charge, Reading, SseScan, units_in};
+
+/// A response's meter: one report per limit that charges it.
+pub struct Meter {
+    /// The admissions to charge: known with the head, or, for a gRPC call whose status
+    /// comes in its trailers, once its status has kept them (`end`).
+    pub charges: Option<Charges>,
+    reports: SmallVec<[Report; 1]>,
+}
+
+struct Report {
+    limit: LimitId,
+    reading: Reading,
+    /// The count found so far.
+    found: Option<u64>,
+    /// The event stream read for it (a `text/event-stream` response only).
+    scan: Option<Box<SseScan>>,
+}
+
+impl Meter {
+    /// A meter for `limits` (each with its `charge:`) of `response`, its head known.
+    pub fn new<'c>(limits: impl Iterator<Item = (LimitId, &'c Charge)>, response: &Response) -> Option<Meter> {
+        let events = response
+            .field(&http::header::CONTENT_TYPE)
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .is_some_and(|v| v.split(';').next().is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream")));
+        let reports: SmallVec<[Report; 1]> = limits
+            .map(|(limit, charge)| {
+                let (found, scan) = match &charge.reading {
+                    Reading::Header(name) => (response.field(name).and_then(units_in), None),
+                    Reading::SseJson(path) if events => (None, Some(Box::new(SseScan::new(path)))),
+                    // A gRPC answer without a body carries its trailers in its head.
+                    Reading::Trailer(name) => (response.field(name).and_then(units_in), None),
+                    Reading::SseJson(_) => (None, None),
+                };
+                Report { limit, reading: charge.reading.clone(), found, scan }
+            })
+            .collect();
+        (!reports.is_empty()).then_some(Meter { charges: None, reports })
+    }
+
+    /// Reads the next piece of the body.
+    pub fn feed(&mut self, data: &[u8]) {
+        for scan in self.reports.iter_mut().filter_map(|r| r.scan.as_mut()) {
+            scan.feed(data);
+        }
+    }
+
+    /// The response has ended with `trailers` (or its client went away: `None`):
+    /// debits each limit what was found, or its default; the debit in Redis is returned,
+    /// to be awaited. `settled`: the charges a gRPC call's status kept at its end.
+    pub fn end(
+        mut self,
+        trailers: Option<&HeaderMap>,
+        settled: Option<Charges>,
+    ) -> Option<impl Future<Output = ()> + Send + use<>> {
+        for report in &mut self.reports {
+            match (&report.reading, &mut report.scan) {
+                (Reading::Trailer(name), _) => {
+                    if let Some(value) = trailers.and_then(|t| t.get(name)) {
+                        report.found = units_in(value.as_bytes());
+                    }
+                }
+                (Reading::SseJson(_), Some(scan)) => {
+                    scan.finish();
+                    report.found = scan.found;
+                }
+                _ => {}
+            }
+        }
+        let reports = &self.reports;
+        let charges = self.charges.take().or(settled)?;
+        charges.debit(&|limit| reports.iter().find(|r| r.limit == limit).and_then(|r| r.found))
+    }
+}

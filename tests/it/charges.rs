@@ -1,0 +1,276 @@
+//! `charge:`: what a response reports it cost, debited after it, from a field of its
+//! head, its trailers (HTTP/1.1 chunked, HTTP/2, gRPC) or the last server-sent event
+//! that carries it; a debt past the quota carried, its `Retry-After` saying when it is
+//! paid; local and global.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Frame;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+
+use crate::common::*;
+use crate::redis::Redis;
+
+type Frames = StreamBody<tokio_stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, Infallible>>>>;
+
+/// A backend that reports what each request cost, by path: `/report/N` in the field
+/// `x-tokens-used` of its head, `/sse/N` in the `usage.total_tokens` of an event of a
+/// `text/event-stream` body (sent in pieces, `[DONE]` after it), `/trailer/N` in a
+/// trailer (over HTTP/2: `http2`); anything else reports nothing. Counts its requests.
+async fn reporting_backend(http2: bool) -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = hits.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let seen = seen.clone();
+            let service = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                seen.fetch_add(1, SeqCst);
+                async move {
+                    let path = req.uri().path().to_owned();
+                    let (kind, n) = path[1..].split_once('/').unwrap_or((&path[1..], ""));
+                    let mut frames = Vec::new();
+                    let mut response = http::Response::builder();
+                    match kind {
+                        "report" => {
+                            response = response.header("x-tokens-used", n);
+                            frames.push(Ok(Frame::data(Bytes::from_static(b"ok"))));
+                        }
+                        "sse" => {
+                            response = response.header("content-type", "text/event-stream; charset=utf-8");
+                            let usage = format!("data: {{\"usage\": {{\"total_tokens\": {n}}}}}\n\n");
+                            for piece in ["data: {\"choices\": []}\n\n", &usage[..9], &usage[9..], "data: [DONE]\n\n"] {
+                                frames.push(Ok(Frame::data(Bytes::from(piece.to_owned()))));
+                            }
+                        }
+                        "trailer" => {
+                            frames.push(Ok(Frame::data(Bytes::from_static(b"ok"))));
+                            let mut trailers = http::HeaderMap::new();
+                            trailers.insert("x-tokens-used", n.parse().unwrap());
+                            frames.push(Ok(Frame::trailers(trailers)));
+                        }
+                        _ => frames.push(Ok(Frame::data(Bytes::from_static(b"ok")))),
+                    }
+                    let body: Frames = StreamBody::new(tokio_stream::iter(frames));
+                    Ok::<_, Infallible>(response.body(body).unwrap())
+                }
+            });
+            tokio::spawn(async move {
+                if http2 {
+                    let builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+                    _ = builder.serve_connection(TokioIo::new(stream), service).await;
+                } else {
+                    _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                }
+            });
+        }
+    });
+    (addr, hits)
+}
+
+fn hits(counter: &std::sync::atomic::AtomicUsize) -> usize {
+    counter.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// `GET path` as user `user`.
+async fn get_as(addr: SocketAddr, path: &str, user: &str) -> Reply {
+    get(addr, path, &[("x-user", user)]).await
+}
+
+/// A parameter (`r`: the units left, `t`: the seconds until they are all back) of the
+/// reply's `RateLimit` item.
+fn ratelimit(reply: &Reply, param: &str) -> u64 {
+    let field = reply.header("ratelimit").unwrap_or_else(|| panic!("no RateLimit: {:?}", reply.headers));
+    let value = field.split(';').find_map(|p| p.strip_prefix(param)?.strip_prefix('='));
+    value.unwrap_or_else(|| panic!("no {param} in {field}")).parse().unwrap()
+}
+
+/// The seconds of a reply's `Retry-After`.
+fn retry_after(reply: &Reply) -> u64 {
+    reply.header("retry-after").unwrap_or_else(|| panic!("no Retry-After: {}", reply.status)).parse().unwrap()
+}
+
+/// A proxy in front of `backend` (`http2`: spoken to in HTTP/2) with limit `tokens`
+/// (`fields`) on every request, an admin listener, and `top` settings.
+fn proxy(backend: SocketAddr, http2: bool, fields: &str, top: &str) -> Sluicegate {
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nadmin: {{ listen: 127.0.0.1:0 }}\nratelimit_headers: all\n{top}\nupstreams:\n  b: {{ \
+         servers: [\"{backend}\"], http2: {http2} }}\nlimits:\n  tokens: {{ key: \"header:x-user\", \
+         on_missing_key: skip, {fields} }}\nroutes:\n  - {{ limits: [tokens], upstream: b }}\n"
+    );
+    Sluicegate::start(&yaml)
+}
+
+const BUCKET: &str = "algorithm: token_bucket, capacity: 10, refill: 10r/m";
+
+/// A token bucket of 10 (one back every 6 s) charged what the head reports: a report
+/// of 25 on a request of 1 leaves a debt of 16 units, so the next requests are refused
+/// for 17 refills (102 s), and the backend sees none of them; another user is not
+/// touched; a response that reports nothing is charged the default.
+async fn a_debt_from_a_head_field_refuses_until_it_is_paid(scope: &str, top: &str) {
+    let (backend, seen) = reporting_backend(false).await;
+    let sg = proxy(backend, false, &format!("{BUCKET}, charge: {{ header: x-tokens-used, default: 3 }}{scope}"), top);
+    let first = get_as(sg.addr, "/report/25", "ann").await;
+    assert_eq!((first.status, first.text()), (200, "ok".to_owned()));
+    let refused = get_as(sg.addr, "/report/1", "ann").await;
+    assert_eq!(refused.status, 429);
+    let after = retry_after(&refused);
+    assert!((101..=102).contains(&after), "Retry-After {after}: 26 units on a bucket of 10, 6 s a unit");
+    assert_eq!(hits(&seen), 1, "the backend saw no refused request");
+    // Another user: a full bucket. A response without a report is charged 3 (and its
+    // own unit): 6 of 10 left, said by the next response.
+    assert_eq!(get_as(sg.addr, "/plain", "bob").await.status, 200);
+    let next = get_as(sg.addr, "/plain", "bob").await;
+    assert_eq!(ratelimit(&next, "r"), 5);
+    let metrics = Metrics::of(&sg).await;
+    assert_eq!(metrics.value("sluicegate_limit_charged_units_total{limit=\"tokens\"}"), 25.0 + 3.0 + 3.0);
+    assert_eq!(metrics.value("sluicegate_limit_charges_defaulted_total{limit=\"tokens\"}"), 2.0);
+}
+
+#[tokio::test]
+async fn a_local_debt_from_a_head_field_refuses_until_it_is_paid() {
+    a_debt_from_a_head_field_refuses_until_it_is_paid("", "").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_global_debt_from_a_head_field_refuses_until_it_is_paid_on_every_instance() {
+    let redis = Redis::start();
+    let top = format!("redis: {{ url: \"{}\", timeout: 1s }}", redis.url());
+    a_debt_from_a_head_field_refuses_until_it_is_paid(", scope: global", &top).await;
+    // The debt lives in Redis: a second instance refuses the same user at once.
+    let (backend, seen) = reporting_backend(false).await;
+    let fields = format!("{BUCKET}, charge: {{ header: x-tokens-used }}, scope: global");
+    let (a, b) = (proxy(backend, false, &fields, &top), proxy(backend, false, &fields, &top));
+    assert_eq!(get_as(a.addr, "/report/40", "cy").await.status, 200);
+    let refused = get_as(b.addr, "/plain", "cy").await;
+    assert_eq!(refused.status, 429);
+    assert!(retry_after(&refused) > 180, "41 units: {} s", retry_after(&refused));
+    assert_eq!(hits(&seen), 1);
+}
+
+/// An event stream's usage, read from its events as they pass (split across pieces,
+/// `[DONE]` after it), replaces the request's cost (`instead_of_cost`) in a fixed
+/// window of 50: 30 + 80 is 60 past the limit, a debt carried into the next window
+/// (50 of it, the whole window), so a refusal now waits for the end of the next.
+async fn an_event_streams_usage_replaces_the_cost_and_its_debt_carries(scope: &str, top: &str) {
+    let (backend, seen) = reporting_backend(false).await;
+    let fields = format!(
+        "algorithm: fixed_window, limit: 50, window: 1h, charge: {{ sse_json: usage.total_tokens, instead_of_cost: \
+         true }}{scope}"
+    );
+    let sg = proxy(backend, false, &fields, top);
+    let first = get_as(sg.addr, "/sse/30", "ann").await;
+    assert_eq!(first.status, 200);
+    assert!(first.text().contains("[DONE]"), "the stream passes whole: {}", first.text());
+    let second = get_as(sg.addr, "/sse/80", "ann").await;
+    assert_eq!((second.status, ratelimit(&second, "r")), (200, 19), "50 - 30 - 1");
+    let refused = get_as(sg.addr, "/sse/30", "ann").await;
+    assert_eq!(refused.status, 429);
+    let reset = ratelimit(&refused, "t");
+    assert!(retry_after(&refused) >= reset + 3599, "past this hour's end ({reset} s): {}", retry_after(&refused));
+    assert_eq!(hits(&seen), 2);
+    let metrics = Metrics::of(&sg).await;
+    assert_eq!(metrics.value("sluicegate_limit_charged_units_total{limit=\"tokens\"}"), 110.0);
+}
+
+#[tokio::test]
+async fn an_event_streams_usage_replaces_the_cost_and_its_debt_carries_into_the_next_window() {
+    an_event_streams_usage_replaces_the_cost_and_its_debt_carries("", "").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_streams_usage_is_charged_in_redis_and_its_debt_carries_into_the_next_window() {
+    let redis = Redis::start();
+    let top = format!("redis: {{ url: \"{}\", timeout: 1s }}", redis.url());
+    an_event_streams_usage_replaces_the_cost_and_its_debt_carries(", scope: global", &top).await;
+    // The window's key lives to the end of the next window, which the debt fills.
+    let keys = redis.command(&["KEYS", "*"]);
+    let key = keys.lines().next().unwrap_or_else(|| panic!("no key: {keys}"));
+    let ttl: u64 = redis.command(&["PTTL", key]).parse().unwrap();
+    assert!(ttl > 3_600_000 && ttl <= 7_200_001, "{key}: TTL {ttl} ms");
+}
+
+/// A trailer's report, from an HTTP/2 server (the client speaking HTTP/1.1) and from an
+/// HTTP/1.1 server's chunked trailers (the client speaking HTTP/2).
+#[tokio::test]
+async fn a_trailers_report_is_charged_from_servers_of_both_protocols() {
+    let (backend, _) = reporting_backend(true).await;
+    let sg = proxy(backend, true, &format!("{BUCKET}, charge: {{ trailer: x-tokens-used }}"), "");
+    assert_eq!(get_as(sg.addr, "/trailer/12", "ann").await.status, 200);
+    let refused = get_as(sg.addr, "/trailer/1", "ann").await;
+    assert_eq!(refused.status, 429);
+    assert!((23..=24).contains(&retry_after(&refused)), "13 units, 6 s each past 9: {}", retry_after(&refused));
+
+    let answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: x-tokens-used\r\n\r\n2\r\nok\r\n0\r\nx-tokens-used: 12\r\n\r\n";
+    let (raw, _) = raw_backend(answer).await;
+    let sg = proxy(raw, false, &format!("{BUCKET}, charge: {{ trailer: x-tokens-used }}"), "");
+    let req =
+        || http::Request::get(format!("http://{}/t", sg.addr)).header("x-user", "ann").body(String::new()).unwrap();
+    let first = request_h2(sg.addr, req().map(|b| http_body_util::Full::new(Bytes::from(b)))).await;
+    assert_eq!(first.status, 200);
+    let refused = request_h2(sg.addr, req().map(|b| http_body_util::Full::new(Bytes::from(b)))).await;
+    assert_eq!(refused.status, 429, "{:?}", refused.headers);
+}
+
+/// A gRPC server reporting in its trailers what a call cost (`x-tokens-used`: the
+/// request message's `count`), with its status.
+async fn reporting_grpc_server() -> SocketAddr {
+    use crate::grpc::{Msg, framed};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let service = hyper::service::service_fn(|req: http::Request<hyper::body::Incoming>| async move {
+                let body = req.into_body().collect().await.unwrap().to_bytes();
+                let m: Msg = prost::Message::decode(&body[5..]).unwrap();
+                let mut trailers = http::HeaderMap::new();
+                trailers.insert("grpc-status", "0".parse().unwrap());
+                trailers.insert("x-tokens-used", m.count.to_string().parse().unwrap());
+                let frames = vec![Ok(Frame::data(framed(&m))), Ok(Frame::trailers(trailers))];
+                let body: Frames = StreamBody::new(tokio_stream::iter(frames));
+                Ok::<_, Infallible>(
+                    http::Response::builder().header("content-type", "application/grpc").body(body).unwrap(),
+                )
+            });
+            tokio::spawn(async move {
+                let builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+                _ = builder.serve_connection(TokioIo::new(stream), service).await;
+            });
+        }
+    });
+    addr
+}
+
+/// A gRPC call's trailers report its cost: a tonic client's calls, the third refused
+/// `RESOURCE_EXHAUSTED` once 1 + 6 + 1 + 6 units spent a bucket of 10.
+#[tokio::test]
+async fn a_grpc_calls_trailers_report_its_cost() {
+    let server = reporting_grpc_server().await;
+    let sg = proxy(server, true, &format!("{BUCKET}, charge: {{ trailer: x-tokens-used }}"), "");
+    let channel = crate::grpc::channel(sg.addr, None).await;
+    let call = |count: u32| {
+        let mut request = tonic::Request::new(crate::grpc::msg("charge", count, 0));
+        request.metadata_mut().insert("x-user", "ann".parse().unwrap());
+        let channel = channel.clone();
+        async move {
+            let mut grpc = tonic::client::Grpc::new(channel);
+            grpc.ready().await.unwrap();
+            let path = http::uri::PathAndQuery::from_static("/test.Echo/Unary");
+            grpc.unary::<_, crate::grpc::Msg, _>(request, path, tonic_prost::ProstCodec::default()).await
+        }
+    };
+    for _ in 0..2 {
+        let reply = call(6).await.expect("passed");
+        assert_eq!(reply.get_ref().count, 6);
+    }
+    let refused = call(6).await.expect_err("refused");
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused:?}");
+}
