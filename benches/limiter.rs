@@ -128,7 +128,7 @@ fn key_extraction(c: &mut Criterion) {
                 .limits
                 .remove(LimitId::from(0))
                 .key;
-        let seed = std::hash::RandomState::new();
+        let seed = sluicegate::limit::secret::KeySecret::draw().seed;
         group.bench_function(key.replace('"', ""), |b| b.iter(|| black_box(spec.hash(&src, &seed))));
     }
     group.finish();

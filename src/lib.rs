@@ -63,6 +63,7 @@ pub mod jwt;
 pub mod limit;
 pub mod metrics;
 pub mod path;
+pub mod persist;
 pub mod policy;
 pub mod proxy;
 pub mod router;

@@ -172,6 +172,7 @@ struct Families {
     /// Keys held after the upstream refused them, and requests answered from a hold.
     holds: Family<Labels, Counter>,
     held: Family<Labels, Counter>,
+    state_writes: Family<Labels, Counter>,
     pool: PoolFamilies,
     /// What the scrape-time collector reads: the running configuration's limiters.
     current: Arc<Mutex<Current>>,
@@ -201,6 +202,7 @@ impl Metrics {
         let grpc = Family::<Labels, Counter>::default();
         let invalid_tokens = Family::<Labels, Counter>::default();
         let (holds, held) = (Family::<Labels, Counter>::default(), Family::<Labels, Counter>::default());
+        let state_writes = Family::<Labels, Counter>::default();
         let pool = PoolFamilies::default();
         let build = Family::<Labels, Gauge>::default();
         build.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_owned())]).set(1);
@@ -266,6 +268,11 @@ impl Metrics {
             "Requests answered by each route from a hold of its upstream's refusal, unsent (upstream_hold)",
             held.clone(),
         );
+        registry.register(
+            "state_writes",
+            "Writes of a persisted limit's state file, by limit and result (ok, failed)",
+            state_writes.clone(),
+        );
         registry.register("reloads", "Configuration reloads by result", reloads.clone());
         registry.register("build_info", "The running version", build);
         let started = Gauge::<i64>::default();
@@ -288,6 +295,7 @@ impl Metrics {
             invalid_tokens,
             holds,
             held,
+            state_writes,
             pool,
             current,
         };
@@ -439,6 +447,15 @@ impl Metrics {
             queued: f.queued.get_or_create_owned(&labels),
             full: f.full.get_or_create_owned(&labels),
         }
+    }
+
+    /// Counts a write of limit `limit`'s state file (off the request path).
+    pub fn state_write(&self, limit: &str, ok: bool) {
+        let result = if ok { "ok" } else { "failed" };
+        self.families
+            .state_writes
+            .get_or_create(&vec![("limit", limit.to_owned()), ("result", result.to_owned())])
+            .inc();
     }
 
     pub fn reload_result(&self, ok: bool) {

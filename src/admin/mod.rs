@@ -429,7 +429,10 @@ mod tests {
     /// history starts).
     fn service(yaml: &str) -> AdminService {
         let config = crate::config::parse(yaml, "test").unwrap();
-        AdminService::new(Arc::new(Running::new(Proxy::new(config).unwrap(), None)))
+        AdminService::new(Arc::new(Running::new(
+            Proxy::new(config, crate::limit::secret::KeySecret::draw()).unwrap(),
+            None,
+        )))
     }
 
     fn head_of(req: &http::Request<()>) -> RequestHead<'_> {

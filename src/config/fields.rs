@@ -290,7 +290,7 @@ mod tests {
         assert_eq!(
             errors,
             [
-                "F:2:1: whatever: unknown field `whatever`; the 18 top-level fields are listed in README's configuration reference"
+                "F:2:1: whatever: unknown field `whatever`; the 19 top-level fields are listed in README's configuration reference"
             ]
         );
     }

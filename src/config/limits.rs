@@ -14,10 +14,10 @@ use super::store::scope;
 use super::units::parse_rate;
 use super::{Ban, BodyPiece, Limit, LimitId, LimitResponse, LogLevel, Policy, Rate};
 use crate::grpc::Code;
-use crate::policy::Window;
 use crate::policy::allow::Allow;
 use crate::policy::charge::{Charge, MAX_UNITS, Reading};
 use crate::policy::key::{ClaimPath, DEFAULT_IP_PREFIX, KeyPart, KeySpec};
+use crate::policy::{Scope, Window};
 
 /// `Retry-After` of a concurrency rejection unless the limit says otherwise.
 const DEFAULT_CONCURRENCY_RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -59,6 +59,18 @@ pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeM
             ),
         );
     }
+    let persist = raw.persist.unwrap_or(false);
+    if persist {
+        let windows = policy.as_deref().unwrap_or_default();
+        if matches!(scope, Scope::Global { .. }) {
+            e.add(format!("{at}.persist"), "global limits already live in Redis: persist applies to local limits");
+        } else if windows.iter().any(|p| matches!(p, Policy::Concurrency { .. })) {
+            e.add(
+                format!("{at}.persist"),
+                "a concurrency limit counts requests in flight, which end with the process: it has nothing to persist",
+            );
+        }
+    }
     Limit {
         name: name.to_owned(),
         key,
@@ -68,6 +80,7 @@ pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeM
         grpc_status: grpc_status(e, &at, raw),
         max_keys: usize::try_from(raw.max_keys.unwrap_or(DEFAULT_MAX_KEYS)).unwrap_or(usize::MAX),
         dry_run: raw.dry_run.unwrap_or(false),
+        persist,
         log_level: raw.log_level.unwrap_or(LogLevel::Info),
         log_lines_per_second: raw.log_lines_per_second.unwrap_or(DEFAULT_LOG_LINES_PER_SECOND),
         ban: ban(e, &at, raw),

@@ -8,7 +8,7 @@
 mod calendar;
 mod checks;
 mod fields;
-mod files;
+pub mod files;
 mod jwt;
 mod limits;
 mod messages;
@@ -101,6 +101,8 @@ pub struct Config {
     pub jwt: Option<Arc<Verifier>>,
     /// Where `jwt.jwks_url` is fetched from (`None`: no such URL).
     pub jwks: Option<JwksSource>,
+    /// Where limits with `persist: true` keep their state.
+    pub persist: Persist,
     pub limits: TiVec<LimitId, Limit>,
     pub routes: TiVec<RouteId, Route>,
     /// `routes` indexed: which one a request takes.
@@ -276,6 +278,15 @@ pub struct Sentinel {
     pub check_interval: Duration,
 }
 
+/// The state directory of limits with `persist: true` (`crate::persist`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Persist {
+    /// Resolved against the configuration file's directory.
+    pub dir: std::path::PathBuf,
+    /// How often state is written, besides at shutdown.
+    pub interval: Duration,
+}
+
 #[derive(Debug)]
 pub struct Limit {
     pub name: String,
@@ -289,6 +300,9 @@ pub struct Limit {
     pub max_keys: usize,
     /// Decide and keep state as if enforced, but never reject or delay.
     pub dry_run: bool,
+    /// Its state is kept in `Config::persist`'s directory across restarts (local limits
+    /// other than concurrency only).
+    pub persist: bool,
     /// Level of rejection lines; delays log one level lower.
     pub log_level: LogLevel,
     /// Rejection and delay lines written per second at most; the rest are summed up in

@@ -52,6 +52,8 @@ pub struct RawConfig {
     pub upstreams: BTreeMap<String, RawUpstream>,
     pub redis: Option<RawRedis>,
     pub jwt: Option<RawJwt>,
+    /// Where limits with `persist: true` keep their state, and how often it is written.
+    pub persist: Option<RawPersist>,
     #[serde(default)]
     pub limits: BTreeMap<String, RawLimit>,
     #[serde(default)]
@@ -360,6 +362,8 @@ pub struct RawLimit {
     pub grpc_status: Option<String>,
     pub max_keys: Option<u64>,
     pub dry_run: Option<bool>,
+    /// Keep the limit's state (and bans) in the state directory across restarts.
+    pub persist: Option<bool>,
     pub log_level: Option<LogLevel>,
     pub log_lines_per_second: Option<u32>,
     pub ban: Option<String>,
@@ -376,6 +380,16 @@ pub struct RawLimit {
     pub on_missing_key: Option<OnMissingKey>,
     pub on_invalid_token: Option<OnInvalidToken>,
     pub response: Option<RawLimitResponse>,
+}
+
+/// `persist: { dir: /var/lib/sluicegate, interval: 1m }`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct RawPersist {
+    /// The state directory (relative: to the configuration file's directory).
+    pub dir: Option<String>,
+    /// How often the state is written (besides at shutdown).
+    pub interval: Option<String>,
 }
 
 /// `window: 1m`, or a calendar window: `{ calendar: month, tz: Europe/Berlin, reset_day: 1 }`.

@@ -10,10 +10,10 @@ use typed_index_collections::{TiSlice, TiVec};
 use super::checks::{Errors, body_size, connection_timeout, parse_cidr};
 use super::fields::FieldReport;
 use super::position::Positions;
-use super::raw::{AccessFormat, LogKeys, RawAccessLog, RawAdmin, RawConfig, RawListen, RawListener};
+use super::raw::{AccessFormat, LogKeys, RawAccessLog, RawAdmin, RawConfig, RawListen, RawListener, RawPersist};
 use super::{
-    AccessLogConfig, Admin, Config, ConfigError, Limit, LimitId, Listener, Route, RouteId, Router, jwt, limits, routes,
-    shadow, store, tls, upstreams,
+    AccessLogConfig, Admin, Config, ConfigError, Limit, LimitId, Listener, Persist, Route, RouteId, Router, jwt,
+    limits, routes, shadow, store, tls, upstreams,
 };
 
 const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -170,6 +170,7 @@ pub fn compile(
         }
     }
     let keys_secret = keys_secret(&mut e, &raw);
+    let persist = persist(&mut e, raw.persist.as_ref(), file);
     if let Some(log) = &raw.access_log {
         access_log_keys(&mut e, log, keys_secret.is_some(), log_keys, &limits, &routes);
     }
@@ -209,6 +210,7 @@ pub fn compile(
             redis,
             jwt,
             jwks,
+            persist,
             limits,
             routes,
             router,
@@ -218,6 +220,31 @@ pub fn compile(
             Err(e.list)
         }
     }
+}
+
+/// Where persisted limits keep their state unless `persist.dir` says otherwise: the
+/// directory the systemd unit (contrib/sluicegate.service) gives the service.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/sluicegate";
+/// How often persisted state is written unless `persist.interval` says otherwise: what a
+/// crash may lose, against a write of every persisted table.
+const DEFAULT_PERSIST_INTERVAL: Duration = Duration::from_secs(60);
+/// `persist.interval`'s bounds: a second (more often, writing the tables is most of what
+/// the process does) to an hour (what a crash may lose).
+const PERSIST_INTERVAL: std::ops::RangeInclusive<Duration> = Duration::from_secs(1)..=Duration::from_secs(3600);
+
+/// `persist:`, the state directory (a relative one resolved against the directory of
+/// `file`, the configuration's) and how often state is written.
+fn persist(e: &mut Errors<'_>, raw: Option<&RawPersist>, file: &str) -> Persist {
+    let dir = raw.and_then(|r| r.dir.as_deref()).unwrap_or(DEFAULT_STATE_DIR);
+    if dir.is_empty() {
+        e.add("persist.dir".into(), "must name a directory");
+    }
+    let interval = e.duration("persist.interval", raw.and_then(|r| r.interval.as_ref()), DEFAULT_PERSIST_INTERVAL);
+    if !PERSIST_INTERVAL.contains(&interval) {
+        e.add("persist.interval".into(), "must be between 1s and 1h");
+    }
+    let base = std::path::Path::new(file).parent().unwrap_or(std::path::Path::new(""));
+    Persist { dir: base.join(dir), interval }
 }
 
 /// Shortest `keys_secret`: 16 characters of a random string key HMAC-SHA-256 well past

@@ -137,6 +137,8 @@ pub struct LimitWords<'a> {
     pub scope: &'static str,
     pub windows: Vec<PolicyWords>,
     pub dry_run: bool,
+    /// Its state kept in the state directory across restarts.
+    pub persist: bool,
     pub ban: Option<String>,
     pub max_keys: usize,
     /// The status of its refusals, and a refused gRPC call's `grpc-status`.
@@ -337,6 +339,7 @@ impl<'a> LimitWords<'a> {
             scope: if matches!(limit.scope, Scope::Global { .. }) { "global" } else { "local" },
             windows: limit.windows.iter().map(PolicyWords::of).collect(),
             dry_run: limit.dry_run,
+            persist: limit.persist,
             ban: limit.ban.map(|b| span(b.base)),
             max_keys: limit.max_keys,
             status: limit.status.as_u16(),

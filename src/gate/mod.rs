@@ -30,6 +30,7 @@ use smallvec::{SmallVec, smallvec};
 use crate::clock::{Clock, Nanos};
 use crate::config::{Config, LimitId};
 use crate::limit::algorithm::Held;
+use crate::limit::secret::KeySecret;
 use crate::limit::table::Shard;
 use crate::limit::{LimitResult, Limiter, Limiters, Outcome, Standing, Verdict};
 use crate::policy::key::{KeyHash, KeySource};
@@ -103,7 +104,13 @@ impl Gate {
     /// With global limits, this connects to Redis in the background (call within a Tokio
     /// runtime).
     pub fn new(config: &Config, clock: Clock) -> Gate {
-        let limiters = Limiters::new(config, clock.clone());
+        Gate::keyed(config, clock, KeySecret::draw())
+    }
+
+    /// `new`, hashing and digesting keys with `secret` (the state directory's, when
+    /// limits persist their state).
+    pub fn keyed(config: &Config, clock: Clock, secret: KeySecret) -> Gate {
+        let limiters = Limiters::new(config, clock.clone(), secret);
         Gate { limiters, store: Store::new(config, clock.clone()), clock }
     }
 

@@ -77,6 +77,18 @@ impl Algorithm {
         true
     }
 
+    /// What a key's state means in this algorithm, in words (`snapshot::definition`):
+    /// two algorithms with the same meaning read each other's states, as `adopt` judges.
+    pub fn meaning(&self) -> String {
+        match self {
+            Algorithm::LeakyBucket(..) => "leaky_bucket".to_owned(),
+            Algorithm::FixedWindow(a, _) => format!("fixed_window {}", a.windows()),
+            Algorithm::SlidingWindow(a, _) => format!("sliding_window {}ns", a.window()),
+            Algorithm::SlidingLog(a, _) => format!("sliding_log {}ns", a.window()),
+            Algorithm::Concurrency(..) => "concurrency".to_owned(),
+        }
+    }
+
     #[inline]
     pub fn lock(&self, key: KeyHash) -> Held<'_> {
         self.lock_as(key, None)

@@ -129,6 +129,34 @@ impl Bans {
         banned.into_iter().map(|(key, left)| (key, names.get(&key).cloned(), left)).collect()
     }
 
+    /// Every key's ban state (a ban running, or one whose repeat would escalate) with its
+    /// name, for the state directory.
+    pub fn entries(&self) -> Vec<(u64, u64, Option<Box<str>>)> {
+        let mut entries = Vec::new();
+        self.table.each(|key, state| entries.push((key, state, None)));
+        let names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
+        for (key, _, name) in &mut entries {
+            *name = names.get(key).cloned();
+        }
+        entries
+    }
+
+    /// Puts back `key`'s ban `state` and its `name` (empty: none) as read from the state
+    /// directory, unless it no longer matters at `now` (the ban is over and a repeat
+    /// would not escalate); true if it took it.
+    pub fn restore(&self, key: u64, state: u64, name: &str, now: u64) -> bool {
+        let max = self.max;
+        let idle = |s: u64| unpack(s).0.saturating_add(max) <= now;
+        if idle(state) {
+            return false;
+        }
+        self.table.put(&mut self.table.lock(key), key, state, idle, |s| s & UNTIL_MASK);
+        if !name.is_empty() && unpack(state).0 > now {
+            self.name(key, name.to_owned(), now);
+        }
+        true
+    }
+
     /// Ends `key`'s ban, if it has one; true if it had.
     pub fn lift(&self, key: u64, now: u64) -> bool {
         let mut shard = self.table.lock(key);

@@ -67,6 +67,14 @@ impl FixedWindow {
         }
     }
 
+    /// Its windows, in words: `every Nns`, or the calendar's.
+    pub fn windows(&self) -> String {
+        match &self.span {
+            Span::Every(length) => format!("every {length}ns"),
+            Span::Calendar(windows) => windows.calendar.to_string(),
+        }
+    }
+
     /// The index of the window of `now` (ns since the Unix epoch), and its end.
     #[inline]
     fn window(&self, now: u64) -> (u64, u64) {

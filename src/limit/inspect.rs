@@ -65,7 +65,7 @@ impl Limiters {
     /// decided as a request of cost 1 would be, without storing anything.
     pub fn inspect(&self, limit: LimitId, src: &KeySource<'_>) -> Option<KeyState> {
         let limiter = &self.limits[limit];
-        let key = limiter.key.hash(src, &self.seed)?;
+        let key = limiter.key.hash(src, &self.secret.seed)?;
         let t = self.clock.now();
         let ban_left = limiter.bans.as_ref().and_then(|b| b.left(&b.lock(key.0), key.0, t.0));
         let windows = limiter
@@ -101,7 +101,7 @@ impl Limiters {
     /// its count of requests in flight, which only their ends may change.
     pub fn reset(&self, limit: LimitId, src: &KeySource<'_>) -> Option<()> {
         let limiter = &self.limits[limit];
-        let key = limiter.key.hash(src, &self.seed)?;
+        let key = limiter.key.hash(src, &self.secret.seed)?;
         for algorithm in limiter.windows.iter() {
             let mut held = algorithm.lock(key);
             if !matches!(held, Held::Concurrency(..)) {

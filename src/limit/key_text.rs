@@ -8,8 +8,9 @@
 //! HMAC-SHA-256 of the part's name, a NUL and its value, keyed with `keys_secret`. Keyed
 //! with a configured secret, one value has one digest across restarts, reloads and
 //! instances, and a reader of the logs who guesses a token cannot test the guess.
-//! Without `keys_secret`, the secret is drawn at start and digests hold while the
-//! process runs.
+//! Without `keys_secret`, the secret is drawn at start (`KeySecret`) and digests hold
+//! while the process runs, or across restarts when limits persist their state (the
+//! state directory keeps it).
 //!
 //! The key tables do not key by these digests: the request path keeps its SipHash
 //! (`KeySpec::hash`), and a digest is made only when a key is written (a log line within
@@ -20,6 +21,7 @@ use std::net::IpAddr;
 
 use ring::hmac;
 
+use super::secret::KeySecret;
 use crate::config::{Config, LogKeys};
 use crate::policy::key::{KeyPart, KeySource, KeySpec};
 
@@ -39,13 +41,14 @@ pub struct KeyText {
 const DIGEST_LEN: usize = 33;
 
 impl KeyText {
-    /// How `config` writes keys. Without `keys_secret`, the secret drawn by `previous`
-    /// (the configuration before a reload) is kept, so that a reload changes no digest.
-    pub fn new(config: &Config, previous: Option<&KeyText>) -> KeyText {
-        let (key, drawn) = match (&config.keys_secret, previous) {
+    /// How `config` writes keys: digests keyed with `keys_secret`, else with `drawn` (the
+    /// limiters' `KeySecret::digest`, kept across reloads and, with persisted limits,
+    /// restarts), else with a secret drawn now.
+    pub fn new(config: &Config, drawn: Option<&[u8; 32]>) -> KeyText {
+        let (key, drawn) = match (&config.keys_secret, drawn) {
             (Some(secret), _) => (hmac::Key::new(hmac::HMAC_SHA256, secret.as_bytes()), false),
-            (None, Some(previous)) if previous.drawn => (previous.key.clone(), true),
-            (None, _) => (drawn_key(), true),
+            (None, Some(drawn)) => (hmac::Key::new(hmac::HMAC_SHA256, drawn), true),
+            (None, None) => (hmac::Key::new(hmac::HMAC_SHA256, &KeySecret::draw().digest), true),
         };
         KeyText { key, drawn, mode: config.log_keys, recorded: false }
     }
@@ -123,18 +126,6 @@ impl KeyText {
         }
         out
     }
-}
-
-/// A secret drawn at start, when the configuration gives none.
-fn drawn_key() -> hmac::Key {
-    let rng = ring::rand::SystemRandom::new();
-    // The system's generator does not fail on the systems sluicegate runs on; were it to,
-    // fastrand's (seeded from the process's own randomness) still keeps digests unguessable
-    // to a reader of the logs who does not know the process.
-    hmac::Key::generate(hmac::HMAC_SHA256, &rng).unwrap_or_else(|_| {
-        let bytes: Vec<u8> = std::iter::repeat_with(|| fastrand::u8(..)).take(32).collect();
-        hmac::Key::new(hmac::HMAC_SHA256, &bytes)
-    })
 }
 
 /// Whether `value` is written as a digest is: `#` and 32 lowercase hex digits.

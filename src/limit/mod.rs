@@ -12,12 +12,13 @@ pub(crate) mod gcra_cases;
 pub mod inspect;
 pub mod key_text;
 pub mod leaky_bucket;
+pub mod secret;
 mod shards;
 pub mod sliding_log;
 pub mod sliding_window;
+pub mod snapshot;
 pub mod table;
 
-use std::hash::RandomState;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -35,6 +36,7 @@ use crate::policy::{Burst, OnMissingKey, Policy, Rate, Scope};
 use algorithm::Algorithm;
 use ban::Bans;
 use key_text::KeyText;
+use secret::KeySecret;
 
 /// What one limit makes of one request; times in ns.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -93,7 +95,9 @@ struct Charged {
 
 /// Every configured limit, indexed like `Config::limits`.
 pub struct Limiters {
-    seed: RandomState,
+    /// What keys are hashed and digested with: kept across reloads, and across restarts
+    /// when limits persist their state.
+    secret: KeySecret,
     /// How keys are written, wherever they are shown.
     text: KeyText,
     limits: TiVec<LimitId, Limiter>,
@@ -206,10 +210,12 @@ impl Standing {
 }
 
 impl Limiters {
-    /// The limiters of `config`, every key fresh, reading the time from `clock`.
-    pub fn new(config: &Config, clock: Clock) -> Arc<Self> {
+    /// The limiters of `config`, every key fresh, reading the time from `clock`, hashing
+    /// and digesting keys with `secret`.
+    pub fn new(config: &Config, clock: Clock, secret: KeySecret) -> Arc<Self> {
         let limits = config.limits.iter().map(limiter).collect();
-        Arc::new(Limiters { seed: RandomState::new(), text: KeyText::new(config, None), limits, clock })
+        let text = KeyText::new(config, Some(&secret.digest));
+        Arc::new(Limiters { secret, text, limits, clock })
     }
 
     /// The limiters of `config`, a reload of the configuration `old` was made from: a
@@ -235,8 +241,8 @@ impl Limiters {
                 new
             })
             .collect();
-        let text = KeyText::new(config, Some(&old.text));
-        let limiters = Limiters { seed: old.seed.clone(), text, limits, clock: old.clock.clone() };
+        let text = KeyText::new(config, Some(&old.secret.digest));
+        let limiters = Limiters { secret: old.secret.clone(), text, limits, clock: old.clock.clone() };
         (Arc::new(limiters), kept, fresh)
     }
 
@@ -244,6 +250,11 @@ impl Limiters {
     #[inline]
     pub(crate) fn get(&self, limit: LimitId) -> &Limiter {
         &self.limits[limit]
+    }
+
+    /// What keys are hashed and digested with.
+    pub fn secret(&self) -> &KeySecret {
+        &self.secret
     }
 
     /// The clock every decision of these limits reads.
@@ -300,7 +311,7 @@ impl Limiters {
     #[inline]
     pub fn key_found(&self, limit: LimitId, src: &KeySource<'_>) -> (Option<KeyHash>, bool) {
         let limiter = &self.limits[limit];
-        let (key, present) = limiter.key.hash_any(src, &self.seed);
+        let (key, present) = limiter.key.hash_any(src, &self.secret.seed);
         ((present || limiter.on_missing_key == OnMissingKey::Shared).then_some(key), present)
     }
 

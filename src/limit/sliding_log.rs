@@ -97,6 +97,33 @@ impl LogTable {
         self.evictions.load(Ordering::Relaxed)
     }
 
+    /// Calls `f` with every stored key and log, one shard locked at a time (for the
+    /// state directory, not the request path).
+    pub fn each(&self, mut f: impl FnMut(u64, &VecDeque<u64>)) {
+        for shard in self.shards.each() {
+            shard.logs.iter().for_each(|(&key, log)| f(key, log));
+        }
+    }
+
+    /// Puts back `key`'s `log` (oldest first) as read from the state directory, its
+    /// entries still in the window at `now`; false if none is.
+    pub fn restore(&self, algorithm: &SlidingLog, key: u64, log: &VecDeque<u64>, now: u64) -> bool {
+        let mut live: Vec<u64> = log.iter().copied().filter(|&at| at.saturating_add(algorithm.window) > now).collect();
+        // Oldest first, as `record` keeps it, and never more than `limit` (the newest).
+        live.sort_unstable();
+        let live: VecDeque<u64> = live.split_off(live.len().saturating_sub(algorithm.limit as usize)).into();
+        if live.is_empty() {
+            return false;
+        }
+        let mut shard = self.lock(key);
+        if !shard.logs.contains_key(&key) && shard.logs.len() >= shard.cap {
+            let evicted = shard.make_room(algorithm, now);
+            self.evictions.fetch_add(evicted, Ordering::Relaxed);
+        }
+        shard.logs.insert(key, live);
+        true
+    }
+
     /// Records an admission of `cost` units at `now` for `key`.
     pub fn record(&self, shard: &mut LogShard, algorithm: &SlidingLog, key: u64, now: u64, cost: u64) {
         if !shard.logs.contains_key(&key) && shard.logs.len() >= shard.cap {

@@ -3,13 +3,14 @@
 //! A key spec is parsed once from the config (`ip`, `header:NAME`, `bearer`,
 //! `query:NAME`, `cookie:NAME`, `method`, `path`, `host`, `capture:NAME`, `jwt:CLAIM`, or
 //! a list of these). Per
-//! request the parts are fed into one SipHash with a per-process random seed, so a
-//! table stores 8 bytes per key whatever the key's length, and a client cannot
-//! choose values that collide.
+//! request the parts are fed into one SipHash-1-3 keyed with a random 128-bit seed
+//! (`KeySeed`: drawn at start, or kept in the state directory when limits persist their
+//! state), so a table stores 8 bytes per key whatever the key's length, and a client
+//! cannot choose values that collide.
 
 use std::borrow::Cow;
 use std::fmt;
-use std::hash::{BuildHasher, Hasher, RandomState};
+use std::hash::Hasher;
 use std::net::IpAddr;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -244,6 +245,21 @@ impl KeyPart {
     }
 }
 
+/// The key of SipHash-1-3 that key parts are hashed with: unguessable to clients, so they
+/// cannot aim values at one slot. The same algorithm as std's `RandomState`, whose key
+/// cannot be given: a seed kept in the state directory must hash a key as it did before
+/// a restart, or the state read back would belong to no key.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct KeySeed(pub [u8; 16]);
+
+impl KeySeed {
+    /// A hasher keyed with this seed.
+    #[inline]
+    pub fn hasher(&self) -> siphasher::sip::SipHasher13 {
+        siphasher::sip::SipHasher13::new_with_key(&self.0)
+    }
+}
+
 /// A request's key for one limit, as the limit's tables hold it: a keyed 64-bit hash.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct KeyHash(pub u64);
@@ -307,7 +323,7 @@ impl KeySpec {
     /// this limit, which then does not count it (nginx's empty-key rule). A tuple key is
     /// missing only when every part is missing, so leaving out one header does not
     /// escape a limit keyed on `[ip, header:x]`.
-    pub fn hash(&self, src: &KeySource<'_>, seed: &RandomState) -> Option<KeyHash> {
+    pub fn hash(&self, src: &KeySource<'_>, seed: &KeySeed) -> Option<KeyHash> {
         let (key, present) = self.hash_any(src, seed);
         present.then_some(key)
     }
@@ -316,14 +332,14 @@ impl KeySpec {
     /// it has: every request lacking every part has one key, the same (a limit with
     /// `on_missing_key: shared` counts them all under it).
     #[inline]
-    pub fn hash_any(&self, src: &KeySource<'_>, seed: &RandomState) -> (KeyHash, bool) {
-        let mut h = seed.build_hasher();
+    pub fn hash_any(&self, src: &KeySource<'_>, seed: &KeySeed) -> (KeyHash, bool) {
+        let mut h = seed.hasher();
         let present = self.feed(src, &mut h);
         (KeyHash(h.finish()), present)
     }
 
     /// The key of `src` as every instance computes it, for global limits: 128 bits of
-    /// SHA-1 (a fixed function, unlike `hash`, whose seed is per process; and one that
+    /// SHA-1 (a fixed function, unlike `hash`, whose seed is per process or per state directory; and one that
     /// keeps key values such as tokens out of Redis). Whether or not the request has it,
     /// as `hash_any`, with whether it has.
     pub fn global_any(&self, src: &KeySource<'_>) -> (u128, bool) {
@@ -577,7 +593,7 @@ mod tests {
         spec.hash(&KeySource::get(ip.parse().unwrap(), uri, &map), &SEED).map(|k| k.0)
     }
 
-    static SEED: std::sync::LazyLock<RandomState> = std::sync::LazyLock::new(RandomState::new);
+    static SEED: KeySeed = KeySeed([7; 16]);
 
     #[test]
     fn ipv4_mapped_ipv6_is_the_same_client_as_ipv4() {

@@ -32,6 +32,7 @@ use crate::gate::{Decision, Gate, Pending, Permits, Standings};
 use crate::grpc;
 use crate::hop::{self, Hop};
 use crate::jwks;
+use crate::limit::secret::KeySecret;
 use crate::limit::{LimitResult, Limiters, Outcome, Standing};
 use crate::metrics::{Metrics, RequestOutcome, UpstreamResult};
 use crate::policy::LimitUse;
@@ -82,9 +83,10 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// The proxy of `config`; fails only if its access log cannot be opened.
-    pub fn new(config: Config) -> std::io::Result<Self> {
-        let gate = Gate::new(&config, Clock::System);
+    /// The proxy of `config`, hashing and digesting keys with `secret`; fails only if its
+    /// access log cannot be opened.
+    pub fn new(config: Config, secret: KeySecret) -> std::io::Result<Self> {
+        let gate = Gate::keyed(&config, Clock::System, secret);
         let metrics = Metrics::new(&config, &gate);
         Proxy::with(config, gate, metrics)
     }
@@ -745,7 +747,7 @@ mod tests {
     #[tokio::test]
     async fn a_requests_state_stays_small() {
         let config = crate::config::parse("listen: 127.0.0.1:0\nroutes:\n  - respond: { status: 200 }\n", "t").unwrap();
-        let proxy = Arc::new(super::Proxy::new(config).unwrap());
+        let proxy = Arc::new(super::Proxy::new(config, KeySecret::draw()).unwrap());
         let headers = http::HeaderMap::new();
         let head = RequestHead {
             method: &http::Method::GET,

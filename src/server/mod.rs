@@ -17,6 +17,7 @@ use tokio_rustls::TlsAcceptor;
 use tracing::{debug, error, info, warn};
 
 use crate::config::{self, Config, MAX_CONNECTIONS};
+use crate::persist;
 use crate::proxy::Proxy;
 use crate::proxy::body::Settling;
 use crate::running::{ReloadCause, Running};
@@ -72,7 +73,10 @@ impl Server {
             Some(admin) => Some(TcpListener::bind(admin.listen).await.map_err(at("admin.listen", admin.listen))?),
             None => None,
         };
-        let running = Running::new(Proxy::new(config)?, source);
+        let secret = persist::secret(&config);
+        let proxy = Proxy::new(config, secret)?;
+        persist::restore(proxy.limiters(), proxy.config());
+        let running = Running::new(proxy, source);
         Ok(Server {
             listeners,
             admin,
@@ -98,6 +102,8 @@ impl Server {
         }
         // Established connections keep being served at the cap; new ones wait in the
         // listen backlog until one closes (as nginx does at `worker_connections`).
+        let writer = Arc::new(persist::Writer::default());
+        let keeping = tokio::spawn(persist::keep(Arc::clone(&self.running), Arc::clone(&writer)));
         let slots = Arc::new(Semaphore::new(self.max_connections));
         let (stop, stopping) = watch::channel(());
         let mut accepting = Accepting { running: Arc::clone(&self.running), peers: Arc::default(), stopping };
@@ -130,6 +136,9 @@ impl Server {
             () = stop.closed() => info!("all connections closed"),
             () = tokio::time::sleep(grace) => warn!("grace period over; closing the remaining connections"),
         }
+        // Last, so that the state written holds every request that was let finish.
+        keeping.abort();
+        writer.write(self.running.proxy()).await;
     }
 }
 
@@ -509,7 +518,7 @@ mod tests {
     async fn a_connection_waiting_for_a_request_stays_small() {
         let config = config::parse("listen: 127.0.0.1:0\nroutes:\n  - respond: { status: 200 }\n", "t").unwrap();
         let settings = settings(&config);
-        let running = Running::new(Proxy::new(config).unwrap(), None);
+        let running = Running::new(Proxy::new(config, crate::limit::secret::KeySecret::draw()).unwrap(), None);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let stream = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
         let conn = ClientConn::unheld("127.0.0.1:1".parse().unwrap());

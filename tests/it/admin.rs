@@ -277,7 +277,9 @@ async fn the_config_is_shown_in_its_own_words_and_a_key_lookup_says_what_it_need
     let shown = get(sg.admin_addr(), "/dashboard.json", &auth).await;
     let shown: serde_json::Value = serde_json::from_slice(&shown.body).unwrap();
     let dashboard_limit = shown["limits"].as_array().unwrap().iter().find(|l| l["name"] == "per_user").unwrap();
-    for field in ["key", "scope", "windows", "dry_run", "ban", "max_keys", "status", "grpc_status", "on_missing_key"] {
+    for field in
+        ["key", "scope", "windows", "dry_run", "persist", "ban", "max_keys", "status", "grpc_status", "on_missing_key"]
+    {
         assert_eq!(dashboard_limit[field], limit[field], "{field}");
     }
     for field in ["name", "match", "upstream", "limits"] {

@@ -39,6 +39,7 @@ mod missing_keys;
 mod nginx;
 mod pacing;
 mod paths;
+mod persist;
 mod promises;
 mod redis;
 mod reload;

@@ -151,6 +151,7 @@ mod tests {
             status: StatusCode::TOO_MANY_REQUESTS,
             max_keys: 1,
             dry_run: false,
+            persist: false,
             log_level: crate::config::LogLevel::Info,
             log_lines_per_second: 5,
             grpc_status: crate::grpc::Code::RESOURCE_EXHAUSTED,

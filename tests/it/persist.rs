@@ -1,0 +1,203 @@
+//! Limits with `persist: true` keep their state across a restart: written at shutdown
+//! (SIGTERM) and on a timer, read back at start; a damaged, foreign or mismatched file is
+//! refused with a log line, and the limit starts fresh.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::common::*;
+
+/// A quota of 3 per `x-api-key` in windows of `window`, and `/login`, where a second
+/// request of a key bans it for an hour; both persisted in `state` (written at shutdown,
+/// and every `interval`).
+fn conf(state: &Path, window: &str, interval: &str) -> Conf {
+    let quota = format!(
+        "key: \"header:x-api-key\", algorithm: fixed_window, limit: 3, window: {window}, persist: true, on_missing_key: skip"
+    );
+    Conf::new()
+        .admin()
+        .set(&format!("persist: {{ dir: \"{}\", interval: {interval} }}", state.display()))
+        .limit("quota", &quota)
+        .limit(
+            "login",
+            "key: \"header:x-api-key\", algorithm: fixed_window, limit: 1, window: 30d, ban: 1h, persist: true, \
+             on_missing_key: skip",
+        )
+        .route("match: { path_prefix: /login }, limits: [login], respond: { status: 200 }")
+        .answering("quota")
+}
+
+async fn status(sg: &Sluicegate, path: &str, key: &str) -> Reply {
+    get(sg.addr, path, &[("x-api-key", key)]).await
+}
+
+fn retry_after(reply: &Reply) -> u64 {
+    reply.header("retry-after").expect("a refusal says when").parse().unwrap()
+}
+
+async fn bans(sg: &Sluicegate) -> serde_json::Value {
+    serde_json::from_slice(&get(sg.admin_addr(), "/bans", &[]).await.body).unwrap()
+}
+
+/// Spends key `k1`'s quota (3 of 3) and gets key `bad` banned at `/login`; returns the
+/// quota's `Retry-After` and the ban's key as `GET /bans` writes it.
+async fn spend(sg: &Sluicegate) -> (u64, String) {
+    for _ in 0..3 {
+        assert_eq!(status(sg, "/", "k1").await.status, 200);
+    }
+    let refused = status(sg, "/", "k1").await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(status(sg, "/login", "bad").await.status, 200);
+    assert_eq!(status(sg, "/login", "bad").await.status, 429);
+    let bans = bans(sg).await;
+    assert_eq!(bans["login"].as_array().map(Vec::len), Some(1), "{bans}");
+    (retry_after(&refused), bans["login"][0]["key"].as_str().unwrap().to_owned())
+}
+
+#[tokio::test]
+async fn a_restart_keeps_a_spent_quota_and_a_ban_named_as_before() {
+    let state = tempfile::tempdir().unwrap();
+    let conf = conf(state.path(), "30d", "1h");
+    let mut sg = conf.start();
+    let (quota_retry, banned) = spend(&sg).await;
+    // A digest of the credential, not the key itself.
+    assert!(banned.starts_with("header:x-api-key=#"), "{banned}");
+    // A reload carries the state; shutdown writes what it carried.
+    assert!(sg.reload(&conf.yaml()).contains("configuration reloaded"));
+    assert!(sg.terminate().success());
+    for file in ["quota.state", "login.state", "keys.secret"] {
+        assert!(state.path().join(file).exists(), "{file} written at shutdown");
+    }
+
+    let sg = conf.start();
+    let log = sg.wait_for_log(|log| log.matches("state restored").count() == 2);
+    assert!(log.contains(r#""limit":"quota""#) && log.contains(r#""keys":1"#), "{log}");
+    // The quota stays spent until the same window's end; another key has its own.
+    let refused = status(&sg, "/", "k1").await;
+    assert_eq!(refused.status, 429, "a restart forgave the quota");
+    assert!(retry_after(&refused) <= quota_retry && retry_after(&refused) + 30 >= quota_retry, "{refused:?}");
+    assert_eq!(status(&sg, "/", "k2").await.status, 200);
+    // The ban runs on, listed under the same name.
+    let refused = status(&sg, "/login", "bad").await;
+    assert_eq!(refused.status, 429, "a restart forgot the ban");
+    assert!(retry_after(&refused) > 3500, "{refused:?}");
+    let bans = bans(&sg).await;
+    assert_eq!(bans["login"][0]["key"], banned.as_str(), "{bans}");
+    assert!(bans["login"][0]["left_ms"].as_u64().unwrap() > 3_500_000, "{bans}");
+}
+
+#[tokio::test]
+async fn state_written_on_the_timer_survives_a_crash() {
+    let state = tempfile::tempdir().unwrap();
+    let conf = conf(state.path(), "30d", "1s");
+    let mut sg = conf.start();
+    spend(&sg).await;
+    let writes = async |sg: &Sluicegate| {
+        Metrics::of(sg).await.get(r#"sluicegate_state_writes_total{limit="quota",result="ok"}"#).unwrap_or(0.0)
+    };
+    // A round under way may have read the table before the requests: wait for the next.
+    let before = writes(&sg).await;
+    wait_until("two writes after the requests", Duration::from_secs(10), async || writes(&sg).await >= before + 2.0)
+        .await;
+    // SIGKILL: no write at shutdown.
+    sg.kill();
+
+    let sg = conf.start();
+    sg.wait_for_log(|log| log.matches("state restored").count() == 2);
+    assert_eq!(status(&sg, "/", "k1").await.status, 429);
+    assert_eq!(status(&sg, "/login", "bad").await.status, 429);
+}
+
+#[tokio::test]
+async fn a_damaged_or_foreign_file_is_refused_and_the_limit_starts_fresh() {
+    let state = tempfile::tempdir().unwrap();
+    let conf = conf(state.path(), "30d", "1h");
+    let mut sg = conf.start();
+    spend(&sg).await;
+    assert!(sg.terminate().success());
+    let quota = state.path().join("quota.state");
+    let bytes = std::fs::read(&quota).unwrap();
+    std::fs::write(&quota, &bytes[..bytes.len() / 2]).unwrap();
+    std::fs::write(state.path().join("login.state"), "limits: { login: {} }\n").unwrap();
+
+    let sg = conf.start();
+    let log = sg.wait_for_log(|log| log.matches("state file refused").count() == 2);
+    assert!(log.contains("state file refused: damaged or truncated"), "{log}");
+    assert!(log.contains("state file refused: not a sluicegate state file"), "{log}");
+    assert!(log.contains(&quota.display().to_string()), "the line names the file: {log}");
+    for _ in 0..3 {
+        assert_eq!(status(&sg, "/", "k1").await.status, 200, "fresh");
+    }
+    assert_eq!(status(&sg, "/login", "bad").await.status, 200, "no ban");
+}
+
+#[tokio::test]
+async fn a_limit_whose_window_changed_does_not_take_the_old_state() {
+    let state = tempfile::tempdir().unwrap();
+    let mut sg = conf(state.path(), "30d", "1h").start();
+    spend(&sg).await;
+    assert!(sg.terminate().success());
+
+    let sg = conf(state.path(), "7d", "1h").start();
+    let log = sg.wait_for_log(|log| log.contains("state file refused") && log.contains("state restored"));
+    assert!(log.contains("written for another key or windows"), "{log}");
+    for _ in 0..3 {
+        assert_eq!(status(&sg, "/", "k1").await.status, 200, "fresh");
+    }
+    // The other limit did not change: its ban holds.
+    assert_eq!(status(&sg, "/login", "bad").await.status, 429);
+}
+
+#[test]
+fn check_refuses_persist_where_there_is_nothing_to_keep_with_positions() {
+    let yaml = "listen: 127.0.0.1:0
+redis: { url: \"redis://127.0.0.1:1\" }
+persist: { dir: \"\", interval: 2h }
+limits:
+  slots: { key: ip, concurrency: 4, persist: true }
+  shared: { key: ip, rate: 10r/s, scope: global, persist: true }
+routes:
+  - { respond: { status: 200 }, limits: [slots, shared] }
+";
+    let err = sluicegate::config::parse(yaml, "FILE").expect_err("invalid").to_string();
+    for line in [
+        "FILE:3:17: persist.dir: must name a directory",
+        "FILE:3:31: persist.interval: must be between 1s and 1h",
+        "FILE:5:46: limits.slots.persist: a concurrency limit counts requests in flight, which end with the process: it has nothing to persist",
+        "FILE:6:59: limits.shared.persist: global limits already live in Redis: persist applies to local limits",
+    ] {
+        assert!(err.contains(line), "no {line:?} in\n{err}");
+    }
+}
+
+#[tokio::test]
+async fn a_state_directory_that_cannot_be_written_is_counted_logged_once_and_the_proxy_serves_on() {
+    let state = tempfile::tempdir().unwrap();
+    // A directory under a regular file cannot be made, whoever runs the test.
+    let file = state.path().join("file");
+    std::fs::write(&file, "").unwrap();
+    let sg = conf(&file.join("state"), "30d", "1s").start();
+    sg.wait_for_log(|log| log.contains("cannot save the key secret"));
+    let failed = async |sg: &Sluicegate| {
+        Metrics::of(sg).await.get(r#"sluicegate_state_writes_total{limit="quota",result="failed"}"#).unwrap_or(0.0)
+    };
+    wait_until("two failed writes", Duration::from_secs(10), async || failed(&sg).await >= 2.0).await;
+    let log = sg.log();
+    assert_eq!(log.matches("cannot write the state file").count(), 2, "once per limit: {log}");
+    assert_eq!(status(&sg, "/", "k1").await.status, 200);
+}
+
+#[test]
+fn the_state_directory_is_read_from_the_configuration_files_directory() {
+    let parse = |persist: &str| {
+        let yaml = format!("listen: 127.0.0.1:0\n{persist}routes:\n  - {{ respond: {{ status: 200 }} }}\n");
+        sluicegate::config::parse(&yaml, "/etc/sluicegate/config.yaml").unwrap().persist
+    };
+    let default = parse("");
+    assert_eq!(default.dir, Path::new("/var/lib/sluicegate"));
+    assert_eq!(default.interval, Duration::from_secs(60));
+    let relative = parse("persist: { dir: state, interval: 5s }\n");
+    assert_eq!(relative.dir, Path::new("/etc/sluicegate/state"));
+    assert_eq!(relative.interval, Duration::from_secs(5));
+    assert_eq!(parse("persist: { dir: /srv/sg }\n").dir, Path::new("/srv/sg"));
+}
