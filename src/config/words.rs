@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use super::{Action, Balance, BodyPiece, Config, HoldBy, Limit, LogKeys, Route, Scope, Upstream};
 use crate::policy::calendar::{self, Period};
+use crate::policy::charge::Reading;
 use crate::policy::{Burst, Policy, Rate, Window};
 use crate::router::PathMatch;
 
@@ -148,6 +149,20 @@ pub struct LimitWords<'a> {
     /// Its own refusal, if it gives one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub response: Option<ResponseWords>,
+    /// What a response reports it cost, debited after it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub charge: Option<ChargeWords>,
+}
+
+/// `charge:` of a limit, as the file writes it: where the report is read (`header`,
+/// `trailer` or `sse_json` and its name or path), the default, and whether the report
+/// replaces the request's cost.
+#[derive(Serialize)]
+pub struct ChargeWords {
+    #[serde(flatten)]
+    pub reading: std::collections::BTreeMap<&'static str, String>,
+    pub default: u64,
+    pub instead_of_cost: bool,
 }
 
 /// `response:` of a limit: its body as written (with `{limit}` and `{retry_after}`), its
@@ -357,6 +372,14 @@ impl<'a> LimitWords<'a> {
                 headers: (r.headers.iter())
                     .map(|(n, v)| (n.to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
                     .collect(),
+            }),
+            charge: limit.charge.as_ref().map(|c| {
+                let (field, value) = match &c.reading {
+                    Reading::Header(name) => ("header", name.to_string()),
+                    Reading::Trailer(name) => ("trailer", name.to_string()),
+                    Reading::SseJson(path) => ("sse_json", path.to_string()),
+                };
+                ChargeWords { reading: [(field, value)].into(), default: c.default, instead_of_cost: c.instead_of_cost }
             }),
         }
     }

@@ -78,6 +78,8 @@ impl Pending {
                 charges.limiters = limiters.clone();
                 charges.global = Some(Box::new(charged));
             }
+            // (Boxed, as it was: the request's future keeps room for this one.)
+            let settled = Box::new(settled);
             async move { settled.settle(cost, status).await }
         });
         (global, charges.limiters.is_some().then_some(charges))

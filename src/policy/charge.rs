@@ -36,17 +36,6 @@ pub enum Reading {
     SseJson(ClaimPath),
 }
 
-impl Reading {
-    /// How the configuration writes it.
-    pub fn describe(&self) -> String {
-        match self {
-            Reading::Header(name) => format!("header {name}"),
-            Reading::Trailer(name) => format!("trailer {name}"),
-            Reading::SseJson(path) => format!("sse_json {path}"),
-        }
-    }
-}
-
 /// A count written in a field: ASCII digits, surrounding whitespace allowed (`None`:
 /// anything else, so a malformed report is charged the default, never a guess).
 pub fn units_in(value: &[u8]) -> Option<u64> {

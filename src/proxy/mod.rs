@@ -263,21 +263,10 @@ impl Proxy {
             }
         })?;
         // A key its upstream refused with a time to wait is answered here until then,
-        // before it takes any quota.
-        let hold = self.holds.key(front.route, self.gate.limiters(), &front.src);
-        if let Some(key) = &hold
-            && let Some(held) = self.holds.table(front.route).and_then(|t| t.held(key, Instant::now()))
-        {
-            let left = held.until.saturating_duration_since(Instant::now());
-            debug!(route = %route.name, key = %held.key, status = held.status.as_u16(), "held: the upstream asked to wait");
-            self.metrics.hold(front.route, true);
-            trace.with(|e| e.outcome = "upstream_hold");
-            let answer = response::rejected(held.status, left, config.rejection_body, &[]);
-            let answer = if grpc {
-                response::grpc(answer, grpc::Code::of_http(held.status.as_u16()), Some(left))
-            } else {
-                answer
-            };
+        // before it takes any quota. (Boxed: it is held across the decision, in every
+        // request's state.)
+        let hold = self.holds.key(front.route, self.gate.limiters(), &front.src).map(Box::new);
+        if let Some(answer) = hold.as_deref().and_then(|key| self.held(front.route, key, grpc, trace)) {
             return Ok(Admission::Answer(answer));
         }
         let cost = front::cost(config, route, head.fields)?;
@@ -324,7 +313,7 @@ impl Proxy {
                     trusted_peer,
                     client_ip,
                     grpc,
-                    hold: hold.map(Box::new),
+                    hold,
                 };
                 Ok(Admission::Go(admitted))
             }
@@ -382,12 +371,10 @@ impl Proxy {
                     body.map(|b| upstream::RequestBody::new(b, route.max_body_bytes, config.body_read_timeout));
                 let started = Instant::now();
                 let forwarded = self.upstreams[*upstream].forward(&out, bounded.as_mut()).await;
-                self.forwarded(forwarded, started, &out, index, trace)
+                self.forwarded(forwarded, started, &out, index, admitted.hold.as_deref(), trace)
             }
         };
-        if let (Some(key), Ok(r)) = (&admitted.hold, &response) {
-            self.hold(index, key, r);
-        }
+
         // Limits that count only some statuses keep or take back this request now; in
         // Redis (boxed, with the response: most requests have nothing to settle there).
         let mut response = response;
@@ -456,6 +443,21 @@ impl Proxy {
         Ok(response)
     }
 
+    /// The answer to a request of route `index` whose `key` is held, if it is.
+    fn held(&self, index: RouteId, key: &HoldKey, grpc: bool, trace: &mut Trace) -> Option<Response> {
+        let held = self.holds.table(index)?.held(key, Instant::now())?;
+        let left = held.until.saturating_duration_since(Instant::now());
+        let route = &self.config.routes[index].name;
+        debug!(%route, key = %held.key, status = held.status.as_u16(), "held: the upstream asked to wait");
+        self.metrics.hold(index, true);
+        trace.with(|e| e.outcome = "upstream_hold");
+        let answer = response::rejected(held.status, left, self.config.rejection_body, &[]);
+        Some(match grpc {
+            true => response::grpc(answer, grpc::Code::of_http(held.status.as_u16()), Some(left)),
+            false => answer,
+        })
+    }
+
     /// Holds `key` of route `index` if the upstream's answer `response` refused it with
     /// a time to wait.
     fn hold(&self, index: RouteId, key: &HoldKey, response: &Response) {
@@ -468,13 +470,15 @@ impl Proxy {
     }
 
     /// What came of sending `out` (of route `index`) upstream, begun at `started`: the
-    /// exchange counted in the route's metrics, and the response to send on.
+    /// exchange counted in the route's metrics, a refusal held by `hold` (the request's
+    /// key, if the route holds), and the response to send on.
     fn forwarded(
         &self,
         forwarded: Result<upstream::Answer, UpstreamError>,
         started: Instant,
         out: &Outgoing<'_>,
         index: RouteId,
+        hold: Option<&HoldKey>,
         trace: &mut Trace,
     ) -> Result<Response, ProxyError> {
         let route = &self.config.routes[index];
@@ -501,7 +505,12 @@ impl Proxy {
         if let Some(expires) = route.rewrite.expires {
             extra.extend(response::expires(expires, status).map(|(n, v)| (n, v.into())));
         }
-        Ok(Response { status, fields: message::ResponseFields::Upstream(fields), extra, body: Settling::from(body) })
+        let response =
+            Response { status, fields: message::ResponseFields::Upstream(fields), extra, body: Settling::from(body) };
+        if let Some(key) = hold {
+            self.hold(index, key, &response);
+        }
+        Ok(response)
     }
 
     /// Refuses a request that repeats a field one of `candidates` is keyed on

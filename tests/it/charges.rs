@@ -133,6 +133,9 @@ async fn a_debt_from_a_head_field_refuses_until_it_is_paid(scope: &str, top: &st
     let metrics = Metrics::of(&sg).await;
     assert_eq!(metrics.value("sluicegate_limit_charged_units_total{limit=\"tokens\"}"), 25.0 + 3.0 + 3.0);
     assert_eq!(metrics.value("sluicegate_limit_charges_defaulted_total{limit=\"tokens\"}"), 2.0);
+    let config: serde_json::Value = serde_json::from_slice(&get(sg.admin_addr(), "/config", &[]).await.body).unwrap();
+    let charge = &config["limits"][0]["charge"];
+    assert_eq!(*charge, serde_json::json!({ "header": "x-tokens-used", "default": 3, "instead_of_cost": false }));
 }
 
 #[tokio::test]
