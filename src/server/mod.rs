@@ -508,6 +508,14 @@ impl Service for Running {
     }
 }
 
+/// A TLS connection's client closed its side when its socket's did (a `close_notify`
+/// still unread counts as something sent).
+impl crate::wire::connection::PeerClosed for tokio_rustls::server::TlsStream<TcpStream> {
+    fn peer_closed(&self) -> bool {
+        self.get_ref().0.peer_closed()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

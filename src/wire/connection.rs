@@ -92,6 +92,31 @@ impl Drop for PeerSlot {
     }
 }
 
+/// A client connection's transport, asked whether the client has closed its side as the
+/// kernel knows it now: the runtime hears of a close when it next polls for events,
+/// which may come after the response the close should have cut short.
+pub trait PeerClosed {
+    /// The client closed its side and nothing it sent is left unread.
+    fn peer_closed(&self) -> bool;
+}
+
+impl PeerClosed for tokio::net::TcpStream {
+    /// A peek that never blocks (the socket is non-blocking): no byte and no error is the
+    /// end of the stream.
+    fn peer_closed(&self) -> bool {
+        let mut byte = [std::mem::MaybeUninit::<u8>::uninit()];
+        matches!(socket2::SockRef::from(self).peek(&mut byte), Ok(0))
+    }
+}
+
+/// The engine's in-process tests: a close is heard when the stream is polled.
+#[cfg(test)]
+impl PeerClosed for tokio::io::DuplexStream {
+    fn peer_closed(&self) -> bool {
+        false
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

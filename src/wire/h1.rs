@@ -27,7 +27,7 @@ use tracing::debug;
 use super::Timeouts;
 use super::h2::{self, H2Settings};
 use super::tunnel;
-use crate::wire::connection::ClientConn;
+use crate::wire::connection::{ClientConn, PeerClosed};
 use crate::wire::head::{Known, takes_trailers};
 use crate::wire::http1::body::{CHUNK_END, LAST_CHUNK, chunk_head};
 use crate::wire::http1::parse::{self, Framing, HeadError};
@@ -68,7 +68,7 @@ pub fn serve<I, S>(
     stopping: watch::Receiver<()>,
 ) -> impl Future<Output = ()> + Send + 'static
 where
-    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    I: AsyncRead + AsyncWrite + Unpin + PeerClosed + Send + 'static,
     S: Service,
 {
     async move {
@@ -96,7 +96,7 @@ async fn keep_alive<I, S>(
     stopping: &watch::Receiver<()>,
 ) -> End
 where
-    I: AsyncRead + AsyncWrite + Unpin + Send,
+    I: AsyncRead + AsyncWrite + Unpin + PeerClosed + Send,
     S: Service,
 {
     // One timer for the connection's life, looked at lazily (see `Waiting`): no timer is
@@ -154,7 +154,7 @@ async fn finish<I, S>(
     settings: Settings,
     stopping: watch::Receiver<()>,
 ) where
-    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    I: AsyncRead + AsyncWrite + Unpin + PeerClosed + Send + 'static,
     S: Service,
 {
     let peer = conn.peer;
@@ -279,7 +279,7 @@ async fn exchange<I, S>(
     stopping: &watch::Receiver<()>,
 ) -> Exchanged
 where
-    I: AsyncRead + AsyncWrite + Unpin + Send,
+    I: AsyncRead + AsyncWrite + Unpin + PeerClosed + Send,
     S: Service,
 {
     let view = head.view();
@@ -330,9 +330,12 @@ where
         }
         // Requests pipelined behind this one are served only for a client still there:
         // one that closed its side meanwhile gets nothing more done on its behalf. (A
-        // look without a system call when nothing came: tokio knows the socket drained.)
+        // look without a system call when nothing came: tokio knows the socket drained;
+        // with a request already read behind this one, the kernel is asked, as tokio
+        // may not have heard of a close yet.)
         Ok(Written::Done { keep_alive: true })
-            if poll_fn(|cx| Poll::Ready(c.poll_gone(cx, MAX_PIPELINED))).await.is_ready() =>
+            if poll_fn(|cx| Poll::Ready(c.poll_gone(cx, MAX_PIPELINED))).await.is_ready()
+                || (c.head_begun() && c.io.peer_closed()) =>
         {
             Exchanged::Close
         }
