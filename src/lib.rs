@@ -22,9 +22,13 @@
 //!                          then the global ones in one Redis call (store; concurrent
 //!                          requests share it), undone or decided by on_store_error when
 //!                          Redis cannot answer; pass, delay, or reject with 429 — all on
-//!                          one clock (clock); one result per limit for every reader
+//!                          one clock (clock); one result per limit for every reader;
+//!                          before them, a key its upstream refused is answered from its
+//!                          hold (proxy::hold); local state written to disk and read back
+//!                          at start (persist, limit::snapshot)
 //!   -> receipts            slots held until the body is sent, the log line written as it
-//!                          ends, its pace (proxy::body); `count:` refunds by status
+//!                          ends, its pace (proxy::body); `count:` refunds by status;
+//!                          `charge:` debits what the response reports (proxy::charge)
 //!   -> forward / respond   (proxy: admit, then serve) a server by balance and health, host
 //!                          names looked up again, on a pooled connection, retried on the
 //!                          next when it could not be sent, bodies streamed and bounded
