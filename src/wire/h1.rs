@@ -435,7 +435,17 @@ async fn write_response<I: AsyncRead + AsyncWrite + Unpin, B: ResponseBody>(
                     continue;
                 }
             },
-            true => poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await,
+            // A client that goes away while the body is awaited gives it up at once,
+            // not at the next piece (which a stalled stream may never send).
+            true => match poll_fn(|cx| match Pin::new(&mut body).poll_frame(cx) {
+                Poll::Ready(frame) => Poll::Ready(Some(frame)),
+                Poll::Pending => c.poll_gone(cx, MAX_PIPELINED).map(|()| None),
+            })
+            .await
+            {
+                Some(frame) => frame,
+                None => return Err(io::ErrorKind::ConnectionAborted.into()),
+            },
         };
         let first: &[u8] = if head_sent { &[] } else { &head };
         head_sent = true;

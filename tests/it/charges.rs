@@ -5,17 +5,19 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
+use tokio_stream::StreamExt as _;
 
 use crate::common::*;
 use crate::redis::Redis;
 
-type Frames = StreamBody<tokio_stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, Infallible>>>>;
+type Frames = http_body_util::combinators::BoxBody<Bytes, Infallible>;
 
 /// A backend that reports what each request cost, by path: `/report/N` in the field
 /// `x-tokens-used` of its head, `/sse/N` in the `usage.total_tokens` of an event of a
@@ -49,6 +51,10 @@ async fn reporting_backend(http2: bool) -> (SocketAddr, std::sync::Arc<std::sync
                                 frames.push(Ok(Frame::data(Bytes::from(piece.to_owned()))));
                             }
                         }
+                        "stalled" => {
+                            response = response.header("content-type", "text/event-stream");
+                            frames.push(Ok(Frame::data(Bytes::from_static(b"data: {\"choices\": []}\n\n"))));
+                        }
                         "trailer" => {
                             frames.push(Ok(Frame::data(Bytes::from_static(b"ok"))));
                             let mut trailers = http::HeaderMap::new();
@@ -57,7 +63,13 @@ async fn reporting_backend(http2: bool) -> (SocketAddr, std::sync::Arc<std::sync
                         }
                         _ => frames.push(Ok(Frame::data(Bytes::from_static(b"ok")))),
                     }
-                    let body: Frames = StreamBody::new(tokio_stream::iter(frames));
+                    let frames = tokio_stream::iter(frames);
+                    // `/stalled`: an event without usage, then nothing more (a stream still
+                    // being generated).
+                    let body: Frames = match kind {
+                        "stalled" => StreamBody::new(frames.chain(tokio_stream::pending())).boxed(),
+                        _ => StreamBody::new(frames).boxed(),
+                    };
                     Ok::<_, Infallible>(response.body(body).unwrap())
                 }
             });
@@ -201,6 +213,36 @@ async fn an_event_streams_usage_is_charged_in_redis_and_its_debt_carries_into_th
     assert!(ttl > 3_600_000 && ttl <= 7_200_001, "{key}: TTL {ttl} ms");
 }
 
+/// A client that leaves before the stream reports its usage does not get the response
+/// free: it is charged the limit's `default` as soon as the proxy sees it gone, the
+/// stream still running upstream.
+#[tokio::test]
+async fn a_client_that_leaves_before_the_report_is_charged_the_default() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (backend, _) = reporting_backend(false).await;
+    let fields =
+        "algorithm: fixed_window, limit: 100, window: 1h, charge: { sse_json: usage.total_tokens, default: 40 }";
+    let sg = proxy(backend, false, fields, "");
+    let mut client = tokio::net::TcpStream::connect(sg.addr).await.unwrap();
+    client.write_all(b"GET /stalled HTTP/1.1\r\nHost: x\r\nx-user: ann\r\n\r\n").await.unwrap();
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("choices") {
+        let mut buf = [0u8; 1024];
+        let n = tokio::time::timeout(Duration::from_secs(5), client.read(&mut buf)).await.unwrap().unwrap();
+        assert!(n > 0, "closed before the first event: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    drop(client);
+    let units = "sluicegate_limit_charged_units_total{limit=\"tokens\"}";
+    wait_until("the default charged", Duration::from_secs(10), async || {
+        Metrics::of(&sg).await.get(units) == Some(40.0)
+    })
+    .await;
+    assert_eq!(Metrics::of(&sg).await.value("sluicegate_limit_charges_defaulted_total{limit=\"tokens\"}"), 1.0);
+    let next = get_as(sg.addr, "/report/0", "ann").await;
+    assert_eq!(ratelimit(&next, "r"), 100 - 1 - 40 - 1);
+}
+
 /// A trailer's report, from an HTTP/2 server (the client speaking HTTP/1.1) and from an
 /// HTTP/1.1 server's chunked trailers (the client speaking HTTP/2).
 #[tokio::test]
@@ -238,7 +280,7 @@ async fn reporting_grpc_server() -> SocketAddr {
                 trailers.insert("grpc-status", "0".parse().unwrap());
                 trailers.insert("x-tokens-used", m.count.to_string().parse().unwrap());
                 let frames = vec![Ok(Frame::data(framed(&m))), Ok(Frame::trailers(trailers))];
-                let body: Frames = StreamBody::new(tokio_stream::iter(frames));
+                let body: Frames = StreamBody::new(tokio_stream::iter(frames)).boxed();
                 Ok::<_, Infallible>(
                     http::Response::builder().header("content-type", "application/grpc").body(body).unwrap(),
                 )
