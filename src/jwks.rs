@@ -34,7 +34,7 @@ pub fn start(config: &Config, metrics: &Metrics, old: Option<&Verifier>) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
     let remote = Arc::new(RemoteKeys::new(&source.url, &verifier.checks));
     verifier.attach(Arc::clone(&remote));
-    let client = UpstreamClient::new(&source.upstream, metrics);
+    let client = UpstreamClient::new(&source.upstream, 1, metrics);
     let wanted = Arc::clone(&remote.wanted);
     runtime.spawn(fetch(Arc::downgrade(&remote), wanted, client, source.target.clone(), source.refresh));
 }

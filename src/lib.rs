@@ -80,3 +80,4 @@ pub mod upstream;
 pub mod variables;
 pub mod verify;
 pub mod wire;
+pub mod worker;

@@ -58,8 +58,7 @@ fn main() -> ExitCode {
         println!("{}: configuration is valid", path.display());
         return ExitCode::SUCCESS;
     }
-    // The configuration says how many threads serve, so the runtime comes after it.
-    match server::runtime(config.workers) {
+    match server::runtime() {
         Ok(runtime) => {
             let path = path.clone();
             runtime.block_on(run(run_args, path, config))

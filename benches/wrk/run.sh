@@ -105,7 +105,7 @@ CLIENT_BIN="$ROOT/target/release/examples/bench_client"
 HOLD_BIN="$ROOT/target/release/examples/hold_connections"
 HOLD="${HOLD:-6000}"
 NGX_CONNECTIONS=4096 # nginx's worker_connections
-SG_WORKERS=""      # server.workers of the sluicegate configs ("": one per core)
+SG_WORKERS="${SG_WORKERS:-}" # server.workers of the sluicegate configs ("": one per core)
 SG_MAX_CONNECTIONS="" # server.max_connections of the sluicegate configs ("": the default)
 PIN=()             # the command prefix that pins a process (onecore: taskset)
 

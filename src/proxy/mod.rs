@@ -132,7 +132,8 @@ impl Proxy {
                 store.watch();
             }
         }
-        let upstreams = config.upstreams.iter().map(|u| UpstreamClient::new(u, &metrics)).collect();
+        let workers = crate::worker::count(config.workers);
+        let upstreams = config.upstreams.iter().map(|u| UpstreamClient::new(u, workers, &metrics)).collect();
         let refused_keys =
             config.admin.is_some().then(|| config.limits.iter().map(|_| RefusedKeys::default()).collect());
         Proxy {

@@ -26,6 +26,9 @@ use crate::wire::http1::server::HeadLimits;
 use crate::wire::message::Service;
 use crate::wire::{Timeouts, h1, h2};
 
+mod workers;
+use workers::Workers;
+
 /// Connections the kernel queues before `accept`; it caps this at `net.core.somaxconn`.
 const LISTEN_BACKLOG: u32 = 4096;
 /// Room in an HTTP/1 head beyond its target and header fields: the method, the version,
@@ -106,7 +109,18 @@ impl Server {
         let keeping = tokio::spawn(persist::keep(Arc::clone(&self.running), Arc::clone(&writer)));
         let slots = Arc::new(Semaphore::new(self.max_connections));
         let (stop, stopping) = watch::channel(());
-        let mut accepting = Accepting { running: Arc::clone(&self.running), peers: Arc::default(), stopping };
+        // One worker serves on this runtime; more, each on a thread and runtime of its own.
+        let workers = match crate::worker::count(self.running.proxy().config().workers) {
+            1 => None,
+            count => match Workers::start(count) {
+                Ok(workers) => Some(workers),
+                Err(e) => {
+                    error!(error = %e, "cannot start the worker threads; serving on one");
+                    None
+                }
+            },
+        };
+        let mut accepting = Accepting { running: Arc::clone(&self.running), peers: Arc::default(), stopping, workers };
         let mut turn = 0;
         tokio::pin!(shutdown);
         loop {
@@ -126,7 +140,7 @@ impl Server {
                 accepting.connection(stream, peer, slot, listener);
             }
         }
-        let Accepting { stopping, .. } = accepting;
+        let Accepting { stopping, workers, .. } = accepting;
         drop(std::mem::take(&mut self.listeners));
         let grace = self.running.proxy().config().shutdown_grace;
         info!(grace_ms = grace.as_millis() as u64, "shutting down: finishing in-flight requests");
@@ -136,6 +150,8 @@ impl Server {
             () = stop.closed() => info!("all connections closed"),
             () = tokio::time::sleep(grace) => warn!("grace period over; closing the remaining connections"),
         }
+        // What is still served past the grace period ends with the workers.
+        drop(workers);
         // Last, so that the state written holds every request that was let finish.
         keeping.abort();
         writer.write(self.running.proxy()).await;
@@ -256,21 +272,14 @@ impl Server {
     }
 }
 
-/// The runtime that serves: `workers` threads (`None`: one per core, tokio's default).
-/// One worker is a current-thread runtime: with a single thread there is no other to
-/// hand a task to, and the multi-thread scheduler's cross-thread wake-ups and queues
-/// would be pure cost (nginx with `worker_processes 1` likewise runs one event loop).
-pub fn runtime(workers: Option<usize>) -> std::io::Result<tokio::runtime::Runtime> {
-    let mut builder = match workers {
-        Some(1) => tokio::runtime::Builder::new_current_thread(),
-        Some(n) => {
-            let mut builder = tokio::runtime::Builder::new_multi_thread();
-            builder.worker_threads(n);
-            builder
-        }
-        None => tokio::runtime::Builder::new_multi_thread(),
-    };
-    builder.enable_all().build()
+/// The runtime the process runs on: one thread. It accepts connections and serves
+/// them itself when `server.workers` is 1; with more workers it hands each to one of
+/// them (`Workers`, started by `Server::run`) and keeps the rest: the admin API,
+/// reloads, Redis connections, timers of the state kept. One thread per event loop, as
+/// nginx runs one per worker process: a multi-thread scheduler's cross-thread wake-ups
+/// and queues would be pure cost.
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread().enable_all().build()
 }
 
 /// A listener on `addr` with a long accept backlog.
@@ -305,6 +314,8 @@ struct Accepting {
     /// Connections open per client address.
     peers: Arc<PeerCounts>,
     stopping: watch::Receiver<()>,
+    /// The worker threads connections are handed to; `None`: served on this runtime.
+    workers: Option<Workers>,
 }
 
 impl Accepting {
@@ -313,7 +324,7 @@ impl Accepting {
     /// (a reload applies to later connections): its place among its address's
     /// connections, its timeouts and head limits, TLS; then serves it in a task of its
     /// own.
-    fn connection(&mut self, stream: TcpStream, peer: SocketAddr, slot: OwnedSemaphorePermit, listener: usize) {
+    fn connection(&mut self, mut stream: TcpStream, peer: SocketAddr, slot: OwnedSemaphorePermit, listener: usize) {
         debug!(%peer, "connection accepted");
         let _ = stream.set_nodelay(true);
         let proxy = self.running.proxy();
@@ -333,6 +344,19 @@ impl Accepting {
         let settings = settings(config);
         let tls = config.listeners.get(listener).and_then(|l| l.tls.as_ref());
         let tls = tls.map(|t| TlsAcceptor::from(Arc::clone(&t.server_config)));
+        // With workers, the connection is handed to the next in turn: its socket leaves
+        // this runtime's event loop for the worker's, and its task runs there.
+        let _worker = match &mut self.workers {
+            None => None,
+            Some(workers) => {
+                let worker = workers.next().enter();
+                match stream.into_std().and_then(TcpStream::from_std) {
+                    Ok(moved) => stream = moved,
+                    Err(e) => return debug!(%peer, error = %e, "connection lost on its way to a worker"),
+                }
+                Some(worker)
+            }
+        };
         let (service, stopping) = (Arc::clone(&self.running), self.stopping.clone());
         let Some(acceptor) = tls else {
             let conn = ClientConn::new(peer, false, hold);

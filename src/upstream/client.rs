@@ -123,7 +123,9 @@ struct H2Body {
 }
 
 impl UpstreamClient {
-    pub fn new(upstream: &Upstream, metrics: &Metrics) -> Self {
+    /// The client of `upstream` for `workers` worker threads (its pool keeps idle
+    /// connections per worker).
+    pub fn new(upstream: &Upstream, workers: usize, metrics: &Metrics) -> Self {
         if !upstream.tls.verify {
             warn!(upstream = %upstream.name, "TLS certificates of the servers are NOT verified (tls.verify: false): for tests only, never in production");
         }
@@ -145,7 +147,7 @@ impl UpstreamClient {
             servers,
             timeout: upstream.timeout,
             retries: upstream.retries,
-            pool: Pool::new(connector, upstream.keepalive, pool_metrics.clone()),
+            pool: Pool::new(connector, upstream.keepalive, workers, pool_metrics.clone()),
             http2: upstream.http2,
             queue_timeout: upstream.queue_timeout,
             metrics: pool_metrics,

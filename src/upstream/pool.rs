@@ -44,18 +44,26 @@ pub struct Pool {
 
 struct Inner {
     connector: Connector,
-    /// Idle connections kept per server, at most: one given back past it closes the
-    /// oldest idle one (the newest are the likeliest still open at the server).
+    /// Idle connections kept per server, at most, shared evenly between the workers (a
+    /// worker keeps its share: nginx's `keepalive` is per worker process, this is the
+    /// total): one given back past a worker's share closes its oldest idle one (the
+    /// newest are the likeliest still open at the server).
     keepalive: usize,
     metrics: PoolMetrics,
-    /// HTTP/1.1 connections with no request on them, by server, most recently used
-    /// last; plain ones, then TLS ones. Keyed by the address as written: `Authority`'s
-    /// own hash and equality go byte by byte, case-folded, which cost more per request
-    /// than everything else the pool does.
-    idle: [Mutex<ByServer<Vec<Idle>>>; 2],
+    /// Per worker (`crate::worker`), the HTTP/1.1 connections with no request on them
+    /// that it opened, by server, most recently used last; plain ones, then TLS ones. A
+    /// connection's socket is registered with the runtime of the worker that opened it,
+    /// which is woken by its readiness: used by another, each response would cross
+    /// threads. Keyed by the address as written: `Authority`'s own hash and equality go
+    /// byte by byte, case-folded, which cost more per request than everything else the
+    /// pool does.
+    idle: Box<[IdleLists]>,
     /// The HTTP/2 connection of each server, plain then TLS.
     shared: [Mutex<ByServer<http2::SendRequest<H2Body>>>; 2],
 }
+
+/// A worker's idle connections, plain then TLS.
+type IdleLists = [Mutex<ByServer<Vec<Idle>>>; 2];
 
 /// By server address, hashed with foldhash rather than std's SipHash: the addresses come
 /// from the configuration and DNS, not from clients.
@@ -99,15 +107,19 @@ pub struct Checkout {
     key: Key,
     /// It came from the pool: it served another exchange before.
     pub reused: bool,
+    /// The worker whose runtime its socket is registered with: it goes back to that
+    /// worker's idle connections.
+    home: usize,
     /// Where the request head is written: the connection's own, so that a kept-alive
     /// connection writes its heads without allocating.
     pub head: Vec<u8>,
 }
 
 impl Pool {
-    pub fn new(connector: Connector, keepalive: usize, metrics: PoolMetrics) -> Self {
-        let inner =
-            Arc::new(Inner { connector, keepalive, metrics, idle: Default::default(), shared: Default::default() });
+    /// A pool for `workers` worker threads.
+    pub fn new(connector: Connector, keepalive: usize, workers: usize, metrics: PoolMetrics) -> Self {
+        let idle = (0..workers.max(1)).map(|_| IdleLists::default()).collect();
+        let inner = Arc::new(Inner { connector, keepalive, metrics, idle, shared: Default::default() });
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(reap(Arc::downgrade(&inner)));
         }
@@ -117,16 +129,17 @@ impl Pool {
     /// An HTTP/1.1 connection to `server` (over TLS when `tls`), as `take` says.
     pub async fn checkout(&self, server: &Authority, tls: bool, take: Take) -> Result<Checkout, SendError> {
         let key = Key { server: server.clone(), tls };
+        let worker = crate::worker::index() % self.inner.idle.len();
         if take != Take::New
-            && let Some((io, mut head)) = self.inner.take_idle(&key, take == Take::IdleChecked)
+            && let Some((io, mut head, home)) = self.inner.take_idle(&key, worker, take == Take::IdleChecked)
         {
             head.clear();
-            return Ok(Checkout { io: Some(io), inner: Arc::clone(&self.inner), key, reused: true, head });
+            return Ok(Checkout { io: Some(io), inner: Arc::clone(&self.inner), key, reused: true, home, head });
         }
         // Boxed: what is rare stays out of the future every request moves around.
         let io = Box::pin(self.inner.connector.connect(server, tls)).await.map_err(SendError::Connect)?;
         let head = Vec::with_capacity(HEAD_BYTES);
-        Ok(Checkout { io: Some(io), inner: Arc::clone(&self.inner), key, reused: false, head })
+        Ok(Checkout { io: Some(io), inner: Arc::clone(&self.inner), key, reused: false, home: worker, head })
     }
 
     /// The HTTP/2 connection to `server`, shared by every request to it: the open one,
@@ -151,23 +164,33 @@ impl Pool {
 }
 
 impl Inner {
+    /// Worker `worker`'s share of `keepalive`: the shares add up to it.
+    fn share(&self, worker: usize) -> usize {
+        let workers = self.idle.len();
+        self.keepalive / workers + usize::from(worker < self.keepalive % workers)
+    }
+
     /// The most recently used idle connection to `key` that is still open (its socket
-    /// asked when `checked`), with its head buffer.
-    fn take_idle(&self, key: &Key, checked: bool) -> Option<(UpstreamIo, Vec<u8>)> {
-        let mut idle = lock(&self.idle[usize::from(key.tls)]);
-        let list = idle.get_mut(key.server.as_str())?;
-        while let Some(mut conn) = list.pop() {
-            self.metrics.idle.dec();
-            if still_open(&mut conn.io) && (!checked || socket_open(&conn.io)) {
-                return Some((conn.io, conn.heads));
+    /// asked when `checked`), with its head buffer and the worker it belongs to: one of
+    /// `worker`'s own, else one another worker keeps (rather than a new connection).
+    fn take_idle(&self, key: &Key, worker: usize, checked: bool) -> Option<(UpstreamIo, Vec<u8>, usize)> {
+        let others = (1..self.idle.len()).map(|i| (worker + i) % self.idle.len());
+        std::iter::once(worker).chain(others).find_map(|home| {
+            let mut idle = lock(&self.idle[home][usize::from(key.tls)]);
+            let list = idle.get_mut(key.server.as_str())?;
+            while let Some(mut conn) = list.pop() {
+                self.metrics.idle.dec();
+                if still_open(&mut conn.io) && (!checked || socket_open(&conn.io)) {
+                    return Some((conn.io, conn.heads, home));
+                }
             }
-        }
-        None
+            None
+        })
     }
 
     /// Closes the connections idle for longer than `IDLE_TIMEOUT`.
     fn expire(&self, now: Instant) {
-        for idle in &self.idle {
+        for idle in self.idle.iter().flatten() {
             let mut idle = lock(idle);
             for list in idle.values_mut() {
                 let before = list.len();
@@ -181,7 +204,8 @@ impl Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        let idle: usize = self.idle.iter().map(|idle| lock(idle).values().map(Vec::len).sum::<usize>()).sum();
+        let idle: usize =
+            self.idle.iter().flatten().map(|idle| lock(idle).values().map(Vec::len).sum::<usize>()).sum();
         self.metrics.idle.dec_by(gauge_value(idle));
     }
 }
@@ -227,15 +251,16 @@ impl Checkout {
     pub fn give_back(&mut self) {
         let Some(io) = self.io.take() else { return };
         let inner = &*self.inner;
-        if inner.keepalive == 0 {
+        let share = inner.share(self.home);
+        if share == 0 {
             inner.metrics.idle_closed.inc();
             return;
         }
         let idle = Idle { io, heads: std::mem::take(&mut self.head), since: Instant::now() };
-        let mut pool = lock(&inner.idle[usize::from(self.key.tls)]);
+        let mut pool = lock(&inner.idle[self.home][usize::from(self.key.tls)]);
         let oldest = match pool.get_mut(self.key.server.as_str()) {
             Some(list) => {
-                let oldest = (list.len() >= inner.keepalive).then(|| list.remove(0));
+                let oldest = (list.len() >= share).then(|| list.remove(0));
                 list.push(idle);
                 oldest
             }
@@ -335,6 +360,52 @@ mod tests {
         // socket knows. A request that cannot be sent again must not take it.
         assert!(still_open(&mut io), "the runtime's view lags (what made the race)");
         assert!(!socket_open(&io), "the kernel has the close");
+    }
+
+    /// Each worker keeps the connections it opened, up to its share of `keepalive`, and
+    /// takes another worker's only when it has none; what it took goes back to its home.
+    #[tokio::test(flavor = "current_thread")]
+    async fn each_worker_keeps_its_share_of_the_idle_connections_it_opened() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let accepting = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                held.push(stream);
+            }
+        });
+        let upstream = crate::upstream::servers::tests::upstream(&[&addr], 0);
+        let set = crate::upstream::servers::ServerSet::new(&upstream, crate::metrics::ResolveMetrics::default());
+        // Three idle connections at most, among two workers: two for worker 0, one for 1.
+        let pool = Pool::new(Connector::new(&upstream, set.tls_names()), 3, 2, PoolMetrics::default());
+        let server: Authority = addr.parse().unwrap();
+        let idle = |worker: usize| lock(&pool.inner.idle[worker][0]).get(addr.as_str()).map_or(0, Vec::len);
+        let open = async |worker: usize, n: usize| {
+            crate::worker::enter(worker);
+            let mut taken = Vec::new();
+            for _ in 0..n {
+                taken.push(pool.checkout(&server, false, Take::New).await.unwrap());
+            }
+            for mut conn in taken {
+                conn.give_back();
+            }
+        };
+        open(0, 3).await;
+        open(1, 3).await;
+        assert_eq!((idle(0), idle(1)), (2, 1), "each worker keeps its share");
+        assert_eq!(pool.inner.metrics.idle_closed.get(), 3);
+        // Worker 1 takes its own first, then worker 0's; each goes back where it lives.
+        crate::worker::enter(1);
+        let own = pool.checkout(&server, false, Take::Idle).await.unwrap();
+        assert_eq!((own.home, idle(1)), (1, 0));
+        let borrowed = pool.checkout(&server, false, Take::Idle).await.unwrap();
+        assert_eq!((borrowed.home, idle(0)), (0, 1));
+        for mut conn in [own, borrowed] {
+            conn.give_back();
+        }
+        assert_eq!((idle(0), idle(1)), (2, 1));
+        crate::worker::enter(0);
+        accepting.abort();
     }
 
     #[tokio::test(flavor = "current_thread")]

@@ -271,11 +271,14 @@ async fn default_head_limits_hold_on_http1_and_http2() {
 #[tokio::test]
 async fn server_workers_is_the_number_of_threads_serving_requests() {
     let backend = Backend::start().await;
-    let workers = |sg: &Sluicegate| sg.threads().iter().filter(|t| t.starts_with("tokio-r")).count();
+    let workers = |sg: &Sluicegate| sg.threads().iter().filter(|t| t.starts_with("sg-worker-")).count();
     let three = Sluicegate::start(&forwarding_config(&backend, "{ workers: 3 }"));
-    // At least: blocking threads (none expected here) would carry the same name. A new
-    // thread names itself once it first runs, which a loaded machine may delay a little.
-    wait_until("three named workers", Duration::from_secs(10), async || workers(&three) >= 3).await;
+    // A new thread names itself once it first runs, which a loaded machine may delay a
+    // little.
+    wait_until("three named workers", Duration::from_secs(10), async || workers(&three) == 3).await;
+    // Connections are handed to the workers in turn, and answered there.
+    let replies = futures_util::future::join_all((0..6).map(|_| get(three.addr, "/", &[]))).await;
+    assert!(replies.iter().all(|r| r.status == 200));
     // One worker is the main thread alone, and it serves concurrent requests.
     let one = Sluicegate::start(&forwarding_config(&backend, "{ workers: 1 }"));
     let replies = futures_util::future::join_all((0..16).map(|_| get(one.addr, "/", &[]))).await;
