@@ -12,6 +12,8 @@
 //! server, under the same rule, without counting against the server's health.
 
 use std::borrow::Cow;
+use std::future::poll_fn;
+use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -20,6 +22,7 @@ use http::uri::{Authority, Scheme};
 use http::{HeaderMap, StatusCode, Uri};
 use hyper::body::{Body, Incoming};
 use smallvec::SmallVec;
+use tokio::time::Sleep;
 use tracing::warn;
 
 use super::body::{Progress, RequestBody};
@@ -219,20 +222,16 @@ impl UpstreamClient {
                 let taken_before = body.as_ref().is_some_and(|b| b.taken);
                 // A request without a body has none to move.
                 let progress = body.as_mut().filter(|_| !empty).map(|b| b.progress());
-                // Pinned where it lies and lent: passed by value, the attempt's future would
-                // be moved whole into the timer's, and that into this one.
-                let answered = {
-                    let attempt = std::pin::pin!(self.attempt(&server, out, body.as_deref_mut(), fresh));
-                    answered_within(self.timeout, progress.as_deref(), deadline, attempt).await
-                };
+                let wait = Wait { timeout: self.timeout, progress: progress.as_deref(), deadline };
+                let answered = self.attempt(&server, out, body.as_deref_mut(), fresh, wait).await;
                 match answered {
-                    Ok(Ok(mut answer)) => {
+                    Ok(mut answer) => {
                         server.succeeded(upstream);
                         answer.body.in_flight = Some(server);
                         answer.body.release_if_done();
                         return Ok(answer);
                     }
-                    Err(Expired::Deadline) => {
+                    Err(Failure::Expired(Expired::Deadline)) => {
                         // The client gave up: that says nothing of the server's health.
                         return Err(UpstreamError::Timeout {
                             upstream: upstream.to_owned(),
@@ -241,7 +240,7 @@ impl UpstreamClient {
                             deadline: true,
                         });
                     }
-                    Err(Expired::Stalled) => {
+                    Err(Failure::Expired(Expired::Stalled)) => {
                         server.failed(upstream, Instant::now());
                         // The request was sent and may be in progress there: not retried.
                         return Err(UpstreamError::Timeout {
@@ -253,19 +252,19 @@ impl UpstreamClient {
                     }
                     // The client's fault says nothing of the server's health, and a body
                     // that failed cannot be sent again.
-                    Ok(Err(Failure::Body(e))) => {
+                    Err(Failure::Body(e)) => {
                         return Err(match body.as_ref().and_then(|b| b.fault) {
                             Some(fault) => UpstreamError::Body(fault),
                             None => UpstreamError::ClientBody { source: e },
                         });
                     }
-                    Ok(Err(Failure::Send { error, reused: true, responded: false }))
+                    Err(Failure::Send { error, reused: true, responded: false })
                         if !fresh && !taken_before && may_retry(&error, idempotent, empty, body.as_deref()) =>
                     {
                         // A kept-alive connection the server had closed: a new one.
                         fresh = true;
                     }
-                    Ok(Err(Failure::Send { error, .. })) => break error,
+                    Err(Failure::Send { error, .. }) => break error,
                 }
             };
             server.failed(upstream, Instant::now());
@@ -316,13 +315,15 @@ impl UpstreamClient {
         }
     }
 
-    /// One attempt on `server` (a new connection when `fresh`).
+    /// One attempt on `server` (a new connection when `fresh`), its answer awaited as
+    /// `wait` says.
     async fn attempt(
         &self,
         server: &InFlight,
         out: &Outgoing<'_>,
         body: Option<&mut RequestBody<'_>>,
         fresh: bool,
+        wait: Wait<'_>,
     ) -> Result<Answer, Failure> {
         let client = || out.head.fields.first_of(Known::Host).or(out.head.authority.map(str::as_bytes));
         let host = match out.host {
@@ -336,8 +337,14 @@ impl UpstreamClient {
         let host = host.as_deref();
         let body = body.map(|b| b as &mut dyn BodySource);
         if self.http2 {
-            // Boxed: HTTP/1 requests do not carry its room.
-            return Box::pin(self.attempt_h2(server, out, body, host)).await;
+            // Boxed: HTTP/1 requests do not carry its room. (A timer of its own: the
+            // exchange shares its connection with others.)
+            return Box::pin(async {
+                let timer = std::pin::pin!(tokio::time::sleep(wait.timeout));
+                let attempt = std::pin::pin!(self.attempt_h2(server, out, body, host));
+                wait.answered(timer, attempt).await.map_err(Failure::Expired)?
+            })
+            .await;
         }
         // A request that cannot be sent again must not go out on a connection the server
         // has closed already: its socket is asked.
@@ -346,7 +353,15 @@ impl UpstreamClient {
             (false, true) => Take::Idle,
             (false, false) => Take::IdleChecked,
         };
-        let mut conn = self.pool.checkout(server.address(), server.tls(), take).await.map_err(Failure::connect)?;
+        let checkout = self.pool.checkout(server.address(), server.tls(), take);
+        let mut conn = match wait.deadline {
+            None => checkout.await,
+            // A connection still to be made is bounded by the call's deadline too.
+            Some(deadline) => Box::pin(tokio::time::timeout_at(deadline, checkout))
+                .await
+                .map_err(|_| Failure::Expired(Expired::Deadline))?,
+        }
+        .map_err(Failure::connect)?;
         let reused = conn.reused;
         let mut head = std::mem::take(&mut conn.head);
         let mut writer = write::Head::request(&mut head, out.head.method, out.target);
@@ -358,8 +373,15 @@ impl UpstreamClient {
         }
         writer.end();
         let framing = if out.framing == Framing::UntilClose { Framing::Chunked } else { out.framing };
-        let (result, sent) = exchange(&mut conn, &head, body, framing, out.head.method, MAX_RESPONSE_HEAD).await;
+        let mut timer = conn.timer.take().unwrap_or_else(|| Box::pin(tokio::time::sleep(wait.timeout)));
+        let exchanged = {
+            let exchange =
+                std::pin::pin!(exchange(&mut conn, &head, body, framing, out.head.method, MAX_RESPONSE_HEAD));
+            wait.answered(timer.as_mut(), exchange).await
+        };
+        conn.timer = Some(timer);
         conn.head = head;
+        let (result, sent) = exchanged.map_err(Failure::Expired)?;
         let (response, read) = match result {
             Ok(response) => response,
             Err(ExchangeError::Body(e)) => return Err(Failure::Body(e)),
@@ -414,35 +436,62 @@ enum Expired {
     Deadline,
 }
 
-/// `attempt`'s outcome, unless it stalls: no response within `timeout` of the request
-/// body's last piece (`progress`: a body still moving is no stalled server), or the
-/// client's `deadline` passes.
-async fn answered_within<T>(
+/// How long an attempt's answer is waited for: no response within `timeout` of the
+/// request body's last piece (`progress`: a body still moving is no stalled server), nor
+/// past the client's `deadline`.
+#[derive(Clone, Copy)]
+struct Wait<'a> {
     timeout: Duration,
-    progress: Option<&Progress>,
+    progress: Option<&'a Progress>,
     deadline: Option<tokio::time::Instant>,
-    mut attempt: std::pin::Pin<&mut impl Future<Output = T>>,
-) -> Result<T, Expired> {
-    let started = tokio::time::Instant::now();
-    loop {
-        let stalled_at = progress.map_or(started, |p| p.last().max(started)) + timeout;
-        let (at, expired) = match deadline {
-            Some(deadline) if deadline < stalled_at => (deadline, Expired::Deadline),
-            _ => (stalled_at, Expired::Stalled),
-        };
-        match tokio::time::timeout_at(at, &mut attempt).await {
-            Ok(outcome) => return Ok(outcome),
-            // The body moved since the timer was set: it runs from there.
-            Err(_)
-                if matches!(expired, Expired::Stalled)
-                    && progress.is_some_and(|p| p.last() + timeout > tokio::time::Instant::now()) => {}
-            Err(_) => return Err(expired),
+}
+
+impl Wait<'_> {
+    /// `attempt`'s outcome, unless it stalls or the deadline passes first, as `timer`
+    /// says. The timer is reset only when it would ring late, or has rung: one set for
+    /// an earlier exchange on the connection rings a little early, and is then set
+    /// again for what is left. (`Sleep::reset` costs about 140 instructions: the
+    /// deadline made a tick, then stored.)
+    async fn answered<T>(
+        self,
+        mut timer: Pin<&mut Sleep>,
+        mut attempt: Pin<&mut impl Future<Output = T>>,
+    ) -> Result<T, Expired> {
+        let Wait { timeout, progress, deadline } = self;
+        let started = tokio::time::Instant::now();
+        let mut now = started;
+        loop {
+            let stalled_at = progress.map_or(started, |p| p.last().max(started)) + timeout;
+            let (at, expired) = match deadline {
+                Some(deadline) if deadline < stalled_at => (deadline, Expired::Deadline),
+                _ => (stalled_at, Expired::Stalled),
+            };
+            if !(now < timer.deadline() && timer.deadline() <= at) {
+                timer.as_mut().reset(at);
+            }
+            let outcome = poll_fn(|cx| match attempt.as_mut().poll(cx) {
+                Poll::Ready(outcome) => Poll::Ready(Some(outcome)),
+                Poll::Pending => timer.as_mut().poll(cx).map(|()| None),
+            })
+            .await;
+            if let Some(outcome) = outcome {
+                return Ok(outcome);
+            }
+            now = tokio::time::Instant::now();
+            // Rung early (set for an earlier exchange), or the body moved since it was
+            // set: the wait goes on from there.
+            let moved = matches!(expired, Expired::Stalled) && progress.is_some_and(|p| p.last() + timeout > now);
+            if now >= at && !moved {
+                return Err(expired);
+            }
         }
     }
 }
 
 /// How an attempt failed.
 enum Failure {
+    /// Its answer was waited for as long as it may be.
+    Expired(Expired),
     /// The client's body failed.
     Body(BodyError),
     /// The connection or the exchange failed; on a connection `reused` from the pool,
@@ -550,5 +599,40 @@ impl UpstreamBody {
             }
             BodyKind::H2(_) => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::time::Instant;
+
+    use super::*;
+
+    /// How long `wait` waits for an answer that never comes, with a connection's timer set
+    /// `set_before` ago for an exchange of `timeout`.
+    async fn waited(wait: Wait<'_>, set_before: Duration) -> (Expired, Duration) {
+        let mut timer = Box::pin(tokio::time::sleep(wait.timeout));
+        tokio::time::advance(set_before).await;
+        let started = Instant::now();
+        let never = std::pin::pin!(std::future::pending::<()>());
+        let expired = wait.answered(timer.as_mut(), never).await.err().unwrap();
+        (expired, started.elapsed())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_timer_an_earlier_exchange_set_rings_early_and_the_wait_goes_on_to_its_own_end() {
+        let timeout = Duration::from_secs(10);
+        let (expired, after) = waited(Wait { timeout, progress: None, deadline: None }, Duration::from_secs(6)).await;
+        assert!(matches!(expired, Expired::Stalled));
+        assert!(after >= timeout && after < timeout + Duration::from_millis(5), "{after:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_sooner_than_the_timer_is_kept() {
+        let (timeout, soon) = (Duration::from_secs(10), Duration::from_secs(2));
+        let deadline = Some(Instant::now() + soon);
+        let (expired, after) = waited(Wait { timeout, progress: None, deadline }, Duration::ZERO).await;
+        assert!(matches!(expired, Expired::Deadline));
+        assert!(after >= soon && after < soon + Duration::from_millis(5), "{after:?}");
     }
 }

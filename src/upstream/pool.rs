@@ -62,6 +62,9 @@ struct Inner {
     shared: [Mutex<ByServer<http2::SendRequest<H2Body>>>; 2],
 }
 
+/// A connection's timer for its exchanges (boxed: a timer is pinned where it lies).
+pub type ExchangeTimer = Pin<Box<tokio::time::Sleep>>;
+
 /// A worker's idle connections, plain then TLS.
 type IdleLists = [Mutex<ByServer<Vec<Idle>>>; 2];
 
@@ -73,6 +76,8 @@ struct Idle {
     io: UpstreamIo,
     /// The buffer its request heads are written in, kept with it.
     heads: Vec<u8>,
+    /// Its exchanges' timer, kept with it.
+    timer: Option<ExchangeTimer>,
     since: Instant,
 }
 
@@ -113,6 +118,11 @@ pub struct Checkout {
     /// Where the request head is written: the connection's own, so that a kept-alive
     /// connection writes its heads without allocating.
     pub head: Vec<u8>,
+    /// What times the wait for its answers: the connection's own, made by its first
+    /// exchange and reset by each. A deadline later than the one set before is one
+    /// atomic store in tokio's timer, where a timer set and dropped per exchange was a
+    /// registration in the timer wheel and its removal, each under the wheel's lock.
+    pub timer: Option<ExchangeTimer>,
 }
 
 impl Pool {
@@ -131,15 +141,24 @@ impl Pool {
         let key = Key { server: server.clone(), tls };
         let worker = crate::worker::index() % self.inner.idle.len();
         if take != Take::New
-            && let Some((io, mut head, home)) = self.inner.take_idle(&key, worker, take == Take::IdleChecked)
+            && let Some((idle, home)) = self.inner.take_idle(&key, worker, take == Take::IdleChecked)
         {
+            let Idle { io, heads: mut head, timer, .. } = idle;
             head.clear();
-            return Ok(Checkout { io: Some(io), inner: Arc::clone(&self.inner), key, reused: true, home, head });
+            return Ok(Checkout { io: Some(io), inner: Arc::clone(&self.inner), key, reused: true, home, head, timer });
         }
         // Boxed: what is rare stays out of the future every request moves around.
         let io = Box::pin(self.inner.connector.connect(server, tls)).await.map_err(SendError::Connect)?;
         let head = Vec::with_capacity(HEAD_BYTES);
-        Ok(Checkout { io: Some(io), inner: Arc::clone(&self.inner), key, reused: false, home: worker, head })
+        Ok(Checkout {
+            io: Some(io),
+            inner: Arc::clone(&self.inner),
+            key,
+            reused: false,
+            home: worker,
+            head,
+            timer: None,
+        })
     }
 
     /// The HTTP/2 connection to `server`, shared by every request to it: the open one,
@@ -171,21 +190,29 @@ impl Inner {
     }
 
     /// The most recently used idle connection to `key` that is still open (its socket
-    /// asked when `checked`), with its head buffer and the worker it belongs to: one of
-    /// `worker`'s own, else one another worker keeps (rather than a new connection).
-    fn take_idle(&self, key: &Key, worker: usize, checked: bool) -> Option<(UpstreamIo, Vec<u8>, usize)> {
-        let others = (1..self.idle.len()).map(|i| (worker + i) % self.idle.len());
-        std::iter::once(worker).chain(others).find_map(|home| {
-            let mut idle = lock(&self.idle[home][usize::from(key.tls)]);
-            let list = idle.get_mut(key.server.as_str())?;
-            while let Some(mut conn) = list.pop() {
-                self.metrics.idle.dec();
-                if still_open(&mut conn.io) && (!checked || socket_open(&conn.io)) {
-                    return Some((conn.io, conn.heads, home));
-                }
+    /// asked when `checked`), and the worker it belongs to: one of `worker`'s own, else
+    /// one another worker keeps (rather than a new connection).
+    fn take_idle(&self, key: &Key, worker: usize, checked: bool) -> Option<(Idle, usize)> {
+        if let Some(idle) = self.take_idle_of(worker, key, checked) {
+            return Some((idle, worker));
+        }
+        let workers = self.idle.len();
+        (1..workers)
+            .map(|i| (worker + i) % workers)
+            .find_map(|home| Some((self.take_idle_of(home, key, checked)?, home)))
+    }
+
+    /// The most recently used idle connection to `key` of worker `home` that is still open.
+    fn take_idle_of(&self, home: usize, key: &Key, checked: bool) -> Option<Idle> {
+        let mut idle = lock(&self.idle[home][usize::from(key.tls)]);
+        let list = idle.get_mut(key.server.as_str())?;
+        while let Some(mut conn) = list.pop() {
+            self.metrics.idle.dec();
+            if still_open(&mut conn.io) && (!checked || socket_open(&conn.io)) {
+                return Some(conn);
             }
-            None
-        })
+        }
+        None
     }
 
     /// Closes the connections idle for longer than `IDLE_TIMEOUT`.
@@ -204,8 +231,7 @@ impl Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        let idle: usize =
-            self.idle.iter().flatten().map(|idle| lock(idle).values().map(Vec::len).sum::<usize>()).sum();
+        let idle: usize = self.idle.iter().flatten().map(|idle| lock(idle).values().map(Vec::len).sum::<usize>()).sum();
         self.metrics.idle.dec_by(gauge_value(idle));
     }
 }
@@ -256,7 +282,7 @@ impl Checkout {
             inner.metrics.idle_closed.inc();
             return;
         }
-        let idle = Idle { io, heads: std::mem::take(&mut self.head), since: Instant::now() };
+        let idle = Idle { io, heads: std::mem::take(&mut self.head), timer: self.timer.take(), since: Instant::now() };
         let mut pool = lock(&inner.idle[self.home][usize::from(self.key.tls)]);
         let oldest = match pool.get_mut(self.key.server.as_str()) {
             Some(list) => {
