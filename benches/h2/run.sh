@@ -5,7 +5,7 @@
 # another sluicegate binary, both run side by side, alternating, REPS times each: the
 # figure for "HTTP/2 no slower than before".
 #
-#   benches/h2/run.sh                            # SG [target/release/sluicegate]
+#   benches/h2/run.sh                            # SG [target/dist/sluicegate]
 #   SG_BEFORE=/path/to/old/sluicegate benches/h2/run.sh
 #
 # REQUESTS [60000] per run, CLIENTS [16] connections, STREAMS [8] per connection,
@@ -13,12 +13,12 @@
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
-SG="${SG:-$ROOT/target/release/sluicegate}"
+SG="${SG:-$ROOT/target/dist/sluicegate}"
 SG_BEFORE="${SG_BEFORE:-}"
 REQUESTS="${REQUESTS:-60000}" CLIENTS="${CLIENTS:-16}" STREAMS="${STREAMS:-8}" REPS="${REPS:-3}" CPU="${CPU:-0}"
 BACKEND_BIN="$ROOT/target/release/examples/bench_backend"
 command -v h2load >/dev/null || { echo "h2load is needed (apt-get install nghttp2-client)" >&2; exit 1; }
-(cd "$ROOT" && cargo build --release --quiet --bin sluicegate --example bench_backend)
+(cd "$ROOT" && cargo build --profile dist --quiet --bin sluicegate && cargo build --release --quiet --example bench_backend)
 
 TMP="$(mktemp -d /tmp/sluicegate-h2.XXXXXX)"
 PIDS=()

@@ -18,7 +18,7 @@
 # Every server is started once; the measured runs are interleaved (repetition 1 of every
 # case, then repetition 2, ...) and the table gives the median req/s over REPS [3], and
 # over the same proxy's one-route run of the case.
-#   DURATION [5s]  WARMUP [1s]  CPU [0]  WRK_CPU [1]  SG [target/release/sluicegate]
+#   DURATION [5s]  WARMUP [1s]  CPU [0]  WRK_CPU [1]  SG [target/dist/sluicegate]
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -30,8 +30,8 @@ DURATION=${DURATION:-5s}
 WARMUP=${WARMUP:-1s}
 CPU=${CPU:-0}
 WRK_CPU=${WRK_CPU:-1}
-SG=${SG:-$ROOT/target/release/sluicegate}
-[[ -n ${SKIP_BUILD:-} ]] || (cd "$ROOT" && cargo build --release --quiet)
+SG=${SG:-$ROOT/target/dist/sluicegate}
+[[ -n ${SKIP_BUILD:-} ]] || (cd "$ROOT" && cargo build --profile dist --quiet --bin sluicegate && cargo build --release --quiet)
 TMP=$(mktemp -d)
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$TMP"; }

@@ -5,6 +5,7 @@
 #   LAYOUT=onecore benches/wrk/run.sh           everything pinned to one CPU (below)
 #   LAYOUT=instructions benches/wrk/run.sh      instructions per request under callgrind
 #   LAYOUT=memory benches/wrk/run.sh            memory per connection, beside nginx
+#   LAYOUT=workers benches/wrk/run.sh           CPU per request as workers are added, beside nginx
 #
 # (from anywhere; needs cargo, wrk, curl; nginx, HAProxy, valgrind, redis-server where used)
 #
@@ -33,7 +34,8 @@
 #   DURATION here defaults to 8s, WARMUP to 1s, THREADS to 1
 #   PEERS ["nginx haproxy"]  peers to run when installed (empty: sluicegate alone)
 #   BACKEND_PORT  use a backend already listening there instead of starting one
-#   SG  the sluicegate binary [target/release/sluicegate] (SKIP_BUILD=1: use it as is)
+#   SG  the sluicegate binary [target/dist/sluicegate: `cargo build --profile dist`, the
+#       build to install] (SKIP_BUILD=1: use it as is)
 #   ADMIN [0]  1: sluicegate with an admin listener too (its dashboard records history
 #              once a second, and each limit counts the keys it refuses)
 #
@@ -54,6 +56,13 @@
 # sent), `kept` (one GET answered, kept alive), `h2` (HTTP/2 preface and SETTINGS, no
 # stream; sluicegate only). The proxy's resident memory (VmRSS, workers included) with
 # them open, less before, divided by HOLD, is what a connection costs it.
+#
+# LAYOUT=workers: the multi-core layout's forwarded case (sluicegate's limit that never
+# rejects, nginx's limit_req) with each proxy at every worker count of WORKERS ["1 2 4"]
+# (sluicegate `server.workers`, nginx `worker_processes`), all started at once and measured
+# interleaved, REPS [3] times: medians of req/s and of CPU per request, each over nginx's
+# with as many workers and over the proxy's own with one. With more workers than cores the
+# workers contend for them (what more workers would cost on a larger machine, roughly).
 #
 # Multi-core layout (the default), all in one run so the ratios are comparable:
 #   a  backend direct (baseline)
@@ -76,7 +85,7 @@
 #   DURATION [10s]   measured wrk run per case     WARMUP [2s]   unmeasured wrk run before it
 #   CONNECTIONS [64] wrk -c                        THREADS [2]   wrk -t
 #   WRK_TIMEOUT [2s] wrk --timeout                 BASE_PORT [18480] first port tried
-#   SKIP_BUILD [0]   1: use the existing target/release/sluicegate
+#   SKIP_BUILD [0]   1: use the existing $SG and target/release/examples
 #   KEEP_TMP [0]     1: keep the temp dir (configs, logs, raw wrk output)
 #
 # report.lua turns each wrk run into one parsable line; status.lua (not used by this
@@ -99,7 +108,7 @@ WRK_TIMEOUT="${WRK_TIMEOUT:-2s}"
 BASE_PORT="${BASE_PORT:-18480}"
 SKIP_BUILD="${SKIP_BUILD:-0}"
 KEEP_TMP="${KEEP_TMP:-0}"
-SG="${SG:-$ROOT/target/release/sluicegate}"
+SG="${SG:-$ROOT/target/dist/sluicegate}"
 BACKEND_BIN="$ROOT/target/release/examples/bench_backend"
 CLIENT_BIN="$ROOT/target/release/examples/bench_client"
 HOLD_BIN="$ROOT/target/release/examples/hold_connections"
@@ -121,12 +130,12 @@ DUR_S="$(secs_of "$DURATION")"
 WARM_S="$(secs_of "$WARMUP")"
 
 case "$LAYOUT" in
-  multicore | onecore | instructions | memory) ;;
-  *) die "LAYOUT must be multicore, onecore, instructions or memory (got $LAYOUT)" ;;
+  multicore | onecore | instructions | memory | workers) ;;
+  *) die "LAYOUT must be multicore, onecore, instructions, memory or workers (got $LAYOUT)" ;;
 esac
 
 # ---- tools ---------------------------------------------------------------------------
-if [[ "$LAYOUT" == multicore ]] && ! command -v nginx >/dev/null || ! command -v wrk >/dev/null || ! command -v redis-server >/dev/null; then
+if [[ "$LAYOUT" == multicore || "$LAYOUT" == workers ]] && ! command -v nginx >/dev/null || ! command -v wrk >/dev/null || ! command -v redis-server >/dev/null; then
   [[ $(id -u) -eq 0 ]] || die "nginx, wrk and redis-server are needed (apt-get install nginx wrk redis-server)"
   log "installing nginx, wrk and redis-server"
   apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y nginx wrk redis-server
@@ -750,8 +759,9 @@ memory_main() {
 
 # ---- go ---------------------------------------------------------------------------------------
 if [[ "$SKIP_BUILD" != 1 ]]; then
-  log "cargo build --release"
-  (cd "$ROOT" && cargo build --release --quiet --bin sluicegate --example bench_backend --example bench_client --example hold_connections)
+  log "cargo build --profile dist --bin sluicegate; cargo build --release --example …"
+  (cd "$ROOT" && cargo build --profile dist --quiet --bin sluicegate &&
+    cargo build --release --quiet --example bench_backend --example bench_client --example hold_connections)
 fi
 [[ -x "$SG" ]] || die "no $SG"
 
@@ -763,7 +773,57 @@ LIMIT_REJECT="    key: ip
     rate: 10r/s
     status: 429"
 
+# ---- LAYOUT=workers -----------------------------------------------------------------------------
+median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
+
+workers_main() {
+  local counts="${WORKERS:-1 2 4}" reps="${REPS:-3}" w r port dir
+  BACKEND_PORT="$(free_port)"
+  mkdir -p "$TMP/backend"
+  write_backend_conf "$TMP/backend" "$BACKEND_PORT"
+  start_nginx "$TMP/backend" "$BACKEND_PORT"
+  log "backend nginx on 127.0.0.1:$BACKEND_PORT (worker_processes 1)"
+  declare -A PORT PID
+  for w in $counts; do
+    port="$(free_port)"
+    SG_WORKERS="$w" write_sg_conf "$TMP/sg-w$w.yaml" "$port" "$LIMIT_PASS"
+    start_sg "$TMP/sg-w$w.yaml" "$port" "$TMP/sg-w$w.log"
+    PORT[sluicegate/$w]="$port" PID[sluicegate/$w]="$START_PID"
+    port="$(free_port)"
+    dir="$TMP/nginx-w$w"
+    mkdir -p "$dir"
+    write_nginx_proxy_conf "$dir" "$port" "$w" 100000000r/s "burst=1000 nodelay"
+    start_nginx "$dir" "$port"
+    PORT[nginx/$w]="$port" PID[nginx/$w]="$START_PID"
+  done
+  for r in $(seq "$reps"); do
+    for w in $counts; do
+      for p in sluicegate nginx; do run_case "$p/$w/$r" "${PORT[$p/$w]}" "${PID[$p/$w]}"; done
+    done
+  done
+  echo
+  echo "LAYOUT=workers: wrk -t$THREADS -c$CONNECTIONS -d$DURATION after a ${WARMUP} warm-up, medians of $reps"
+  echo "interleaved runs; $(nproc) cores shared by wrk, the backend (nginx, 1 worker) and the proxy."
+  echo
+  echo "| workers | proxy | req/s | CPU µs/request | CPU over nginx's | CPU over its own with one worker |"
+  echo "|---|---|---|---|---|---|"
+  declare -A MRPS MCPU
+  for w in $counts; do
+    for p in sluicegate nginx; do
+      MRPS[$p/$w]="$(for r in $(seq "$reps"); do printf '%s ' "${RPS[$p/$w/$r]}"; done | median)"
+      MCPU[$p/$w]="$(for r in $(seq "$reps"); do printf '%s ' "${CPUREQ[$p/$w/$r]}"; done | median)"
+    done
+  done
+  local first="${counts%% *}"
+  for w in $counts; do
+    for p in sluicegate nginx; do
+      echo "| $w | $p | $(printf '%.0f' "${MRPS[$p/$w]}") | ${MCPU[$p/$w]} | $(ratio "${MCPU[$p/$w]}" "${MCPU[nginx/$w]}")× | $(ratio "${MCPU[$p/$w]}" "${MCPU[$p/$first]}")× |"
+    done
+  done
+}
+
 case "$LAYOUT" in
+  workers) workers_main; exit 0 ;;
   onecore) onecore_main; exit 0 ;;
   instructions) instructions_main; exit 0 ;;
   memory) memory_main; exit 0 ;;
