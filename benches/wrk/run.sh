@@ -774,8 +774,6 @@ LIMIT_REJECT="    key: ip
     status: 429"
 
 # ---- LAYOUT=workers -----------------------------------------------------------------------------
-median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
-
 workers_main() {
   local counts="${WORKERS:-1 2 4}" reps="${REPS:-3}" w r port dir
   BACKEND_PORT="$(free_port)"
@@ -810,8 +808,8 @@ workers_main() {
   declare -A MRPS MCPU
   for w in $counts; do
     for p in sluicegate nginx; do
-      MRPS[$p/$w]="$(for r in $(seq "$reps"); do printf '%s ' "${RPS[$p/$w/$r]}"; done | median)"
-      MCPU[$p/$w]="$(for r in $(seq "$reps"); do printf '%s ' "${CPUREQ[$p/$w/$r]}"; done | median)"
+      MRPS[$p/$w]="$(median $(for r in $(seq "$reps"); do echo "${RPS[$p/$w/$r]}"; done))"
+      MCPU[$p/$w]="$(median $(for r in $(seq "$reps"); do echo "${CPUREQ[$p/$w/$r]}"; done))"
     done
   done
   local first="${counts%% *}"
