@@ -77,9 +77,9 @@
 #   For g and h the table adds Redis script calls (EVALSHA) per request, measured run only.
 #
 # Everything listens on 127.0.0.1 only. Everything started here is killed on exit.
-# wrk, the backend and the proxy under test share the machine's cores; sluicegate runs a
-# tokio multi-thread runtime (one worker per core), hence nginx is also run with
-# worker_processes auto.
+# wrk, the backend and the proxy under test share the machine's cores; sluicegate runs one
+# worker per core (server.workers unset; SG_WORKERS=N sets it), hence nginx is also run
+# with worker_processes auto.
 #
 # Environment overrides (defaults in brackets):
 #   DURATION [10s]   measured wrk run per case     WARMUP [2s]   unmeasured wrk run before it
