@@ -45,9 +45,10 @@ pub struct Pool {
 struct Inner {
     connector: Connector,
     /// Idle connections kept per server, at most, shared evenly between the workers (a
-    /// worker keeps its share: nginx's `keepalive` is per worker process, this is the
-    /// total): one given back past a worker's share closes its oldest idle one (the
-    /// newest are the likeliest still open at the server).
+    /// worker keeps its share, at least one: nginx's `keepalive` is per worker process,
+    /// this is the total unless there are more workers): one given back past a worker's
+    /// share closes its oldest idle one (the newest are the likeliest still open at the
+    /// server).
     keepalive: usize,
     metrics: PoolMetrics,
     /// Per worker (`crate::worker`), the HTTP/1.1 connections with no request on them
@@ -183,10 +184,15 @@ impl Pool {
 }
 
 impl Inner {
-    /// Worker `worker`'s share of `keepalive`: the shares add up to it.
+    /// Worker `worker`'s share of `keepalive`: the shares add up to it, but none is
+    /// below one (a worker keeping none would open a connection for each of its
+    /// requests, however few).
     fn share(&self, worker: usize) -> usize {
+        if self.keepalive == 0 {
+            return 0;
+        }
         let workers = self.idle.len();
-        self.keepalive / workers + usize::from(worker < self.keepalive % workers)
+        (self.keepalive / workers + usize::from(worker < self.keepalive % workers)).max(1)
     }
 
     /// The most recently used idle connection to `key` that is still open (its socket
@@ -432,6 +438,11 @@ mod tests {
         assert_eq!((idle(0), idle(1)), (2, 1));
         crate::worker::enter(0);
         accepting.abort();
+        // Fewer than the workers: one each, so that none opens a connection per request.
+        let few = Pool::new(Connector::new(&upstream, set.tls_names()), 1, 4, PoolMetrics::default());
+        assert_eq!((0..4).map(|w| few.inner.share(w)).collect::<Vec<_>>(), [1, 1, 1, 1]);
+        let none = Pool::new(Connector::new(&upstream, set.tls_names()), 0, 4, PoolMetrics::default());
+        assert_eq!((0..4).map(|w| none.inner.share(w)).sum::<usize>(), 0);
     }
 
     #[tokio::test(flavor = "current_thread")]
