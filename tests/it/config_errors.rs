@@ -13,6 +13,13 @@ fn check(yaml: &str) -> (bool, String) {
     }
 }
 
+/// Every line of `expected` is in `stderr`.
+fn assert_reported(stderr: &str, expected: &[&str]) {
+    for line in expected {
+        assert!(stderr.contains(line), "{line}\nnot in\n{stderr}");
+    }
+}
+
 #[test]
 fn shipped_example_config_is_valid() {
     let out =
@@ -307,9 +314,7 @@ fn concurrency_and_rate_fields_are_not_mixed() {
         "FILE:4:23: limits.b.rate: does not apply to concurrency limits",
         "FILE:5:6: limits.c: needs `rate: N r/DURATION` (e.g. 10r/s), `concurrency: N`, or an `algorithm`",
     ];
-    for line in expected {
-        assert!(stderr.contains(line), "{line}\nnot in\n{stderr}");
-    }
+    assert_reported(&stderr, &expected);
 }
 
 #[test]
@@ -1273,9 +1278,7 @@ fn calendar_window_fields_are_checked_with_their_positions() {
         "FILE:10:62: limits.h.window.calender: unknown field `calender`; did you mean `calendar`?",
         "FILE:11:83: limits.i.window.tz: unknown time zone \"Mars/Olympus_Mons\" (an IANA time zone name, such as `Europe/Berlin` or `UTC`)",
     ];
-    for line in expected {
-        assert!(stderr.contains(line), "{line}\nnot in\n{stderr}");
-    }
+    assert_reported(&stderr, &expected);
     assert!(!stderr.contains("limits.ok"), "{stderr}");
 }
 
@@ -1307,9 +1310,7 @@ fn charge_fields_are_checked_with_their_positions() {
         "FILE:9:64: limits.g.charge.default: at most 4294967296 units",
         "FILE:10:39: limits.h.charge.headr: unknown field `headr`; did you mean `header`?",
     ];
-    for line in expected {
-        assert!(stderr.contains(line), "{line}\nnot in\n{stderr}");
-    }
+    assert_reported(&stderr, &expected);
     assert!(!stderr.contains("limits.ok"), "{stderr}");
 }
 
@@ -1338,8 +1339,6 @@ routes:
         "FILE:9:82: routes[2].upstream_hold: applies to a route that forwards",
         "FILE:10:82: routes[3].upstream_hold.hold: unknown field `hold`",
     ];
-    for line in expected {
-        assert!(stderr.contains(line), "{line}\nnot in\n{stderr}");
-    }
+    assert_reported(&stderr, &expected);
     assert!(!stderr.contains("routes[4]"), "{stderr}");
 }
