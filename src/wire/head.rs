@@ -26,12 +26,18 @@ pub struct RequestHead<'a> {
 impl<'a> RequestHead<'a> {
     /// The target's path, without the query.
     pub fn path(&self) -> &'a str {
-        self.target.split_once('?').map_or(self.target, |(path, _)| path)
+        self.target.get(..self.query_mark()).unwrap_or(self.target)
     }
 
     /// The target's query, without the `?`.
     pub fn query(&self) -> Option<&'a str> {
-        self.target.split_once('?').map(|(_, query)| query)
+        self.target.get(self.query_mark() + 1..)
+    }
+
+    /// Where the target's `?` is, or its length. Byte by byte: `str`'s search for a
+    /// `char` costs several times more on the short targets every request has.
+    fn query_mark(&self) -> usize {
+        self.target.bytes().position(|b| b == b'?').unwrap_or(self.target.len())
     }
 }
 
