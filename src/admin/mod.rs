@@ -340,7 +340,7 @@ fn key_state(proxy: &Proxy, name: &str, query: &str, reset: bool) -> Response {
             authority: None,
             fields: Fields::from(&parts.headers),
         };
-        let Ok(mut src) = front::source(&head, client_ip, None) else {
+        let Ok(mut src) = front::source(&head, client_ip, front::request_host(&head)) else {
             return text(StatusCode::BAD_REQUEST, "invalid path\n");
         };
         let captures: Vec<(String, String)> = form_urlencoded::parse(query.as_bytes())

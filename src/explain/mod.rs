@@ -221,12 +221,18 @@ pub fn explain(
         },
         notes: Vec::new(),
     };
-    let checked = if logged { Ok(()) } else { front::check_head(&head, config) };
-    if let Err(e) = checked {
-        explanation.refuse(e.status(), &e);
-        return explanation;
-    }
-    let src = match front::source(&head, address, None) {
+    let host = match logged {
+        true => Ok(front::request_host(&head)),
+        false => front::check_head(&head, config),
+    };
+    let host = match host {
+        Ok(host) => host,
+        Err(e) => {
+            explanation.refuse(e.status(), &e);
+            return explanation;
+        }
+    };
+    let src = match front::source(&head, address, host) {
         Ok(src) => src,
         Err(e) => {
             explanation.refuse(e.status(), &e);
@@ -234,7 +240,7 @@ pub fn explain(
         }
     };
     explanation.path = Some(String::from_utf8_lossy(&src.path).into_owned());
-    let found = front::front(config, &head, address, None, claimed);
+    let found = front::front(config, &head, address, host, claimed);
     let taken = found.as_ref().map_or(config.routes.len(), |f| f.route.index());
     explanation.passed_over(config, head.method, &src, taken);
     let front = match found {

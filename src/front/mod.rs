@@ -21,7 +21,7 @@ use crate::jwt::TokenError;
 use crate::path::{self, BadPath};
 use crate::policy::key::{Claims, KeyPart, KeySource};
 use crate::wire::head::{Fields, RequestHead, text};
-pub use route::{host_fault, request_host};
+pub use route::{checked_host, request_host};
 
 /// Why a request cannot reach its limits; each is the client's fault (a 4xx).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -104,27 +104,23 @@ impl Front<'_> {
 
 /// What no request on the wire may be, whatever its route: larger than the head limits
 /// (414, 431), a `CONNECT` (405: a catch-all route must not turn into an open tunnel),
-/// or without one valid `Host` (400).
-pub fn check_head(head: &RequestHead<'_>, config: &Config) -> Result<(), FrontError> {
+/// or without one valid `Host` (400). Its host (`request_host`), when it passes.
+pub fn check_head<'a>(head: &RequestHead<'a>, config: &Config) -> Result<Option<&'a str>, FrontError> {
     size::check(head, config)?;
     if head.method == Method::CONNECT {
         return Err(FrontError::Connect);
     }
-    match host_fault(head) {
-        Some(fault) => Err(FrontError::BadHost(fault)),
-        None => Ok(()),
-    }
+    checked_host(head).map_err(FrontError::BadHost)
 }
 
 /// The key source of `head` from `client_ip`: its path normalized as nginx would see it,
-/// its host (or `default_host` when it names none).
+/// and `host`, the host it names (`request_host`) or stands for.
 pub fn source<'a>(
     head: &RequestHead<'a>,
     client_ip: IpAddr,
-    default_host: Option<&'a str>,
+    host: Option<&'a str>,
 ) -> Result<KeySource<'a>, FrontError> {
     let path = path::normalize(head.path())?;
-    let host = request_host(head).or(default_host);
     Ok(KeySource::new(client_ip, head, path, host))
 }
 
@@ -138,15 +134,16 @@ pub enum Claimed<'c> {
     Logged(Option<&'c Arc<Claims>>),
 }
 
-/// The route `head` from `client_ip` takes, with its key source and exemption.
+/// The route `head` from `client_ip` takes, with its key source and exemption; `host`
+/// is the host it names (`request_host`) or stands for.
 pub fn front<'a>(
     config: &Config,
     head: &RequestHead<'a>,
     client_ip: IpAddr,
-    default_host: Option<&'a str>,
+    host: Option<&'a str>,
     claimed: Claimed<'_>,
 ) -> Result<Front<'a>, FrontError> {
-    let mut src = source(head, client_ip, default_host)?;
+    let mut src = source(head, client_ip, host)?;
     let route = config.router.find(head.method, &src.path, src.host).ok_or(FrontError::NoRoute)?;
     if *head.method == Method::TRACE && !config.routes[route].matcher.methods.contains(&Method::TRACE) {
         return Err(FrontError::Trace);

@@ -6,32 +6,43 @@ use http::uri::Authority;
 
 use crate::wire::head::{Known, RequestHead, text};
 
-/// Why a request's `Host` is unusable, if it is: HTTP/1.1 requires exactly one valid
-/// `Host` (RFC 9112 §3.2); HTTP/1.0 and HTTP/2 may omit it, never repeat or garble it;
-/// and an HTTP/2 `Host` naming another authority than `:authority` makes the request
-/// malformed (RFC 9113 §8.3.1), since routes would see one and the upstream the other.
-pub fn host_fault(head: &RequestHead<'_>) -> Option<&'static str> {
+/// The request's host without port, as `request_host` reads it, once its `Host` is
+/// known to be usable; else why it is not. One pass over the fields for both: every
+/// request is checked and routed by its host.
+pub fn checked_host<'r>(head: &RequestHead<'r>) -> Result<Option<&'r str>, &'static str> {
+    host_field(head).map(|field| host_of(field, head.authority))
+}
+
+/// The request's one `Host` value, if it has one; or why its `Host` is unusable:
+/// HTTP/1.1 requires exactly one valid `Host` (RFC 9112 §3.2); HTTP/1.0 and HTTP/2 may
+/// omit it, never repeat or garble it; and an HTTP/2 `Host` naming another authority
+/// than `:authority` makes the request malformed (RFC 9113 §8.3.1), since routes would
+/// see one and the upstream the other.
+fn host_field<'r>(head: &RequestHead<'r>) -> Result<Option<&'r [u8]>, &'static str> {
     let mut hosts = head.fields.all_of(Known::Host);
     let Some(host) = hosts.next() else {
-        return (head.version == Version::HTTP_11).then_some("an HTTP/1.1 request needs a Host header");
+        return match head.version == Version::HTTP_11 {
+            true => Err("an HTTP/1.1 request needs a Host header"),
+            false => Ok(None),
+        };
     };
     if hosts.next().is_some() {
-        return Some("more than one Host header");
+        return Err("more than one Host header");
     }
     // An authority without userinfo: `host[:port]`, nothing else.
     let valid = plain_host(host)
         || !host.contains(&b'@') && valid_port(host) && text(host).is_some_and(|h| h.parse::<Authority>().is_ok());
     if !valid {
-        return Some("invalid Host header");
+        return Err("invalid Host header");
     }
     // HTTP/2's `:authority`, or an HTTP/1.1 absolute-form target (`GET http://a/x`), names
     // the host too; RFC 9112 §3.2.2 says to believe the target over `Host`, but a request
     // naming two hosts would be routed and limited as one and served as the other.
     match head.authority {
-        Some(authority) if !authority.eq_ignore_ascii_case(text(host)?) => {
-            Some("Host differs from the request target's authority")
+        Some(authority) if !text(host).is_some_and(|host| authority.eq_ignore_ascii_case(host)) => {
+            Err("Host differs from the request target's authority")
         }
-        _ => None,
+        _ => Ok(Some(host)),
     }
 }
 
@@ -77,9 +88,14 @@ fn valid_port(host: &[u8]) -> bool {
 /// The request's host without port: the `Host` field (HTTP/1.1), else the authority
 /// the request names (HTTP/2 `:authority`).
 pub fn request_host<'r>(head: &RequestHead<'r>) -> Option<&'r str> {
-    let raw = match head.fields.first_of(Known::Host) {
+    host_of(head.fields.first_of(Known::Host), head.authority)
+}
+
+/// The host without port of a request whose `Host` is `field`, else `authority`.
+fn host_of<'r>(field: Option<&'r [u8]>, authority: Option<&'r str>) -> Option<&'r str> {
+    let raw = match field {
         Some(value) => value,
-        None => head.authority?.as_bytes(),
+        None => authority?.as_bytes(),
     };
     // Byte by byte: this runs for every request, and `str`'s searches cost several
     // times more for a host of a few bytes.

@@ -222,13 +222,14 @@ impl Proxy {
     ) -> Result<Admission, ProxyError> {
         let config = &self.config;
         // Before anything reads the head: an oversized one is refused as a whole.
-        front::check_head(head, config).inspect_err(|e| debug!(peer = %conn.peer, error = %e, "bad request head"))?;
+        let host = front::check_head(head, config)
+            .inspect_err(|e| debug!(peer = %conn.peer, error = %e, "bad request head"))?;
         let trusted_peer = hop::is_trusted(conn.peer.ip().to_canonical(), &config.trusted_proxies);
         let client_ip = hop::client_ip(conn.peer.ip(), head.fields, &config.trusted_proxies, config.forwarded);
         trace.with(|e| e.client = client_ip);
-        let front = front::front(config, head, client_ip, None, front::Claimed::Verify).inspect_err(|e| match e {
+        let front = front::front(config, head, client_ip, host, front::Claimed::Verify).inspect_err(|e| match e {
             FrontError::NoRoute => {
-                debug!(method = %head.method, path = head.path(), host = front::request_host(head), "no route matches");
+                debug!(method = %head.method, path = head.path(), host, "no route matches");
                 self.metrics.no_route();
             }
             FrontError::InvalidToken { limit, error } => {

@@ -206,7 +206,8 @@ impl Replay {
         };
         let head = request.head();
         let claimed = front::Claimed::Logged(request.claims.as_ref());
-        let front = match front::front(&self.config, &head, request.client, self.host.as_deref(), claimed) {
+        let host = front::request_host(&head).or(self.host.as_deref());
+        let front = match front::front(&self.config, &head, request.client, host, claimed) {
             Ok(front) => front,
             Err(FrontError::BadPath(_)) => {
                 self.tally.bad_path += 1;
