@@ -221,11 +221,12 @@ impl<B> Response<B> {
     /// `keep_length`: a server's `Content-Length` stays (a response with no body, to
     /// `HEAD` say, whose length describes another).
     pub fn each_field(&self, keep_length: bool, emit: &mut impl FnMut(&[u8], &[u8])) {
-        let replaced: SmallVec<[&[u8]; 4]> = self.extra.iter().map(|(n, _)| n.as_str().as_bytes()).collect();
+        let replaced = || -> SmallVec<[&[u8]; 4]> { self.extra.iter().map(|(n, _)| n.as_str().as_bytes()).collect() };
         let switching = self.status == StatusCode::SWITCHING_PROTOCOLS;
         match &self.fields {
             ResponseFields::None => {}
             ResponseFields::Map(map) => {
+                let replaced = replaced();
                 for (name, value) in map {
                     if !replaced.iter().any(|r| *r == name.as_str().as_bytes()) {
                         emit(name.as_str().as_bytes(), value.as_bytes());
@@ -233,10 +234,10 @@ impl<B> Response<B> {
                 }
             }
             ResponseFields::Upstream(ServerFields::H1(head)) => {
-                crate::wire::head::response_fields(head.fields(), switching, keep_length, &replaced, emit);
+                crate::wire::head::response_fields(head.fields(), switching, keep_length, &replaced(), emit);
             }
             ResponseFields::Upstream(ServerFields::H2(map)) => {
-                crate::wire::head::response_fields(map.into(), switching, keep_length, &replaced, emit);
+                crate::wire::head::response_fields(map.into(), switching, keep_length, &replaced(), emit);
             }
         }
         for (name, value) in &self.extra {

@@ -22,13 +22,16 @@ use crate::variables;
 use crate::wire::message::{FieldValue, ResponseFields};
 pub use ratelimit::{Quota, add_ratelimit_headers, quotas};
 
-fn made_here(status: StatusCode, body: impl Into<Bytes>) -> Response {
+/// A response made here: `status`, its `content_type`, `body`.
+fn made_here(status: StatusCode, content_type: HeaderValue, body: impl Into<Bytes>) -> Response {
     // Room for a rejection's fields, made once: its content type, `Retry-After` and the
     // five rate-limit fields of `ratelimit_header_style: both`.
     let mut extra = Vec::with_capacity(8);
-    extra.push((CONTENT_TYPE, FieldValue::Given(HeaderValue::from_static("text/plain; charset=utf-8"))));
+    extra.push((CONTENT_TYPE, FieldValue::Given(content_type)));
     Response::made(status, extra, body)
 }
+
+const TEXT: HeaderValue = HeaderValue::from_static("text/plain; charset=utf-8");
 
 pub fn static_response(r: &StaticResponse, vars: &variables::Request<'_>) -> Response {
     let mut fields = r.headers.clone();
@@ -66,7 +69,7 @@ pub fn error(e: &ProxyError) -> Response {
     let status = e.status();
     let reason = status.canonical_reason().unwrap_or("error");
     let body = if status.is_client_error() { format!("{reason}: {e}\n") } else { format!("{reason}\n") };
-    let mut response = made_here(status, body);
+    let mut response = made_here(status, TEXT, body);
     if let ProxyError::Front(FrontError::InvalidToken { .. }) = e {
         // RFC 6750 §3: the challenge a refused bearer token gets.
         response.set(http::header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer error=\"invalid_token\""));
@@ -85,9 +88,9 @@ pub fn rejected(status: StatusCode, retry_after: Duration, body: RejectionBody, 
         // The default status's body is a constant: no formatting, no allocation, for
         // what a flood of rejections answers over and over.
         RejectionBody::Text if status == StatusCode::TOO_MANY_REQUESTS => {
-            made_here(status, Bytes::from_static(b"Too Many Requests\n"))
+            made_here(status, TEXT, Bytes::from_static(b"Too Many Requests\n"))
         }
-        RejectionBody::Text => made_here(status, format!("{title}\n")),
+        RejectionBody::Text => made_here(status, TEXT, format!("{title}\n")),
         RejectionBody::ProblemJson => {
             // Limit names are letters, digits, '_', '-' and '.': nothing to escape.
             let names = violated.iter().map(|n| format!("\"{n}\"")).collect::<Vec<_>>().join(",");
@@ -95,12 +98,11 @@ pub fn rejected(status: StatusCode, retry_after: Duration, body: RejectionBody, 
                 "{{\"type\":\"about:blank\",\"title\":\"{title}\",\"status\":{},\"detail\":\"Request rate limit exceeded; retry after {retry_after} s.\",\"violated_limits\":[{names}],\"retry_after\":{retry_after}}}\n",
                 status.as_u16()
             );
-            let mut response = made_here(status, json);
-            response.set(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
-            response
+            made_here(status, HeaderValue::from_static("application/problem+json"), json)
         }
     };
-    response.set(RETRY_AFTER, FieldValue::number(retry_after));
+    // New to it: a response made here has its content type only.
+    response.extra.push((RETRY_AFTER, FieldValue::number(retry_after)));
     response
 }
 
@@ -116,8 +118,7 @@ fn own_refusal(own: &LimitResponse, name: &str, status: StatusCode, retry_after:
             BodyPiece::RetryAfter => body.push_str(itoa::Buffer::new().format(seconds)),
         }
     }
-    let mut response = made_here(status, body);
-    response.set(CONTENT_TYPE, own.content_type.clone());
+    let mut response = made_here(status, own.content_type.clone(), body);
     for (field, value) in &own.headers {
         response.set(field.clone(), value.clone());
     }
@@ -146,8 +147,11 @@ pub fn refusal(
             false => response,
         });
     }
+    // Named in a problem details body only.
+    let named = config.rejection_body == RejectionBody::ProblemJson;
     let violated: smallvec::SmallVec<[&str; 2]> = results
         .iter()
+        .filter(|_| named)
         .map(|r| &config.limits[r.limit])
         .zip(results.iter())
         .filter(|(limit, r)| r.outcome.is_rejected() && !limit.dry_run)
@@ -159,8 +163,14 @@ pub fn refusal(
         None => rejected(*status, *retry_after, config.rejection_body, &violated),
     };
     if config.ratelimit_headers != HeaderMode::None {
+        // The default rejection has its content type and `Retry-After` only: the
+        // rate-limit fields are new to it, and need not be looked for.
+        let own = refusing.response.is_some();
         add_ratelimit_headers(
-            &mut |name, value| response.set(name, value),
+            &mut |name, value| match own {
+                true => response.set(name, value),
+                false => response.extra.push((name, value)),
+            },
             standings,
             quotas,
             config.ratelimit_header_style,

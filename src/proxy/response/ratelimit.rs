@@ -20,8 +20,8 @@ pub struct Quota {
     /// The item as a field value, for a response that names one limit: the field is then
     /// a copy of it, made without formatting or allocating.
     pub policy: Option<HeaderValue>,
-    /// Its name.
-    pub name: String,
+    /// The start of its `RateLimit` item up to the number remaining: `"per_ip";r=`.
+    pub remaining_prefix: String,
     /// Its `q`: requests per window (or in flight, for a concurrency limit).
     pub quota: u64,
 }
@@ -72,7 +72,8 @@ fn quota(name: &str, policy: &Policy) -> Quota {
 
 impl Quota {
     fn new(item: String, name: &str, quota: u64) -> Self {
-        Quota { policy: HeaderValue::from_str(&item).ok(), item, name: name.to_owned(), quota }
+        let remaining_prefix = format!("\"{name}\";r=");
+        Quota { policy: HeaderValue::from_str(&item).ok(), item, remaining_prefix, quota }
     }
 }
 
@@ -113,9 +114,7 @@ pub fn add_ratelimit_headers(
             if i > 0 {
                 current.push_str(", ");
             }
-            current.push_str("\"");
-            current.push_str(&quota(s).name);
-            current.push_str("\";r=");
+            current.push_str(&quota(s).remaining_prefix);
             current.push_number(s.remaining);
             current.push_str(";t=");
             current.push_number(ceil_secs(s.reset));
