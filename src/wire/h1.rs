@@ -293,26 +293,31 @@ where
         let interim = Mutex::new(Vec::new());
         let mut source = Bodiless::new(&head, &interim);
         let request = Request { head: view, framing: head.framing, body: Some(&mut source) };
-        let mut call = std::pin::pin!(service.call(request, conn));
         // Bytes of the interim responses queued that are written.
         let mut written = 0;
-        // A client that goes away before its answer gives its request up: the request
-        // is dropped wherever it is (waiting its turn, or at the upstream).
-        let response = poll_fn(|cx| {
-            if let Poll::Ready(response) = call.as_mut().poll(cx) {
-                return Poll::Ready(Some(response));
-            }
-            if let Ok(mut queued) = interim.lock()
-                && !queued.is_empty()
-                && c.poll_write_parts(cx, &[&queued], &mut written).is_ready()
-            {
-                // Written, or the client cannot take them: it is seen gone below.
-                queued.clear();
-                written = 0;
-            }
-            c.poll_gone(cx, MAX_PIPELINED).map(|()| None)
-        })
-        .await;
+        // The call's future lives in this block only: one still in scope at the write
+        // below would be kept apart from every other state of the exchange, not share
+        // their room (the exchange's box was 5.5 KB with it, 3 KB without).
+        let response = {
+            let mut call = std::pin::pin!(service.call(request, conn));
+            // A client that goes away before its answer gives its request up: the
+            // request is dropped wherever it is (waiting its turn, or at the upstream).
+            poll_fn(|cx| {
+                if let Poll::Ready(response) = call.as_mut().poll(cx) {
+                    return Poll::Ready(Some(response));
+                }
+                if let Ok(mut queued) = interim.lock()
+                    && !queued.is_empty()
+                    && c.poll_write_parts(cx, &[&queued], &mut written).is_ready()
+                {
+                    // Written, or the client cannot take them: it is seen gone below.
+                    queued.clear();
+                    written = 0;
+                }
+                c.poll_gone(cx, MAX_PIPELINED).map(|()| None)
+            })
+            .await
+        };
         let Some(response) = response else { return Exchanged::Close };
         let queued = interim.lock().map(|mut q| std::mem::take(&mut *q)).unwrap_or_default();
         if written < queued.len() && write_all(c, &[&queued[written..]], send_timeout).await.is_err() {
@@ -643,6 +648,35 @@ mod tests {
             let text = format!("{method} {target} [{}]{trailers}", String::from_utf8_lossy(&body));
             Response::made(StatusCode::OK, vec![], text)
         }
+    }
+
+    /// A service whose call holds 8 KB across an await.
+    struct Large;
+
+    impl Service for Large {
+        type Body = Made;
+
+        async fn call<'a>(&'a self, _request: Request<'a>, _conn: &'a ClientConn) -> Response<Made> {
+            let room = std::hint::black_box([1u8; 8192]);
+            tokio::task::yield_now().await;
+            Response::made(StatusCode::OK, vec![], Bytes::copy_from_slice(&room[..1]))
+        }
+    }
+
+    /// Each request's exchange is boxed while it lasts: its call's future must have room
+    /// in it once, shared with the other states (writing the response), not twice.
+    #[tokio::test]
+    async fn an_exchange_has_room_for_its_call_once() {
+        let (_client, server) = tokio::io::duplex(64);
+        let mut c = Conn::new(server);
+        let bytes = Bytes::from_static(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n");
+        let parsed = parse::request(&bytes, 1024, 4096).unwrap().unwrap();
+        let head = parse::ParsedHead::new(bytes, parsed);
+        let conn = ClientConn::unheld("127.0.0.1:1".parse().unwrap());
+        let (_stop, stopping) = watch::channel(());
+        let exchange = super::exchange(&mut c, head, &conn, &Large, Duration::from_secs(1), &stopping);
+        let size = std::mem::size_of_val(&exchange);
+        assert!(size < 8192 + 2048, "{size} bytes");
     }
 
     fn settings() -> Settings {
