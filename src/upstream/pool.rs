@@ -31,8 +31,10 @@ use crate::metrics::PoolMetrics;
 /// one `proxy_buffer_size` of 4 or 8 KiB; this leaves room for large cookies.
 pub const MAX_RESPONSE_HEAD: usize = 32 * 1024;
 
-/// Room for a request head going upstream, to begin with.
-const HEAD_BYTES: usize = 1024;
+/// Room for a request head going upstream, to begin with: most are under 256 bytes (a
+/// request line, `Host` and the forwarding fields); a longer one grows the buffer once,
+/// and the connection keeps it. Every request in progress holds one.
+const HEAD_BYTES: usize = 256;
 
 /// Idle keep-alive connections to a server are closed after this long (the reaper looks
 /// every half of it, so one lives at most one and a half times this).
