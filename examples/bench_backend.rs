@@ -1,5 +1,6 @@
 //! The backend of the whole-proxy benchmark (`benches/wrk/run.sh`): answers every
-//! request `200 ok` on one thread, so that pinned to one CPU beside wrk and a proxy it
+//! request `200 ok` (but `/held`, never answered: a request kept in progress for the
+//! memory measurement) on one thread, so that pinned to one CPU beside wrk and a proxy it
 //! costs what a lean origin costs and nothing is left to scheduling between threads.
 //!
 //! An example rather than a `[[bench]]` target: `cargo build --release --example
@@ -34,7 +35,10 @@ async fn serve(addr: &str) -> std::io::Result<()> {
         let (stream, _) = listener.accept().await?;
         let _ = stream.set_nodelay(true);
         tokio::spawn(async move {
-            let service = service_fn(|_: Request<Incoming>| async {
+            let service = service_fn(|request: Request<Incoming>| async move {
+                if request.uri().path() == "/held" {
+                    std::future::pending::<()>().await;
+                }
                 let mut response = Response::new(Full::new(Bytes::from_static(b"ok\n")));
                 response.headers_mut().insert(header::CONTENT_TYPE, http::HeaderValue::from_static("text/plain"));
                 Ok::<_, Infallible>(response)

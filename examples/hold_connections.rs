@@ -5,8 +5,9 @@
 //!     hold_connections ADDR COUNT MODE
 //!
 //! MODE is `idle` (connected, nothing sent), `kept` (one `GET /` answered, the connection
-//! kept alive) or `h2` (the HTTP/2 preface and SETTINGS sent, the server's SETTINGS read,
-//! no stream). Prints `ready` once every connection is in that state, then holds them
+//! kept alive), `h2` (the HTTP/2 preface and SETTINGS sent, the server's SETTINGS read,
+//! no stream) or `busy` (`GET /held` sent, which `bench_backend` never answers: a
+//! request in progress, with its upstream connection). Prints `ready` once every connection is in that state, then holds them
 //! until its standard input closes.
 
 use std::io::Read as _;
@@ -18,7 +19,7 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 
 fn main() -> Result<(), Error> {
     let mut args = std::env::args().skip(1);
-    let usage = "usage: hold_connections ADDR COUNT idle|kept|h2";
+    let usage = "usage: hold_connections ADDR COUNT idle|kept|h2|busy";
     let addr = args.next().ok_or(usage)?;
     let count: usize = args.next().ok_or(usage)?.parse()?;
     let mode = args.next().ok_or(usage)?;
@@ -55,6 +56,7 @@ async fn open(addr: &str, mode: &str) -> Result<TcpStream, Error> {
             let mut frame = [0u8; 9];
             stream.read_exact(&mut frame).await?;
         }
+        "busy" => stream.write_all(b"GET /held HTTP/1.1\r\nHost: bench\r\n\r\n").await?,
         other => return Err(format!("unknown mode {other}").into()),
     }
     Ok(stream)

@@ -54,8 +54,10 @@
 # a fresh process per case, after one request through it; examples/hold_connections.rs
 # opens HOLD [6000] connections and holds them in one state: `idle` (connected, nothing
 # sent), `kept` (one GET answered, kept alive), `h2` (HTTP/2 preface and SETTINGS, no
-# stream; sluicegate only). The proxy's resident memory (VmRSS, workers included) with
-# them open, less before, divided by HOLD, is what a connection costs it.
+# stream; sluicegate only), `busy` (GET /held sent, which the backend never answers: a
+# request in progress, its upstream connection included). The proxy's resident memory
+# (VmRSS, workers included) with them open, less before, divided by HOLD, is what a
+# connection costs it.
 #
 # LAYOUT=workers: the multi-core layout's forwarded case (sluicegate's limit that never
 # rejects, nginx's limit_req) with each proxy at every worker count of WORKERS ["1 2 4"]
@@ -730,7 +732,7 @@ memory_main() {
   NGX_CONNECTIONS=$((HOLD * 2 + 100))
   start_backend
   local mode port dir
-  for mode in idle kept h2; do
+  for mode in idle kept h2 busy; do
     port="$(free_port)"
     write_sg_conf "$TMP/sg-mem-$mode.yaml" "$port" ""
     start_sg "$TMP/sg-mem-$mode.yaml" "$port" "$TMP/sg-mem-$mode.log"
@@ -755,6 +757,7 @@ memory_main() {
   echo "| TCP connected, nothing sent yet | ${MEM[idle/sluicegate]} B | ${MEM[idle/nginx]:-–} B |"
   echo "| kept alive after one answered GET | ${MEM[kept/sluicegate]} B | ${MEM[kept/nginx]:-–} B |"
   echo "| HTTP/2 preface + SETTINGS, no stream | ${MEM[h2/sluicegate]} B | – |"
+  echo "| a request in progress (GET, its upstream silent), with its upstream connection | ${MEM[busy/sluicegate]} B | ${MEM[busy/nginx]:-–} B |"
 }
 
 # ---- go ---------------------------------------------------------------------------------------
