@@ -194,7 +194,7 @@ impl Server {
             old.metrics().reload_result(false);
             self.running.reload_failed(why, cause);
         };
-        let config = match config::load(path) {
+        let mut config = match config::load(path) {
             Ok(config) => {
                 for warning in &config.warnings {
                     warn!("{warning}");
@@ -243,6 +243,9 @@ impl Server {
         };
         if config.workers != old.config().workers {
             warn!("server.workers changes at the next restart; the running threads stay");
+            // What is sized by the workers (the upstream pool's share of each) follows
+            // the threads that run, not the file.
+            config.workers = old.config().workers;
         }
         let (proxy, kept, fresh) = match Proxy::reloaded(config, &old) {
             Ok(reloaded) => reloaded,

@@ -443,6 +443,28 @@ fn start_with_admin(servers: &[String], extra: &str) -> Sluicegate {
 }
 
 #[tokio::test]
+async fn a_reload_that_changes_workers_keeps_the_pool_sized_for_the_running_threads() {
+    let backend = Backend::start().await;
+    let config = |workers: u32| {
+        format!(
+            "listen: 127.0.0.1:0\nserver: {{ workers: {workers} }}\nadmin: {{ listen: 127.0.0.1:0 }}\nupstreams:\n  app: {{ servers: [{}], timeout: 5s, keepalive: 4 }}\nroutes:\n  - match: {{ path_prefix: / }}\n    upstream: app\n",
+            quoted(backend.addr)
+        )
+    };
+    let sg = Sluicegate::start(&config(1));
+    // Still one thread after the reload: its pool keeps all four, not a quarter of them.
+    assert!(sg.reload(&config(4)).contains("server.workers changes at the next restart"));
+    let held: Vec<_> = (0..4).map(|_| tokio::spawn(get(sg.addr, "/held", &[]))).collect();
+    wait_until("four requests at the server", Duration::from_secs(5), async || backend.hits().len() == 4).await;
+    backend.gate.add_permits(4);
+    for reply in held {
+        assert_eq!(reply.await.unwrap().status, 200);
+    }
+    let m = Metrics::of(&sg).await;
+    assert_eq!(series(&m, "sluicegate_upstream_idle_connections", "app"), Some(4.0), "{}", m.0);
+}
+
+#[tokio::test]
 async fn a_server_at_max_conns_queues_the_next_request_until_one_ends_and_a_queue_that_waits_too_long_is_503() {
     let backend = Backend::start().await;
     let sg = start_with_admin(&[quoted(backend.addr)], ", max_conns: 1, queue_timeout: 300ms");
