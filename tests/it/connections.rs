@@ -312,6 +312,22 @@ routes:
     drop(senders);
 }
 
+/// Whether the connection `local` (the proxy's side) ↔ `remote` is no longer established:
+/// the kernel has the peer's close (CLOSE_WAIT, or closed since by the proxy too;
+/// `/proc/net/tcp`, addresses in its hex notation).
+fn close_seen(local: std::net::SocketAddr, remote: std::net::SocketAddr) -> bool {
+    let hex = |addr: std::net::SocketAddr| match addr {
+        std::net::SocketAddr::V4(a) => format!("{:08X}:{:04X}", u32::from_le_bytes(a.ip().octets()), a.port()),
+        std::net::SocketAddr::V6(_) => String::new(),
+    };
+    let (local, remote) = (hex(local), hex(remote));
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    !table.lines().any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        fields.len() > 3 && fields[1] == local && fields[2] == remote && fields[3] == "01"
+    })
+}
+
 /// A client that sends a `POST` (or a `GET`) and a pipelined `DELETE`, then goes while
 /// the first is at the backend, gets nothing more done on its behalf: the `DELETE` never
 /// reaches the backend. (The first requests' answers are held until both clients have
@@ -335,7 +351,13 @@ async fn a_pipelined_request_of_a_client_that_has_gone_is_never_sent() {
         let mut stream = TcpStream::connect(sg.addr).await.unwrap();
         stream.write_all(request).await.unwrap();
         wait_until("the first request at the backend", Duration::from_secs(5), async || backend.hits().len() > n).await;
+        let client = stream.local_addr().unwrap();
         drop(stream);
+        // Gone as far as the proxy's kernel knows: on a busy machine the close reaches
+        // the proxy's socket after `close` returns, and a client not yet seen gone is
+        // rightly served its pipelined request.
+        wait_until("the close at the proxy's socket", Duration::from_secs(5), async || close_seen(sg.addr, client))
+            .await;
     }
     backend.gate.add_permits(2);
     // Both first requests reached the backend; give a DELETE every chance to follow them.
