@@ -5,7 +5,7 @@ use sluicegate::cli::{Cli, Command, RunArgs, init_tracing};
 use sluicegate::{config, server};
 
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: sluicegate_allocator::Allocator = sluicegate_allocator::Allocator;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
