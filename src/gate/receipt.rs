@@ -13,6 +13,9 @@ use crate::policy::charge::Charge;
 use crate::policy::key::KeyHash;
 use crate::store::{Admissions, Lease};
 
+/// The settling of a request's global admissions in Redis, to be awaited.
+pub type GlobalSettling = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
 /// The concurrency slots a request holds, given back when this is dropped or released.
 #[derive(Default)]
 pub struct Permits {
@@ -54,9 +57,10 @@ impl Pending {
     /// Takes back the admissions of limits that do not count `status`: the local ones
     /// now; the global ones' settling in Redis is returned, to be awaited. What is left
     /// of limits that charge is returned too, to be charged once the response has ended.
-    /// Not an `async fn`: its future would be built and moved for every request, most
-    /// of which have no global admissions.
-    pub fn settle(self, status: u16) -> (Option<impl Future<Output = ()> + use<>>, Option<Charges>) {
+    /// Not an `async fn`, and the settling in Redis boxed: a future would be built and
+    /// moved, at its full size, for every request, most of which have no global
+    /// admissions.
+    pub fn settle(self, status: u16) -> (Option<GlobalSettling>, Option<Charges>) {
         let Pending { limiters, admissions, cost, global } = self;
         let mut charges = Charges { limiters: None, local: SmallVec::new(), global: None, cost };
         if let Some(limiters) = &limiters {
@@ -78,9 +82,7 @@ impl Pending {
                 charges.limiters = limiters.clone();
                 charges.global = Some(Box::new(charged));
             }
-            // (Boxed, as it was: the request's future keeps room for this one.)
-            let settled = Box::new(settled);
-            async move { settled.settle(cost, status).await }
+            Box::pin(async move { settled.settle(cost, status).await }) as GlobalSettling
         });
         (global, charges.limiters.is_some().then_some(charges))
     }

@@ -417,16 +417,9 @@ impl Proxy {
         if let Some(meter) = &mut meter {
             meter.charges = charges;
         }
-        let response = match global {
-            None => response,
-            Some(global) => {
-                Box::pin(async move {
-                    global.await;
-                    response
-                })
-                .await
-            }
-        };
+        if let Some(global) = global {
+            global.await;
+        }
         let mut response = response?;
         response.body.receipts.permits = std::mem::take(&mut admitted.permits);
         response.body.receipts.meter = meter;
