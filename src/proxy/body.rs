@@ -30,11 +30,19 @@ pub type Response = crate::wire::message::Response<Settling>;
 
 /// A response body that settles the request as it ends. Its state lives in one box made
 /// with the response: a response is moved from the upstream client through the proxy
-/// to the wire, and each move of a future or a result that holds it copies it whole.
-pub struct Settling(Box<State>);
+/// to the wire, and each move of a future or a result that holds it copies it whole. A
+/// body made here with nothing to settle (a refusal, an error) is its bytes alone, with
+/// no box: the box is made when something is given to it (`receipts`, `pace`).
+pub struct Settling(Form);
+
+enum Form {
+    /// Made here, nothing held: sent as it is.
+    Made(Bytes),
+    Settles(Box<State>),
+}
 
 /// What a `Settling` body holds.
-pub struct State {
+struct State {
     /// `None` once its last frame has been given.
     source: Option<Source>,
     pub receipts: Receipts,
@@ -116,7 +124,7 @@ impl Drop for Receipts {
 
 impl From<Bytes> for Settling {
     fn from(bytes: Bytes) -> Self {
-        Settling::new(Source::Full(bytes))
+        Settling(Form::Made(bytes))
     }
 }
 
@@ -126,46 +134,54 @@ impl From<UpstreamBody> for Settling {
     }
 }
 
-impl std::ops::Deref for Settling {
-    type Target = State;
-
-    fn deref(&self) -> &State {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for Settling {
-    fn deref_mut(&mut self) -> &mut State {
-        &mut self.0
-    }
-}
-
 impl Settling {
     fn new(source: Source) -> Self {
-        Settling(Box::new(State {
+        Settling(Form::Settles(Box::new(State {
             source: Some(source),
             receipts: Receipts::default(),
             releasing: None,
             pacer: None,
             held: Bytes::new(),
-        }))
+        })))
+    }
+
+    /// Its state, boxed now if it was bytes alone.
+    fn state(&mut self) -> &mut State {
+        if let Form::Made(bytes) = &mut self.0 {
+            *self = Settling::new(Source::Full(std::mem::take(bytes)));
+        }
+        match &mut self.0 {
+            Form::Settles(state) => state,
+            Form::Made(_) => unreachable!("boxed above"),
+        }
+    }
+
+    /// What the response holds until it has been sent.
+    pub fn receipts(&mut self) -> &mut Receipts {
+        &mut self.state().receipts
     }
 
     /// Sends the body at `rate`.
     pub fn pace(&mut self, rate: BodyRate) {
-        self.pacer = Some(Box::new(Pacer::new(rate)));
+        self.state().pacer = Some(Box::new(Pacer::new(rate)));
     }
 
     /// Replaces the body by `bytes`, made here; what it holds stays.
     pub fn set_made(&mut self, bytes: Bytes) {
-        self.source = Some(Source::Full(bytes));
+        match &mut self.0 {
+            Form::Made(made) => *made = bytes,
+            Form::Settles(state) => state.source = Some(Source::Full(bytes)),
+        }
     }
 
     /// The body, when it was made here in full and not sent yet.
     pub fn made(&self) -> Option<&Bytes> {
-        match &self.source {
-            Some(Source::Full(bytes)) => Some(bytes),
-            _ => None,
+        match &self.0 {
+            Form::Made(bytes) => Some(bytes),
+            Form::Settles(state) => match &state.source {
+                Some(Source::Full(bytes)) => Some(bytes),
+                _ => None,
+            },
         }
     }
 }
@@ -272,24 +288,38 @@ impl hyper::body::Body for Settling {
     type Error = BodyError;
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        self.get_mut().0.poll_frame(cx)
+        match &mut self.get_mut().0 {
+            // Its bytes, then the end (taken, they leave it empty).
+            Form::Made(bytes) => {
+                Poll::Ready(Some(std::mem::take(bytes)).filter(|b| !b.is_empty()).map(|b| Ok(Frame::data(b))))
+            }
+            Form::Settles(state) => state.poll_frame(cx),
+        }
     }
 
     /// Nothing is left to give: no data, no trailers, nothing to settle first. A body
     /// made here and empty ends with the head (a gRPC answer made here is then a
     /// trailers-only response, as the protocol requires).
     fn is_end_stream(&self) -> bool {
-        let empty = match &self.source {
+        let state = match &self.0 {
+            Form::Made(bytes) => return bytes.is_empty(),
+            Form::Settles(state) => state,
+        };
+        let empty = match &state.source {
             None => true,
             Some(Source::Full(bytes)) => bytes.is_empty(),
             Some(Source::Upstream(_)) => false,
         };
-        self.releasing.is_none() && !self.receipts.permits.holds_leases() && empty && self.held.is_empty()
+        state.releasing.is_none() && !state.receipts.permits.holds_leases() && empty && state.held.is_empty()
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.source {
-            None => SizeHint::with_exact(self.held.len() as u64),
+        let state = match &self.0 {
+            Form::Made(bytes) => return SizeHint::with_exact(bytes.len() as u64),
+            Form::Settles(state) => state,
+        };
+        match &state.source {
+            None => SizeHint::with_exact(state.held.len() as u64),
             Some(Source::Full(bytes)) => SizeHint::with_exact(bytes.len() as u64),
             Some(Source::Upstream(body)) => body.length().map_or_else(SizeHint::default, SizeHint::with_exact),
         }
@@ -298,21 +328,78 @@ impl hyper::body::Body for Settling {
 
 impl ResponseBody for Settling {
     fn poll_unsent(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        if self.releasing.is_none() {
-            self.source = None;
-            self.held = Bytes::new();
-            let debit = self.receipts.ended(None);
-            if self.settle(cx, None, debit).is_ready() {
+        let state = match &mut self.0 {
+            Form::Made(bytes) => {
+                *bytes = Bytes::new();
+                return Poll::Ready(());
+            }
+            Form::Settles(state) => state,
+        };
+        if state.releasing.is_none() {
+            state.source = None;
+            state.held = Bytes::new();
+            let debit = state.receipts.ended(None);
+            if state.settle(cx, None, debit).is_ready() {
                 return Poll::Ready(());
             }
         }
-        self.poll_released(cx).map(|_| ())
+        state.poll_released(cx).map(|_| ())
     }
 
     fn upgrade(&mut self) -> Option<Upgrade> {
-        let Some(Source::Upstream(body)) = self.source.take() else { return None };
+        let Form::Settles(state) = &mut self.0 else { return None };
+        let Some(Source::Upstream(body)) = state.source.take() else { return None };
         let (io, read) = body.into_upgrade()?;
-        let idle = self.receipts.tunnel_idle_timeout;
-        Some(Upgrade { io: Box::new(io), read, idle, held: Box::new(std::mem::take(&mut self.receipts)) })
+        let idle = state.receipts.tunnel_idle_timeout;
+        Some(Upgrade { io: Box::new(io), read, idle, held: Box::new(std::mem::take(&mut state.receipts)) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper::body::Body as _;
+
+    /// Every frame `body` gives, polled to its end (a made body never waits, and gives
+    /// its bytes in one frame).
+    fn frames(mut body: Settling) -> Vec<Bytes> {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut given = Vec::new();
+        for _ in 0..3 {
+            match Pin::new(&mut body).poll_frame(&mut cx) {
+                Poll::Ready(Some(Ok(frame))) => given.push(frame.into_data().expect("data")),
+                Poll::Ready(None) => return given,
+                other => panic!("a made body gave {:?}", other.map(|f| f.map(|f| f.map(|_| ())))),
+            }
+        }
+        panic!("a made body did not end: {given:?}")
+    }
+
+    #[test]
+    fn a_body_made_here_is_its_bytes_alone_until_it_holds_something() {
+        let body = Settling::from(Bytes::from_static(b"Too Many Requests\n"));
+        assert!(matches!(body.0, Form::Made(_)));
+        assert_eq!(body.size_hint().exact(), Some(18));
+        assert!(!body.is_end_stream());
+        assert_eq!(frames(body), [Bytes::from_static(b"Too Many Requests\n")]);
+
+        // Given receipts, it is boxed with its bytes, and gives the same.
+        let mut body = Settling::from(Bytes::from_static(b"ok\n"));
+        body.receipts().tunnel_idle_timeout = std::time::Duration::from_secs(1);
+        assert!(matches!(body.0, Form::Settles(_)));
+        assert_eq!(body.made().map(Bytes::as_ref), Some(&b"ok\n"[..]));
+        assert_eq!(body.size_hint().exact(), Some(3));
+        assert_eq!(frames(body), [Bytes::from_static(b"ok\n")]);
+
+        // Emptied (a gRPC answer made here), in either form: it ends with its head.
+        let made = Settling::from(Bytes::from_static(b"x"));
+        let mut boxed = Settling::from(Bytes::from_static(b"x"));
+        boxed.receipts();
+        for mut body in [made, boxed] {
+            body.set_made(Bytes::new());
+            assert!(body.is_end_stream());
+            assert_eq!(body.size_hint().exact(), Some(0));
+            assert_eq!(frames(body), Vec::<Bytes>::new());
+        }
     }
 }

@@ -401,7 +401,7 @@ impl Proxy {
                 }
                 (None, Ok(r)) => {
                     let (pending, metrics) = (std::mem::take(&mut admitted.pending), Arc::clone(&self.metrics));
-                    r.body.receipts.grpc_end = Some(Box::new(move |code| {
+                    r.body.receipts().grpc_end = Some(Box::new(move |code| {
                         metrics.grpc(index, code);
                         let (global, charges) = pending.settle(code.map_or(status, grpc::counted_status));
                         if let Some(global) = global {
@@ -421,8 +421,8 @@ impl Proxy {
             global.await;
         }
         let mut response = response?;
-        response.body.receipts.permits = std::mem::take(&mut admitted.permits);
-        response.body.receipts.meter = meter;
+        response.body.receipts().permits = std::mem::take(&mut admitted.permits);
+        response.body.receipts().meter = meter;
         // A tunnel is not paced: its bytes are no response body.
         if let Some(rate) = route.body_rate
             && response.status != http::StatusCode::SWITCHING_PROTOCOLS
@@ -430,7 +430,7 @@ impl Proxy {
             response.body.pace(rate);
         }
         if let Action::Forward(upstream) = &route.action {
-            response.body.receipts.tunnel_idle_timeout = config.upstreams[*upstream].tunnel_idle_timeout;
+            response.body.receipts().tunnel_idle_timeout = config.upstreams[*upstream].tunnel_idle_timeout;
         }
         if config.ratelimit_headers == HeaderMode::All {
             self.add_ratelimit_headers(&mut response, &admitted.standings);
@@ -677,7 +677,7 @@ fn finish(mut response: Response, trace: Trace, grpc: bool) -> Response {
         if grpc {
             entry.grpc_status = grpc_status_in_head(&response).map(|c| c.0);
         }
-        response.body.receipts.access = Some(entry);
+        response.body.receipts().access = Some(entry);
     }
     response
 }
