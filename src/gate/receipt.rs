@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
 use smallvec::SmallVec;
 
 use crate::clock::Nanos;
@@ -12,9 +14,6 @@ use crate::limit::Limiters;
 use crate::policy::charge::Charge;
 use crate::policy::key::KeyHash;
 use crate::store::{Admissions, Lease};
-
-/// The settling of a request's global admissions in Redis, to be awaited.
-pub type GlobalSettling = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// The concurrency slots a request holds, given back when this is dropped or released.
 #[derive(Default)]
@@ -60,7 +59,7 @@ impl Pending {
     /// Not an `async fn`, and the settling in Redis boxed: a future would be built and
     /// moved, at its full size, for every request, most of which have no global
     /// admissions.
-    pub fn settle(self, status: u16) -> (Option<GlobalSettling>, Option<Charges>) {
+    pub fn settle(self, status: u16) -> (Option<BoxFuture<'static, ()>>, Option<Charges>) {
         let Pending { limiters, admissions, cost, global } = self;
         let mut charges = Charges { limiters: None, local: SmallVec::new(), global: None, cost };
         if let Some(limiters) = &limiters {
@@ -82,7 +81,7 @@ impl Pending {
                 charges.limiters = limiters.clone();
                 charges.global = Some(Box::new(charged));
             }
-            Box::pin(async move { settled.settle(cost, status).await }) as GlobalSettling
+            async move { settled.settle(cost, status).await }.boxed()
         });
         (global, charges.limiters.is_some().then_some(charges))
     }
