@@ -188,25 +188,35 @@ impl Proxy {
     }
 
     /// Serves one request that came on `conn`. Never fails: every outcome is a response.
-    pub async fn handle(self: Arc<Self>, request: Request<'_>, conn: &ClientConn) -> Response {
-        let Request { head, framing, body } = request;
-        let mut trace = Trace(self.access_log.as_ref().map(|log| access_log::Entry::begin(log, &head, conn.peer.ip())));
-        // What sluicegate answers a gRPC call itself is a gRPC response.
-        let grpc = grpc::is_grpc(head.fields.first_of(Known::ContentType));
-        let error = |e: &ProxyError| match grpc {
-            true => response::grpc(response::error(e), e.grpc_code(), None),
-            false => response::error(e),
-        };
-        // The admission is taken apart before the request is served: an answer already
-        // made is not held in the request's state while another is made.
-        let mut admitted = match self.admit(&head, framing, conn, grpc, &mut trace).await {
-            Ok(Admission::Go(admitted)) => admitted,
-            Ok(Admission::Answer(response)) => return finish(response, trace, grpc),
-            Err(e) => return finish(error(&e), trace, grpc),
-        };
-        let response = self.serve(&head, framing, body, &mut admitted, conn, &mut trace).await;
-        // Each fault was logged where it happened, with what it concerned.
-        finish(response.unwrap_or_else(|e| error(&e)), trace, grpc)
+    // A block, not an `async fn`, read where it lies: an `async fn` keeps each argument
+    // twice in its future (as given, and moved into its body), in every request's box.
+    #[allow(clippy::manual_async_fn)]
+    pub fn handle<'a>(
+        self: Arc<Self>,
+        request: Request<'a>,
+        conn: &'a ClientConn,
+    ) -> impl Future<Output = Response> + 'a {
+        async move {
+            let (head, framing) = (&request.head, request.framing);
+            let mut trace =
+                Trace(self.access_log.as_ref().map(|log| access_log::Entry::begin(log, head, conn.peer.ip())));
+            // What sluicegate answers a gRPC call itself is a gRPC response.
+            let grpc = grpc::is_grpc(head.fields.first_of(Known::ContentType));
+            let error = |e: &ProxyError| match grpc {
+                true => response::grpc(response::error(e), e.grpc_code(), None),
+                false => response::error(e),
+            };
+            // The admission is taken apart before the request is served: an answer already
+            // made is not held in the request's state while another is made.
+            let mut admitted = match self.admit(head, framing, conn, grpc, &mut trace).await {
+                Ok(Admission::Go(admitted)) => admitted,
+                Ok(Admission::Answer(response)) => return finish(response, trace, grpc),
+                Err(e) => return finish(error(&e), trace, grpc),
+            };
+            let response = self.serve(head, framing, request.body, &mut admitted, conn, &mut trace).await;
+            // Each fault was logged where it happened, with what it concerned.
+            finish(response.unwrap_or_else(|e| error(&e)), trace, grpc)
+        }
     }
 
     /// The first step: everything up to and including the limits' decision. A request
@@ -326,7 +336,9 @@ impl Proxy {
     /// exchange (or the static response) and the settling of `count:` limits. The
     /// response carries the request's slots until it has been sent (an upgrade's, until
     /// its tunnel closes).
-    async fn serve(
+    // A block, not an `async fn`, as `handle` is.
+    #[allow(clippy::manual_async_fn)]
+    fn serve(
         &self,
         head: &RequestHead<'_>,
         framing: Framing,
@@ -334,108 +346,110 @@ impl Proxy {
         admitted: &mut Admitted,
         conn: &ClientConn,
         trace: &mut Trace,
-    ) -> Result<Response, ProxyError> {
-        // Borrowed, not moved: the request's state holds it once.
-        let index = admitted.route;
-        let (config, route) = (&self.config, &self.config.routes[index]);
-        if !admitted.wait.is_zero() {
-            // A client that goes away while waiting drops this future here: its request
-            // never reaches the upstream and its permits are released. (Boxed: most
-            // requests do not wait, nor carry a timer's room.)
-            Box::pin(tokio::time::sleep(admitted.wait)).await;
-        }
-        let vars = variables::Request {
-            client_ip: admitted.client_ip,
-            host: head.fields.first_of(Known::Host).or(head.authority.map(str::as_bytes)),
-            target: head.target.as_bytes(),
-            tls: conn.tls,
-        };
-        let response = match &route.action {
-            Action::Respond(r) => Ok(response::static_response(r, &vars)),
-            Action::Forward(upstream) => {
-                let hop = Hop {
-                    peer: conn.peer.ip(),
-                    trusted_peer: admitted.trusted_peer,
-                    tls: conn.tls,
-                    forwarded: config.forwarded,
-                    upgrade: hop::upgrade_protocol(head.version, head.fields),
-                    rewrite: &route.rewrite,
-                    authority: head.authority.map(str::as_bytes),
-                    underscores: config.underscores_in_headers,
-                    vars,
-                };
-                let target = admitted.target.as_deref().unwrap_or(head.target);
-                let host = &route.rewrite.upstream_host;
-                let out = Outgoing { head, target, framing, hop, host, balance_key: admitted.balance_key };
-                // Awaited here rather than in a function of its own: each future nested in
-                // another is moved into it whole (its room for every state), a copy per level.
-                let mut bounded =
-                    body.map(|b| upstream::RequestBody::new(b, route.max_body_bytes, config.body_read_timeout));
-                let started = Instant::now();
-                let forwarded = self.upstreams[*upstream].forward(&out, bounded.as_mut()).await;
-                self.forwarded(forwarded, started, &out, index, admitted.hold.as_deref(), trace)
+    ) -> impl Future<Output = Result<Response, ProxyError>> {
+        async move {
+            // Borrowed, not moved: the request's state holds it once.
+            let index = admitted.route;
+            let (config, route) = (&self.config, &self.config.routes[index]);
+            if !admitted.wait.is_zero() {
+                // A client that goes away while waiting drops this future here: its request
+                // never reaches the upstream and its permits are released. (Boxed: most
+                // requests do not wait, nor carry a timer's room.)
+                Box::pin(tokio::time::sleep(admitted.wait)).await;
             }
-        };
-
-        // Limits that count only some statuses keep or take back this request now; in
-        // Redis (boxed, with the response: most requests have nothing to settle there).
-        let mut response = response;
-        let mut status = response.as_ref().map_or_else(|e| e.status(), |r| r.status).as_u16();
-        // Limits that charge what the response reports read it as it passes (boxed: most
-        // responses have none).
-        let mut meter = match &response {
-            Ok(r) => Meter::new(admitted.pending.charging(), r).map(Box::new),
-            Err(_) => None,
-        };
-        if admitted.grpc {
-            // A gRPC call counts by its gRPC status: that of a trailers-only answer's
-            // head, or else that of its trailers, at the end of its body.
-            let in_head = match &response {
-                Ok(r) => grpc_status_in_head(r),
-                Err(e) => Some(e.grpc_code()),
+            let vars = variables::Request {
+                client_ip: admitted.client_ip,
+                host: head.fields.first_of(Known::Host).or(head.authority.map(str::as_bytes)),
+                target: head.target.as_bytes(),
+                tls: conn.tls,
             };
-            match (in_head, &mut response) {
-                (Some(code), _) => {
-                    self.metrics.grpc(index, Some(code));
-                    status = grpc::counted_status(code);
+            let response = match &route.action {
+                Action::Respond(r) => Ok(response::static_response(r, &vars)),
+                Action::Forward(upstream) => {
+                    let hop = Hop {
+                        peer: conn.peer.ip(),
+                        trusted_peer: admitted.trusted_peer,
+                        tls: conn.tls,
+                        forwarded: config.forwarded,
+                        upgrade: hop::upgrade_protocol(head.version, head.fields),
+                        rewrite: &route.rewrite,
+                        authority: head.authority.map(str::as_bytes),
+                        underscores: config.underscores_in_headers,
+                        vars,
+                    };
+                    let target = admitted.target.as_deref().unwrap_or(head.target);
+                    let host = &route.rewrite.upstream_host;
+                    let out = Outgoing { head, target, framing, hop, host, balance_key: admitted.balance_key };
+                    // Awaited here rather than in a function of its own: each future nested in
+                    // another is moved into it whole (its room for every state), a copy per level.
+                    let mut bounded =
+                        body.map(|b| upstream::RequestBody::new(b, route.max_body_bytes, config.body_read_timeout));
+                    let started = Instant::now();
+                    let forwarded = self.upstreams[*upstream].forward(&out, bounded.as_mut()).await;
+                    self.forwarded(forwarded, started, &out, index, admitted.hold.as_deref(), trace)
                 }
-                (None, Ok(r)) => {
-                    let (pending, metrics) = (std::mem::take(&mut admitted.pending), Arc::clone(&self.metrics));
-                    r.body.receipts().grpc_end = Some(Box::new(move |code| {
-                        metrics.grpc(index, code);
-                        let (global, charges) = pending.settle(code.map_or(status, grpc::counted_status));
-                        if let Some(global) = global {
-                            tokio::spawn(global);
-                        }
-                        charges
-                    }));
+            };
+
+            // Limits that count only some statuses keep or take back this request now; in
+            // Redis (boxed, with the response: most requests have nothing to settle there).
+            let mut response = response;
+            let mut status = response.as_ref().map_or_else(|e| e.status(), |r| r.status).as_u16();
+            // Limits that charge what the response reports read it as it passes (boxed: most
+            // responses have none).
+            let mut meter = match &response {
+                Ok(r) => Meter::new(admitted.pending.charging(), r).map(Box::new),
+                Err(_) => None,
+            };
+            if admitted.grpc {
+                // A gRPC call counts by its gRPC status: that of a trailers-only answer's
+                // head, or else that of its trailers, at the end of its body.
+                let in_head = match &response {
+                    Ok(r) => grpc_status_in_head(r),
+                    Err(e) => Some(e.grpc_code()),
+                };
+                match (in_head, &mut response) {
+                    (Some(code), _) => {
+                        self.metrics.grpc(index, Some(code));
+                        status = grpc::counted_status(code);
+                    }
+                    (None, Ok(r)) => {
+                        let (pending, metrics) = (std::mem::take(&mut admitted.pending), Arc::clone(&self.metrics));
+                        r.body.receipts().grpc_end = Some(Box::new(move |code| {
+                            metrics.grpc(index, code);
+                            let (global, charges) = pending.settle(code.map_or(status, grpc::counted_status));
+                            if let Some(global) = global {
+                                tokio::spawn(global);
+                            }
+                            charges
+                        }));
+                    }
+                    (None, Err(_)) => {}
                 }
-                (None, Err(_)) => {}
             }
+            let (global, charges) = std::mem::take(&mut admitted.pending).settle(status);
+            if let Some(meter) = &mut meter {
+                meter.charges = charges;
+            }
+            if let Some(global) = global {
+                global.await;
+            }
+            let mut response = response?;
+            response.body.receipts().permits = std::mem::take(&mut admitted.permits);
+            response.body.receipts().meter = meter;
+            // A tunnel is not paced: its bytes are no response body.
+            if let Some(rate) = route.body_rate
+                && response.status != http::StatusCode::SWITCHING_PROTOCOLS
+            {
+                response.body.pace(rate);
+            }
+            if let Action::Forward(upstream) = &route.action {
+                response.body.receipts().tunnel_idle_timeout = config.upstreams[*upstream].tunnel_idle_timeout;
+            }
+            if config.ratelimit_headers == HeaderMode::All {
+                self.add_ratelimit_headers(&mut response, &admitted.standings);
+            }
+            Ok(response)
         }
-        let (global, charges) = std::mem::take(&mut admitted.pending).settle(status);
-        if let Some(meter) = &mut meter {
-            meter.charges = charges;
-        }
-        if let Some(global) = global {
-            global.await;
-        }
-        let mut response = response?;
-        response.body.receipts().permits = std::mem::take(&mut admitted.permits);
-        response.body.receipts().meter = meter;
-        // A tunnel is not paced: its bytes are no response body.
-        if let Some(rate) = route.body_rate
-            && response.status != http::StatusCode::SWITCHING_PROTOCOLS
-        {
-            response.body.pace(rate);
-        }
-        if let Action::Forward(upstream) = &route.action {
-            response.body.receipts().tunnel_idle_timeout = config.upstreams[*upstream].tunnel_idle_timeout;
-        }
-        if config.ratelimit_headers == HeaderMode::All {
-            self.add_ratelimit_headers(&mut response, &admitted.standings);
-        }
-        Ok(response)
     }
 
     /// The answer to a request of route `index` whose `key` is held, if it is.

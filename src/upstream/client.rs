@@ -185,100 +185,116 @@ impl UpstreamClient {
     /// Forwards `out` (its body from `body`) to a server and returns its response, body
     /// still to be read. A request that could not be sent goes to another server, at
     /// most `retries` times.
-    pub async fn forward(
+    // A block, not an `async fn`, as `attempt` is.
+    #[allow(clippy::manual_async_fn)]
+    pub fn forward(
         &self,
         out: &Outgoing<'_>,
         mut body: Option<&mut RequestBody<'_>>,
-    ) -> Result<Answer, UpstreamError> {
-        let upstream = self.servers.upstream();
-        let idempotent = out.head.method.is_idempotent();
-        let empty = matches!(out.framing, Framing::Empty | Framing::Length(0));
-        let mut tried: SmallVec<[usize; 4]> = SmallVec::new();
-        let mut failed = None;
-        // A gRPC call's deadline bounds the wait for its answer as well.
-        let grpc_timeout = out.head.fields.first_of(Known::GrpcTimeout).and_then(grpc::timeout);
-        let deadline = grpc_timeout.map(|d| tokio::time::Instant::now() + d);
-        self.servers.ready().await;
-        loop {
-            let picked = match self.servers.pick(out.balance_key, &tried, Instant::now()) {
-                Some(server) => Some(server),
-                // Boxed: what is rare stays out of the future every request moves around.
-                None => Box::pin(self.wait_for_room(out.balance_key, &tried)).await?,
-            };
-            let Some(server) = picked else {
-                // After a failure that could be retried, the others are out or tried:
-                // that failure is the answer.
-                return Err(failed.unwrap_or_else(|| {
-                    warn!(upstream, servers = %self.servers.addresses(), "all servers of the upstream are out");
-                    UpstreamError::NoServer { upstream: upstream.to_owned() }
-                }));
-            };
-            tried.push(server.id());
-            // No further attempt when retries are spent or every server has had its turn.
-            let last = tried.len() > self.retries as usize || tried.len() == self.servers.len();
-            let address = server.address().clone();
-            let mut fresh = false;
-            let error = loop {
-                let taken_before = body.as_ref().is_some_and(|b| b.taken);
-                // A request without a body has none to move.
-                let progress = body.as_mut().filter(|_| !empty).map(|b| b.progress());
-                let wait = Wait { timeout: self.timeout, progress: progress.as_deref(), deadline };
-                let answered = self.attempt(&server, out, body.as_deref_mut(), fresh, wait).await;
-                match answered {
-                    Ok(mut answer) => {
-                        server.succeeded(upstream);
-                        answer.body.in_flight = Some(server);
-                        answer.body.release_if_done();
-                        return Ok(answer);
+    ) -> impl Future<Output = Result<Answer, UpstreamError>> {
+        async move {
+            let upstream = self.servers.upstream();
+            let idempotent = out.head.method.is_idempotent();
+            let empty = matches!(out.framing, Framing::Empty | Framing::Length(0));
+            let mut tried: SmallVec<[usize; 4]> = SmallVec::new();
+            // The error of an attempt that will be retried (boxed: rare, and held in every
+            // request's state meanwhile).
+            let mut failed: Option<Box<UpstreamError>> = None;
+            // A gRPC call's deadline bounds the wait for its answer as well.
+            let grpc_timeout = out.head.fields.first_of(Known::GrpcTimeout).and_then(grpc::timeout);
+            let deadline = grpc_timeout.map(|d| tokio::time::Instant::now() + d);
+            self.servers.ready().await;
+            loop {
+                let picked = match self.servers.pick(out.balance_key, &tried, Instant::now()) {
+                    Some(server) => Some(server),
+                    // Boxed: what is rare stays out of the future every request moves around.
+                    None => Box::pin(self.wait_for_room(out.balance_key, &tried)).await?,
+                };
+                let Some(server) = picked else {
+                    // After a failure that could be retried, the others are out or tried:
+                    // that failure is the answer.
+                    return Err(failed.map_or_else(
+                        || {
+                            warn!(upstream, servers = %self.servers.addresses(), "all servers of the upstream are out");
+                            UpstreamError::NoServer { upstream: upstream.to_owned() }
+                        },
+                        |failed| *failed,
+                    ));
+                };
+                tried.push(server.id());
+                // No further attempt when retries are spent or every server has had its turn.
+                let last = tried.len() > self.retries as usize || tried.len() == self.servers.len();
+                let mut fresh = false;
+                let error = loop {
+                    let taken_before = body.as_ref().is_some_and(|b| b.taken);
+                    // A request without a body has none to move.
+                    let progress = body.as_mut().filter(|_| !empty).map(|b| b.progress());
+                    let wait = Wait { timeout: self.timeout, progress: progress.as_deref(), deadline };
+                    let answered = self.attempt(&server, out, body.as_deref_mut(), fresh, wait).await;
+                    match answered {
+                        Ok(mut answer) => {
+                            server.succeeded(upstream);
+                            answer.body.in_flight = Some(server);
+                            answer.body.release_if_done();
+                            return Ok(answer);
+                        }
+                        Err(Failure::Expired(Expired::Deadline)) => {
+                            // The client gave up: that says nothing of the server's health.
+                            return Err(UpstreamError::Timeout {
+                                upstream: upstream.to_owned(),
+                                server: server.address().clone(),
+                                timeout: grpc_timeout.unwrap_or(self.timeout),
+                                deadline: true,
+                            });
+                        }
+                        Err(Failure::Expired(Expired::Stalled)) => {
+                            server.failed(upstream, Instant::now());
+                            // The request was sent and may be in progress there: not retried.
+                            return Err(UpstreamError::Timeout {
+                                upstream: upstream.to_owned(),
+                                server: server.address().clone(),
+                                timeout: self.timeout,
+                                deadline: false,
+                            });
+                        }
+                        // The client's fault says nothing of the server's health, and a body
+                        // that failed cannot be sent again.
+                        Err(Failure::Body(e)) => {
+                            return Err(match body.as_ref().and_then(|b| b.fault) {
+                                Some(fault) => UpstreamError::Body(fault),
+                                None => UpstreamError::ClientBody { source: e },
+                            });
+                        }
+                        Err(Failure::Send { error, reused: true, responded: false })
+                            if !fresh && !taken_before && may_retry(&error, idempotent, empty, body.as_deref()) =>
+                        {
+                            // A kept-alive connection the server had closed: a new one.
+                            fresh = true;
+                        }
+                        Err(Failure::Send { error, .. }) => break error,
                     }
-                    Err(Failure::Expired(Expired::Deadline)) => {
-                        // The client gave up: that says nothing of the server's health.
-                        return Err(UpstreamError::Timeout {
-                            upstream: upstream.to_owned(),
-                            server: address,
-                            timeout: grpc_timeout.unwrap_or(self.timeout),
-                            deadline: true,
-                        });
+                };
+                server.failed(upstream, Instant::now());
+                let retry = !last && may_retry(&error, idempotent, empty, body.as_deref());
+                let error = if let SendError::Connect(_) = error {
+                    UpstreamError::Unreachable {
+                        upstream: upstream.to_owned(),
+                        server: server.address().clone(),
+                        source: error,
                     }
-                    Err(Failure::Expired(Expired::Stalled)) => {
-                        server.failed(upstream, Instant::now());
-                        // The request was sent and may be in progress there: not retried.
-                        return Err(UpstreamError::Timeout {
-                            upstream: upstream.to_owned(),
-                            server: address,
-                            timeout: self.timeout,
-                            deadline: false,
-                        });
+                } else {
+                    UpstreamError::Failed {
+                        upstream: upstream.to_owned(),
+                        server: server.address().clone(),
+                        source: error,
                     }
-                    // The client's fault says nothing of the server's health, and a body
-                    // that failed cannot be sent again.
-                    Err(Failure::Body(e)) => {
-                        return Err(match body.as_ref().and_then(|b| b.fault) {
-                            Some(fault) => UpstreamError::Body(fault),
-                            None => UpstreamError::ClientBody { source: e },
-                        });
-                    }
-                    Err(Failure::Send { error, reused: true, responded: false })
-                        if !fresh && !taken_before && may_retry(&error, idempotent, empty, body.as_deref()) =>
-                    {
-                        // A kept-alive connection the server had closed: a new one.
-                        fresh = true;
-                    }
-                    Err(Failure::Send { error, .. }) => break error,
+                };
+                if !retry {
+                    return Err(error);
                 }
-            };
-            server.failed(upstream, Instant::now());
-            let retry = !last && may_retry(&error, idempotent, empty, body.as_deref());
-            let error = if let SendError::Connect(_) = error {
-                UpstreamError::Unreachable { upstream: upstream.to_owned(), server: address, source: error }
-            } else {
-                UpstreamError::Failed { upstream: upstream.to_owned(), server: address, source: error }
-            };
-            if !retry {
-                return Err(error);
+                warn!(upstream, error = %error, "attempt failed, trying another server");
+                failed = Some(Box::new(error));
             }
-            warn!(upstream, error = %error, "attempt failed, trying another server");
-            failed = Some(error);
         }
     }
 
@@ -317,87 +333,91 @@ impl UpstreamClient {
 
     /// One attempt on `server` (a new connection when `fresh`), its answer awaited as
     /// `wait` says.
-    async fn attempt(
+    // A block, not an `async fn`, as `answered` is.
+    #[allow(clippy::manual_async_fn)]
+    fn attempt(
         &self,
         server: &InFlight,
         out: &Outgoing<'_>,
         body: Option<&mut RequestBody<'_>>,
         fresh: bool,
         wait: Wait<'_>,
-    ) -> Result<Answer, Failure> {
-        let client = || out.head.fields.first_of(Known::Host).or(out.head.authority.map(str::as_bytes));
-        let host = match out.host {
-            // HTTP/1 needs a `Host`; a client's HTTP/1.0 request may come without.
-            UpstreamHost::Keep => client().map(Cow::Borrowed),
-            UpstreamHost::KeepName => client().map(variables::host_name),
-            UpstreamHost::Name(name) => Some(Cow::Borrowed(name.as_bytes())),
-            UpstreamHost::Server => Some(Cow::Borrowed(server.host().as_str().as_bytes())),
-        };
-        let host = host.or(Some(Cow::Borrowed(server.host().as_str().as_bytes())));
-        let host = host.as_deref();
-        let body = body.map(|b| b as &mut dyn BodySource);
-        if self.http2 {
-            // Boxed: HTTP/1 requests do not carry its room. (A timer of its own: the
-            // exchange shares its connection with others.)
-            return Box::pin(async {
-                let timer = std::pin::pin!(tokio::time::sleep(wait.timeout));
-                let attempt = std::pin::pin!(self.attempt_h2(server, out, body, host));
-                wait.answered(timer, attempt).await.map_err(Failure::Expired)?
-            })
-            .await;
-        }
-        // A request that cannot be sent again must not go out on a connection the server
-        // has closed already: its socket is asked.
-        let take = match (fresh, out.head.method.is_idempotent()) {
-            (true, _) => Take::New,
-            (false, true) => Take::Idle,
-            (false, false) => Take::IdleChecked,
-        };
-        let checkout = self.pool.checkout(server.address(), server.tls(), take);
-        let mut conn = match wait.deadline {
-            None => checkout.await,
-            // A connection still to be made is bounded by the call's deadline too.
-            Some(deadline) => Box::pin(tokio::time::timeout_at(deadline, checkout))
-                .await
-                .map_err(|_| Failure::Expired(Expired::Deadline))?,
-        }
-        .map_err(Failure::connect)?;
-        let reused = conn.reused;
-        let mut head = std::mem::take(&mut conn.head);
-        let mut writer = write::Head::request(&mut head, out.head.method, out.target);
-        hop::request_fields(out.head.fields, &out.hop, host, &mut |name, value| writer.field(name, value));
-        match out.framing {
-            Framing::Empty => {}
-            Framing::Length(n) => writer.content_length(n),
-            Framing::Chunked | Framing::UntilClose => writer.field(b"transfer-encoding", b"chunked"),
-        }
-        writer.end();
-        let framing = if out.framing == Framing::UntilClose { Framing::Chunked } else { out.framing };
-        let mut timer = conn.timer.take().unwrap_or_else(|| Box::pin(tokio::time::sleep(wait.timeout)));
-        let exchanged = {
-            let exchange =
-                std::pin::pin!(exchange(&mut conn, &head, body, framing, out.head.method, MAX_RESPONSE_HEAD));
-            wait.answered(timer.as_mut(), exchange).await
-        };
-        conn.timer = Some(timer);
-        conn.head = head;
-        let (result, sent) = exchanged.map_err(Failure::Expired)?;
-        let (response, read) = match result {
-            Ok(response) => response,
-            Err(ExchangeError::Body(e)) => return Err(Failure::Body(e)),
-            Err(e) => {
-                let responded = matches!(e, ExchangeError::Response(_));
-                return Err(Failure::Send { error: SendError::Exchange(e), reused, responded });
+    ) -> impl Future<Output = Result<Answer, Failure>> {
+        async move {
+            let client = || out.head.fields.first_of(Known::Host).or(out.head.authority.map(str::as_bytes));
+            let host = match out.host {
+                // HTTP/1 needs a `Host`; a client's HTTP/1.0 request may come without.
+                UpstreamHost::Keep => client().map(Cow::Borrowed),
+                UpstreamHost::KeepName => client().map(variables::host_name),
+                UpstreamHost::Name(name) => Some(Cow::Borrowed(name.as_bytes())),
+                UpstreamHost::Server => Some(Cow::Borrowed(server.host().as_str().as_bytes())),
+            };
+            let host = host.or(Some(Cow::Borrowed(server.host().as_str().as_bytes())));
+            let host = host.as_deref();
+            let body = body.map(|b| b as &mut dyn BodySource);
+            if self.http2 {
+                // Boxed: HTTP/1 requests do not carry its room. (A timer of its own: the
+                // exchange shares its connection with others.)
+                return Box::pin(async {
+                    let timer = std::pin::pin!(tokio::time::sleep(wait.timeout));
+                    let attempt = std::pin::pin!(self.attempt_h2(server, out, body, host));
+                    wait.answered(timer, attempt).await.map_err(Failure::Expired)?
+                })
+                .await;
             }
-        };
-        if response.status == StatusCode::SWITCHING_PROTOCOLS && out.hop.upgrade.is_none() {
-            let e = ExchangeError::Response("101 Switching Protocols to a request that asked for no upgrade");
-            return Err(Failure::Send { error: SendError::Exchange(e), reused, responded: true });
+            // A request that cannot be sent again must not go out on a connection the server
+            // has closed already: its socket is asked.
+            let take = match (fresh, out.head.method.is_idempotent()) {
+                (true, _) => Take::New,
+                (false, true) => Take::Idle,
+                (false, false) => Take::IdleChecked,
+            };
+            let checkout = self.pool.checkout(server.address(), server.tls(), take);
+            let mut conn = match wait.deadline {
+                None => checkout.await,
+                // A connection still to be made is bounded by the call's deadline too.
+                Some(deadline) => Box::pin(tokio::time::timeout_at(deadline, checkout))
+                    .await
+                    .map_err(|_| Failure::Expired(Expired::Deadline))?,
+            }
+            .map_err(Failure::connect)?;
+            let reused = conn.reused;
+            let mut head = std::mem::take(&mut conn.head);
+            let mut writer = write::Head::request(&mut head, out.head.method, out.target);
+            hop::request_fields(out.head.fields, &out.hop, host, &mut |name, value| writer.field(name, value));
+            match out.framing {
+                Framing::Empty => {}
+                Framing::Length(n) => writer.content_length(n),
+                Framing::Chunked | Framing::UntilClose => writer.field(b"transfer-encoding", b"chunked"),
+            }
+            writer.end();
+            let framing = if out.framing == Framing::UntilClose { Framing::Chunked } else { out.framing };
+            let mut timer = conn.timer.take().unwrap_or_else(|| Box::pin(tokio::time::sleep(wait.timeout)));
+            let exchanged = {
+                let exchange =
+                    std::pin::pin!(exchange(&mut conn, &head, body, framing, out.head.method, MAX_RESPONSE_HEAD));
+                wait.answered(timer.as_mut(), exchange).await
+            };
+            conn.timer = Some(timer);
+            conn.head = head;
+            let (result, sent) = exchanged.map_err(Failure::Expired)?;
+            let (response, read) = match result {
+                Ok(response) => response,
+                Err(ExchangeError::Body(e)) => return Err(Failure::Body(e)),
+                Err(e) => {
+                    let responded = matches!(e, ExchangeError::Response(_));
+                    return Err(Failure::Send { error: SendError::Exchange(e), reused, responded });
+                }
+            };
+            if response.status == StatusCode::SWITCHING_PROTOCOLS && out.hop.upgrade.is_none() {
+                let e = ExchangeError::Response("101 Switching Protocols to a request that asked for no upgrade");
+                return Err(Failure::Send { error: SendError::Exchange(e), reused, responded: true });
+            }
+            let mut body = BodyKind::H1 { body: ResponseBody::new(conn, &response, read), sent: sent.all };
+            // A response without a body (204, 304, to HEAD) is read already.
+            body.give_back_if_done();
+            Ok(UpstreamResponse::new(response.status, ServerFields::H1(response), body))
         }
-        let mut body = BodyKind::H1 { body: ResponseBody::new(conn, &response, read), sent: sent.all };
-        // A response without a body (204, 304, to HEAD) is read already.
-        body.give_back_if_done();
-        Ok(UpstreamResponse::new(response.status, ServerFields::H1(response), body))
     }
 
     async fn attempt_h2(
@@ -452,37 +472,41 @@ impl Wait<'_> {
     /// an earlier exchange on the connection rings a little early, and is then set
     /// again for what is left. (`Sleep::reset` costs about 140 instructions: the
     /// deadline made a tick, then stored.)
-    async fn answered<T>(
+    // A block, not an `async fn`: an `async fn` keeps each argument twice in its future.
+    #[allow(clippy::manual_async_fn)]
+    fn answered<T>(
         self,
         mut timer: Pin<&mut Sleep>,
         mut attempt: Pin<&mut impl Future<Output = T>>,
-    ) -> Result<T, Expired> {
-        let Wait { timeout, progress, deadline } = self;
-        let started = tokio::time::Instant::now();
-        let mut now = started;
-        loop {
-            let stalled_at = progress.map_or(started, |p| p.last().max(started)) + timeout;
-            let (at, expired) = match deadline {
-                Some(deadline) if deadline < stalled_at => (deadline, Expired::Deadline),
-                _ => (stalled_at, Expired::Stalled),
-            };
-            if !(now < timer.deadline() && timer.deadline() <= at) {
-                timer.as_mut().reset(at);
-            }
-            let outcome = poll_fn(|cx| match attempt.as_mut().poll(cx) {
-                Poll::Ready(outcome) => Poll::Ready(Some(outcome)),
-                Poll::Pending => timer.as_mut().poll(cx).map(|()| None),
-            })
-            .await;
-            if let Some(outcome) = outcome {
-                return Ok(outcome);
-            }
-            now = tokio::time::Instant::now();
-            // Rung early (set for an earlier exchange), or the body moved since it was
-            // set: the wait goes on from there.
-            let moved = matches!(expired, Expired::Stalled) && progress.is_some_and(|p| p.last() + timeout > now);
-            if now >= at && !moved {
-                return Err(expired);
+    ) -> impl Future<Output = Result<T, Expired>> {
+        async move {
+            let Wait { timeout, progress, deadline } = self;
+            let started = tokio::time::Instant::now();
+            let mut now = started;
+            loop {
+                let stalled_at = progress.map_or(started, |p| p.last().max(started)) + timeout;
+                let (at, expired) = match deadline {
+                    Some(deadline) if deadline < stalled_at => (deadline, Expired::Deadline),
+                    _ => (stalled_at, Expired::Stalled),
+                };
+                if !(now < timer.deadline() && timer.deadline() <= at) {
+                    timer.as_mut().reset(at);
+                }
+                let outcome = poll_fn(|cx| match attempt.as_mut().poll(cx) {
+                    Poll::Ready(outcome) => Poll::Ready(Some(outcome)),
+                    Poll::Pending => timer.as_mut().poll(cx).map(|()| None),
+                })
+                .await;
+                if let Some(outcome) = outcome {
+                    return Ok(outcome);
+                }
+                now = tokio::time::Instant::now();
+                // Rung early (set for an earlier exchange), or the body moved since it was
+                // set: the wait goes on from there.
+                let moved = matches!(expired, Expired::Stalled) && progress.is_some_and(|p| p.last() + timeout > now);
+                if now >= at && !moved {
+                    return Err(expired);
+                }
             }
         }
     }

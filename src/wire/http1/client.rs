@@ -45,59 +45,64 @@ pub struct Sent {
 /// come (`BodySource::poll_interim`), each parsed from what is already read before
 /// reading more: a server may send an interim and the final response in one write.
 /// Returns the final head and the bytes already read after it, with what was sent.
-pub async fn exchange<I: AsyncRead + AsyncWrite + Unpin, B: BodySource + ?Sized>(
+// A block, not an `async fn`: an `async fn` keeps each argument twice in its future,
+// which lives in every forwarded request's state.
+#[allow(clippy::manual_async_fn)]
+pub fn exchange<I: AsyncRead + AsyncWrite + Unpin, B: BodySource + ?Sized>(
     io: &mut I,
     head: &[u8],
     body: Option<&mut B>,
     framing: Framing,
     method: &Method,
     max_head: usize,
-) -> (Result<(ResponseHead, BytesMut), ExchangeError>, Sent) {
-    let mut sent = Sent::default();
-    let mut out = Sending { head, written: 0, chunk: None, framing, body, ended: framing == Framing::Empty };
-    let mut buf = BytesMut::new();
-    // An interim head read and not yet taken by the client's side.
-    let mut interim: Option<ResponseHead> = None;
-    let result = poll_fn(|cx| {
-        // Writing goes on while the response is awaited: a server may answer before it
-        // has read the whole body, or only after.
-        if let Err(e) = out.poll_send(cx, io, &mut sent) {
-            return Poll::Ready(Err(e));
-        }
-        loop {
-            if let Some(head) = &interim {
-                if let Some(body) = out.body.as_deref_mut() {
-                    ready!(body.poll_interim(cx, head));
-                }
-                interim = None;
+) -> impl Future<Output = (Result<(ResponseHead, BytesMut), ExchangeError>, Sent)> {
+    async move {
+        let mut sent = Sent::default();
+        let mut out = Sending { head, written: 0, chunk: None, framing, body, ended: framing == Framing::Empty };
+        let mut buf = BytesMut::new();
+        // An interim head read and not yet taken by the client's side.
+        let mut interim: Option<ResponseHead> = None;
+        let result = poll_fn(|cx| {
+            // Writing goes on while the response is awaited: a server may answer before it
+            // has read the whole body, or only after.
+            if let Err(e) = out.poll_send(cx, io, &mut sent) {
+                return Poll::Ready(Err(e));
             }
-            if !buf.is_empty() {
-                match parse::response(&buf, method, max_head).map_err(ExchangeError::Response)? {
-                    None => {}
-                    Some((len, parsed)) => {
-                        let head = ResponseHead::new(buf.split_to(len).freeze(), parsed);
-                        if head.status.is_informational() && head.status != http::StatusCode::SWITCHING_PROTOCOLS {
-                            // 100 Continue, 103 Early Hints: the final response follows.
-                            interim = Some(head);
-                            continue;
+            loop {
+                if let Some(head) = &interim {
+                    if let Some(body) = out.body.as_deref_mut() {
+                        ready!(body.poll_interim(cx, head));
+                    }
+                    interim = None;
+                }
+                if !buf.is_empty() {
+                    match parse::response(&buf, method, max_head).map_err(ExchangeError::Response)? {
+                        None => {}
+                        Some((len, parsed)) => {
+                            let head = ResponseHead::new(buf.split_to(len).freeze(), parsed);
+                            if head.status.is_informational() && head.status != http::StatusCode::SWITCHING_PROTOCOLS {
+                                // 100 Continue, 103 Early Hints: the final response follows.
+                                interim = Some(head);
+                                continue;
+                            }
+                            return Poll::Ready(Ok(head));
                         }
-                        return Poll::Ready(Ok(head));
                     }
                 }
-            }
-            match read_into(cx, &mut *io, &mut buf) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(ExchangeError::Closed(e))),
-                Poll::Ready(Ok(0)) => {
-                    return Poll::Ready(Err(ExchangeError::Closed(io::ErrorKind::UnexpectedEof.into())));
+                match read_into(cx, &mut *io, &mut buf) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(ExchangeError::Closed(e))),
+                    Poll::Ready(Ok(0)) => {
+                        return Poll::Ready(Err(ExchangeError::Closed(io::ErrorKind::UnexpectedEof.into())));
+                    }
+                    Poll::Ready(Ok(_)) => {}
                 }
-                Poll::Ready(Ok(_)) => {}
             }
-        }
-    })
-    .await;
-    sent.all = out.ended && out.chunk.is_none() && out.written == out.head.len();
-    (result.map(|head| (head, buf)), sent)
+        })
+        .await;
+        sent.all = out.ended && out.chunk.is_none() && out.written == out.head.len();
+        (result.map(|head| (head, buf)), sent)
+    }
 }
 
 /// The request on its way out: its head, then its body.
