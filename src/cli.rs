@@ -258,7 +258,7 @@ impl Given {
             let mut read = Vec::new();
             // One byte past the most the proxy reads of a head: a head it refuses as too
             // large is refused here too, with its status.
-            let most = server::head_limits(config).head as u64 + 1;
+            let most = u64::from(server::head_limits(config).head) + 1;
             std::io::Read::take(std::io::stdin().lock(), most)
                 .read_to_end(&mut read)
                 .map_err(|e| format!("cannot read standard input: {e}"))?;
@@ -330,7 +330,7 @@ fn logged(
 /// `config`'s limits: one the proxy refuses is an error saying what it answers.
 fn raw_head(config: &Config, read: Vec<u8>) -> Result<ParsedHead, String> {
     let limits = server::head_limits(config);
-    match parse::request(&read, limits.line, limits.head) {
+    match parse::request(&read, limits.line as usize, limits.head as usize) {
         Ok(Some(parsed)) => {
             let mut bytes = Bytes::from(read);
             Ok(ParsedHead::new(bytes.split_to(parsed.len), parsed))

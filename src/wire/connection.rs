@@ -14,36 +14,44 @@ pub struct ClientConn {
     pub peer: SocketAddr,
     /// The connection is TLS: `X-Forwarded-Proto: https`.
     pub tls: bool,
-    /// Kept as long as the connection lives (a tunnel made of it included): the
-    /// connection counts under `max_connections`, and shutdown waits for it.
+    /// Shutdown's signal: the connection closes between requests once it comes. Kept,
+    /// as the hold, as long as the connection lives (a tunnel made of it included), and
+    /// shutdown waits (at most the grace period) for every receiver to be dropped.
+    stopping: watch::Receiver<()>,
+    /// Kept as long as the connection lives: the connection counts under
+    /// `max_connections` (and `max_connections_per_ip`).
     _hold: Option<ConnectionHold>,
 }
 
 impl ClientConn {
-    pub fn new(peer: SocketAddr, tls: bool, hold: ConnectionHold) -> Self {
-        ClientConn { peer, tls, _hold: Some(hold) }
+    pub fn new(peer: SocketAddr, tls: bool, stopping: watch::Receiver<()>, hold: ConnectionHold) -> Self {
+        ClientConn { peer, tls, stopping, _hold: Some(hold) }
     }
 
-    /// A connection that counts under no limit (the admin listener's).
-    pub fn unheld(peer: SocketAddr) -> Self {
-        ClientConn { peer, tls: false, _hold: None }
+    /// A connection that counts under no limit (the admin listener's), stopped by
+    /// `stopping`'s signal.
+    pub fn unheld(peer: SocketAddr, stopping: watch::Receiver<()>) -> Self {
+        ClientConn { peer, tls: false, stopping, _hold: None }
+    }
+
+    /// Shutdown's signal, as the connection sees it.
+    pub fn stopping(&self) -> &watch::Receiver<()> {
+        &self.stopping
     }
 }
 
 /// What a client connection holds while it lives, and an upgraded connection (a tunnel)
-/// after hyper has let it go: its place under `max_connections`, and a receiver of the
-/// shutdown signal, which the shutdown waits (at most the grace period) to see dropped.
+/// after hyper has let it go: its place under `max_connections`, and among its address's.
 pub struct ConnectionHold {
     _slot: tokio::sync::OwnedSemaphorePermit,
-    _draining: watch::Receiver<()>,
     _peer: Option<PeerSlot>,
 }
 
 impl ConnectionHold {
-    /// Holds `slot` of `max_connections`, the place `peer` among its address's
-    /// connections, and `draining`, until dropped.
-    pub fn new(slot: tokio::sync::OwnedSemaphorePermit, draining: watch::Receiver<()>, peer: Option<PeerSlot>) -> Self {
-        ConnectionHold { _slot: slot, _draining: draining, _peer: peer }
+    /// Holds `slot` of `max_connections` and the place `peer` among its address's
+    /// connections, until dropped.
+    pub fn new(slot: tokio::sync::OwnedSemaphorePermit, peer: Option<PeerSlot>) -> Self {
+        ConnectionHold { _slot: slot, _peer: peer }
     }
 }
 

@@ -65,15 +65,15 @@ pub fn serve<I, S>(
     conn: ClientConn,
     service: Arc<S>,
     settings: Settings,
-    stopping: watch::Receiver<()>,
 ) -> impl Future<Output = ()> + Send + 'static
 where
     I: AsyncRead + AsyncWrite + Unpin + PeerClosed + Send + 'static,
     S: Service,
 {
+    // Made out here: the block holds the connection, not its socket as well.
+    let mut c = Conn::new(io);
     async move {
-        let mut c = Conn::new(io);
-        let end = keep_alive(&mut c, &conn, &*service, &settings, &stopping).await;
+        let end = keep_alive(&mut c, &conn, &*service, &settings).await;
         let peer = conn.peer;
         match end {
             End::Closed => {}
@@ -82,61 +82,64 @@ where
             End::Ended(Ended::Stopping) => {}
             // Boxed, as every rare end: the connection's future has room for its common
             // states only.
-            rare => Box::pin(finish(rare, c, conn, service, settings, stopping)).await,
+            rare => Box::pin(finish(rare, c, conn, service, settings)).await,
         }
     }
 }
 
 /// Serves requests one after another while the connection is kept alive: how it ended.
-async fn keep_alive<I, S>(
-    c: &mut Conn<I>,
-    conn: &ClientConn,
-    service: &S,
-    settings: &Settings,
-    stopping: &watch::Receiver<()>,
-) -> End
+// A block, as `serve` is: its arguments are kept once in the connection's future.
+#[allow(clippy::manual_async_fn)]
+fn keep_alive<'a, I, S>(
+    c: &'a mut Conn<I>,
+    conn: &'a ClientConn,
+    service: &'a S,
+    settings: &'a Settings,
+) -> impl Future<Output = End> + 'a
 where
     I: AsyncRead + AsyncWrite + Unpin + PeerClosed + Send,
     S: Service,
 {
-    // One timer for the connection's life, looked at lazily (see `Waiting`): no timer is
-    // set per request.
-    let timer = tokio::time::sleep(settings.timeouts.shortest());
-    tokio::pin!(timer);
-    // Shutdown's signal, waited for once for the connection's life: a wait registered
-    // and dropped per request costs more than 300 instructions. (Its own receiver: the
-    // exchanges look at `stopping` meanwhile.)
-    let mut watcher = stopping.clone();
-    let stop = watcher.changed().fuse();
-    tokio::pin!(stop);
-    let mut waiting = Waiting {
-        since: Instant::now(),
-        first: true,
-        head_since: None,
-        stop_registered: false,
-        timer_registered: false,
-    };
-    loop {
-        let head = match poll_fn(|cx| waiting.poll_head(cx, c, settings, timer.as_mut(), stopping, stop.as_mut())).await
-        {
-            Ok(Ok(Read::Head(head))) => head,
-            Ok(Ok(Read::H2)) => return End::H2,
-            Ok(Ok(Read::Closed)) => return End::Closed,
-            Ok(Err(e)) => return End::Refused(e),
-            Err(ended) => return End::Ended(ended),
+    async move {
+        // One timer for the connection's life, looked at lazily (see `Waiting`): no timer is
+        // set per request.
+        let timer = tokio::time::sleep(settings.timeouts.shortest());
+        tokio::pin!(timer);
+        // Shutdown's signal, waited for once for the connection's life: a wait registered
+        // and dropped per request costs more than 300 instructions. (Its own receiver: the
+        // exchanges look at the connection's meanwhile.)
+        let stopping = conn.stopping();
+        let mut watcher = stopping.clone();
+        let stop = watcher.changed().fuse();
+        tokio::pin!(stop);
+        let mut waiting = Waiting {
+            since: Instant::now(),
+            first: true,
+            head_since: None,
+            stop_registered: false,
+            timer_registered: false,
         };
-        // Boxed: the request's state exists only while it is in progress. Made where
-        // it is written into its box (`Box::pin`, or a local first, would copy all of
-        // its ~2.4 KB there: 300 instructions a request). Its size is memory per request in
-        // progress, by mimalloc's size classes: 2,360 bytes, in the 2,560-byte class.
-        let exchanged =
-            Box::write(Box::new_uninit(), exchange(c, head, conn, service, settings.timeouts.send, stopping));
-        match Box::into_pin(exchanged).await {
-            Exchanged::KeepAlive => {}
-            Exchanged::Close => return End::Closed,
-            Exchanged::Upgraded(tunnel) => return End::Tunnel(tunnel),
+        loop {
+            let head =
+                match poll_fn(|cx| waiting.poll_head(cx, c, settings, timer.as_mut(), stopping, stop.as_mut())).await {
+                    Ok(Ok(Read::Head(head))) => head,
+                    Ok(Ok(Read::H2)) => return End::H2,
+                    Ok(Ok(Read::Closed)) => return End::Closed,
+                    Ok(Err(e)) => return End::Refused(e),
+                    Err(ended) => return End::Ended(ended),
+                };
+            // Boxed: the request's state exists only while it is in progress. Made where
+            // it is written into its box (`Box::pin`, or a local first, would copy all of
+            // its ~2.4 KB there: 300 instructions a request). Its size is memory per request in
+            // progress, by mimalloc's size classes: 2,360 bytes, in the 2,560-byte class.
+            let exchanged = Box::write(Box::new_uninit(), exchange(c, head, conn, service, settings.timeouts.send));
+            match Box::into_pin(exchanged).await {
+                Exchanged::KeepAlive => {}
+                Exchanged::Close => return End::Closed,
+                Exchanged::Upgraded(tunnel) => return End::Tunnel(tunnel),
+            }
+            waiting = Waiting { since: Instant::now(), first: false, head_since: None, ..waiting };
         }
-        waiting = Waiting { since: Instant::now(), first: false, head_since: None, ..waiting };
     }
 }
 
@@ -153,14 +156,8 @@ enum End {
 }
 
 /// What follows a connection's rarer ends: HTTP/2, a refusal, a tunnel.
-async fn finish<I, S>(
-    end: End,
-    mut c: Conn<I>,
-    conn: ClientConn,
-    service: Arc<S>,
-    settings: Settings,
-    stopping: watch::Receiver<()>,
-) where
+async fn finish<I, S>(end: End, mut c: Conn<I>, conn: ClientConn, service: Arc<S>, settings: Settings)
+where
     I: AsyncRead + AsyncWrite + Unpin + PeerClosed + Send + 'static,
     S: Service,
 {
@@ -169,6 +166,7 @@ async fn finish<I, S>(
         End::H2 => {
             if let Some(h2) = settings.h2 {
                 let rewound = h2::Rewind::new(std::mem::take(&mut c.buf).freeze(), c.io);
+                let stopping = conn.stopping().clone();
                 h2::serve(rewound, conn, service, h2, settings.timeouts, stopping).await;
             }
         }
@@ -293,7 +291,6 @@ fn exchange<'a, I, S>(
     conn: &'a ClientConn,
     service: &'a S,
     send_timeout: Duration,
-    stopping: &'a watch::Receiver<()>,
 ) -> impl Future<Output = Exchanged> + 'a
 where
     I: AsyncRead + AsyncWrite + Unpin + PeerClosed + Send,
@@ -342,7 +339,8 @@ where
             let queued = interim.lock().map(|mut q| std::mem::take(&mut *q)).unwrap_or_default();
             (response, true, queued, written)
         };
-        let keep_alive = head.keep_alive && !head.close_after && body_read && !stopping.has_changed().unwrap_or(true);
+        let keep_alive =
+            head.keep_alive && !head.close_after && body_read && !conn.stopping().has_changed().unwrap_or(true);
         let before = queued.get(written..).unwrap_or_default();
         match write_response(c, before, response, &head, keep_alive, send_timeout).await {
             Ok(Written::Done { .. }) if !body_read => {
@@ -697,9 +695,9 @@ mod tests {
         let bytes = Bytes::from_static(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n");
         let parsed = parse::request(&bytes, 1024, 4096).unwrap().unwrap();
         let head = parse::ParsedHead::new(bytes, parsed);
-        let conn = ClientConn::unheld("127.0.0.1:1".parse().unwrap());
         let (_stop, stopping) = watch::channel(());
-        let exchange = super::exchange(&mut c, head, &conn, &Large, Duration::from_secs(1), &stopping);
+        let conn = ClientConn::unheld("127.0.0.1:1".parse().unwrap(), stopping);
+        let exchange = super::exchange(&mut c, head, &conn, &Large, Duration::from_secs(1));
         let size = std::mem::size_of_val(&exchange);
         assert!(size < 8192 + 2048, "{size} bytes");
     }
@@ -717,8 +715,8 @@ mod tests {
     fn connect() -> (ReadHalf<DuplexStream>, WriteHalf<DuplexStream>, watch::Sender<()>) {
         let (client, server) = tokio::io::duplex(1 << 16);
         let (stop, stopping) = watch::channel(());
-        let conn = ClientConn::unheld("127.0.0.1:1".parse().unwrap());
-        tokio::spawn(serve(server, conn, Arc::new(Echo), settings(), stopping));
+        let conn = ClientConn::unheld("127.0.0.1:1".parse().unwrap(), stopping);
+        tokio::spawn(serve(server, conn, Arc::new(Echo), settings()));
         let (read, write) = tokio::io::split(client);
         (read, write, stop)
     }

@@ -40,13 +40,13 @@ pub enum Read {
     Closed,
 }
 
-/// The bounds of a request head.
+/// The bounds of a request head, in bytes (`u32`: every connection's future holds them).
 #[derive(Clone, Copy)]
 pub struct HeadLimits {
     /// The request line (method, target, version).
-    pub line: usize,
+    pub line: u32,
     /// The whole head.
-    pub head: usize,
+    pub head: u32,
 }
 
 impl<I: AsyncRead + AsyncWrite + Unpin> Conn<I> {
@@ -77,7 +77,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Conn<I> {
                         return Poll::Ready(Ok(Ok(Read::H2)));
                     }
                 } else {
-                    match parse::request(&self.buf, limits.line, limits.head) {
+                    match parse::request(&self.buf, limits.line as usize, limits.head as usize) {
                         Err(e) => return Poll::Ready(Ok(Err(e))),
                         Ok(Some(parsed)) => {
                             // Nothing pipelined: the buffer is the head's (splitting it
