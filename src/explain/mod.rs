@@ -531,6 +531,7 @@ fn answer(config: &Config, route: &Route, decision: &Decision, grpc: bool) -> An
         let mut add = |name: http::HeaderName, value: crate::wire::message::FieldValue| {
             headers.push((name.to_string(), String::from_utf8_lossy(value.as_bytes()).into_owned()));
         };
+        let standings = standings.iter().map(crate::limit::Shown::from);
         response::add_ratelimit_headers(&mut add, standings, &quotas, config.ratelimit_header_style);
     }
     let (status, forwarded_to) = match &route.action {

@@ -193,7 +193,8 @@ impl UpstreamClient {
         mut body: Option<&mut RequestBody<'_>>,
     ) -> impl Future<Output = Result<Answer, UpstreamError>> {
         async move {
-            let upstream = self.servers.upstream();
+            // Named by what it is asked for where it is needed: its name, the gRPC timeout,
+            // kept in every request's state across the attempts, would cost 32 bytes.
             let idempotent = out.head.method.is_idempotent();
             let empty = matches!(out.framing, Framing::Empty | Framing::Length(0));
             let mut tried: SmallVec<[usize; 4]> = SmallVec::new();
@@ -201,25 +202,28 @@ impl UpstreamClient {
             // request's state meanwhile).
             let mut failed: Option<Box<UpstreamError>> = None;
             // A gRPC call's deadline bounds the wait for its answer as well.
-            let grpc_timeout = out.head.fields.first_of(Known::GrpcTimeout).and_then(grpc::timeout);
-            let deadline = grpc_timeout.map(|d| tokio::time::Instant::now() + d);
+            let deadline = grpc_timeout(out).map(|d| tokio::time::Instant::now() + d);
             self.servers.ready().await;
             loop {
-                let picked = match self.servers.pick(out.balance_key, &tried, Instant::now()) {
-                    Some(server) => Some(server),
+                // Picked in one expression: the server is kept once in the future.
+                let server = match self.servers.pick(out.balance_key, &tried, Instant::now()) {
+                    Some(server) => server,
                     // Boxed: what is rare stays out of the future every request moves around.
-                    None => Box::pin(self.wait_for_room(out.balance_key, &tried)).await?,
-                };
-                let Some(server) = picked else {
-                    // After a failure that could be retried, the others are out or tried:
-                    // that failure is the answer.
-                    return Err(failed.map_or_else(
-                        || {
-                            warn!(upstream, servers = %self.servers.addresses(), "all servers of the upstream are out");
-                            UpstreamError::NoServer { upstream: upstream.to_owned() }
-                        },
-                        |failed| *failed,
-                    ));
+                    None => match Box::pin(self.wait_for_room(out.balance_key, &tried)).await? {
+                        Some(server) => server,
+                        // After a failure that could be retried, the others are out or
+                        // tried: that failure is the answer.
+                        None => {
+                            return Err(failed.map_or_else(
+                                || {
+                                    let servers = self.servers.addresses();
+                                    warn!(upstream = self.servers.upstream(), %servers, "all servers of the upstream are out");
+                                    UpstreamError::NoServer { upstream: self.servers.upstream().to_owned() }
+                                },
+                                |failed| *failed,
+                            ));
+                        }
+                    },
                 };
                 tried.push(server.id());
                 // No further attempt when retries are spent or every server has had its turn.
@@ -233,7 +237,7 @@ impl UpstreamClient {
                     let answered = self.attempt(&server, out, body.as_deref_mut(), fresh, wait).await;
                     match answered {
                         Ok(mut answer) => {
-                            server.succeeded(upstream);
+                            server.succeeded(self.servers.upstream());
                             answer.body.in_flight = Some(server);
                             answer.body.release_if_done();
                             return Ok(answer);
@@ -241,17 +245,17 @@ impl UpstreamClient {
                         Err(Failure::Expired(Expired::Deadline)) => {
                             // The client gave up: that says nothing of the server's health.
                             return Err(UpstreamError::Timeout {
-                                upstream: upstream.to_owned(),
+                                upstream: self.servers.upstream().to_owned(),
                                 server: server.address().clone(),
-                                timeout: grpc_timeout.unwrap_or(self.timeout),
+                                timeout: grpc_timeout(out).unwrap_or(self.timeout),
                                 deadline: true,
                             });
                         }
                         Err(Failure::Expired(Expired::Stalled)) => {
-                            server.failed(upstream, Instant::now());
+                            server.failed(self.servers.upstream(), Instant::now());
                             // The request was sent and may be in progress there: not retried.
                             return Err(UpstreamError::Timeout {
-                                upstream: upstream.to_owned(),
+                                upstream: self.servers.upstream().to_owned(),
                                 server: server.address().clone(),
                                 timeout: self.timeout,
                                 deadline: false,
@@ -274,17 +278,17 @@ impl UpstreamClient {
                         Err(Failure::Send { error, .. }) => break error,
                     }
                 };
-                server.failed(upstream, Instant::now());
+                server.failed(self.servers.upstream(), Instant::now());
                 let retry = !last && may_retry(&error, idempotent, empty, body.as_deref());
                 let error = if let SendError::Connect(_) = error {
                     UpstreamError::Unreachable {
-                        upstream: upstream.to_owned(),
+                        upstream: self.servers.upstream().to_owned(),
                         server: server.address().clone(),
                         source: error,
                     }
                 } else {
                     UpstreamError::Failed {
-                        upstream: upstream.to_owned(),
+                        upstream: self.servers.upstream().to_owned(),
                         server: server.address().clone(),
                         source: error,
                     }
@@ -292,7 +296,7 @@ impl UpstreamClient {
                 if !retry {
                     return Err(error);
                 }
-                warn!(upstream, error = %error, "attempt failed, trying another server");
+                warn!(upstream = self.servers.upstream(), error = %error, "attempt failed, trying another server");
                 failed = Some(Box::new(error));
             }
         }
@@ -344,23 +348,14 @@ impl UpstreamClient {
         wait: Wait<'_>,
     ) -> impl Future<Output = Result<Answer, Failure>> {
         async move {
-            let client = || out.head.fields.first_of(Known::Host).or(out.head.authority.map(str::as_bytes));
-            let host = match out.host {
-                // HTTP/1 needs a `Host`; a client's HTTP/1.0 request may come without.
-                UpstreamHost::Keep => client().map(Cow::Borrowed),
-                UpstreamHost::KeepName => client().map(variables::host_name),
-                UpstreamHost::Name(name) => Some(Cow::Borrowed(name.as_bytes())),
-                UpstreamHost::Server => Some(Cow::Borrowed(server.host().as_str().as_bytes())),
-            };
-            let host = host.or(Some(Cow::Borrowed(server.host().as_str().as_bytes())));
-            let host = host.as_deref();
             let body = body.map(|b| b as &mut dyn BodySource);
             if self.http2 {
                 // Boxed: HTTP/1 requests do not carry its room. (A timer of its own: the
                 // exchange shares its connection with others.)
                 return Box::pin(async {
+                    let host = upstream_host(out, server);
                     let timer = std::pin::pin!(tokio::time::sleep(wait.timeout));
-                    let attempt = std::pin::pin!(self.attempt_h2(server, out, body, host));
+                    let attempt = std::pin::pin!(self.attempt_h2(server, out, body, host.as_deref()));
                     wait.answered(timer, attempt).await.map_err(Failure::Expired)?
                 })
                 .await;
@@ -383,14 +378,19 @@ impl UpstreamClient {
             .map_err(Failure::connect)?;
             let reused = conn.reused;
             let mut head = std::mem::take(&mut conn.head);
-            let mut writer = write::Head::request(&mut head, out.head.method, out.target);
-            hop::request_fields(out.head.fields, &out.hop, host, &mut |name, value| writer.field(name, value));
-            match out.framing {
-                Framing::Empty => {}
-                Framing::Length(n) => writer.content_length(n),
-                Framing::Chunked | Framing::UntilClose => writer.field(b"transfer-encoding", b"chunked"),
+            // In a block: what writes the head is not kept in the attempt's future.
+            {
+                let host = upstream_host(out, server);
+                let mut writer = write::Head::request(&mut head, out.head.method, out.target);
+                let fields = &mut |name: &[u8], value: &[u8]| writer.field(name, value);
+                hop::request_fields(out.head.fields, &out.hop, host.as_deref(), fields);
+                match out.framing {
+                    Framing::Empty => {}
+                    Framing::Length(n) => writer.content_length(n),
+                    Framing::Chunked | Framing::UntilClose => writer.field(b"transfer-encoding", b"chunked"),
+                }
+                writer.end();
             }
-            writer.end();
             let framing = if out.framing == Framing::UntilClose { Framing::Chunked } else { out.framing };
             let mut timer = conn.timer.take().unwrap_or_else(|| Box::pin(tokio::time::sleep(wait.timeout)));
             let exchanged = {
@@ -480,15 +480,10 @@ impl Wait<'_> {
         mut attempt: Pin<&mut impl Future<Output = T>>,
     ) -> impl Future<Output = Result<T, Expired>> {
         async move {
-            let Wait { timeout, progress, deadline } = self;
             let started = tokio::time::Instant::now();
             let mut now = started;
             loop {
-                let stalled_at = progress.map_or(started, |p| p.last().max(started)) + timeout;
-                let (at, expired) = match deadline {
-                    Some(deadline) if deadline < stalled_at => (deadline, Expired::Deadline),
-                    _ => (stalled_at, Expired::Stalled),
-                };
+                let (at, expired) = self.due(started);
                 if !(now < timer.deadline() && timer.deadline() <= at) {
                     timer.as_mut().reset(at);
                 }
@@ -503,13 +498,44 @@ impl Wait<'_> {
                 now = tokio::time::Instant::now();
                 // Rung early (set for an earlier exchange), or the body moved since it was
                 // set: the wait goes on from there.
-                let moved = matches!(expired, Expired::Stalled) && progress.is_some_and(|p| p.last() + timeout > now);
+                let moved =
+                    matches!(expired, Expired::Stalled) && self.progress.is_some_and(|p| p.last() + self.timeout > now);
                 if now >= at && !moved {
                     return Err(expired);
                 }
             }
         }
     }
+
+    /// When a wait begun at `started` ends, and why: `timeout` after the body last moved
+    /// (or `started`), or the call's deadline if that comes first. (A function of its
+    /// own: what it works out is not kept in the wait's future.)
+    fn due(&self, started: tokio::time::Instant) -> (tokio::time::Instant, Expired) {
+        let stalled_at = self.progress.map_or(started, |p| p.last().max(started)) + self.timeout;
+        match self.deadline {
+            Some(deadline) if deadline < stalled_at => (deadline, Expired::Deadline),
+            _ => (stalled_at, Expired::Stalled),
+        }
+    }
+}
+
+/// The timeout a gRPC call asked for (`grpc-timeout`), if it is one.
+fn grpc_timeout(out: &Outgoing<'_>) -> Option<Duration> {
+    out.head.fields.first_of(Known::GrpcTimeout).and_then(grpc::timeout)
+}
+
+/// The `Host` a request goes upstream with, as its route's `upstream_host` says: the
+/// client's (HTTP/1 needs one; a client's HTTP/1.0 request may come without), its name
+/// alone, a name given, or the server's; the server's when there is no other.
+fn upstream_host<'a>(out: &Outgoing<'a>, server: &'a InFlight) -> Option<Cow<'a, [u8]>> {
+    let client = || out.head.fields.first_of(Known::Host).or(out.head.authority.map(str::as_bytes));
+    let host = match out.host {
+        UpstreamHost::Keep => client().map(Cow::Borrowed),
+        UpstreamHost::KeepName => client().map(variables::host_name),
+        UpstreamHost::Name(name) => Some(Cow::Borrowed(name.as_bytes())),
+        UpstreamHost::Server => Some(Cow::Borrowed(server.host().as_str().as_bytes())),
+    };
+    host.or(Some(Cow::Borrowed(server.host().as_str().as_bytes())))
 }
 
 /// How an attempt failed.

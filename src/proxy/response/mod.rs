@@ -18,6 +18,7 @@ use crate::config::{BodyPiece, Config, Expires, HeaderMode, LimitId, LimitRespon
 use crate::front::FrontError;
 use crate::gate::Decision;
 use crate::grpc::{self, Code};
+use crate::limit::Shown;
 use crate::variables;
 use crate::wire::message::{FieldValue, ResponseFields};
 pub use ratelimit::{Quota, add_ratelimit_headers, quotas};
@@ -171,7 +172,7 @@ pub fn refusal(
                 true => response.set(name, value),
                 false => response.extra.push((name, value)),
             },
-            standings,
+            standings.iter().map(Shown::from),
             quotas,
             config.ratelimit_header_style,
         );

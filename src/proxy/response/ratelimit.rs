@@ -6,7 +6,7 @@ use typed_index_collections::TiSlice;
 
 use super::ceil_secs;
 use crate::config::{HeaderStyle, Limit, LimitId, Policy};
-use crate::limit::Standing;
+use crate::limit::Shown;
 use crate::policy::Window;
 use crate::wire::message::FieldValue;
 
@@ -82,21 +82,22 @@ static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-
 static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 /// Adds the rate-limit fields for `standings` in `style`; `quotas` holds each limit's
-/// quotas (by window). The legacy `X-RateLimit-*` fields can describe one limit only:
+/// quotas (by window). (`standings` as an iterator: a refusal's are `Standing`s, read in
+/// place; a passed request's, `Shown` already.) The legacy `X-RateLimit-*` fields can describe one limit only:
 /// the one with the fewest requests remaining (then the longest reset); their reset is
 /// in seconds from now, like the draft's `t`.
 pub fn add_ratelimit_headers(
     set: &mut impl FnMut(HeaderName, FieldValue),
-    standings: &[Standing],
+    standings: impl Iterator<Item = Shown> + Clone,
     quotas: &TiSlice<LimitId, Box<[Quota]>>,
     style: HeaderStyle,
 ) {
     // Limits without quotas (dry runs) are not shown.
-    let shown = standings.iter().filter(|s| !quotas[s.limit].is_empty());
+    let shown = standings.filter(|s| !quotas[s.limit].is_empty());
     let Some(tightest) = shown.clone().min_by_key(|s| (s.remaining, std::cmp::Reverse(s.reset))) else {
         return;
     };
-    let quota = |s: &Standing| &quotas[s.limit][s.window];
+    let quota = |s: Shown| &quotas[s.limit][s.window as usize];
     if style != HeaderStyle::Legacy {
         let mut two = shown.clone().take(2);
         let policy = match (two.next(), two.next()) {
@@ -138,7 +139,7 @@ mod tests {
 
     use super::*;
     use crate::config::units::parse_rate;
-    use crate::limit::Outcome;
+    use crate::limit::{Outcome, Standing};
     use crate::policy::key::KeySpec;
     use typed_index_collections::TiVec;
 
@@ -203,13 +204,13 @@ mod tests {
         ];
         let mut h = HeaderMap::new();
         let mut insert = |n, v: FieldValue| _ = h.insert(n, HeaderValue::from_bytes(v.as_bytes()).unwrap());
-        add_ratelimit_headers(&mut insert, &standings, &quotas, HeaderStyle::Draft);
+        add_ratelimit_headers(&mut insert, standings.iter().map(Shown::from), &quotas, HeaderStyle::Draft);
         assert_eq!(h[&RATELIMIT_POLICY], "\"a\";q=10;w=1, \"b\";q=1;w=60");
         assert_eq!(h[&RATELIMIT], "\"a\";r=2;t=1, \"b\";r=0;t=59");
         assert!(!h.contains_key(&X_RATELIMIT_LIMIT));
         let mut h = HeaderMap::new();
         let mut insert = |n, v: FieldValue| _ = h.insert(n, HeaderValue::from_bytes(v.as_bytes()).unwrap());
-        add_ratelimit_headers(&mut insert, &standings, &quotas, HeaderStyle::Legacy);
+        add_ratelimit_headers(&mut insert, standings.iter().map(Shown::from), &quotas, HeaderStyle::Legacy);
         assert!(!h.contains_key(&RATELIMIT));
         assert_eq!(
             (&h[&X_RATELIMIT_LIMIT], &h[&X_RATELIMIT_REMAINING], &h[&X_RATELIMIT_RESET]),

@@ -60,8 +60,9 @@ pub fn exchange<I: AsyncRead + AsyncWrite + Unpin, B: BodySource + ?Sized>(
         let mut sent = Sent::default();
         let mut out = Sending { head, written: 0, chunk: None, framing, body, ended: framing == Framing::Empty };
         let mut buf = BytesMut::new();
-        // An interim head read and not yet taken by the client's side.
-        let mut interim: Option<ResponseHead> = None;
+        // An interim head read and not yet taken by the client's side (boxed: rare, and
+        // the exchange's future is in every forwarded request's state).
+        let mut interim: Option<Box<ResponseHead>> = None;
         let result = poll_fn(|cx| {
             // Writing goes on while the response is awaited: a server may answer before it
             // has read the whole body, or only after.
@@ -82,7 +83,7 @@ pub fn exchange<I: AsyncRead + AsyncWrite + Unpin, B: BodySource + ?Sized>(
                             let head = ResponseHead::new(buf.split_to(len).freeze(), parsed);
                             if head.status.is_informational() && head.status != http::StatusCode::SWITCHING_PROTOCOLS {
                                 // 100 Continue, 103 Early Hints: the final response follows.
-                                interim = Some(head);
+                                interim = Some(Box::new(head));
                                 continue;
                             }
                             return Poll::Ready(Ok(head));
