@@ -657,7 +657,7 @@ async fn admin_call(
     writer.end();
     let framing = if length == 0 { Framing::Empty } else { Framing::Length(length as u64) };
     let mut whole = Whole(body);
-    let (result, _) = exchange(&mut stream, &head, Some(&mut whole), framing, method, 64 * 1024).await;
+    let (result, _) = exchange(&mut stream, head, Some(&mut whole), framing, method, 64 * 1024).await;
     let (response, read) = result.map_err(|e| e.to_string())?;
     let mut body = crate::wire::http1::client::ResponseBody::new(stream, &response, read);
     let mut answer = Vec::new();

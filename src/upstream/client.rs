@@ -377,7 +377,9 @@ impl UpstreamClient {
             }
             .map_err(Failure::connect)?;
             let reused = conn.reused;
-            let mut head = std::mem::take(&mut conn.head);
+            // This thread's spare head buffer (as a response head's): the exchange gives it
+            // back once the head is sent, so a request waiting for its answer holds none.
+            let mut head = write::buffer();
             // In a block: what writes the head is not kept in the attempt's future.
             {
                 let host = upstream_host(out, server);
@@ -395,11 +397,10 @@ impl UpstreamClient {
             let mut timer = conn.timer.take().unwrap_or_else(|| Box::pin(tokio::time::sleep(wait.timeout)));
             let exchanged = {
                 let exchange =
-                    std::pin::pin!(exchange(&mut conn, &head, body, framing, out.head.method, MAX_RESPONSE_HEAD));
+                    std::pin::pin!(exchange(&mut conn, head, body, framing, out.head.method, MAX_RESPONSE_HEAD));
                 wait.answered(timer.as_mut(), exchange).await
             };
             conn.timer = Some(timer);
-            conn.head = head;
             let (result, sent) = exchanged.map_err(Failure::Expired)?;
             let (response, read) = match result {
                 Ok(response) => response,

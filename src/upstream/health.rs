@@ -128,7 +128,7 @@ pub(super) async fn get(
     writer.field(b"host", host.as_bytes());
     writer.end();
     let no_body: Option<&mut dyn crate::wire::http1::BodySource> = None;
-    let (result, _) = exchange(&mut conn, &head, no_body, Framing::Empty, &Method::GET, MAX_RESPONSE_HEAD).await;
+    let (result, _) = exchange(&mut conn, head, no_body, Framing::Empty, &Method::GET, MAX_RESPONSE_HEAD).await;
     let (response, read) = result.map_err(|e| super::error::causes(&e))?;
     let mut body = ResponseBody::new(conn, &response, read);
     let mut kept = Vec::new();

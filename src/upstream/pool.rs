@@ -31,11 +31,6 @@ use crate::metrics::PoolMetrics;
 /// one `proxy_buffer_size` of 4 or 8 KiB; this leaves room for large cookies.
 pub const MAX_RESPONSE_HEAD: usize = 32 * 1024;
 
-/// Room for a request head going upstream, to begin with: most are under 256 bytes (a
-/// request line, `Host` and the forwarding fields); a longer one grows the buffer once,
-/// and the connection keeps it. Every request in progress holds one.
-const HEAD_BYTES: usize = 256;
-
 /// Idle keep-alive connections to a server are closed after this long (the reaper looks
 /// every half of it, so one lives at most one and a half times this).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -77,8 +72,6 @@ type ByServer<T> = HashMap<Box<str>, T, foldhash::fast::RandomState>;
 
 struct Idle {
     io: UpstreamIo,
-    /// The buffer its request heads are written in, kept with it.
-    heads: Vec<u8>,
     /// Its exchanges' timer, kept with it.
     timer: Option<ExchangeTimer>,
     since: Instant,
@@ -118,9 +111,6 @@ pub struct Checkout {
     /// The worker whose runtime its socket is registered with: it goes back to that
     /// worker's idle connections.
     home: usize,
-    /// Where the request head is written: the connection's own, so that a kept-alive
-    /// connection writes its heads without allocating.
-    pub head: Vec<u8>,
     /// What times the wait for its answers: the connection's own, made by its first
     /// exchange and reset by each. A deadline later than the one set before is one
     /// atomic store in tokio's timer, where a timer set and dropped per exchange was a
@@ -146,22 +136,12 @@ impl Pool {
         if take != Take::New
             && let Some((idle, home)) = self.inner.take_idle(&key, worker, take == Take::IdleChecked)
         {
-            let Idle { io, heads: mut head, timer, .. } = idle;
-            head.clear();
-            return Ok(Checkout { io: Some(io), inner: Arc::clone(&self.inner), key, reused: true, home, head, timer });
+            let Idle { io, timer, .. } = idle;
+            return Ok(Checkout { io: Some(io), inner: Arc::clone(&self.inner), key, reused: true, home, timer });
         }
         // Boxed: what is rare stays out of the future every request moves around.
         let io = Box::pin(self.inner.connector.connect(server, tls)).await.map_err(SendError::Connect)?;
-        let head = Vec::with_capacity(HEAD_BYTES);
-        Ok(Checkout {
-            io: Some(io),
-            inner: Arc::clone(&self.inner),
-            key,
-            reused: false,
-            home: worker,
-            head,
-            timer: None,
-        })
+        Ok(Checkout { io: Some(io), inner: Arc::clone(&self.inner), key, reused: false, home: worker, timer: None })
     }
 
     /// The HTTP/2 connection to `server`, shared by every request to it: the open one,
@@ -290,7 +270,7 @@ impl Checkout {
             inner.metrics.idle_closed.inc();
             return;
         }
-        let idle = Idle { io, heads: std::mem::take(&mut self.head), timer: self.timer.take(), since: Instant::now() };
+        let idle = Idle { io, timer: self.timer.take(), since: Instant::now() };
         let mut pool = lock(&inner.idle[self.home][usize::from(self.key.tls)]);
         let oldest = match pool.get_mut(self.key.server.as_str()) {
             Some(list) => {

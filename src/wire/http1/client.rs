@@ -41,6 +41,8 @@ pub struct Sent {
 
 /// Writes the request `head` (its framing fields included) and the body from `body`
 /// framed as `framing`, on `io`, and reads the response head to a request with `method`.
+/// The head's buffer is given back (`write::give_back`) once it is sent: a request
+/// waiting for its answer holds none.
 /// Interim responses (1xx but `101`) are handed to `body`, the client's side, as they
 /// come (`BodySource::poll_interim`), each parsed from what is already read before
 /// reading more: a server may send an interim and the final response in one write.
@@ -50,7 +52,7 @@ pub struct Sent {
 #[allow(clippy::manual_async_fn)]
 pub fn exchange<I: AsyncRead + AsyncWrite + Unpin, B: BodySource + ?Sized>(
     io: &mut I,
-    head: &[u8],
+    head: Vec<u8>,
     body: Option<&mut B>,
     framing: Framing,
     method: &Method,
@@ -107,8 +109,9 @@ pub fn exchange<I: AsyncRead + AsyncWrite + Unpin, B: BodySource + ?Sized>(
 }
 
 /// The request on its way out: its head, then its body.
-struct Sending<'h, 'b, B: ?Sized> {
-    head: &'h [u8],
+struct Sending<'b, B: ?Sized> {
+    /// Empty once written (its buffer given back).
+    head: Vec<u8>,
     /// Bytes of `head` written.
     written: usize,
     /// The chunk being written: its framing line, data, and how much of both is out.
@@ -128,7 +131,7 @@ struct Chunk {
     written: usize,
 }
 
-impl<B: BodySource + ?Sized> Sending<'_, '_, B> {
+impl<B: BodySource + ?Sized> Sending<'_, B> {
     /// Writes what can be written now: what is left of the head with the piece of body
     /// at hand, in one vectored write (a small request goes out in one), then the body
     /// as the client sends it.
@@ -150,7 +153,7 @@ impl<B: BodySource + ?Sized> Sending<'_, '_, B> {
                 }
                 let mut written = 0;
                 let polled = write_parts(cx, io, &[head], &mut written);
-                self.written += written;
+                self.head_written(written);
                 match polled {
                     Poll::Pending => return Ok(()),
                     Poll::Ready(Err(e)) => return Err(ExchangeError::Closed(e)),
@@ -164,13 +167,22 @@ impl<B: BodySource + ?Sized> Sending<'_, '_, B> {
             let mut written = if head.is_empty() { chunk.written } else { 0 };
             let polled = write_parts(cx, io, &parts, &mut written);
             let of_head = written.min(head.len());
-            self.written += of_head;
             chunk.written = written - of_head;
+            self.head_written(of_head);
             match polled {
                 Poll::Pending => return Ok(()),
                 Poll::Ready(Err(e)) => return Err(ExchangeError::Closed(e)),
                 Poll::Ready(Ok(())) => self.chunk = None,
             }
+        }
+    }
+
+    /// Counts `n` more bytes of the head written; gives its buffer back once all are.
+    fn head_written(&mut self, n: usize) {
+        self.written += n;
+        if self.written == self.head.len() && !self.head.is_empty() {
+            write::give_back(std::mem::take(&mut self.head));
+            self.written = 0;
         }
     }
 
@@ -316,6 +328,27 @@ mod tests {
         }
     }
 
+    /// A request waiting for its answer holds no head buffer: the one its head was
+    /// written in is this thread's spare again once the head is out.
+    #[tokio::test]
+    async fn a_request_head_sent_gives_its_buffer_back_before_the_answer_comes() {
+        let (mut io, mut server) = tokio::io::duplex(4096);
+        let mut head = Vec::with_capacity(1000);
+        head.extend_from_slice(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n");
+        let no_body: Option<&mut Interims> = None;
+        let mut exchanged = std::pin::pin!(exchange(&mut io, head, no_body, Framing::Empty, &Method::GET, 1024));
+        // No answer yet: the head goes out, and the exchange waits.
+        assert!(poll_fn(|cx| Poll::Ready(exchanged.as_mut().poll(cx).is_pending())).await);
+        let mut sent = [0; 64];
+        let n = tokio::io::AsyncReadExt::read(&mut server, &mut sent).await.unwrap();
+        assert_eq!(&sent[..n], b"GET / HTTP/1.1\r\nhost: a\r\n\r\n");
+        assert_eq!(write::buffer().capacity(), 1000, "the head's buffer is the spare");
+        server.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await.unwrap();
+        let (result, sent) = exchanged.await;
+        assert_eq!(result.unwrap().0.status, http::StatusCode::NO_CONTENT);
+        assert!(sent.all);
+    }
+
     #[tokio::test]
     async fn interim_responses_read_with_the_final_one_are_handed_over_and_the_final_one_returned() {
         let (mut io, mut server) = tokio::io::duplex(4096);
@@ -325,7 +358,7 @@ mod tests {
             .await
             .unwrap();
         let mut interims = Interims::default();
-        let head = b"GET / HTTP/1.1\r\nhost: a\r\n\r\n";
+        let head = b"GET / HTTP/1.1\r\nhost: a\r\n\r\n".to_vec();
         let exchanged = exchange(&mut io, head, Some(&mut interims), Framing::Empty, &Method::GET, 32 * 1024);
         let (result, sent) = tokio::time::timeout(std::time::Duration::from_secs(5), exchanged).await.unwrap();
         let (response, rest) = result.unwrap();
