@@ -130,8 +130,9 @@ where
                 };
             // Boxed: the request's state exists only while it is in progress. Made where
             // it is written into its box (`Box::pin`, or a local first, would copy all of
-            // its ~2.4 KB there: 300 instructions a request). Its size is memory per request in
-            // progress, by mimalloc's size classes: 2,032 bytes, in the 2,048-byte class.
+            // its ~2 KB there, about 300 instructions a request). Its size is memory per
+            // request in progress, by mimalloc's size classes: 2,032 bytes, in the 2,048-byte
+            // class.
             let exchanged = Box::write(Box::new_uninit(), exchange(c, head, conn, service, settings.timeouts.send));
             match Box::into_pin(exchanged).await {
                 Exchanged::KeepAlive => {}

@@ -82,10 +82,10 @@ static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-
 static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 /// Adds the rate-limit fields for `standings` in `style`; `quotas` holds each limit's
-/// quotas (by window). (`standings` as an iterator: a refusal's are `Standing`s, read in
-/// place; a passed request's, `Shown` already.) The legacy `X-RateLimit-*` fields can describe one limit only:
-/// the one with the fewest requests remaining (then the longest reset); their reset is
-/// in seconds from now, like the draft's `t`.
+/// quotas (by window). `standings` is an iterator: a refusal's are `Standing`s, read in
+/// place; a passed request's are `Shown` already. The legacy `X-RateLimit-*` fields can
+/// describe one limit only: the one with the fewest requests remaining (then the longest
+/// reset); their reset is in seconds from now, like the draft's `t`.
 pub fn add_ratelimit_headers(
     set: &mut impl FnMut(HeaderName, FieldValue),
     standings: impl Iterator<Item = Shown> + Clone,
