@@ -134,14 +134,22 @@ impl Checks {
         // checked by `Verifier::verify`, against the clock it is given.
         v.validate_exp = false;
         v.validate_nbf = false;
+        // A claim that is checked is required: a token without `aud` (or with `"aud":
+        // null`) was minted for no service in particular, maybe another one of the same
+        // issuer, and must not count here (RFC 7519 §4.1.3: a principal that does not
+        // identify itself in `aud` rejects the token when `aud` is present; we go further
+        // and require it when an audience is configured).
+        let mut required = vec!["exp"];
         v.validate_aud = !self.audiences.is_empty();
         if !self.audiences.is_empty() {
             v.set_audience(&self.audiences);
+            required.push("aud");
         }
         if !self.issuers.is_empty() {
             v.set_issuer(&self.issuers);
-            v.set_required_spec_claims(&["exp", "iss"]);
+            required.push("iss");
         }
+        v.set_required_spec_claims(&required);
         v
     }
 }
@@ -493,5 +501,11 @@ mod tests {
         assert_eq!(v.verify(other_iss.as_bytes(), NOW).unwrap_err(), TokenError::Issuer);
         let no_iss = hs(json!({"sub": "a", "exp": NOW + 60, "aud": "api"}), SECRET);
         assert_eq!(v.verify(no_iss.as_bytes(), NOW).unwrap_err(), TokenError::MissingClaim("iss".into()));
+        let no_aud = hs(json!({"sub": "a", "exp": NOW + 60, "iss": "https://id.example"}), SECRET);
+        assert_eq!(v.verify(no_aud.as_bytes(), NOW).unwrap_err(), TokenError::MissingClaim("aud".into()));
+        let null_aud = hs(json!({"sub": "a", "exp": NOW + 60, "iss": "https://id.example", "aud": null}), SECRET);
+        assert_eq!(v.verify(null_aud.as_bytes(), NOW).unwrap_err(), TokenError::MissingClaim("aud".into()));
+        let empty_aud = hs(json!({"sub": "a", "exp": NOW + 60, "iss": "https://id.example", "aud": []}), SECRET);
+        assert_eq!(v.verify(empty_aud.as_bytes(), NOW).unwrap_err(), TokenError::Audience);
     }
 }

@@ -1,21 +1,32 @@
 //! The state directory (`persist.dir`): where limits with `persist: true` keep their key
 //! tables and bans across restarts, one file per limit (`NAME.state`, see
-//! `limit::snapshot`), beside the secret their keys are hashed with (`keys.secret`).
-//! Read at start (before the first request); written on a timer (`persist.interval`) and
-//! at shutdown, off the request path (a blocking task that locks one shard at a time),
-//! each file whole or not at all: a temporary file in the same directory, synced, then
-//! renamed over the old one. A reload keeps the state in memory (`Limiters::reloaded`),
-//! and the next write writes what it kept.
+//! `limit::snapshot`), beside the secret their keys are hashed with and their files are
+//! sealed with (`keys.secret`). Read at start (before the first request); written on a
+//! timer (`persist.interval`) and at shutdown, off the request path (a blocking task
+//! that locks one shard at a time), each file whole or not at all: a temporary file in
+//! the same directory, synced, then renamed over the old one. A reload keeps the state
+//! in memory (`Limiters::reloaded`), and the next write writes what it kept.
+//!
+//! What is read must be sluicegate's own: whoever can write the directory or a file in
+//! it could lift quotas and bans. So the directory, the secret and each state file must
+//! belong to sluicegate's user (or root) and be writable by no one else (`trusted`); a
+//! directory that is not is neither read nor written (an error says why, every start),
+//! a state file that is not is refused. A state file larger than its limit can write
+//! (`Limiters::state_bound`) is refused before a byte of it is read, and one edited
+//! without the secret is refused by its seal. A secret file that is there but cannot be
+//! used (unreadable, not sluicegate's own, not a secret) is never replaced: the state
+//! files it keys are kept for the restart that can use it, and nothing is written
+//! meanwhile.
 
 use std::collections::HashSet;
-use std::io::{ErrorKind, Write};
+use std::io::{ErrorKind, Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tracing::{error, info, warn};
 
 use crate::config::Config;
-use crate::config::files::read_bounded;
 use crate::limit::Limiters;
 use crate::limit::secret::{self, KeySecret};
 use crate::proxy::Proxy;
@@ -23,9 +34,6 @@ use crate::running::Running;
 
 /// The secret's file in the state directory.
 const SECRET_FILE: &str = "keys.secret";
-/// A state file larger than this is refused unread: a table of 100,000 keys writes
-/// about 2 MB (a sliding log more, a timestamp per admission).
-const MAX_STATE_FILE: u64 = 1 << 30;
 
 fn persists(config: &Config) -> bool {
     config.limits.iter().any(|l| l.persist)
@@ -36,24 +44,92 @@ pub fn state_file(dir: &Path, name: &str) -> PathBuf {
     dir.join(format!("{name}.state"))
 }
 
+/// Why a file or directory with `meta` is not sluicegate's own, if it is not: owned by
+/// another user than the process's (root aside, who can write anything anyway), or
+/// writable by its group or others.
+fn untrusted(meta: &std::fs::Metadata) -> Option<String> {
+    let (owner, me) = (meta.uid(), rustix::process::geteuid().as_raw());
+    let mode = meta.mode() & 0o777;
+    if owner != me && owner != 0 {
+        return Some(format!("it belongs to user {owner}, not to sluicegate's ({me})"));
+    }
+    if mode & 0o022 != 0 {
+        return Some(format!("its group or others may write it (mode {mode:o}); chmod go-w it"));
+    }
+    None
+}
+
+/// Whether the state directory `dir` may be read and written: it does not exist yet
+/// (the first write makes it, for this user only), or it is sluicegate's own.
+fn trusted_dir(dir: &Path) -> Result<(), String> {
+    match std::fs::metadata(dir) {
+        Ok(meta) => match untrusted(&meta) {
+            None => Ok(()),
+            Some(why) => Err(format!("the state directory {} is not sluicegate's own: {why}", dir.display())),
+        },
+        // A directory not made yet (or that cannot be: writing it will say why).
+        Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => Ok(()),
+        Err(e) => Err(format!("cannot read the state directory {}: {e}", dir.display())),
+    }
+}
+
+/// The bytes of the file at `path` in a trusted directory, if it is a regular file of
+/// sluicegate's own, not a link, and at most `max` bytes long: checked on the open file,
+/// before any byte is read.
+fn read_trusted(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Error;
+    let refused = |why: String| Error::new(ErrorKind::InvalidInput, why);
+    if std::fs::symlink_metadata(path)?.is_symlink() {
+        return Err(refused("it is a symbolic link".into()));
+    }
+    // Not following a link put there since, and not blocking on a FIFO.
+    let flags = rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK;
+    let file = std::fs::File::options().read(true).custom_flags(flags.bits() as i32).open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(refused("it is not a regular file".into()));
+    }
+    if let Some(why) = untrusted(&meta) {
+        return Err(refused(why));
+    }
+    if meta.len() > max {
+        let len = meta.len();
+        return Err(refused(format!("it is {len} bytes, more than this limit can write ({max}): refused unread")));
+    }
+    let mut bytes = Vec::new();
+    file.take(max + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(refused(format!("it grew past {max} bytes while read")));
+    }
+    Ok(bytes)
+}
+
 /// The secret to hash and digest keys with: when `config` persists a limit, the one in
-/// its state directory (drawn and saved there on first use); else one drawn now.
+/// its state directory (drawn and saved there on first use); else one drawn now. A
+/// secret file that is there but cannot be used (unreadable, not sluicegate's own, not
+/// a secret) is left as it is: a secret is drawn for this run, persisted limits start
+/// fresh, and nothing is written (`ensure_secret`) until it is fixed or removed.
 pub fn secret(config: &Config) -> KeySecret {
     if !persists(config) {
         return KeySecret::draw();
     }
-    let path = config.persist.dir.join(SECRET_FILE);
+    let dir = &config.persist.dir;
+    if let Err(why) = trusted_dir(dir) {
+        error!("{why}: nothing is read from it or written to it; persisted limits start fresh");
+        return KeySecret::draw();
+    }
+    let path = dir.join(SECRET_FILE);
     let file = path.display();
-    match read_bounded(&path, secret::FILE_LEN as u64) {
-        Ok(bytes) => {
-            if let Some(secret) = KeySecret::from_file(&bytes) {
-                return secret;
-            }
-            warn!(%file, "not a key secret file: a new secret is drawn; state files keyed with the old one are refused");
-        }
+    match read_trusted(&path, secret::FILE_LEN as u64).map(|bytes| KeySecret::from_file(&bytes)) {
+        Ok(Some(secret)) => return secret,
         Err(e) if e.kind() == ErrorKind::NotFound => {}
-        Err(e) => {
-            error!(%file, error = %e, "cannot read the key secret: a new one is drawn; persisted limits start fresh");
+        unusable => {
+            let why = match unusable {
+                Err(e) => e.to_string(),
+                _ => "not a key secret file".to_owned(),
+            };
+            error!(%file, "key secret unusable: {why}; it is left as it is, persisted limits start fresh and nothing is written: fix it, or remove it to start over");
+            return KeySecret::draw();
         }
     }
     let secret = KeySecret::draw();
@@ -66,18 +142,21 @@ pub fn secret(config: &Config) -> KeySecret {
 /// Takes back each persisted limit's state from its file, logging what it took or why it
 /// took none (the limit then starts fresh).
 pub fn restore(limiters: &Limiters, config: &Config) {
+    if !persists(config) || trusted_dir(&config.persist.dir).is_err() {
+        return;
+    }
     let now = limiters.clock().now().0;
     for (id, limit) in config.limits.iter_enumerated().filter(|(_, l)| l.persist) {
         let path = state_file(&config.persist.dir, &limit.name);
         let file = path.display();
-        let bytes = match read_bounded(&path, MAX_STATE_FILE) {
+        let bytes = match read_trusted(&path, limiters.state_bound(id)) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == ErrorKind::NotFound => {
                 info!(limit = %limit.name, %file, "no state file yet: the limit starts fresh");
                 continue;
             }
             Err(e) => {
-                warn!(limit = %limit.name, %file, error = %e, "state file refused: cannot read it; the limit starts fresh");
+                warn!(limit = %limit.name, %file, "state file refused: {e}; the limit starts fresh");
                 continue;
             }
         };
@@ -143,12 +222,28 @@ impl Writer {
     }
 }
 
-/// Saves `secret` in `dir` unless its file holds it already.
+/// Saves `secret` in `dir` unless its file holds it already: in a directory of
+/// sluicegate's own, where no secret file is or where another secret is (one this run
+/// did not read: a reload turned `persist` on or moved `persist.dir`; the state files
+/// keyed with it are replaced by this run's). A file that cannot be used (unreadable,
+/// not sluicegate's own, not a secret) is never replaced: the state files it keys would
+/// be lost with it, so nothing is written until it is mended or removed.
 fn ensure_secret(dir: &Path, secret: &KeySecret) -> std::io::Result<()> {
+    trusted_dir(dir).map_err(|why| std::io::Error::new(ErrorKind::PermissionDenied, why))?;
     let path = dir.join(SECRET_FILE);
-    match read_bounded(&path, secret::FILE_LEN as u64) {
-        Ok(bytes) if KeySecret::from_file(&bytes).as_ref() == Some(secret) => Ok(()),
-        _ => write_atomic(&path, &secret.to_file()),
+    let unusable = |why: String| {
+        let file = path.display();
+        std::io::Error::new(
+            ErrorKind::InvalidData,
+            format!("key secret {file} unusable ({why}): nothing written, so as not to replace it"),
+        )
+    };
+    match read_trusted(&path, secret::FILE_LEN as u64).map(|bytes| KeySecret::from_file(&bytes)) {
+        Ok(Some(held)) if held == *secret => Ok(()),
+        Ok(Some(_)) => write_atomic(&path, &secret.to_file()),
+        Err(e) if e.kind() == ErrorKind::NotFound => write_atomic(&path, &secret.to_file()),
+        Ok(None) => Err(unusable("not a key secret file".into())),
+        Err(e) => Err(unusable(e.to_string())),
     }
 }
 

@@ -9,10 +9,14 @@
 //! `POST /explain` explains how a request would be answered now (`explain`), spending
 //! nothing. With
 //! `admin.token`, every call must carry `Authorization: Bearer TOKEN` (compared in
-//! constant time). A call that changes state is refused when a browser says another site
-//! made it (`cross_site`).
+//! constant time). Only requests addressed to the listener are answered (`addressed`:
+//! a `Host` that is an IP address, `localhost` or a name of `admin.hosts`), and a call
+//! that changes state is refused when a browser says another site made it
+//! (`cross_site`).
 
+mod addressed;
 mod cross_site;
+mod key_lookup;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,11 +36,10 @@ use crate::limit::inspect::Lifted;
 use crate::policy::key::bearer_token;
 use crate::proxy::Proxy;
 use crate::proxy::body::{Response, Settling};
-use crate::router::Captures;
 use crate::running::Running;
 use crate::store::Reach;
 use crate::wire::connection::ClientConn;
-use crate::wire::head::{Fields, RequestHead};
+use crate::wire::head::RequestHead;
 use crate::wire::http1::BodySource;
 use crate::wire::message::{Request, Service};
 
@@ -73,7 +76,11 @@ impl Service for AdminService {
 async fn answer(head: &RequestHead<'_>, body: Option<&mut (dyn BodySource + '_)>, service: &AdminService) -> Response {
     let AdminService { running, dashboard } = service;
     let proxy = running.proxy();
-    let token = proxy.config().admin.as_ref().and_then(|admin| admin.token.as_deref());
+    let admin = proxy.config().admin.as_ref();
+    if let Some(why) = addressed::refusal(head, admin.map_or(&[], |admin| &admin.hosts[..])) {
+        return typed(StatusCode::MISDIRECTED_REQUEST, "text/plain", format!("misdirected request: {why}\n"));
+    }
+    let token = admin.and_then(|admin| admin.token.as_deref());
     if !head.method.is_safe()
         && let Some(why) = cross_site::refusal(head)
     {
@@ -114,8 +121,8 @@ async fn answer(head: &RequestHead<'_>, body: Option<&mut (dyn BodySource + '_)>
             with_limit(&proxy, name, |i| json(StatusCode::OK, &proxy.limiters().banned(i)))
         }
         (&Method::DELETE, ["bans", name, rest @ ..]) => lift(&proxy, name, rest.first().copied().unwrap_or_default()),
-        (&Method::GET, ["limits", name]) => key_state(&proxy, name, query, false),
-        (&Method::DELETE, ["limits", name]) => key_state(&proxy, name, query, true),
+        (&Method::GET, ["limits", name]) => key_lookup::answer(&proxy, name, query, false),
+        (&Method::DELETE, ["limits", name]) => key_lookup::answer(&proxy, name, query, true),
         (m, ["healthz" | "readyz" | "metrics" | "config" | "bans" | "limits" | "dashboard.json", ..])
             if m != Method::GET =>
         {
@@ -318,85 +325,6 @@ fn with_limit(proxy: &Proxy, name: &str, answer: impl FnOnce(LimitId) -> Respons
     }
 }
 
-/// `GET /limits/NAME?PART=VALUE...`: a key's state; with `reset`, `DELETE`: its reset.
-fn key_state(proxy: &Proxy, name: &str, query: &str, reset: bool) -> Response {
-    with_limit(proxy, name, |index| {
-        if matches!(proxy.config().limits[index].scope, Scope::Global { .. }) {
-            return text(StatusCode::CONFLICT, "a global limit: its state is in Redis\n");
-        }
-        let Ok(request) = key_request(query) else {
-            return text(
-                StatusCode::BAD_REQUEST,
-                "give the key's parts as query parameters: ip=, header:NAME=, bearer=, query:NAME=, cookie:NAME=, method=, path=, host=, capture:NAME=\n",
-            );
-        };
-        let (parts, _) = request.into_parts();
-        let client_ip = parts.extensions.get::<std::net::IpAddr>().copied().unwrap_or([0, 0, 0, 0].into());
-        // Hashed as the request path hashes: normalized path, host without port.
-        let head = RequestHead {
-            method: &parts.method,
-            target: parts.uri.path_and_query().map_or("/", http::uri::PathAndQuery::as_str),
-            version: http::Version::HTTP_11,
-            authority: None,
-            fields: Fields::from(&parts.headers),
-        };
-        let Ok(mut src) = front::source(&head, client_ip, front::request_host(&head)) else {
-            return text(StatusCode::BAD_REQUEST, "invalid path\n");
-        };
-        let captures: Vec<(String, String)> = form_urlencoded::parse(query.as_bytes())
-            .filter_map(|(part, value)| Some((part.strip_prefix("capture:")?.to_owned(), value.into_owned())))
-            .collect();
-        if !captures.is_empty() {
-            src.captures = Captures::given(captures.iter().map(|(n, v)| (n.as_str(), v.as_bytes())));
-        }
-        let limiters = proxy.limiters();
-        match (reset, limiters.inspect(index, &src)) {
-            (_, None) => {
-                // Which parameters would: the limit's key parts, as the query names them.
-                let key = &proxy.config().limits[index].key.0;
-                let by: Vec<String> = key.iter().map(ToString::to_string).collect();
-                let give: Vec<String> = by.iter().map(|part| format!("{part}=VALUE")).collect();
-                let body = format!("limit {name:?} is keyed by {}; give ?{}\n", by.join(" + "), give.join("&"));
-                typed(StatusCode::BAD_REQUEST, "text/plain", body)
-            }
-            (true, Some(_)) => {
-                limiters.reset(index, &src);
-                text(StatusCode::NO_CONTENT, "")
-            }
-            (false, Some(state)) => json(StatusCode::OK, &state),
-        }
-    })
-}
-
-/// A request that carries the key parts given as `query` (`ip=…&header:x-key=…`), so that
-/// the limit's own key extraction hashes it exactly as on the request path.
-fn key_request(query: &str) -> Result<http::Request<()>, http::Error> {
-    let mut request = http::Request::builder();
-    let (mut uri_path, mut uri_query, mut ip) = ("/".to_owned(), Vec::new(), None);
-    for (part, value) in form_urlencoded::parse(query.as_bytes()) {
-        match part.split_once(':') {
-            Some(("header", name)) => request = request.header(name, value.as_ref()),
-            Some(("cookie", name)) => request = request.header(header::COOKIE, format!("{name}={value}")),
-            Some(("query", name)) => uri_query.push((name.to_owned(), value.into_owned())),
-            _ => match part.as_ref() {
-                "ip" => ip = value.parse::<std::net::IpAddr>().ok(),
-                "bearer" => request = request.header(header::AUTHORIZATION, format!("Bearer {value}")),
-                "method" => request = request.method(value.as_ref()),
-                "path" => uri_path = value.into_owned(),
-                "host" => request = request.header(header::HOST, value.as_ref()),
-                _ => {}
-            },
-        }
-    }
-    let query: String = form_urlencoded::Serializer::new(String::new()).extend_pairs(uri_query).finish();
-    let uri = if query.is_empty() { uri_path } else { format!("{uri_path}?{query}") };
-    let mut request = request.uri(uri);
-    if let Some(ip) = ip {
-        request = request.extension(ip);
-    }
-    request.body(())
-}
-
 /// `response`, a part of the dashboard: what the page may load and do (CSP), never
 /// sniffed as another type, never framed, never sent elsewhere as a referrer, never
 /// cached.
@@ -424,6 +352,7 @@ fn typed(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::head::Fields;
 
     /// The admin API of an instance of `yaml` (within a Tokio runtime: the dashboard's
     /// history starts).

@@ -19,15 +19,22 @@ pub fn read_regular(path: &str) -> Result<Vec<u8>, String> {
 /// device, a FIFO or a larger file is an `InvalidInput` error saying which.
 pub fn read_bounded(path: &std::path::Path, max: u64) -> std::io::Result<Vec<u8>> {
     use std::io::{Error, ErrorKind};
-    // Checked before opening: opening a FIFO for reading blocks until a writer comes.
-    if !std::fs::metadata(path)?.is_file() {
+    let too_large = || Error::new(ErrorKind::InvalidInput, format!("is larger than {} KiB", max / 1024));
+    // Checked before opening: opening a FIFO for reading blocks until a writer comes;
+    // and a file too large is refused unread, whatever it holds (a sparse file of a
+    // gigabyte costs nothing to plant).
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() {
         return Err(Error::new(ErrorKind::InvalidInput, "is not a regular file"));
+    }
+    if meta.len() > max {
+        return Err(too_large());
     }
     let mut bytes = Vec::new();
     // Bounded here too: the file may have grown, or been replaced, since the check.
     std::fs::File::open(path)?.take(max + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > max {
-        return Err(Error::new(ErrorKind::InvalidInput, format!("is larger than {} KiB", max / 1024)));
+        return Err(too_large());
     }
     Ok(bytes)
 }

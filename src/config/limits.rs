@@ -129,6 +129,16 @@ fn charge(e: &mut Errors<'_>, at: &str, raw: &RawLimit, windows: &[Policy]) -> O
         }
     };
     let default = raw_charge.default.unwrap_or(0);
+    if raw_charge.default.is_none() && !matches!(reading, Reading::Header(_)) {
+        let place = if matches!(reading, Reading::Trailer(_)) { "trailer" } else { "last event" };
+        e.warn(
+            format!("{at}.default"),
+            format!(
+                "not given: a client that hangs up before the response's {place} reports the cost is charged \
+                 nothing (default 0); set `default` to what a response costs when it does not say"
+            ),
+        );
+    }
     if default > MAX_UNITS {
         e.add(format!("{at}.default"), format!("at most {MAX_UNITS} units"));
     }

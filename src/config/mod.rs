@@ -141,6 +141,10 @@ pub struct Admin {
     pub token: Option<String>,
     /// `insecure: true`: served without a token on an address other than loopback.
     pub insecure: bool,
+    /// The host names it answers besides IP addresses and `localhost` (`admin.hosts`):
+    /// a request naming another host is refused (421), so that no web page reaches it
+    /// by DNS rebinding.
+    pub hosts: Vec<String>,
 }
 
 /// An address to accept clients on, in plain text or TLS.

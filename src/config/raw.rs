@@ -172,6 +172,9 @@ pub struct RawAdmin {
     /// warn on every start).
     #[serde(default)]
     pub insecure: bool,
+    /// Host names the listener answers besides IP addresses and `localhost`.
+    #[serde(default)]
+    pub hosts: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize, JsonSchema)]

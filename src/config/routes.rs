@@ -485,7 +485,19 @@ fn upstream_hold(
         e.add(at.clone(), "applies to a route that forwards (`upstream`): a `respond` route has no upstream to refuse");
     }
     let first = raw.limits.first().and_then(|u| compiled.iter_enumerated().find(|(_, l)| l.name == u.name()));
+    let max_text = spec.and_then(|s| s.max.as_deref()).unwrap_or("1h");
     let by = match spec.and_then(|s| s.by.as_deref()) {
+        None if first.is_none() => {
+            e.warn(
+                at.clone(),
+                format!(
+                    "the route has no limit, so this holds the whole route: one client's upstream refusal \
+                     (429 or 503 with Retry-After) holds every client of the route, for up to {max_text}; name the \
+                     limit whose key to hold (`by: LIMIT`), or write `by: route` to mean it"
+                ),
+            );
+            HoldBy::Route
+        }
         None => first.map_or(HoldBy::Route, |(id, _)| HoldBy::Limit(id)),
         Some("route") => HoldBy::Route,
         Some(name) => match limits.iter().find(|u| compiled.get(u.limit).is_some_and(|l| l.name == name)) {

@@ -62,7 +62,20 @@ fn admin(e: &mut Errors<'_>, raw: &RawAdmin) -> Option<Admin> {
     if raw.insecure && given {
         e.warn("admin.insecure".into(), "does nothing with a token: every call needs the token anyway");
     }
-    Some(Admin { listen: listen?, token, insecure: raw.insecure })
+    for (i, name) in raw.hosts.iter().enumerate() {
+        let bare = name.strip_suffix('.').unwrap_or(name);
+        let valid = !bare.is_empty()
+            && bare.split('.').all(|label| {
+                (1..=63).contains(&label.len()) && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            });
+        if !valid {
+            e.add(
+                format!("admin.hosts[{i}]"),
+                format!("{name:?} is not a host name: write the name alone (letters, digits, '-' and '.'), no port or scheme"),
+            );
+        }
+    }
+    Some(Admin { listen: listen?, token, insecure: raw.insecure, hosts: raw.hosts.clone() })
 }
 
 /// `fields`: the file's unknown and missing fields, reported with the rest.

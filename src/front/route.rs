@@ -31,7 +31,10 @@ fn host_field<'r>(head: &RequestHead<'r>) -> Result<Option<&'r [u8]>, &'static s
     }
     // An authority without userinfo: `host[:port]`, nothing else.
     let valid = plain_host(host)
-        || !host.contains(&b'@') && valid_port(host) && text(host).is_some_and(|h| h.parse::<Authority>().is_ok());
+        || !host.contains(&b'@')
+            && valid_port(host)
+            && valid_ip_literal(host)
+            && text(host).is_some_and(|h| h.parse::<Authority>().is_ok());
     if !valid {
         return Err("invalid Host header");
     }
@@ -85,6 +88,25 @@ fn valid_port(host: &[u8]) -> bool {
     }
 }
 
+/// Whether a host in brackets is an IP-literal as RFC 3986 §3.2.2 writes it: an IPv6
+/// address or an `IPvFuture` (`v` HEXDIG+ `.` then unreserved, sub-delims or `:`).
+/// `Authority`'s parser takes any bytes between the brackets (`[::,1]`), which the
+/// upstream would be handed as `X-Forwarded-Host`. A host without brackets passes.
+fn valid_ip_literal(host: &[u8]) -> bool {
+    let Some(inside) = host.strip_prefix(b"[") else { return !host.contains(&b']') };
+    let Some(end) = inside.iter().position(|&b| b == b']') else { return false };
+    let literal = &inside[..end];
+    if let [b'v' | b'V', rest @ ..] = literal {
+        let Some(dot) = rest.iter().position(|&b| b == b'.') else { return false };
+        let (version, tail) = (&rest[..dot], &rest[dot + 1..]);
+        return !version.is_empty()
+            && version.iter().all(u8::is_ascii_hexdigit)
+            && !tail.is_empty()
+            && tail.iter().all(|&b| b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:".contains(&b));
+    }
+    text(literal).is_some_and(|ip| ip.parse::<std::net::Ipv6Addr>().is_ok())
+}
+
 /// The request's host without port: the `Host` field (HTTP/1.1), else the authority
 /// the request names (HTTP/2 `:authority`).
 pub fn request_host<'r>(head: &RequestHead<'r>) -> Option<&'r str> {
@@ -134,6 +156,20 @@ mod tests {
         }
         for host in ["x", "x:80", "x:", "[::1]", "[::1]:443", "x_y:1"] {
             assert!(valid_port(host.as_bytes()), "{host}");
+        }
+    }
+
+    #[test]
+    fn an_ip_literal_is_an_ipv6_address_or_an_ipvfuture_and_nothing_else() {
+        for host in
+            ["[::1]", "[::1]:80", "[2001:db8::7]", "[::ffff:192.0.2.1]:8080", "[v1.x:y]", "[V7f.a-b]", "a.b", "a"]
+        {
+            assert!(valid_ip_literal(host.as_bytes()), "{host}");
+        }
+        for host in
+            ["[::,1]:80", "[::,1]", "[]", "[127.0.0.1]", "[::1", "[fe80::1%25eth0]", "[v.x]", "[v1.]", "[v1.a/b]", "a]"]
+        {
+            assert!(!valid_ip_literal(host.as_bytes()), "{host}");
         }
     }
 

@@ -6,7 +6,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// Keys per shard, about, when the table is full: 64 shards from 262,144 keys up.
 const KEYS_PER_SHARD: usize = 4096;
-const MAX_SHARDS: usize = 64;
+pub(super) const MAX_SHARDS: usize = 64;
 
 pub struct Shards<T>(Box<[Mutex<T>]>);
 

@@ -40,6 +40,11 @@ impl SlidingLog {
         SlidingLog { limit, window: u64::try_from(window.as_nanos()).unwrap_or(u64::MAX).max(1) }
     }
 
+    /// The most admissions a window holds: a key's log is never longer.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
     /// The window's length, ns.
     pub fn window(&self) -> u64 {
         self.window

@@ -1,15 +1,25 @@
 //! A limit's state as bytes and back: what `crate::persist` keeps in the state directory
 //! for a limit with `persist: true`, written at shutdown and on a timer, read at start.
 //!
-//! Version 1 of the format, integers little-endian:
+//! Version 2 of the format, integers little-endian:
 //!
 //! ```text
 //! magic "sgstate\0" | version u32 | secret check u64 (`KeySecret::check`) | written at u64 (ns)
 //! | name (u32 length, UTF-8) | definition (u32 length, UTF-8: key and windows, `definition`)
 //! | per window: kind u8 | count u32 | entries
 //! | bans: count u32 | entries: key u64, state u64, name (u32 length, UTF-8)
-//! | SHA-256 of everything before
+//! | seal: HMAC-SHA-256 of everything before, keyed with the state directory's secret
 //! ```
+//!
+//! The seal makes a file that was edited without the secret beside it (`keys.secret`,
+//! readable by sluicegate's user only) a file refused: lowering a key's count or lifting
+//! a ban by hand and recomputing a checksum no longer works. (Version 1 ended with a
+//! plain SHA-256, which anyone could recompute; such a file is refused, and the limit
+//! starts fresh once after an upgrade.)
+//!
+//! A file can hold no more than `Limiters::state_bound` bytes, derived from what the
+//! limit can write (its windows and `max_keys`), and `crate::persist` refuses a larger
+//! one before reading a byte of it.
 //!
 //! Entries are `key u64, state u64` (leaky bucket family, fixed window), `key, index u64,
 //! counts u64` (sliding window) or `key, n u32, n × instant u64` (sliding log). Each table
@@ -22,15 +32,21 @@
 
 use std::collections::VecDeque;
 
-use ring::digest::{SHA256, digest};
+use ring::hmac;
 
 use super::algorithm::Algorithm;
+use super::secret::KeySecret;
+use super::shards::MAX_SHARDS;
 use super::{LimitId, Limiter, Limiters};
 use crate::policy::key::KeyPart;
 
 const MAGIC: &[u8; 8] = b"sgstate\0";
-const VERSION: u32 = 1;
-const SUM_LEN: usize = 32;
+const VERSION: u32 = 2;
+const SEAL_LEN: usize = 32;
+/// The longest ban name (the key as `GET /bans` writes it) a file keeps; a longer one is
+/// written as none (the ban is kept, and lifted by its digest), so that a file's size
+/// is bounded by the limit's definition, not by what clients sent.
+const MAX_BAN_NAME: usize = 512;
 
 /// Why a state file was refused; the limit then starts fresh.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -39,7 +55,7 @@ pub enum Refusal {
     Foreign,
     #[error("state file format {0}, this version reads {VERSION}")]
     Version(u32),
-    #[error("damaged or truncated (its checksum does not match)")]
+    #[error("damaged, truncated, or edited without the state directory's secret (its seal does not match)")]
     Damaged,
     #[error("keyed with another secret (the state directory's keys.secret changed)")]
     OtherSecret,
@@ -91,11 +107,33 @@ impl Limiters {
         for (key, state, name) in bans {
             out.extend_from_slice(&key.to_le_bytes());
             out.extend_from_slice(&state.to_le_bytes());
-            text(&mut out, name.as_deref().unwrap_or(""));
+            text(&mut out, name.as_deref().filter(|name| name.len() <= MAX_BAN_NAME).unwrap_or(""));
         }
-        let sum = digest(&SHA256, &out);
-        out.extend_from_slice(sum.as_ref());
+        let seal = hmac::sign(&seal_key(&self.secret), &out);
+        out.extend_from_slice(seal.as_ref());
         out
+    }
+
+    /// The most bytes a file of `limit`'s state can hold: its header, each window's
+    /// table full (every table holds at most `max_keys` keys, rounded up to a multiple of
+    /// its shards; a sliding log at most `limit` instants a key) and as many bans, each
+    /// with its longest name.
+    pub fn state_bound(&self, limit: LimitId) -> u64 {
+        let limiter = &self.limits[limit];
+        let keys = (limiter.max_keys + MAX_SHARDS) as u64;
+        let header = MAGIC.len() + 4 + 8 + 8 + 4 + limiter.id.0.len() + 4 + definition(limiter).len() + 4 + SEAL_LEN;
+        let windows: u64 = (limiter.windows.iter())
+            .map(|window| {
+                let entry = match window {
+                    Algorithm::SlidingWindow(..) => 24,
+                    Algorithm::SlidingLog(a, _) => 12u64.saturating_add(a.limit().saturating_mul(8)),
+                    _ => 16,
+                };
+                (1 + 4u64).saturating_add(keys.saturating_mul(entry))
+            })
+            .fold(0, u64::saturating_add);
+        let bans = if limiter.bans.is_some() { keys.saturating_mul(8 + 8 + 4 + MAX_BAN_NAME as u64) } else { 0 };
+        (header as u64).saturating_add(windows).saturating_add(bans)
     }
 
     /// Takes back the state of `limit` from `bytes`, a file `snapshot` wrote, at `now`:
@@ -123,14 +161,15 @@ impl Limiters {
         if version != VERSION {
             return Err(Refusal::Version(version));
         }
-        let (content, sum) = bytes.split_at_checked(bytes.len().saturating_sub(SUM_LEN)).ok_or(Refusal::Damaged)?;
-        if content.len() < MAGIC.len() || digest(&SHA256, content).as_ref() != sum {
-            return Err(Refusal::Damaged);
-        }
-        let mut r = Reader(&content[MAGIC.len() + 4..]);
+        // Said apart from a broken seal: a file keyed with another secret is no attack.
         if r.u64()? != self.secret.check() {
             return Err(Refusal::OtherSecret);
         }
+        let (content, seal) = bytes.split_at_checked(bytes.len().saturating_sub(SEAL_LEN)).ok_or(Refusal::Damaged)?;
+        if content.len() < MAGIC.len() + 4 + 8 || hmac::verify(&seal_key(&self.secret), content, seal).is_err() {
+            return Err(Refusal::Damaged);
+        }
+        let mut r = Reader(&content[MAGIC.len() + 4 + 8..]);
         let written = r.u64()?;
         let name = r.text()?;
         if name != *limiter.id.0 {
@@ -148,6 +187,13 @@ impl Limiters {
         }
         Ok((written, windows, bans))
     }
+}
+
+/// The key of a file's seal: derived from the secret's digest key for this use alone, so
+/// that no seal is ever a key part's digest (`KeyText`) or the other way round.
+fn seal_key(secret: &KeySecret) -> hmac::Key {
+    let derived = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, &secret.digest), b"sluicegate state file seal");
+    hmac::Key::new(hmac::HMAC_SHA256, derived.as_ref())
 }
 
 /// What the state of `limiter` means: its key and each window's algorithm and what its
@@ -460,22 +506,75 @@ mod tests {
                 flipped[bit / 8] ^= 1 << (bit % 8);
                 assert!(after.restore(id, &flipped, T0).is_err(), "bit {bit} flipped");
             }
-            // With the checksum made to match, the decoder itself meets every damage.
+            // With the seal made to match (by one who has the secret), the decoder itself
+            // meets every damage.
             let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
             for _ in 0..20_000 {
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
-                let mut content = file[..file.len() - SUM_LEN].to_vec();
+                let mut content = file[..file.len() - SEAL_LEN].to_vec();
                 let at = (x as usize) % content.len();
                 content[at] = (x >> 32) as u8;
                 content.truncate(content.len() - (x >> 48) as usize % 3);
-                let sum = digest(&SHA256, &content);
-                content.extend_from_slice(sum.as_ref());
+                let seal = hmac::sign(&seal_key(&secret), &content);
+                content.extend_from_slice(seal.as_ref());
                 let _ = after.restore(id, &content, T0);
             }
         }
         assert_eq!(after.restore(LimitId::from(0), b"", T0), Err(Refusal::Foreign));
         assert_eq!(after.restore(LimitId::from(0), b"{\"json\": true}", T0), Err(Refusal::Foreign));
+    }
+
+    /// Whoever can write the state directory but not read its secret cannot forge a
+    /// state: a key's count set back and the file's SHA-256 recomputed (what version 1
+    /// trusted) is refused whole.
+    #[test]
+    fn a_file_edited_without_the_secret_is_refused_whole() {
+        use ring::digest::{SHA256, digest};
+        let secret = KeySecret::draw();
+        let before = filled(&secret);
+        let after = limiters(LIMITS, &secret);
+        let id = LimitId::from(1);
+        let file = before.snapshot(id, T0);
+        let mut content = file[..file.len() - SEAL_LEN].to_vec();
+        // The fixed window's first entry: its state word set to 0 (a fresh count).
+        let first_state = content.len() - 4 - 15 * 16 + 8;
+        content[first_state..first_state + 8].copy_from_slice(&0u64.to_le_bytes());
+        let mut forged = content.clone();
+        forged.extend_from_slice(digest(&SHA256, &content).as_ref());
+        assert_eq!(after.restore(id, &forged, T0), Err(Refusal::Damaged));
+        let mut guessed = content.clone();
+        let other = hmac::Key::new(hmac::HMAC_SHA256, &KeySecret::draw().digest);
+        guessed.extend_from_slice(hmac::sign(&other, &content).as_ref());
+        assert_eq!(after.restore(id, &guessed, T0), Err(Refusal::Damaged));
+        assert!(tables(&after, 1).is_empty(), "nothing taken");
+        // A version 1 file (its plain checksum) is refused by its version.
+        let mut old = file.clone();
+        old[MAGIC.len()..MAGIC.len() + 4].copy_from_slice(&1u32.to_le_bytes());
+        assert_eq!(after.restore(id, &old, T0), Err(Refusal::Version(1)));
+    }
+
+    #[test]
+    fn a_full_table_writes_no_more_than_its_bound() {
+        let secret = KeySecret::draw();
+        let l = limiters(
+            "  a: { key: ip, rate: 1r/m, burst: 5, ban: 1h, max_keys: 100 }\n  b: { key: ip, algorithm: sliding_log, limit: 3, window: 1h, max_keys: 100 }\n",
+            &secret,
+        );
+        for key in 0..1_000u64 {
+            for limit in 0..2 {
+                for _ in 0..4 {
+                    admit(&l, limit, key, T0 + key);
+                }
+            }
+            l.limits[LimitId::from(0)].bans.as_ref().unwrap().name(key, "x".repeat(600), T0);
+        }
+        for limit in 0..2 {
+            let id = LimitId::from(limit);
+            let file = l.snapshot(id, T0 + 1_000);
+            assert!(file.len() as u64 <= l.state_bound(id), "limit {limit}: {} > {}", file.len(), l.state_bound(id));
+        }
+        assert!(l.state_bound(LimitId::from(1)) < 10_000, "a small limit has a small bound");
     }
 }

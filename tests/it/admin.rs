@@ -134,7 +134,7 @@ routes:
     assert_eq!(state["windows"][0]["remaining"], 2, "{state}");
     assert_eq!(state["windows"][0]["admits"], true);
     // Reset: the key is fresh again.
-    let mut req = http::Request::delete("/limits/api?ip=192.0.2.7&header:x-api-key=k1").header("host", "a");
+    let mut req = http::Request::delete("/limits/api?ip=192.0.2.7&header:x-api-key=k1").header("host", "localhost");
     req = req.header("content-length", "0");
     assert_eq!(request(admin, req.body(String::new()).unwrap()).await.status, 204);
     let state = get(admin, "/limits/api?ip=192.0.2.7&header:x-api-key=k1", &[]).await;
@@ -154,7 +154,8 @@ routes:
     assert_eq!(state["key"], banned[0]["key"], "the same key, by value or by hash");
     assert!(state["ban_left_ms"].as_u64().unwrap() > 590_000);
     let key = banned[0]["key"].as_str().unwrap().trim_start_matches('#').to_owned();
-    let lift = http::Request::delete(format!("/bans/login/{key}")).header("host", "a").body(String::new()).unwrap();
+    let lift =
+        http::Request::delete(format!("/bans/login/{key}")).header("host", "localhost").body(String::new()).unwrap();
     assert_eq!(request(admin, lift).await.status, 204);
     let state: serde_json::Value =
         serde_json::from_slice(&get(admin, "/limits/login?ip=198.51.100.9", &[]).await.body).unwrap();
@@ -288,7 +289,59 @@ async fn the_config_is_shown_in_its_own_words_and_a_key_lookup_says_what_it_need
     // A lookup whose parameters give no key for the limit.
     let lookup = get(sg.admin_addr(), "/limits/per_user?ip=10.0.0.1", &auth).await;
     assert_eq!(lookup.status, 400);
-    assert_eq!(lookup.text(), "limit \"per_user\" is keyed by header:x-user; give ?header:x-user=VALUE\n");
+    assert_eq!(
+        lookup.text(),
+        "ip is no part of its key: limit \"per_user\" is keyed by header:x-user; give ?header:x-user=VALUE\n"
+    );
+}
+
+/// Every key kind can be named in a lookup, a `jwt:` part too; a lookup that leaves a
+/// part of the key out is refused, never answered with the state of another key (that
+/// of requests without the part).
+#[tokio::test]
+async fn a_key_with_a_claim_is_looked_up_and_reset_by_its_claim() {
+    use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
+    let secret = "0123456789abcdef0123456789abcdef";
+    let sg = Conf::new()
+        .admin()
+        .behind_proxy()
+        .set(&format!("jwt: {{ secret: \"{secret}\" }}"))
+        .limit("per_org", "key: [\"jwt:org\", ip], rate: 1r/m, burst: 4, nodelay: true, on_missing_key: skip")
+        .limit("per_user", "key: \"jwt:sub\", rate: 1r/m, burst: 9, nodelay: true, on_missing_key: skip")
+        .answering("per_org, per_user")
+        .start();
+    let admin = sg.admin_addr();
+    let exp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() + 600;
+    let claims = serde_json::json!({"sub": "alice", "org": "acme", "exp": exp});
+    let token = encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(secret.as_bytes())).unwrap();
+    let bearer = format!("Bearer {token}");
+    for _ in 0..3 {
+        let sent = [("authorization", bearer.as_str()), ("x-forwarded-for", "192.0.2.7")];
+        assert_eq!(get(sg.addr, "/", &sent).await.status, 200);
+    }
+    // Without a token, from the same address: another key of per_org (its ip part alone).
+    assert_eq!(get(sg.addr, "/", &[("x-forwarded-for", "192.0.2.7")]).await.status, 200);
+    let remaining = async |lookup: &str| {
+        let reply = get(admin, lookup, &[]).await;
+        assert_eq!(reply.status, 200, "{lookup}: {}", reply.text());
+        let state: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+        state["windows"][0]["remaining"].as_u64().unwrap()
+    };
+    assert_eq!(remaining("/limits/per_user?jwt:sub=alice").await, 7);
+    assert_eq!(remaining("/limits/per_user?jwt%3Asub=alice").await, 7);
+    assert_eq!(remaining("/limits/per_org?jwt:org=acme&ip=192.0.2.7").await, 2);
+    let partial = get(admin, "/limits/per_org?ip=192.0.2.7", &[]).await;
+    assert_eq!(
+        (partial.status, partial.text()),
+        (
+            400,
+            "jwt:org not given: limit \"per_org\" is keyed by jwt:org + ip; give ?jwt:org=VALUE&ip=VALUE\n".to_owned()
+        )
+    );
+    let reset = http::Request::delete("/limits/per_user?jwt:sub=alice").header("host", "localhost");
+    assert_eq!(request(admin, reset.body(String::new()).unwrap()).await.status, 204);
+    assert_eq!(remaining("/limits/per_user?jwt:sub=alice").await, 10, "reset: a fresh key");
+    assert_eq!(remaining("/limits/per_org?jwt:org=acme&ip=192.0.2.7").await, 2, "another limit, untouched");
 }
 
 /// An admin listener on an address other than loopback without a token is refused by
@@ -377,4 +430,73 @@ async fn state_changing_calls_another_site_makes_are_refused() {
     std::fs::write(&sg.config, yaml).unwrap();
     let reload = binary().arg("reload").arg("-c").arg(&sg.config).output().unwrap();
     assert!(reload.status.success(), "{}", String::from_utf8_lossy(&reload.stderr));
+}
+
+/// DNS rebinding: a page on a name that resolves to 127.0.0.1 once it has loaded sends
+/// same-origin requests to the admin listener, which carry that name as `Host`. They are
+/// answered 421 and change nothing; the dashboard still loads from `localhost` and
+/// 127.0.0.1, and a name `admin.hosts` lists is answered.
+#[tokio::test]
+async fn a_page_that_rebinds_its_name_to_the_admin_listener_is_answered_421_and_changes_nothing() {
+    use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
+    let secret = "0123456789abcdef0123456789abcdef";
+    let sg = Conf::new()
+        .set("admin: { listen: 127.0.0.1:0, hosts: [admin.internal] }")
+        .set(&format!("jwt: {{ secret: \"{secret}\" }}"))
+        .limit("per_user", "key: \"jwt:sub\", rate: 1r/m, ban: 10m, on_missing_key: refuse")
+        .answering("per_user")
+        .start();
+    let admin = sg.admin_addr();
+    let exp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() + 600;
+    let claims = serde_json::json!({"sub": "alice-7", "exp": exp});
+    let token = encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(secret.as_bytes())).unwrap();
+    let alice = [("authorization", format!("Bearer {token}"))];
+    let alice: Vec<(&str, &str)> = alice.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    assert_eq!(get(sg.addr, "/", &alice).await.status, 200);
+    assert_eq!(get(sg.addr, "/", &alice).await.status, 429, "banned from now on");
+    let bans: serde_json::Value = serde_json::from_slice(&get(admin, "/bans/per_user", &[]).await.body).unwrap();
+    let key = bans[0]["key"].as_str().unwrap().to_owned();
+    assert!(key.starts_with("jwt:sub=alice-7"), "{bans}");
+    let encoded: String = percent_encoding::utf8_percent_encode(&key, percent_encoding::NON_ALPHANUMERIC).to_string();
+
+    let rebound = format!("rebind.evil.example:{}", admin.port());
+    let origin = format!("http://{rebound}");
+    let call = async |method: http::Method, path: &str, host: &str, body: &'static str| {
+        let mut req = http::Request::builder().method(method).uri(path).header("host", host);
+        if host == rebound {
+            req = req.header("origin", &origin).header("sec-fetch-site", "same-origin");
+        }
+        if !body.is_empty() {
+            req = req.header("content-type", "application/json");
+        }
+        request(admin, req.body(body.to_owned()).unwrap()).await
+    };
+    let config = call(http::Method::GET, "/config", &rebound, "").await;
+    assert_eq!(config.status, 421, "{}", config.text());
+    assert_eq!(
+        config.text(),
+        "misdirected request: Host \"rebind.evil.example\" is not this admin listener's: it answers an IP \
+         address, localhost, or a name admin.hosts lists (admin.hosts lists admin.internal)\n"
+    );
+    let reload = call(http::Method::POST, "/reload", &rebound, "{}").await;
+    assert_eq!(reload.status, 421, "{}", reload.text());
+    let lift = call(http::Method::DELETE, &format!("/bans/per_user/{encoded}"), &rebound, "").await;
+    assert_eq!(lift.status, 421, "{}", lift.text());
+    for path in ["/", "/dashboard.json", "/metrics", "/healthz"] {
+        assert_eq!(call(http::Method::GET, path, &rebound, "").await.status, 421, "{path}");
+    }
+    assert!(!sg.log().contains("configuration reloaded"), "the page reloaded nothing");
+    assert_eq!(get(sg.addr, "/", &alice).await.status, 429, "the ban still holds");
+
+    // The dashboard loads where the operator opens it, and a listed name is answered.
+    for host in [admin.to_string(), format!("localhost:{}", admin.port()), format!("[::1]:{}", admin.port())] {
+        let page = call(http::Method::GET, "/", &host, "").await;
+        assert_eq!(page.status, 200, "{host}");
+        assert_eq!(call(http::Method::GET, "/dashboard.json", &host, "").await.status, 200, "{host}");
+    }
+    let listed = format!("admin.internal:{}", admin.port());
+    assert_eq!(call(http::Method::GET, "/config", &listed, "").await.status, 200);
+    let lift = call(http::Method::DELETE, &format!("/bans/per_user/{encoded}"), &admin.to_string(), "").await;
+    assert_eq!(lift.status, 204, "{}", lift.text());
+    assert_eq!(get(sg.addr, "/", &alice).await.status, 429, "the bucket itself still refuses: a lift is no reset");
 }

@@ -483,9 +483,10 @@ pub async fn read(response: Response<Incoming>) -> Reply {
     Reply { status: parts.status.as_u16(), headers: parts.headers, body: body.unwrap().to_bytes() }
 }
 
-/// `GET path` with extra `headers`.
+/// `GET path` with extra `headers`, for host `localhost` (which the admin listener
+/// answers too, as it answers no other name unless told).
 pub async fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Reply {
-    let mut req = Request::get(path).header("host", "test.local");
+    let mut req = Request::get(path).header("host", "localhost");
     for (k, v) in headers {
         req = req.header(*k, *v);
     }

@@ -1342,3 +1342,39 @@ routes:
     assert_reported(&stderr, &expected);
     assert!(!stderr.contains("routes[4]"), "{stderr}");
 }
+
+/// Two settings that do what nobody means are said by `check`, at their field: a hold
+/// on a route without limits holds every client of the route, and a charge read from a
+/// trailer or the last event without `default` charges nothing to a client that hangs
+/// up first. Given outright (`by: route`, a `default`), neither is said.
+#[test]
+fn a_hold_of_the_whole_route_and_a_charge_that_a_hang_up_escapes_are_warnings() {
+    let yaml = "listen: 127.0.0.1:0
+upstreams:
+  b: { servers: [\"127.0.0.1:9\"] }
+limits:
+  t: { key: ip, rate: 1r/s, charge: { trailer: x-cost } }
+  s: { key: ip, rate: 1r/s, charge: { sse_json: usage.total_tokens } }
+  h: { key: ip, rate: 1r/s, charge: { header: x-cost } }
+  d: { key: ip, rate: 1r/s, charge: { trailer: x-cost, default: 10 } }
+routes:
+  - { match: { path: /1 }, upstream: b, upstream_hold: true }
+  - { match: { path: /2 }, upstream: b, upstream_hold: { max: 5m } }
+  - { match: { path: /3 }, upstream: b, upstream_hold: { by: route } }
+  - { match: { path: /4 }, upstream: b, upstream_hold: true, limits: [t, s, h, d] }
+";
+    let (ok, stderr) = check(yaml);
+    assert!(ok, "{stderr}");
+    let expected = [
+        "warning: FILE:10:56: routes[0].upstream_hold: the route has no limit, so this holds the whole route: one \
+         client's upstream refusal (429 or 503 with Retry-After) holds every client of the route, for up to 1h; name \
+         the limit whose key to hold (`by: LIMIT`), or write `by: route` to mean it",
+        "routes[1].upstream_hold: the route has no limit, so this holds the whole route: one client's upstream refusal \
+         (429 or 503 with Retry-After) holds every client of the route, for up to 5m;",
+        "limits.t.charge.default: not given: a client that hangs up before the response's trailer reports the cost is \
+         charged nothing (default 0); set `default` to what a response costs when it does not say",
+        "limits.s.charge.default: not given: a client that hangs up before the response's last event reports",
+    ];
+    assert_reported(&stderr, &expected);
+    assert_eq!(stderr.lines().count(), 4, "{stderr}");
+}

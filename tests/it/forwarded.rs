@@ -17,7 +17,7 @@ async fn an_untrusted_peer_gets_one_forwarded_element_and_no_x_forwarded_fields(
     let claims = [("forwarded", "for=6.6.6.6"), ("x-forwarded-for", "6.6.6.6"), ("x-forwarded-proto", "https")];
     assert_eq!(get(sg.addr, "/x", &claims).await.status, 200);
     let seen = &backend.hits()[0].headers;
-    assert_eq!(seen["forwarded"], "for=127.0.0.1;proto=http;host=test.local");
+    assert_eq!(seen["forwarded"], "for=127.0.0.1;proto=http;host=localhost");
     for gone in ["x-forwarded-for", "x-forwarded-proto", "x-forwarded-host"] {
         assert!(!seen.contains_key(gone), "{gone} was forwarded");
     }
@@ -32,7 +32,7 @@ async fn a_trusted_proxys_forwarded_chain_is_extended_and_names_the_client() {
     let seen = &backend.hits()[0].headers;
     assert_eq!(
         seen["forwarded"],
-        "for=6.6.6.6, for=\"[2001:db8::1]\";proto=https, for=127.0.0.1;proto=http;host=test.local"
+        "for=6.6.6.6, for=\"[2001:db8::1]\";proto=https, for=127.0.0.1;proto=http;host=localhost"
     );
     assert_eq!(seen["x-forwarded-for"], "127.0.0.1");
     // The limit's key is the rightmost untrusted `for=` (IPv6 keys are /64 networks): a

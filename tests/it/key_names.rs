@@ -37,7 +37,7 @@ async fn json(addr: std::net::SocketAddr, path: &str) -> Value {
 }
 
 async fn delete(addr: std::net::SocketAddr, path: &str) -> Reply {
-    let req = http::Request::delete(path).header("host", "a").header("content-length", "0");
+    let req = http::Request::delete(path).header("host", "localhost").header("content-length", "0");
     request(addr, req.body(String::new()).unwrap()).await
 }
 

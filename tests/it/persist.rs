@@ -122,7 +122,7 @@ async fn a_damaged_or_foreign_file_is_refused_and_the_limit_starts_fresh() {
 
     let sg = conf.start();
     let log = sg.wait_for_log(|log| log.matches("state file refused").count() == 2);
-    assert!(log.contains("state file refused: damaged or truncated"), "{log}");
+    assert!(log.contains("state file refused: damaged, truncated, or edited without"), "{log}");
     assert!(log.contains("state file refused: not a sluicegate state file"), "{log}");
     assert!(log.contains(&quota.display().to_string()), "the line names the file: {log}");
     for _ in 0..3 {
@@ -200,4 +200,139 @@ fn the_state_directory_is_read_from_the_configuration_files_directory() {
     assert_eq!(relative.dir, Path::new("/etc/sluicegate/state"));
     assert_eq!(relative.interval, Duration::from_secs(5));
     assert_eq!(parse("persist: { dir: /srv/sg }\n").dir, Path::new("/srv/sg"));
+}
+
+/// A planted state file larger than its limit can write is refused before a byte of it
+/// is read: sparse files of 1 GiB + 4 KiB and of just under 1 GiB cost the proxy
+/// nothing (it reads neither into memory).
+#[tokio::test]
+async fn a_planted_state_file_larger_than_its_limit_writes_is_refused_unread() {
+    let state = tempfile::tempdir().unwrap();
+    for (file, len) in [("quota.state", (1u64 << 30) + 4096), ("login.state", (1u64 << 30) - 4096)] {
+        let planted = std::fs::File::create(state.path().join(file)).unwrap();
+        planted.set_len(len).unwrap();
+    }
+    let sg = conf(state.path(), "30d", "1h").start();
+    let log = sg.wait_for_log(|log| log.matches("state file refused").count() == 2);
+    assert_eq!(log.matches("than this limit can write").count(), 2, "{log}");
+    assert!(log.contains("refused unread"), "{log}");
+    assert!(sg.rss() < 256 << 20, "{} bytes resident: the file was read", sg.rss());
+    assert_eq!(status(&sg, "/", "k1").await.status, 200);
+}
+
+/// Whoever can write the state directory or a file in it could lift quotas and bans:
+/// a directory others may write is neither read nor written, a state file others may
+/// write or another user owns is refused, and a file edited with its checksum made to
+/// match again is refused by its seal.
+#[tokio::test]
+async fn state_that_others_may_have_written_or_edited_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |path: &Path, mode: u32| std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let conf = conf(state.path(), "30d", "1h");
+    let mut sg = conf.start();
+    spend(&sg).await;
+    assert!(sg.terminate().success());
+    let (quota, login) = (state.path().join("quota.state"), state.path().join("login.state"));
+    let written = (std::fs::read(&quota).unwrap(), std::fs::read(&login).unwrap());
+
+    // The directory writable by all: nothing read from it, nothing written to it.
+    mode(state.path(), 0o777);
+    let mut sg = conf.start();
+    let log = sg.wait_for_log(|log| log.contains("is not sluicegate's own"));
+    assert!(log.contains("its group or others may write it (mode 777)"), "{log}");
+    assert!(!log.contains("state restored"), "{log}");
+    assert_eq!(status(&sg, "/", "k1").await.status, 200, "fresh");
+    assert!(sg.terminate().success());
+    assert_eq!((std::fs::read(&quota).unwrap(), std::fs::read(&login).unwrap()), written, "nothing written");
+
+    // The directory mended; a file others may write, a file of another user.
+    mode(state.path(), 0o700);
+    mode(&quota, 0o666);
+    std::os::unix::fs::chown(&login, Some(4242), None).unwrap();
+    let mut sg = conf.start();
+    let log = sg.wait_for_log(|log| log.matches("state file refused").count() == 2);
+    assert!(log.contains("its group or others may write it (mode 666)"), "{log}");
+    assert!(log.contains("it belongs to user 4242"), "{log}");
+    assert_eq!(status(&sg, "/", "k1").await.status, 200, "fresh");
+    assert_eq!(status(&sg, "/login", "bad").await.status, 200, "no ban");
+    assert!(sg.terminate().success());
+
+    // A spent count set back to nothing, and the file's SHA-256 recomputed.
+    std::fs::write(&quota, &written.0).unwrap();
+    mode(&quota, 0o600);
+    let mut content = written.0[..written.0.len() - 32].to_vec();
+    // The quota's one entry (key u64, state u64) before the bans' count (u32, 0).
+    let at = content.len() - 4 - 8;
+    content[at..at + 8].copy_from_slice(&0u64.to_le_bytes());
+    let sum = ring::digest::digest(&ring::digest::SHA256, &content);
+    content.extend_from_slice(sum.as_ref());
+    std::fs::write(&quota, &content).unwrap();
+    let sg = conf.start();
+    let log = sg.wait_for_log(|log| log.contains("state file refused"));
+    assert!(log.contains("edited without the state directory's secret"), "{log}");
+}
+
+/// The secret beside the state files: deleted, a new one is drawn and saved, and the
+/// files it keyed are refused; there but unusable, it is left as it is and nothing is
+/// written over the state it keys; and a reload that turns `persist` on saves the
+/// running secret with the state, so that the restart reads both.
+#[tokio::test]
+async fn the_key_secret_is_saved_once_and_never_replaced_by_a_write() {
+    use std::os::unix::fs::PermissionsExt;
+    let state = tempfile::tempdir().unwrap();
+    let conf = conf(state.path(), "30d", "1h");
+    let mut sg = conf.start();
+    spend(&sg).await;
+    assert!(sg.terminate().success());
+    let secret = state.path().join("keys.secret");
+    let quota = state.path().join("quota.state");
+    let saved = std::fs::read(&secret).unwrap();
+
+    // Unusable (others may write it): left as it is, and the state files too.
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let spent = std::fs::read(&quota).unwrap();
+    let mut sg = conf.start();
+    let log = sg.wait_for_log(|log| log.contains("key secret unusable"));
+    assert!(log.contains("it is left as it is"), "{log}");
+    assert_eq!(status(&sg, "/", "k1").await.status, 200, "fresh for this run");
+    assert!(sg.terminate().success());
+    assert_eq!(std::fs::read(&secret).unwrap(), saved, "the secret was replaced");
+    assert_eq!(std::fs::read(&quota).unwrap(), spent, "the state it keys was written over");
+    // Mended, it keys the state again.
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let mut sg = conf.start();
+    sg.wait_for_log(|log| log.matches("state restored").count() == 2);
+    assert_eq!(status(&sg, "/", "k1").await.status, 429, "the spent quota is back");
+    assert!(sg.terminate().success());
+
+    // Deleted: another secret, saved; the files keyed with the old one are refused.
+    std::fs::remove_file(&secret).unwrap();
+    let mut sg = conf.start();
+    let log = sg.wait_for_log(|log| log.matches("state file refused").count() == 2);
+    assert!(log.contains("keyed with another secret"), "{log}");
+    assert_eq!(status(&sg, "/", "k1").await.status, 200, "fresh");
+    assert!(sg.terminate().success());
+    assert_ne!(std::fs::read(&secret).unwrap(), saved, "a new secret");
+
+    // Persist turned on by a reload: the running secret is saved with the state.
+    let fresh = tempfile::tempdir().unwrap();
+    let without = Conf::new()
+        .admin()
+        .set(&format!("persist: {{ dir: \"{}\", interval: 1h }}", fresh.path().display()))
+        .limit(
+            "quota",
+            "key: \"header:x-api-key\", algorithm: fixed_window, limit: 3, window: 30d, on_missing_key: skip",
+        )
+        .answering("quota");
+    let mut sg = without.start();
+    for _ in 0..3 {
+        assert_eq!(status(&sg, "/", "k1").await.status, 200);
+    }
+    let with = without.yaml().replace("on_missing_key: skip", "on_missing_key: skip, persist: true");
+    assert!(sg.reload(&with).contains("configuration reloaded"));
+    assert!(sg.terminate().success());
+    let sg = Sluicegate::start(&with);
+    sg.wait_for_log(|log| log.contains("state restored"));
+    assert_eq!(status(&sg, "/", "k1").await.status, 429, "the quota spent before the reload is kept");
 }

@@ -14,7 +14,8 @@ use crate::redis::Redis;
 
 /// `METHOD path` on the admin listener `admin`, without a body.
 async fn admin_call(admin: std::net::SocketAddr, method: http::Method, path: &str) -> Reply {
-    let req = http::Request::builder().method(method).uri(path).header("host", "admin").header("content-length", "0");
+    let req =
+        http::Request::builder().method(method).uri(path).header("host", "localhost").header("content-length", "0");
     request(admin, req.body(String::new()).unwrap()).await
 }
 

@@ -333,6 +333,23 @@ async fn a_host_with_an_invalid_port_is_a_400() {
     assert!(backend.hits().is_empty(), "{:?}", backend.hits());
 }
 
+/// RFC 3986 §3.2.2: a host in brackets is an IPv6 address (or an IPvFuture); anything
+/// else in brackets is a 400, never forwarded as `X-Forwarded-Host`.
+#[tokio::test]
+async fn a_host_in_brackets_that_is_no_ip_literal_is_a_400() {
+    let backend = Backend::start().await;
+    let sg = Conf::new().upstream(&backend).route("upstream: b").start();
+    for host in ["[::,1]:80", "[::,1]", "[127.0.0.1]", "[]:80", "[fe80::1%25eth0]"] {
+        let request = format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        let answer = raw_exchange(sg.addr, request.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 400 "), "{host:?}: {answer:?}");
+    }
+    assert!(backend.hits().is_empty(), "{:?}", backend.hits());
+    let answer = raw_exchange(sg.addr, b"GET / HTTP/1.1\r\nHost: [::1]:80\r\nConnection: close\r\n\r\n").await;
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer:?}");
+    assert_eq!(backend.hits()[0].headers["x-forwarded-host"], "[::1]:80");
+}
+
 /// RFC 9110 §9.3.2: an answer to HEAD has no body, refusals included.
 #[tokio::test]
 async fn a_refusal_of_a_head_request_has_no_body() {
