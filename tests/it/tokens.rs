@@ -318,3 +318,38 @@ async fn a_dry_run_limit_refuses_no_token_and_counts_it() {
     let m = Metrics::of(&sg).await;
     assert_eq!(m.value("sluicegate_invalid_tokens_total{reason=\"signature\"}"), 1.0);
 }
+
+/// With `audience`, a token must name it in `aud`: one without `aud`, with `"aud": null`
+/// or `[]` (minted for no service in particular, perhaps another service of the same
+/// issuer) is refused, never counted under its subject; with `issuer`, `iss` likewise.
+#[tokio::test]
+async fn with_an_audience_a_token_without_aud_is_refused() {
+    let sg = Conf::new()
+        .admin()
+        .set(&format!("jwt: {{ secret: \"{SECRET}\", issuer: https://id.example, audience: sluicegate-probe }}"))
+        .limit("per_user", "key: \"jwt:sub\", rate: 1r/m, on_missing_key: skip")
+        .answering("per_user")
+        .start();
+    let exp = now() + 600;
+    let token = |extra: serde_json::Value| {
+        let mut claims = json!({"sub": "alice", "exp": exp, "iss": "https://id.example"});
+        claims.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        hs(claims, SECRET)
+    };
+    for (aud, why) in [
+        (json!({}), "the token lacks the claim `aud`"),
+        (json!({"aud": null}), "the token lacks the claim `aud`"),
+        (json!({"aud": []}), "audience"),
+        (json!({"aud": "another-service"}), "audience"),
+    ] {
+        let reply = get(sg.addr, "/", &[("authorization", &bearer(&token(aud.clone())))]).await;
+        assert_eq!(reply.status, 401, "{aud}: {}", reply.text());
+        assert!(reply.text().contains(why), "{aud}: {}", reply.text());
+    }
+    let no_iss = hs(json!({"sub": "alice", "exp": exp, "aud": "sluicegate-probe"}), SECRET);
+    assert_eq!(status_with(&sg, Some(&no_iss)).await, 401, "iss is required with issuer");
+    assert_eq!(status_with(&sg, Some(&token(json!({"aud": "sluicegate-probe"})))).await, 200);
+    assert_eq!(status_with(&sg, Some(&token(json!({"aud": ["x", "sluicegate-probe"]})))).await, 429, "alice, counted once");
+    let m = Metrics::of(&sg).await;
+    assert_eq!(m.value("sluicegate_invalid_tokens_total{reason=\"missing_claim\"}"), 3.0);
+}
