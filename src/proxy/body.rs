@@ -346,6 +346,31 @@ impl ResponseBody for Settling {
         state.poll_released(cx).map(|_| ())
     }
 
+    fn poll_ended(&mut self, cx: &mut Context<'_>) -> Poll<bool> {
+        let state = match &mut self.0 {
+            Form::Made(bytes) => return Poll::Ready(bytes.is_empty()),
+            Form::Settles(state) => state,
+        };
+        if state.releasing.is_none() {
+            let over = match &state.source {
+                None => true,
+                Some(Source::Full(bytes)) => bytes.is_empty(),
+                // Read to its end before anything was taken of it: a server's answer that
+                // ended with its head (nothing was read yet, so no trailers either).
+                Some(Source::Upstream(body)) => body.is_done(),
+            };
+            if !over || !state.held.is_empty() {
+                return Poll::Ready(false);
+            }
+            state.source = None;
+            let debit = state.receipts.ended(None);
+            if state.settle(cx, None, debit).is_ready() {
+                return Poll::Ready(true);
+            }
+        }
+        state.poll_released(cx).map(|_| true)
+    }
+
     fn upgrade(&mut self) -> Option<Upgrade> {
         let Form::Settles(state) = &mut self.0 else { return None };
         let Some(Source::Upstream(body)) = state.source.take() else { return None };

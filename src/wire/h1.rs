@@ -642,6 +642,10 @@ mod tests {
             Poll::Ready(())
         }
 
+        fn poll_ended(&mut self, _cx: &mut Context<'_>) -> Poll<bool> {
+            Poll::Ready(hyper::body::Body::is_end_stream(self))
+        }
+
         fn upgrade(&mut self) -> Option<Upgrade> {
             None
         }

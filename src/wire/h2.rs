@@ -24,7 +24,7 @@ use crate::wire::connection::ClientConn;
 use crate::wire::head::{Fields, RequestHead};
 use crate::wire::http1::parse::Framing;
 use crate::wire::http1::{BodyError, BodySource, FramingError};
-use crate::wire::message::{self, Request, Response, Service};
+use crate::wire::message::{self, Request, Response, ResponseBody as _, Service};
 
 /// How HTTP/2 connections are served.
 #[derive(Clone, Copy)]
@@ -68,7 +68,10 @@ pub async fn serve<I, S>(
             };
             let mut source = Stream { body: Some(incoming), trailers: None };
             let request = Request { head, framing, body: Some(&mut source) };
-            let response = service.call(request, &conn).await;
+            let mut response = service.call(request, &conn).await;
+            // A body with nothing left but its end goes out in the head (see
+            // `ResponseBody::poll_ended`).
+            std::future::poll_fn(|cx| response.body.poll_ended(cx)).await;
             Ok::<_, Infallible>(into_hyper(response, &parts.method).map(|body| WatchedBody::new(body, in_flight)))
         }
     });

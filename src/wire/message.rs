@@ -61,6 +61,14 @@ pub trait ResponseBody: hyper::body::Body<Data = Bytes, Error = BodyError> + Sen
     /// body holds is settled without it; ready once it is, before the head goes out.
     fn poll_unsent(&mut self, cx: &mut Context<'_>) -> Poll<()>;
 
+    /// Whether nothing is left of the body to send (no data, no trailers), what it
+    /// holds settled as its end would settle it: ready with `true` once it is (the head
+    /// then ends the stream), `false` at once when the body has something to send. An
+    /// HTTP/2 head that ends its stream (HEADERS with END_STREAM) is how a server's
+    /// trailers-only answer is forwarded as it was sent: a head, then an empty DATA frame
+    /// that ends the stream, is a protocol error to gRPC clients that expect one.
+    fn poll_ended(&mut self, cx: &mut Context<'_>) -> Poll<bool>;
+
     /// The connection a `101` handed over, with what it holds for the tunnel's life.
     /// Taken once.
     fn upgrade(&mut self) -> Option<Upgrade>;

@@ -748,3 +748,41 @@ async fn a_grpc_health_check_takes_a_server_that_is_not_serving_out_and_back() {
     reporter.set_service_status("", ServingStatus::Serving).await;
     wait_until("the server is back", Duration::from_secs(5), async || code().await == Code::Unimplemented).await;
 }
+
+/// A server's error as a trailers-only answer (one HEADERS frame with END_STREAM carrying
+/// `grpc-status`) reaches the client as one: a head that ends the stream, never a head
+/// and then an empty DATA frame with END_STREAM, which grpcio reads as "Stream removed"
+/// and answers UNKNOWN. Checked on the wire with hyper's client (the response body is at
+/// its end before anything is read of it), beside the server's own answer, with a
+/// concurrency slot taken and given back before the head goes out.
+#[tokio::test]
+async fn a_servers_trailers_only_answer_reaches_the_client_as_a_trailers_only_answer() {
+    let seen = Arc::new(Seen::default());
+    let server = grpc_server(&seen, None).await;
+    let sg =
+        proxy(server, "", "limits:\n  one: { key: ip, concurrency: 1 }\nroutes:\n  - { upstream: g, limits: [one] }\n");
+    let ask = async |addr: SocketAddr| {
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut sender, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(stream),
+        )
+        .await
+        .unwrap();
+        tokio::spawn(conn);
+        let response = sender.send_request(grpc_request(addr, &msg("fail", 0, 0), &[])).await.unwrap();
+        use hyper::body::Body as _;
+        let ended = response.body().is_end_stream();
+        let status = response.headers().get("grpc-status").map(|v| v.to_str().unwrap().to_owned());
+        let message = response.headers().get("grpc-message").map(|v| v.to_str().unwrap().to_owned());
+        (ended, status, message)
+    };
+    let direct = ask(server).await;
+    assert_eq!(direct, (true, Some("5".to_owned()), Some("no%20such%20thing".to_owned())), "the server's own answer");
+    for _ in 0..3 {
+        assert_eq!(ask(sg.addr).await, direct, "through the proxy, its concurrency slot given back each time");
+    }
+    // tonic reads it as the server's status too.
+    let status = call_unary(&channel(sg.addr, None).await, msg("fail", 0, 0)).await.unwrap_err();
+    assert_eq!((status.code(), status.message()), (Code::NotFound, "no such thing"));
+}
