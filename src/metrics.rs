@@ -35,18 +35,56 @@ pub struct ResolveMetrics {
 }
 
 /// Where an upstream's pool counts its connections and its waits
-/// (`sluicegate_upstream_idle_connections`, `…_idle_closed_total`, `…_queued_total`,
+/// (`sluicegate_upstream_idle_connections`, `…_connections_in_use`,
+/// `…_connections_opened_total`, `…_idle_closed_total`, `…_queued_total`,
 /// `…_full_total`).
 #[derive(Clone, Default)]
 pub struct PoolMetrics {
     /// Idle connections kept now, to all the upstream's servers.
     pub idle: Gauge,
-    /// Connections closed on their way back to the pool: `keepalive` were idle already.
-    pub idle_closed: Counter,
+    /// Connections lent to exchanges now.
+    pub in_use: Gauge,
+    /// Connections opened (HTTP/1.1 and HTTP/2): per request, the pool's churn.
+    pub opened: Counter,
+    /// Idle connections closed by the pool, by why (`Closed`).
+    pub idle_closed: [Counter; 3],
     /// Requests that found every server at `max_conns` and waited.
     pub queued: Counter,
     /// Of those, the ones that waited `queue_timeout` in vain (`503`).
     pub full: Counter,
+}
+
+/// Why the pool closed an idle connection (`reason` of
+/// `sluicegate_upstream_idle_closed_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Closed {
+    /// Given back past `keepalive` idle ones.
+    Keepalive,
+    /// Idle beyond what the load lately needed.
+    Surplus,
+    /// Idle for longer than the idle timeout.
+    Timeout,
+}
+
+impl Closed {
+    const ALL: [Closed; 3] = [Closed::Keepalive, Closed::Surplus, Closed::Timeout];
+
+    fn label(self) -> &'static str {
+        match self {
+            Closed::Keepalive => "keepalive",
+            Closed::Surplus => "surplus",
+            Closed::Timeout => "timeout",
+        }
+    }
+}
+
+impl PoolMetrics {
+    /// Counts `n` idle connections closed for `why`.
+    pub fn closed(&self, why: Closed, n: usize) {
+        if n > 0 {
+            self.idle_closed[why as usize].inc_by(n as u64);
+        }
+    }
 }
 
 /// What became of a request, for `sluicegate_requests_total`.
@@ -182,6 +220,8 @@ struct Families {
 #[derive(Default)]
 struct PoolFamilies {
     idle: Family<Labels, Gauge>,
+    in_use: Family<Labels, Gauge>,
+    opened: Family<Labels, Counter>,
     idle_closed: Family<Labels, Counter>,
     queued: Family<Labels, Counter>,
     full: Family<Labels, Counter>,
@@ -239,8 +279,19 @@ impl Metrics {
             pool.idle.clone(),
         );
         registry.register(
+            "upstream_connections_in_use",
+            "Connections to an upstream's servers lent to requests now, by upstream",
+            pool.in_use.clone(),
+        );
+        registry.register(
+            "upstream_connections_opened",
+            "Connections opened to an upstream's servers, by upstream (per request: the pool's churn)",
+            pool.opened.clone(),
+        );
+        registry.register(
             "upstream_idle_closed",
-            "Connections closed instead of kept idle: the server had `keepalive` idle ones, by upstream",
+            "Idle connections the pool closed, by upstream and reason: keepalive (given back past `keepalive`), \
+             surplus (beyond what the load lately needed), timeout (idle past 60 s)",
             pool.idle_closed.clone(),
         );
         registry.register(
@@ -441,9 +492,16 @@ impl Metrics {
     pub fn upstream_pool(&self, upstream: &str) -> PoolMetrics {
         let labels = vec![("upstream", upstream.to_owned())];
         let f = &self.families.pool;
+        let closed = |why: Closed| {
+            let mut labels = labels.clone();
+            labels.push(("reason", why.label().to_owned()));
+            f.idle_closed.get_or_create_owned(&labels)
+        };
         PoolMetrics {
             idle: f.idle.get_or_create_owned(&labels),
-            idle_closed: f.idle_closed.get_or_create_owned(&labels),
+            in_use: f.in_use.get_or_create_owned(&labels),
+            opened: f.opened.get_or_create_owned(&labels),
+            idle_closed: Closed::ALL.map(closed),
             queued: f.queued.get_or_create_owned(&labels),
             full: f.full.get_or_create_owned(&labels),
         }

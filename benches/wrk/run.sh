@@ -116,6 +116,10 @@ CLIENT_BIN="$ROOT/target/release/examples/bench_client"
 HOLD_BIN="$ROOT/target/release/examples/hold_connections"
 HOLD="${HOLD:-6000}"
 NGX_CONNECTIONS=4096 # nginx's worker_connections
+# nginx at its best: an upstream keepalive at least wrk's concurrency (nginx's fixed cap
+# below it would close and reopen a connection per request). sluicegate runs on its
+# defaults: its pool keeps what the load needs.
+NGX_KEEPALIVE=$(( CONNECTIONS > 64 ? CONNECTIONS : 64 ))
 SG_WORKERS="${SG_WORKERS:-}" # server.workers of the sluicegate configs ("": one per core)
 SG_MAX_CONNECTIONS="" # server.max_connections of the sluicegate configs ("": the default)
 PIN=()             # the command prefix that pins a process (onecore: taskset)
@@ -252,7 +256,7 @@ write_nginx_conf() { # $1 dir, $2 port, $3 workers, $4 http-level lines, $5 loca
   $4
   upstream backend {
     server 127.0.0.1:$BACKEND_PORT;
-    keepalive 64;
+    keepalive $NGX_KEEPALIVE;
     keepalive_requests 1000000000;
   }
   server {
@@ -301,13 +305,11 @@ EOF
     [[ -z "$SG_WORKERS" ]] || echo "  workers: $SG_WORKERS"
     [[ -z "$SG_MAX_CONNECTIONS" ]] || echo "  max_connections: $SG_MAX_CONNECTIONS"
     [[ -z "$admin" ]] || echo "admin: { listen: \"127.0.0.1:$admin\" }"
+    # The pool on its defaults (as a user who writes nothing gets it).
     cat <<EOF
 upstreams:
   backend:
     servers: ["127.0.0.1:$BACKEND_PORT"]
-    # As nginx's keepalive 64 below: as many idle connections kept as wrk has clients,
-    # so that neither proxy opens a connection per request.
-    keepalive: 64
 EOF
     [[ -z "${4:-}" ]] || printf '%s\n' "$4"
     if [[ -n "$3" ]]; then
@@ -524,7 +526,7 @@ start_targets() {
   done
 }
 
-declare -A M_RPS M_P99 M_CPUREQ M_NON2XX M_REDISCPU # by "case/proxy/rep"
+declare -A M_RPS M_P99 M_CPUREQ M_NON2XX M_REDISCPU M_CONNS # by "case/proxy/rep"
 
 measure() { # $1 row, $2 rep
   local row="$1" rep="$2" port="${TARGET_PORT[$1]}" pid="${TARGET_PID[$1]}" out t0=0 t1=0 r0=0 r1=0 line
@@ -535,10 +537,13 @@ measure() { # $1 row, $2 rep
   out="$TMP/wrk-${row//\//-}-$rep.txt"
   [[ -z "$pid" ]] || t0="$(cpu_ticks "$pid")"
   [[ "$row" != global/* ]] || r0="$(cpu_ticks "$REDIS_PID")"
+  local a0="" a1=""
+  [[ -z "$BACKEND_PID" ]] || a0="$(accepted)"
   timeout $((DUR_S + 30)) "${PIN[@]}" wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" --timeout "$WRK_TIMEOUT" \
     --latency -s "$HERE/report.lua" "http://127.0.0.1:$port/" >"$out"
   [[ -z "$pid" ]] || t1="$(cpu_ticks "$pid")"
   [[ "$row" != global/* ]] || r1="$(cpu_ticks "$REDIS_PID")"
+  [[ -z "$BACKEND_PID" ]] || a1="$(accepted)"
   line="$(grep '^WRKRESULT ' "$out")" || die "no result from wrk for $row (see $out)"
   local rps requests p50_us p99_us non2xx connect read write timeout secs kv
   for kv in ${line#WRKRESULT }; do local "${kv%%=*}=${kv#*=}"; done
@@ -547,8 +552,16 @@ measure() { # $1 row, $2 rep
   M_NON2XX["$row/$rep"]="$non2xx"
   M_CPUREQ["$row/$rep"]="$([[ -n "$pid" ]] && awk -v d=$((t1 - t0)) -v hz="$CLK_TCK" -v n="$requests" \
     'BEGIN{printf "%.2f", n ? 1e6*d/hz/n : 0}' || echo "")"
+  # Connections the proxy opened to the backend per request (the one `accepted` itself
+  # opens is taken off).
+  M_CONNS["$row/$rep"]="$([[ -n "$a0" && "$row" != direct/* ]] && awk -v d=$((a1 - a0 - 1)) -v n="$requests" \
+    'BEGIN{printf "%.4f", n ? d/n : 0}' || echo "")"
   M_REDISCPU["$row/$rep"]="$(awk -v d=$((r1 - r0)) -v hz="$CLK_TCK" -v n="$requests" 'BEGIN{printf "%.2f", n ? 1e6*d/hz/n : 0}')"
   log "rep $rep $row: $rps req/s, p99 ${p99_us}us, CPU ${M_CPUREQ[$row/$rep]:--}us/req, non-2xx $non2xx"
+}
+
+accepted() { # the connections our backend has accepted so far
+  curl -s --max-time 2 "http://127.0.0.1:$BACKEND_PORT/__accepted"
 }
 
 median() { # the median of the numbers given ("" if none)
@@ -577,12 +590,14 @@ onecore_report() {
   echo "$(nproc) CPUs, $(uname -r); $("$SG" --version 2>/dev/null || echo sluicegate);" \
     "$(nginx -v 2>&1 | sed 's/.*: //' || true) $(haproxy -v 2>/dev/null | awk 'NR==1{print "HAProxy " $3}' || true)"
   echo
-  echo "| case | proxy | req/s | of direct | of nginx | p99 ms | CPU µs/req | CPU of nginx's | non-2xx |"
-  echo "|---|---|---|---|---|---|---|---|---|"
+  echo "| case | proxy | req/s | of direct | of nginx | p99 ms | CPU µs/req | CPU of nginx's | non-2xx | upstream conns/req |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
+  local conns=()
   for row in "${ROWS[@]}"; do
     c="${row%/*}" p="${row#*/}"
-    rps=() vdir=() vng=() p99=() cpu=() cng=() non2xx=0
+    rps=() vdir=() vng=() p99=() cpu=() cng=() conns=() non2xx=0
     for rep in $(seq "$REPS"); do
+      conns+=("${M_CONNS[$row/$rep]:-}")
       rps+=("${M_RPS[$row/$rep]}")
       p99+=("${M_P99[$row/$rep]}")
       cpu+=("${M_CPUREQ[$row/$rep]}")
@@ -593,9 +608,10 @@ onecore_report() {
     done
     awk -v c="$c" -v p="$p" -v r="$(median "${rps[@]}")" -v d="$(median "${vdir[@]}")" \
       -v n="$(median "${vng[@]}")" -v q="$(median "${p99[@]}")" -v u="$(median "${cpu[@]}")" \
-      -v un="$(median "${cng[@]}")" -v e="$non2xx" 'function f(x, fmt) { return x == "" ? "–" : sprintf(fmt, x) }
-      BEGIN{printf "| %s | %s | %s | %s | %s | %s | %s | %s | %d |\n", c, p, f(r, "%.0f"), f(d, "%.3f"),
-        f(n, "%.2f×"), f(q/1000, "%.2f"), f(u, "%.1f"), f(un, "%.2f×"), e}'
+      -v un="$(median "${cng[@]}")" -v e="$non2xx" -v k="$(median "${conns[@]}")" \
+      'function f(x, fmt) { return x == "" ? "–" : sprintf(fmt, x) }
+      BEGIN{printf "| %s | %s | %s | %s | %s | %s | %s | %s | %d | %s |\n", c, p, f(r, "%.0f"), f(d, "%.3f"),
+        f(n, "%.2f×"), f(q/1000, "%.2f"), f(u, "%.1f"), f(un, "%.2f×"), e, f(k, "%.4f")}'
   done
   if [[ -n "${M_RPS[global/sluicegate/1]:-}" && -n "${M_RPS[forwarded/sluicegate/1]:-}" ]]; then
     local vfw=() rcpu=()
@@ -611,6 +627,8 @@ onecore_report() {
   echo "of direct / of nginx: req/s over the backend-direct run / nginx's run of the same case,"
   echo "each repetition on its own, then the median. CPU: the proxy's utime+stime per request."
   echo "non-2xx: summed over the repetitions (the rejected case answers 429 by design)."
+  echo "upstream conns/req: connections the backend accepted per request during the measured run"
+  echo "(sluicegate on its default pool; nginx with keepalive $NGX_KEEPALIVE, at least wrk's -c)."
 }
 
 # ---- LAYOUT=instructions ------------------------------------------------------------------------

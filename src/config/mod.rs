@@ -174,8 +174,9 @@ pub struct Upstream {
     /// How often servers written with a host name are looked up again (`None`: only when
     /// the configuration is loaded, and until each name has an address).
     pub resolve_interval: Option<Duration>,
-    /// Idle HTTP/1.1 connections kept open to each server, at most (nginx `keepalive`).
-    pub keepalive: usize,
+    /// Idle HTTP/1.1 connections kept open to each server: as many as the load lately
+    /// needed (`None`, the default), or at most this many (nginx `keepalive`).
+    pub keepalive: Option<usize>,
     /// Requests in progress at each server, at most (`None`: no cap): a request finds
     /// another server, or waits up to `queue_timeout` for one to have room.
     pub max_conns: Option<std::num::NonZeroUsize>,

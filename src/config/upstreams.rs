@@ -31,11 +31,6 @@ const MAX_WEIGHT: u32 = 10_000;
 /// service) reach the proxy within half a minute, for one lookup per name per interval.
 const DEFAULT_RESOLVE_INTERVAL: Duration = Duration::from_secs(30);
 
-/// Idle connections kept per server: enough for the bursts of a busy route without
-/// leaving hundreds open to a backend after one (nginx keeps none unless told; its
-/// documentation's example keeps 32 a worker).
-const DEFAULT_KEEPALIVE: u32 = 32;
-
 /// How long a request waits for a server under its `max_conns` to have room.
 const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -104,7 +99,9 @@ pub(super) fn upstream(e: &mut Errors<'_>, name: &str, raw: &RawUpstream) -> Ups
             DEFAULT_TUNNEL_IDLE_TIMEOUT,
         ),
         resolve_interval: resolve_interval(e, &format!("{at}.resolve_interval"), raw.resolve_interval.as_ref()),
-        keepalive: raw.keepalive.unwrap_or(DEFAULT_KEEPALIVE) as usize,
+        // Unset: as many idle connections as the load needs (`upstream::pool`); a number
+        // caps them, as nginx's `keepalive` does.
+        keepalive: raw.keepalive.map(|n| n as usize),
         max_conns: match raw.max_conns {
             Some(0) => {
                 e.add(format!("{at}.max_conns"), "must be at least 1 (leave it out for no cap)");

@@ -57,6 +57,11 @@ pub struct UpstreamWords<'a> {
     pub timeout: String,
     pub retries: u32,
     pub http2: bool,
+    /// A number, or `as needed` (the default: kept as the load needs).
+    pub keepalive: serde_json::Value,
+    /// Requests in progress at each server, at most (`null`: no cap).
+    pub max_conns: Option<usize>,
+    pub queue_timeout: String,
 }
 
 #[derive(Serialize)]
@@ -291,6 +296,9 @@ impl<'a> UpstreamWords<'a> {
             timeout: span(u.timeout),
             retries: u.retries,
             http2: u.http2,
+            keepalive: u.keepalive.map_or_else(|| "as needed".into(), Into::into),
+            max_conns: u.max_conns.map(std::num::NonZeroUsize::get),
+            queue_timeout: span(u.queue_timeout),
         }
     }
 }

@@ -158,13 +158,16 @@ fn upstreams(proxy: &Proxy) -> Vec<Value> {
         .iter()
         .zip(proxy.upstreams())
         .map(|(upstream, client)| {
+            let pool = client.pool_report();
             let servers: Vec<Value> = client
                 .servers()
                 .report(now)
                 .into_iter()
                 .map(|s| {
+                    let (idle, lent) = pool.get(&s.dialed).copied().unwrap_or_default();
                     json!({
                         "address": s.address,
+                        "connections": { "idle": idle, "in_use": lent },
                         "out": s.out.map(|(why, since)| json!({ "why": why, "for_ms": ms(now.saturating_duration_since(since)) })),
                         "in_flight": s.in_flight,
                         "failures": s.failures,

@@ -162,6 +162,11 @@ impl UpstreamClient {
         &self.servers
     }
 
+    /// Per server (as dialed), the idle connections its pool keeps and those lent now.
+    pub fn pool_report(&self) -> std::collections::HashMap<String, (usize, usize)> {
+        self.pool.report()
+    }
+
     /// `GET target` from sluicegate itself (a JWKS), no client request behind it: its
     /// status and body, at most `max` bytes, within the upstream's `timeout`. HTTP/1.1.
     pub async fn fetch(&self, target: &str, max: usize) -> Result<(StatusCode, Vec<u8>), String> {

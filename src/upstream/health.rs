@@ -37,7 +37,7 @@ pub fn start(servers: &Arc<ServerSet>, check: &HealthCheck, connector: Connector
     let runtime = tokio::runtime::Handle::try_current().ok()?;
     // Its own pool: checks neither take nor keep connections that requests use; one a
     // server is all a check at a time needs. Not in the metrics: those count requests'.
-    let pool = Pool::new(connector, 1, 1, crate::metrics::PoolMetrics::default());
+    let pool = Pool::new(connector, Some(1), 1, crate::metrics::PoolMetrics::default());
     let (servers, check) = (Arc::clone(servers), check.clone());
     Some(Checker(runtime.spawn(async move {
         let upstream = servers.upstream();

@@ -136,6 +136,8 @@ struct Checked {
 pub struct ServerReport {
     /// Its address, with the name it is an address of.
     pub address: String,
+    /// The address connections are made to, as the pool files them.
+    pub dialed: String,
     /// Why it is out, and since when (`None`: in use).
     pub out: Option<(String, Instant)>,
     pub in_flight: usize,
@@ -529,6 +531,7 @@ impl ServerState {
         };
         ServerReport {
             address: self.describe(),
+            dialed: self.address.to_string(),
             out,
             in_flight: self.in_flight.load(Ordering::Relaxed),
             failures: self.failures.load(Ordering::Relaxed),
@@ -695,7 +698,7 @@ pub(super) mod tests {
             health_check: None,
             tunnel_idle_timeout: Duration::from_secs(3600),
             resolve_interval: None,
-            keepalive: 32,
+            keepalive: None,
             max_conns: None,
             queue_timeout: Duration::from_secs(5),
         }

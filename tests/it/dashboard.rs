@@ -150,6 +150,8 @@ async fn upstream_servers_show_whether_they_are_out_and_why() {
     assert!(dead["out"]["why"].as_str().unwrap().starts_with("health check: "), "{dead}");
     let live = &named(&shown["upstreams"], "b")["servers"][0];
     assert_eq!((live["out"].clone(), live["failures"].as_u64()), (serde_json::Value::Null, Some(0)), "{live}");
+    // The pool's connections to it: the one the request took, kept idle since.
+    assert_eq!(live["connections"], serde_json::json!({ "idle": 1, "in_use": 0 }), "{live}");
 }
 
 /// A reload is shown with when and how it came; a failed one keeps its errors shown

@@ -503,5 +503,57 @@ async fn idle_connections_past_keepalive_are_closed_and_counted() {
     }
     let m = Metrics::of(&sg).await;
     assert_eq!(series(&m, "sluicegate_upstream_idle_connections", "app"), Some(2.0), "{}", m.0);
-    assert_eq!(series(&m, "sluicegate_upstream_idle_closed_total", "app"), Some(3.0), "{}", m.0);
+    assert_eq!(
+        m.get(r#"sluicegate_upstream_idle_closed_total{upstream="app",reason="keepalive"}"#),
+        Some(3.0),
+        "{}",
+        m.0
+    );
+}
+
+/// On its defaults the pool keeps what the load needs: 64 clients, each on its own
+/// keep-alive connection, send request after request, and after the first 64 no request
+/// opens an upstream connection (a fixed `keepalive` below the concurrency would close
+/// and reopen one for every request past it).
+#[tokio::test]
+async fn on_its_defaults_a_steady_load_opens_no_upstream_connection_after_its_first() {
+    use hyper_util::rt::TokioIo;
+    let backend = Backend::start().await;
+    let sg = start_with_admin(&[quoted(backend.addr)], "");
+    const CLIENTS: usize = 64;
+    const EACH: usize = 40;
+    // All clients hold a request at the server at once first, so that the pool must
+    // hold 64 connections; then each sends its requests one after another.
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let addr = sg.addr;
+            tokio::spawn(async move {
+                let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+                let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+                tokio::spawn(conn);
+                for i in 0..EACH {
+                    let path = if i == 0 { "/held" } else { "/x" };
+                    let req = http::Request::get(path).header("host", "localhost").body(String::new()).unwrap();
+                    let response = sender.send_request(req).await.unwrap();
+                    assert_eq!(response.status(), 200);
+                    response.into_body().collect().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    wait_until("64 requests held at the server", Duration::from_secs(10), async || backend.hits().len() == CLIENTS)
+        .await;
+    backend.gate.add_permits(CLIENTS);
+    for client in clients {
+        client.await.unwrap();
+    }
+    let m = Metrics::of(&sg).await;
+    let opened = series(&m, "sluicegate_upstream_connections_opened_total", "app").unwrap();
+    assert_eq!(opened, CLIENTS as f64, "{} requests opened {opened} connections\n{}", CLIENTS * EACH, m.0);
+    assert_eq!(series(&m, "sluicegate_upstream_idle_connections", "app"), Some(CLIENTS as f64));
+    assert_eq!(series(&m, "sluicegate_upstream_connections_in_use", "app"), Some(0.0));
+    for reason in ["keepalive", "surplus", "timeout"] {
+        let closed = m.get(&format!("sluicegate_upstream_idle_closed_total{{upstream=\"app\",reason=\"{reason}\"}}"));
+        assert_eq!(closed, Some(0.0), "{reason}");
+    }
 }

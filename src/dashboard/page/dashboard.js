@@ -219,7 +219,7 @@
   function showUpstreams(upstreams) {
     const rows = upstreams.flatMap((u) => u.servers.map((s) => ({ upstream: u.name, ...s })));
     keyed($('#upstreams tbody'), rows, (s) => s.upstream + ' ' + s.address,
-      () => el('tr', {}, el('td'), el('td'), el('td'), el('td', { class: 'num' }), el('td', { class: 'num' }), el('td', { class: 'num' })),
+      () => el('tr', {}, el('td'), el('td'), el('td'), el('td', { class: 'num' }), el('td', { class: 'num' }), el('td', { class: 'num' }), el('td', { class: 'num' })),
       (row, s) => {
         const cells = row.children;
         cells[0].textContent = s.upstream;
@@ -228,8 +228,10 @@
           ? el('span', { class: 'state-out', text: `out for ${duration(s.out.for_ms)}: ${s.out.why}` })
           : el('span', { class: 'state-in', text: 'in use' }));
         cells[3].textContent = s.in_flight;
-        cells[4].textContent = s.failures;
-        cells[5].textContent = s.check_ms === null ? '–' : ms(s.check_ms);
+        // The pool's connections to it: lent now and idle, kept as the load needs.
+        cells[4].textContent = `${s.connections.in_use + s.connections.idle} (${s.connections.idle})`;
+        cells[5].textContent = s.failures;
+        cells[6].textContent = s.check_ms === null ? '–' : ms(s.check_ms);
       });
   }
 
