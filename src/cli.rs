@@ -370,7 +370,7 @@ pub fn explain(args: &ExplainArgs) -> ExitCode {
             let (config, local) = explain::local(config);
             // A clock of its own: the identical requests and this one at one instant.
             let gate = Gate::new(&config, ManualClock::new(Clock::System.now()).into());
-            let mut explained = explain::explain(&config, &gate, &head, peer, claimed, args.after, "empty");
+            let mut explained = explain::explain(&config, &gate, None, &head, peer, claimed, args.after, "empty");
             explained.notes.extend(local);
             Ok(explained)
         }

@@ -15,6 +15,7 @@ pub struct Code(pub u8);
 impl Code {
     pub const OK: Code = Code(0);
     pub const UNKNOWN: Code = Code(2);
+    pub const INVALID_ARGUMENT: Code = Code(3);
     pub const DEADLINE_EXCEEDED: Code = Code(4);
     pub const PERMISSION_DENIED: Code = Code(7);
     pub const RESOURCE_EXHAUSTED: Code = Code(8);

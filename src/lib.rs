@@ -11,21 +11,22 @@
 //!                          whose body settles itself; what a connection holds
 //!                          (wire::connection); the request view every layer reads
 //!                          (wire::head)
-//!   -> front               the head's checks (431 / 414, CONNECT 405, one valid Host), the
+//!   -> admission           the steps that decide a request, driven in one place for the
+//!                          proxy, `explain` and `simulate`'s replay (admission): the
+//!                          head's checks (431 / 414, CONNECT 405, one valid Host), the
 //!                          client address (hop), the normalized path (path), host, route,
 //!                          the route's token verified (jwt; keys fetched by jwks), key
-//!                          source, allow-list,
-//!                          cost: written once for the proxy,
-//!                          `simulate` and the admin API, over one request view (head)
+//!                          source, allow-list (front), a declared body too large, a key
+//!                          field repeated or missing, a key its upstream refused with a
+//!                          time to wait (admission::hold), cost, then the decision
 //!   -> limits (gate)       one call decides the request, all or nothing: overrides and
 //!                          allow-lists, the near-cache, the local limits (state in limit),
 //!                          then the global ones in one Redis call (store; concurrent
 //!                          requests share it), undone or decided by on_store_error when
 //!                          Redis cannot answer; pass, delay, or reject with 429 — all on
 //!                          one clock (clock); one result per limit for every reader;
-//!                          before them, a key its upstream refused is answered from its
-//!                          hold (proxy::hold); local state written to disk and read back
-//!                          at start (persist, limit::snapshot)
+//!                          local state written to disk and read back at start (persist,
+//!                          limit::snapshot)
 //!   -> receipts            slots held until the body is sent, the log line written as it
 //!                          ends, its pace (proxy::body); `count:` refunds by status;
 //!                          `charge:` debits what the response reports (proxy::charge)
@@ -43,14 +44,15 @@
 //! routes, limits and upstreams named by typed ids (`ids`) in every table beside them; the
 //! words a limit is written in (`policy`) are shared by `config` and `limit`. Modules
 //! import downwards only: server -> admin -> dashboard (the page, and its history read
-//! once a second from the counters) -> running -> proxy -> front, gate, upstream,
-//! hop; gate -> store -> limit -> config -> policy -> wire::head, suggest ("did you
+//! once a second from the counters) -> running -> proxy, explain, simulate -> admission
+//! -> front, gate, hop; proxy -> upstream; gate -> store -> limit -> config -> policy -> wire::head, suggest ("did you
 //! mean", for config's and policy's messages); proxy, upstream -> wire (the upstream side
 //! of the engine is `wire::http1::client`), and the wire imports nothing above it.
 //! `simulate` replays access logs through the same front and gate offline.
 
 pub mod access_log;
 pub mod admin;
+pub mod admission;
 pub mod cli;
 pub mod clock;
 pub mod config;

@@ -272,8 +272,16 @@ async fn explain(proxy: &Proxy, body: Option<&mut (dyn BodySource + '_)>) -> Res
         Ok(request) => {
             // A logged request's claims are not sent: it is explained without them.
             let claimed = if asked.logged { front::Claimed::Logged(None) } else { front::Claimed::Verify };
-            let explained =
-                explain::explain(proxy.config(), proxy.gate(), &request.head(), request.peer, claimed, 0, "live");
+            let explained = explain::explain(
+                proxy.config(),
+                proxy.gate(),
+                Some(proxy.holds()),
+                &request.head(),
+                request.peer,
+                claimed,
+                0,
+                "live",
+            );
             json(StatusCode::OK, &explained)
         }
         Err(e) => typed(StatusCode::BAD_REQUEST, "text/plain", format!("{e}\n")),

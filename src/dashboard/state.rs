@@ -10,11 +10,11 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::{Value, json};
 
 use super::history::{History, MAX_SHOWN};
+use crate::admission::hold::HoldTable;
 use crate::config::words::{LimitWords, RouteWords};
 use crate::config::{Config, LimitId, RouteId};
 use crate::policy::Policy;
 use crate::proxy::Proxy;
-use crate::proxy::hold::HoldTable;
 use crate::running::{Reload, Running};
 use crate::store::Reach;
 

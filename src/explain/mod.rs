@@ -20,8 +20,10 @@ use serde::{Deserialize, Serialize};
 use crate::config::position::Positions;
 use typed_index_collections::TiVec;
 
+use crate::admission::hold::Holds;
+use crate::admission::{self, Asked, Decide, Origin, Refused, Verdict, Way};
 use crate::config::{Action, Config, ForwardedMode, LimitId, PathMatch, Route, Scope};
-use crate::front;
+use crate::front::{self, FrontError};
 use crate::gate::{Decision, Gate, Permits};
 use crate::hop;
 use crate::limit::inspect::KeyState;
@@ -179,15 +181,20 @@ pub fn local(mut config: Config) -> (Config, Vec<String>) {
     (config, notes)
 }
 
-/// Explains the request `head` from `peer` against `config` and the state of `gate`.
-/// `claimed`: `Logged` when the head is what an access-log line recorded, which passed the
-/// head's checks when the proxy read it (a line carries no `Host` unless it logs one),
-/// with the token's claims the line recorded. With `after`, `after` identical requests are first decided by `gate` (and held:
-/// their concurrency slots stay taken) — only for a gate of the explanation's own, never
-/// the live one. `state` says which it is.
+/// Explains the request `head` from `peer` against `config`, the state of `gate` and
+/// the keys `holds` holds (the live instance's; none for a state of the explanation's
+/// own), through the proxy's own admission (`admission::admit`), previewed: nothing is
+/// spent. `claimed`: `Logged` when the head is what an access-log line recorded, which
+/// passed the head's checks when the proxy read it (a line carries no `Host` unless it
+/// logs one), with the token's claims the line recorded. With `after`, `after` identical
+/// requests are first admitted by `gate` (and held: their concurrency slots stay taken)
+/// — only for a gate of the explanation's own, never the live one. `state` says which it
+/// is.
+#[allow(clippy::too_many_arguments)]
 pub fn explain(
     config: &Config,
     gate: &Gate,
+    holds: Option<&Holds>,
     head: &RequestHead<'_>,
     peer: IpAddr,
     claimed: front::Claimed<'_>,
@@ -195,8 +202,22 @@ pub fn explain(
     state: &str,
 ) -> Explanation {
     let head = *head;
-    let logged = matches!(claimed, front::Claimed::Logged(_));
-    let address = hop::client_ip(peer, head.fields, &config.trusted_proxies, config.forwarded);
+    let (logged, origin) = match claimed {
+        front::Claimed::Logged(claims) => (true, Origin::Logged { claims, host: None }),
+        front::Claimed::Verify => (false, Origin::Wire),
+    };
+    let asked = Asked { head: &head, peer, declared: declared_length(head.fields), origin };
+    // The identical requests before this one, held in progress.
+    let spend = Way { decide: Decide::Spend, holds: None, drives: None };
+    let held: Vec<Permits> = (0..after)
+        .filter_map(|_| match admission::admit(config, gate, &asked, &spend).verdict {
+            Verdict::Decided(Decision::Pass { permits, .. }) => Some(permits),
+            _ => None,
+        })
+        .collect();
+    let admitted = admission::admit(config, gate, &asked, &Way { decide: Decide::Preview, holds, drives: None });
+    let address = admitted.client_ip;
+    let grpc = crate::grpc::is_grpc(head.fields.first_of(Known::ContentType));
     let mut explanation = Explanation {
         method: head.method.to_string(),
         target: head.target.to_owned(),
@@ -206,7 +227,7 @@ pub fn explain(
         passed_over: Vec::new(),
         passed_over_more: 0,
         route: None,
-        cost: None,
+        cost: admitted.cost,
         limits: Vec::new(),
         state: state.to_owned(),
         after,
@@ -221,103 +242,97 @@ pub fn explain(
         },
         notes: Vec::new(),
     };
-    let host = match logged {
-        true => Ok(front::request_host(&head)),
-        false => front::check_head(&head, config),
+    // The route the request took: found, or found before its token failed.
+    let taken = match (&admitted.front, &admitted.verdict) {
+        (Some(front), _) => Some(front.route),
+        (None, Verdict::Refused(Refused::Front(FrontError::InvalidToken { route, .. }))) => Some(*route),
+        _ => None,
     };
-    let host = match host {
-        Ok(host) => host,
-        Err(e) => {
-            explanation.refuse(e.status(), &e);
-            return explanation;
+    // Its normalized path and host, for the routes passed over (the route's own key
+    // source, or the head's when no route took it).
+    let head_checked = logged || front::check_head(&head, config).is_ok();
+    let own;
+    let source = match &admitted.front {
+        Some(front) => Some(&front.src),
+        None if head_checked => {
+            own = front::source(&head, address, admitted.host).ok();
+            own.as_ref()
         }
+        None => None,
     };
-    let src = match front::source(&head, address, host) {
-        Ok(src) => src,
-        Err(e) => {
-            explanation.refuse(e.status(), &e);
-            return explanation;
-        }
-    };
-    explanation.path = Some(String::from_utf8_lossy(&src.path).into_owned());
-    let found = front::front(config, &head, address, host, claimed);
-    let taken = found.as_ref().map_or(config.routes.len(), |f| f.route.index());
-    explanation.passed_over(config, head.method, &src, taken);
-    let front = match found {
-        Ok(front) => front,
-        Err(e) => {
-            explanation.refuse(e.status(), &e);
-            return explanation;
-        }
-    };
-    let route = &config.routes[front.route];
-    explanation.route = Some(RouteTaken {
-        name: route.name.clone(),
-        index: front.route.index(),
-        line: None,
-        action: action(config, route),
-        exempt: front.exempt,
-    });
-    let repeated = front::repeated_key_fields(config, front.candidates(config), &front.src)
-        .find(|&(limit, _)| !config.limits[limit].dry_run);
-    if let Some((limit, part)) = repeated {
-        let e = ProxyError::DuplicateKeyField { limit: config.limits[limit].name.clone(), field: part.field() };
-        explanation.refuse(e.status(), &e);
-        return explanation;
+    if let Some(src) = source {
+        explanation.path = Some(String::from_utf8_lossy(&src.path).into_owned());
+        explanation.passed_over(config, head.method, src, taken.map_or(config.routes.len(), |r| r.index()));
     }
-    let refusing = front::refused_missing_keys(config, front.limits(config), &front.src)
-        .find(|&limit| !config.limits[limit].dry_run);
-    if let Some(limit) = refusing {
-        let limit = &config.limits[limit];
-        let e = ProxyError::MissingKey { limit: limit.name.clone(), key: crate::proxy::key_words(limit) };
-        explanation.refuse(e.status(), &e);
-        return explanation;
+    if let Some(index) = taken {
+        let route = &config.routes[index];
+        let exempt = admitted.front.as_ref().is_some_and(|f| f.exempt);
+        let action = action(config, route);
+        explanation.route =
+            Some(RouteTaken { name: route.name.clone(), index: index.index(), line: None, action, exempt });
     }
-    let cost = match front::cost(config, route, head.fields) {
-        Ok(cost) => cost,
-        Err(e) => {
-            explanation.refuse(e.status(), &e);
-            return explanation;
+    match &admitted.verdict {
+        Verdict::Refused(refused) => {
+            let error = ProxyError::from(refused.clone());
+            explanation.refuse(refused.status(), refused);
+            explanation.answer.with_response(&response::error(&error, grpc));
         }
-    };
-    explanation.cost = Some(cost);
-    // The identical requests before this one, held in progress.
-    let held: Vec<Permits> = (0..after)
-        .filter_map(|_| match gate.check(front.limits(config), &front.src, cost) {
-            Decision::Pass { permits, .. } => Some(permits),
-            Decision::Reject { .. } => None,
-        })
-        .collect();
-    // Global limits keep their state in Redis, which a preview does not ask (it would
-    // spend): only a gate of the explanation's own decides them (`local`).
-    let decided: Vec<_> = front
-        .limits(config)
-        .iter()
-        .copied()
-        .filter(|u| !matches!(config.limits[u.limit].scope, Scope::Global { .. }))
-        .collect();
-    let before: Vec<Option<KeyState>> =
-        route.candidates.iter().map(|&l| gate.limiters().inspect(l, &front.src)).collect();
-    let decision = gate.preview(&decided, &front.src, cost);
-    // A line's recorded credential is its digest already: written as it is.
-    let text = gate.limiters().key_text().clone();
-    let text = if logged { text.recorded() } else { text };
-    explanation.limits = route
-        .limits
-        .iter()
-        .map(|&used| {
-            let state = |l: LimitId| route.candidates.iter().position(|&c| c == l).and_then(|i| before[i].clone());
-            explain_limit(config, gate, &text, &front.src, front.exempt, used, &decision, state)
-        })
-        .collect();
-    explanation.answer = answer(config, route, &decision, grpc(&head));
+        Verdict::Held(hold) => {
+            let left = hold.until.saturating_duration_since(std::time::Instant::now());
+            explanation.answer.outcome = "upstream_hold".to_owned();
+            explanation.answer.reason = Some(format!(
+                "the upstream refused the key {} with a time to wait: held here for {:.1} s more",
+                hold.key,
+                left.as_secs_f64()
+            ));
+            explanation.answer.with_response(&response::held(hold, left, config.rejection_body, grpc));
+        }
+        Verdict::Decided(decision) => {
+            if let Some(front) = &admitted.front {
+                let route = &config.routes[front.route];
+                let before: Vec<Option<KeyState>> =
+                    route.candidates.iter().map(|&l| gate.limiters().inspect(l, &front.src)).collect();
+                // A line's recorded credential is its digest already: written as it is.
+                let text = gate.limiters().key_text().clone();
+                let text = if logged { text.recorded() } else { text };
+                explanation.limits = route
+                    .limits
+                    .iter()
+                    .map(|&used| {
+                        let state =
+                            |l: LimitId| route.candidates.iter().position(|&c| c == l).and_then(|i| before[i].clone());
+                        explain_limit(config, gate, &text, &front.src, front.exempt, used, decision, state)
+                    })
+                    .collect();
+                explanation.answer = answer(config, route, decision, grpc);
+            }
+        }
+        // A preview never asks Redis.
+        Verdict::Pending => {}
+    }
     drop(held);
     explanation
 }
 
-/// Whether `head` is a gRPC call, whose refusals are gRPC responses.
-fn grpc(head: &RequestHead<'_>) -> bool {
-    crate::grpc::is_grpc(head.fields.get(&http::header::CONTENT_TYPE))
+/// The body length `fields` declare (`Content-Length`, once), as the wire would frame it.
+fn declared_length(fields: Fields<'_>) -> Option<u64> {
+    let mut lengths = fields.all_of(Known::ContentLength);
+    let length = lengths.next()?;
+    match lengths.next() {
+        Some(_) => None,
+        None => std::str::from_utf8(length).ok()?.trim().parse().ok(),
+    }
+}
+
+impl Answer {
+    /// The fields and body of `response`, the proxy's answer.
+    fn with_response(&mut self, response: &crate::proxy::body::Response) {
+        self.status = Some(response.status.as_u16());
+        self.headers = (response.extra.iter())
+            .map(|(name, value)| (name.to_string(), String::from_utf8_lossy(value.as_bytes()).into_owned()))
+            .collect();
+        self.body = response.body.made().map(|b| String::from_utf8_lossy(b).into_owned()).filter(|b| !b.is_empty());
+    }
 }
 
 impl Explanation {

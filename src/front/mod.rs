@@ -19,7 +19,7 @@ use http::{Method, StatusCode};
 use crate::config::{Config, Cost, LimitId, LimitUse, OnMissingKey, PathMatch, Route, RouteId, TokenUse};
 use crate::jwt::TokenError;
 use crate::path::{self, BadPath};
-use crate::policy::key::{Claims, KeyPart, KeySource};
+use crate::policy::key::{Claims, KeySource};
 use crate::wire::head::{Fields, RequestHead, text};
 pub use route::{checked_host, request_host};
 
@@ -58,7 +58,12 @@ pub enum FrontError {
     /// The request's token does not verify, and a limit keyed on its claims refuses such
     /// requests (`on_invalid_token: refuse`).
     #[error("limit {limit:?} counts requests by a verified token's claims: {error}")]
-    InvalidToken { limit: String, error: TokenError },
+    InvalidToken {
+        limit: String,
+        /// The route that took the request (the token failed, not the route).
+        route: RouteId,
+        error: TokenError,
+    },
 }
 
 impl FrontError {
@@ -160,7 +165,8 @@ pub fn front<'a>(
                 Ok(claims) => claims,
                 Err(error) => match refused_by {
                     Some(limit) => {
-                        return Err(FrontError::InvalidToken { limit: config.limits[limit].name.clone(), error });
+                        let limit = config.limits[limit].name.clone();
+                        return Err(FrontError::InvalidToken { limit, route, error });
                     }
                     // No limit refuses it: a request without claims.
                     None => {
@@ -173,19 +179,6 @@ pub fn front<'a>(
     }
     let exempt = config.routes[route].allow.admits(&src);
     Ok(Front { route, src, exempt, invalid_token })
-}
-
-/// The limits of `candidates` (a route's, those their overrides name included) keyed on a
-/// field that `src` carries more than once, each with that key part: a key reads the
-/// first value, and an upstream that reads another would let a client spend one key's
-/// quota while acting as someone else. The proxy refuses such a request for an enforced
-/// limit (a dry-run limit only says so).
-pub fn repeated_key_fields<'c>(
-    config: &'c Config,
-    candidates: &'c [LimitId],
-    src: &'c KeySource<'_>,
-) -> impl Iterator<Item = (LimitId, &'c KeyPart)> {
-    candidates.iter().filter_map(|&limit| Some((limit, config.limits[limit].key.duplicated(src)?)))
 }
 
 /// The limits of `limits` (a route's) with `on_missing_key: refuse` whose key `src`

@@ -2,6 +2,7 @@
 
 use http::StatusCode;
 
+use crate::admission::Refused;
 use crate::front::FrontError;
 use crate::grpc::Code;
 use crate::upstream::{BodyFault, UpstreamError};
@@ -9,30 +10,25 @@ use crate::upstream::{BodyFault, UpstreamError};
 /// Each variant says who is at fault: the client (4xx) or the upstream (5xx).
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
-    /// The steps in front of the limits refused it (a bad head, no route, a bad cost).
+    /// The admission refused it before any limit decided (a bad head, no route, a
+    /// body too large, a bad key or cost).
     #[error(transparent)]
-    Front(#[from] FrontError),
-    /// The request repeats a field that a limit of its route is keyed on: the limiter
-    /// would count one value while the upstream may act on another.
-    #[error("limit {limit:?} counts requests by {field}, which this request carries more than once; send it once")]
-    DuplicateKeyField { limit: String, field: String },
-    /// The request lacks the key of a limit with `on_missing_key: refuse`.
-    #[error("limit {limit:?} counts requests by {key}, which this request lacks")]
-    MissingKey { limit: String, key: String },
-    /// The declared `Content-Length` is over the route's limit: refused unread.
-    #[error("declared body of {length} bytes is larger than {limit}")]
-    BodyTooLarge { length: u64, limit: u64 },
+    Refused(#[from] Refused),
     /// The exchange with the upstream failed, or the client's body did on the way.
     #[error(transparent)]
     Upstream(#[from] UpstreamError),
 }
 
+impl From<FrontError> for ProxyError {
+    fn from(e: FrontError) -> Self {
+        ProxyError::Refused(e.into())
+    }
+}
+
 impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
-            ProxyError::Front(e) => e.status(),
-            ProxyError::DuplicateKeyField { .. } | ProxyError::MissingKey { .. } => StatusCode::BAD_REQUEST,
-            ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::Refused(e) => e.status(),
             ProxyError::Upstream(e) => match e {
                 UpstreamError::ClientBody { .. } => StatusCode::BAD_REQUEST,
                 UpstreamError::Body(BodyFault::TooLarge(_)) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -53,6 +49,7 @@ impl ProxyError {
     /// `DEADLINE_EXCEEDED`, and a body over the route's limit `RESOURCE_EXHAUSTED`.
     pub fn grpc_code(&self) -> Code {
         match self {
+            ProxyError::Refused(e) => e.grpc_code(),
             ProxyError::Upstream(UpstreamError::Timeout { deadline: true, .. }) => Code::DEADLINE_EXCEEDED,
             ProxyError::Upstream(UpstreamError::Timeout { deadline: false, .. }) => Code::UNAVAILABLE,
             e => Code::of_http(e.status().as_u16()),
@@ -97,13 +94,19 @@ mod tests {
         assert_eq!(ProxyError::from(timeout(true)).grpc_code(), Code::DEADLINE_EXCEEDED);
         assert_eq!(ProxyError::from(timeout(false)).grpc_code(), Code::UNAVAILABLE);
         assert_eq!(ProxyError::from(FrontError::NoRoute).grpc_code(), Code::UNIMPLEMENTED);
-        let token = FrontError::InvalidToken { limit: "l".into(), error: crate::jwt::TokenError::Expired };
+        let route = crate::ids::RouteId::from(0);
+        let token = FrontError::InvalidToken { limit: "l".into(), route, error: crate::jwt::TokenError::Expired };
         assert_eq!(ProxyError::from(token.clone()).status(), StatusCode::UNAUTHORIZED);
         assert_eq!(ProxyError::from(token).grpc_code(), Code::UNAUTHENTICATED);
         let none = UpstreamError::NoServer { upstream: "u".into() };
         assert_eq!(ProxyError::from(none).grpc_code(), Code::UNAVAILABLE);
-        let large = ProxyError::BodyTooLarge { length: 2, limit: 1 };
+        let large = ProxyError::from(Refused::BodyTooLarge { length: 2, limit: 1 });
         assert_eq!(large.grpc_code(), Code::RESOURCE_EXHAUSTED);
+        let id = crate::ids::LimitId::from(0);
+        let missing = |token| Refused::MissingKey { limit: "l".into(), key: "k".into(), id, token };
+        assert_eq!(ProxyError::from(missing(true)).grpc_code(), Code::UNAUTHENTICATED, "a request without its token");
+        assert_eq!(ProxyError::from(missing(false)).grpc_code(), Code::INVALID_ARGUMENT, "not INTERNAL");
+        assert_eq!(ProxyError::from(FrontError::BadHost("x")).grpc_code(), Code::INVALID_ARGUMENT);
         assert_eq!(ProxyError::from(UpstreamError::Body(BodyFault::TooLarge(1))).grpc_code(), Code::RESOURCE_EXHAUSTED);
     }
 }

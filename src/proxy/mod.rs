@@ -9,7 +9,6 @@
 pub mod body;
 mod charge;
 pub mod error;
-pub mod hold;
 mod log_budget;
 mod pace;
 pub mod refused_keys;
@@ -26,6 +25,8 @@ use tracing::{Level, debug, info, warn};
 use typed_index_collections::{TiSlice, TiVec};
 
 use crate::access_log::{self, AccessLog};
+use crate::admission::hold::{Hold, HoldKey, Holds};
+use crate::admission::{self, Asked, Decide, Origin, Refused, Verdict, Way};
 use crate::clock::Clock;
 use crate::config::{Action, Config, HeaderMode, LimitId, LogLevel, Route, RouteId, UpstreamId};
 use crate::front::{self, FrontError};
@@ -36,7 +37,6 @@ use crate::jwks;
 use crate::limit::secret::KeySecret;
 use crate::limit::{LimitResult, Limiters, Outcome, Shown};
 use crate::metrics::{Metrics, RequestOutcome, UpstreamResult};
-use crate::policy::LimitUse;
 use crate::policy::key::KeySource;
 use crate::upstream::{self, Outgoing, UpstreamClient, UpstreamError};
 use crate::variables;
@@ -48,7 +48,6 @@ use crate::wire::message::{self, Request};
 use body::{Response, Settling};
 use charge::Meter;
 use error::ProxyError;
-use hold::{HoldKey, Holds};
 use log_budget::LogBudget;
 use refused_keys::RefusedKeys;
 
@@ -208,17 +207,18 @@ impl Proxy {
             let mut admitted = match self.admit(head, framing, conn, grpc, &mut trace).await {
                 Ok(Admission::Go(admitted)) => admitted,
                 Ok(Admission::Answer(response)) => return finish(response, trace, grpc),
-                Err(e) => return finish(error_response(&e, grpc), trace, grpc),
+                Err(e) => return finish(response::error(&e, grpc), trace, grpc),
             };
             let response = self.serve(head, framing, request.body, &mut admitted, conn, &mut trace).await;
             // Each fault was logged where it happened, with what it concerned.
-            finish(response.unwrap_or_else(|e| error_response(&e, grpc)), trace, grpc)
+            finish(response.unwrap_or_else(|e| response::error(&e, grpc)), trace, grpc)
         }
     }
 
-    /// The first step: everything up to and including the limits' decision. A request
-    /// the limits refuse is answered here; one they pass goes on to `serve`, carrying
-    /// what that needs and nothing that borrows the request.
+    /// The first step: the request's admission (`admission::admit`), acted on: what it
+    /// found is counted and logged, a refusal or a hold answered here; a request the
+    /// limits pass goes on to `serve`, carrying what that needs and nothing that borrows
+    /// the request.
     async fn admit(
         &self,
         head: &RequestHead<'_>,
@@ -228,69 +228,49 @@ impl Proxy {
         trace: &mut Trace,
     ) -> Result<Admission, ProxyError> {
         let config = &self.config;
-        // Before anything reads the head: an oversized one is refused as a whole.
-        let host = front::check_head(head, config)
-            .inspect_err(|e| debug!(peer = %conn.peer, error = %e, "bad request head"))?;
-        let trusted_peer = hop::is_trusted(conn.peer.ip().to_canonical(), &config.trusted_proxies);
-        let client_ip = hop::client_ip(conn.peer.ip(), head.fields, &config.trusted_proxies, config.forwarded);
-        trace.with(|e| e.client = client_ip);
-        let front = front::front(config, head, client_ip, host, front::Claimed::Verify).inspect_err(|e| match e {
-            FrontError::NoRoute => {
-                debug!(method = %head.method, path = head.path(), host, "no route matches");
-                self.metrics.no_route();
-            }
-            FrontError::InvalidToken { limit, error } => {
-                debug!(peer = %conn.peer, limit, %error, "token refused");
+        let declared = if let Framing::Length(length) = framing { Some(length) } else { None };
+        let asked = Asked { head, peer: conn.peer.ip(), declared, origin: Origin::Wire };
+        let mut admitted = {
+            let way = Way { decide: Decide::Spend, holds: Some(&self.holds), drives: None };
+            admission::admit(config, &self.gate, &asked, &way)
+        };
+        trace.with(|e| e.client = admitted.client_ip);
+        if let Some(front) = &admitted.front {
+            trace.with(|e| e.route = Some(config.routes[front.route].name.clone()));
+            // What its limits are keyed on, for `simulate` (when the access log records
+            // keys), so that a replay refuses as below what was refused here.
+            trace.with(|e| e.record_keys(front.route, front.exempt, &front.src));
+            if let Some(error) = &front.invalid_token {
+                debug!(peer = %conn.peer, %error, "token not verified: the request goes on without claims");
                 self.metrics.invalid_token(error.reason());
             }
-            _ => {}
-        })?;
-        if let Some(error) = &front.invalid_token {
-            debug!(peer = %conn.peer, %error, "token not verified: the request goes on without claims");
-            self.metrics.invalid_token(error.reason());
-        }
-        let route = &config.routes[front.route];
-        trace.with(|e| e.route = Some(route.name.clone()));
-        // Refused before it takes any quota, and unread: no `100 Continue` is sent.
-        if let (Framing::Length(declared), Some(limit)) = (framing, route.max_body_bytes)
-            && declared > limit
-        {
-            debug!(route = %route.name, length = declared, limit, "request body too large");
-            return Err(ProxyError::BodyTooLarge { length: declared, limit });
-        }
-        let balance_key = match &route.action {
-            Action::Forward(upstream) => self.upstreams[*upstream].servers().balance_key(&front.src),
-            Action::Respond(_) => None,
-        };
-        // What its limits are keyed on, for `simulate` (when the access log records keys),
-        // so that a replay refuses as below what was refused here.
-        trace.with(|e| e.record_keys(front.route, front.exempt, &front.src));
-        self.refuse_duplicated_keys(front.candidates(config), &front.src)?;
-        self.refuse_missing_keys(front.limits(config), &front.src).inspect_err(|e| {
-            if let ProxyError::MissingKey { limit, .. } = e {
-                trace.with(|entry| entry.missing_key = vec![limit.clone()]);
+            for (limit, field) in &admitted.repeated_dry {
+                self.repeated_in_dry_run(*limit, field, &front.src);
             }
-        })?;
-        // A key its upstream refused with a time to wait is answered here until then,
-        // before it takes any quota. (Boxed: it is held across the decision, in every
-        // request's state.)
-        let hold = self.holds.key(front.route, self.gate.limiters(), &front.src).map(Box::new);
-        if let Some(answer) = hold.as_deref().and_then(|key| self.held(front.route, key, grpc, trace)) {
-            return Ok(Admission::Answer(answer));
         }
-        let cost = front::cost(config, route, head.fields)?;
-        // Without Redis the decision never waits, and `check` is what `decide` does:
-        // no future is built for it. With Redis, the call's future is boxed, so that
-        // requests without global limits do not carry its room.
-        let decision = match self.gate.store() {
-            None => self.gate.check(front.limits(config), &front.src, cost),
-            Some(_) => Box::pin(self.gate.decide(front.limits(config), &front.src, cost)).await,
+        let verdict = std::mem::replace(&mut admitted.verdict, Verdict::Pending);
+        let (Some(front), Some(cost)) = (&admitted.front, admitted.cost) else {
+            // Refused before the limits, or held.
+            return match verdict {
+                Verdict::Held(held) => Ok(Admission::Answer(self.held(admitted.front.as_ref(), held, grpc, trace))),
+                Verdict::Refused(refused) => Err(self.refused(refused, &admitted, head, conn, trace).into()),
+                Verdict::Decided(_) | Verdict::Pending => unreachable!("a decision has a route and a cost"),
+            };
+        };
+        let route = &config.routes[front.route];
+        let decision = match verdict {
+            Verdict::Decided(decision) => decision,
+            // With Redis, the call's future is boxed, so that requests without global
+            // limits do not carry its room.
+            Verdict::Pending => Box::pin(self.gate.decide(&admitted.limits, &front.src, cost)).await,
+            Verdict::Refused(refused) => return Err(self.refused(refused, &admitted, head, conn, trace).into()),
+            Verdict::Held(held) => return Ok(Admission::Answer(self.held(Some(front), held, grpc, trace))),
         };
         let outcome = RequestOutcome::of(&decision, &config.limits);
         self.metrics.request(front.route, outcome);
         trace.with(|e| {
             e.outcome = outcome.as_str();
-            let missing = self.gate.missing_keys(front.limits(config), &front.src);
+            let missing = self.gate.missing_keys(&admitted.limits, &front.src);
             e.missing_key = missing.map(|limit| config.limits[limit].name.clone()).collect();
         });
         match decision {
@@ -311,6 +291,10 @@ impl Proxy {
             Decision::Pass { wait, results, standings, permits, pending, .. } => {
                 self.account(route, &results, &front.src, false);
                 let target = rewrite::target(&route.rewrite, &front.src.path, &front.src.captures, head.query());
+                let balance_key = match &route.action {
+                    Action::Forward(upstream) => self.upstreams[*upstream].servers().balance_key(&front.src),
+                    Action::Respond(_) => None,
+                };
                 let admitted = Admitted {
                     route: front.route,
                     wait,
@@ -322,14 +306,53 @@ impl Proxy {
                     pending,
                     balance_key,
                     target,
-                    trusted_peer,
-                    client_ip,
+                    trusted_peer: admitted.trusted_peer,
+                    client_ip: admitted.client_ip,
                     grpc,
-                    hold,
+                    // Boxed: it is held across the exchange, and most routes hold none.
+                    hold: admitted.hold.take().map(Box::new),
                 };
                 Ok(Admission::Go(admitted))
             }
         }
+    }
+
+    /// Counts and logs the admission's refusal of a request, which is answered with it.
+    fn refused(
+        &self,
+        refused: Refused,
+        admitted: &admission::Admission<'_>,
+        head: &RequestHead<'_>,
+        conn: &ClientConn,
+        trace: &mut Trace,
+    ) -> Refused {
+        match &refused {
+            Refused::Front(FrontError::NoRoute) => {
+                debug!(method = %head.method, path = head.path(), host = admitted.host, "no route matches");
+                self.metrics.no_route();
+            }
+            Refused::Front(FrontError::InvalidToken { limit, error, .. }) => {
+                debug!(peer = %conn.peer, limit, %error, "token refused");
+                self.metrics.invalid_token(error.reason());
+            }
+            Refused::Front(e) if admitted.front.is_none() => debug!(peer = %conn.peer, error = %e, "bad request"),
+            Refused::Front(_) => {}
+            Refused::BodyTooLarge { length, limit } => {
+                let route = admitted.front.as_ref().map(|f| self.config.routes[f.route].name.as_str());
+                debug!(route, length, limit, "request body too large");
+            }
+            Refused::DuplicateKeyField { limit, field, .. } => debug!(limit, key = %field, "repeated key field"),
+            Refused::MissingKey { limit, id, .. } => {
+                // Counted as missing (a dry-run limit refuses nothing: the gate counts the
+                // request, as one it skips).
+                if let Some(front) = &admitted.front {
+                    self.limiters().missed(*id, &front.src);
+                }
+                debug!(limit, "request without the limit's key refused");
+                trace.with(|entry| entry.missing_key = vec![limit.clone()]);
+            }
+        }
+        refused
     }
 
     /// The second step, for a request its limits passed: its wait, then the upstream
@@ -452,19 +475,17 @@ impl Proxy {
         }
     }
 
-    /// The answer to a request of route `index` whose `key` is held, if it is.
-    fn held(&self, index: RouteId, key: &HoldKey, grpc: bool, trace: &mut Trace) -> Option<Response> {
-        let held = self.holds.table(index)?.held(key, Instant::now())?;
+    /// The answer to a request whose key its route holds (`held`): the upstream asked
+    /// for none of its requests until then.
+    fn held(&self, front: Option<&front::Front<'_>>, held: Hold, grpc: bool, trace: &mut Trace) -> Response {
         let left = held.until.saturating_duration_since(Instant::now());
-        let route = &self.config.routes[index].name;
-        debug!(%route, key = %held.key, status = held.status.as_u16(), "held: the upstream asked to wait");
-        self.metrics.hold(index, true);
+        if let Some(front) = front {
+            let route = &self.config.routes[front.route].name;
+            debug!(%route, key = %held.key, status = held.status.as_u16(), "held: the upstream asked to wait");
+            self.metrics.hold(front.route, true);
+        }
         trace.with(|e| e.outcome = "upstream_hold");
-        let answer = response::rejected(held.status, left, self.config.rejection_body, &[]);
-        Some(match grpc {
-            true => response::grpc(answer, grpc::Code::of_http(held.status.as_u16()), Some(left)),
-            false => answer,
-        })
+        response::held(&held, left, self.config.rejection_body, grpc)
     }
 
     /// Holds `key` of route `index` if the upstream's answer `response` refused it with
@@ -522,42 +543,17 @@ impl Proxy {
         Ok(response)
     }
 
-    /// Refuses a request that repeats a field one of `candidates` is keyed on
-    /// (`front::repeated_key_fields`); a dry-run limit logs it instead.
-    fn refuse_duplicated_keys(&self, candidates: &[LimitId], src: &KeySource<'_>) -> Result<(), ProxyError> {
-        let all = &self.config.limits;
-        for (limit, part) in front::repeated_key_fields(&self.config, candidates, src) {
-            if all[limit].dry_run {
-                // A limit on trial never refuses anything; it says so within its log
-                // budget, at the level of its rejection lines.
-                let level = line_level(all[limit].log_level, false);
-                let key = self.limiters().key_hash(limit, src).map_or(0, |k| k.0);
-                if self.line_allowed(limit, key, src, level) {
-                    event_at!(level, limit = %all[limit].name, field = %part,
-                        key = %self.limiters().key_label(limit, src),
-                        "dry run: request would be refused: repeated key field");
-                }
-                continue;
-            }
-            debug!(limit = %all[limit].name, key = %part, "repeated key field");
-            return Err(ProxyError::DuplicateKeyField { limit: all[limit].name.clone(), field: part.field() });
+    /// Says, within its log budget and at the level of its rejection lines, that dry-run
+    /// limit `limit` would have refused `src` for repeating the field `field`: a limit on
+    /// trial never refuses anything.
+    fn repeated_in_dry_run(&self, limit: LimitId, field: &str, src: &KeySource<'_>) {
+        let level = line_level(self.config.limits[limit].log_level, false);
+        let key = self.limiters().key_hash(limit, src).map_or(0, |k| k.0);
+        if self.line_allowed(limit, key, src, level) {
+            event_at!(level, limit = %self.config.limits[limit].name, field,
+                key = %self.limiters().key_label(limit, src),
+                "dry run: request would be refused: repeated key field");
         }
-        Ok(())
-    }
-
-    /// Refuses a request that lacks the key of one of `limits` with `on_missing_key:
-    /// refuse` (`front::refused_missing_keys`), counting it.
-    fn refuse_missing_keys(&self, limits: &[LimitUse], src: &KeySource<'_>) -> Result<(), ProxyError> {
-        for index in front::refused_missing_keys(&self.config, limits, src) {
-            let limit = &self.config.limits[index];
-            // A dry-run limit refuses nothing: the gate counts the request, as one it skips.
-            if !limit.dry_run {
-                self.limiters().missed(index, src);
-                debug!(limit = %limit.name, "request without the limit's key refused");
-                return Err(ProxyError::MissingKey { limit: limit.name.clone(), key: key_words(limit) });
-            }
-        }
-        Ok(())
     }
 
     fn add_ratelimit_headers(&self, response: &mut Response, standings: &[Shown]) {
@@ -633,11 +629,6 @@ impl Proxy {
     }
 }
 
-/// A limit's key in words: its parts, `ip`, `header:x-api-key`, joined by `+`.
-pub fn key_words(limit: &crate::config::Limit) -> String {
-    limit.key.0.iter().map(ToString::to_string).collect::<Vec<_>>().join(" + ")
-}
-
 /// What the first step of a request ends in.
 // Both are moved once, from `admit` to `handle`: boxing either would cost more.
 #[allow(clippy::large_enum_variant)]
@@ -682,14 +673,6 @@ impl Trace {
         if let Some(entry) = &mut self.0 {
             fill(entry);
         }
-    }
-}
-
-/// The answer to a request that failed with `e` (a gRPC response to a gRPC call).
-fn error_response(e: &ProxyError, grpc: bool) -> Response {
-    match grpc {
-        true => response::grpc(response::error(e), e.grpc_code(), None),
-        false => response::error(e),
     }
 }
 

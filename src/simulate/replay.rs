@@ -21,16 +21,17 @@ use typed_index_collections::TiVec;
 use super::ByKey;
 use super::format::{Carried, Logged};
 use super::tally::Tally;
+use crate::admission::{self, Asked, Decide, Origin, Refused, Verdict, Way};
 use crate::clock::{ManualClock, Nanos};
-use crate::config::{Config, LimitId, LimitUse, RouteId, Scope};
-use crate::front::{self, FrontError};
+use crate::config::{Config, LimitId, RouteId, Scope};
+use crate::front::FrontError;
 use crate::gate::{Decision, Gate, Pending, Permits};
 use crate::grpc;
 use crate::limit::Outcome;
 use crate::limit::key_text::KeyText;
 use crate::metrics::RequestOutcome;
 use crate::policy::allow::Allow;
-use crate::policy::key::{KeyPart, KeySource};
+use crate::policy::key::KeyPart;
 
 /// What became of one request.
 pub struct Fate {
@@ -185,14 +186,8 @@ impl Replay {
         self.seq = 0;
     }
 
-    /// The one call into the gate: what `run` decides for `src` against `limits`,
-    /// weighing `cost`, at the virtual instant `at` (ns since the epoch).
-    fn decide(&self, limits: &[LimitUse], src: &KeySource<'_>, cost: u64, at: u64) -> Decision {
-        self.clock.set(Nanos(at));
-        self.gate.check(limits, src, cost)
-    }
-
-    /// Replays `request`, arriving at `at` (no earlier than the previous one).
+    /// Replays `request`, arriving at `at` (no earlier than the previous one), through
+    /// the proxy's own admission (`admission::admit`), on the virtual clock.
     pub fn take(&mut self, request: &Logged, at: u64) -> Fate {
         self.end_until(at);
         let grpc = request.grpc_status.is_some();
@@ -205,70 +200,68 @@ impl Replay {
             grpc,
         };
         let head = request.head();
-        let claimed = front::Claimed::Logged(request.claims.as_ref());
-        let host = front::request_host(&head).or(self.host.as_deref());
-        let front = match front::front(&self.config, &head, request.client, host, claimed) {
-            Ok(front) => front,
-            Err(FrontError::BadPath(_)) => {
-                self.tally.bad_path += 1;
-                fate.outcome = "bad_path";
-                return fate;
+        let origin = Origin::Logged { claims: request.claims.as_ref(), host: self.host.as_deref() };
+        let asked = Asked { head: &head, peer: request.client, declared: None, origin };
+        let (skipped, per_line) = (&self.skipped, &self.per_line);
+        let line_drives = |_: RouteId, l: LimitId| drives(&skipped[l], &per_line[l], request);
+        // The gate decides at the request's instant in the log.
+        self.clock.set(Nanos(at));
+        let way = Way { decide: Decide::Spend, holds: None, drives: Some(&line_drives) };
+        let admitted = admission::admit(&self.config, &self.gate, &asked, &way);
+        let Some(front) = &admitted.front else {
+            match admitted.verdict {
+                Verdict::Refused(Refused::Front(FrontError::BadPath(_))) => {
+                    self.tally.bad_path += 1;
+                    fate.outcome = "bad_path";
+                }
+                _ => self.tally.no_route += 1,
             }
-            Err(_) => {
-                self.tally.no_route += 1;
-                return fate;
-            }
+            return fate;
         };
-        let (index, src, exempt) = (front.route, front.src, front.exempt);
+        let (index, src) = (front.route, &front.src);
         fate.route = Some(index);
         let route = &self.config.routes[index];
         self.tally.second(at);
-        let mut limits: SmallVec<[LimitUse; 4]> = SmallVec::new();
-        if !exempt {
+        if !front.exempt {
+            // Counted as not simulated for each limit the line cannot drive.
             for &used in &route.limits {
                 let l = used.limit;
-                if simulated(&self.skipped[l], &self.per_line[l], &mut self.tally, l, index, request) {
-                    limits.push(used);
-                }
+                simulated(&self.skipped[l], &self.per_line[l], &mut self.tally, l, index, request);
             }
         }
-        // What the proxy refuses with 400 before any limit decides, among the limits the
-        // line can drive: a key field sent twice, a key missing for `on_missing_key: refuse`.
-        let driven: SmallVec<[LimitId; 4]> = match exempt {
-            true => SmallVec::new(),
-            false => route
-                .candidates
-                .iter()
-                .copied()
-                .filter(|&l| drives(&self.skipped[l], &self.per_line[l], request))
-                .collect(),
-        };
-        let enforced = |&l: &LimitId| !self.config.limits[l].dry_run;
-        let repeated = front::repeated_key_fields(&self.config, &driven, &src).map(|(l, _)| l).find(enforced);
-        let refusing = front::refused_missing_keys(&self.config, &limits, &src).find(enforced);
-        if let Some((limit, outcome)) =
-            repeated.map(|l| (l, "repeated_key_field")).or(refusing.map(|l| (l, "missing_key")))
-        {
-            self.tally.routes[index].key_refused += 1;
-            if outcome == "missing_key" {
-                fate.missing_key.push(limit);
+        let decision = match admitted.verdict {
+            Verdict::Decided(decision) => decision,
+            Verdict::Refused(refused) => {
+                // What the proxy refuses with 400 before any limit decides, among the
+                // limits the line can drive: a key field sent twice, a key missing for
+                // `on_missing_key: refuse`; or a cost that is none.
+                let (outcome, limit) = match refused {
+                    Refused::DuplicateKeyField { id, .. } => ("repeated_key_field", id),
+                    Refused::MissingKey { id, .. } => {
+                        fate.missing_key.push(id);
+                        ("missing_key", id)
+                    }
+                    _ => {
+                        self.tally.routes[index].invalid_cost += 1;
+                        fate.outcome = "invalid_cost";
+                        return fate;
+                    }
+                };
+                self.tally.routes[index].key_refused += 1;
+                fate.outcome = outcome;
+                fate.refused = Some((limit, http::StatusCode::BAD_REQUEST.as_u16(), None));
+                return fate;
             }
-            fate.outcome = outcome;
-            fate.refused = Some((limit, http::StatusCode::BAD_REQUEST.as_u16(), None));
-            return fate;
-        }
-        let Ok(cost) = front::cost(&self.config, route, head.fields) else {
-            self.tally.routes[index].invalid_cost += 1;
-            fate.outcome = "invalid_cost";
-            return fate;
+            // No Redis and no holds in a replay.
+            Verdict::Pending | Verdict::Held(_) => return fate,
         };
-        fate.missing_key = self.gate.missing_keys(&limits, &src).collect();
-        let decision = self.decide(&limits, &src, cost, at);
+        let limits = &admitted.limits;
+        fate.missing_key = self.gate.missing_keys(limits, src).collect();
         let outcome = RequestOutcome::of(&decision, &self.config.limits);
         fate.outcome = outcome.as_str();
         let results = decision.results();
         for l in limits.iter().map(|u| u.limit) {
-            if !results.iter().any(|r| r.limit == l) && self.gate.limiters().key_hash(l, &src).is_none() {
+            if !results.iter().any(|r| r.limit == l) && self.gate.limiters().key_hash(l, src).is_none() {
                 self.tally.limits[l].no_key += 1;
             }
         }
@@ -282,7 +275,7 @@ impl Replay {
                 continue;
             }
             let wait = if let Outcome::Delayed(d) = r.outcome { d } else { Duration::ZERO };
-            let label = || self.text.write(&self.config.limits[limit].key, &src);
+            let label = || self.text.write(&self.config.limits[limit].key, src);
             let key = r.outcome.is_rejected().then_some((r.key.0, label));
             self.tally.limits[limit].decided(at, r.outcome.is_rejected(), wait, key);
         }

@@ -424,3 +424,41 @@ async fn answered(addr: std::net::SocketAddr, raw: &[u8]) -> (u16, String) {
     let body = answer.split_once("\r\n\r\n").map_or("", |(_, body)| body).trim_end().to_owned();
     (status, body)
 }
+
+/// The steps before the limits are the proxy's own: a declared body over the route's
+/// `max_body_bytes` is explained as its 413, and a token that does not verify as its
+/// 401 with the challenge the proxy sends, on the route that took it (not passed over).
+#[test]
+fn a_body_too_large_and_a_forged_token_are_explained_as_the_proxy_answers_them() {
+    use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
+    let (_dir, config) = config_file(
+        "listen: 127.0.0.1:0
+jwt: { secret: \"0123456789abcdef0123456789abcdef\" }
+limits:
+  per_user: { key: \"jwt:sub\", rate: 1r/s, on_missing_key: skip }
+routes:
+  - { name: uploads, match: { path_prefix: /upload }, max_body_bytes: 1k, respond: { status: 200 } }
+  - { name: api, match: { path_prefix: /api }, limits: [per_user], respond: { status: 200 } }
+",
+    );
+    let large = explain(&config, &["-X", "POST", "-H", "content-length: 5000", "http://example.com/upload"]);
+    assert_eq!((large["answer"]["status"].as_u64(), large["route"]["name"].as_str()), (Some(413), Some("uploads")));
+    assert!(large["answer"]["reason"].as_str().unwrap().contains("larger than 1024"), "{large:#}");
+    let small = explain(&config, &["-X", "POST", "-H", "content-length: 10", "http://example.com/upload"]);
+    assert_eq!(small["answer"]["status"], 200);
+
+    let claims = serde_json::json!({"sub": "alice", "exp": 4_000_000_000u64});
+    let forged =
+        encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(b"not the configured secret, no"))
+            .unwrap();
+    let explained = explain(&config, &["-H", &format!("authorization: Bearer {forged}"), "http://example.com/api/x"]);
+    assert_eq!(explained["route"]["name"], "api", "{explained:#}");
+    let passed_over: Vec<&str> =
+        explained["passed_over"].as_array().unwrap().iter().map(|p| p["route"].as_str().unwrap()).collect();
+    assert_eq!(passed_over, ["uploads"], "the route that took it is not passed over");
+    assert_eq!(explained["answer"]["status"], 401);
+    assert_eq!(header(&explained, "www-authenticate"), Some("Bearer error=\"invalid_token\""));
+    assert!(explained["answer"]["reason"].as_str().unwrap().contains("signature"), "{explained:#}");
+    let text = explain_text(&config, &["-H", &format!("authorization: Bearer {forged}"), "http://example.com/api/x"]);
+    assert!(!text.contains("not taken: \n"), "{text}");
+}

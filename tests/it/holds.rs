@@ -137,3 +137,36 @@ async fn a_refusal_without_a_time_to_wait_holds_nothing() {
     assert_eq!(get_as(sg.addr, "/ok", "ann").await.status, 200);
     assert_eq!(seen.lock().unwrap().len(), 4);
 }
+
+/// `POST /explain` goes through the proxy's own admission: a held key is explained as
+/// the hold it meets (its status and time left), spending nothing, and the request that
+/// follows gets that answer; another key is explained as passing.
+#[tokio::test]
+async fn explain_says_a_held_key_is_answered_from_its_hold() {
+    let (backend, seen) = refusing_backend().await;
+    let sg = Sluicegate::start(&yaml(backend, "true"));
+    let admin = sg.admin_addr();
+    assert_eq!(get_as(sg.addr, "/refuse/30", "ann").await.status, 429);
+    let explain = async |user: &str| {
+        let body = format!(r#"{{"url": "http://localhost/ok", "headers": {{"x-user": "{user}"}}}}"#);
+        let asked = http::Request::post("/explain")
+            .header("host", "localhost")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        json(&request(admin, asked).await)
+    };
+    let explained = explain("ann").await;
+    let answer = &explained["answer"];
+    assert_eq!(
+        (answer["outcome"].as_str(), answer["status"].as_u64()),
+        (Some("upstream_hold"), Some(429)),
+        "{explained:#}"
+    );
+    let retry_after = answer["headers"].as_array().unwrap().iter().find(|h| h[0] == "retry-after").unwrap();
+    assert!((29..=30).contains(&retry_after[1].as_str().unwrap().parse::<u64>().unwrap()), "{answer}");
+    assert!(answer["reason"].as_str().unwrap().contains("header:x-user=ann"), "{answer}");
+    assert_eq!(explain("bob").await["answer"]["outcome"], "passed");
+    assert_eq!(seen.lock().unwrap().len(), 1, "explaining sent nothing upstream");
+    assert_eq!(get_as(sg.addr, "/ok", "ann").await.status, 429, "as explained");
+}

@@ -14,6 +14,8 @@ use super::body::{Response, Settling};
 use super::error::ProxyError;
 use typed_index_collections::TiSlice;
 
+use crate::admission::Refused;
+use crate::admission::hold::Hold;
 use crate::config::{BodyPiece, Config, Expires, HeaderMode, LimitId, LimitResponse, RejectionBody, StaticResponse};
 use crate::front::FrontError;
 use crate::gate::Decision;
@@ -65,17 +67,31 @@ pub fn expires(expires: Expires, status: StatusCode) -> impl Iterator<Item = (He
 }
 
 /// The answer to a failed request: the reason phrase, and for the client's own faults
-/// what was wrong (an upstream's failure is logged, not shown).
-pub fn error(e: &ProxyError) -> Response {
+/// what was wrong (an upstream's failure is logged, not shown); to a gRPC call (`grpc`),
+/// as a gRPC response.
+pub fn error(e: &ProxyError, grpc: bool) -> Response {
     let status = e.status();
     let reason = status.canonical_reason().unwrap_or("error");
     let body = if status.is_client_error() { format!("{reason}: {e}\n") } else { format!("{reason}\n") };
     let mut response = made_here(status, TEXT, body);
-    if let ProxyError::Front(FrontError::InvalidToken { .. }) = e {
+    if let ProxyError::Refused(Refused::Front(FrontError::InvalidToken { .. })) = e {
         // RFC 6750 §3: the challenge a refused bearer token gets.
         response.set(http::header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer error=\"invalid_token\""));
     }
-    response
+    match grpc {
+        true => self::grpc(response, e.grpc_code(), None),
+        false => response,
+    }
+}
+
+/// The answer to a request whose key its route holds (`upstream_hold`): the upstream's
+/// status, with the time left as `Retry-After`.
+pub fn held(held: &Hold, left: Duration, body: RejectionBody, grpc: bool) -> Response {
+    let answer = rejected(held.status, left, body, &[]);
+    match grpc {
+        true => self::grpc(answer, Code::of_http(held.status.as_u16()), Some(left)),
+        false => answer,
+    }
 }
 
 /// The rejection: `Retry-After` in whole seconds, rounded up and at least 1, so a client

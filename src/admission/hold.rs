@@ -11,11 +11,11 @@ use std::time::{Duration, Instant, SystemTime};
 use http::StatusCode;
 use typed_index_collections::TiVec;
 
-use super::body::Response;
 use crate::config::{Config, HoldBy, UpstreamHold};
 use crate::ids::RouteId;
 use crate::limit::Limiters;
 use crate::policy::key::{KeyHash, KeySource};
+use crate::wire::message::Response;
 
 /// Every route's held keys, indexed like `Config::routes` (`None`: no `upstream_hold`).
 pub struct Holds(TiVec<RouteId, Option<HoldTable>>);
@@ -100,7 +100,7 @@ impl HoldTable {
     /// long. A full table first forgets the holds that ended, then half of those that
     /// end soonest: a flood of refused keys costs a bounded table and, spread over the
     /// holds it makes, a bounded time each.
-    pub fn hold(&self, key: &HoldKey, response: &Response, now: Instant, wall: SystemTime) -> Option<Duration> {
+    pub fn hold<B>(&self, key: &HoldKey, response: &Response<B>, now: Instant, wall: SystemTime) -> Option<Duration> {
         if !matches!(response.status, StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE) {
             return None;
         }
@@ -142,7 +142,7 @@ impl HoldTable {
 /// How long the upstream's refusal asks to wait: its `Retry-After` (seconds, or an HTTP
 /// date from `now`), else the reset (`t`) of the `RateLimit` items it says are spent
 /// (`r=0`; the latest of them), else a `RateLimit-Reset` in seconds.
-fn wait_asked(response: &Response, now: SystemTime) -> Option<Duration> {
+fn wait_asked<B>(response: &Response<B>, now: SystemTime) -> Option<Duration> {
     let text = |name: &'static str| {
         response.field(&http::HeaderName::from_static(name)).and_then(|v| std::str::from_utf8(v).ok()).map(str::trim)
     };
@@ -173,7 +173,7 @@ mod tests {
     use super::*;
     use crate::wire::message::FieldValue;
 
-    fn refusal(status: u16, fields: &[(&'static str, &str)]) -> Response {
+    fn refusal(status: u16, fields: &[(&'static str, &str)]) -> Response<Bytes> {
         let extra = fields
             .iter()
             .map(|&(n, v)| (http::HeaderName::from_static(n), FieldValue::Long(v.as_bytes().to_vec())))

@@ -1,0 +1,291 @@
+//! The admission: the steps that decide a request, driven here and nowhere else, for
+//! every reader of them. The proxy acts on its result, `explain` renders it, `simulate`'s
+//! replay tallies it; a step added here (a queue, a candidate policy, a key read from the
+//! body) is seen by all three.
+//!
+//! ```text
+//! head checks (431 / 414, CONNECT, one valid Host; not for a logged line)
+//!   -> client address      hop: the peer, or the rightmost untrusted forwarding hop
+//!   -> route               front: normalized path, host, route, token, allow-list
+//!   -> body size           a declared body over the route's max_body_bytes: 413, unread
+//!   -> keys                a key field sent twice, a key that must not be missing: 400
+//!   -> hold                a key the upstream refused with a time to wait (upstream_hold)
+//!   -> cost                what the request weighs
+//!   -> decision            the gate's: local at once; `Pending` when Redis must be asked
+//! ```
+//!
+//! How a reader wants the steps taken is its `Way`: the proxy spends (and asks Redis),
+//! `explain` previews (spending nothing), the replay spends on its own clock and leaves
+//! out the limits a log line cannot drive.
+
+pub mod hold;
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::StatusCode;
+use smallvec::SmallVec;
+
+use crate::config::{Config, LimitId, LimitUse, RouteId};
+use crate::front::{self, Front, FrontError};
+use crate::gate::{Decision, Gate};
+use crate::grpc::Code;
+use crate::hop;
+use crate::policy::key::{Claims, KeyPart};
+use crate::wire::head::RequestHead;
+use hold::{Hold, HoldKey, Holds};
+
+/// A request as the admission reads it.
+pub struct Asked<'a> {
+    pub head: &'a RequestHead<'a>,
+    /// The address it came from (of a logged line: its client's, as the proxy found it).
+    pub peer: IpAddr,
+    /// The length of its body, when its head declares one.
+    pub declared: Option<u64>,
+    pub origin: Origin<'a>,
+}
+
+/// Where a request comes from: what it can still break, and where its claims are.
+#[derive(Clone, Copy)]
+pub enum Origin<'r> {
+    /// On the wire, or given whole (`explain`): its head is checked, its token verified.
+    Wire,
+    /// An access-log line: its head passed the checks when it was served, and its
+    /// token was verified then (`claims`, as the line recorded them). `host` stands for
+    /// the host of a line that names none.
+    Logged { claims: Option<&'r Arc<Claims>>, host: Option<&'r str> },
+}
+
+/// How a reader wants the steps taken.
+pub struct Way<'w> {
+    pub decide: Decide,
+    /// The routes' held keys, when holds are looked at (a replay does not: a log does
+    /// not say what the upstream would have answered).
+    pub holds: Option<&'w Holds>,
+    /// Which of a route's limits the request can drive (a replayed line cannot drive a
+    /// limit keyed on a part it does not carry): those left out neither decide nor
+    /// refuse it. `None`: all.
+    pub drives: Option<&'w dyn Fn(RouteId, LimitId) -> bool>,
+}
+
+/// How the limits decide.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Decide {
+    /// Spending: the local limits now, the global ones left `Pending` for the caller
+    /// to ask Redis (`Gate::decide`).
+    Spend,
+    /// Storing nothing (`Gate::preview`): the local limits only, their state as it is.
+    Preview,
+}
+
+/// Why a request is refused before any limit decides it; each is the client's fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    /// The steps in front of the limits refused it (a bad head, no route, a bad token
+    /// or cost).
+    #[error(transparent)]
+    Front(#[from] FrontError),
+    /// The declared `Content-Length` is over the route's limit: refused unread.
+    #[error("declared body of {length} bytes is larger than {limit}")]
+    BodyTooLarge { length: u64, limit: u64 },
+    /// The request repeats a field that a limit of its route is keyed on: the limiter
+    /// would count one value while the upstream may act on another.
+    #[error("limit {limit:?} counts requests by {field}, which this request carries more than once; send it once")]
+    DuplicateKeyField { limit: String, field: String, id: LimitId },
+    /// The request lacks the key of a limit with `on_missing_key: refuse`.
+    #[error("limit {limit:?} counts requests by {key}, which this request lacks")]
+    MissingKey {
+        limit: String,
+        key: String,
+        /// The limit, for the count of its missing keys.
+        id: LimitId,
+        /// The key is a token's (`bearer`, `jwt:`): the request is not authenticated.
+        token: bool,
+    },
+}
+
+impl Refused {
+    /// The status the request is answered with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Refused::Front(e) => e.status(),
+            Refused::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Refused::DuplicateKeyField { .. } | Refused::MissingKey { .. } => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    /// The gRPC status a gRPC call gets for it: what gRPC clients expect of a request
+    /// they got wrong (`INVALID_ARGUMENT`, `UNAUTHENTICATED` without the token a limit
+    /// counts by), not the `INTERNAL` that HTTP's 400 maps to, which reads as a server's
+    /// crash.
+    pub fn grpc_code(&self) -> Code {
+        match self {
+            Refused::MissingKey { token: true, .. } => Code::UNAUTHENTICATED,
+            Refused::MissingKey { .. } | Refused::DuplicateKeyField { .. } => Code::INVALID_ARGUMENT,
+            Refused::BodyTooLarge { .. } => Code::RESOURCE_EXHAUSTED,
+            Refused::Front(e) if e.status() == StatusCode::BAD_REQUEST => Code::INVALID_ARGUMENT,
+            Refused::Front(e) => Code::of_http(e.status().as_u16()),
+        }
+    }
+}
+
+/// What the admission found of a request, step by step, and where it ended.
+pub struct Admission<'a> {
+    /// The client's address (the peer's, or a trusted proxy's word).
+    pub client_ip: IpAddr,
+    /// The peer is a trusted proxy.
+    pub trusted_peer: bool,
+    /// The host it names (or stands for), once its head passed the checks.
+    pub host: Option<&'a str>,
+    /// Its route, key source and exemption, once a route took it.
+    pub front: Option<Front<'a>>,
+    /// The limits that decide it: its route's (none when exempt; of a replayed line,
+    /// those it drives).
+    pub limits: SmallVec<[LimitUse; 4]>,
+    /// Dry-run limits keyed on a field it repeats, with that field: an enforced one
+    /// would have refused it (said, not refused).
+    pub repeated_dry: SmallVec<[(LimitId, String); 1]>,
+    /// Its key in its route's held keys, when the route holds.
+    pub hold: Option<HoldKey>,
+    /// What it weighs, once known.
+    pub cost: Option<u64>,
+    pub verdict: Verdict,
+}
+
+/// Where the admission ended.
+// Made once a request and taken apart where it is made: boxing the decision would cost
+// an allocation a request.
+#[allow(clippy::large_enum_variant)]
+pub enum Verdict {
+    /// Refused before any limit decides.
+    Refused(Refused),
+    /// Its key is held: the upstream asked for none of its requests until then.
+    Held(Hold),
+    /// Decided by the limits.
+    Decided(Decision),
+    /// A global limit may decide it: Redis must be asked (`Gate::decide` on the
+    /// admission's limits, key source and cost), which the caller awaits.
+    Pending,
+}
+
+/// Takes the steps of `asked` against `config` and `gate`, as `way` says.
+pub fn admit<'a>(config: &Config, gate: &Gate, asked: &Asked<'a>, way: &Way<'_>) -> Admission<'a> {
+    let head = asked.head;
+    let trusted_peer = hop::is_trusted(asked.peer.to_canonical(), &config.trusted_proxies);
+    let client_ip = match asked.origin {
+        Origin::Wire => hop::client_ip(asked.peer, head.fields, &config.trusted_proxies, config.forwarded),
+        // A line's client is the one the proxy found.
+        Origin::Logged { .. } => asked.peer,
+    };
+    let mut admission = Admission {
+        client_ip,
+        trusted_peer,
+        host: None,
+        front: None,
+        limits: SmallVec::new(),
+        repeated_dry: SmallVec::new(),
+        hold: None,
+        cost: None,
+        verdict: Verdict::Pending,
+    };
+    let refuse = |mut admission: Admission<'a>, refused: Refused| {
+        admission.verdict = Verdict::Refused(refused);
+        admission
+    };
+    // Before anything reads the head: an oversized one is refused as a whole.
+    let (host, claimed) = match asked.origin {
+        Origin::Wire => match front::check_head(head, config) {
+            Ok(host) => (host, front::Claimed::Verify),
+            Err(e) => return refuse(admission, e.into()),
+        },
+        Origin::Logged { claims, host } => (front::request_host(head).or(host), front::Claimed::Logged(claims)),
+    };
+    admission.host = host;
+    let found = match front::front(config, head, client_ip, host, claimed) {
+        Ok(found) => found,
+        Err(e) => return refuse(admission, e.into()),
+    };
+    let route = &config.routes[found.route];
+    // Refused before it takes any quota, and unread: no `100 Continue` is sent.
+    if let (Some(length), Some(limit)) = (asked.declared, route.max_body_bytes)
+        && length > limit
+    {
+        admission.front = Some(found);
+        return refuse(admission, Refused::BodyTooLarge { length, limit });
+    }
+    let drives = |limit: LimitId| way.drives.is_none_or(|drives| drives(found.route, limit));
+    admission.limits = found.limits(config).iter().copied().filter(|u| drives(u.limit)).collect();
+    let refused = keys_refused(config, &found, &admission.limits, &drives, &mut admission.repeated_dry);
+    admission.front = Some(found);
+    if let Some(refused) = refused {
+        return refuse(admission, refused);
+    }
+    let Some(found) = &admission.front else { return admission };
+    // A key its upstream refused with a time to wait is answered here until then,
+    // before it takes any quota.
+    if let Some(holds) = way.holds {
+        admission.hold = holds.key(found.route, gate.limiters(), &found.src);
+        let held = admission.hold.as_ref().and_then(|key| holds.table(found.route)?.held(key, Instant::now()));
+        if let Some(held) = held {
+            admission.verdict = Verdict::Held(held);
+            return admission;
+        }
+    }
+    let cost = match front::cost(config, route, head.fields) {
+        Ok(cost) => cost,
+        Err(e) => return refuse(admission, e.into()),
+    };
+    admission.cost = Some(cost);
+    // Redis is asked only for a global limit the request may meet (an override's
+    // included); without one the decision never waits, and `check` is what `decide` does.
+    let global = |l: &LimitId| gate.store().is_some_and(|store| store.is_global(*l));
+    admission.verdict = match way.decide {
+        Decide::Spend if found.candidates(config).iter().any(global) => Verdict::Pending,
+        Decide::Spend => Verdict::Decided(gate.check(&admission.limits, &found.src, cost)),
+        // Global limits keep their state in Redis, which a preview does not ask (it
+        // would spend): only a gate of the reader's own (`explain::local`) decides them.
+        Decide::Preview => {
+            let local: SmallVec<[LimitUse; 4]> = (admission.limits.iter().copied())
+                .filter(|u| gate.store().is_none_or(|store| !store.is_global(u.limit)))
+                .collect();
+            Verdict::Decided(gate.preview(&local, &found.src, cost))
+        }
+    };
+    admission
+}
+
+/// Why `found`'s keys refuse it, if they do: a field an enforced limit it may meet is
+/// keyed on, repeated (those of dry-run limits go to `repeated_dry`); or the missing key
+/// of an enforced limit of `limits` with `on_missing_key: refuse`.
+fn keys_refused(
+    config: &Config,
+    found: &Front<'_>,
+    limits: &[LimitUse],
+    drives: &dyn Fn(LimitId) -> bool,
+    repeated_dry: &mut SmallVec<[(LimitId, String); 1]>,
+) -> Option<Refused> {
+    let candidates = found.candidates(config).iter().copied().filter(|&l| drives(l));
+    for limit in candidates {
+        let Some(part) = config.limits[limit].key.duplicated(&found.src) else { continue };
+        match config.limits[limit].dry_run {
+            true => repeated_dry.push((limit, part.to_string())),
+            false => {
+                let (id, limit) = (limit, config.limits[limit].name.clone());
+                return Some(Refused::DuplicateKeyField { limit, field: part.field(), id });
+            }
+        }
+    }
+    let missing = front::refused_missing_keys(config, limits, &found.src).find(|&l| !config.limits[l].dry_run)?;
+    let limit = &config.limits[missing];
+    let token = limit.key.0.iter().any(|part| matches!(part, KeyPart::Bearer | KeyPart::Jwt(_)));
+    Some(Refused::MissingKey { limit: limit.name.clone(), key: key_words(limit), id: missing, token })
+}
+
+/// A limit's key in words: its parts, `ip`, `header:x-api-key`, joined by `+`.
+pub fn key_words(limit: &crate::config::Limit) -> String {
+    limit.key.0.iter().map(ToString::to_string).collect::<Vec<_>>().join(" + ")
+}
+
+#[cfg(test)]
+mod tests;
