@@ -375,7 +375,7 @@ async fn an_admin_listener_beyond_loopback_needs_a_token_or_insecure() {
     assert!(stderr.contains("admin.insecure: does nothing with a token"), "{stderr}");
 
     let sg = Sluicegate::start(&yaml("listen: 0.0.0.0:0, insecure: true"));
-    let log = sg.wait_for_log(|log| log.contains("admin.insecure: true"));
+    let log = sg.wait_for_log("the line \"admin.insecure: true\"", |log| log.contains("admin.insecure: true"));
     let line = log.lines().find(|l| l.contains("admin.insecure: true")).expect("no warning at start");
     assert!(line.contains("\"level\":\"WARN\""), "{line}");
     assert_eq!(get(sg.admin_addr(), "/healthz", &[]).await.status, 200);

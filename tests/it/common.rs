@@ -347,21 +347,24 @@ impl Sluicegate {
         self.log.lock().unwrap().clone()
     }
 
-    /// Waits (at most 10 s) until `ready` holds for the log, and returns the log.
-    pub fn wait_for_log(&self, ready: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + Duration::from_secs(10);
+    /// Waits (at most 10 s) until `ready` holds for the log, and returns the log; fails
+    /// the test, saying `what` was awaited and showing the log, once 10 s have passed.
+    pub fn wait_for_log(&self, what: &str, ready: impl Fn(&str) -> bool) -> String {
+        const WITHIN: Duration = Duration::from_secs(10);
+        let deadline = Instant::now() + WITHIN;
         loop {
             let log = self.log();
-            if ready(&log) || Instant::now() > deadline {
+            if ready(&log) {
                 return log;
             }
+            assert!(Instant::now() < deadline, "waited {WITHIN:?} in vain for {what}; the log:\n{log}");
             std::thread::sleep(Duration::from_millis(5));
         }
     }
 
     /// The admin listener's address, from its start-up log line.
     pub fn admin_addr(&self) -> SocketAddr {
-        let log = self.wait_for_log(|log| log.contains("\"admin listening\""));
+        let log = self.wait_for_log("the line \"admin listening\"", |log| log.contains("\"admin listening\""));
         let line = log.lines().find(|l| l.contains("\"admin listening\"")).expect("no admin listener in the log");
         let json: serde_json::Value = serde_json::from_str(line).unwrap();
         json["fields"]["addr"].as_str().unwrap().parse().unwrap()
@@ -386,8 +389,7 @@ impl Sluicegate {
         assert!(status.success());
         let done =
             |log: &str| log[before..].contains("configuration reloaded") || log[before..].contains("reload failed");
-        let log = self.wait_for_log(|log| log.len() > before && done(log));
-        assert!(done(&log), "no reload in the log:\n{}", &log[before..]);
+        let log = self.wait_for_log("the reload's line", |log| log.len() > before && done(log));
         log[before..].to_owned()
     }
 

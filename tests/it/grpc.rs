@@ -362,7 +362,7 @@ fn tls_listener(dir: &std::path::Path) -> (String, String) {
 /// The address of the proxy's TLS listener, from its log.
 fn tls_addr(sg: &Sluicegate) -> SocketAddr {
     let is_tls = |l: &str| l.contains("\"listening\"") && l.contains("\"tls\":true");
-    let log = sg.wait_for_log(|log| log.lines().any(is_tls));
+    let log = sg.wait_for_log("the TLS listener's line", |log| log.lines().any(is_tls));
     let json: serde_json::Value = serde_json::from_str(log.lines().find(|l| is_tls(l)).unwrap()).unwrap();
     json["fields"]["addr"].as_str().unwrap().parse().unwrap()
 }
@@ -744,7 +744,9 @@ async fn a_grpc_health_check_takes_a_server_that_is_not_serving_out_and_back() {
     // which has no such method.
     let code = async || call_unary(&channel, msg("", 0, 0)).await.unwrap_err().code();
     wait_until("the server is out", Duration::from_secs(5), async || code().await == Code::Unavailable).await;
-    sg.wait_for_log(|log| log.contains("health check failed: server out") && log.contains("NOT_SERVING"));
+    sg.wait_for_log("the line \"health check failed: server out\"", |log| {
+        log.contains("health check failed: server out") && log.contains("NOT_SERVING")
+    });
     reporter.set_service_status("", ServingStatus::Serving).await;
     wait_until("the server is back", Duration::from_secs(5), async || code().await == Code::Unimplemented).await;
 }

@@ -249,7 +249,7 @@ async fn a_banned_key_is_refused_for_the_ban_while_others_pass() {
     let retry: u64 = still.header("retry-after").unwrap().parse().unwrap();
     assert!((3599..=3600).contains(&retry), "{retry}");
     assert_eq!(get(sg.addr, "/", &from("192.0.2.2")).await.status, 200);
-    let log = sg.wait_for_log(|log| log.contains("key banned"));
+    let log = sg.wait_for_log("the line \"key banned\"", |log| log.contains("key banned"));
     let line = log.lines().find(|l| l.contains("key banned")).unwrap();
     assert!(line.contains("\"route\":\"login\"") && line.contains("\"ms\":3600000"), "{line}");
 }
@@ -493,7 +493,7 @@ routes:
     }
     // Each refusal is by both windows.
     assert_eq!(answers, [200, 429, 429, 429, 200, 429, 429]);
-    let log = sg.wait_for_log(|log| log.matches("\"request rejected").count() >= 5);
+    let log = sg.wait_for_log("five lines \"request rejected\"", |log| log.matches("\"request rejected").count() >= 5);
     let lines = |limit: &str| {
         log.lines()
             .filter(|l| l.contains("\"request rejected") && l.contains(&format!("\"limit\":\"{limit}\"")))

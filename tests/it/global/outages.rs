@@ -79,7 +79,7 @@ routes:
     // instances; it never heard of the key from Redis.
     let twin = &statuses["/twin"];
     assert_eq!(twin.iter().filter(|&&s| s == 200).count(), 3, "{twin:?}");
-    let log = sg.wait_for_log(|l| l.contains("circuit breaker open"));
+    let log = sg.wait_for_log("the line \"circuit breaker open\"", |l| l.contains("circuit breaker open"));
     assert!(log.contains("circuit breaker open"), "{log}");
     let reports = log.matches("global limits without Redis").count();
     let fallbacks = seen.len() + 30;
@@ -92,7 +92,10 @@ routes:
     })
     .await;
     assert_eq!(get(sg.addr, "/closed", &[]).await.status, 200);
-    assert!(sg.wait_for_log(|l| l.contains("Redis answers again")).contains("Redis answers again"));
+    assert!(
+        sg.wait_for_log("the line \"Redis answers again\"", |l| l.contains("Redis answers again"))
+            .contains("Redis answers again")
+    );
 }
 
 /// When Redis goes, a key's local twin goes on from the units Redis last said were
@@ -356,7 +359,9 @@ async fn a_redis_outage_under_deny_is_its_own_outcome_everywhere() {
     let ready = get(admin, "/readyz", &[]).await;
     assert_eq!(ready.status, 503, "{}", ready.text());
     assert!(ready.text().contains("by_key refuse with 503 (on_store_error: deny)"), "{}", ready.text());
-    let log = sg.wait_for_log(|l| l.contains("request refused: Redis could not decide"));
+    let log = sg.wait_for_log("the line \"request refused: Redis could not decide\"", |l| {
+        l.contains("request refused: Redis could not decide")
+    });
     let line =
         log.lines().find(|l| l.contains("request refused: Redis could not decide")).unwrap_or_else(|| panic!("{log}"));
     assert!(
