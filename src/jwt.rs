@@ -475,15 +475,67 @@ mod tests {
         assert_eq!(v.verify(token.as_bytes(), NOW + 11).unwrap_err(), TokenError::Expired);
     }
 
+    /// A signing key of `alg`'s family made now (RSA by openssl, which ring cannot make;
+    /// the others by rcgen) and its public key as PEM.
+    fn key_pair(alg: Algorithm) -> (EncodingKey, String) {
+        let made = |alg: &'static rcgen::SignatureAlgorithm| {
+            let pair = rcgen::KeyPair::generate_for(alg).unwrap();
+            (pair.serialize_pem(), pair.public_key_pem())
+        };
+        let openssl = |args: &[&str], input: &[u8]| {
+            use std::io::Write;
+            use std::process::{Command, Stdio};
+            let mut child = Command::new("openssl")
+                .args(args)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("openssl must be installed");
+            child.stdin.take().unwrap().write_all(input).unwrap();
+            let out = child.wait_with_output().unwrap();
+            assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8(out.stdout).unwrap()
+        };
+        let (private, public) = match alg {
+            Algorithm::RS256 | Algorithm::PS256 => {
+                let private = openssl(&["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"], b"");
+                let public = openssl(&["pkey", "-pubout"], private.as_bytes());
+                (private, public)
+            }
+            Algorithm::ES256 => made(&rcgen::PKCS_ECDSA_P256_SHA256),
+            Algorithm::ES384 => made(&rcgen::PKCS_ECDSA_P384_SHA384),
+            Algorithm::EdDSA => made(&rcgen::PKCS_ED25519),
+            other => panic!("no key for {other:?}"),
+        };
+        let signing = match alg {
+            Algorithm::RS256 | Algorithm::PS256 => EncodingKey::from_rsa_pem(private.as_bytes()),
+            Algorithm::ES256 | Algorithm::ES384 => EncodingKey::from_ec_pem(private.as_bytes()),
+            _ => EncodingKey::from_ed_pem(private.as_bytes()),
+        };
+        (signing.unwrap(), public)
+    }
+
+    /// For every family of public key: its own token verifies; an HS256 token whose
+    /// secret is the key's PEM text (the classic confusion of a public key for an HMAC
+    /// secret) and an unsigned one are refused.
     #[test]
-    fn alg_none_and_an_hmac_token_against_a_public_key_are_refused() {
-        let v = verifier(Checks::default());
+    fn alg_none_and_an_hmac_token_keyed_with_a_public_keys_pem_are_refused() {
         // {"alg":"none"}.{"sub":"alice","exp":NOW + 60}. with no signature.
         let none = "eyJhbGciOiJub25lIn0.eyJzdWIiOiJhbGljZSIsImV4cCI6MTgwMDAwMDA2MH0.";
-        assert!(v.verify(none.as_bytes(), NOW).is_err());
-        let token = hs(json!({"sub": "alice", "exp": NOW + 60}), SECRET);
-        let rs = Verifier::new(TokenField::Bearer, Checks::default(), vec![]);
-        assert_eq!(rs.verify(token.as_bytes(), NOW).unwrap_err(), TokenError::Algorithm);
+        let claims = json!({"sub": "alice", "exp": NOW + 60});
+        for alg in [Algorithm::RS256, Algorithm::PS256, Algorithm::ES256, Algorithm::ES384, Algorithm::EdDSA] {
+            let (signing, public_pem) = key_pair(alg);
+            let keys = VerifyingKey::parse(&public_pem, &Checks::default()).unwrap();
+            let v = Verifier::new(TokenField::Bearer, Checks::default(), keys);
+            let own = encode(&Header::new(alg), &claims, &signing).unwrap();
+            assert_eq!(v.verify(own.as_bytes(), NOW).unwrap()["sub"], "alice", "{alg:?}");
+            let confused =
+                encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(public_pem.as_bytes()))
+                    .unwrap();
+            assert_eq!(v.verify(confused.as_bytes(), NOW).unwrap_err(), TokenError::Algorithm, "{alg:?}");
+            assert_eq!(v.verify(none.as_bytes(), NOW).unwrap_err(), TokenError::Malformed, "{alg:?}");
+        }
     }
 
     #[test]
