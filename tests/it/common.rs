@@ -558,6 +558,8 @@ pub struct Seen {
 pub struct StrictBackend {
     pub addr: SocketAddr,
     seen: Arc<Mutex<Vec<Seen>>>,
+    /// The bytes read so far of the request being read (on the connection that read last).
+    reading: Arc<Mutex<Vec<u8>>>,
 }
 
 impl StrictBackend {
@@ -565,16 +567,24 @@ impl StrictBackend {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let reading: Arc<Mutex<Vec<u8>>> = Arc::default();
         let answer = Arc::new(answer);
-        let record = Arc::clone(&seen);
+        let (record, partial) = (Arc::clone(&seen), Arc::clone(&reading));
         tokio::spawn(async move {
             let mut conn = 0;
             while let Ok((stream, _)) = listener.accept().await {
-                tokio::spawn(strict_connection(stream, conn, Arc::clone(&record), Arc::clone(&answer)));
+                let record = (Arc::clone(&record), Arc::clone(&partial));
+                tokio::spawn(strict_connection(stream, conn, record, Arc::clone(&answer)));
                 conn += 1;
             }
         });
-        StrictBackend { addr, seen }
+        StrictBackend { addr, seen, reading }
+    }
+
+    /// The bytes read so far of the request it is reading now (head and body as they
+    /// came), before it is complete or cut short and recorded in `seen`.
+    pub fn reading(&self) -> Vec<u8> {
+        self.reading.lock().unwrap().clone()
     }
 
     pub fn seen(&self) -> Vec<Seen> {
@@ -591,7 +601,7 @@ impl StrictBackend {
 async fn strict_connection<F: Fn(&str) -> Vec<u8>>(
     mut stream: TcpStream,
     conn: usize,
-    seen: Arc<Mutex<Vec<Seen>>>,
+    (seen, reading): (Arc<Mutex<Vec<Seen>>>, Arc<Mutex<Vec<u8>>>),
     answer: Arc<F>,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -624,7 +634,10 @@ async fn strict_connection<F: Fn(&str) -> Vec<u8>>(
             let mut more = [0u8; 4096];
             match stream.read(&mut more).await {
                 Ok(0) | Err(_) => return,
-                Ok(n) => buf.extend_from_slice(&more[..n]),
+                Ok(n) => {
+                    buf.extend_from_slice(&more[..n]);
+                    *reading.lock().unwrap() = buf.clone();
+                }
             }
         };
         let Some(framing) = framing else {
@@ -642,7 +655,10 @@ async fn strict_connection<F: Fn(&str) -> Vec<u8>>(
                     seen.lock().unwrap().push(Seen { conn, bytes: buf, line: format!("{line} (cut short)") });
                     return;
                 }
-                Ok(n) => buf.extend_from_slice(&more[..n]),
+                Ok(n) => {
+                    buf.extend_from_slice(&more[..n]);
+                    *reading.lock().unwrap() = buf.clone();
+                }
             }
         };
         let bytes: Vec<u8> = buf.drain(..end).collect();

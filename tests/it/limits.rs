@@ -593,3 +593,25 @@ routes:
     assert_eq!((other.status, other.text().as_str()), (429, "Too Many Requests\n"));
     assert_eq!(other.header("x-limited-by"), None);
 }
+
+/// When several limits refuse, the one that admits last decides the status and
+/// `Retry-After` (README, *Rejections*), whichever the route lists first and whichever
+/// status is the larger: here the limit of one a minute (60 s) over one of two (30 s).
+#[tokio::test]
+async fn when_several_limits_refuse_the_one_that_admits_last_decides_the_status() {
+    for (late, soon) in [(503, 429), (429, 503)] {
+        let sg = Conf::new()
+            .limit("late", &format!("key: ip, rate: 1r/m, status: {late}"))
+            .limit("soon", &format!("key: ip, rate: 2r/m, status: {soon}"))
+            .route("match: { path: /late-first }, limits: [late, soon], respond: { status: 200 }")
+            .route("limits: [soon, late], respond: { status: 200 }")
+            .start();
+        assert_eq!(get(sg.addr, "/late-first", &[]).await.status, 200, "both spent");
+        for path in ["/late-first", "/soon-first", "/late-first"] {
+            let refused = get(sg.addr, path, &[]).await;
+            assert_eq!(refused.status, late, "{path}: the status of the limit that admits last ({late} over {soon})");
+            let after: u64 = refused.header("retry-after").unwrap().parse().unwrap();
+            assert!((55..=60).contains(&after), "{path}: its Retry-After, not the other's 30 s: {after}");
+        }
+    }
+}
