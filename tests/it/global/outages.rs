@@ -32,25 +32,34 @@ routes:
     assert_eq!(get(sg.addr, "/open", &[]).await.status, 200);
     assert_eq!(redis.command(&["DBSIZE"]), "1", "the global limit is decided in Redis");
     // Four clients keep requesting while Redis dies.
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+    let stop = Arc::new(AtomicBool::new(false));
+    let (answered, denied) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)));
     let load: Vec<_> = (0..4)
         .map(|n| {
             let (addr, stop) = (sg.addr, Arc::clone(&stop));
+            let (answered, denied) = (Arc::clone(&answered), Arc::clone(&denied));
             tokio::spawn(async move {
                 let path = if n % 2 == 0 { "/open" } else { "/closed" };
                 let mut seen = Vec::new();
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                while !stop.load(Relaxed) {
                     let (status, _, took) = get_within(addr, path, Duration::from_secs(5)).await;
                     seen.push((path, status, took));
+                    answered.fetch_add(1, Relaxed);
+                    denied.fetch_or(status == 503, Relaxed);
                 }
                 seen
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    wait_until("the load under way", Duration::from_secs(10), async || answered.load(Relaxed) >= 8).await;
     redis.kill();
-    tokio::time::sleep(Duration::from_millis(800)).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let at_kill = answered.load(Relaxed);
+    wait_until("requests decided without Redis", Duration::from_secs(20), async || {
+        answered.load(Relaxed) >= at_kill + 40 && denied.load(Relaxed)
+    })
+    .await;
+    stop.store(true, Relaxed);
     let mut seen = Vec::new();
     for task in load {
         seen.extend(task.await.unwrap());
