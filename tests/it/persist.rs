@@ -179,7 +179,7 @@ async fn a_state_directory_that_cannot_be_written_is_counted_logged_once_and_the
     let file = state.path().join("file");
     std::fs::write(&file, "").unwrap();
     let sg = conf(&file.join("state"), "30d", "1s").start();
-    sg.wait_for_log("the line \"cannot save the key secret\"", |log| log.contains("cannot save the key secret"));
+    sg.wait_for_log("the line \"key secret unusable\"", |log| log.contains("key secret unusable"));
     let failed = async |sg: &Sluicegate| {
         Metrics::of(sg).await.get(r#"sluicegate_state_writes_total{limit="quota",result="failed"}"#).unwrap_or(0.0)
     };

@@ -55,8 +55,10 @@ routes:
     wait_until("the load under way", Duration::from_secs(10), async || answered.load(Relaxed) >= 8).await;
     redis.kill();
     let at_kill = answered.load(Relaxed);
-    wait_until("requests decided without Redis", Duration::from_secs(20), async || {
-        answered.load(Relaxed) >= at_kill + 40 && denied.load(Relaxed)
+    // ...and until the failures have opened the circuit breaker (which the load's calls
+    // to the dead Redis do, some timeouts in).
+    wait_until("requests decided without Redis, the breaker open", Duration::from_secs(20), async || {
+        answered.load(Relaxed) >= at_kill + 40 && denied.load(Relaxed) && sg.log().contains("circuit breaker open")
     })
     .await;
     stop.store(true, Relaxed);
