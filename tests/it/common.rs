@@ -597,11 +597,15 @@ impl StrictBackend {
     }
 }
 
+/// Where a `StrictBackend`'s connections record what they read: each request read
+/// (`seen`), and the bytes of the one being read (`reading`).
+type StrictRecord = (Arc<Mutex<Vec<Seen>>>, Arc<Mutex<Vec<u8>>>);
+
 /// Serves one connection of a `StrictBackend`.
 async fn strict_connection<F: Fn(&str) -> Vec<u8>>(
     mut stream: TcpStream,
     conn: usize,
-    (seen, reading): (Arc<Mutex<Vec<Seen>>>, Arc<Mutex<Vec<u8>>>),
+    (seen, reading): StrictRecord,
     answer: Arc<F>,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

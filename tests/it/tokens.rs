@@ -108,7 +108,7 @@ impl SigningKey {
             Algorithm::EdDSA => {
                 let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
                 let jwk = json!({
-                    "kty": "OKP", "crv": "Ed25519", "kid": kid, "use": "sig", "x": base64url(&pair.public_key_raw()),
+                    "kty": "OKP", "crv": "Ed25519", "kid": kid, "use": "sig", "x": base64url(pair.public_key_raw()),
                 });
                 (EncodingKey::from_ed_pem(pair.serialize_pem().as_bytes()).unwrap(), pair.public_key_pem(), jwk)
             }
