@@ -363,7 +363,7 @@ pub fn explain(args: &ExplainArgs) -> ExitCode {
     let logged = matches!(given, Given::Logged(_));
     let claimed = match &given {
         Given::Logged(line) => crate::front::Claimed::Logged(line.claims.as_ref()),
-        _ => crate::front::Claimed::Verify,
+        _ => crate::front::Claimed::Explained,
     };
     let explained = match &args.admin {
         None => {

@@ -224,6 +224,16 @@ impl VerifyingKey {
     }
 }
 
+/// Whether a token that names a key the fetched set lacks may wake a fetch of the set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fetch {
+    /// A request on the wire: the key server may hold a key made since the last fetch.
+    Wake,
+    /// A request explained (`explain`, `POST /explain`): explaining spends nothing, the
+    /// key server's attention included, so a made-up `kid` asked about sends no fetch.
+    Never,
+}
+
 /// Verified tokens kept, at most; past it the table is emptied of expired tokens, then
 /// of all.
 const CACHED_TOKENS: usize = 10_000;
@@ -344,16 +354,23 @@ impl Verifier {
         Ok(token.filter(|t| !t.is_empty()))
     }
 
-    /// The claims of the request's token (`None`: it carries none), verified.
-    pub fn claims(&self, fields: Fields<'_>) -> Result<Option<Arc<Claims>>, TokenError> {
+    /// The claims of the request's token (`None`: it carries none), verified; `fetch`
+    /// says whether a token naming a key the set lacks wakes a fetch of the set.
+    pub fn claims(&self, fields: Fields<'_>, fetch: Fetch) -> Result<Option<Arc<Claims>>, TokenError> {
         match self.token(fields)? {
             None => Ok(None),
-            Some(token) => self.verify(token, now()).map(Some),
+            Some(token) => self.verify_with(token, now(), fetch).map(Some),
         }
     }
 
     /// The claims of `token` at `now` (Unix seconds), verified.
     pub fn verify(&self, token: &[u8], now: u64) -> Result<Arc<Claims>, TokenError> {
+        self.verify_with(token, now, Fetch::Wake)
+    }
+
+    /// `verify`, waking a fetch of the set for a token that names a key it lacks only
+    /// when `fetch` says so.
+    pub fn verify_with(&self, token: &[u8], now: u64, fetch: Fetch) -> Result<Arc<Claims>, TokenError> {
         let remote = self.remote.get();
         let generation = remote.map_or(0, |r| r.generation.load(Ordering::Acquire));
         if let Some(known) = self.verified.lock().unwrap_or_else(|p| p.into_inner()).get(token)
@@ -386,7 +403,8 @@ impl Verifier {
             Some(kid) if !keys.iter().any(|k| k.kid.as_deref() == Some(&kid)) => TokenError::UnknownKey(kid),
             _ => TokenError::Algorithm,
         });
-        if let (Some(remote), TokenError::UnknownKey(_) | TokenError::Algorithm) = (remote, &error) {
+        if let (Some(remote), TokenError::UnknownKey(_) | TokenError::Algorithm, Fetch::Wake) = (remote, &error, fetch)
+        {
             // The key server may hold a key made since the last fetch.
             remote.wanted.notify_one();
         }
@@ -475,15 +493,85 @@ mod tests {
         assert_eq!(v.verify(token.as_bytes(), NOW + 11).unwrap_err(), TokenError::Expired);
     }
 
+    /// A signing key of `alg`'s family made now (RSA by openssl, which ring cannot make;
+    /// the others by rcgen) and its public key as PEM.
+    fn key_pair(alg: Algorithm) -> (EncodingKey, String) {
+        let made = |alg: &'static rcgen::SignatureAlgorithm| {
+            let pair = rcgen::KeyPair::generate_for(alg).unwrap();
+            (pair.serialize_pem(), pair.public_key_pem())
+        };
+        let openssl = |args: &[&str], input: &[u8]| {
+            use std::io::Write;
+            use std::process::{Command, Stdio};
+            let mut child = Command::new("openssl")
+                .args(args)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("openssl must be installed");
+            child.stdin.take().unwrap().write_all(input).unwrap();
+            let out = child.wait_with_output().unwrap();
+            assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8(out.stdout).unwrap()
+        };
+        let (private, public) = match alg {
+            Algorithm::RS256 | Algorithm::PS256 => {
+                let private = openssl(&["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"], b"");
+                let public = openssl(&["pkey", "-pubout"], private.as_bytes());
+                (private, public)
+            }
+            Algorithm::ES256 => made(&rcgen::PKCS_ECDSA_P256_SHA256),
+            Algorithm::ES384 => made(&rcgen::PKCS_ECDSA_P384_SHA384),
+            Algorithm::EdDSA => made(&rcgen::PKCS_ED25519),
+            other => panic!("no key for {other:?}"),
+        };
+        let signing = match alg {
+            Algorithm::RS256 | Algorithm::PS256 => EncodingKey::from_rsa_pem(private.as_bytes()),
+            Algorithm::ES256 | Algorithm::ES384 => EncodingKey::from_ec_pem(private.as_bytes()),
+            _ => EncodingKey::from_ed_pem(private.as_bytes()),
+        };
+        (signing.unwrap(), public)
+    }
+
+    /// For every family of public key: its own token verifies; an HS256 token whose
+    /// secret is the key's PEM text (the classic confusion of a public key for an HMAC
+    /// secret) and an unsigned one are refused.
     #[test]
-    fn alg_none_and_an_hmac_token_against_a_public_key_are_refused() {
-        let v = verifier(Checks::default());
+    fn alg_none_and_an_hmac_token_keyed_with_a_public_keys_pem_are_refused() {
         // {"alg":"none"}.{"sub":"alice","exp":NOW + 60}. with no signature.
         let none = "eyJhbGciOiJub25lIn0.eyJzdWIiOiJhbGljZSIsImV4cCI6MTgwMDAwMDA2MH0.";
-        assert!(v.verify(none.as_bytes(), NOW).is_err());
-        let token = hs(json!({"sub": "alice", "exp": NOW + 60}), SECRET);
-        let rs = Verifier::new(TokenField::Bearer, Checks::default(), vec![]);
-        assert_eq!(rs.verify(token.as_bytes(), NOW).unwrap_err(), TokenError::Algorithm);
+        let claims = json!({"sub": "alice", "exp": NOW + 60});
+        for alg in [Algorithm::RS256, Algorithm::PS256, Algorithm::ES256, Algorithm::ES384, Algorithm::EdDSA] {
+            let (signing, public_pem) = key_pair(alg);
+            let keys = VerifyingKey::parse(&public_pem, &Checks::default()).unwrap();
+            let v = Verifier::new(TokenField::Bearer, Checks::default(), keys);
+            let own = encode(&Header::new(alg), &claims, &signing).unwrap();
+            assert_eq!(v.verify(own.as_bytes(), NOW).unwrap()["sub"], "alice", "{alg:?}");
+            let confused =
+                encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(public_pem.as_bytes()))
+                    .unwrap();
+            assert_eq!(v.verify(confused.as_bytes(), NOW).unwrap_err(), TokenError::Algorithm, "{alg:?}");
+            assert_eq!(v.verify(none.as_bytes(), NOW).unwrap_err(), TokenError::Malformed, "{alg:?}");
+        }
+    }
+
+    /// A token naming a key the fetched set lacks wakes a fetch of the set, unless it is
+    /// only explained (`Fetch::Never`).
+    #[test]
+    fn an_unknown_kid_wakes_a_fetch_unless_the_token_is_only_explained() {
+        use futures_util::FutureExt;
+        let v = Verifier::new(TokenField::Bearer, Checks::default(), vec![]);
+        let remote = Arc::new(RemoteKeys::new("http://keys.example/jwks", &Checks::default()));
+        v.attach(Arc::clone(&remote));
+        let mut header = Header::new(Algorithm::HS256);
+        header.kid = Some("k9".into());
+        let token = encode(&header, &json!({"sub": "a", "exp": NOW + 60}), &EncodingKey::from_secret(SECRET)).unwrap();
+        let unknown = TokenError::UnknownKey("k9".into());
+        assert_eq!(v.verify_with(token.as_bytes(), NOW, Fetch::Never).unwrap_err(), unknown);
+        assert!(remote.wanted.notified().now_or_never().is_none(), "an explained token woke a fetch");
+        assert_eq!(v.verify_with(token.as_bytes(), NOW, Fetch::Wake).unwrap_err(), unknown);
+        assert!(remote.wanted.notified().now_or_never().is_some(), "a token on the wire wakes one");
     }
 
     #[test]

@@ -271,7 +271,7 @@ async fn explain(proxy: &Proxy, body: Option<&mut (dyn BodySource + '_)>) -> Res
     match asked.request() {
         Ok(request) => {
             // A logged request's claims are not sent: it is explained without them.
-            let claimed = if asked.logged { front::Claimed::Logged(None) } else { front::Claimed::Verify };
+            let claimed = if asked.logged { front::Claimed::Logged(None) } else { front::Claimed::Explained };
             let explained = explain::explain(
                 proxy.config(),
                 proxy.gate(),

@@ -146,7 +146,12 @@ fn wait_asked<B>(response: &Response<B>, now: SystemTime) -> Option<Duration> {
     let text = |name: &'static str| {
         response.field(&http::HeaderName::from_static(name)).and_then(|v| std::str::from_utf8(v).ok()).map(str::trim)
     };
-    let seconds = |s: &str| s.bytes().all(|b| b.is_ascii_digit()).then(|| s.parse::<u64>().ok()).flatten();
+    // Digits only. More of them than a u64 holds is a wait as long as any, held for `max`,
+    // as RFC 9111 §1.2.2 reads an overflowing delta-seconds (the greatest value it can
+    // represent), not a refusal without a time to wait.
+    let seconds = |s: &str| {
+        (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())).then(|| s.parse::<u64>().unwrap_or(u64::MAX))
+    };
     if let Some(value) = text("retry-after") {
         return match seconds(value) {
             Some(s) => Some(Duration::from_secs(s)),
@@ -205,6 +210,37 @@ mod tests {
         assert_eq!(wait(429, &[("ratelimit", "\"hour\";r=10;t=3000")]), None, "nothing spent");
         assert_eq!(wait(429, &[("ratelimit-reset", "7")]), Some(Duration::from_secs(7)));
         assert_eq!(wait(429, &[]), None);
+    }
+
+    /// A date already past, a negative number and `0` ask for no wait: nothing is held.
+    /// A number of more seconds than any clock counts (30 digits) is a wait as long as
+    /// one can be, held for `max`, as RFC 9111 §1.2.2 reads an overflowing delta-seconds
+    /// (the greatest value it can represent), not dropped as unreadable.
+    #[test]
+    fn a_wait_in_the_past_negative_or_zero_holds_nothing_and_one_of_30_digits_holds_for_max() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+        let wait = |fields: &[(&'static str, &str)]| wait_asked(&refusal(429, fields), now);
+        let past = httpdate::fmt_http_date(now - Duration::from_secs(90));
+        let huge = "9".repeat(30);
+        assert_eq!(wait(&[("retry-after", &past)]), None, "a date already past");
+        assert_eq!(wait(&[("retry-after", "-5")]), None, "not delay-seconds (RFC 9110 §10.2.3: 1*DIGIT)");
+        assert_eq!(wait(&[("retry-after", "0")]), Some(Duration::ZERO));
+        assert_eq!(wait(&[("retry-after", "")]), None);
+        assert_eq!(wait(&[("retry-after", &huge)]), Some(Duration::from_secs(u64::MAX)));
+        assert_eq!(wait(&[("ratelimit", &format!("\"day\";r=0;t={huge}"))]), Some(Duration::from_secs(u64::MAX)));
+        assert_eq!(wait(&[("ratelimit-reset", &huge)]), Some(Duration::from_secs(u64::MAX)));
+        let t = table(10);
+        let (at, wall) = (Instant::now(), now);
+        for (n, value) in [(1, past.as_str()), (2, "-5"), (3, "0")] {
+            assert_eq!(t.hold(&key(n), &refusal(429, &[("retry-after", value)]), at, wall), None, "{value}");
+            assert!(t.held(&key(n), at).is_none(), "{value}");
+        }
+        assert_eq!(
+            t.hold(&key(4), &refusal(503, &[("retry-after", &huge)]), at, wall),
+            Some(Duration::from_secs(3600))
+        );
+        assert!(t.held(&key(4), at + Duration::from_secs(3599)).is_some(), "held for max");
+        assert!(t.held(&key(4), at + Duration::from_secs(3600)).is_none());
     }
 
     #[test]

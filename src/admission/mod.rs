@@ -49,8 +49,12 @@ pub struct Asked<'a> {
 /// Where a request comes from: what it can still break, and where its claims are.
 #[derive(Clone, Copy)]
 pub enum Origin<'r> {
-    /// On the wire, or given whole (`explain`): its head is checked, its token verified.
+    /// On the wire: its head is checked, its token verified.
     Wire,
+    /// Given whole to `explain`: checked and verified as on the wire, but a token that
+    /// names a key not fetched yet wakes no fetch (explaining must cost the key server
+    /// nothing).
+    Explained,
     /// An access-log line: its head passed the checks when it was served, and its
     /// token was verified then (`claims`, as the line recorded them). `host` stands for
     /// the host of a line that names none.
@@ -174,7 +178,9 @@ pub fn admit<'a>(config: &Config, gate: &Gate, asked: &Asked<'a>, way: &Way<'_>)
     let head = asked.head;
     let trusted_peer = hop::is_trusted(asked.peer.to_canonical(), &config.trusted_proxies);
     let client_ip = match asked.origin {
-        Origin::Wire => hop::client_ip(asked.peer, head.fields, &config.trusted_proxies, config.forwarded),
+        Origin::Wire | Origin::Explained => {
+            hop::client_ip(asked.peer, head.fields, &config.trusted_proxies, config.forwarded)
+        }
         // A line's client is the one the proxy found.
         Origin::Logged { .. } => asked.peer,
     };
@@ -195,8 +201,9 @@ pub fn admit<'a>(config: &Config, gate: &Gate, asked: &Asked<'a>, way: &Way<'_>)
     };
     // Before anything reads the head: an oversized one is refused as a whole.
     let (host, claimed) = match asked.origin {
-        Origin::Wire => match front::check_head(head, config) {
-            Ok(host) => (host, front::Claimed::Verify),
+        Origin::Wire | Origin::Explained => match front::check_head(head, config) {
+            Ok(host) if matches!(asked.origin, Origin::Wire) => (host, front::Claimed::Verify),
+            Ok(host) => (host, front::Claimed::Explained),
             Err(e) => return refuse(admission, e.into()),
         },
         Origin::Logged { claims, host } => (front::request_host(head).or(host), front::Claimed::Logged(claims)),

@@ -204,6 +204,7 @@ pub fn explain(
     let head = *head;
     let (logged, origin) = match claimed {
         front::Claimed::Logged(claims) => (true, Origin::Logged { claims, host: None }),
+        front::Claimed::Explained => (false, Origin::Explained),
         front::Claimed::Verify => (false, Origin::Wire),
     };
     let asked = Asked { head: &head, peer, declared: declared_length(head.fields), origin };

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use http::{Method, StatusCode};
 
 use crate::config::{Config, Cost, LimitId, LimitUse, OnMissingKey, PathMatch, Route, RouteId, TokenUse};
-use crate::jwt::TokenError;
+use crate::jwt::{Fetch, TokenError};
 use crate::path::{self, BadPath};
 use crate::policy::key::{Claims, KeySource};
 use crate::wire::head::{Fields, RequestHead, text};
@@ -132,8 +132,12 @@ pub fn source<'a>(
 /// Where the claims of a request's token come from.
 #[derive(Clone, Copy)]
 pub enum Claimed<'c> {
-    /// Its token, verified with `Config::jwt` (a request on the wire, or one explained).
+    /// Its token, verified with `Config::jwt` (a request on the wire).
     Verify,
+    /// Its token, verified with `Config::jwt` as for `Verify`, but a token naming a key
+    /// the fetched set lacks wakes no fetch of it (a request explained: explaining spends
+    /// nothing).
+    Explained,
     /// What an access-log line recorded of them (the claims its limits' keys read),
     /// verified when the request was served.
     Logged(Option<&'c Arc<Claims>>),
@@ -157,11 +161,12 @@ pub fn front<'a>(
         src.captures = regex.captures(&src.path);
     }
     let mut invalid_token = None;
+    let fetch = if matches!(claimed, Claimed::Explained) { Fetch::Never } else { Fetch::Wake };
     if let TokenUse::Read { refused_by } = config.routes[route].token {
         src.claims = match (claimed, &config.jwt) {
             (Claimed::Logged(claims), _) => claims.cloned(),
-            (Claimed::Verify, None) => None,
-            (Claimed::Verify, Some(verifier)) => match verifier.claims(head.fields) {
+            (Claimed::Verify | Claimed::Explained, None) => None,
+            (Claimed::Verify | Claimed::Explained, Some(verifier)) => match verifier.claims(head.fields, fetch) {
                 Ok(claims) => claims,
                 Err(error) => match refused_by {
                     Some(limit) => {

@@ -24,6 +24,10 @@ use crate::policy::{Burst, Rate};
 /// Per-key state: the instant, in ns, at which the bucket drains empty.
 pub type Tat = u64;
 
+/// The most drain one charge (`charge:`) adds to a key: 100 days, local and global alike
+/// (Redis's arithmetic is exact below 2^53 ns, 104 days).
+pub const MAX_DEBT_NS: u64 = 100 * 86_400 * 1_000_000_000;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeakyBucket {
     /// Emission interval `1 / rate`, ns.
@@ -109,6 +113,10 @@ impl LeakyBucket {
     pub fn charge(&self, state: Option<Tat>, units: u64, now: u64) -> Tat {
         // A key idle since (or forgotten) starts from a fresh key's state.
         let from = now.saturating_sub(self.period);
+        // One charge adds at most `MAX_DEBT_NS` of drain, as Redis's script is given
+        // (`store::script`): a huge report refuses the key for 100 days, locally and
+        // globally alike, not until the clock's end here and 100 days there.
+        let units = units.min(MAX_DEBT_NS / self.period.max(1));
         state.map_or(from, |tat| tat.max(from)).saturating_add(units.saturating_mul(self.period))
     }
 
@@ -253,6 +261,22 @@ mod tests {
         assert!(
             matches!(b.decide(Some(b.charge(None, 5, t)), t, 1), Verdict::Reject { retry_after, .. } if retry_after == 100 * MS)
         );
+    }
+
+    /// A report of 2^32 units (what a 20-digit report is charged) on a bucket draining
+    /// one unit in 6 s is a debt of 100 days of drain, the most one charge adds, as it is
+    /// in Redis: not the 800 years it would be, nor the clock's end where it saturates.
+    #[test]
+    fn one_charge_adds_at_most_100_days_of_drain() {
+        let b = bucket("10r/m", 9, 9);
+        let now = 1_000_000 * MS;
+        let Verdict::Admit { state, .. } = b.decide(None, now, 1) else { panic!() };
+        let debt = b.charge(Some(state), 1 << 32, now);
+        assert_eq!(debt, state + MAX_DEBT_NS);
+        let Verdict::Reject { retry_after, .. } = b.decide(Some(debt), now, 1) else { panic!() };
+        assert_eq!(retry_after, MAX_DEBT_NS + 6_000 * MS - 9 * 6_000 * MS, "100 days, less the burst");
+        // A charge that fits stays exact.
+        assert_eq!(b.charge(Some(state), 3, now), state + 3 * 6_000 * MS);
     }
 
     #[test]

@@ -50,6 +50,9 @@ impl ProxyError {
     pub fn grpc_code(&self) -> Code {
         match self {
             ProxyError::Refused(e) => e.grpc_code(),
+            // A request the client got wrong (its body broke off) is its fault: what
+            // gRPC clients expect of that, not the `INTERNAL` HTTP's 400 maps to.
+            e if e.status() == StatusCode::BAD_REQUEST => Code::INVALID_ARGUMENT,
             ProxyError::Upstream(UpstreamError::Timeout { deadline: true, .. }) => Code::DEADLINE_EXCEEDED,
             ProxyError::Upstream(UpstreamError::Timeout { deadline: false, .. }) => Code::UNAVAILABLE,
             e => Code::of_http(e.status().as_u16()),

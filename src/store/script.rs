@@ -17,6 +17,7 @@ use super::RedisTime;
 
 use crate::clock::Nanos;
 use crate::config::{Limit, LimitId};
+use crate::limit::leaky_bucket::MAX_DEBT_NS;
 use crate::policy::calendar::Windows;
 use crate::policy::{Burst, Policy, Window};
 
@@ -309,7 +310,6 @@ impl Spec {
     /// `now` (a leaky bucket's debt bounded to 100 days of its drain, which the script's
     /// arithmetic keeps exact).
     pub fn push_charge(&self, base: &str, now: Nanos, units: u64, call: &mut ScriptCall) {
-        const MAX_DEBT_NS: u64 = 100 * 86_400 * 1_000_000_000;
         for ((suffix, params), calendar) in self.windows.iter().zip(&self.calendars) {
             call.key(&[base, suffix]);
             let units = match params[1].parse::<u64>() {

@@ -227,6 +227,30 @@ async fn the_admin_token_comes_from_the_environment_or_a_file() {
     assert!(stderr.contains("admin.token_file: give either `token` or `token_file`, not both"), "{stderr}");
 }
 
+/// A token rotated in its file (`admin.token_file`) is taken at the next reload: from
+/// then on the old one is refused and the new one accepted; until then the old one
+/// stands (the file is read at a load, not at each call).
+#[tokio::test]
+async fn an_admin_token_rotated_in_its_file_replaces_the_old_one_at_the_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token");
+    std::fs::write(&file, "old-token\n").unwrap();
+    let yaml = Conf::new()
+        .set(&format!("admin: {{ listen: 127.0.0.1:0, token_file: \"{}\" }}", file.display()))
+        .answering("")
+        .yaml();
+    let sg = Sluicegate::start(&yaml);
+    let admin = sg.admin_addr();
+    let called = async |token: &str| get(admin, "/bans", &[("authorization", &format!("Bearer {token}"))]).await.status;
+    assert_eq!((called("old-token").await, called("new-token").await), (200, 401));
+    std::fs::write(&file, "new-token\n").unwrap();
+    assert_eq!((called("old-token").await, called("new-token").await), (200, 401), "not before the reload");
+    let log = sg.reload(&yaml);
+    assert!(log.contains("configuration reloaded"), "{log}");
+    assert_eq!(called("old-token").await, 401, "the old token after the rotation");
+    assert_eq!(called("new-token").await, 200);
+}
+
 /// `GET /config` speaks the configuration's own words (routes with their match and
 /// action, limits' windows as written, `nodelay: true` and `10r/s` included, the server's
 /// settings, upstreams with `http2`), never a secret; the dashboard describes routes and
@@ -375,7 +399,7 @@ async fn an_admin_listener_beyond_loopback_needs_a_token_or_insecure() {
     assert!(stderr.contains("admin.insecure: does nothing with a token"), "{stderr}");
 
     let sg = Sluicegate::start(&yaml("listen: 0.0.0.0:0, insecure: true"));
-    let log = sg.wait_for_log(|log| log.contains("admin.insecure: true"));
+    let log = sg.wait_for_log("the line \"admin.insecure: true\"", |log| log.contains("admin.insecure: true"));
     let line = log.lines().find(|l| l.contains("admin.insecure: true")).expect("no warning at start");
     assert!(line.contains("\"level\":\"WARN\""), "{line}");
     assert_eq!(get(sg.admin_addr(), "/healthz", &[]).await.status, 200);

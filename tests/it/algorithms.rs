@@ -136,7 +136,8 @@ async fn the_acceptance_limits_admit_their_documented_counts() {
         let (passed, _) = admitted_at_once(&sg, path).await;
         assert_eq!(passed, expected, "{path}");
     }
-    // A second later the rate would admit again; the ban refuses, for the hour's rest.
+    // A second later the rate would admit again; the ban refuses, for the hour's rest
+    // (the passing of time is what is tested).
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     let banned = get(sg.addr, "/bn", &[]).await;
     assert_eq!(banned.status, 429);

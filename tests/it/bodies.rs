@@ -113,10 +113,71 @@ async fn an_empty_http2_data_frame_does_not_stall_the_body_behind_it() {
     });
     tx.send_data(Bytes::from_static(b"first ")).await.unwrap();
     tx.send_data(Bytes::new()).await.unwrap();
+    // A gap after the empty frame is what is tested: the body must go on when the next
+    // data comes, not wait for something else to wake it.
     tokio::time::sleep(Duration::from_millis(200)).await;
     tx.send_data(Bytes::from_static(b"and last")).await.unwrap();
     drop(tx);
     let r = tokio::time::timeout(Duration::from_secs(10), pending).await.expect("no answer").unwrap();
     assert_eq!((r.status, r.text().as_str()), (200, "first and last"));
     assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+}
+
+/// A declared body over `max_body_bytes` on a limited route is refused before the limits:
+/// the one request a minute stays whole for the next request.
+#[tokio::test]
+async fn a_413_on_a_limited_route_leaves_the_quota_whole() {
+    let backend = Backend::start().await;
+    let sg = Conf::new()
+        .upstream(&backend)
+        .set("server: { max_body_bytes: 1k }")
+        .limit("once", "key: ip, rate: 1r/m")
+        .forwarding("once")
+        .start();
+    let post = |len: usize| {
+        Request::post("/upload").header("host", "test.local").body(Full::new(Bytes::from(vec![b'x'; len]))).unwrap()
+    };
+    for _ in 0..3 {
+        assert_eq!(request(sg.addr, post(2048)).await.status, 413);
+    }
+    assert_eq!(request(sg.addr, post(10)).await.text(), "10", "the minute's request is whole");
+    assert_eq!(request(sg.addr, post(10)).await.status, 429, "and spent now");
+    assert_eq!(backend.hits().len(), 1);
+}
+
+/// A client whose body is cut short (it goes away before its declared length, or before
+/// the last chunk) never has a complete body reach the backend: the backend reads the
+/// bytes that came and then the end of the connection, never a request it could act on.
+#[tokio::test]
+async fn a_body_the_client_cuts_short_reaches_the_backend_cut_short() {
+    use tokio::io::AsyncWriteExt;
+    let backend = StrictBackend::start(|_| b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".to_vec()).await;
+    let sg = Conf::new().set(&format!("upstreams:\n  b: {{ servers: [\"{}\"] }}", backend.addr)).forwarding("").start();
+    let heads = [
+        ("POST /length HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\n", "forty bytes of a body of a hundred......"),
+        ("POST /chunked HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n", "5\r\nhello\r\n"),
+    ];
+    for (i, (head, part)) in heads.iter().enumerate() {
+        let mut client = tokio::net::TcpStream::connect(sg.addr).await.unwrap();
+        client.write_all(head.as_bytes()).await.unwrap();
+        client.write_all(part.as_bytes()).await.unwrap();
+        let line = head.split(" HTTP").next().unwrap().to_owned();
+        // The part is forwarded before the client goes: the backend has begun reading it.
+        wait_until("the part at the backend", Duration::from_secs(10), async || {
+            let reading = backend.reading();
+            reading.starts_with(line.as_bytes()) && String::from_utf8_lossy(&reading).contains(part.trim_end())
+        })
+        .await;
+        assert!(backend.seen().len() == i, "complete before the client went: {:?}", backend.lines());
+        drop(client);
+        wait_until("the backend's connection to end", Duration::from_secs(10), async || backend.seen().len() > i).await;
+        let seen = &backend.seen()[i];
+        assert_eq!(seen.line, format!("{line} (cut short)"), "{:?}", String::from_utf8_lossy(&seen.bytes));
+        let text = String::from_utf8_lossy(&seen.bytes);
+        let body = text.split_once("\r\n\r\n").unwrap().1;
+        match i {
+            0 => assert_eq!(body, *part, "the bytes that came, no more"),
+            _ => assert!(!body.contains("0\r\n\r\n"), "no last chunk made up: {body:?}"),
+        }
+    }
 }

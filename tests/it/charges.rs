@@ -22,7 +22,8 @@ type Frames = http_body_util::combinators::BoxBody<Bytes, Infallible>;
 /// A backend that reports what each request cost, by path: `/report/N` in the field
 /// `x-tokens-used` of its head, `/sse/N` in the `usage.total_tokens` of an event of a
 /// `text/event-stream` body (sent in pieces, `[DONE]` after it), `/trailer/N` in a
-/// trailer (over HTTP/2: `http2`); anything else reports nothing. Counts its requests.
+/// trailer (over HTTP/2: `http2`), `/status/CODE/N` in the head of a response with that
+/// status; anything else reports nothing. Counts its requests.
 async fn reporting_backend(http2: bool) -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
     use std::sync::atomic::Ordering::SeqCst;
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -54,6 +55,12 @@ async fn reporting_backend(http2: bool) -> (SocketAddr, std::sync::Arc<std::sync
                         "stalled" => {
                             response = response.header("content-type", "text/event-stream");
                             frames.push(Ok(Frame::data(Bytes::from_static(b"data: {\"choices\": []}\n\n"))));
+                        }
+                        // `/status/CODE/N`: answered CODE, reporting N in the head.
+                        "status" => {
+                            let (code, units) = n.split_once('/').unwrap();
+                            response = response.status(code.parse::<u16>().unwrap()).header("x-tokens-used", units);
+                            frames.push(Ok(Frame::data(Bytes::from_static(b"status"))));
                         }
                         "trailer" => {
                             frames.push(Ok(Frame::data(Bytes::from_static(b"ok"))));
@@ -171,14 +178,18 @@ async fn a_global_debt_from_a_head_field_refuses_until_it_is_paid_on_every_insta
     assert_eq!(hits(&seen), 1);
 }
 
+/// The windows of the fixed-window limits here, in seconds: 30 days, so that no window
+/// ends during a test (an hour's would, at each full hour: the test then fails).
+const WINDOW: u64 = 30 * 86_400;
+
 /// An event stream's usage, read from its events as they pass (split across pieces,
 /// `[DONE]` after it), replaces the request's cost (`instead_of_cost`) in a fixed
-/// window of 50: 30 + 80 is 60 past the limit, a debt carried into the next window
-/// (50 of it, the whole window), so a refusal now waits for the end of the next.
+/// window of 50 (`WINDOW` long): 30 + 80 is 60 past the limit, a debt carried into the
+/// next window (50 of it, the whole window), so a refusal now waits for the end of the next.
 async fn an_event_streams_usage_replaces_the_cost_and_its_debt_carries(scope: &str, top: &str) {
     let (backend, seen) = reporting_backend(false).await;
     let fields = format!(
-        "algorithm: fixed_window, limit: 50, window: 1h, charge: {{ sse_json: usage.total_tokens, instead_of_cost: \
+        "algorithm: fixed_window, limit: 50, window: 30d, charge: {{ sse_json: usage.total_tokens, instead_of_cost: \
          true }}{scope}"
     );
     let sg = proxy(backend, false, &fields, top);
@@ -190,7 +201,11 @@ async fn an_event_streams_usage_replaces_the_cost_and_its_debt_carries(scope: &s
     let refused = get_as(sg.addr, "/sse/30", "ann").await;
     assert_eq!(refused.status, 429);
     let reset = ratelimit(&refused, "t");
-    assert!(retry_after(&refused) >= reset + 3599, "past this hour's end ({reset} s): {}", retry_after(&refused));
+    assert!(
+        retry_after(&refused) >= reset + WINDOW - 1,
+        "past this window's end ({reset} s): {}",
+        retry_after(&refused)
+    );
     assert_eq!(hits(&seen), 2);
     let metrics = Metrics::of(&sg).await;
     assert_eq!(metrics.value("sluicegate_limit_charged_units_total{limit=\"tokens\"}"), 110.0);
@@ -210,7 +225,7 @@ async fn an_event_streams_usage_is_charged_in_redis_and_its_debt_carries_into_th
     let keys = redis.command(&["KEYS", "*"]);
     let key = keys.lines().next().unwrap_or_else(|| panic!("no key: {keys}"));
     let ttl: u64 = redis.command(&["PTTL", key]).parse().unwrap();
-    assert!(ttl > 3_600_000 && ttl <= 7_200_001, "{key}: TTL {ttl} ms");
+    assert!(ttl > WINDOW * 1000 && ttl <= 2 * WINDOW * 1000 + 1, "{key}: TTL {ttl} ms");
 }
 
 /// A client that leaves before the stream reports its usage does not get the response
@@ -221,7 +236,7 @@ async fn a_client_that_leaves_before_the_report_is_charged_the_default() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (backend, _) = reporting_backend(false).await;
     let fields =
-        "algorithm: fixed_window, limit: 100, window: 1h, charge: { sse_json: usage.total_tokens, default: 40 }";
+        "algorithm: fixed_window, limit: 100, window: 30d, charge: { sse_json: usage.total_tokens, default: 40 }";
     let sg = proxy(backend, false, fields, "");
     let mut client = tokio::net::TcpStream::connect(sg.addr).await.unwrap();
     client.write_all(b"GET /stalled HTTP/1.1\r\nHost: x\r\nx-user: ann\r\n\r\n").await.unwrap();
@@ -318,4 +333,111 @@ async fn a_grpc_calls_trailers_report_its_cost() {
     }
     let refused = call(6).await.expect_err("refused");
     assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused:?}");
+}
+
+/// A token bucket of 10 that refills one unit every 6 minutes: no unit comes back
+/// during a test, however slow the machine.
+const SLOW_BUCKET: &str = "algorithm: token_bucket, capacity: 10, refill: 10r/h";
+
+/// A proxy in front of `backend` whose every route costs `cost`, with limit `tokens`
+/// (`fields`), `top` settings and `routes` (the default one last, to `backend`).
+fn proxy_with(backend: SocketAddr, fields: &str, top: &str, routes: &str, cost: u64) -> Sluicegate {
+    Conf::new()
+        .set("ratelimit_headers: all")
+        .set(top)
+        .set(&format!(
+            "upstreams:\n  b: {{ servers: [\"{backend}\"] }}\n  dead: {{ servers: [\"127.0.0.1:{}\"] }}",
+            closed_port()
+        ))
+        .limit("tokens", &format!("key: \"header:x-user\", on_missing_key: skip, {fields}"))
+        .route(routes)
+        .route(&format!("limits: [tokens], upstream: b, cost: {cost}"))
+        .start()
+}
+
+/// With `instead_of_cost`, a report below the request's cost gives the difference back:
+/// a request of cost 5 that reports 1 leaves 9 of 10, seen in the next one's `RateLimit`.
+async fn a_report_below_the_cost_gives_the_difference_back(scope: &str, top: &str) {
+    let (backend, _) = reporting_backend(false).await;
+    let fields = format!("{SLOW_BUCKET}, charge: {{ header: x-tokens-used, instead_of_cost: true }}{scope}");
+    let sg = proxy_with(backend, &fields, top, "match: { path: /never }, respond: { status: 200 }", 5);
+    let first = get_as(sg.addr, "/report/1", "ann").await;
+    assert_eq!((first.status, ratelimit(&first, "r")), (200, 5), "admitted at its cost");
+    let second = get_as(sg.addr, "/report/1", "ann").await;
+    assert_eq!((second.status, ratelimit(&second, "r")), (200, 4), "10 - 5 + 4 back - 5");
+    let third = get_as(sg.addr, "/report/5", "ann").await;
+    assert_eq!((third.status, ratelimit(&third, "r")), (200, 3), "8 - 5: the second gave 4 back too");
+    let refused = get_as(sg.addr, "/report/5", "ann").await;
+    assert_eq!(refused.status, 429, "3 left, a cost of 5");
+}
+
+#[tokio::test]
+async fn a_local_report_below_the_cost_gives_the_difference_back() {
+    a_report_below_the_cost_gives_the_difference_back("", "").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_global_report_below_the_cost_gives_the_difference_back() {
+    let redis = Redis::start();
+    let top = format!("redis: {{ url: \"{}\", timeout: 1s }}", redis.url());
+    a_report_below_the_cost_gives_the_difference_back(", scope: global", &top).await;
+}
+
+/// A response whose status the limit does not count (`count:`) is not charged, its
+/// report nor the default; nor is a `502` the proxy makes when the upstream is gone (it
+/// counts as its status, its own unit spent, the default not charged).
+async fn an_uncounted_response_and_a_502_made_here_are_not_charged(scope: &str, top: &str) {
+    let (backend, seen) = reporting_backend(false).await;
+    // Two limits in one: `tokens` counts what the `/status/` route answers 200 only.
+    let fields = format!("{SLOW_BUCKET}, count: [200, 502], charge: {{ header: x-tokens-used, default: 7 }}{scope}");
+    let routes = "match: { path_prefix: /dead/ }, limits: [tokens], upstream: dead";
+    let sg = proxy_with(backend, &fields, top, routes, 1);
+    let uncounted = get_as(sg.addr, "/status/503/50", "ann").await;
+    assert_eq!((uncounted.status, uncounted.text().as_str()), (503, "status"), "the upstream's own 503");
+    let next = get_as(sg.addr, "/status/200/0", "ann").await;
+    assert_eq!((next.status, ratelimit(&next, "r")), (200, 9), "the 503 given back and not charged 50");
+    assert_eq!(hits(&seen), 2);
+
+    let made = get_as(sg.addr, "/dead/x", "bob").await;
+    assert_eq!(made.status, 502);
+    let next = get_as(sg.addr, "/report/0", "bob").await;
+    assert_eq!((next.status, ratelimit(&next, "r")), (200, 8), "the 502's own unit spent, not the default 7");
+    let metrics = Metrics::of(&sg).await;
+    assert_eq!(metrics.get("sluicegate_limit_charges_defaulted_total{limit=\"tokens\"}").unwrap_or(0.0), 0.0);
+    assert_eq!(metrics.get("sluicegate_limit_charged_units_total{limit=\"tokens\"}").unwrap_or(0.0), 0.0);
+}
+
+#[tokio::test]
+async fn a_local_limit_charges_no_uncounted_response_nor_a_502_made_here() {
+    an_uncounted_response_and_a_502_made_here_are_not_charged("", "admin: { listen: 127.0.0.1:0 }").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_global_limit_charges_no_uncounted_response_nor_a_502_made_here() {
+    let redis = Redis::start();
+    let top = format!("admin: {{ listen: 127.0.0.1:0 }}\nredis: {{ url: \"{}\", timeout: 1s }}", redis.url());
+    an_uncounted_response_and_a_502_made_here_are_not_charged(", scope: global", &top).await;
+}
+
+/// A report of 20 digits (more than any count: charged as 2^32 units) refuses the key
+/// for the same time locally and globally: the debt is capped at 100 days of drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_twenty_digit_report_refuses_the_key_for_100_days_locally_and_globally_alike() {
+    let (backend, _) = reporting_backend(false).await;
+    let redis = Redis::start();
+    let top = format!("redis: {{ url: \"{}\", timeout: 1s }}", redis.url());
+    let mut waits = Vec::new();
+    for (scope, top) in [("", ""), (", scope: global", top.as_str())] {
+        let fields = format!("{BUCKET}, charge: {{ header: x-tokens-used }}{scope}");
+        let sg = proxy_with(backend, &fields, top, "match: { path: /never }, respond: { status: 200 }", 1);
+        assert_eq!(get_as(sg.addr, "/report/99999999999999999999", "ann").await.status, 200);
+        let refused = get_as(sg.addr, "/report/1", "ann").await;
+        assert_eq!(refused.status, 429, "{scope}");
+        waits.push(retry_after(&refused));
+    }
+    const DAYS_100: u64 = 100 * 86_400;
+    for wait in &waits {
+        assert!((DAYS_100 - 60..=DAYS_100 + 6).contains(wait), "Retry-After {waits:?}: 100 days of debt");
+    }
+    assert!(waits[0].abs_diff(waits[1]) <= 1, "local and global alike: {waits:?}");
 }

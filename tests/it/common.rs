@@ -347,21 +347,24 @@ impl Sluicegate {
         self.log.lock().unwrap().clone()
     }
 
-    /// Waits (at most 10 s) until `ready` holds for the log, and returns the log.
-    pub fn wait_for_log(&self, ready: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + Duration::from_secs(10);
+    /// Waits (at most 10 s) until `ready` holds for the log, and returns the log; fails
+    /// the test, saying `what` was awaited and showing the log, once 10 s have passed.
+    pub fn wait_for_log(&self, what: &str, ready: impl Fn(&str) -> bool) -> String {
+        const WITHIN: Duration = Duration::from_secs(10);
+        let deadline = Instant::now() + WITHIN;
         loop {
             let log = self.log();
-            if ready(&log) || Instant::now() > deadline {
+            if ready(&log) {
                 return log;
             }
+            assert!(Instant::now() < deadline, "waited {WITHIN:?} in vain for {what}; the log:\n{log}");
             std::thread::sleep(Duration::from_millis(5));
         }
     }
 
     /// The admin listener's address, from its start-up log line.
     pub fn admin_addr(&self) -> SocketAddr {
-        let log = self.wait_for_log(|log| log.contains("\"admin listening\""));
+        let log = self.wait_for_log("the line \"admin listening\"", |log| log.contains("\"admin listening\""));
         let line = log.lines().find(|l| l.contains("\"admin listening\"")).expect("no admin listener in the log");
         let json: serde_json::Value = serde_json::from_str(line).unwrap();
         json["fields"]["addr"].as_str().unwrap().parse().unwrap()
@@ -386,8 +389,7 @@ impl Sluicegate {
         assert!(status.success());
         let done =
             |log: &str| log[before..].contains("configuration reloaded") || log[before..].contains("reload failed");
-        let log = self.wait_for_log(|log| log.len() > before && done(log));
-        assert!(done(&log), "no reload in the log:\n{}", &log[before..]);
+        let log = self.wait_for_log("the reload's line", |log| log.len() > before && done(log));
         log[before..].to_owned()
     }
 
@@ -556,6 +558,8 @@ pub struct Seen {
 pub struct StrictBackend {
     pub addr: SocketAddr,
     seen: Arc<Mutex<Vec<Seen>>>,
+    /// The bytes read so far of the request being read (on the connection that read last).
+    reading: Arc<Mutex<Vec<u8>>>,
 }
 
 impl StrictBackend {
@@ -563,16 +567,24 @@ impl StrictBackend {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let reading: Arc<Mutex<Vec<u8>>> = Arc::default();
         let answer = Arc::new(answer);
-        let record = Arc::clone(&seen);
+        let (record, partial) = (Arc::clone(&seen), Arc::clone(&reading));
         tokio::spawn(async move {
             let mut conn = 0;
             while let Ok((stream, _)) = listener.accept().await {
-                tokio::spawn(strict_connection(stream, conn, Arc::clone(&record), Arc::clone(&answer)));
+                let record = (Arc::clone(&record), Arc::clone(&partial));
+                tokio::spawn(strict_connection(stream, conn, record, Arc::clone(&answer)));
                 conn += 1;
             }
         });
-        StrictBackend { addr, seen }
+        StrictBackend { addr, seen, reading }
+    }
+
+    /// The bytes read so far of the request it is reading now (head and body as they
+    /// came), before it is complete or cut short and recorded in `seen`.
+    pub fn reading(&self) -> Vec<u8> {
+        self.reading.lock().unwrap().clone()
     }
 
     pub fn seen(&self) -> Vec<Seen> {
@@ -585,11 +597,15 @@ impl StrictBackend {
     }
 }
 
+/// Where a `StrictBackend`'s connections record what they read: each request read
+/// (`seen`), and the bytes of the one being read (`reading`).
+type StrictRecord = (Arc<Mutex<Vec<Seen>>>, Arc<Mutex<Vec<u8>>>);
+
 /// Serves one connection of a `StrictBackend`.
 async fn strict_connection<F: Fn(&str) -> Vec<u8>>(
     mut stream: TcpStream,
     conn: usize,
-    seen: Arc<Mutex<Vec<Seen>>>,
+    (seen, reading): StrictRecord,
     answer: Arc<F>,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -622,7 +638,10 @@ async fn strict_connection<F: Fn(&str) -> Vec<u8>>(
             let mut more = [0u8; 4096];
             match stream.read(&mut more).await {
                 Ok(0) | Err(_) => return,
-                Ok(n) => buf.extend_from_slice(&more[..n]),
+                Ok(n) => {
+                    buf.extend_from_slice(&more[..n]);
+                    *reading.lock().unwrap() = buf.clone();
+                }
             }
         };
         let Some(framing) = framing else {
@@ -640,7 +659,10 @@ async fn strict_connection<F: Fn(&str) -> Vec<u8>>(
                     seen.lock().unwrap().push(Seen { conn, bytes: buf, line: format!("{line} (cut short)") });
                     return;
                 }
-                Ok(n) => buf.extend_from_slice(&more[..n]),
+                Ok(n) => {
+                    buf.extend_from_slice(&more[..n]);
+                    *reading.lock().unwrap() = buf.clone();
+                }
             }
         };
         let bytes: Vec<u8> = buf.drain(..end).collect();

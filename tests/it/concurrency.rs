@@ -75,7 +75,7 @@ async fn dry_run_never_rejects_and_logs_what_it_would_have_done() {
         assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
     }
     let count = |log: &str| log.lines().filter(|l| l.contains("dry run: request would be rejected")).count();
-    let log = sg.wait_for_log(|log| count(log) >= 2);
+    let log = sg.wait_for_log("two rejection lines", |log| count(log) >= 2);
     let would = count(&log);
     assert_eq!(would, 2, "{log}");
 }
@@ -98,7 +98,7 @@ async fn log_lines_name_route_limit_key_and_excess_at_the_configured_levels() {
     let yaml = "listen: 127.0.0.1:0\nredact_keys: REDACT\nlimits:\n  l: { key: \"header:x-user\", rate: 1r/m, burst: 2, delay: 1, log_level: warn }\nroutes:\n  - name: api\n    limits: [l]\n    respond: { status: 200 }\n";
     let plain = Sluicegate::start(&yaml.replace("REDACT", "false"));
     pass_delay_reject(&plain).await;
-    let log = plain.wait_for_log(|log| log.contains("request rejected"));
+    let log = plain.wait_for_log("the line \"request rejected\"", |log| log.contains("request rejected"));
     let line = log.lines().find(|l| l.contains("request rejected")).unwrap_or_else(|| panic!("{log}"));
     for field in ["\"level\":\"WARN\"", "\"route\":\"api\"", "\"limit\":\"l\"", "\"key\":\"header:x-user=alice\""] {
         assert!(line.contains(field), "{field} missing in {line}");
@@ -117,7 +117,7 @@ async fn log_lines_name_route_limit_key_and_excess_at_the_configured_levels() {
 
     let redacted = Sluicegate::start(&yaml.replace("REDACT", "true"));
     pass_delay_reject(&redacted).await;
-    let log = redacted.wait_for_log(|log| log.contains("request rejected"));
+    let log = redacted.wait_for_log("the line \"request rejected\"", |log| log.contains("request rejected"));
     let line = log.lines().find(|l| l.contains("request rejected")).unwrap_or_else(|| panic!("{log}"));
     assert!(!line.contains("alice") && line.contains("\"key\":\"header:x-user=#"), "{line}");
 }

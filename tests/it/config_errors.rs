@@ -998,14 +998,14 @@ fn the_example_starts_without_warnings() {
     let yaml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config.example.yaml")).unwrap();
     let yaml = yaml.replace("127.0.0.1:8080", "127.0.0.1:0").replace("127.0.0.1:9901", "127.0.0.1:0");
     let sg = Sluicegate::start(&yaml);
-    let started = sg.wait_for_log(|log| log.contains("admin listening"));
+    let started = sg.wait_for_log("the line \"admin listening\"", |log| log.contains("admin listening"));
     assert!(started.contains("admin listening") && !started.contains("WARN"), "{started}");
     // A request to the pool waits for its first health checks, if it has any: none may
     // have failed (this example runs no servers there; the request's own failure is
     // logged, as it should be).
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     assert_eq!(rt.block_on(get(sg.addr, "/v2/x", &[])).status, 502);
-    let log = sg.wait_for_log(|log| log.contains("upstream error"));
+    let log = sg.wait_for_log("the line \"upstream error\"", |log| log.contains("upstream error"));
     assert!(!log.contains("health check"), "{log}");
 }
 

@@ -125,7 +125,7 @@ async fn at_max_connections_established_clients_are_served_and_new_ones_wait() {
     for _ in 0..CAP * 2 {
         silent.push(TcpStream::connect(sg.addr).await.unwrap());
     }
-    sg.wait_for_log(|_| accepted(&sg) >= CAP);
+    sg.wait_for_log("CAP connections accepted", |_| accepted(&sg) >= CAP);
     let late = tokio::spawn(get(sg.addr, "/", &[]));
 
     for _ in 0..5 {
@@ -156,7 +156,7 @@ async fn a_client_that_reads_nothing_is_closed_after_the_send_timeout() {
     let mut stream = TcpStream::connect(sg.addr).await.unwrap();
     stream.write_all(format!("GET /large/{LEN} HTTP/1.1\r\nHost: h\r\n\r\n").as_bytes()).await.unwrap();
     // Read nothing until the proxy gives up on us.
-    let log = sg.wait_for_log(|log| log.contains("send_timeout"));
+    let log = sg.wait_for_log("the line \"send_timeout\"", |log| log.contains("send_timeout"));
     assert!(log.contains("send_timeout"), "no send timeout:\n{log}");
     let mut got = 0;
     let mut chunk = vec![0u8; 1 << 16];

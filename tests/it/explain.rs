@@ -2,6 +2,7 @@
 //! and the answer, said before the request is sent, and what a real request then gets.
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -461,4 +462,101 @@ routes:
     assert!(explained["answer"]["reason"].as_str().unwrap().contains("signature"), "{explained:#}");
     let text = explain_text(&config, &["-H", &format!("authorization: Bearer {forged}"), "http://example.com/api/x"]);
     assert!(!text.contains("not taken: \n"), "{text}");
+}
+
+/// The commands Redis has run, as `INFO commandstats` counts them (`INFO` itself, which
+/// asking counts, left out).
+fn redis_calls(redis: &crate::redis::Redis) -> Vec<String> {
+    let stats = redis.command(&["INFO", "commandstats"]);
+    stats.lines().filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:")).map(str::to_owned).collect()
+}
+
+/// `POST /explain` of a request a global limit decides sends Redis nothing: its answer
+/// is the local preview's, and the one request a minute stays whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn post_explain_of_a_global_limit_sends_redis_nothing() {
+    let redis = crate::redis::Redis::start();
+    let sg = Conf::new()
+        .set("admin: { listen: 127.0.0.1:0, token: s3cret }")
+        .redis(&redis.url(), "timeout: 1s")
+        .limit("shared", "key: \"header:x-user\", rate: 1r/m, scope: global")
+        .answering("shared")
+        .start();
+    let admin = sg.admin_addr();
+    // A decision first: the scripts are loaded, the connection made.
+    assert_eq!(get(sg.addr, "/", &[("x-user", "bob")]).await.status, 200);
+    let before = redis_calls(&redis);
+    assert!(before.iter().any(|l| l.starts_with("cmdstat_evalsha:")), "{before:?}");
+    for _ in 0..3 {
+        let reply = post_explain(admin, r#"{"url": "http://example.com/x", "headers": {"x-user": "alice"}}"#).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let explained: Value = serde_json::from_str(&reply.text()).unwrap();
+        assert_eq!(limit(&explained, "shared")["key"], "header:x-user=alice", "{explained:#}");
+    }
+    assert_eq!(redis_calls(&redis), before, "explain sent Redis a command");
+    assert_eq!(get(sg.addr, "/", &[("x-user", "alice")]).await.status, 200, "alice's one request is whole");
+    assert_eq!(get(sg.addr, "/", &[("x-user", "alice")]).await.status, 429);
+}
+
+/// `POST /explain` of a request that lacks a limit's key counts no missing key; the
+/// same request sent does.
+#[tokio::test]
+async fn post_explain_of_a_request_without_a_limits_key_counts_no_missing_key() {
+    let sg = Conf::new()
+        .admin()
+        .limit("per_user", "key: \"header:x-user\", rate: 1r/m, on_missing_key: skip")
+        .answering("per_user")
+        .start();
+    let admin = sg.admin_addr();
+    let series = "sluicegate_limit_missing_key_total{limit=\"per_user\"}";
+    let before = Metrics::of(&sg).await.get(series).unwrap_or(0.0);
+    for _ in 0..3 {
+        let reply = post_explain(admin, r#"{"url": "http://example.com/x"}"#).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let explained: Value = serde_json::from_str(&reply.text()).unwrap();
+        assert_eq!(limit(&explained, "per_user")["missing"], serde_json::json!(["header:x-user"]), "{explained:#}");
+    }
+    assert_eq!(Metrics::of(&sg).await.get(series).unwrap_or(0.0), before, "explain counted a missing key");
+    assert_eq!(get(sg.addr, "/x", &[]).await.status, 200);
+    assert_eq!(Metrics::of(&sg).await.value(series), before + 1.0, "a request sent is counted");
+}
+
+/// `POST /explain` of a request whose token names a key the fetched set lacks says it
+/// is refused and wakes no fetch of the set; the same token sent does.
+#[tokio::test]
+async fn post_explain_of_a_token_with_an_unknown_kid_wakes_no_key_fetch() {
+    use crate::tokens::{es256, fetches, key_server, now};
+    let k1 = es256("k1");
+    let served =
+        std::sync::Arc::new(std::sync::Mutex::new(("200 OK", serde_json::json!({"keys": [k1.jwk]}).to_string())));
+    let idp = key_server(&served).await;
+    let sg = Conf::new()
+        .set("admin: { listen: 127.0.0.1:0, token: s3cret }")
+        .set(&format!("jwt: {{ jwks_url: \"http://{}/jwks\", jwks_refresh: 1h }}", idp.addr))
+        .limit("per_user", "key: \"jwt:sub\", rate: 1r/m, on_missing_key: skip")
+        .answering("per_user")
+        .start();
+    let admin = sg.admin_addr();
+    wait_until("the first fetch", Duration::from_secs(10), async || sg.log().contains("\"JWKS fetched\"")).await;
+    let fetched = Instant::now();
+    // A woken fetch waits until 5 s after the last one: once they have passed (the time
+    // itself is what is waited for), a fetch woken now is sent at once.
+    wait_until("5 s since the first fetch", Duration::from_secs(10), async || {
+        fetched.elapsed() > Duration::from_millis(5500)
+    })
+    .await;
+    let unknown = es256("k9").token(Some("k9"), serde_json::json!({"sub": "alice", "exp": now() + 600}));
+    let asked =
+        serde_json::json!({"url": "http://example.com/x", "headers": {"authorization": format!("Bearer {unknown}")}});
+    let reply = post_explain(admin, &asked.to_string()).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let explained: Value = serde_json::from_str(&reply.text()).unwrap();
+    assert_eq!(explained["answer"]["status"], 401, "{explained:#}");
+    // What is awaited is an absence: a fetch woken by the explanation would have been
+    // sent at once; a second is long enough for it to reach a local server.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(fetches(&idp), 1, "explain woke a fetch of the key set");
+    // The same token sent wakes one, at once: the setup could show it.
+    assert_eq!(get(sg.addr, "/x", &[("authorization", &format!("Bearer {unknown}"))]).await.status, 401);
+    wait_until("the fetch the request woke", Duration::from_secs(10), async || fetches(&idp) == 2).await;
 }

@@ -121,7 +121,7 @@ async fn refused_upstream_is_502_and_logged_with_its_route() {
     let sg = Sluicegate::start(&config(&format!("127.0.0.1:{}", closed_port()), ""));
     let r = get(sg.addr, "/app/x", &[]).await;
     assert_eq!(r.status, 502);
-    let log = sg.wait_for_log(|log| log.contains("upstream error"));
+    let log = sg.wait_for_log("the line \"upstream error\"", |log| log.contains("upstream error"));
     assert!(log.lines().any(|l| l.contains("upstream error") && l.contains("\"route\":\"app\"")), "{log}");
 }
 

@@ -170,3 +170,33 @@ async fn explain_says_a_held_key_is_answered_from_its_hold() {
     assert_eq!(seen.lock().unwrap().len(), 1, "explaining sent nothing upstream");
     assert_eq!(get_as(sg.addr, "/ok", "ann").await.status, 429, "as explained");
 }
+
+/// A held request spends no quota: with a limit of one request a minute, a client held
+/// by the route's hold (another client's refusal held the whole route) still has its
+/// one request once the hold ends, and the limit then refuses the next.
+#[tokio::test]
+async fn a_held_request_spends_no_quota() {
+    let (backend, seen) = refusing_backend().await;
+    let sg = Conf::new()
+        .admin()
+        .set(&format!("upstreams:\n  b: {{ servers: [\"{backend}\"] }}"))
+        .limit("per_user", "key: \"header:x-user\", rate: 1r/m, on_missing_key: skip")
+        .route("name: api, limits: [per_user], upstream: b, upstream_hold: { by: route }")
+        .start();
+    assert_eq!(get_as(sg.addr, "/refuse/3", "ann").await.status, 429, "the upstream's refusal holds the route 3 s");
+    for _ in 0..3 {
+        let held = get_as(sg.addr, "/ok", "bob").await;
+        assert_eq!(held.status, 429);
+        assert_ne!(held.text(), "upstream", "answered here");
+        let after: u64 = held.header("retry-after").unwrap().parse().unwrap();
+        assert!(after <= 3, "the hold's time left, not the limit's minute: {after}");
+    }
+    let holding = async || json(&get(sg.admin_addr(), "/dashboard.json", &[]).await)["routes"][0]["held"]["now"] != 0;
+    wait_until("the hold to end", Duration::from_secs(10), async || !holding().await).await;
+    assert_eq!(get_as(sg.addr, "/ok", "bob").await.status, 200, "bob's one request of the minute is whole");
+    let limited = get_as(sg.addr, "/ok", "bob").await;
+    assert_eq!(limited.status, 429);
+    assert!(limited.header("retry-after").unwrap().parse::<u64>().unwrap() > 50, "the limit's refusal now");
+    let users: Vec<String> = seen.lock().unwrap().iter().map(|(p, u)| format!("{p} {u}")).collect();
+    assert_eq!(users, ["/refuse/3 ann", "/ok bob"]);
+}

@@ -50,7 +50,8 @@ async fn a_key_has_one_name_in_logs_access_log_bans_lookup_dashboard_and_simulat
     let key = [("x-api-key", "k-secret-1")];
     assert_eq!(get(sg.addr, "/", &key).await.status, 200);
     assert_eq!(get(sg.addr, "/", &key).await.status, 429);
-    let log = sg.wait_for_log(|log| log.contains("request rejected, key banned"));
+    let log = sg
+        .wait_for_log("the line \"request rejected, key banned\"", |log| log.contains("request rejected, key banned"));
     let name = logged_key(&log, "request rejected, key banned");
     let digest = name.strip_prefix("header:x-api-key=#").unwrap_or_else(|| panic!("{name}"));
     assert_eq!(digest.len(), 32, "{name}");
@@ -90,7 +91,8 @@ async fn a_key_has_one_name_in_logs_access_log_bans_lookup_dashboard_and_simulat
     let other = Sluicegate::start(&yaml(&other_log));
     assert_eq!(get(other.addr, "/", &key).await.status, 200);
     assert_eq!(get(other.addr, "/", &key).await.status, 429);
-    let log = other.wait_for_log(|log| log.contains("request rejected, key banned"));
+    let log = other
+        .wait_for_log("the line \"request rejected, key banned\"", |log| log.contains("request rejected, key banned"));
     assert_eq!(logged_key(&log, "request rejected, key banned"), name);
 
     // A ban is lifted by its digest as printed, without its `#` (which a URL cannot

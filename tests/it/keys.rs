@@ -68,7 +68,7 @@ async fn a_dry_run_limit_lets_a_repeated_key_field_through_and_logs_it() {
     let sg =
         Conf::new().limit("trial", "key: \"header:x-api-key\", rate: 100r/s, dry_run: true").answering("trial").start();
     assert_eq!(get(sg.addr, "/", &[("x-api-key", "a"), ("x-api-key", "b")]).await.status, 200);
-    let log = sg.wait_for_log(|log| log.contains("repeated key field"));
+    let log = sg.wait_for_log("the line \"repeated key field\"", |log| log.contains("repeated key field"));
     assert!(log.contains("dry run: request would be refused: repeated key field"), "{log}");
 }
 

@@ -249,7 +249,7 @@ async fn a_banned_key_is_refused_for_the_ban_while_others_pass() {
     let retry: u64 = still.header("retry-after").unwrap().parse().unwrap();
     assert!((3599..=3600).contains(&retry), "{retry}");
     assert_eq!(get(sg.addr, "/", &from("192.0.2.2")).await.status, 200);
-    let log = sg.wait_for_log(|log| log.contains("key banned"));
+    let log = sg.wait_for_log("the line \"key banned\"", |log| log.contains("key banned"));
     let line = log.lines().find(|l| l.contains("key banned")).unwrap();
     assert!(line.contains("\"route\":\"login\"") && line.contains("\"ms\":3600000"), "{line}");
 }
@@ -493,7 +493,7 @@ routes:
     }
     // Each refusal is by both windows.
     assert_eq!(answers, [200, 429, 429, 429, 200, 429, 429]);
-    let log = sg.wait_for_log(|log| log.matches("\"request rejected").count() >= 5);
+    let log = sg.wait_for_log("five lines \"request rejected\"", |log| log.matches("\"request rejected").count() >= 5);
     let lines = |limit: &str| {
         log.lines()
             .filter(|l| l.contains("\"request rejected") && l.contains(&format!("\"limit\":\"{limit}\"")))
@@ -592,4 +592,26 @@ routes:
     let other = get(sg.addr, "/other", &[]).await;
     assert_eq!((other.status, other.text().as_str()), (429, "Too Many Requests\n"));
     assert_eq!(other.header("x-limited-by"), None);
+}
+
+/// When several limits refuse, the one that admits last decides the status and
+/// `Retry-After` (README, *Rejections*), whichever the route lists first and whichever
+/// status is the larger: here the limit of one a minute (60 s) over one of two (30 s).
+#[tokio::test]
+async fn when_several_limits_refuse_the_one_that_admits_last_decides_the_status() {
+    for (late, soon) in [(503, 429), (429, 503)] {
+        let sg = Conf::new()
+            .limit("late", &format!("key: ip, rate: 1r/m, status: {late}"))
+            .limit("soon", &format!("key: ip, rate: 2r/m, status: {soon}"))
+            .route("match: { path: /late-first }, limits: [late, soon], respond: { status: 200 }")
+            .route("limits: [soon, late], respond: { status: 200 }")
+            .start();
+        assert_eq!(get(sg.addr, "/late-first", &[]).await.status, 200, "both spent");
+        for path in ["/late-first", "/soon-first", "/late-first"] {
+            let refused = get(sg.addr, path, &[]).await;
+            assert_eq!(refused.status, late, "{path}: the status of the limit that admits last ({late} over {soon})");
+            let after: u64 = refused.header("retry-after").unwrap().parse().unwrap();
+            assert!((55..=60).contains(&after), "{path}: its Retry-After, not the other's 30 s: {after}");
+        }
+    }
 }

@@ -28,7 +28,7 @@ async fn a_flood_of_rejections_writes_a_few_lines_a_second_and_one_summary() {
             .sum();
         (lines, left_out)
     };
-    let log = sg.wait_for_log(|log| {
+    let log = sg.wait_for_log("180 rejections logged or left out", |log| {
         let (lines, left_out) = counted(log);
         lines + left_out == 180
     });
@@ -178,7 +178,7 @@ async fn rejection_line(sg: &Sluicegate) -> String {
     let auth = [("authorization", "Bearer key-A-secret-token")];
     assert_eq!(get(sg.addr, "/", &auth).await.status, 200);
     assert_eq!(get(sg.addr, "/", &auth).await.status, 429);
-    let log = sg.wait_for_log(|log| log.contains("request rejected"));
+    let log = sg.wait_for_log("the line \"request rejected\"", |log| log.contains("request rejected"));
     log.lines().find(|l| l.contains("request rejected")).unwrap_or_else(|| panic!("{log}")).to_owned()
 }
 

@@ -23,7 +23,9 @@ async fn requests_without_the_key_are_skipped_by_default_counted_and_logged_once
     assert_eq!(get(sg.addr, "/", &[("x-api-key", "a")]).await.status, 429, "with the key, it limits");
     let m = Metrics::of(&sg).await;
     assert_eq!(m.value("sluicegate_limit_missing_key_total{limit=\"k\"}"), 3.0);
-    let log = sg.wait_for_log(|log| log.contains("a first request without this limit's key"));
+    let log = sg.wait_for_log("the line \"a first request without this limit's key\"", |log| {
+        log.contains("a first request without this limit's key")
+    });
     assert_eq!(log.matches("a first request without this limit's key").count(), 1, "one line, not one per request");
     assert!(log.contains("on_missing_key: skip"), "{log}");
 }

@@ -82,9 +82,9 @@ async fn an_http2_stream_is_paced_and_the_connections_other_streams_are_not() {
         let response = large.send_request(req).await.unwrap();
         timed(response).await
     });
-    // While the paced stream goes on, small requests on the same connection are answered
-    // at once.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // While the paced stream goes on (its request at the backend, its answer paced for
+    // seconds), small requests on the same connection are answered at once.
+    wait_until("the paced request at the backend", Duration::from_secs(10), async || !backend.hits().is_empty()).await;
     for _ in 0..3 {
         let asked = Instant::now();
         let mut small = sender.clone();
@@ -110,6 +110,8 @@ async fn a_paced_response_holds_its_concurrency_slot_until_its_last_bytes() {
     let response = send(sg.addr, req.body(Full::new(Bytes::new())).unwrap()).await;
     assert_eq!(response.status(), 200);
     let download = tokio::spawn(timed(response));
+    // A third of the way into the body (placement, not synchronisation: the upstream's
+    // whole body has been read by then, the client's not sent until 1.3 s).
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(get(sg.addr, "/status/200", &[]).await.status, 429, "the slot was given back before the body was sent");
     let (_, total, got) = download.await.unwrap();

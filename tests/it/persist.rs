@@ -70,7 +70,7 @@ async fn a_restart_keeps_a_spent_quota_and_a_ban_named_as_before() {
     }
 
     let sg = conf.start();
-    let log = sg.wait_for_log(|log| log.matches("state restored").count() == 2);
+    let log = sg.wait_for_log("two lines \"state restored\"", |log| log.matches("state restored").count() == 2);
     assert!(log.contains(r#""limit":"quota""#) && log.contains(r#""keys":1"#), "{log}");
     // The quota stays spent until the same window's end; another key has its own.
     let refused = status(&sg, "/", "k1").await;
@@ -103,7 +103,7 @@ async fn state_written_on_the_timer_survives_a_crash() {
     sg.kill();
 
     let sg = conf.start();
-    sg.wait_for_log(|log| log.matches("state restored").count() == 2);
+    sg.wait_for_log("two lines \"state restored\"", |log| log.matches("state restored").count() == 2);
     assert_eq!(status(&sg, "/", "k1").await.status, 429);
     assert_eq!(status(&sg, "/login", "bad").await.status, 429);
 }
@@ -121,7 +121,7 @@ async fn a_damaged_or_foreign_file_is_refused_and_the_limit_starts_fresh() {
     std::fs::write(state.path().join("login.state"), "limits: { login: {} }\n").unwrap();
 
     let sg = conf.start();
-    let log = sg.wait_for_log(|log| log.matches("state file refused").count() == 2);
+    let log = sg.wait_for_log("two lines \"state file refused\"", |log| log.matches("state file refused").count() == 2);
     assert!(log.contains("state file refused: damaged, truncated, or edited without"), "{log}");
     assert!(log.contains("state file refused: not a sluicegate state file"), "{log}");
     assert!(log.contains(&quota.display().to_string()), "the line names the file: {log}");
@@ -139,7 +139,9 @@ async fn a_limit_whose_window_changed_does_not_take_the_old_state() {
     assert!(sg.terminate().success());
 
     let sg = conf(state.path(), "7d", "1h").start();
-    let log = sg.wait_for_log(|log| log.contains("state file refused") && log.contains("state restored"));
+    let log = sg.wait_for_log("the lines \"state file refused\" and \"state restored\"", |log| {
+        log.contains("state file refused") && log.contains("state restored")
+    });
     assert!(log.contains("written for another key or windows"), "{log}");
     for _ in 0..3 {
         assert_eq!(status(&sg, "/", "k1").await.status, 200, "fresh");
@@ -177,7 +179,7 @@ async fn a_state_directory_that_cannot_be_written_is_counted_logged_once_and_the
     let file = state.path().join("file");
     std::fs::write(&file, "").unwrap();
     let sg = conf(&file.join("state"), "30d", "1s").start();
-    sg.wait_for_log(|log| log.contains("cannot save the key secret"));
+    sg.wait_for_log("the line \"key secret unusable\"", |log| log.contains("key secret unusable"));
     let failed = async |sg: &Sluicegate| {
         Metrics::of(sg).await.get(r#"sluicegate_state_writes_total{limit="quota",result="failed"}"#).unwrap_or(0.0)
     };
@@ -213,7 +215,7 @@ async fn a_planted_state_file_larger_than_its_limit_writes_is_refused_unread() {
         planted.set_len(len).unwrap();
     }
     let sg = conf(state.path(), "30d", "1h").start();
-    let log = sg.wait_for_log(|log| log.matches("state file refused").count() == 2);
+    let log = sg.wait_for_log("two lines \"state file refused\"", |log| log.matches("state file refused").count() == 2);
     assert_eq!(log.matches("than this limit can write").count(), 2, "{log}");
     assert!(log.contains("refused unread"), "{log}");
     assert!(sg.rss() < 256 << 20, "{} bytes resident: the file was read", sg.rss());
@@ -239,7 +241,7 @@ async fn state_that_others_may_have_written_or_edited_is_refused() {
     // The directory writable by all: nothing read from it, nothing written to it.
     mode(state.path(), 0o777);
     let mut sg = conf.start();
-    let log = sg.wait_for_log(|log| log.contains("is not sluicegate's own"));
+    let log = sg.wait_for_log("the line \"is not sluicegate's own\"", |log| log.contains("is not sluicegate's own"));
     assert!(log.contains("its group or others may write it (mode 777)"), "{log}");
     assert!(!log.contains("state restored"), "{log}");
     assert_eq!(status(&sg, "/", "k1").await.status, 200, "fresh");
@@ -251,7 +253,7 @@ async fn state_that_others_may_have_written_or_edited_is_refused() {
     mode(&quota, 0o666);
     std::os::unix::fs::chown(&login, Some(4242), None).unwrap();
     let mut sg = conf.start();
-    let log = sg.wait_for_log(|log| log.matches("state file refused").count() == 2);
+    let log = sg.wait_for_log("two lines \"state file refused\"", |log| log.matches("state file refused").count() == 2);
     assert!(log.contains("its group or others may write it (mode 666)"), "{log}");
     assert!(log.contains("it belongs to user 4242"), "{log}");
     assert_eq!(status(&sg, "/", "k1").await.status, 200, "fresh");
@@ -269,7 +271,7 @@ async fn state_that_others_may_have_written_or_edited_is_refused() {
     content.extend_from_slice(sum.as_ref());
     std::fs::write(&quota, &content).unwrap();
     let sg = conf.start();
-    let log = sg.wait_for_log(|log| log.contains("state file refused"));
+    let log = sg.wait_for_log("the line \"state file refused\"", |log| log.contains("state file refused"));
     assert!(log.contains("edited without the state directory's secret"), "{log}");
 }
 
@@ -293,7 +295,7 @@ async fn the_key_secret_is_saved_once_and_never_replaced_by_a_write() {
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o666)).unwrap();
     let spent = std::fs::read(&quota).unwrap();
     let mut sg = conf.start();
-    let log = sg.wait_for_log(|log| log.contains("key secret unusable"));
+    let log = sg.wait_for_log("the line \"key secret unusable\"", |log| log.contains("key secret unusable"));
     assert!(log.contains("it is left as it is"), "{log}");
     assert_eq!(status(&sg, "/", "k1").await.status, 200, "fresh for this run");
     assert!(sg.terminate().success());
@@ -302,14 +304,14 @@ async fn the_key_secret_is_saved_once_and_never_replaced_by_a_write() {
     // Mended, it keys the state again.
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
     let mut sg = conf.start();
-    sg.wait_for_log(|log| log.matches("state restored").count() == 2);
+    sg.wait_for_log("two lines \"state restored\"", |log| log.matches("state restored").count() == 2);
     assert_eq!(status(&sg, "/", "k1").await.status, 429, "the spent quota is back");
     assert!(sg.terminate().success());
 
     // Deleted: another secret, saved; the files keyed with the old one are refused.
     std::fs::remove_file(&secret).unwrap();
     let mut sg = conf.start();
-    let log = sg.wait_for_log(|log| log.matches("state file refused").count() == 2);
+    let log = sg.wait_for_log("two lines \"state file refused\"", |log| log.matches("state file refused").count() == 2);
     assert!(log.contains("keyed with another secret"), "{log}");
     assert_eq!(status(&sg, "/", "k1").await.status, 200, "fresh");
     assert!(sg.terminate().success());
@@ -333,6 +335,6 @@ async fn the_key_secret_is_saved_once_and_never_replaced_by_a_write() {
     assert!(sg.reload(&with).contains("configuration reloaded"));
     assert!(sg.terminate().success());
     let sg = Sluicegate::start(&with);
-    sg.wait_for_log(|log| log.contains("state restored"));
+    sg.wait_for_log("the line \"state restored\"", |log| log.contains("state restored"));
     assert_eq!(status(&sg, "/", "k1").await.status, 429, "the quota spent before the reload is kept");
 }

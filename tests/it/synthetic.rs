@@ -241,19 +241,34 @@ async fn an_open_loops_prediction_made_before_the_run_is_what_the_run_admits() {
     let start = Instant::now();
     let mut tasks = Vec::new();
     for i in 0..100u32 {
-        tokio::time::sleep_until((start + Duration::from_millis(u64::from(i) * 10)).into()).await;
+        let due = start + Duration::from_millis(u64::from(i) * 10);
+        tokio::time::sleep_until(due.into()).await;
         let key = format!("key-{}", i % 2);
         let addr = sg.addr;
-        tasks.push(tokio::spawn(async move { get(addr, "/", &[("x-key", &key)]).await.status }));
+        tasks.push(tokio::spawn(async move {
+            let status = get(addr, "/", &[("x-key", &key)]).await.status;
+            (status, due.elapsed())
+        }));
     }
     let ran = start.elapsed();
     let mut statuses = Vec::new();
+    let mut late = Duration::ZERO;
     for task in tasks {
-        statuses.push(task.await.unwrap());
+        let (status, answered_after) = task.await.unwrap();
+        statuses.push(status);
+        late = late.max(answered_after);
     }
     snapshot(&sg.config, admin, &after);
     let admitted = statuses.iter().filter(|&&s| s == 200).count() as i64;
-    assert!((admitted - 48).abs() <= 2, "predicted 48 admitted, the run had {admitted}");
+    // The proxy decided each request between the instant it was due and its answer: the
+    // decisions are the schedule shifted by at most `late` (on a busy machine, much), which
+    // is worth up to `rate × late` admissions per key either way, and one more for where
+    // a key's last admission falls. The noise is measured in this run, not assumed.
+    let slack = 2 * ((20.0 * late.as_secs_f64()).ceil() as i64 + 1);
+    assert!(
+        (admitted - 48).abs() <= slack,
+        "predicted 48 admitted, the run had {admitted} (answers came up to {late:?} after they were due: ±{slack})"
+    );
     let out = verify(&sg.config, &before, &after, ran, spec);
     assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
     let metrics = Metrics::of(&sg).await;

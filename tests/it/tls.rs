@@ -85,7 +85,9 @@ impl Pki {
 
 /// The address of the TLS listener, from the log.
 fn tls_addr(sg: &Sluicegate) -> SocketAddr {
-    let log = sg.wait_for_log(|log| log.lines().any(|l| l.contains("\"listening\"") && l.contains("\"tls\":true")));
+    let log = sg.wait_for_log("the line \"listening\"", |log| {
+        log.lines().any(|l| l.contains("\"listening\"") && l.contains("\"tls\":true"))
+    });
     let line =
         log.lines().find(|l| l.contains("\"listening\"") && l.contains("\"tls\":true")).expect("no TLS listener");
     let json: serde_json::Value = serde_json::from_str(line).unwrap();

@@ -12,7 +12,7 @@ use crate::common::*;
 
 const SECRET: &str = "0123456789abcdef0123456789abcdef";
 
-fn now() -> u64 {
+pub(crate) fn now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
 }
 
@@ -45,31 +45,89 @@ fn base64url(bytes: &[u8]) -> String {
     out
 }
 
-/// A P-256 key: what signs (PKCS#8 PEM), its public key as PEM, and as a JWK named `kid`.
-struct EcKey {
+/// A signing key of one of the families tokens may be signed with, made now: what signs
+/// (its algorithm and private key), its public key as PEM, and as a JWK named `kid`.
+pub(crate) struct SigningKey {
+    alg: Algorithm,
     signing: EncodingKey,
     public_pem: String,
-    jwk: serde_json::Value,
+    pub(crate) jwk: serde_json::Value,
 }
 
-impl EcKey {
-    fn new(kid: &str) -> EcKey {
-        let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-        let signing = EncodingKey::from_ec_pem(pair.serialize_pem().as_bytes()).unwrap();
-        let point = pair.public_key_raw();
-        assert_eq!(point.len(), 65, "an uncompressed P-256 point");
-        let jwk = json!({
-            "kty": "EC", "crv": "P-256", "kid": kid, "alg": "ES256", "use": "sig",
-            "x": base64url(&point[1..33]), "y": base64url(&point[33..65]),
-        });
-        EcKey { signing, public_pem: pair.public_key_pem(), jwk }
+/// `openssl ARGS` with `input` on its standard input: its standard output.
+fn openssl(args: &[&str], input: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("openssl")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("openssl must be installed (.ci/run installs it)");
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    out.stdout
+}
+
+impl SigningKey {
+    /// A key for `alg` (RS256 and PS256: RSA 2048, made by openssl, as ring makes no RSA
+    /// keys; ES256, ES384, EdDSA: made by rcgen).
+    fn new(alg: Algorithm, kid: &str) -> SigningKey {
+        let ec = |pair: &rcgen::KeyPair, crv: &str, size: usize| {
+            let point = pair.public_key_raw();
+            assert_eq!(point.len(), 1 + 2 * size, "an uncompressed {crv} point");
+            json!({
+                "kty": "EC", "crv": crv, "kid": kid, "use": "sig",
+                "x": base64url(&point[1..1 + size]), "y": base64url(&point[1 + size..]),
+            })
+        };
+        let (signing, public_pem, mut jwk) = match alg {
+            Algorithm::RS256 | Algorithm::PS256 => {
+                let private = openssl(&["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"], b"");
+                let public = String::from_utf8(openssl(&["pkey", "-pubout"], &private)).unwrap();
+                let modulus =
+                    String::from_utf8(openssl(&["rsa", "-pubin", "-noout", "-modulus"], public.as_bytes())).unwrap();
+                let hex = modulus.trim().strip_prefix("Modulus=").unwrap();
+                let n: Vec<u8> =
+                    (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
+                let jwk = json!({"kty": "RSA", "kid": kid, "use": "sig", "n": base64url(&n), "e": "AQAB"});
+                (EncodingKey::from_rsa_pem(&private).unwrap(), public, jwk)
+            }
+            Algorithm::ES256 => {
+                let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+                let jwk = ec(&pair, "P-256", 32);
+                (EncodingKey::from_ec_pem(pair.serialize_pem().as_bytes()).unwrap(), pair.public_key_pem(), jwk)
+            }
+            Algorithm::ES384 => {
+                let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384).unwrap();
+                let jwk = ec(&pair, "P-384", 48);
+                (EncodingKey::from_ec_pem(pair.serialize_pem().as_bytes()).unwrap(), pair.public_key_pem(), jwk)
+            }
+            Algorithm::EdDSA => {
+                let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+                let jwk = json!({
+                    "kty": "OKP", "crv": "Ed25519", "kid": kid, "use": "sig", "x": base64url(pair.public_key_raw()),
+                });
+                (EncodingKey::from_ed_pem(pair.serialize_pem().as_bytes()).unwrap(), pair.public_key_pem(), jwk)
+            }
+            other => panic!("no test key for {other:?}"),
+        };
+        jwk["alg"] = json!(format!("{alg:?}"));
+        SigningKey { alg, signing, public_pem, jwk }
     }
 
-    fn token(&self, kid: Option<&str>, claims: serde_json::Value) -> String {
-        let mut header = Header::new(Algorithm::ES256);
+    pub(crate) fn token(&self, kid: Option<&str>, claims: serde_json::Value) -> String {
+        let mut header = Header::new(self.alg);
         header.kid = kid.map(str::to_owned);
         encode(&header, &claims, &self.signing).unwrap()
     }
+}
+
+/// A P-256 key (ES256) named `kid`.
+pub(crate) fn es256(kid: &str) -> SigningKey {
+    SigningKey::new(Algorithm::ES256, kid)
 }
 
 #[tokio::test]
@@ -147,7 +205,7 @@ async fn a_limit_that_takes_invalid_tokens_as_missing_counts_them_under_the_shar
 
 #[tokio::test]
 async fn ecdsa_tokens_verify_with_pem_and_jwks_keys_chosen_by_kid_and_a_rotation_is_picked_up_by_a_reload() {
-    let (k1, k2, pem_key) = (EcKey::new("k1"), EcKey::new("k2"), EcKey::new("pem"));
+    let (k1, k2, pem_key) = (es256("k1"), es256("k2"), es256("pem"));
     let dir = tempfile::tempdir().unwrap();
     let jwks = dir.path().join("jwks.json");
     std::fs::write(&jwks, json!({"keys": [k1.jwk]}).to_string()).unwrap();
@@ -242,7 +300,7 @@ async fn routes_whose_limits_read_no_claims_never_look_at_the_token() {
 
 #[tokio::test]
 async fn a_jwks_url_is_fetched_again_when_a_token_names_a_key_it_lacks_and_kept_across_a_reload() {
-    let (k1, k2) = (EcKey::new("k1"), EcKey::new("k2"));
+    let (k1, k2) = (es256("k1"), es256("k2"));
     let served = Arc::new(Mutex::new(json!({"keys": [k1.jwk]}).to_string()));
     let body = Arc::clone(&served);
     let idp = StrictBackend::start(move |line| {
@@ -356,4 +414,181 @@ async fn with_an_audience_a_token_without_aud_is_refused() {
     );
     let m = Metrics::of(&sg).await;
     assert_eq!(m.value("sluicegate_invalid_tokens_total{reason=\"missing_claim\"}"), 3.0);
+}
+
+/// The families README lists, each with its own key, a token of each verifies with its
+/// public key given as PEM (no `kid`) and as a JWKS (chosen by `kid`, limited to its
+/// `alg`); a token of the same algorithm signed by another key, and an HS256 token whose
+/// secret is the public key's PEM (algorithm confusion), are refused.
+#[tokio::test]
+async fn tokens_of_every_key_family_verify_with_their_public_key_and_an_hmac_token_keyed_with_it_is_refused() {
+    let families = [Algorithm::RS256, Algorithm::PS256, Algorithm::ES256, Algorithm::ES384, Algorithm::EdDSA];
+    let keys: Vec<SigningKey> = families.iter().map(|&alg| SigningKey::new(alg, &format!("{alg:?}"))).collect();
+    let strangers: Vec<SigningKey> = families.iter().map(|&alg| SigningKey::new(alg, &format!("{alg:?}"))).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let pem = dir.path().join("keys.pem");
+    std::fs::write(&pem, keys.iter().map(|k| k.public_pem.trim_end().to_owned() + "\n").collect::<String>()).unwrap();
+    let jwks = dir.path().join("jwks.json");
+    std::fs::write(&jwks, json!({"keys": keys.iter().map(|k| &k.jwk).collect::<Vec<_>>()}).to_string()).unwrap();
+    let claims = |sub: &str| json!({"sub": sub, "exp": now() + 600});
+    for (file, by_kid) in [(&pem, false), (&jwks, true)] {
+        let sg = Conf::new()
+            .set(&format!("jwt: {{ keys_file: \"{}\" }}", file.display()))
+            .limit("per_user", "key: \"jwt:sub\", rate: 100r/s, burst: 100, nodelay: true, on_missing_key: skip")
+            .answering("per_user")
+            .start();
+        let refusal = async |token: &str| {
+            let reply = get(sg.addr, "/", &[("authorization", &bearer(token))]).await;
+            assert_eq!(reply.status, 401, "{}", reply.text());
+            reply.text()
+        };
+        for (key, stranger) in keys.iter().zip(&strangers) {
+            let alg = format!("{:?}", key.alg);
+            let kid = by_kid.then_some(alg.as_str());
+            let own = key.token(kid, claims(&alg));
+            assert_eq!(status_with(&sg, Some(&own)).await, 200, "{alg} from {}", file.display());
+            let forged = refusal(&stranger.token(kid, claims(&alg))).await;
+            assert!(forged.contains("signature does not verify"), "{alg}: {forged}");
+            // The PEM text as an HMAC secret, the classic confusion of a public key.
+            let mut header = Header::new(Algorithm::HS256);
+            header.kid = kid.map(str::to_owned);
+            let secret = EncodingKey::from_secret(key.public_pem.as_bytes());
+            let confused = refusal(&encode(&header, &claims(&alg), &secret).unwrap()).await;
+            assert!(confused.contains("algorithm"), "{alg}: {confused}");
+        }
+        // One RSA key signs RS256 and PS256: a PEM key verifies both, a JWK only its `alg`.
+        let rsa = &keys[0];
+        let mut header = Header::new(Algorithm::PS256);
+        header.kid = by_kid.then(|| "RS256".to_owned());
+        let other_padding = encode(&header, &claims("pss"), &rsa.signing).unwrap();
+        assert_eq!(status_with(&sg, Some(&other_padding)).await, if by_kid { 401 } else { 200 }, "{}", file.display());
+    }
+}
+
+/// A key server for `jwt.jwks_url` at `/jwks`: it answers what `served` holds (a status
+/// line's code and reason, and a body) when asked.
+pub(crate) async fn key_server(served: &Arc<Mutex<(&'static str, String)>>) -> StrictBackend {
+    let served = Arc::clone(served);
+    StrictBackend::start(move |line| {
+        let (status, text) = match line == "GET /jwks" {
+            true => served.lock().unwrap().clone(),
+            false => ("404 Not Found", String::new()),
+        };
+        format!("HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{text}", text.len())
+            .into_bytes()
+    })
+    .await
+}
+
+/// A configuration verifying tokens with the JWKS of `key_server`, refreshed every
+/// `refresh`, and a limit keyed on `sub` that admits many a second.
+fn with_jwks(key_server: &StrictBackend, refresh: &str) -> Conf {
+    Conf::new()
+        .set(&format!("jwt: {{ jwks_url: \"http://{}/jwks\", jwks_refresh: {refresh} }}", key_server.addr))
+        .limit("per_user", "key: \"jwt:sub\", rate: 100r/s, burst: 100, nodelay: true, on_missing_key: skip")
+        .answering("per_user")
+}
+
+/// How many times `key_server` was asked for the set.
+pub(crate) fn fetches(key_server: &StrictBackend) -> usize {
+    key_server.lines().iter().filter(|l| *l == "GET /jwks").count()
+}
+
+/// A token verified (and kept) under a key is refused, the same token, once the key is
+/// gone: from the keys file (and the secret rotated), by a reload.
+#[tokio::test]
+async fn a_token_verified_before_a_reload_rotates_its_key_or_secret_out_is_refused_after_it() {
+    let (k1, k2) = (es256("k1"), es256("k2"));
+    let dir = tempfile::tempdir().unwrap();
+    let jwks = dir.path().join("jwks.json");
+    std::fs::write(&jwks, json!({"keys": [k1.jwk, k2.jwk]}).to_string()).unwrap();
+    let conf = |secret: &str| {
+        Conf::new()
+            .set(&format!("jwt: {{ keys_file: \"{}\", secret: \"{secret}\" }}", jwks.display()))
+            .limit("per_user", "key: \"jwt:sub\", rate: 100r/s, burst: 100, nodelay: true, on_missing_key: skip")
+            .answering("per_user")
+            .yaml()
+    };
+    let sg = Sluicegate::start(&conf(SECRET));
+    let claims = |sub: &str| json!({"sub": sub, "exp": now() + 600});
+    let by_k1 = k1.token(Some("k1"), claims("alice"));
+    let by_secret = hs(claims("bob"), SECRET);
+    let by_k2 = k2.token(Some("k2"), claims("carol"));
+    for token in [&by_k1, &by_secret, &by_k2] {
+        // The second time from the verified tokens kept.
+        assert_eq!((status_with(&sg, Some(token)).await, status_with(&sg, Some(token)).await), (200, 200));
+    }
+    std::fs::write(&jwks, json!({"keys": [k2.jwk]}).to_string()).unwrap();
+    let log = sg.reload(&conf("another secret of at least 32 bytes!"));
+    assert!(log.contains("configuration reloaded"), "{log}");
+    let refused = get(sg.addr, "/", &[("authorization", &bearer(&by_k1))]).await;
+    assert_eq!(refused.status, 401, "k1 was rotated out: {}", refused.text());
+    assert!(refused.text().contains("kid \"k1\""), "{}", refused.text());
+    let refused = get(sg.addr, "/", &[("authorization", &bearer(&by_secret))]).await;
+    assert_eq!(refused.status, 401, "the secret was rotated: {}", refused.text());
+    assert_eq!(status_with(&sg, Some(&by_k2)).await, 200, "k2 stays");
+}
+
+/// `jwks_refresh` fetches the set again with no token asking, and a token verified
+/// (and kept) under a key the key server has since dropped is refused once the refresh
+/// brought the new set.
+#[tokio::test]
+async fn a_token_verified_before_the_key_server_drops_its_key_is_refused_once_the_periodic_refresh_fetched_the_set() {
+    let (k1, k2) = (es256("k1"), es256("k2"));
+    let served = Arc::new(Mutex::new(("200 OK", json!({"keys": [k1.jwk, k2.jwk]}).to_string())));
+    let idp = key_server(&served).await;
+    let sg = with_jwks(&idp, "10s").start();
+    wait_until("the first fetch", Duration::from_secs(10), async || sg.log().contains("\"JWKS fetched\"")).await;
+    let token = k1.token(Some("k1"), json!({"sub": "alice", "exp": now() + 600}));
+    assert_eq!((status_with(&sg, Some(&token)).await, status_with(&sg, Some(&token)).await), (200, 200));
+    assert_eq!(fetches(&idp), 1, "no token asked for another fetch");
+    // The key server drops k1. Until the refresh, the kept token is not sent: nothing
+    // but the refresh may fetch the set.
+    served.lock().unwrap().1 = json!({"keys": [k2.jwk]}).to_string();
+    wait_until("the periodic refresh", Duration::from_secs(30), async || sg.log().contains("JWKS fetched again")).await;
+    assert_eq!(fetches(&idp), 2);
+    let refused = get(sg.addr, "/", &[("authorization", &bearer(&token))]).await;
+    assert_eq!(refused.status, 401, "k1 is gone from the key server: {}", refused.text());
+    assert!(refused.text().contains("kid \"k1\""), "{}", refused.text());
+    assert_eq!(status_with(&sg, Some(&k2.token(Some("k2"), json!({"sub": "bob", "exp": now() + 600})))).await, 200);
+}
+
+/// Until the first fetch of the set succeeds every token that needs it is refused (not
+/// taken unverified); once fetched, the keys stay in use through a fetch that fails.
+#[tokio::test]
+async fn a_jwks_token_is_refused_until_the_first_fetch_succeeds_and_the_keys_outlive_a_failed_fetch() {
+    let k1 = es256("k1");
+    let served = Arc::new(Mutex::new(("503 Service Unavailable", String::new())));
+    let idp = key_server(&served).await;
+    let sg = with_jwks(&idp, "1h").start();
+    let failed = |log: &str| log.matches("JWKS fetch failed").count();
+    wait_until("the first fetch to fail", Duration::from_secs(10), async || failed(&sg.log()) == 1).await;
+    let token = |sub: &str| k1.token(Some("k1"), json!({"sub": sub, "exp": now() + 600}));
+    let first = token("alice");
+    let refused = get(sg.addr, "/", &[("authorization", &bearer(&first))]).await;
+    assert_eq!(refused.status, 401, "no keys yet: {}", refused.text());
+    assert!(refused.text().contains("kid \"k1\""), "{}", refused.text());
+    let unsigned = format!("{}.{}.", base64url(br#"{"alg":"none"}"#), base64url(br#"{"sub":"eve","exp":9999999999}"#));
+    assert_eq!(status_with(&sg, Some(&unsigned)).await, 401);
+
+    *served.lock().unwrap() = ("200 OK", json!({"keys": [k1.jwk]}).to_string());
+    // The refused token asked for a fetch, taken 5 s after the failed one.
+    let tries = std::sync::atomic::AtomicU32::new(0);
+    wait_until("the set fetched", Duration::from_secs(20), async || {
+        let fresh = token(&format!("t{}", tries.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
+        status_with(&sg, Some(&fresh)).await == 200
+    })
+    .await;
+    assert_eq!(status_with(&sg, Some(&first)).await, 200, "the token refused before the fetch verifies now");
+
+    // The key server fails; a token naming a key the set lacks asks for a fetch, which fails.
+    *served.lock().unwrap() = ("500 Internal Server Error", String::new());
+    let (before, failed_before) = (fetches(&idp), failed(&sg.log()));
+    assert_eq!(
+        status_with(&sg, Some(&es256("k9").token(Some("k9"), json!({"sub": "x", "exp": now() + 600})))).await,
+        401
+    );
+    wait_until("the fetch to fail", Duration::from_secs(20), async || failed(&sg.log()) == failed_before + 1).await;
+    assert_eq!(fetches(&idp), before + 1);
+    assert_eq!(status_with(&sg, Some(&token("bob"))).await, 200, "a new token verifies with the keys kept");
 }

@@ -63,7 +63,9 @@ async fn a_server_killed_mid_run_costs_no_client_an_error_and_is_skipped_after_m
     }
     assert_eq!(b.hits().len(), 25);
     // One failure (max_fails) took it out; no later request went near it.
-    let log = sg.wait_for_log(|log| count(log, "server taken out after failures") > 0);
+    let log = sg.wait_for_log("the line \"server taken out after failures\"", |log| {
+        count(log, "server taken out after failures") > 0
+    });
     assert_eq!(count(&log, "server taken out after failures"), 1, "{log}");
     assert_eq!(count(&log, "attempt failed, trying another server"), 1, "{log}");
     assert!(log.contains(&format!("\"server\":\"{}\"", a.addr)), "{log}");
@@ -80,7 +82,9 @@ async fn a_servers_own_max_fails_takes_it_out_where_the_upstreams_would_not() {
     for i in 0..10 {
         assert_eq!(get(sg.addr, "/x", &[]).await.status, 200, "request {i}");
     }
-    let log = sg.wait_for_log(|log| count(log, "server taken out after failures") > 0);
+    let log = sg.wait_for_log("the line \"server taken out after failures\"", |log| {
+        count(log, "server taken out after failures") > 0
+    });
     assert_eq!(count(&log, "attempt failed, trying another server"), 1, "taken out after one failure: {log}");
     assert!(log.contains(&format!("\"server\":\"127.0.0.1:{dead}\"")), "{log}");
 }
@@ -134,7 +138,9 @@ async fn when_every_server_is_out_the_answer_is_502_at_once_with_a_line_naming_t
     // Tried on both, both taken out.
     assert_eq!(get(sg.addr, "/x", &[]).await.status, 502);
     assert_eq!(get(sg.addr, "/x", &[]).await.status, 502);
-    let log = sg.wait_for_log(|log| count(log, "all servers of the upstream are out") > 0);
+    let log = sg.wait_for_log("the line \"all servers of the upstream are out\"", |log| {
+        count(log, "all servers of the upstream are out") > 0
+    });
     let line = log.lines().find(|l| l.contains("all servers of the upstream are out")).expect("no line for all out");
     assert!(line.contains(&format!("{}, {}", dead[0], dead[1])), "{line}");
     // Only the first request tried to connect.
@@ -237,7 +243,7 @@ async fn an_https_server_with_a_private_ca_is_verified_against_ca_file() {
     // The public roots do not know the private CA: the handshake fails, 502.
     let untrusted = start(std::slice::from_ref(&server), "");
     assert_eq!(get(untrusted.addr, "/x", &[]).await.status, 502);
-    let log = untrusted.wait_for_log(|log| log.contains("upstream error"));
+    let log = untrusted.wait_for_log("the line \"upstream error\"", |log| log.contains("upstream error"));
     assert!(log.contains("certificate"), "{log}");
     // A name the certificate does not hold is refused even by the right CA.
     let wrong_name = start(
@@ -273,7 +279,9 @@ async fn a_server_failing_its_health_check_gets_no_requests_until_one_passes() {
     let check = ", max_fails: 0, retries: 0, health_check: { path: /status/204, interval: 100ms, timeout: 500ms, expect_status: [204] }";
     let sg = start(&[quoted(a.addr), quoted(b.addr)], check);
     b.kill().await;
-    let log = sg.wait_for_log(|log| log.contains("health check failed: server out"));
+    let log = sg.wait_for_log("the line \"health check failed: server out\"", |log| {
+        log.contains("health check failed: server out")
+    });
     let line = log.lines().find(|l| l.contains("health check failed: server out")).expect("no failed check");
     assert!(line.contains(&b.addr.to_string()), "{line}");
     for _ in 0..10 {
@@ -284,9 +292,15 @@ async fn a_server_failing_its_health_check_gets_no_requests_until_one_passes() {
 
     // A status not expected fails the check too: with every server out, 502 at once.
     let sg = start(&[quoted(a.addr)], ", health_check: { path: /status/503, interval: 100ms }");
-    sg.wait_for_log(|log| log.contains("health check failed: server out"));
+    sg.wait_for_log("the line \"health check failed: server out\"", |log| {
+        log.contains("health check failed: server out")
+    });
     assert_eq!(get(sg.addr, "/x", &[]).await.status, 502);
-    assert!(sg.wait_for_log(|log| log.contains("all servers of the upstream are out")).contains("all servers"));
+    assert!(
+        sg.wait_for_log("the line \"all servers of the upstream are out\"", |log| log
+            .contains("all servers of the upstream are out"))
+            .contains("all servers")
+    );
 }
 
 /// The value of the series `name{upstream="UPSTREAM"}` in `metrics`, if it is there.
@@ -331,7 +345,9 @@ async fn a_host_name_that_does_not_resolve_has_no_server_and_is_looked_up_again_
     let started = Instant::now();
     assert_eq!(get(sg.addr, "/gone", &[]).await.status, 502);
     assert!(started.elapsed() < Duration::from_millis(500), "{:?}", started.elapsed());
-    let log = sg.wait_for_log(|log| log.contains("all servers of the upstream are out"));
+    let log = sg.wait_for_log("the line \"all servers of the upstream are out\"", |log| {
+        log.contains("all servers of the upstream are out")
+    });
     assert!(log.contains("nowhere.invalid:80 (no address)"), "{log}");
     let m = Metrics::of(&sg).await;
     assert_eq!(series(&m, "sluicegate_upstream_addresses", "app"), Some(1.0), "{}", m.0);
@@ -475,7 +491,7 @@ async fn a_server_at_max_conns_queues_the_next_request_until_one_ends_and_a_queu
     let refused = get(sg.addr, "/x", &[]).await;
     assert_eq!(refused.status, 503, "{}", refused.text());
     assert_eq!(backend.hits().len(), 1, "the refused request never reached the server");
-    assert!(sg.wait_for_log(|l| l.contains("max_conns (1)")).contains("waited 300ms"));
+    assert!(sg.wait_for_log("the line \"max_conns (1)\"", |l| l.contains("max_conns (1)")).contains("waited 300ms"));
     // One that waits gets the room when the held request ends.
     let queued = tokio::spawn(get(sg.addr, "/y", &[]));
     wait_until("the next request to queue", Duration::from_secs(5), async || {

@@ -20,7 +20,7 @@ async fn a_redis_cluster_decides_global_limits() {
         )
         .answering("per_key, per_ip")
         .start();
-    sg.wait_for_log(|l| l.contains("connected to Redis Cluster"));
+    sg.wait_for_log("the line \"connected to Redis Cluster\"", |l| l.contains("connected to Redis Cluster"));
     let mut statuses = Vec::new();
     for _ in 0..8 {
         statuses.push(get(sg.addr, "/", &[("x-key", "k0")]).await.status);

@@ -32,25 +32,36 @@ routes:
     assert_eq!(get(sg.addr, "/open", &[]).await.status, 200);
     assert_eq!(redis.command(&["DBSIZE"]), "1", "the global limit is decided in Redis");
     // Four clients keep requesting while Redis dies.
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+    let stop = Arc::new(AtomicBool::new(false));
+    let (answered, denied) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)));
     let load: Vec<_> = (0..4)
         .map(|n| {
             let (addr, stop) = (sg.addr, Arc::clone(&stop));
+            let (answered, denied) = (Arc::clone(&answered), Arc::clone(&denied));
             tokio::spawn(async move {
                 let path = if n % 2 == 0 { "/open" } else { "/closed" };
                 let mut seen = Vec::new();
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                while !stop.load(Relaxed) {
                     let (status, _, took) = get_within(addr, path, Duration::from_secs(5)).await;
                     seen.push((path, status, took));
+                    answered.fetch_add(1, Relaxed);
+                    denied.fetch_or(status == 503, Relaxed);
                 }
                 seen
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    wait_until("the load under way", Duration::from_secs(10), async || answered.load(Relaxed) >= 8).await;
     redis.kill();
-    tokio::time::sleep(Duration::from_millis(800)).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let at_kill = answered.load(Relaxed);
+    // ...and until the failures have opened the circuit breaker (which the load's calls
+    // to the dead Redis do, some timeouts in).
+    wait_until("requests decided without Redis, the breaker open", Duration::from_secs(20), async || {
+        answered.load(Relaxed) >= at_kill + 40 && denied.load(Relaxed) && sg.log().contains("circuit breaker open")
+    })
+    .await;
+    stop.store(true, Relaxed);
     let mut seen = Vec::new();
     for task in load {
         seen.extend(task.await.unwrap());
@@ -79,7 +90,7 @@ routes:
     // instances; it never heard of the key from Redis.
     let twin = &statuses["/twin"];
     assert_eq!(twin.iter().filter(|&&s| s == 200).count(), 3, "{twin:?}");
-    let log = sg.wait_for_log(|l| l.contains("circuit breaker open"));
+    let log = sg.wait_for_log("the line \"circuit breaker open\"", |l| l.contains("circuit breaker open"));
     assert!(log.contains("circuit breaker open"), "{log}");
     let reports = log.matches("global limits without Redis").count();
     let fallbacks = seen.len() + 30;
@@ -92,7 +103,10 @@ routes:
     })
     .await;
     assert_eq!(get(sg.addr, "/closed", &[]).await.status, 200);
-    assert!(sg.wait_for_log(|l| l.contains("Redis answers again")).contains("Redis answers again"));
+    assert!(
+        sg.wait_for_log("the line \"Redis answers again\"", |l| l.contains("Redis answers again"))
+            .contains("Redis answers again")
+    );
 }
 
 /// When Redis goes, a key's local twin goes on from the units Redis last said were
@@ -356,7 +370,9 @@ async fn a_redis_outage_under_deny_is_its_own_outcome_everywhere() {
     let ready = get(admin, "/readyz", &[]).await;
     assert_eq!(ready.status, 503, "{}", ready.text());
     assert!(ready.text().contains("by_key refuse with 503 (on_store_error: deny)"), "{}", ready.text());
-    let log = sg.wait_for_log(|l| l.contains("request refused: Redis could not decide"));
+    let log = sg.wait_for_log("the line \"request refused: Redis could not decide\"", |l| {
+        l.contains("request refused: Redis could not decide")
+    });
     let line =
         log.lines().find(|l| l.contains("request refused: Redis could not decide")).unwrap_or_else(|| panic!("{log}"));
     assert!(

@@ -35,7 +35,7 @@ async fn the_master_is_found_through_the_sentinels_and_again_after_a_failover_un
 redis: {{ sentinel: {{ master: main, nodes: [\"127.0.0.1:{}\"], check_interval: 10s }}, timeout: 200ms,
          breaker_cooldown: 100ms }}
 limits:
-  quota: {{ key: \"header:x-k\", algorithm: fixed_window, limit: 3, window: 1h, scope: global, on_store_error: deny }}
+  quota: {{ key: \"header:x-k\", rate: 1r/h, burst: 2, nodelay: true, scope: global, on_store_error: deny }}
 routes:
   - respond: {{ status: 200 }}
     limits: [quota]
@@ -140,4 +140,56 @@ async fn passwords_go_to_the_master_and_to_the_sentinels() {
         })
         .await;
     }
+}
+
+/// With two sentinels, the first killed: the master is found through the second at start,
+/// within `check_interval`, and followed through a failover the second makes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_first_of_two_sentinels_killed_the_master_is_found_through_the_second() {
+    let master = Redis::start();
+    let replica = Redis::start();
+    replica.command(&["REPLICAOF", "127.0.0.1", &master.port.to_string()]);
+    let mut first = Redis::start_sentinel("main", &master);
+    let second = Redis::start_sentinel("main", &master);
+    first.kill();
+    let sg = Conf::new()
+        .set(&format!(
+            "redis: {{ sentinel: {{ master: main, nodes: [\"127.0.0.1:{}\", \"127.0.0.1:{}\"], check_interval: 10s }}, \
+             timeout: 500ms, breaker_cooldown: 100ms }}",
+            first.port, second.port
+        ))
+        .limit("quota", "key: \"header:x-k\", rate: 1r/h, burst: 1, nodelay: true, scope: global, on_store_error: deny")
+        .answering("quota")
+        .start();
+    let ask = async |key: &str| get(sg.addr, "/", &[("x-k", key)]).await.status;
+    // Asked at start, the first sentinel refuses the connection and the second answers:
+    // found within check_interval, not after it (a second question would be as late).
+    let keys = std::sync::atomic::AtomicU32::new(0);
+    wait_until("a decision in the master", Duration::from_secs(10), async || {
+        ask(&format!("warm{}", keys.fetch_add(1, Ordering::Relaxed))).await == 200
+    })
+    .await;
+    assert_eq!([ask("a").await, ask("a").await, ask("a").await], [200, 200, 429], "decided in the master");
+    assert_ne!(master.command(&["DBSIZE"]), "0");
+
+    // The second fails the master over to the replica it knows: followed as well.
+    block_until("the second sentinel to know the replica", Duration::from_secs(30), || {
+        let known = second.command(&["SENTINEL", "replicas", "main"]);
+        let fields: Vec<&str> = known.lines().collect();
+        let field = |name: &str| fields.windows(2).find(|w| w[0] == name).map(|w| w[1]);
+        field("port") == Some(&replica.port.to_string()) && field("master-link-status") == Some("ok")
+    });
+    assert_eq!(master.command(&["WAIT", "1", "5000"]), "1", "the replica has the counts");
+    assert_eq!(second.command(&["SENTINEL", "FAILOVER", "main"]), "OK");
+    let promoted = format!("127.0.0.1:{}", replica.port);
+    block_until("the second sentinel to name the replica", Duration::from_secs(30), || {
+        named_master(&second, "main") == promoted
+    });
+    wait_until("decisions in the new master", Duration::from_secs(10), async || {
+        let before = replica.command(&["DBSIZE"]);
+        ask(&format!("fresh{}", keys.fetch_add(1, Ordering::Relaxed))).await == 200
+            && replica.command(&["DBSIZE"]) != before
+    })
+    .await;
+    assert_eq!(ask("a").await, 429, "the count made before the failover decides");
 }
