@@ -88,7 +88,7 @@ FILE:8:19: upstreams.app.fail_timeout: must be longer than zero (turn passive he
 FILE:10:52: limits.per_ip.delay: must not exceed burst (2); use `nodelay: true` for no delay
 FILE:12:33: routes[0].match.hots: unknown field `hots`; did you mean `host`?
 FILE:15:37: routes[0].rewrite.keep: unknown field `keep`; expected `prefix` or `to`
-FILE:16:5: routes[0].colour: unknown field `colour`; the 18 fields of `routes[i]` are listed in README's configuration reference
+FILE:16:5: routes[0].colour: unknown field `colour`; the 18 fields of `routes[i]` are listed in docs/configuration.md
 FILE: configuration is invalid
 "
     );
@@ -709,7 +709,7 @@ fn long_values_in_errors_are_cut_short() {
     let cut = format!("{}…", "k".repeat(60));
     assert!(
         stderr.starts_with(&format!(
-            "FILE:3:29: limits.a.{cut}: unknown field `{cut}`; the 36 fields of `limits.NAME` are listed in README's configuration reference\n"
+            "FILE:3:29: limits.a.{cut}: unknown field `{cut}`; the 36 fields of `limits.NAME` are listed in docs/configuration.md\n"
         )),
         "{stderr}"
     );
