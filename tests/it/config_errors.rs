@@ -1033,9 +1033,10 @@ fn without_c_the_default_configuration_is_named() {
 }
 
 /// Each subcommand's `--help` lists only the options it takes, `simulate`'s shows what it
-/// requires, and README's command summary names every option of every subcommand.
+/// requires, and the command summary (docs/command-line.md) names every option of every
+/// subcommand.
 #[test]
-fn each_subcommand_has_its_own_options_and_readme_lists_them() {
+fn each_subcommand_has_its_own_options_and_the_command_line_page_lists_them() {
     let help = |command: &str| {
         let out = binary().args([command, "--help"]).output().unwrap();
         assert!(out.status.success(), "{command}");
@@ -1049,11 +1050,11 @@ fn each_subcommand_has_its_own_options_and_readme_lists_them() {
         simulate.contains("Usage: sluicegate simulate [OPTIONS] --config <FILE> <LOG|--synthetic <SPEC>>"),
         "{simulate}"
     );
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let summary = readme.split("## Command line").nth(1).unwrap().split("\n## ").next().unwrap();
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/command-line.md")).unwrap();
+    let summary = page.split("## Synopsis").nth(1).unwrap().split("\n## ").next().unwrap();
     for command in ["run", "check", "reload", "simulate", "import", "verify"] {
-        // An option line: `  -c, --config <FILE>  …` or `      --json  …`; README may
-        // write the short form.
+        // An option line: `  -c, --config <FILE>  …` or `      --json  …`; the summary
+        // may write the short form.
         for line in help(command).lines().map(str::trim_start).filter(|l| l.starts_with('-')) {
             let words: Vec<&str> = line.split_whitespace().map(|w| w.trim_end_matches(',')).collect();
             let long = words.iter().find(|w| w.starts_with("--")).copied().unwrap_or_default();
@@ -1062,7 +1063,7 @@ fn each_subcommand_has_its_own_options_and_readme_lists_them() {
                 continue;
             }
             let named = summary.contains(long) || short.is_some_and(|s| summary.contains(&s));
-            assert!(named, "README's command line lacks {command} {long}");
+            assert!(named, "docs/command-line.md's synopsis lacks {command} {long}");
         }
     }
 }
