@@ -927,7 +927,7 @@ fn a_response_body_rate_needs_a_positive_size_per_second() {
     assert!(ok, "{stderr}");
 }
 
-/// Each rule README states for a limit's fields and a route's list of limits, with its
+/// Each rule docs/limits.md states for a limit's fields and a route's list of limits, with its
 /// message and position, all reported by one `check`.
 #[test]
 fn each_limit_rule_names_its_field_and_position() {
