@@ -349,7 +349,11 @@ async fn with_an_audience_a_token_without_aud_is_refused() {
     let no_iss = hs(json!({"sub": "alice", "exp": exp, "aud": "sluicegate-probe"}), SECRET);
     assert_eq!(status_with(&sg, Some(&no_iss)).await, 401, "iss is required with issuer");
     assert_eq!(status_with(&sg, Some(&token(json!({"aud": "sluicegate-probe"})))).await, 200);
-    assert_eq!(status_with(&sg, Some(&token(json!({"aud": ["x", "sluicegate-probe"]})))).await, 429, "alice, counted once");
+    assert_eq!(
+        status_with(&sg, Some(&token(json!({"aud": ["x", "sluicegate-probe"]})))).await,
+        429,
+        "alice, counted once"
+    );
     let m = Metrics::of(&sg).await;
     assert_eq!(m.value("sluicegate_invalid_tokens_total{reason=\"missing_claim\"}"), 3.0);
 }
