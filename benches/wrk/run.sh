@@ -19,7 +19,7 @@
 # repetitions of: req/s; req/s over the backend-direct run of the same repetition; req/s
 # over nginx's run of the same case and repetition; p99; and the proxy's CPU time per
 # request (utime+stime from /proc/PID/stat, children included), also over nginx's. It
-# ends with a markdown table ready for README.md. Cases (CASES, space-separated, default
+# ends with a markdown table ready for docs/performance.md. Cases (CASES, space-separated, default
 # all five; global only where redis-server is installed):
 #   forwarded    a limit that never rejects (sluicegate limit, nginx limit_req)
 #   rejected     a limit that rejects every request with 429

@@ -73,8 +73,8 @@ fn items(schema: Option<&'static Value>) -> Option<&'static Value> {
     found.into_iter().find_map(|array| array.get("items"))
 }
 
-/// A node's place: its field path (`routes[1].match`), and the same path as README's
-/// configuration reference writes it (`routes[i].match`, `limits.NAME`).
+/// A node's place: its field path (`routes[1].match`), and the same path as the
+/// configuration reference (docs/configuration.md) writes it (`routes[i].match`, `limits.NAME`).
 #[derive(Clone, Default)]
 struct Place {
     path: String,
@@ -231,7 +231,7 @@ pub(super) fn check(src: &str, file: &str) -> FieldReport {
 }
 
 /// The message for an unknown field `name` of a mapping that can be `objects`, found at
-/// `reference` in README's terms; and the field it was taken for, if any.
+/// `reference` in docs/configuration.md's terms; and the field it was taken for, if any.
 fn unknown(name: &str, objects: &[&'static Value], reference: &str) -> (String, Option<&'static str>) {
     let mut known: Vec<&'static str> = objects
         .iter()
@@ -243,12 +243,11 @@ fn unknown(name: &str, objects: &[&'static Value], reference: &str) -> (String, 
     let message = match closest(name, known.iter().copied()) {
         Some(meant) => return (format!("unknown field `{name}`; did you mean `{meant}`?"), Some(meant)),
         None if known.len() <= LISTED => format!("unknown field `{name}`; expected {}", one_of(&known)),
-        None if reference.is_empty() => format!(
-            "unknown field `{name}`; the {} top-level fields are listed in README's configuration reference",
-            known.len()
-        ),
+        None if reference.is_empty() => {
+            format!("unknown field `{name}`; the {} top-level fields are listed in docs/configuration.md", known.len())
+        }
         None => format!(
-            "unknown field `{name}`; the {} fields of `{reference}` are listed in README's configuration reference",
+            "unknown field `{name}`; the {} fields of `{reference}` are listed in docs/configuration.md",
             known.len()
         ),
     };
@@ -276,7 +275,7 @@ mod tests {
                 "F:5:29: upstreams.a.servers[0].wieght: unknown field `wieght`; did you mean `weight`?",
                 "F:6:30: upstreams.a.health_check.intervall: unknown field `intervall`; did you mean `interval`?",
                 "F:8:14: routes[0].match.hots: unknown field `hots`; did you mean `host`?",
-                "F:9:5: routes[0].colour: unknown field `colour`; the 18 fields of `routes[i]` are listed in README's configuration reference",
+                "F:9:5: routes[0].colour: unknown field `colour`; the 18 fields of `routes[i]` are listed in docs/configuration.md",
             ]
         );
         assert!(missing.is_empty(), "{missing:?}");
@@ -289,9 +288,7 @@ mod tests {
         let (errors, _) = found("listen: 127.0.0.1:1\nwhatever: 1\n");
         assert_eq!(
             errors,
-            [
-                "F:2:1: whatever: unknown field `whatever`; the 19 top-level fields are listed in README's configuration reference"
-            ]
+            ["F:2:1: whatever: unknown field `whatever`; the 19 top-level fields are listed in docs/configuration.md"]
         );
     }
 

@@ -44,7 +44,7 @@ impl ProxyError {
 }
 
 impl ProxyError {
-    /// The gRPC status a gRPC call gets for it (a table in README's *gRPC*): the status's,
+    /// The gRPC status a gRPC call gets for it (a table in docs/protocols.md, *gRPC*): the status's,
     /// but that an upstream that did not answer before the client's own deadline is
     /// `DEADLINE_EXCEEDED`, and a body over the route's limit `RESOURCE_EXHAUSTED`.
     pub fn grpc_code(&self) -> Code {

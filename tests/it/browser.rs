@@ -222,7 +222,7 @@ async fn the_page_logs_no_error_and_fetches_nothing_from_another_origin() {
     browser.close().await;
 }
 
-/// Not a check: makes `docs/dashboard.png`, README's picture of the page, from a minute
+/// Not a check: makes `docs/dashboard.png`, docs/operations.md's picture of the page, from a minute
 /// and a half of scripted traffic (clients passing, one flooding, a ban, a dry-run
 /// limit, a slow route, a server that is down):
 /// `cargo test --release -- --ignored a_picture_of_the_dashboard_for_the_readme`.

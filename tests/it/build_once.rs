@@ -1,6 +1,6 @@
 //! `cargo test --release` after `cargo run --release` builds no dependency again: every
 //! feature the tests' dependencies turn on in a crate the binary uses is asked for in
-//! `Cargo.toml` too (README *Install*). A test dependency that turns on one more (the gRPC
+//! `Cargo.toml` too (docs/internals.md, *Building once*). A test dependency that turns on one more (the gRPC
 //! tests' tonic did) would make every crate above it build twice.
 
 use std::collections::BTreeMap;

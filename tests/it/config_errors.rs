@@ -88,7 +88,7 @@ FILE:8:19: upstreams.app.fail_timeout: must be longer than zero (turn passive he
 FILE:10:52: limits.per_ip.delay: must not exceed burst (2); use `nodelay: true` for no delay
 FILE:12:33: routes[0].match.hots: unknown field `hots`; did you mean `host`?
 FILE:15:37: routes[0].rewrite.keep: unknown field `keep`; expected `prefix` or `to`
-FILE:16:5: routes[0].colour: unknown field `colour`; the 18 fields of `routes[i]` are listed in README's configuration reference
+FILE:16:5: routes[0].colour: unknown field `colour`; the 18 fields of `routes[i]` are listed in docs/configuration.md
 FILE: configuration is invalid
 "
     );
@@ -709,7 +709,7 @@ fn long_values_in_errors_are_cut_short() {
     let cut = format!("{}…", "k".repeat(60));
     assert!(
         stderr.starts_with(&format!(
-            "FILE:3:29: limits.a.{cut}: unknown field `{cut}`; the 36 fields of `limits.NAME` are listed in README's configuration reference\n"
+            "FILE:3:29: limits.a.{cut}: unknown field `{cut}`; the 36 fields of `limits.NAME` are listed in docs/configuration.md\n"
         )),
         "{stderr}"
     );
@@ -927,7 +927,7 @@ fn a_response_body_rate_needs_a_positive_size_per_second() {
     assert!(ok, "{stderr}");
 }
 
-/// Each rule README states for a limit's fields and a route's list of limits, with its
+/// Each rule docs/limits.md states for a limit's fields and a route's list of limits, with its
 /// message and position, all reported by one `check`.
 #[test]
 fn each_limit_rule_names_its_field_and_position() {
@@ -1033,9 +1033,10 @@ fn without_c_the_default_configuration_is_named() {
 }
 
 /// Each subcommand's `--help` lists only the options it takes, `simulate`'s shows what it
-/// requires, and README's command summary names every option of every subcommand.
+/// requires, and the command summary (docs/command-line.md) names every option of every
+/// subcommand.
 #[test]
-fn each_subcommand_has_its_own_options_and_readme_lists_them() {
+fn each_subcommand_has_its_own_options_and_the_command_line_page_lists_them() {
     let help = |command: &str| {
         let out = binary().args([command, "--help"]).output().unwrap();
         assert!(out.status.success(), "{command}");
@@ -1049,11 +1050,11 @@ fn each_subcommand_has_its_own_options_and_readme_lists_them() {
         simulate.contains("Usage: sluicegate simulate [OPTIONS] --config <FILE> <LOG|--synthetic <SPEC>>"),
         "{simulate}"
     );
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let summary = readme.split("## Command line").nth(1).unwrap().split("\n## ").next().unwrap();
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/command-line.md")).unwrap();
+    let summary = page.split("## Synopsis").nth(1).unwrap().split("\n## ").next().unwrap();
     for command in ["run", "check", "reload", "simulate", "import", "verify"] {
-        // An option line: `  -c, --config <FILE>  …` or `      --json  …`; README may
-        // write the short form.
+        // An option line: `  -c, --config <FILE>  …` or `      --json  …`; the summary
+        // may write the short form.
         for line in help(command).lines().map(str::trim_start).filter(|l| l.starts_with('-')) {
             let words: Vec<&str> = line.split_whitespace().map(|w| w.trim_end_matches(',')).collect();
             let long = words.iter().find(|w| w.starts_with("--")).copied().unwrap_or_default();
@@ -1062,7 +1063,7 @@ fn each_subcommand_has_its_own_options_and_readme_lists_them() {
                 continue;
             }
             let named = summary.contains(long) || short.is_some_and(|s| summary.contains(&s));
-            assert!(named, "README's command line lacks {command} {long}");
+            assert!(named, "docs/command-line.md's synopsis lacks {command} {long}");
         }
     }
 }

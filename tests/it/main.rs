@@ -18,6 +18,7 @@ mod config_fuzz;
 mod conformance;
 mod connections;
 mod dashboard;
+mod docs;
 mod engine;
 mod eviction;
 mod explain;

@@ -1,4 +1,4 @@
-//! Promises README makes that no other test held the binary to: the metrics no test
+//! Promises README and docs/ make that no other test held the binary to: the metrics no test
 //! read (delays, Redis failures, the breaker, the near-cache, upstream errors by kind),
 //! the admin API's refusals and `POST /reload`, ban escalation up to `ban_max`,
 //! `ratelimit_headers`, a `count:` admission whose client left, and the access log's
@@ -29,7 +29,7 @@ fn decisions(m: &Metrics, limit: &str, outcome: &str) -> f64 {
     m.value(&format!("sluicegate_limit_decisions_total{{limit=\"{limit}\",outcome=\"{outcome}\"}}"))
 }
 
-/// README, *Observing it*: `sluicegate_limit_delay_seconds` is a histogram of "delays a
+/// docs/operations.md, *Observing it*: `sluicegate_limit_delay_seconds` is a histogram of "delays a
 /// limit asked for, one per delayed request"; `sluicegate_requests_total` has the outcome
 /// `delayed` and `sluicegate_limit_decisions_total` counts a limit's delays.
 #[tokio::test]
@@ -62,7 +62,7 @@ async fn a_delayed_request_is_counted_as_delayed_and_its_delay_observed() {
     assert_eq!((bucket("0.001"), bucket("+Inf")), (0.0, 1.0));
 }
 
-/// README, *Observing it*: `sluicegate_redis_errors_total` counts global decisions whose
+/// docs/operations.md, *Observing it*: `sluicegate_redis_errors_total` counts global decisions whose
 /// Redis call failed, `sluicegate_redis_fallbacks_total{kind}` those `on_store_error`
 /// made (`allow`, `deny`, `local`), `sluicegate_redis_breaker_open` is 1 while the
 /// breaker skips Redis and `sluicegate_redis_skipped_total` counts what it skipped;
@@ -136,7 +136,7 @@ routes:
     assert_eq!(get(sg.addr, "/deny", &[]).await.status, 200, "decided by Redis again");
 }
 
-/// README, *Global limits*: once Redis refused a one-unit request for a key, this
+/// docs/global-limits.md: once Redis refused a one-unit request for a key, this
 /// instance refuses further one-unit requests for it itself, without a round trip, with
 /// the `Retry-After` counted down; `sluicegate_near_cache_hits_total` counts them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -172,7 +172,7 @@ routes:
     }
 }
 
-/// README, *Observing it*: `sluicegate_upstream_errors_total{kind}` counts `timeout`
+/// docs/operations.md, *Observing it*: `sluicegate_upstream_errors_total{kind}` counts `timeout`
 /// (no response headers within the upstream's `timeout`: `504`) and `failed` (the
 /// connection closed before a response: `502`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -209,7 +209,7 @@ routes:
     assert_eq!((errors(&m, "timeout"), errors(&m, "failed"), errors(&m, "connect")), (1.0, 1.0, 0.0));
 }
 
-/// README, *Observing it*: "Global limits keep their state in Redis: the key API answers
+/// docs/operations.md, *Observing it*: "Global limits keep their state in Redis: the key API answers
 /// `409` for them", and `DELETE /bans/NAME/HASH` answers `204` when it lifts a ban,
 /// `404` if there is none.
 #[tokio::test]
@@ -252,7 +252,7 @@ routes:
     assert_eq!(admin_call(admin, http::Method::DELETE, "/bans/nothing/0123456789abcdef").await.status, 404);
 }
 
-/// README, *Observing it*: `POST /reload` answers `202` and reloads the configuration
+/// docs/operations.md, *Observing it*: `POST /reload` answers `202` and reloads the configuration
 /// file as SIGHUP does; *Reloading*: new requests then use the new configuration, and a
 /// file that is invalid changes nothing (`sluicegate_reloads_total` counts both).
 #[tokio::test]
@@ -287,7 +287,7 @@ async fn post_reload_reloads_the_file() {
     assert_eq!(m.value("sluicegate_reloads_total{result=\"failed\"}"), 1.0);
 }
 
-/// README, *Bans*: "With `ban_max`, a key banned again within `ban_max` of its previous
+/// docs/limits.md, *Bans*: "With `ban_max`, a key banned again within `ban_max` of its previous
 /// ban's end gets twice that ban, up to `ban_max`", and a banned key's `Retry-After` is
 /// the time left. A ban of 1 s, 2 s, then 3 s (4 s capped at `ban_max`).
 #[tokio::test]
@@ -325,7 +325,7 @@ async fn a_key_banned_again_gets_twice_the_ban_up_to_ban_max() {
     assert_eq!((requests(&m, "login", "banned"), requests(&m, "login", "rejected")), (3.0, 3.0));
 }
 
-/// README, configuration reference: `ratelimit_headers` says "which responses carry
+/// docs/configuration.md: `ratelimit_headers` says "which responses carry
 /// `RateLimit-Policy` / `RateLimit`": `none` puts them (and, with
 /// `ratelimit_header_style: both`, `X-RateLimit-*`) on no response; *Rejections* answer
 /// with `Retry-After` whatever the headers. `rejected` (the default) and `all` for
@@ -350,7 +350,7 @@ async fn ratelimit_headers_none_sends_none_but_keeps_retry_after() {
     }
 }
 
-/// README, *Counting only some outcomes*: with `count:`, "the request takes its quota
+/// docs/limits.md, *Counting only some outcomes*: with `count:`, "the request takes its quota
 /// when it is admitted … and gives it back once its response's status turns out not to
 /// count", and "a request whose client goes away before the response stays counted";
 /// *Global limits*: `count:` works globally too. Also, *Observing it*: the access log
@@ -422,7 +422,7 @@ async fn a_client_that_leaves_stays_counted_globally() {
     a_client_that_leaves_stays_counted(Some(&redis)).await;
 }
 
-/// README, *Observing it*: each request writes its access log line "once its response
+/// docs/operations.md, *Observing it*: each request writes its access log line "once its response
 /// has been sent (or the client went away)", with `client` "the address after
 /// `trusted_proxies`", `route` (`null`: no route) and `outcome`, what the limits made of
 /// it. The line of a request that was routed, passed its limits and was at the upstream
@@ -458,7 +458,7 @@ async fn the_line_of_a_client_that_left_names_its_client_route_and_outcome() {
     assert_eq!(left["status"], 499, "{left}");
 }
 
-/// README, *Observing it*: each access log line's `outcome` is `passed`, `delayed`,
+/// docs/operations.md, *Observing it*: each access log line's `outcome` is `passed`, `delayed`,
 /// `rejected`, `banned`, `dry_run_rejected`, or `-` (no route, `route: null`); "a reload
 /// opens the file again, so `mv access.log access.log.1 && kill -HUP PID` rotates it".
 #[tokio::test]

@@ -98,7 +98,7 @@ upstreams:
     assert!(!stderr.contains("can never match"), "a route in error shadows none:\n{stderr}");
 }
 
-/// README: a plain file of 100,000 routes is accepted, checked and served; the last
+/// docs/routing.md: a plain file of 100,000 routes is accepted, checked and served; the last
 /// route and a path no route matches are found at once.
 #[tokio::test]
 async fn a_hundred_thousand_routes_are_accepted_and_served() {

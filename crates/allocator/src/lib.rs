@@ -8,7 +8,7 @@
 //! right alignment; every other request (a request's 3 KB state, or any size whose free
 //! list is momentarily empty) over-allocates by the alignment and lands one size class
 //! up, so the next request of that size misses its own class again. Measured on the
-//! forwarded and rejected paths (README *Performance*): about 300 fewer instructions a
+//! forwarded and rejected paths (docs/performance.md): about 300 fewer instructions a
 //! request, and a request in progress 500 bytes smaller.
 //!
 //! Why asking by size is enough: every mimalloc block starts on a machine word (its

@@ -199,7 +199,7 @@ pub fn refusal(
     })
 }
 
-/// `response`, made here, as the answer to a gRPC call (README's *gRPC*): HTTP 200,
+/// `response`, made here, as the answer to a gRPC call (docs/protocols.md, *gRPC*): HTTP 200,
 /// `content-type: application/grpc`, no body, its status as a trailers-only response
 /// (`grpc-status` `code`, `grpc-message` the text it would have had), so that a gRPC
 /// client reads `code` rather than its own mapping of an HTTP status (a 429 is

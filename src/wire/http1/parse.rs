@@ -478,7 +478,7 @@ mod tests {
             "GET h:80 HTTP/1.1",
             "GET * HTTP/1.1",
             "GET ?q=1 HTTP/1.1",
-            // Decided: refused (README, *HTTP/1 framing*).
+            // Decided: refused (docs/protocols.md, *HTTP/1 framing*).
             "GET http://x?q=1 HTTP/1.1",
             "GET / HTTP/1.2",
         ] {

@@ -134,7 +134,7 @@ async fn the_local_twin_starts_from_what_redis_last_said() {
 /// Redis pauses for 30 ms, then for 2 s. Each local twin starts from its share of what
 /// its instance last heard from Redis (next to nothing, for a key held at its limit),
 /// not from a full burst: the admissions stay within the budget plus the allowance
-/// README states, `rate × F` per time `F` the instances decide locally (the pause, at
+/// docs/global-limits.md states, `rate × F` per time `F` the instances decide locally (the pause, at
 /// most a breaker cooldown and two timeouts more) plus the twins' starting units.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_keep_the_budget_through_redis_pauses() {
@@ -460,7 +460,7 @@ async fn an_instance_out_of_rotation_is_ready_again_once_redis_answers() {
     }
 }
 
-/// README: once Redis answers again, requests are decided by it within one probe
+/// docs/global-limits.md: once Redis answers again, requests are decided by it within one probe
 /// interval (`breaker_cooldown`), plus a reconnection. The probe that finds Redis back
 /// reconnects and succeeds; a request that probed in its place found the connection the
 /// outage broke, failed, and kept the breaker open one more interval: Redis was seen one
