@@ -404,8 +404,8 @@ mod tests {
     /// cookie, and the host; a route `/b` without limits.
     fn keyed(settings: &str) -> Config {
         let yaml = format!(
-            "listen: 127.0.0.1:0\n{settings}\nlimits:\n  t: {{ key: \"header:x-tenant\", rate: 1r/s }}\n  \
-             b: {{ key: [ip, bearer, \"cookie:sid\"], rate: 1r/s }}\n  h: {{ key: [host, \"header:x-tenant\"], rate: 1r/s }}\n\
+            "listen: 127.0.0.1:0\n{settings}\nlimits:\n  t: {{ key: \"header:x-tenant\", on_missing_key: skip, rate: 1r/s }}\n  \
+             b: {{ key: [ip, bearer, \"cookie:sid\"], rate: 1r/s }}\n  h: {{ key: [host, \"header:x-tenant\"], on_missing_key: skip, rate: 1r/s }}\n\
              routes:\n  - {{ match: {{ path_prefix: /a }}, limits: [t, b, h], respond: {{ status: 200 }} }}\n  \
              - {{ match: {{ path_prefix: /b }}, respond: {{ status: 200 }} }}\n"
         );

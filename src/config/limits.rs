@@ -48,14 +48,16 @@ pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeM
     if raw.on_invalid_token.is_some() && !key.0.iter().any(|p| matches!(p, KeyPart::Jwt(_))) {
         e.add(format!("{at}.on_invalid_token"), "applies to a limit keyed on a token's claims (`jwt:CLAIM`) only");
     }
+    // A client escapes a limit by leaving its key out unless the file says what such a
+    // request meets: refused here rather than defaulted, so no limit is off unawares.
     if raw.on_missing_key.is_none() && key.may_be_missing() && !key.0.is_empty() {
         let parts: Vec<String> = key.0.iter().map(ToString::to_string).collect();
-        e.warn(
+        e.add(
             format!("{at}.key"),
             format!(
-                "a request without {} is not counted by this limit; say so with `on_missing_key: skip`, or count such \
-                 requests under one key (`shared`) or refuse them (`refuse`)",
-                parts.join(" nor ")
+                "a client can leave out {}: say what such a request meets, `on_missing_key: refuse` (400), \
+                 `shared` (counted under one key) or `skip` (not counted, as nginx does)",
+                parts.join(" and ")
             ),
         );
     }

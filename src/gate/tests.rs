@@ -644,10 +644,10 @@ fn a_preview_decides_as_check_does_and_changes_nothing() {
 #[test]
 fn the_limits_missing_a_key_are_those_that_decide_the_request_and_count_it_as_missing() {
     let l = limiters(
-        "  by_key: { key: \"header:x-key\", rate: 1r/m, overrides: [ { match: { cidrs: [10.0.0.0/8] }, use: by_user } ] }\n  \
-         by_user: { key: \"header:x-user\", rate: 1r/m }\n  \
+        "  by_key: { key: \"header:x-key\", on_missing_key: skip, rate: 1r/m, overrides: [ { match: { cidrs: [10.0.0.0/8] }, use: by_user } ] }\n  \
+         by_user: { key: \"header:x-user\", on_missing_key: skip, rate: 1r/m }\n  \
          by_ip: { key: ip, rate: 1r/m }\n  \
-         exempt: { key: \"header:x-team\", rate: 1r/m, allow: { cidrs: [192.0.2.0/24] } }\n",
+         exempt: { key: \"header:x-team\", on_missing_key: skip, rate: 1r/m, allow: { cidrs: [192.0.2.0/24] } }\n",
     );
     // Limits are numbered by name: by_ip 0, by_key 1, by_user 2, exempt 3.
     let route = plain(&[0, 1, 3]);

@@ -476,8 +476,10 @@ mod tests {
             "written for another key or windows (key: ip/32/64; windows: fixed_window every 3600000000000ns; \
              now key: ip/32/64; windows: fixed_window every 7200000000000ns)"
         );
-        let other_key =
-            limiters("  b_window: { key: \"header:x\", algorithm: fixed_window, limit: 5, window: 1h }\n", &secret);
+        let other_key = limiters(
+            "  b_window: { key: \"header:x\", on_missing_key: skip, algorithm: fixed_window, limit: 5, window: 1h }\n",
+            &secret,
+        );
         assert!(matches!(other_key.restore(LimitId::from(0), &file, T0), Err(Refusal::OtherDefinition { .. })));
         let renamed = limiters("  renamed: { key: ip, algorithm: fixed_window, limit: 5, window: 1h }\n", &secret);
         assert_eq!(renamed.restore(LimitId::from(0), &file, T0), Err(Refusal::OtherLimit("b_window".into())));

@@ -441,7 +441,7 @@ mod tests {
 
     const CONFIG: &str = "listen: 127.0.0.1:0
 limits:
-  per_key: { key: header:x-key, rate: 10r/s, nodelay: true }
+  per_key: { key: header:x-key, on_missing_key: skip, rate: 10r/s, nodelay: true }
 routes:
   - { name: api, limits: [per_key], respond: { status: 200 } }
 ";

@@ -263,7 +263,7 @@ async fn the_config_is_shown_in_its_own_words_and_a_key_lookup_says_what_it_need
         .set("admin: { listen: 127.0.0.1:0, token: s3cret-token }")
         .set("server: { idle_timeout: 90s }")
         .upstream(&backend)
-        .limit("per_user", "key: \"header:x-user\", rate: 10r/s, burst: 2, nodelay: true")
+        .limit("per_user", "key: \"header:x-user\", on_missing_key: skip, rate: 10r/s, burst: 2, nodelay: true")
         .limit("window", "key: ip, algorithm: fixed_window, limit: 5, window: 1m")
         .route("name: api, match: { path_prefix: /api, methods: [GET] }, upstream: b, limits: [per_user, window]")
         .start();

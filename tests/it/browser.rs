@@ -30,7 +30,7 @@ async fn the_page_shows_a_floods_refusals_and_the_refused_key_without_a_reload()
     let Some(browser) = Chromium::start().await else { return };
     let sg = Conf::new()
         .admin()
-        .limit("per_user", "key: \"header:x-user\", rate: 1r/m")
+        .limit("per_user", "key: \"header:x-user\", on_missing_key: skip, rate: 1r/m")
         .route("name: quiet, match: { path: /quiet }, respond: { status: 200 }")
         .route("name: api, respond: { status: 200 }, limits: [per_user]")
         .start();
@@ -78,7 +78,7 @@ async fn a_ban_lifted_from_the_page_lets_the_key_in() {
     let Some(browser) = Chromium::start().await else { return };
     let sg = Conf::new()
         .admin()
-        .limit("login", "key: \"header:x-user\", rate: 10r/s, ban: 10m")
+        .limit("login", "key: \"header:x-user\", on_missing_key: skip, rate: 10r/s, ban: 10m")
         .route("name: login, respond: { status: 200 }, limits: [login]")
         .start();
     let mallory = [("x-user", "mallory")];
@@ -181,7 +181,7 @@ async fn the_page_logs_no_error_and_fetches_nothing_from_another_origin() {
         .redis(&format!("redis://127.0.0.1:{}", closed_port()), "timeout: 50ms")
         .limit("per_ip", "key: ip, rate: 1r/m, ban: 1m")
         .limit("slots", "key: ip, concurrency: 2")
-        .limit("trial", "key: bearer, algorithm: sliding_window, limit: 1, window: 1m, dry_run: true")
+        .limit("trial", "key: bearer, on_missing_key: skip, algorithm: sliding_window, limit: 1, window: 1m, dry_run: true")
         .limit("shared", "key: ip, rate: 1000r/s, scope: global, on_store_error: local")
         .route("name: login, match: { path: /login }, respond: { status: 200 }, limits: [per_ip]")
         .route("name: gone, match: { path_prefix: /gone }, upstream: dead")
@@ -239,9 +239,9 @@ async fn a_picture_of_the_dashboard_for_the_readme() {
             backend.addr,
             closed_port()
         ))
-        .limit("per_client", "key: \"header:x-client\", rate: 20r/s, burst: 10, nodelay: true")
-        .limit("per_token", "key: bearer, algorithm: sliding_window, limit: 300, window: 1m, dry_run: true")
-        .limit("login", "key: \"header:x-user\", rate: 6r/m, burst: 2, nodelay: true, ban: 5m")
+        .limit("per_client", "key: \"header:x-client\", on_missing_key: skip, rate: 20r/s, burst: 10, nodelay: true")
+        .limit("per_token", "key: bearer, on_missing_key: skip, algorithm: sliding_window, limit: 300, window: 1m, dry_run: true")
+        .limit("login", "key: \"header:x-user\", on_missing_key: skip, rate: 6r/m, burst: 2, nodelay: true, ban: 5m")
         .route("name: login, match: { path: /login }, respond: { status: 200 }, limits: [login]")
         .route("name: reports, match: { path_prefix: /reports }, upstream: reports")
         .route("name: api, match: { path_prefix: /api }, upstream: app, limits: [per_client, per_token]")

@@ -95,7 +95,7 @@ async fn pass_delay_reject(sg: &Sluicegate) {
 
 #[tokio::test]
 async fn log_lines_name_route_limit_key_and_excess_at_the_configured_levels() {
-    let yaml = "listen: 127.0.0.1:0\nredact_keys: REDACT\nlimits:\n  l: { key: \"header:x-user\", rate: 1r/m, burst: 2, delay: 1, log_level: warn }\nroutes:\n  - name: api\n    limits: [l]\n    respond: { status: 200 }\n";
+    let yaml = "listen: 127.0.0.1:0\nredact_keys: REDACT\nlimits:\n  l: { key: \"header:x-user\", on_missing_key: skip, rate: 1r/m, burst: 2, delay: 1, log_level: warn }\nroutes:\n  - name: api\n    limits: [l]\n    respond: { status: 200 }\n";
     let plain = Sluicegate::start(&yaml.replace("REDACT", "false"));
     pass_delay_reject(&plain).await;
     let log = plain.wait_for_log("the line \"request rejected\"", |log| log.contains("request rejected"));

@@ -356,7 +356,7 @@ fn a_fixed_cost_that_can_never_fit_is_refused() {
     assert!(stderr.contains("FILE:5:11: routes[0].cost: 4 can never fit limit \"l\" (routes[0].limits[0]), which admits at most 3 at once"), "{stderr}");
     // The limits an override hands requests to decide them too.
     let yaml = format!(
-        "{BASE}  l: {{ key: bearer, rate: 10r/s, burst: 9, overrides: [{{ match: {{ tokens: [t] }}, use: small }}] }}\n  small: {{ key: bearer, rate: 1r/s }}\nroutes:\n  - cost: 4\n    limits: [l]\n    respond: {{ status: 200 }}\n"
+        "{BASE}  l: {{ key: bearer, on_missing_key: skip, rate: 10r/s, burst: 9, overrides: [{{ match: {{ tokens: [t] }}, use: small }}] }}\n  small: {{ key: bearer, on_missing_key: skip, rate: 1r/s }}\nroutes:\n  - cost: 4\n    limits: [l]\n    respond: {{ status: 200 }}\n"
     );
     let (ok, stderr) = check(&yaml);
     assert!(!ok);
@@ -514,7 +514,7 @@ jwt:
   from: \"query:token\"
   issuer: []
 limits:
-  a: { key: \"jwt:org..id\", rate: 1r/s }
+  a: { key: \"jwt:org..id\", on_missing_key: skip, rate: 1r/s }
 ";
     let (ok, stderr) = check(yaml);
     assert!(!ok);
@@ -1072,7 +1072,7 @@ fn each_subcommand_has_its_own_options_and_the_command_line_page_lists_them() {
 fn access_log_keys_are_json_lines_with_credentials_digested_by_a_secret_of_the_operators() {
     let yaml = |log_keys: &str, access_log: &str| {
         format!(
-            "listen: 127.0.0.1:0\n{log_keys}access_log: {access_log}\nlimits:\n  per_tenant: {{ key: \"header:x-tenant\", rate: 1r/s }}\n  per_token: {{ key: [ip, bearer], rate: 1r/s }}\nroutes:\n  - {{ limits: [per_tenant, per_token], respond: {{ status: 200 }} }}\n"
+            "listen: 127.0.0.1:0\n{log_keys}access_log: {access_log}\nlimits:\n  per_tenant: {{ key: \"header:x-tenant\", on_missing_key: skip, rate: 1r/s }}\n  per_token: {{ key: [ip, bearer], rate: 1r/s }}\nroutes:\n  - {{ limits: [per_tenant, per_token], respond: {{ status: 200 }} }}\n"
         )
     };
     let (ok, stderr) = check(&yaml("", "{ keys: true }"));

@@ -81,7 +81,7 @@ fn recorded(dir: &str) -> Vec<Scenario> {
 /// The sluicegate equivalent of the scenario's `limit_req` line.
 pub fn policy_yaml(s: &Scenario) -> String {
     let l = s.limit.as_ref().expect("a scenario of one limit_req line");
-    let mut limit = format!("key: \"header:x-key\", rate: {}", l.rate);
+    let mut limit = format!("key: \"header:x-key\", on_missing_key: skip, rate: {}", l.rate);
     if l.burst > 0 {
         limit += &format!(", burst: {}", l.burst);
     }

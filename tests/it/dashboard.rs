@@ -31,8 +31,8 @@ fn sum(series: &serde_json::Value) -> u64 {
 async fn a_flood_shows_its_refusals_its_keys_and_its_ban() {
     let sg = Conf::new()
         .admin()
-        .limit("per_token", "key: bearer, rate: 1r/m, burst: 2, nodelay: true")
-        .limit("per_user", "key: \"header:x-user\", rate: 1r/m, ban: 10m")
+        .limit("per_token", "key: bearer, on_missing_key: skip, rate: 1r/m, burst: 2, nodelay: true")
+        .limit("per_user", "key: \"header:x-user\", on_missing_key: skip, rate: 1r/m, ban: 10m")
         .route("name: api, match: { path_prefix: /api }, respond: { status: 200 }, limits: [per_token]")
         .route("name: login, respond: { status: 200 }, limits: [per_user]")
         .start();

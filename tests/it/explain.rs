@@ -40,7 +40,7 @@ const CONFIG: &str = r#"listen: 127.0.0.1:0
 ratelimit_headers: all
 limits:
   per_ip: { key: ip, rate: 10r/s, burst: 5 }
-  per_key: { key: "header:x-api-key", rate: 100r/s, burst: 100 }
+  per_key: { key: "header:x-api-key", on_missing_key: skip, rate: 100r/s, burst: 100 }
   pair: { key: [ip, "header:x-tenant"], rate: 100r/s, burst: 100 }
   login: { key: ip, rate: 1r/m, ban: 10m }
   heavy: { key: ip, rate: 1r/s, burst: 5, nodelay: true }
@@ -224,7 +224,7 @@ async fn post_explain(admin: std::net::SocketAddr, body: &str) -> Reply {
 const LIVE: &str = r#"listen: 127.0.0.1:0
 admin: { listen: 127.0.0.1:0, token: s3cret }
 limits:
-  once: { key: "header:x-user", rate: 1r/h }
+  once: { key: "header:x-user", on_missing_key: skip, rate: 1r/h }
   login: { key: ip, rate: 1r/h, ban: 10m }
 routes:
   - { match: { path: /login }, respond: { status: 200 }, limits: [login] }
@@ -479,7 +479,7 @@ async fn post_explain_of_a_global_limit_sends_redis_nothing() {
     let sg = Conf::new()
         .set("admin: { listen: 127.0.0.1:0, token: s3cret }")
         .redis(&redis.url(), "timeout: 1s")
-        .limit("shared", "key: \"header:x-user\", rate: 1r/m, scope: global")
+        .limit("shared", "key: \"header:x-user\", on_missing_key: skip, rate: 1r/m, scope: global")
         .answering("shared")
         .start();
     let admin = sg.admin_addr();

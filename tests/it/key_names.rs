@@ -15,7 +15,7 @@ admin: {{ listen: 127.0.0.1:0 }}
 keys_secret: "0123456789abcdef-0123"
 access_log: {{ format: json, path: "{}", keys: true }}
 limits:
-  per_key: {{ key: "header:x-api-key", rate: 1r/m, ban: 10m }}
+  per_key: {{ key: "header:x-api-key", on_missing_key: skip, rate: 1r/m, ban: 10m }}
 routes:
   - {{ name: api, respond: {{ status: 200 }}, limits: [per_key] }}
 "#,

@@ -16,8 +16,8 @@ listen: 127.0.0.1:0
 upstreams:
   b: {{ servers: ["{}"] }}
 limits:
-  per_key: {{ key: "header:x-api-key", rate: 100r/s }}
-  per_user: {{ key: [bearer, "query:user", "cookie:sid"], rate: 100r/s }}
+  per_key: {{ key: "header:x-api-key", on_missing_key: skip, rate: 100r/s }}
+  per_user: {{ key: [bearer, "query:user", "cookie:sid"], on_missing_key: skip, rate: 100r/s }}
 routes:
   - {{ match: {{ path_prefix: /open }}, upstream: b }}
   - {{ upstream: b, limits: [per_key, per_user] }}
@@ -65,8 +65,10 @@ routes:
 /// A limit on trial (`dry_run`) never refuses: a repeated key field is logged instead.
 #[tokio::test]
 async fn a_dry_run_limit_lets_a_repeated_key_field_through_and_logs_it() {
-    let sg =
-        Conf::new().limit("trial", "key: \"header:x-api-key\", rate: 100r/s, dry_run: true").answering("trial").start();
+    let sg = Conf::new()
+        .limit("trial", "key: \"header:x-api-key\", on_missing_key: skip, rate: 100r/s, dry_run: true")
+        .answering("trial")
+        .start();
     assert_eq!(get(sg.addr, "/", &[("x-api-key", "a"), ("x-api-key", "b")]).await.status, 200);
     let log = sg.wait_for_log("the line \"repeated key field\"", |log| log.contains("repeated key field"));
     assert!(log.contains("dry run: request would be refused: repeated key field"), "{log}");
@@ -80,7 +82,7 @@ async fn a_cookie_header_split_in_fields_is_no_repeated_key_field() {
     let backend = Backend::start().await;
     let sg = Conf::new()
         .upstream(&backend)
-        .limit("by_cookie", "key: \"header:cookie\", rate: 1r/m")
+        .limit("by_cookie", "key: \"header:cookie\", on_missing_key: skip, rate: 1r/m")
         .forwarding("by_cookie")
         .start();
     let split = |path: &str| {

@@ -63,7 +63,7 @@ async fn spoofed_leftmost_forwarded_for_does_not_change_the_key() {
 
 fn keyed(extra_limit: &str, routes: &str) -> String {
     format!(
-        "listen: 127.0.0.1:0\nlimits:\n  by_key: {{ key: \"header:x-key\", rate: 1r/m, burst: 1, nodelay: true }}\n{extra_limit}\nroutes:\n{routes}"
+        "listen: 127.0.0.1:0\nlimits:\n  by_key: {{ key: \"header:x-key\", on_missing_key: skip, rate: 1r/m, burst: 1, nodelay: true }}\n{extra_limit}\nroutes:\n{routes}"
     )
 }
 
@@ -87,7 +87,10 @@ async fn routes_with_their_own_limits_are_independent() {
     let routes = format!(
         "  - match: {{ path_prefix: /a }}\n    limits: [by_key]\n{STATIC}  - match: {{ path_prefix: /b }}\n    limits: [other]\n{STATIC}"
     );
-    let sg = Sluicegate::start(&keyed("  other: { key: \"header:x-key\", rate: 1r/m, nodelay: true }", &routes));
+    let sg = Sluicegate::start(&keyed(
+        "  other: { key: \"header:x-key\", on_missing_key: skip, rate: 1r/m, nodelay: true }",
+        &routes,
+    ));
     let statuses = [
         get(sg.addr, "/a", &[("x-key", "k")]).await.status,
         get(sg.addr, "/a", &[("x-key", "k")]).await.status,
@@ -261,7 +264,7 @@ listen: 127.0.0.1:0
 trusted_proxies: [127.0.0.1]
 limits:
   per_ip: { key: ip, rate: 1r/m }
-  per_token: { key: bearer, rate: 1r/m, allow: { tokens: [partner] } }
+  per_token: { key: bearer, on_missing_key: skip, rate: 1r/m, allow: { tokens: [partner] } }
 routes:
   - match: { path_prefix: /a }
     limits: [per_ip]
@@ -355,9 +358,10 @@ listen: 127.0.0.1:0
 limits:
   per_token:
     key: bearer
+    on_missing_key: skip
     rate: 1r/m
     overrides: [ { match: { tokens: [gold-1] }, use: gold } ]
-  gold: { key: bearer, algorithm: token_bucket, capacity: 3, refill: 1r/m }
+  gold: { key: bearer, on_missing_key: skip, algorithm: token_bucket, capacity: 3, refill: 1r/m }
 routes:
   - limits: [per_token]
     respond: { status: 200 }
@@ -381,11 +385,12 @@ listen: 127.0.0.1:0
 limits:
   base:
     key: bearer
+    on_missing_key: skip
     algorithm: sliding_window
     limit: 100
     window: 1m
     overrides: [ { match: { tokens: [small] }, use: small } ]
-  small: { key: bearer, algorithm: sliding_log, limit: 3, window: 1m }
+  small: { key: bearer, on_missing_key: skip, algorithm: sliding_log, limit: 3, window: 1m }
 routes:
   - cost_header: x-cost
     limits: [base]

@@ -105,7 +105,7 @@ trusted_proxies: [127.0.0.1]
 access_log: {{ format: json, path: \"{}\", keys: true, keys_secret: \"0123456789abcdef\" }}
 limits:
   session: {{ key: [ip, \"cookie:sid\"], rate: 10r/s }}
-  api: {{ key: [\"header:x-api-key\", \"header:x-tenant\"], rate: 10r/s }}
+  api: {{ key: [\"header:x-api-key\", \"header:x-tenant\"], on_missing_key: skip, rate: 10r/s }}
 routes:
   - match: {{ path_prefix: /a }}
     limits: [session, api]

@@ -59,25 +59,31 @@ async fn refuse_answers_400_naming_the_limit_and_the_key() {
 }
 
 #[test]
-fn check_warns_of_a_key_a_request_may_lack_until_on_missing_key_says_what_to_do() {
-    let conf = |fields: &str| {
-        Conf::new().limit("k", &format!("key: \"header:x-api-key\", rate: 1r/s{fields}")).answering("k").yaml()
+fn check_refuses_a_key_a_client_can_leave_out_until_on_missing_key_says_what_such_a_request_meets() {
+    let conf = |key: &str, fields: &str| {
+        Conf::new().limit("k", &format!("key: {key}, rate: 1r/s{fields}")).answering("k").yaml()
     };
-    let (status, stderr) = check_bounded(&conf(""));
-    assert_eq!(status, Some(0), "a warning, not an error: {stderr}");
-    assert!(
-        stderr.contains("warning: FILE:3:")
-            && stderr.contains("limits.k.key: a request without header:x-api-key is not counted by this limit"),
-        "{stderr}"
-    );
-    for mode in ["skip", "shared", "refuse"] {
-        let (status, stderr) = check_bounded(&conf(&format!(", on_missing_key: {mode}")));
-        assert_eq!(status, Some(0));
-        assert!(!stderr.contains("warning"), "{mode}: {stderr}");
+    for key in
+        ["\"header:x-api-key\"", "bearer", "\"cookie:session\"", "\"query:api_key\"", "[\"header:a\", \"cookie:b\"]"]
+    {
+        let (status, stderr) = check_bounded(&conf(key, ""));
+        assert_eq!(status, Some(1), "{key}: an error: {stderr}");
+        assert!(
+            stderr.contains("FILE:3:")
+                && stderr.contains("limits.k.key: a client can leave out")
+                && stderr.contains("on_missing_key: refuse"),
+            "{key}: {stderr}"
+        );
+        for mode in ["skip", "shared", "refuse"] {
+            let (status, stderr) = check_bounded(&conf(key, &format!(", on_missing_key: {mode}")));
+            assert_eq!(status, Some(0), "{key} {mode}: {stderr}");
+            assert!(!stderr.contains("on_missing_key"), "{key} {mode}: {stderr}");
+        }
     }
-    let (_, stderr) =
-        check_bounded(&Conf::new().limit("k", "key: [ip, \"header:x\"], rate: 1r/s").answering("k").yaml());
-    assert!(!stderr.contains("warning"), "a key with ip is never missing: {stderr}");
+    for key in ["[ip, \"header:x\"]", "ip", "[method, \"cookie:b\"]"] {
+        let (status, stderr) = check_bounded(&conf(key, ""));
+        assert_eq!(status, Some(0), "{key} is never missing: {stderr}");
+    }
 }
 
 #[tokio::test]

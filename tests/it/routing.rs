@@ -10,7 +10,7 @@ fn tenants(backend: &Backend) -> Conf {
     Conf::new()
         .admin()
         .upstream(backend)
-        .limit("per_tenant", "key: capture:tenant, rate: 1r/m, burst: 1, nodelay: true")
+        .limit("per_tenant", "key: capture:tenant, on_missing_key: skip, rate: 1r/m, burst: 1, nodelay: true")
         .route("match: { path: /health }, respond: { status: 204 }")
         .route(
             r"match: { path_regex: '^/t/(?<tenant>[a-z0-9-]+)(?<rest>/.*)?$' }, upstream: b, limits: [per_tenant],
@@ -64,7 +64,7 @@ async fn a_regex_route_limits_per_captured_tenant_and_rewrites_with_its_groups()
 fn bad_patterns_and_groups_are_check_errors_at_their_field() {
     let yaml = r"listen: 127.0.0.1:0
 limits:
-  per_tenant: { key: capture:tenant, rate: 1r/s }
+  per_tenant: { key: capture:tenant, on_missing_key: skip, rate: 1r/s }
 routes:
   - match: { path_regex: '^/a(' }
     respond: { status: 200 }

@@ -156,7 +156,7 @@ fn a_limit_keyed_on_a_header_the_log_lacks_is_reported_as_not_simulated() {
         "listen: 127.0.0.1:0
 limits:
   per_ip: { key: ip, rate: 1r/s, nodelay: true, allow: { headers: { x-internal: \"yes\" } } }
-  per_key: { key: \"header:x-api-key\", rate: 1r/m }
+  per_key: { key: \"header:x-api-key\", on_missing_key: skip, rate: 1r/m }
 routes:
   - limits: [per_ip, per_key]
     respond: { status: 200 }
@@ -398,8 +398,8 @@ fn keyed_by_tenant_and_token(log: &Path) -> String {
 admin: {{ listen: 127.0.0.1:0 }}
 access_log: {{ format: json, path: \"{}\", keys: true, keys_secret: \"{KEYS_SECRET}\" }}
 limits:
-  per_tenant: {{ key: \"header:x-tenant\", rate: 1r/m, burst: 2, nodelay: true }}
-  per_token: {{ key: bearer, rate: 1r/m, burst: 1, nodelay: true }}
+  per_tenant: {{ key: \"header:x-tenant\", on_missing_key: skip, rate: 1r/m, burst: 2, nodelay: true }}
+  per_token: {{ key: bearer, on_missing_key: skip, rate: 1r/m, burst: 1, nodelay: true }}
 routes:
   - name: api
     limits: [per_tenant, per_token]
@@ -497,7 +497,8 @@ async fn limits_keyed_on_a_header_and_a_bearer_token_replay_from_the_proxys_log_
     let more = std::fs::read_to_string(config)
         .unwrap()
         .replace("limits: [per_tenant, per_token]", "limits: [per_tenant, per_token, per_user]");
-    let more = more.replace("limits:\n", "limits:\n  per_user: { key: \"header:x-user\", rate: 1r/m }\n");
+    let more = more
+        .replace("limits:\n", "limits:\n  per_user: { key: \"header:x-user\", on_missing_key: skip, rate: 1r/m }\n");
     write(dir.path(), "more.yaml", &more);
     let report = simulate_json(dir.path(), &["-c", "more.yaml", "access.log"]);
     let replayed = &report["configs"][0];
@@ -531,8 +532,8 @@ fn a_route_whose_limits_its_lines_do_not_all_record_is_marked_and_the_rest_repla
         "listen: 127.0.0.1:0
 limits:
   per_ip: { key: ip, rate: 1r/m, burst: 9, nodelay: true }
-  per_tenant: { key: \"header:x-tenant\", rate: 1r/m, burst: 1, nodelay: true }
-  per_user: { key: \"header:x-user\", rate: 1r/m, nodelay: true }
+  per_tenant: { key: \"header:x-tenant\", on_missing_key: skip, rate: 1r/m, burst: 1, nodelay: true }
+  per_user: { key: \"header:x-user\", on_missing_key: skip, rate: 1r/m, nodelay: true }
 routes:
   - name: api
     match: { path_prefix: / }
@@ -586,8 +587,8 @@ routes:
         "shared.yaml",
         "listen: 127.0.0.1:0
 limits:
-  per_token: { key: bearer, rate: 1r/m }
-  per_auth: { key: \"header:authorization\", rate: 1r/m }
+  per_token: { key: bearer, on_missing_key: skip, rate: 1r/m }
+  per_auth: { key: \"header:authorization\", on_missing_key: skip, rate: 1r/m }
 routes:
   - limits: [per_token, per_auth]
     respond: { status: 200 }

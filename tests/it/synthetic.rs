@@ -114,7 +114,7 @@ async fn closed_loop(addr: SocketAddr, connections: u32, keys: u32, within: Dura
 const LIMITED: &str = "listen: 127.0.0.1:0
 admin: { listen: 127.0.0.1:0 }
 limits:
-  per_key: { key: header:x-key, rate: 20r/s, burst: 4, nodelay: true }
+  per_key: { key: header:x-key, on_missing_key: skip, rate: 20r/s, burst: 4, nodelay: true }
 routes:
   - name: api
     limits: [per_key]
@@ -160,7 +160,7 @@ fn delays_hold_a_closed_loops_connections_so_fewer_requests_are_sent_and_none_re
     let (_dir, config) = config_file(
         "listen: 127.0.0.1:0
 limits:
-  paced: { key: header:x-key, rate: 20r/s, burst: 10 }
+  paced: { key: header:x-key, on_missing_key: skip, rate: 20r/s, burst: 10 }
 routes:
   - { limits: [paced], respond: { status: 200 } }
 ",

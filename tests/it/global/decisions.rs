@@ -163,7 +163,7 @@ async fn two_instances_admit_exactly_the_global_budget_between_them() {
         .redis(&redis.url(), "timeout: 1s")
         .limit(
             "shared",
-            "key: \"header:x-key\", rate: 1r/m, burst: 9, nodelay: true, scope: global, on_store_error: deny",
+            "key: \"header:x-key\", on_missing_key: skip, rate: 1r/m, burst: 9, nodelay: true, scope: global, on_store_error: deny",
         )
         .answering("shared");
     let (a, b) = (conf.start(), conf.start());
@@ -306,7 +306,7 @@ async fn requests_waiting_together_share_a_call_and_keep_the_exact_budget() {
             .set("ratelimit_headers: all")
             .admin()
             .redis(&redis.url(), "timeout: 10s, near_cache_keys: 0")
-            .limit("shared", &format!("key: \"header:x-key\", {limit}, scope: global"))
+            .limit("shared", &format!("key: \"header:x-key\", on_missing_key: skip, {limit}, scope: global"))
             .answering("shared")
             .start();
         assert_eq!(get(sg.addr, "/", &[("x-key", "warm-up")]).await.status, 200);

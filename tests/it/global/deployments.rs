@@ -12,7 +12,7 @@ async fn a_redis_cluster_decides_global_limits() {
         .redis(&cluster.url(), "cluster: true, timeout: 1s")
         .limit(
             "per_key",
-            "key: \"header:x-key\", rate: 1r/m, burst: 4, nodelay: true, scope: global, on_store_error: deny",
+            "key: \"header:x-key\", on_missing_key: skip, rate: 1r/m, burst: 4, nodelay: true, scope: global, on_store_error: deny",
         )
         .limit(
             "per_ip",

@@ -273,7 +273,7 @@ async fn a_call_answers_its_later_requests_after_its_first_timed_out() {
     let sg = Conf::new()
         .set("ratelimit_headers: all")
         .redis(&redis.url(), "timeout: 600ms, breaker_failures: 100000, near_cache_keys: 0")
-        .limit("g", "key: \"header:x-key\", rate: 1r/m, burst: 9, nodelay: true, scope: global, on_store_error: allow")
+        .limit("g", "key: \"header:x-key\", on_missing_key: skip, rate: 1r/m, burst: 9, nodelay: true, scope: global, on_store_error: allow")
         .answering("g")
         .start();
     assert_eq!(get(sg.addr, "/", &[("x-key", "warm-up")]).await.status, 200);

@@ -35,7 +35,7 @@ async fn the_master_is_found_through_the_sentinels_and_again_after_a_failover_un
 redis: {{ sentinel: {{ master: main, nodes: [\"127.0.0.1:{}\"], check_interval: 10s }}, timeout: 200ms,
          breaker_cooldown: 100ms }}
 limits:
-  quota: {{ key: \"header:x-k\", rate: 1r/h, burst: 2, nodelay: true, scope: global, on_store_error: deny }}
+  quota: {{ key: \"header:x-k\", on_missing_key: skip, rate: 1r/h, burst: 2, nodelay: true, scope: global, on_store_error: deny }}
 routes:
   - respond: {{ status: 200 }}
     limits: [quota]
@@ -158,7 +158,7 @@ async fn with_the_first_of_two_sentinels_killed_the_master_is_found_through_the_
              timeout: 500ms, breaker_cooldown: 100ms }}",
             first.port, second.port
         ))
-        .limit("quota", "key: \"header:x-k\", rate: 1r/h, burst: 1, nodelay: true, scope: global, on_store_error: deny")
+        .limit("quota", "key: \"header:x-k\", on_missing_key: skip, rate: 1r/h, burst: 1, nodelay: true, scope: global, on_store_error: deny")
         .answering("quota")
         .start();
     let ask = async |key: &str| get(sg.addr, "/", &[("x-k", key)]).await.status;
