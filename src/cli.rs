@@ -232,8 +232,31 @@ pub struct ExplainArgs {
     pub format: Option<String>,
     /// `http://HOST[:PORT]/PATH?QUERY` (its host is sent as `Host`, as curl does), or `-`:
     /// one raw HTTP/1.1 request head on standard input, read as the proxy reads one.
-    #[arg(value_name = "URL", required_unless_present = "log_line")]
+    #[arg(value_name = "URL", required_unless_present_any = ["log_line", "admin"])]
     pub url: Option<String>,
+}
+
+impl ExplainArgs {
+    /// `--admin` takes an optional address, so in `--admin http://host/api/x` it takes the
+    /// request's URL: given back to the URL when nothing else is, and the address is then
+    /// the file's `admin.listen`. An error when no URL is left.
+    fn settled(&self) -> Result<std::borrow::Cow<'_, ExplainArgs>, String> {
+        if self.url.is_some() || self.log_line.is_some() {
+            return Ok(std::borrow::Cow::Borrowed(self));
+        }
+        let admin = self.admin.as_deref().unwrap_or_default();
+        let path = admin.strip_prefix("http://").or_else(|| admin.strip_prefix("https://")).map(|rest| rest.find('/'));
+        let is_request = admin == "-" || admin.starts_with('/') || path.is_some_and(|slash| slash.is_some());
+        if !is_request {
+            return Err(format!(
+                "give the request's URL (after --admin {admin:?}, the address of the instance to ask; \
+                 --admin=ADDRESS keeps the two apart)"
+            ));
+        }
+        let mut settled = self.clone();
+        settled.url = settled.admin.replace(String::new());
+        Ok(std::borrow::Cow::Owned(settled))
+    }
 }
 
 /// The request to explain, as given: curl's spelling, an access-log line, or a raw head.
@@ -351,6 +374,14 @@ fn raw_head(config: &Config, read: Vec<u8>) -> Result<ParsedHead, String> {
 /// configuration or the instance fails, 2 for a request that HTTP cannot carry (or a
 /// log line that cannot be read, a raw head the proxy refuses).
 pub fn explain(args: &ExplainArgs) -> ExitCode {
+    let args = match args.settled() {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("sluicegate: explain: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let args = args.as_ref();
     let Some(config) = load_config(&args.config) else { return ExitCode::FAILURE };
     let (given, notes) = match Given::read(args, &config) {
         Ok(given) => given,

@@ -261,6 +261,20 @@ async fn post_explain_spends_nothing_and_the_next_real_request_gets_what_it_said
     assert!(text.contains("limits, from the running instance's state (nothing spent):"), "{text}");
     assert!(text.contains("answer: passed 200"), "{text}");
     assert_eq!(get(sg.addr, "/x", &[("x-user", "bob")]).await.status, 200);
+    // `--admin` then the URL, as one writes it: the URL is the request, the address the
+    // file's admin.listen.
+    let dir = tempfile::tempdir().unwrap();
+    let pointed = dir.path().join("sg.yaml");
+    std::fs::write(&pointed, LIVE.replace("admin: { listen: 127.0.0.1:0", &format!("admin: {{ listen: {admin}")))
+        .unwrap();
+    let text = explain_text(&pointed, &["-H", "x-user: bob", "--admin", "http://example.com/x"]);
+    assert!(text.contains("limits, from the running instance's state (nothing spent):"), "{text}");
+    let answer = text.lines().find(|l| l.starts_with("answer:")).unwrap_or_default();
+    assert!(answer.contains("429"), "bob's one request of the hour is spent: {text}");
+    let output = binary().args(["explain", "-c"]).arg(&pointed).args(["--admin", "127.0.0.1:1"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("give the request's URL") && stderr.contains("--admin=ADDRESS"), "{stderr}");
 }
 
 #[tokio::test]
