@@ -19,6 +19,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use typed_index_collections::{TiSlice, TiVec};
 
+use crate::admission::Refused;
 use crate::config::{Config, Limit, LimitId, RouteId};
 use crate::gate::{Decision, Gate};
 use crate::limit::{LimitResult, Limiters, Outcome};
@@ -159,6 +160,9 @@ pub enum UpstreamResult {
     ClientBody,
 }
 
+/// The outcome of a request answered from a hold its upstream asked for.
+pub const UPSTREAM_HOLD: &str = "upstream_hold";
+
 const DECISIONS: [&str; 3] = ["passed", "delayed", "rejected"];
 const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 const UPSTREAM_ERRORS: [&str; 4] = ["connect", "timeout", "failed", "client_body"];
@@ -248,7 +252,7 @@ impl Metrics {
         build.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_owned())]).set(1);
         let current = Arc::new(Mutex::new(Current::of(config, gate)));
 
-        registry.register("requests", "Requests by route and outcome (no_route: no route matched)", requests.clone());
+        registry.register("requests", "Requests by route and outcome (no_route: no route matched; bad_request, bad_path: refused before a route was found)", requests.clone());
         registry.register("limit_decisions", "Decisions of each limit, dry-run limits included", decisions.clone());
         registry.register("limit_delay_seconds", "Delays asked by each limit", delays.clone());
         registry.register("upstream_responses", "Upstream responses by route and status class", responses.clone());
@@ -408,6 +412,14 @@ impl Metrics {
         self.no_route.inc();
     }
 
+    /// Counts a request answered before its limits decided it, of route `route` (`None`:
+    /// before a route was found), under `outcome` (`Refused::outcome`, `upstream_hold`).
+    /// Made on first use: few requests are.
+    pub fn answered_early(&self, route: Option<RouteId>, outcome: &'static str) {
+        let name = route.map(|r| self.routes[r].name.clone()).unwrap_or_default();
+        self.families.requests.get_or_create(&vec![("route", name), ("outcome", outcome.to_owned())]).inc();
+    }
+
     /// Counts a request whose token did not verify, by `reason` (`TokenError::reason`).
     pub fn invalid_token(&self, reason: &'static str) {
         self.families.invalid_tokens.get_or_create(&vec![("reason", reason.to_owned())]).inc();
@@ -525,10 +537,17 @@ impl Metrics {
         let Some(m) = self.route_if_made(route) else { return RouteCounts::default() };
         let n = |o: RequestOutcome| m.requests[RequestOutcome::ALL.iter().position(|&a| a == o).unwrap_or(0)].get();
         let [connect, timeout, failed, _client_body] = &m.errors;
+        let name = &self.routes[route].name;
+        let early: u64 = Refused::OUTCOMES
+            .iter()
+            .chain([&UPSTREAM_HOLD])
+            .filter_map(|o| self.families.requests.get(&vec![("route", name.clone()), ("outcome", (*o).to_owned())]))
+            .map(|c| c.get())
+            .sum();
         RouteCounts {
             passed: n(RequestOutcome::Passed) + n(RequestOutcome::DryRunRejected),
             delayed: n(RequestOutcome::Delayed),
-            refused: n(RequestOutcome::Rejected) + n(RequestOutcome::Banned) + n(RequestOutcome::StoreError),
+            refused: n(RequestOutcome::Rejected) + n(RequestOutcome::Banned) + n(RequestOutcome::StoreError) + early,
             server_errors: m.responses[4].get() + connect.get() + timeout.get() + failed.get(),
         }
     }
@@ -606,7 +625,9 @@ pub struct RouteCounts {
     /// Passed, dry-run refusals included (they passed).
     pub passed: u64,
     pub delayed: u64,
-    /// Refused by a limit, a ban, or Redis's absence (`on_store_error: deny`).
+    /// Refused by a limit, a ban, or Redis's absence (`on_store_error: deny`), before its
+    /// limits (a token that does not verify, a key missing or repeated, a body too large,
+    /// a bad cost), or answered from an upstream's hold.
     pub refused: u64,
     /// Upstream 5xx responses, and exchanges that failed (502, 504 made here).
     pub server_errors: u64,

@@ -110,6 +110,33 @@ pub enum Refused {
 }
 
 impl Refused {
+    /// Every name `outcome` gives.
+    pub const OUTCOMES: [&'static str; 8] = [
+        "no_route",
+        "bad_request",
+        "bad_path",
+        "invalid_cost",
+        "invalid_token",
+        "body_too_large",
+        "repeated_key_field",
+        "missing_key",
+    ];
+
+    /// Its name wherever an outcome is named: `sluicegate_requests_total`, the access
+    /// log, `explain` and the replay.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Refused::Front(FrontError::NoRoute) => "no_route",
+            Refused::Front(FrontError::BadPath(_)) => "bad_path",
+            Refused::Front(FrontError::InvalidCost { .. } | FrontError::CostTooHigh { .. }) => "invalid_cost",
+            Refused::Front(FrontError::InvalidToken { .. }) => "invalid_token",
+            Refused::Front(_) => "bad_request",
+            Refused::BodyTooLarge { .. } => "body_too_large",
+            Refused::DuplicateKeyField { .. } => "repeated_key_field",
+            Refused::MissingKey { .. } => "missing_key",
+        }
+    }
+
     /// The status the request is answered with.
     pub fn status(&self) -> StatusCode {
         match self {

@@ -18,7 +18,6 @@ use http::Method;
 use serde::{Deserialize, Serialize};
 
 use crate::config::position::Positions;
-use typed_index_collections::TiVec;
 
 use crate::admission::hold::Holds;
 use crate::admission::{self, Asked, Decide, Origin, Refused, Verdict, Way};
@@ -275,12 +274,13 @@ pub fn explain(
     match &admitted.verdict {
         Verdict::Refused(refused) => {
             let error = ProxyError::from(refused.clone());
+            explanation.answer.outcome = refused.outcome().to_owned();
             explanation.refuse(refused.status(), refused);
             explanation.answer.with_response(&response::error(&error, grpc));
         }
         Verdict::Held(hold) => {
             let left = hold.until.saturating_duration_since(std::time::Instant::now());
-            explanation.answer.outcome = "upstream_hold".to_owned();
+            explanation.answer.outcome = crate::metrics::UPSTREAM_HOLD.to_owned();
             explanation.answer.reason = Some(format!(
                 "the upstream refused the key {} with a time to wait: held here for {:.1} s more",
                 hold.key,
@@ -522,7 +522,7 @@ fn window_after(s: &Standing) -> WindowAfter {
 /// adds to the route's response.
 fn answer(config: &Config, route: &Route, decision: &Decision, grpc: bool) -> Answer {
     let outcome = RequestOutcome::of(decision, &config.limits).as_str().to_owned();
-    let quotas: TiVec<LimitId, Box<[response::Quota]>> = config.limits.iter().map(response::quotas).collect();
+    let quotas = response::all_quotas(config);
     let mut headers = Vec::new();
     if let Some(refusal) = response::refusal(config, &quotas, decision, grpc) {
         for (name, value) in &refusal.extra {

@@ -36,7 +36,7 @@ use crate::hop::{self, Hop};
 use crate::jwks;
 use crate::limit::secret::KeySecret;
 use crate::limit::{LimitResult, Limiters, Outcome, Shown};
-use crate::metrics::{Metrics, RequestOutcome, UpstreamResult};
+use crate::metrics::{Metrics, RequestOutcome, UPSTREAM_HOLD, UpstreamResult};
 use crate::policy::key::KeySource;
 use crate::upstream::{self, Outgoing, UpstreamClient, UpstreamError};
 use crate::variables;
@@ -143,7 +143,7 @@ impl Proxy {
             metrics: Arc::new(metrics),
             gate,
             upstreams,
-            quotas: config.limits.iter().map(response::quotas).collect(),
+            quotas: response::all_quotas(&config),
             holds,
             config,
         }
@@ -326,6 +326,16 @@ impl Proxy {
         conn: &ClientConn,
         trace: &mut Trace,
     ) -> Refused {
+        let outcome = refused.outcome();
+        trace.with(|e| e.outcome = outcome);
+        match (&refused, &admitted.front) {
+            (Refused::Front(FrontError::NoRoute), _) => {}
+            (_, Some(front)) => self.metrics.answered_early(Some(front.route), outcome),
+            (Refused::Front(FrontError::InvalidToken { route, .. }), None) => {
+                self.metrics.answered_early(Some(*route), outcome);
+            }
+            (_, None) => self.metrics.answered_early(None, outcome),
+        }
         match &refused {
             Refused::Front(FrontError::NoRoute) => {
                 debug!(method = %head.method, path = head.path(), host = admitted.host, "no route matches");
@@ -483,8 +493,9 @@ impl Proxy {
             let route = &self.config.routes[front.route].name;
             debug!(%route, key = %held.key, status = held.status.as_u16(), "held: the upstream asked to wait");
             self.metrics.hold(front.route, true);
+            self.metrics.answered_early(Some(front.route), UPSTREAM_HOLD);
         }
-        trace.with(|e| e.outcome = "upstream_hold");
+        trace.with(|e| e.outcome = UPSTREAM_HOLD);
         response::held(&held, left, self.config.rejection_body, grpc)
     }
 
@@ -595,9 +606,18 @@ impl Proxy {
             if !self.line_allowed(r.limit, r.key.0, src, level) {
                 continue;
             }
-            event_at!(level, route = %route.name, limit = %limit.name,
-                key = %self.limiters().key_label(r.limit, src),
-                excess = round_to_thousandths(r.excess), ms = ms.as_millis() as u64, "{message}");
+            let (key, excess, ms) =
+                (self.limiters().key_label(r.limit, src), round_to_thousandths(r.excess), ms.as_millis() as u64);
+            // Each duration named for what it is: the wait a delay imposes, the time a
+            // refused client must let pass before it may retry (a ban's length).
+            match (lowered, r.banned) {
+                (true, _) => event_at!(level, route = %route.name, limit = %limit.name, key = %key, excess,
+                    delay_ms = ms, "{message}"),
+                (false, true) => event_at!(level, route = %route.name, limit = %limit.name, key = %key, excess,
+                    ban_ms = ms, "{message}"),
+                (false, false) => event_at!(level, route = %route.name, limit = %limit.name, key = %key, excess,
+                    retry_after_ms = ms, "{message}"),
+            }
         }
     }
 

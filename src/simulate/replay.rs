@@ -235,20 +235,19 @@ impl Replay {
                 // What the proxy refuses with 400 before any limit decides, among the
                 // limits the line can drive: a key field sent twice, a key missing for
                 // `on_missing_key: refuse`; or a cost that is none.
-                let (outcome, limit) = match refused {
-                    Refused::DuplicateKeyField { id, .. } => ("repeated_key_field", id),
+                fate.outcome = refused.outcome();
+                let limit = match refused {
+                    Refused::DuplicateKeyField { id, .. } => id,
                     Refused::MissingKey { id, .. } => {
                         fate.missing_key.push(id);
-                        ("missing_key", id)
+                        id
                     }
                     _ => {
                         self.tally.routes[index].invalid_cost += 1;
-                        fate.outcome = "invalid_cost";
                         return fate;
                     }
                 };
                 self.tally.routes[index].key_refused += 1;
-                fate.outcome = outcome;
                 fate.refused = Some((limit, http::StatusCode::BAD_REQUEST.as_u16(), None));
                 return fate;
             }

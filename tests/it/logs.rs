@@ -86,7 +86,7 @@ routes:
     assert_eq!((field(1, "status"), field(1, "outcome")), (429.into(), "rejected".into()));
     assert_eq!(
         (field(2, "status"), field(2, "route"), field(2, "outcome")),
-        (404.into(), serde_json::Value::Null, "-".into())
+        (404.into(), serde_json::Value::Null, "no_route".into())
     );
     assert_eq!((field(3, "status"), field(3, "route"), field(3, "bytes")), (200.into(), "api".into(), 2.into()));
     assert!(field(3, "upstream_ms").as_f64().unwrap() > 0.0);

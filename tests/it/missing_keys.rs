@@ -53,6 +53,11 @@ async fn refuse_answers_400_naming_the_limit_and_the_key() {
     assert_eq!(get(sg.addr, "/", &[("x-api-key", "a")]).await.status, 200);
     let m = Metrics::of(&sg).await;
     assert_eq!(m.value("sluicegate_limit_missing_key_total{limit=\"k\"}"), 1.0);
+    assert_eq!(
+        m.value("sluicegate_requests_total{route=\"routes[0]\",outcome=\"missing_key\"}"),
+        1.0,
+        "counted with its route"
+    );
     // A dry-run limit refuses nothing.
     let trial = keyed("on_missing_key: refuse, dry_run: true");
     assert_eq!(get(trial.addr, "/", &[]).await.status, 200);

@@ -490,7 +490,7 @@ routes:
         ("/login", 429, "login", "rejected"),
         ("/trial", 200, "trial", "passed"),
         ("/trial", 200, "trial", "dry_run_rejected"),
-        ("/nothing", 404, "", "-"),
+        ("/nothing", 404, "", "no_route"),
     ];
     for (target, status, _, _) in expected {
         assert_eq!(get(sg.addr, target, &[]).await.status, status, "{target}");
@@ -516,6 +516,6 @@ routes:
     assert!(log.contains("configuration reloaded"), "{log}");
     assert_eq!(get(sg.addr, "/login", &[]).await.status, 429, "still banned");
     assert_eq!(get(sg.addr, "/nothing", &[]).await.status, 404);
-    check(&access_lines(&path, 2), &[("/login", 429, "login", "rejected"), ("/nothing", 404, "", "-")]);
+    check(&access_lines(&path, 2), &[("/login", 429, "login", "rejected"), ("/nothing", 404, "", "no_route")]);
     check(&access_lines(&rotated, expected.len()), &expected);
 }

@@ -160,7 +160,7 @@ async fn a_limit_keyed_on_a_verified_claim_counts_each_subject_and_refuses_what_
     for (token, why) in [
         (&forged, "the token's signature does not verify"),
         (&expired, "the token has expired"),
-        (&unsigned, "not a JSON Web Token"),
+        (&unsigned, "signed with an algorithm no configured key verifies"),
         (&endless, "the token lacks the claim `exp`"),
         (&"not-a-jwt".to_owned(), "not a JSON Web Token"),
     ] {
@@ -178,11 +178,22 @@ async fn a_limit_keyed_on_a_verified_claim_counts_each_subject_and_refuses_what_
     assert_eq!(status_with(&sg, None).await, 200);
     let m = Metrics::of(&sg).await;
     assert_eq!(m.value("sluicegate_limit_missing_key_total{limit=\"per_user\"}"), 2.0);
-    for (reason, n) in
-        [("signature", 1.0), ("expired", 1.0), ("malformed", 2.0), ("missing_claim", 1.0), ("repeated", 1.0)]
-    {
+    for (reason, n) in [
+        ("signature", 1.0),
+        ("expired", 1.0),
+        ("algorithm", 1.0),
+        ("malformed", 1.0),
+        ("missing_claim", 1.0),
+        ("repeated", 1.0),
+    ] {
         assert_eq!(m.value(&format!("sluicegate_invalid_tokens_total{{reason=\"{reason}\"}}")), n, "{reason}");
     }
+    // Each answer is counted with its route: the six refused for their token, the two
+    // without one (skipped by the limit) as passed.
+    let route =
+        |outcome: &str| m.value(&format!("sluicegate_requests_total{{route=\"routes[0]\",outcome=\"{outcome}\"}}"));
+    assert_eq!(route("invalid_token"), 6.0);
+    assert_eq!(route("passed"), 4.0);
 }
 
 #[tokio::test]
