@@ -63,6 +63,19 @@ pub enum TokenError {
     Audience,
 }
 
+/// Whether the header of `token` names an algorithm no key can have (`none`, `HS1`):
+/// such a token is refused for its algorithm, which is what it tries, not counted as
+/// malformed.
+fn names_an_unknown_algorithm(token: &str) -> bool {
+    use base64::Engine;
+    let head = token.split('.').next().unwrap_or_default();
+    let Ok(json) = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(head.trim_end_matches('=')) else {
+        return false;
+    };
+    let Ok(header) = serde_json::from_slice::<serde_json::Value>(&json) else { return false };
+    header.get("alg").and_then(serde_json::Value::as_str).is_some_and(|alg| alg.parse::<Algorithm>().is_err())
+}
+
 impl TokenError {
     /// A short word for metrics and log fields.
     pub fn reason(&self) -> &'static str {
@@ -379,7 +392,9 @@ impl Verifier {
             return known.at(now);
         }
         let text = std::str::from_utf8(token).map_err(|_| TokenError::Malformed)?;
-        let header = jsonwebtoken::decode_header(text).map_err(|e| TokenError::of(e.kind()))?;
+        let header = jsonwebtoken::decode_header(text).map_err(|e| {
+            if names_an_unknown_algorithm(text) { TokenError::Algorithm } else { TokenError::of(e.kind()) }
+        })?;
         let fetched = remote.map(|r| r.keys.load_full());
         let keys: Vec<&VerifyingKey> = self.keys.iter().chain(fetched.iter().flat_map(|k| k.iter())).collect();
         let mut tried = None;
@@ -552,7 +567,7 @@ mod tests {
                 encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(public_pem.as_bytes()))
                     .unwrap();
             assert_eq!(v.verify(confused.as_bytes(), NOW).unwrap_err(), TokenError::Algorithm, "{alg:?}");
-            assert_eq!(v.verify(none.as_bytes(), NOW).unwrap_err(), TokenError::Malformed, "{alg:?}");
+            assert_eq!(v.verify(none.as_bytes(), NOW).unwrap_err(), TokenError::Algorithm, "{alg:?}");
         }
     }
 
