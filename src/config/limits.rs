@@ -30,7 +30,9 @@ const DEFAULT_LOG_LINES_PER_SECOND: u32 = 5;
 pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeMap<String, RawLimit>) -> Limit {
     let at = format!("limits.{name}");
     check_name(e, &at, name);
+    let errors_before = e.list.len();
     let parts = key_parts(e, &format!("{at}.key"), &raw.key);
+    let key_read = e.list.len() == errors_before;
     let parts = ip_prefix(e, &at, raw, parts);
     let policy = policy(e, &at, raw);
     let charge = charge(e, &at, raw, policy.as_deref().unwrap_or_default());
@@ -50,7 +52,7 @@ pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeM
     }
     // A client escapes a limit by leaving its key out unless the file says what such a
     // request meets: refused here rather than defaulted, so no limit is off unawares.
-    if raw.on_missing_key.is_none() && key.may_be_missing() && !key.0.is_empty() {
+    if key_read && raw.on_missing_key.is_none() && key.may_be_missing() && !key.0.is_empty() {
         let parts: Vec<String> = key.0.iter().map(ToString::to_string).collect();
         e.add(
             format!("{at}.key"),

@@ -102,8 +102,11 @@ impl RouteHistory {
     /// seconds, and the number of responses it is taken from; `None` without any.
     pub fn latency(&self, q: f64) -> Option<(f64, u64)> {
         let (first, last) = (self.latency.front()?, self.latency.back()?);
+        // A route's histogram is made by its first request: a second read before then
+        // has no buckets, and every observation since came after it.
+        let then = |i: usize| first.get(i).map_or(0, |&(_, then)| then);
         let increase: Vec<(f64, u64)> =
-            last.iter().zip(first).map(|(&(bound, now), &(_, then))| (bound, now.saturating_sub(then))).collect();
+            last.iter().enumerate().map(|(i, &(bound, now))| (bound, now.saturating_sub(then(i)))).collect();
         let count = increase.last().map_or(0, |&(_, n)| n);
         quantile(q, &increase).map(|value| (value, count))
     }
@@ -289,6 +292,16 @@ mod tests {
             series.push(110 + total, 1);
         }
         assert_eq!(series.per_second.len(), SECONDS, "the ring keeps its size");
+    }
+
+    #[test]
+    fn the_latency_of_a_route_whose_first_request_came_after_the_first_second_is_shown_at_once() {
+        let mut history = RouteHistory::starting_at(RouteCounts::default());
+        history.push(RouteCounts::default(), 1, Vec::new());
+        assert_eq!(history.latency(0.5), None);
+        history.push(RouteCounts::default(), 1, vec![(0.001, 0), (0.002, 4), (f64::INFINITY, 4)]);
+        assert_eq!(history.latency(0.5), Some((0.0015, 4)));
+        assert_eq!(history.latency(0.99).map(|(_, n)| n), Some(4));
     }
 
     #[test]

@@ -98,8 +98,8 @@ async fn each_algorithm_admits_its_documented_burst_then_rejects_with_headers() 
         ("/fw", 4, "\"fw\";q=4;w=31536000"),
         ("/sl", 4, "\"sl\";q=4;w=31536000"),
         ("/sw", 4, "\"sw\";q=4;w=31536000"),
-        ("/tb", 4, "\"tb\";q=1;w=3600"),
-        ("/gc", 4, "\"gc\";q=1;w=3600"),
+        ("/tb", 4, "\"tb\";q=1;w=3600;burst=3"),
+        ("/gc", 4, "\"gc\";q=1;w=3600;burst=3"),
         ("/mi", 1, "\"mi\";q=1;w=3600"),
     ] {
         let (passed, rejected) = admitted_at_once(&sg, path).await;

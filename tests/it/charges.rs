@@ -122,7 +122,7 @@ fn retry_after(reply: &Reply) -> u64 {
 fn proxy(backend: SocketAddr, http2: bool, fields: &str, top: &str) -> Sluicegate {
     let yaml = format!(
         "listen: 127.0.0.1:0\nadmin: {{ listen: 127.0.0.1:0 }}\nratelimit_headers: all\n{top}\nupstreams:\n  b: {{ \
-         servers: [\"{backend}\"], http2: {http2} }}\nlimits:\n  tokens: {{ key: \"header:x-user\", on_missing_key: skip, \
+         servers: [\"{backend}\"], http2: {http2} }}\nlimits:\n  tokens: {{ key: \"header:x-user\", \
          on_missing_key: skip, {fields} }}\nroutes:\n  - {{ limits: [tokens], upstream: b }}\n"
     );
     Sluicegate::start(&yaml)

@@ -114,6 +114,14 @@ async fn log_lines_name_route_limit_key_and_excess_at_the_configured_levels() {
     let delayed = log.lines().find(|l| l.contains("request delayed")).unwrap_or_else(|| panic!("{log}"));
     assert!(delayed.contains("\"level\":\"INFO\""), "{delayed}");
     assert!((1.9..=2.0).contains(&excess(delayed)), "{delayed}");
+    // Each duration says what it is: the delay's wait, the refused client's time to retry.
+    let field = |line: &str, name: &str| -> Option<u64> {
+        let json: serde_json::Value = serde_json::from_str(line).unwrap();
+        json["fields"][name].as_u64().or_else(|| json[name].as_u64())
+    };
+    assert!(field(delayed, "delay_ms").is_some_and(|ms| ms > 0), "{delayed}");
+    assert!(field(line, "retry_after_ms").is_some_and(|ms| ms > 0), "{line}");
+    assert_eq!(field(line, "ms"), None, "{line}");
 
     let redacted = Sluicegate::start(&yaml.replace("REDACT", "true"));
     pass_delay_reject(&redacted).await;

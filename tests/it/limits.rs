@@ -39,7 +39,7 @@ async fn burst_passes_then_429_with_retry_after_then_passes_again() {
     assert_eq!(rejected.status, 429);
     let retry: u64 = rejected.header("retry-after").unwrap().parse().unwrap();
     assert!(retry >= 1);
-    assert_eq!(rejected.header("ratelimit-policy"), Some("\"per_ip\";q=5;w=1"));
+    assert_eq!(rejected.header("ratelimit-policy"), Some("\"per_ip\";q=5;w=1;burst=2"));
     assert!(rejected.header("ratelimit").unwrap().starts_with("\"per_ip\";r=0;t="));
     assert_eq!(backend.hits().len(), 3, "a rejected request reached the upstream");
     // Another client behind the trusted proxy is unaffected.
@@ -131,7 +131,7 @@ async fn rejection_status_is_configurable_and_headers_can_come_on_every_response
         .start();
     let first = get(sg.addr, "/", &[]).await;
     assert_eq!(first.status, 200);
-    assert_eq!(first.header("ratelimit-policy"), Some("\"l\";q=2;w=60"));
+    assert_eq!(first.header("ratelimit-policy"), Some("\"l\";q=2;w=60;burst=1"));
     // `t`: until the full burst is back, one period after the bucket drains.
     assert_eq!(first.header("ratelimit"), Some("\"l\";r=1;t=30"));
     let second = get(sg.addr, "/", &[]).await;
@@ -254,7 +254,7 @@ async fn a_banned_key_is_refused_for_the_ban_while_others_pass() {
     assert_eq!(get(sg.addr, "/", &from("192.0.2.2")).await.status, 200);
     let log = sg.wait_for_log("the line \"key banned\"", |log| log.contains("key banned"));
     let line = log.lines().find(|l| l.contains("key banned")).unwrap();
-    assert!(line.contains("\"route\":\"login\"") && line.contains("\"ms\":3600000"), "{line}");
+    assert!(line.contains("\"route\":\"login\"") && line.contains("\"ban_ms\":3600000"), "{line}");
 }
 
 #[tokio::test]
@@ -301,7 +301,7 @@ async fn several_windows_on_one_key_report_one_policy_item_each() {
     assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
     let r = get(sg.addr, "/", &[]).await;
     assert_eq!(r.status, 429);
-    assert_eq!(r.header("ratelimit-policy"), Some("\"api/1s\";q=2;w=1, \"api/1h\";q=3;w=3600"));
+    assert_eq!(r.header("ratelimit-policy"), Some("\"api/1s\";q=2;w=1;burst=1, \"api/1h\";q=3;w=3600;burst=2"));
     assert!(
         r.header("ratelimit").unwrap().starts_with("\"api/1s\";r=0;t=1, \"api/1h\";r=1;t="),
         "{:?}",
@@ -375,7 +375,7 @@ routes:
         assert_eq!(get(sg.addr, "/", &as_token("Bearer gold-1")).await.status, 200);
     }
     let gold = get(sg.addr, "/", &as_token("Bearer gold-1")).await;
-    assert_eq!((gold.status, gold.header("ratelimit-policy")), (429, Some("\"gold\";q=1;w=60")));
+    assert_eq!((gold.status, gold.header("ratelimit-policy")), (429, Some("\"gold\";q=1;w=60;burst=2")));
 }
 
 #[tokio::test]
@@ -553,7 +553,7 @@ async fn a_dry_run_limit_is_never_advertised_to_clients() {
     get(beside.addr, "/", &[]).await;
     let r = get(beside.addr, "/", &[]).await;
     assert_eq!(r.status, 200);
-    assert_eq!(r.header("ratelimit-policy"), Some("\"real\";q=1;w=1"));
+    assert_eq!(r.header("ratelimit-policy"), Some("\"real\";q=1;w=1;burst=9"));
     // (`t`: about two seconds, as the real clock has it.)
     assert!(r.header("ratelimit").unwrap().starts_with("\"real\";r=8;t="), "{:?}", r.header("ratelimit"));
     assert_eq!((r.header("x-ratelimit-limit"), r.header("x-ratelimit-remaining")), (Some("1"), Some("8")));

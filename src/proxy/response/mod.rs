@@ -23,7 +23,7 @@ use crate::grpc::{self, Code};
 use crate::limit::Shown;
 use crate::variables;
 use crate::wire::message::{FieldValue, ResponseFields};
-pub use ratelimit::{Quota, add_ratelimit_headers, quotas};
+pub use ratelimit::{Quota, add_ratelimit_headers, all_quotas};
 
 /// A response made here: `status`, its `content_type`, `body`.
 fn made_here(status: StatusCode, content_type: HeaderValue, body: impl Into<Bytes>) -> Response {

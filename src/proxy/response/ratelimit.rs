@@ -2,10 +2,10 @@
 //! `X-RateLimit-*`) that tell a client where it stands, on any response.
 
 use http::header::{HeaderName, HeaderValue};
-use typed_index_collections::TiSlice;
+use typed_index_collections::{TiSlice, TiVec};
 
 use super::ceil_secs;
-use crate::config::{HeaderStyle, Limit, LimitId, Policy};
+use crate::config::{Config, HeaderStyle, Limit, LimitId, Policy};
 use crate::limit::Shown;
 use crate::policy::Window;
 use crate::wire::message::FieldValue;
@@ -26,9 +26,23 @@ pub struct Quota {
     pub quota: u64,
 }
 
+/// The quotas of every limit of `config`, by limit.
+pub fn all_quotas(config: &Config) -> TiVec<LimitId, Box<[Quota]>> {
+    // A route that gives a limit a burst of its own decides with that one: the limit's
+    // own burst is then not what every response it decides is held to.
+    let mut own_burst: TiVec<LimitId, bool> = vec![true; config.limits.len()].into();
+    for used in config.routes.iter().flat_map(|r| &r.limits) {
+        if used.burst.is_some() {
+            own_burst[used.limit] = false;
+        }
+    }
+    config.limits.iter_enumerated().map(|(id, limit)| quotas(limit, own_burst[id])).collect()
+}
+
 /// The quotas of `limit`, one per window, named after the limit (and the window's
-/// length, when it has several: `"api/1s"`, `"api/1day"`).
-pub fn quotas(limit: &Limit) -> Box<[Quota]> {
+/// length, when it has several: `"api/1s"`, `"api/1day"`); with `burst`, a rate's
+/// burst said as `burst=N`.
+fn quotas(limit: &Limit, burst: bool) -> Box<[Quota]> {
     // A dry run is invisible to clients: none of its windows is shown, and it is never
     // the tightest of those that are.
     if limit.dry_run {
@@ -39,13 +53,16 @@ pub fn quotas(limit: &Limit) -> Box<[Quota]> {
         Policy::Rate { rate, .. } if several => format!("{}/{}", limit.name, humantime::format_duration(rate.per)),
         _ => limit.name.clone(),
     };
-    limit.windows.iter().map(|policy| quota(&name(policy), policy)).collect()
+    limit.windows.iter().map(|policy| quota(&name(policy), policy, burst)).collect()
 }
 
 /// The quota of one window: the sustained rate as requests per window in whole seconds
 /// (a sub-second or fractional window is scaled to one second); a concurrency limit and
-/// a calendar window have a quota and no window: `"uploads";q=4`.
-fn quota(name: &str, policy: &Policy) -> Quota {
+/// a calendar window have a quota and no window: `"uploads";q=4`. A rate's burst, the
+/// excess it admits at once, decides as much as the rate: with `burst`, it is said as an
+/// extension parameter (`"api";q=10;w=1;burst=20`), which the draft lets a client that
+/// does not know it ignore.
+fn quota(name: &str, policy: &Policy, burst: bool) -> Quota {
     let (count, per) = match policy {
         &Policy::Rate { rate, .. } => (rate.count, rate.per),
         &Policy::FixedWindow { limit, window: Window::Every(window) }
@@ -67,7 +84,12 @@ fn quota(name: &str, policy: &Policy) -> Quota {
         let per_second = u128::from(count) * 1_000_000_000 / per.as_nanos().max(1);
         (u64::try_from(per_second).unwrap_or(u64::MAX).max(1), 1)
     };
-    Quota::new(format!("\"{name}\";q={q};w={w}"), name, q)
+    match policy {
+        &Policy::Rate { burst: excess, .. } if burst && excess > 0 => {
+            Quota::new(format!("\"{name}\";q={q};w={w};burst={excess}"), name, q)
+        }
+        _ => Quota::new(format!("\"{name}\";q={q};w={w}"), name, q),
+    }
 }
 
 impl Quota {
@@ -169,19 +191,21 @@ mod tests {
 
     #[test]
     fn policy_items_state_quota_and_window_in_seconds() {
-        assert_eq!(quotas(&limit("a", "10r/s"))[0].item, "\"a\";q=10;w=1");
-        assert_eq!(quotas(&limit("a", "100r/15m"))[0].item, "\"a\";q=100;w=900");
-        assert_eq!(quotas(&limit("a", "10r/500ms"))[0].item, "\"a\";q=20;w=1");
+        assert_eq!(quotas(&limit("a", "10r/s"), true)[0].item, "\"a\";q=10;w=1");
+        assert_eq!(quotas(&limit("a", "100r/15m"), true)[0].item, "\"a\";q=100;w=900");
+        assert_eq!(quotas(&limit("a", "10r/500ms"), true)[0].item, "\"a\";q=20;w=1");
         let mut two = limit("a", "10r/s");
         two.windows.push(Policy::Rate { rate: parse_rate("10000r/d").unwrap(), burst: 9999, delay: 9999 });
-        let items: Vec<String> = quotas(&two).iter().map(|q| q.item.clone()).collect();
-        assert_eq!(items, ["\"a/1s\";q=10;w=1", "\"a/1day\";q=10000;w=86400"]);
+        let items: Vec<String> = quotas(&two, true).iter().map(|q| q.item.clone()).collect();
+        assert_eq!(items, ["\"a/1s\";q=10;w=1", "\"a/1day\";q=10000;w=86400;burst=9999"]);
+        let items: Vec<String> = quotas(&two, false).iter().map(|q| q.item.clone()).collect();
+        assert_eq!(items, ["\"a/1s\";q=10;w=1", "\"a/1day\";q=10000;w=86400"], "a route's own burst decides");
     }
 
     #[test]
     fn ratelimit_fields_list_every_standing() {
         let limits = [limit("a", "10r/s"), limit("b", "1r/m")];
-        let quotas: TiVec<LimitId, Box<[Quota]>> = limits.iter().map(quotas).collect();
+        let quotas: TiVec<LimitId, Box<[Quota]>> = limits.iter().map(|l| quotas(l, true)).collect();
         let standings = [
             Standing {
                 limit: LimitId::from(0),
