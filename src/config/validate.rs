@@ -348,10 +348,10 @@ fn scheme_without_listener(e: &mut Errors<'_>, routes: &[Route], listeners: &[Li
     for (i, route) in routes.iter().enumerate() {
         let Some(scheme) = route.matcher.scheme else { continue };
         if !listeners.iter().any(|l| Scheme::of(l.tls.is_some()) == scheme) {
-            let which = if scheme == Scheme::Https { "with" } else { "without" };
+            let which = if scheme == Scheme::Https { "no listener has" } else { "every listener has" };
             e.warn(
                 format!("routes[{i}].match.scheme"),
-                format!("no listener is {which} `tls`, so no request comes in by {scheme}: this route takes none"),
+                format!("{which} `tls`, so no request comes in by {scheme}: this route takes none"),
             );
         }
     }

@@ -782,6 +782,21 @@ mod tests {
         assert!(Format::detect([line]).is_some_and(|f| f.name() == "json"));
         assert!(Format::detect(["what is this", "and this"]).is_none());
         assert!(l.recorded.is_empty(), "a line without keys records none");
+        assert_eq!(l.scheme, Scheme::Http, "a line without a scheme is plain HTTP's");
+        let tls = line.replace(r#""protocol":"#, r#""scheme":"https","protocol":"#);
+        let Ok(Read::Request(l)) = json.read(&tls, &mut TimeCache::default()) else { panic!() };
+        assert_eq!(l.scheme, Scheme::Https);
+        let other = line.replace(r#""protocol":"#, r#""scheme":"ftp","protocol":"#);
+        assert!(json.read(&other, &mut TimeCache::default()).is_err());
+    }
+
+    #[test]
+    fn nginxs_scheme_is_read() {
+        let l = request(
+            "$remote_addr [$time_local] $scheme \"$request\"",
+            "10.0.0.1 [22/Nov/2026:23:48:25 +0000] https \"GET / HTTP/1.1\"",
+        );
+        assert_eq!(l.scheme, Scheme::Https);
     }
 
     #[test]
