@@ -38,7 +38,6 @@ http {{
     }}
     server {{
         listen {tls} ssl http2;
-        listen [::]:{tls} ssl http2;
         server_name example.com www.example.com;
         ssl_certificate certs/site.crt;
         ssl_certificate_key certs/site.key;
@@ -200,7 +199,7 @@ async fn the_http_to_https_pair_is_served_like_nginx_on_both_ports() {
     let (plain2, tls2) = (closed_port(), closed_port());
     let yaml = yaml
         .replace(&format!("\"[::]:{plain}\""), &format!("\"[::]:{plain2}\""))
-        .replace(&format!("\"[::]:{tls}\""), &format!("\"[::]:{tls2}\""));
+        .replace(&format!("0.0.0.0:{tls}"), &format!("0.0.0.0:{tls2}"));
     let _sg = Sluicegate::start(&yaml);
     let (plain_addr, tls_addr): (SocketAddr, SocketAddr) =
         (format!("127.0.0.1:{plain2}").parse().unwrap(), format!("127.0.0.1:{tls2}").parse().unwrap());
