@@ -8,7 +8,7 @@ use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use http::Method;
-use sluicegate::router::{PathMatch, PathRegex, RouteMatch, Router};
+use sluicegate::router::{PathMatch, PathRegex, RouteMatch, Router, Scheme};
 
 fn prefix(i: usize) -> RouteMatch {
     RouteMatch { path: PathMatch::Prefix(format!("/r{i}/")), ..RouteMatch::default() }
@@ -35,15 +35,15 @@ fn routing(c: &mut Criterion) {
         let by_path = router((0..n).map(prefix));
         let last = format!("/r{}/items/7", n - 1);
         group.bench_with_input(BenchmarkId::new("last_prefix", n), &last, |b, path| {
-            b.iter(|| by_path.find(&Method::GET, black_box(path.as_bytes()), Some("example.com")))
+            b.iter(|| by_path.find(&Method::GET, black_box(path.as_bytes()), Some("example.com"), Scheme::Http))
         });
         group.bench_function(BenchmarkId::new("no_match", n), |b| {
-            b.iter(|| by_path.find(&Method::GET, black_box(b"/nowhere/items/7"), Some("example.com")))
+            b.iter(|| by_path.find(&Method::GET, black_box(b"/nowhere/items/7"), Some("example.com"), Scheme::Http))
         });
         let by_host = router((0..n).map(host));
         let name = format!("h{}.example.com", n - 1);
         group.bench_with_input(BenchmarkId::new("last_host", n), &name, |b, name| {
-            b.iter(|| by_host.find(&Method::GET, b"/items/7", Some(black_box(name))))
+            b.iter(|| by_host.find(&Method::GET, b"/items/7", Some(black_box(name)), Scheme::Http))
         });
     }
     for (kind, anchor) in [("regex", "^"), ("unanchored_regex", "")] {
@@ -51,10 +51,10 @@ fn routing(c: &mut Criterion) {
             let patterns = router((0..n).map(|i| regex(i, anchor)));
             let last = format!("/s{}/t/acme-corp/orders/12345", n - 1);
             group.bench_with_input(BenchmarkId::new(format!("last_{kind}"), n), &last, |b, path| {
-                b.iter(|| patterns.find(&Method::GET, black_box(path.as_bytes()), None))
+                b.iter(|| patterns.find(&Method::GET, black_box(path.as_bytes()), None, Scheme::Http))
             });
             group.bench_function(BenchmarkId::new(format!("{kind}_no_match"), n), |b| {
-                b.iter(|| patterns.find(&Method::GET, black_box(b"/static/app.js"), None))
+                b.iter(|| patterns.find(&Method::GET, black_box(b"/static/app.js"), None, Scheme::Http))
             });
         }
     }

@@ -28,6 +28,7 @@ use typed_index_collections::TiVec;
 use crate::config::{AccessFormat, AccessLogConfig, Config, RouteId};
 use crate::limit::key_text::KeyText;
 use crate::policy::key::{KeyPart, KeySource};
+use crate::router::Scheme;
 use crate::wire::head::RequestHead;
 
 /// Lines waiting for the writer before new ones are dropped.
@@ -127,6 +128,8 @@ pub struct Entry {
     /// The request target as sent (path and query).
     pub target: String,
     pub version: Version,
+    /// How it came in: `https` on a listener with TLS.
+    pub scheme: Scheme,
     pub referer: Option<HeaderValue>,
     pub user_agent: Option<HeaderValue>,
     pub route: Option<String>,
@@ -180,9 +183,9 @@ impl AccessLog {
 }
 
 impl Entry {
-    /// Starts the line of the request `head` from `client`; the rest is filled in as it
-    /// is served.
-    pub fn begin(log: &Arc<AccessLog>, head: &RequestHead<'_>, client: IpAddr) -> Box<Entry> {
+    /// Starts the line of the request `head` from `client`, come in by `scheme`; the rest
+    /// is filled in as it is served.
+    pub fn begin(log: &Arc<AccessLog>, head: &RequestHead<'_>, client: IpAddr, scheme: Scheme) -> Box<Entry> {
         let field = |name| head.fields.get(&name).and_then(|v| HeaderValue::from_bytes(v).ok());
         Box::new(Entry {
             log: Arc::clone(log),
@@ -192,6 +195,7 @@ impl Entry {
             method: head.method.clone(),
             target: head.target.to_owned(),
             version: head.version,
+            scheme,
             referer: field(http::header::REFERER),
             user_agent: field(http::header::USER_AGENT),
             route: None,
@@ -302,6 +306,9 @@ pub struct JsonLine<'a> {
     pub target: Cow<'a, str>,
     #[serde(borrow, default)]
     pub protocol: Option<Cow<'a, str>>,
+    /// `http`, or `https` for a request on a listener with TLS (which routes may match).
+    #[serde(borrow, default)]
+    pub scheme: Option<Cow<'a, str>>,
     #[serde(default)]
     pub status: Option<u16>,
     /// Body bytes sent.
@@ -346,6 +353,7 @@ fn json(e: &Entry) -> String {
         method: e.method.as_str().into(),
         target: e.target.as_str().into(),
         protocol: Some(format!("{:?}", e.version).into()),
+        scheme: Some(e.scheme.as_str().into()),
         status: Some(e.status),
         bytes: Some(e.bytes),
         duration_ms: Some(round_ms(e.started.elapsed())),
@@ -501,6 +509,7 @@ mod tests {
             method: Method::POST,
             target: "/a?q=\"x\"&é".to_owned(),
             version: Version::HTTP_2,
+            scheme: Scheme::Https,
             referer: Some(HeaderValue::from_static("https://r.example/")),
             user_agent: None,
             route: Some("api".to_owned()),
@@ -524,6 +533,7 @@ mod tests {
             method: "POST".into(),
             target: "/a?q=\"x\"&é".into(),
             protocol: Some("HTTP/2.0".into()),
+            scheme: Some("https".into()),
             status: Some(200),
             bytes: Some(12),
             duration_ms: read.duration_ms,

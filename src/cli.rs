@@ -18,6 +18,7 @@ use crate::config::{self, Config};
 use crate::explain::asked::Asked;
 use crate::explain::{self, Explanation};
 use crate::gate::Gate;
+use crate::router::Scheme;
 use crate::server;
 use crate::simulate::synthetic::{self, Model, Spec};
 use crate::wire::head::RequestHead;
@@ -292,12 +293,13 @@ impl Given {
         asked.request().map(|r| (Given::Curl(r), Vec::new())).map_err(|e| e.to_string())
     }
 
-    /// Its head, as the front reads it, and the address it came from.
-    fn head(&self) -> (RequestHead<'_>, IpAddr) {
+    /// Its head, as the front reads it, the address it came from and how it came in (a
+    /// raw head: `http`).
+    fn head(&self) -> (RequestHead<'_>, IpAddr, Scheme) {
         match self {
-            Given::Curl(request) => (request.head(), request.peer),
-            Given::Logged(logged) => (logged.head(), logged.client),
-            Given::Raw(head) => (head.view(), explain::asked::DEFAULT_PEER),
+            Given::Curl(request) => (request.head(), request.peer, request.scheme),
+            Given::Logged(logged) => (logged.head(), logged.client, logged.scheme),
+            Given::Raw(head) => (head.view(), explain::asked::DEFAULT_PEER, Scheme::Http),
         }
     }
 }
@@ -390,7 +392,7 @@ pub fn explain(args: &ExplainArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let (head, peer) = given.head();
+    let (head, peer, scheme) = given.head();
     let logged = matches!(given, Given::Logged(_));
     let claimed = match &given {
         Given::Logged(line) => crate::front::Claimed::Logged(line.claims.as_ref()),
@@ -401,11 +403,12 @@ pub fn explain(args: &ExplainArgs) -> ExitCode {
             let (config, local) = explain::local(config);
             // A clock of its own: the identical requests and this one at one instant.
             let gate = Gate::new(&config, ManualClock::new(Clock::System.now()).into());
-            let mut explained = explain::explain(&config, &gate, None, &head, peer, claimed, args.after, "empty");
+            let mut explained =
+                explain::explain(&config, &gate, None, &head, peer, scheme, claimed, args.after, "empty");
             explained.notes.extend(local);
             Ok(explained)
         }
-        Some(admin) => match Asked::from_head(&head, peer, logged) {
+        Some(admin) => match Asked::from_head(&head, peer, scheme, logged) {
             Ok(asked) => ask_explain(&config, admin, &asked),
             Err(e) => {
                 eprintln!("sluicegate: explain: {e}");

@@ -278,6 +278,7 @@ async fn explain(proxy: &Proxy, body: Option<&mut (dyn BodySource + '_)>) -> Res
                 Some(proxy.holds()),
                 &request.head(),
                 request.peer,
+                request.scheme,
                 claimed,
                 0,
                 "live",

@@ -33,6 +33,7 @@ use crate::gate::{Decision, Gate};
 use crate::grpc::Code;
 use crate::hop;
 use crate::policy::key::{Claims, KeyPart};
+use crate::router::Scheme;
 use crate::wire::head::RequestHead;
 use hold::{Hold, HoldKey, Holds};
 
@@ -43,6 +44,8 @@ pub struct Asked<'a> {
     pub peer: IpAddr,
     /// The length of its body, when its head declares one.
     pub declared: Option<u64>,
+    /// How it came in: on a listener with TLS (`https`) or without; routes may match it.
+    pub scheme: Scheme,
     pub origin: Origin<'a>,
 }
 
@@ -236,7 +239,7 @@ pub fn admit<'a>(config: &Config, gate: &Gate, asked: &Asked<'a>, way: &Way<'_>)
         Origin::Logged { claims, host } => (front::request_host(head).or(host), front::Claimed::Logged(claims)),
     };
     admission.host = host;
-    let found = match front::front(config, head, client_ip, host, claimed) {
+    let found = match front::front(config, head, client_ip, host, asked.scheme, claimed) {
         Ok(found) => found,
         Err(e) => return refuse(admission, e.into()),
     };

@@ -67,7 +67,7 @@ fn admit_with<'a>(
     decide: Decide,
     holds: Option<&Holds>,
 ) -> Admission<'a> {
-    let asked = Asked { head, peer: PEER, declared, origin: Origin::Wire };
+    let asked = Asked { head, peer: PEER, declared, scheme: Scheme::Http, origin: Origin::Wire };
     admit(&s.config, &s.gate, &asked, &Way { decide, holds, drives: None })
 }
 
@@ -169,7 +169,13 @@ async fn a_logged_line_is_not_checked_again_and_its_client_is_the_one_it_names()
     let mut logged = HeaderMap::new();
     logged.insert("x-forwarded-for", "198.51.100.1".parse().unwrap());
     let line = head(&get, "/upload", &logged);
-    let asked = Asked { head: &line, peer: PEER, declared: None, origin: Origin::Logged { claims: None, host: None } };
+    let asked = Asked {
+        head: &line,
+        peer: PEER,
+        declared: None,
+        scheme: Scheme::Http,
+        origin: Origin::Logged { claims: None, host: None },
+    };
     let admission = admit(&s.config, &s.gate, &asked, &Way { decide: Decide::Spend, holds: None, drives: None });
     assert!(matches!(admission.verdict, Verdict::Decided(Decision::Pass { .. })));
     assert_eq!(admission.client_ip, PEER, "the line's client, not a hop it recorded");
@@ -186,7 +192,7 @@ async fn a_limit_a_line_cannot_drive_neither_decides_nor_refuses_it() {
     let get = Method::GET;
     let plain = fields(&[]);
     let key = head(&get, "/key", &plain);
-    let asked = Asked { head: &key, peer: PEER, declared: None, origin: Origin::Wire };
+    let asked = Asked { head: &key, peer: PEER, declared: None, scheme: Scheme::Http, origin: Origin::Wire };
     let none = |_: RouteId, _: LimitId| false;
     let admission = admit(&s.config, &s.gate, &asked, &Way { decide: Decide::Spend, holds: None, drives: Some(&none) });
     assert!(admission.limits.is_empty());

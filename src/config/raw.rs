@@ -628,6 +628,18 @@ pub struct RawMatch {
     pub path: Option<String>,
     pub path_regex: Option<String>,
     pub methods: Option<Vec<String>>,
+    /// `https`: requests that came in on a listener with `tls`; `http`: on one without.
+    pub scheme: Option<RawScheme>,
+}
+
+/// A route's `match.scheme`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum RawScheme {
+    /// Requests on a listener without `tls`.
+    Http,
+    /// Requests on a listener with `tls`.
+    Https,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]

@@ -13,10 +13,12 @@ use http::{HeaderMap, Method};
 use typed_index_collections::TiSlice;
 
 use crate::policy::key::KeyPart;
+use crate::router::Scheme;
 
 use super::checks::{Errors, allow, body_size, positive_duration, set_field, size, status_in, unknown_name};
 use super::raw::{
-    AlgorithmName, RawConfig, RawLimit, RawLimitUse, RawMatch, RawRespond, RawRoute, RawTunedUse, RawUpstreamHold,
+    AlgorithmName, RawConfig, RawLimit, RawLimitUse, RawMatch, RawRespond, RawRoute, RawScheme, RawTunedUse,
+    RawUpstreamHold,
 };
 use super::units::parse_duration;
 use super::{
@@ -441,7 +443,11 @@ fn route_match(e: &mut Errors<'_>, at: &str, raw: &RawMatch) -> RouteMatch {
             e.check(|| format!("{at}.methods[{i}]"), parsed)
         })
         .collect();
-    RouteMatch { host, path, methods }
+    let scheme = raw.scheme.map(|s| match s {
+        RawScheme::Http => Scheme::Http,
+        RawScheme::Https => Scheme::Https,
+    });
+    RouteMatch { host, path, methods, scheme }
 }
 
 fn static_response(e: &mut Errors<'_>, at: &str, raw: &RawRespond) -> StaticResponse {

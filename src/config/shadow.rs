@@ -53,7 +53,8 @@ fn covers(a: &RouteMatch, b: &RouteMatch) -> bool {
         _ => false,
     };
     let methods = a.methods.is_empty() || (!b.methods.is_empty() && b.methods.iter().all(|m| a.methods.contains(m)));
-    host && path && methods
+    let scheme = a.scheme.is_none() || a.scheme == b.scheme;
+    host && path && methods && scheme
 }
 
 /// `host` is a strict subdomain of `of`.
@@ -86,7 +87,7 @@ mod tests {
     }
 
     fn m(host: Option<&str>, path: PathMatch, methods: &[Method]) -> RouteMatch {
-        RouteMatch { host: host.map(str::to_owned), path, methods: methods.to_vec() }
+        RouteMatch { host: host.map(str::to_owned), path, methods: methods.to_vec(), scheme: None }
     }
 
     #[test]
@@ -107,5 +108,11 @@ mod tests {
         assert!(!covers(&m(None, prefix("/api/"), &[]), &m(None, prefix("/api"), &[])));
         assert!(!covers(&m(None, PathMatch::Any, &get), &m(None, PathMatch::Any, &[])));
         assert!(!covers(&m(None, PathMatch::Any, &get), &m(None, PathMatch::Any, &[Method::POST])));
+        let by = |scheme| RouteMatch { scheme, ..m(None, PathMatch::Any, &[]) };
+        let (http, https) = (Some(crate::router::Scheme::Http), Some(crate::router::Scheme::Https));
+        assert!(covers(&by(None), &by(https)));
+        assert!(covers(&by(https), &by(https)));
+        assert!(!covers(&by(http), &by(https)));
+        assert!(!covers(&by(https), &by(None)));
     }
 }

@@ -15,6 +15,7 @@ use super::{
     AccessLogConfig, Admin, Config, ConfigError, Limit, LimitId, Listener, Persist, Route, RouteId, Router, jwt,
     limits, routes, shadow, store, tls, upstreams,
 };
+use crate::router::Scheme;
 
 const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -173,6 +174,9 @@ pub fn compile(
         Router::default()
     });
     shadow::check(&mut e, &routes.raw, &router);
+    if let Some(listeners) = &listeners {
+        scheme_without_listener(&mut e, &routes.raw, listeners);
+    }
     // A limit no route lists (nor overrides into) decides nothing: most likely a name
     // left out of a route's `limits`.
     for name in raw.limits.keys() {
@@ -337,6 +341,20 @@ fn head_limit(e: &mut Errors<'_>, path: &str, value: Option<u64>, default: u64) 
         _ => Err(format!("must be from {lo} to {hi} bytes (1 KiB to 1 MiB), not {n}")),
     };
     e.check(|| path.to_owned(), checked).unwrap_or(default as usize)
+}
+
+/// Warns of each route whose `match.scheme` no listener serves: it takes no request.
+fn scheme_without_listener(e: &mut Errors<'_>, routes: &[Route], listeners: &[Listener]) {
+    for (i, route) in routes.iter().enumerate() {
+        let Some(scheme) = route.matcher.scheme else { continue };
+        if !listeners.iter().any(|l| Scheme::of(l.tls.is_some()) == scheme) {
+            let which = if scheme == Scheme::Https { "no listener has" } else { "every listener has" };
+            e.warn(
+                format!("routes[{i}].match.scheme"),
+                format!("{which} `tls`, so no request comes in by {scheme}: this route takes none"),
+            );
+        }
+    }
 }
 
 /// `listen`: one address, or a list of addresses and `{address, tls}` listeners.

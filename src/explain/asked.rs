@@ -11,6 +11,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri};
 use serde::{Deserialize, Serialize};
 
 pub use crate::access_log::Values;
+use crate::router::Scheme;
 use crate::wire::head::{Fields, RequestHead};
 
 /// Where the request comes from when nothing says: the peer a local client has.
@@ -35,6 +36,10 @@ pub struct Asked {
     /// the proxy read it (a line carries no `Host` unless it logs one).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub logged: bool,
+    /// `https` for a request that came in on a listener with TLS, where the URL has no
+    /// scheme to say so (`/PATH`); `http` when neither says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<String>,
 }
 
 fn get() -> String {
@@ -50,6 +55,8 @@ pub enum AskedError {
     Url(String),
     #[error("invalid header {0:?}: give 'name: value'")]
     Header(String),
+    #[error("invalid scheme {0:?}: give http or https, and the URL's own if it has one")]
+    Scheme(String),
 }
 
 /// A request ready for the front: its method, target (origin-form) and fields.
@@ -58,6 +65,8 @@ pub struct Request {
     pub target: String,
     pub headers: HeaderMap,
     pub peer: IpAddr,
+    /// The URL's scheme, else the one given, else `http`.
+    pub scheme: Scheme,
 }
 
 impl Request {
@@ -74,13 +83,13 @@ impl Request {
 }
 
 impl Asked {
-    /// The request of `head` from `peer` (`logged`: as an access-log line recorded it), as
-    /// `POST /explain` takes it: its method, its target (with an absolute-form target's
-    /// authority, `http://AUTHORITY/PATH`) and its fields (a field's value must be text:
-    /// JSON carries no other bytes).
-    pub fn from_head(head: &RequestHead<'_>, peer: IpAddr, logged: bool) -> Result<Asked, AskedError> {
+    /// The request of `head` from `peer`, come in by `scheme` (`logged`: as an access-log
+    /// line recorded it), as `POST /explain` takes it: its method, its target (with an
+    /// absolute-form target's authority, `SCHEME://AUTHORITY/PATH`), its scheme and its
+    /// fields (a field's value must be text: JSON carries no other bytes).
+    pub fn from_head(head: &RequestHead<'_>, peer: IpAddr, scheme: Scheme, logged: bool) -> Result<Asked, AskedError> {
         let url = match head.authority {
-            Some(authority) => format!("http://{authority}{}", head.target),
+            Some(authority) => format!("{scheme}://{authority}{}", head.target),
             None => head.target.to_owned(),
         };
         let mut fields: BTreeMap<String, Values> = BTreeMap::new();
@@ -90,7 +99,8 @@ impl Asked {
                 .map_err(|_| AskedError::Header(format!("{name}: {}", String::from_utf8_lossy(value))))?;
             fields.entry(name).or_insert_with(|| Values::Many(Vec::new())).push(value.to_owned());
         }
-        Ok(Asked { method: head.method.to_string(), url, headers: fields, peer: Some(peer), logged })
+        let scheme = (scheme == Scheme::Https).then(|| scheme.to_string());
+        Ok(Asked { method: head.method.to_string(), url, headers: fields, peer: Some(peer), logged, scheme })
     }
 
     /// The request of `curl -X METHOD -H 'name: value'… URL`.
@@ -101,7 +111,7 @@ impl Asked {
             let (name, value) = (name.trim().to_ascii_lowercase(), value.trim().to_owned());
             fields.entry(name).or_insert_with(|| Values::Many(Vec::new())).push(value);
         }
-        Ok(Asked { method: method.to_owned(), url: url.to_owned(), headers: fields, peer, logged: false })
+        Ok(Asked { method: method.to_owned(), url: url.to_owned(), headers: fields, peer, logged: false, scheme: None })
     }
 
     /// The request as the front reads it. As curl does, a URL's host is sent as `Host`
@@ -114,6 +124,11 @@ impl Asked {
         {
             return Err(AskedError::Url(self.url.clone()));
         }
+        let scheme = match (uri.scheme_str(), self.scheme.as_deref()) {
+            (Some("https"), None | Some("https")) | (None, Some("https")) => Scheme::Https,
+            (Some("http"), None | Some("http")) | (None, None | Some("http")) => Scheme::Http,
+            (_, given) => return Err(AskedError::Scheme(given.unwrap_or_default().to_owned())),
+        };
         let mut headers = HeaderMap::new();
         for (name, values) in &self.headers {
             let bad = || AskedError::Header(format!("{name}: {values:?}"));
@@ -130,7 +145,7 @@ impl Asked {
         }
         let target = uri.path_and_query().map_or("/", http::uri::PathAndQuery::as_str);
         let target = if target.is_empty() { "/" } else { target };
-        Ok(Request { method, target: target.to_owned(), headers, peer: self.peer.unwrap_or(DEFAULT_PEER) })
+        Ok(Request { method, target: target.to_owned(), headers, peer: self.peer.unwrap_or(DEFAULT_PEER), scheme })
     }
 }
 
@@ -153,6 +168,9 @@ mod tests {
         assert_eq!(request.headers.get_all("x-key").iter().count(), 2, "a field given twice is sent twice");
         assert_eq!(request.headers["host"], "api.example.com:8080");
         assert_eq!(request.peer, DEFAULT_PEER);
+        assert_eq!(request.scheme, Scheme::Http);
+        let https = Asked::from_curl("GET", &[], "https://a/", None).unwrap().request().unwrap();
+        assert_eq!(https.scheme, Scheme::Https, "the URL's scheme is the request's");
         let given_host = Asked::from_curl("GET", &["Host: other".into()], "http://a/", None).unwrap();
         assert_eq!(given_host.request().unwrap().headers["host"], "other", "a given Host wins, as with curl");
         let path_only = Asked::from_curl("GET", &[], "/x", None).unwrap().request().unwrap();
@@ -173,15 +191,23 @@ mod tests {
             fields: Fields::from(&headers),
         };
         let peer: IpAddr = "192.0.2.1".parse().unwrap();
-        let asked = Asked::from_head(&head, peer, true).unwrap();
+        let asked = Asked::from_head(&head, peer, Scheme::Http, true).unwrap();
         assert_eq!((asked.url.as_str(), asked.logged, asked.peer), ("http://a.example/x?y=1", true, Some(peer)));
+        let tls = Asked::from_head(&head, peer, Scheme::Https, true).unwrap();
+        assert_eq!((tls.url.as_str(), tls.request().unwrap().scheme), ("https://a.example/x?y=1", Scheme::Https));
+        let path_only = RequestHead { authority: None, ..head };
+        let tls = Asked::from_head(&path_only, peer, Scheme::Https, true).unwrap();
+        assert_eq!((tls.url.as_str(), tls.request().unwrap().scheme), ("/x?y=1", Scheme::Https), "said apart");
         let request = asked.request().unwrap();
         assert_eq!((request.method, request.target.as_str()), (Method::PUT, "/x?y=1"));
         assert_eq!(request.headers, headers, "every field, each value in order");
         let mut binary = headers.clone();
         binary.insert("x-bin", HeaderValue::from_bytes(b"\xff").unwrap());
         let head = RequestHead { fields: Fields::from(&binary), ..head };
-        assert!(matches!(Asked::from_head(&head, peer, false), Err(AskedError::Header(_))), "JSON carries text only");
+        assert!(
+            matches!(Asked::from_head(&head, peer, Scheme::Http, false), Err(AskedError::Header(_))),
+            "JSON carries text only"
+        );
     }
 
     #[test]
@@ -195,5 +221,13 @@ mod tests {
         assert!(matches!(asked("GET", "x: a\u{1}b", "/"), Err(AskedError::Header(_))));
         assert!(matches!(asked("GET", "", "ftp://a/"), Err(AskedError::Url(_))));
         assert!(matches!(asked("GET", "", "not a url"), Err(AskedError::Url(_))));
+        let both = |url: &str, scheme: &str| {
+            let mut asked = Asked::from_curl("GET", &[], url, None).unwrap();
+            asked.scheme = Some(scheme.to_owned());
+            asked.request().map(|r| r.scheme)
+        };
+        assert!(matches!(both("http://a/", "https"), Err(AskedError::Scheme(_))));
+        assert!(matches!(both("/", "ftp"), Err(AskedError::Scheme(_))));
+        assert_eq!(both("/", "https"), Ok(Scheme::Https));
     }
 }

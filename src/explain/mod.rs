@@ -32,7 +32,7 @@ use crate::metrics::RequestOutcome;
 use crate::policy::key::KeySource;
 use crate::proxy::error::ProxyError;
 use crate::proxy::response;
-use crate::router::{Mismatch, mismatch};
+use crate::router::{Mismatch, Scheme, mismatch};
 use crate::wire::head::{Fields, Known, RequestHead};
 
 /// Earlier routes listed with why they did not match, at most.
@@ -49,6 +49,9 @@ pub struct Explanation {
     pub path: Option<String>,
     /// The host, without its port, as routing reads it.
     pub host: Option<String>,
+    /// How the request is taken to have come in: `https` (on a listener with TLS) for an
+    /// `https://` URL, else `http`.
+    pub scheme: String,
     pub client: Client,
     /// The routes before the one taken (or all, when none is), each with why it did
     /// not match; at most `PASSED_OVER_SHOWN`, `passed_over_more` saying how many more.
@@ -180,7 +183,7 @@ pub fn local(mut config: Config) -> (Config, Vec<String>) {
     (config, notes)
 }
 
-/// Explains the request `head` from `peer` against `config`, the state of `gate` and
+/// Explains the request `head` from `peer`, come in by `scheme`, against `config`, the state of `gate` and
 /// the keys `holds` holds (the live instance's; none for a state of the explanation's
 /// own), through the proxy's own admission (`admission::admit`), previewed: nothing is
 /// spent. `claimed`: `Logged` when the head is what an access-log line recorded, which
@@ -196,6 +199,7 @@ pub fn explain(
     holds: Option<&Holds>,
     head: &RequestHead<'_>,
     peer: IpAddr,
+    scheme: Scheme,
     claimed: front::Claimed<'_>,
     after: u64,
     state: &str,
@@ -206,7 +210,7 @@ pub fn explain(
         front::Claimed::Explained => (false, Origin::Explained),
         front::Claimed::Verify => (false, Origin::Wire),
     };
-    let asked = Asked { head: &head, peer, declared: declared_length(head.fields), origin };
+    let asked = Asked { head: &head, peer, declared: declared_length(head.fields), scheme, origin };
     // The identical requests before this one, held in progress.
     let spend = Way { decide: Decide::Spend, holds: None, drives: None };
     let held: Vec<Permits> = (0..after)
@@ -223,6 +227,7 @@ pub fn explain(
         target: head.target.to_owned(),
         path: None,
         host: front::request_host(&head).map(str::to_ascii_lowercase),
+        scheme: scheme.to_string(),
         client: Client { address, peer, how: how_found(config, peer, address, head.fields) },
         passed_over: Vec::new(),
         passed_over_more: 0,
@@ -262,7 +267,8 @@ pub fn explain(
     };
     if let Some(src) = source {
         explanation.path = Some(String::from_utf8_lossy(&src.path).into_owned());
-        explanation.passed_over(config, head.method, src, taken.map_or(config.routes.len(), |r| r.index()));
+        let taken = taken.map_or(config.routes.len(), |r| r.index());
+        explanation.passed_over(config, head.method, src, scheme, taken);
     }
     if let Some(index) = taken {
         let route = &config.routes[index];
@@ -345,14 +351,14 @@ impl Explanation {
 
     /// Lists the routes before `taken` (all of them when `taken` is their number: none
     /// matched), each with why it does not match.
-    fn passed_over(&mut self, config: &Config, method: &Method, src: &KeySource<'_>, taken: usize) {
+    fn passed_over(&mut self, config: &Config, method: &Method, src: &KeySource<'_>, scheme: Scheme, taken: usize) {
         for (index, route) in config.routes.iter().take(taken).enumerate() {
-            let missed = mismatch(&route.matcher, method, &src.path, src.host);
+            let missed = mismatch(&route.matcher, method, &src.path, src.host, scheme);
             if self.passed_over.len() == PASSED_OVER_SHOWN {
                 self.passed_over_more += 1;
                 continue;
             }
-            let why = why_not(route, missed, method, src);
+            let why = why_not(route, missed, method, src, scheme);
             self.passed_over.push(PassedOver { route: route.name.clone(), index, line: None, why });
         }
     }
@@ -374,7 +380,7 @@ impl Explanation {
 }
 
 /// Why `route` does not take the request, in words, from what `mismatch` found.
-fn why_not(route: &Route, missed: Mismatch, method: &Method, src: &KeySource<'_>) -> Vec<String> {
+fn why_not(route: &Route, missed: Mismatch, method: &Method, src: &KeySource<'_>, scheme: Scheme) -> Vec<String> {
     let m = &route.matcher;
     let path = String::from_utf8_lossy(&src.path);
     let mut why = Vec::new();
@@ -396,6 +402,10 @@ fn why_not(route: &Route, missed: Mismatch, method: &Method, src: &KeySource<'_>
     if missed.method {
         let methods: Vec<&str> = m.methods.iter().map(Method::as_str).collect();
         why.push(format!("method {method} is not one of {}", methods.join(", ")));
+    }
+    if missed.scheme {
+        let want = m.scheme.map_or("", Scheme::as_str);
+        why.push(format!("scheme {scheme} is not {want}"));
     }
     why
 }

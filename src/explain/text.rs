@@ -21,9 +21,10 @@ impl Display for Explanation {
     fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
         writeln!(f, "request: {} {}", self.method, self.target)?;
         let host = self.host.as_deref().unwrap_or("none");
+        let scheme = &self.scheme;
         match &self.path {
-            Some(path) => writeln!(f, "  path {path} (normalized), host {host}")?,
-            None => writeln!(f, "  host {host}")?,
+            Some(path) => writeln!(f, "  path {path} (normalized), host {host}, scheme {scheme}")?,
+            None => writeln!(f, "  host {host}, scheme {scheme}")?,
         }
         writeln!(f, "  client {}: {}", self.client.address, self.client.how)?;
         for passed in &self.passed_over {

@@ -20,6 +20,7 @@ use crate::config::{Config, Cost, LimitId, LimitUse, OnMissingKey, PathMatch, Ro
 use crate::jwt::{Fetch, TokenError};
 use crate::path::{self, BadPath};
 use crate::policy::key::{Claims, KeySource};
+use crate::router::Scheme;
 use crate::wire::head::{Fields, RequestHead, text};
 pub use route::{checked_host, request_host};
 
@@ -143,17 +144,18 @@ pub enum Claimed<'c> {
     Logged(Option<&'c Arc<Claims>>),
 }
 
-/// The route `head` from `client_ip` takes, with its key source and exemption; `host`
-/// is the host it names (`request_host`) or stands for.
+/// The route `head` from `client_ip`, come in by `scheme`, takes, with its key source and
+/// exemption; `host` is the host it names (`request_host`) or stands for.
 pub fn front<'a>(
     config: &Config,
     head: &RequestHead<'a>,
     client_ip: IpAddr,
     host: Option<&'a str>,
+    scheme: Scheme,
     claimed: Claimed<'_>,
 ) -> Result<Front<'a>, FrontError> {
     let mut src = source(head, client_ip, host)?;
-    let route = config.router.find(head.method, &src.path, src.host).ok_or(FrontError::NoRoute)?;
+    let route = config.router.find(head.method, &src.path, src.host, scheme).ok_or(FrontError::NoRoute)?;
     if *head.method == Method::TRACE && !config.routes[route].matcher.methods.contains(&Method::TRACE) {
         return Err(FrontError::Trace);
     }

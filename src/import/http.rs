@@ -93,9 +93,19 @@ fn other(d: &Directive, notes: &mut Notes) -> Option<String> {
         return None;
     }
     let why = match d.name.as_str() {
-        "server" | "upstream" | "map" | "geo" | "limit_req_zone" | "limit_conn_zone" => "only valid in http",
-        "location" | "listen" | "server_name" => "not valid here",
-        name => unsupported_reason(name),
+        "server" | "upstream" | "map" | "geo" | "limit_req_zone" | "limit_conn_zone" => "only valid in http".to_owned(),
+        "location" | "listen" | "server_name" => "not valid here".to_owned(),
+        // What becomes of the requests it answers (`if ($http_user_agent ~* bot) { return 403; }`).
+        "if" => match d.block().iter().find(|inner| inner.name == "return") {
+            Some(ret) => format!(
+                "{}: the requests it answers with `{}` now go on to the route their path takes, limited and \
+                 forwarded as any other",
+                unsupported_reason("if"),
+                ret.text()
+            ),
+            None => unsupported_reason("if").to_owned(),
+        },
+        name => unsupported_reason(name).to_owned(),
     };
     Some(notes.left_out(d, why))
 }

@@ -1,9 +1,13 @@
 //! `listen`, `server_name` and `ssl_*` of the servers -> sluicegate listeners (TLS with
-//! one certificate per server, chosen by SNI) and the hosts each server's routes match.
-//! sluicegate picks a route by host on whatever listener a request came in, where nginx
-//! first picks the servers of the address: where that differs, a note says so.
+//! one certificate per server, chosen by SNI), the hosts each server's routes match, and
+//! the scheme they match where the servers of plain and TLS addresses differ (the usual
+//! HTTP→HTTPS pair). sluicegate picks a route by host and scheme on whatever listener a
+//! request came in, where nginx first picks the servers of the address: where that
+//! differs, a note says so.
 
 use std::path::Path;
+
+use crate::router::Scheme;
 
 use super::http::Server;
 use super::notes::Notes;
@@ -111,30 +115,75 @@ impl Listeners {
             .or(all.first().copied())
     }
 
-    /// The server whose routes take requests for names no server lists: the default
-    /// server of the first address. Notes each other default that sluicegate cannot keep.
-    pub fn catch_all(&self, servers: &[Server<'_>], notes: &mut Notes) -> Option<usize> {
+    /// Whether addresses of both kinds, plain and TLS, are listened on: only then can
+    /// routes tell their requests apart by scheme.
+    fn both_schemes(&self) -> bool {
         let addresses = self.addresses();
-        let chosen = self.default_of(addresses.first()?.0)?;
-        for (address, _) in &addresses[1..] {
-            if let Some(other) = self.default_of(address).filter(|&o| o != chosen) {
+        addresses.iter().any(|(_, ssl)| *ssl) && addresses.iter().any(|(_, ssl)| !*ssl)
+    }
+
+    /// The scheme the routes of `server` match: `https` for a server that listens on TLS
+    /// addresses only, `http` for one on plain addresses only, where the other kind is
+    /// listened on by other servers; `None` (either) otherwise.
+    pub fn scheme(&self, server: usize) -> Option<Scheme> {
+        let listens = &self.listens[server];
+        if !self.both_schemes() || listens.is_empty() {
+            return None;
+        }
+        let tls = listens.iter().all(|l| self.is_tls(&l.address));
+        let plain = listens.iter().all(|l| !self.is_tls(&l.address));
+        match (tls, plain) {
+            (true, _) => Some(Scheme::Https),
+            (_, true) => Some(Scheme::Http),
+            _ => None,
+        }
+    }
+
+    /// Whether `address` is a TLS one (nginx makes the whole address TLS when any of its
+    /// `listen` lines says `ssl`).
+    fn is_tls(&self, address: &str) -> bool {
+        self.addresses().iter().any(|(a, ssl)| *a == address && *ssl)
+    }
+
+    /// The servers whose routes take requests for names no server lists, each with the
+    /// scheme its routes do so for: the default server of the first address; or, where
+    /// plain and TLS addresses have different defaults, the default of the first plain
+    /// address for `http` and of the first TLS address for `https`. Notes each other
+    /// default that sluicegate cannot keep.
+    pub fn catch_all(&self, servers: &[Server<'_>], notes: &mut Notes) -> Vec<(usize, Option<Scheme>)> {
+        let addresses = self.addresses();
+        let default_of_kind =
+            |tls: bool| addresses.iter().find(|(_, ssl)| *ssl == tls).and_then(|(a, _)| self.default_of(a));
+        let chosen: Vec<(usize, Option<Scheme>)> = match (default_of_kind(false), default_of_kind(true)) {
+            (Some(plain), Some(tls)) if plain != tls => vec![(plain, Some(Scheme::Http)), (tls, Some(Scheme::Https))],
+            _ => addresses.first().and_then(|(a, _)| self.default_of(a)).map(|d| (d, None)).into_iter().collect(),
+        };
+        for (address, ssl) in &addresses {
+            let Some(other) = self.default_of(address) else { continue };
+            let Some(&(kept, _)) = chosen.iter().find(|(_, scheme)| scheme.is_none_or(|s| s == Scheme::of(*ssl)))
+            else {
+                continue;
+            };
+            if other != kept {
                 notes.left_out_at(
                     &servers[other].at,
                     "server",
-                    format!("sluicegate routes by host, not by address: requests to {address} for names no server lists go to the server at {}, not this one", servers[chosen].at),
+                    format!("sluicegate routes by host and scheme, not by address: requests to {address} for names no server lists go to the server at {}, not this one", servers[kept].at),
                 );
             }
         }
-        Some(chosen)
+        chosen
     }
 
-    /// Notes each server that does not listen on every address: its routes answer on
-    /// all of them in sluicegate.
+    /// Notes each server that does not listen on every address of the schemes it
+    /// answers: its routes answer on all of them in sluicegate.
     pub fn note_partial_listens(&self, servers: &[Server<'_>], notes: &mut Notes) {
         let addresses = self.addresses();
         for (i, server) in servers.iter().enumerate() {
+            let scheme = self.scheme(i);
             let missing: Vec<&str> = addresses
                 .iter()
+                .filter(|(_, ssl)| scheme.is_none_or(|s| s == Scheme::of(*ssl)))
                 .map(|(a, _)| *a)
                 .filter(|a| !self.listens[i].iter().any(|l| l.address == *a))
                 .collect();
@@ -143,7 +192,7 @@ impl Listeners {
                     &server.at,
                     "listen",
                     format!(
-                        "sluicegate routes by host, not by address: this server's locations also answer on {}",
+                        "sluicegate routes by host and scheme, not by address: this server's locations also answer on {}",
                         missing.join(", ")
                     ),
                 );

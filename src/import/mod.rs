@@ -7,8 +7,10 @@
 //! the http block with `scope` (inheritance); `keys`, `limits`, `upstreams`,
 //! `listeners`, `settings` and `routes` each make one section of the YAML (`yaml`;
 //! `tiers`: limits that count only some requests);
-//! `notes` keeps what was left out, reported on stderr and as comments.
+//! `notes` keeps what was left out, reported on stderr and as comments (`destinations`:
+//! where the requests of a location left out go now).
 
+mod destinations;
 mod directives;
 mod files;
 mod grammar;
@@ -39,10 +41,15 @@ pub const COMPLETE: u8 = 0;
 /// Nothing written: the nginx configuration cannot be read, has a syntax error, or has
 /// no `http` server to import.
 pub const FAILED: u8 = 1;
-/// Written, but directives were left out (listed on stderr, and as comments in it).
+/// Written, but directives were left out (listed on stderr, and as comments in it),
+/// none of which changes which route a request takes or how it is limited or refused.
 pub const PARTIAL: u8 = 3;
 /// Written, but `check` refuses it (e.g. a certificate file missing on this machine).
 pub const REFUSED: u8 = 4;
+/// Written and valid, but requests will be routed, limited or refused otherwise than
+/// nginx did: a location, a condition, a limit, an access rule was left out (each says
+/// where its requests go now, and what they lose).
+pub const DIVERTED: u8 = 5;
 
 pub struct Options {
     pub nginx_conf: PathBuf,
@@ -70,7 +77,7 @@ pub fn run(options: &Options) -> ExitCode {
             return ExitCode::from(FAILED);
         }
     };
-    for line in notes.lines() {
+    for line in notes.grouped(|_| true) {
         eprintln!("{line}");
     }
     if let Some(line) = notes.ignored_line() {
@@ -89,18 +96,37 @@ pub fn run(options: &Options) -> ExitCode {
         return ExitCode::from(FAILED);
     }
     let checked = check(&yaml, options.out.as_deref());
-    let summary = match notes.lines().len() {
-        0 => "imported whole".to_owned(),
-        n => format!("{} left out (listed above, and as comments in the result)", directives(n)),
+    let diverting = notes.diverting();
+    let summary = match (notes.lines().len(), diverting.len()) {
+        (0, _) => "imported whole".to_owned(),
+        (n, 0) => format!(
+            "{} left out (listed above, and as comments in the result), none of which changes which route a request \
+             takes or how it is limited",
+            directives(n)
+        ),
+        (n, d) => {
+            let at: Vec<String> = diverting.iter().map(ToString::to_string).collect();
+            format!(
+                "{} left out (listed above, and as comments in the result); requests are routed, limited or refused \
+                 otherwise than by nginx where {} left out: {}",
+                directives(n),
+                if d == 1 { "this one was".to_owned() } else { format!("these {d} were") },
+                at.join(", ")
+            )
+        }
     };
     match checked {
         Ok(()) if notes.complete() => {
             eprintln!("{source}: {summary}; the result is valid");
             ExitCode::from(COMPLETE)
         }
-        Ok(()) => {
+        Ok(()) if diverting.is_empty() => {
             eprintln!("{source}: {summary}; the result is valid");
             ExitCode::from(PARTIAL)
+        }
+        Ok(()) => {
+            eprintln!("{source}: {summary}; the result is valid");
+            ExitCode::from(DIVERTED)
         }
         Err(errors) => {
             eprintln!("{errors}");
@@ -178,7 +204,8 @@ fn convert(main: &[Directive], conf_prefix: &Path, source: &str, notes: &mut Not
     let listeners = listeners::Listeners::new(&http.servers, conf_prefix, notes);
     let catch_all = listeners.catch_all(&http.servers, notes);
     listeners.note_partial_listens(&http.servers, notes);
-    let (server, max_body) = settings::section(main, &http.servers, catch_all.unwrap_or(0), notes);
+    let primary = catch_all.first().map_or(0, |&(i, _)| i);
+    let (server, max_body) = settings::section(main, &http.servers, primary, notes);
     let trusted = settings::trusted_proxies(&http.scope, &http.servers, notes);
     let mut cx = routes::Context {
         http: &http,
@@ -215,7 +242,7 @@ fn convert(main: &[Directive], conf_prefix: &Path, source: &str, notes: &mut Not
     // A setting servers disagree on, a server's addresses: lines placed nowhere below
     // go to the top too.
     let placed = yaml::render(&header(&general), &top);
-    general.extend(notes.lines().into_iter().filter(|line| !placed.contains(line.as_str())));
+    general.extend(notes.grouped(|line| !placed.contains(line)));
     Ok(yaml::render(&header(&general), &top))
 }
 

@@ -1,16 +1,81 @@
 //! What the import did not carry over, and why: each directive left out is one line
-//! `FILE:LINE: directive: why` on stderr (and a comment where it would have gone in the
-//! YAML); directives that need no counterpart are only counted.
+//! `FILE:LINE: directive: why` (and a comment where it would have gone in the YAML); on
+//! stderr the lines of one directive left out of one file for one reason are one line
+//! (`FILE:LINE: directive: why (21 lines: 2-22)`). Directives that need no counterpart
+//! are only counted. Each left out is either without effect on where requests go and
+//! how they are limited, or not (`Effect`): the exit status tells the two apart.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::syntax::{At, Directive};
 
+/// What leaving a directive out changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Effect {
+    /// Neither which route a request takes nor how it is limited or refused: a header,
+    /// compression, a timeout, a setting servers disagree on.
+    Dropped,
+    /// Requests take another route, or are limited or refused otherwise than by nginx: a
+    /// location, a condition, a limit, an access rule, an address or name of a server.
+    Diverts,
+}
+
+impl Effect {
+    /// What leaving out the directive `name` changes, as far as its name tells.
+    pub fn of(name: &str) -> Effect {
+        const DIVERTING: &[&str] = &[
+            "location",
+            "if",
+            "rewrite",
+            "return",
+            "proxy_pass",
+            "try_files",
+            "limit_except",
+            "internal",
+            "server",
+            "server_name",
+            "listen",
+            "limit_req",
+            "limit_req_zone",
+            "limit_req_status",
+            "limit_req_dry_run",
+            "limit_conn",
+            "limit_conn_zone",
+            "limit_conn_status",
+            "limit_conn_dry_run",
+            "client_max_body_size",
+            "allow",
+            "deny",
+            "satisfy",
+            "auth_basic",
+            "auth_basic_user_file",
+            "auth_request",
+            "auth_jwt",
+            "ssl_verify_client",
+            "ssl_client_certificate",
+            "set_real_ip_from",
+            "real_ip_header",
+            "real_ip_recursive",
+        ];
+        // `fastcgi_pass`, `grpc_pass`, …: where nginx sent the location's requests.
+        if DIVERTING.contains(&name) || name.ends_with("_pass") { Effect::Diverts } else { Effect::Dropped }
+    }
+}
+
+/// One directive left out.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Entry {
+    at: At,
+    directive: String,
+    why: String,
+    effect: Effect,
+}
+
 #[derive(Debug, Default)]
 pub struct Notes {
     /// Left out: by position, directive and why. One line each, however many routes
     /// inherit the directive.
-    left_out: BTreeSet<(At, String, String)>,
+    left_out: BTreeSet<Entry>,
     /// Directives with nothing to convert (logging, buffers, process settings), by name.
     ignored: BTreeMap<String, usize>,
 }
@@ -21,10 +86,16 @@ impl Notes {
         self.left_out_at(&d.at, &d.name, why)
     }
 
+    /// Records `directive` at `at` as left out, with the effect its name tells.
     pub fn left_out_at(&mut self, at: &At, directive: &str, why: impl Into<String>) -> String {
+        self.left_out_as(at, directive, why, Effect::of(directive))
+    }
+
+    /// Records `directive` at `at` as left out, with `effect`.
+    pub fn left_out_as(&mut self, at: &At, directive: &str, why: impl Into<String>, effect: Effect) -> String {
         let why = why.into();
         let line = format!("{at}: {directive}: {why}");
-        self.left_out.insert((at.clone(), directive.to_owned(), why));
+        self.left_out.insert(Entry { at: at.clone(), directive: directive.to_owned(), why, effect });
         line
     }
 
@@ -37,9 +108,41 @@ impl Notes {
         self.left_out.is_empty()
     }
 
-    /// The lines for stderr, in file order.
+    /// The lines, one a directive left out, in file order.
     pub fn lines(&self) -> Vec<String> {
-        self.left_out.iter().map(|(at, directive, why)| format!("{at}: {directive}: {why}")).collect()
+        self.left_out.iter().map(Entry::line).collect()
+    }
+
+    /// The lines in file order, those of one directive left out of one file for one
+    /// reason as one, at its first position, ending `(N lines: 2-22)`; only the lines
+    /// `keep` keeps.
+    pub fn grouped(&self, keep: impl Fn(&str) -> bool) -> Vec<String> {
+        let mut groups: Vec<(&Entry, Vec<usize>)> = Vec::new();
+        for e in self.left_out.iter().filter(|e| keep(&e.line())) {
+            let same = |(first, _): &&mut (&Entry, Vec<usize>)| {
+                first.at.file == e.at.file && first.directive == e.directive && first.why == e.why
+            };
+            match groups.iter_mut().find(same) {
+                Some((_, lines)) => lines.push(e.at.line),
+                None => groups.push((e, vec![e.at.line])),
+            }
+        }
+        groups
+            .into_iter()
+            .map(|(first, lines)| match lines.len() {
+                1 => first.line(),
+                n => format!("{} ({n} lines: {})", first.line(), runs(&lines)),
+            })
+            .collect()
+    }
+
+    /// The positions of the directives left out whose effect is `Diverts`, in file order,
+    /// each once.
+    pub fn diverting(&self) -> Vec<&At> {
+        let mut at: Vec<&At> = self.left_out.iter().filter(|e| e.effect == Effect::Diverts).map(|e| &e.at).collect();
+        // Sorted already: a location and its `fastcgi_pass` on one line are one place.
+        at.dedup();
+        at
     }
 
     /// One line naming the directives ignored, if any.
@@ -51,6 +154,27 @@ impl Notes {
             self.ignored.iter().map(|(name, &n)| if n == 1 { name.clone() } else { format!("{name} ({n})") }).collect();
         Some(format!("nothing to convert (sluicegate needs no counterpart): {}", names.join(", ")))
     }
+}
+
+impl Entry {
+    fn line(&self) -> String {
+        format!("{}: {}: {}", self.at, self.directive, self.why)
+    }
+}
+
+/// Line numbers (ascending) as runs: `2-5, 9, 11-12`.
+fn runs(lines: &[usize]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let mut j = i;
+        while j + 1 < lines.len() && lines[j + 1] <= lines[j] + 1 {
+            j += 1;
+        }
+        out.push(if j == i { lines[i].to_string() } else { format!("{}-{}", lines[i], lines[j]) });
+        i = j + 1;
+    }
+    out.join(", ")
 }
 
 /// Directives that change nothing a client gets from sluicegate: process and event
@@ -210,5 +334,36 @@ pub fn unsupported_reason(name: &str) -> &'static str {
         _ if name.contains("lua") => "Lua is not supported",
         _ if name.starts_with("js_") => "njs is not supported",
         _ => "not supported",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[test]
+    fn the_lines_of_one_directive_left_out_of_one_file_for_one_reason_are_one() {
+        let mut notes = Notes::default();
+        let (a, b): (Arc<str>, Arc<str>) = (Arc::from("fastcgi_params"), Arc::from("nginx.conf"));
+        for line in [2, 3, 4, 5, 7, 9, 10] {
+            notes.left_out_at(&At { file: a.clone(), line }, "fastcgi_param", "not supported");
+        }
+        notes.left_out_at(&At { file: b.clone(), line: 3 }, "fastcgi_param", "not supported");
+        notes.left_out_at(&At { file: a.clone(), line: 8 }, "fastcgi_param", "another reason");
+        assert_eq!(
+            notes.grouped(|_| true),
+            [
+                "fastcgi_params:2: fastcgi_param: not supported (7 lines: 2-5, 7, 9-10)",
+                "fastcgi_params:8: fastcgi_param: another reason",
+                "nginx.conf:3: fastcgi_param: not supported",
+            ]
+        );
+        assert_eq!(notes.lines().len(), 9, "each is still a line of its own where it is commented");
+        assert!(notes.diverting().is_empty(), "a parameter changes neither routes nor limits");
+        notes.left_out_at(&At { file: b.clone(), line: 4 }, "location", "no route is made");
+        notes.left_out_at(&At { file: b, line: 4 }, "fastcgi_pass", "only proxy_pass (HTTP) is converted");
+        assert_eq!(notes.diverting().len(), 1, "one place, however many directives left out there");
     }
 }

@@ -4,6 +4,7 @@
 //! of the default server. Each route carries what nginx applied at its location: limits
 //! (a `return` answers before them), the upstream with its URI part, header fields.
 
+use super::destinations::{self, Takes};
 use super::http::{Http, Location, Match, Server};
 use super::keys::Var;
 use super::limits::{Limits, Listed};
@@ -11,14 +12,17 @@ use super::listeners::Listeners;
 use super::notes::Notes;
 use super::scope::Scope;
 use super::settings;
-use super::syntax::Directive;
+use super::syntax::{At, Directive};
 use super::tiers;
 use super::upstreams::Upstreams;
 use super::values;
 use super::yaml::{Item, MapBuilder, Value};
+use crate::router::Scheme;
 
 /// A route of one server, before it is given a host.
 struct Template {
+    /// What it takes, for where the requests of a location left out go now.
+    takes: Takes,
     comments: Vec<String>,
     name: String,
     matcher: Vec<(String, Item)>,
@@ -34,7 +38,9 @@ struct Template {
 pub struct Context<'c, 'a> {
     pub http: &'c Http<'a>,
     pub listeners: &'c Listeners,
-    pub catch_all: Option<usize>,
+    /// The servers whose routes take requests for names no server lists, each for a
+    /// scheme or both.
+    pub catch_all: Vec<(usize, Option<Scheme>)>,
     pub limits: &'c mut Limits<'a>,
     pub upstreams: &'c mut Upstreams,
     /// `server.max_body_bytes` (`None`: unlimited).
@@ -56,20 +62,24 @@ pub fn section(cx: &mut Context<'_, '_>, notes: &mut Notes) -> Item {
     let mut exact = Vec::new();
     let mut wildcard = Vec::new();
     // One server alone takes every request, whatever its names.
-    let mut taken: Vec<(&String, usize)> = Vec::new();
+    let mut taken: Vec<(&String, Option<Scheme>, usize)> = Vec::new();
     for i in (0..servers.len()).filter(|_| servers.len() > 1) {
+        let scheme = cx.listeners.scheme(i);
         for name in cx.listeners.names(i) {
             // nginx refuses one name twice on an address: two servers share one only on
-            // different addresses, which sluicegate's routes do not tell apart.
-            if let Some(&(_, first)) = taken.iter().find(|(n, _)| *n == name) {
+            // different addresses, which sluicegate's routes tell apart by scheme alone.
+            let overlaps = |(n, s, _): &&(&String, Option<Scheme>, usize)| {
+                *n == name && (s.is_none() || scheme.is_none() || *s == scheme)
+            };
+            if let Some(&(_, _, first)) = taken.iter().find(overlaps) {
                 notes.left_out_at(
                     &servers[i].at,
                     "server_name",
-                    format!("{name} is also the name of the server at {}: sluicegate routes by host, so that server's routes take it on every address", servers[first].at),
+                    format!("{name} is also the name of the server at {}: sluicegate routes by host and scheme, not by address, so that server's routes take it on every address where both answer", servers[first].at),
                 );
                 continue;
             }
-            taken.push((name, i));
+            taken.push((name, scheme, i));
             let target = if name.starts_with("*.") { &mut wildcard } else { &mut exact };
             target.push((name.clone(), i));
         }
@@ -77,15 +87,19 @@ pub fn section(cx: &mut Context<'_, '_>, notes: &mut Notes) -> Item {
     // nginx prefers an exact name, then the longest wildcard.
     wildcard.sort_by_key(|(name, _)| std::cmp::Reverse(name.len()));
     let mut routes = Vec::new();
-    let hosts = exact.into_iter().chain(wildcard).map(|(host, i)| (Some(host), i));
-    for (host, i) in hosts.chain(cx.catch_all.map(|i| (None, i))) {
+    let hosts = exact.into_iter().chain(wildcard).map(|(host, i)| (Some(host), i, cx.listeners.scheme(i)));
+    for (host, i, scheme) in hosts.chain(cx.catch_all.iter().map(|&(i, scheme)| (None, i, scheme))) {
         // The server's line above its first route: the others follow it.
         let server = &servers[i];
         let names = if server.names.is_empty() { String::new() } else { format!(" {}", server.names.join(" ")) };
-        let label =
-            format!("{}: server{names}{}", server.at, host.as_ref().map_or(String::new(), |h| format!(", for {h}")));
+        let label = format!(
+            "{}: server{names}{}{}",
+            server.at,
+            host.as_ref().map_or(String::new(), |h| format!(", for {h}")),
+            scheme.map_or(String::new(), |s| format!(", on its {s} addresses"))
+        );
         for (n, t) in per_server[i].iter().enumerate() {
-            let mut item = route(t, host.as_deref());
+            let mut item = route(t, host.as_deref(), scheme);
             if n == 0 {
                 item.comments.insert(0, label.clone());
             }
@@ -109,12 +123,18 @@ pub fn section(cx: &mut Context<'_, '_>, notes: &mut Notes) -> Item {
     Value::List(routes).into()
 }
 
-/// A template given its host.
-fn route(t: &Template, host: Option<&str>) -> Item {
+/// A template given its host and scheme.
+fn route(t: &Template, host: Option<&str>, scheme: Option<Scheme>) -> Item {
     let mut m = MapBuilder::default();
     let methods = if t.methods.is_empty() { String::new() } else { format!(" {}", t.methods.join(",")) };
-    m.set("name", Item::text(format!("{}{}{methods}", host.unwrap_or(""), t.name)));
+    // `https://example.com/api/`, `http://*/` for any host: a name for each scheme.
+    let name = match scheme {
+        Some(s) => format!("{s}://{}{}{methods}", host.unwrap_or("*"), t.name),
+        None => format!("{}{}{methods}", host.unwrap_or(""), t.name),
+    };
+    m.set("name", Item::text(name));
     let mut matcher: Vec<(String, Item)> = host.map(|h| ("host".to_owned(), Item::text(h))).into_iter().collect();
+    matcher.extend(scheme.map(|s| ("scheme".to_owned(), Item::text(s.as_str()))));
     matcher.extend(t.matcher.iter().cloned());
     if !t.methods.is_empty() {
         matcher.push(("methods".into(), Item::texts(t.methods.clone())));
@@ -139,6 +159,7 @@ fn templates(cx: &mut Context<'_, '_>, server: &Server<'_>, notes: &mut Notes) -
         comments.extend(server_notes);
         return match respond(ret, &server.scope, notes) {
             Ok(respond) => vec![Template {
+                takes: Takes::server_return(ret),
                 comments,
                 name: "/".into(),
                 matcher: Vec::new(),
@@ -153,9 +174,15 @@ fn templates(cx: &mut Context<'_, '_>, server: &Server<'_>, notes: &mut Notes) -
             }
         };
     }
-    let mut out = Vec::new();
+    let (mut out, mut left_out) = (Vec::new(), Vec::new());
     for (n, (location, skips)) in in_matching_order(&server.locations).into_iter().enumerate() {
-        let mut made = location_templates(cx, server, location, notes);
+        let mut made = match location_templates(cx, server, location, notes) {
+            Ok(made) => made,
+            Err(why) => {
+                left_out.push((location, why));
+                Vec::new()
+            }
+        };
         if let Some(under) = skips {
             for template in &mut made {
                 template.comments.push(format!(
@@ -171,7 +198,30 @@ fn templates(cx: &mut Context<'_, '_>, server: &Server<'_>, notes: &mut Notes) -
         }
         out.extend(made);
     }
+    // Said once every route of the server is known: where its requests go instead.
+    for (location, LeftOut { at, directive, why }) in left_out {
+        let routes = out.iter().map(|t: &Template| (&t.takes, !t.methods.is_empty()));
+        notes.left_out_at(&at, directive, format!("{why}; {}", destinations::destination(location, routes)));
+    }
     out
+}
+
+/// Why a location makes no route: the directive that says so, and why.
+struct LeftOut {
+    at: At,
+    directive: &'static str,
+    why: String,
+}
+
+impl LeftOut {
+    fn at(d: &Directive, why: impl Into<String>) -> LeftOut {
+        let directive = match d.name.as_str() {
+            "proxy_pass" => "proxy_pass",
+            "return" => "return",
+            _ => "location",
+        };
+        LeftOut { at: d.at.clone(), directive, why: why.into() }
+    }
 }
 
 /// The locations of a server in the order whose first match is nginx's choice: exact
@@ -203,13 +253,14 @@ fn in_matching_order<'l, 'a>(locations: &'l [Location<'a>]) -> Vec<(&'l Location
     ordered.into_iter().map(|((_, under), l)| (l, under)).collect()
 }
 
-/// The route(s) of one location: one, or one per set of methods its limits tell apart.
+/// The route(s) of one location: one, or one per set of methods its limits tell apart;
+/// or why it makes none.
 fn location_templates(
     cx: &mut Context<'_, '_>,
     server: &Server<'_>,
     l: &Location<'_>,
     notes: &mut Notes,
-) -> Vec<Template> {
+) -> Result<Vec<Template>, LeftOut> {
     let d = l.directive;
     let mut comments = vec![format!("{}: {}", d.at, d.text())];
     comments.extend(l.left_out.iter().map(|line| format!("left out: {line}")));
@@ -227,14 +278,17 @@ fn location_templates(
             // router matches bytes too, and `(?-u)` gives every one of those that meaning.
             let pattern = format!("(?{}-u){}", if caseless { "i" } else { "" }, l.path);
             if let Err(why) = crate::router::PathRegex::new(&pattern) {
-                notes.left_out(d, format!("{why}; sluicegate's regular expressions match in linear time, without it"));
-                return Vec::new();
+                return Err(LeftOut::at(
+                    d,
+                    format!("{why}; sluicegate's regular expressions match in linear time, without it"),
+                ));
             }
             ("path_regex", format!("~{} {}", if caseless { "*" } else { "" }, l.path), pattern)
         }
     };
     let matcher = vec![(path_field.to_owned(), Item::text(&path))];
     let template = |comments: Vec<String>, fields: Vec<(String, Item)>| Template {
+        takes: Takes::location(l, !fields.iter().any(|(k, _)| k == "respond")),
         comments,
         name: name.clone(),
         matcher: matcher.clone(),
@@ -257,30 +311,22 @@ fn location_templates(
                     ret.at,
                     ret.text()
                 ));
-                vec![template(comments, vec![("respond".into(), respond)])]
+                Ok(vec![template(comments, vec![("respond".into(), respond)])])
             }
-            Err(why) => {
-                notes.left_out(ret, why);
-                Vec::new()
-            }
+            Err(why) => Err(LeftOut::at(ret, why)),
         };
     }
     let Some(proxy_pass) = l.proxy_pass else {
-        notes.left_out(d, "neither proxy_pass nor return: sluicegate serves no files, so no route is made");
-        return Vec::new();
+        return Err(LeftOut::at(d, "neither proxy_pass nor return: sluicegate serves no files, so no route is made"));
     };
-    let target = match cx.upstreams.target(proxy_pass, &l.scope, notes) {
-        Ok(t) => t,
-        Err(why) => {
-            notes.left_out(proxy_pass, why);
-            return Vec::new();
-        }
-    };
+    let target = cx.upstreams.target(proxy_pass, &l.scope, notes).map_err(|why| LeftOut::at(proxy_pass, why))?;
     let mut fields = vec![("upstream".to_owned(), Item::text(target.upstream.clone()))];
     if let Some(uri) = &target.uri {
         if let Match::Regex { .. } = l.kind {
-            notes.left_out(proxy_pass, "a URI part in a regular-expression location, which nginx itself refuses");
-            return Vec::new();
+            return Err(LeftOut::at(
+                proxy_pass,
+                "a URI part in a regular-expression location, which nginx itself refuses",
+            ));
         }
         fields.extend(path_rewrite(l, uri));
     }
@@ -319,7 +365,7 @@ fn location_templates(
             comments.push(format!("left out: {}", notes.left_out_at(&a.at, a.directive, "$server_name is the server's first name in nginx; sluicegate keys on the host asked for, which differs for a server with other names")));
         }
     }
-    tiers::split_by_methods(&applied)
+    Ok(tiers::split_by_methods(&applied)
         .into_iter()
         .map(|(methods, limits)| Template {
             methods,
@@ -327,7 +373,7 @@ fn location_templates(
             tiers: tiers.clone(),
             ..template(comments.clone(), fields.clone())
         })
-        .collect()
+        .collect())
 }
 
 /// The URI part of `proxy_pass` as `strip_prefix` or `rewrite`.

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use super::keys::Variables;
-use super::notes::{Notes, needs_no_counterpart};
+use super::notes::{Effect, Notes, needs_no_counterpart};
 use super::scope::Scope;
 use super::syntax::{At, Directive};
 use super::values;
@@ -127,10 +127,12 @@ impl Upstreams {
                     .value("proxy_ssl_trusted_certificate")
                     .map(|f| self.conf_prefix.join(f).display().to_string());
             } else {
-                notes.left_out_at(
+                // Where requests go and how they are limited stay the same.
+                notes.left_out_as(
                     at,
                     "proxy_pass",
                     "nginx does not check an https upstream's certificate (proxy_ssl_verify off, its default); sluicegate does, against public roots: set the upstream's tls.ca_file, or tls.verify: false",
+                    Effect::Dropped,
                 );
             }
             sni = scope.value("proxy_ssl_name").filter(|n| !n.contains('$')).map(str::to_owned);

@@ -38,6 +38,7 @@ use crate::limit::secret::KeySecret;
 use crate::limit::{LimitResult, Limiters, Outcome, Shown};
 use crate::metrics::{Metrics, RequestOutcome, UPSTREAM_HOLD, UpstreamResult};
 use crate::policy::key::KeySource;
+use crate::router::Scheme;
 use crate::upstream::{self, Outgoing, UpstreamClient, UpstreamError};
 use crate::variables;
 use crate::wire::connection::ClientConn;
@@ -198,8 +199,11 @@ impl Proxy {
     ) -> impl Future<Output = Response> + 'a {
         async move {
             let (head, framing) = (&request.head, request.framing);
-            let mut trace =
-                Trace(self.access_log.as_ref().map(|log| access_log::Entry::begin(log, head, conn.peer.ip())));
+            let mut trace = Trace(
+                self.access_log
+                    .as_ref()
+                    .map(|log| access_log::Entry::begin(log, head, conn.peer.ip(), Scheme::of(conn.tls))),
+            );
             // What sluicegate answers a gRPC call itself is a gRPC response.
             let grpc = grpc::is_grpc(head.fields.first_of(Known::ContentType));
             // The admission is taken apart before the request is served: an answer already
@@ -229,7 +233,7 @@ impl Proxy {
     ) -> Result<Admission, ProxyError> {
         let config = &self.config;
         let declared = if let Framing::Length(length) = framing { Some(length) } else { None };
-        let asked = Asked { head, peer: conn.peer.ip(), declared, origin: Origin::Wire };
+        let asked = Asked { head, peer: conn.peer.ip(), declared, scheme: Scheme::of(conn.tls), origin: Origin::Wire };
         let mut admitted = {
             let way = Way { decide: Decide::Spend, holds: Some(&self.holds), drives: None };
             admission::admit(config, &self.gate, &asked, &way)

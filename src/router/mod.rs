@@ -8,7 +8,7 @@
 //!   path in a list. A `path_regex` anchored with a literal start (`^/t/(?<t>…)`) hangs in
 //!   the tree at that start and is tried only by the paths that have it; the others are
 //!   matched together in one `RegexSet`, in one pass.
-//! - Methods: a bit mask per route.
+//! - Methods: a bit mask per route; the scheme (a TLS listener or not), a flag beside it.
 //!
 //! Each source yields its routes in ascending order; the request takes the least that
 //! matches in every respect, and a source whose least route cannot beat the best found
@@ -34,6 +34,36 @@ pub struct RouteMatch {
     pub path: PathMatch,
     /// Empty: any method.
     pub methods: Vec<Method>,
+    /// The scheme the request came in by (`None`: either).
+    pub scheme: Option<Scheme>,
+}
+
+/// How a request came in: `Https` on a listener with `tls`, `Http` on one without. The
+/// same as the request's `$scheme` (RFC 9110 §4.2: `https` is HTTP over TLS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheme {
+    Http,
+    Https,
+}
+
+impl Scheme {
+    /// The scheme of a request on a listener with TLS (`tls`) or without.
+    pub fn of(tls: bool) -> Scheme {
+        if tls { Scheme::Https } else { Scheme::Http }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scheme::Http => "http",
+            Scheme::Https => "https",
+        }
+    }
+}
+
+impl std::fmt::Display for Scheme {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 #[derive(Debug, Default, Clone)]
@@ -56,7 +86,7 @@ pub struct Router {
     /// that a `Host` of a thousand labels costs no more than the configuration's own.
     longest_wildcard: usize,
     any_host: Table,
-    /// Per route.
+    /// Per route: its methods and scheme.
     methods: Box<[Methods]>,
     /// The `path_regex` patterns hung in the trees.
     patterns: Vec<PathRegex>,
@@ -86,12 +116,13 @@ impl Default for Table {
     }
 }
 
-/// A route's methods: the standard ones as bits, others listed.
+/// A route's methods: the standard ones as bits, others listed; and its scheme.
 #[derive(Debug, Default)]
 struct Methods {
     /// Bit `i`: `STANDARD[i]`. All clear, with no `others`: any method.
     bits: u16,
     others: Box<[Method]>,
+    scheme: Option<Scheme>,
 }
 
 const STANDARD: [Method; 9] = [
@@ -112,16 +143,19 @@ fn bit(method: &Method) -> u16 {
 }
 
 impl Methods {
-    fn new(methods: &[Method]) -> Self {
+    fn new(methods: &[Method], scheme: Option<Scheme>) -> Self {
         let bits = methods.iter().fold(0, |bits, m| bits | bit(m));
         let others = methods.iter().filter(|m| bit(m) == 0).cloned().collect();
-        Methods { bits, others }
+        Methods { bits, others, scheme }
     }
 
-    /// Whether a request with `method` (whose bit is `bit`) may take the route.
+    /// Whether a request with `method` (whose bit is `bit`) by `scheme` may take the route.
     #[inline]
-    fn allow(&self, bit: u16, method: &Method) -> bool {
-        (self.bits == 0 && self.others.is_empty()) || self.bits & bit != 0 || (bit == 0 && self.others.contains(method))
+    fn allow(&self, bit: u16, method: &Method, scheme: Scheme) -> bool {
+        self.scheme.is_none_or(|s| s == scheme)
+            && ((self.bits == 0 && self.others.is_empty())
+                || self.bits & bit != 0
+                || (bit == 0 && self.others.contains(method)))
     }
 }
 
@@ -134,7 +168,7 @@ impl Router {
         let mut regexes: HashMap<Option<(bool, Box<str>)>, pattern::Builder> = HashMap::new();
         for (i, m) in routes.into_iter().enumerate() {
             let route = u32::try_from(i).unwrap_or(u32::MAX);
-            methods.push(Methods::new(&m.methods));
+            methods.push(Methods::new(&m.methods, m.scheme));
             let host = m.host.as_deref().map(|h| match h.strip_prefix("*.") {
                 Some(suffix) => (true, Box::from(suffix)),
                 None => (false, Box::from(h)),
@@ -184,9 +218,9 @@ impl Router {
     }
 
     /// The first route, in file order, that serves `method` on the normalized `path` at
-    /// `host` (without port or trailing dot, any case).
-    pub fn find(&self, method: &Method, path: &[u8], host: Option<&str>) -> Option<RouteId> {
-        let want = Want { router: self, bit: bit(method), method, path };
+    /// `host` (without port or trailing dot, any case), come in by `scheme`.
+    pub fn find(&self, method: &Method, path: &[u8], host: Option<&str>, scheme: Scheme) -> Option<RouteId> {
+        let want = Want { router: self, bit: bit(method), method, path, scheme };
         let mut best = u32::MAX;
         if let Some(host) = host.filter(|_| !self.exact_hosts.is_empty() || !self.wildcard_hosts.is_empty()) {
             let lower;
@@ -267,12 +301,13 @@ impl Router {
     }
 }
 
-/// One request's method and path, looked up table by table.
+/// One request's method, path and scheme, looked up table by table.
 struct Want<'r> {
     router: &'r Router,
     bit: u16,
     method: &'r Method,
     path: &'r [u8],
+    scheme: Scheme,
 }
 
 impl Want<'_> {
@@ -318,18 +353,18 @@ impl Want<'_> {
 
     #[inline]
     fn takes(&self, route: u32) -> bool {
-        self.router.methods[route as usize].allow(self.bit, self.method)
+        self.router.methods[route as usize].allow(self.bit, self.method, self.scheme)
     }
 }
 
 /// Whether `m` matches a request: the plain rule, which `Router::find` must agree with
 /// (the property test below), and which `config::shadow` compares with.
 #[cfg(test)]
-pub fn matches(m: &RouteMatch, method: &Method, path: &[u8], host: Option<&str>) -> bool {
-    mismatch(m, method, path, host) == Mismatch::default()
+pub fn matches(m: &RouteMatch, method: &Method, path: &[u8], host: Option<&str>, scheme: Scheme) -> bool {
+    mismatch(m, method, path, host, scheme) == Mismatch::default()
 }
 
-/// Which of a request's host, path and method `m` does not match (all false: it
+/// Which of a request's host, path, method and scheme `m` does not match (all false: it
 /// matches). Not on the request path, which asks the index (`Router::find`); this is the
 /// rule in plain words, for `explain` to say why a route was passed over.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -337,9 +372,10 @@ pub struct Mismatch {
     pub host: bool,
     pub path: bool,
     pub method: bool,
+    pub scheme: bool,
 }
 
-pub fn mismatch(m: &RouteMatch, method: &Method, path: &[u8], host: Option<&str>) -> Mismatch {
+pub fn mismatch(m: &RouteMatch, method: &Method, path: &[u8], host: Option<&str>, scheme: Scheme) -> Mismatch {
     let host_ok = match (&m.host, host) {
         (None, _) => true,
         (Some(_), None) => false,
@@ -359,7 +395,8 @@ pub fn mismatch(m: &RouteMatch, method: &Method, path: &[u8], host: Option<&str>
         PathMatch::Regex(r) => r.is_match(path),
     };
     let method_ok = m.methods.is_empty() || m.methods.contains(method);
-    Mismatch { host: !host_ok, path: !path_ok, method: !method_ok }
+    let scheme_ok = m.scheme.is_none_or(|s| s == scheme);
+    Mismatch { host: !host_ok, path: !path_ok, method: !method_ok, scheme: !scheme_ok }
 }
 
 #[cfg(test)]

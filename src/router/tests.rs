@@ -19,18 +19,23 @@ pub(crate) fn route() -> impl Strategy<Value = RouteMatch> {
         (0..PATHS.len()).prop_map(|i| PathMatch::Exact(PATHS[i].into())),
         (0..PATTERNS.len()).prop_map(|i| PathMatch::Regex(PathRegex::new(PATTERNS[i]).unwrap())),
     ];
-    (0..HOSTS.len(), path, proptest::collection::vec(0..4usize, 0..3)).prop_map(|(h, path, ms)| RouteMatch {
-        host: HOSTS[h].map(str::to_owned),
-        path,
-        methods: ms.into_iter().map(|i| methods()[i].clone()).collect(),
+    let scheme = prop_oneof![Just(None), Just(Some(Scheme::Http)), Just(Some(Scheme::Https))];
+    (0..HOSTS.len(), path, proptest::collection::vec(0..4usize, 0..3), scheme).prop_map(|(h, path, ms, scheme)| {
+        RouteMatch {
+            host: HOSTS[h].map(str::to_owned),
+            path,
+            methods: ms.into_iter().map(|i| methods()[i].clone()).collect(),
+            scheme,
+        }
     })
 }
 
-fn request() -> impl Strategy<Value = (Method, String, Option<&'static str>)> {
+fn request() -> impl Strategy<Value = (Method, String, Option<&'static str>, Scheme)> {
     let hosts = [None, Some("a.com"), Some("A.Com"), Some("x.b.a.com"), Some("b.a.com"), Some("c.org"), Some(".a.com")];
     let paths =
         prop_oneof![(0..PATHS.len()).prop_map(|i| PATHS[i].to_owned()), Just("/a/b/c".to_owned()), "[/ab]{0,5}"];
-    (0..4usize, paths, 0..hosts.len()).prop_map(move |(m, path, h)| (methods()[m].clone(), path, hosts[h]))
+    (0..4usize, paths, 0..hosts.len(), any::<bool>())
+        .prop_map(move |(m, path, h, tls)| (methods()[m].clone(), path, hosts[h], Scheme::of(tls)))
 }
 
 proptest! {
@@ -44,9 +49,11 @@ proptest! {
         requests in proptest::collection::vec(request(), 1..20),
     ) {
         let router = Router::new(&routes).unwrap();
-        for (method, path, host) in requests {
-            let plain = routes.iter().position(|r| matches(r, &method, path.as_bytes(), host)).map(RouteId::from);
-            prop_assert_eq!(router.find(&method, path.as_bytes(), host), plain, "{} {:?} at {:?}", method, path, host);
+        for (method, path, host, scheme) in requests {
+            let plain =
+                routes.iter().position(|r| matches(r, &method, path.as_bytes(), host, scheme)).map(RouteId::from);
+            let found = router.find(&method, path.as_bytes(), host, scheme);
+            prop_assert_eq!(found, plain, "{} {:?} at {:?} by {}", method, path, host, scheme);
         }
     }
 }
@@ -58,7 +65,7 @@ fn hosts_match_exactly_or_by_wildcard_without_port() {
         RouteMatch { host: Some("*.example.com".into()), ..RouteMatch::default() },
     ];
     let router = Router::new(&routes).unwrap();
-    let find = |host| router.find(&Method::GET, b"/", Some(host)).map(RouteId::index);
+    let find = |host| router.find(&Method::GET, b"/", Some(host), Scheme::Http).map(RouteId::index);
     assert_eq!(find("EXAMPLE.com"), Some(0));
     assert_eq!(find("www.example.com"), Some(1));
     assert_eq!(find("a.b.example.com"), Some(1));
@@ -77,11 +84,11 @@ fn paths_and_methods_narrow_a_route() {
         RouteMatch { path: PathMatch::Exact("/login".into()), ..RouteMatch::default() },
     ];
     let router = Router::new(&routes).unwrap();
-    assert_eq!(router.find(&Method::POST, b"/api/x", None), Some(RouteId::from(0)));
-    assert_eq!(router.find(&Method::GET, b"/api/x", None), None);
-    assert_eq!(router.find(&Method::POST, b"/ap", None), None);
-    assert_eq!(router.find(&Method::GET, b"/login", None), Some(RouteId::from(1)));
-    assert_eq!(router.find(&Method::GET, b"/login/x", None), None);
+    assert_eq!(router.find(&Method::POST, b"/api/x", None, Scheme::Http), Some(RouteId::from(0)));
+    assert_eq!(router.find(&Method::GET, b"/api/x", None, Scheme::Http), None);
+    assert_eq!(router.find(&Method::POST, b"/ap", None, Scheme::Http), None);
+    assert_eq!(router.find(&Method::GET, b"/login", None, Scheme::Http), Some(RouteId::from(1)));
+    assert_eq!(router.find(&Method::GET, b"/login/x", None, Scheme::Http), None);
 }
 
 #[test]
@@ -91,11 +98,31 @@ fn a_hundred_thousand_routes_are_found_by_their_own_host_and_prefix() {
             host: (i % 2 == 0).then(|| format!("h{i}.example.com")),
             path: PathMatch::Prefix(format!("/r{i}/")),
             methods: Vec::new(),
+            scheme: None,
         })
         .collect();
     let router = Router::new(&routes).unwrap();
-    assert_eq!(router.find(&Method::GET, b"/r99999/x", None), Some(RouteId::from(99_999)));
-    assert_eq!(router.find(&Method::GET, b"/r99998/x", Some("h99998.example.com")), Some(RouteId::from(99_998)));
-    assert_eq!(router.find(&Method::GET, b"/r99998/x", Some("h2.example.com")), None);
-    assert_eq!(router.find(&Method::GET, b"/nowhere", Some("h2.example.com")), None);
+    assert_eq!(router.find(&Method::GET, b"/r99999/x", None, Scheme::Http), Some(RouteId::from(99_999)));
+    assert_eq!(
+        router.find(&Method::GET, b"/r99998/x", Some("h99998.example.com"), Scheme::Http),
+        Some(RouteId::from(99_998))
+    );
+    assert_eq!(router.find(&Method::GET, b"/r99998/x", Some("h2.example.com"), Scheme::Http), None);
+    assert_eq!(router.find(&Method::GET, b"/nowhere", Some("h2.example.com"), Scheme::Http), None);
+}
+
+#[test]
+fn a_route_for_one_scheme_takes_only_the_requests_that_came_in_by_it() {
+    let routes = [
+        RouteMatch { host: Some("example.com".into()), scheme: Some(Scheme::Http), ..RouteMatch::default() },
+        RouteMatch { path: PathMatch::Prefix("/api/".into()), scheme: Some(Scheme::Https), ..RouteMatch::default() },
+        RouteMatch::default(),
+    ];
+    let router = Router::new(&routes).unwrap();
+    let find = |path: &[u8], scheme| router.find(&Method::GET, path, Some("example.com"), scheme).map(RouteId::index);
+    assert_eq!(find(b"/api/x", Scheme::Http), Some(0));
+    assert_eq!(find(b"/api/x", Scheme::Https), Some(1));
+    assert_eq!(find(b"/other", Scheme::Https), Some(2));
+    let missed = mismatch(&routes[0], &Method::GET, b"/", Some("example.com"), Scheme::Https);
+    assert_eq!(missed, Mismatch { scheme: true, ..Mismatch::default() });
 }

@@ -14,6 +14,7 @@ use time::format_description::well_known::Rfc3339;
 
 use crate::access_log::{JsonLine, Values};
 use crate::policy::key::{Claims, KeyPart};
+use crate::router::Scheme;
 use crate::wire::head::{Fields, RequestHead};
 
 /// nginx's predefined `combined` format.
@@ -28,6 +29,9 @@ pub struct Logged {
     pub client: IpAddr,
     pub method: Method,
     pub uri: Uri,
+    /// How it came in (sluicegate's `scheme`, nginx's `$scheme`; `http` when the line
+    /// does not say).
+    pub scheme: Scheme,
     /// `Host`, the fields the log names, and `Cookie` made of its `$cookie_NAME`s.
     pub headers: HeaderMap,
     /// What was answered (`None`: the log does not say).
@@ -217,6 +221,7 @@ fn read_json(line: &str, cache: &mut TimeCache) -> Result<Read, Unreadable> {
         client: client(&parsed.client)?,
         method: method(&parsed.method)?,
         uri: target(&parsed.target)?,
+        scheme: scheme(parsed.scheme.as_deref().unwrap_or("http"))?,
         headers,
         status: parsed.status,
         grpc_status: parsed.grpc_status,
@@ -291,6 +296,15 @@ fn recorded_keys(
 
 fn client(text: &str) -> Result<IpAddr, Unreadable> {
     text.parse().or_else(|_| bad(format!("client address {text:?} is not an IP address")))
+}
+
+/// `http` or `https`, as `$scheme` and sluicegate's `scheme` write it.
+fn scheme(text: &str) -> Result<Scheme, Unreadable> {
+    match text {
+        "http" => Ok(Scheme::Http),
+        "https" => Ok(Scheme::Https),
+        _ => bad(format!("scheme {text:?} is neither http nor https")),
+    }
 }
 
 fn method(text: &str) -> Result<Method, Unreadable> {
@@ -408,6 +422,7 @@ enum Var {
     Args,
     Arg(String),
     Host,
+    Scheme,
     Header(HeaderName),
     Cookie(String),
     Status,
@@ -430,6 +445,7 @@ impl Var {
             "uri" | "document_uri" => Var::Uri,
             "args" | "query_string" => Var::Args,
             "host" => Var::Host,
+            "scheme" => Var::Scheme,
             "status" => Var::Status,
             "request_time" => Var::RequestTime,
             "upstream_response_time" => Var::UpstreamTime,
@@ -587,6 +603,7 @@ impl Pattern {
         let (mut at, mut client_ip, mut request_time, mut upstream_time) = (None, None, None, None);
         let (mut request, mut method_text, mut target_text, mut path, mut args) = (None, None, None, None, None);
         let (mut status, mut cookies, mut query_args) = (None, String::new(), String::new());
+        let mut scheme_of = Scheme::Http;
         let mut headers = HeaderMap::new();
         let present = |v: &str| v != "-" && !v.is_empty();
         for (f, &v) in self.fields.iter().zip(&values) {
@@ -619,6 +636,7 @@ impl Pattern {
                         headers.insert(header::HOST, value);
                     }
                 }
+                Var::Scheme if present(v) => scheme_of = scheme(v)?,
                 Var::Header(name) if present(v) => {
                     if let Ok(value) = HeaderValue::from_bytes(&unescape(v)) {
                         headers.insert(name.clone(), value);
@@ -673,6 +691,7 @@ impl Pattern {
             client: client_ip,
             method: method(method_text)?,
             uri: target(&target_text)?,
+            scheme: scheme_of,
             headers,
             status,
             grpc_status: None,
@@ -763,6 +782,21 @@ mod tests {
         assert!(Format::detect([line]).is_some_and(|f| f.name() == "json"));
         assert!(Format::detect(["what is this", "and this"]).is_none());
         assert!(l.recorded.is_empty(), "a line without keys records none");
+        assert_eq!(l.scheme, Scheme::Http, "a line without a scheme is plain HTTP's");
+        let tls = line.replace(r#""protocol":"#, r#""scheme":"https","protocol":"#);
+        let Ok(Read::Request(l)) = json.read(&tls, &mut TimeCache::default()) else { panic!() };
+        assert_eq!(l.scheme, Scheme::Https);
+        let other = line.replace(r#""protocol":"#, r#""scheme":"ftp","protocol":"#);
+        assert!(json.read(&other, &mut TimeCache::default()).is_err());
+    }
+
+    #[test]
+    fn nginxs_scheme_is_read() {
+        let l = request(
+            "$remote_addr [$time_local] $scheme \"$request\"",
+            "10.0.0.1 [22/Nov/2026:23:48:25 +0000] https \"GET / HTTP/1.1\"",
+        );
+        assert_eq!(l.scheme, Scheme::Https);
     }
 
     #[test]

@@ -201,7 +201,7 @@ impl Replay {
         };
         let head = request.head();
         let origin = Origin::Logged { claims: request.claims.as_ref(), host: self.host.as_deref() };
-        let asked = Asked { head: &head, peer: request.client, declared: None, origin };
+        let asked = Asked { head: &head, peer: request.client, declared: None, scheme: request.scheme, origin };
         let (skipped, per_line) = (&self.skipped, &self.per_line);
         let line_drives = |_: RouteId, l: LimitId| drives(&skipped[l], &per_line[l], request);
         // The gate decides at the request's instant in the log.

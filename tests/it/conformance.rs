@@ -131,7 +131,12 @@ pub fn replay_on_a_fake_clock(s: &Scenario, yaml: &str) {
             headers.insert("x-key", key.parse().unwrap());
         }
         let src = KeySource::get([127, 0, 0, 1].into(), &r.path, &headers);
-        let route = config.router.find(&http::Method::GET, r.path.as_bytes(), Some("localhost"));
+        let route = config.router.find(
+            &http::Method::GET,
+            r.path.as_bytes(),
+            Some("localhost"),
+            sluicegate::router::Scheme::Http,
+        );
         let limits = &config.routes[route.unwrap_or_else(|| panic!("{}: no route for {}", s.scenario, r.path))].limits;
         clock.set(Nanos(r.t_ms * 1_000_000));
         let (status, wait) = match gate.check(limits, &src, 1) {

@@ -32,6 +32,7 @@ mod grafana;
 mod grpc;
 mod holds;
 mod import;
+mod import_https;
 mod key_names;
 mod keys;
 mod limits;

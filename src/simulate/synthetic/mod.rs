@@ -278,6 +278,8 @@ fn request(config: &Config, spec: &Spec, connection: u32) -> Logged {
         client,
         method: spec.method.clone(),
         uri: spec.path.parse::<Uri>().expect("checked when the spec was read"),
+        // A spec names no scheme: its requests are plain HTTP's.
+        scheme: crate::router::Scheme::Http,
         headers,
         status: Some(200),
         grpc_status: None,
