@@ -30,6 +30,7 @@ mod gcra_cases;
 mod global;
 mod grafana;
 mod grpc;
+mod grpcio;
 mod holds;
 mod import;
 mod import_https;
