@@ -205,18 +205,16 @@ pub enum Verdict {
 
 /// Takes the steps of `asked` against `config` and `gate`, as `way` says.
 pub fn admit<'a>(config: &Config, gate: &Gate, asked: &Asked<'a>, way: &Way<'_>) -> Admission<'a> {
-    let head = asked.head;
-    let trusted_peer = hop::is_trusted(asked.peer.to_canonical(), &config.trusted_proxies);
     let client_ip = match asked.origin {
         Origin::Wire | Origin::Explained => {
-            hop::client_ip(asked.peer, head.fields, &config.trusted_proxies, config.forwarded)
+            hop::client_ip(asked.peer, asked.head.fields, &config.trusted_proxies, config.forwarded)
         }
         // A line's client is the one the proxy found.
         Origin::Logged { .. } => asked.peer,
     };
     let mut admission = Admission {
         client_ip,
-        trusted_peer,
+        trusted_peer: hop::is_trusted(asked.peer.to_canonical(), &config.trusted_proxies),
         host: None,
         front: None,
         limits: SmallVec::new(),
@@ -225,40 +223,37 @@ pub fn admit<'a>(config: &Config, gate: &Gate, asked: &Asked<'a>, way: &Way<'_>)
         cost: None,
         verdict: Verdict::Pending,
     };
-    let refuse = |mut admission: Admission<'a>, refused: Refused| {
+    if let Err(refused) = steps(config, gate, asked, way, &mut admission) {
         admission.verdict = Verdict::Refused(refused);
-        admission
-    };
-    // Before anything reads the head: an oversized one is refused as a whole.
-    let (host, claimed) = match asked.origin {
-        Origin::Wire | Origin::Explained => match front::check_head(head, config) {
-            Ok(host) if matches!(asked.origin, Origin::Wire) => (host, front::Claimed::Verify),
-            Ok(host) => (host, front::Claimed::Explained),
-            Err(e) => return refuse(admission, e.into()),
-        },
-        Origin::Logged { claims, host } => (front::request_host(head).or(host), front::Claimed::Logged(claims)),
-    };
+    }
+    admission
+}
+
+/// The steps in their order, each recording what it found in `admission`; the first
+/// that refuses ends them.
+fn steps<'a>(
+    config: &Config,
+    gate: &Gate,
+    asked: &Asked<'a>,
+    way: &Way<'_>,
+    admission: &mut Admission<'a>,
+) -> Result<(), Refused> {
+    let (host, claimed) = read_head(config, asked)?;
     admission.host = host;
-    let found = match front::front(config, head, client_ip, host, asked.scheme, claimed) {
-        Ok(found) => found,
-        Err(e) => return refuse(admission, e.into()),
-    };
+    let found = front::front(config, asked.head, admission.client_ip, host, asked.scheme, claimed)?;
     let route = &config.routes[found.route];
+    let found = &*admission.front.insert(found);
     // Refused before it takes any quota, and unread: no `100 Continue` is sent.
     if let (Some(length), Some(limit)) = (asked.declared, route.max_body_bytes)
         && length > limit
     {
-        admission.front = Some(found);
-        return refuse(admission, Refused::BodyTooLarge { length, limit });
+        return Err(Refused::BodyTooLarge { length, limit });
     }
     let drives = |limit: LimitId| way.drives.is_none_or(|drives| drives(found.route, limit));
     admission.limits = found.limits(config).iter().copied().filter(|u| drives(u.limit)).collect();
-    let refused = keys_refused(config, &found, &admission.limits, &drives, &mut admission.repeated_dry);
-    admission.front = Some(found);
-    if let Some(refused) = refused {
-        return refuse(admission, refused);
+    if let Some(refused) = keys_refused(config, found, &admission.limits, &drives, &mut admission.repeated_dry) {
+        return Err(refused);
     }
-    let Some(found) = &admission.front else { return admission };
     // A key its upstream refused with a time to wait is answered here until then,
     // before it takes any quota.
     if let Some(holds) = way.holds {
@@ -266,30 +261,42 @@ pub fn admit<'a>(config: &Config, gate: &Gate, asked: &Asked<'a>, way: &Way<'_>)
         let held = admission.hold.as_ref().and_then(|key| holds.table(found.route)?.held(key, Instant::now()));
         if let Some(held) = held {
             admission.verdict = Verdict::Held(held);
-            return admission;
+            return Ok(());
         }
     }
-    let cost = match front::cost(config, route, head.fields) {
-        Ok(cost) => cost,
-        Err(e) => return refuse(admission, e.into()),
-    };
+    let cost = front::cost(config, route, asked.head.fields)?;
     admission.cost = Some(cost);
-    // Redis is asked only for a global limit the request may meet (an override's
-    // included); without one the decision never waits, and `check` is what `decide` does.
+    admission.verdict = decide(config, gate, way.decide, found, &admission.limits, cost);
+    Ok(())
+}
+
+/// The request's host, and how its token's claims are read: a head the proxy reads
+/// (checked first, an oversized one refused as a whole before anything reads it), or an
+/// access-log line's.
+fn read_head<'a>(config: &Config, asked: &Asked<'a>) -> Result<(Option<&'a str>, front::Claimed<'a>), Refused> {
+    Ok(match asked.origin {
+        Origin::Wire => (front::check_head(asked.head, config)?, front::Claimed::Verify),
+        Origin::Explained => (front::check_head(asked.head, config)?, front::Claimed::Explained),
+        Origin::Logged { claims, host } => (front::request_host(asked.head).or(host), front::Claimed::Logged(claims)),
+    })
+}
+
+/// The limits' verdict on `found` at `cost`: pending when Redis must be asked for a
+/// global limit the request may meet (an override's included); without one the decision
+/// never waits, and `check` is what `decide` does.
+fn decide(config: &Config, gate: &Gate, way: Decide, found: &Front<'_>, limits: &[LimitUse], cost: u64) -> Verdict {
     let global = |l: &LimitId| gate.store().is_some_and(|store| store.is_global(*l));
-    admission.verdict = match way.decide {
+    match way {
         Decide::Spend if found.candidates(config).iter().any(global) => Verdict::Pending,
-        Decide::Spend => Verdict::Decided(gate.check(&admission.limits, &found.src, cost)),
+        Decide::Spend => Verdict::Decided(gate.check(limits, &found.src, cost)),
         // Global limits keep their state in Redis, which a preview does not ask (it
         // would spend): only a gate of the reader's own (`explain::local`) decides them.
         Decide::Preview => {
-            let local: SmallVec<[LimitUse; 4]> = (admission.limits.iter().copied())
-                .filter(|u| gate.store().is_none_or(|store| !store.is_global(u.limit)))
-                .collect();
+            let local: SmallVec<[LimitUse; 4]> =
+                limits.iter().copied().filter(|u| gate.store().is_none_or(|store| !store.is_global(u.limit))).collect();
             Verdict::Decided(gate.preview(&local, &found.src, cost))
         }
-    };
-    admission
+    }
 }
 
 /// Why `found`'s keys refuse it, if they do: a field an enforced limit it may meet is

@@ -97,14 +97,7 @@ fn bad_sizes_and_timeouts_are_config_errors_at_their_field() {
 async fn an_empty_http2_data_frame_does_not_stall_the_body_behind_it() {
     let backend = Backend::start().await;
     let sg = Sluicegate::start(&config(&backend.addr.to_string()));
-    let stream = tokio::net::TcpStream::connect(sg.addr).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
+    let mut sender = h2c(sg.addr).await;
     let (mut tx, body) = Channel::<Bytes, std::convert::Infallible>::new(4);
     let started = Instant::now();
     let pending = tokio::spawn(async move {

@@ -500,16 +500,24 @@ pub async fn get_h2(addr: SocketAddr, path: &str) -> Reply {
     request_h2(addr, Request::get(format!("http://test.local{path}")).body(Full::new(Bytes::new())).unwrap()).await
 }
 
+/// A new h2c connection to `addr`, driven on a task of its own.
+pub async fn h2c<B>(addr: SocketAddr) -> hyper::client::conn::http2::SendRequest<B>
+where
+    B: hyper::body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await.unwrap();
+    tokio::spawn(conn);
+    sender
+}
+
 /// Sends `req` (an absolute URI: its authority becomes `:authority`) on a new h2c
 /// connection and reads the whole response.
 pub async fn request_h2(addr: SocketAddr, req: Request<Full<Bytes>>) -> Reply {
-    let exchange = async {
-        let stream = TcpStream::connect(addr).await.unwrap();
-        let (mut sender, conn) =
-            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await.unwrap();
-        tokio::spawn(conn);
-        sender.send_request(req).await.unwrap()
-    };
+    let exchange = async { h2c(addr).await.send_request(req).await.unwrap() };
     let response = tokio::time::timeout(REPLY_WITHIN, exchange)
         .await
         .unwrap_or_else(|_| panic!("no HTTP/2 response head from {addr} within {REPLY_WITHIN:?}"));

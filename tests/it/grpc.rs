@@ -771,15 +771,7 @@ async fn a_servers_trailers_only_answer_reaches_the_client_as_a_trailers_only_an
     let sg =
         proxy(server, "", "limits:\n  one: { key: ip, concurrency: 1 }\nroutes:\n  - { upstream: g, limits: [one] }\n");
     let ask = async |addr: SocketAddr| {
-        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (mut sender, conn) = hyper::client::conn::http2::handshake(
-            hyper_util::rt::TokioExecutor::new(),
-            hyper_util::rt::TokioIo::new(stream),
-        )
-        .await
-        .unwrap();
-        tokio::spawn(conn);
-        let response = sender.send_request(grpc_request(addr, &msg("fail", 0, 0), &[])).await.unwrap();
+        let response = h2c(addr).await.send_request(grpc_request(addr, &msg("fail", 0, 0), &[])).await.unwrap();
         use hyper::body::Body as _;
         let ended = response.body().is_end_stream();
         let status = response.headers().get("grpc-status").map(|v| v.to_str().unwrap().to_owned());
