@@ -163,6 +163,12 @@ pub enum UpstreamResult {
 /// The outcome of a request answered from a hold its upstream asked for.
 pub const UPSTREAM_HOLD: &str = "upstream_hold";
 
+/// The outcomes of requests answered before their limits decided them.
+const EARLY: [&str; 9] = {
+    let o = Refused::OUTCOMES;
+    [o[0], o[1], o[2], o[3], o[4], o[5], o[6], o[7], UPSTREAM_HOLD]
+};
+
 const DECISIONS: [&str; 3] = ["passed", "delayed", "rejected"];
 const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 const UPSTREAM_ERRORS: [&str; 4] = ["connect", "timeout", "failed", "client_body"];
@@ -180,6 +186,10 @@ struct RouteSeries {
     responses: [Counter; STATUS_CLASSES.len()],
     errors: [Counter; UPSTREAM_ERRORS.len()],
     latency: Histogram,
+    /// Requests answered before their limits decided, by `EARLY`: made on first use
+    /// (most routes never see one), then counted without a lookup (a flood of bad
+    /// tokens is counted as cheaply as it is refused).
+    early: [OnceLock<Counter>; EARLY.len()],
 }
 
 struct LimitMetrics {
@@ -193,6 +203,8 @@ pub struct Metrics {
     families: Arc<Families>,
     routes: TiVec<RouteId, RouteMetrics>,
     no_route: Counter,
+    /// As a route's `early`, for requests refused before a route was found.
+    unrouted: [OnceLock<Counter>; EARLY.len()],
     limits: TiVec<LimitId, LimitMetrics>,
     reloads: [Counter; 2],
 }
@@ -383,7 +395,7 @@ impl Metrics {
             })
             .collect();
         let reloads = ["ok", "failed"].map(|r| f.reloads.get_or_create_owned(&vec![("result", r.to_owned())]));
-        Metrics { families, routes, no_route, limits, reloads }
+        Metrics { families, routes, no_route, unrouted: Default::default(), limits, reloads }
     }
 
     /// The series of route `route` , made on first use.
@@ -416,8 +428,16 @@ impl Metrics {
     /// before a route was found), under `outcome` (`Refused::outcome`, `upstream_hold`).
     /// Made on first use: few requests are.
     pub fn answered_early(&self, route: Option<RouteId>, outcome: &'static str) {
-        let name = route.map(|r| self.routes[r].name.clone()).unwrap_or_default();
-        self.families.requests.get_or_create(&vec![("route", name), ("outcome", outcome.to_owned())]).inc();
+        let i = EARLY.iter().position(|&o| o == outcome).expect("an outcome EARLY lists");
+        let slot = match route {
+            Some(r) => &self.route(r).early[i],
+            None => &self.unrouted[i],
+        };
+        slot.get_or_init(|| {
+            let name = route.map(|r| self.routes[r].name.clone()).unwrap_or_default();
+            self.families.requests.get_or_create_owned(&vec![("route", name), ("outcome", outcome.to_owned())])
+        })
+        .inc();
     }
 
     /// Counts a request whose token did not verify, by `reason` (`TokenError::reason`).
@@ -538,9 +558,8 @@ impl Metrics {
         let n = |o: RequestOutcome| m.requests[RequestOutcome::ALL.iter().position(|&a| a == o).unwrap_or(0)].get();
         let [connect, timeout, failed, _client_body] = &m.errors;
         let name = &self.routes[route].name;
-        let early: u64 = Refused::OUTCOMES
+        let early: u64 = EARLY
             .iter()
-            .chain([&UPSTREAM_HOLD])
             .filter_map(|o| self.families.requests.get(&vec![("route", name.clone()), ("outcome", (*o).to_owned())]))
             .map(|c| c.get())
             .sum();
@@ -615,6 +634,7 @@ impl Families {
             responses: STATUS_CLASSES.map(|c| counter(&self.responses, with("class", c))),
             errors: UPSTREAM_ERRORS.map(|k| counter(&self.errors, with("kind", k))),
             latency,
+            early: Default::default(),
         })
     }
 }
