@@ -148,6 +148,9 @@ pub struct Entry {
     pub keys: Option<RecordedKeys>,
     /// The limits whose key it lacked, as `sluicegate_limit_missing_key_total` counts them.
     pub missing_key: Vec<String>,
+    /// How long its key is held (`upstream_hold`) after the upstream refused it with a
+    /// time to wait: what a replay holds it for.
+    pub hold: Option<Duration>,
 }
 
 impl AccessLog {
@@ -207,6 +210,7 @@ impl Entry {
             grpc_status: None,
             keys: None,
             missing_key: Vec::new(),
+            hold: None,
         })
     }
 
@@ -338,6 +342,10 @@ pub struct JsonLine<'a> {
     /// refusing it, as their `on_missing_key` says); absent when none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub missing_key: Vec<String>,
+    /// How long the upstream's refusal of it holds its key (`upstream_hold`), ms;
+    /// absent when it began no hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold_ms: Option<f64>,
 }
 
 /// A field that is there, even as `null`.
@@ -365,6 +373,7 @@ fn json(e: &Entry) -> String {
         grpc_status: e.grpc_status,
         keys: e.log.keys.as_ref().map(|recorder| e.keys.as_ref().map(|keys| recorder.keys(keys))),
         missing_key: e.missing_key.clone(),
+        hold_ms: e.hold.map(round_ms),
     };
     // A line of strings, numbers and maps of strings always serializes.
     let mut out = serde_json::to_string(&line).unwrap_or_default();
@@ -520,6 +529,7 @@ mod tests {
             grpc_status: Some(16),
             keys: Some(recorded),
             missing_key: vec!["per_tenant".to_owned(), "per_token".to_owned()],
+            hold: Some(Duration::from_secs(30)),
         };
         drop(entry);
         let line = queued.recv().unwrap();
@@ -545,6 +555,7 @@ mod tests {
             grpc_status: Some(16),
             keys: Some(Some(keys)),
             missing_key: vec!["per_tenant".into(), "per_token".into()],
+            hold_ms: Some(30_000.0),
         };
         assert_eq!(read, expected, "{line}");
         assert_eq!(format!("{}\n", serde_json::to_string(&read).unwrap()), line);

@@ -4,32 +4,38 @@
 //! the upstream sees none of its requests while it asked for none. Each route's keys
 //! are a bounded table; a hold never outlasts the route's `max`.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use http::StatusCode;
 use typed_index_collections::TiVec;
 
+use crate::clock::Nanos;
 use crate::config::{Config, HoldBy, UpstreamHold};
 use crate::ids::RouteId;
 use crate::limit::Limiters;
+use crate::limit::table::{KeyNames, KeyTable};
 use crate::policy::key::{KeyHash, KeySource};
 use crate::wire::message::Response;
 
 /// Every route's held keys, indexed like `Config::routes` (`None`: no `upstream_hold`).
 pub struct Holds(TiVec<RouteId, Option<HoldTable>>);
 
-/// One route's held keys.
+/// One route's held keys: the house's bounded key table (as bans and limits keep theirs),
+/// read on the gate's clock, so that a replay or a test moves holds with its own time.
 pub struct HoldTable {
     spec: UpstreamHold,
-    keys: Mutex<HashMap<u64, Hold, foldhash::fast::RandomState>>,
+    /// Each held key's end (milliseconds since the epoch, the low 48 bits, good until the
+    /// year 10889) and the status the upstream refused with (the high 16).
+    table: Arc<KeyTable>,
+    /// Each held key as written, for the dashboard.
+    names: Arc<KeyNames>,
 }
 
 /// A key held: until when, with which status, and the key as every surface writes it.
 #[derive(Clone, Debug)]
 pub struct Hold {
-    pub until: Instant,
+    pub until: Nanos,
     pub status: StatusCode,
     pub key: Box<str>,
 }
@@ -38,6 +44,16 @@ pub struct Hold {
 pub struct HoldKey {
     hash: KeyHash,
     pub label: Box<str>,
+}
+
+const MS: u64 = 1_000_000;
+const STATUS_SHIFT: u32 = 48;
+const UNTIL_MASK: u64 = (1 << STATUS_SHIFT) - 1;
+
+/// A hold's end, in nanoseconds, and its status.
+fn unpack(state: u64) -> (u64, StatusCode) {
+    let status = u16::try_from(state >> STATUS_SHIFT).ok().and_then(|s| StatusCode::from_u16(s).ok());
+    ((state & UNTIL_MASK).saturating_mul(MS), status.unwrap_or(StatusCode::TOO_MANY_REQUESTS))
 }
 
 impl Holds {
@@ -57,10 +73,9 @@ impl Holds {
                     let spec = route.upstream_hold.clone()?;
                     let kept = old.and_then(|(old_config, holds)| {
                         let (index, _) = old_config.routes.iter_enumerated().find(|(_, r)| r.name == route.name)?;
-                        let table = holds.0[index].as_ref().filter(|t| same(&spec, &t.spec, old_config))?;
-                        Some(table.keys.lock().unwrap_or_else(|e| e.into_inner()).clone())
+                        holds.0[index].as_ref().filter(|t| same(&spec, &t.spec, old_config))
                     });
-                    Some(HoldTable { spec, keys: Mutex::new(kept.unwrap_or_default()) })
+                    Some(HoldTable::new(spec, kept))
                 })
                 .collect(),
         )
@@ -84,58 +99,109 @@ impl Holds {
 }
 
 impl HoldTable {
-    /// The hold on `key` at `now`, if one runs (one that ended is forgotten).
-    pub fn held(&self, key: &HoldKey, now: Instant) -> Option<Hold> {
-        let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
-        let hold = keys.get(&key.hash.0)?;
-        if hold.until <= now {
-            keys.remove(&key.hash.0);
-            return None;
+    /// A table for `spec`; `kept`, the same route's before a reload, gives its holds: its
+    /// table itself when it is bounded alike, else a copy within the new bound.
+    fn new(spec: UpstreamHold, kept: Option<&HoldTable>) -> HoldTable {
+        match kept {
+            Some(old) if old.spec.max_keys == spec.max_keys => {
+                HoldTable { spec, table: Arc::clone(&old.table), names: Arc::clone(&old.names) }
+            }
+            _ => {
+                let table = HoldTable {
+                    table: Arc::new(KeyTable::new(spec.max_keys)),
+                    names: Arc::new(KeyNames::new(spec.max_keys)),
+                    spec,
+                };
+                if let Some(old) = kept {
+                    old.table.each(|key, state| {
+                        table.keep(key, state, 0, None);
+                        if let Some(name) = old.names.get(key) {
+                            table.names.name(key, name, |_| true);
+                        }
+                    });
+                }
+                table
+            }
         }
-        Some(hold.clone())
     }
 
-    /// Holds `key` after the upstream answered `response` at `now` (`wall`: the time of
-    /// day, for a `Retry-After` date), if it refused with a time to wait; returns how
-    /// long. A full table first forgets the holds that ended, then half of those that
-    /// end soonest: a flood of refused keys costs a bounded table and, spread over the
-    /// holds it makes, a bounded time each.
-    pub fn hold<B>(&self, key: &HoldKey, response: &Response<B>, now: Instant, wall: SystemTime) -> Option<Duration> {
+    /// The hold on `key` at `now`, if one runs (one that ended is forgotten).
+    pub fn held(&self, key: &HoldKey, now: Nanos) -> Option<Hold> {
+        let mut shard = self.table.lock(key.hash.0);
+        let (until, status) = unpack(shard.get(key.hash.0)?);
+        if until <= now.0 {
+            shard.remove(key.hash.0);
+            drop(shard);
+            self.names.remove(key.hash.0);
+            return None;
+        }
+        Some(Hold { until: Nanos(until), status, key: key.label.clone() })
+    }
+
+    /// Holds `key` after the upstream answered `response` at `now`, if it refused with a
+    /// time to wait; returns how long.
+    pub fn hold<B>(&self, key: &HoldKey, response: &Response<B>, now: Nanos) -> Option<Duration> {
         if !matches!(response.status, StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE) {
             return None;
         }
-        let wait = wait_asked(response, wall)?.min(self.spec.max);
+        // The clock's instants are the time of day's, for a `Retry-After` date.
+        let wall = SystemTime::UNIX_EPOCH + Duration::from_nanos(now.0);
+        let wait = wait_asked(response, wall)?;
+        self.hold_for(key, response.status, wait, now)
+    }
+
+    /// Holds `key` from `now` for `wait` (at most the route's `max`) with `status`, as
+    /// the upstream asked; returns how long, `None` if that is no time. A hold already
+    /// longer stays as it is. A full table first forgets the holds that ended, then the
+    /// eighth that end soonest (as every key table makes room): a flood of refused keys
+    /// costs a bounded table and a bounded time each.
+    pub fn hold_for(&self, key: &HoldKey, status: StatusCode, wait: Duration, now: Nanos) -> Option<Duration> {
+        let wait = wait.min(self.spec.max);
         if wait.is_zero() {
             return None;
         }
-        let until = now + wait;
-        let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
-        if keys.len() >= self.spec.max_keys && !keys.contains_key(&key.hash.0) {
-            keys.retain(|_, h| h.until > now);
-            if keys.len() >= self.spec.max_keys {
-                let mut ends: Vec<Instant> = keys.values().map(|h| h.until).collect();
-                let half = (ends.len() / 2).saturating_sub(1);
-                let (_, cut, _) = ends.select_nth_unstable(half);
-                let cut = *cut;
-                keys.retain(|_, h| h.until > cut);
-            }
-        }
-        // A hold already longer stays as it is.
-        let hold =
-            keys.entry(key.hash.0).or_insert_with(|| Hold { until, status: response.status, key: key.label.clone() });
-        if hold.until < until {
-            hold.until = until;
-            hold.status = response.status;
-        }
+        // Kept to the millisecond, rounded down, so that the time left it answers with
+        // (`Retry-After`, whole seconds rounded up) is never more than the wait asked.
+        let until = (now.after(wait).0 / MS).min(UNTIL_MASK);
+        let state = (u64::from(status.as_u16()) << STATUS_SHIFT) | until;
+        self.keep(key.hash.0, state, now.0, Some(&key.label));
         Some(wait)
     }
 
+    /// Stores hold `state` of `key` at `now` (nanoseconds) unless a longer one runs, and
+    /// names it `name`.
+    fn keep(&self, key: u64, state: u64, now: u64, name: Option<&str>) {
+        let mut shard = self.table.lock(key);
+        if shard.get(key).is_some_and(|old| old & UNTIL_MASK >= state & UNTIL_MASK) {
+            return;
+        }
+        let ended = |s: u64| unpack(s).0 <= now;
+        self.table.put(&mut shard, key, state, ended, |s| s & UNTIL_MASK);
+        drop(shard);
+        if let Some(name) = name {
+            let running = |k: u64| self.table.lock(k).get(k).is_some_and(|s| !ended(s));
+            self.names.name(key, name.into(), running);
+        }
+    }
+
     /// The holds running at `now`, those ending last first.
-    pub fn running(&self, now: Instant) -> Vec<Hold> {
-        let keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
-        let mut running: Vec<Hold> = keys.values().filter(|h| h.until > now).cloned().collect();
-        running.sort_by_key(|h| std::cmp::Reverse(h.until));
-        running
+    pub fn running(&self, now: Nanos) -> Vec<Hold> {
+        let mut running = Vec::new();
+        self.table.each(|key, state| {
+            let (until, status) = unpack(state);
+            if until > now.0 {
+                running.push((key, until, status));
+            }
+        });
+        running.sort_by_key(|&(_, until, _)| std::cmp::Reverse(until));
+        let names = self.names.of(running.iter().map(|&(key, _, _)| key));
+        (running.into_iter().zip(names))
+            .map(|((key, until, status), name)| Hold {
+                until: Nanos(until),
+                status,
+                key: name.unwrap_or_else(|| format!("(key {key:016x})").into()),
+            })
+            .collect()
     }
 }
 
@@ -187,11 +253,15 @@ mod tests {
     }
 
     fn table(max_keys: usize) -> HoldTable {
-        HoldTable {
-            spec: UpstreamHold { by: HoldBy::Route, max: Duration::from_secs(3600), max_keys },
-            keys: Mutex::default(),
-        }
+        HoldTable::new(UpstreamHold { by: HoldBy::Route, max: Duration::from_secs(3600), max_keys }, None)
     }
+
+    /// An instant on the clock, and the same as the time of day.
+    fn at(secs: u64) -> Nanos {
+        Nanos(secs * 1_000_000_000)
+    }
+
+    const S: Duration = Duration::from_secs(1);
 
     fn key(n: u64) -> HoldKey {
         HoldKey { hash: KeyHash(n), label: format!("k{n}").into() }
@@ -230,48 +300,72 @@ mod tests {
         assert_eq!(wait(&[("ratelimit", &format!("\"day\";r=0;t={huge}"))]), Some(Duration::from_secs(u64::MAX)));
         assert_eq!(wait(&[("ratelimit-reset", &huge)]), Some(Duration::from_secs(u64::MAX)));
         let t = table(10);
-        let (at, wall) = (Instant::now(), now);
+        let at = at(1_000_000_000);
         for (n, value) in [(1, past.as_str()), (2, "-5"), (3, "0")] {
-            assert_eq!(t.hold(&key(n), &refusal(429, &[("retry-after", value)]), at, wall), None, "{value}");
+            assert_eq!(t.hold(&key(n), &refusal(429, &[("retry-after", value)]), at), None, "{value}");
             assert!(t.held(&key(n), at).is_none(), "{value}");
         }
-        assert_eq!(
-            t.hold(&key(4), &refusal(503, &[("retry-after", &huge)]), at, wall),
-            Some(Duration::from_secs(3600))
-        );
-        assert!(t.held(&key(4), at + Duration::from_secs(3599)).is_some(), "held for max");
-        assert!(t.held(&key(4), at + Duration::from_secs(3600)).is_none());
+        assert_eq!(t.hold(&key(4), &refusal(503, &[("retry-after", &huge)]), at), Some(Duration::from_secs(3600)));
+        assert!(t.held(&key(4), at.after(3599 * S)).is_some(), "held for max");
+        assert!(t.held(&key(4), at.after(3600 * S)).is_none());
     }
 
     #[test]
     fn a_hold_runs_until_the_wait_asked_no_longer_than_max_and_only_for_refusals() {
         let t = table(10);
-        let now = Instant::now();
-        let wall = SystemTime::now();
-        assert_eq!(t.hold(&key(1), &refusal(200, &[("retry-after", "5")]), now, wall), None, "not a refusal");
-        assert_eq!(t.hold(&key(1), &refusal(429, &[("retry-after", "5")]), now, wall), Some(Duration::from_secs(5)));
-        assert_eq!(
-            t.hold(&key(2), &refusal(503, &[("retry-after", "99999")]), now, wall),
-            Some(Duration::from_secs(3600))
-        );
-        let held = t.held(&key(1), now + Duration::from_secs(4)).expect("held");
-        assert_eq!((held.status, &*held.key), (StatusCode::TOO_MANY_REQUESTS, "k1"));
-        assert!(t.held(&key(1), now + Duration::from_secs(5)).is_none(), "ended");
+        let now = at(1_700_000_000);
+        assert_eq!(t.hold(&key(1), &refusal(200, &[("retry-after", "5")]), now), None, "not a refusal");
+        assert_eq!(t.hold(&key(1), &refusal(429, &[("retry-after", "5")]), now), Some(5 * S));
+        assert_eq!(t.hold(&key(2), &refusal(503, &[("retry-after", "99999")]), now), Some(3600 * S));
+        let held = t.held(&key(1), now.after(4 * S)).expect("held");
+        assert_eq!((held.status, &*held.key, held.until), (StatusCode::TOO_MANY_REQUESTS, "k1", now.after(5 * S)));
+        assert!(t.held(&key(1), now.after(5 * S)).is_none(), "ended");
         assert!(t.held(&key(3), now).is_none());
-        // A shorter wait does not shorten a hold.
-        t.hold(&key(2), &refusal(429, &[("retry-after", "1")]), now, wall);
-        assert!(t.held(&key(2), now + Duration::from_secs(60)).is_some());
+        // A shorter wait does not shorten a hold, nor change its status.
+        t.hold(&key(2), &refusal(429, &[("retry-after", "1")]), now);
+        let held = t.held(&key(2), now.after(60 * S)).expect("still held");
+        assert_eq!(held.status, StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    /// Held keys whose hash lands in one shard (the high bits pick it), as a flood's would.
+    fn flooding(n: u64) -> HoldKey {
+        HoldKey { hash: KeyHash(n + 1), label: format!("k{n}").into() }
     }
 
     #[test]
-    fn a_full_table_forgets_the_holds_that_end_soonest() {
-        let t = table(4);
-        let (now, wall) = (Instant::now(), SystemTime::now());
-        for n in 1..=4 {
-            t.hold(&key(n), &refusal(429, &[("retry-after", &(n * 10).to_string())]), now, wall);
+    fn a_full_table_forgets_the_holds_that_ended_then_those_that_end_soonest() {
+        let t = table(16);
+        let now = at(1_700_000_000);
+        for n in 1..=16 {
+            t.hold_for(&flooding(n), StatusCode::TOO_MANY_REQUESTS, S * (n as u32 * 10), now);
         }
-        t.hold(&key(5), &refusal(429, &[("retry-after", "50")]), now, wall);
-        let running: Vec<Box<str>> = t.running(now).into_iter().map(|h| h.key).collect();
-        assert_eq!(running, ["k5".into(), "k4".into(), "k3".into()] as [Box<str>; 3]);
+        // Two more once the first has ended: it goes, and the one ending soonest with it
+        // (an eighth of the table).
+        let later = now.after(15 * S);
+        for n in [100, 101] {
+            t.hold_for(&flooding(n), StatusCode::TOO_MANY_REQUESTS, S * (n as u32 * 10), later);
+        }
+        let running: Vec<String> = t.running(later).into_iter().map(|h| h.key.into()).collect();
+        assert_eq!(running.len(), 16, "{running:?}");
+        assert_eq!(running[..2], ["k101", "k100"]);
+        assert!(running.iter().all(|k| k != "k1" && k != "k2"), "{running:?}");
+        assert_eq!(running.last().map(String::as_str), Some("k3"));
+    }
+
+    #[test]
+    fn a_reload_keeps_the_holds_and_their_names_within_its_own_bound() {
+        let old = table(16);
+        let now = at(1_700_000_000);
+        for n in 1..=8 {
+            old.hold_for(&flooding(n), StatusCode::SERVICE_UNAVAILABLE, S * n as u32, now);
+        }
+        let spec = |max_keys| UpstreamHold { by: HoldBy::Route, max: 3600 * S, max_keys };
+        let same = HoldTable::new(spec(16), Some(&old));
+        let copied = HoldTable::new(spec(64), Some(&old));
+        for t in [&same, &copied] {
+            let held = t.held(&flooding(8), now).expect("kept");
+            assert_eq!((held.status, held.until), (StatusCode::SERVICE_UNAVAILABLE, now.after(8 * S)));
+            assert_eq!(t.running(now).first().map(|h| &*h.key), Some("k8"));
+        }
     }
 }

@@ -22,7 +22,6 @@ pub mod hold;
 
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Instant;
 
 use http::StatusCode;
 use smallvec::SmallVec;
@@ -258,7 +257,7 @@ fn steps<'a>(
     // before it takes any quota.
     if let Some(holds) = way.holds {
         admission.hold = holds.key(found.route, gate.limiters(), &found.src);
-        let held = admission.hold.as_ref().and_then(|key| holds.table(found.route)?.held(key, Instant::now()));
+        let held = admission.hold.as_ref().and_then(|key| holds.table(found.route)?.held(key, gate.clock().now()));
         if let Some(held) = held {
             admission.verdict = Verdict::Held(held);
             return Ok(());

@@ -1,7 +1,7 @@
 //! The admission's steps in order, each where it lives: in-process, on a manual clock.
 
 use std::net::IpAddr;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode};
@@ -214,7 +214,7 @@ async fn a_held_key_is_answered_from_its_hold_before_it_takes_any_quota() {
         Bytes::new(),
     );
     let table = holds.table(route).unwrap();
-    assert_eq!(table.hold(&key, &refusal, Instant::now(), SystemTime::now()), Some(Duration::from_secs(30)));
+    assert_eq!(table.hold(&key, &refusal, s.gate.clock().now()), Some(Duration::from_secs(30)));
     let again = admit_with(&s, &held, None, Decide::Spend, Some(&holds));
     assert!(matches!(&again.verdict, Verdict::Held(h) if h.status == StatusCode::TOO_MANY_REQUESTS));
     assert!(again.cost.is_none(), "decided by no limit");

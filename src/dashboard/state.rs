@@ -80,11 +80,12 @@ pub fn state(running: &Running, history: &History, since: Option<u64>) -> Value 
 /// The keys route `route` holds after its upstream refused them: how many, those with
 /// the most time left, and the holds begun and requests answered from one since start.
 fn held(proxy: &Proxy, route: RouteId, table: &HoldTable) -> Value {
-    let running = table.running(Instant::now());
+    let now = proxy.gate().clock().now();
+    let running = table.running(now);
     let (begun, answered) = proxy.metrics().hold_counts(route);
     let listed: Vec<Value> = (running.iter().take(BANS_LISTED))
         .map(|h| {
-            let left = h.until.saturating_duration_since(Instant::now());
+            let left = h.until.since(now);
             json!({ "key": &*h.key, "status": h.status.as_u16(), "left_ms": left.as_millis() as u64 })
         })
         .collect();

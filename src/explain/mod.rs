@@ -285,7 +285,7 @@ pub fn explain(
             explanation.answer.with_response(&response::error(&error, grpc));
         }
         Verdict::Held(hold) => {
-            let left = hold.until.saturating_duration_since(std::time::Instant::now());
+            let left = hold.until.since(gate.clock().now());
             explanation.answer.outcome = crate::metrics::UPSTREAM_HOLD.to_owned();
             explanation.answer.reason = Some(format!(
                 "the upstream refused the key {} with a time to wait: held here for {:.1} s more",

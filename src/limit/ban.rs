@@ -8,12 +8,11 @@
 //! number of bans in a row (16 bits), in one `u64`. Beside it, each running ban's key as
 //! written (`KeyText`), given when the ban starts, for `GET /bans`.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
-use super::table::{KeyTable, Shard};
+use super::table::{KeyNames, KeyTable, Shard};
 
 const MS: u64 = 1_000_000;
 const STRIKE_SHIFT: u32 = 48;
@@ -26,8 +25,7 @@ pub struct Bans {
     table: Arc<KeyTable>,
     imposed: Arc<AtomicU64>,
     /// Each banned key as written, by its hash: at most `max_keys` (as the table).
-    names: Arc<Mutex<HashMap<u64, Box<str>>>>,
-    max_keys: usize,
+    names: Arc<KeyNames>,
 }
 
 fn unpack(state: u64) -> (u64, u64) {
@@ -44,8 +42,7 @@ impl Bans {
             max: ns(max).max(ns(base)),
             table,
             imposed: Arc::default(),
-            names: Arc::default(),
-            max_keys,
+            names: Arc::new(KeyNames::new(max_keys)),
         }
     }
 
@@ -59,14 +56,7 @@ impl Bans {
     /// Names the ban of `key`, started at `now`, by the key as written. Names of bans that
     /// have ended are dropped when the names would outnumber the table's keys.
     pub fn name(&self, key: u64, name: String, now: u64) {
-        let mut names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
-        if names.len() >= self.max_keys && !names.contains_key(&key) {
-            names.retain(|&k, _| self.left(&self.table.lock(k), k, now).is_some());
-            if names.len() >= self.max_keys {
-                return;
-            }
-        }
-        names.insert(key, name.into());
+        self.names.name(key, name.into(), |k| self.left(&self.table.lock(k), k, now).is_some());
     }
 
     pub fn lock(&self, key: u64) -> MutexGuard<'_, Shard> {
@@ -125,8 +115,8 @@ impl Bans {
                 banned.push((key, until - now));
             }
         });
-        let names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
-        banned.into_iter().map(|(key, left)| (key, names.get(&key).cloned(), left)).collect()
+        let names = self.names.of(banned.iter().map(|&(key, _)| key));
+        banned.into_iter().zip(names).map(|((key, left), name)| (key, name, left)).collect()
     }
 
     /// Every key's ban state (a ban running, or one whose repeat would escalate) with its
@@ -134,10 +124,8 @@ impl Bans {
     pub fn entries(&self) -> Vec<(u64, u64, Option<Box<str>>)> {
         let mut entries = Vec::new();
         self.table.each(|key, state| entries.push((key, state, None)));
-        let names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
-        for (key, _, name) in &mut entries {
-            *name = names.get(key).cloned();
-        }
+        let names = self.names.of(entries.iter().map(|&(key, _, _)| key));
+        entries.iter_mut().zip(names).for_each(|(entry, name)| entry.2 = name);
         entries
     }
 
@@ -163,7 +151,7 @@ impl Bans {
         let banned = self.left(&shard, key, now).is_some();
         shard.remove(key);
         drop(shard);
-        self.names.lock().unwrap_or_else(PoisonError::into_inner).remove(&key);
+        self.names.remove(key);
         banned
     }
 

@@ -19,8 +19,8 @@
 //! never passes the bound, however many distinct keys arrive.
 
 use std::collections::HashMap;
-use std::sync::MutexGuard;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::shards::Shards;
 
@@ -283,6 +283,52 @@ impl<S: State> Shard<S> {
             true
         });
         (before - self.len) as u64
+    }
+}
+
+/// The keys of a table as written (`ip=10.0.0.1`), by hash, for what lists them (`GET
+/// /bans`, the dashboard's holds): given when a key's entry starts, at most `max` of them.
+/// A new name that would pass `max` first drops those of keys no longer `live`; if none
+/// can go, the new key stays unnamed (listed by its hash), so a flood of keys costs a
+/// bounded map.
+pub struct KeyNames {
+    names: Mutex<HashMap<u64, Box<str>>>,
+    max: usize,
+}
+
+impl KeyNames {
+    pub fn new(max: usize) -> Self {
+        KeyNames { names: Mutex::default(), max }
+    }
+
+    fn names(&self) -> MutexGuard<'_, HashMap<u64, Box<str>>> {
+        self.names.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Names `key`; `live` tells which named keys still matter.
+    pub fn name(&self, key: u64, name: Box<str>, live: impl Fn(u64) -> bool) {
+        let mut names = self.names();
+        if names.len() >= self.max && !names.contains_key(&key) {
+            names.retain(|&k, _| live(k));
+            if names.len() >= self.max {
+                return;
+            }
+        }
+        names.insert(key, name);
+    }
+
+    pub fn get(&self, key: u64) -> Option<Box<str>> {
+        self.names().get(&key).cloned()
+    }
+
+    /// The names of `keys`, in their order, under one lock.
+    pub fn of(&self, keys: impl Iterator<Item = u64>) -> Vec<Option<Box<str>>> {
+        let names = self.names();
+        keys.map(|key| names.get(&key).cloned()).collect()
+    }
+
+    pub fn remove(&self, key: u64) {
+        self.names().remove(&key);
     }
 }
 

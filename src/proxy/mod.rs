@@ -18,7 +18,7 @@ pub mod top_keys;
 
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 use tracing::{Level, debug, info, warn};
@@ -492,7 +492,7 @@ impl Proxy {
     /// The answer to a request whose key its route holds (`held`): the upstream asked
     /// for none of its requests until then.
     fn held(&self, front: Option<&front::Front<'_>>, held: Hold, grpc: bool, trace: &mut Trace) -> Response {
-        let left = held.until.saturating_duration_since(Instant::now());
+        let left = held.until.since(self.gate.clock().now());
         if let Some(front) = front {
             let route = &self.config.routes[front.route].name;
             debug!(%route, key = %held.key, status = held.status.as_u16(), "held: the upstream asked to wait");
@@ -505,13 +505,12 @@ impl Proxy {
 
     /// Holds `key` of route `index` if the upstream's answer `response` refused it with
     /// a time to wait.
-    fn hold(&self, index: RouteId, key: &HoldKey, response: &Response) {
-        let Some(table) = self.holds.table(index) else { return };
-        if let Some(wait) = table.hold(key, response, Instant::now(), std::time::SystemTime::now()) {
-            self.metrics.hold(index, false);
-            info!(route = %self.config.routes[index].name, key = %key.label, status = response.status.as_u16(),
-                wait_s = wait.as_secs_f64(), "the upstream refused: key held until it asked");
-        }
+    fn hold(&self, index: RouteId, key: &HoldKey, response: &Response) -> Option<Duration> {
+        let wait = self.holds.table(index)?.hold(key, response, self.gate.clock().now())?;
+        self.metrics.hold(index, false);
+        info!(route = %self.config.routes[index].name, key = %key.label, status = response.status.as_u16(),
+            wait_s = wait.as_secs_f64(), "the upstream refused: key held until it asked");
+        Some(wait)
     }
 
     /// What came of sending `out` (of route `index`) upstream, begun at `started`: the
@@ -552,8 +551,8 @@ impl Proxy {
         }
         let response =
             Response { status, fields: message::ResponseFields::Upstream(fields), extra, body: Settling::from(body) };
-        if let Some(key) = hold {
-            self.hold(index, key, &response);
+        if let Some(wait) = hold.and_then(|key| self.hold(index, key, &response)) {
+            trace.with(|e| e.hold = Some(wait));
         }
         Ok(response)
     }

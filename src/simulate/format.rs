@@ -6,6 +6,7 @@
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, header};
 use serde::Deserialize;
@@ -47,6 +48,8 @@ pub struct Logged {
     pub recorded: Vec<KeyPart>,
     /// The claims of its verified token that the line records (`jwt:CLAIM` keys).
     pub claims: Option<Arc<Claims>>,
+    /// How long the upstream's refusal of it held its key (sluicegate's `hold_ms`).
+    pub hold: Option<Duration>,
 }
 
 impl Logged {
@@ -228,6 +231,7 @@ fn read_json(line: &str, cache: &mut TimeCache) -> Result<Read, Unreadable> {
         duration,
         recorded,
         claims: (!claims.is_empty()).then(|| Arc::new(claims)),
+        hold: parsed.hold_ms.and_then(|ms| Duration::try_from_secs_f64(ms / 1e3).ok()).filter(|d| !d.is_zero()),
     })))
 }
 
@@ -698,6 +702,7 @@ impl Pattern {
             duration,
             recorded: Vec::new(),
             claims: None,
+            hold: None,
         })
     }
 }

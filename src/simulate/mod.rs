@@ -192,7 +192,7 @@ fn decision_line(replay: &Replay, fate: &Fate, log: &str, line: u64, at: u64, n:
         "route": fate.route.map(|r| replay.config.routes[r].name.as_str()),
         "outcome": fate.outcome,
         "wait_ms": fate.wait.as_secs_f64() * 1000.0,
-        "status": fate.refused.map(|(_, status, _)| status),
+        "status": fate.refused.map(|(_, status, _)| status).or(fate.held),
         "limit": fate.refused.map(|(limit, _, _)| limits[limit].name.as_str()),
         "missing_key": fate.missing_key.iter().map(|&l| limits[l].name.as_str()).collect::<Vec<_>>(),
     });

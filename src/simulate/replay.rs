@@ -21,6 +21,7 @@ use typed_index_collections::TiVec;
 use super::ByKey;
 use super::format::{Carried, Logged};
 use super::tally::Tally;
+use crate::admission::hold::Holds;
 use crate::admission::{self, Asked, Decide, Origin, Refused, Verdict, Way};
 use crate::clock::{ManualClock, Nanos};
 use crate::config::{Config, LimitId, RouteId, Scope};
@@ -29,7 +30,7 @@ use crate::gate::{Decision, Gate, Pending, Permits};
 use crate::grpc;
 use crate::limit::Outcome;
 use crate::limit::key_text::KeyText;
-use crate::metrics::RequestOutcome;
+use crate::metrics::{RequestOutcome, UPSTREAM_HOLD};
 use crate::policy::allow::Allow;
 use crate::policy::key::KeyPart;
 
@@ -39,11 +40,14 @@ pub struct Fate {
     /// `passed`, `delayed`, `rejected`, `banned`, `dry_run_rejected`; or why no limit
     /// saw it: `no_route`, `bad_path`, `invalid_cost`, `repeated_key_field` (a field a
     /// limit is keyed on, sent twice: 400), `missing_key` (a key that a limit with
-    /// `on_missing_key: refuse` needs: 400).
+    /// `on_missing_key: refuse` needs: 400), `upstream_hold` (its key held after its
+    /// upstream refused an earlier request with a time to wait).
     pub outcome: &'static str,
     pub wait: Duration,
     /// The enforced limit that refused it, the status it answers, and the key's hash.
     pub refused: Option<(LimitId, u16, Option<u64>)>,
+    /// The status a hold of its key answers it with (`upstream_hold`).
+    pub held: Option<u16>,
     /// The limits whose key it lacked, as the access log's `missing_key` names them.
     pub missing_key: SmallVec<[LimitId; 2]>,
     /// The request was a gRPC call (its line has a `grpc_status`): a refusal is answered
@@ -52,7 +56,7 @@ pub struct Fate {
 }
 
 /// A request in progress: what it gives back when it ends.
-struct Held {
+struct InProgress {
     permits: Permits,
     pending: Pending,
     status: Option<u16>,
@@ -78,8 +82,11 @@ pub struct Replay {
     /// The host of requests whose log line names none.
     host: Option<String>,
     /// Requests in progress by end, then admission.
-    in_flight: BinaryHeap<Reverse<ByKey<(u64, u64), Held>>>,
+    in_flight: BinaryHeap<Reverse<ByKey<(u64, u64), InProgress>>>,
     seq: u64,
+    /// The keys held after their upstream refused them, as the log's `hold_ms` says:
+    /// the proxy's holds, on the virtual clock.
+    holds: Holds,
     pub tally: Tally,
 }
 
@@ -161,6 +168,7 @@ impl Replay {
         let clock = ManualClock::default();
         let gate = Gate::new(&config, clock.clone().into());
         let tally = Tally::new(&config);
+        let holds = Holds::new(&config, None);
         let text = KeyText::new(&config, None).recorded();
         Replay {
             config,
@@ -174,6 +182,7 @@ impl Replay {
             host,
             in_flight: BinaryHeap::new(),
             seq: 0,
+            holds,
             tally,
         }
     }
@@ -182,6 +191,7 @@ impl Replay {
     pub fn restart(&mut self) {
         self.gate = Gate::new(&self.config, self.clock.clone().into());
         self.tally = Tally::new(&self.config);
+        self.holds = Holds::new(&self.config, None);
         self.in_flight.clear();
         self.seq = 0;
     }
@@ -196,6 +206,7 @@ impl Replay {
             outcome: "no_route",
             wait: Duration::ZERO,
             refused: None,
+            held: None,
             missing_key: SmallVec::new(),
             grpc,
         };
@@ -206,7 +217,7 @@ impl Replay {
         let line_drives = |_: RouteId, l: LimitId| drives(&skipped[l], &per_line[l], request);
         // The gate decides at the request's instant in the log.
         self.clock.set(Nanos(at));
-        let way = Way { decide: Decide::Spend, holds: None, drives: Some(&line_drives) };
+        let way = Way { decide: Decide::Spend, holds: Some(&self.holds), drives: Some(&line_drives) };
         let admitted = admission::admit(&self.config, &self.gate, &asked, &way);
         let Some(front) = &admitted.front else {
             match admitted.verdict {
@@ -251,8 +262,14 @@ impl Replay {
                 fate.refused = Some((limit, http::StatusCode::BAD_REQUEST.as_u16(), None));
                 return fate;
             }
-            // No Redis and no holds in a replay.
-            Verdict::Pending | Verdict::Held(_) => return fate,
+            Verdict::Held(hold) => {
+                self.tally.routes[index].held += 1;
+                fate.outcome = UPSTREAM_HOLD;
+                fate.held = Some(hold.status.as_u16());
+                return fate;
+            }
+            // No Redis in a replay.
+            Verdict::Pending => return fate,
         };
         let limits = &admitted.limits;
         fate.missing_key = self.gate.missing_keys(limits, src).collect();
@@ -289,8 +306,15 @@ impl Replay {
                 fate.wait = wait;
                 self.tally.routes[index].waited(wait);
                 let wait = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
-                self.hold(
-                    at.saturating_add(wait).saturating_add(request.duration.unwrap_or(0)),
+                let answered = at.saturating_add(wait).saturating_add(request.duration.unwrap_or(0));
+                // The upstream refused it with a time to wait: its key is held from its answer.
+                if let (Some(held), Some(key), Some(table)) = (request.hold, &admitted.hold, self.holds.table(index)) {
+                    let status = request.status.and_then(|s| http::StatusCode::from_u16(s).ok());
+                    let status = status.unwrap_or(http::StatusCode::TOO_MANY_REQUESTS);
+                    table.hold_for(key, status, held, Nanos(answered));
+                }
+                self.in_progress(
+                    answered,
                     permits,
                     pending,
                     // A gRPC call counts by its gRPC status, as the proxy counts it.
@@ -302,9 +326,9 @@ impl Replay {
     }
 
     /// Keeps a passed request's slots and `count:` admissions until `end`.
-    fn hold(&mut self, end: u64, permits: Permits, pending: Pending, status: Option<u16>) {
+    fn in_progress(&mut self, end: u64, permits: Permits, pending: Pending, status: Option<u16>) {
         self.seq += 1;
-        self.in_flight.push(Reverse(ByKey((end, self.seq), Held { permits, pending, status })));
+        self.in_flight.push(Reverse(ByKey((end, self.seq), InProgress { permits, pending, status })));
     }
 
     /// Ends every request in progress that ended by `at`.

@@ -54,6 +54,8 @@ pub struct RouteReport {
     pub invalid_cost: u64,
     /// Refused with 400 for a key field sent twice, or missing (`on_missing_key: refuse`).
     pub key_refused: u64,
+    /// Answered from a hold of its key after its upstream refused it (`upstream_hold`).
+    pub held: u64,
     pub delay: Option<Percentiles>,
     /// The route's limits that the log could not drive for some (or all) of its
     /// requests: its counts are not all they would have been.
@@ -125,6 +127,7 @@ impl Report {
                 dry_run_rejected: t.dry_run_rejected,
                 invalid_cost: t.invalid_cost,
                 key_refused: t.key_refused,
+                held: t.held,
                 delay: Percentiles::of(&mut t.waits),
                 limits_not_simulated: {
                     t.not_simulated.sort_unstable();
@@ -336,6 +339,13 @@ impl Report {
                 extra.push(format!(
                     "{} refused for their key (400): a key field sent twice, or missing with on_missing_key: refuse",
                     r.key_refused
+                ));
+            }
+            if r.held > 0 {
+                extra.push(format!(
+                    "{} answered from a hold of their key, the upstream having refused it with a time to wait \
+                     (upstream_hold)",
+                    r.held
                 ));
             }
             if r.delay.is_some() {

@@ -31,6 +31,9 @@ pub struct RouteTally {
     /// Refused with 400 before its limits: a key field sent twice, or a key missing for a
     /// limit with `on_missing_key: refuse`.
     pub key_refused: u64,
+    /// Answered from a hold of its key, which an earlier line's upstream refusal began
+    /// (`upstream_hold`).
+    pub held: u64,
     /// Every wait of a delayed request, ns.
     pub(super) waits: Vec<u64>,
     /// Limits of the route that did not decide some of its requests, as the log could

@@ -200,3 +200,46 @@ async fn a_held_request_spends_no_quota() {
     let users: Vec<String> = seen.lock().unwrap().iter().map(|(p, u)| format!("{p} {u}")).collect();
     assert_eq!(users, ["/refuse/3 ann", "/ok bob"]);
 }
+
+/// The proxy's JSON access log says how long each refusal held its key (`hold_ms`), and
+/// `simulate` replays it with the proxy's holds on its virtual clock: the held requests
+/// are answered from the hold, with the upstream's status, as the proxy answered them,
+/// and another user's request passes.
+#[tokio::test]
+async fn the_access_log_records_each_hold_and_simulate_replays_the_holds_as_the_proxy_answered() {
+    let (backend, _) = refusing_backend().await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let access = format!("access_log: {{ format: json, path: \"{}\", keys: true }}\n", log.display());
+    let sg = Sluicegate::start(&(access + &yaml(backend, "true")));
+    let mut answers = vec![get_as(sg.addr, "/refuse/30", "ann").await.status];
+    for user in ["ann", "ann", "bob"] {
+        answers.push(get_as(sg.addr, "/ok", user).await.status);
+    }
+    assert_eq!(answers, [429, 429, 429, 200]);
+    let lines: Vec<serde_json::Value> =
+        crate::logs::access_lines(&log, 4).iter().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let hold_ms: Vec<Option<f64>> = lines.iter().map(|l| l["hold_ms"].as_f64()).collect();
+    assert_eq!(hold_ms, [Some(30_000.0), None, None, None], "{lines:?}");
+    let out = binary()
+        .args(["simulate", "--json", "-c", sg.config.to_str().unwrap(), "--decisions", "d.jsonl", "access.log"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["configs"][0]["routes"][0]["held"], 2, "{report}");
+    let decisions: Vec<serde_json::Value> = std::fs::read_to_string(dir.path().join("d.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let replayed: Vec<(&str, Option<u64>)> =
+        decisions.iter().map(|d| (d["outcome"].as_str().unwrap(), d["status"].as_u64())).collect();
+    assert_eq!(
+        replayed,
+        [("passed", None), ("upstream_hold", Some(429)), ("upstream_hold", Some(429)), ("passed", None)]
+    );
+    let logged: Vec<&str> = lines.iter().map(|l| l["outcome"].as_str().unwrap()).collect();
+    assert_eq!(logged, replayed.iter().map(|(o, _)| *o).collect::<Vec<_>>(), "the outcomes the proxy logged");
+}

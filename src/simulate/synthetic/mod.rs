@@ -286,6 +286,7 @@ fn request(config: &Config, spec: &Spec, connection: u32) -> Logged {
         claims: None,
         duration: Some(nanos(spec.latency)),
         recorded: Vec::new(),
+        hold: None,
     }
 }
 
