@@ -20,7 +20,7 @@ REQUESTS="${REQUESTS:-60000}" CLIENTS="${CLIENTS:-16}" STREAMS="${STREAMS:-8}" R
 BACKEND_BIN="$ROOT/target/release/examples/bench_grpc_backend"
 command -v h2load >/dev/null || { echo "h2load is needed (apt-get install nghttp2-client)" >&2; exit 1; }
 [[ -x "$NGINX" ]] || { echo "nginx is needed (apt-get install nginx)" >&2; exit 1; }
-(cd "$ROOT" && cargo build --profile dist --quiet --bin sluicegate && cargo build --release --quiet --example bench_grpc_backend)
+(cd "$ROOT" && cargo build --profile dist --no-default-features --quiet --bin sluicegate && cargo build --release --quiet --example bench_grpc_backend)
 
 TMP="$(mktemp -d /tmp/sluicegate-grpc.XXXXXX)"
 PIDS=()

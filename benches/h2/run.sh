@@ -18,7 +18,7 @@ SG_BEFORE="${SG_BEFORE:-}"
 REQUESTS="${REQUESTS:-60000}" CLIENTS="${CLIENTS:-16}" STREAMS="${STREAMS:-8}" REPS="${REPS:-3}" CPU="${CPU:-0}"
 BACKEND_BIN="$ROOT/target/release/examples/bench_backend"
 command -v h2load >/dev/null || { echo "h2load is needed (apt-get install nghttp2-client)" >&2; exit 1; }
-(cd "$ROOT" && cargo build --profile dist --quiet --bin sluicegate && cargo build --release --quiet --example bench_backend)
+(cd "$ROOT" && cargo build --profile dist --no-default-features --quiet --bin sluicegate && cargo build --release --quiet --example bench_backend)
 
 TMP="$(mktemp -d /tmp/sluicegate-h2.XXXXXX)"
 PIDS=()

@@ -31,7 +31,7 @@ WARMUP=${WARMUP:-1s}
 CPU=${CPU:-0}
 WRK_CPU=${WRK_CPU:-1}
 SG=${SG:-$ROOT/target/dist/sluicegate}
-[[ -n ${SKIP_BUILD:-} ]] || (cd "$ROOT" && cargo build --profile dist --quiet --bin sluicegate && cargo build --release --quiet)
+[[ -n ${SKIP_BUILD:-} ]] || (cd "$ROOT" && cargo build --profile dist --no-default-features --quiet --bin sluicegate && cargo build --release --quiet)
 TMP=$(mktemp -d)
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$TMP"; }

@@ -34,7 +34,7 @@
 #   DURATION here defaults to 8s, WARMUP to 1s, THREADS to 1
 #   PEERS ["nginx haproxy"]  peers to run when installed (empty: sluicegate alone)
 #   BACKEND_PORT  use a backend already listening there instead of starting one
-#   SG  the sluicegate binary [target/dist/sluicegate: `cargo build --profile dist`, the
+#   SG  the sluicegate binary [target/dist/sluicegate: `cargo build --profile dist --no-default-features`, the
 #       build to install] (SKIP_BUILD=1: use it as is)
 #   ADMIN [0]  1: sluicegate with an admin listener too (its dashboard records history
 #              once a second, and each limit counts the keys it refuses)
@@ -780,8 +780,8 @@ memory_main() {
 
 # ---- go ---------------------------------------------------------------------------------------
 if [[ "$SKIP_BUILD" != 1 ]]; then
-  log "cargo build --profile dist --bin sluicegate; cargo build --release --example …"
-  (cd "$ROOT" && cargo build --profile dist --quiet --bin sluicegate &&
+  log "cargo build --profile dist --no-default-features --bin sluicegate; cargo build --release --example …"
+  (cd "$ROOT" && cargo build --profile dist --no-default-features --quiet --bin sluicegate &&
     cargo build --release --quiet --example bench_backend --example bench_client --example hold_connections)
 fi
 [[ -x "$SG" ]] || die "no $SG"
