@@ -53,31 +53,8 @@ pub struct Config {
     /// At least one.
     pub listeners: Vec<Listener>,
     pub trusted_proxies: Vec<IpNet>,
-    /// Longest wait for a request's headers: from accept to the first request (protocol
-    /// preface included), and on HTTP/1 from a request's first byte to its last header.
-    pub header_read_timeout: Duration,
-    /// A connection with no request in progress is closed after this long.
-    pub idle_timeout: Duration,
-    /// A connection whose client reads nothing of its response for this long is closed.
-    pub send_timeout: Duration,
-    /// Connections served at once; `None`: derived from the open-file limit at start.
-    pub max_connections: Option<usize>,
-    /// Connections one client address (an IPv6 /64) may hold open at once (`None`: any).
-    pub max_connections_per_ip: Option<usize>,
-    /// A request whose header fields weigh more than this gets 431 (see
-    /// `front::size::header_section_bytes` for how they are counted).
-    pub max_header_bytes: usize,
-    /// A request whose target (path and query) is longer than this gets 414.
-    pub max_uri_bytes: usize,
-    pub shutdown_grace: Duration,
-    /// Threads serving requests (`None`: one per core), fixed at start.
-    pub workers: Option<usize>,
-    /// Longest wait for the next piece of a request body once the upstream asks for it
-    /// (nginx `client_body_timeout`); past it the request is cut and answered 408.
-    pub body_read_timeout: Duration,
-    /// Request fields whose names hold `_` are forwarded (`server.underscores_in_headers`);
-    /// by default they are dropped (see `hop::request_fields`).
-    pub underscores_in_headers: bool,
+    /// `server:`: how connections and requests are read and served.
+    pub server: ServerSettings,
     /// The admin listener (`None`: off).
     pub admin: Option<Admin>,
     /// The access log (`None`: off).
@@ -107,6 +84,36 @@ pub struct Config {
     pub routes: TiVec<RouteId, Route>,
     /// `routes` indexed: which one a request takes.
     pub router: Router,
+}
+
+/// `server:`, as in force: how connections and requests are read and served.
+#[derive(Debug, Clone)]
+pub struct ServerSettings {
+    /// Longest wait for a request's headers: from accept to the first request (protocol
+    /// preface included), and on HTTP/1 from a request's first byte to its last header.
+    pub header_read_timeout: Duration,
+    /// A connection with no request in progress is closed after this long.
+    pub idle_timeout: Duration,
+    /// A connection whose client reads nothing of its response for this long is closed.
+    pub send_timeout: Duration,
+    /// Connections served at once; `None`: derived from the open-file limit at start.
+    pub max_connections: Option<usize>,
+    /// Connections one client address (an IPv6 /64) may hold open at once (`None`: any).
+    pub max_connections_per_ip: Option<usize>,
+    /// A request whose header fields weigh more than this gets 431 (see
+    /// `front::size::header_section_bytes` for how they are counted).
+    pub max_header_bytes: usize,
+    /// A request whose target (path and query) is longer than this gets 414.
+    pub max_uri_bytes: usize,
+    pub shutdown_grace: Duration,
+    /// Threads serving requests (`None`: one per core), fixed at start.
+    pub workers: Option<usize>,
+    /// Longest wait for the next piece of a request body once the upstream asks for it
+    /// (nginx `client_body_timeout`); past it the request is cut and answered 408.
+    pub body_read_timeout: Duration,
+    /// Request fields whose names hold `_` are forwarded (`server.underscores_in_headers`);
+    /// by default they are dropped (see `hop::request_fields`).
+    pub underscores_in_headers: bool,
 }
 
 /// `access_log:`: where and how request lines are written.

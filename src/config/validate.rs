@@ -10,10 +10,12 @@ use typed_index_collections::{TiSlice, TiVec};
 use super::checks::{Errors, body_size, connection_timeout, parse_cidr};
 use super::fields::FieldReport;
 use super::position::Positions;
-use super::raw::{AccessFormat, LogKeys, RawAccessLog, RawAdmin, RawConfig, RawListen, RawListener, RawPersist};
+use super::raw::{
+    AccessFormat, LogKeys, RawAccessLog, RawAdmin, RawConfig, RawListen, RawListener, RawPersist, RawServer,
+};
 use super::{
-    AccessLogConfig, Admin, Config, ConfigError, Limit, LimitId, Listener, Persist, Route, RouteId, Router, jwt,
-    limits, routes, shadow, store, tls, upstreams,
+    AccessLogConfig, Admin, Config, ConfigError, Limit, LimitId, Listener, Persist, Route, RouteId, Router,
+    ServerSettings, jwt, limits, routes, shadow, store, tls, upstreams,
 };
 use crate::router::Scheme;
 
@@ -96,46 +98,8 @@ pub fn compile(
         .enumerate()
         .filter_map(|(i, text)| e.check(|| format!("trusted_proxies[{i}]"), parse_cidr(text)))
         .collect();
-    let header_read_timeout =
-        e.duration("server.header_read_timeout", raw.server.header_read_timeout.as_ref(), DEFAULT_HEADER_READ_TIMEOUT);
-    let shutdown_grace =
-        e.duration("server.shutdown_grace", raw.server.shutdown_grace.as_ref(), DEFAULT_SHUTDOWN_GRACE);
-    let idle_timeout =
-        connection_timeout(&mut e, "server.idle_timeout", raw.server.idle_timeout.as_ref(), DEFAULT_IDLE_TIMEOUT);
-    let send_timeout =
-        connection_timeout(&mut e, "server.send_timeout", raw.server.send_timeout.as_ref(), DEFAULT_SEND_TIMEOUT);
-    let body_read_timeout = connection_timeout(
-        &mut e,
-        "server.body_read_timeout",
-        raw.server.body_read_timeout.as_ref(),
-        DEFAULT_BODY_READ_TIMEOUT,
-    );
+    let server = server_settings(&mut e, &raw.server);
     let max_body_bytes = body_size(&mut e, "server.max_body_bytes", raw.server.max_body_bytes.as_ref());
-    let mut connections = |field: &str, given: Option<u64>| {
-        given.and_then(|n| {
-            e.check(
-                || format!("server.{field}"),
-                match n {
-                    1..=MAX_CONNECTIONS => Ok(n as usize),
-                    _ => Err(format!("must be from 1 to {MAX_CONNECTIONS}, not {n}")),
-                },
-            )
-        })
-    };
-    let max_connections = connections("max_connections", raw.server.max_connections);
-    let max_connections_per_ip = connections("max_connections_per_ip", raw.server.max_connections_per_ip);
-    let workers = raw.server.workers.and_then(|n| {
-        e.check(
-            || "server.workers".to_owned(),
-            match n {
-                1..=MAX_WORKERS => Ok(n as usize),
-                _ => Err(format!("must be from 1 to {MAX_WORKERS}, not {n}")),
-            },
-        )
-    });
-    let max_header_bytes =
-        head_limit(&mut e, "server.max_header_bytes", raw.server.max_header_bytes, DEFAULT_MAX_HEADER_BYTES);
-    let max_uri_bytes = head_limit(&mut e, "server.max_uri_bytes", raw.server.max_uri_bytes, DEFAULT_MAX_URI_BYTES);
     let log_keys = match (raw.log_keys, raw.redact_keys) {
         (Some(mode), false) => mode,
         (None, false) => LogKeys::default(),
@@ -199,17 +163,7 @@ pub fn compile(
         Some(listeners) if e.list.is_empty() => Ok(Config {
             listeners,
             trusted_proxies,
-            header_read_timeout,
-            idle_timeout,
-            send_timeout,
-            max_connections,
-            max_connections_per_ip,
-            max_header_bytes,
-            max_uri_bytes,
-            shutdown_grace,
-            workers,
-            body_read_timeout,
-            underscores_in_headers: raw.server.underscores_in_headers,
+            server,
             admin,
             access_log: raw.access_log.as_ref().map(|a| AccessLogConfig {
                 format: a.format,
@@ -248,6 +202,54 @@ const DEFAULT_PERSIST_INTERVAL: Duration = Duration::from_secs(60);
 /// `persist.interval`'s bounds: a second (more often, writing the tables is most of what
 /// the process does) to an hour (what a crash may lose).
 const PERSIST_INTERVAL: std::ops::RangeInclusive<Duration> = Duration::from_secs(1)..=Duration::from_secs(3600);
+
+/// `server:`, each setting checked, defaults filled in.
+fn server_settings(e: &mut Errors<'_>, raw: &RawServer) -> ServerSettings {
+    let header_read_timeout =
+        e.duration("server.header_read_timeout", raw.header_read_timeout.as_ref(), DEFAULT_HEADER_READ_TIMEOUT);
+    let shutdown_grace = e.duration("server.shutdown_grace", raw.shutdown_grace.as_ref(), DEFAULT_SHUTDOWN_GRACE);
+    let idle_timeout = connection_timeout(e, "server.idle_timeout", raw.idle_timeout.as_ref(), DEFAULT_IDLE_TIMEOUT);
+    let send_timeout = connection_timeout(e, "server.send_timeout", raw.send_timeout.as_ref(), DEFAULT_SEND_TIMEOUT);
+    let body_read_timeout =
+        connection_timeout(e, "server.body_read_timeout", raw.body_read_timeout.as_ref(), DEFAULT_BODY_READ_TIMEOUT);
+    let mut connections = |field: &str, given: Option<u64>| {
+        given.and_then(|n| {
+            e.check(
+                || format!("server.{field}"),
+                match n {
+                    1..=MAX_CONNECTIONS => Ok(n as usize),
+                    _ => Err(format!("must be from 1 to {MAX_CONNECTIONS}, not {n}")),
+                },
+            )
+        })
+    };
+    let max_connections = connections("max_connections", raw.max_connections);
+    let max_connections_per_ip = connections("max_connections_per_ip", raw.max_connections_per_ip);
+    let workers = raw.workers.and_then(|n| {
+        e.check(
+            || "server.workers".to_owned(),
+            match n {
+                1..=MAX_WORKERS => Ok(n as usize),
+                _ => Err(format!("must be from 1 to {MAX_WORKERS}, not {n}")),
+            },
+        )
+    });
+    let max_header_bytes = head_limit(e, "server.max_header_bytes", raw.max_header_bytes, DEFAULT_MAX_HEADER_BYTES);
+    let max_uri_bytes = head_limit(e, "server.max_uri_bytes", raw.max_uri_bytes, DEFAULT_MAX_URI_BYTES);
+    ServerSettings {
+        header_read_timeout,
+        idle_timeout,
+        send_timeout,
+        max_connections,
+        max_connections_per_ip,
+        max_header_bytes,
+        max_uri_bytes,
+        shutdown_grace,
+        workers,
+        body_read_timeout,
+        underscores_in_headers: raw.underscores_in_headers,
+    }
+}
 
 /// `persist:`, the state directory (a relative one resolved against the directory of
 /// `file`, the configuration's) and how often state is written.

@@ -14,12 +14,12 @@ pub fn check(head: &RequestHead<'_>, config: &Config) -> Result<(), FrontError> 
     // The path and query: what the upstream receives as the target (an absolute-form
     // target's scheme and authority are not forwarded).
     let target = head.target.len();
-    if target > config.max_uri_bytes {
-        return Err(FrontError::UriTooLong { bytes: target, max: config.max_uri_bytes });
+    if target > config.server.max_uri_bytes {
+        return Err(FrontError::UriTooLong { bytes: target, max: config.server.max_uri_bytes });
     }
     let bytes = header_section_bytes(head);
-    if bytes > config.max_header_bytes {
-        return Err(FrontError::HeadersTooLarge { bytes, max: config.max_header_bytes });
+    if bytes > config.server.max_header_bytes {
+        return Err(FrontError::HeadersTooLarge { bytes, max: config.server.max_header_bytes });
     }
     Ok(())
 }

@@ -133,7 +133,7 @@ impl Proxy {
                 store.watch();
             }
         }
-        let workers = crate::worker::count(config.workers);
+        let workers = crate::worker::count(config.server.workers);
         let upstreams = config.upstreams.iter().map(|u| UpstreamClient::new(u, workers, &metrics)).collect();
         let refused_keys =
             config.admin.is_some().then(|| config.limits.iter().map(|_| RefusedKeys::default()).collect());
@@ -411,7 +411,7 @@ impl Proxy {
                         upgrade: hop::upgrade_protocol(head.version, head.fields),
                         rewrite: &route.rewrite,
                         authority: head.authority.map(str::as_bytes),
-                        underscores: config.underscores_in_headers,
+                        underscores: config.server.underscores_in_headers,
                         vars,
                     };
                     let target = admitted.target.as_deref().unwrap_or(head.target);
@@ -419,8 +419,8 @@ impl Proxy {
                     let out = Outgoing { head, target, framing, hop, host, balance_key: admitted.balance_key };
                     // Awaited here rather than in a function of its own: each future nested in
                     // another is moved into it whole (its room for every state), a copy per level.
-                    let mut bounded =
-                        body.map(|b| upstream::RequestBody::new(b, route.max_body_bytes, config.body_read_timeout));
+                    let mut bounded = body
+                        .map(|b| upstream::RequestBody::new(b, route.max_body_bytes, config.server.body_read_timeout));
                     let started = Instant::now();
                     let forwarded = self.upstreams[*upstream].forward(&out, bounded.as_mut()).await;
                     self.forwarded(forwarded, started, &out, index, admitted.hold.as_deref(), trace)

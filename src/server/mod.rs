@@ -60,7 +60,8 @@ impl Server {
     /// `source`, SIGHUP (and the admin API's `POST /reload`) reload the configuration
     /// from that file.
     pub async fn bind(config: Config, source: Option<PathBuf>) -> std::io::Result<Server> {
-        let max_connections = config.max_connections.unwrap_or_else(|| default_max_connections(open_file_limit()));
+        let max_connections =
+            config.server.max_connections.unwrap_or_else(|| default_max_connections(open_file_limit()));
         // The error names the field and the address: with two listeners, which one is
         // taken matters.
         let at = |field: &'static str, addr: SocketAddr| {
@@ -110,7 +111,7 @@ impl Server {
         let slots = Arc::new(Semaphore::new(self.max_connections));
         let (stop, stopping) = watch::channel(());
         // One worker serves on this runtime; more, each on a thread and runtime of its own.
-        let workers = match crate::worker::count(self.running.proxy().config().workers) {
+        let workers = match crate::worker::count(self.running.proxy().config().server.workers) {
             1 => None,
             count => match Workers::start(count) {
                 Ok(workers) => Some(workers),
@@ -142,7 +143,7 @@ impl Server {
         }
         let Accepting { stopping, workers, .. } = accepting;
         drop(std::mem::take(&mut self.listeners));
-        let grace = self.running.proxy().config().shutdown_grace;
+        let grace = self.running.proxy().config().server.shutdown_grace;
         info!(grace_ms = grace.as_millis() as u64, "shutting down: finishing in-flight requests");
         let _ = stop.send(());
         drop(stopping);
@@ -241,11 +242,11 @@ impl Server {
             }
             _ => None,
         };
-        if config.workers != old.config().workers {
+        if config.server.workers != old.config().server.workers {
             warn!("server.workers changes at the next restart; the running threads stay");
             // What is sized by the workers (the upstream pool's share of each) follows
             // the threads that run, not the file.
-            config.workers = old.config().workers;
+            config.server.workers = old.config().server.workers;
         }
         let (proxy, kept, fresh) = match Proxy::reloaded(config, &old) {
             Ok(reloaded) => reloaded,
@@ -332,7 +333,7 @@ impl Accepting {
         let _ = stream.set_nodelay(true);
         let proxy = self.running.proxy();
         let config = proxy.config();
-        let peer_slot = match config.max_connections_per_ip {
+        let peer_slot = match config.server.max_connections_per_ip {
             None => None,
             Some(max) => match self.peers.take(peer.ip(), max) {
                 Some(place) => Some(place),
@@ -396,8 +397,8 @@ impl Accepting {
 pub fn head_limits(config: &Config) -> HeadLimits {
     let bytes = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
     HeadLimits {
-        line: bytes(config.max_uri_bytes + HEAD_SLACK_BYTES),
-        head: bytes(config.max_header_bytes + config.max_uri_bytes + HEAD_SLACK_BYTES),
+        line: bytes(config.server.max_uri_bytes + HEAD_SLACK_BYTES),
+        head: bytes(config.server.max_header_bytes + config.server.max_uri_bytes + HEAD_SLACK_BYTES),
     }
 }
 
@@ -405,9 +406,9 @@ pub fn head_limits(config: &Config) -> HeadLimits {
 fn settings(config: &Config) -> h1::Settings {
     h1::Settings {
         timeouts: Timeouts {
-            header_read: config.header_read_timeout,
-            idle: config.idle_timeout,
-            send: config.send_timeout,
+            header_read: config.server.header_read_timeout,
+            idle: config.server.idle_timeout,
+            send: config.server.send_timeout,
         },
         head: head_limits(config),
         h2: Some(h2::H2Settings { max_header_list_size: http2_header_list_bytes(config) }),
@@ -498,7 +499,7 @@ fn default_max_connections(open_files: u64) -> usize {
 /// 33/5 times as much here; the pseudo-header fields come on top. Past this, h2 answers
 /// 431 itself without decoding further.
 fn http2_header_list_bytes(config: &Config) -> u32 {
-    let bytes = 7 * config.max_header_bytes + config.max_uri_bytes + HEAD_SLACK_BYTES;
+    let bytes = 7 * config.server.max_header_bytes + config.server.max_uri_bytes + HEAD_SLACK_BYTES;
     // At most 8 MiB with the limits validation accepts.
     u32::try_from(bytes).unwrap_or(u32::MAX)
 }
