@@ -28,7 +28,7 @@ pub(super) struct FieldReport {
     pub missing: Vec<String>,
 }
 
-fn schema() -> &'static Value {
+pub(super) fn schema() -> &'static Value {
     static SCHEMA: OnceLock<Value> = OnceLock::new();
     SCHEMA.get_or_init(|| schemars::schema_for!(RawConfig).to_value())
 }
