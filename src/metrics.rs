@@ -243,105 +243,124 @@ struct PoolFamilies {
     full: Family<Labels, Counter>,
 }
 
+/// `family`, registered in `registry` as `name` with `help`.
+fn registered<M>(registry: &mut Registry, name: &str, help: &str, family: Family<Labels, M>) -> Family<Labels, M>
+where
+    Family<Labels, M>: prometheus_client::registry::Metric + Clone,
+{
+    registry.register(name, help, family.clone());
+    family
+}
+
+/// A family of counters, registered.
+fn counters(registry: &mut Registry, name: &str, help: &str) -> Family<Labels, Counter> {
+    registered(registry, name, help, Family::default())
+}
+
+/// A family of gauges, registered.
+fn gauges(registry: &mut Registry, name: &str, help: &str) -> Family<Labels, Gauge> {
+    registered(registry, name, help, Family::default())
+}
+
+impl PoolFamilies {
+    fn registered(r: &mut Registry) -> PoolFamilies {
+        PoolFamilies {
+            idle: gauges(
+                r,
+                "upstream_idle_connections",
+                "Idle connections kept open to an upstream's servers, by upstream",
+            ),
+            in_use: gauges(
+                r,
+                "upstream_connections_in_use",
+                "Connections to an upstream's servers lent to requests now, by upstream",
+            ),
+            opened: counters(
+                r,
+                "upstream_connections_opened",
+                "Connections opened to an upstream's servers, by upstream (per request: the pool's churn)",
+            ),
+            idle_closed: counters(
+                r,
+                "upstream_idle_closed",
+                "Idle connections the pool closed, by upstream and reason: keepalive (given back past `keepalive`), \
+                 surplus (beyond what the load lately needed), timeout (idle past 60 s)",
+            ),
+            queued: counters(
+                r,
+                "upstream_queued",
+                "Requests that found every server at `max_conns` and waited for room, by upstream",
+            ),
+            full: counters(
+                r,
+                "upstream_full",
+                "Requests answered 503: every server stayed at `max_conns` for `queue_timeout`, by upstream",
+            ),
+        }
+    }
+}
+
 impl Metrics {
     pub fn new(config: &Config, gate: &Gate) -> Metrics {
         let mut registry = Registry::with_prefix("sluicegate");
-        let requests = Family::<Labels, Counter>::default();
-        let responses = Family::<Labels, Counter>::default();
-        let errors = Family::<Labels, Counter>::default();
-        let latency = Family::<Labels, Histogram>::new_with_constructor(latency_histogram as fn() -> Histogram);
-        let decisions = Family::<Labels, Counter>::default();
-        let delays = Family::<Labels, Histogram>::new_with_constructor(delay_histogram as fn() -> Histogram);
-        let reloads = Family::<Labels, Counter>::default();
-        let resolve_failures = Family::<Labels, Counter>::default();
-        let addresses = Family::<Labels, Gauge>::default();
-        let grpc = Family::<Labels, Counter>::default();
-        let invalid_tokens = Family::<Labels, Counter>::default();
-        let (holds, held) = (Family::<Labels, Counter>::default(), Family::<Labels, Counter>::default());
-        let state_writes = Family::<Labels, Counter>::default();
-        let pool = PoolFamilies::default();
-        let build = Family::<Labels, Gauge>::default();
-        build.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_owned())]).set(1);
-        let current = Arc::new(Mutex::new(Current::of(config, gate)));
-
-        registry.register("requests", "Requests by route and outcome (no_route: no route matched; bad_request, bad_path: refused before a route was found)", requests.clone());
-        registry.register("limit_decisions", "Decisions of each limit, dry-run limits included", decisions.clone());
-        registry.register("limit_delay_seconds", "Delays asked by each limit", delays.clone());
-        registry.register("upstream_responses", "Upstream responses by route and status class", responses.clone());
-        registry.register(
-            "upstream_errors",
-            "Upstream exchanges that got no response, by route and kind",
-            errors.clone(),
+        let r = &mut registry;
+        let requests = counters(
+            r,
+            "requests",
+            "Requests by route and outcome (no_route: no route matched; bad_request, bad_path: refused before a route was found)",
         );
-        registry.register("upstream_duration_seconds", "Time to the upstream's response headers", latency.clone());
-        registry.register(
+        let decisions = counters(r, "limit_decisions", "Decisions of each limit, dry-run limits included");
+        let delays = registered(
+            r,
+            "limit_delay_seconds",
+            "Delays asked by each limit",
+            Family::new_with_constructor(delay_histogram as fn() -> Histogram),
+        );
+        let responses = counters(r, "upstream_responses", "Upstream responses by route and status class");
+        let errors = counters(r, "upstream_errors", "Upstream exchanges that got no response, by route and kind");
+        let latency = registered(
+            r,
+            "upstream_duration_seconds",
+            "Time to the upstream's response headers",
+            Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+        );
+        let resolve_failures = counters(
+            r,
             "upstream_resolve_failures",
             "Lookups of upstream server host names that failed or found no address, by upstream",
-            resolve_failures.clone(),
         );
-        registry.register(
+        let addresses = gauges(
+            r,
             "upstream_addresses",
             "Addresses an upstream's servers resolve to now, each a server, by upstream",
-            addresses.clone(),
         );
-        registry.register(
+        let grpc = counters(
+            r,
             "grpc_responses",
             "gRPC calls by route and the grpc-status they ended with (NONE: without one)",
-            grpc.clone(),
         );
-        registry.register(
-            "upstream_idle_connections",
-            "Idle connections kept open to an upstream's servers, by upstream",
-            pool.idle.clone(),
-        );
-        registry.register(
-            "upstream_connections_in_use",
-            "Connections to an upstream's servers lent to requests now, by upstream",
-            pool.in_use.clone(),
-        );
-        registry.register(
-            "upstream_connections_opened",
-            "Connections opened to an upstream's servers, by upstream (per request: the pool's churn)",
-            pool.opened.clone(),
-        );
-        registry.register(
-            "upstream_idle_closed",
-            "Idle connections the pool closed, by upstream and reason: keepalive (given back past `keepalive`), \
-             surplus (beyond what the load lately needed), timeout (idle past 60 s)",
-            pool.idle_closed.clone(),
-        );
-        registry.register(
-            "upstream_queued",
-            "Requests that found every server at `max_conns` and waited for room, by upstream",
-            pool.queued.clone(),
-        );
-        registry.register(
-            "upstream_full",
-            "Requests answered 503: every server stayed at `max_conns` for `queue_timeout`, by upstream",
-            pool.full.clone(),
-        );
-        registry.register(
+        let pool = PoolFamilies::registered(r);
+        let invalid_tokens = counters(
+            r,
             "invalid_tokens",
             "Requests whose token did not verify, by reason: refused (401) or taken without claims (on_invalid_token)",
-            invalid_tokens.clone(),
         );
-        registry.register(
+        let holds = counters(
+            r,
             "upstream_holds",
             "Keys held by each route after its upstream refused them with a time to wait (upstream_hold)",
-            holds.clone(),
         );
-        registry.register(
+        let held = counters(
+            r,
             "upstream_held_requests",
             "Requests answered by each route from a hold of its upstream's refusal, unsent (upstream_hold)",
-            held.clone(),
         );
-        registry.register(
-            "state_writes",
-            "Writes of a persisted limit's state file, by limit and result (ok, failed)",
-            state_writes.clone(),
-        );
-        registry.register("reloads", "Configuration reloads by result", reloads.clone());
-        registry.register("build_info", "The running version", build);
+        let state_writes =
+            counters(r, "state_writes", "Writes of a persisted limit's state file, by limit and result (ok, failed)");
+        let reloads = counters(r, "reloads", "Configuration reloads by result");
+        let build = gauges(r, "build_info", "The running version");
+        build.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_owned())]).set(1);
+        let current = Arc::new(Mutex::new(Current::of(config, gate)));
         let started = Gauge::<i64>::default();
         let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         started.set(i64::try_from(since_epoch.as_secs()).unwrap_or(i64::MAX));

@@ -243,23 +243,7 @@ impl Replay {
         let decision = match admitted.verdict {
             Verdict::Decided(decision) => decision,
             Verdict::Refused(refused) => {
-                // What the proxy refuses with 400 before any limit decides, among the
-                // limits the line can drive: a key field sent twice, a key missing for
-                // `on_missing_key: refuse`; or a cost that is none.
-                fate.outcome = refused.outcome();
-                let limit = match refused {
-                    Refused::DuplicateKeyField { id, .. } => id,
-                    Refused::MissingKey { id, .. } => {
-                        fate.missing_key.push(id);
-                        id
-                    }
-                    _ => {
-                        self.tally.routes[index].invalid_cost += 1;
-                        return fate;
-                    }
-                };
-                self.tally.routes[index].key_refused += 1;
-                fate.refused = Some((limit, http::StatusCode::BAD_REQUEST.as_u16(), None));
+                self.refused(refused, index, &mut fate);
                 return fate;
             }
             Verdict::Held(hold) => {
@@ -323,6 +307,26 @@ impl Replay {
             }
         }
         fate
+    }
+
+    /// Tallies what the proxy refuses with 400 before any limit decides, among the limits
+    /// the line can drive (a key field sent twice, a key missing for `on_missing_key:
+    /// refuse`), or a cost that is none, on route `index`.
+    fn refused(&mut self, refused: Refused, index: RouteId, fate: &mut Fate) {
+        fate.outcome = refused.outcome();
+        let limit = match refused {
+            Refused::DuplicateKeyField { id, .. } => id,
+            Refused::MissingKey { id, .. } => {
+                fate.missing_key.push(id);
+                id
+            }
+            _ => {
+                self.tally.routes[index].invalid_cost += 1;
+                return;
+            }
+        };
+        self.tally.routes[index].key_refused += 1;
+        fate.refused = Some((limit, http::StatusCode::BAD_REQUEST.as_u16(), None));
     }
 
     /// Keeps a passed request's slots and `count:` admissions until `end`.
