@@ -352,6 +352,18 @@ mod tests {
         assert_eq!(running.last().map(String::as_str), Some("k3"));
     }
 
+    /// The hash 0 (a route's one key) is stored as 1 by the table: its name is found again.
+    #[test]
+    fn the_hold_of_a_whole_route_is_listed_by_its_name() {
+        let t = table(16);
+        let route = HoldKey { hash: KeyHash(0), label: "(the route)".into() };
+        let now = at(1_700_000_000);
+        t.hold_for(&route, StatusCode::SERVICE_UNAVAILABLE, 30 * S, now);
+        assert_eq!(t.running(now).first().map(|h| &*h.key), Some("(the route)"));
+        assert!(t.held(&route, now.after(30 * S)).is_none(), "ended");
+        assert!(t.running(now).is_empty(), "forgotten with its name");
+    }
+
     #[test]
     fn a_reload_keeps_the_holds_and_their_names_within_its_own_bound() {
         let old = table(16);

@@ -290,7 +290,8 @@ impl<S: State> Shard<S> {
 /// /bans`, the dashboard's holds): given when a key's entry starts, at most `max` of them.
 /// A new name that would pass `max` first drops those of keys no longer `live`; if none
 /// can go, the new key stays unnamed (listed by its hash), so a flood of keys costs a
-/// bounded map.
+/// bounded map. Keys are stored as the table stores them (`stored`), so that a key the
+/// table lists is found here.
 pub struct KeyNames {
     names: Mutex<HashMap<u64, Box<str>>>,
     max: usize,
@@ -307,6 +308,7 @@ impl KeyNames {
 
     /// Names `key`; `live` tells which named keys still matter.
     pub fn name(&self, key: u64, name: Box<str>, live: impl Fn(u64) -> bool) {
+        let key = stored(key);
         let mut names = self.names();
         if names.len() >= self.max && !names.contains_key(&key) {
             names.retain(|&k, _| live(k));
@@ -318,17 +320,17 @@ impl KeyNames {
     }
 
     pub fn get(&self, key: u64) -> Option<Box<str>> {
-        self.names().get(&key).cloned()
+        self.names().get(&stored(key)).cloned()
     }
 
     /// The names of `keys`, in their order, under one lock.
     pub fn of(&self, keys: impl Iterator<Item = u64>) -> Vec<Option<Box<str>>> {
         let names = self.names();
-        keys.map(|key| names.get(&key).cloned()).collect()
+        keys.map(|key| names.get(&stored(key)).cloned()).collect()
     }
 
     pub fn remove(&self, key: u64) {
-        self.names().remove(&key);
+        self.names().remove(&stored(key));
     }
 }
 
