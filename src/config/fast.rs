@@ -41,12 +41,14 @@ pub(super) fn raw(src: &str) -> Option<(RawConfig, bool)> {
     }
 }
 
-fn whole(src: &str) -> Option<(RawConfig, bool)> {
+/// `T` from `src` under `strict`'s watch: the whole file (`RawConfig`), or a part of its
+/// routes (`Vec<RawRoute>`).
+fn parsed<T: serde::de::DeserializeOwned>(src: &str) -> Option<(T, bool)> {
     serde_saphyr::with_deserializer_from_str_with_options(src, yaml_options(), |de| strict::deserialize(de)).ok()
 }
 
-fn routes(src: &str) -> Option<(Vec<RawRoute>, bool)> {
-    serde_saphyr::with_deserializer_from_str_with_options(src, yaml_options(), |de| strict::deserialize(de)).ok()
+fn whole(src: &str) -> Option<(RawConfig, bool)> {
+    parsed(src)
 }
 
 /// Where the routes are cut.
@@ -63,8 +65,12 @@ struct Plan {
 fn split(src: &str, plan: &Plan) -> Option<(RawConfig, bool)> {
     std::thread::scope(|scope| {
         let bounds = plan.cuts.iter().skip(1).chain([&plan.end]);
-        let others: Vec<_> =
-            plan.cuts.iter().zip(bounds).map(|(&from, &to)| scope.spawn(move || routes(&src[from..to]))).collect();
+        let others: Vec<_> = plan
+            .cuts
+            .iter()
+            .zip(bounds)
+            .map(|(&from, &to)| scope.spawn(move || parsed::<Vec<RawRoute>>(&src[from..to])))
+            .collect();
         let first = [&src[..plan.cuts[0]], &src[plan.end..]].concat();
         let mut raw = whole(&first).filter(|(raw, _)| raw.routes.len() == plan.counts[0]);
         for (other, &count) in others.into_iter().zip(&plan.counts[1..]) {

@@ -21,7 +21,7 @@ use typed_index_collections::TiVec;
 use super::ByKey;
 use super::format::{Carried, Logged};
 use super::tally::Tally;
-use crate::admission::hold::Holds;
+use crate::admission::hold::{HoldKey, Holds};
 use crate::admission::{self, Asked, Decide, Origin, Refused, Verdict, Way};
 use crate::clock::{ManualClock, Nanos};
 use crate::config::{Config, LimitId, RouteId, Scope};
@@ -291,11 +291,8 @@ impl Replay {
                 self.tally.routes[index].waited(wait);
                 let wait = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
                 let answered = at.saturating_add(wait).saturating_add(request.duration.unwrap_or(0));
-                // The upstream refused it with a time to wait: its key is held from its answer.
-                if let (Some(held), Some(key), Some(table)) = (request.hold, &admitted.hold, self.holds.table(index)) {
-                    let status = request.status.and_then(|s| http::StatusCode::from_u16(s).ok());
-                    let status = status.unwrap_or(http::StatusCode::TOO_MANY_REQUESTS);
-                    table.hold_for(key, status, held, Nanos(answered));
+                if let Some(key) = &admitted.hold {
+                    self.hold(request, index, key, answered);
                 }
                 self.in_progress(
                     answered,
@@ -307,6 +304,15 @@ impl Replay {
             }
         }
         fate
+    }
+
+    /// Holds `key` of route `index` from `answered`, the instant `request` was answered,
+    /// if its line says its upstream refused it with a time to wait (`hold_ms`), as the
+    /// proxy held it.
+    fn hold(&self, request: &Logged, index: RouteId, key: &HoldKey, answered: u64) {
+        let (Some(held), Some(table)) = (request.hold, self.holds.table(index)) else { return };
+        let status = request.status.and_then(|s| http::StatusCode::from_u16(s).ok());
+        table.hold_for(key, status.unwrap_or(http::StatusCode::TOO_MANY_REQUESTS), held, Nanos(answered));
     }
 
     /// Tallies what the proxy refuses with 400 before any limit decides, among the limits

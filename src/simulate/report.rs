@@ -120,23 +120,7 @@ impl Report {
             .routes
             .iter()
             .zip(tally.routes.iter_mut())
-            .map(|(route, t)| RouteReport {
-                name: route.name.clone(),
-                counts: t.counts,
-                banned: t.banned,
-                dry_run_rejected: t.dry_run_rejected,
-                invalid_cost: t.invalid_cost,
-                key_refused: t.key_refused,
-                held: t.held,
-                delay: Percentiles::of(&mut t.waits),
-                limits_not_simulated: {
-                    t.not_simulated.sort_unstable();
-                    t.not_simulated
-                        .iter()
-                        .map(|&(l, requests)| NotSimulated { limit: config.limits[l].name.clone(), requests })
-                        .collect()
-                },
-            })
+            .map(|(route, t)| RouteReport::of(route, t, config))
             .collect();
         let limits = config
             .limits
@@ -307,6 +291,62 @@ impl Output {
     }
 }
 
+impl RouteReport {
+    /// The route's counts from its tally `t` (its waits and limits not simulated sorted).
+    fn of(route: &crate::config::Route, t: &mut super::tally::RouteTally, config: &crate::config::Config) -> Self {
+        t.not_simulated.sort_unstable();
+        RouteReport {
+            name: route.name.clone(),
+            counts: t.counts,
+            banned: t.banned,
+            dry_run_rejected: t.dry_run_rejected,
+            invalid_cost: t.invalid_cost,
+            key_refused: t.key_refused,
+            held: t.held,
+            delay: Percentiles::of(&mut t.waits),
+            limits_not_simulated: (t.not_simulated.iter())
+                .map(|&(l, requests)| NotSimulated { limit: config.limits[l].name.clone(), requests })
+                .collect(),
+        }
+    }
+
+    /// What the text report says under the route's row: each count that is not zero.
+    fn notes(&self) -> Vec<String> {
+        let mut extra = Vec::new();
+        if self.banned > 0 {
+            extra.push(format!("{} rejections started a ban", self.banned));
+        }
+        if self.dry_run_rejected > 0 {
+            extra.push(format!("{} passed only because the refusing limits are in dry run", self.dry_run_rejected));
+        }
+        if self.invalid_cost > 0 {
+            extra.push(format!("{} had an invalid cost header (400)", self.invalid_cost));
+        }
+        if self.key_refused > 0 {
+            extra.push(format!(
+                "{} refused for their key (400): a key field sent twice, or missing with on_missing_key: refuse",
+                self.key_refused
+            ));
+        }
+        if self.held > 0 {
+            extra.push(format!(
+                "{} answered from a hold of their key, the upstream having refused it with a time to wait \
+             (upstream_hold)",
+                self.held
+            ));
+        }
+        if self.delay.is_some() {
+            extra.push(delay_text(&self.delay));
+        }
+        if !self.limits_not_simulated.is_empty() {
+            let limits: Vec<String> =
+                self.limits_not_simulated.iter().map(|n| format!("{} ({} requests)", n.limit, n.requests)).collect();
+            extra.push(format!("LIMITS NOT SIMULATED: {}; see each limit", limits.join(", ")));
+        }
+        extra
+    }
+}
+
 fn delay_text(p: &Option<Percentiles>) -> String {
     p.as_ref().map_or_else(String::new, |p| {
         format!("delay p50 {} ms, p90 {} ms, p99 {} ms, max {} ms", p.p50_ms, p.p90_ms, p.p99_ms, p.max_ms)
@@ -325,38 +365,7 @@ impl Report {
             let c = r.counts;
             let _ =
                 writeln!(o, "{:<24} {:>10} {:>10} {:>10} {:>10}", r.name, c.requests, c.passed, c.delayed, c.rejected);
-            let mut extra = Vec::new();
-            if r.banned > 0 {
-                extra.push(format!("{} rejections started a ban", r.banned));
-            }
-            if r.dry_run_rejected > 0 {
-                extra.push(format!("{} passed only because the refusing limits are in dry run", r.dry_run_rejected));
-            }
-            if r.invalid_cost > 0 {
-                extra.push(format!("{} had an invalid cost header (400)", r.invalid_cost));
-            }
-            if r.key_refused > 0 {
-                extra.push(format!(
-                    "{} refused for their key (400): a key field sent twice, or missing with on_missing_key: refuse",
-                    r.key_refused
-                ));
-            }
-            if r.held > 0 {
-                extra.push(format!(
-                    "{} answered from a hold of their key, the upstream having refused it with a time to wait \
-                     (upstream_hold)",
-                    r.held
-                ));
-            }
-            if r.delay.is_some() {
-                extra.push(delay_text(&r.delay));
-            }
-            if !r.limits_not_simulated.is_empty() {
-                let limits: Vec<String> =
-                    r.limits_not_simulated.iter().map(|n| format!("{} ({} requests)", n.limit, n.requests)).collect();
-                extra.push(format!("LIMITS NOT SIMULATED: {}; see each limit", limits.join(", ")));
-            }
-            for e in extra {
+            for e in r.notes() {
                 let _ = writeln!(o, "    {e}");
             }
         }
