@@ -56,6 +56,9 @@ fn main() -> ExitCode {
             eprintln!("warning: {warning}");
         }
         println!("{}: configuration is valid", path.display());
+        // The process ends now and its memory with it: taking a large configuration
+        // apart first (100,000 routes: tens of milliseconds) would only delay the answer.
+        std::mem::forget(config);
         return ExitCode::SUCCESS;
     }
     match server::runtime() {

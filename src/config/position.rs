@@ -6,8 +6,8 @@
 //! built when a position is first asked for: a valid file never pays for it (a file of
 //! 100,000 routes has a million values).
 
-use std::cell::OnceCell;
 use std::collections::HashMap;
+use std::sync::OnceLock;
 
 use serde_saphyr::granit_parser::{Event, Parser};
 
@@ -16,7 +16,7 @@ pub type Position = (usize, usize);
 
 pub struct Positions<'s> {
     src: &'s str,
-    index: OnceCell<Index>,
+    index: OnceLock<Index>,
 }
 
 struct Index {
@@ -37,7 +37,7 @@ fn child(parent: &str, key: &str) -> String {
 impl<'s> Positions<'s> {
     /// The positions of the values of `src`, indexed when first asked for.
     pub fn new(src: &'s str) -> Self {
-        Positions { src, index: OnceCell::new() }
+        Positions { src, index: OnceLock::new() }
     }
 
     fn index(&self) -> &Index {

@@ -27,8 +27,52 @@ use super::{
     UpstreamId,
 };
 
+/// Below this many routes a second thread gains nothing worth its start.
+const MIN_SPLIT_ROUTES: usize = 10_000;
+
+/// Every route of `config`, in order: a long list compiled in parts on as many threads as
+/// there are cores (up to four), each part's errors and warnings reported after those of
+/// the parts before it, as one thread would have.
+pub(super) fn all(
+    e: &mut Errors<'_>,
+    config: &RawConfig,
+    compiled: &TiSlice<LimitId, Limit>,
+    max_body_bytes: Option<u64>,
+) -> Vec<Route> {
+    let raw = &config.routes;
+    let parts = std::thread::available_parallelism().map_or(1, std::num::NonZero::get).min(4);
+    if parts < 2 || raw.len() < MIN_SPLIT_ROUTES {
+        return raw.iter().enumerate().map(|(i, r)| route(e, i, r, config, compiled, max_body_bytes)).collect();
+    }
+    let size = raw.len().div_ceil(parts);
+    let (file, positions, missing) = (e.file, e.positions, e.missing);
+    std::thread::scope(|scope| {
+        let others: Vec<_> = (raw.chunks(size).enumerate().skip(1))
+            .map(|(k, part)| {
+                scope.spawn(move || {
+                    let mut e = Errors { file, positions, missing, list: Vec::new(), warnings: Vec::new() };
+                    let routes: Vec<_> = (part.iter().enumerate())
+                        .map(|(j, r)| route(&mut e, k * size + j, r, config, compiled, max_body_bytes))
+                        .collect();
+                    (routes, e.list, e.warnings)
+                })
+            })
+            .collect();
+        let mut routes: Vec<_> =
+            raw[..size].iter().enumerate().map(|(i, r)| route(e, i, r, config, compiled, max_body_bytes)).collect();
+        routes.reserve_exact(raw.len() - size);
+        for other in others {
+            let (part, list, warnings) = other.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            routes.extend(part);
+            e.list.extend(list);
+            e.warnings.extend(warnings);
+        }
+        routes
+    })
+}
+
 /// Route `i`; `compiled` are the configuration's limits, indexed as `config.limits`.
-pub(super) fn route(
+fn route(
     e: &mut Errors<'_>,
     i: usize,
     raw: &RawRoute,

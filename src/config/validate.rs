@@ -127,12 +127,7 @@ pub fn compile(
     if redis.is_none() {
         store::require_redis(&mut e, &limits.raw);
     }
-    let routes: TiVec<RouteId, _> = raw
-        .routes
-        .iter()
-        .enumerate()
-        .map(|(i, r)| routes::route(&mut e, i, r, &raw, &limits, max_body_bytes))
-        .collect();
+    let routes: TiVec<RouteId, _> = routes::all(&mut e, &raw, &limits, max_body_bytes).into();
     let router = Router::new(routes.iter().map(|r| &r.matcher)).unwrap_or_else(|message| {
         e.add("routes".into(), message);
         Router::default()
