@@ -145,6 +145,11 @@ impl Charges {
 }
 
 impl Permits {
+    /// It holds no slot.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty() && self.leases.is_empty()
+    }
+
     /// Gives the local slots back now, and returns the release of the global ones, to
     /// be awaited (`None`: there are none).
     pub fn finish(&mut self) -> Option<impl Future<Output = ()> + Send + 'static> {

@@ -9,6 +9,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -19,8 +20,10 @@ use super::charge::Meter;
 use super::pace::{self, Pacer};
 use crate::access_log::Entry;
 use crate::config::BodyRate;
-use crate::gate::{Charges, Permits};
+use crate::gate::{Charges, Pending, Permits};
 use crate::grpc::Code;
+use crate::ids::RouteId;
+use crate::metrics::Metrics;
 use crate::upstream::UpstreamBody;
 use crate::wire::http1::BodyError;
 use crate::wire::message::{ResponseBody, Upgrade};
@@ -65,7 +68,8 @@ enum Source {
 type Release = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// What a response carries until it has been sent in full or the client went away: the
-/// request's concurrency slots, and its access log line (written when dropped).
+/// request's concurrency slots, and its access log line (written when dropped). Made
+/// once, when the proxy's answer to a request is (`RequestCtx::settle`).
 pub struct Receipts {
     pub permits: Permits,
     pub access: Option<Box<Entry>>,
@@ -75,13 +79,29 @@ pub struct Receipts {
     /// What the proxy does once a gRPC call's response has ended, with the `grpc-status`
     /// of its trailers (`None`: it ended without one, its client gone or its protocol
     /// unable to carry trailers): the charges its status kept, if any, are returned.
-    pub grpc_end: Option<GrpcEnd>,
+    pub grpc_end: Option<Box<GrpcEnd>>,
     /// What the response reports it cost, read for the limits that charge it.
     pub meter: Option<Box<Meter>>,
 }
 
-/// See `Receipts::grpc_end`.
-pub type GrpcEnd = Box<dyn FnOnce(Option<Code>) -> Option<Charges> + Send>;
+/// A gRPC call whose status comes in its trailers: counted in its route's metrics, and
+/// its `count:` limits settled by that status, when it ends.
+pub struct GrpcEnd {
+    pub pending: Pending,
+    pub metrics: Arc<Metrics>,
+    pub route: RouteId,
+    /// The status counted when the call ends without a `grpc-status`.
+    pub status: u16,
+}
+
+impl GrpcEnd {
+    /// The call ended with `code`: the charges its status kept, and what is to be settled
+    /// in Redis.
+    fn end(self, code: Option<Code>) -> (Option<Release>, Option<Charges>) {
+        self.metrics.grpc(self.route, code);
+        self.pending.settle(code.map_or(self.status, crate::grpc::counted_status))
+    }
+}
 
 impl Default for Receipts {
     fn default() -> Self {
@@ -96,6 +116,11 @@ impl Default for Receipts {
 }
 
 impl Receipts {
+    /// Nothing waits for the response's end: no slot, log line, gRPC end or meter.
+    fn hold_nothing(&self) -> bool {
+        self.permits.is_empty() && self.access.is_none() && self.grpc_end.is_none() && self.meter.is_none()
+    }
+
     /// The response's body ended with `trailers`: the gRPC status they carry goes to the
     /// access log line and to `grpc_end`; what it reported it cost is charged, the
     /// debit in Redis returned, to be awaited.
@@ -104,9 +129,15 @@ impl Receipts {
         if let (Some(entry), Some(code)) = (&mut self.access, code) {
             entry.grpc_status = Some(code.0);
         }
-        let settled = self.grpc_end.take().and_then(|end| end(code));
-        let debit = self.meter.take()?.end(trailers, settled)?;
-        Some(Box::pin(debit))
+        let (global, settled) = self.grpc_end.take().map_or((None, None), |end| end.end(code));
+        let debit = self.meter.take().and_then(|meter| meter.end(trailers, settled));
+        match (global, debit) {
+            (global, None) => global,
+            (None, Some(debit)) => Some(Box::pin(debit)),
+            (Some(global), Some(debit)) => Some(Box::pin(async move {
+                futures_util::future::join(global, debit).await;
+            })),
+        }
     }
 }
 
@@ -156,14 +187,16 @@ impl Settling {
         }
     }
 
-    /// What the response holds until it has been sent.
-    pub fn receipts(&mut self) -> &mut Receipts {
-        &mut self.state().receipts
-    }
-
-    /// Sends the body at `rate`.
-    pub fn pace(&mut self, rate: BodyRate) {
-        self.state().pacer = Some(Box::new(Pacer::new(rate)));
+    /// Gives the body what the response holds until it has been sent (`receipts`), and
+    /// the pace it is sent at (`rate`). A body made here that is given nothing to hold
+    /// stays its bytes alone.
+    pub fn carry(&mut self, receipts: Receipts, rate: Option<BodyRate>) {
+        if matches!(self.0, Form::Made(_)) && receipts.hold_nothing() && rate.is_none() {
+            return;
+        }
+        let state = self.state();
+        state.receipts = receipts;
+        state.pacer = rate.map(|rate| Box::new(Pacer::new(rate)));
     }
 
     /// Replaces the body by `bytes`, made here; what it holds stays.
@@ -410,7 +443,9 @@ mod tests {
 
         // Given receipts, it is boxed with its bytes, and gives the same.
         let mut body = Settling::from(Bytes::from_static(b"ok\n"));
-        body.receipts().tunnel_idle_timeout = std::time::Duration::from_secs(1);
+        body.carry(Receipts::default(), None);
+        assert!(matches!(body.0, Form::Made(_)), "given nothing to hold, it stays its bytes");
+        body.state().receipts.tunnel_idle_timeout = std::time::Duration::from_secs(1);
         assert!(matches!(body.0, Form::Settles(_)));
         assert_eq!(body.made().map(Bytes::as_ref), Some(&b"ok\n"[..]));
         assert_eq!(body.size_hint().exact(), Some(3));
@@ -419,7 +454,7 @@ mod tests {
         // Emptied (a gRPC answer made here), in either form: it ends with its head.
         let made = Settling::from(Bytes::from_static(b"x"));
         let mut boxed = Settling::from(Bytes::from_static(b"x"));
-        boxed.receipts();
+        boxed.state();
         for mut body in [made, boxed] {
             body.set_made(Bytes::new());
             assert!(body.is_end_stream());

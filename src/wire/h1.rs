@@ -57,9 +57,8 @@ const LINGER_BYTES: u64 = 1 << 20;
 /// Serves HTTP/1 requests on `io` (from `conn`) with `service` until the connection
 /// closes, a timeout expires, or shutdown (`stopping`) comes between two requests.
 ///
-/// An async block rather than an async fn: what it takes is used where it lies, not
-/// copied into a second set of locals, and the connection's future stays small.
-#[allow(clippy::manual_async_fn)]
+/// The connection is made of the socket before the future that serves it, so that the
+/// future holds the connection alone.
 pub fn serve<I, S>(
     io: I,
     conn: ClientConn,
@@ -88,59 +87,50 @@ where
 }
 
 /// Serves requests one after another while the connection is kept alive: how it ended.
-// A block, as `serve` is: its arguments are kept once in the connection's future.
-#[allow(clippy::manual_async_fn)]
-fn keep_alive<'a, I, S>(
-    c: &'a mut Conn<I>,
-    conn: &'a ClientConn,
-    service: &'a S,
-    settings: &'a Settings,
-) -> impl Future<Output = End> + 'a
+async fn keep_alive<'a, I, S>(c: &'a mut Conn<I>, conn: &'a ClientConn, service: &'a S, settings: &'a Settings) -> End
 where
     I: AsyncRead + AsyncWrite + Unpin + PeerClosed + Send,
     S: Service,
 {
-    async move {
-        // One timer for the connection's life, looked at lazily (see `Waiting`): no timer is
-        // set per request.
-        let timer = tokio::time::sleep(settings.timeouts.shortest());
-        tokio::pin!(timer);
-        // Shutdown's signal, waited for once for the connection's life: a wait registered
-        // and dropped per request costs more than 300 instructions. (Its own receiver: the
-        // exchanges look at the connection's meanwhile.)
-        let stopping = conn.stopping();
-        let mut watcher = stopping.clone();
-        let stop = watcher.changed().fuse();
-        tokio::pin!(stop);
-        let mut waiting = Waiting {
-            since: Instant::now(),
-            first: true,
-            head_since: None,
-            stop_registered: false,
-            timer_registered: false,
+    // One timer for the connection's life, looked at lazily (see `Waiting`): no timer is
+    // set per request.
+    let timer = tokio::time::sleep(settings.timeouts.shortest());
+    tokio::pin!(timer);
+    // Shutdown's signal, waited for once for the connection's life: a wait registered
+    // and dropped per request costs more than 300 instructions. (Its own receiver: the
+    // exchanges look at the connection's meanwhile.)
+    let stopping = conn.stopping();
+    let mut watcher = stopping.clone();
+    let stop = watcher.changed().fuse();
+    tokio::pin!(stop);
+    let mut waiting = Waiting {
+        since: Instant::now(),
+        first: true,
+        head_since: None,
+        stop_registered: false,
+        timer_registered: false,
+    };
+    loop {
+        let head = match poll_fn(|cx| waiting.poll_head(cx, c, settings, timer.as_mut(), stopping, stop.as_mut())).await
+        {
+            Ok(Ok(Read::Head(head))) => head,
+            Ok(Ok(Read::H2)) => return End::H2,
+            Ok(Ok(Read::Closed)) => return End::Closed,
+            Ok(Err(e)) => return End::Refused(e),
+            Err(ended) => return End::Ended(ended),
         };
-        loop {
-            let head =
-                match poll_fn(|cx| waiting.poll_head(cx, c, settings, timer.as_mut(), stopping, stop.as_mut())).await {
-                    Ok(Ok(Read::Head(head))) => head,
-                    Ok(Ok(Read::H2)) => return End::H2,
-                    Ok(Ok(Read::Closed)) => return End::Closed,
-                    Ok(Err(e)) => return End::Refused(e),
-                    Err(ended) => return End::Ended(ended),
-                };
-            // Boxed: the request's state exists only while it is in progress. Made where
-            // it is written into its box (`Box::pin`, or a local first, would copy all of
-            // its ~2 KB there, about 300 instructions a request). Its size is memory per
-            // request in progress, by mimalloc's size classes: 2,032 bytes, in the 2,048-byte
-            // class.
-            let exchanged = Box::write(Box::new_uninit(), exchange(c, head, conn, service, settings.timeouts.send));
-            match Box::into_pin(exchanged).await {
-                Exchanged::KeepAlive => {}
-                Exchanged::Close => return End::Closed,
-                Exchanged::Upgraded(tunnel) => return End::Tunnel(tunnel),
-            }
-            waiting = Waiting { since: Instant::now(), first: false, head_since: None, ..waiting };
+        // Boxed: the request's state exists only while it is in progress. Made where
+        // it is written into its box (`Box::pin`, or a local first, would copy all of
+        // its ~2 KB there, about 300 instructions a request). Its size is memory per
+        // request in progress, by mimalloc's size classes: 2,048 bytes, in the 2,048-byte
+        // class.
+        let exchanged = Box::write(Box::new_uninit(), exchange(c, head, conn, service, settings.timeouts.send));
+        match Box::into_pin(exchanged).await {
+            Exchanged::KeepAlive => {}
+            Exchanged::Close => return End::Closed,
+            Exchanged::Upgraded(tunnel) => return End::Tunnel(tunnel),
         }
+        waiting = Waiting { since: Instant::now(), first: false, head_since: None, ..waiting };
     }
 }
 
