@@ -572,3 +572,36 @@ fn upstream_hold(
     }
     Some(UpstreamHold { by, max, max_keys: usize::try_from(max_keys).unwrap_or(usize::MAX) })
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{LoadError, RouteId, parse};
+    use crate::router::PathMatch;
+
+    fn file(n: usize, wrong: &[usize]) -> String {
+        let mut src = String::from("listen: 127.0.0.1:0\nroutes:\n");
+        for i in 0..n {
+            let slash = if wrong.contains(&i) { "" } else { "/" };
+            src.push_str(&format!("  - {{ match: {{ path_prefix: {slash}p{i}/ }}, respond: {{ body: ok }} }}\n"));
+        }
+        src
+    }
+
+    /// A long list is compiled in parts on several threads: each error still names its
+    /// own route and line, in the file's order, and the routes keep theirs.
+    #[test]
+    fn a_long_list_compiled_in_parts_reads_as_one_thread_would() {
+        let n = super::MIN_SPLIT_ROUTES * 2 + 1;
+        let Err(LoadError::Invalid(errors)) = parse(&file(n, &[1, n - 1]), "f") else { panic!("not refused") };
+        let found: Vec<_> = errors.iter().map(|e| (e.line, e.path.clone())).collect();
+        let last = format!("routes[{}].match.path_prefix", n - 1);
+        assert_eq!(found, [(4, "routes[1].match.path_prefix".to_string()), (n + 2, last)]);
+
+        let config = parse(&file(n, &[]), "f").expect("valid");
+        assert_eq!(config.routes.len(), n);
+        for i in [0, n / 2, n - 1] {
+            let path = &config.routes[RouteId::from(i)].matcher.path;
+            assert!(matches!(path, PathMatch::Prefix(p) if *p == format!("/p{i}/")), "{i}: {path:?}");
+        }
+    }
+}

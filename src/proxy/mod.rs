@@ -223,7 +223,25 @@ impl Proxy {
         conn: &ClientConn,
         ctx: &mut RequestCtx,
     ) -> Result<Admission, ProxyError> {
-        let admission = self.decide(head, framing, conn, ctx).await?;
+        // Redis decides: boxed, with the admission it reads, so that a request without
+        // global limits carries the room of neither. (The admission ends with the block:
+        // no room is kept for it beside the box.)
+        let admission = 'decided: {
+            let pending = {
+                let mut admitted = self.admission(head, framing, conn, ctx);
+                match std::mem::replace(&mut admitted.verdict, Verdict::Pending) {
+                    Verdict::Pending => Box::pin(async move {
+                        let decision = match (&admitted.front, admitted.cost) {
+                            (Some(front), Some(cost)) => self.gate.decide(&admitted.limits, &front.src, cost).await,
+                            _ => unreachable!("a pending decision has a route and a cost"),
+                        };
+                        self.act(&mut admitted, Verdict::Decided(decision), head, conn, ctx)
+                    }),
+                    verdict => break 'decided self.act(&mut admitted, verdict, head, conn, ctx),
+                }
+            };
+            pending.await
+        }?;
         if let Admission::Go { wait, .. } = admission
             && !wait.is_zero()
         {
@@ -233,33 +251,6 @@ impl Proxy {
             Box::pin(tokio::time::sleep(wait)).await;
         }
         Ok(admission)
-    }
-
-    /// The admission, decided (by Redis, for global limits) and acted on.
-    async fn decide(
-        &self,
-        head: &RequestHead<'_>,
-        framing: Framing,
-        conn: &ClientConn,
-        ctx: &mut RequestCtx,
-    ) -> Result<Admission, ProxyError> {
-        // Redis decides: boxed, with the admission it reads, so that a request without
-        // global limits carries the room of neither. (The admission ends with the block:
-        // no room is kept for it beside the box.)
-        let pending = {
-            let mut admitted = self.admission(head, framing, conn, ctx);
-            match std::mem::replace(&mut admitted.verdict, Verdict::Pending) {
-                Verdict::Pending => Box::pin(async move {
-                    let decision = match (&admitted.front, admitted.cost) {
-                        (Some(front), Some(cost)) => self.gate.decide(&admitted.limits, &front.src, cost).await,
-                        _ => unreachable!("a pending decision has a route and a cost"),
-                    };
-                    self.act(&mut admitted, Verdict::Decided(decision), head, conn, ctx)
-                }),
-                verdict => return self.act(&mut admitted, verdict, head, conn, ctx),
-            }
-        };
-        pending.await
     }
 
     /// The admission of the request (`head`, from `conn`), its client and what its front
@@ -762,6 +753,15 @@ impl RequestCtx {
     /// now known), a gRPC call's end, the meter; and the route's pace, the upstream's
     /// tunnel timeout.
     fn settle(&mut self, config: &Config, served: Option<RouteId>, mut response: Response) -> Response {
+        let route = served.map(|index| &config.routes[index]);
+        // A tunnel is not paced: its bytes are no response body.
+        let pace = route.and_then(|r| r.body_rate).filter(|_| response.status != http::StatusCode::SWITCHING_PROTOCOLS);
+        let nothing_held = self.permits.is_empty() && self.log.is_none() && self.meter.is_none();
+        if nothing_held && self.grpc_end.is_none() && route.is_none() {
+            // An answer made here (a refusal, most often) that holds nothing: its body stays
+            // bytes alone, no receipts made.
+            return response;
+        }
         let (grpc, permits, mut log) = (self.grpc, std::mem::take(&mut self.permits), self.log.take());
         let (meter, grpc_end) = (self.meter.take(), self.grpc_end.take());
         if let Some(entry) = &mut log {
@@ -772,12 +772,9 @@ impl RequestCtx {
         }
         let mut receipts = Receipts::default();
         (receipts.permits, receipts.access, receipts.meter, receipts.grpc_end) = (permits, log, meter, grpc_end);
-        let route = served.map(|index| &config.routes[index]);
         if let Some(Action::Forward(upstream)) = route.map(|r| &r.action) {
             receipts.tunnel_idle_timeout = config.upstreams[*upstream].tunnel_idle_timeout;
         }
-        // A tunnel is not paced: its bytes are no response body.
-        let pace = route.and_then(|r| r.body_rate).filter(|_| response.status != http::StatusCode::SWITCHING_PROTOCOLS);
         response.body.carry(receipts, pace);
         response
     }
