@@ -108,7 +108,7 @@ impl Default for Receipts {
         Receipts {
             permits: Permits::default(),
             access: None,
-            tunnel_idle_timeout: std::time::Duration::from_secs(3600),
+            tunnel_idle_timeout: Receipts::TUNNEL_IDLE_TIMEOUT,
             grpc_end: None,
             meter: None,
         }
@@ -116,6 +116,9 @@ impl Default for Receipts {
 }
 
 impl Receipts {
+    /// A tunnel's idle timeout where no upstream sets one.
+    pub const TUNNEL_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
+
     /// Nothing waits for the response's end: no slot, log line, gRPC end or meter.
     fn hold_nothing(&self) -> bool {
         self.permits.is_empty() && self.access.is_none() && self.grpc_end.is_none() && self.meter.is_none()

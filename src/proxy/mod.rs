@@ -762,19 +762,24 @@ impl RequestCtx {
             // bytes alone, no receipts made.
             return response;
         }
-        let (grpc, permits, mut log) = (self.grpc, std::mem::take(&mut self.permits), self.log.take());
-        let (meter, grpc_end) = (self.meter.take(), self.grpc_end.take());
+        let mut log = self.log.take();
         if let Some(entry) = &mut log {
             entry.status = response.status.as_u16();
-            if grpc {
+            if self.grpc {
                 entry.grpc_status = grpc_status_in_head(&response).map(|c| c.0);
             }
         }
-        let mut receipts = Receipts::default();
-        (receipts.permits, receipts.access, receipts.meter, receipts.grpc_end) = (permits, log, meter, grpc_end);
-        if let Some(Action::Forward(upstream)) = route.map(|r| &r.action) {
-            receipts.tunnel_idle_timeout = config.upstreams[*upstream].tunnel_idle_timeout;
-        }
+        let tunnel_idle_timeout = match route.map(|r| &r.action) {
+            Some(Action::Forward(upstream)) => config.upstreams[*upstream].tunnel_idle_timeout,
+            _ => Receipts::TUNNEL_IDLE_TIMEOUT,
+        };
+        let receipts = Receipts {
+            permits: std::mem::take(&mut self.permits),
+            access: log,
+            tunnel_idle_timeout,
+            grpc_end: self.grpc_end.take(),
+            meter: self.meter.take(),
+        };
         response.body.carry(receipts, pace);
         response
     }
