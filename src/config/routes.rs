@@ -40,9 +40,14 @@ pub(super) fn all(
     max_body_bytes: Option<u64>,
 ) -> Vec<Route> {
     let raw = &config.routes;
+    // The routes of `part`, the first of them route `from`.
+    let compile = |e: &mut Errors<'_>, from: usize, part: &[RawRoute]| -> Vec<Route> {
+        let each = |(j, r)| route(e, from + j, r, config, compiled, max_body_bytes);
+        part.iter().enumerate().map(each).collect()
+    };
     let parts = std::thread::available_parallelism().map_or(1, std::num::NonZero::get).min(4);
     if parts < 2 || raw.len() < MIN_SPLIT_ROUTES {
-        return raw.iter().enumerate().map(|(i, r)| route(e, i, r, config, compiled, max_body_bytes)).collect();
+        return compile(e, 0, raw);
     }
     let size = raw.len().div_ceil(parts);
     let (file, positions, missing) = (e.file, e.positions, e.missing);
@@ -51,15 +56,12 @@ pub(super) fn all(
             .map(|(k, part)| {
                 scope.spawn(move || {
                     let mut e = Errors { file, positions, missing, list: Vec::new(), warnings: Vec::new() };
-                    let routes: Vec<_> = (part.iter().enumerate())
-                        .map(|(j, r)| route(&mut e, k * size + j, r, config, compiled, max_body_bytes))
-                        .collect();
+                    let routes = compile(&mut e, k * size, part);
                     (routes, e.list, e.warnings)
                 })
             })
             .collect();
-        let mut routes: Vec<_> =
-            raw[..size].iter().enumerate().map(|(i, r)| route(e, i, r, config, compiled, max_body_bytes)).collect();
+        let mut routes = compile(e, 0, &raw[..size]);
         routes.reserve_exact(raw.len() - size);
         for other in others {
             let (part, list, warnings) = other.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));

@@ -756,12 +756,6 @@ impl RequestCtx {
         let route = served.map(|index| &config.routes[index]);
         // A tunnel is not paced: its bytes are no response body.
         let pace = route.and_then(|r| r.body_rate).filter(|_| response.status != http::StatusCode::SWITCHING_PROTOCOLS);
-        let nothing_held = self.permits.is_empty() && self.log.is_none() && self.meter.is_none();
-        if nothing_held && self.grpc_end.is_none() && route.is_none() {
-            // An answer made here (a refusal, most often) that holds nothing: its body stays
-            // bytes alone, no receipts made.
-            return response;
-        }
         let mut log = self.log.take();
         if let Some(entry) = &mut log {
             entry.status = response.status.as_u16();
