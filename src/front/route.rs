@@ -7,10 +7,21 @@ use http::uri::Authority;
 use crate::wire::head::{Known, RequestHead, text};
 
 /// The request's host without port, as `request_host` reads it, once its `Host` is
-/// known to be usable; else why it is not. One pass over the fields for both: every
-/// request is checked and routed by its host.
+/// known to be usable; else why it is not. One pass over the fields for both, and for a
+/// plain `Host` one over its bytes: every request is checked and routed by its host.
 pub fn checked_host<'r>(head: &RequestHead<'r>) -> Result<Option<&'r str>, &'static str> {
-    host_field(head).map(|field| host_of(field, head.authority))
+    Ok(match host_field(head)? {
+        Some(Host::Plain(name)) => Some(name),
+        Some(Host::Other(field)) => host_of(Some(field), head.authority),
+        None => host_of(None, head.authority),
+    })
+}
+
+/// A valid `Host` value.
+enum Host<'r> {
+    /// A plain one (`plain_host`), read already: its name without port.
+    Plain(&'r str),
+    Other(&'r [u8]),
 }
 
 /// The request's one `Host` value, if it has one; or why its `Host` is unusable:
@@ -18,7 +29,7 @@ pub fn checked_host<'r>(head: &RequestHead<'r>) -> Result<Option<&'r str>, &'sta
 /// omit it, never repeat or garble it; and an HTTP/2 `Host` naming another authority
 /// than `:authority` makes the request malformed (RFC 9113 §8.3.1), since routes would
 /// see one and the upstream the other.
-fn host_field<'r>(head: &RequestHead<'r>) -> Result<Option<&'r [u8]>, &'static str> {
+fn host_field<'r>(head: &RequestHead<'r>) -> Result<Option<Host<'r>>, &'static str> {
     let mut hosts = head.fields.all_of(Known::Host);
     let Some(host) = hosts.next() else {
         return match head.version == Version::HTTP_11 {
@@ -30,7 +41,8 @@ fn host_field<'r>(head: &RequestHead<'r>) -> Result<Option<&'r [u8]>, &'static s
         return Err("more than one Host header");
     }
     // An authority without userinfo: `host[:port]`, nothing else.
-    let valid = plain_host(host)
+    let plain = plain_host(host);
+    let valid = plain.is_some()
         || !host.contains(&b'@')
             && valid_port(host)
             && valid_ip_literal(host)
@@ -40,34 +52,45 @@ fn host_field<'r>(head: &RequestHead<'r>) -> Result<Option<&'r [u8]>, &'static s
     }
     // HTTP/2's `:authority`, or an HTTP/1.1 absolute-form target (`GET http://a/x`), names
     // the host too; RFC 9112 §3.2.2 says to believe the target over `Host`, but a request
-    // naming two hosts would be routed and limited as one and served as the other.
+    // naming two hosts would be routed and limited as one and served as the other. (A
+    // valid host is printable ASCII: its bytes compare as its text.)
     match head.authority {
-        Some(authority) if !text(host).is_some_and(|host| authority.eq_ignore_ascii_case(host)) => {
+        Some(authority) if !authority.as_bytes().eq_ignore_ascii_case(host) => {
             Err("Host differs from the request target's authority")
         }
-        _ => Ok(Some(host)),
+        _ => Ok(Some(plain.map_or(Host::Other(host), Host::Plain))),
     }
 }
 
 /// A host name or IPv4 address of letters, digits, `.` and `-`, with an optional port of
-/// up to five digits: what nearly every request sends, and always a valid authority.
-/// Checked by hand first because `Authority`'s parser copies the text into a new buffer,
-/// an allocation per request for the common case.
-fn plain_host(host: &[u8]) -> bool {
-    let (name, port) = match host.iter().position(|&b| b == b':') {
-        Some(colon) => (&host[..colon], &host[colon + 1..]),
-        None => (host, &b"0"[..]),
+/// up to five digits: what nearly every request sends, and always a valid authority. Its
+/// name without port (nor trailing dots, as `host_of` reads it), when `host` is one.
+/// Checked by hand, in one pass, first because `Authority`'s parser copies the text into
+/// a new buffer, an allocation per request for the common case.
+fn plain_host(host: &[u8]) -> Option<&str> {
+    let mut colon = None;
+    // The port, summed as it is read (parsing it as text would check the bytes again).
+    let mut port = 0u32;
+    for (i, &b) in host.iter().enumerate() {
+        match (colon, b) {
+            (None, b':') => colon = Some(i),
+            (None, b) if b.is_ascii_alphanumeric() || b == b'.' || b == b'-' => {}
+            (Some(_), b) if b.is_ascii_digit() && port <= 6553 => port = port * 10 + u32::from(b - b'0'),
+            _ => return None,
+        }
+    }
+    let mut name = match colon {
+        Some(colon) if colon + 1 == host.len() || port > 65535 => return None,
+        Some(colon) => &host[..colon],
+        None => host,
     };
-    // A port: one to five digits, at most 65535 (summed here: parsing it as text would
-    // first check the bytes again as UTF-8).
-    let port_number = port.iter().try_fold(0u32, |n, &b| match b.is_ascii_digit() && n <= 6553 {
-        true => Some(n * 10 + u32::from(b - b'0')),
-        false => None,
-    });
-    !name.is_empty()
-        && name.iter().all(|&b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
-        && !port.is_empty()
-        && port_number.is_some_and(|n| n <= 65535)
+    if name.is_empty() {
+        return None;
+    }
+    while let [rest @ .., b'.'] = name {
+        name = rest;
+    }
+    std::str::from_utf8(name).ok()
 }
 
 /// The port of `host` (`name:port`, `[v6]:port`), if it has one, is a port: digits, at
@@ -141,11 +164,11 @@ mod tests {
     #[test]
     fn a_plain_host_is_one_the_authority_parser_accepts_too() {
         for host in ["example.com", "a", "127.0.0.1:8080", "x-y.z.:1", "A1:65535", "..", "-", "x:00080"] {
-            assert!(plain_host(host.as_bytes()), "{host}");
+            assert!(plain_host(host.as_bytes()).is_some(), "{host}");
             assert!(host.parse::<Authority>().is_ok(), "{host}");
         }
         for host in ["", ":80", "a:", "a:65536", "a:70000", "a:1:2", "[::1]:80", "a b", "u@h", "h:8x", "é"] {
-            assert!(!plain_host(host.as_bytes()), "{host}");
+            assert!(plain_host(host.as_bytes()).is_none(), "{host}");
         }
     }
 

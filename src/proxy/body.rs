@@ -48,7 +48,10 @@ enum Form {
 struct State {
     /// `None` once its last frame has been given.
     source: Option<Source>,
-    pub receipts: Receipts,
+    /// What it holds until it has been sent; `None` until `carry` gives it (a server's
+    /// body is made before the request's receipts are handed over: none is made and
+    /// dropped in their place).
+    receipts: Option<Receipts>,
     /// The release of global slots under way, and the frame (or end) it holds back
     /// (boxed, as the pace: both are rare, and every response carries room for them).
     releasing: Option<Box<(Release, Option<Frame<Bytes>>)>>,
@@ -172,7 +175,7 @@ impl Settling {
     fn new(source: Source) -> Self {
         Settling(Form::Settles(Box::new(State {
             source: Some(source),
-            receipts: Receipts::default(),
+            receipts: None,
             releasing: None,
             pacer: None,
             held: Bytes::new(),
@@ -198,7 +201,7 @@ impl Settling {
             return;
         }
         let state = self.state();
-        state.receipts = receipts;
+        state.receipts = Some(receipts);
         state.pacer = rate.map(|rate| Box::new(Pacer::new(rate)));
     }
 
@@ -232,7 +235,7 @@ impl State {
             (Some(Source::Upstream(body)), None) => body.trailers(),
             _ => None,
         };
-        let debit = self.receipts.ended(trailers.as_ref());
+        let debit = self.receipts.as_mut().and_then(|r| r.ended(trailers.as_ref()));
         self.source = None;
         let frame = data.map(Frame::data).or_else(|| trailers.map(Frame::trailers));
         self.settle(cx, frame, debit)
@@ -246,9 +249,9 @@ impl State {
         frame: Option<Frame<Bytes>>,
         debit: Option<Release>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        let release: Release = match (self.receipts.permits.finish(), debit) {
+        let release: Release = match (self.receipts.as_mut().and_then(|r| r.permits.finish()), debit) {
             (None, None) => {
-                self.receipts.access = None;
+                self.log();
                 return Poll::Ready(frame.map(Ok));
             }
             (Some(release), None) => Box::pin(release),
@@ -266,8 +269,15 @@ impl State {
         let Some(releasing) = &mut self.releasing else { return Poll::Ready(None) };
         std::task::ready!(releasing.0.as_mut().poll(cx));
         let held = self.releasing.take().and_then(|releasing| releasing.1);
-        self.receipts.access = None;
+        self.log();
         Poll::Ready(held.map(Ok))
+    }
+
+    /// Writes the access log line, if one is written (dropping it writes it).
+    fn log(&mut self) {
+        if let Some(receipts) = &mut self.receipts {
+            receipts.access = None;
+        }
     }
 
     /// The next frame (see `hyper::body::Body::poll_frame`).
@@ -298,11 +308,13 @@ impl State {
                 None => (None, true),
             },
         };
-        if let (Some(entry), Some(data)) = (&mut this.receipts.access, &data) {
-            entry.bytes += data.len() as u64;
-        }
-        if let (Some(meter), Some(data)) = (&mut this.receipts.meter, &data) {
-            meter.feed(data);
+        if let (Some(receipts), Some(data)) = (&mut this.receipts, &data) {
+            if let Some(entry) = &mut receipts.access {
+                entry.bytes += data.len() as u64;
+            }
+            if let Some(meter) = &mut receipts.meter {
+                meter.feed(data);
+            }
         }
         match data {
             Some(data) if this.pacer.is_some() => {
@@ -346,7 +358,8 @@ impl hyper::body::Body for Settling {
             Some(Source::Full(bytes)) => bytes.is_empty(),
             Some(Source::Upstream(_)) => false,
         };
-        state.releasing.is_none() && !state.receipts.permits.holds_leases() && empty && state.held.is_empty()
+        let leases = state.receipts.as_ref().is_some_and(|r| r.permits.holds_leases());
+        state.releasing.is_none() && !leases && empty && state.held.is_empty()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -374,7 +387,7 @@ impl ResponseBody for Settling {
         if state.releasing.is_none() {
             state.source = None;
             state.held = Bytes::new();
-            let debit = state.receipts.ended(None);
+            let debit = state.receipts.as_mut().and_then(|r| r.ended(None));
             if state.settle(cx, None, debit).is_ready() {
                 return Poll::Ready(());
             }
@@ -399,7 +412,7 @@ impl ResponseBody for Settling {
                 return Poll::Ready(false);
             }
             state.source = None;
-            let debit = state.receipts.ended(None);
+            let debit = state.receipts.as_mut().and_then(|r| r.ended(None));
             if state.settle(cx, None, debit).is_ready() {
                 return Poll::Ready(true);
             }
@@ -411,8 +424,8 @@ impl ResponseBody for Settling {
         let Form::Settles(state) = &mut self.0 else { return None };
         let Some(Source::Upstream(body)) = state.source.take() else { return None };
         let (io, read) = body.into_upgrade()?;
-        let idle = state.receipts.tunnel_idle_timeout;
-        Some(Upgrade { io: Box::new(io), read, idle, held: Box::new(std::mem::take(&mut state.receipts)) })
+        let receipts = state.receipts.take().unwrap_or_default();
+        Some(Upgrade { io: Box::new(io), read, idle: receipts.tunnel_idle_timeout, held: Box::new(receipts) })
     }
 }
 
@@ -448,7 +461,7 @@ mod tests {
         let mut body = Settling::from(Bytes::from_static(b"ok\n"));
         body.carry(Receipts::default(), None);
         assert!(matches!(body.0, Form::Made(_)), "given nothing to hold, it stays its bytes");
-        body.state().receipts.tunnel_idle_timeout = std::time::Duration::from_secs(1);
+        body.state().receipts = Some(Receipts::default());
         assert!(matches!(body.0, Form::Settles(_)));
         assert_eq!(body.made().map(Bytes::as_ref), Some(&b"ok\n"[..]));
         assert_eq!(body.size_hint().exact(), Some(3));

@@ -228,17 +228,19 @@ impl Proxy {
         // no room is kept for it beside the box.)
         let admission = 'decided: {
             let pending = {
-                let mut admitted = self.admission(head, framing, conn, ctx);
-                match std::mem::replace(&mut admitted.verdict, Verdict::Pending) {
-                    Verdict::Pending => Box::pin(async move {
-                        let decision = match (&admitted.front, admitted.cost) {
-                            (Some(front), Some(cost)) => self.gate.decide(&admitted.limits, &front.src, cost).await,
-                            _ => unreachable!("a pending decision has a route and a cost"),
-                        };
-                        self.act(&mut admitted, Verdict::Decided(decision), head, conn, ctx)
-                    }),
-                    verdict => break 'decided self.act(&mut admitted, verdict, head, conn, ctx),
+                let mut admitted = self.admission(head, framing, conn);
+                self.note(&admitted, conn, ctx);
+                if !matches!(admitted.verdict, Verdict::Pending) {
+                    break 'decided self.act(&mut admitted, head, conn, ctx);
                 }
+                Box::pin(async move {
+                    let decision = match (&admitted.front, admitted.cost) {
+                        (Some(front), Some(cost)) => self.gate.decide(&admitted.limits, &front.src, cost).await,
+                        _ => unreachable!("a pending decision has a route and a cost"),
+                    };
+                    admitted.verdict = Verdict::Decided(decision);
+                    self.act(&mut admitted, head, conn, ctx)
+                })
             };
             pending.await
         }?;
@@ -253,20 +255,22 @@ impl Proxy {
         Ok(admission)
     }
 
-    /// The admission of the request (`head`, from `conn`), its client and what its front
-    /// found noted in `ctx` and its log line.
+    /// The admission of the request (`head`, from `conn`).
     fn admission<'h>(
         &self,
         head: &'h RequestHead<'h>,
         framing: Framing,
         conn: &ClientConn,
-        ctx: &mut RequestCtx,
     ) -> admission::Admission<'h> {
-        let config = &self.config;
         let declared = if let Framing::Length(length) = framing { Some(length) } else { None };
         let asked = Asked { head, peer: conn.peer.ip(), declared, scheme: Scheme::of(conn.tls), origin: Origin::Wire };
         let way = Way { decide: Decide::Spend, holds: Some(&self.holds), drives: None };
-        let admitted = admission::admit(config, &self.gate, &asked, &way);
+        admission::admit(&self.config, &self.gate, &asked, &way)
+    }
+
+    /// Notes the client and what the front of `admitted` found in `ctx` and its log line.
+    fn note(&self, admitted: &admission::Admission<'_>, conn: &ClientConn, ctx: &mut RequestCtx) {
+        let config = &self.config;
         (ctx.client_ip, ctx.trusted_peer) = (admitted.client_ip, admitted.trusted_peer);
         ctx.log(|e| e.client = admitted.client_ip);
         if let Some(front) = &admitted.front {
@@ -282,36 +286,32 @@ impl Proxy {
                 self.repeated_in_dry_run(*limit, field, &front.src);
             }
         }
-        admitted
     }
 
-    /// Acts on the admission's `verdict` (decided): a refusal or a hold answered, the
-    /// limits' decision counted, logged, and answered or passed on to `serve`.
+    /// Acts on the admission's verdict (decided): a refusal or a hold answered, the
+    /// limits' decision counted, logged, and answered or passed on to `serve`. (Read where
+    /// it lies: what `serve` needs is taken out of it, the rest is not moved.)
     fn act(
         &self,
         admitted: &mut admission::Admission<'_>,
-        verdict: Verdict,
         head: &RequestHead<'_>,
         conn: &ClientConn,
         ctx: &mut RequestCtx,
     ) -> Result<Admission, ProxyError> {
         let config = &self.config;
-        let (Some(front), Some(_)) = (&admitted.front, admitted.cost) else {
+        if !matches!(admitted.verdict, Verdict::Decided(_)) {
             // Refused before the limits, or held.
-            return match verdict {
+            return match std::mem::replace(&mut admitted.verdict, Verdict::Pending) {
                 Verdict::Held(held) => Ok(Admission::Answer(self.held(admitted.front.as_ref(), held, ctx))),
                 Verdict::Refused(refused) => Err(self.refused(refused, admitted, head, conn, ctx).into()),
-                Verdict::Decided(_) | Verdict::Pending => unreachable!("a decision has a route and a cost"),
+                Verdict::Decided(_) | Verdict::Pending => unreachable!("decided by `admit`"),
             };
+        }
+        let (Some(front), Verdict::Decided(decision)) = (&admitted.front, &mut admitted.verdict) else {
+            unreachable!("a decision has a route")
         };
         let route = &config.routes[front.route];
-        let decision = match verdict {
-            Verdict::Decided(decision) => decision,
-            Verdict::Refused(refused) => return Err(self.refused(refused, admitted, head, conn, ctx).into()),
-            Verdict::Held(held) => return Ok(Admission::Answer(self.held(Some(front), held, ctx))),
-            Verdict::Pending => unreachable!("decided by `admit`"),
-        };
-        let outcome = RequestOutcome::of(&decision, &config.limits);
+        let outcome = RequestOutcome::of(decision, &config.limits);
         self.metrics.request(front.route, outcome);
         ctx.log(|e| {
             e.outcome = outcome.as_str();
@@ -319,22 +319,22 @@ impl Proxy {
             e.missing_key = missing.map(|limit| config.limits[limit].name.clone()).collect();
         });
         match decision {
-            Decision::Reject { limit, ref results, ref store_error, .. } => {
+            Decision::Reject { limit, results, store_error, .. } => {
                 match store_error {
                     // Not a limit's refusal: no limit item in the headers, no decision counted.
-                    Some(error) => self.unavailable(route, limit, &front.src, error),
+                    Some(error) => self.unavailable(route, *limit, &front.src, error),
                     None => {
                         self.account(route, results, &front.src, true);
                         if ctx.grpc {
-                            self.metrics.grpc(front.route, Some(config.limits[limit].grpc_status));
+                            self.metrics.grpc(front.route, Some(config.limits[*limit].grpc_status));
                         }
                     }
                 }
-                let response = response::refusal(config, &self.quotas, &decision, ctx.grpc);
+                let response = response::refusal(config, &self.quotas, decision, ctx.grpc);
                 Ok(Admission::Answer(response.expect("a rejection is answered")))
             }
             Decision::Pass { wait, results, standings, permits, pending, .. } => {
-                self.account(route, &results, &front.src, false);
+                self.account(route, results, &front.src, false);
                 let target = rewrite::target(&route.rewrite, &front.src.path, &front.src.captures, head.query());
                 ctx.target = target.map(String::into_boxed_str);
                 ctx.balance_key = match &route.action {
@@ -346,10 +346,10 @@ impl Proxy {
                 if config.ratelimit_headers == HeaderMode::All {
                     ctx.standings = standings.iter().map(Shown::from).collect();
                 }
-                (ctx.permits, ctx.pending) = (permits, pending);
+                (ctx.permits, ctx.pending) = (std::mem::take(permits), std::mem::take(pending));
                 // Boxed: it is held across the exchange, and most routes hold none.
                 ctx.hold = admitted.hold.take().map(Box::new);
-                Ok(Admission::Go { route: front.route, wait })
+                Ok(Admission::Go { route: front.route, wait: *wait })
             }
         }
     }
