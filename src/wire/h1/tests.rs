@@ -7,6 +7,7 @@ use tokio::io::{AsyncReadExt, DuplexStream, ReadHalf, WriteHalf};
 
 use super::*;
 use crate::wire::http1::BodyError;
+use crate::wire::http1::mock::Pieces;
 
 /// A body made in full.
 struct Made(Option<Bytes>);
@@ -345,4 +346,227 @@ async fn shutdown_closes_a_connection_between_requests_and_answers_a_begun_one_f
     write.write_all(b"host: x\r\n\r\n").await.unwrap();
     let out = read_to_close(&mut read).await;
     assert_eq!(responses(&out), (vec![(200, "GET /begun []".to_owned(), true)], false));
+}
+
+/// What a client reads until the engine closes the connection, after sending `pieces`
+/// (each written on its own) and closing its side when `then_close`.
+async fn answer_to(pieces: &[&[u8]], then_close: bool) -> String {
+    let (mut read, mut write, _stop) = connect();
+    // The engine may have closed the connection already: what it answered is the test.
+    for piece in pieces {
+        let _ = write.write_all(piece).await;
+        tokio::task::yield_now().await;
+    }
+    if then_close {
+        let _ = write.shutdown().await;
+    }
+    String::from_utf8(read_to_close(&mut read).await).unwrap()
+}
+
+/// A refused head is answered with its status (`settings`: a request line of 1,024 bytes
+/// at most, a head of 4,096, while they arrive), `connection: close`, and the connection
+/// closes: nothing after it is read as a request.
+#[tokio::test]
+async fn a_refused_head_is_answered_with_its_status_and_the_connection_closes() {
+    let next = "GET /next HTTP/1.1\r\nHost: x\r\n\r\n";
+    let long_line = format!("GET /{} HTTP/1.1\r\n", "x".repeat(1024));
+    let large_head = format!("GET / HTTP/1.1\r\nX-Pad: {}\r\n", "x".repeat(4096));
+    for (sent, status) in [
+        (long_line, 414),
+        (large_head, 431),
+        (format!("GET / HTTP/1.1\r\nHost: x\r\nX: a\rb\r\n\r\n{next}"), 400),
+        (format!("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n{next}"), 501),
+    ] {
+        let answer = answer_to(&[sent.as_bytes()], false).await;
+        let (got, partial) = responses(answer.as_bytes());
+        assert!(!partial && got.len() == 1, "{sent:?}: {answer:?}");
+        assert_eq!((got[0].0, got[0].2), (status, true), "{sent:?}: {answer:?}");
+    }
+}
+
+/// RFC 9110 §9.3.2: the refusal of a `HEAD` has no body (though it says its length).
+#[tokio::test]
+async fn a_refused_head_request_is_answered_without_a_body() {
+    let answer = answer_to(&[b"HEAD / HTTP/1.1\r\nHost : x\r\n\r\n"], false).await;
+    assert!(answer.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{answer:?}");
+    assert!(answer.contains("\r\ncontent-length: ") && answer.ends_with("\r\n\r\n"), "{answer:?}");
+}
+
+/// A client that closes between requests, or before its first, is closed with nothing
+/// sent; one that closes in the middle of a head is not answered either (there is no
+/// request to answer).
+#[tokio::test]
+async fn a_client_closing_between_requests_or_mid_head_gets_nothing_more() {
+    let get = b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n";
+    let answer = answer_to(&[get], true).await;
+    assert_eq!(responses(answer.as_bytes()), (vec![(200, "GET /a []".to_owned(), false)], false));
+    assert_eq!(answer_to(&[], true).await, "");
+    let answer = answer_to(&[get, b"GET /b HTTP/1.1\r\nHo"], true).await;
+    assert_eq!(responses(answer.as_bytes()), (vec![(200, "GET /a []".to_owned(), false)], false));
+}
+
+/// RFC 9112 §9.3: an HTTP/1.0 connection closes after its response unless the client
+/// asked to keep it; an HTTP/1.1 one is kept unless the client says `close`.
+#[tokio::test]
+async fn a_connection_is_kept_as_its_version_and_connection_field_say() {
+    let two = |first: &str| format!("{first}GET /b HTTP/1.1\r\nHost: x\r\n\r\n");
+    let a = |close: bool| (200, "GET /a []".to_owned(), close);
+    let b = (200, "GET /b []".to_owned(), false);
+    for (sent, answers) in [
+        (two("GET /a HTTP/1.0\r\n\r\n"), vec![a(true)]),
+        (two("GET /a HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"), vec![a(true)]),
+        (two("GET /a HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"), vec![a(false), b.clone()]),
+        (two("GET /a HTTP/1.1\r\nHost: x\r\n\r\n"), vec![a(false), b.clone()]),
+    ] {
+        assert_eq!(exchange(&[sent.as_bytes()], 2).await, answers, "{sent:?}");
+    }
+}
+
+/// A body whose length is not known: its pieces, then its trailer fields if any.
+struct Streamed {
+    pieces: std::collections::VecDeque<Bytes>,
+    trailers: Option<http::HeaderMap>,
+}
+
+impl Streamed {
+    fn of(pieces: &[&'static str], trailers: &[(&'static str, &'static str)]) -> Self {
+        let map = trailers.iter().map(|(n, v)| (http::HeaderName::from_static(n), v.parse().unwrap())).collect();
+        Streamed {
+            pieces: pieces.iter().map(|p| Bytes::from_static(p.as_bytes())).collect(),
+            trailers: Some(map).filter(|m: &http::HeaderMap| !m.is_empty()),
+        }
+    }
+}
+
+impl hyper::body::Body for Streamed {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = self.get_mut();
+        let frame = match this.pieces.pop_front() {
+            Some(piece) => Frame::data(piece),
+            None => match this.trailers.take() {
+                Some(trailers) => Frame::trailers(trailers),
+                None => return Poll::Ready(None),
+            },
+        };
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.pieces.is_empty() && self.trailers.is_none()
+    }
+}
+
+impl ResponseBody for Streamed {
+    fn poll_unsent(&mut self, _cx: &mut Context<'_>) -> Poll<()> {
+        Poll::Ready(())
+    }
+
+    fn poll_ended(&mut self, _cx: &mut Context<'_>) -> Poll<bool> {
+        Poll::Ready(hyper::body::Body::is_end_stream(self))
+    }
+
+    fn upgrade(&mut self) -> Option<Upgrade> {
+        None
+    }
+}
+
+/// What `write_response` writes of a `status` response with `body` to the request
+/// `request` (its date field left out), to a client that takes `takes` bytes a write,
+/// and whether the connection is kept after it.
+async fn written<B: ResponseBody>(request: &str, status: StatusCode, body: B, takes: usize) -> (String, bool) {
+    let bytes = Bytes::copy_from_slice(request.as_bytes());
+    let parsed = parse::request(&bytes, 1024, 4096).unwrap().unwrap();
+    let head = parse::ParsedHead::new(bytes, parsed);
+    let mut c = Conn::new(Pieces::waiting(Vec::<&[u8]>::new()).taking(takes));
+    let response = Response { status, fields: ResponseFields::None, extra: vec![], body };
+    let writing = write_response(&mut c, b"", response, &head, head.keep_alive, Duration::from_secs(1));
+    let kept = match tokio::time::timeout(Duration::from_secs(5), writing).await.expect("written at once") {
+        Ok(Written::Done { keep_alive }) => keep_alive,
+        Ok(Written::Upgraded(_)) => panic!("upgraded"),
+        Err(e) => panic!("{e}"),
+    };
+    let text = String::from_utf8(c.io.written).unwrap();
+    let text = text.split_inclusive("\r\n").filter(|line| !line.starts_with("date: ")).collect();
+    (text, kept)
+}
+
+const GET11: &str = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+const OK: StatusCode = StatusCode::OK;
+
+/// RFC 9112 §6: without a length, an HTTP/1.1 client gets the body chunked (a chunk a
+/// piece) and the connection kept; an HTTP/1.0 one gets it until the connection closes.
+#[tokio::test]
+async fn a_body_of_unknown_length_is_chunked_to_http11_and_closed_on_for_http10() {
+    let chunked = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n";
+    for takes in [usize::MAX, 1] {
+        let body = Streamed::of(&["hello", " world"], &[]);
+        assert_eq!(written(GET11, OK, body, takes).await, (chunked.to_owned(), true), "{takes} a write");
+    }
+    let body = Streamed::of(&["hello", " world"], &[]);
+    let http10 = written("GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", OK, body, usize::MAX).await;
+    assert_eq!(http10, ("HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nhello world".to_owned(), false));
+    let empty = written(GET11, OK, Streamed::of(&[], &[]), usize::MAX).await;
+    assert_eq!(empty, ("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n".to_owned(), true));
+}
+
+#[tokio::test]
+async fn a_body_of_known_length_goes_with_its_content_length() {
+    let (text, kept) = written(GET11, OK, Made::from(Bytes::from_static(b"hello")), 1).await;
+    assert_eq!((text.as_str(), kept), ("HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello", true));
+    let (text, _) = written(GET11, OK, Made::from(Bytes::new()), usize::MAX).await;
+    assert_eq!(text, "HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n");
+    // An HTTP/1.0 client that asked to keep the connection is told it is kept.
+    let (text, kept) =
+        written("GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", OK, Made::from(Bytes::from_static(b"a")), 9).await;
+    assert_eq!(
+        (text.as_str(), kept),
+        ("HTTP/1.1 200 OK\r\ncontent-length: 1\r\nconnection: keep-alive\r\n\r\na", true)
+    );
+}
+
+/// RFC 9112 §6.3: no body to `HEAD` (its length, when known, the one `GET` would get),
+/// none with a 204 or a 304, whatever the body holds; the connection kept.
+#[tokio::test]
+async fn head_204_and_304_responses_have_no_body_bytes() {
+    let head = "HEAD / HTTP/1.1\r\nHost: x\r\n\r\n";
+    let hello = || Made::from(Bytes::from_static(b"hello"));
+    let text = |status: StatusCode, extra: &str| format!("HTTP/1.1 {status}\r\n{extra}\r\n");
+    assert_eq!(written(head, OK, hello(), 3).await, (text(OK, "content-length: 5\r\n"), true));
+    assert_eq!(written(head, OK, Streamed::of(&["hello"], &[]), 3).await, (text(OK, ""), true));
+    for status in [StatusCode::NO_CONTENT, StatusCode::NOT_MODIFIED] {
+        assert_eq!(written(GET11, status, hello(), 3).await, (text(status, ""), true), "{status}");
+        let streamed = Streamed::of(&["hello"], &[]);
+        assert_eq!(written(GET11, status, streamed, 3).await, (text(status, ""), true), "{status}");
+    }
+}
+
+/// Trailer fields go in the chunked trailer section to a client that takes them
+/// (`TE: trailers`, RFC 9110 §10.1.4); to any other they are dropped.
+#[tokio::test]
+async fn trailers_go_to_a_client_that_takes_them_and_no_other() {
+    let body = || Streamed::of(&["hello"], &[("grpc-status", "0")]);
+    let te = "GET / HTTP/1.1\r\nHost: x\r\nTE: trailers\r\n\r\n";
+    let head = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n";
+    assert_eq!(written(te, OK, body(), 2).await, (format!("{head}0\r\ngrpc-status: 0\r\n\r\n"), true));
+    assert_eq!(written(GET11, OK, body(), 2).await, (format!("{head}0\r\n\r\n"), true));
+}
+
+/// A piece of a body goes out as its response is framed: as it is, or as one chunk (with
+/// the last chunk after it when it is the last piece).
+#[test]
+fn a_piece_of_a_body_is_framed_as_its_response_is() {
+    let pieces = |head: &[u8], data: &[u8], chunked: bool, last: bool| {
+        let mut line = [0u8; 18];
+        piece(head, data, chunked, last, &mut line).concat()
+    };
+    assert_eq!(pieces(b"H", b"abc", false, false), b"Habc");
+    assert_eq!(pieces(b"H", b"abc", false, true), b"Habc");
+    assert_eq!(pieces(b"H", b"abc", true, false), b"H3\r\nabc\r\n");
+    assert_eq!(pieces(b"", &[b'x'; 26], true, true), [&b"1a\r\n"[..], &[b'x'; 26], b"\r\n0\r\n\r\n"].concat());
+    // An empty piece is no chunk (a chunk of size 0 would end the body).
+    assert_eq!(pieces(b"H", b"", true, false), b"H");
+    assert_eq!(pieces(b"H", b"", true, true), b"H0\r\n\r\n");
 }
