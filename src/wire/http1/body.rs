@@ -406,4 +406,107 @@ mod tests {
             assert_eq!(&out[..n], text.as_bytes());
         }
     }
+
+    /// Steps `d` over `input` until it wants data or more input: the framing bytes taken.
+    fn framing(d: &mut Decoder, input: &[u8]) -> Result<usize, FramingError> {
+        let mut at = 0;
+        while let Step::Framing(n) = d.step(&input[at..])? {
+            at += n;
+        }
+        Ok(at)
+    }
+
+    /// A chunk size is at most 16 hex digits, in either case: the largest `u64` is one,
+    /// and leading zeros count (a parser that skips them and one that does not would
+    /// read a different size).
+    #[test]
+    fn a_chunk_size_is_sixteen_hex_digits_at_most_leading_zeros_counted() {
+        let mut d = Decoder::new(Framing::Chunked);
+        assert_eq!(framing(&mut d, b"ffffffffffffffff\r\n"), Ok(18));
+        assert_eq!(d.step(b"ab"), Ok(Step::Data(2)));
+        assert_eq!(decode(Framing::Chunked, b"0000000000000003\r\nabc\r\n0\r\n\r\n").unwrap(), b"abc");
+        assert_eq!(decode(Framing::Chunked, b"00000000000000003\r\nabc\r\n0\r\n\r\n"), Err(FramingError::ChunkSize));
+        let mut d = Decoder::new(Framing::Chunked);
+        assert_eq!(framing(&mut d, b"aB\r\n"), Ok(4));
+        assert_eq!(d.step(&[b'x'; 200]), Ok(Step::Data(0xab)));
+        for bad in [&b";x\r\n"[..], b"\r\n", b"3;\x7f\r\n"] {
+            assert_eq!(decode(Framing::Chunked, bad), Err(FramingError::ChunkSize), "{bad:?}");
+        }
+    }
+
+    /// A chunk-size line of `len` bytes before its LF (its CR included).
+    fn size_line(len: usize) -> Vec<u8> {
+        format!("3;{}\r\nabc\r\n0\r\n\r\n", "x".repeat(len - 3)).into_bytes()
+    }
+
+    #[test]
+    fn a_chunk_size_line_at_its_bound_is_read_and_a_byte_over_is_refused_however_it_comes() {
+        assert_eq!(decode(Framing::Chunked, &size_line(MAX_LINE)).unwrap(), b"abc");
+        assert_eq!(decode(Framing::Chunked, &size_line(MAX_LINE + 1)), Err(FramingError::ChunkLine));
+        // Arriving without its LF yet: at the bound, more is waited for.
+        for at in [MAX_LINE - 1, MAX_LINE, MAX_LINE + 1] {
+            assert_eq!(decode_split(Framing::Chunked, &size_line(MAX_LINE), at).unwrap(), b"abc", "at {at}");
+            let over = decode_split(Framing::Chunked, &size_line(MAX_LINE + 1), at);
+            assert_eq!(over, Err(FramingError::ChunkLine), "at {at}");
+        }
+    }
+
+    #[test]
+    fn chunk_data_is_followed_by_crlf_exactly() {
+        for bad in [&b"3\r\nabcX"[..], b"3\r\nabc\rX", b"3\r\nabc\n", b"3\r\nabc\n\r\n0\r\n\r\n"] {
+            assert_eq!(decode(Framing::Chunked, bad), Err(FramingError::ChunkEnd), "{bad:?}");
+        }
+        // Its CR come, not its LF yet: more is waited for (and the end before it is an
+        // incomplete body).
+        assert_eq!(decode(Framing::Chunked, b"3\r\nabc\r"), Err(FramingError::Incomplete));
+        assert_eq!(decode_split(Framing::Chunked, b"3\r\nabc\r\n0\r\n\r\n", 7).unwrap(), b"abc");
+    }
+
+    /// The trailer section is bounded as HTTP/2 counts a field list (name, value and 32
+    /// bytes each): at the bound it is read, a byte over fails the body.
+    #[test]
+    fn trailers_at_their_bound_are_read_and_a_byte_over_is_refused() {
+        let value = crate::wire::head::MAX_TRAILER_BYTES - "x-t".len() - 32;
+        let at = format!("0\r\nx-t: {}\r\n\r\n", "v".repeat(value));
+        assert!(decode(Framing::Chunked, at.as_bytes()).is_ok());
+        let over = format!("0\r\nx-t: {}\r\n\r\n", "v".repeat(value + 1));
+        assert_eq!(decode(Framing::Chunked, over.as_bytes()), Err(FramingError::Trailer));
+        // Every line ends in CRLF, the section's last one too.
+        for bad in [&b"0\r\nx-t: 1\n\r\n"[..], b"0\r\n\n", b"0\r\nx-t: 1\r\n\n"] {
+            assert_eq!(decode(Framing::Chunked, bad), Err(FramingError::Trailer), "{bad:?}");
+        }
+        // A body cut in its trailer section is incomplete.
+        assert_eq!(decode(Framing::Chunked, b"0\r\nx-t: 1\r\n"), Err(FramingError::Incomplete));
+    }
+
+    /// A body delimited by its length takes that many bytes and no more: what follows is
+    /// the next message's.
+    #[test]
+    fn a_body_of_a_length_takes_that_many_bytes_and_leaves_what_follows() {
+        let mut d = Decoder::new(Framing::Length(5));
+        assert_eq!((d.step(b"abc"), d.remaining()), (Ok(Step::Data(3)), Some(2)));
+        assert_eq!(d.step(b""), Ok(Step::More));
+        assert_eq!((d.step(b"deGET /"), d.remaining()), (Ok(Step::Data(2)), Some(0)));
+        assert_eq!((d.step(b"GET /"), d.is_done()), (Ok(Step::End(0)), true));
+        // A chunked body ends after its last chunk and trailers, and takes nothing after.
+        let mut d = Decoder::new(Framing::Chunked);
+        assert_eq!(d.step(b"0\r\n\r\nGET /"), Ok(Step::Framing(3)));
+        assert_eq!(d.step(b"\r\nGET /"), Ok(Step::End(2)));
+    }
+
+    /// The connection's end ends a body read until then (a response's), and fails any
+    /// other before its end.
+    #[test]
+    fn the_connections_end_ends_a_body_read_until_close_and_fails_any_other() {
+        let mut d = Decoder::new(Framing::UntilClose);
+        assert_eq!(d.step(b"abc"), Ok(Step::Data(3)));
+        assert_eq!((d.close(), d.is_done()), (Ok(()), true));
+        for framing in [Framing::Length(1), Framing::Chunked] {
+            assert_eq!(Decoder::new(framing).close(), Err(FramingError::Incomplete), "{framing:?}");
+        }
+        for framing in [Framing::Empty, Framing::Length(0)] {
+            let mut d = Decoder::new(framing);
+            assert_eq!((d.step(b"GET /"), d.close()), (Ok(Step::End(0)), Ok(())), "{framing:?}");
+        }
+    }
 }

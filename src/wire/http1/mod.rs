@@ -14,6 +14,8 @@
 pub mod body;
 pub mod client;
 pub mod date;
+#[cfg(test)]
+pub mod mock;
 pub mod parse;
 pub mod server;
 pub mod write;

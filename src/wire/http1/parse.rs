@@ -514,4 +514,217 @@ mod tests {
         let head = "POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 18446744073709551616\r\n\r\n";
         assert_eq!(read(head), Err(StatusCode::BAD_REQUEST));
     }
+
+    /// The request head `bytes` (whole), parsed, or the status it is refused with.
+    fn parsed(bytes: &str) -> Result<ParsedHead, StatusCode> {
+        let parsed = request(bytes.as_bytes(), 8192, 32768).map_err(|e| e.status())?.expect("a whole head");
+        Ok(ParsedHead::new(Bytes::copy_from_slice(&bytes.as_bytes()[..parsed.len]), parsed))
+    }
+
+    /// A head with `fields` (each line ending in CRLF) after `GET / HTTP/1.1`.
+    fn with_fields(fields: &str) -> String {
+        format!("GET / HTTP/1.1\r\nHost: h\r\n{fields}\r\n")
+    }
+
+    /// RFC 9112 §2.2: a bare LF may end a line; a bare CR is refused wherever it is.
+    #[test]
+    fn a_bare_lf_ends_a_line_and_a_bare_cr_is_refused() {
+        assert_eq!(read("GET /a HTTP/1.1\nHost: h\n\n").as_deref(), Ok("/a"));
+        assert_eq!(read("GET /a HTTP/1.1\r\nHost: h\nX: 1\r\n\n").as_deref(), Ok("/a"));
+        for bad in [
+            "GET /a HTTP/1.1\rHost: h\r\n\r\n",
+            "GET /a HTTP/1.1\r\nHost: h\r\r\n\r\n",
+            "GET /a HTTP/1.1\r\nHost: h\r\nX: a\rb\r\n\r\n",
+            "GET /a HTTP/1.1\r\nHost: h\r\n\r\r\n",
+        ] {
+            assert_eq!(read(bad), Err(StatusCode::BAD_REQUEST), "{bad:?}");
+        }
+    }
+
+    /// RFC 9112 §5.1, §5.2: no whitespace between a field name and its colon, no line
+    /// folding (a field line that starts with whitespace), a name that is a token, a
+    /// value of visible bytes, spaces and tabs (and obs-text).
+    #[test]
+    fn folded_lines_space_before_a_colon_and_invalid_names_or_values_are_refused() {
+        for bad in [
+            "X: a\r\n b\r\n",
+            "X: a\r\n\tb\r\n",
+            "X : a\r\n",
+            "X\t: a\r\n",
+            ": a\r\n",
+            "X(: a\r\n",
+            "X\0: a\r\n",
+            "\u{e9}: a\r\n",
+            "X: a\0b\r\n",
+            "X: a\x01b\r\n",
+            "X: a\x7fb\r\n",
+            "X\r\n",
+        ] {
+            assert_eq!(read(&with_fields(bad)), Err(StatusCode::BAD_REQUEST), "{bad:?}");
+        }
+        let head = parsed(&with_fields("X: a\tb \u{e9}\r\n")).unwrap();
+        let value = head.fields().get(&http::HeaderName::from_static("x")).unwrap().to_vec();
+        assert_eq!(value, "a\tb \u{e9}".as_bytes(), "the whitespace around a value is no part of it");
+    }
+
+    #[test]
+    fn request_lines_that_are_not_method_target_and_http1_version_are_refused() {
+        for bad in [
+            "GET  / HTTP/1.1",
+            "GET /  HTTP/1.1",
+            "GET / HTTP/1.1 ",
+            "GET / http/1.1",
+            "GET / HTTP/2.0",
+            "GET /",
+            "GET / a HTTP/1.1",
+            "G(T / HTTP/1.1",
+            " GET / HTTP/1.1",
+        ] {
+            assert_eq!(read(&format!("{bad}\r\nHost: h\r\n\r\n")), Err(StatusCode::BAD_REQUEST), "{bad:?}");
+        }
+        assert_eq!(parsed("GET / HTTP/1.0\r\n\r\n").unwrap().version, Version::HTTP_10);
+        assert_eq!(parsed("GET / HTTP/1.1\r\n\r\n").unwrap().version, Version::HTTP_11);
+    }
+
+    #[test]
+    fn an_absolute_target_gives_its_authority_and_its_path() {
+        for (target, authority, path) in [
+            ("http://h:8080/a?b", Some("h:8080"), "/a?b"),
+            ("HTTPS://h/a", Some("h"), "/a"),
+            ("http://h", Some("h"), "/"),
+            ("/a", None, "/a"),
+        ] {
+            let head = parsed(&format!("GET {target} HTTP/1.1\r\nHost: h\r\n\r\n")).unwrap();
+            assert_eq!((head.authority(), head.target()), (authority, path), "{target}");
+        }
+        let head = parsed("CONNECT h:443 HTTP/1.1\r\nHost: h\r\n\r\n").unwrap();
+        assert_eq!(head.authority(), Some("h:443"));
+        for bad in ["http://", "http:///a", "https://?q", "ftp://h/a"] {
+            assert_eq!(read(&format!("GET {bad} HTTP/1.1\r\n\r\n")), Err(StatusCode::BAD_REQUEST), "{bad}");
+        }
+    }
+
+    /// RFC 9112 §9.3: HTTP/1.1 keeps the connection unless `close`; HTTP/1.0 closes it
+    /// unless `keep-alive` (and not `close`); tokens in any case, in a list.
+    #[test]
+    fn http10_closes_unless_it_asks_to_keep_alive_and_http11_keeps_alive_unless_it_asks_to_close() {
+        for (version, connection, keep_alive) in [
+            ("1.1", "", true),
+            ("1.1", "Connection: close\r\n", false),
+            ("1.1", "Connection: keep-alive, Close\r\n", false),
+            ("1.1", "Connection: upgrade\r\nConnection: close\r\n", false),
+            ("1.0", "", false),
+            ("1.0", "Connection: Keep-Alive\r\n", true),
+            ("1.0", "Connection: keep-alive, close\r\n", false),
+        ] {
+            let head = format!("GET / HTTP/{version}\r\nHost: h\r\n{connection}\r\n");
+            assert_eq!(parsed(&head).unwrap().keep_alive, keep_alive, "{head:?}");
+        }
+    }
+
+    /// RFC 9110 §10.1.1: only `100-continue` (in any case) is waited for, and only by an
+    /// HTTP/1.1 client.
+    #[test]
+    fn only_an_http11_expect_100_continue_is_waited_for() {
+        for (version, expect, waits) in [
+            ("1.1", "100-continue", true),
+            ("1.1", "100-Continue", true),
+            ("1.1", "200-ok", false),
+            ("1.0", "100-continue", false),
+        ] {
+            let head = format!("POST / HTTP/{version}\r\nHost: h\r\nExpect: {expect}\r\nContent-Length: 1\r\n\r\n");
+            assert_eq!(parsed(&head).unwrap().expect_continue, waits, "{head:?}");
+        }
+    }
+
+    /// RFC 9110 §8.6: one field of digits; none or 0 is no body.
+    #[test]
+    fn a_content_length_is_one_field_of_digits() {
+        for (fields, framing) in [
+            ("", Framing::Empty),
+            ("Content-Length: 0\r\n", Framing::Empty),
+            ("Content-Length: 000\r\n", Framing::Empty),
+            ("Content-Length: 5\r\n", Framing::Length(5)),
+            ("Content-Length:   5  \r\n", Framing::Length(5)),
+        ] {
+            assert_eq!(parsed(&with_fields(fields)).unwrap().framing, framing, "{fields:?}");
+        }
+        for bad in [
+            "Content-Length: \r\n",
+            "Content-Length: 5, 5\r\n",
+            "Content-Length: 5,5\r\n",
+            "Content-Length: 5 5\r\n",
+            "Content-Length: -5\r\n",
+            "Content-Length: +5\r\n",
+            "Content-Length: 0x5\r\n",
+            "Content-Length: 5.0\r\n",
+            "Content-Length: 5\r\nContent-Length: 5\r\n",
+            "Content-Length: 5\r\nContent-Length: 6\r\n",
+            "Content-Length: 5\r\ncontent-length: 5\r\n",
+        ] {
+            assert_eq!(read(&with_fields(bad)), Err(StatusCode::BAD_REQUEST), "{bad:?}");
+        }
+    }
+
+    /// RFC 9112 §6.1: with both, the chunked coding frames the request, and the
+    /// connection closes after it (whichever field comes first).
+    #[test]
+    fn a_content_length_beside_transfer_encoding_is_dropped_and_the_connection_closed_after() {
+        for fields in [
+            "Transfer-Encoding: chunked\r\nContent-Length: 5\r\n",
+            "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n",
+            "Content-Length: 0\r\nTransfer-Encoding: chunked\r\n",
+        ] {
+            let head = parsed(&with_fields(fields)).unwrap();
+            assert_eq!((head.framing, head.close_after), (Framing::Chunked, true), "{fields:?}");
+        }
+        let head = parsed(&with_fields("Transfer-Encoding: chunked\r\n")).unwrap();
+        assert_eq!((head.framing, head.close_after, head.keep_alive), (Framing::Chunked, false, true));
+        // Beside a coding refused, the length does not save the request.
+        let bad = with_fields("Content-Length: 5\r\nTransfer-Encoding: identity\r\n");
+        assert_eq!(read(&bad), Err(StatusCode::BAD_REQUEST));
+    }
+
+    /// RFC 9112 §6.3: chunked must be the final coding, across fields as within one.
+    #[test]
+    fn transfer_encodings_across_fields_are_one_list() {
+        for (fields, status) in [
+            ("Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n", StatusCode::NOT_IMPLEMENTED),
+            ("Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n", StatusCode::BAD_REQUEST),
+            ("Transfer-Encoding: chunked\r\nTransfer-Encoding: gzip\r\n", StatusCode::BAD_REQUEST),
+            ("Transfer-Encoding: gzip\r\n", StatusCode::NOT_IMPLEMENTED),
+            ("Transfer-Encoding: deflate, chunked\r\n", StatusCode::NOT_IMPLEMENTED),
+            ("Transfer-Encoding: \r\n", StatusCode::BAD_REQUEST),
+            ("Transfer-Encoding: chunked;q=1\r\n", StatusCode::BAD_REQUEST),
+        ] {
+            assert_eq!(read(&with_fields(fields)).map(|_| ()), Err(status), "{fields:?}");
+        }
+        for fields in ["Transfer-Encoding: CHUNKED\r\n", "Transfer-Encoding:\tchunked \r\n"] {
+            assert_eq!(parsed(&with_fields(fields)).unwrap().framing, Framing::Chunked, "{fields:?}");
+        }
+    }
+
+    #[test]
+    fn a_hundred_fields_are_read_and_one_more_is_431() {
+        let fields = |n: usize| (1..n).map(|i| format!("X-{i}: v\r\n")).collect::<String>();
+        assert!(read(&with_fields(&fields(MAX_FIELDS))).is_ok(), "Host and 99 more");
+        assert_eq!(read(&with_fields(&fields(MAX_FIELDS + 1))), Err(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE));
+    }
+
+    /// The bounds hold a head that has not ended (414 for its request line, 431 for the
+    /// whole), at the byte; one that has ended is left to the front's exact limits
+    /// (`front::size`), whatever its size.
+    #[test]
+    fn a_head_not_ended_is_bounded_at_the_byte_and_an_ended_one_is_not() {
+        let line = "GET /xxxxxxxxxx HTTP/1.1\r"; // 25 bytes before its LF
+        assert!(matches!(request(line.as_bytes(), 25, 100), Ok(None)));
+        assert_eq!(request(line.as_bytes(), 24, 100).err(), Some(HeadError::LineTooLong(24)));
+        let begun = format!("{line}\nHost: h\r\n");
+        assert!(matches!(request(begun.as_bytes(), 25, 100), Ok(None)));
+        assert_eq!(request(begun.as_bytes(), 24, 100).err(), Some(HeadError::LineTooLong(24)));
+        assert!(matches!(request(begun.as_bytes(), 25, begun.len()), Ok(None)));
+        assert_eq!(request(begun.as_bytes(), 25, begun.len() - 1).err(), Some(HeadError::TooLarge(begun.len() - 1)));
+        let ended = format!("{begun}\r\n");
+        assert!(matches!(request(ended.as_bytes(), 10, 10), Ok(Some(p)) if p.len == ended.len()));
+    }
 }

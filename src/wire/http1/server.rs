@@ -266,3 +266,6 @@ impl<I: AsyncRead + AsyncWrite + Unpin + Send> BodySource for BodyReader<'_, I> 
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
