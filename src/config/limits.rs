@@ -84,6 +84,7 @@ pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeM
         grpc_status: grpc_status(e, &at, raw),
         max_keys: usize::try_from(raw.max_keys.unwrap_or(DEFAULT_MAX_KEYS)).unwrap_or(usize::MAX),
         dry_run: raw.dry_run.unwrap_or(false),
+        headers: raw.headers.unwrap_or_default(),
         persist,
         log_level: raw.log_level.unwrap_or(LogLevel::Info),
         log_lines_per_second: raw.log_lines_per_second.unwrap_or(DEFAULT_LOG_LINES_PER_SECOND),

@@ -47,7 +47,7 @@ pub use crate::policy::key::KeySpec;
 pub use crate::policy::{Burst, LimitUse, OnInvalidToken, OnMissingKey, OnStoreError, Policy, Rate, Scope};
 pub use crate::router::{PathMatch, PathRegex, RouteMatch, Router};
 use crate::variables::Template;
-pub use raw::{AccessFormat, ForwardedMode, HeaderMode, HeaderStyle, LogKeys, LogLevel, RejectionBody};
+pub use raw::{AccessFormat, ForwardedMode, HeaderMode, HeaderStyle, LimitHeaders, LogKeys, LogLevel, RejectionBody};
 pub use validate::MAX_CONNECTIONS;
 
 #[derive(Debug)]
@@ -314,6 +314,8 @@ pub struct Limit {
     pub max_keys: usize,
     /// Decide and keep state as if enforced, but never reject or delay.
     pub dry_run: bool,
+    /// Whether clients see it in the rate-limit header fields.
+    pub headers: LimitHeaders,
     /// Its state is kept in `Config::persist`'s directory across restarts (local limits
     /// other than concurrency only).
     pub persist: bool,

@@ -365,6 +365,8 @@ pub struct RawLimit {
     pub grpc_status: Option<String>,
     pub max_keys: Option<u64>,
     pub dry_run: Option<bool>,
+    /// Whether clients see it in the rate-limit header fields.
+    pub headers: Option<LimitHeaders>,
     /// Keep the limit's state (and bans) in the state directory across restarts.
     pub persist: Option<bool>,
     pub log_level: Option<LogLevel>,
@@ -689,6 +691,19 @@ pub enum HeaderMode {
     Rejected,
     /// Rejections and every response of a route with limits.
     All,
+}
+
+/// Whether a limit is shown to clients in the rate-limit header fields of the responses
+/// it decides (`ratelimit_headers` says which responses carry them).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum LimitHeaders {
+    /// Its items are in `RateLimit-Policy` and `RateLimit` (a quota to advertise).
+    #[default]
+    Shown,
+    /// Never named in them, nor in a refusal's body: a refusal of its own says only
+    /// `Retry-After` (a threshold against abuse, not to be probed).
+    Hidden,
 }
 
 /// Which rate-limit header fields are sent.

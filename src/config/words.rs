@@ -143,6 +143,8 @@ pub struct LimitWords<'a> {
     pub scope: &'static str,
     pub windows: Vec<PolicyWords>,
     pub dry_run: bool,
+    /// Whether clients see it in the rate-limit header fields.
+    pub headers: crate::config::LimitHeaders,
     /// Its state kept in the state directory across restarts.
     pub persist: bool,
     pub ban: Option<String>,
@@ -362,6 +364,7 @@ impl<'a> LimitWords<'a> {
             scope: if matches!(limit.scope, Scope::Global { .. }) { "global" } else { "local" },
             windows: limit.windows.iter().map(PolicyWords::of).collect(),
             dry_run: limit.dry_run,
+            headers: limit.headers,
             persist: limit.persist,
             ban: limit.ban.map(|b| span(b.base)),
             max_keys: limit.max_keys,

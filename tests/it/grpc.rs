@@ -393,7 +393,7 @@ async fn a_refused_call_is_resource_exhausted_with_the_pushback() {
     let sg = proxy(
         server,
         "",
-        "admin: { listen: 127.0.0.1:0 }\nlimits:\n  per_ip: { key: ip, rate: 1r/m, burst: 0, nodelay: true }\n  methods: { key: ip, rate: 1r/m, burst: 0, nodelay: true, grpc_status: UNAVAILABLE }\nroutes:\n  - { match: { path: /test.Echo/Unary }, upstream: g, limits: [per_ip] }\n  - { match: { path_prefix: /test.Echo/Server }, upstream: g, limits: [methods] }\n",
+        "admin: { listen: 127.0.0.1:0 }\nlimits:\n  per_ip: { key: ip, rate: 1r/m, burst: 0, nodelay: true }\n  methods: { key: ip, rate: 1r/m, burst: 0, nodelay: true, grpc_status: UNAVAILABLE, headers: hidden }\nroutes:\n  - { match: { path: /test.Echo/Unary }, upstream: g, limits: [per_ip] }\n  - { match: { path_prefix: /test.Echo/Server }, upstream: g, limits: [methods] }\n",
     );
     let channel = channel(sg.addr, None).await;
     call_unary(&channel, msg("first", 0, 0)).await.unwrap();
@@ -403,10 +403,15 @@ async fn a_refused_call_is_resource_exhausted_with_the_pushback() {
     let pushback: u64 = refused.metadata().get("grpc-retry-pushback-ms").unwrap().to_str().unwrap().parse().unwrap();
     assert!((59_000..=60_000).contains(&pushback), "{pushback}");
     assert_eq!(refused.metadata().get("retry-after").unwrap(), "60");
-    // A limit may answer another code.
+    assert_eq!(refused.metadata().get("ratelimit-policy").unwrap(), "\"per_ip\";q=1;w=60");
+    // A limit may answer another code; one clients do not see (`headers: hidden`) gives
+    // the pushback and no rate-limit field.
     call_server_stream(&channel, msg("", 1, 0)).await.unwrap();
     let refused = call_server_stream(&channel, msg("", 1, 0)).await.unwrap_err();
     assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    assert_eq!(refused.metadata().get("retry-after").unwrap(), "60");
+    assert!(refused.metadata().get("grpc-retry-pushback-ms").is_some());
+    assert!(refused.metadata().get("ratelimit-policy").is_none() && refused.metadata().get("ratelimit").is_none());
     // No route: UNIMPLEMENTED, as a server answers a method it does not have.
     let mut grpc = client(&channel);
     grpc.ready().await.unwrap();

@@ -234,6 +234,53 @@ async fn legacy_headers_and_problem_json_rejections_on_request() {
     assert!(r.header("ratelimit-policy").unwrap().contains("\"per_ip\";q=1;w=60"));
 }
 
+/// A limit with `headers: hidden` is shown to no client: the responses it decides carry
+/// the shown limits only (in both styles, and it is never the tightest), its own refusal
+/// says `Retry-After` alone (no rate-limit field, no limit named in its body), and a
+/// shown limit's refusal beside it names the shown one only. `/config` says which is which.
+#[tokio::test]
+async fn a_hidden_limit_is_in_no_header_and_its_refusal_says_only_retry_after() {
+    let conf = |quota: &str, flood: &str| {
+        Conf::new()
+            .admin()
+            .set("ratelimit_headers: all")
+            .set("ratelimit_header_style: both")
+            .set("rejection_body: problem_json")
+            .limit("quota", &format!("key: ip, rate: {quota}"))
+            .limit("flood", &format!("key: ip, rate: {flood}, headers: hidden"))
+            .answering("quota, flood")
+            .start()
+    };
+    let sg = conf("100r/m, burst: 50", "2r/m");
+    let first = get(sg.addr, "/", &[]).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.header("ratelimit-policy"), Some("\"quota\";q=100;w=60;burst=50"));
+    assert_eq!(first.header("ratelimit"), Some("\"quota\";r=50;t=1"));
+    // `flood` has none left, `quota` 50: the legacy fields describe `quota`.
+    assert_eq!((first.header("x-ratelimit-limit"), first.header("x-ratelimit-remaining")), (Some("100"), Some("50")));
+    let refused = get(sg.addr, "/", &[]).await;
+    assert_eq!((refused.status, refused.header("retry-after")), (429, Some("30")));
+    for field in ["ratelimit-policy", "ratelimit", "x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset"] {
+        assert_eq!(refused.header(field), None, "{field}");
+    }
+    let body: serde_json::Value = serde_json::from_slice(&refused.body).unwrap();
+    assert_eq!(body["violated_limits"], serde_json::json!([]));
+    let config: serde_json::Value = serde_json::from_slice(&get(sg.admin_addr(), "/config", &[]).await.body).unwrap();
+    let shown = |name: &str| {
+        config["limits"].as_array().unwrap().iter().find(|l| l["name"] == name).unwrap()["headers"].clone()
+    };
+    assert_eq!((shown("quota"), shown("flood")), ("shown".into(), "hidden".into()));
+
+    let sg = conf("1r/m", "100r/m");
+    assert_eq!(get(sg.addr, "/", &[]).await.status, 200);
+    let refused = get(sg.addr, "/", &[]).await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(refused.header("ratelimit-policy"), Some("\"quota\";q=1;w=60"));
+    assert_eq!(refused.header("ratelimit"), Some("\"quota\";r=0;t=60"));
+    let body: serde_json::Value = serde_json::from_slice(&refused.body).unwrap();
+    assert_eq!(body["violated_limits"], serde_json::json!(["quota"]));
+}
+
 #[tokio::test]
 async fn a_banned_key_is_refused_for_the_ban_while_others_pass() {
     let sg = Conf::new()

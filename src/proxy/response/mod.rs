@@ -16,7 +16,9 @@ use typed_index_collections::TiSlice;
 
 use crate::admission::Refused;
 use crate::admission::hold::Hold;
-use crate::config::{BodyPiece, Config, Expires, HeaderMode, LimitId, LimitResponse, RejectionBody, StaticResponse};
+use crate::config::{
+    BodyPiece, Config, Expires, HeaderMode, LimitHeaders, LimitId, LimitResponse, RejectionBody, StaticResponse,
+};
 use crate::front::FrontError;
 use crate::gate::Decision;
 use crate::grpc::{self, Code};
@@ -164,22 +166,25 @@ pub fn refusal(
             false => response,
         });
     }
+    let refusing = &config.limits[*limit];
+    // A limit clients do not see refuses with `Retry-After` alone: no rate-limit field, no
+    // limit named.
+    let hidden = refusing.headers == LimitHeaders::Hidden;
     // Named in a problem details body only.
-    let named = config.rejection_body == RejectionBody::ProblemJson;
+    let named = config.rejection_body == RejectionBody::ProblemJson && !hidden;
     let violated: smallvec::SmallVec<[&str; 2]> = results
         .iter()
         .filter(|_| named)
         .map(|r| &config.limits[r.limit])
         .zip(results.iter())
-        .filter(|(limit, r)| r.outcome.is_rejected() && !limit.dry_run)
+        .filter(|(limit, r)| r.outcome.is_rejected() && !limit.dry_run && limit.headers == LimitHeaders::Shown)
         .map(|(limit, _)| limit.name.as_str())
         .collect();
-    let refusing = &config.limits[*limit];
     let mut response = match &refusing.response {
         Some(own) => own_refusal(own, &refusing.name, *status, *retry_after),
         None => rejected(*status, *retry_after, config.rejection_body, &violated),
     };
-    if config.ratelimit_headers != HeaderMode::None {
+    if config.ratelimit_headers != HeaderMode::None && !hidden {
         // The default rejection has its content type and `Retry-After` only: the
         // rate-limit fields are new to it, and need not be looked for.
         let own = refusing.response.is_some();

@@ -5,7 +5,7 @@ use http::header::{HeaderName, HeaderValue};
 use typed_index_collections::{TiSlice, TiVec};
 
 use super::ceil_secs;
-use crate::config::{Config, HeaderStyle, Limit, LimitId, Policy};
+use crate::config::{Config, HeaderStyle, Limit, LimitHeaders, LimitId, Policy};
 use crate::limit::Shown;
 use crate::policy::Window;
 use crate::wire::message::FieldValue;
@@ -43,9 +43,9 @@ pub fn all_quotas(config: &Config) -> TiVec<LimitId, Box<[Quota]>> {
 /// length, when it has several: `"api/1s"`, `"api/1day"`); with `burst`, a rate's
 /// burst said as `burst=N`.
 fn quotas(limit: &Limit, burst: bool) -> Box<[Quota]> {
-    // A dry run is invisible to clients: none of its windows is shown, and it is never
-    // the tightest of those that are.
-    if limit.dry_run {
+    // A dry run, or a limit its configuration hides, is invisible to clients: none of its
+    // windows is shown, and it is never the tightest of those that are.
+    if limit.dry_run || limit.headers == LimitHeaders::Hidden {
         return Box::default();
     }
     let several = limit.windows.len() > 1;
@@ -173,6 +173,7 @@ mod tests {
             status: StatusCode::TOO_MANY_REQUESTS,
             max_keys: 1,
             dry_run: false,
+            headers: LimitHeaders::Shown,
             persist: false,
             log_level: crate::config::LogLevel::Info,
             log_lines_per_second: 5,
@@ -244,5 +245,16 @@ mod tests {
                 &"59".parse::<HeaderValue>().unwrap()
             )
         );
+
+        // Hidden, `b` is in neither style: not listed, and never the tightest, though it
+        // has none left.
+        let limits = [limit("a", "10r/s"), Limit { headers: LimitHeaders::Hidden, ..limit("b", "1r/m") }];
+        let shown: TiVec<LimitId, Box<[Quota]>> = limits.iter().map(|l| super::quotas(l, true)).collect();
+        let mut h = HeaderMap::new();
+        let mut insert = |n, v: FieldValue| _ = h.insert(n, HeaderValue::from_bytes(v.as_bytes()).unwrap());
+        add_ratelimit_headers(&mut insert, standings.iter().map(Shown::from), &shown, HeaderStyle::Both);
+        assert_eq!(h[&RATELIMIT_POLICY], "\"a\";q=10;w=1");
+        assert_eq!(h[&RATELIMIT], "\"a\";r=2;t=1");
+        assert_eq!((h[&X_RATELIMIT_LIMIT].as_bytes(), h[&X_RATELIMIT_REMAINING].as_bytes()), (&b"10"[..], &b"2"[..]));
     }
 }
