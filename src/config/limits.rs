@@ -9,13 +9,13 @@ use http::{HeaderName, HeaderValue};
 
 use super::calendar;
 use super::checks::{Errors, allow, check_name, key_parts, positive_duration, status_in, unknown_name};
-use super::raw::{AlgorithmName, RawLimit, RawWindow};
+use super::raw::{AlgorithmName, RawLimit, RawReading, RawWindow};
 use super::store::scope;
 use super::units::parse_rate;
 use super::{Ban, BodyPiece, Limit, LimitId, LimitResponse, LogLevel, Policy, Rate};
 use crate::grpc::Code;
 use crate::policy::allow::Allow;
-use crate::policy::charge::{Charge, MAX_UNITS, Reading};
+use crate::policy::charge::{Charge, MAX_UNITS, Reading, Weighted};
 use crate::policy::key::{ClaimPath, DEFAULT_IP_PREFIX, KeyPart, KeySpec};
 use crate::policy::{Scope, Window};
 
@@ -114,20 +114,15 @@ fn charge(e: &mut Errors<'_>, at: &str, raw: &RawLimit, windows: &[Policy]) -> O
         };
         e.add(at.clone(), format!("applies to rate, gcra, token_bucket, interval and fixed_window limits: {what}"));
     }
-    let field = |name: &str, text: &str, e: &mut Errors<'_>| {
-        let parsed = HeaderName::from_str(text).map_err(|_| format!("invalid field name {text:?}"));
-        e.check(|| format!("{at}.{name}"), parsed)
+    let field = |text: &str| HeaderName::from_str(text).map_err(|_| format!("invalid field name {text:?}"));
+    let path = |text: &str| match text.parse::<ClaimPath>() {
+        Ok(p) if !text.is_empty() => Ok(p),
+        _ => Err(format!("{text:?}: a JSON path of names separated by dots, e.g. usage.total_tokens")),
     };
     let reading = match (&raw_charge.header, &raw_charge.trailer, &raw_charge.sse_json) {
-        (Some(name), None, None) => Reading::Header(field("header", name, e)?),
-        (None, Some(name), None) => Reading::Trailer(field("trailer", name, e)?),
-        (None, None, Some(path)) => {
-            let parsed = match path.parse::<ClaimPath>() {
-                Ok(p) if !path.is_empty() => Ok(p),
-                _ => Err(format!("{path:?}: a JSON path of names separated by dots, e.g. usage.total_tokens")),
-            };
-            Reading::SseJson(e.check(|| format!("{at}.sse_json"), parsed)?)
-        }
+        (Some(names), None, None) => Reading::Header(weighted(e, &format!("{at}.header"), names, field)?),
+        (None, Some(names), None) => Reading::Trailer(weighted(e, &format!("{at}.trailer"), names, field)?),
+        (None, None, Some(paths)) => Reading::SseJson(weighted(e, &format!("{at}.sse_json"), paths, path)?),
         _ => {
             e.add(at, "give one place the response reports its cost in: `header`, `trailer` or `sse_json`");
             return None;
@@ -148,6 +143,34 @@ fn charge(e: &mut Errors<'_>, at: &str, raw: &RawLimit, windows: &[Policy]) -> O
         e.add(format!("{at}.default"), format!("at most {MAX_UNITS} units"));
     }
     Some(Charge { reading, default, instead_of_cost: raw_charge.instead_of_cost.unwrap_or(false) })
+}
+
+/// The places of a `charge` reading at `at` (one, of weight 1, or several with their
+/// weights), each read by `parse`.
+fn weighted<T>(
+    e: &mut Errors<'_>,
+    at: &str,
+    raw: &RawReading,
+    parse: impl Fn(&str) -> Result<T, String>,
+) -> Option<Weighted<T>> {
+    match raw {
+        RawReading::One(text) => Some([(e.check(|| at.to_owned(), parse(text))?, 1)].into()),
+        RawReading::Weighted(weights) if weights.is_empty() => {
+            e.add(at.to_owned(), "name at least one place, each with its weight");
+            None
+        }
+        RawReading::Weighted(weights) => {
+            let mut places = Vec::with_capacity(weights.len());
+            for (text, &weight) in weights {
+                let place = e.check(|| format!("{at}.{text}"), parse(text));
+                if weight == 0 || weight > MAX_UNITS {
+                    e.add(format!("{at}.{text}"), format!("a weight is a whole number from 1 to {MAX_UNITS}"));
+                }
+                places.extend(place.map(|place| (place, weight)));
+            }
+            (places.len() == weights.len()).then(|| places.into())
+        }
+    }
 }
 
 /// A refusal body's largest size.

@@ -425,11 +425,20 @@ pub struct RawCalendarWindow {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
 pub struct RawCharge {
-    pub header: Option<String>,
-    pub trailer: Option<String>,
-    pub sse_json: Option<String>,
+    pub header: Option<RawReading>,
+    pub trailer: Option<RawReading>,
+    pub sse_json: Option<RawReading>,
     pub default: Option<u64>,
     pub instead_of_cost: Option<bool>,
+}
+
+/// Where a charge is read: one place (a field's name, a JSON path), or several, each with
+/// the weight its count is multiplied by (`{ usage.prompt_tokens: 1, usage.completion_tokens: 4 }`).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum RawReading {
+    One(String),
+    Weighted(BTreeMap<String, u64>),
 }
 
 /// A day of the month (a number) or of the week (a name).

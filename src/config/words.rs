@@ -385,10 +385,21 @@ impl<'a> LimitWords<'a> {
                     .collect(),
             }),
             charge: limit.charge.as_ref().map(|c| {
+                // One place as the file names it; several as `a*1 + b*4`.
+                fn places<T: std::fmt::Display>(places: &[(T, u64)]) -> String {
+                    match places {
+                        [(place, 1)] => place.to_string(),
+                        _ => places
+                            .iter()
+                            .map(|(place, weight)| format!("{place}*{weight}"))
+                            .collect::<Vec<_>>()
+                            .join(" + "),
+                    }
+                }
                 let (field, value) = match &c.reading {
-                    Reading::Header(name) => ("header", name.to_string()),
-                    Reading::Trailer(name) => ("trailer", name.to_string()),
-                    Reading::SseJson(path) => ("sse_json", path.to_string()),
+                    Reading::Header(names) => ("header", places(names)),
+                    Reading::Trailer(names) => ("trailer", places(names)),
+                    Reading::SseJson(paths) => ("sse_json", places(paths)),
                 };
                 ChargeWords { reading: [(field, value)].into(), default: c.default, instead_of_cost: c.instead_of_cost }
             }),

@@ -24,16 +24,36 @@ pub struct Charge {
     pub instead_of_cost: bool,
 }
 
-/// Where a response reports its cost.
+/// Where a response reports its cost: one place, or several whose counts are weighed and
+/// summed (a language model's prompt and completion tokens, the latter at four times the
+/// former's price).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reading {
-    /// A field of the response's head.
-    Header(HeaderName),
-    /// A field of its trailers (HTTP/1.1 chunked trailers, HTTP/2 and gRPC trailers).
-    Trailer(HeaderName),
-    /// A number at this path in the JSON data of the last event of a
-    /// `text/event-stream` response that has it.
-    SseJson(ClaimPath),
+    /// Fields of the response's head.
+    Header(Weighted<HeaderName>),
+    /// Fields of its trailers (HTTP/1.1 chunked trailers, HTTP/2 and gRPC trailers).
+    Trailer(Weighted<HeaderName>),
+    /// Numbers at these paths in the JSON data of a `text/event-stream` response's events:
+    /// each path's last count in the stream (a path reported by another event than the
+    /// others, as a prompt's tokens at the stream's start and the completion's at its end,
+    /// counts all the same).
+    SseJson(Weighted<ClaimPath>),
+}
+
+/// Places and the weight of each one's count.
+pub type Weighted<T> = Box<[(T, u64)]>;
+
+/// The weighed sum of `counts` (each with its weight): `None` when none was reported,
+/// or when one was reported that is no count (a malformed report is charged the
+/// default, never a guess); a place not reported counts nothing.
+pub fn weighed(counts: impl Iterator<Item = (Option<Option<u64>>, u64)>) -> Option<u64> {
+    let mut sum: Option<u64> = None;
+    for (reported, weight) in counts {
+        let Some(count) = reported else { continue };
+        let part = count?.saturating_mul(weight);
+        sum = Some(sum.unwrap_or(0).saturating_add(part).min(MAX_UNITS));
+    }
+    sum
 }
 
 /// A count written in a field: ASCII digits, surrounding whitespace allowed (`None`:
@@ -64,13 +84,13 @@ fn units_of_json(value: &serde_json::Value) -> Option<u64> {
 const MAX_EVENT_BYTES: usize = 256 * 1024;
 
 /// Reads a `text/event-stream` body as it passes, remembering the last count found at
-/// `path` in an event's JSON data. Events are split as the stream format says (lines
+/// each path in an event's JSON data. Events are split as the stream format says (lines
 /// end with LF, CRLF or CR; an empty line ends an event; `data:` lines join with LF).
 #[derive(Debug)]
 pub struct SseScan {
-    path: ClaimPath,
-    /// The quoted first name of `path` (`"usage"`): an event without it is not parsed.
-    needle: Vec<u8>,
+    /// Each path, its weight, and the quoted first name of the path (`"usage"`): an
+    /// event with none of these is not parsed.
+    paths: Box<[(ClaimPath, u64, Vec<u8>)]>,
     line: Vec<u8>,
     /// The line being read is too long: skipped up to its end.
     skipping: bool,
@@ -79,23 +99,28 @@ pub struct SseScan {
     data: Vec<u8>,
     /// The event being read has data beyond `MAX_EVENT_BYTES`: not parsed.
     oversized: bool,
-    /// The last count found.
-    pub found: Option<u64>,
+    /// The last count found at each path.
+    found: Box<[Option<u64>]>,
 }
 
 impl SseScan {
-    pub fn new(path: &ClaimPath) -> SseScan {
-        let needle = format!("\"{}\"", path.first()).into_bytes();
+    pub fn new(paths: &[(ClaimPath, u64)]) -> SseScan {
+        let needle = |path: &ClaimPath| format!("\"{}\"", path.first()).into_bytes();
         SseScan {
-            path: path.clone(),
-            needle,
+            paths: paths.iter().map(|(path, weight)| (path.clone(), *weight, needle(path))).collect(),
             line: Vec::new(),
             skipping: false,
             after_cr: false,
             data: Vec::new(),
             oversized: false,
-            found: None,
+            found: vec![None; paths.len()].into(),
         }
+    }
+
+    /// What the stream reported so far: each path's last count, weighed and summed
+    /// (`None`: no path was reported).
+    pub fn found(&self) -> Option<u64> {
+        weighed(self.found.iter().zip(self.paths.iter()).map(|(found, (_, weight, _))| (found.map(Some), *weight)))
     }
 
     /// Reads the next piece of the body.
@@ -171,15 +196,18 @@ impl SseScan {
         self.line.clear();
     }
 
-    /// An event has ended: its count, if its data has one at `path`.
+    /// An event has ended: the counts its data has at the paths.
     fn dispatch(&mut self) {
         let oversized = std::mem::take(&mut self.oversized);
-        if !oversized && memchr::memmem::find(&self.data, &self.needle).is_some() {
-            let found = serde_json::from_slice::<serde_json::Value>(&self.data)
-                .ok()
-                .and_then(|v| self.path.find(v.as_object()?).and_then(units_of_json));
-            if found.is_some() {
-                self.found = found;
+        let named = |needle: &[u8]| memchr::memmem::find(&self.data, needle).is_some();
+        if !oversized && self.paths.iter().any(|(_, _, needle)| named(needle)) {
+            let event = serde_json::from_slice::<serde_json::Value>(&self.data).ok();
+            if let Some(object) = event.as_ref().and_then(serde_json::Value::as_object) {
+                for ((path, _, _), found) in self.paths.iter().zip(self.found.iter_mut()) {
+                    if let Some(count) = path.find(object).and_then(units_of_json) {
+                        *found = Some(count);
+                    }
+                }
             }
         }
         self.data.clear();
@@ -191,12 +219,47 @@ mod tests {
     use super::*;
 
     fn scan(pieces: &[&[u8]]) -> Option<u64> {
-        let mut s = SseScan::new(&"usage.total_tokens".parse().unwrap());
+        scan_weighed(&[("usage.total_tokens", 1)], pieces)
+    }
+
+    fn scan_weighed(paths: &[(&str, u64)], pieces: &[&[u8]]) -> Option<u64> {
+        let paths: Vec<(ClaimPath, u64)> = paths.iter().map(|(p, w)| (p.parse().unwrap(), *w)).collect();
+        let mut s = SseScan::new(&paths);
         for p in pieces {
             s.feed(p);
         }
         s.finish();
-        s.found
+        s.found()
+    }
+
+    #[test]
+    fn several_counts_are_weighed_each_at_its_last_report() {
+        let weights = [("usage.prompt_tokens", 1), ("usage.completion_tokens", 4)];
+        // OpenAI's shape: one last event with both (`stream_options.include_usage`).
+        let openai = b"data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}],\"usage\":null}\n\n\
+            data: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":5,\"total_tokens\":17}}\n\n\
+            data: [DONE]\n\n";
+        assert_eq!(scan_weighed(&weights, &[openai]), Some(12 + 4 * 5));
+        // Anthropic's shape: the input's tokens at the start, the output's (cumulative) in
+        // the last `message_delta`.
+        let weights = [("message.usage.input_tokens", 3), ("usage.output_tokens", 15)];
+        let anthropic = b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n\
+            event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"text\":\"Hello\"}}\n\n\
+            event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":7}}\n\n\
+            event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\n\n\
+            event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+        assert_eq!(scan_weighed(&weights, &[anthropic]), Some(3 * 25 + 15 * 15));
+        // Nothing reported: none; one path reported: it alone.
+        assert_eq!(scan_weighed(&weights, &[b"data: {}\n\n"]), None);
+        assert_eq!(scan_weighed(&weights, &[b"data: {\"usage\":{\"output_tokens\":2}}\n\n"]), Some(30));
+    }
+
+    #[test]
+    fn a_weighed_sum_skips_what_was_not_reported_and_refuses_what_is_no_count() {
+        assert_eq!(weighed([(Some(Some(2)), 3), (None, 5), (Some(Some(1)), 1)].into_iter()), Some(7));
+        assert_eq!(weighed([(None, 3), (None, 5)].into_iter()), None);
+        assert_eq!(weighed([(Some(Some(2)), 3), (Some(None), 5)].into_iter()), None);
+        assert_eq!(weighed([(Some(Some(MAX_UNITS)), 2)].into_iter()), Some(MAX_UNITS));
     }
 
     #[test]

@@ -7,7 +7,7 @@ use smallvec::SmallVec;
 
 use crate::gate::Charges;
 use crate::ids::LimitId;
-use crate::policy::charge::{Charge, Reading, SseScan, units_in};
+use crate::policy::charge::{Charge, Reading, SseScan, units_in, weighed};
 use crate::wire::message::Response;
 
 /// A response's meter: one report per limit that charges it.
@@ -39,11 +39,14 @@ impl Meter {
             .is_some_and(|v| v.split(';').next().is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream")));
         let reports: SmallVec<[Report; 1]> = limits
             .map(|(limit, charge)| {
+                let in_head = |names: &[(http::HeaderName, u64)]| {
+                    weighed(names.iter().map(|(name, weight)| (response.field(name).map(units_in), *weight)))
+                };
                 let (found, scan) = match &charge.reading {
-                    Reading::Header(name) => (response.field(name).and_then(units_in), None),
-                    Reading::SseJson(path) if events => (None, Some(Box::new(SseScan::new(path)))),
+                    Reading::Header(names) => (in_head(names), None),
+                    Reading::SseJson(paths) if events => (None, Some(Box::new(SseScan::new(paths)))),
                     // A gRPC answer without a body carries its trailers in its head.
-                    Reading::Trailer(name) => (response.field(name).and_then(units_in), None),
+                    Reading::Trailer(names) => (in_head(names), None),
                     Reading::SseJson(_) => (None, None),
                 };
                 Report { limit, reading: charge.reading.clone(), found, scan }
@@ -69,14 +72,18 @@ impl Meter {
     ) -> Option<impl Future<Output = ()> + Send + use<>> {
         for report in &mut self.reports {
             match (&report.reading, &mut report.scan) {
-                (Reading::Trailer(name), _) => {
-                    if let Some(value) = trailers.and_then(|t| t.get(name)) {
-                        report.found = units_in(value.as_bytes());
+                (Reading::Trailer(names), _) => {
+                    // Trailers that report replace what the head said (a gRPC answer's).
+                    if let Some(trailers) = trailers.filter(|t| names.iter().any(|(name, _)| t.contains_key(name))) {
+                        let counts = names.iter().map(|(name, weight)| {
+                            (trailers.get(name).map(|value| units_in(value.as_bytes())), *weight)
+                        });
+                        report.found = weighed(counts);
                     }
                 }
                 (Reading::SseJson(_), Some(scan)) => {
                     scan.finish();
-                    report.found = scan.found;
+                    report.found = scan.found();
                 }
                 _ => {}
             }

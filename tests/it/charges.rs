@@ -52,6 +52,21 @@ async fn reporting_backend(http2: bool) -> (SocketAddr, std::sync::Arc<std::sync
                                 frames.push(Ok(Frame::data(Bytes::from(piece.to_owned()))));
                             }
                         }
+                        // `/usage/P/C`: a language model's stream, its usage (P prompt
+                        // tokens, C completion tokens) in its last event; also in the head.
+                        "usage" => {
+                            let (prompt, completion) = n.split_once('/').unwrap();
+                            response = response
+                                .header("content-type", "text/event-stream")
+                                .header("x-prompt-tokens", prompt)
+                                .header("x-completion-tokens", completion);
+                            let usage = format!(
+                                "data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":{prompt},\"completion_tokens\":{completion}}}}}\n\n"
+                            );
+                            for piece in ["data: {\"choices\":[{\"delta\":{}}]}\n\n", &usage, "data: [DONE]\n\n"] {
+                                frames.push(Ok(Frame::data(Bytes::from(piece.to_owned()))));
+                            }
+                        }
                         "stalled" => {
                             response = response.header("content-type", "text/event-stream");
                             frames.push(Ok(Frame::data(Bytes::from_static(b"data: {\"choices\": []}\n\n"))));
@@ -209,6 +224,36 @@ async fn an_event_streams_usage_replaces_the_cost_and_its_debt_carries(scope: &s
     assert_eq!(hits(&seen), 2);
     let metrics = Metrics::of(&sg).await;
     assert_eq!(metrics.value("sluicegate_limit_charged_units_total{limit=\"tokens\"}"), 110.0);
+}
+
+/// A charge read from several places, each count weighed: a stream's prompt tokens at 1
+/// and its completion tokens at 4 (10 and 5: 30 units), the same from two head fields;
+/// the next response's `RateLimit` shows the debit, `/config` the weights.
+#[tokio::test]
+async fn a_charge_of_several_counts_weighs_each() {
+    let (backend, _) = reporting_backend(false).await;
+    for (reading, said) in [
+        (
+            "sse_json: { usage.prompt_tokens: 1, usage.completion_tokens: 4 }",
+            "usage.completion_tokens*4 + usage.prompt_tokens*1",
+        ),
+        ("header: { x-prompt-tokens: 1, x-completion-tokens: 4 }", "x-completion-tokens*4 + x-prompt-tokens*1"),
+    ] {
+        let fields = format!(
+            "algorithm: fixed_window, limit: 1000, window: 30d, charge: {{ {reading}, instead_of_cost: true }}"
+        );
+        let sg = proxy(backend, false, &fields, "");
+        let first = get_as(sg.addr, "/usage/10/5", "ann").await;
+        assert_eq!(first.status, 200, "{reading}");
+        let next = get_as(sg.addr, "/plain", "ann").await;
+        assert_eq!(ratelimit(&next, "r"), 1000 - 30 - 1, "{reading}");
+        let metrics = Metrics::of(&sg).await;
+        assert_eq!(metrics.value("sluicegate_limit_charged_units_total{limit=\"tokens\"}"), 30.0, "{reading}");
+        let config: serde_json::Value =
+            serde_json::from_slice(&get(sg.admin_addr(), "/config", &[]).await.body).unwrap();
+        let charge = &config["limits"][0]["charge"];
+        assert_eq!(charge[reading.split(':').next().unwrap()], said, "{charge}");
+    }
 }
 
 #[tokio::test]

@@ -1283,8 +1283,9 @@ fn calendar_window_fields_are_checked_with_their_positions() {
     assert!(!stderr.contains("limits.ok"), "{stderr}");
 }
 
-/// `charge:`: one place the report is read from, a field name or a JSON path that is
-/// one, a default within bounds, on an algorithm whose state can carry a debt.
+/// `charge:`: one kind of place the report is read from, field names or JSON paths that
+/// are ones (several with positive weights), a default within bounds, on an algorithm
+/// whose state can carry a debt.
 #[test]
 fn charge_fields_are_checked_with_their_positions() {
     let yaml = format!(
@@ -1296,6 +1297,8 @@ fn charge_fields_are_checked_with_their_positions() {
   f: {{ key: ip, concurrency: 5, charge: {{ header: x-used }} }}
   g: {{ key: ip, rate: 1r/s, charge: {{ header: x-used, default: 5000000000 }} }}
   h: {{ key: ip, rate: 1r/s, charge: {{ headr: x-used }} }}
+  i: {{ key: ip, rate: 1r/s, charge: {{ sse_json: {{ usage.prompt_tokens: 0, usage..x: 4 }} }} }}
+  j: {{ key: ip, rate: 1r/s, charge: {{ trailer: {{}} }} }}
   ok: {{ key: ip, on_missing_key: skip, algorithm: token_bucket, capacity: 100, refill: 100r/h, charge: {{ sse_json: usage.total_tokens, default: 50, instead_of_cost: true }} }}
 "
     );
@@ -1310,6 +1313,9 @@ fn charge_fields_are_checked_with_their_positions() {
         "FILE:8:41: limits.f.charge: applies to rate, gcra, token_bucket, interval and fixed_window limits: a concurrency limit",
         "FILE:9:64: limits.g.charge.default: at most 4294967296 units",
         "FILE:10:39: limits.h.charge.headr: unknown field `headr`; did you mean `header`?",
+        "FILE:11:72: limits.i.charge.sse_json.usage.prompt_tokens: a weight is a whole number from 1 to 4294967296",
+        "FILE:11:85: limits.i.charge.sse_json.usage..x: \"usage..x\": a JSON path of names separated by dots",
+        "FILE:12:48: limits.j.charge.trailer: name at least one place, each with its weight",
     ];
     assert_reported(&stderr, &expected);
     assert!(!stderr.contains("limits.ok"), "{stderr}");
