@@ -40,8 +40,9 @@ pub enum Reading {
     SseJson(Weighted<ClaimPath>),
 }
 
-/// Places and the weight of each one's count.
-pub type Weighted<T> = Box<[(T, u64)]>;
+/// Places and the weight of each one's count. Shared: each response a limit charges
+/// keeps its reading, and a copy is then a count's increment, not an allocation.
+pub type Weighted<T> = std::sync::Arc<[(T, u64)]>;
 
 /// The weighed sum of `counts` (each with its weight): `None` when none was reported,
 /// or when one was reported that is no count (a malformed report is charged the
@@ -88,9 +89,11 @@ const MAX_EVENT_BYTES: usize = 256 * 1024;
 /// end with LF, CRLF or CR; an empty line ends an event; `data:` lines join with LF).
 #[derive(Debug)]
 pub struct SseScan {
-    /// Each path, its weight, and the quoted first name of the path (`"usage"`): an
-    /// event with none of these is not parsed.
-    paths: Box<[(ClaimPath, u64, Vec<u8>)]>,
+    /// Each path and its weight.
+    paths: Weighted<ClaimPath>,
+    /// The quoted first name of each path (`"usage"`): an event with none of these is
+    /// not parsed.
+    needles: Box<[Vec<u8>]>,
     line: Vec<u8>,
     /// The line being read is too long: skipped up to its end.
     skipping: bool,
@@ -104,10 +107,10 @@ pub struct SseScan {
 }
 
 impl SseScan {
-    pub fn new(paths: &[(ClaimPath, u64)]) -> SseScan {
-        let needle = |path: &ClaimPath| format!("\"{}\"", path.first()).into_bytes();
+    pub fn new(paths: &Weighted<ClaimPath>) -> SseScan {
         SseScan {
-            paths: paths.iter().map(|(path, weight)| (path.clone(), *weight, needle(path))).collect(),
+            needles: paths.iter().map(|(path, _)| format!("\"{}\"", path.first()).into_bytes()).collect(),
+            paths: paths.clone(),
             line: Vec::new(),
             skipping: false,
             after_cr: false,
@@ -120,7 +123,7 @@ impl SseScan {
     /// What the stream reported so far: each path's last count, weighed and summed
     /// (`None`: no path was reported).
     pub fn found(&self) -> Option<u64> {
-        weighed(self.found.iter().zip(self.paths.iter()).map(|(found, (_, weight, _))| (found.map(Some), *weight)))
+        weighed(self.found.iter().zip(self.paths.iter()).map(|(found, (_, weight))| (found.map(Some), *weight)))
     }
 
     /// Reads the next piece of the body.
@@ -200,10 +203,10 @@ impl SseScan {
     fn dispatch(&mut self) {
         let oversized = std::mem::take(&mut self.oversized);
         let named = |needle: &[u8]| memchr::memmem::find(&self.data, needle).is_some();
-        if !oversized && self.paths.iter().any(|(_, _, needle)| named(needle)) {
+        if !oversized && self.needles.iter().any(|needle| named(needle)) {
             let event = serde_json::from_slice::<serde_json::Value>(&self.data).ok();
             if let Some(object) = event.as_ref().and_then(serde_json::Value::as_object) {
-                for ((path, _, _), found) in self.paths.iter().zip(self.found.iter_mut()) {
+                for ((path, _), found) in self.paths.iter().zip(self.found.iter_mut()) {
                     if let Some(count) = path.find(object).and_then(units_of_json) {
                         *found = Some(count);
                     }
@@ -223,7 +226,7 @@ mod tests {
     }
 
     fn scan_weighed(paths: &[(&str, u64)], pieces: &[&[u8]]) -> Option<u64> {
-        let paths: Vec<(ClaimPath, u64)> = paths.iter().map(|(p, w)| (p.parse().unwrap(), *w)).collect();
+        let paths: Weighted<ClaimPath> = paths.iter().map(|(p, w)| (p.parse().unwrap(), *w)).collect();
         let mut s = SseScan::new(&paths);
         for p in pieces {
             s.feed(p);
