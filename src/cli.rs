@@ -210,6 +210,10 @@ pub struct ExplainArgs {
     /// `--log-line`, a field the line does not carry (it replaces one of the same name).
     #[arg(short = 'H', long = "header", value_name = "'NAME: VALUE'", action = ArgAction::Append)]
     pub headers: Vec<String>,
+    /// The request's body (curl's `-d`; `@FILE` reads it from a file), for a route whose
+    /// limits read its JSON fields (`json:` key parts).
+    #[arg(short = 'd', long = "data", value_name = "BODY", conflicts_with = "log_line")]
+    pub data: Option<String>,
     /// The address the request comes from, its TCP peer [default: 127.0.0.1].
     #[arg(long, value_name = "IP", conflicts_with = "log_line")]
     pub peer: Option<IpAddr>,
@@ -288,8 +292,10 @@ impl Given {
                 .map_err(|e| format!("cannot read standard input: {e}"))?;
             return raw_head(config, read).map(|head| (Given::Raw(head), Vec::new()));
         }
-        let method = args.method.as_deref().unwrap_or("GET");
-        let asked = Asked::from_curl(method, &args.headers, url, args.peer).map_err(|e| e.to_string())?;
+        // As curl, a body makes a POST.
+        let method = args.method.as_deref().unwrap_or(if args.data.is_some() { "POST" } else { "GET" });
+        let mut asked = Asked::from_curl(method, &args.headers, url, args.peer).map_err(|e| e.to_string())?;
+        asked.body = data(args)?;
         asked.request().map(|r| (Given::Curl(r), Vec::new())).map_err(|e| e.to_string())
     }
 
@@ -301,6 +307,16 @@ impl Given {
             Given::Logged(logged) => (logged.head(), logged.client, logged.scheme),
             Given::Raw(head) => (head.view(), explain::asked::DEFAULT_PEER, Scheme::Http),
         }
+    }
+}
+
+/// The body `--data` gives: as it is, or the file `@FILE` names (as text).
+fn data(args: &ExplainArgs) -> Result<Option<String>, String> {
+    match args.data.as_deref() {
+        Some(path) if path.starts_with('@') => std::fs::read_to_string(&path[1..])
+            .map(Some)
+            .map_err(|e| format!("--data {path}: cannot read {}: {e}", &path[1..])),
+        given => Ok(given.map(str::to_owned)),
     }
 }
 
@@ -403,13 +419,22 @@ pub fn explain(args: &ExplainArgs) -> ExitCode {
             let (config, local) = explain::local(config);
             // A clock of its own: the identical requests and this one at one instant.
             let gate = Gate::new(&config, ManualClock::new(Clock::System.now()).into());
+            let body = match &given {
+                Given::Curl(request) => request.body.as_deref(),
+                _ => None,
+            };
             let mut explained =
-                explain::explain(&config, &gate, None, &head, peer, scheme, claimed, args.after, "empty");
+                explain::explain(&config, &gate, None, &head, peer, scheme, claimed, body, args.after, "empty");
             explained.notes.extend(local);
             Ok(explained)
         }
         Some(admin) => match Asked::from_head(&head, peer, scheme, logged) {
-            Ok(asked) => ask_explain(&config, admin, &asked),
+            Ok(mut asked) => {
+                if let Given::Curl(request) = &given {
+                    asked.body = request.body.as_ref().map(|b| String::from_utf8_lossy(b).into_owned());
+                }
+                ask_explain(&config, admin, &asked)
+            }
             Err(e) => {
                 eprintln!("sluicegate: explain: {e}");
                 return ExitCode::from(2);

@@ -164,9 +164,14 @@ pub enum UpstreamResult {
 pub const UPSTREAM_HOLD: &str = "upstream_hold";
 
 /// The outcomes of requests answered before their limits decided them.
-const EARLY: [&str; 9] = {
-    let o = Refused::OUTCOMES;
-    [o[0], o[1], o[2], o[3], o[4], o[5], o[6], o[7], UPSTREAM_HOLD]
+const EARLY: [&str; Refused::OUTCOMES.len() + 1] = {
+    let mut early = [UPSTREAM_HOLD; Refused::OUTCOMES.len() + 1];
+    let mut i = 0;
+    while i < Refused::OUTCOMES.len() {
+        early[i] = Refused::OUTCOMES[i];
+        i += 1;
+    }
+    early
 };
 
 const DECISIONS: [&str; 3] = ["passed", "delayed", "rejected"];

@@ -14,15 +14,14 @@ use http::{HeaderMap, Method, StatusCode};
 
 use crate::config::Scope;
 use crate::front;
-use crate::policy::key::{Claims, KeyPart};
+use crate::policy::key::{BodyFields, ClaimPath, Claims, KeyPart};
 use crate::proxy::Proxy;
 use crate::proxy::body::Response;
 use crate::router::Captures;
 use crate::wire::head::{Fields, RequestHead};
 
 /// The parts a lookup may name, as the error says them.
-const PARTS: &str =
-    "ip=, header:NAME=, bearer=, query:NAME=, cookie:NAME=, method=, path=, host=, capture:NAME=, jwt:CLAIM=";
+const PARTS: &str = "ip=, header:NAME=, bearer=, query:NAME=, cookie:NAME=, method=, path=, host=, capture:NAME=, jwt:CLAIM=, json:FIELD=";
 
 /// The answer to a lookup (`reset`: its `DELETE`) of `query` in limit `name`.
 pub fn answer(proxy: &Proxy, name: &str, query: &str, reset: bool) -> Response {
@@ -59,6 +58,10 @@ pub fn answer(proxy: &Proxy, name: &str, query: &str, reset: bool) -> Response {
     if !asked.claims.is_empty() {
         src.claims = Some(Arc::new(asked.claims));
     }
+    if !asked.body.is_empty() {
+        let (paths, values): (Vec<ClaimPath>, Vec<_>) = asked.body.into_iter().unzip();
+        src.body = Some(Box::new(BodyFields::new(paths.into(), values.into())));
+    }
     let limiters = proxy.limiters();
     match (reset, limiters.inspect(index, &src)) {
         (_, None) => super::text(StatusCode::BAD_REQUEST, "the values given make no key\n"),
@@ -80,6 +83,8 @@ struct Asked {
     headers: HeaderMap,
     captures: Vec<(String, String)>,
     claims: Claims,
+    /// The JSON body's fields, as `json:` parts read them.
+    body: Vec<(ClaimPath, Option<Box<[u8]>>)>,
 }
 
 impl Asked {
@@ -94,6 +99,7 @@ impl Asked {
             headers: HeaderMap::new(),
             captures: Vec::new(),
             claims: Claims::new(),
+            body: Vec::new(),
         };
         let (mut path, mut uri_query, mut given) = ("/".to_owned(), Vec::new(), Vec::new());
         for (name, value) in form_urlencoded::parse(query.as_bytes()) {
@@ -128,6 +134,7 @@ impl Asked {
                 // A claim is looked up as text: a string claim and a number or boolean
                 // one written as `value` key alike (`KeyPart::value_in`).
                 KeyPart::Jwt(claim) => claim.put(&mut asked.claims, serde_json::Value::String(value.into_owned())),
+                KeyPart::Json(field) => asked.body.push((field.clone(), Some(value.as_bytes().into()))),
             }
             given.push(written);
         }

@@ -280,6 +280,7 @@ async fn explain(proxy: &Proxy, body: Option<&mut (dyn BodySource + '_)>) -> Res
                 request.peer,
                 request.scheme,
                 claimed,
+                request.body.as_deref(),
                 0,
                 "live",
             );

@@ -8,6 +8,9 @@
 //!   -> client address      hop: the peer, or the rightmost untrusted forwarding hop
 //!   -> route               front: normalized path, host, route, token, allow-list
 //!   -> body size           a declared body over the route's max_body_bytes: 413, unread
+//!   -> body fields         a route whose limits read JSON fields (`json:`): its body's
+//!                          first `server.body_peek` bytes (`ReadBody`: the caller reads
+//!                          them, then `resume`s); a field they read sent twice: 400
 //!   -> keys                a key field sent twice, a key that must not be missing: 400
 //!   -> hold                a key the upstream refused with a time to wait (upstream_hold)
 //!   -> cost                what the request weighs
@@ -27,6 +30,7 @@ use http::StatusCode;
 use smallvec::SmallVec;
 
 use crate::config::{Config, LimitId, LimitUse, RouteId};
+use crate::front::body::Scan;
 use crate::front::{self, Front, FrontError};
 use crate::gate::{Decision, Gate};
 use crate::grpc::Code;
@@ -46,6 +50,19 @@ pub struct Asked<'a> {
     /// How it came in: on a listener with TLS (`https`) or without; routes may match it.
     pub scheme: Scheme,
     pub origin: Origin<'a>,
+    pub body: AskedBody<'a>,
+}
+
+/// A request's body, as the admission may read it.
+#[derive(Clone, Copy)]
+pub enum AskedBody<'a> {
+    /// None (or none to read: a logged line's).
+    None,
+    /// On the wire, unread: a route whose limits read its fields pauses the admission
+    /// (`Verdict::ReadBody`) for the caller to read it.
+    Unread,
+    /// Given whole (to `explain`).
+    Given(&'a [u8]),
 }
 
 /// Where a request comes from: what it can still break, and where its claims are.
@@ -99,6 +116,10 @@ pub enum Refused {
     /// would count one value while the upstream may act on another.
     #[error("limit {limit:?} counts requests by {field}, which this request carries more than once; send it once")]
     DuplicateKeyField { limit: String, field: String, id: LimitId },
+    /// Its body, read for the fields its limits are keyed on, broke off, broke its
+    /// framing, or stalled past `server.body_read_timeout` (`timeout`).
+    #[error("the request body could not be read for the fields limit {limit:?} reads: {why}")]
+    BodyUnread { limit: String, why: String, timeout: bool },
     /// The request lacks the key of a limit with `on_missing_key: refuse`.
     #[error("limit {limit:?} counts requests by {key}, which this request lacks")]
     MissingKey {
@@ -113,7 +134,7 @@ pub enum Refused {
 
 impl Refused {
     /// Every name `outcome` gives.
-    pub const OUTCOMES: [&'static str; 8] = [
+    pub const OUTCOMES: [&'static str; 10] = [
         "no_route",
         "bad_request",
         "bad_path",
@@ -122,6 +143,8 @@ impl Refused {
         "body_too_large",
         "repeated_key_field",
         "missing_key",
+        "body_timeout",
+        "bad_body",
     ];
 
     /// Its name wherever an outcome is named: `sluicegate_requests_total`, the access
@@ -136,6 +159,8 @@ impl Refused {
             Refused::BodyTooLarge { .. } => "body_too_large",
             Refused::DuplicateKeyField { .. } => "repeated_key_field",
             Refused::MissingKey { .. } => "missing_key",
+            Refused::BodyUnread { timeout: true, .. } => "body_timeout",
+            Refused::BodyUnread { .. } => "bad_body",
         }
     }
 
@@ -145,6 +170,8 @@ impl Refused {
             Refused::Front(e) => e.status(),
             Refused::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Refused::DuplicateKeyField { .. } | Refused::MissingKey { .. } => StatusCode::BAD_REQUEST,
+            Refused::BodyUnread { timeout: true, .. } => StatusCode::REQUEST_TIMEOUT,
+            Refused::BodyUnread { .. } => StatusCode::BAD_REQUEST,
         }
     }
 
@@ -156,6 +183,8 @@ impl Refused {
         match self {
             Refused::MissingKey { token: true, .. } => Code::UNAUTHENTICATED,
             Refused::MissingKey { .. } | Refused::DuplicateKeyField { .. } => Code::INVALID_ARGUMENT,
+            Refused::BodyUnread { timeout: true, .. } => Code::DEADLINE_EXCEEDED,
+            Refused::BodyUnread { .. } => Code::INVALID_ARGUMENT,
             Refused::BodyTooLarge { .. } => Code::RESOURCE_EXHAUSTED,
             Refused::Front(e) if e.status() == StatusCode::BAD_REQUEST => Code::INVALID_ARGUMENT,
             Refused::Front(e) => Code::of_http(e.status().as_u16()),
@@ -197,6 +226,9 @@ pub enum Verdict {
     Held(Hold),
     /// Decided by the limits.
     Decided(Decision),
+    /// Its route's limits read fields of its body, unread: the caller reads its first
+    /// `server.body_peek` bytes and `resume`s the admission with them.
+    ReadBody,
     /// A global limit may decide it: Redis must be asked (`Gate::decide` on the
     /// admission's limits, key source and cost), which the caller awaits.
     Pending,
@@ -250,6 +282,88 @@ fn steps<'a>(
     }
     let drives = |limit: LimitId| way.drives.is_none_or(|drives| drives(found.route, limit));
     admission.limits = found.limits(config).iter().copied().filter(|u| drives(u.limit)).collect();
+    if let Some(fields) = &route.body_fields {
+        match asked.body {
+            AskedBody::Unread if asked.declared != Some(0) => {
+                admission.verdict = Verdict::ReadBody;
+                return Ok(());
+            }
+            AskedBody::Given(body) => {
+                let mut scan = Scan::new(Arc::clone(fields));
+                scan.feed(body);
+                body_read(config, admission, &scan, true)?;
+            }
+            AskedBody::Unread | AskedBody::None => {}
+        }
+    }
+    limited(config, gate, asked, way, admission)
+}
+
+/// Resumes the admission that stopped at `ReadBody`, its body read as far as `scan` (to
+/// its end: `ended`).
+pub fn resume<'a>(
+    config: &Config,
+    gate: &Gate,
+    asked: &Asked<'a>,
+    way: &Way<'_>,
+    admission: &mut Admission<'a>,
+    scan: &Scan,
+    ended: bool,
+) {
+    debug_assert!(matches!(admission.verdict, Verdict::ReadBody));
+    admission.verdict = Verdict::Pending;
+    let done = body_read(config, admission, scan, ended).and_then(|()| limited(config, gate, asked, way, admission));
+    if let Err(refused) = done {
+        admission.verdict = Verdict::Refused(refused);
+    }
+}
+
+/// Ends the admission of a body it could not read.
+pub fn body_unread(config: &Config, admission: &mut Admission<'_>, why: String, timeout: bool) {
+    // The enforced limit it reads the body for, before a dry-run one.
+    let limit = admission.front.as_ref().and_then(|f| body_limits(config, f).min_by_key(|&l| config.limits[l].dry_run));
+    let limit = limit.map_or_else(String::new, |l| config.limits[l].name.clone());
+    admission.verdict = Verdict::Refused(Refused::BodyUnread { limit, why, timeout });
+}
+
+/// The limits that may decide the request of `found` and read its body.
+fn body_limits<'c>(config: &'c Config, found: &'c Front<'_>) -> impl Iterator<Item = LimitId> + 'c {
+    let reads = |l: &LimitId| config.limits[*l].key.0.iter().any(|p| matches!(p, KeyPart::Json(_)));
+    found.candidates(config).iter().copied().filter(reads)
+}
+
+/// The body's fields as `scan` read them, given to the key source; a field a limit
+/// reads, sent twice, refuses the request if that limit is enforced.
+fn body_read(config: &Config, admission: &mut Admission<'_>, scan: &Scan, ended: bool) -> Result<(), Refused> {
+    let Some(found) = admission.front.as_mut() else { return Ok(()) };
+    found.src.body = Some(Box::new(scan.fields(ended)));
+    let Some(field) = scan.repeated() else { return Ok(()) };
+    let keyed = |l: &LimitId| config.limits[*l].key.0.iter().any(|p| matches!(p, KeyPart::Json(f) if f == field));
+    let found = &*found;
+    for limit in body_limits(config, found).filter(keyed) {
+        let part = format!("json:{field}");
+        match config.limits[limit].dry_run {
+            true => admission.repeated_dry.push((limit, part)),
+            false => {
+                let field = KeyPart::Json(field.clone()).field();
+                return Err(Refused::DuplicateKeyField { limit: config.limits[limit].name.clone(), field, id: limit });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The steps from the keys on: keys, hold, cost, decision.
+fn limited<'a>(
+    config: &Config,
+    gate: &Gate,
+    asked: &Asked<'a>,
+    way: &Way<'_>,
+    admission: &mut Admission<'a>,
+) -> Result<(), Refused> {
+    let Some(found) = admission.front.as_ref() else { return Ok(()) };
+    let route = &config.routes[found.route];
+    let drives = |limit: LimitId| way.drives.is_none_or(|drives| drives(found.route, limit));
     if let Some(refused) = keys_refused(config, found, &admission.limits, &drives, &mut admission.repeated_dry) {
         return Err(refused);
     }

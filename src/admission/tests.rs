@@ -24,6 +24,8 @@ limits:
   per_key: { key: \"header:x-key\", rate: 1r/m, on_missing_key: refuse }
   per_token: { key: bearer, rate: 1r/m, on_missing_key: refuse }
   trial: { key: \"header:x-trial\", rate: 1r/m, dry_run: true, on_missing_key: skip }
+  per_model: { key: \"json:model\", rate: 1r/m, on_missing_key: refuse }
+  model_trial: { key: \"json:tool\", rate: 1r/m, dry_run: true, on_missing_key: skip }
   shared: { key: ip, rate: 1r/m, scope: global }
 routes:
   - { match: { path_prefix: /upload }, max_body_bytes: 10, respond: { status: 200 }, limits: [once] }
@@ -31,6 +33,7 @@ routes:
   - { match: { path_prefix: /token }, respond: { status: 200 }, limits: [per_token] }
   - { match: { path_prefix: /cost }, cost_header: x-cost, respond: { status: 200 }, limits: [once] }
   - { match: { path_prefix: /global }, respond: { status: 200 }, limits: [shared] }
+  - { match: { path_prefix: /model }, respond: { status: 200 }, limits: [per_model, model_trial] }
   - { match: { path_prefix: /held }, upstream: b, limits: [once], upstream_hold: { by: once } }
 ";
 
@@ -67,7 +70,7 @@ fn admit_with<'a>(
     decide: Decide,
     holds: Option<&Holds>,
 ) -> Admission<'a> {
-    let asked = Asked { head, peer: PEER, declared, scheme: Scheme::Http, origin: Origin::Wire };
+    let asked = Asked { head, peer: PEER, declared, scheme: Scheme::Http, origin: Origin::Wire, body: AskedBody::None };
     admit(&s.config, &s.gate, &asked, &Way { decide, holds, drives: None })
 }
 
@@ -175,6 +178,7 @@ async fn a_logged_line_is_not_checked_again_and_its_client_is_the_one_it_names()
         declared: None,
         scheme: Scheme::Http,
         origin: Origin::Logged { claims: None, host: None },
+        body: AskedBody::None,
     };
     let admission = admit(&s.config, &s.gate, &asked, &Way { decide: Decide::Spend, holds: None, drives: None });
     assert!(matches!(admission.verdict, Verdict::Decided(Decision::Pass { .. })));
@@ -192,7 +196,14 @@ async fn a_limit_a_line_cannot_drive_neither_decides_nor_refuses_it() {
     let get = Method::GET;
     let plain = fields(&[]);
     let key = head(&get, "/key", &plain);
-    let asked = Asked { head: &key, peer: PEER, declared: None, scheme: Scheme::Http, origin: Origin::Wire };
+    let asked = Asked {
+        head: &key,
+        peer: PEER,
+        declared: None,
+        scheme: Scheme::Http,
+        origin: Origin::Wire,
+        body: AskedBody::None,
+    };
     let none = |_: RouteId, _: LimitId| false;
     let admission = admit(&s.config, &s.gate, &asked, &Way { decide: Decide::Spend, holds: None, drives: Some(&none) });
     assert!(admission.limits.is_empty());
@@ -220,4 +231,46 @@ async fn a_held_key_is_answered_from_its_hold_before_it_takes_any_quota() {
     assert!(again.cost.is_none(), "decided by no limit");
     let asked_without = admit_with(&s, &held, None, Decide::Spend, None);
     assert!(matches!(asked_without.verdict, Verdict::Decided(Decision::Pass { .. })), "the quota was untouched");
+}
+
+#[tokio::test]
+async fn a_route_that_reads_the_body_pauses_for_it_and_resumes_with_its_fields() {
+    let s = setting(CONFIG);
+    let post = Method::POST;
+    let plain = fields(&[]);
+    let model = head(&post, "/model", &plain);
+    let spend = Way { decide: Decide::Spend, holds: None, drives: None };
+    let on_wire =
+        |body| Asked { head: &model, peer: PEER, declared: None, scheme: Scheme::Http, origin: Origin::Wire, body };
+    // On the wire, unread: the admission stops before the keys, nothing spent.
+    let mut paused = admit(&s.config, &s.gate, &on_wire(AskedBody::Unread), &spend);
+    assert!(matches!(paused.verdict, Verdict::ReadBody));
+    let fields = s.config.routes[paused.front.as_ref().unwrap().route].body_fields.clone().unwrap();
+    let mut scan = Scan::new(fields.clone());
+    scan.feed(br#"{"model": "m1", "tool": "t"}"#);
+    resume(&s.config, &s.gate, &on_wire(AskedBody::Unread), &spend, &mut paused, &scan, true);
+    assert!(matches!(paused.verdict, Verdict::Decided(Decision::Pass { .. })));
+    // The same model again: its key is spent.
+    let given = admit(&s.config, &s.gate, &on_wire(AskedBody::Given(br#"{"model":"m1"}"#)), &spend);
+    assert!(matches!(given.verdict, Verdict::Decided(Decision::Reject { .. })));
+    // A request without a body (or a line's) has the field missing: on_missing_key.
+    let none = admit(&s.config, &s.gate, &on_wire(AskedBody::None), &spend);
+    assert!(matches!(refused(&none), Some(Refused::MissingKey { limit, .. }) if limit == "per_model"));
+    // A field an enforced limit reads, sent twice: refused; a dry-run one's: said.
+    let twice = admit(&s.config, &s.gate, &on_wire(AskedBody::Given(br#"{"model":"a","model":"b"}"#)), &spend);
+    let Some(Refused::DuplicateKeyField { limit, field, .. }) = refused(&twice) else { panic!("not refused") };
+    assert_eq!((limit.as_str(), field.as_str()), ("per_model", "the field `model` of the JSON body"));
+    let dry = admit(&s.config, &s.gate, &on_wire(AskedBody::Given(br#"{"model":"c","tool":"x","tool":"y"}"#)), &spend);
+    assert!(matches!(dry.verdict, Verdict::Decided(Decision::Pass { .. })));
+    assert_eq!(dry.repeated_dry.iter().map(|(_, f)| f.as_str()).collect::<Vec<_>>(), ["json:tool"]);
+    // A body that cannot be read ends the admission with its refusal, naming the limit.
+    let mut stalled = admit(&s.config, &s.gate, &on_wire(AskedBody::Unread), &spend);
+    body_unread(&s.config, &mut stalled, "no data for 1s".into(), true);
+    let refusal = refused(&stalled).unwrap();
+    assert_eq!((refusal.status(), refusal.outcome()), (StatusCode::REQUEST_TIMEOUT, "body_timeout"));
+    assert!(refusal.to_string().contains("per_model"), "{refusal}");
+    // A route that reads no body never pauses for it.
+    let upload = head(&post, "/key", &plain);
+    let asked = Asked { head: &upload, ..on_wire(AskedBody::Unread) };
+    assert!(!matches!(admit(&s.config, &s.gate, &asked, &spend).verdict, Verdict::ReadBody));
 }

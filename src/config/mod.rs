@@ -42,8 +42,8 @@ use typed_index_collections::TiVec;
 pub use crate::ids::{LimitId, RouteId, UpstreamId};
 pub use crate::jwt::Verifier;
 pub use crate::policy::allow::Allow;
-use crate::policy::key::KeyPart;
 pub use crate::policy::key::KeySpec;
+use crate::policy::key::{ClaimPath, KeyPart};
 pub use crate::policy::{Burst, LimitUse, OnInvalidToken, OnMissingKey, OnStoreError, Policy, Rate, Scope};
 pub use crate::router::{PathMatch, PathRegex, RouteMatch, Router};
 use crate::variables::Template;
@@ -113,6 +113,9 @@ pub struct ServerSettings {
     /// Longest wait for the next piece of a request body once the upstream asks for it
     /// (nginx `client_body_timeout`); past it the request is cut and answered 408.
     pub body_read_timeout: Duration,
+    /// The most of a request body read before its admission, on a route whose limits
+    /// read its JSON fields (`json:` key parts).
+    pub body_peek: u64,
     /// Request fields whose names hold `_` are forwarded (`server.underscores_in_headers`);
     /// by default they are dropped (see `hop::request_fields`).
     pub underscores_in_headers: bool,
@@ -411,6 +414,9 @@ pub struct Route {
     pub token: TokenUse,
     /// Keys the upstream refused with a time to wait are answered here until then.
     pub upstream_hold: Option<UpstreamHold>,
+    /// The fields of a JSON body that limits which may decide its requests read (`json:`
+    /// key parts): a request with a body is read that far before its admission.
+    pub body_fields: Option<Arc<[ClaimPath]>>,
 }
 
 /// `upstream_hold:` of a route.

@@ -137,6 +137,7 @@ pub struct RawServer {
     pub shutdown_grace: Option<String>,
     pub max_body_bytes: Option<RawSize>,
     pub body_read_timeout: Option<String>,
+    pub body_peek: Option<RawSize>,
     pub workers: Option<u64>,
     #[serde(default)]
     pub underscores_in_headers: bool,

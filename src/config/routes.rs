@@ -5,6 +5,7 @@ use crate::variables::Template;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -12,7 +13,7 @@ use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use http::{HeaderMap, Method};
 use typed_index_collections::TiSlice;
 
-use crate::policy::key::KeyPart;
+use crate::policy::key::{ClaimPath, KeyPart};
 use crate::router::Scheme;
 
 use super::checks::{Errors, allow, body_size, positive_duration, set_field, size, status_in, unknown_name};
@@ -169,6 +170,7 @@ fn route(
     }
     captures_named(e, &at, raw, &matcher, &candidates, compiled);
     let token = token_use(&allow, &candidates, compiled);
+    let body_fields = body_fields(e, &at, &candidates, compiled);
     let rewrite = rewrite(e, &at, raw, &matcher);
     let rewrites = raw.strip_prefix.is_some()
         || raw.rewrite.is_some()
@@ -205,8 +207,39 @@ fn route(
         body_rate,
         token,
         upstream_hold,
+        body_fields,
     }
 }
+
+/// The fields of a JSON body that the limits which may decide the route's requests read
+/// (`None`: none), at most as many as one body's scan tells apart.
+fn body_fields(
+    e: &mut Errors<'_>,
+    at: &str,
+    candidates: &[LimitId],
+    compiled: &TiSlice<LimitId, Limit>,
+) -> Option<Arc<[ClaimPath]>> {
+    let mut fields: Vec<ClaimPath> = Vec::new();
+    let parts = candidates.iter().filter_map(|&l| compiled.get(l)).flat_map(|limit| limit.key.0.iter());
+    for part in parts {
+        if let KeyPart::Json(field) = part
+            && !fields.contains(field)
+        {
+            fields.push(field.clone());
+        }
+    }
+    if fields.len() > MAX_BODY_FIELDS {
+        e.add(
+            format!("{at}.limits"),
+            format!("its limits read {} fields of the body (json:); at most {MAX_BODY_FIELDS} are read", fields.len()),
+        );
+        fields.truncate(MAX_BODY_FIELDS);
+    }
+    (!fields.is_empty()).then(|| fields.into())
+}
+
+/// The most body fields one route's limits may read (`front::body::Scan` tells 32 apart).
+const MAX_BODY_FIELDS: usize = 32;
 
 /// Whether the route's requests have their token verified: some limit that may decide
 /// them is keyed on a claim, or its allow-list, theirs or their overrides match claims.

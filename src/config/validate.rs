@@ -7,7 +7,7 @@ use std::time::Duration;
 use http::header::HeaderValue;
 use typed_index_collections::{TiSlice, TiVec};
 
-use super::checks::{Errors, body_size, connection_timeout, parse_cidr};
+use super::checks::{Errors, body_size, connection_timeout, parse_cidr, size};
 use super::fields::FieldReport;
 use super::position::Positions;
 use super::raw::{
@@ -198,6 +198,13 @@ const DEFAULT_PERSIST_INTERVAL: Duration = Duration::from_secs(60);
 /// the process does) to an hour (what a crash may lose).
 const PERSIST_INTERVAL: std::ops::RangeInclusive<Duration> = Duration::from_secs(1)..=Duration::from_secs(3600);
 
+/// `server.body_peek`'s default: an LLM or MCP request's fields come in its first bytes,
+/// and a prompt of a few pages fits.
+const DEFAULT_BODY_PEEK: u64 = 64 << 10;
+/// `server.body_peek`'s bound: what each request of a body-keyed route may hold before
+/// its admission.
+const MAX_BODY_PEEK: u64 = 16 << 20;
+
 /// `server:`, each setting checked, defaults filled in.
 fn server_settings(e: &mut Errors<'_>, raw: &RawServer) -> ServerSettings {
     let header_read_timeout =
@@ -231,6 +238,16 @@ fn server_settings(e: &mut Errors<'_>, raw: &RawServer) -> ServerSettings {
     });
     let max_header_bytes = head_limit(e, "server.max_header_bytes", raw.max_header_bytes, DEFAULT_MAX_HEADER_BYTES);
     let max_uri_bytes = head_limit(e, "server.max_uri_bytes", raw.max_uri_bytes, DEFAULT_MAX_URI_BYTES);
+    let body_peek = raw.body_peek.as_ref().map_or(Some(DEFAULT_BODY_PEEK), |peek| {
+        let peek = size(e, "server.body_peek", peek)?;
+        e.check(
+            || "server.body_peek".to_owned(),
+            match peek {
+                1..=MAX_BODY_PEEK => Ok(peek),
+                _ => Err(format!("must be from 1 byte to {} MiB, not {peek} bytes", MAX_BODY_PEEK >> 20)),
+            },
+        )
+    });
     ServerSettings {
         header_read_timeout,
         idle_timeout,
@@ -242,6 +259,7 @@ fn server_settings(e: &mut Errors<'_>, raw: &RawServer) -> ServerSettings {
         shutdown_grace,
         workers,
         body_read_timeout,
+        body_peek: body_peek.unwrap_or(DEFAULT_BODY_PEEK),
         underscores_in_headers: raw.underscores_in_headers,
     }
 }

@@ -40,6 +40,9 @@ pub struct Asked {
     /// scheme to say so (`/PATH`); `http` when neither says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheme: Option<String>,
+    /// Its body (text), for a route whose limits read its JSON fields (`json:`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<String>,
 }
 
 fn get() -> String {
@@ -67,6 +70,7 @@ pub struct Request {
     pub peer: IpAddr,
     /// The URL's scheme, else the one given, else `http`.
     pub scheme: Scheme,
+    pub body: Option<Vec<u8>>,
 }
 
 impl Request {
@@ -100,7 +104,15 @@ impl Asked {
             fields.entry(name).or_insert_with(|| Values::Many(Vec::new())).push(value.to_owned());
         }
         let scheme = (scheme == Scheme::Https).then(|| scheme.to_string());
-        Ok(Asked { method: head.method.to_string(), url, headers: fields, peer: Some(peer), logged, scheme })
+        Ok(Asked {
+            method: head.method.to_string(),
+            url,
+            headers: fields,
+            peer: Some(peer),
+            logged,
+            scheme,
+            body: None,
+        })
     }
 
     /// The request of `curl -X METHOD -H 'name: value'… URL`.
@@ -111,7 +123,8 @@ impl Asked {
             let (name, value) = (name.trim().to_ascii_lowercase(), value.trim().to_owned());
             fields.entry(name).or_insert_with(|| Values::Many(Vec::new())).push(value);
         }
-        Ok(Asked { method: method.to_owned(), url: url.to_owned(), headers: fields, peer, logged: false, scheme: None })
+        let (logged, scheme, body) = (false, None, None);
+        Ok(Asked { method: method.to_owned(), url: url.to_owned(), headers: fields, peer, logged, scheme, body })
     }
 
     /// The request as the front reads it. As curl does, a URL's host is sent as `Host`
@@ -145,7 +158,9 @@ impl Asked {
         }
         let target = uri.path_and_query().map_or("/", http::uri::PathAndQuery::as_str);
         let target = if target.is_empty() { "/" } else { target };
-        Ok(Request { method, target: target.to_owned(), headers, peer: self.peer.unwrap_or(DEFAULT_PEER), scheme })
+        let (target, peer) = (target.to_owned(), self.peer.unwrap_or(DEFAULT_PEER));
+        let body = self.body.as_ref().map(|b| b.as_bytes().to_vec());
+        Ok(Request { method, target, headers, peer, scheme, body })
     }
 }
 

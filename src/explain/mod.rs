@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::position::Positions;
 
 use crate::admission::hold::Holds;
-use crate::admission::{self, Asked, Decide, Origin, Refused, Verdict, Way};
+use crate::admission::{self, Asked, AskedBody, Decide, Origin, Refused, Verdict, Way};
 use crate::config::{Action, Config, ForwardedMode, LimitId, PathMatch, Route, Scope};
 use crate::front::{self, FrontError};
 use crate::gate::{Decision, Gate, Permits};
@@ -201,6 +201,7 @@ pub fn explain(
     peer: IpAddr,
     scheme: Scheme,
     claimed: front::Claimed<'_>,
+    body: Option<&[u8]>,
     after: u64,
     state: &str,
 ) -> Explanation {
@@ -210,7 +211,9 @@ pub fn explain(
         front::Claimed::Explained => (false, Origin::Explained),
         front::Claimed::Verify => (false, Origin::Wire),
     };
-    let asked = Asked { head: &head, peer, declared: declared_length(head.fields), scheme, origin };
+    let declared = declared_length(head.fields);
+    let body = body.map_or(AskedBody::None, AskedBody::Given);
+    let asked = Asked { head: &head, peer, declared, scheme, origin, body };
     // The identical requests before this one, held in progress.
     let spend = Way { decide: Decide::Spend, holds: None, drives: None };
     let held: Vec<Permits> = (0..after)
@@ -314,8 +317,18 @@ pub fn explain(
                 explanation.answer = answer(config, route, decision, grpc);
             }
         }
-        // A preview never asks Redis.
-        Verdict::Pending => {}
+        // A preview never asks Redis; a body is given whole or not at all.
+        Verdict::Pending | Verdict::ReadBody => {}
+    }
+    if let Some(front) = &admitted.front
+        && let Some(fields) = &config.routes[front.route].body_fields
+        && matches!(asked.body, AskedBody::None)
+    {
+        let fields: Vec<String> = fields.iter().map(|f| format!("json:{f}")).collect();
+        explanation.notes.push(format!(
+            "its route's limits read {} of the JSON body, which was not given (curl's -d): taken as missing",
+            fields.join(", ")
+        ));
     }
     drop(held);
     explanation

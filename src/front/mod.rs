@@ -8,6 +8,7 @@
 //! The proxy checks the head itself first (`check_head`: sizes, `CONNECT`, `Host`), as
 //! only a request on the wire can break those.
 
+pub mod body;
 mod route;
 pub mod size;
 

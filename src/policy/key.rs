@@ -69,6 +69,32 @@ pub enum KeyPart {
     Capture(Box<str>),
     /// A claim of the request's verified token (`jwt:sub`, `jwt:org.id`).
     Jwt(ClaimPath),
+    /// A field of its JSON body (`json:model`, `json:params.name`), read from the first
+    /// `server.body_peek` bytes before the admission.
+    Json(ClaimPath),
+}
+
+/// The fields of a JSON request body that its route's `json:` key parts read: each
+/// wanted place's value, if the body has it (a string decoded, a number or literal as
+/// written).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BodyFields {
+    paths: Arc<[ClaimPath]>,
+    values: Box<[Option<Box<[u8]>>]>,
+}
+
+impl BodyFields {
+    /// `values[i]` is the value at `paths[i]`.
+    pub fn new(paths: Arc<[ClaimPath]>, values: Box<[Option<Box<[u8]>>]>) -> Self {
+        debug_assert_eq!(paths.len(), values.len());
+        BodyFields { paths, values }
+    }
+
+    /// The value at `path`, if the body has it.
+    pub fn get(&self, path: &ClaimPath) -> Option<&[u8]> {
+        let i = self.paths.iter().position(|p| p == path)?;
+        self.values[i].as_deref()
+    }
 }
 
 /// The claims of a verified token.
@@ -99,6 +125,11 @@ impl fmt::Display for ClaimPath {
 }
 
 impl ClaimPath {
+    /// Its names, outermost first.
+    pub fn names(&self) -> &[Box<str>] {
+        &self.0
+    }
+
     /// Its first (outermost) name.
     pub fn first(&self) -> &str {
         &self.0[0]
@@ -148,7 +179,7 @@ impl ClaimPath {
 
 /// Key parts written alone, and the kinds written with a name (`header:NAME`).
 const PLAIN: [&str; 5] = ["ip", "bearer", "method", "path", "host"];
-const NAMED: [&str; 5] = ["header", "query", "cookie", "capture", "jwt"];
+const NAMED: [&str; 6] = ["header", "query", "cookie", "capture", "jwt", "json"];
 
 impl FromStr for KeyPart {
     type Err = String;
@@ -166,12 +197,13 @@ impl FromStr for KeyPart {
                 "path" => Ok(KeyPart::Path),
                 "host" => Ok(KeyPart::Host),
                 "jwt" => Err("jwt: needs a claim, e.g. jwt:sub or jwt:org.id".into()),
+                "json" => Err(JSON_NAMELESS.into()),
                 kind if NAMED.contains(&kind) => Err(nameless(kind)),
                 _ => Err(match closest(s, PLAIN.into_iter().chain(NAMED)) {
                     Some(kind) if NAMED.contains(&kind) => format!("unknown key {s:?}; did you mean `{kind}:NAME`?"),
                     Some(part) => format!("unknown key {s:?}; did you mean `{part}`?"),
                     None => format!(
-                        "unknown key {s:?} (expected ip, bearer, method, path, host, header:NAME, query:NAME, cookie:NAME, capture:NAME or jwt:CLAIM)"
+                        "unknown key {s:?} (expected ip, bearer, method, path, host, header:NAME, query:NAME, cookie:NAME, capture:NAME, jwt:CLAIM or json:FIELD)"
                     ),
                 }),
             },
@@ -183,13 +215,22 @@ impl FromStr for KeyPart {
             Some(("cookie", name)) => named("cookie", name).map(KeyPart::Cookie),
             Some(("capture", name)) => named("capture", name).map(KeyPart::Capture),
             Some(("jwt", claim)) => claim.parse().map(KeyPart::Jwt),
+            Some(("json", "")) => Err(JSON_NAMELESS.into()),
+            Some(("json", field)) => field
+                .parse()
+                .map(KeyPart::Json)
+                .map_err(|_| format!("invalid body field {field:?}: names separated by single dots, e.g. params.name")),
             Some((kind, name)) => Err(match closest(kind, NAMED) {
                 Some(meant) => format!("unknown key kind {kind:?}; did you mean `{meant}:{name}`?"),
-                None => format!("unknown key kind {kind:?} (expected header:, query:, cookie:, capture: or jwt:)"),
+                None => {
+                    format!("unknown key kind {kind:?} (expected header:, query:, cookie:, capture:, jwt: or json:)")
+                }
             }),
         }
     }
 }
+
+const JSON_NAMELESS: &str = "json: needs a field of the JSON body, e.g. json:model or json:params.name";
 
 /// Words that mark a header or query parameter name as carrying a credential
 /// (`x-api-key`, `x-auth-token`, `proxy-authorization`, `?access_token=`).
@@ -213,7 +254,8 @@ impl KeyPart {
             | KeyPart::Path
             | KeyPart::Host
             | KeyPart::Capture(_)
-            | KeyPart::Jwt(_) => false,
+            | KeyPart::Jwt(_)
+            | KeyPart::Json(_) => false,
         }
     }
 }
@@ -226,6 +268,8 @@ impl KeyPart {
         match self {
             KeyPart::Header(name) => name != header::REFERER && name != header::USER_AGENT,
             KeyPart::Bearer | KeyPart::Cookie(_) | KeyPart::Host | KeyPart::Jwt(_) => true,
+            // A body's fields are not replayed: `simulate` cannot see bodies.
+            KeyPart::Json(_) => false,
             KeyPart::Ip(_) | KeyPart::Query(_) | KeyPart::Method | KeyPart::Path | KeyPart::Capture(_) => false,
         }
     }
@@ -284,6 +328,8 @@ pub struct KeySource<'a> {
     /// The claims of the request's verified token (`None`: none, or none verified; read
     /// once a route that uses them is found).
     pub claims: Option<Arc<Claims>>,
+    /// The fields of its JSON body that its route's limits read (`None`: none read).
+    pub body: Option<Box<BodyFields>>,
 }
 
 impl<'a> KeySource<'a> {
@@ -299,6 +345,7 @@ impl<'a> KeySource<'a> {
             host,
             captures: Captures::default(),
             claims: None,
+            body: None,
         }
     }
 
@@ -438,6 +485,7 @@ fn value<'s>(part: &KeyPart, src: &'s KeySource<'_>) -> Option<Value<'s>> {
             // A number or boolean as written; an array or object as its JSON.
             other => Cow::Owned(other.to_string().into_bytes()),
         })),
+        KeyPart::Json(field) => bytes(src.body.as_deref()?.get(field)?),
     }
 }
 
@@ -475,6 +523,7 @@ impl fmt::Display for KeyPart {
             KeyPart::Host => f.write_str("host"),
             KeyPart::Capture(name) => write!(f, "capture:{name}"),
             KeyPart::Jwt(claim) => write!(f, "jwt:{claim}"),
+            KeyPart::Json(field) => write!(f, "json:{field}"),
         }
     }
 }
@@ -525,6 +574,7 @@ impl KeyPart {
             KeyPart::Host => "the `Host` header".to_owned(),
             KeyPart::Capture(name) => format!("the group `{name}` of the route's path_regex"),
             KeyPart::Jwt(claim) => format!("the claim `{claim}` of a verified token"),
+            KeyPart::Json(field) => format!("the field `{field}` of the JSON body"),
         }
     }
 }
@@ -570,6 +620,8 @@ impl KeySpec {
             | KeyPart::Host
             | KeyPart::Capture(_)
             | KeyPart::Jwt(_) => false,
+            // A body repeating it is refused as its fields are read (`front::body`).
+            KeyPart::Json(_) => false,
         })
     }
 }
@@ -723,14 +775,21 @@ mod tests {
         let error = |s: &str| s.parse::<KeyPart>().unwrap_err();
         assert_eq!(
             error("ipv4"),
-            "unknown key \"ipv4\" (expected ip, bearer, method, path, host, header:NAME, query:NAME, cookie:NAME, capture:NAME or jwt:CLAIM)"
+            "unknown key \"ipv4\" (expected ip, bearer, method, path, host, header:NAME, query:NAME, cookie:NAME, capture:NAME, jwt:CLAIM or json:FIELD)"
         );
         assert!(error("header:").contains("needs a name"));
         assert!(error("header:bad name").contains("invalid header name"));
         assert_eq!(error("header"), "header: needs a name, e.g. header:x-api-key");
-        assert_eq!(error("nope:x"), "unknown key kind \"nope\" (expected header:, query:, cookie:, capture: or jwt:)");
+        assert_eq!(
+            error("nope:x"),
+            "unknown key kind \"nope\" (expected header:, query:, cookie:, capture:, jwt: or json:)"
+        );
         assert!(error("jwt:").contains("needs a claim"));
         assert!(error("jwt:org..id").contains("single dots"));
+        assert!(error("json:").contains("needs a field of the JSON body"));
+        assert!(error("json").contains("needs a field of the JSON body"));
+        assert!(error("json:a..b").contains("single dots"));
+        assert_eq!("json:params.name".parse::<KeyPart>().unwrap().to_string(), "json:params.name");
     }
 
     #[test]

@@ -30,7 +30,7 @@ impl ProxyError {
         match self {
             ProxyError::Refused(e) => e.status(),
             ProxyError::Upstream(e) => match e {
-                UpstreamError::ClientBody { .. } => StatusCode::BAD_REQUEST,
+                UpstreamError::ClientBody { .. } | UpstreamError::Body(BodyFault::Repeated) => StatusCode::BAD_REQUEST,
                 UpstreamError::Body(BodyFault::TooLarge(_)) => StatusCode::PAYLOAD_TOO_LARGE,
                 UpstreamError::Body(BodyFault::TooSlow(_)) => StatusCode::REQUEST_TIMEOUT,
                 UpstreamError::NoServer { .. } | UpstreamError::Unreachable { .. } | UpstreamError::Failed { .. } => {

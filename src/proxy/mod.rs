@@ -29,7 +29,7 @@ use typed_index_collections::{TiSlice, TiVec};
 
 use crate::access_log::{self, AccessLog};
 use crate::admission::hold::{Hold, HoldKey, Holds};
-use crate::admission::{self, Asked, Decide, Origin, Refused, Verdict, Way};
+use crate::admission::{self, Asked, AskedBody, Decide, Origin, Refused, Verdict, Way};
 use crate::clock::Clock;
 use crate::config::{Action, Config, HeaderMode, LimitId, LogLevel, Route, RouteId, UpstreamId};
 use crate::front::{self, FrontError};
@@ -42,10 +42,11 @@ use crate::limit::{LimitResult, Limiters, Outcome, Shown};
 use crate::metrics::{Metrics, RequestOutcome, UPSTREAM_HOLD, UpstreamResult};
 use crate::policy::key::KeySource;
 use crate::router::Scheme;
-use crate::upstream::{self, Outgoing, UpstreamClient, UpstreamError};
+use crate::upstream::{self, Outgoing, PeekError, Peeked, UpstreamClient, UpstreamError};
 use crate::variables;
 use crate::wire::connection::ClientConn;
 use crate::wire::head::{Known, RequestHead};
+use crate::wire::http1::BodySource;
 use crate::wire::http1::parse::Framing;
 use crate::wire::message::{self, Request};
 use body::{GrpcEnd, Receipts, Response, Settling};
@@ -200,7 +201,8 @@ impl Proxy {
         async move {
             // The admission is taken apart before the request is served: an answer already
             // made is not held in the request's state while another is made.
-            let route = match self.admit(&request.head, request.framing, conn, &mut ctx).await {
+            let body = request.body.as_deref_mut();
+            let route = match self.admit(&request.head, request.framing, body, conn, &mut ctx).await {
                 Ok(Admission::Go { route, .. }) => route,
                 Ok(Admission::Answer(response)) => return ctx.settle(&self.config, None, response),
                 Err(e) => {
@@ -220,27 +222,22 @@ impl Proxy {
         &self,
         head: &RequestHead<'_>,
         framing: Framing,
+        body: Option<&mut (dyn BodySource + '_)>,
         conn: &ClientConn,
         ctx: &mut RequestCtx,
     ) -> Result<Admission, ProxyError> {
-        // Redis decides: boxed, with the admission it reads, so that a request without
-        // global limits carries the room of neither. (The admission ends with the block:
-        // no room is kept for it beside the box.)
+        // Its body read, or Redis decides: boxed, with the admission it reads, so that a
+        // request that waits for neither carries the room of neither. (The admission
+        // ends with the block: no room is kept for it beside the box.)
         let admission = 'decided: {
             let pending = {
                 let mut admitted = self.admission(head, framing, conn);
-                self.note(&admitted, conn, ctx);
-                if !matches!(admitted.verdict, Verdict::Pending) {
+                if matches!(admitted.verdict, Verdict::ReadBody | Verdict::Pending) {
+                    Box::pin(self.admit_later(admitted, head, framing, body, conn, ctx))
+                } else {
+                    self.note(&admitted, conn, ctx);
                     break 'decided self.act(&mut admitted, head, conn, ctx);
                 }
-                Box::pin(async move {
-                    let decision = match (&admitted.front, admitted.cost) {
-                        (Some(front), Some(cost)) => self.gate.decide(&admitted.limits, &front.src, cost).await,
-                        _ => unreachable!("a pending decision has a route and a cost"),
-                    };
-                    admitted.verdict = Verdict::Decided(decision);
-                    self.act(&mut admitted, head, conn, ctx)
-                })
             };
             pending.await
         }?;
@@ -262,10 +259,63 @@ impl Proxy {
         framing: Framing,
         conn: &ClientConn,
     ) -> admission::Admission<'h> {
-        let declared = if let Framing::Length(length) = framing { Some(length) } else { None };
-        let asked = Asked { head, peer: conn.peer.ip(), declared, scheme: Scheme::of(conn.tls), origin: Origin::Wire };
-        let way = Way { decide: Decide::Spend, holds: Some(&self.holds), drives: None };
-        admission::admit(&self.config, &self.gate, &asked, &way)
+        admission::admit(&self.config, &self.gate, &asked(head, framing, conn), &self.way())
+    }
+
+    /// How the proxy takes the admission's steps: spending, its routes' holds looked at.
+    fn way(&self) -> Way<'_> {
+        Way { decide: Decide::Spend, holds: Some(&self.holds), drives: None }
+    }
+
+    /// The admission `admitted` finished where it waits: for its body's first bytes, read
+    /// here (and kept in `ctx`, to be sent first), and for Redis.
+    async fn admit_later<'h>(
+        &self,
+        mut admitted: admission::Admission<'h>,
+        head: &'h RequestHead<'h>,
+        framing: Framing,
+        body: Option<&mut (dyn BodySource + '_)>,
+        conn: &ClientConn,
+        ctx: &mut RequestCtx,
+    ) -> Result<Admission, ProxyError> {
+        if let (Verdict::ReadBody, Some(front), Some(body)) = (&admitted.verdict, &admitted.front, body) {
+            let route = &self.config.routes[front.route];
+            let fields = route.body_fields.clone().unwrap_or_else(|| Arc::from([]));
+            let (peek, timeout) = (self.config.server.body_peek, self.config.server.body_read_timeout);
+            match upstream::peek(body, fields, peek, route.max_body_bytes, timeout).await {
+                Ok(peeked) => {
+                    let asked = asked(head, framing, conn);
+                    admission::resume(
+                        &self.config,
+                        &self.gate,
+                        &asked,
+                        &self.way(),
+                        &mut admitted,
+                        &peeked.scan,
+                        peeked.ended,
+                    );
+                    ctx.peeked = Some(Box::new(peeked));
+                }
+                Err(PeekError::TooLarge(length)) => {
+                    let limit = route.max_body_bytes.unwrap_or(0);
+                    admitted.verdict = Verdict::Refused(Refused::BodyTooLarge { length, limit });
+                }
+                Err(PeekError::TooSlow(after)) => {
+                    let why = format!("no data for {}", humantime::format_duration(after));
+                    admission::body_unread(&self.config, &mut admitted, why, true);
+                }
+                Err(PeekError::Broken(e)) => admission::body_unread(&self.config, &mut admitted, e.to_string(), false),
+            }
+        }
+        self.note(&admitted, conn, ctx);
+        if let Verdict::Pending = admitted.verdict {
+            let decision = match (&admitted.front, admitted.cost) {
+                (Some(front), Some(cost)) => self.gate.decide(&admitted.limits, &front.src, cost).await,
+                _ => unreachable!("a pending decision has a route and a cost"),
+            };
+            admitted.verdict = Verdict::Decided(decision);
+        }
+        self.act(&mut admitted, head, conn, ctx)
     }
 
     /// Notes the client and what the front of `admitted` found in `ctx` and its log line.
@@ -304,7 +354,7 @@ impl Proxy {
             return match std::mem::replace(&mut admitted.verdict, Verdict::Pending) {
                 Verdict::Held(held) => Ok(Admission::Answer(self.held(admitted.front.as_ref(), held, ctx))),
                 Verdict::Refused(refused) => Err(self.refused(refused, admitted, head, conn, ctx).into()),
-                Verdict::Decided(_) | Verdict::Pending => unreachable!("decided by `admit`"),
+                Verdict::Decided(_) | Verdict::Pending | Verdict::ReadBody => unreachable!("decided by `admit`"),
             };
         }
         let (Some(front), Verdict::Decided(decision)) = (&admitted.front, &mut admitted.verdict) else {
@@ -389,6 +439,7 @@ impl Proxy {
                 debug!(route, length, limit, "request body too large");
             }
             Refused::DuplicateKeyField { limit, field, .. } => debug!(limit, key = %field, "repeated key field"),
+            Refused::BodyUnread { limit, why, .. } => debug!(limit, why, "request body not read for its fields"),
             Refused::MissingKey { limit, id, .. } => {
                 // Counted as missing (a dry-run limit refuses nothing: the gate counts the
                 // request, as one it skips).
@@ -437,8 +488,10 @@ impl Proxy {
                     host: &route.rewrite.upstream_host,
                     balance_key: ctx.balance_key.map(NonZeroU64::get),
                 };
+                let (limit, timeout) = (route.max_body_bytes, self.config.server.body_read_timeout);
+                let peeked = ctx.peeked.take();
                 let mut body = (request.body.as_deref_mut())
-                    .map(|b| upstream::RequestBody::new(b, route.max_body_bytes, self.config.server.body_read_timeout));
+                    .map(|b| upstream::RequestBody::new(b, limit, timeout).with_peeked(peeked));
                 let started = Instant::now();
                 let forwarded = self.upstreams[*upstream].forward(&out, body.as_mut()).await;
                 self.forwarded(forwarded, started, &out, index, ctx.hold.as_deref(), &mut ctx.log)
@@ -710,6 +763,8 @@ struct RequestCtx {
     meter: Option<Box<Meter>>,
     /// A gRPC call whose status comes in its trailers: what its end settles.
     grpc_end: Option<Box<GrpcEnd>>,
+    /// Its body's first bytes, read before its admission (`json:` keys), to be sent first.
+    peeked: Option<Box<Peeked>>,
 }
 
 impl RequestCtx {
@@ -728,6 +783,7 @@ impl RequestCtx {
             log: proxy.access_log.as_ref().map(|log| access_log::Entry::begin(log, head, peer, scheme)),
             meter: None,
             grpc_end: None,
+            peeked: None,
         }
     }
 
@@ -777,6 +833,14 @@ impl RequestCtx {
         response.body.carry(receipts, pace);
         response
     }
+}
+
+/// The request `head` on `conn`, as the admission reads it: from the wire, its body
+/// unread.
+fn asked<'h>(head: &'h RequestHead<'h>, framing: Framing, conn: &ClientConn) -> Asked<'h> {
+    let declared = if let Framing::Length(length) = framing { Some(length) } else { None };
+    let body = if matches!(framing, Framing::Empty) { AskedBody::None } else { AskedBody::Unread };
+    Asked { head, peer: conn.peer.ip(), declared, scheme: Scheme::of(conn.tls), origin: Origin::Wire, body }
 }
 
 /// The `grpc-status` the head of `response` carries (a trailers-only gRPC response), if

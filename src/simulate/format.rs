@@ -284,7 +284,12 @@ fn recorded_keys(
                     };
                     claim.put(claims, value);
                 }
-                KeyPart::Ip(_) | KeyPart::Query(_) | KeyPart::Method | KeyPart::Path | KeyPart::Capture(_) => {}
+                KeyPart::Ip(_)
+                | KeyPart::Query(_)
+                | KeyPart::Method
+                | KeyPart::Path
+                | KeyPart::Capture(_)
+                | KeyPart::Json(_) => {}
             }
         }
         recorded.push(part);

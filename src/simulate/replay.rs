@@ -22,7 +22,7 @@ use super::ByKey;
 use super::format::{Carried, Logged};
 use super::tally::Tally;
 use crate::admission::hold::{HoldKey, Holds};
-use crate::admission::{self, Asked, Decide, Origin, Refused, Verdict, Way};
+use crate::admission::{self, Asked, AskedBody, Decide, Origin, Refused, Verdict, Way};
 use crate::clock::{ManualClock, Nanos};
 use crate::config::{Config, LimitId, RouteId, Scope};
 use crate::front::FrontError;
@@ -212,7 +212,8 @@ impl Replay {
         };
         let head = request.head();
         let origin = Origin::Logged { claims: request.claims.as_ref(), host: self.host.as_deref() };
-        let asked = Asked { head: &head, peer: request.client, declared: None, scheme: request.scheme, origin };
+        let body = AskedBody::None;
+        let asked = Asked { head: &head, peer: request.client, declared: None, scheme: request.scheme, origin, body };
         let (skipped, per_line) = (&self.skipped, &self.per_line);
         let line_drives = |_: RouteId, l: LimitId| drives(&skipped[l], &per_line[l], request);
         // The gate decides at the request's instant in the log.
@@ -252,8 +253,8 @@ impl Replay {
                 fate.held = Some(hold.status.as_u16());
                 return fate;
             }
-            // No Redis in a replay.
-            Verdict::Pending => return fate,
+            // No Redis in a replay, and no body in a log line.
+            Verdict::Pending | Verdict::ReadBody => return fate,
         };
         let limits = &admitted.limits;
         fate.missing_key = self.gate.missing_keys(limits, src).collect();
@@ -421,8 +422,9 @@ fn carried_by_format(part: &KeyPart, carried: &Carried, host_given: bool) -> boo
     match part {
         KeyPart::Ip(_) | KeyPart::Method | KeyPart::Path | KeyPart::Capture(_) => true,
         KeyPart::Host => carried.host || host_given,
-        // Only sluicegate's own lines, with `keys`, record a verified token's claims.
-        KeyPart::Jwt(_) => false,
+        // Only sluicegate's own lines, with `keys`, record a verified token's claims; no
+        // line carries a request's body.
+        KeyPart::Jwt(_) | KeyPart::Json(_) => false,
         KeyPart::Header(name) => has_header(name),
         KeyPart::Bearer => has_header(&http::header::AUTHORIZATION),
         KeyPart::Query(name) => carried.query || carried.args.iter().any(|a| a == name.as_ref()),
@@ -488,5 +490,6 @@ fn nginx_variable(part: &KeyPart) -> String {
         KeyPart::Ip(_) => "$remote_addr".to_owned(),
         KeyPart::Method | KeyPart::Path | KeyPart::Capture(_) => "$request".to_owned(),
         KeyPart::Jwt(_) => "sluicegate's `keys`: no nginx variable holds a verified claim".to_owned(),
+        KeyPart::Json(_) => "the request's body, which no log line carries".to_owned(),
     }
 }

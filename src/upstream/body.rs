@@ -5,6 +5,10 @@
 //! if the upstream has not answered yet. Each piece that leaves is stamped (`Progress`):
 //! a request whose body is still moving is not a stalled upstream.
 //!
+//! A body whose first bytes were read before the admission (`peek`, for the JSON fields
+//! its limits read) sends them first, unchanged, then the rest as it comes; the rest is
+//! scanned as it passes, and a field the limits read, sent again, cuts it (`Repeated`).
+//!
 //! A body that goes on after its response has begun (an HTTP/2 client's, `detach`) is
 //! no longer held to `body_read_timeout`: a bidirectional stream waits on both sides as
 //! its application decides, as long as the response is in progress.
@@ -15,9 +19,13 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use std::collections::VecDeque;
+
 use bytes::Bytes;
 use tokio::time::{Instant, Sleep};
 
+use crate::front::body::Scan;
+use crate::policy::key::ClaimPath;
 use crate::wire::http1::{BodyError, BodySource};
 
 /// Why a request body was cut.
@@ -27,6 +35,71 @@ pub enum BodyFault {
     TooLarge(u64),
     #[error("no request body data for {0:?}")]
     TooSlow(Duration),
+    /// A field of a JSON body that a limit read, sent again further on.
+    #[error("request body repeats a field its limits read")]
+    Repeated,
+}
+
+/// The first bytes of a request body, read before its admission for the JSON fields its
+/// limits read, and the scan that read them.
+pub struct Peeked {
+    /// The pieces read, to be sent first, as they came.
+    pieces: VecDeque<Bytes>,
+    pub scan: Scan,
+    /// The body ended within them.
+    pub ended: bool,
+    /// The bytes at the end of the last piece past the peek, not scanned yet.
+    tail: usize,
+}
+
+/// Why a body could not be peeked.
+#[derive(Debug)]
+pub enum PeekError {
+    /// It broke off or broke its framing.
+    Broken(BodyError),
+    /// Its next piece did not come within the timeout.
+    TooSlow(Duration),
+    /// More than the route's `max_body_bytes` came: how much.
+    TooLarge(u64),
+}
+
+/// Reads the first `peek` bytes of `source` (the whole of a shorter body), each piece
+/// within `timeout` of the last, at most `limit` (the route's `max_body_bytes`), scanning
+/// them for `fields`.
+pub async fn peek(
+    source: &mut (dyn BodySource + '_),
+    fields: Arc<[ClaimPath]>,
+    peek: u64,
+    limit: Option<u64>,
+    timeout: Duration,
+) -> Result<Peeked, PeekError> {
+    let mut peeked = Peeked { pieces: VecDeque::new(), scan: Scan::new(fields), ended: false, tail: 0 };
+    let mut read = 0u64;
+    while read < peek {
+        let next = std::future::poll_fn(|cx| source.poll_chunk(cx));
+        match tokio::time::timeout(timeout, next).await {
+            Err(_) => return Err(PeekError::TooSlow(timeout)),
+            Ok(None) => {
+                peeked.ended = true;
+                break;
+            }
+            Ok(Some(Err(e))) => return Err(PeekError::Broken(e)),
+            Ok(Some(Ok(piece))) => {
+                read = read.saturating_add(piece.len() as u64);
+                if limit.is_some_and(|limit| read > limit) {
+                    return Err(PeekError::TooLarge(read));
+                }
+                // Only the first `peek` bytes are read for the admission; the rest of a
+                // piece is scanned as it is sent.
+                let room = usize::try_from(peek - (read - piece.len() as u64)).unwrap_or(usize::MAX);
+                let scanned = piece.len().min(room);
+                peeked.scan.feed(&piece[..scanned]);
+                peeked.tail = piece.len() - scanned;
+                peeked.pieces.push_back(piece);
+            }
+        }
+    }
+    Ok(peeked)
 }
 
 /// When a request body last moved, shared with what times the upstream's answer.
@@ -73,6 +146,8 @@ pub struct RequestBody<'a> {
     pub fault: Option<BodyFault>,
     /// A piece of it has been handed out: it cannot be sent again.
     pub taken: bool,
+    /// Its first bytes, read before the admission, and the scan of its JSON fields.
+    peeked: Option<Box<Peeked>>,
 }
 
 impl<'a> RequestBody<'a> {
@@ -89,7 +164,14 @@ impl<'a> RequestBody<'a> {
             timer: None,
             fault: None,
             taken: false,
+            peeked: None,
         }
+    }
+
+    /// The same body, its first bytes already read (`peeked`): they are sent first.
+    pub fn with_peeked(mut self, peeked: Option<Box<Peeked>>) -> Self {
+        self.peeked = peeked;
+        self
     }
 
     /// When the body last moved (from now on: asked for before it is read).
@@ -104,6 +186,22 @@ impl<'a> RequestBody<'a> {
         }
     }
 
+    /// `data` leaves: counted, held to the size limit, and to the fields read once.
+    fn passed(&mut self, data: Bytes) -> Poll<Option<Result<Bytes, BodyError>>> {
+        self.taken = true;
+        if self.peeked.as_ref().is_some_and(|p| p.scan.repeated().is_some()) {
+            return self.cut(BodyFault::Repeated);
+        }
+        if let Some(progress) = &self.progress {
+            progress.moved();
+        }
+        self.read = self.read.saturating_add(data.len() as u64);
+        if let Some(limit) = self.limit.filter(|&limit| self.read > limit) {
+            return self.cut(BodyFault::TooLarge(limit));
+        }
+        Poll::Ready(Some(Ok(data)))
+    }
+
     fn cut(&mut self, fault: BodyFault) -> Poll<Option<Result<Bytes, BodyError>>> {
         self.fault = Some(fault);
         Poll::Ready(Some(Err(BodyError::Cut)))
@@ -114,6 +212,19 @@ impl BodySource for RequestBody<'_> {
     fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BodyError>>> {
         if let Some(fault) = self.fault {
             return self.cut(fault);
+        }
+        if let Some(peeked) = &mut self.peeked
+            && let Some(piece) = peeked.pieces.pop_front()
+        {
+            // Read before the admission: only what lay past the peek is scanned now.
+            if peeked.pieces.is_empty() {
+                peeked.scan.feed(&piece[piece.len() - peeked.tail..]);
+            }
+            return self.passed(piece);
+        }
+        if self.peeked.as_ref().is_some_and(|p| p.ended) {
+            // It ended within the peek: its source has said so once.
+            return Poll::Ready(None);
         }
         match self.source().poll_chunk(cx) {
             Poll::Pending => {
@@ -126,15 +237,10 @@ impl BodySource for RequestBody<'_> {
             }
             Poll::Ready(Some(Ok(data))) => {
                 self.timer = None;
-                self.taken = true;
-                if let Some(progress) = &self.progress {
-                    progress.moved();
+                if let Some(peeked) = &mut self.peeked {
+                    peeked.scan.feed(&data);
                 }
-                self.read = self.read.saturating_add(data.len() as u64);
-                if let Some(limit) = self.limit.filter(|&limit| self.read > limit) {
-                    return self.cut(BodyFault::TooLarge(limit));
-                }
-                Poll::Ready(Some(Ok(data)))
+                self.passed(data)
             }
             other => other,
         }
@@ -155,6 +261,7 @@ impl BodySource for RequestBody<'_> {
             timer: None,
             fault: None,
             taken: true,
+            peeked: self.peeked.take(),
         }))
     }
 

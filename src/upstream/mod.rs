@@ -17,7 +17,7 @@ mod pool;
 mod resolve;
 mod servers;
 
-pub use body::{BodyFault, RequestBody};
+pub use body::{BodyFault, PeekError, Peeked, RequestBody, peek};
 pub use client::{Answer, Outgoing, UpstreamBody, UpstreamClient, UpstreamResponse};
 pub use connect::UpstreamIo;
 pub use error::{SendError, UpstreamError};

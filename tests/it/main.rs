@@ -6,6 +6,7 @@ mod admin;
 mod algorithms;
 mod bench;
 mod bodies;
+mod body_keys;
 mod browser;
 mod build_once;
 mod calendar;
