@@ -414,15 +414,16 @@ pub fn explain(args: &ExplainArgs) -> ExitCode {
         Given::Logged(line) => crate::front::Claimed::Logged(line.claims.as_ref()),
         _ => crate::front::Claimed::Explained,
     };
+    let body = match &given {
+        Given::Curl(request) => request.body.as_deref(),
+        Given::Logged(line) => line.body.as_deref(),
+        Given::Raw(_) => None,
+    };
     let explained = match &args.admin {
         None => {
             let (config, local) = explain::local(config);
             // A clock of its own: the identical requests and this one at one instant.
             let gate = Gate::new(&config, ManualClock::new(Clock::System.now()).into());
-            let body = match &given {
-                Given::Curl(request) => request.body.as_deref(),
-                _ => None,
-            };
             let mut explained =
                 explain::explain(&config, &gate, None, &head, peer, scheme, claimed, body, args.after, "empty");
             explained.notes.extend(local);
@@ -430,9 +431,7 @@ pub fn explain(args: &ExplainArgs) -> ExitCode {
         }
         Some(admin) => match Asked::from_head(&head, peer, scheme, logged) {
             Ok(mut asked) => {
-                if let Given::Curl(request) = &given {
-                    asked.body = request.body.as_ref().map(|b| String::from_utf8_lossy(b).into_owned());
-                }
+                asked.body = body.map(|b| String::from_utf8_lossy(b).into_owned());
                 ask_explain(&config, admin, &asked)
             }
             Err(e) => {

@@ -267,9 +267,7 @@ impl KeyPart {
     pub fn logged_apart(&self) -> bool {
         match self {
             KeyPart::Header(name) => name != header::REFERER && name != header::USER_AGENT,
-            KeyPart::Bearer | KeyPart::Cookie(_) | KeyPart::Host | KeyPart::Jwt(_) => true,
-            // A body's fields are not replayed: `simulate` cannot see bodies.
-            KeyPart::Json(_) => false,
+            KeyPart::Bearer | KeyPart::Cookie(_) | KeyPart::Host | KeyPart::Jwt(_) | KeyPart::Json(_) => true,
             KeyPart::Ip(_) | KeyPart::Query(_) | KeyPart::Method | KeyPart::Path | KeyPart::Capture(_) => false,
         }
     }

@@ -48,6 +48,9 @@ pub struct Logged {
     pub recorded: Vec<KeyPart>,
     /// The claims of its verified token that the line records (`jwt:CLAIM` keys).
     pub claims: Option<Arc<Claims>>,
+    /// The fields of its JSON body that the line records (`json:FIELD` keys), as a body
+    /// of their own that holds them alone.
+    pub body: Option<Vec<u8>>,
     /// How long the upstream's refusal of it held its key (sluicegate's `hold_ms`).
     pub hold: Option<Duration>,
 }
@@ -214,8 +217,8 @@ fn read_json(line: &str, cache: &mut TimeCache) -> Result<Read, Unreadable> {
             headers.insert(name, v);
         }
     }
-    let mut claims = Claims::new();
-    let recorded = recorded_keys(parsed.keys.flatten().as_ref(), &mut headers, &mut claims)?;
+    let (mut claims, mut body) = (Claims::new(), Claims::new());
+    let recorded = recorded_keys(parsed.keys.flatten().as_ref(), &mut headers, &mut claims, &mut body)?;
     // The duration of the whole request, else the upstream's part of it.
     let duration = parsed.duration_ms.or(parsed.upstream_ms).map(|ms| (ms.max(0.0) * 1e6).round() as u64);
     Ok(Read::Request(Box::new(Logged {
@@ -231,6 +234,7 @@ fn read_json(line: &str, cache: &mut TimeCache) -> Result<Read, Unreadable> {
         duration,
         recorded,
         claims: (!claims.is_empty()).then(|| Arc::new(claims)),
+        body: (!body.is_empty()).then(|| serde_json::Value::Object(body).to_string().into_bytes()),
         hold: parsed.hold_ms.and_then(|ms| Duration::try_from_secs_f64(ms / 1e3).ok()).filter(|d| !d.is_zero()),
     })))
 }
@@ -244,6 +248,7 @@ fn recorded_keys(
     keys: Option<&std::collections::BTreeMap<String, Option<Values>>>,
     headers: &mut HeaderMap,
     claims: &mut Claims,
+    body: &mut Claims,
 ) -> Result<Vec<KeyPart>, Unreadable> {
     let Some(keys) = keys else { return Ok(Vec::new()) };
     let mut recorded = Vec::with_capacity(keys.len());
@@ -284,12 +289,9 @@ fn recorded_keys(
                     };
                     claim.put(claims, value);
                 }
-                KeyPart::Ip(_)
-                | KeyPart::Query(_)
-                | KeyPart::Method
-                | KeyPart::Path
-                | KeyPart::Capture(_)
-                | KeyPart::Json(_) => {}
+                // A string as it was (a number or literal read back as the same text).
+                KeyPart::Json(field) => field.put(body, String::from_utf8_lossy(&value).into_owned().into()),
+                KeyPart::Ip(_) | KeyPart::Query(_) | KeyPart::Method | KeyPart::Path | KeyPart::Capture(_) => {}
             }
         }
         recorded.push(part);
@@ -707,6 +709,7 @@ impl Pattern {
             duration,
             recorded: Vec::new(),
             claims: None,
+            body: None,
             hold: None,
         })
     }

@@ -212,7 +212,7 @@ impl Replay {
         };
         let head = request.head();
         let origin = Origin::Logged { claims: request.claims.as_ref(), host: self.host.as_deref() };
-        let body = AskedBody::None;
+        let body = request.body.as_deref().map_or(AskedBody::None, AskedBody::Given);
         let asked = Asked { head: &head, peer: request.client, declared: None, scheme: request.scheme, origin, body };
         let (skipped, per_line) = (&self.skipped, &self.per_line);
         let line_drives = |_: RouteId, l: LimitId| drives(&skipped[l], &per_line[l], request);
@@ -422,8 +422,8 @@ fn carried_by_format(part: &KeyPart, carried: &Carried, host_given: bool) -> boo
     match part {
         KeyPart::Ip(_) | KeyPart::Method | KeyPart::Path | KeyPart::Capture(_) => true,
         KeyPart::Host => carried.host || host_given,
-        // Only sluicegate's own lines, with `keys`, record a verified token's claims; no
-        // line carries a request's body.
+        // Only sluicegate's own lines, with `keys`, record a verified token's claims or a
+        // body's fields.
         KeyPart::Jwt(_) | KeyPart::Json(_) => false,
         KeyPart::Header(name) => has_header(name),
         KeyPart::Bearer => has_header(&http::header::AUTHORIZATION),
@@ -490,6 +490,6 @@ fn nginx_variable(part: &KeyPart) -> String {
         KeyPart::Ip(_) => "$remote_addr".to_owned(),
         KeyPart::Method | KeyPart::Path | KeyPart::Capture(_) => "$request".to_owned(),
         KeyPart::Jwt(_) => "sluicegate's `keys`: no nginx variable holds a verified claim".to_owned(),
-        KeyPart::Json(_) => "the request's body, which no log line carries".to_owned(),
+        KeyPart::Json(_) => "sluicegate's `keys`: no nginx variable holds a body's field".to_owned(),
     }
 }

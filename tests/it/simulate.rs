@@ -4,6 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
+use bytes::Bytes;
+use http::Request;
+use http_body_util::Full;
 use serde_json::Value;
 
 use crate::common::*;
@@ -730,4 +733,50 @@ routes:
     let replayed: Vec<u16> = decisions(&dir.path().join("d.jsonl")).iter().map(status).collect();
     assert_eq!(replayed, logged, "the replay decides by the logged claims as the proxy did");
     assert_eq!(logged, answers);
+}
+
+/// A limit keyed on a field of the JSON body replays from the fields the proxy's log
+/// recorded (`keys: true`): no log line carries a body.
+#[tokio::test]
+async fn limits_keyed_on_body_fields_replay_from_the_fields_the_proxys_log_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let sg = Sluicegate::start(&format!(
+        "listen: 127.0.0.1:0
+access_log: {{ format: json, path: \"{}\", keys: true }}
+limits:
+  per_model: {{ key: \"json:model\", rate: 1r/m, burst: 1, nodelay: true, on_missing_key: shared }}
+  per_tool: {{ key: \"json:params.name\", rate: 1r/m, burst: 2, nodelay: true, on_missing_key: skip }}
+routes:
+  - name: api
+    limits: [per_model, per_tool]
+    respond: {{ status: 200 }}
+",
+        log.display()
+    ));
+    let sent = [
+        r#"{"model":"a","params":{"name":"t"}}"#,
+        r#"{"model":"a","params":{"name":"t"}}"#,
+        r#"{"model":"a","params":{"name":"t"}}"#,
+        r#"{"model":"b","params":{"name":"t"}}"#,
+        r#"{"model":"c","params":{"name":"u"}}"#,
+        r#"{"other":1}"#,
+        r#"{"other":2}"#,
+        r#"{"other":3}"#,
+    ];
+    let mut answers = Vec::new();
+    for body in sent {
+        let req = Request::post("/").header("host", "test.local").body(Full::new(Bytes::from(body))).unwrap();
+        answers.push(request(sg.addr, req).await.status);
+    }
+    // a's third is refused by per_model, and takes none of t's three: b's is; the bodies
+    // without a model share one key.
+    assert_eq!(answers, [200, 200, 429, 200, 200, 200, 200, 429]);
+    let lines = crate::logs::access_lines(&log, answers.len());
+    let first: Value = serde_json::from_str(&lines[0]).unwrap();
+    assert_eq!(first["keys"], serde_json::json!({ "json:model": "a", "json:params.name": "t" }));
+    let config = sg.config.to_str().unwrap();
+    simulate_json(dir.path(), &["-c", config, "--decisions", "d.jsonl", "access.log"]);
+    let replayed: Vec<u16> = decisions(&dir.path().join("d.jsonl")).iter().map(status).collect();
+    assert_eq!(replayed, answers, "the replay decides by the logged fields as the proxy did");
 }

@@ -284,6 +284,7 @@ fn request(config: &Config, spec: &Spec, connection: u32) -> Logged {
         status: Some(200),
         grpc_status: None,
         claims: None,
+        body: None,
         duration: Some(nanos(spec.latency)),
         recorded: Vec::new(),
         hold: None,
