@@ -7,7 +7,8 @@
 //!     bench_client ADDR REQUESTS [CONNECTIONS]
 //!
 //! With `BENCH_BEARER=TOKEN` in the environment every request carries
-//! `Authorization: Bearer TOKEN`.
+//! `Authorization: Bearer TOKEN`. With `BENCH_BODY=BYTES` each is a `POST` of a JSON body
+//! of that many bytes, `{"model":"bench","input":"xx…"}`, with `X-Model: bench`.
 //!
 //! Prints the status codes it got (`200: N`); exits non-zero if a request failed.
 
@@ -15,7 +16,7 @@ use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use http::Request;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
@@ -34,7 +35,8 @@ fn main() -> Result<(), Error> {
         for c in 0..connections {
             // The requests spread evenly; the first connections take the remainder.
             let share = requests / connections + usize::from(c < requests % connections);
-            tasks.push(tokio::spawn(drive(addr.clone(), share, std::env::var("BENCH_BEARER").ok())));
+            let (bearer, body) = (std::env::var("BENCH_BEARER").ok(), body()?);
+            tasks.push(tokio::spawn(drive(addr.clone(), share, bearer, body)));
         }
         let mut counts = BTreeMap::new();
         for task in tasks {
@@ -50,8 +52,23 @@ fn main() -> Result<(), Error> {
     Ok(())
 }
 
+/// The body `BENCH_BODY` asks for, if it does.
+fn body() -> Result<Option<Bytes>, Error> {
+    let Ok(bytes) = std::env::var("BENCH_BODY") else { return Ok(None) };
+    let bytes: usize = bytes.parse()?;
+    let mut body = br#"{"model":"bench","input":""#.to_vec();
+    body.resize(bytes.saturating_sub(2).max(body.len()), b'x');
+    body.extend_from_slice(b"\"}");
+    Ok(Some(Bytes::from(body)))
+}
+
 /// `requests` requests one after another on one connection; counts by status.
-async fn drive(addr: String, requests: usize, bearer: Option<String>) -> Result<BTreeMap<u16, usize>, Error> {
+async fn drive(
+    addr: String,
+    requests: usize,
+    bearer: Option<String>,
+    body: Option<Bytes>,
+) -> Result<BTreeMap<u16, usize>, Error> {
     let stream = TcpStream::connect(&addr).await?;
     stream.set_nodelay(true)?;
     let (mut sender, connection) = http1::handshake(TokioIo::new(stream)).await?;
@@ -62,7 +79,10 @@ async fn drive(addr: String, requests: usize, bearer: Option<String>) -> Result<
         if let Some(token) = &bearer {
             req = req.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
         }
-        let req = req.body(Empty::<Bytes>::new())?;
+        let req = match &body {
+            Some(body) => req.method("POST").header("x-model", "bench").body(Full::new(body.clone()))?,
+            None => req.body(Full::new(Bytes::new()))?,
+        };
         let response = sender.send_request(req).await?;
         *counts.entry(response.status().as_u16()).or_insert(0) += 1;
         response.into_body().collect().await?;

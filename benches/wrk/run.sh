@@ -49,6 +49,10 @@
 # only (no peer has them), each request with the same bearer token (a signed JWT):
 #   bearer       forwarded's limit keyed on the bearer token
 #   jwt          forwarded's limit keyed on the token's verified `sub` (jwt:sub, HS256)
+# and two that POST a 1 KiB JSON body ({"model":"bench",...}, X-Model: bench):
+#   header_body  forwarded's limit keyed on the header X-Model
+#   json_body    forwarded's limit keyed on the body's field (json:model), read before
+#                the admission
 #
 # LAYOUT=memory: each proxy (sluicegate with `server.workers: 1`, nginx with one worker),
 # a fresh process per case, after one request through it; examples/hold_connections.rs
@@ -432,6 +436,8 @@ sg_limit() {
     global) printf '%s\n    scope: global\n' "$LIMIT_PASS" ;;
     bearer) echo "${LIMIT_PASS/key: ip/key: bearer}" ;;
     jwt) echo "${LIMIT_PASS/key: ip/key: \"jwt:sub\"}" ;;
+    header_body) printf '%s\n    on_missing_key: refuse\n' "${LIMIT_PASS/key: ip/key: \"header:x-model\"}" ;;
+    json_body) printf '%s\n    on_missing_key: refuse\n' "${LIMIT_PASS/key: ip/key: \"json:model\"}" ;;
   esac
 }
 # What a case adds at the top level of sluicegate's file.
@@ -679,9 +685,10 @@ instructions_main() {
     port="$(free_port)"
     write_sg_conf "$TMP/sg-$c.yaml" "$port" "$(sg_limit "$c")" "$(sg_top "$c")"
     [[ "$c" != bearer && "$c" != jwt ]] || export BENCH_BEARER="$JWT_TOKEN"
+    [[ "$c" != header_body && "$c" != json_body ]] || export BENCH_BODY=1024
     under_callgrind "$c/sluicegate" "$port" "$TMP/sg-$c.log" "$SG" -c "$TMP/sg-$c.yaml" --log-level warn
-    unset BENCH_BEARER
-    if [[ "$c" != global && "$c" != bearer && "$c" != jwt ]] && has_peer nginx; then
+    unset BENCH_BEARER BENCH_BODY
+    if [[ "$c" != global && "$c" != bearer && "$c" != jwt && "$c" != *_body ]] && has_peer nginx; then
       port="$(free_port)"
       dir="$TMP/nginx-$c"
       mkdir -p "$dir"

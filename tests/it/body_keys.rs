@@ -165,6 +165,17 @@ async fn http2_requests_are_keyed_by_their_body_too() {
     }
     assert_eq!(request_h2(sg.addr, h2(r#"{"model":"h2"}"#)).await.status, 429);
     assert_eq!(request_h2(sg.addr, h2(r#"{"other":1}"#)).await.status, 400);
+    // A gRPC call's body is protobuf: its json: key is missing, refused as a gRPC client
+    // expects (INVALID_ARGUMENT, trailers-only), never forwarded.
+    let hits = backend.hits().len();
+    let grpc = Request::post("http://test.local/echo")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(Full::new(Bytes::from_static(b"\0\0\0\0\x02\x08\x01")))
+        .unwrap();
+    let r = request_h2(sg.addr, grpc).await;
+    assert_eq!((r.status, r.header("grpc-status")), (200, Some("3")), "{:?}", r.headers);
+    assert_eq!(backend.hits().len(), hits, "a call without the key reached the upstream");
 }
 
 #[test]
