@@ -125,6 +125,7 @@ impl RequestOutcome {
     /// Of a passed request, the first that holds names it: a limit in dry run would have
     /// refused it (`dry_run_rejected`), it waits (`delayed`), a limit annotates it
     /// (`annotated`), else `passed`.
+    #[inline]
     pub fn of(decision: &Decision, limits: &TiSlice<LimitId, Limit>) -> RequestOutcome {
         match decision {
             Decision::Reject { store_error: Some(_), .. } => RequestOutcome::StoreError,
@@ -133,16 +134,19 @@ impl RequestOutcome {
                 if banned { RequestOutcome::Banned } else { RequestOutcome::Rejected }
             }
             Decision::Pass { wait, results, .. } => {
-                // Over a limit in a passed request: in dry run (refusing, or annotating,
-                // which would not have refused), or annotating.
-                let dry_rejected =
-                    results.iter().any(|r| r.outcome.is_rejected() && limits[r.limit].action == LimitAction::Refuse);
-                let annotated = || results.iter().any(|r| r.annotated && !limits[r.limit].dry_run);
-                match (dry_rejected, wait.is_zero()) {
-                    (true, _) => RequestOutcome::DryRunRejected,
-                    (false, false) => RequestOutcome::Delayed,
-                    (false, true) if annotated() => RequestOutcome::Annotated,
-                    (false, true) => RequestOutcome::Passed,
+                // One pass, the limit read only for a result over it (in a passed request:
+                // in dry run, or annotating, which would not have refused) or annotated.
+                let (mut dry_rejected, mut annotated) = (false, false);
+                for r in results.iter().filter(|r| r.annotated || r.outcome.is_rejected()) {
+                    let limit = &limits[r.limit];
+                    dry_rejected |= r.outcome.is_rejected() && limit.action == LimitAction::Refuse;
+                    annotated |= r.annotated && !limit.dry_run;
+                }
+                match (dry_rejected, wait.is_zero(), annotated) {
+                    (true, ..) => RequestOutcome::DryRunRejected,
+                    (false, false, _) => RequestOutcome::Delayed,
+                    (false, true, true) => RequestOutcome::Annotated,
+                    (false, true, false) => RequestOutcome::Passed,
                 }
             }
         }
