@@ -20,7 +20,7 @@ use prometheus_client::registry::Registry;
 use typed_index_collections::{TiSlice, TiVec};
 
 use crate::admission::Refused;
-use crate::config::{Config, Limit, LimitId, RouteId};
+use crate::config::{Config, Limit, LimitAction, LimitId, RouteId};
 use crate::gate::{Decision, Gate};
 use crate::limit::{LimitResult, Limiters, Outcome};
 use crate::store::Store;
@@ -98,35 +98,55 @@ pub enum RequestOutcome {
     Banned,
     /// Passed only because the limits that would have refused it are in dry run.
     DryRunRejected,
+    /// Forwarded with `RateLimit-Exceeded` (soft limits): over a limit with `action:
+    /// annotate`, or at or above a limit's `annotate_from`; not delayed.
+    Annotated,
     /// Refused (503) because Redis could not decide a global limit with
     /// `on_store_error: deny`: no limit refused it.
     StoreError,
 }
 
 impl RequestOutcome {
-    const ALL: [RequestOutcome; 6] = [
+    const ALL: [RequestOutcome; 7] = [
         RequestOutcome::Passed,
         RequestOutcome::Delayed,
         RequestOutcome::Rejected,
         RequestOutcome::Banned,
         RequestOutcome::DryRunRejected,
         RequestOutcome::StoreError,
+        RequestOutcome::Annotated,
     ];
 
+    /// The outcomes of requests forwarded (or answered by their route), as every outcome
+    /// names them: what `verify` counts as admitted and a synthetic run as sent on.
+    pub const ADMITTED: [&'static str; 4] = ["passed", "delayed", "dry_run_rejected", "annotated"];
+
     /// What `decision` makes of a request, the configuration's limits being `limits`.
+    /// Of a passed request, the first that holds names it: a limit in dry run would have
+    /// refused it (`dry_run_rejected`), it waits (`delayed`), a limit annotates it
+    /// (`annotated`), else `passed`.
+    #[inline]
     pub fn of(decision: &Decision, limits: &TiSlice<LimitId, Limit>) -> RequestOutcome {
         match decision {
             Decision::Reject { store_error: Some(_), .. } => RequestOutcome::StoreError,
             Decision::Reject { results, .. } => {
-                let banned = results.iter().any(|r| r.banned && !limits[r.limit].dry_run);
+                let banned = results.iter().any(|r| r.banned && limits[r.limit].refuses());
                 if banned { RequestOutcome::Banned } else { RequestOutcome::Rejected }
             }
             Decision::Pass { wait, results, .. } => {
-                let dry_rejected = results.iter().any(|r| r.outcome.is_rejected());
-                match (dry_rejected, wait.is_zero()) {
-                    (true, _) => RequestOutcome::DryRunRejected,
-                    (false, true) => RequestOutcome::Passed,
-                    (false, false) => RequestOutcome::Delayed,
+                // One pass, the limit read only for a result over it (in a passed request:
+                // in dry run, or annotating, which would not have refused) or annotated.
+                let (mut dry_rejected, mut annotated) = (false, false);
+                for r in results.iter().filter(|r| r.annotated || r.outcome.is_rejected()) {
+                    let limit = &limits[r.limit];
+                    dry_rejected |= r.outcome.is_rejected() && limit.action == LimitAction::Refuse;
+                    annotated |= r.annotated && !limit.dry_run;
+                }
+                match (dry_rejected, wait.is_zero(), annotated) {
+                    (true, ..) => RequestOutcome::DryRunRejected,
+                    (false, false, _) => RequestOutcome::Delayed,
+                    (false, true, true) => RequestOutcome::Annotated,
+                    (false, true, false) => RequestOutcome::Passed,
                 }
             }
         }
@@ -140,6 +160,7 @@ impl RequestOutcome {
             RequestOutcome::Banned => "banned",
             RequestOutcome::DryRunRejected => "dry_run_rejected",
             RequestOutcome::StoreError => "store_error",
+            RequestOutcome::Annotated => "annotated",
         }
     }
 }
@@ -590,6 +611,7 @@ impl Metrics {
         RouteCounts {
             passed: n(RequestOutcome::Passed) + n(RequestOutcome::DryRunRejected),
             delayed: n(RequestOutcome::Delayed),
+            annotated: n(RequestOutcome::Annotated),
             refused: n(RequestOutcome::Rejected) + n(RequestOutcome::Banned) + n(RequestOutcome::StoreError) + early,
             server_errors: m.responses[4].get() + connect.get() + timeout.get() + failed.get(),
         }
@@ -669,6 +691,8 @@ pub struct RouteCounts {
     /// Passed, dry-run refusals included (they passed).
     pub passed: u64,
     pub delayed: u64,
+    /// Forwarded annotated by a soft limit, not delayed.
+    pub annotated: u64,
     /// Refused by a limit, a ban, or Redis's absence (`on_store_error: deny`), before its
     /// limits (a token that does not verify, a key missing or repeated, a body too large,
     /// a bad cost), or answered from an upstream's hold.
@@ -863,14 +887,16 @@ mod tests {
         let yaml = "listen: 127.0.0.1:0\nlimits:\n  l: { key: ip, rate: 1r/s }\nroutes:\n  - name: 'say \"hi\"'\n    respond: { status: 200 }\n    limits: [l]\n";
         let config = crate::config::parse(yaml, "t").unwrap();
         let metrics = Metrics::new(&config, &Gate::new(&config, Clock::System));
-        for outcome in [RequestOutcome::Passed, RequestOutcome::DryRunRejected, RequestOutcome::Banned] {
+        for outcome in
+            [RequestOutcome::Passed, RequestOutcome::DryRunRejected, RequestOutcome::Banned, RequestOutcome::Annotated]
+        {
             metrics.request(RouteId::from(0), outcome);
         }
         metrics.upstream(RouteId::from(0), UpstreamResult::Status(503), Duration::from_millis(3));
         metrics.upstream(RouteId::from(0), UpstreamResult::Timeout, Duration::from_secs(30));
         metrics.upstream(RouteId::from(0), UpstreamResult::ClientBody, Duration::ZERO);
         let counts = metrics.route_counts(RouteId::from(0));
-        assert_eq!(counts, RouteCounts { passed: 2, delayed: 0, refused: 1, server_errors: 2 });
+        assert_eq!(counts, RouteCounts { passed: 2, delayed: 0, annotated: 1, refused: 1, server_errors: 2 });
         assert_eq!(metrics.limit_decisions(LimitId::from(0)), [0, 0, 0]);
         let latencies = metrics.latencies(50);
         assert_eq!(latencies.len(), 1, "one route");
@@ -879,6 +905,46 @@ mod tests {
         assert_eq!(buckets[3], (0.004, 1), "3 ms is within 4 ms");
         assert_eq!(buckets[2], (0.002, 0));
         assert_eq!(buckets[16], (f64::INFINITY, 1));
+    }
+
+    /// A passed request is named by the first of: a dry-run limit would have refused it,
+    /// it waits, a limit annotates it (not one in dry run, which only says it would), else
+    /// it passed. An annotating limit over its limit is no dry-run refusal.
+    #[test]
+    fn an_annotated_request_is_its_own_outcome_below_delayed_and_dry_run() {
+        let yaml = "listen: 127.0.0.1:0\nlimits:\n  soft: { key: ip, rate: 1r/s, action: annotate }\n  \
+                    dry: { key: ip, rate: 1r/s, dry_run: true }\n  dry_soft: { key: ip, rate: 1r/s, action: annotate, dry_run: true }\n\
+                    routes:\n  - respond: { status: 200 }\n    limits: [soft, dry, dry_soft]\n";
+        let config = crate::config::parse(yaml, "t").unwrap();
+        let id = |name: &str| config.limits.iter().position(|l| l.name == name).map(LimitId::from).unwrap();
+        let result = |name: &str, outcome, annotated| LimitResult {
+            limit: id(name),
+            key: crate::policy::key::KeyHash(1),
+            outcome,
+            banned: false,
+            annotated,
+            window: 0,
+            excess: 0.0,
+        };
+        let over = Outcome::Rejected(Duration::from_secs(1));
+        let outcome = |wait: u64, results: &[LimitResult]| {
+            let decision = Decision::Pass {
+                wait: Duration::from_millis(wait),
+                results: results.iter().copied().collect(),
+                standings: Default::default(),
+                permits: Default::default(),
+                pending: Default::default(),
+                at: crate::clock::Nanos(0),
+            };
+            RequestOutcome::of(&decision, &config.limits).as_str()
+        };
+        assert_eq!(outcome(0, &[result("soft", over, true)]), "annotated");
+        assert_eq!(outcome(0, &[result("soft", Outcome::Passed, false)]), "passed");
+        assert_eq!(outcome(5, &[result("soft", Outcome::Delayed(Duration::from_millis(5)), true)]), "delayed");
+        assert_eq!(outcome(0, &[result("soft", over, true), result("dry", over, false)]), "dry_run_rejected");
+        // A dry-run limit that would annotate is only said to.
+        assert_eq!(outcome(0, &[result("dry_soft", over, true)]), "passed");
+        assert!(RequestOutcome::ADMITTED.contains(&RequestOutcome::Annotated.as_str()));
     }
 
     /// Reading a route's counts makes no series for it; a reload finds those an earlier

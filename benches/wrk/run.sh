@@ -434,6 +434,8 @@ sg_limit() {
     concurrency) echo "$LIMIT_CONC" ;;
     plain) echo "" ;;
     global) printf '%s\n    scope: global\n' "$LIMIT_PASS" ;;
+    # Every request over a soft limit: forwarded with RateLimit-Exceeded and its item.
+    annotated) printf '%s\n    action: annotate\n' "$LIMIT_REJECT" ;;
     bearer) echo "${LIMIT_PASS/key: ip/key: bearer}" ;;
     jwt) echo "${LIMIT_PASS/key: ip/key: \"jwt:sub\"}" ;;
     header_body) printf '%s\n    on_missing_key: refuse\n' "${LIMIT_PASS/key: ip/key: \"header:x-model\"}" ;;

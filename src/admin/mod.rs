@@ -156,7 +156,7 @@ fn readyz(running: &Running) -> Response {
                 .config()
                 .limits
                 .iter()
-                .filter(|l| !l.dry_run && matches!(l.scope, Scope::Global { on_store_error: OnStoreError::Deny, .. }))
+                .filter(|l| l.refuses() && matches!(l.scope, Scope::Global { on_store_error: OnStoreError::Deny, .. }))
                 .map(|l| l.name.as_str())
                 .collect();
             if denying.is_empty() {

@@ -12,7 +12,7 @@ use super::checks::{Errors, allow, check_name, key_parts, positive_duration, sta
 use super::raw::{AlgorithmName, RawLimit, RawReading, RawWindow};
 use super::store::scope;
 use super::units::parse_rate;
-use super::{Ban, BodyPiece, Limit, LimitId, LimitResponse, LogLevel, Policy, Rate};
+use super::{Ban, BodyPiece, Limit, LimitAction, LimitId, LimitResponse, LogLevel, Policy, Rate};
 use crate::grpc::Code;
 use crate::policy::allow::Allow;
 use crate::policy::charge::{Charge, MAX_UNITS, Reading, Weighted};
@@ -85,6 +85,8 @@ pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeM
         max_keys: usize::try_from(raw.max_keys.unwrap_or(DEFAULT_MAX_KEYS)).unwrap_or(usize::MAX),
         dry_run: raw.dry_run.unwrap_or(false),
         headers: raw.headers.unwrap_or_default(),
+        action: action(e, &at, raw),
+        annotate_from: annotate_from(e, &at, raw),
         persist,
         log_level: raw.log_level.unwrap_or(LogLevel::Info),
         log_lines_per_second: raw.log_lines_per_second.unwrap_or(DEFAULT_LOG_LINES_PER_SECOND),
@@ -560,6 +562,31 @@ fn count(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Box<[u16]>> {
         );
     }
     Some(counted.into())
+}
+
+/// `action:`: a limit that annotates refuses nothing, so it has no refusal to ban with.
+fn action(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> LimitAction {
+    let action = raw.action.unwrap_or_default();
+    if action == LimitAction::Annotate && raw.ban.is_some() {
+        e.add(
+            format!("{at}.ban"),
+            "a limit with `action: annotate` forwards what is over it and refuses nothing, so nothing starts a ban: \
+             drop `ban`, or pair this limit with one that refuses",
+        );
+    }
+    action
+}
+
+/// `annotate_from: 80%`: the share of the limit's capacity, a whole percentage from 1 to
+/// 100, at or above which a request it admits is forwarded annotated.
+fn annotate_from(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<u8> {
+    let text = raw.annotate_from.as_deref()?;
+    let percent =
+        text.trim().strip_suffix('%').and_then(|n| n.trim().parse::<u8>().ok()).filter(|n| (1..=100).contains(n));
+    e.check(
+        || format!("{at}.annotate_from"),
+        percent.ok_or_else(|| format!("{text:?}: a share of the limit's capacity from 1% to 100%, e.g. 80%")),
+    )
 }
 
 fn ban(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Ban> {

@@ -47,7 +47,9 @@ use crate::policy::key::{ClaimPath, KeyPart};
 pub use crate::policy::{Burst, LimitUse, OnInvalidToken, OnMissingKey, OnStoreError, Policy, Rate, Scope};
 pub use crate::router::{PathMatch, PathRegex, RouteMatch, Router};
 use crate::variables::Template;
-pub use raw::{AccessFormat, ForwardedMode, HeaderMode, HeaderStyle, LimitHeaders, LogKeys, LogLevel, RejectionBody};
+pub use raw::{
+    AccessFormat, ForwardedMode, HeaderMode, HeaderStyle, LimitAction, LimitHeaders, LogKeys, LogLevel, RejectionBody,
+};
 pub use validate::MAX_CONNECTIONS;
 
 #[derive(Debug)]
@@ -83,6 +85,10 @@ pub struct Config {
     /// Where limits with `persist: true` keep their state.
     pub persist: Persist,
     pub limits: TiVec<LimitId, Limit>,
+    /// Some limit annotates (`Limit::annotates`): forwarded requests carry no
+    /// `RateLimit-Exceeded` or `RateLimit` field of the client's. The one test a request
+    /// pays for soft limits when there are none.
+    pub annotating: bool,
     pub routes: TiVec<RouteId, Route>,
     /// `routes` indexed: which one a request takes.
     pub router: Router,
@@ -319,6 +325,11 @@ pub struct Limit {
     pub dry_run: bool,
     /// Whether clients see it in the rate-limit header fields.
     pub headers: LimitHeaders,
+    /// What it does with a request over it.
+    pub action: LimitAction,
+    /// The percentage of its capacity (1 to 100) from which a request it admits is
+    /// forwarded annotated.
+    pub annotate_from: Option<u8>,
     /// Its state is kept in `Config::persist`'s directory across restarts (local limits
     /// other than concurrency only).
     pub persist: bool,
@@ -367,6 +378,17 @@ pub enum BodyPiece {
 }
 
 impl Limit {
+    /// Whether it refuses a request over it: neither in dry run nor annotating.
+    pub fn refuses(&self) -> bool {
+        !self.dry_run && self.action == LimitAction::Refuse
+    }
+
+    /// Whether it may annotate a request forwarded upstream (or, in dry run, say it
+    /// would): `action: annotate`, or `annotate_from`.
+    pub fn annotates(&self) -> bool {
+        self.action == LimitAction::Annotate || self.annotate_from.is_some()
+    }
+
     /// The most this limit admits at once, over all its windows (`None`: no bound on
     /// what a request may weigh).
     pub fn capacity(&self) -> Option<u64> {

@@ -368,6 +368,11 @@ pub struct RawLimit {
     pub dry_run: Option<bool>,
     /// Whether clients see it in the rate-limit header fields.
     pub headers: Option<LimitHeaders>,
+    /// What it does with a request over it: refuse it, or forward it annotated.
+    pub action: Option<LimitAction>,
+    /// The share of its capacity (`80%`) from which a request it admits is forwarded
+    /// annotated.
+    pub annotate_from: Option<String>,
     /// Keep the limit's state (and bans) in the state directory across restarts.
     pub persist: Option<bool>,
     pub log_level: Option<LogLevel>,
@@ -714,6 +719,18 @@ pub enum LimitHeaders {
     /// Never named in them, nor in a refusal's body: a refusal of its own says only
     /// `Retry-After` (a threshold against abuse, not to be probed).
     Hidden,
+}
+
+/// What a limit does with a request over it.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum LimitAction {
+    /// Refuse it (its `status`, `Retry-After`).
+    #[default]
+    Refuse,
+    /// Forward it, with `RateLimit-Exceeded: NAME` and the limit's `RateLimit` item for
+    /// the upstream: a soft limit, which tells the backend instead of refusing the client.
+    Annotate,
 }
 
 /// Which rate-limit header fields are sent.

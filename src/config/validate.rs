@@ -177,6 +177,7 @@ pub fn compile(
             jwt,
             jwks,
             persist,
+            annotating: limits.iter().any(Limit::annotates),
             limits,
             routes,
             router,

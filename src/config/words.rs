@@ -146,6 +146,12 @@ pub struct LimitWords<'a> {
     pub dry_run: bool,
     /// Whether clients see it in the rate-limit header fields.
     pub headers: crate::config::LimitHeaders,
+    /// What it does with a request over it: `refuse` or `annotate`.
+    pub action: crate::config::LimitAction,
+    /// The share of its capacity from which a request it admits is forwarded annotated
+    /// (`80%`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub annotate_from: Option<String>,
     /// Its state kept in the state directory across restarts.
     pub persist: bool,
     pub ban: Option<String>,
@@ -367,6 +373,8 @@ impl<'a> LimitWords<'a> {
             windows: limit.windows.iter().map(PolicyWords::of).collect(),
             dry_run: limit.dry_run,
             headers: limit.headers,
+            action: limit.action,
+            annotate_from: limit.annotate_from.map(|p| format!("{p}%")),
             persist: limit.persist,
             ban: limit.ban.map(|b| span(b.base)),
             max_keys: limit.max_keys,

@@ -69,6 +69,7 @@ impl Series {
 pub struct RouteHistory {
     pub passed: Series,
     pub delayed: Series,
+    pub annotated: Series,
     pub refused: Series,
     pub server_errors: Series,
     /// The upstream latency buckets (bound, count up to it) of each of the last
@@ -81,6 +82,7 @@ impl RouteHistory {
         RouteHistory {
             passed: Series::starting_at(counts.passed),
             delayed: Series::starting_at(counts.delayed),
+            annotated: Series::starting_at(counts.annotated),
             refused: Series::starting_at(counts.refused),
             server_errors: Series::starting_at(counts.server_errors),
             latency: VecDeque::with_capacity(MINUTE + 1),
@@ -90,6 +92,7 @@ impl RouteHistory {
     fn push(&mut self, counts: RouteCounts, seconds: usize, latency: Vec<(f64, u64)>) {
         self.passed.push(counts.passed, seconds);
         self.delayed.push(counts.delayed, seconds);
+        self.annotated.push(counts.annotated, seconds);
         self.refused.push(counts.refused, seconds);
         self.server_errors.push(counts.server_errors, seconds);
         if self.latency.len() > MINUTE {

@@ -46,6 +46,7 @@ pub fn state(running: &Running, history: &History, since: Option<u64>) -> Value 
             let mut shown = json!({
                 "passed": series(|h| &h.passed),
                 "delayed": series(|h| &h.delayed),
+                "annotated": series(|h| &h.annotated),
                 "refused": series(|h| &h.refused),
                 "server_errors": series(|h| &h.server_errors),
                 "latency": latency(0.5).zip(latency(0.99)).map(|((p50, responses), (p99, _))| json!({

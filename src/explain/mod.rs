@@ -122,8 +122,14 @@ pub struct LimitExplained {
     pub before: Option<KeyState>,
     /// Where each window stands once the request is decided (as it was, if refused).
     pub after: Vec<WindowAfter>,
-    /// `passed`, `delayed`, `rejected` or `banned` (a dry-run limit's: what it would do).
+    /// `passed`, `delayed`, `rejected`, `banned` or `annotated` (a dry-run limit's: what
+    /// it would do).
     pub outcome: Option<String>,
+    /// It annotates the request, which is forwarded (`RateLimit-Exceeded`): over it with
+    /// `action: annotate`, or at or above its `annotate_from` (a dry-run limit's: it would;
+    /// never of a request another limit refuses).
+    #[serde(default)]
+    pub annotated: bool,
 }
 
 /// One window once the request is decided.
@@ -146,7 +152,8 @@ pub struct WindowAfter {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Answer {
     /// The access log's outcome (`passed`, `delayed`, `rejected`, `banned`,
-    /// `dry_run_rejected`, `store_error`), or `refused` for a request the front refuses.
+    /// `dry_run_rejected`, `store_error`, `annotated`), or `refused` for a request the
+    /// front refuses.
     pub outcome: String,
     /// The status sluicegate answers with (`None`: the upstream's, once forwarded).
     pub status: Option<u16>,
@@ -159,6 +166,10 @@ pub struct Answer {
     /// The fields sluicegate sets on the answer: `Retry-After`, `RateLimit-Policy`,
     /// `RateLimit`, `X-RateLimit-*`, and a refusal's `Content-Type`.
     pub headers: Vec<(String, String)>,
+    /// The fields sluicegate sets on the request it forwards: the soft limits'
+    /// `RateLimit-Exceeded` and `RateLimit`, when one annotates it.
+    #[serde(default)]
+    pub upstream_headers: Vec<(String, String)>,
     /// A refusal's body.
     pub body: Option<String>,
 }
@@ -246,6 +257,7 @@ pub fn explain(
             wait_ms: 0.0,
             forwarded_to: None,
             headers: Vec::new(),
+            upstream_headers: Vec::new(),
             body: None,
         },
         notes: Vec::new(),
@@ -497,10 +509,16 @@ fn explain_limit(
         }
     };
     let result = decision.results().iter().find(|r| r.limit == deciding);
+    // Over it, a soft limit annotates rather than refuses (whether or not another refuses
+    // the request).
+    let soft = limit.action == crate::config::LimitAction::Annotate;
     let outcome = result.filter(|_| skipped.is_none()).map(|r| match (r.outcome, r.banned) {
         (Outcome::Rejected(_), true) => "banned".to_owned(),
+        (Outcome::Rejected(_), false) if soft => "annotated".to_owned(),
+        (Outcome::Passed, _) if r.annotated => "annotated".to_owned(),
         (outcome, _) => outcome_word(outcome).to_owned(),
     });
+    let annotated = result.is_some_and(|r| skipped.is_none() && r.annotated);
     LimitExplained {
         limit: config.limits[used.limit].name.clone(),
         line: None,
@@ -513,6 +531,7 @@ fn explain_limit(
         before: if skipped.is_none() { before(deciding) } else { None },
         after: if skipped.is_none() { standings.iter().map(|s| window_after(s)).collect() } else { Vec::new() },
         outcome,
+        annotated,
         skipped,
     }
 }
@@ -559,13 +578,22 @@ fn answer(config: &Config, route: &Route, decision: &Decision, grpc: bool) -> An
             wait_ms: 0.0,
             forwarded_to: None,
             headers,
+            upstream_headers: Vec::new(),
             body,
         };
     }
-    let (wait, standings) = match decision {
-        Decision::Pass { wait, standings, .. } => (*wait, standings.as_slice()),
-        Decision::Reject { .. } => (Duration::ZERO, &[][..]),
+    let (wait, results, standings) = match decision {
+        Decision::Pass { wait, results, standings, .. } => (*wait, results.as_slice(), standings.as_slice()),
+        Decision::Reject { .. } => (Duration::ZERO, &[][..], &[][..]),
     };
+    // As the proxy annotates the request it forwards.
+    let annotating = response::annotating_quotas(&config.limits);
+    let annotation = response::Annotation::of(results, standings, &route.listed, &config.limits, &annotating);
+    let upstream_headers = annotation.map_or_else(Vec::new, |a| {
+        let text = |v: &[u8]| String::from_utf8_lossy(v).into_owned();
+        let fields = a.fields();
+        vec![("ratelimit-exceeded".to_owned(), text(fields.exceeded)), ("ratelimit".to_owned(), text(fields.ratelimit))]
+    });
     if config.ratelimit_headers == crate::config::HeaderMode::All {
         let mut add = |name: http::HeaderName, value: crate::wire::message::FieldValue| {
             headers.push((name.to_string(), String::from_utf8_lossy(value.as_bytes()).into_owned()));
@@ -577,5 +605,5 @@ fn answer(config: &Config, route: &Route, decision: &Decision, grpc: bool) -> An
         Action::Respond(r) => (Some(r.status.as_u16()), None),
         Action::Forward(upstream) => (None, Some(config.upstreams[*upstream].name.clone())),
     };
-    Answer { outcome, status, reason: None, wait_ms: ms(wait), forwarded_to, headers, body: None }
+    Answer { outcome, status, reason: None, wait_ms: ms(wait), forwarded_to, headers, upstream_headers, body: None }
 }

@@ -68,6 +68,12 @@ impl Display for Explanation {
         for (name, value) in &answer.headers {
             writeln!(f, "  {name}: {value}")?;
         }
+        if !answer.upstream_headers.is_empty() {
+            writeln!(f, "  sent upstream with the request (soft limits):")?;
+            for (name, value) in &answer.upstream_headers {
+                writeln!(f, "    {name}: {value}")?;
+            }
+        }
         if let Some(body) = &answer.body {
             writeln!(f, "  body: {}", body.trim_end())?;
         }
@@ -117,7 +123,11 @@ impl Display for LimitExplained {
                 (_, false) => "is",
                 (_, true) => "would be (dry run)",
             };
-            let outcome = if outcome == "passed" { String::new() } else { format!(" {outcome}") };
+            let mut outcome = if outcome == "passed" { String::new() } else { format!(" {outcome}") };
+            // A delay and an annotation, both.
+            if self.annotated && outcome == " delayed" {
+                outcome.push_str(" and annotated");
+            }
             writeln!(f, "    the request {verb}{outcome}")?;
         }
         Ok(())

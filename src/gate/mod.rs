@@ -15,6 +15,10 @@
 //!    (`hear`), so a fallback goes on from there rather than from a fresh key.
 //! 6. A pass carries its receipts (`Permits`, `Pending`) until the response is done.
 //!
+//! A limit refuses only if it `refuses`: over a limit in dry run or with `action:
+//! annotate`, a request stores nothing there and passes; a passed request's results are
+//! marked where a soft limit annotates it (`annotate`), for the proxy to tell the upstream.
+//!
 //! `limit` holds the local state, `store` speaks to Redis; both read the gate's `Clock`.
 
 mod receipt;
@@ -237,13 +241,13 @@ impl Gate {
         Choice { used, overridden: over.is_some(), exempt: !allow.is_empty() && allow.admits(src) }
     }
 
-    /// The near-cache's refusal of a one-unit request by the longest-refused enforced
-    /// global limit, if any: what Redis answered, with the times counted down since.
+    /// The near-cache's refusal of a one-unit request by the longest-refused global limit
+    /// that refuses, if any: what Redis answered, with the times counted down since.
     fn near_refused(&self, store: &Store, calls: &[Call], src: &KeySource<'_>) -> Option<Decision> {
         let now = self.clock.now();
         let (limit, known) = calls
             .iter()
-            .filter(|c| !self.limiters.get(c.limit).dry_run)
+            .filter(|c| self.limiters.get(c.limit).refuses)
             .filter_map(|c| Some((c.limit, store.near_refused(c, now)?)))
             .max_by_key(|&(_, known)| known.until)?;
         let left = |at: u64| Nanos(at).since(now);
@@ -301,8 +305,8 @@ impl Gate {
         let mut permits = Permits::default();
         let mut pending = Pending { cost, ..Pending::default() };
         for group in &mut groups {
-            // A dry-run limit that would reject, in any of its windows, keeps all of its
-            // state, as it would have if enforced.
+            // A limit that does not refuse (dry run, annotate) and is over in any of its
+            // windows keeps all of its state, as a refused request leaves it.
             if group.rejects {
                 continue;
             }
@@ -325,7 +329,31 @@ impl Gate {
                 pending.admissions.push(Refundable { limit, key, at: now });
             }
         }
+        if self.limiters.annotating {
+            // Local tables: a global limit's twin decides with its share.
+            self.annotate(&mut results, &standings, |l| chosen.iter().find(|u| u.limit == l)?.burst, None);
+        }
         Decision::Pass { wait, results, standings, permits, pending, at: now }
+    }
+
+    /// Marks the `results` of a passed request whose limits annotate it (their windows at
+    /// `standings`; `burst`: a limit's route's own), as `Limiter::annotates` says; `share`:
+    /// how many share each window's capacity (`None`: the limit's local twin's own share).
+    fn annotate(
+        &self,
+        results: &mut [LimitResult],
+        standings: &[Standing],
+        burst: impl Fn(LimitId) -> Option<crate::policy::Burst>,
+        share: Option<u64>,
+    ) {
+        for r in results.iter_mut() {
+            let limiter = self.limiters.get(r.limit);
+            let windows = standings.iter().position(|s| s.limit == r.limit).map_or(&[][..], |first| {
+                let len = standings[first..].iter().take_while(|s| s.limit == r.limit).count();
+                &standings[first..first + len]
+            });
+            r.annotated = limiter.annotates(r.outcome, windows, burst(r.limit), share.unwrap_or(limiter.share()));
+        }
     }
 
     /// The local decision `first` (a pass, by the `local` limits) joined with what Redis
@@ -348,8 +376,13 @@ impl Gate {
             self.undo(&results, cost, at);
             self.restate(&results, local, &mut standings);
         }
-        let global = self.fold_global(&verdicts.standings, src);
+        let mut global = self.fold_global(&verdicts.standings, src);
         self.hear(&verdicts, &global, calls);
+        if self.limiters.annotating {
+            // Redis's standings count the whole capacity.
+            let burst = |l| calls.iter().find(|c| c.limit == l)?.burst;
+            self.annotate(&mut global, &verdicts.standings, burst, Some(1));
+        }
         let global_wait = global
             .iter()
             .filter(|r| !self.limiters.get(r.limit).dry_run)
@@ -429,7 +462,7 @@ impl Gate {
             store.fell_back(on_store_error, error);
             match on_store_error {
                 OnStoreError::Allow => {}
-                OnStoreError::Deny if !limiter.dry_run => denied = Some(call.limit),
+                OnStoreError::Deny if limiter.refuses => denied = Some(call.limit),
                 OnStoreError::Deny => {}
                 OnStoreError::Local => local.push(LimitUse { limit: call.limit, burst: call.burst }),
             }
@@ -465,11 +498,12 @@ impl Gate {
         }
     }
 
-    /// The enforced limit that rejects, if one does: the one that would admit last.
+    /// The limit that refuses, if one does (neither in dry run nor annotating): the one
+    /// that would admit last.
     fn rejection(&self, results: &[LimitResult]) -> Option<(LimitId, Duration)> {
         results
             .iter()
-            .filter(|r| !self.limiters.get(r.limit).dry_run)
+            .filter(|r| self.limiters.get(r.limit).refuses)
             .filter_map(|r| match r.outcome {
                 Outcome::Rejected(after) => Some((r.limit, after)),
                 _ => None,
@@ -579,12 +613,12 @@ impl Group<'_> {
         }
     }
 
-    /// A rejection by any window of an enforced limit that bans starts a ban, unless one
-    /// runs; the first of the limit's `standings` then says the ban's length. `PREVIEW`:
-    /// says so without starting it.
+    /// A rejection by any window of a limit that refuses and bans starts a ban, unless
+    /// one runs; the first of the limit's `standings` then says the ban's length.
+    /// `PREVIEW`: says so without starting it.
     #[inline]
     fn ban_if_rejected<const PREVIEW: bool>(&mut self, now: Nanos, standings: &mut [Standing]) {
-        if self.limiter.dry_run || !self.rejects {
+        if !self.limiter.refuses || !self.rejects {
             return;
         }
         let (Some(bans), Some(shard), Some(first)) = (&self.limiter.bans, self.bans.as_mut(), standings.first_mut())

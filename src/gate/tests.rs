@@ -149,6 +149,77 @@ fn dry_run_never_rejects_or_delays_but_keeps_state_as_if_enforced() {
     assert_eq!(standings[0].outcome, delayed);
 }
 
+/// Over a limit with `action: annotate`, a request passes at once, its result marked
+/// annotated, and stores nothing (as a dry-run limit's would-be refusal); below it the
+/// limit still delays as its burst and delay say.
+#[test]
+fn a_soft_limit_passes_what_is_over_it_annotated_storing_nothing_and_still_delays() {
+    let l = limiters("  soft: { key: ip, rate: 1r/s, burst: 2, delay: 1, action: annotate }\n");
+    let decide = |ms| match check(&l, &[0], 1, ms) {
+        Decision::Pass { wait, results, .. } => (wait.as_millis() as u64, results[0].outcome, results[0].annotated),
+        Decision::Reject { .. } => panic!("a soft limit refused"),
+    };
+    let over = Outcome::Rejected(Duration::from_secs(1));
+    assert_eq!(decide(0), (0, Outcome::Passed, false));
+    assert_eq!(decide(0), (0, Outcome::Passed, false));
+    assert_eq!(decide(0), (1000, Outcome::Delayed(Duration::from_secs(1)), false), "delayed as its delay says");
+    assert_eq!(decide(0), (0, over, true), "over it: forwarded at once, annotated");
+    assert_eq!(decide(0), (0, over, true));
+    // The annotated requests took nothing: a second later the key is where the three
+    // admitted ones left it (excess 2, one waits a second).
+    assert_eq!(decide(1000), (1000, Outcome::Delayed(Duration::from_secs(1)), false));
+}
+
+/// `annotate_from: 80%` marks the requests that leave the key's used share of the
+/// capacity (a rate's burst + 1, a concurrency limit's max) at or above 80 %, and the
+/// limit, acting as `refuse`, refuses over it: annotate, then refuse.
+#[test]
+fn annotate_from_marks_what_reaches_the_share_and_refuse_still_refuses_over_it() {
+    let l = limiters(
+        "  ladder: { key: ip, rate: 1r/m, burst: 9, nodelay: true, annotate_from: 80% }\n  \
+         slots: { key: ip, concurrency: 5, annotate_from: 60% }\n",
+    );
+    let annotated: Vec<Option<bool>> = (0..11)
+        .map(|_| match check(&l, &[0], 1, 0) {
+            Decision::Pass { results, .. } => Some(results[0].annotated),
+            Decision::Reject { .. } => None,
+        })
+        .collect();
+    let mut expected = vec![Some(false); 7];
+    expected.extend([Some(true), Some(true), Some(true), None]);
+    assert_eq!(annotated, expected, "the 8th of 10 uses 80 %; the 11th is over");
+    // In flight: the 3rd of 5 holds 60 %; the 6th is refused.
+    let mut held = Vec::new();
+    let mut annotated = Vec::new();
+    for _ in 0..6 {
+        match check(&l, &[1], 1, 0) {
+            Decision::Pass { results, permits, .. } => {
+                annotated.push(Some(results[0].annotated));
+                held.push(permits);
+            }
+            Decision::Reject { .. } => annotated.push(None),
+        }
+    }
+    assert_eq!(annotated, [Some(false), Some(false), Some(true), Some(true), Some(true), None]);
+}
+
+/// The ladder docs/limits.md shows ("Soft limits"): 20 at once, delay 15, annotate from
+/// 80 %: the first 15 pass, the 16th is annotated, the 17th to 20th annotated and
+/// delayed a tenth of a second more each, the 21st refused.
+#[test]
+fn the_documented_ladder_annotates_then_delays_then_refuses() {
+    let l = limiters("  per_key: { key: ip, rate: 10r/s, burst: 19, delay: 15, annotate_from: 80% }\n");
+    let fates: Vec<(u64, bool)> = (0..21)
+        .map(|_| match check(&l, &[0], 1, 0) {
+            Decision::Pass { wait, results, .. } => (wait.as_millis() as u64, results[0].annotated),
+            Decision::Reject { .. } => (u64::MAX, false),
+        })
+        .collect();
+    let mut expected = vec![(0, false); 15];
+    expected.extend([(0, true), (100, true), (200, true), (300, true), (400, true), (u64::MAX, false)]);
+    assert_eq!(fates, expected);
+}
+
 /// GCRA and the token bucket decide as governor's GCRA does, request by request.
 #[test]
 fn gcra_and_token_bucket_agree_with_governor() {

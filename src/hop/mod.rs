@@ -101,15 +101,34 @@ pub struct Hop<'a> {
     pub underscores: bool,
     /// What the variables of `set_request_headers` values stand for.
     pub vars: Request<'a>,
+    /// Some limit of the configuration annotates (`Config::annotating`): the client's own
+    /// `RateLimit-Exceeded` and `RateLimit` fields are dropped.
+    pub annotating: bool,
+    /// The fields the request's soft limits set, if any annotates it.
+    pub annotation: Option<Annotation<'a>>,
 }
+
+/// What a request's soft limits tell its upstream (`action: annotate`, `annotate_from`):
+/// the values of `RateLimit-Exceeded` (the limits' names) and `RateLimit` (their items).
+#[derive(Clone, Copy)]
+pub struct Annotation<'a> {
+    pub exceeded: &'a [u8],
+    pub ratelimit: &'a [u8],
+}
+
+/// The request fields soft limits set. Where limits may annotate, a client's own are
+/// never forwarded, so that it can neither forge an annotation nor hide one (one field
+/// saying `RateLimit-Exceeded: other` first, say).
+const ANNOTATION_FIELDS: [&[u8]; 2] = [b"ratelimit-exceeded", b"ratelimit"];
 
 /// Whether a field named `name`, which holds `_`, is dropped. CGI and the frameworks that
 /// follow it read `X_Forwarded_For` and `X-Forwarded-For` as one variable, so a client
 /// could forge what this hop sets: by default every such field is dropped (as nginx's
 /// `underscores_in_headers off` does); kept, never one that would stand for a field this
 /// hop sets or frames the request by, nor one the route sets.
-fn underscored_dropped(name: &[u8], underscores: bool, rewrite: &Rewrite) -> bool {
-    if !underscores {
+fn underscored_dropped(name: &[u8], hop: &Hop<'_>) -> bool {
+    let rewrite = hop.rewrite;
+    if !hop.underscores {
         return true;
     }
     // The longest name a hop sets or frames by is 17 bytes.
@@ -129,13 +148,15 @@ fn underscored_dropped(name: &[u8], underscores: bool, rewrite: &Rewrite) -> boo
     };
     !matches!(known, Known::Other | Known::Authorization | Known::Cookie)
         || rewrite.set_request_headers.iter().any(|(n, _)| same(n.as_str().as_bytes()))
+        || (hop.annotating && ANNOTATION_FIELDS.iter().any(|f| same(f)))
 }
 
 /// The fields a request with `fields` carries to the next hop, in order, given to
 /// `emit` as (name, value): the client's own (names as sent) but the hop-by-hop ones,
 /// `Host`, `Content-Length`, `Expect` (the hop answers it) and the forwarding fields; the
 /// route's `set_request_headers`, whose names replace the client's, less the route's
-/// `remove_request_headers`; `Host` (`host`: as the route's `upstream_host` says, for the
+/// `remove_request_headers`; the soft limits' `RateLimit-Exceeded` and `RateLimit`, in
+/// place of the client's (`Hop::annotating`); `Host` (`host`: as the route's `upstream_host` says, for the
 /// server at hand); the upgrade's `Connection` and `Upgrade`; then the forwarding fields
 /// (`X-Forwarded-*`, `Forwarded`), extended when the peer is a trusted proxy and replaced
 /// otherwise, so that an upstream never sees forwarding claims no trusted hop made. The
@@ -145,10 +166,13 @@ fn underscored_dropped(name: &[u8], underscores: bool, rewrite: &Rewrite) -> boo
 pub fn request_fields(fields: Fields<'_>, hop: &Hop<'_>, host: Option<&[u8]>, emit: &mut impl FnMut(&[u8], &[u8])) {
     let rewrite = hop.rewrite;
     let connection: SmallVec<[&[u8]; 2]> = fields.all_of(Known::Connection).collect();
-    let rewrites = !rewrite.set_request_headers.is_empty() || !rewrite.remove_request_headers.is_empty();
+    // (Soft limits' fields are replaced as a route's are: no test more per field.)
+    let rewrites =
+        !rewrite.set_request_headers.is_empty() || !rewrite.remove_request_headers.is_empty() || hop.annotating;
     let replaced = |name: &[u8]| {
         rewrite.set_request_headers.iter().any(|(n, _)| n.as_str().as_bytes().eq_ignore_ascii_case(name))
             || rewrite.remove_request_headers.iter().any(|n| n.as_str().as_bytes().eq_ignore_ascii_case(name))
+            || (hop.annotating && ANNOTATION_FIELDS.iter().any(|f| f.eq_ignore_ascii_case(name)))
     };
     let rfc7239 = hop.forwarded != ForwardedMode::XForwarded;
     let x_forwarded = hop.forwarded != ForwardedMode::Rfc7239;
@@ -170,7 +194,7 @@ pub fn request_fields(fields: Fields<'_>, hop: &Hop<'_>, host: Option<&[u8]>, em
             known => known.is_hop_by_hop(),
         } || (!connection.is_empty() && named_by(name, &connection))
             || (rewrites && replaced(name))
-            || (name.contains(&b'_') && underscored_dropped(name, hop.underscores, rewrite));
+            || (name.contains(&b'_') && underscored_dropped(name, hop));
         if !dropped {
             emit(name, value);
         }
@@ -178,6 +202,10 @@ pub fn request_fields(fields: Fields<'_>, hop: &Hop<'_>, host: Option<&[u8]>, em
     let mut made = Vec::new();
     for (name, value) in rewrite.set_request_headers.iter().filter(|(n, _)| *n != header::HOST) {
         emit(name.as_str().as_bytes(), value.value(&hop.vars, &mut made));
+    }
+    if let Some(annotation) = hop.annotation {
+        emit(ANNOTATION_FIELDS[0], annotation.exceeded);
+        emit(ANNOTATION_FIELDS[1], annotation.ratelimit);
     }
     if trailers {
         emit(b"te", b"trailers");
@@ -368,6 +396,8 @@ mod tests {
             authority: None,
             underscores: false,
             vars,
+            annotating: false,
+            annotation: None,
         };
         let mut out = Vec::new();
         let host = headers.get(header::HOST).map(|h| h.as_bytes());
@@ -425,21 +455,65 @@ mod tests {
         let mut rewrite = Rewrite::default();
         let set = crate::variables::Template::parse("set").unwrap();
         rewrite.set_request_headers.push((http::HeaderName::from_static("x-user"), set));
+        let hop = keeping_underscores(&rewrite);
+        let mut kept = Vec::new();
+        request_fields(Fields::from(&h), &hop, None, &mut |n, _| kept.push(String::from_utf8_lossy(n).into_owned()));
+        assert_eq!(kept, ["x_api_key", "x-kept", "x-user", "x-forwarded-for", "x-forwarded-proto"], "kept");
+    }
+
+    /// A hop from 9.9.9.9 (not trusted) with `rewrite`, keeping fields named with `_`.
+    fn keeping_underscores(rewrite: &Rewrite) -> Hop<'_> {
         let peer = "9.9.9.9".parse().unwrap();
-        let hop = Hop {
+        Hop {
             peer,
             trusted_peer: false,
             tls: false,
             forwarded: ForwardedMode::XForwarded,
             upgrade: None,
-            rewrite: &rewrite,
+            rewrite,
             underscores: true,
             vars: Request { client_ip: peer, host: None, target: b"/", tls: false },
             authority: None,
+            annotating: false,
+            annotation: None,
+        }
+    }
+
+    /// Where limits annotate, the client's own `RateLimit-Exceeded` and `RateLimit` (in
+    /// any case, and with `_` where such names are kept) never reach the upstream: it can
+    /// neither forge an annotation nor hide one; the soft limits' own take their place.
+    /// Without an annotating limit they are the client's business, and pass.
+    #[test]
+    fn a_clients_annotation_fields_are_dropped_where_limits_annotate() {
+        let mut h = HeaderMap::new();
+        for (name, value) in [
+            ("ratelimit-exceeded", "nothing"),
+            ("RateLimit", "\"x\";r=9;t=0"),
+            ("ratelimit_exceeded", "other"),
+            ("x-kept", "1"),
+        ] {
+            h.append(http::HeaderName::from_bytes(name.as_bytes()).unwrap(), value.parse().unwrap());
+        }
+        let rewrite = Rewrite::default();
+        let fields = |annotating, annotation| {
+            let hop = Hop { annotating, annotation, ..keeping_underscores(&rewrite) };
+            let mut out = Vec::new();
+            request_fields(Fields::from(&h), &hop, None, &mut |n, v| {
+                out.push(format!("{}: {}", String::from_utf8_lossy(n), String::from_utf8_lossy(v)))
+            });
+            out.retain(|f| !f.starts_with("x-forwarded"));
+            out
         };
-        let mut kept = Vec::new();
-        request_fields(Fields::from(&h), &hop, None, &mut |n, _| kept.push(String::from_utf8_lossy(n).into_owned()));
-        assert_eq!(kept, ["x_api_key", "x-kept", "x-user", "x-forwarded-for", "x-forwarded-proto"], "kept");
+        let soft = Annotation { exceeded: b"per_key", ratelimit: b"\"per_key\";r=0;t=30" };
+        assert_eq!(
+            fields(true, Some(soft)),
+            ["x-kept: 1", "ratelimit-exceeded: per_key", "ratelimit: \"per_key\";r=0;t=30"]
+        );
+        assert_eq!(fields(true, None), ["x-kept: 1"], "not annotated: none at all");
+        assert_eq!(
+            fields(false, None),
+            ["ratelimit-exceeded: nothing", "ratelimit: \"x\";r=9;t=0", "ratelimit_exceeded: other", "x-kept: 1"]
+        );
     }
 
     #[test]

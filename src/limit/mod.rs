@@ -27,7 +27,7 @@ use http::StatusCode;
 use typed_index_collections::TiVec;
 
 use crate::clock::{Clock, Nanos};
-use crate::config::{Config, Limit};
+use crate::config::{Config, Limit, LimitAction};
 pub use crate::ids::LimitId;
 use crate::policy::allow::Allow;
 use crate::policy::charge::Charge;
@@ -71,6 +71,10 @@ pub(crate) struct Limiter {
     pub(crate) bans: Option<Bans>,
     pub(crate) status: StatusCode,
     pub(crate) dry_run: bool,
+    /// It refuses a request over it: neither in dry run nor annotating (`Limit::refuses`).
+    pub(crate) refuses: bool,
+    /// When it annotates a request it passes (`None`: never).
+    annotates: Option<Annotates>,
     pub(crate) scope: Scope,
     /// Neither overrides nor an allow-list: it decides every request it is listed for.
     pub(crate) plain: bool,
@@ -83,6 +87,17 @@ pub(crate) struct Limiter {
     share: u64,
     /// The `max_keys` its tables were made with (a reload that keeps them keeps this).
     max_keys: usize,
+}
+
+/// When a limit annotates a request (soft limits): over it (`action: annotate`), and from
+/// a share of its capacity (`annotate_from`).
+struct Annotates {
+    over: bool,
+    /// The percentage of a window's capacity at or above which a request is annotated.
+    from: Option<u64>,
+    /// Each window's capacity as configured (`Policy::capacity`; a concurrency limit's
+    /// `max`), before a global limit's local twin takes its share.
+    full: Box<[u64]>,
 }
 
 /// What a limit's `charge:` debited: units, and responses that did not report and were
@@ -101,6 +116,8 @@ pub struct Limiters {
     /// How keys are written, wherever they are shown.
     text: KeyText,
     limits: TiVec<LimitId, Limiter>,
+    /// Some limit annotates: passed requests are looked at for annotations (`Config::annotating`).
+    pub(crate) annotating: bool,
     clock: Clock,
 }
 
@@ -168,6 +185,10 @@ pub struct LimitResult {
     pub outcome: Outcome,
     /// This request started a ban, as long as `outcome` says.
     pub banned: bool,
+    /// The request, passed, is forwarded with this limit named in `RateLimit-Exceeded`:
+    /// over it with `action: annotate`, or at or above its `annotate_from` (as decided,
+    /// even for a dry-run limit, which then only says so).
+    pub annotated: bool,
     /// The window that decided `outcome` (0 unless the limit has `rates:`).
     pub window: usize,
     /// nginx's excess (or the requests in flight) in that window.
@@ -183,6 +204,7 @@ impl LimitResult {
             key,
             outcome: decider.outcome,
             banned: decider.banned,
+            annotated: false,
             window: decider.window,
             excess: decider.excess,
         };
@@ -233,7 +255,7 @@ impl Limiters {
     pub fn new(config: &Config, clock: Clock, secret: KeySecret) -> Arc<Self> {
         let limits = config.limits.iter().map(limiter).collect();
         let text = KeyText::new(config, Some(&secret.digest));
-        Arc::new(Limiters { secret, text, limits, clock })
+        Arc::new(Limiters { secret, text, limits, annotating: config.annotating, clock })
     }
 
     /// The limiters of `config`, a reload of the configuration `old` was made from: a
@@ -260,7 +282,13 @@ impl Limiters {
             })
             .collect();
         let text = KeyText::new(config, Some(&old.secret.digest));
-        let limiters = Limiters { secret: old.secret.clone(), text, limits, clock: old.clock.clone() };
+        let limiters = Limiters {
+            secret: old.secret.clone(),
+            text,
+            limits,
+            annotating: config.annotating,
+            clock: old.clock.clone(),
+        };
         (Arc::new(limiters), kept, fresh)
     }
 
@@ -437,6 +465,31 @@ impl Limiter {
         self.counted.is_some() || self.charge.is_some()
     }
 
+    /// Whether it annotates a request it passed with `outcome` (its windows standing at
+    /// `standings` after it), under the route's own `burst` (as configured), where `share`
+    /// instances share each window's capacity (its local twin's; 1 for Redis's standings
+    /// and a local limit): over it with `action: annotate`, or when the units the key has
+    /// used of any window's capacity reach `annotate_from` of it.
+    pub(crate) fn annotates(&self, outcome: Outcome, standings: &[Standing], burst: Option<Burst>, share: u64) -> bool {
+        let Some(annotates) = &self.annotates else { return false };
+        if outcome.is_rejected() {
+            return annotates.over;
+        }
+        let Some(from) = annotates.from else { return false };
+        standings.iter().any(|s| {
+            // A route's own burst is a leaky bucket's, whose one window it sizes.
+            let full = burst.map_or(annotates.full[s.window], |b| b.burst.saturating_add(1));
+            let capacity = full.div_ceil(share).max(1);
+            let used = capacity.saturating_sub(s.remaining);
+            used.saturating_mul(100) >= from * capacity
+        })
+    }
+
+    /// The instances its local twin shares it with (1 for a local limit).
+    pub(crate) fn share(&self) -> u64 {
+        self.share
+    }
+
     /// A route's own `burst` on this limit as its local state decides with it: a global
     /// limit's twin takes its share, as it does of the limit's own burst.
     #[inline]
@@ -480,6 +533,12 @@ fn limiter(limit: &Limit) -> Limiter {
         bans: limit.ban.map(|ban| Bans::new(ban.base, ban.max, limit.max_keys)),
         status: limit.status,
         dry_run: limit.dry_run,
+        refuses: limit.refuses(),
+        annotates: limit.annotates().then(|| Annotates {
+            over: limit.action == LimitAction::Annotate,
+            from: limit.annotate_from.map(u64::from),
+            full: limit.windows.iter().map(Policy::full).collect(),
+        }),
         scope: limit.scope,
         plain: limit.overrides.is_empty() && limit.allow.is_empty(),
         on_missing_key: limit.on_missing_key,

@@ -44,6 +44,15 @@ impl Policy {
         matches!(self, Policy::Concurrency { .. })
     }
 
+    /// What a key holds when it is full: its `capacity`, or a concurrency limit's `max`
+    /// (requests in flight).
+    pub fn full(&self) -> u64 {
+        match *self {
+            Policy::Concurrency { max, .. } => max,
+            _ => self.capacity().unwrap_or(u64::MAX),
+        }
+    }
+
     /// The most this policy admits at once, in units: a request that weighs more could
     /// never pass (`None`: a concurrency limit counts requests, not units).
     pub fn capacity(&self) -> Option<u64> {

@@ -31,7 +31,7 @@ use crate::access_log::{self, AccessLog};
 use crate::admission::hold::{Hold, HoldKey, Holds};
 use crate::admission::{self, Asked, AskedBody, Decide, Origin, Refused, Verdict, Way};
 use crate::clock::Clock;
-use crate::config::{Action, Config, HeaderMode, LimitId, LogLevel, Route, RouteId, UpstreamId};
+use crate::config::{Action, Config, HeaderMode, LimitAction, LimitId, LogLevel, Route, RouteId, UpstreamId};
 use crate::front::{self, FrontError};
 use crate::gate::{Decision, Gate, Pending, Permits};
 use crate::grpc;
@@ -76,6 +76,8 @@ pub struct Proxy {
     upstreams: TiVec<UpstreamId, UpstreamClient>,
     /// What the rate-limit headers say of each limit.
     quotas: TiVec<LimitId, Box<[response::Quota]>>,
+    /// What the `RateLimit` field sent upstream says of each limit that annotates.
+    annotating_quotas: TiVec<LimitId, Box<[response::Quota]>>,
     /// How many rejection and delay lines each limit may still write.
     log_budgets: Arc<TiVec<LimitId, LogBudget>>,
     access_log: Option<Arc<AccessLog>>,
@@ -148,6 +150,7 @@ impl Proxy {
             gate,
             upstreams,
             quotas: response::all_quotas(&config),
+            annotating_quotas: response::annotating_quotas(&config.limits),
             holds,
             config,
         }
@@ -396,6 +399,11 @@ impl Proxy {
                 if config.ratelimit_headers == HeaderMode::All {
                     ctx.standings = standings.iter().map(Shown::from).collect();
                 }
+                if config.annotating {
+                    let quotas = &self.annotating_quotas;
+                    ctx.annotation =
+                        response::Annotation::of(results, standings, &route.listed, &config.limits, quotas);
+                }
                 (ctx.permits, ctx.pending) = (std::mem::take(permits), std::mem::take(pending));
                 // Boxed: it is held across the exchange, and most routes hold none.
                 ctx.hold = admitted.hold.take().map(Box::new);
@@ -479,6 +487,8 @@ impl Proxy {
                     authority: request.head.authority.map(str::as_bytes),
                     underscores: self.config.server.underscores_in_headers,
                     vars: ctx.vars(&request.head, conn),
+                    annotating: self.config.annotating,
+                    annotation: ctx.annotation.as_deref().map(response::Annotation::fields),
                 };
                 let out = Outgoing {
                     head: &request.head,
@@ -647,8 +657,9 @@ impl Proxy {
     }
 
     /// Counts each limit's result (and the key of a refusal, for the dashboard), and
-    /// writes one log line per limit that rejected or delayed the request, or would have
-    /// in dry run. Delays log one level below rejections, like nginx.
+    /// writes one log line per limit that rejected, delayed or (over it) annotated the
+    /// request, or would have in dry run. Delays log one level below rejections, like
+    /// nginx.
     fn account(&self, route: &Route, results: &[LimitResult], src: &KeySource<'_>, rejected: bool) {
         for r in results {
             let limit = &self.config.limits[r.limit];
@@ -664,32 +675,44 @@ impl Proxy {
                 let label = || self.limiters().key_label(r.limit, src);
                 refused[r.limit].count(r.key.0, label);
             }
+            // Over it, a soft limit forwards the request annotated rather than refuse it.
+            let soft = limit.action == LimitAction::Annotate;
             let (message, lowered, ms) = match (r.outcome, limit.dry_run) {
+                // Annotated below the limit (`annotate_from`): counted, said only on trial.
+                (Outcome::Passed, true) if r.annotated => ("dry run: request would be annotated", true, None),
                 (Outcome::Passed, _) => continue,
-                // The request is refused anyway: its delays would not have happened.
+                // The request is refused anyway: its delays and annotations would not
+                // have happened.
                 (Outcome::Delayed(_), _) if rejected => continue,
+                (Outcome::Rejected(_), false) if soft && rejected => continue,
                 // A new ban is one line, with the ban's length.
-                (Outcome::Rejected(length), false) if r.banned => ("request rejected, key banned", false, length),
-                (Outcome::Rejected(after), false) => ("request rejected", false, after),
-                (Outcome::Rejected(after), true) => ("dry run: request would be rejected", false, after),
-                (Outcome::Delayed(wait), false) => ("request delayed", true, wait),
-                (Outcome::Delayed(wait), true) => ("dry run: request would be delayed", true, wait),
+                (Outcome::Rejected(length), false) if r.banned => ("request rejected, key banned", false, Some(length)),
+                (Outcome::Rejected(after), false) if soft => {
+                    ("request over the limit: forwarded annotated", false, Some(after))
+                }
+                (Outcome::Rejected(after), false) => ("request rejected", false, Some(after)),
+                (Outcome::Rejected(after), true) if soft => ("dry run: request would be annotated", false, Some(after)),
+                (Outcome::Rejected(after), true) => ("dry run: request would be rejected", false, Some(after)),
+                (Outcome::Delayed(wait), false) => ("request delayed", true, Some(wait)),
+                (Outcome::Delayed(wait), true) => ("dry run: request would be delayed", true, Some(wait)),
             };
             let level = line_level(limit.log_level, lowered);
             if !self.line_allowed(r.limit, r.key.0, src, level) {
                 continue;
             }
-            let (key, excess, ms) =
-                (self.limiters().key_label(r.limit, src), round_to_thousandths(r.excess), ms.as_millis() as u64);
+            let (key, excess) = (self.limiters().key_label(r.limit, src), round_to_thousandths(r.excess));
             // Each duration named for what it is: the wait a delay imposes, the time a
-            // refused client must let pass before it may retry (a ban's length).
-            match (lowered, r.banned) {
-                (true, _) => event_at!(level, route = %route.name, limit = %limit.name, key = %key, excess,
+            // refused client must let pass before it may retry (a ban's length); an
+            // annotation below the limit has none.
+            match (ms.map(|ms| ms.as_millis() as u64), lowered, r.banned) {
+                (None, ..) => event_at!(level, route = %route.name, limit = %limit.name, key = %key, excess,
+                    "{message}"),
+                (Some(ms), true, _) => event_at!(level, route = %route.name, limit = %limit.name, key = %key, excess,
                     delay_ms = ms, "{message}"),
-                (false, true) => event_at!(level, route = %route.name, limit = %limit.name, key = %key, excess,
-                    ban_ms = ms, "{message}"),
-                (false, false) => event_at!(level, route = %route.name, limit = %limit.name, key = %key, excess,
-                    retry_after_ms = ms, "{message}"),
+                (Some(ms), false, true) => event_at!(level, route = %route.name, limit = %limit.name, key = %key,
+                    excess, ban_ms = ms, "{message}"),
+                (Some(ms), false, false) => event_at!(level, route = %route.name, limit = %limit.name, key = %key,
+                    excess, retry_after_ms = ms, "{message}"),
             }
         }
     }
@@ -759,6 +782,8 @@ struct RequestCtx {
     /// things out, so that a request whose client leaves before its answer still logs
     /// its client, route and outcome.
     log: Option<Box<access_log::Entry>>,
+    /// What its soft limits tell its upstream (boxed: most requests carry none).
+    annotation: Option<Box<response::Annotation>>,
     /// What its response reports it cost, read as it passes (`charge:`).
     meter: Option<Box<Meter>>,
     /// A gRPC call whose status comes in its trailers: what its end settles.
@@ -781,6 +806,7 @@ impl RequestCtx {
             target: None,
             hold: None,
             log: proxy.access_log.as_ref().map(|log| access_log::Entry::begin(log, head, peer, scheme)),
+            annotation: None,
             meter: None,
             grpc_end: None,
             peeked: None,

@@ -37,7 +37,7 @@ use crate::policy::key::KeyPart;
 /// What became of one request.
 pub struct Fate {
     pub route: Option<RouteId>,
-    /// `passed`, `delayed`, `rejected`, `banned`, `dry_run_rejected`; or why no limit
+    /// `passed`, `delayed`, `rejected`, `banned`, `dry_run_rejected`, `annotated`; or why no limit
     /// saw it: `no_route`, `bad_path`, `invalid_cost`, `repeated_key_field` (a field a
     /// limit is keyed on, sent twice: 400), `missing_key` (a key that a limit with
     /// `on_missing_key: refuse` needs: 400), `upstream_hold` (its key held after its

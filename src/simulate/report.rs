@@ -51,6 +51,8 @@ pub struct RouteReport {
     pub counts: Counts,
     pub banned: u64,
     pub dry_run_rejected: u64,
+    /// Passed annotated by a soft limit (`RateLimit-Exceeded`), not delayed.
+    pub annotated: u64,
     pub invalid_cost: u64,
     /// Refused with 400 for a key field sent twice, or missing (`on_missing_key: refuse`).
     pub key_refused: u64,
@@ -300,6 +302,7 @@ impl RouteReport {
             counts: t.counts,
             banned: t.banned,
             dry_run_rejected: t.dry_run_rejected,
+            annotated: t.annotated,
             invalid_cost: t.invalid_cost,
             key_refused: t.key_refused,
             held: t.held,
@@ -318,6 +321,9 @@ impl RouteReport {
         }
         if self.dry_run_rejected > 0 {
             extra.push(format!("{} passed only because the refusing limits are in dry run", self.dry_run_rejected));
+        }
+        if self.annotated > 0 {
+            extra.push(format!("{} passed annotated for the upstream (RateLimit-Exceeded)", self.annotated));
         }
         if self.invalid_cost > 0 {
             extra.push(format!("{} had an invalid cost header (400)", self.invalid_cost));

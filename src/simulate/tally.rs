@@ -27,6 +27,8 @@ pub struct RouteTally {
     pub(super) counts: Counts,
     pub(super) banned: u64,
     pub(super) dry_run_rejected: u64,
+    /// Forwarded with `RateLimit-Exceeded` by a soft limit (counted as passed too).
+    pub(super) annotated: u64,
     pub invalid_cost: u64,
     /// Refused with 400 before its limits: a key field sent twice, or a key missing for a
     /// limit with `on_missing_key: refuse`.
@@ -57,6 +59,11 @@ impl RouteTally {
             RequestOutcome::DryRunRejected => {
                 self.counts.passed += 1;
                 self.dry_run_rejected += 1;
+            }
+            // It passes, annotated for its upstream.
+            RequestOutcome::Annotated => {
+                self.counts.passed += 1;
+                self.annotated += 1;
             }
         }
     }

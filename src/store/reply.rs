@@ -42,8 +42,9 @@ impl Store {
         now: Nanos,
     ) -> Verdicts {
         let mut standings = SmallVec::new();
-        // Calls whose state the script stored: those of batches no enforced limit
-        // rejected, less dry-run limits that would have (they store nothing).
+        // Calls whose state the script stored: those of batches no limit that refuses
+        // rejected, less limits that do not refuse (dry run, annotate) and would have
+        // (they store nothing).
         let mut committed: SmallVec<[(usize, RedisTime); 2]> = SmallVec::new();
         let mut rejected = false;
         for (batch, reply) in batches.iter().zip(replies) {
@@ -63,10 +64,10 @@ impl Store {
                     }
                     standings.push(standing);
                 }
-                match (longest, spec.dry_run) {
+                match (longest, spec.refuses) {
                     (None, _) => stored.push(c),
-                    (Some(_), true) => {}
-                    (Some((after, reset, window)), false) => {
+                    (Some(_), false) => {}
+                    (Some((after, reset, window)), true) => {
                         batch_rejects = true;
                         // The near-cache knows when a request of one unit passes again
                         // (a concurrency slot may free up any moment: not for those).

@@ -172,14 +172,16 @@ pub struct Spec {
     /// Per window, a calendar window's calendar: for the window of the call's instant
     /// (`0`) and the next one (`1`), each remembering the last it found.
     calendars: Vec<Option<(Windows, Windows)>>,
-    /// `DECIDE`'s group header: dry run, window count, ban and ban_max in ns.
+    /// `DECIDE`'s group header: whether it does not refuse (dry run, annotate), window
+    /// count, ban and ban_max in ns.
     header: [String; 4],
     has_ban: bool,
     /// The modules its windows and ban need (bits of `MODULES`).
     pub modules: u8,
     /// Whether its (single) window is a concurrency limit, whose admissions take leases.
     pub leases: bool,
-    pub dry_run: bool,
+    /// It refuses a request over it (`Limit::refuses`): neither in dry run nor annotating.
+    pub refuses: bool,
     pub counted: Option<Box<[u16]>>,
 }
 
@@ -234,7 +236,8 @@ impl Spec {
             name: limit.name.clone(),
             leases: windows.first().is_some_and(|(_, w)| w[0] == "cc"),
             header: [
-                if limit.dry_run { "1" } else { "0" }.to_owned(),
+                // The script's "dry" limit stores nothing when over, and refuses nothing.
+                if limit.refuses() { "0" } else { "1" }.to_owned(),
                 windows.len().to_string(),
                 ban[0].to_string(),
                 ban[1].to_string(),
@@ -243,7 +246,7 @@ impl Spec {
             windows,
             calendars,
             modules,
-            dry_run: limit.dry_run,
+            refuses: limit.refuses(),
             counted: limit.count.clone(),
         }
     }

@@ -20,6 +20,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::Nanos;
+use crate::metrics::RequestOutcome;
 use crate::simulate::synthetic::{Model, Offered, Prediction, spec::MAX_REQUESTS};
 use exposition::{ExpositionError, Scrape};
 
@@ -161,13 +162,15 @@ pub fn verify(
     let outcomes = |route: &str, which: &[&str]| -> u64 {
         which.iter().filter_map(|o| diff("sluicegate_requests_total", &[("route", route), ("outcome", o)])).sum()
     };
-    const ADMITTED: [&str; 3] = ["passed", "delayed", "dry_run_rejected"];
     const REFUSED: [&str; 3] = ["rejected", "banned", "store_error"];
     let routes: Vec<(String, Split)> = config
         .routes
         .iter()
         .map(|r| {
-            (r.name.clone(), Split { admitted: outcomes(&r.name, &ADMITTED), refused: outcomes(&r.name, &REFUSED) })
+            (
+                r.name.clone(),
+                Split { admitted: outcomes(&r.name, &RequestOutcome::ADMITTED), refused: outcomes(&r.name, &REFUSED) },
+            )
         })
         .collect();
     let no_route = outcomes("", &["no_route"]);

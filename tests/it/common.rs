@@ -496,6 +496,15 @@ pub async fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Repl
 }
 
 /// Sends one request over HTTP/2 without TLS (h2c, prior knowledge).
+/// `GET path` `n` times, one after another: the statuses.
+pub async fn futures_statuses(addr: SocketAddr, path: &str, n: usize) -> Vec<u16> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(get(addr, path, &[]).await.status);
+    }
+    out
+}
+
 pub async fn get_h2(addr: SocketAddr, path: &str) -> Reply {
     request_h2(addr, Request::get(format!("http://test.local{path}")).body(Full::new(Bytes::new())).unwrap()).await
 }

@@ -709,7 +709,7 @@ fn long_values_in_errors_are_cut_short() {
     let cut = format!("{}…", "k".repeat(60));
     assert!(
         stderr.starts_with(&format!(
-            "FILE:3:29: limits.a.{cut}: unknown field `{cut}`; the 37 fields of `limits.NAME` are listed in docs/configuration.md\n"
+            "FILE:3:29: limits.a.{cut}: unknown field `{cut}`; the 39 fields of `limits.NAME` are listed in docs/configuration.md\n"
         )),
         "{stderr}"
     );
@@ -925,6 +925,38 @@ fn a_response_body_rate_needs_a_positive_size_per_second() {
     assert!(stderr.contains("FILE:4:") && stderr.contains("invalid size \"1.5m\""), "{stderr}");
     let (ok, stderr) = check(&route("{ bytes_per_second: 100k, after: 0 }"));
     assert!(ok, "{stderr}");
+}
+
+/// Soft limits: a limit that annotates refuses nothing, so it cannot ban; `annotate_from`
+/// is a share of the capacity from 1 % to 100 %; `action` is `refuse` or `annotate`. Each
+/// at its field's position.
+#[test]
+fn soft_limit_fields_are_checked_at_their_positions() {
+    let yaml = "listen: 127.0.0.1:0
+limits:
+  a: { key: ip, rate: 1r/s, action: annotate, ban: 1m }
+  b: { key: ip, rate: 1r/s, annotate_from: 0% }
+  c: { key: ip, rate: 1r/s, annotate_from: 80 percent }
+  e: { key: ip, rate: 1r/s, burst: 4, delay: 2, annotate_from: 80% }
+  f: { key: ip, concurrency: 4, action: annotate, annotate_from: 100% }
+routes:
+  - limits: [a, b, c, e, f]
+    respond: { status: 200 }
+";
+    let (ok, stderr) = check(yaml);
+    assert!(!ok);
+    assert_reported(
+        &stderr,
+        &[
+            "FILE:3:52: limits.a.ban: a limit with `action: annotate` forwards what is over it and refuses nothing",
+            "FILE:4:44: limits.b.annotate_from: \"0%\": a share of the limit's capacity from 1% to 100%, e.g. 80%",
+            "FILE:5:44: limits.c.annotate_from: \"80 percent\": a share",
+        ],
+    );
+    assert!(!stderr.contains("limits.e") && !stderr.contains("limits.f"), "{stderr}");
+    let (ok, stderr) = check(&format!("{BASE}  d: {{ key: ip, rate: 1r/s, action: warn }}\n"));
+    assert!(!ok);
+    assert_reported(&stderr, &["FILE:3:37: limits.d.action: unknown variant `warn`, expected one of refuse, annotate"]);
 }
 
 /// Each rule docs/limits.md states for a limit's fields and a route's list of limits, with its

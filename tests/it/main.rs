@@ -51,6 +51,7 @@ mod routing;
 mod server;
 mod simulate;
 mod smuggling;
+mod soft_limits;
 mod synthetic;
 mod tls;
 mod tokens;

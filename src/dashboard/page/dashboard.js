@@ -7,6 +7,9 @@
   const SECONDS = 900;
   const TOKEN = 'sluicegate.admin-token';
   const SVG = 'http://www.w3.org/2000/svg';
+  // A route's request series, each a line and a column (annotated: forwarded with
+  // RateLimit-Exceeded by a soft limit).
+  const ROUTE_KINDS = ['passed', 'annotated', 'delayed', 'refused'];
   const $ = (selector) => document.querySelector(selector);
 
   // The history held: per route and per limit, one array per series, all `length` long.
@@ -121,22 +124,20 @@
     keyed($('#routes tbody'), state.routes, (r) => r.name,
       (r) => el('tr', { 'data-route': r.name },
         el('td', {}, el('span', { class: 'name' }), el('span', { class: 'sub' })),
-        el('td', {}, spark(), el('span', { class: 'sub' })), ...Array.from({ length: 6 }, () => el('td', { class: 'num' }))),
+        el('td', {}, spark(ROUTE_KINDS), el('span', { class: 'sub' })), ...Array.from({ length: 7 }, () => el('td', { class: 'num' }))),
       (row, r) => {
-        const s = follow(history.routes, r.name, r, ['passed', 'delayed', 'refused', 'server_errors'], state.full);
+        const s = follow(history.routes, r.name, r, [...ROUTE_KINDS, 'server_errors'], state.full);
         const cells = row.children;
         cells[0].firstChild.textContent = r.name;
         const to = r.upstream ? `upstream ${r.upstream}` : `answers ${r.respond.status}`;
         const grpc = Object.entries(r.grpc).map(([status, n]) => `${status} ${n}`).join(', ');
         cells[0].lastChild.textContent = to + (r.limits.length ? ' · limits: ' + r.limits.map(limitUse).join(', ') : '') +
           (grpc ? ` · gRPC calls: ${grpc}` : '') + (r.held ? ' · ' + held(r.held) : '');
-        cells[1].lastChild.textContent = draw(cells[1].firstChild, [s.passed, s.delayed, s.refused], 'requests per second');
-        cells[2].textContent = rate(s.passed);
-        cells[3].textContent = rate(s.delayed);
-        cells[4].textContent = rate(s.refused);
-        cells[5].textContent = rate(s.server_errors);
-        cells[6].textContent = r.latency ? ms(r.latency.p50_ms) : '–';
-        cells[7].textContent = r.latency ? ms(r.latency.p99_ms) : '–';
+        cells[1].lastChild.textContent = draw(cells[1].firstChild, ROUTE_KINDS.map((k) => s[k]), 'requests per second');
+        ROUTE_KINDS.forEach((k, i) => { cells[2 + i].textContent = rate(s[k]); });
+        cells[6].textContent = rate(s.server_errors);
+        cells[7].textContent = r.latency ? ms(r.latency.p50_ms) : '–';
+        cells[8].textContent = r.latency ? ms(r.latency.p99_ms) : '–';
       });
     leftOut('#routes-left-out', state.routes_left_out, 'routes');
   }
@@ -285,13 +286,14 @@
     note.textContent = `${count} more ${what} are not shown here (see /metrics).`;
   }
 
-  function spark() {
+  // A sparkline with one line per kind, drawn in that order (the first says where 0 is).
+  function spark(kinds = ['passed', 'delayed', 'refused']) {
     const svg = document.createElementNS(SVG, 'svg');
     svg.setAttribute('class', 'spark');
     svg.setAttribute('viewBox', `0 0 ${SECONDS} 100`);
     svg.setAttribute('preserveAspectRatio', 'none');
     svg.append(document.createElementNS(SVG, 'title'));
-    for (const kind of ['passed', 'delayed', 'refused']) {
+    for (const kind of kinds) {
       const line = document.createElementNS(SVG, 'polyline');
       line.setAttribute('class', kind);
       svg.append(line);

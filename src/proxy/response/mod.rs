@@ -25,7 +25,7 @@ use crate::grpc::{self, Code};
 use crate::limit::Shown;
 use crate::variables;
 use crate::wire::message::{FieldValue, ResponseFields};
-pub use ratelimit::{Quota, add_ratelimit_headers, all_quotas};
+pub use ratelimit::{Annotation, Quota, add_ratelimit_headers, all_quotas, annotating_quotas};
 
 /// A response made here: `status`, its `content_type`, `body`.
 fn made_here(status: StatusCode, content_type: HeaderValue, body: impl Into<Bytes>) -> Response {
@@ -177,7 +177,7 @@ pub fn refusal(
         .filter(|_| named)
         .map(|r| &config.limits[r.limit])
         .zip(results.iter())
-        .filter(|(limit, r)| r.outcome.is_rejected() && !limit.dry_run && limit.headers == LimitHeaders::Shown)
+        .filter(|(limit, r)| r.outcome.is_rejected() && limit.refuses() && limit.headers == LimitHeaders::Shown)
         .map(|(limit, _)| limit.name.as_str())
         .collect();
     let mut response = match &refusing.response {

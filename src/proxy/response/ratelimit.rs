@@ -6,7 +6,9 @@ use typed_index_collections::{TiSlice, TiVec};
 
 use super::ceil_secs;
 use crate::config::{Config, HeaderStyle, Limit, LimitHeaders, LimitId, Policy};
-use crate::limit::Shown;
+use smallvec::SmallVec;
+
+use crate::limit::{LimitResult, Shown, Standing};
 use crate::policy::Window;
 use crate::wire::message::FieldValue;
 
@@ -48,6 +50,19 @@ fn quotas(limit: &Limit, burst: bool) -> Box<[Quota]> {
     if limit.dry_run || limit.headers == LimitHeaders::Hidden {
         return Box::default();
     }
+    windows(limit, burst)
+}
+
+/// The quotas of every limit of `limits` that annotates the requests it forwards (soft
+/// limits; none for the others, nor for one in dry run, which only says it would), by
+/// limit: what the upstream is told, whether clients see the limit or not.
+pub fn annotating_quotas(limits: &TiSlice<LimitId, Limit>) -> TiVec<LimitId, Box<[Quota]>> {
+    let listed = |limit: &Limit| limit.annotates() && !limit.dry_run;
+    limits.iter().map(|l| if listed(l) { windows(l, false) } else { Box::default() }).collect()
+}
+
+/// The quota of each window of `limit` (see `quotas`).
+fn windows(limit: &Limit, burst: bool) -> Box<[Quota]> {
     let several = limit.windows.len() > 1;
     let name = |policy: &Policy| match policy {
         Policy::Rate { rate, .. } if several => format!("{}/{}", limit.name, humantime::format_duration(rate.per)),
@@ -131,23 +146,73 @@ pub fn add_ratelimit_headers(
         if let Some(policy) = policy {
             set(RATELIMIT_POLICY.clone(), FieldValue::Given(policy));
         }
-        // Written piece by piece, not formatted: every limited response carries it.
-        let mut current = FieldValue::written();
-        for (i, s) in shown.enumerate() {
-            if i > 0 {
-                current.push_str(", ");
-            }
-            current.push_str(&quota(s).remaining_prefix);
-            current.push_number(s.remaining);
-            current.push_str(";t=");
-            current.push_number(ceil_secs(s.reset));
-        }
-        set(RATELIMIT.clone(), current);
+        set(RATELIMIT.clone(), ratelimit(shown, quotas));
     }
     if style != HeaderStyle::Draft {
         set(X_RATELIMIT_LIMIT.clone(), FieldValue::number(quota(tightest).quota));
         set(X_RATELIMIT_REMAINING.clone(), FieldValue::number(tightest.remaining));
         set(X_RATELIMIT_RESET.clone(), FieldValue::number(ceil_secs(tightest.reset)));
+    }
+}
+
+/// The `RateLimit` field of `standings` (each limit's window with a quota): an item per
+/// window, `"per_ip";r=2;t=1`. Written piece by piece, not formatted: every limited
+/// response carries it.
+fn ratelimit(standings: impl Iterator<Item = Shown>, quotas: &TiSlice<LimitId, Box<[Quota]>>) -> FieldValue {
+    let mut current = FieldValue::written();
+    for (i, s) in standings.enumerate() {
+        if i > 0 {
+            current.push_str(", ");
+        }
+        current.push_str(&quotas[s.limit][s.window as usize].remaining_prefix);
+        current.push_number(s.remaining);
+        current.push_str(";t=");
+        current.push_number(ceil_secs(s.reset));
+    }
+    current
+}
+
+/// What a request's soft limits tell its upstream: the fields `RateLimit-Exceeded` (the
+/// names of the limits that annotate it) and `RateLimit` (their items, as a response's).
+pub struct Annotation {
+    pub exceeded: FieldValue,
+    pub ratelimit: FieldValue,
+}
+
+impl Annotation {
+    /// The annotation of a passed request whose limits decided `results` (those of limits
+    /// that annotate it marked, `LimitResult::annotated`) with their windows at
+    /// `standings`, in the order of `listed` (the route's; a limit an override named,
+    /// after them); `quotas`: `annotating_quotas` of `limits`. `None`: no limit annotates
+    /// it (or only limits in dry run, which have no quotas there).
+    pub fn of(
+        results: &[LimitResult],
+        standings: &[Standing],
+        listed: &[LimitId],
+        limits: &TiSlice<LimitId, Limit>,
+        quotas: &TiSlice<LimitId, Box<[Quota]>>,
+    ) -> Option<Box<Annotation>> {
+        let mut annotating: SmallVec<[LimitId; 2]> =
+            results.iter().filter(|r| r.annotated && !quotas[r.limit].is_empty()).map(|r| r.limit).collect();
+        if annotating.is_empty() {
+            return None;
+        }
+        annotating.sort_by_key(|l| listed.iter().position(|m| m == l).unwrap_or(usize::MAX));
+        let mut exceeded = FieldValue::written();
+        for (i, &limit) in annotating.iter().enumerate() {
+            if i > 0 {
+                exceeded.push_str(", ");
+            }
+            // A limit's name is a token (letters, digits, `_-.`): a field value as it is.
+            exceeded.push_str(&limits[limit].name);
+        }
+        let items = annotating.iter().flat_map(|&l| standings.iter().filter(move |s| s.limit == l)).map(Shown::from);
+        Some(Box::new(Annotation { exceeded, ratelimit: ratelimit(items, quotas) }))
+    }
+
+    /// The fields as the hop writes them.
+    pub fn fields(&self) -> crate::hop::Annotation<'_> {
+        crate::hop::Annotation { exceeded: self.exceeded.as_bytes(), ratelimit: self.ratelimit.as_bytes() }
     }
 }
 
@@ -162,7 +227,7 @@ mod tests {
     use super::*;
     use crate::config::units::parse_rate;
     use crate::limit::{Outcome, Standing};
-    use crate::policy::key::KeySpec;
+    use crate::policy::key::{KeyHash, KeySpec};
     use typed_index_collections::TiVec;
 
     fn limit(name: &str, rate: &str) -> Limit {
@@ -174,6 +239,8 @@ mod tests {
             max_keys: 1,
             dry_run: false,
             headers: LimitHeaders::Shown,
+            action: crate::config::LimitAction::Refuse,
+            annotate_from: None,
             persist: false,
             log_level: crate::config::LogLevel::Info,
             log_lines_per_second: 5,
@@ -201,6 +268,43 @@ mod tests {
         assert_eq!(items, ["\"a/1s\";q=10;w=1", "\"a/1day\";q=10000;w=86400;burst=9999"]);
         let items: Vec<String> = quotas(&two, false).iter().map(|q| q.item.clone()).collect();
         assert_eq!(items, ["\"a/1s\";q=10;w=1", "\"a/1day\";q=10000;w=86400"], "a route's own burst decides");
+    }
+
+    /// The upstream is told the names of the limits that annotate a request, in the
+    /// route's order, and their `RateLimit` items, as a response's: a hidden limit too
+    /// (the upstream is no client), never one in dry run, nor a limit that does not annotate.
+    #[test]
+    fn an_annotation_names_its_limits_in_the_routes_order_with_their_items() {
+        let soft = |name: &str, rate: &str| Limit { action: crate::config::LimitAction::Annotate, ..limit(name, rate) };
+        let limits: TiVec<LimitId, Limit> = vec![
+            soft("a", "10r/s"),
+            Limit { headers: LimitHeaders::Hidden, ..soft("b", "1r/m") },
+            Limit { dry_run: true, ..soft("c", "1r/m") },
+            limit("d", "1r/m"),
+        ]
+        .into();
+        let quotas = annotating_quotas(&limits);
+        let id = LimitId::from;
+        let standing = |limit: usize, remaining, reset_ms| Standing {
+            limit: id(limit),
+            window: 0,
+            outcome: Outcome::Rejected(Duration::from_secs(1)),
+            remaining,
+            reset: Duration::from_millis(reset_ms),
+            excess: 0.0,
+            banned: false,
+        };
+        let standings = [standing(0, 1, 300), standing(1, 0, 59_500), standing(2, 0, 1), standing(3, 0, 1)];
+        let results: Vec<LimitResult> = standings
+            .iter()
+            .map(|s| LimitResult { annotated: s.limit != id(3), ..LimitResult::fold(s.limit, KeyHash(1), &[*s]) })
+            .collect();
+        let listed = [id(3), id(1), id(2), id(0)];
+        let annotation = Annotation::of(&results, &standings, &listed, &limits, &quotas).unwrap();
+        assert_eq!(annotation.exceeded.as_bytes(), b"b, a");
+        assert_eq!(annotation.ratelimit.as_bytes(), b"\"b\";r=0;t=60, \"a\";r=1;t=1");
+        let none: Vec<LimitResult> = results.iter().map(|r| LimitResult { annotated: false, ..*r }).collect();
+        assert!(Annotation::of(&none, &standings, &listed, &limits, &quotas).is_none());
     }
 
     #[test]

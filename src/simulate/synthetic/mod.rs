@@ -25,6 +25,7 @@ use super::report::Report;
 use crate::clock::Nanos;
 use crate::config::Config;
 use crate::hop;
+use crate::metrics::RequestOutcome;
 use crate::policy::key::KeyPart;
 use crate::wire::head::Fields;
 pub use spec::{Offered, Spec, SpecError};
@@ -229,10 +230,10 @@ impl Model {
     }
 }
 
-/// Whether the request went on to the backend (passed, delayed, or passed by a limit in
-/// dry run), rather than being answered by the proxy itself.
+/// Whether the request went on to the backend (passed, delayed, passed by a limit in dry
+/// run, or annotated), rather than being answered by the proxy itself.
 pub fn forwarded(fate: &Fate) -> bool {
-    matches!(fate.outcome, "passed" | "delayed" | "dry_run_rejected")
+    RequestOutcome::ADMITTED.contains(&fate.outcome)
 }
 
 fn nanos(d: Duration) -> u64 {

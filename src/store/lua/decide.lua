@@ -3,7 +3,8 @@
 -- decided at one instant as if they had arrived in this order.
 --
 -- ARGV: now_s, now_us ('' and '': Redis TIME), request count, limit count, then per
--- limit (sent once, however many requests use it): dry_run (0/1), window count, ban ns
+-- limit (sent once, however many requests use it): dry (0/1: it refuses nothing, in dry run
+-- or annotating), window count, ban ns
 -- (0: none), ban_max ns, then per window: kind, p1, p2, p3 (and p4 for a calendar window,
 -- `cw`). Then per request: cost,
 -- group count, then per group: its limit (1-based, in the list above), then per window

@@ -21,7 +21,7 @@ use sluicegate::limit::{Outcome, Standing};
 use sluicegate::policy::key::{KeyHash, KeySource};
 use sluicegate::store::{Call, RedisTime};
 
-use crate::common::{Backend, Conf, Metrics, Sluicegate, get, wait_until};
+use crate::common::{Backend, Conf, Metrics, Sluicegate, futures_statuses, get, wait_until};
 use crate::redis::{Cluster, Redis};
 
 /// `GET path`, failing the test if no answer comes within `limit` (Redis is failing:
@@ -42,12 +42,4 @@ fn evalsha_calls(redis: &Redis) -> u64 {
         line.split(',').find_map(|f| f.strip_prefix(name)?.strip_prefix('=')).unwrap().parse().unwrap()
     };
     field("calls") - field("failed_calls")
-}
-
-async fn futures_statuses(addr: std::net::SocketAddr, path: &str, n: usize) -> Vec<u16> {
-    let mut out = Vec::new();
-    for _ in 0..n {
-        out.push(get(addr, path, &[]).await.status);
-    }
-    out
 }
