@@ -19,9 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use std::collections::VecDeque;
-
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use tokio::time::{Instant, Sleep};
 
 use crate::front::body::Scan;
@@ -43,12 +41,14 @@ pub enum BodyFault {
 /// The first bytes of a request body, read before its admission for the JSON fields its
 /// limits read, and the scan that read them.
 pub struct Peeked {
-    /// The pieces read, to be sent first, as they came.
-    pieces: VecDeque<Bytes>,
+    /// The bytes read, to be sent first, as they came: one buffer, whatever the pieces
+    /// (a client sending a byte a chunk would otherwise have a 64 KiB peek held as
+    /// 65,536 pieces).
+    read: Option<Bytes>,
     pub scan: Scan,
     /// The body ended within them.
     pub ended: bool,
-    /// The bytes at the end of the last piece past the peek, not scanned yet.
+    /// The bytes at the end of `read` past the peek, not scanned yet.
     tail: usize,
 }
 
@@ -73,7 +73,8 @@ pub async fn peek(
     limit: Option<u64>,
     timeout: Duration,
 ) -> Result<Peeked, PeekError> {
-    let mut peeked = Peeked { pieces: VecDeque::new(), scan: Scan::new(fields), ended: false, tail: 0 };
+    let mut peeked = Peeked { read: None, scan: Scan::new(fields), ended: false, tail: 0 };
+    let mut bytes = BytesMut::new();
     let mut read = 0u64;
     while read < peek {
         let next = std::future::poll_fn(|cx| source.poll_chunk(cx));
@@ -95,10 +96,11 @@ pub async fn peek(
                 let scanned = piece.len().min(room);
                 peeked.scan.feed(&piece[..scanned]);
                 peeked.tail = piece.len() - scanned;
-                peeked.pieces.push_back(piece);
+                bytes.extend_from_slice(&piece);
             }
         }
     }
+    peeked.read = (!bytes.is_empty()).then(|| bytes.freeze());
     Ok(peeked)
 }
 
@@ -214,13 +216,11 @@ impl BodySource for RequestBody<'_> {
             return self.cut(fault);
         }
         if let Some(peeked) = &mut self.peeked
-            && let Some(piece) = peeked.pieces.pop_front()
+            && let Some(read) = peeked.read.take()
         {
             // Read before the admission: only what lay past the peek is scanned now.
-            if peeked.pieces.is_empty() {
-                peeked.scan.feed(&piece[piece.len() - peeked.tail..]);
-            }
-            return self.passed(piece);
+            peeked.scan.feed(&read[read.len() - peeked.tail..]);
+            return self.passed(read);
         }
         if self.peeked.as_ref().is_some_and(|p| p.ended) {
             // It ended within the peek: its source has said so once.
