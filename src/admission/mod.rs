@@ -109,8 +109,9 @@ pub enum Refused {
     /// or cost).
     #[error(transparent)]
     Front(#[from] FrontError),
-    /// The declared `Content-Length` is over the route's limit: refused unread.
-    #[error("declared body of {length} bytes is larger than {limit}")]
+    /// The declared `Content-Length` is over the route's limit (refused unread), or a
+    /// body read for the fields its limits read grew past it.
+    #[error("request body of {length} bytes or more is larger than {limit}")]
     BodyTooLarge { length: u64, limit: u64 },
     /// The request repeats a field that a limit of its route is keyed on: the limiter
     /// would count one value while the upstream may act on another.

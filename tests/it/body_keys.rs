@@ -34,6 +34,10 @@ limits:
     key: "json:params.name"
     on_missing_key: shared
 routes:
+  - match: { path: /small }
+    upstream: app
+    max_body_bytes: 100
+    limits: [per_model]
   - match: { path: /echo, methods: [PUT] }
     upstream: app
     limits: [per_tool]
@@ -205,4 +209,20 @@ fn check_wants_a_json_key_to_say_what_a_body_without_it_meets() {
     let (code, out) = check_bounded(&too_deep);
     assert_eq!(code, Some(1), "{out}");
     assert!(out.contains("server.body_peek"), "{out}");
+}
+
+#[tokio::test]
+async fn a_chunked_body_over_the_routes_limit_while_its_fields_are_read_is_413_and_never_forwarded() {
+    let backend = Backend::start().await;
+    let sg = Sluicegate::in_front_of(&backend, CONFIG);
+    let (mut tx, stream) = Channel::<Bytes, std::convert::Infallible>::new(4);
+    let req = Request::post("/small").header("host", "test.local").body(stream).unwrap();
+    let addr = sg.addr;
+    let answer = tokio::spawn(async move { request(addr, req).await });
+    tx.send_data(Bytes::from(format!(r#"{{"model":"m","pad":"{}"#, "x".repeat(60)))).await.unwrap();
+    tx.send_data(Bytes::from("x".repeat(60))).await.unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(10), answer).await.expect("no answer").unwrap();
+    assert_eq!(r.status, 413, "{}", r.text());
+    assert!(backend.hits().is_empty(), "a body over the route's limit reached the upstream");
+    drop(tx);
 }
