@@ -121,18 +121,24 @@ fn charge(e: &mut Errors<'_>, at: &str, raw: &RawLimit, windows: &[Policy]) -> O
         Ok(p) if !text.is_empty() => Ok(p),
         _ => Err(format!("{text:?}: a JSON path of names separated by dots, e.g. usage.total_tokens")),
     };
-    let reading = match (&raw_charge.header, &raw_charge.trailer, &raw_charge.sse_json) {
-        (Some(names), None, None) => Reading::Header(weighted(e, &format!("{at}.header"), names, field)?),
-        (None, Some(names), None) => Reading::Trailer(weighted(e, &format!("{at}.trailer"), names, field)?),
-        (None, None, Some(paths)) => Reading::SseJson(weighted(e, &format!("{at}.sse_json"), paths, path)?),
+    let c = raw_charge;
+    let reading = match (&c.header, &c.trailer, &c.sse_json, &c.json) {
+        (Some(names), None, None, None) => Reading::Header(weighted(e, &format!("{at}.header"), names, field)?),
+        (None, Some(names), None, None) => Reading::Trailer(weighted(e, &format!("{at}.trailer"), names, field)?),
+        (None, None, Some(paths), None) => Reading::SseJson(weighted(e, &format!("{at}.sse_json"), paths, path)?),
+        (None, None, None, Some(paths)) => Reading::Json(weighted(e, &format!("{at}.json"), paths, path)?),
         _ => {
-            e.add(at, "give one place the response reports its cost in: `header`, `trailer` or `sse_json`");
+            e.add(at, "give one place the response reports its cost in: `header`, `trailer`, `sse_json` or `json`");
             return None;
         }
     };
     let default = raw_charge.default.unwrap_or(0);
     if raw_charge.default.is_none() && !matches!(reading, Reading::Header(_)) {
-        let place = if matches!(reading, Reading::Trailer(_)) { "trailer" } else { "last event" };
+        let place = match reading {
+            Reading::Trailer(_) => "trailer",
+            Reading::SseJson(_) => "last event",
+            _ => "body",
+        };
         e.warn(
             format!("{at}.default"),
             format!(

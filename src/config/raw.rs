@@ -426,7 +426,7 @@ pub struct RawCalendarWindow {
 }
 
 /// `limits.NAME.charge`: where the response reports what it cost (one of `header`,
-/// `trailer`, `sse_json`), what is charged when it does not, and whether the report
+/// `trailer`, `sse_json`, `json`), what is charged when it does not, and whether the report
 /// replaces the request's cost.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
@@ -434,6 +434,7 @@ pub struct RawCharge {
     pub header: Option<RawReading>,
     pub trailer: Option<RawReading>,
     pub sse_json: Option<RawReading>,
+    pub json: Option<RawReading>,
     pub default: Option<u64>,
     pub instead_of_cost: Option<bool>,
 }

@@ -169,7 +169,7 @@ pub struct LimitWords<'a> {
 }
 
 /// `charge:` of a limit, as the file writes it: where the report is read (`header`,
-/// `trailer` or `sse_json` and its name or path), the default, and whether the report
+/// `trailer`, `sse_json` or `json` and its name or path), the default, and whether the report
 /// replaces the request's cost.
 #[derive(Serialize)]
 pub struct ChargeWords {
@@ -410,6 +410,7 @@ impl<'a> LimitWords<'a> {
                     Reading::Header(names) => ("header", places(names)),
                     Reading::Trailer(names) => ("trailer", places(names)),
                     Reading::SseJson(paths) => ("sse_json", places(paths)),
+                    Reading::Json(paths) => ("json", places(paths)),
                 };
                 ChargeWords { reading: [(field, value)].into(), default: c.default, instead_of_cost: c.instead_of_cost }
             }),

@@ -2,7 +2,7 @@
 //! passes, piece by piece: first in the bounded peek read before the admission, then in
 //! the rest as it is forwarded, where a name the limits read seen a second time cuts the
 //! body (the limiter counted one value; an upstream whose parser keeps the last would act
-//! on another).
+//! on another). The same reads a JSON response's counts for `charge: { json: ... }`.
 //!
 //! Written here rather than with a JSON crate: serde_json needs the whole text, and the
 //! streaming parsers (actson, struson) keep every string whole while it is read (a
@@ -26,6 +26,8 @@ pub struct Scan {
     slots: Box<[Slot]>,
     /// A wanted path whose value came twice.
     repeated: Option<usize>,
+    /// The paths whose value is a string (a mask over `paths`).
+    strings: u32,
     state: State,
     /// The containers open: whether each is an object, and which paths its own path
     /// begins (a mask over `paths`) at which depth.
@@ -102,6 +104,7 @@ impl Scan {
             paths,
             slots,
             repeated: None,
+            strings: 0,
             state: State::Value,
             stack: Vec::new(),
             text: Vec::new(),
@@ -138,6 +141,15 @@ impl Scan {
             })
             .collect();
         BodyFields::new(Arc::clone(&self.paths), values)
+    }
+
+    /// The number at `paths[i]`, for a count (`charge: { json: ... }`): `None` when the
+    /// path was not seen, `Some(None)` when its value is no number (a string, a literal,
+    /// an object or array, one too long to keep) or the text broke JSON's structure.
+    pub fn number(&self, i: usize) -> Option<Option<&[u8]>> {
+        let Slot::Seen(value) = &self.slots[i] else { return None };
+        let string = self.strings & (1 << i) != 0;
+        Some(value.as_deref().filter(|v| !string && !self.invalid() && matches!(v.first(), Some(b'-' | b'0'..=b'9'))))
     }
 
     /// Reads `bytes`, the next piece of the text.
@@ -328,6 +340,9 @@ impl Scan {
             };
             self.state = State::Colon;
         } else {
+            if keep && let Some(i) = self.leaf() {
+                self.strings |= 1 << i;
+            }
             self.scalar_end(keep);
             self.state = self.after_value();
         }
@@ -434,6 +449,20 @@ mod tests {
 
     fn s(v: &str) -> Option<String> {
         Some(v.to_owned())
+    }
+
+    #[test]
+    fn numbers_are_told_from_strings_literals_and_broken_texts() {
+        let paths = ["u.a", "u.b", "u.c", "u.d", "u.e"];
+        let text: &[u8] = br#"{"u": {"a": 12, "b": "12", "c": true, "d": 2.5e1, "e": {"x": 1}}}"#;
+        let s = scan(&paths, &[text]);
+        let numbers: Vec<_> = (0..paths.len()).map(|i| s.number(i).map(|n| n.map(<[u8]>::to_vec))).collect();
+        assert_eq!(
+            numbers,
+            [Some(Some(b"12".to_vec())), Some(None), Some(None), Some(Some(b"2.5e1".to_vec())), Some(None)]
+        );
+        assert_eq!(scan(&["u.a"], &[br#"{"x": 1}"#]).number(0), None);
+        assert_eq!(scan(&["u.a"], &[br#"{"u": {"a": 12}]"#]).number(0), Some(None));
     }
 
     #[test]

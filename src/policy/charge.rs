@@ -38,6 +38,9 @@ pub enum Reading {
     /// others, as a prompt's tokens at the stream's start and the completion's at its end,
     /// counts all the same).
     SseJson(Weighted<ClaimPath>),
+    /// Numbers at these paths in a JSON response body (`application/json`, `…+json`, or
+    /// no type), read as it passes: a language model's answer when it does not stream.
+    Json(Weighted<ClaimPath>),
 }
 
 /// Places and the weight of each one's count. Shared: each response a limit charges
@@ -77,6 +80,11 @@ fn units_of_json(value: &serde_json::Value) -> Option<u64> {
     }
     let f = n.as_f64().filter(|f| *f >= 0.0)?;
     Some((f.ceil() as u64).min(MAX_UNITS))
+}
+
+/// A JSON number's text that counts units (as `units_of_json`).
+pub fn units_of_number(text: &[u8]) -> Option<u64> {
+    units_of_json(&serde_json::from_slice::<serde_json::Value>(text).ok()?)
 }
 
 /// The longest line of an event stream looked at, and the most data one event may carry:
@@ -263,6 +271,15 @@ mod tests {
         assert_eq!(weighed([(None, 3), (None, 5)].into_iter()), None);
         assert_eq!(weighed([(Some(Some(2)), 3), (Some(None), 5)].into_iter()), None);
         assert_eq!(weighed([(Some(Some(MAX_UNITS)), 2)].into_iter()), Some(MAX_UNITS));
+    }
+
+    #[test]
+    fn a_json_numbers_text_counts_as_an_events_number_does() {
+        assert_eq!(units_of_number(b"17"), Some(17));
+        assert_eq!(units_of_number(b"2.5"), Some(3));
+        assert_eq!(units_of_number(b"1e3"), Some(1000));
+        assert_eq!(units_of_number(b"-1"), None);
+        assert_eq!(units_of_number(b"1e400"), None);
     }
 
     #[test]

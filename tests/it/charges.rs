@@ -67,6 +67,23 @@ async fn reporting_backend(http2: bool) -> (SocketAddr, std::sync::Arc<std::sync
                                 frames.push(Ok(Frame::data(Bytes::from(piece.to_owned()))));
                             }
                         }
+                        // `/json/P/C`: a language model's answer in one JSON body (sent in
+                        // pieces of 7 bytes), its usage after a message quoting a usage;
+                        // `/json-gzip/P/C` says it is compressed.
+                        "json" | "json-gzip" => {
+                            let (prompt, completion) = n.split_once('/').unwrap();
+                            response = response.header("content-type", "application/json");
+                            if kind == "json-gzip" {
+                                response = response.header("content-encoding", "gzip");
+                            }
+                            let body = format!(
+                                r#"{{"id":"c1","choices":[{{"message":{{"content":"\"usage\": {{\"prompt_tokens\": 999}}"}}}}],
+ "usage" : {{"prompt_tokens":{prompt},"completion_tokens":{completion},"total_tokens":0}}}}"#
+                            );
+                            for piece in body.as_bytes().chunks(7) {
+                                frames.push(Ok(Frame::data(Bytes::copy_from_slice(piece))));
+                            }
+                        }
                         "stalled" => {
                             response = response.header("content-type", "text/event-stream");
                             frames.push(Ok(Frame::data(Bytes::from_static(b"data: {\"choices\": []}\n\n"))));
@@ -253,6 +270,31 @@ async fn a_charge_of_several_counts_weighs_each() {
             serde_json::from_slice(&get(sg.admin_addr(), "/config", &[]).await.body).unwrap();
         let charge = &config["limits"][0]["charge"];
         assert_eq!(charge[reading.split(':').next().unwrap()], said, "{charge}");
+    }
+}
+
+/// A JSON response body's usage (a model's answer that does not stream), read as it
+/// passes in pieces, weighed, over both protocols: a usage quoted inside a string is
+/// not read; a compressed body or one of another type is charged the default.
+#[tokio::test]
+async fn a_json_bodys_usage_is_charged_as_it_passes() {
+    for http2 in [false, true] {
+        let (backend, _) = reporting_backend(http2).await;
+        let fields = "algorithm: fixed_window, limit: 1000, window: 30d, charge: { json: { usage.prompt_tokens: 1, \
+                      usage.completion_tokens: 4 }, default: 7, instead_of_cost: true }";
+        let sg = proxy(backend, http2, fields, "");
+        let first = get_as(sg.addr, "/json/10/5", "ann").await;
+        assert_eq!(first.status, 200);
+        assert!(first.text().ends_with("\"total_tokens\":0}}"), "the body passes whole: {}", first.text());
+        let next = get_as(sg.addr, "/plain", "ann").await;
+        assert_eq!(ratelimit(&next, "r"), 1000 - 30 - 1, "http2 {http2}");
+        // Compressed: unread, the default (7); `/plain` (ann's above, then bob's) has no
+        // type but is no JSON: 7 each.
+        assert_eq!(get_as(sg.addr, "/json-gzip/10/5", "bob").await.status, 200);
+        assert_eq!(ratelimit(&get_as(sg.addr, "/plain", "bob").await, "r"), 1000 - 7 - 1, "http2 {http2}");
+        let metrics = Metrics::of(&sg).await;
+        assert_eq!(metrics.value("sluicegate_limit_charged_units_total{limit=\"tokens\"}"), 30.0 + 7.0 * 3.0);
+        assert_eq!(metrics.value("sluicegate_limit_charges_defaulted_total{limit=\"tokens\"}"), 3.0);
     }
 }
 
