@@ -14,6 +14,7 @@ use http::{HeaderMap, Method, StatusCode};
 
 use crate::config::Scope;
 use crate::front;
+use crate::policy::charge::Money;
 use crate::policy::key::{BodyFields, ClaimPath, Claims, KeyPart};
 use crate::proxy::Proxy;
 use crate::proxy::body::Response;
@@ -69,7 +70,20 @@ pub fn answer(proxy: &Proxy, name: &str, query: &str, reset: bool) -> Response {
             limiters.reset(index, &src);
             super::text(StatusCode::NO_CONTENT, "")
         }
-        (false, Some(state)) => super::json(StatusCode::OK, &state),
+        (false, Some(state)) => match &limit.money {
+            None => super::json(StatusCode::OK, &state),
+            // A budget's standing said as money too: `"remaining_money": "49.985"`.
+            Some(money) => {
+                let mut shown = serde_json::to_value(&state).unwrap_or_default();
+                shown["money"] = serde_json::Value::from(&*money.currency);
+                if let Some(windows) = shown["windows"].as_array_mut() {
+                    for (shown, window) in windows.iter_mut().zip(&state.windows) {
+                        shown["remaining_money"] = Money::amount(window.remaining).into();
+                    }
+                }
+                super::json(StatusCode::OK, &shown)
+            }
+        },
     }
 }
 

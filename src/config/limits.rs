@@ -3,19 +3,20 @@
 
 use std::collections::BTreeMap;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
 
 use super::calendar;
 use super::checks::{Errors, allow, check_name, key_parts, positive_duration, status_in, unknown_name};
-use super::raw::{AlgorithmName, RawLimit, RawReading, RawWindow};
+use super::raw::{AlgorithmName, RawAmount, RawLimit, RawPrices, RawReading, RawWindow};
 use super::store::scope;
 use super::units::parse_rate;
 use super::{Ban, BodyPiece, Limit, LimitAction, LimitId, LimitResponse, LogLevel, Policy, Rate};
 use crate::grpc::Code;
 use crate::policy::allow::Allow;
-use crate::policy::charge::{Charge, MAX_UNITS, Reading, Weighted};
+use crate::policy::charge::{Charge, MAX_UNITS, MICROS, Money, Prices, Reading, Weighted};
 use crate::policy::key::{ClaimPath, DEFAULT_IP_PREFIX, KeyPart, KeySpec};
 use crate::policy::{Scope, Window};
 
@@ -63,6 +64,7 @@ pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeM
             ),
         );
     }
+    let money = money(e, &at, raw, policy.as_deref().unwrap_or_default(), charge.as_ref());
     let persist = raw.persist.unwrap_or(false);
     if persist {
         let windows = policy.as_deref().unwrap_or_default();
@@ -94,12 +96,38 @@ pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeM
         allow: allow(e, &format!("{at}.allow"), raw.allow.as_ref()),
         count: count(e, &at, raw),
         charge,
+        money,
         overrides: overrides(e, &at, name, raw, all),
         scope,
         on_missing_key: raw.on_missing_key.unwrap_or_default(),
         on_invalid_token: raw.on_invalid_token.unwrap_or_default(),
         response: response(e, &at, raw, status),
     }
+}
+
+/// `money:`: the currency a budget counts, on a fixed window of the calendar spent by
+/// what its responses cost.
+fn money(e: &mut Errors<'_>, at: &str, raw: &RawLimit, windows: &[Policy], charge: Option<&Charge>) -> Option<Money> {
+    let currency = raw.money.as_ref()?;
+    let at_money = format!("{at}.money");
+    if currency.is_empty() || currency.len() > 16 || !currency.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        e.add(at_money.clone(), "the currency's name: letters and digits, at most 16 (e.g. USD, EUR, credits)");
+    }
+    let calendar = matches!(windows, [Policy::FixedWindow { window: Window::Calendar(_), .. }]);
+    if !windows.is_empty() && !calendar {
+        e.add(
+            at_money,
+            "a money budget is a fixed window of the calendar: `algorithm: fixed_window, window: { calendar: month }` \
+             (or day, week)",
+        );
+    } else if charge.is_none() {
+        e.add(
+            at_money,
+            "a money budget is spent by what responses cost: give `charge` (with `prices`, or a place that reports \
+             micro-units)",
+        );
+    }
+    Some(Money { currency: currency.as_str().into() })
 }
 
 /// `charge:`: exactly one place the response reports its cost in, on a limit whose state
@@ -132,7 +160,11 @@ fn charge(e: &mut Errors<'_>, at: &str, raw: &RawLimit, windows: &[Policy]) -> O
             return None;
         }
     };
-    let default = raw_charge.default.unwrap_or(0);
+    let money = raw.money.is_some();
+    let default = match raw_charge.default {
+        Some(amount) => amount_in(e, &format!("{at}.default"), amount, money).unwrap_or(0),
+        None => 0,
+    };
     if raw_charge.default.is_none() && !matches!(reading, Reading::Header(_)) {
         let place = match reading {
             Reading::Trailer(_) => "trailer",
@@ -148,9 +180,99 @@ fn charge(e: &mut Errors<'_>, at: &str, raw: &RawLimit, windows: &[Policy]) -> O
         );
     }
     if default > MAX_UNITS {
-        e.add(format!("{at}.default"), format!("at most {MAX_UNITS} units"));
+        let most = if money { Money::amount(MAX_UNITS) } else { format!("{MAX_UNITS} units") };
+        e.add(format!("{at}.default"), format!("at most {most}"));
     }
-    Some(Charge { reading, default, instead_of_cost: raw_charge.instead_of_cost.unwrap_or(false) })
+    let prices = raw_charge.prices.as_ref().and_then(|p| prices(e, &at, p, &reading, money));
+    Some(Charge {
+        reading,
+        default,
+        // A budget's charge is what the response cost, the request's own micro-unit
+        // only what let it in.
+        instead_of_cost: raw_charge.instead_of_cost.unwrap_or(money),
+        prices: prices.map(Arc::new),
+    })
+}
+
+/// `charge.prices`: a price for each place of `reading` in every row, the row `"*"`
+/// given, on a money budget.
+fn prices(e: &mut Errors<'_>, at: &str, raw: &RawPrices, reading: &Reading, money: bool) -> Option<Prices> {
+    let at = format!("{at}.prices");
+    if !money {
+        e.add(at, "prices are money: give the limit the currency it counts, e.g. `money: USD`");
+        return None;
+    }
+    if reading.weights().iter().any(|&w| w != 1) {
+        e.add(at.clone(), "the table prices each place: name the places without weights, e.g. `sse_json: [usage.prompt_tokens, usage.completion_tokens]`");
+    }
+    let by = e.check(|| format!("{at}.by"), raw.by.parse::<KeyPart>());
+    let per = raw.per.unwrap_or(MICROS);
+    if per == 0 {
+        e.add(format!("{at}.per"), "must be a positive integer (the units each price is for)");
+    }
+    let places = reading.places();
+    let mut row = |value: &str, prices: &BTreeMap<String, RawAmount>| -> Option<Box<[u64]>> {
+        let at = format!("{at}.table.{value}");
+        for place in prices.keys().filter(|p| !places.contains(p)) {
+            e.add(format!("{at}.{place}"), format!("not a place the charge reads ({})", places.join(", ")));
+        }
+        let row: Vec<Option<u64>> = (places.iter())
+            .map(|place| match prices.get(place) {
+                Some(&price) => amount_in(e, &format!("{at}.{place}"), price, true),
+                None => {
+                    e.add(at.clone(), format!("give the price of {place}"));
+                    None
+                }
+            })
+            .collect();
+        row.into_iter().collect()
+    };
+    let mut rows = Vec::new();
+    for (value, prices) in raw.table.iter().filter(|(value, _)| *value != "*") {
+        rows.extend(row(value, prices).map(|row| (value.as_bytes().into(), row)));
+    }
+    let other = match raw.table.get("*") {
+        Some(prices) => row("*", prices),
+        None => {
+            e.add(
+                format!("{at}.table"),
+                "give a row \"*\": the prices of any other value, and of a request without one",
+            );
+            None
+        }
+    };
+    if rows.len() >= usize::from(u16::MAX) {
+        e.add(format!("{at}.table"), format!("at most {} rows", u16::MAX - 1));
+    }
+    Some(Prices { by: by?, per, rows: rows.into(), other: other? })
+}
+
+/// An amount at `at`: on a money budget, micro-units of its money (at most six decimals);
+/// elsewhere a whole number.
+fn amount_in(e: &mut Errors<'_>, at: &str, amount: RawAmount, money: bool) -> Option<u64> {
+    match (amount, money) {
+        (RawAmount::Whole(n), false) => Some(n),
+        (RawAmount::Decimal(_), false) => {
+            e.add(at.to_owned(), "a whole number (an amount with decimals is money: give the limit `money:`)");
+            None
+        }
+        (RawAmount::Whole(n), true) => {
+            let micros = n.checked_mul(MICROS);
+            if micros.is_none() {
+                e.add(at.to_owned(), "too large an amount");
+            }
+            micros
+        }
+        (RawAmount::Decimal(x), true) => {
+            let micros = x * MICROS as f64;
+            let whole = micros.round();
+            if !(0.0..=u64::MAX as f64 / 2.0).contains(&whole) || (micros - whole).abs() > 1e-3 {
+                e.add(at.to_owned(), "an amount of money: not negative, at most six decimals (a micro-unit)");
+                return None;
+            }
+            Some(whole as u64)
+        }
+    }
 }
 
 /// The places of a `charge` reading at `at` (one, of weight 1, or several with their
@@ -163,6 +285,16 @@ fn weighted<T>(
 ) -> Option<Weighted<T>> {
     match raw {
         RawReading::One(text) => Some([(e.check(|| at.to_owned(), parse(text))?, 1)].into()),
+        RawReading::List(list) if list.is_empty() => {
+            e.add(at.to_owned(), "name at least one place");
+            None
+        }
+        RawReading::List(list) => {
+            let places: Vec<_> = (list.iter().enumerate())
+                .filter_map(|(i, text)| Some((e.check(|| format!("{at}[{i}]"), parse(text))?, 1)))
+                .collect();
+            (places.len() == list.len()).then(|| places.into())
+        }
         RawReading::Weighted(weights) if weights.is_empty() => {
             e.add(at.to_owned(), "name at least one place, each with its weight");
             None
@@ -348,6 +480,8 @@ const MAX_LOG_LIMIT: u64 = 65_536;
 
 /// Largest `limit` of a fixed window.
 const MAX_WINDOW_LIMIT: u64 = (1 << 24) - 1;
+/// Largest `limit` of a money budget, in micro-units (17,592,186.044415 of its money).
+const MAX_BUDGET: u64 = crate::limit::MAX_BUDGET;
 
 /// The limit's policies (one per window): what kind of limit it is decides which fields
 /// apply, and every other field given is an error.
@@ -434,16 +568,22 @@ fn policy(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Vec<Policy>> {
             if raw.window.is_none() {
                 missing(e, "window", "1m");
             }
-            let limit = raw.limit?;
+            let limit = amount_in(e, &format!("{at}.limit"), raw.limit?, raw.money.is_some())?;
             // Fixed and sliding windows keep their counts in 24 and 32 bits of the key's
-            // state; a sliding log keeps a timestamp per request, 8 bytes each.
+            // state (a money budget's fixed window in 44); a sliding log keeps a timestamp
+            // per request, 8 bytes each.
             let max = match name {
+                AlgorithmName::FixedWindow if raw.money.is_some() => MAX_BUDGET,
                 AlgorithmName::FixedWindow => MAX_WINDOW_LIMIT,
                 AlgorithmName::SlidingLog => MAX_LOG_LIMIT,
                 _ => u64::from(u32::MAX),
             };
             if !(1..=max).contains(&limit) {
-                e.add(format!("{at}.limit"), format!("must be from 1 to {max}"));
+                let range = match raw.money {
+                    Some(_) => format!("more than 0 and at most {}", Money::amount(max)),
+                    None => format!("from 1 to {max}"),
+                };
+                e.add(format!("{at}.limit"), format!("must be {range}"));
             }
             let window = match raw.window.as_ref()? {
                 RawWindow::Length(text) => e.check(|| format!("{at}.window"), positive_duration(text))?,

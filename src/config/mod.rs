@@ -346,6 +346,9 @@ pub struct Limit {
     pub count: Option<Box<[u16]>>,
     /// What the response reports it cost, debited once it has ended.
     pub charge: Option<crate::policy::charge::Charge>,
+    /// The currency it counts, when it is a money budget (`money:`): its limit, charges
+    /// and standings are micro-units of it.
+    pub money: Option<crate::policy::charge::Money>,
     /// Requests matching an override are decided by that limit (index into
     /// `Config::limits`) instead: a paid tier with its own rate, say.
     pub overrides: Vec<(Allow, LimitId)>,

@@ -355,7 +355,9 @@ pub struct RawLimit {
     pub burst: Option<u64>,
     pub nodelay: Option<bool>,
     pub delay: Option<u64>,
-    pub limit: Option<u64>,
+    pub limit: Option<RawAmount>,
+    /// The currency a money budget counts in: its limit and charges are amounts of it.
+    pub money: Option<String>,
     pub window: Option<RawWindow>,
     pub capacity: Option<u64>,
     pub refill: Option<String>,
@@ -435,8 +437,28 @@ pub struct RawCharge {
     pub trailer: Option<RawReading>,
     pub sse_json: Option<RawReading>,
     pub json: Option<RawReading>,
-    pub default: Option<u64>,
+    pub default: Option<RawAmount>,
     pub instead_of_cost: Option<bool>,
+    pub prices: Option<RawPrices>,
+}
+
+/// `limits.NAME.charge.prices`: what each place's count costs, by a part of the request
+/// (`by: json:model`), per `per` units (a million by default); the row `"*"` prices any
+/// other value.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct RawPrices {
+    pub by: String,
+    pub per: Option<u64>,
+    pub table: BTreeMap<String, BTreeMap<String, RawAmount>>,
+}
+
+/// A whole number (`100`), or, on a limit that counts money, an amount of it (`50.00`).
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum RawAmount {
+    Whole(u64),
+    Decimal(f64),
 }
 
 /// Where a charge is read: one place (a field's name, a JSON path), or several, each with
@@ -445,6 +467,8 @@ pub struct RawCharge {
 #[serde(untagged)]
 pub enum RawReading {
     One(String),
+    /// Several places, each of weight 1 (with `prices`: the places the table prices).
+    List(Vec<String>),
     Weighted(BTreeMap<String, u64>),
 }
 

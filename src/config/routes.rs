@@ -220,7 +220,11 @@ fn body_fields(
     compiled: &TiSlice<LimitId, Limit>,
 ) -> Option<Arc<[ClaimPath]>> {
     let mut fields: Vec<ClaimPath> = Vec::new();
-    let parts = candidates.iter().filter_map(|&l| compiled.get(l)).flat_map(|limit| limit.key.0.iter());
+    // Its key's parts, and the part its charge's prices go by.
+    let parts = candidates.iter().filter_map(|&l| compiled.get(l)).flat_map(|limit| {
+        let priced = limit.charge.as_ref().and_then(|c| Some(&c.prices.as_ref()?.by));
+        limit.key.0.iter().chain(priced)
+    });
     for part in parts {
         if let KeyPart::Json(field) = part
             && !fields.contains(field)

@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::{Action, Balance, BodyPiece, Config, HoldBy, Limit, LogKeys, Route, Scope, Upstream};
 use crate::policy::calendar::{self, Period};
-use crate::policy::charge::Reading;
+use crate::policy::charge::{Money, Reading};
 use crate::policy::{Burst, Policy, Rate, Window};
 use crate::router::PathMatch;
 
@@ -163,6 +163,9 @@ pub struct LimitWords<'a> {
     /// Its own refusal, if it gives one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub response: Option<ResponseWords>,
+    /// The currency a money budget counts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub money: Option<&'a str>,
     /// What a response reports it cost, debited after it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub charge: Option<ChargeWords>,
@@ -175,8 +178,20 @@ pub struct LimitWords<'a> {
 pub struct ChargeWords {
     #[serde(flatten)]
     pub reading: std::collections::BTreeMap<&'static str, String>,
-    pub default: u64,
+    pub default: Amount,
     pub instead_of_cost: bool,
+    /// A money budget's price table: what it goes by, per how many units, and each
+    /// value's price of each place (`*`: any other value).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prices: Option<PricesWords>,
+}
+
+/// `charge.prices` as the file writes it.
+#[derive(Serialize)]
+pub struct PricesWords {
+    pub by: String,
+    pub per: u64,
+    pub table: std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
 }
 
 /// `response:` of a limit: its body as written (with `{limit}` and `{retry_after}`), its
@@ -186,6 +201,14 @@ pub struct ResponseWords {
     pub body: String,
     pub content_type: String,
     pub headers: std::collections::BTreeMap<String, String>,
+}
+
+/// A limit's count, or a money budget's amount (`"50.00"`).
+#[derive(Serialize)]
+#[serde(untagged)]
+pub enum Amount {
+    Count(u64),
+    Money(String),
 }
 
 /// One window of a limit, in the words of its algorithm.
@@ -204,7 +227,7 @@ pub enum PolicyWords {
     },
     Window {
         algorithm: &'static str,
-        limit: u64,
+        limit: Amount,
         window: WindowWords,
     },
     Concurrency {
@@ -370,7 +393,8 @@ impl<'a> LimitWords<'a> {
             name: &limit.name,
             key: limit.key.0.iter().map(ToString::to_string).collect(),
             scope: if matches!(limit.scope, Scope::Global { .. }) { "global" } else { "local" },
-            windows: limit.windows.iter().map(PolicyWords::of).collect(),
+            windows: limit.windows.iter().map(|w| PolicyWords::of(w, limit.money.is_some())).collect(),
+            money: limit.money.as_ref().map(|m| &*m.currency),
             dry_run: limit.dry_run,
             headers: limit.headers,
             action: limit.action,
@@ -412,7 +436,25 @@ impl<'a> LimitWords<'a> {
                     Reading::SseJson(paths) => ("sse_json", places(paths)),
                     Reading::Json(paths) => ("json", places(paths)),
                 };
-                ChargeWords { reading: [(field, value)].into(), default: c.default, instead_of_cost: c.instead_of_cost }
+                let money = limit.money.is_some();
+                let prices = c.prices.as_ref().map(|p| {
+                    let places = c.reading.places();
+                    let row =
+                        |prices: &[u64]| places.iter().cloned().zip(prices.iter().map(|&m| Money::amount(m))).collect();
+                    let mut table: std::collections::BTreeMap<_, _> = p
+                        .rows
+                        .iter()
+                        .map(|(value, prices)| (String::from_utf8_lossy(value).into_owned(), row(prices)))
+                        .collect();
+                    table.insert("*".to_owned(), row(&p.other));
+                    PricesWords { by: p.by.to_string(), per: p.per, table }
+                });
+                ChargeWords {
+                    reading: [(field, value)].into(),
+                    default: Amount::of(c.default, money),
+                    instead_of_cost: c.instead_of_cost,
+                    prices,
+                }
             }),
         }
     }
@@ -425,11 +467,19 @@ fn delay_words(burst: u64, delay: u64) -> (bool, Option<u64>) {
     (burst > 0 && delay >= burst, (delay > 0 && delay < burst).then_some(delay))
 }
 
+impl Amount {
+    /// `n`, or, of a money budget (`money`), `n` micro-units as an amount.
+    fn of(n: u64, money: bool) -> Amount {
+        if money { Amount::Money(Money::amount(n)) } else { Amount::Count(n) }
+    }
+}
+
 impl PolicyWords {
-    pub fn of(policy: &Policy) -> Self {
+    /// `policy`'s words (`money`: a money budget's, its limit an amount).
+    pub fn of(policy: &Policy, money: bool) -> Self {
         let windowed = |algorithm, limit, window: Duration| PolicyWords::Window {
             algorithm,
-            limit,
+            limit: Amount::Count(limit),
             window: WindowWords::Length(span(window)),
         };
         match policy {
@@ -438,7 +488,8 @@ impl PolicyWords {
                 PolicyWords::Rate { rate: rate_words(rate), burst, nodelay, delay }
             }
             Policy::FixedWindow { limit, window } => {
-                PolicyWords::Window { algorithm: "fixed_window", limit: *limit, window: WindowWords::of(window) }
+                let limit = Amount::of(*limit, money);
+                PolicyWords::Window { algorithm: "fixed_window", limit, window: WindowWords::of(window) }
             }
             &Policy::SlidingWindow { limit, window } => windowed("sliding_window", limit, window),
             &Policy::SlidingLog { limit, window } => windowed("sliding_log", limit, window),

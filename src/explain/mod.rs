@@ -125,6 +125,13 @@ pub struct LimitExplained {
     /// `passed`, `delayed`, `rejected`, `banned` or `annotated` (a dry-run limit's: what
     /// it would do).
     pub outcome: Option<String>,
+    /// The currency it counts, a money budget's: its `remaining` are micro-units of it.
+    #[serde(default)]
+    pub money: Option<String>,
+    /// The row of its charge's prices the request's response is priced at (`*`: any
+    /// other value's).
+    #[serde(default)]
+    pub priced_as: Option<String>,
     /// It annotates the request, which is forwarded (`RateLimit-Exceeded`): over it with
     /// `action: annotate`, or at or above its `annotate_from` (a dry-run limit's: it would;
     /// never of a request another limit refuses).
@@ -532,6 +539,10 @@ fn explain_limit(
         after: if skipped.is_none() { standings.iter().map(|s| window_after(s)).collect() } else { Vec::new() },
         outcome,
         annotated,
+        money: limit.money.as_ref().map(|m| m.currency.to_string()),
+        priced_as: (limit.charge.as_ref())
+            .and_then(|c| c.prices.as_ref())
+            .map(|p| p.name(p.row(p.by.value_in(src).as_deref()))),
         skipped,
     }
 }

@@ -110,11 +110,15 @@ impl Display for LimitExplained {
         if let Some(skipped) = &self.skipped {
             return writeln!(f, "    skipped: {skipped}");
         }
+        let money = self.money.as_deref();
         if let Some(before) = &self.before {
-            write!(f, "{}", Before(before))?;
+            write!(f, "{}", Before(before, money))?;
         }
         for window in &self.after {
-            writeln!(f, "    after:  {}", After(window))?;
+            writeln!(f, "    after:  {}", After(window, money))?;
+        }
+        if let Some(row) = &self.priced_as {
+            writeln!(f, "    its response is charged at the prices of {row:?}")?;
         }
         if let Some(outcome) = &self.outcome {
             let verb = match (outcome.as_str(), self.dry_run) {
@@ -134,7 +138,19 @@ impl Display for LimitExplained {
     }
 }
 
-struct Before<'a>(&'a KeyState);
+struct Before<'a>(&'a KeyState, Option<&'a str>);
+
+/// A count, or micro-units of a money budget's currency as an amount of it.
+struct Units<'a>(u64, Option<&'a str>);
+
+impl Display for Units<'_> {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        match self.1 {
+            Some(currency) => write!(f, "{} {currency}", crate::policy::charge::Money::amount(self.0)),
+            None => write!(f, "{}", self.0),
+        }
+    }
+}
 
 impl Display for Before<'_> {
     fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
@@ -143,13 +159,13 @@ impl Display for Before<'_> {
         }
         // As `GET /limits/NAME` shows the key: what a one-unit request would find.
         for w in &self.0.windows {
-            writeln!(f, "    before: {} remaining", w.remaining)?;
+            writeln!(f, "    before: {} remaining", Units(w.remaining, self.1))?;
         }
         Ok(())
     }
 }
 
-struct After<'a>(&'a WindowAfter);
+struct After<'a>(&'a WindowAfter, Option<&'a str>);
 
 impl Display for After<'_> {
     fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
@@ -163,7 +179,7 @@ impl Display for After<'_> {
         write!(
             f,
             "; {} remaining, excess {}, full again in {}",
-            w.remaining,
+            Units(w.remaining, self.1),
             (w.excess * 1000.0).round() / 1000.0,
             ms(w.reset_ms)
         )

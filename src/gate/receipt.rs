@@ -11,8 +11,8 @@ use smallvec::SmallVec;
 use crate::clock::Nanos;
 use crate::ids::LimitId;
 use crate::limit::Limiters;
-use crate::policy::charge::Charge;
-use crate::policy::key::KeyHash;
+use crate::policy::charge::{Charge, PriceRow};
+use crate::policy::key::{KeyHash, KeySource};
 use crate::store::{Admissions, Lease};
 
 /// The concurrency slots a request holds, given back when this is dropped or released.
@@ -50,6 +50,8 @@ pub struct Pending {
     pub(super) cost: u64,
     /// Global admissions, boxed: most requests have none.
     pub(super) global: Option<Box<Admissions>>,
+    /// The row of each charging limit's prices that prices the request (`price`).
+    pub(super) rows: Box<[(LimitId, PriceRow)]>,
 }
 
 impl Pending {
@@ -60,7 +62,7 @@ impl Pending {
     /// moved, at its full size, for every request, most of which have no global
     /// admissions.
     pub fn settle(self, status: u16) -> (Option<BoxFuture<'static, ()>>, Option<Charges>) {
-        let Pending { limiters, admissions, cost, global } = self;
+        let Pending { limiters, admissions, cost, global, rows: _ } = self;
         let mut charges = Charges { limiters: None, local: SmallVec::new(), global: None, cost };
         if let Some(limiters) = &limiters {
             for a in admissions {
@@ -87,14 +89,30 @@ impl Pending {
     }
 
     /// The limits of these admissions that charge what the response reports, each with
-    /// its `charge:`.
-    pub fn charging(&self) -> impl Iterator<Item = (LimitId, &Charge)> {
+    /// its `charge:` and the row of its prices the request is priced at.
+    pub fn charging(&self) -> impl Iterator<Item = (LimitId, &Charge, Option<PriceRow>)> {
         let limiters = self.limiters.as_deref();
         let global = self.global.iter().flat_map(|g| g.list.iter().map(|a| a.limit));
         self.admissions.iter().map(|a| a.limit).chain(global).filter_map(move |limit| {
             let charge = limiters?.get(limit).charge.as_ref()?;
-            Some((limit, charge))
+            Some((limit, charge, self.rows.iter().find(|(l, _)| *l == limit).map(|(_, row)| *row)))
         })
+    }
+
+    /// Picks, for each of its limits that prices what it charges (a money budget's
+    /// `prices`), the row the request `src` is priced at: by the value of the prices'
+    /// part in the request, as it was when its limits decided it.
+    pub fn price(&mut self, src: &KeySource<'_>) {
+        if self.admissions.is_empty() && self.global.is_none() {
+            return;
+        }
+        let rows: Box<[_]> = (self.charging())
+            .filter_map(|(limit, charge, _)| {
+                let prices = charge.prices.as_ref()?;
+                Some((limit, prices.row(prices.by.value_in(src).as_deref())))
+            })
+            .collect();
+        self.rows = rows;
     }
 
     /// Adds `other`'s admissions (the same request's, decided in a second step).

@@ -36,13 +36,14 @@ pub(crate) enum Held<'a> {
 }
 
 impl Algorithm {
-    pub fn new(policy: &Policy, max_keys: usize) -> Self {
+    /// `wide`: a money budget's, whose fixed window counts micro-units.
+    pub fn new(policy: &Policy, max_keys: usize, wide: bool) -> Self {
         match policy {
             &Policy::Rate { rate, burst, delay } => {
                 Algorithm::LeakyBucket(LeakyBucket::new(rate, burst, delay), Arc::new(KeyTable::new(max_keys)))
             }
             Policy::FixedWindow { limit, window } => {
-                Algorithm::FixedWindow(FixedWindow::new(*limit, window), Arc::new(KeyTable::new(max_keys)))
+                Algorithm::FixedWindow(FixedWindow::new(*limit, window, wide), Arc::new(KeyTable::new(max_keys)))
             }
             &Policy::SlidingWindow { limit, window } => {
                 Algorithm::SlidingWindow(SlidingWindow::new(limit, window), Arc::new(KeyTable::new(max_keys)))

@@ -11,20 +11,53 @@
 //!
 //! State: the window's index (low 40 bits: windows of at least 1 ms repeat an index
 //! only after 34 years; a calendar window's is its start in seconds) and the count in it
-//! (24 bits), in one `u64`.
+//! (24 bits), in one `u64`. A money budget counts micro-units, more than 24 bits hold
+//! (50 USD is 50,000,000): its calendar window is indexed by its start in hours (low 20
+//! bits, repeating after 119 years) and counts in the other 44.
 
 use super::Verdict;
 use crate::policy::Window;
 use crate::policy::calendar::Windows;
 
-const COUNT_BITS: u32 = 24;
-const COUNT_MAX: u64 = (1 << COUNT_BITS) - 1;
-const INDEX_MASK: u64 = (1 << 40) - 1;
+/// How a key's state is packed: a window's count in the low bits, its index above.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Packing {
+    count_bits: u32,
+    /// The time a calendar window's index counts (ns): its start in these.
+    calendar_unit: u64,
+}
+
+const NARROW: Packing = Packing { count_bits: 24, calendar_unit: 1_000_000_000 };
+/// A money budget's (calendar windows only).
+const WIDE: Packing = Packing { count_bits: 44, calendar_unit: 3_600_000_000_000 };
+
+/// The largest limit of a money budget (micro-units).
+pub const MAX_BUDGET: u64 = (1 << WIDE.count_bits) - 1;
+
+impl Packing {
+    fn count_max(self) -> u64 {
+        (1 << self.count_bits) - 1
+    }
+
+    fn index_mask(self) -> u64 {
+        (1 << (64 - self.count_bits)) - 1
+    }
+
+    fn pack(self, index: u64, count: u64) -> u64 {
+        ((index & self.index_mask()) << self.count_bits) | count
+    }
+
+    /// The index and count of `state`.
+    fn unpack(self, state: u64) -> (u64, u64) {
+        (state >> self.count_bits, state & self.count_max())
+    }
+}
 
 #[derive(Debug)]
 pub struct FixedWindow {
     limit: u64,
     span: Span,
+    packing: Packing,
 }
 
 /// Where the windows start and end.
@@ -36,41 +69,42 @@ enum Span {
     Calendar(Box<Windows>),
 }
 
-/// A calendar window's index (its start in s) and end: out of line, so that a window of
-/// a length costs what it did before calendars (measured: docs/performance.md).
+/// A calendar window's index (its start in `unit` ns) and end: out of line, so that a
+/// window of a length costs what it did before calendars (measured: docs/performance.md).
 #[inline(never)]
-fn calendar_window(windows: &Windows, now: u64) -> (u64, u64) {
+fn calendar_window(windows: &Windows, now: u64, unit: u64) -> (u64, u64) {
     let bounds = windows.at(now);
-    (bounds.start / 1_000_000_000, bounds.end)
-}
-
-fn pack(index: u64, count: u64) -> u64 {
-    ((index & INDEX_MASK) << COUNT_BITS) | count
+    (bounds.start / unit, bounds.end)
 }
 
 impl FixedWindow {
-    /// `limit` below 2^24, a window of at least 1 ms (checked by the config).
-    pub fn new(limit: u64, window: &Window) -> Self {
+    /// `limit` below 2^24 (a money budget's, `wide`, below 2^44, with a calendar window),
+    /// a window of at least 1 ms (checked by the config).
+    pub fn new(limit: u64, window: &Window, wide: bool) -> Self {
         let span = match window {
             Window::Every(length) => Span::Every(u64::try_from(length.as_nanos()).unwrap_or(u64::MAX).max(1)),
             Window::Calendar(calendar) => Span::Calendar(Box::new(Windows::new(calendar.clone()))),
         };
-        FixedWindow { limit, span }
+        debug_assert!(!wide || matches!(span, Span::Calendar(_)), "a wide count has calendar windows");
+        FixedWindow { limit, span, packing: if wide { WIDE } else { NARROW } }
     }
 
-    /// Whether `other` has the same windows (then a key's state means the same in both).
+    /// Whether `other` has the same windows and packing (then a key's state means the
+    /// same in both).
     pub fn same_windows(&self, other: &FixedWindow) -> bool {
-        match (&self.span, &other.span) {
-            (Span::Every(a), Span::Every(b)) => a == b,
-            (Span::Calendar(a), Span::Calendar(b)) => a.calendar == b.calendar,
-            _ => false,
-        }
+        self.packing == other.packing
+            && match (&self.span, &other.span) {
+                (Span::Every(a), Span::Every(b)) => a == b,
+                (Span::Calendar(a), Span::Calendar(b)) => a.calendar == b.calendar,
+                _ => false,
+            }
     }
 
-    /// Its windows, in words: `every Nns`, or the calendar's.
+    /// Its windows, in words: `every Nns`, or the calendar's (and a budget's packing).
     pub fn windows(&self) -> String {
         match &self.span {
             Span::Every(length) => format!("every {length}ns"),
+            Span::Calendar(windows) if self.packing == WIDE => format!("{}, counts in 44 bits", windows.calendar),
             Span::Calendar(windows) => windows.calendar.to_string(),
         }
     }
@@ -83,7 +117,7 @@ impl FixedWindow {
                 let index = now / length;
                 (index, (index + 1) * length)
             }
-            Span::Calendar(windows) => calendar_window(windows, now),
+            Span::Calendar(windows) => calendar_window(windows, now, self.packing.calendar_unit),
         }
     }
 
@@ -92,10 +126,11 @@ impl FixedWindow {
     /// window's: a debt carries into the next window, no further.
     fn count(&self, state: Option<u64>, index: u64) -> u64 {
         let Some(s) = state else { return 0 };
-        let (stored, count) = (s >> COUNT_BITS, s & COUNT_MAX);
-        if stored == index & INDEX_MASK {
+        let mask = self.packing.index_mask();
+        let (stored, count) = self.packing.unpack(s);
+        if stored == index & mask {
             count
-        } else if count > self.limit && stored == self.previous(index) & INDEX_MASK {
+        } else if count > self.limit && stored == self.previous(index) & mask {
             (count - self.limit).min(self.limit)
         } else {
             0
@@ -106,7 +141,12 @@ impl FixedWindow {
     fn previous(&self, index: u64) -> u64 {
         match &self.span {
             Span::Every(_) => index.wrapping_sub(1),
-            Span::Calendar(windows) => windows.at((index * 1_000_000_000).saturating_sub(1)).start / 1_000_000_000,
+            // The index's time is at most the window's start: just before it is the window
+            // before (a calendar window is a day at least).
+            Span::Calendar(windows) => {
+                let unit = self.packing.calendar_unit;
+                windows.at((index * unit).saturating_sub(1)).start / unit
+            }
         }
     }
 
@@ -133,7 +173,7 @@ impl FixedWindow {
         }
         let count = count + cost;
         Verdict::Admit {
-            state: pack(index, count),
+            state: self.packing.pack(index, count),
             wait: 0,
             remaining: self.limit - count,
             reset,
@@ -153,14 +193,14 @@ impl FixedWindow {
     /// carried into the next window (at most a whole window's).
     pub fn charge(&self, state: Option<u64>, units: u64, now: u64) -> u64 {
         let index = self.window(now).0;
-        pack(index, self.count(state, index).saturating_add(units).min(COUNT_MAX))
+        self.packing.pack(index, self.count(state, index).saturating_add(units).min(self.packing.count_max()))
     }
 
     /// Takes back an admission of `cost` units made at `at`, if its window still runs.
     pub fn refund(&self, state: u64, cost: u64, at: u64) -> u64 {
-        if state >> COUNT_BITS == self.window(at).0 & INDEX_MASK {
-            let count = state & ((1 << COUNT_BITS) - 1);
-            (state & !((1 << COUNT_BITS) - 1)) | count.saturating_sub(cost)
+        let (index, count) = self.packing.unpack(state);
+        if index == self.window(at).0 & self.packing.index_mask() {
+            (state & !self.packing.count_max()) | count.saturating_sub(cost)
         } else {
             state
         }
@@ -169,7 +209,7 @@ impl FixedWindow {
     /// A count from an earlier window is a fresh key's.
     /// The state of a key with `units` left in the window of `now`.
     pub fn holding(&self, units: u64, now: u64) -> u64 {
-        pack(self.window(now).0, self.limit - units.min(self.limit))
+        self.packing.pack(self.window(now).0, self.limit - units.min(self.limit))
     }
 
     pub fn is_idle(&self, state: u64, now: u64) -> bool {
@@ -201,7 +241,7 @@ mod tests {
 
     #[test]
     fn a_key_holding_n_units_admits_n_until_the_window_ends() {
-        let w = FixedWindow::new(5, &Window::Every(Duration::from_secs(10)));
+        let w = FixedWindow::new(5, &Window::Every(Duration::from_secs(10)), false);
         let state = w.holding(2, 12 * S);
         assert!(matches!(w.decide(Some(state), 13 * S, 2), Verdict::Admit { remaining: 0, .. }));
         assert!(matches!(w.decide(Some(state), 13 * S, 3), Verdict::Reject { remaining: 2, .. }));
@@ -211,7 +251,7 @@ mod tests {
 
     #[test]
     fn limit_per_epoch_aligned_window_and_the_double_burst_at_its_edge() {
-        let w = FixedWindow::new(3, &Window::Every(Duration::from_secs(60)));
+        let w = FixedWindow::new(3, &Window::Every(Duration::from_secs(60)), false);
         // Window [60, 120): three pass, the fourth waits for 120. At 119.9 and 120.0 the
         // client gets 3 + 3 within a tenth of a second: the documented boundary burst.
         let out = replay(&w, &[60.0, 61.0, 62.0, 63.0, 119.9, 120.0, 120.0, 120.0, 120.1]);
@@ -220,7 +260,7 @@ mod tests {
 
     #[test]
     fn rejection_says_when_the_window_ends() {
-        let w = FixedWindow::new(1, &Window::Every(Duration::from_secs(10)));
+        let w = FixedWindow::new(1, &Window::Every(Duration::from_secs(10)), false);
         let Verdict::Admit { state, remaining: 0, reset, .. } = w.decide(None, 12 * S, 1) else { panic!() };
         assert_eq!(reset, 8 * S);
         assert_eq!(
@@ -232,7 +272,7 @@ mod tests {
 
     #[test]
     fn a_charge_past_the_limit_carries_into_the_next_window_and_no_further() {
-        let w = FixedWindow::new(10, &Window::Every(Duration::from_secs(10)));
+        let w = FixedWindow::new(10, &Window::Every(Duration::from_secs(10)), false);
         let Verdict::Admit { state, .. } = w.decide(None, 12 * S, 1) else { panic!() };
         // 1 + 14 units in [10, 20): 5 past the limit, carried into [20, 30).
         let state = w.charge(Some(state), 14, 13 * S);
@@ -273,7 +313,7 @@ mod calendar {
 
     fn berlin(limit: u64, period: Period) -> FixedWindow {
         let calendar = Calendar { period, tz: TimeZone::get("Europe/Berlin").unwrap() };
-        FixedWindow::new(limit, &Window::Calendar(calendar))
+        FixedWindow::new(limit, &Window::Calendar(calendar), false)
     }
 
     /// ns of a local time in Europe/Berlin.
@@ -378,7 +418,29 @@ mod calendar {
         assert_eq!(w.refund(state, 2, at("2026-10-24T23:00")), state, "an admission of the day before");
         let other = berlin(5, Period::Month(1));
         assert!(w.same_windows(&berlin(9, Period::Day)) && !w.same_windows(&other));
-        assert!(!w.same_windows(&FixedWindow::new(5, &Window::Every(Duration::from_secs(86_400)))));
+        assert!(!w.same_windows(&FixedWindow::new(5, &Window::Every(Duration::from_secs(86_400)), false)));
+    }
+
+    #[test]
+    fn a_money_budget_counts_past_24_bits_in_months_that_start_off_the_hour() {
+        // Kolkata's midnight is half past a UTC hour: the index (in hours) floors it.
+        let calendar = Calendar { period: Period::Month(1), tz: TimeZone::get("Asia/Kolkata").unwrap() };
+        let w = FixedWindow::new(50_000_000, &Window::Calendar(calendar.clone()), true);
+        let at = |text: &str| {
+            let zoned = text.parse::<jiff::civil::DateTime>().unwrap().in_tz("Asia/Kolkata").unwrap();
+            u64::try_from(zoned.timestamp().as_nanosecond()).unwrap()
+        };
+        let start = at("2026-11-01T00:00");
+        let Verdict::Admit { state, remaining, .. } = w.decide(None, start + H, 1) else { panic!() };
+        assert_eq!(remaining, 49_999_999);
+        // 60 of 50 spent: refused for the rest of the month, 10 carried into the next.
+        let state = w.charge(Some(state), 60_000_000, start + 2 * H);
+        assert!(matches!(w.decide(Some(state), at("2026-11-30T23:59"), 1), Verdict::Reject { remaining: 0, .. }));
+        let Verdict::Admit { remaining, .. } = w.decide(Some(state), at("2026-12-01T00:00"), 1) else { panic!() };
+        assert_eq!(remaining, 50_000_000 - 10_000_001 - 1);
+        let Verdict::Admit { remaining, .. } = w.decide(Some(state), at("2027-01-01T00:00"), 1) else { panic!() };
+        assert_eq!(remaining, 49_999_999, "a month later still: fresh");
+        assert!(!w.same_windows(&FixedWindow::new(5, &Window::Calendar(calendar), false)), "another packing");
     }
 }
 
@@ -401,7 +463,7 @@ mod properties {
             gaps in proptest::collection::vec(0u64..400, 1..150),
         ) {
             let window = window_ms * 1_000_000;
-            let w = FixedWindow::new(limit, &Window::Every(Duration::from_nanos(window)));
+            let w = FixedWindow::new(limit, &Window::Every(Duration::from_nanos(window)), false);
             let mut state = None;
             let admitted: Vec<u64> = arrivals(&gaps, window)
                 .filter(|&now| match w.decide(state, now, 1) {

@@ -35,6 +35,7 @@ use crate::policy::key::{KeyHash, KeySource, KeySpec};
 use crate::policy::{Burst, OnMissingKey, Policy, Rate, Scope};
 use algorithm::Algorithm;
 use ban::Bans;
+pub use fixed_window::MAX_BUDGET;
 use key_text::KeyText;
 use secret::KeySecret;
 
@@ -521,7 +522,9 @@ fn limiter(limit: &Limit) -> Limiter {
         Scope::Global { instances, .. } => instances,
         Scope::Local => 1,
     };
-    let windows = limit.windows.iter().map(|policy| Algorithm::new(&shared(policy, share), limit.max_keys)).collect();
+    let wide = limit.money.is_some();
+    let windows =
+        limit.windows.iter().map(|policy| Algorithm::new(&shared(policy, share), limit.max_keys, wide)).collect();
     Limiter {
         id: LimitName(Arc::from(limit.name.as_str())),
         key: limit.key.clone(),

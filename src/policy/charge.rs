@@ -3,9 +3,11 @@
 //! once the response has ended. How a report is read lives here; the debit is the
 //! limit's (`limit::Limiters::charge`, the store's `CHARGE` script).
 
+use std::sync::Arc;
+
 use http::HeaderName;
 
-use super::key::ClaimPath;
+use super::key::{ClaimPath, KeyPart};
 
 /// The most a single response may be charged: a larger report is taken as this. A
 /// fixed window counts in 24 bits, a leaky bucket's debt is a time; this keeps both far
@@ -22,6 +24,105 @@ pub struct Charge {
     /// The report replaces the request's own cost instead of adding to it: the cost
     /// admitted the request and is given back once the report is known.
     pub instead_of_cost: bool,
+    /// What each place's count costs, by the request (a money budget's price table).
+    pub prices: Option<Arc<Prices>>,
+}
+
+impl Charge {
+    /// What a response that reported `counts` is charged (each of the reading's places'
+    /// count, in its order: `None` not reported, `Some(None)` reported but no count),
+    /// priced at `row` of the prices when the charge has them: `None` when nothing was
+    /// reported, or something that is no count (the default is then charged).
+    pub fn units(&self, counts: impl Iterator<Item = Option<Option<u64>>>, row: Option<PriceRow>) -> Option<u64> {
+        match (&self.prices, row) {
+            (Some(prices), Some(row)) => prices.cost(counts, row),
+            _ => weighed(counts.zip(self.reading.weights())),
+        }
+    }
+}
+
+/// A row of a price table: the index of the value it prices (the table's length: any
+/// other value's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PriceRow(pub u16);
+
+/// A money budget's price table (`charge.prices`): each place's count is priced by what
+/// the request names in a part of it (`json:model`: a language model's own prices).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prices {
+    /// The part of the request whose value picks the row.
+    pub by: KeyPart,
+    /// How many units of a count each price is for (a million tokens).
+    pub per: u64,
+    /// Each value priced, and the price of each of the reading's places (in its order),
+    /// in micro-units of the limit's money per `per` units.
+    pub rows: Box<[(Box<[u8]>, PriceList)]>,
+    /// The prices of any other value, and of a request without one.
+    pub other: PriceList,
+}
+
+/// The price of each of a reading's places, in its order.
+pub type PriceList = Box<[u64]>;
+
+impl Prices {
+    /// The row that prices a request whose `by` part is `value`.
+    pub fn row(&self, value: Option<&[u8]>) -> PriceRow {
+        let found = value.and_then(|v| self.rows.iter().position(|(named, _)| **named == *v));
+        // At most 65,535 rows (checked).
+        PriceRow(found.unwrap_or(self.rows.len()) as u16)
+    }
+
+    /// The value `row` prices, as the file names it (`*`: any other).
+    pub fn name(&self, row: PriceRow) -> String {
+        match self.rows.get(usize::from(row.0)) {
+            Some((value, _)) => String::from_utf8_lossy(value).into_owned(),
+            None => "*".to_owned(),
+        }
+    }
+
+    fn of(&self, row: PriceRow) -> &[u64] {
+        self.rows.get(usize::from(row.0)).map_or(&self.other, |(_, prices)| prices)
+    }
+
+    /// The micro-units `counts` cost at `row`, rounded up (a fraction of a micro-unit is
+    /// a whole one): exact whatever the counts, in 128 bits, then at most `MAX_UNITS`.
+    fn cost(&self, counts: impl Iterator<Item = Option<Option<u64>>>, row: PriceRow) -> Option<u64> {
+        let mut total: Option<u128> = None;
+        for (reported, price) in counts.zip(self.of(row)) {
+            let Some(count) = reported else { continue };
+            total = Some(total.unwrap_or(0) + u128::from(count?) * u128::from(*price));
+        }
+        let micros = total?.div_ceil(u128::from(self.per));
+        Some(u64::try_from(micros).unwrap_or(MAX_UNITS).min(MAX_UNITS))
+    }
+}
+
+/// A limit that counts money (`money: USD`): its limit, its charges and their default
+/// are amounts of this currency, kept as whole micro-units (a millionth of it), so that
+/// what a response costs at a fraction of a cent adds up exactly, locally and in Redis.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Money {
+    /// The currency's name as the file writes it (`USD`, `EUR`, `credits`).
+    pub currency: Box<str>,
+}
+
+/// Micro-units in a unit of money.
+pub const MICROS: u64 = 1_000_000;
+
+impl Money {
+    /// `micros` as an amount of the currency: `49.985` (at least two decimals, no
+    /// trailing zeros past them: `50.00`, `0.000015`).
+    pub fn amount(micros: u64) -> String {
+        let text = format!("{}.{:06}", micros / MICROS, micros % MICROS);
+        let trimmed = text.trim_end_matches('0');
+        let decimals = trimmed.len() - trimmed.find('.').unwrap_or(trimmed.len()) - 1;
+        if decimals < 2 { text[..text.len() - 4].to_owned() } else { trimmed.to_owned() }
+    }
+
+    /// `micros` with the currency: `49.985 USD`.
+    pub fn show(&self, micros: u64) -> String {
+        format!("{} {}", Money::amount(micros), self.currency)
+    }
 }
 
 /// Where a response reports its cost: one place, or several whose counts are weighed and
@@ -41,6 +142,24 @@ pub enum Reading {
     /// Numbers at these paths in a JSON response body (`application/json`, `…+json`, or
     /// no type), read as it passes: a language model's answer when it does not stream.
     Json(Weighted<ClaimPath>),
+}
+
+impl Reading {
+    /// Each place's weight, in order.
+    pub fn weights(&self) -> smallvec::SmallVec<[u64; 4]> {
+        match self {
+            Reading::Header(places) | Reading::Trailer(places) => places.iter().map(|(_, w)| *w).collect(),
+            Reading::SseJson(places) | Reading::Json(places) => places.iter().map(|(_, w)| *w).collect(),
+        }
+    }
+
+    /// Each place as the file names it, in order.
+    pub fn places(&self) -> Vec<String> {
+        match self {
+            Reading::Header(places) | Reading::Trailer(places) => places.iter().map(|(p, _)| p.to_string()).collect(),
+            Reading::SseJson(places) | Reading::Json(places) => places.iter().map(|(p, _)| p.to_string()).collect(),
+        }
+    }
 }
 
 /// Places and the weight of each one's count. Shared: each response a limit charges
@@ -128,10 +247,9 @@ impl SseScan {
         }
     }
 
-    /// What the stream reported so far: each path's last count, weighed and summed
-    /// (`None`: no path was reported).
-    pub fn found(&self) -> Option<u64> {
-        weighed(self.found.iter().zip(self.paths.iter()).map(|(found, (_, weight))| (found.map(Some), *weight)))
+    /// What the stream reported so far: each path's last count (`None`: not reported).
+    pub fn counts(&self) -> impl Iterator<Item = Option<Option<u64>>> + '_ {
+        self.found.iter().map(|found| found.map(Some))
     }
 
     /// Reads the next piece of the body.
@@ -240,7 +358,7 @@ mod tests {
             s.feed(p);
         }
         s.finish();
-        s.found()
+        weighed(s.counts().zip(paths.iter().map(|(_, w)| *w)))
     }
 
     #[test]
@@ -271,6 +389,40 @@ mod tests {
         assert_eq!(weighed([(None, 3), (None, 5)].into_iter()), None);
         assert_eq!(weighed([(Some(Some(2)), 3), (Some(None), 5)].into_iter()), None);
         assert_eq!(weighed([(Some(Some(MAX_UNITS)), 2)].into_iter()), Some(MAX_UNITS));
+    }
+
+    #[test]
+    fn money_is_said_with_two_decimals_at_least_and_none_lost() {
+        assert_eq!(Money::amount(50_000_000), "50.00");
+        assert_eq!(Money::amount(49_985_000), "49.985");
+        assert_eq!(Money::amount(15), "0.000015");
+        assert_eq!(Money::amount(0), "0.00");
+        assert_eq!(Money { currency: "USD".into() }.show(2_500_000), "2.50 USD");
+    }
+
+    #[test]
+    fn prices_charge_exact_micro_units_rounded_up_per_response() {
+        let prices = Prices {
+            by: "json:model".parse().unwrap(),
+            per: 1_000_000,
+            // 0.15 and 0.60 a million tokens; any other model 5.00 and 15.00.
+            rows: [(b"mini".as_slice().into(), [150_000, 600_000].as_slice().into())].into(),
+            other: [5_000_000, 15_000_000].into(),
+        };
+        let mini = prices.row(Some(b"mini"));
+        assert_eq!((mini, prices.row(Some(b"other")), prices.row(None)), (PriceRow(0), PriceRow(1), PriceRow(1)));
+        assert_eq!(prices.name(mini), "mini");
+        assert_eq!(prices.name(PriceRow(1)), "*");
+        let cost = |counts: [Option<Option<u64>>; 2], row| prices.cost(counts.into_iter(), row);
+        // 7 prompt tokens of mini: 1.05 micro-units, charged 2; 1,000 and 500: 450 exactly.
+        assert_eq!(cost([Some(Some(7)), None], mini), Some(2));
+        assert_eq!(cost([Some(Some(1000)), Some(Some(500))], mini), Some(450));
+        assert_eq!(cost([Some(Some(1000)), Some(Some(500))], PriceRow(1)), Some(12_500));
+        // Nothing reported, or something that is no count: the default.
+        assert_eq!(cost([None, None], mini), None);
+        assert_eq!(cost([Some(Some(1)), Some(None)], mini), None);
+        // Billions of tokens at a high price: no overflow before the division.
+        assert_eq!(cost([Some(Some(u64::from(u32::MAX))), None], PriceRow(1)), Some(MAX_UNITS));
     }
 
     #[test]

@@ -8,8 +8,7 @@ use smallvec::SmallVec;
 use crate::front::body::Scan;
 use crate::gate::Charges;
 use crate::ids::LimitId;
-use crate::policy::charge::{Charge, Reading, SseScan, Weighted, units_in, units_of_number, weighed};
-use crate::policy::key::ClaimPath;
+use crate::policy::charge::{Charge, PriceRow, Reading, SseScan, units_in, units_of_number};
 use crate::wire::message::Response;
 
 /// A response's meter: one report per limit that charges it.
@@ -22,8 +21,11 @@ pub struct Meter {
 
 struct Report {
     limit: LimitId,
-    reading: Reading,
-    /// The count found so far.
+    /// Its limit's `charge:` (shared: a copy is two counts' increments).
+    charge: Charge,
+    /// The row of its prices the request is priced at, if it has prices.
+    row: Option<PriceRow>,
+    /// What was found so far (a head's or trailers' report).
     found: Option<u64>,
     /// The body read for it.
     scan: Option<BodyScan>,
@@ -45,28 +47,31 @@ impl BodyScan {
         }
     }
 
-    /// The weighed count the body reported.
-    fn found(&mut self, weights: &Weighted<ClaimPath>) -> Option<u64> {
+    /// What the body reported, priced or weighed as `report`'s charge says.
+    fn found(&mut self, report: &Report) -> Option<u64> {
         match self {
             BodyScan::Events(scan) => {
                 scan.finish();
-                scan.found()
+                report.charge.units(scan.counts(), report.row)
             }
             // A path sent twice is a report that is no count (which one would be a guess).
-            BodyScan::Json(scan) if scan.repeated().is_some() => weighed(std::iter::once((Some(None), 1))),
-            BodyScan::Json(scan) => weighed(
-                weights
-                    .iter()
-                    .enumerate()
-                    .map(|(i, (_, weight))| (scan.number(i).map(|n| n.and_then(units_of_number)), *weight)),
-            ),
+            BodyScan::Json(scan) if scan.repeated().is_some() => None,
+            BodyScan::Json(scan) => {
+                let places = report.charge.reading.weights().len();
+                report
+                    .charge
+                    .units((0..places).map(|i| scan.number(i).map(|n| n.and_then(units_of_number))), report.row)
+            }
         }
     }
 }
 
 impl Meter {
     /// A meter for `limits` (each with its `charge:`) of `response`, its head known.
-    pub fn new<'c, B>(limits: impl Iterator<Item = (LimitId, &'c Charge)>, response: &Response<B>) -> Option<Meter> {
+    pub fn new<'c, B>(
+        limits: impl Iterator<Item = (LimitId, &'c Charge, Option<PriceRow>)>,
+        response: &Response<B>,
+    ) -> Option<Meter> {
         // Most responses have no limit that charges: nothing of them is read.
         let mut limits = limits.peekable();
         limits.peek()?;
@@ -81,9 +86,9 @@ impl Meter {
                 t == "application/json" || t.ends_with("+json")
             }) && response.field(&http::header::CONTENT_ENCODING).is_none_or(|v| v.eq_ignore_ascii_case(b"identity"));
         let reports: SmallVec<[Report; 1]> = limits
-            .map(|(limit, charge)| {
+            .map(|(limit, charge, row)| {
                 let in_head = |names: &[(http::HeaderName, u64)]| {
-                    weighed(names.iter().map(|(name, weight)| (response.field(name).map(units_in), *weight)))
+                    charge.units(names.iter().map(|(name, _)| response.field(name).map(units_in)), row)
                 };
                 let (found, scan) = match &charge.reading {
                     Reading::Header(names) => (in_head(names), None),
@@ -96,7 +101,7 @@ impl Meter {
                     Reading::Trailer(names) => (in_head(names), None),
                     Reading::SseJson(_) | Reading::Json(_) => (None, None),
                 };
-                Report { limit, reading: charge.reading.clone(), found, scan }
+                Report { limit, charge: charge.clone(), row, found, scan }
             })
             .collect();
         Some(Meter { charges: None, reports })
@@ -118,17 +123,15 @@ impl Meter {
         settled: Option<Charges>,
     ) -> Option<impl Future<Output = ()> + Send + use<>> {
         for report in &mut self.reports {
-            match (&report.reading, &mut report.scan) {
+            match (&report.charge.reading, report.scan.take()) {
                 (Reading::Trailer(names), _) => {
                     // Trailers that report replace what the head said (a gRPC answer's).
                     if let Some(trailers) = trailers.filter(|t| names.iter().any(|(name, _)| t.contains_key(name))) {
-                        let counts = names.iter().map(|(name, weight)| {
-                            (trailers.get(name).map(|value| units_in(value.as_bytes())), *weight)
-                        });
-                        report.found = weighed(counts);
+                        let counts = names.iter().map(|(name, _)| trailers.get(name).map(|v| units_in(v.as_bytes())));
+                        report.found = report.charge.units(counts, report.row);
                     }
                 }
-                (Reading::SseJson(paths) | Reading::Json(paths), Some(scan)) => report.found = scan.found(paths),
+                (_, Some(mut scan)) => report.found = scan.found(report),
                 _ => {}
             }
         }

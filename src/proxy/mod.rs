@@ -405,6 +405,7 @@ impl Proxy {
                         response::Annotation::of(results, standings, &route.listed, &config.limits, quotas);
                 }
                 (ctx.permits, ctx.pending) = (std::mem::take(permits), std::mem::take(pending));
+                ctx.pending.price(&front.src);
                 // Boxed: it is held across the exchange, and most routes hold none.
                 ctx.hold = admitted.hold.take().map(Box::new);
                 Ok(Admission::Go { route: front.route, wait: *wait })

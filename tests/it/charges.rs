@@ -298,6 +298,83 @@ async fn a_json_bodys_usage_is_charged_as_it_passes() {
     }
 }
 
+/// A budget of 0.002 USD a month per user, its responses priced by the model the
+/// request's body names.
+const BUDGET: &str = "algorithm: fixed_window, window: { calendar: month }, limit: 0.002, money: USD, charge: { \
+    sse_json: [usage.prompt_tokens, usage.completion_tokens], default: 0.0001, prices: { by: \"json:model\", \
+    table: { gpt-4o: { usage.prompt_tokens: 2.5, usage.completion_tokens: 10 }, \"*\": { usage.prompt_tokens: 5, \
+    usage.completion_tokens: 15.00 } } } }";
+
+/// `POST path` as user `user` with a JSON body naming `model`.
+async fn ask_as(addr: SocketAddr, path: &str, user: &str, model: &str) -> Reply {
+    let body = format!("{{\"model\": \"{model}\", \"messages\": []}}");
+    let req = http::Request::post(path)
+        .header("host", "localhost")
+        .header("x-user", user)
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(Bytes::from(body)))
+        .unwrap();
+    request(addr, req).await
+}
+
+/// A money budget spent by priced usage, exactly, in micro-units: 100 prompt and 50
+/// completion tokens of gpt-4o at 2.50 and 10.00 a million are 0.00075 USD; the same of
+/// a model the table does not name, at its `*` row (5.00 and 15.00), 0.00125: the
+/// budget is then spent, the next request refused until the month's end; `/limits`,
+/// `/config` and `explain` say it in money.
+async fn a_money_budget_is_spent_at_each_models_prices(scope: &str, top: &str) {
+    let (backend, seen) = reporting_backend(false).await;
+    let sg = proxy(backend, false, &format!("{BUDGET}{scope}"), top);
+    assert_eq!(ask_as(sg.addr, "/usage/100/50", "ann", "gpt-4o").await.status, 200);
+    let second = ask_as(sg.addr, "/usage/100/50", "ann", "llama-3").await;
+    assert_eq!((second.status, ratelimit(&second, "r")), (200, 2000 - 750 - 1), "micro-units left");
+    let refused = ask_as(sg.addr, "/usage/1/1", "ann", "gpt-4o").await;
+    assert_eq!(refused.status, 429, "750 + 1250 of 2000 micro-units spent");
+    assert!((1..=31 * 86_400).contains(&retry_after(&refused)), "until the month's end");
+    assert_eq!(hits(&seen), 2);
+    let metrics = Metrics::of(&sg).await;
+    assert_eq!(metrics.value("sluicegate_limit_charged_units_total{limit=\"tokens\"}"), 2000.0);
+    let config: serde_json::Value = serde_json::from_slice(&get(sg.admin_addr(), "/config", &[]).await.body).unwrap();
+    let limit = &config["limits"][0];
+    assert_eq!((&limit["money"], &limit["windows"][0]["limit"]), (&"USD".into(), &"0.002".into()), "{limit}");
+    let table = &limit["charge"]["prices"]["table"];
+    assert_eq!(table["gpt-4o"]["usage.prompt_tokens"], "2.50", "{table}");
+    assert_eq!(table["*"]["usage.completion_tokens"], "15.00", "{table}");
+    if scope.is_empty() {
+        let state = get(sg.admin_addr(), "/limits/tokens?header:x-user=ann", &[]).await;
+        let state: serde_json::Value = serde_json::from_slice(&state.body).unwrap();
+        assert_eq!((&state["money"], &state["windows"][0]["remaining_money"]), (&"USD".into(), &"0.00".into()));
+        let bob = get(sg.admin_addr(), "/limits/tokens?header:x-user=bob", &[]).await;
+        let bob: serde_json::Value = serde_json::from_slice(&bob.body).unwrap();
+        assert_eq!(bob["windows"][0]["remaining_money"], "0.002", "{bob}");
+    }
+}
+
+#[tokio::test]
+async fn a_local_money_budget_is_spent_at_each_models_prices() {
+    a_money_budget_is_spent_at_each_models_prices("", "").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_global_money_budget_is_spent_at_each_models_prices_on_every_instance() {
+    let redis = Redis::start();
+    let top = format!("redis: {{ url: \"{}\", timeout: 1s }}", redis.url());
+    a_money_budget_is_spent_at_each_models_prices(", scope: global", &top).await;
+    // Spent in Redis: another instance refuses the same user, and a request without a
+    // model is priced at the `*` row.
+    let (backend, _) = reporting_backend(false).await;
+    let fields = format!("{BUDGET}, scope: global");
+    let (a, b) = (proxy(backend, false, &fields, &top), proxy(backend, false, &fields, &top));
+    let plain = http::Request::post("/usage/100/50")
+        .header("host", "localhost")
+        .header("x-user", "cy")
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap();
+    assert_eq!(request(a.addr, plain).await.status, 200);
+    let next = ask_as(b.addr, "/usage/1/1", "cy", "gpt-4o").await;
+    assert_eq!((next.status, ratelimit(&next, "r")), (200, 2000 - 1250 - 1));
+}
+
 #[tokio::test]
 async fn an_event_streams_usage_replaces_the_cost_and_its_debt_carries_into_the_next_window() {
     an_event_streams_usage_replaces_the_cost_and_its_debt_carries("", "").await;

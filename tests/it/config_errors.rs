@@ -1337,7 +1337,7 @@ fn charge_fields_are_checked_with_their_positions() {
     let (ok, stderr) = check(&yaml);
     assert!(!ok);
     let expected = [
-        "FILE:3:37: limits.a.charge: give one place the response reports its cost in: `header`, `trailer` or `sse_json`",
+        "FILE:3:37: limits.a.charge: give one place the response reports its cost in: `header`, `trailer`, `sse_json` or `json`",
         "FILE:4:37: limits.b.charge: give one place",
         "FILE:5:47: limits.c.charge.header: invalid field name \"x used\"",
         "FILE:6:49: limits.d.charge.sse_json: \"usage..total\": a JSON path of names separated by dots, e.g. usage.total_tokens",
@@ -1348,6 +1348,44 @@ fn charge_fields_are_checked_with_their_positions() {
         "FILE:11:72: limits.i.charge.sse_json.usage.prompt_tokens: a weight is a whole number from 1 to 4294967296",
         "FILE:11:85: limits.i.charge.sse_json.usage..x: \"usage..x\": a JSON path of names separated by dots",
         "FILE:12:48: limits.j.charge.trailer: name at least one place, each with its weight",
+    ];
+    assert_reported(&stderr, &expected);
+    assert!(!stderr.contains("limits.ok"), "{stderr}");
+}
+
+/// `money:` and `charge.prices`: a budget is a calendar window spent by charges, its
+/// amounts have at most six decimals, a price table prices every place of the reading
+/// in every row and has a `*` row; amounts with decimals are money only.
+#[test]
+fn money_budgets_and_prices_are_checked_with_their_positions() {
+    let month = "algorithm: fixed_window, window: { calendar: month }";
+    let yaml = format!(
+        "{BASE}  a: {{ key: ip, algorithm: fixed_window, window: 1m, limit: 2.5 }}
+  b: {{ key: ip, rate: 1r/s, money: USD, charge: {{ header: x-cost }} }}
+  c: {{ key: ip, {month}, limit: 5, money: USD }}
+  d: {{ key: ip, rate: 1r/s, charge: {{ sse_json: [a, b], prices: {{ by: \"json:model\", table: {{}} }} }} }}
+  e: {{ key: ip, {month}, limit: 1, money: USD, charge: {{ sse_json: [a, b], prices: {{ by: \"json:model\", table: {{ m1: {{ a: 1, c: 2 }}, m2: {{ a: 0.0000001, b: 1 }} }} }} }} }}
+  f: {{ key: ip, {month}, limit: 20000000, money: USD, charge: {{ header: x-cost }} }}
+  g: {{ key: ip, {month}, limit: 1, money: \"US D\", charge: {{ header: x-cost }} }}
+  h: {{ key: ip, {month}, limit: 1, money: USD, charge: {{ sse_json: {{ a: 2 }}, prices: {{ by: \"jsn:model\", table: {{ \"*\": {{ a: 1 }} }} }} }} }}
+  ok: {{ key: ip, on_missing_key: skip, {month}, limit: 50.00, money: USD, charge: {{ json: [usage.prompt_tokens, usage.completion_tokens], default: 0.01, prices: {{ by: \"json:model\", per: 1000, table: {{ m: {{ usage.prompt_tokens: 0.0025, usage.completion_tokens: 0.01 }}, \"*\": {{ usage.prompt_tokens: 0.005, usage.completion_tokens: 0.015 }} }} }} }} }}
+"
+    );
+    let (ok, stderr) = check(&yaml);
+    assert!(!ok);
+    let expected = [
+        "FILE:3:61: limits.a.limit: a whole number (an amount with decimals is money: give the limit `money:`)",
+        "FILE:4:36: limits.b.money: a money budget is a fixed window of the calendar",
+        "FILE:5:88: limits.c.money: a money budget is spent by what responses cost: give `charge`",
+        "FILE:6:65: limits.d.charge.prices: prices are money: give the limit the currency it counts",
+        "FILE:7:173: limits.e.charge.prices.table.m1.c: not a place the charge reads (a, b)",
+        "FILE:7:162: limits.e.charge.prices.table.m1: give the price of b",
+        "FILE:7:187: limits.e.charge.prices.table.m2.a: an amount of money: not negative, at most six decimals",
+        "FILE:7:156: limits.e.charge.prices.table: give a row \"*\"",
+        "FILE:8:78: limits.f.limit: must be more than 0 and at most 17592186.044415",
+        "FILE:9:88: limits.g.money: the currency's name: letters and digits, at most 16",
+        "FILE:10:131: limits.h.charge.prices: the table prices each place: name the places without weights",
+        "FILE:10:137: limits.h.charge.prices.by: unknown key kind \"jsn\"",
     ];
     assert_reported(&stderr, &expected);
     assert!(!stderr.contains("limits.ok"), "{stderr}");

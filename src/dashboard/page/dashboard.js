@@ -176,7 +176,8 @@
         card.querySelector('.dry').hidden = !l.dry_run;
         card.querySelector('.refused-title').textContent =
           (l.dry_run ? 'Would have refused most' : 'Refused most') + ' in the last minute';
-        card.querySelector('.words').textContent = `key ${l.key.join(' + ')} · ${l.windows.map(words).join(' and ')}` +
+        const budget = l.money ? (w) => ({ ...w, limit: `${w.limit} ${l.money}` }) : (w) => w;
+        card.querySelector('.words').textContent = `key ${l.key.join(' + ')} · ${l.windows.map(budget).map(words).join(' and ')}` +
           (l.ban ? ` · ban ${l.ban}` : '');
         card.querySelector('.peak').textContent =
           draw(card.querySelector('svg'), [s.passed, s.delayed, s.rejected], 'decisions per second');

@@ -249,6 +249,7 @@ mod tests {
             allow: Default::default(),
             count: None,
             charge: None,
+            money: None,
             overrides: Vec::new(),
             scope: crate::config::Scope::Local,
             on_missing_key: Default::default(),
