@@ -140,7 +140,8 @@ pub enum Reading {
     /// counts all the same).
     SseJson(Weighted<ClaimPath>),
     /// Numbers at these paths in a JSON response body (`application/json`, `…+json`, or
-    /// no type), read as it passes: a language model's answer when it does not stream.
+    /// no type), read as it passes: a language model's answer when it does not stream;
+    /// in a `text/event-stream` response, in its events, as `SseJson` (when it does).
     Json(Weighted<ClaimPath>),
 }
 

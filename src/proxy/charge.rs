@@ -92,7 +92,11 @@ impl Meter {
                 };
                 let (found, scan) = match &charge.reading {
                     Reading::Header(names) => (in_head(names), None),
-                    Reading::SseJson(paths) if events => (None, Some(BodyScan::Events(Box::new(SseScan::new(paths))))),
+                    // A `json` reading reads an event stream's events as `sse_json` does:
+                    // an API that streams or not, as each request asks, reports alike.
+                    Reading::SseJson(paths) | Reading::Json(paths) if events => {
+                        (None, Some(BodyScan::Events(Box::new(SseScan::new(paths)))))
+                    }
                     Reading::Json(paths) if json => {
                         let paths = paths.iter().map(|(path, _)| path.clone()).collect();
                         (None, Some(BodyScan::Json(Box::new(Scan::new(paths)))))

@@ -275,7 +275,8 @@ async fn a_charge_of_several_counts_weighs_each() {
 
 /// A JSON response body's usage (a model's answer that does not stream), read as it
 /// passes in pieces, weighed, over both protocols: a usage quoted inside a string is
-/// not read; a compressed body or one of another type is charged the default.
+/// not read; the same reading reads an event stream's events; a compressed body or one
+/// of another type is charged the default.
 #[tokio::test]
 async fn a_json_bodys_usage_is_charged_as_it_passes() {
     for http2 in [false, true] {
@@ -288,13 +289,16 @@ async fn a_json_bodys_usage_is_charged_as_it_passes() {
         assert!(first.text().ends_with("\"total_tokens\":0}}"), "the body passes whole: {}", first.text());
         let next = get_as(sg.addr, "/plain", "ann").await;
         assert_eq!(ratelimit(&next, "r"), 1000 - 30 - 1, "http2 {http2}");
+        // The same reading of an event stream: its events, as `sse_json` reads them.
+        assert_eq!(get_as(sg.addr, "/usage/10/5", "cy").await.status, 200);
+        assert_eq!(ratelimit(&get_as(sg.addr, "/plain", "cy").await, "r"), 1000 - 30 - 1, "http2 {http2}");
         // Compressed: unread, the default (7); `/plain` (ann's above, then bob's) has no
         // type but is no JSON: 7 each.
         assert_eq!(get_as(sg.addr, "/json-gzip/10/5", "bob").await.status, 200);
         assert_eq!(ratelimit(&get_as(sg.addr, "/plain", "bob").await, "r"), 1000 - 7 - 1, "http2 {http2}");
         let metrics = Metrics::of(&sg).await;
-        assert_eq!(metrics.value("sluicegate_limit_charged_units_total{limit=\"tokens\"}"), 30.0 + 7.0 * 3.0);
-        assert_eq!(metrics.value("sluicegate_limit_charges_defaulted_total{limit=\"tokens\"}"), 3.0);
+        assert_eq!(metrics.value("sluicegate_limit_charged_units_total{limit=\"tokens\"}"), 30.0 * 2.0 + 7.0 * 4.0);
+        assert_eq!(metrics.value("sluicegate_limit_charges_defaulted_total{limit=\"tokens\"}"), 4.0);
     }
 }
 

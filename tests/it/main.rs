@@ -38,6 +38,7 @@ mod import_https;
 mod key_names;
 mod keys;
 mod limits;
+mod llm_gateway;
 mod logs;
 mod missing_keys;
 mod nginx;
