@@ -16,7 +16,7 @@ use super::units::parse_rate;
 use super::{Ban, BodyPiece, Limit, LimitAction, LimitId, LimitResponse, LogLevel, Policy, Rate};
 use crate::grpc::Code;
 use crate::policy::allow::Allow;
-use crate::policy::charge::{Charge, MAX_UNITS, MICROS, Money, Prices, Reading, Weighted};
+use crate::policy::charge::{Charge, MAX_BUDGET, MAX_UNITS, MICROS, Money, Prices, Reading, Weighted};
 use crate::policy::key::{ClaimPath, DEFAULT_IP_PREFIX, KeyPart, KeySpec};
 use crate::policy::{Scope, Window};
 
@@ -480,8 +480,6 @@ const MAX_LOG_LIMIT: u64 = 65_536;
 
 /// Largest `limit` of a fixed window.
 const MAX_WINDOW_LIMIT: u64 = (1 << 24) - 1;
-/// Largest `limit` of a money budget, in micro-units (17,592,186.044415 of its money).
-const MAX_BUDGET: u64 = crate::limit::MAX_BUDGET;
 
 /// The limit's policies (one per window): what kind of limit it is decides which fields
 /// apply, and every other field given is an error.

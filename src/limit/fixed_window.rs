@@ -31,8 +31,8 @@ const NARROW: Packing = Packing { count_bits: 24, calendar_unit: 1_000_000_000 }
 /// A money budget's (calendar windows only).
 const WIDE: Packing = Packing { count_bits: 44, calendar_unit: 3_600_000_000_000 };
 
-/// The largest limit of a money budget (micro-units).
-pub const MAX_BUDGET: u64 = (1 << WIDE.count_bits) - 1;
+// A money budget's limit fits its count.
+const _: () = assert!(crate::policy::charge::MAX_BUDGET == (1 << WIDE.count_bits) - 1);
 
 impl Packing {
     fn count_max(self) -> u64 {

@@ -35,7 +35,6 @@ use crate::policy::key::{KeyHash, KeySource, KeySpec};
 use crate::policy::{Burst, OnMissingKey, Policy, Rate, Scope};
 use algorithm::Algorithm;
 use ban::Bans;
-pub use fixed_window::MAX_BUDGET;
 use key_text::KeyText;
 use secret::KeySecret;
 

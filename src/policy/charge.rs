@@ -109,6 +109,10 @@ pub struct Money {
 /// Micro-units in a unit of money.
 pub const MICROS: u64 = 1_000_000;
 
+/// The largest limit of a money budget, in micro-units (17,592,186.044415 of its money):
+/// its fixed window counts in 44 bits (`limit::fixed_window`).
+pub const MAX_BUDGET: u64 = (1 << 44) - 1;
+
 impl Money {
     /// `micros` as an amount of the currency: `49.985` (at least two decimals, no
     /// trailing zeros past them: `50.00`, `0.000015`).
