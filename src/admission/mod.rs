@@ -255,24 +255,56 @@ pub fn admit<'a>(config: &Config, gate: &Gate, asked: &Asked<'a>, way: &Way<'_>)
         cost: None,
         verdict: Verdict::Pending,
     };
-    if let Err(refused) = steps(config, gate, asked, way, &mut admission) {
+    if let Err(refused) = steps(config, gate, asked, way, &mut admission, None) {
         admission.verdict = Verdict::Refused(refused);
     }
     admission
 }
 
 /// The steps in their order, each recording what it found in `admission`; the first
-/// that refuses ends them.
+/// that refuses ends them. `read`: its body, as far as read (to its end: `true`), when
+/// the admission resumes for a route that matches on it.
 fn steps<'a>(
     config: &Config,
     gate: &Gate,
     asked: &Asked<'a>,
     way: &Way<'_>,
     admission: &mut Admission<'a>,
+    read: Option<(&Scan, bool)>,
 ) -> Result<(), Refused> {
+    let given;
+    let mut read = read;
     let (host, claimed) = read_head(config, asked)?;
     admission.host = host;
-    let found = front::front(config, asked.head, admission.client_ip, host, asked.scheme, claimed)?;
+    let ip = admission.client_ip;
+    let known = read.map(|(scan, ended)| scan.fields(ended));
+    let mut found = front::front(config, asked.head, ip, host, asked.scheme, claimed, known.as_ref())?;
+    if found.unsure {
+        // Its route matches on its body: read first (routed, then, as if it had none, when
+        // it has none; the fields are those of every route it may go to).
+        let fields = config.routes[found.route].body_fields.clone().unwrap_or_else(|| Arc::from([]));
+        let body = match asked.body {
+            AskedBody::Unread if asked.declared != Some(0) => {
+                admission.front = Some(found);
+                admission.verdict = Verdict::ReadBody;
+                return Ok(());
+            }
+            AskedBody::Given(body) => body,
+            AskedBody::Unread | AskedBody::None => &[],
+        };
+        let mut scan = Scan::new(fields);
+        scan.feed(body);
+        let fields = scan.fields(true);
+        found = front::front(config, asked.head, ip, host, asked.scheme, claimed, Some(&fields))?;
+        given = scan;
+        read = Some((&given, true));
+    }
+    if config.body_routes
+        && let Some(field) = read.and_then(|(scan, _)| scan.repeated())
+        && config.routes.iter().any(|r| r.body_match.as_ref().is_some_and(|m| m.paths().any(|p| p == field)))
+    {
+        return Err(Refused::Front(FrontError::RepeatedRouteField(field.to_string())));
+    }
     let route = &config.routes[found.route];
     let found = &*admission.front.insert(found);
     // Refused before it takes any quota, and unread: no `100 Continue` is sent.
@@ -284,17 +316,18 @@ fn steps<'a>(
     let drives = |limit: LimitId| way.drives.is_none_or(|drives| drives(found.route, limit));
     admission.limits = found.limits(config).iter().copied().filter(|u| drives(u.limit)).collect();
     if let Some(fields) = &route.body_fields {
-        match asked.body {
-            AskedBody::Unread if asked.declared != Some(0) => {
+        match (read, asked.body) {
+            (Some((scan, ended)), _) => body_read(config, admission, scan, ended)?,
+            (None, AskedBody::Unread) if asked.declared != Some(0) => {
                 admission.verdict = Verdict::ReadBody;
                 return Ok(());
             }
-            AskedBody::Given(body) => {
+            (None, AskedBody::Given(body)) => {
                 let mut scan = Scan::new(Arc::clone(fields));
                 scan.feed(body);
                 body_read(config, admission, &scan, true)?;
             }
-            AskedBody::Unread | AskedBody::None => {}
+            (None, AskedBody::Unread | AskedBody::None) => {}
         }
     }
     limited(config, gate, asked, way, admission)
@@ -313,7 +346,11 @@ pub fn resume<'a>(
 ) {
     debug_assert!(matches!(admission.verdict, Verdict::ReadBody));
     admission.verdict = Verdict::Pending;
-    let done = body_read(config, admission, scan, ended).and_then(|()| limited(config, gate, asked, way, admission));
+    // A route that matches on the body is sure once it is read: routed again with it.
+    let done = match admission.front.as_ref().is_some_and(|f| f.unsure) {
+        true => steps(config, gate, asked, way, admission, Some((scan, ended))),
+        false => body_read(config, admission, scan, ended).and_then(|()| limited(config, gate, asked, way, admission)),
+    };
     if let Err(refused) = done {
         admission.verdict = Verdict::Refused(refused);
     }

@@ -50,6 +50,7 @@ use crate::variables::Template;
 pub use raw::{
     AccessFormat, ForwardedMode, HeaderMode, HeaderStyle, LimitAction, LimitHeaders, LogKeys, LogLevel, RejectionBody,
 };
+pub use routes::{BodyMatch, ValuePattern};
 pub use validate::MAX_CONNECTIONS;
 
 #[derive(Debug)]
@@ -92,6 +93,8 @@ pub struct Config {
     pub routes: TiVec<RouteId, Route>,
     /// `routes` indexed: which one a request takes.
     pub router: Router,
+    /// Some route matches on fields of the body (`match.json`).
+    pub body_routes: bool,
 }
 
 /// `server:`, as in force: how connections and requests are read and served.
@@ -440,8 +443,12 @@ pub struct Route {
     /// Keys the upstream refused with a time to wait are answered here until then.
     pub upstream_hold: Option<UpstreamHold>,
     /// The fields of a JSON body that limits which may decide its requests read (`json:`
-    /// key parts): a request with a body is read that far before its admission.
+    /// key parts): a request with a body is read that far before its admission. (Of a
+    /// route that matches on the body: every route's and every match's, as its requests
+    /// may go to any later route once their body is known.)
     pub body_fields: Option<Arc<[ClaimPath]>>,
+    /// The fields of the body its requests must have (`match.json`).
+    pub body_match: Option<Box<BodyMatch>>,
 }
 
 /// `upstream_hold:` of a route.

@@ -672,6 +672,9 @@ pub struct RawMatch {
     pub methods: Option<Vec<String>>,
     /// `https`: requests that came in on a listener with `tls`; `http`: on one without.
     pub scheme: Option<RawScheme>,
+    /// Fields of the JSON body and the values (one or several, `gpt-4o*` a prefix) each
+    /// must have.
+    pub json: Option<BTreeMap<String, RawOneOrMany>>,
 }
 
 /// A route's `match.scheme`.

@@ -13,13 +13,13 @@ use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use http::{HeaderMap, Method};
 use typed_index_collections::TiSlice;
 
-use crate::policy::key::{ClaimPath, KeyPart};
+use crate::policy::key::{BodyFields, ClaimPath, KeyPart};
 use crate::router::Scheme;
 
 use super::checks::{Errors, allow, body_size, positive_duration, set_field, size, status_in, unknown_name};
 use super::raw::{
-    AlgorithmName, RawConfig, RawLimit, RawLimitUse, RawMatch, RawRespond, RawRoute, RawScheme, RawTunedUse,
-    RawUpstreamHold,
+    AlgorithmName, RawConfig, RawLimit, RawLimitUse, RawMatch, RawOneOrMany, RawRespond, RawRoute, RawScheme,
+    RawTunedUse, RawUpstreamHold,
 };
 use super::units::parse_duration;
 use super::{
@@ -84,7 +84,12 @@ fn route(
     max_body_bytes: Option<u64>,
 ) -> Route {
     let at = format!("routes[{i}]");
-    let matcher = route_match(e, &format!("{at}.match"), &raw.matcher);
+    let mut matcher = route_match(e, &format!("{at}.match"), &raw.matcher);
+    let body_match = raw.matcher.json.as_ref().and_then(|json| body_match(e, &format!("{at}.match.json"), json));
+    if raw.matcher.json.is_some() && body_match.is_none() {
+        // In error, it matches nothing (as `route_match` does): it shadows no route.
+        matcher.path = PathMatch::Exact(String::new());
+    }
     let action = match (&raw.upstream, &raw.respond) {
         (Some(name), None) => match config.upstreams.keys().position(|n| n == name) {
             Some(index) => Action::Forward(UpstreamId::from(index)),
@@ -208,7 +213,103 @@ fn route(
         token,
         upstream_hold,
         body_fields,
+        body_match,
     }
+}
+
+/// A route's match on fields of the JSON body (`match: { json: { model: "gpt-4o*" } }`):
+/// every field it names has one of its values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BodyMatch(pub Box<[(ClaimPath, Box<[ValuePattern]>)]>);
+
+/// A value a body field may have: this text, or any that begins so (written `text*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ValuePattern {
+    Exact(Box<[u8]>),
+    Prefix(Box<[u8]>),
+}
+
+impl BodyMatch {
+    /// Whether a body with `fields` (as `json:` key parts read them: a string's text, a
+    /// number's or literal's spelling) matches.
+    pub fn matches(&self, fields: &BodyFields) -> bool {
+        self.0.iter().all(|(path, values)| {
+            fields.get(path).is_some_and(|value| {
+                values.iter().any(|pattern| match pattern {
+                    ValuePattern::Exact(text) => **text == *value,
+                    ValuePattern::Prefix(start) => value.starts_with(start),
+                })
+            })
+        })
+    }
+
+    /// The fields it reads.
+    pub fn paths(&self) -> impl Iterator<Item = &ClaimPath> {
+        self.0.iter().map(|(path, _)| path)
+    }
+}
+
+/// `match.json`: each field a dotted path, each with at least one value.
+fn body_match(e: &mut Errors<'_>, at: &str, raw: &BTreeMap<String, RawOneOrMany>) -> Option<Box<BodyMatch>> {
+    if raw.is_empty() {
+        e.add(at.to_owned(), "name at least one field and its values, e.g. `json: { model: gpt-4o }`");
+        return None;
+    }
+    let mut fields = Vec::with_capacity(raw.len());
+    for (name, values) in raw {
+        let at = format!("{at}.{name}");
+        let path = match name.parse::<ClaimPath>() {
+            Ok(path) if !name.is_empty() => path,
+            _ => {
+                e.add(at, format!("{name:?}: a JSON path of names separated by dots, e.g. params.name"));
+                continue;
+            }
+        };
+        let values = values.values();
+        if values.is_empty() {
+            e.add(at.clone(), "give at least one value");
+        }
+        let patterns = values.iter().map(|v| match v.strip_suffix('*') {
+            Some(start) => ValuePattern::Prefix(start.as_bytes().into()),
+            None => ValuePattern::Exact(v.as_bytes().into()),
+        });
+        fields.push((path, patterns.collect()));
+    }
+    (fields.len() == raw.len()).then(|| Box::new(BodyMatch(fields.into())))
+}
+
+/// Of routes that match on the body: the fields read before routing, every route's
+/// (a request may go to any later route once its body is known), at most as many as one
+/// scan tells apart.
+pub(super) fn body_routing(e: &mut Errors<'_>, routes: &mut [Route]) -> bool {
+    if routes.iter().all(|r| r.body_match.is_none()) {
+        return false;
+    }
+    let mut fields: Vec<ClaimPath> = Vec::new();
+    for route in routes.iter() {
+        let matched = route.body_match.iter().flat_map(|m| m.paths());
+        for path in matched.chain(route.body_fields.iter().flat_map(|f| f.iter())) {
+            if !fields.contains(path) {
+                fields.push(path.clone());
+            }
+        }
+    }
+    if fields.len() > MAX_BODY_FIELDS {
+        e.add(
+            "routes".to_owned(),
+            format!(
+                "routes that match on the body read every route's body fields (match.json and json: keys): {} \
+                 here, at most {MAX_BODY_FIELDS}",
+                fields.len()
+            ),
+        );
+        fields.truncate(MAX_BODY_FIELDS);
+    }
+    let fields: Arc<[ClaimPath]> = fields.into();
+    for route in routes.iter_mut().filter(|r| r.body_match.is_some()) {
+        route.body_fields = Some(Arc::clone(&fields));
+    }
+    true
 }
 
 /// The fields of a JSON body that the limits which may decide the route's requests read

@@ -13,7 +13,10 @@ pub(super) fn check(e: &mut Errors<'_>, routes: &[Route], router: &Router) {
         if matches!(&later.matcher.path, PathMatch::Exact(p) if p.is_empty()) {
             continue; // a match in error, which matches nothing (`routes::route_match`)
         }
-        if let Some(i) = shadowed_by(router, |i| &routes[i].matcher, j) {
+        // A route that matches on the body takes only some of the requests its head
+        // match does: it shadows none.
+        let sure = |i: usize| routes[i].body_match.is_none();
+        if let Some(i) = shadowed_by(router, |i| &routes[i].matcher, sure, j) {
             let line = e.line_of(&format!("routes[{i}]"));
             e.add(
                 format!("routes[{j}]"),
@@ -24,10 +27,16 @@ pub(super) fn check(e: &mut Errors<'_>, routes: &[Route], router: &Router) {
 }
 
 /// The first route before route `j` that takes every request `j` would, if any; the
-/// routes' matches are `matcher(i)`, indexed in `router`.
-fn shadowed_by<'m>(router: &Router, matcher: impl Fn(usize) -> &'m RouteMatch, j: usize) -> Option<usize> {
+/// routes' matches are `matcher(i)`, indexed in `router`; only those `sure` of take every
+/// request their match does may.
+fn shadowed_by<'m>(
+    router: &Router,
+    matcher: impl Fn(usize) -> &'m RouteMatch,
+    sure: impl Fn(usize) -> bool,
+    j: usize,
+) -> Option<usize> {
     let later = matcher(j);
-    router.covering(later).into_iter().filter(|&i| i < j && covers(matcher(i), later)).min()
+    router.covering(later).into_iter().filter(|&i| i < j && sure(i) && covers(matcher(i), later)).min()
 }
 
 /// Whether every request `b` matches is also matched by `a` (see `router::matches`).
@@ -81,7 +90,7 @@ mod tests {
             let router = Router::new(&routes).unwrap();
             for (j, later) in routes.iter().enumerate() {
                 let plain = routes[..j].iter().position(|earlier| covers(earlier, later));
-                prop_assert_eq!(shadowed_by(&router, |i| &routes[i], j), plain, "routes[{}]", j);
+                prop_assert_eq!(shadowed_by(&router, |i| &routes[i], |_| true, j), plain, "routes[{}]", j);
             }
         }
     }

@@ -127,7 +127,8 @@ pub fn compile(
     if redis.is_none() {
         store::require_redis(&mut e, &limits.raw);
     }
-    let routes: TiVec<RouteId, _> = routes::all(&mut e, &raw, &limits, max_body_bytes).into();
+    let mut routes: TiVec<RouteId, _> = routes::all(&mut e, &raw, &limits, max_body_bytes).into();
+    let body_routes = routes::body_routing(&mut e, &mut routes.raw);
     let router = Router::new(routes.iter().map(|r| &r.matcher)).unwrap_or_else(|message| {
         e.add("routes".into(), message);
         Router::default()
@@ -181,6 +182,7 @@ pub fn compile(
             limits,
             routes,
             router,
+            body_routes,
         }),
         _ => {
             e.list.sort_by_key(|err| (err.line, err.column));

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::{Action, Balance, BodyPiece, Config, HoldBy, Limit, LogKeys, Route, Scope, Upstream};
+use super::{Action, Balance, BodyPiece, Config, HoldBy, Limit, LogKeys, Route, Scope, Upstream, ValuePattern};
 use crate::policy::calendar::{self, Period};
 use crate::policy::charge::{Money, Reading};
 use crate::policy::{Burst, Policy, Rate, Window};
@@ -128,6 +128,9 @@ pub struct MatchWords<'a> {
     pub path_regex: Option<&'a str>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub methods: Vec<&'a str>,
+    /// Fields of the body and the values each may have (`gpt-4o*`: any beginning so).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub json: Option<std::collections::BTreeMap<String, Vec<String>>>,
 }
 
 #[derive(Serialize)]
@@ -358,6 +361,13 @@ impl<'a> RouteWords<'a> {
                 path,
                 path_regex,
                 methods: m.methods.iter().map(http::Method::as_str).collect(),
+                json: route.body_match.as_ref().map(|b| {
+                    let value = |p: &ValuePattern| match p {
+                        ValuePattern::Exact(text) => String::from_utf8_lossy(text).into_owned(),
+                        ValuePattern::Prefix(start) => format!("{}*", String::from_utf8_lossy(start)),
+                    };
+                    b.0.iter().map(|(path, values)| (path.to_string(), values.iter().map(value).collect())).collect()
+                }),
             },
             upstream,
             respond,

@@ -20,7 +20,7 @@ use http::{Method, StatusCode};
 use crate::config::{Config, Cost, LimitId, LimitUse, OnMissingKey, PathMatch, Route, RouteId, TokenUse};
 use crate::jwt::{Fetch, TokenError};
 use crate::path::{self, BadPath};
-use crate::policy::key::{Claims, KeySource};
+use crate::policy::key::{BodyFields, Claims, KeySource};
 use crate::router::Scheme;
 use crate::wire::head::{Fields, RequestHead, text};
 pub use route::{checked_host, request_host};
@@ -51,6 +51,10 @@ pub enum FrontError {
     /// The client asked for something no route serves.
     #[error("no route matches")]
     NoRoute,
+    /// The body repeats a field a route matches on: which value routed it would be a
+    /// guess, and an upstream keeping the last would act on another than routing did.
+    #[error("the body gives field {0} twice, which routing reads")]
+    RepeatedRouteField(String),
     /// The request's cost header is not a positive integer.
     #[error("{header} must be a positive integer, not {value:?}")]
     InvalidCost { header: String, value: String },
@@ -80,7 +84,8 @@ impl FrontError {
             FrontError::BadHost(_)
             | FrontError::BadPath(_)
             | FrontError::InvalidCost { .. }
-            | FrontError::CostTooHigh { .. } => StatusCode::BAD_REQUEST,
+            | FrontError::CostTooHigh { .. }
+            | FrontError::RepeatedRouteField(_) => StatusCode::BAD_REQUEST,
         }
     }
 }
@@ -95,6 +100,9 @@ pub struct Front<'a> {
     /// Why its token did not verify, when no limit refused it for that (it goes on
     /// without claims).
     pub invalid_token: Option<TokenError>,
+    /// Its route matches on the body, unread: the route is the request's only if the
+    /// body meets the match (else a later one is), known once it is read.
+    pub unsure: bool,
 }
 
 impl Front<'_> {
@@ -154,9 +162,22 @@ pub fn front<'a>(
     host: Option<&'a str>,
     scheme: Scheme,
     claimed: Claimed<'_>,
+    body: Option<&BodyFields>,
 ) -> Result<Front<'a>, FrontError> {
     let mut src = source(head, client_ip, host)?;
-    let route = config.router.find(head.method, &src.path, src.host, scheme).ok_or(FrontError::NoRoute)?;
+    let route = if config.body_routes {
+        // A route that matches on the body takes the request if its body meets the
+        // match, or, unread, may (then `unsure`).
+        let meets = |r: RouteId| match (&config.routes[r].body_match, body) {
+            (Some(m), Some(fields)) => m.matches(fields),
+            _ => true,
+        };
+        config.router.find_where(head.method, &src.path, src.host, scheme, Some(&meets))
+    } else {
+        config.router.find(head.method, &src.path, src.host, scheme)
+    };
+    let route = route.ok_or(FrontError::NoRoute)?;
+    let unsure = body.is_none() && config.routes[route].body_match.is_some();
     if *head.method == Method::TRACE && !config.routes[route].matcher.methods.contains(&Method::TRACE) {
         return Err(FrontError::Trace);
     }
@@ -186,7 +207,7 @@ pub fn front<'a>(
         };
     }
     let exempt = config.routes[route].allow.admits(&src);
-    Ok(Front { route, src, exempt, invalid_token })
+    Ok(Front { route, src, exempt, invalid_token, unsure })
 }
 
 /// The limits of `limits` (a route's) with `on_missing_key: refuse` whose key `src`

@@ -220,7 +220,20 @@ impl Router {
     /// The first route, in file order, that serves `method` on the normalized `path` at
     /// `host` (without port or trailing dot, any case), come in by `scheme`.
     pub fn find(&self, method: &Method, path: &[u8], host: Option<&str>, scheme: Scheme) -> Option<RouteId> {
-        let want = Want { router: self, bit: bit(method), method, path, scheme };
+        self.find_where(method, path, host, scheme, None)
+    }
+
+    /// `find`, among the routes `accept` takes (`None`: all): those whose match on the
+    /// body the request's body meets, or may.
+    pub fn find_where(
+        &self,
+        method: &Method,
+        path: &[u8],
+        host: Option<&str>,
+        scheme: Scheme,
+        accept: Option<&dyn Fn(RouteId) -> bool>,
+    ) -> Option<RouteId> {
+        let want = Want { router: self, bit: bit(method), method, path, scheme, accept };
         let mut best = u32::MAX;
         if let Some(host) = host.filter(|_| !self.exact_hosts.is_empty() || !self.wildcard_hosts.is_empty()) {
             let lower;
@@ -308,6 +321,7 @@ struct Want<'r> {
     method: &'r Method,
     path: &'r [u8],
     scheme: Scheme,
+    accept: Option<&'r dyn Fn(RouteId) -> bool>,
 }
 
 impl Want<'_> {
@@ -354,6 +368,7 @@ impl Want<'_> {
     #[inline]
     fn takes(&self, route: u32) -> bool {
         self.router.methods[route as usize].allow(self.bit, self.method, self.scheme)
+            && self.accept.is_none_or(|accept| accept(RouteId::from(route as usize)))
     }
 }
 

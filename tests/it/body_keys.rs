@@ -226,3 +226,83 @@ async fn a_chunked_body_over_the_routes_limit_while_its_fields_are_read_is_413_a
     assert!(backend.hits().is_empty(), "a body over the route's limit reached the upstream");
     drop(tx);
 }
+
+/// Routes by a field of the body: `dear` takes gpt-4o and every o1 model (a prefix),
+/// `rest` every other request of the path; each with its own limit per user.
+const ROUTED: &str = r#"
+listen: 127.0.0.1:0
+admin: { listen: 127.0.0.1:0 }
+server: { body_peek: 1k }
+upstreams:
+  app: { servers: ["BACKEND"] }
+limits:
+  dear: { key: "header:x-user", on_missing_key: refuse, rate: 1r/m }
+  cheap: { key: "header:x-user", on_missing_key: refuse, rate: 1r/m, burst: 2, nodelay: true }
+routes:
+  - name: dear
+    match: { path: /echo, json: { model: [gpt-4o, "o1*"] } }
+    upstream: app
+    limits: [dear]
+  - name: rest
+    match: { path: /echo }
+    upstream: app
+    limits: [cheap]
+"#;
+
+/// `POST /echo` with `body` as `user`.
+fn ask(user: &str, body: impl Into<Bytes>) -> Request<Full<Bytes>> {
+    Request::post("/echo").header("host", "test.local").header("x-user", user).body(Full::new(body.into())).unwrap()
+}
+
+#[tokio::test]
+async fn a_route_matching_a_body_field_takes_its_requests_and_the_others_fall_through() {
+    let backend = Backend::start().await;
+    let sg = Sluicegate::in_front_of(&backend, ROUTED);
+    let dear = r#"{"model": "gpt-4o", "messages": []}"#;
+    let r = request(sg.addr, ask("ann", dear)).await;
+    assert_eq!((r.status, r.text().as_str()), (200, dear), "forwarded unchanged");
+    assert_eq!(request(sg.addr, ask("ann", dear)).await.status, 429, "the dear route's limit: one a minute");
+    // A prefix: o1-mini is dear too.
+    assert_eq!(request(sg.addr, ask("ann", r#"{"model":"o1-mini"}"#)).await.status, 429);
+    // Another model, no model, no JSON, no body: the next route, its own limit (3 at once).
+    let others = [&br#"{"model":"gpt-4o-mini"}"#[..], br#"{"n": 1}"#, b"model=gpt-4o", b""];
+    for other in others {
+        let r = request(sg.addr, ask("ann", Bytes::copy_from_slice(other))).await;
+        assert_eq!(r.status, if other == b"" { 429 } else { 200 }, "{:?}", String::from_utf8_lossy(other));
+    }
+    // Chunked, split anywhere: routed alike.
+    let body = br#"{"stream": true, "model": "o1-preview"}"#;
+    for (user, split) in [("bob", 1), ("cy", 20), ("dee", body.len() - 1)] {
+        let (mut tx, stream) = Channel::<Bytes, std::convert::Infallible>::new(4);
+        let req = Request::post("/echo").header("host", "test.local").header("x-user", user).body(stream).unwrap();
+        let answer = tokio::spawn(async move { request(sg.addr, req).await });
+        tx.send_data(Bytes::copy_from_slice(&body[..split])).await.unwrap();
+        tx.send_data(Bytes::copy_from_slice(&body[split..])).await.unwrap();
+        drop(tx);
+        assert_eq!(answer.await.unwrap().status, 200, "split at {split}");
+        assert_eq!(request(sg.addr, ask(user, dear)).await.status, 429, "{user} was routed dear");
+    }
+    // HTTP/2 alike.
+    let h2 =
+        || Request::post("http://test.local/echo").header("x-user", "eve").body(Full::new(Bytes::from(dear))).unwrap();
+    assert_eq!(request_h2(sg.addr, h2()).await.status, 200);
+    assert_eq!(request_h2(sg.addr, h2()).await.status, 429);
+    let config: Value = serde_json::from_slice(&get(sg.admin_addr(), "/config", &[]).await.body).unwrap();
+    assert_eq!(config["routes"][0]["match"]["json"], serde_json::json!({ "model": ["gpt-4o", "o1*"] }));
+}
+
+#[tokio::test]
+async fn a_body_repeating_a_field_routing_reads_is_refused_in_the_peek_and_cut_after_it() {
+    let backend = Backend::start().await;
+    let sg = Sluicegate::in_front_of(&backend, ROUTED);
+    let within = request(sg.addr, ask("ann", r#"{"model":"gpt-4o-mini","model":"gpt-4o"}"#)).await;
+    assert_eq!(within.status, 400);
+    assert!(within.text().contains("routing"), "{}", within.text());
+    assert!(backend.hits().is_empty(), "a body repeating its route's field reached the upstream");
+    // Past the 1 KiB peek: routed by the first, the body cut at the second.
+    let padded = format!(r#"{{"model":"gpt-4o-mini","pad":"{}","model":"gpt-4o"}}"#, "x".repeat(4096));
+    let after = request(sg.addr, ask("bob", padded.clone())).await;
+    assert_eq!(after.status, 400, "{}", after.text());
+    let single = padded.replace(r#","model":"gpt-4o""#, "");
+    assert_eq!(request(sg.addr, ask("bob", single.clone())).await.text(), single);
+}

@@ -1455,3 +1455,26 @@ routes:
     assert_reported(&stderr, &expected);
     assert_eq!(stderr.lines().count(), 4, "{stderr}");
 }
+
+/// `match.json`: fields named by dotted paths, each with a value; a route matching on the
+/// body shadows no later route.
+#[test]
+fn body_matches_are_checked_with_their_positions() {
+    let yaml = "listen: 127.0.0.1:0
+upstreams: { b: { servers: [\"127.0.0.1:9\"] } }
+routes:
+  - { match: { path: /a, json: {} }, upstream: b }
+  - { match: { path: /a, json: { \"a..b\": x, c: [] } }, upstream: b }
+  - { match: { path: /b, json: { model: \"gpt-*\" } }, upstream: b }
+  - { match: { path: /b }, upstream: b }
+";
+    let (ok, stderr) = check(yaml);
+    assert!(!ok);
+    let expected = [
+        "FILE:4:32: routes[0].match.json: name at least one field and its values",
+        "FILE:5:42: routes[1].match.json.a..b: \"a..b\": a JSON path of names separated by dots",
+        "FILE:5:48: routes[1].match.json.c: give at least one value",
+    ];
+    assert_reported(&stderr, &expected);
+    assert!(!stderr.contains("can never match"), "{stderr}");
+}
