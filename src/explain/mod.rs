@@ -21,7 +21,7 @@ use crate::config::position::Positions;
 
 use crate::admission::hold::Holds;
 use crate::admission::{self, Asked, AskedBody, Decide, Origin, Refused, Verdict, Way};
-use crate::config::{Action, Config, ForwardedMode, LimitId, PathMatch, Route, Scope};
+use crate::config::{Action, Config, ForwardedMode, LimitId, PathMatch, Route, RouteId, Scope};
 use crate::front::{self, FrontError};
 use crate::gate::{Decision, Gate, Permits};
 use crate::hop;
@@ -348,6 +348,23 @@ pub fn explain(
             "its route's limits read {} of the JSON body, which was not given (curl's -d): taken as missing",
             fields.join(", ")
         ));
+    }
+    // A route that would have taken it by its body's fields, had one been given.
+    if config.body_routes
+        && matches!(asked.body, AskedBody::None)
+        && let Some(front) = &admitted.front
+    {
+        let by_body = |r: RouteId| config.routes[r].body_match.is_some();
+        let (method, path, host) = (asked.head.method, &front.src.path, front.src.host);
+        if let Some(r) = config.router.find_where(method, path, host, asked.scheme, Some(&by_body))
+            && r < front.route
+        {
+            explanation.notes.push(format!(
+                "route {} matches on fields of the JSON body, which was not given (curl's -d): routed as a request \
+                 without them",
+                config.routes[r].name
+            ));
+        }
     }
     drop(held);
     explanation

@@ -306,3 +306,19 @@ async fn a_body_repeating_a_field_routing_reads_is_refused_in_the_peek_and_cut_a
     let single = padded.replace(r#","model":"gpt-4o""#, "");
     assert_eq!(request(sg.addr, ask("bob", single.clone())).await.text(), single);
 }
+
+#[test]
+fn explain_routes_by_the_body_given_with_dash_d_and_says_when_none_was() {
+    let (_dir, path) = config_file(&ROUTED.replace("BACKEND", "127.0.0.1:9"));
+    let run = |args: &[&str]| {
+        let output = binary().arg("explain").arg("-c").arg(&path).arg("--json").args(args).output().unwrap();
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        serde_json::from_slice::<Value>(&output.stdout).unwrap()
+    };
+    let dear = run(&["-d", r#"{"model":"o1"}"#, "-H", "x-user: ann", "http://test.local/echo"]);
+    assert_eq!(dear["route"]["name"], "dear", "{dear}");
+    let without = run(&["-X", "POST", "-H", "x-user: ann", "http://test.local/echo"]);
+    assert_eq!(without["route"]["name"], "rest", "{without}");
+    let notes = without["notes"].to_string();
+    assert!(notes.contains("route dear matches on fields of the JSON body") && notes.contains("-d"), "{notes}");
+}
