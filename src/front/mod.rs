@@ -100,9 +100,6 @@ pub struct Front<'a> {
     /// Why its token did not verify, when no limit refused it for that (it goes on
     /// without claims).
     pub invalid_token: Option<TokenError>,
-    /// Its route matches on the body, unread: the route is the request's only if the
-    /// body meets the match (else a later one is), known once it is read.
-    pub unsure: bool,
 }
 
 impl Front<'_> {
@@ -167,7 +164,7 @@ pub fn front<'a>(
     let mut src = source(head, client_ip, host)?;
     let route = if config.body_routes {
         // A route that matches on the body takes the request if its body meets the
-        // match, or, unread, may (then `unsure`).
+        // match, or, unread, may (the admission then reads it, and routes it again).
         let meets = |r: RouteId| match (&config.routes[r].body_match, body) {
             (Some(m), Some(fields)) => m.matches(fields),
             _ => true,
@@ -177,7 +174,6 @@ pub fn front<'a>(
         config.router.find(head.method, &src.path, src.host, scheme)
     };
     let route = route.ok_or(FrontError::NoRoute)?;
-    let unsure = body.is_none() && config.routes[route].body_match.is_some();
     if *head.method == Method::TRACE && !config.routes[route].matcher.methods.contains(&Method::TRACE) {
         return Err(FrontError::Trace);
     }
@@ -207,7 +203,7 @@ pub fn front<'a>(
         };
     }
     let exempt = config.routes[route].allow.admits(&src);
-    Ok(Front { route, src, exempt, invalid_token, unsure })
+    Ok(Front { route, src, exempt, invalid_token })
 }
 
 /// The limits of `limits` (a route's) with `on_missing_key: refuse` whose key `src`

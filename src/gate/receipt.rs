@@ -50,8 +50,6 @@ pub struct Pending {
     pub(super) cost: u64,
     /// Global admissions, boxed: most requests have none.
     pub(super) global: Option<Box<Admissions>>,
-    /// The row of each charging limit's prices that prices the request (`price`).
-    pub(super) rows: Box<[(LimitId, PriceRow)]>,
 }
 
 impl Pending {
@@ -62,7 +60,7 @@ impl Pending {
     /// moved, at its full size, for every request, most of which have no global
     /// admissions.
     pub fn settle(self, status: u16) -> (Option<BoxFuture<'static, ()>>, Option<Charges>) {
-        let Pending { limiters, admissions, cost, global, rows: _ } = self;
+        let Pending { limiters, admissions, cost, global } = self;
         let mut charges = Charges { limiters: None, local: SmallVec::new(), global: None, cost };
         if let Some(limiters) = &limiters {
             for a in admissions {
@@ -89,30 +87,29 @@ impl Pending {
     }
 
     /// The limits of these admissions that charge what the response reports, each with
-    /// its `charge:` and the row of its prices the request is priced at.
-    pub fn charging(&self) -> impl Iterator<Item = (LimitId, &Charge, Option<PriceRow>)> {
+    /// its `charge:`.
+    pub fn charging(&self) -> impl Iterator<Item = (LimitId, &Charge)> {
         let limiters = self.limiters.as_deref();
         let global = self.global.iter().flat_map(|g| g.list.iter().map(|a| a.limit));
         self.admissions.iter().map(|a| a.limit).chain(global).filter_map(move |limit| {
             let charge = limiters?.get(limit).charge.as_ref()?;
-            Some((limit, charge, self.rows.iter().find(|(l, _)| *l == limit).map(|(_, row)| *row)))
+            Some((limit, charge))
         })
     }
 
-    /// Picks, for each of its limits that prices what it charges (a money budget's
-    /// `prices`), the row the request `src` is priced at: by the value of the prices'
-    /// part in the request, as it was when its limits decided it.
-    pub fn price(&mut self, src: &KeySource<'_>) {
+    /// For each of its limits that prices what it charges (a money budget's `prices`),
+    /// the row the request `src` is priced at: by the value of the prices' part in the
+    /// request, as it was when its limits decided it.
+    pub fn prices(&self, src: &KeySource<'_>) -> Box<[(LimitId, PriceRow)]> {
         if self.admissions.is_empty() && self.global.is_none() {
-            return;
+            return Box::default();
         }
-        let rows: Box<[_]> = (self.charging())
-            .filter_map(|(limit, charge, _)| {
+        (self.charging())
+            .filter_map(|(limit, charge)| {
                 let prices = charge.prices.as_ref()?;
                 Some((limit, prices.row(prices.by.value_in(src).as_deref())))
             })
-            .collect();
-        self.rows = rows;
+            .collect()
     }
 
     /// Adds `other`'s admissions (the same request's, decided in a second step).

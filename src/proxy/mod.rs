@@ -40,6 +40,7 @@ use crate::jwks;
 use crate::limit::secret::KeySecret;
 use crate::limit::{LimitResult, Limiters, Outcome, Shown};
 use crate::metrics::{Metrics, RequestOutcome, UPSTREAM_HOLD, UpstreamResult};
+use crate::policy::charge::PriceRow;
 use crate::policy::key::KeySource;
 use crate::router::Scheme;
 use crate::upstream::{self, Outgoing, PeekError, Peeked, UpstreamClient, UpstreamError};
@@ -405,7 +406,7 @@ impl Proxy {
                         response::Annotation::of(results, standings, &route.listed, &config.limits, quotas);
                 }
                 (ctx.permits, ctx.pending) = (std::mem::take(permits), std::mem::take(pending));
-                ctx.pending.price(&front.src);
+                ctx.prices = ctx.pending.prices(&front.src);
                 // Boxed: it is held across the exchange, and most routes hold none.
                 ctx.hold = admitted.hold.take().map(Box::new);
                 Ok(Admission::Go { route: front.route, wait: *wait })
@@ -539,7 +540,10 @@ impl Proxy {
         let mut status = response.as_ref().map_or_else(|e| e.status(), |r| r.status).as_u16();
         // Read as the response passes (boxed: most responses have none).
         ctx.meter = match response {
-            Ok(r) => Meter::new(ctx.pending.charging(), r).map(Box::new),
+            Ok(r) => {
+                let row = |limit| ctx.prices.iter().find(|(l, _)| *l == limit).map(|(_, row)| *row);
+                Meter::new(ctx.pending.charging().map(|(limit, charge)| (limit, charge, row(limit))), r).map(Box::new)
+            }
             Err(_) => None,
         };
         if ctx.grpc {
@@ -773,6 +777,8 @@ struct RequestCtx {
     permits: Permits,
     /// Admissions its status keeps or takes back (`count:`), and those it is charged for.
     pending: Pending,
+    /// The row of their prices each of its money budgets charges it at.
+    prices: Box<[(LimitId, PriceRow)]>,
     /// What `hash` balancing goes by.
     balance_key: Option<NonZeroU64>,
     /// The target sent upstream when the route rewrites the path.
@@ -803,6 +809,7 @@ impl RequestCtx {
             standings: Box::default(),
             permits: Permits::default(),
             pending: Pending::default(),
+            prices: Box::default(),
             balance_key: None,
             target: None,
             hold: None,
