@@ -356,7 +356,7 @@ pub fn explain(
     {
         let by_body = |r: RouteId| config.routes[r].body_match.is_some();
         let (method, path, host) = (asked.head.method, &front.src.path, front.src.host);
-        if let Some(r) = config.router.find_where(method, path, host, asked.scheme, Some(&by_body))
+        if let Some(r) = config.router.find_where(method, path, host, asked.scheme, by_body)
             && r < front.route
         {
             explanation.notes.push(format!(

@@ -169,7 +169,7 @@ pub fn front<'a>(
             (Some(m), Some(fields)) => m.matches(fields),
             _ => true,
         };
-        config.router.find_where(head.method, &src.path, src.host, scheme, Some(&meets))
+        config.router.find_where(head.method, &src.path, src.host, scheme, meets)
     } else {
         config.router.find(head.method, &src.path, src.host, scheme)
     };

@@ -220,18 +220,18 @@ impl Router {
     /// The first route, in file order, that serves `method` on the normalized `path` at
     /// `host` (without port or trailing dot, any case), come in by `scheme`.
     pub fn find(&self, method: &Method, path: &[u8], host: Option<&str>, scheme: Scheme) -> Option<RouteId> {
-        self.find_where(method, path, host, scheme, None)
+        self.find_where(method, path, host, scheme, |_| true)
     }
 
-    /// `find`, among the routes `accept` takes (`None`: all): those whose match on the
-    /// body the request's body meets, or may.
+    /// `find`, among the routes `accept` takes: those whose match on the body the
+    /// request's body meets, or may. (Generic: `find`'s `accept` costs nothing.)
     pub fn find_where(
         &self,
         method: &Method,
         path: &[u8],
         host: Option<&str>,
         scheme: Scheme,
-        accept: Option<&dyn Fn(RouteId) -> bool>,
+        accept: impl Fn(RouteId) -> bool,
     ) -> Option<RouteId> {
         let want = Want { router: self, bit: bit(method), method, path, scheme, accept };
         let mut best = u32::MAX;
@@ -314,17 +314,18 @@ impl Router {
     }
 }
 
-/// One request's method, path and scheme, looked up table by table.
-struct Want<'r> {
+/// One request's method, path and scheme, looked up table by table, among the routes
+/// `accept` takes.
+struct Want<'r, A> {
     router: &'r Router,
     bit: u16,
     method: &'r Method,
     path: &'r [u8],
     scheme: Scheme,
-    accept: Option<&'r dyn Fn(RouteId) -> bool>,
+    accept: A,
 }
 
-impl Want<'_> {
+impl<A: Fn(RouteId) -> bool> Want<'_, A> {
     /// Lowers `best` to the least route of `table` that takes the request.
     fn best_in(&self, table: &Table, best: &mut u32) {
         if table.first >= *best {
@@ -368,7 +369,7 @@ impl Want<'_> {
     #[inline]
     fn takes(&self, route: u32) -> bool {
         self.router.methods[route as usize].allow(self.bit, self.method, self.scheme)
-            && self.accept.is_none_or(|accept| accept(RouteId::from(route as usize)))
+            && (self.accept)(RouteId::from(route as usize))
     }
 }
 
