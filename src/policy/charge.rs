@@ -33,10 +33,12 @@ impl Charge {
     /// count, in its order: `None` not reported, `Some(None)` reported but no count),
     /// priced at `row` of the prices when the charge has them: `None` when nothing was
     /// reported, or something that is no count (the default is then charged).
+    /// (`row`: `None` for a charge without prices.)
     pub fn units(&self, counts: impl Iterator<Item = Option<Option<u64>>>, row: Option<PriceRow>) -> Option<u64> {
-        match (&self.prices, row) {
-            (Some(prices), Some(row)) => prices.cost(counts, row),
-            _ => weighed(counts.zip(self.reading.weights())),
+        match &self.prices {
+            // A request priced by no row (none was picked for it) pays any other value's.
+            Some(prices) => prices.cost(counts, row.unwrap_or(prices.row(None))),
+            None => weighed(counts.zip(self.reading.weights())),
         }
     }
 }
