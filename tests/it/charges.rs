@@ -609,3 +609,32 @@ async fn a_twenty_digit_report_refuses_the_key_for_100_days_locally_and_globally
     }
     assert!(waits[0].abs_diff(waits[1]) <= 1, "local and global alike: {waits:?}");
 }
+
+/// `explain` says a budget's standing as money and the row of prices a request's
+/// response would be charged at (`*` for a model the table does not name).
+#[test]
+fn explain_says_a_budget_in_money_and_the_row_of_prices() {
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nupstreams:\n  b: {{ servers: [\"127.0.0.1:9\"] }}\nlimits:\n  tokens: {{ key: \
+         \"header:x-user\", on_missing_key: skip, {BUDGET} }}\nroutes:\n  - {{ limits: [tokens], upstream: b }}\n"
+    );
+    let (_dir, path) = config_file(&yaml);
+    let explain = |model: &str, json: bool| {
+        let body = format!("{{\"model\": \"{model}\"}}");
+        let mut command = binary();
+        command.arg("explain").arg("-c").arg(&path).args(["-d", &body, "-H", "x-user: ann", "http://localhost/v1"]);
+        if json {
+            command.arg("--json");
+        }
+        let output = command.output().unwrap();
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8(output.stdout).unwrap()
+    };
+    let explained: serde_json::Value = serde_json::from_str(&explain("gpt-4o", true)).unwrap();
+    let limit = &explained["limits"][0];
+    assert_eq!((&limit["money"], &limit["priced_as"]), (&"USD".into(), &"gpt-4o".into()), "{limit}");
+    let other: serde_json::Value = serde_json::from_str(&explain("llama-3", true)).unwrap();
+    assert_eq!(other["limits"][0]["priced_as"], "*");
+    let text = explain("gpt-4o", false);
+    assert!(text.contains("0.002 USD remaining") && text.contains("prices of \"gpt-4o\""), "{text}");
+}
