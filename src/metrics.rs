@@ -6,6 +6,7 @@
 //! `/metrics` is scraped. Labels are route and limit names and fixed words, never key
 //! values or client addresses, so the number of series is bounded by the configuration.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
@@ -22,6 +23,7 @@ use typed_index_collections::{TiSlice, TiVec};
 use crate::admission::Refused;
 use crate::config::{Config, Limit, LimitAction, LimitId, RouteId};
 use crate::gate::{Decision, Gate};
+use crate::limit::tenant::Tally;
 use crate::limit::{LimitResult, Limiters, Outcome};
 use crate::store::Store;
 
@@ -837,6 +839,44 @@ impl Collector for State {
             "Responses each limit's charge debited the default: they reported no count",
             MetricType::Counter,
             |i| ConstCounter::new(l.charges_defaulted(i)),
+        )?;
+        let tally = |i: LimitId, counter: fn(&Tally) -> &AtomicU64| {
+            ConstCounter::new(l.tenants(i).map_or(0, |t| counter(&t.tally).load(Ordering::Relaxed)))
+        };
+        this.per_limit(
+            &mut encoder,
+            "limit_own_counts",
+            "Requests decided with their key's own count (limit_from: the operator's, a trusted field's, a claim's)",
+            MetricType::Counter,
+            |i| tally(i, |t| &t.applied),
+        )?;
+        this.per_limit(
+            &mut encoder,
+            "limit_own_counts_clamped",
+            "Of them, with a count outside the limit's limit_from bounds, clamped to the nearest",
+            MetricType::Counter,
+            |i| tally(i, |t| &t.clamped),
+        )?;
+        this.per_limit(
+            &mut encoder,
+            "limit_own_counts_invalid",
+            "Requests whose limit_from source said no count (not a number): decided with the limit's own",
+            MetricType::Counter,
+            |i| tally(i, |t| &t.invalid),
+        )?;
+        this.per_limit(
+            &mut encoder,
+            "limit_own_counts_untrusted",
+            "Requests that carried limit_from's field from a peer not in trusted_proxies: ignored",
+            MetricType::Counter,
+            |i| tally(i, |t| &t.untrusted),
+        )?;
+        this.per_limit(
+            &mut encoder,
+            "limit_own_counts_given",
+            "Keys the operator gave a count of their own (PUT /overrides)",
+            MetricType::Gauge,
+            |i| gauge(l.tenants(i).map_or(0, |t| t.len())),
         )?;
         this.per_limit(&mut encoder, "bans", "Bans imposed by each limit", MetricType::Counter, |i| {
             ConstCounter::new(l.bans(i))

@@ -170,6 +170,41 @@ pub fn restore(limiters: &Limiters, config: &Config) {
     }
 }
 
+/// The file of the counts the operator gave keys (`PUT /overrides`) in `dir`.
+const OVERRIDES_FILE: &str = "overrides.json";
+
+/// Far above what any operator gives by hand: read no more than this.
+const MAX_OVERRIDES_BYTES: u64 = 16 << 20;
+
+/// The counts the operator gave keys, as last saved, when the file has a `persist:`
+/// section: read under the same rules as the state files (sluicegate's own, its size
+/// checked before a byte is read). `None`: none saved, or refused (logged).
+pub fn read_overrides(config: &Config) -> Option<Vec<u8>> {
+    if !config.persist.given || trusted_dir(&config.persist.dir).is_err() {
+        return None;
+    }
+    let path = config.persist.dir.join(OVERRIDES_FILE);
+    match read_trusted(&path, MAX_OVERRIDES_BYTES) {
+        Ok(bytes) => Some(bytes),
+        Err(e) if e.kind() == ErrorKind::NotFound => None,
+        Err(e) => {
+            warn!(file = %path.display(), "overrides file refused: {e}; no key starts with its own count");
+            None
+        }
+    }
+}
+
+/// Saves the counts the operator gave keys (`bytes`, JSON), when the file has a
+/// `persist:` section; an error says why they were not.
+pub fn save_overrides(config: &Config, bytes: &[u8]) -> Result<(), String> {
+    if !config.persist.given {
+        return Ok(());
+    }
+    trusted_dir(&config.persist.dir)?;
+    let path = config.persist.dir.join(OVERRIDES_FILE);
+    write_atomic(&path, bytes).map_err(|e| format!("cannot save {}: {e}", path.display()))
+}
+
 /// Writes the persisted limits' state, one write at a time.
 #[derive(Default)]
 pub struct Writer {

@@ -12,10 +12,10 @@ use std::sync::Arc;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode};
 
-use crate::config::Scope;
+use crate::config::{LimitId, Scope};
 use crate::front;
 use crate::policy::charge::Money;
-use crate::policy::key::{BodyFields, ClaimPath, Claims, KeyPart};
+use crate::policy::key::{BodyFields, ClaimPath, Claims, KeyPart, KeySource};
 use crate::proxy::Proxy;
 use crate::proxy::body::Response;
 use crate::router::Captures;
@@ -27,13 +27,49 @@ const PARTS: &str = "ip=, header:NAME=, bearer=, query:NAME=, cookie:NAME=, meth
 /// The answer to a lookup (`reset`: its `DELETE`) of `query` in limit `name`.
 pub fn answer(proxy: &Proxy, name: &str, query: &str, reset: bool) -> Response {
     let config = proxy.config();
+    let global = |l: &crate::config::Limit| l.name == name && matches!(l.scope, Scope::Global { .. });
+    if config.limits.iter().any(global) {
+        return super::text(StatusCode::CONFLICT, "a global limit: its state is in Redis\n");
+    }
+    with_key(proxy, name, query, |index, src| {
+        let limiters = proxy.limiters();
+        match (reset, limiters.inspect(index, src)) {
+            (_, None) => super::text(StatusCode::BAD_REQUEST, "the values given make no key\n"),
+            (true, Some(_)) => {
+                limiters.reset(index, src);
+                super::text(StatusCode::NO_CONTENT, "")
+            }
+            (false, Some(state)) => match &config.limits[index].money {
+                None => super::json(StatusCode::OK, &state),
+                // A budget's standing said as money too: `"remaining_money": "49.985"`.
+                Some(money) => {
+                    let mut shown = serde_json::to_value(&state).unwrap_or_default();
+                    shown["money"] = serde_json::Value::from(&*money.currency);
+                    if let Some(windows) = shown["windows"].as_array_mut() {
+                        for (shown, window) in windows.iter_mut().zip(&state.windows) {
+                            shown["remaining_money"] = Money::amount(window.remaining).into();
+                        }
+                    }
+                    super::json(StatusCode::OK, &shown)
+                }
+            },
+        }
+    })
+}
+
+/// `answer` of the request that carries the key of limit `name` given by `query`'s parts,
+/// as its limits read it; 404 for no such limit, 400 for parts that are not its key's.
+pub fn with_key(
+    proxy: &Proxy,
+    name: &str,
+    query: &str,
+    answer: impl FnOnce(LimitId, &KeySource<'_>) -> Response,
+) -> Response {
+    let config = proxy.config();
     let Some(index) = config.limits.position(|l| l.name == name) else {
         return super::text(StatusCode::NOT_FOUND, "no such limit\n");
     };
     let limit = &config.limits[index];
-    if matches!(limit.scope, Scope::Global { .. }) {
-        return super::text(StatusCode::CONFLICT, "a global limit: its state is in Redis\n");
-    }
     let keyed: Vec<String> = limit.key.0.iter().map(ToString::to_string).collect();
     let asked = match Asked::parse(query, &keyed) {
         Ok(asked) => asked,
@@ -63,28 +99,7 @@ pub fn answer(proxy: &Proxy, name: &str, query: &str, reset: bool) -> Response {
         let (paths, values): (Vec<ClaimPath>, Vec<_>) = asked.body.into_iter().unzip();
         src.body = Some(Box::new(BodyFields::new(paths.into(), values.into())));
     }
-    let limiters = proxy.limiters();
-    match (reset, limiters.inspect(index, &src)) {
-        (_, None) => super::text(StatusCode::BAD_REQUEST, "the values given make no key\n"),
-        (true, Some(_)) => {
-            limiters.reset(index, &src);
-            super::text(StatusCode::NO_CONTENT, "")
-        }
-        (false, Some(state)) => match &limit.money {
-            None => super::json(StatusCode::OK, &state),
-            // A budget's standing said as money too: `"remaining_money": "49.985"`.
-            Some(money) => {
-                let mut shown = serde_json::to_value(&state).unwrap_or_default();
-                shown["money"] = serde_json::Value::from(&*money.currency);
-                if let Some(windows) = shown["windows"].as_array_mut() {
-                    for (shown, window) in windows.iter_mut().zip(&state.windows) {
-                        shown["remaining_money"] = Money::amount(window.remaining).into();
-                    }
-                }
-                super::json(StatusCode::OK, &shown)
-            }
-        },
-    }
+    answer(index, &src)
 }
 
 /// A request that carries the parts a lookup gives, for the limit's own key extraction.

@@ -17,6 +17,7 @@
 mod addressed;
 mod cross_site;
 mod key_lookup;
+pub mod overrides;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -121,6 +122,19 @@ async fn answer(head: &RequestHead<'_>, body: Option<&mut (dyn BodySource + '_)>
             with_limit(&proxy, name, |i| json(StatusCode::OK, &proxy.limiters().banned(i)))
         }
         (&Method::DELETE, ["bans", name, rest @ ..]) => lift(&proxy, name, rest.first().copied().unwrap_or_default()),
+        (&Method::GET, ["overrides"]) => overrides::list(&proxy, None),
+        (&Method::GET, ["overrides", name]) => overrides::list(&proxy, Some(name)),
+        (&Method::PUT, ["overrides", name, rest @ ..]) => {
+            let too_large = "a count given a key takes at most 1 KiB: {\"limit\": N}\n";
+            match read_body(body, overrides::MAX_BODY_BYTES, too_large).await {
+                Ok(read) => overrides::change(&proxy, name, rest.first().copied(), query, Some(&read)),
+                Err(refused) => refused,
+            }
+        }
+        (&Method::DELETE, ["overrides", name, rest @ ..]) => {
+            overrides::change(&proxy, name, rest.first().copied(), query, None)
+        }
+        (_, ["overrides", ..]) => text(StatusCode::METHOD_NOT_ALLOWED, "use GET, PUT or DELETE\n"),
         (&Method::GET, ["limits", name]) => key_lookup::answer(&proxy, name, query, false),
         (&Method::DELETE, ["limits", name]) => key_lookup::answer(&proxy, name, query, true),
         (m, ["healthz" | "readyz" | "metrics" | "config" | "bans" | "limits" | "dashboard.json", ..])
@@ -130,7 +144,7 @@ async fn answer(head: &RequestHead<'_>, body: Option<&mut (dyn BodySource + '_)>
         }
         _ => text(
             StatusCode::NOT_FOUND,
-            "not found: / (the dashboard), /healthz, /readyz, /metrics, /config, /limits/NAME?PART=VALUE, /bans, POST /reload, POST /explain\n",
+            "not found: / (the dashboard), /healthz, /readyz, /metrics, /config, /limits/NAME?PART=VALUE, /overrides, /bans, POST /reload, POST /explain\n",
         ),
     }
 }
@@ -229,36 +243,47 @@ async fn reload(running: &Running, query: &str) -> Response {
     }
 }
 
-/// The largest request `POST /explain` reads, and how long it waits for it.
+/// The largest request `POST /explain` reads.
 const EXPLAIN_MAX_BYTES: usize = 64 * 1024;
-const EXPLAIN_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a body sent to the admin API may take to come.
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The whole of `body` (none: empty), at most `max` bytes: else `413` saying `too_large`,
+/// `400` when it breaks off, `408` when it does not come within 10 s.
+async fn read_body(
+    body: Option<&mut (dyn BodySource + '_)>,
+    max: usize,
+    too_large: &'static str,
+) -> Result<Vec<u8>, Response> {
+    let mut read = Vec::new();
+    let Some(body) = body else { return Ok(read) };
+    let whole = async {
+        while let Some(piece) = std::future::poll_fn(|cx| body.poll_chunk(cx)).await {
+            let Ok(piece) = piece else { return Err(StatusCode::BAD_REQUEST) };
+            if read.len() + piece.len() > max {
+                return Err(StatusCode::PAYLOAD_TOO_LARGE);
+            }
+            read.extend_from_slice(&piece);
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(BODY_READ_TIMEOUT, whole).await {
+        Ok(Ok(())) => Ok(read),
+        Ok(Err(StatusCode::PAYLOAD_TOO_LARGE)) => Err(text(StatusCode::PAYLOAD_TOO_LARGE, too_large)),
+        Ok(Err(_)) => Err(text(StatusCode::BAD_REQUEST, "the body broke off\n")),
+        Err(_) => Err(text(StatusCode::REQUEST_TIMEOUT, "the body did not come within 10 s\n")),
+    }
+}
 
 /// `POST /explain` with `{"method", "url", "headers", "peer"}`: how the running
 /// instance would answer that request now, from its live tables, spending nothing (the
 /// gate's `preview`): `200` with the explanation as JSON, `400` saying what is wrong with
 /// the request asked, `413` past 64 KiB, `408` when the body does not come within 10 s.
 async fn explain(proxy: &Proxy, body: Option<&mut (dyn BodySource + '_)>) -> Response {
-    let mut read = Vec::new();
-    if let Some(body) = body {
-        let whole = async {
-            while let Some(piece) = std::future::poll_fn(|cx| body.poll_chunk(cx)).await {
-                let Ok(piece) = piece else { return Err(StatusCode::BAD_REQUEST) };
-                if read.len() + piece.len() > EXPLAIN_MAX_BYTES {
-                    return Err(StatusCode::PAYLOAD_TOO_LARGE);
-                }
-                read.extend_from_slice(&piece);
-            }
-            Ok(())
-        };
-        match tokio::time::timeout(EXPLAIN_READ_TIMEOUT, whole).await {
-            Ok(Ok(())) => {}
-            Ok(Err(StatusCode::PAYLOAD_TOO_LARGE)) => {
-                return text(StatusCode::PAYLOAD_TOO_LARGE, "the request to explain takes at most 64 KiB\n");
-            }
-            Ok(Err(_)) => return text(StatusCode::BAD_REQUEST, "the body broke off\n"),
-            Err(_) => return text(StatusCode::REQUEST_TIMEOUT, "the body did not come within 10 s\n"),
-        }
-    }
+    let read = match read_body(body, EXPLAIN_MAX_BYTES, "the request to explain takes at most 64 KiB\n").await {
+        Ok(read) => read,
+        Err(refused) => return refused,
+    };
     let asked: Asked = match serde_json::from_slice(&read) {
         Ok(asked) => asked,
         Err(e) => {

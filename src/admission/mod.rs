@@ -284,7 +284,8 @@ fn steps<'a>(
     let (host, claimed) = read_head(config, asked)?;
     admission.host = host;
     let known = read.map(|(scan, ended)| scan.fields(ended));
-    let found = front::front(config, asked.head, admission.client_ip, host, asked.scheme, claimed, known.as_ref())?;
+    let mut found = front::front(config, asked.head, admission.client_ip, host, asked.scheme, claimed, known.as_ref())?;
+    found.src.trusted_peer = admission.trusted_peer;
     if config.body_routes && read.is_none() && config.routes[found.route].body_match.is_some() {
         // Its route matches on its body: the route is its own only if the body meets
         // the match, known once read (`resume`, or `admit` for a body given whole).

@@ -133,6 +133,9 @@ pub(super) fn require_jwt(e: &mut Errors<'_>, raw: &RawConfig) {
         if reads(limit.allow.as_ref()) {
             e.add(format!("limits.{name}.allow.claims"), NEEDED);
         }
+        if limit.limit_from.as_ref().is_some_and(|from| from.jwt.is_some()) {
+            e.add(format!("limits.{name}.limit_from.jwt"), NEEDED);
+        }
         for (i, o) in limit.overrides.iter().enumerate() {
             if reads(Some(&o.matcher)) {
                 e.add(format!("limits.{name}.overrides[{i}].match.claims"), NEEDED);

@@ -18,6 +18,7 @@ use crate::grpc::Code;
 use crate::policy::allow::Allow;
 use crate::policy::charge::{Charge, MAX_BUDGET, MAX_UNITS, MICROS, Money, Prices, Reading, Weighted};
 use crate::policy::key::{ClaimPath, DEFAULT_IP_PREFIX, KeyPart, KeySpec};
+use crate::policy::tenant::TenantFrom;
 use crate::policy::{Scope, Window};
 
 /// `Retry-After` of a concurrency rejection unless the limit says otherwise.
@@ -77,6 +78,7 @@ pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeM
             );
         }
     }
+    let tenant = tenant(e, &at, raw, policy.as_deref().unwrap_or_default());
     Limit {
         name: name.to_owned(),
         key,
@@ -102,7 +104,59 @@ pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeM
         on_missing_key: raw.on_missing_key.unwrap_or_default(),
         on_invalid_token: raw.on_invalid_token.unwrap_or_default(),
         response: response(e, &at, raw, status),
+        tenant,
     }
+}
+
+/// `limit_from:`: the bounds (amounts on a money budget) and the source, on a limit of
+/// one window whose count a number says.
+fn tenant(e: &mut Errors<'_>, at: &str, raw: &RawLimit, windows: &[Policy]) -> Option<TenantFrom> {
+    let from = raw.limit_from.as_ref()?;
+    let at = format!("{at}.limit_from");
+    let money = raw.money.is_some();
+    let largest = match windows {
+        [Policy::FixedWindow { .. }] if money => MAX_BUDGET,
+        [Policy::FixedWindow { .. }] => MAX_WINDOW_LIMIT,
+        [Policy::SlidingLog { .. }] => MAX_LOG_LIMIT,
+        [Policy::SlidingWindow { .. }] => u64::from(u32::MAX),
+        [Policy::Rate { .. }] if raw.algorithm == Some(AlgorithmName::MinInterval) => {
+            e.add(at, "a minimum interval has no count for a key to have its own of (give a rate: algorithm gcra)");
+            return None;
+        }
+        [Policy::Rate { .. } | Policy::Concurrency { .. }] => u64::MAX,
+        [] => return None,
+        _ => {
+            e.add(at, "applies to a limit of one window (its count is one number), not to several (`rates`)");
+            return None;
+        }
+    };
+    let source = match (&from.header, &from.jwt) {
+        (Some(_), Some(_)) => {
+            e.add(at.clone(), "give one of `header` and `jwt`, or neither (counts set only by `PUT /overrides`)");
+            None
+        }
+        (Some(name), None) => e.check(|| format!("{at}.header"), format!("header:{name}").parse::<KeyPart>()),
+        (None, Some(claim)) => e.check(|| format!("{at}.jwt"), format!("jwt:{claim}").parse::<KeyPart>()),
+        (None, None) => None,
+    };
+    let Some(max) = from.max else {
+        e.add(at, "needs `max`: the largest count a key may be given (e.g. max: 1000)");
+        return None;
+    };
+    let max = amount_in(e, &format!("{at}.max"), max, money)?;
+    let min = match from.min {
+        Some(min) => amount_in(e, &format!("{at}.min"), min, money)?,
+        None => 1,
+    };
+    if min == 0 {
+        e.add(format!("{at}.min"), "must be more than 0: a key without room is a ban (`ban:`), not a limit");
+    } else if max < min {
+        e.add(format!("{at}.max"), "must be at least `min`");
+    } else if max > largest {
+        let largest = if money { Money::amount(largest) } else { largest.to_string() };
+        e.add(format!("{at}.max"), format!("must be at most {largest}, the most this limit's algorithm counts"));
+    }
+    Some(TenantFrom { source, min, max, money })
 }
 
 /// `money:`: the currency a budget counts, on a fixed window of the calendar spent by

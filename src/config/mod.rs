@@ -311,6 +311,9 @@ pub struct Persist {
     pub dir: std::path::PathBuf,
     /// How often state is written, besides at shutdown.
     pub interval: Duration,
+    /// The file has a `persist:` section: the counts the operator gives keys
+    /// (`PUT /overrides`) are kept in `dir` too.
+    pub given: bool,
 }
 
 #[derive(Debug)]
@@ -362,6 +365,9 @@ pub struct Limit {
     pub on_invalid_token: OnInvalidToken,
     /// Its own refusal (`response:`; `None`: `rejection_body`'s).
     pub response: Option<LimitResponse>,
+    /// Where a key's own count may come from (`limit_from`; `None`: every key has the
+    /// limit's).
+    pub tenant: Option<crate::policy::tenant::TenantFrom>,
 }
 
 /// A limit's own refusal: its body (written with the limit's name and `Retry-After`),

@@ -393,6 +393,19 @@ pub struct RawLimit {
     pub on_missing_key: Option<OnMissingKey>,
     pub on_invalid_token: Option<OnInvalidToken>,
     pub response: Option<RawLimitResponse>,
+    pub limit_from: Option<RawLimitFrom>,
+}
+
+/// `limit_from: { header: x-tenant-limit, min: 1, max: 1000 }`: each key may have its own
+/// count, said by a trusted proxy's field (`header`) or the verified token (`jwt`), or set
+/// by the operator (`PUT /overrides/NAME?...`), within `[min, max]`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct RawLimitFrom {
+    pub header: Option<String>,
+    pub jwt: Option<String>,
+    pub min: Option<RawAmount>,
+    pub max: Option<RawAmount>,
 }
 
 /// `persist: { dir: /var/lib/sluicegate, interval: 1m }`.

@@ -123,7 +123,7 @@ fn route(
                     RawLimitUse::Name(_) => None,
                     RawLimitUse::Tuned(tuned) => own_burst(e, &here, tuned, &config.limits[name]),
                 };
-                limits.push(LimitUse { limit: LimitId::from(index), burst });
+                limits.push(LimitUse { limit: LimitId::from(index), burst, count: None });
             }
             None => e.add(field, unknown_name("limit", name, &config.limits, "limits")),
         }
@@ -351,8 +351,11 @@ const MAX_BODY_FIELDS: usize = 32;
 fn token_use(allow: &Allow, candidates: &[LimitId], compiled: &TiSlice<LimitId, Limit>) -> TokenUse {
     let limits = || candidates.iter().filter_map(|&l| Some((l, compiled.get(l)?)));
     let keyed = |limit: &Limit| limit.key.0.iter().any(|p| matches!(p, KeyPart::Jwt(_)));
+    let counted = |limit: &Limit| limit.tenant.as_ref().is_some_and(|t| matches!(t.source, Some(KeyPart::Jwt(_))));
     let reads = allow.reads_claims()
-        || limits().any(|(_, l)| keyed(l) || l.allow.reads_claims() || l.overrides.iter().any(|o| o.0.reads_claims()));
+        || limits().any(|(_, l)| {
+            keyed(l) || counted(l) || l.allow.reads_claims() || l.overrides.iter().any(|o| o.0.reads_claims())
+        });
     if !reads {
         return TokenUse::Unread;
     }

@@ -17,6 +17,8 @@ use super::{
     AccessLogConfig, Admin, Config, ConfigError, Limit, LimitId, Listener, Persist, Route, RouteId, Router,
     ServerSettings, jwt, limits, routes, shadow, store, tls, upstreams,
 };
+use crate::policy::key::KeyPart;
+use crate::policy::{Policy, Scope};
 use crate::router::Scheme;
 
 const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -92,7 +94,7 @@ pub fn compile(
     let mut e = Errors { file, positions, missing: &missing, list: errors, warnings: Vec::new() };
 
     let listeners = listeners(&mut e, &raw.listen);
-    let trusted_proxies = raw
+    let trusted_proxies: Vec<_> = raw
         .trusted_proxies
         .iter()
         .enumerate()
@@ -127,6 +129,7 @@ pub fn compile(
     if redis.is_none() {
         store::require_redis(&mut e, &limits.raw);
     }
+    tenant_sources(&mut e, &limits.raw, trusted_proxies.is_empty());
     let mut routes: TiVec<RouteId, _> = routes::all(&mut e, &raw, &limits, max_body_bytes).into();
     let body_routes = routes::body_routing(&mut e, &mut routes.raw);
     let router = Router::new(routes.iter().map(|r| &r.matcher)).unwrap_or_else(|message| {
@@ -187,6 +190,33 @@ pub fn compile(
         _ => {
             e.list.sort_by_key(|err| (err.line, err.column));
             Err(e.list)
+        }
+    }
+}
+
+/// What `limit_from` needs beyond its own fields: a count in a field is honoured only
+/// from a peer in `trusted_proxies` (none listed, none would be); and a global rate's
+/// takebacks and charges (`count:`, `charge:`) are made in Redis with the limit's own
+/// interval, so a key's own count and them do not go together there.
+fn tenant_sources(e: &mut Errors<'_>, limits: &[Limit], no_trusted_proxies: bool) {
+    for limit in limits {
+        let Some(tenant) = &limit.tenant else { continue };
+        let at = format!("limits.{}.limit_from", limit.name);
+        if no_trusted_proxies && matches!(tenant.source, Some(KeyPart::Header(_))) {
+            e.add(
+                format!("{at}.header"),
+                "a count in a field is read only from a peer in `trusted_proxies`, and none is listed: \
+                 list the proxy (or auth gateway) that sets it",
+            );
+        }
+        let global_rate =
+            matches!(limit.scope, Scope::Global { .. }) && matches!(limit.windows.as_slice(), [Policy::Rate { .. }]);
+        if global_rate && (limit.count.is_some() || limit.charge.is_some()) {
+            e.add(
+                at,
+                "a global rate limit that takes back (`count`) or charges (`charge`) decides every key with its own \
+                 rate: give it a window (`algorithm: fixed_window`), or keep it local",
+            );
         }
     }
 }
@@ -279,7 +309,7 @@ fn persist(e: &mut Errors<'_>, raw: Option<&RawPersist>, file: &str) -> Persist 
         e.add("persist.interval".into(), "must be between 1s and 1h");
     }
     let base = std::path::Path::new(file).parent().unwrap_or(std::path::Path::new(""));
-    Persist { dir: base.join(dir), interval }
+    Persist { dir: base.join(dir), interval, given: raw.is_some() }
 }
 
 /// Shortest `keys_secret`: 16 characters of a random string key HMAC-SHA-256 well past

@@ -505,7 +505,7 @@ fn explain_limit(
     decision: &Decision,
     before: impl Fn(LimitId) -> Option<KeyState>,
 ) -> LimitExplained {
-    let choice = gate.choice(used, src);
+    let choice = gate.choice(used, src, false);
     let deciding = choice.used.limit;
     let limit = &config.limits[deciding];
     let limiters = gate.limiters();

@@ -145,11 +145,11 @@ impl Gate {
     /// route's own burst if it gives one), local and global. The request path's one call.
     pub async fn decide(&self, limits: &[LimitUse], src: &KeySource<'_>, cost: u64) -> Decision {
         let Some(store) = &self.store else { return self.check(limits, src, cost) };
-        let chosen = self.choose(limits, src);
+        let chosen = self.choose(limits, src, true);
         let (global, local): (Chosen, Chosen) = chosen.into_iter().partition(|u| store.is_global(u.limit));
         let calls: SmallVec<[Call; 2]> = global
             .iter()
-            .filter_map(|&LimitUse { limit, burst }| {
+            .filter_map(|&LimitUse { limit, burst, count }| {
                 let (hash, present) = self.limiters.get(limit).key.global_any(src);
                 if !present {
                     self.limiters.missed(limit, src);
@@ -157,8 +157,8 @@ impl Gate {
                         return None;
                     }
                 }
-                let (base, near) = (store.base(limit, hash), near_key((hash >> 64) as u64, burst));
-                Some(Call { limit, burst, base, near })
+                let (base, near) = (store.base(limit, hash), near_key((hash >> 64) as u64, burst, count));
+                Some(Call { limit, burst, count, base, near })
             })
             .collect();
         if cost == 1
@@ -184,7 +184,7 @@ impl Gate {
         if limits.iter().all(|u| self.limiters.get(u.limit).plain) {
             return self.check_chosen::<false>(limits, src, cost);
         }
-        self.check_chosen::<false>(&self.choose(limits, src), src, cost)
+        self.check_chosen::<false>(&self.choose(limits, src, true), src, cost)
     }
 
     /// What `check` would decide for `src` now, from the limits' state as it is, but
@@ -192,7 +192,7 @@ impl Gate {
     /// says how long it would be), no slot taken, no key touched. What `explain` asks of
     /// the live tables.
     pub fn preview(&self, limits: &[LimitUse], src: &KeySource<'_>, cost: u64) -> Decision {
-        self.check_chosen::<true>(&self.choose(limits, src), src, cost)
+        self.check_chosen::<true>(&self.choose(limits, src, false), src, cost)
     }
 
     /// The limits of `limits` (overrides and allow-lists applied, as `choose` picks them)
@@ -203,7 +203,7 @@ impl Gate {
         limits: &[LimitUse],
         src: &'a KeySource<'_>,
     ) -> impl Iterator<Item = LimitId> + 'a {
-        let chosen = self.choose(limits, src);
+        let chosen = self.choose(limits, src, false);
         chosen.into_iter().map(|u| u.limit).filter(move |&limit| !self.limiters.get(limit).key.present(src))
     }
 
@@ -211,12 +211,13 @@ impl Gate {
     /// limit with its own burst; sorted again, so that locks are still taken in ascending
     /// order), less those whose allow-list exempts it. A limit both listed by the route
     /// and reached through an override decides once, with the route's entry (its own
-    /// burst, if it gives one).
-    fn choose(&self, limits: &[LimitUse], src: &KeySource<'_>) -> Chosen {
+    /// burst, if it gives one). Each with its key's own count, if it has one (`tally`:
+    /// counted in the limit's tenant metrics, as a request decided, not previewed).
+    fn choose(&self, limits: &[LimitUse], src: &KeySource<'_>, tally: bool) -> Chosen {
         let mut chosen = Chosen::new();
         let mut swapped = false;
         for &used in limits {
-            let choice = self.choice(used, src);
+            let choice = self.choice(used, src, tally);
             swapped |= choice.overridden;
             if !choice.exempt {
                 chosen.push(choice.used);
@@ -234,11 +235,20 @@ impl Gate {
     /// What becomes of `used`, one limit of a route, for `src`: the limit its first
     /// matching override names decides instead (with that limit's own burst), and that
     /// limit's allow-list may exempt the request.
-    pub fn choice(&self, used: LimitUse, src: &KeySource<'_>) -> Choice {
+    pub fn choice(&self, used: LimitUse, src: &KeySource<'_>, tally: bool) -> Choice {
         let over = self.limiters.get(used.limit).overrides.iter().find(|(m, _)| m.admits(src));
-        let used = over.map_or(used, |&(_, other)| LimitUse::plain(other));
-        let allow = &self.limiters.get(used.limit).allow;
-        Choice { used, overridden: over.is_some(), exempt: !allow.is_empty() && allow.admits(src) }
+        let mut used = over.map_or(used, |&(_, other)| LimitUse::plain(other));
+        let limiter = self.limiters.get(used.limit);
+        let exempt = !limiter.allow.is_empty() && limiter.allow.admits(src);
+        if let Some(tenant) = &limiter.tenant
+            && !exempt
+        {
+            used.count = self.limiters.key_found(used.limit, src).0.and_then(|key| {
+                let counted = tenant.set.count(&tenant.from, key, src, tally)?;
+                Some(counted.count)
+            });
+        }
+        Choice { used, overridden: over.is_some(), exempt }
     }
 
     /// The near-cache's refusal of a one-unit request by the longest-refused global limit
@@ -265,17 +275,17 @@ impl Gate {
         // windows in order, then its bans.
         // (Built in place: moving these groups around costs more than deciding them.)
         let mut groups: SmallVec<[Group<'_>; 2]> = SmallVec::new();
-        for &LimitUse { limit, burst } in chosen {
+        for &LimitUse { limit, burst, count } in chosen {
             let limiter = self.limiters.get(limit);
             let (key, present) = self.limiters.key_found(limit, src);
             if !present && !PREVIEW {
                 self.limiters.missed(limit, src);
             }
             let Some(key) = key else { continue };
-            let burst = limiter.burst(burst);
-            let shards = limiter.windows.iter().map(|algorithm| algorithm.lock_as(key, burst)).collect();
+            let (burst, count) = (limiter.burst(burst), limiter.count(count));
+            let shards = limiter.windows.iter().map(|algorithm| algorithm.lock_as(key, burst, count)).collect();
             let bans = limiter.bans.as_ref().map(|bans| bans.lock(key.0));
-            groups.push(Group { limit, limiter, key, shards, bans, admits: SmallVec::new(), rejects: false });
+            groups.push(Group { limit, limiter, key, count, shards, bans, admits: SmallVec::new(), rejects: false });
         }
         let now = self.clock.now();
         let mut standings = Standings::new();
@@ -310,7 +320,7 @@ impl Gate {
             if group.rejects {
                 continue;
             }
-            let (limit, key, dry_run) = (group.limit, group.key, group.limiter.dry_run);
+            let (limit, key, count, dry_run) = (group.limit, group.key, group.count, group.limiter.dry_run);
             for (shard, admit) in group.shards.iter_mut().zip(&group.admits) {
                 if !dry_run {
                     wait = wait.max(Duration::from_nanos(admit.wait));
@@ -326,7 +336,7 @@ impl Gate {
             }
             if group.limiter.settles_after() && !PREVIEW {
                 pending.limiters.get_or_insert_with(|| Arc::clone(&self.limiters));
-                pending.admissions.push(Refundable { limit, key, at: now });
+                pending.admissions.push(Refundable { limit, key, at: now, count });
             }
         }
         if self.limiters.annotating {
@@ -433,10 +443,12 @@ impl Gate {
             let Scope::Global { on_store_error: OnStoreError::Local, instances } = limiter.scope else { continue };
             let Some(key) = global.iter().find(|r| r.limit == s.limit).map(|r| r.key) else { continue };
             // Redis counted the units left under the route's own burst, if it has one.
-            let burst = limiter.burst(calls.iter().find(|c| c.limit == s.limit).and_then(|c| c.burst));
+            let call = calls.iter().find(|c| c.limit == s.limit);
+            let burst = limiter.burst(call.and_then(|c| c.burst));
+            let count = limiter.count(call.and_then(|c| c.count));
             // (A window that admitted a request another limit refused says where the key
             // stands without it.)
-            limiter.windows[s.window].lock_as(key, burst).hear(key, s.remaining / instances, now);
+            limiter.windows[s.window].lock_as(key, burst, count).hear(key, s.remaining / instances, now);
         }
     }
 
@@ -464,7 +476,7 @@ impl Gate {
                 OnStoreError::Allow => {}
                 OnStoreError::Deny if limiter.refuses => denied = Some(call.limit),
                 OnStoreError::Deny => {}
-                OnStoreError::Local => local.push(LimitUse { limit: call.limit, burst: call.burst }),
+                OnStoreError::Local => local.push(LimitUse { limit: call.limit, burst: call.burst, count: call.count }),
             }
         }
         if let Some(limit) = denied {
@@ -537,8 +549,9 @@ impl Gate {
         for s in standings.iter_mut().filter(|s| !s.outcome.is_rejected()) {
             let Some(r) = results.iter().find(|r| r.limit == s.limit) else { continue };
             let limiter = self.limiters.get(s.limit);
-            let burst = limiter.burst(local.iter().find(|u| u.limit == s.limit).and_then(|u| u.burst));
-            let (remaining, reset) = limiter.windows[s.window].lock_as(r.key, burst).stands(r.key, now);
+            let used = local.iter().find(|u| u.limit == s.limit);
+            let (burst, count) = (limiter.burst(used.and_then(|u| u.burst)), limiter.count(used.and_then(|u| u.count)));
+            let (remaining, reset) = limiter.windows[s.window].lock_as(r.key, burst, count).stands(r.key, now);
             s.remaining = remaining;
             s.reset = Duration::from_nanos(reset);
         }
@@ -576,6 +589,8 @@ struct Group<'a> {
     limit: LimitId,
     limiter: &'a Limiter,
     key: KeyHash,
+    /// The key's own count, as its local state decides (`limit_from`).
+    count: Option<u64>,
     /// In window order.
     shards: SmallVec<[Held<'a>; 1]>,
     bans: Option<MutexGuard<'a, Shard>>,

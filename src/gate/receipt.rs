@@ -36,6 +36,8 @@ pub(super) struct Refundable {
     pub(super) key: KeyHash,
     /// When the limit decided it.
     pub(super) at: Nanos,
+    /// The key's own count it was decided with, as its local state decides (`limit_from`).
+    pub(super) count: Option<u64>,
 }
 
 /// Admissions by limits that count only some responses (`count:`), to be kept or taken
@@ -64,7 +66,7 @@ impl Pending {
         let mut charges = Charges { limiters: None, local: SmallVec::new(), global: None, cost };
         if let Some(limiters) = &limiters {
             for a in admissions {
-                limiters.settle(a.limit, a.key, cost, a.at, status);
+                limiters.settle(a.limit, a.key, a.count, cost, a.at, status);
                 if limiters.counts(a.limit, status) && limiters.get(a.limit).charge.is_some() {
                     charges.local.push(a);
                 }
@@ -150,7 +152,7 @@ impl Charges {
         for a in &self.local {
             match units(a.limit) {
                 Some(0) | None => {}
-                Some(n) => limiters.charge(a.limit, a.key, n, a.at),
+                Some(n) => limiters.charge(a.limit, a.key, a.count, n, a.at),
             }
         }
         let global = self.global?;

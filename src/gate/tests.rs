@@ -277,8 +277,8 @@ fn a_limit_listed_and_reached_through_an_override_decides_once_with_the_routes_o
     let headers = HeaderMap::new();
     let src = KeySource::get([10, 0, 0, 1].into(), "/", &headers);
     for route in [
-        [LimitUse::plain(a), LimitUse { limit: b, burst: own }],
-        [LimitUse { limit: b, burst: own }, LimitUse::plain(a)],
+        [LimitUse::plain(a), LimitUse { limit: b, burst: own, count: None }],
+        [LimitUse { limit: b, burst: own, count: None }, LimitUse::plain(a)],
     ] {
         let passed = (0..6).filter(|_| passes(&l.gate.check(&route, &src, 1))).count();
         // Burst 3 on 1r/m: four at once, then refused; each request counted once.
@@ -579,6 +579,7 @@ mod global_path {
         let call = Call {
             limit: LimitId::from(0),
             burst: None,
+            count: None,
             base: store.base(LimitId::from(0), hash),
             near: KeyHash((hash >> 64) as u64),
         };
@@ -613,13 +614,14 @@ mod global_path {
         let call = Call {
             limit: LimitId::from(0),
             burst: tight,
+            count: None,
             base: store.base(LimitId::from(0), hash),
-            near: near_key((hash >> 64) as u64, tight),
+            near: near_key((hash >> 64) as u64, tight, None),
         };
         store.remember_refusal(&call, Refusal { until: T0 + 2_000 * MS, reset: T0 + 3_000 * MS, window: 0 }, Nanos(T0));
 
         clock.set(Nanos(T0 + 500 * MS));
-        let through = |burst| [LimitUse { limit: LimitId::from(0), burst }];
+        let through = |burst| [LimitUse { limit: LimitId::from(0), burst, count: None }];
         let same = gate.decide(&through(tight), &src(&headers), 1).await;
         assert_eq!(rejected(&same), Some((StatusCode::TOO_MANY_REQUESTS, Duration::from_millis(1_500))));
         for other in [None, Some(crate::policy::Burst { burst: 5, delay: 5 })] {

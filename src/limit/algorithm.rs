@@ -1,6 +1,7 @@
 //! A limit's algorithm paired with the table of its keys' state, and the same pair
 //! locked for one key: the one place that knows which state each algorithm keeps.
 
+use std::borrow::Cow;
 use std::sync::{Arc, MutexGuard};
 
 use super::Verdict;
@@ -25,14 +26,15 @@ pub(crate) enum Algorithm {
     Concurrency(Concurrency, Arc<KeyTable>),
 }
 
-/// A limit's algorithm with the locked shard that holds one key.
+/// A limit's algorithm with the locked shard that holds one key. By value (or a copy
+/// only when it differs): a route may decide with its own burst and delay, a tenant with
+/// its own count (`Algorithm::lock_as`).
 pub(crate) enum Held<'a> {
-    /// By value: a route may decide with its own burst and delay (`Algorithm::lock_as`).
     LeakyBucket(LeakyBucket, &'a KeyTable, MutexGuard<'a, Shard>),
-    FixedWindow(&'a FixedWindow, &'a KeyTable, MutexGuard<'a, Shard>),
-    SlidingWindow(&'a SlidingWindow, &'a KeyTable<[u64; 2]>, MutexGuard<'a, Shard<[u64; 2]>>),
-    SlidingLog(&'a SlidingLog, &'a LogTable, MutexGuard<'a, LogShard>),
-    Concurrency(&'a Concurrency, &'a KeyTable, MutexGuard<'a, Shard>),
+    FixedWindow(Cow<'a, FixedWindow>, &'a KeyTable, MutexGuard<'a, Shard>),
+    SlidingWindow(SlidingWindow, &'a KeyTable<[u64; 2]>, MutexGuard<'a, Shard<[u64; 2]>>),
+    SlidingLog(SlidingLog, &'a LogTable, MutexGuard<'a, LogShard>),
+    Concurrency(Concurrency, &'a KeyTable, MutexGuard<'a, Shard>),
 }
 
 impl Algorithm {
@@ -92,19 +94,29 @@ impl Algorithm {
 
     #[inline]
     pub fn lock(&self, key: KeyHash) -> Held<'_> {
-        self.lock_as(key, None)
+        self.lock_as(key, None, None)
     }
 
     /// `lock`, deciding with `burst` in place of the limit's own burst and delay (a
-    /// route's own, on the limit's one state; only a leaky bucket is given one).
+    /// route's own, on the limit's one state; only a leaky bucket is given one), and with
+    /// `count` in place of its count (a tenant's, `limit_from`: a rate's requests per its
+    /// interval, a window's limit, a concurrency limit's requests in flight).
     #[inline]
-    pub fn lock_as(&self, KeyHash(key): KeyHash, burst: Option<Burst>) -> Held<'_> {
+    pub fn lock_as(&self, KeyHash(key): KeyHash, burst: Option<Burst>, count: Option<u64>) -> Held<'_> {
         match self {
-            Algorithm::LeakyBucket(a, t) => Held::LeakyBucket(burst.map_or(*a, |b| a.with(b)), t, t.lock(key)),
-            Algorithm::FixedWindow(a, t) => Held::FixedWindow(a, t, t.lock(key)),
-            Algorithm::SlidingWindow(a, t) => Held::SlidingWindow(a, t, t.lock(key)),
-            Algorithm::SlidingLog(a, t) => Held::SlidingLog(a, t, t.lock(key)),
-            Algorithm::Concurrency(a, t) => Held::Concurrency(a, t, t.lock(key)),
+            Algorithm::LeakyBucket(a, t) => {
+                let a = count.map_or(*a, |n| a.with_count(n));
+                Held::LeakyBucket(burst.map_or(a, |b| a.with(b)), t, t.lock(key))
+            }
+            Algorithm::FixedWindow(a, t) => {
+                let a = count.map_or(Cow::Borrowed(a), |n| Cow::Owned(a.with_limit(n)));
+                Held::FixedWindow(a, t, t.lock(key))
+            }
+            Algorithm::SlidingWindow(a, t) => {
+                Held::SlidingWindow(count.map_or(*a, |n| a.with_limit(n)), t, t.lock(key))
+            }
+            Algorithm::SlidingLog(a, t) => Held::SlidingLog(count.map_or(*a, |n| a.with_limit(n)), t, t.lock(key)),
+            Algorithm::Concurrency(a, t) => Held::Concurrency(count.map_or(*a, |n| a.with_max(n)), t, t.lock(key)),
         }
     }
 

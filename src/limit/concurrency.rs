@@ -22,6 +22,11 @@ impl Concurrency {
         Concurrency { max, retry_after: u64::try_from(retry_after.as_nanos()).unwrap_or(u64::MAX) }
     }
 
+    /// This limit with `max` in place of its own (a tenant's, `limit_from`).
+    pub fn with_max(&self, max: u64) -> Self {
+        Concurrency { max, ..*self }
+    }
+
     /// `in_flight` is the key's count (None: no request in flight); `table_full` says
     /// that a new key cannot be stored.
     pub fn decide(&self, in_flight: Option<u64>, table_full: bool) -> Verdict {

@@ -15,6 +15,8 @@
 //! (50 USD is 50,000,000): its calendar window is indexed by its start in hours (low 20
 //! bits, repeating after 119 years) and counts in the other 44.
 
+use std::sync::Arc;
+
 use super::Verdict;
 use crate::policy::Window;
 use crate::policy::calendar::Windows;
@@ -53,7 +55,7 @@ impl Packing {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct FixedWindow {
     limit: u64,
     span: Span,
@@ -61,12 +63,13 @@ pub struct FixedWindow {
 }
 
 /// Where the windows start and end.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 enum Span {
     /// Every this many ns from the epoch.
     Every(u64),
-    /// By the calendar (boxed: a limit's algorithm stays as small as before calendars).
-    Calendar(Box<Windows>),
+    /// By the calendar (shared: a limit's algorithm stays as small as before calendars,
+    /// and a tenant's copy of it, `with_limit`, allocates nothing).
+    Calendar(Arc<Windows>),
 }
 
 /// A calendar window's index (its start in `unit` ns) and end: out of line, so that a
@@ -83,10 +86,16 @@ impl FixedWindow {
     pub fn new(limit: u64, window: &Window, wide: bool) -> Self {
         let span = match window {
             Window::Every(length) => Span::Every(u64::try_from(length.as_nanos()).unwrap_or(u64::MAX).max(1)),
-            Window::Calendar(calendar) => Span::Calendar(Box::new(Windows::new(calendar.clone()))),
+            Window::Calendar(calendar) => Span::Calendar(Arc::new(Windows::new(calendar.clone()))),
         };
         debug_assert!(!wide || matches!(span, Span::Calendar(_)), "a wide count has calendar windows");
         FixedWindow { limit, span, packing: if wide { WIDE } else { NARROW } }
+    }
+
+    /// These windows with `limit` in place of their own (a tenant's, `limit_from`): the
+    /// state, a window's index and count, means the same under any limit.
+    pub fn with_limit(&self, limit: u64) -> Self {
+        FixedWindow { limit, ..self.clone() }
     }
 
     /// Whether `other` has the same windows and packing (then a key's state means the

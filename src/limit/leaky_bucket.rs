@@ -36,19 +36,34 @@ pub struct LeakyBucket {
     burst: u64,
     /// `delay * period`: how much excess passes without waiting, ns.
     delay: u64,
+    /// The rate's `per` (its count's interval), ns: a tenant's count is over it.
+    per: u64,
 }
 
 impl LeakyBucket {
     pub fn new(rate: Rate, burst: u64, delay: u64) -> Self {
         let period = rate.period_ns();
-        LeakyBucket { period, burst: burst.saturating_mul(period), delay: delay.saturating_mul(period) }
+        let per = u64::try_from(rate.per.as_nanos()).unwrap_or(u64::MAX);
+        LeakyBucket { period, burst: burst.saturating_mul(period), delay: delay.saturating_mul(period), per }
+    }
+
+    /// This bucket at `count` requests per its rate's interval in place of its own count
+    /// (a tenant's, `limit_from`), its burst and delay the same number of requests. The
+    /// state (`tat`) means the same at any rate, so a key's tenant count may change
+    /// between its requests.
+    pub fn with_count(&self, count: u64) -> Self {
+        let count = u128::from(count.max(1));
+        let period = u64::try_from((u128::from(self.per) + count / 2) / count).unwrap_or(u64::MAX).max(1);
+        let (burst, delay) = (self.burst / self.period.max(1), self.delay / self.period.max(1));
+        LeakyBucket { period, burst: burst.saturating_mul(period), delay: delay.saturating_mul(period), per: self.per }
     }
 
     /// This bucket with `burst` in place of its burst and delay: the same rate, so the
     /// same state (`tat`) means the same here (nginx: one zone, several `limit_req` lines).
     pub fn with(&self, burst: Burst) -> Self {
         let period = self.period;
-        LeakyBucket { period, burst: burst.burst.saturating_mul(period), delay: burst.delay.saturating_mul(period) }
+        let (burst, delay) = (burst.burst.saturating_mul(period), burst.delay.saturating_mul(period));
+        LeakyBucket { period, burst, delay, per: self.per }
     }
 
     /// Decides a request of `cost` (≥ 1) units: as `cost` requests at the same instant,

@@ -18,6 +18,7 @@ pub mod sliding_log;
 pub mod sliding_window;
 pub mod snapshot;
 pub mod table;
+pub mod tenant;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -76,7 +77,8 @@ pub(crate) struct Limiter {
     /// When it annotates a request it passes (`None`: never).
     annotates: Option<Annotates>,
     pub(crate) scope: Scope,
-    /// Neither overrides nor an allow-list: it decides every request it is listed for.
+    /// Neither overrides, nor an allow-list, nor its keys' own counts: it decides every
+    /// request it is listed for, with its own parameters.
     pub(crate) plain: bool,
     pub(crate) on_missing_key: OnMissingKey,
     /// Requests that lacked its key, since start (a reload that keeps the limit keeps it).
@@ -87,6 +89,8 @@ pub(crate) struct Limiter {
     share: u64,
     /// The `max_keys` its tables were made with (a reload that keeps them keeps this).
     max_keys: usize,
+    /// Its keys' own counts (`limit_from`), kept by a reload that keeps its name.
+    pub(crate) tenant: Option<tenant::Tenant>,
 }
 
 /// When a limit annotates a request (soft limits): over it (`action: annotate`), and from
@@ -278,6 +282,13 @@ impl Limiters {
                         fresh.push(limit.name.clone());
                     }
                 }
+                // The counts the operator gave its keys are kept while it has `limit_from`
+                // and the same key.
+                let same_key = |o: &&Limiter| o.id == new.id && o.key == new.key;
+                let before = old.limits.iter().find(same_key).and_then(|o| o.tenant.as_ref());
+                if let (Some(tenant), Some(before)) = (&mut new.tenant, before) {
+                    tenant.set = Arc::clone(&before.set);
+                }
                 new
             })
             .collect();
@@ -401,6 +412,11 @@ impl Limiters {
         self.limits[limit].missing.load(Ordering::Relaxed)
     }
 
+    /// The counts given the keys of `limit` and their tally, if it has `limit_from`.
+    pub fn tenants(&self, limit: LimitId) -> Option<&Arc<tenant::Tenants>> {
+        self.limits[limit].tenant.as_ref().map(|t| &t.set)
+    }
+
     /// How keys are written.
     pub fn key_text(&self) -> &KeyText {
         &self.text
@@ -419,11 +435,12 @@ impl Limiters {
         }
     }
 
-    /// Takes back an admission of limit `limit` for `key` unless it counts `status`.
-    pub(crate) fn settle(&self, limit: LimitId, key: KeyHash, cost: u64, at: Nanos, status: u16) {
+    /// Takes back an admission of limit `limit` for `key` (decided with the key's own
+    /// `count`, if it had one) unless it counts `status`.
+    pub(crate) fn settle(&self, limit: LimitId, key: KeyHash, count: Option<u64>, cost: u64, at: Nanos, status: u16) {
         if !self.counts(limit, status) {
             for algorithm in self.limits[limit].windows.iter() {
-                algorithm.lock(key).refund(key, cost, at);
+                algorithm.lock_as(key, None, count).refund(key, cost, at);
             }
         }
     }
@@ -436,10 +453,10 @@ impl Limiters {
     /// Debits `units` from `key` in limit `limit` now, after its response (`charge:`);
     /// a negative `units` gives back what the request was admitted with (`instead_of_cost`,
     /// a report below the cost), as a refund of an admission at `at`.
-    pub(crate) fn charge(&self, limit: LimitId, key: KeyHash, units: i64, at: Nanos) {
+    pub(crate) fn charge(&self, limit: LimitId, key: KeyHash, count: Option<u64>, units: i64, at: Nanos) {
         let now = self.clock.now();
         for algorithm in self.limits[limit].windows.iter() {
-            let mut held = algorithm.lock(key);
+            let mut held = algorithm.lock_as(key, None, count);
             match u64::try_from(units) {
                 Ok(units) => held.charge(key, units, now),
                 Err(_) => held.refund(key, units.unsigned_abs(), at),
@@ -488,6 +505,15 @@ impl Limiter {
     /// The instances its local twin shares it with (1 for a local limit).
     pub(crate) fn share(&self) -> u64 {
         self.share
+    }
+
+    /// A key's own `count` (`limit_from`) as its local state decides with it: a global
+    /// limit's twin takes its share of a window's or a concurrency limit's (a rate's is
+    /// shared by its interval, already the twin's).
+    #[inline]
+    pub(crate) fn count(&self, count: Option<u64>) -> Option<u64> {
+        let rate = matches!(self.windows.first(), Some(Algorithm::LeakyBucket(..)));
+        count.map(|n| tenant::Tenant::local(n, self.share, rate))
     }
 
     /// A route's own `burst` on this limit as its local state decides with it: a global
@@ -542,12 +568,13 @@ fn limiter(limit: &Limit) -> Limiter {
             full: limit.windows.iter().map(Policy::full).collect(),
         }),
         scope: limit.scope,
-        plain: limit.overrides.is_empty() && limit.allow.is_empty(),
+        plain: limit.overrides.is_empty() && limit.allow.is_empty() && limit.tenant.is_none(),
         on_missing_key: limit.on_missing_key,
         missing: Arc::default(),
         charged: Arc::default(),
         share,
         max_keys: limit.max_keys,
+        tenant: limit.tenant.clone().map(|from| tenant::Tenant { from, set: Arc::default() }),
     }
 }
 

@@ -45,6 +45,12 @@ impl SlidingLog {
         self.limit
     }
 
+    /// This window with `limit` in place of its own (a tenant's, `limit_from`): a key's
+    /// state (counts, or a log of instants) means the same under any limit.
+    pub fn with_limit(&self, limit: u64) -> Self {
+        SlidingLog { limit, ..*self }
+    }
+
     /// The window's length, ns.
     pub fn window(&self) -> u64 {
         self.window

@@ -29,6 +29,12 @@ impl SlidingWindow {
         SlidingWindow { limit, window: u64::try_from(window.as_nanos()).unwrap_or(u64::MAX).max(1) }
     }
 
+    /// This window with `limit` in place of its own (a tenant's, `limit_from`): a key's
+    /// state (counts, or a log of instants) means the same under any limit.
+    pub fn with_limit(&self, limit: u64) -> Self {
+        SlidingWindow { limit, ..*self }
+    }
+
     /// The window's length, ns.
     pub fn window(&self) -> u64 {
         self.window

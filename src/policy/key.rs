@@ -328,6 +328,9 @@ pub struct KeySource<'a> {
     pub claims: Option<Arc<Claims>>,
     /// The fields of its JSON body that its route's limits read (`None`: none read).
     pub body: Option<Box<BodyFields>>,
+    /// It came from a peer in `trusted_proxies`, whose fields a limit's `limit_from`
+    /// may read a count from.
+    pub trusted_peer: bool,
 }
 
 impl<'a> KeySource<'a> {
@@ -344,6 +347,7 @@ impl<'a> KeySource<'a> {
             captures: Captures::default(),
             claims: None,
             body: None,
+            trusted_peer: false,
         }
     }
 

@@ -7,6 +7,7 @@ pub mod allow;
 pub mod calendar;
 pub mod charge;
 pub mod key;
+pub mod tenant;
 
 use std::fmt;
 use std::time::Duration;
@@ -166,16 +167,18 @@ impl Burst {
 }
 
 /// One limit a route applies, with the route's own burst and delay on it (`None`: the
-/// limit's own).
+/// limit's own), and, once the gate has chosen the limits of a request, its key's own
+/// count (`limit_from`; `None`: the limit's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LimitUse {
     pub limit: LimitId,
     pub burst: Option<Burst>,
+    pub count: Option<u64>,
 }
 
 impl LimitUse {
-    /// Limit `limit` with its own burst and delay.
+    /// Limit `limit` with its own burst, delay and count.
     pub fn plain(limit: LimitId) -> LimitUse {
-        LimitUse { limit, burst: None }
+        LimitUse { limit, burst: None, count: None }
     }
 }

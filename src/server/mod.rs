@@ -80,6 +80,7 @@ impl Server {
         let secret = persist::secret(&config);
         let proxy = Proxy::new(config, secret)?;
         persist::restore(proxy.limiters(), proxy.config());
+        crate::admin::overrides::restore(&proxy);
         let running = Running::new(proxy, source);
         Ok(Server {
             listeners,

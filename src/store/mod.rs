@@ -61,6 +61,8 @@ pub struct Call {
     pub limit: LimitId,
     /// `None`: the limit's own.
     pub burst: Option<Burst>,
+    /// The key's own count (`limit_from`; `None`: the limit's).
+    pub count: Option<u64>,
     pub base: String,
     /// The key's 64-bit hash, for the near-cache (see `near_key`).
     pub near: KeyHash,
@@ -71,14 +73,15 @@ pub struct Call {
 /// admit the same request now), so each burst remembers its own. The limit's own burst
 /// keeps the key's hash; another is mixed in (for each burst a bijection of the hash, so
 /// two keys never meet under one burst; across bursts, only by a 64-bit chance).
-pub fn near_key(hash: u64, burst: Option<Burst>) -> KeyHash {
-    match burst {
-        None => KeyHash(hash),
-        Some(b) => {
-            let salt = (b.burst.wrapping_add(1)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            KeyHash((hash ^ salt).wrapping_mul(0xff51_afd7_ed55_8ccd).rotate_left(29))
-        }
+pub fn near_key(hash: u64, burst: Option<Burst>, count: Option<u64>) -> KeyHash {
+    if burst.is_none() && count.is_none() {
+        return KeyHash(hash);
     }
+    // A key's own count is another set of parameters too (one key has one at a time,
+    // but it may change between requests).
+    let burst = burst.map_or(0, |b| b.burst.wrapping_add(1));
+    let salt = burst.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ count.map_or(0, |n| n.wrapping_add(1).rotate_left(32));
+    KeyHash((hash ^ salt).wrapping_mul(0xff51_afd7_ed55_8ccd).rotate_left(29))
 }
 
 /// An instant on Redis's clock, as its `TIME` command and the scripts give it.
@@ -261,6 +264,7 @@ impl Store {
             let part = |c: &Call, lease: &String| Part {
                 limit: c.limit,
                 burst: c.burst,
+                count: c.count,
                 base: c.base.clone(),
                 lease: lease.clone(),
             };

@@ -19,7 +19,7 @@ use crate::clock::Nanos;
 use crate::config::{Limit, LimitId};
 use crate::limit::leaky_bucket::MAX_DEBT_NS;
 use crate::policy::calendar::Windows;
-use crate::policy::{Burst, Policy, Window};
+use crate::policy::{Burst, Policy, Rate, Window};
 
 /// The algorithm modules, each with the code that names it in the scripts' arguments.
 const MODULES: [(&str, &str); 6] = [
@@ -113,6 +113,8 @@ pub struct Part {
     pub limit: LimitId,
     /// The route's own burst and delay on it (`None`: the limit's own).
     pub burst: Option<Burst>,
+    /// The key's own count (`limit_from`; `None`: the limit's).
+    pub count: Option<u64>,
     /// The Redis key base of the request's key.
     pub base: String,
     /// The lease a concurrency window takes ('' for others).
@@ -125,8 +127,8 @@ pub type Parts = SmallVec<[Part; 2]>;
 /// A `DECIDE` call for `requests` (each its cost and its limits), at Redis's time or
 /// `at`, with the number of windows it decides. Calendar windows are given from `at`,
 /// else from `now` on the caller's clock. Each limit's fixed part is sent once per
-/// burst it is used with (a route's own burst is another set of parameters on the same
-/// keys).
+/// burst and count it is used with (a route's own burst, a key's own count, are other
+/// parameters on the same keys).
 pub fn decide_call<'a>(
     specs: &TiSlice<LimitId, Option<Spec>>,
     at: Option<RedisTime>,
@@ -135,26 +137,28 @@ pub fn decide_call<'a>(
 ) -> (ScriptCall, usize) {
     let instant = at.map_or(now, RedisTime::nanos);
     let spec = |limit: LimitId| specs[limit].as_ref().expect("only global limits reach the store");
-    let mut used: SmallVec<[(LimitId, Option<Burst>); 4]> = SmallVec::new();
+    // Each limit with the route's own burst and the key's own count it is used with.
+    type Used = (LimitId, Option<Burst>, Option<u64>);
+    let mut used: SmallVec<[Used; 4]> = SmallVec::new();
     for part in requests.clone().flat_map(|(_, parts)| parts) {
-        if !used.contains(&(part.limit, part.burst)) {
-            used.push((part.limit, part.burst));
+        if !used.contains(&(part.limit, part.burst, part.count)) {
+            used.push((part.limit, part.burst, part.count));
         }
     }
-    let mut call = ScriptCall::new(decide(used.iter().fold(0, |m, &(l, _)| m | spec(l).modules)));
+    let mut call = ScriptCall::new(decide(used.iter().fold(0, |m, &(l, ..)| m | spec(l).modules)));
     match at {
         Some(RedisTime { secs, micros }) => call.arg(secs).arg(micros),
         None => call.arg("").arg(""),
     };
     call.arg(requests.clone().count()).arg(used.len());
-    for &(limit, burst) in &used {
-        spec(limit).push_limit(burst, instant, &mut call);
+    for &(limit, burst, count) in &used {
+        spec(limit).push_limit(burst, count, instant, &mut call);
     }
     let mut windows = 0;
     for (cost, parts) in requests {
         call.arg(cost).arg(parts.len());
         for part in parts {
-            let index = used.iter().position(|&u| u == (part.limit, part.burst)).unwrap_or_default() + 1;
+            let index = used.iter().position(|&u| u == (part.limit, part.burst, part.count)).unwrap_or_default() + 1;
             spec(part.limit).push_use(index, &part.base, &part.lease, &mut call);
             windows += spec(part.limit).windows();
         }
@@ -169,6 +173,10 @@ pub struct Spec {
     /// Per window: the key suffix (kind and window index), the kind and its three
     /// parameters (a calendar window's first: its instants are given per call).
     windows: Vec<(String, [String; 4])>,
+    /// Per window, its policy: the parameters of a key's own count are made from it.
+    policies: Vec<Policy>,
+    /// A concurrency window's lease lifetime (its third parameter).
+    lease_ttl_ms: u64,
     /// Per window, a calendar window's calendar: for the window of the call's instant
     /// (`0`) and the next one (`1`), each remembering the last it found.
     calendars: Vec<Option<(Windows, Windows)>>,
@@ -202,19 +210,7 @@ impl Spec {
             .iter()
             .enumerate()
             .map(|(i, policy)| {
-                let (kind, params) = match policy.clone() {
-                    Policy::Rate { rate, burst, delay } => {
-                        let period = rate.period_ns();
-                        ("lb", [period, burst * period, delay * period])
-                    }
-                    Policy::FixedWindow { limit, window: Window::Every(window) } => {
-                        ("fw", [limit, window.as_millis() as u64, 0])
-                    }
-                    Policy::FixedWindow { limit, window: Window::Calendar(_) } => ("cw", [limit, 0, 0]),
-                    Policy::SlidingWindow { limit, window } => ("sw", [limit, window.as_millis() as u64, 0]),
-                    Policy::SlidingLog { limit, window } => ("sl", [limit, ns(window), 0]),
-                    Policy::Concurrency { max, retry_after } => ("cc", [max, ns(retry_after), lease_ttl_ms]),
-                };
+                let (kind, params) = params_of(policy, None, lease_ttl_ms);
                 let [a, b, c] = params.map(|p| p.to_string());
                 (format!(":{kind}{i}"), [kind.to_owned(), a, b, c])
             })
@@ -234,6 +230,8 @@ impl Spec {
         }
         Spec {
             name: limit.name.clone(),
+            policies: limit.windows.clone(),
+            lease_ttl_ms,
             leases: windows.first().is_some_and(|(_, w)| w[0] == "cc"),
             header: [
                 // The script's "dry" limit stores nothing when over, and refuses nothing.
@@ -264,11 +262,22 @@ impl Spec {
     /// many of its requests use the limit), with `burst` in place of its own burst and
     /// delay if given (a leaky bucket's: `[kind, period, burst · period, delay · period]`),
     /// and its calendar windows' instants around `now`.
-    fn push_limit(&self, burst: Option<Burst>, now: Nanos, call: &mut ScriptCall) {
+    fn push_limit(&self, burst: Option<Burst>, count: Option<u64>, now: Nanos, call: &mut ScriptCall) {
         for field in &self.header {
             call.arg(field);
         }
-        for ((_, params), calendar) in self.windows.iter().zip(&self.calendars) {
+        for (((_, params), calendar), policy) in self.windows.iter().zip(&self.calendars).zip(&self.policies) {
+            // A key's own count: its window's parameters made again with it.
+            let counted;
+            let params = match count {
+                Some(n) => {
+                    let (kind, numbers) = params_of(policy, Some(n), self.lease_ttl_ms);
+                    let [a, b, c] = numbers.map(|p| p.to_string());
+                    counted = [kind.to_owned(), a, b, c];
+                    &counted
+                }
+                None => params,
+            };
             if let Some(calendar) = calendar {
                 call.arg(&params[..2]);
                 push_calendar(calendar, now, call);
@@ -325,6 +334,25 @@ impl Spec {
                 None => _ = call.arg(params).arg(""),
             }
         }
+    }
+}
+
+/// A window's kind and its three parameters, the count (a rate's requests per its
+/// interval, a window's limit, the requests in flight) `count` if given.
+fn params_of(policy: &Policy, count: Option<u64>, lease_ttl_ms: u64) -> (&'static str, [u64; 3]) {
+    match policy.clone() {
+        Policy::Rate { rate, burst, delay } => {
+            let rate = Rate { count: count.unwrap_or(rate.count), per: rate.per };
+            let period = rate.period_ns().max(1);
+            ("lb", [period, burst.saturating_mul(period), delay.saturating_mul(period)])
+        }
+        Policy::FixedWindow { limit, window: Window::Every(window) } => {
+            ("fw", [count.unwrap_or(limit), window.as_millis() as u64, 0])
+        }
+        Policy::FixedWindow { limit, window: Window::Calendar(_) } => ("cw", [count.unwrap_or(limit), 0, 0]),
+        Policy::SlidingWindow { limit, window } => ("sw", [count.unwrap_or(limit), window.as_millis() as u64, 0]),
+        Policy::SlidingLog { limit, window } => ("sl", [count.unwrap_or(limit), ns(window), 0]),
+        Policy::Concurrency { max, retry_after } => ("cc", [count.unwrap_or(max), ns(retry_after), lease_ttl_ms]),
     }
 }
 

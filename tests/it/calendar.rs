@@ -143,8 +143,13 @@ async fn local_and_redis_decide_calendar_windows_alike_across_their_ends() {
         let id = LimitId::from(i);
         let client = Ipv4Addr::new(10, 9, i as u8, 1);
         let src = KeySource::get(IpAddr::V4(client), "/", &headers);
-        let call =
-            || Call { limit: id, burst: None, base: store.base(id, u128::from(client.to_bits())), near: KeyHash(0) };
+        let call = || Call {
+            limit: id,
+            burst: None,
+            count: None,
+            base: store.base(id, u128::from(client.to_bits())),
+            near: KeyHash(0),
+        };
         // Every 7 minutes and 13.000123 s, two requests at once.
         let mut at = from;
         while at < to {
@@ -187,7 +192,7 @@ async fn instances_a_day_apart_count_in_the_window_redis_is_in() {
     let id = LimitId::from(0);
     let decide = async |gate: &Gate| {
         let store = gate.store().unwrap();
-        let call = Call { limit: id, burst: None, base: store.base(id, 7), near: KeyHash(0) };
+        let call = Call { limit: id, burst: None, count: None, base: store.base(id, 7), near: KeyHash(0) };
         store.decide(&[call], 1, None).await.unwrap().standings[0]
     };
     for (n, gate) in gates.iter().enumerate() {

@@ -54,6 +54,7 @@ mod simulate;
 mod smuggling;
 mod soft_limits;
 mod synthetic;
+mod tenants;
 mod tls;
 mod tokens;
 mod upgrades;

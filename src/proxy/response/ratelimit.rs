@@ -255,6 +255,7 @@ mod tests {
             on_missing_key: Default::default(),
             on_invalid_token: Default::default(),
             response: None,
+            tenant: None,
         }
     }
 

@@ -74,6 +74,7 @@ async fn local_and_redis_decide_every_schedule_alike() {
             let call = || Call {
                 limit: id(i),
                 burst: None,
+                count: None,
                 base: store.base(id(i), u128::from(client.to_bits())),
                 near: KeyHash(0),
             };
@@ -105,8 +106,13 @@ async fn redis_answers_the_leaky_bucket_schedules_as_worked_out_by_hand() {
     let store = Arc::clone(gate.store().unwrap());
     for (i, case) in CASES.iter().enumerate() {
         for (n, step) in case.steps.iter().enumerate() {
-            let call =
-                Call { limit: id(i), burst: None, base: store.base(id(i), u128::from(step.key)), near: KeyHash(0) };
+            let call = Call {
+                limit: id(i),
+                burst: None,
+                count: None,
+                base: store.base(id(i), u128::from(step.key)),
+                near: KeyHash(0),
+            };
             let at = RedisTime { secs: 1_700_000_000 + step.at, micros: 0 };
             let verdicts = store.decide(&[call], step.cost, Some(at)).await.unwrap();
             let s = verdicts.standings[0];
@@ -394,6 +400,7 @@ routes:
             let call = Call {
                 limit: id(0),
                 burst: used.burst,
+                count: None,
                 base: store.base(id(0), u128::from(client.to_bits())),
                 near: KeyHash(0),
             };
