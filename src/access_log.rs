@@ -148,6 +148,8 @@ pub struct Entry {
     pub keys: Option<RecordedKeys>,
     /// The limits whose key it lacked, as `sluicegate_limit_missing_key_total` counts them.
     pub missing_key: Vec<String>,
+    /// The limits that decided it with its key's own count (`limit_from`), and that count.
+    pub own_counts: BTreeMap<String, u64>,
     /// How long its key is held (`upstream_hold`) after the upstream refused it with a
     /// time to wait: what a replay holds it for.
     pub hold: Option<Duration>,
@@ -210,6 +212,7 @@ impl Entry {
             grpc_status: None,
             keys: None,
             missing_key: Vec::new(),
+            own_counts: BTreeMap::new(),
             hold: None,
         })
     }
@@ -342,6 +345,11 @@ pub struct JsonLine<'a> {
     /// refusing it, as their `on_missing_key` says); absent when none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub missing_key: Vec<String>,
+    /// The limits that decided it with its key's own count (`limit_from`: a trusted
+    /// proxy's field, a claim, the operator's), and that count (micro-units of a money
+    /// budget's); absent when none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub own_counts: BTreeMap<String, u64>,
     /// How long the upstream's refusal of it holds its key (`upstream_hold`), ms;
     /// absent when it began no hold.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -373,6 +381,7 @@ fn json(e: &Entry) -> String {
         grpc_status: e.grpc_status,
         keys: e.log.keys.as_ref().map(|recorder| e.keys.as_ref().map(|keys| recorder.keys(keys))),
         missing_key: e.missing_key.clone(),
+        own_counts: e.own_counts.clone(),
         hold_ms: e.hold.map(round_ms),
     };
     // A line of strings, numbers and maps of strings always serializes.
@@ -529,6 +538,7 @@ mod tests {
             grpc_status: Some(16),
             keys: Some(recorded),
             missing_key: vec!["per_tenant".to_owned(), "per_token".to_owned()],
+            own_counts: BTreeMap::from([("per_org".to_owned(), 500)]),
             hold: Some(Duration::from_secs(30)),
         };
         drop(entry);
@@ -555,6 +565,7 @@ mod tests {
             grpc_status: Some(16),
             keys: Some(Some(keys)),
             missing_key: vec!["per_tenant".into(), "per_token".into()],
+            own_counts: BTreeMap::from([("per_org".to_owned(), 500)]),
             hold_ms: Some(30_000.0),
         };
         assert_eq!(read, expected, "{line}");

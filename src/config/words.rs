@@ -13,6 +13,7 @@ use serde::Serialize;
 use super::{Action, Balance, BodyPiece, Config, HoldBy, Limit, LogKeys, Route, Scope, Upstream, ValuePattern};
 use crate::policy::calendar::{self, Period};
 use crate::policy::charge::{Money, Reading};
+use crate::policy::key::KeyPart;
 use crate::policy::{Burst, Policy, Rate, Window};
 use crate::router::PathMatch;
 
@@ -172,6 +173,19 @@ pub struct LimitWords<'a> {
     /// What a response reports it cost, debited after it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub charge: Option<ChargeWords>,
+    /// Where a key's own count may come from, and its bounds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit_from: Option<LimitFromWords>,
+}
+
+/// `limit_from:` as the file writes it: its source (`header` or `jwt`, or neither: only
+/// the operator's counts), and the bounds (amounts on a money budget).
+#[derive(Serialize)]
+pub struct LimitFromWords {
+    #[serde(flatten)]
+    pub source: std::collections::BTreeMap<&'static str, String>,
+    pub min: Amount,
+    pub max: Amount,
 }
 
 /// `charge:` of a limit, as the file writes it: where the report is read (`header`,
@@ -405,6 +419,17 @@ impl<'a> LimitWords<'a> {
             scope: if matches!(limit.scope, Scope::Global { .. }) { "global" } else { "local" },
             windows: limit.windows.iter().map(|w| PolicyWords::of(w, limit.money.is_some())).collect(),
             money: limit.money.as_ref().map(|m| &*m.currency),
+            limit_from: limit.tenant.as_ref().map(|t| LimitFromWords {
+                source: (t.source.iter())
+                    .filter_map(|part| match part {
+                        KeyPart::Header(name) => Some(("header", name.to_string())),
+                        KeyPart::Jwt(claim) => Some(("jwt", claim.to_string())),
+                        _ => None,
+                    })
+                    .collect(),
+                min: Amount::of(t.min, t.money),
+                max: Amount::of(t.max, t.money),
+            }),
             dry_run: limit.dry_run,
             headers: limit.headers,
             action: limit.action,

@@ -112,6 +112,13 @@ fn limit(proxy: &Proxy, history: &History, index: LimitId, seconds: usize) -> Va
         "in_flight": limit.windows.iter().any(Policy::is_concurrency).then(|| limiters.in_flight(index)),
         "evictions": limiters.evictions(index),
         "missing_key": limiters.missing(index),
+        // Keys with a count of their own (`limit_from`): given by the operator, and the
+        // requests decided with one, clamped, or whose field came from an untrusted peer.
+        "own_counts": limiters.tenants(index).map(|t| {
+            let n = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+            json!({ "given": t.len(), "applied": n(&t.tally.applied), "clamped": n(&t.tally.clamped),
+                    "untrusted": n(&t.tally.untrusted) })
+        }),
         "passed": series(|h| &h.passed),
         "delayed": series(|h| &h.delayed),
         "rejected": series(|h| &h.rejected),

@@ -132,6 +132,10 @@ pub struct LimitExplained {
     /// other value's).
     #[serde(default)]
     pub priced_as: Option<String>,
+    /// The key's own count it is decided with (`limit_from`), where it came from
+    /// (`operator`, `header`, `jwt`), and whether it was clamped to the bounds.
+    #[serde(default)]
+    pub own_count: Option<OwnCount>,
     /// It annotates the request, which is forwarded (`RateLimit-Exceeded`): over it with
     /// `action: annotate`, or at or above its `annotate_from` (a dry-run limit's: it would;
     /// never of a request another limit refuses).
@@ -560,8 +564,29 @@ fn explain_limit(
         priced_as: (limit.charge.as_ref())
             .and_then(|c| c.prices.as_ref())
             .map(|p| p.name(p.row(p.by.value_in(src).as_deref()))),
+        own_count: if skipped.is_none() { own_count(gate, deciding, src) } else { None },
         skipped,
     }
+}
+
+/// A key's own count as `explain` says it: an amount on a money budget.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OwnCount {
+    pub count: serde_json::Value,
+    pub from: String,
+    pub clamped: bool,
+}
+
+/// The own count the key of `src` has in limit `limit`, if it has one (counted nowhere).
+fn own_count(gate: &Gate, limit: LimitId, src: &KeySource<'_>) -> Option<OwnCount> {
+    let tenant = gate.limiters().get(limit).tenant.as_ref()?;
+    let key = gate.limiters().key_found(limit, src).0?;
+    let counted = tenant.set.count(&tenant.from, key, src, false)?;
+    let count = match tenant.from.money {
+        true => crate::policy::charge::Money::amount(counted.count).into(),
+        false => counted.count.into(),
+    };
+    Some(OwnCount { count, from: counted.whence.as_str().to_owned(), clamped: counted.clamped })
 }
 
 fn outcome_word(outcome: Outcome) -> &'static str {

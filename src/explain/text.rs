@@ -120,6 +120,10 @@ impl Display for LimitExplained {
         if let Some(row) = &self.priced_as {
             writeln!(f, "    its response is charged at the prices of {row:?}")?;
         }
+        if let Some(own) = &self.own_count {
+            let clamped = if own.clamped { ", clamped to the limit's bounds" } else { "" };
+            writeln!(f, "    its key's own count: {} (from the {}{clamped})", own.count, own.from)?;
+        }
         if let Some(outcome) = &self.outcome {
             let verb = match (outcome.as_str(), self.dry_run) {
                 ("passed", false) => "passes",

@@ -203,8 +203,17 @@ impl Gate {
         limits: &[LimitUse],
         src: &'a KeySource<'_>,
     ) -> impl Iterator<Item = LimitId> + 'a {
+        self.logged(limits, src).0.into_iter()
+    }
+
+    /// What a request's log line says of its limits: those whose key it lacks
+    /// (`missing_keys`), and those it is decided with its key's own count by (`limit_from`),
+    /// with that count; counted nowhere.
+    pub fn logged(&self, limits: &[LimitUse], src: &KeySource<'_>) -> (Vec<LimitId>, Vec<(LimitId, u64)>) {
         let chosen = self.choose(limits, src, false);
-        chosen.into_iter().map(|u| u.limit).filter(move |&limit| !self.limiters.get(limit).key.present(src))
+        let missing = chosen.iter().map(|u| u.limit).filter(|&l| !self.limiters.get(l).key.present(src)).collect();
+        let own = chosen.iter().filter_map(|u| Some((u.limit, u.count?))).collect();
+        (missing, own)
     }
 
     /// The limits that decide `src`: `limits` with overrides applied (an override's

@@ -369,8 +369,9 @@ impl Proxy {
         self.metrics.request(front.route, outcome);
         ctx.log(|e| {
             e.outcome = outcome.as_str();
-            let missing = self.gate.missing_keys(&admitted.limits, &front.src);
-            e.missing_key = missing.map(|limit| config.limits[limit].name.clone()).collect();
+            let (missing, own) = self.gate.logged(&admitted.limits, &front.src);
+            e.missing_key = missing.into_iter().map(|limit| config.limits[limit].name.clone()).collect();
+            e.own_counts = own.into_iter().map(|(limit, count)| (config.limits[limit].name.clone(), count)).collect();
         });
         match decision {
             Decision::Reject { limit, results, store_error, .. } => {

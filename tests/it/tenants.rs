@@ -179,7 +179,6 @@ async fn a_global_limit_decides_a_key_with_its_own_count_in_redis() {
     let given = admin(&a, http::Method::PUT, "/overrides/quota/op", r#"{"limit": 3}"#).await;
     assert_eq!(given.status, 200);
     assert_eq!(passed(a.addr, "op", &[], 5).await, 3);
-    let _ = Duration::ZERO;
 }
 
 #[test]
@@ -230,4 +229,41 @@ fn check_places_every_limit_from_error() {
         assert!(out.contains(field) && out.contains(words), "{limit}: wanted {field} saying {words:?}: {out}");
         assert!(out.contains(":3:"), "placed on the limit's line: {out}");
     }
+}
+
+#[tokio::test]
+async fn a_keys_own_count_is_shown_in_config_explain_and_the_access_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let sg = quota("127.0.0.1").set(&format!("access_log: {{ format: json, path: \"{}\" }}", log.display())).start();
+    let config: serde_json::Value = serde_json::from_slice(&get(sg.admin_addr(), "/config", &[]).await.body).unwrap();
+    let from = &config["limits"][0]["limit_from"];
+    assert_eq!(
+        (from["header"].as_str(), from["min"].as_u64(), from["max"].as_u64()),
+        (Some("x-tenant-limit"), Some(1), Some(5)),
+        "{config}"
+    );
+    assert_eq!(get(sg.addr, "/", &[("x-api-key", "t1"), ("x-tenant-limit", "9")]).await.status, 200);
+    let asked =
+        r#"{"url": "http://localhost/", "headers": {"x-api-key": "t1", "x-tenant-limit": "9"}, "peer": "127.0.0.1"}"#;
+    let explained = admin(&sg, http::Method::POST, "/explain", asked).await;
+    let explained: serde_json::Value = serde_json::from_slice(&explained.body).unwrap();
+    let own = &explained["limits"][0]["own_count"];
+    assert_eq!(
+        (own["count"].as_u64(), own["from"].as_str(), own["clamped"].as_bool()),
+        (Some(5), Some("header"), Some(true)),
+        "{explained}"
+    );
+    let line = block_until_line(&log);
+    assert_eq!(line["own_counts"]["quota"].as_u64(), Some(5), "{line}");
+}
+
+/// The first line of the JSON access log at `path`, once written.
+fn block_until_line(path: &std::path::Path) -> serde_json::Value {
+    let mut line = String::new();
+    block_until("an access-log line", Duration::from_secs(5), || {
+        line = std::fs::read_to_string(path).unwrap_or_default();
+        line.ends_with('\n')
+    });
+    serde_json::from_str(line.lines().next().unwrap()).unwrap()
 }

@@ -603,3 +603,27 @@ async fn a_jwks_token_is_refused_until_the_first_fetch_succeeds_and_the_keys_out
     assert_eq!(fetches(&idp), before + 1);
     assert_eq!(status_with(&sg, Some(&token("bob"))).await, 200, "a new token verifies with the keys kept");
 }
+
+#[tokio::test]
+async fn a_verified_claim_gives_its_subject_its_own_count_and_a_forged_one_cannot() {
+    let sg = Conf::new()
+        .set(&format!("jwt: {{ secret: \"{SECRET}\" }}"))
+        .limit(
+            "per_user",
+            "key: \"jwt:sub\", on_missing_key: refuse, algorithm: fixed_window, limit: 1, window: 1h, \
+             limit_from: { jwt: quota, max: 3 }",
+        )
+        .answering("per_user")
+        .start();
+    let exp = now() + 600;
+    let gold = hs(json!({"sub": "gold", "quota": 3, "exp": exp}), SECRET);
+    let plain = hs(json!({"sub": "plain", "exp": exp}), SECRET);
+    let mut statuses = Vec::new();
+    for token in [&gold, &gold, &gold, &gold, &plain, &plain] {
+        statuses.push(status_with(&sg, Some(token)).await);
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 200, 429], "the claim's 3, the limit's 1");
+    // A token that does not verify says nothing: refused before any count is read.
+    let forged = hs(json!({"sub": "mallory", "quota": 3, "exp": exp}), "a secret that is not the configured one!");
+    assert_eq!(status_with(&sg, Some(&forged)).await, 401);
+}

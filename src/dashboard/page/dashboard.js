@@ -177,8 +177,10 @@
         card.querySelector('.refused-title').textContent =
           (l.dry_run ? 'Would have refused most' : 'Refused most') + ' in the last minute';
         const budget = l.money ? (w) => ({ ...w, limit: `${w.limit} ${l.money}` }) : (w) => w;
+        const own = l.limit_from;
+        const from = own ? (own.header ? `header ${own.header}, ` : own.jwt ? `claim ${own.jwt}, ` : '') : '';
         card.querySelector('.words').textContent = `key ${l.key.join(' + ')} · ${l.windows.map(budget).map(words).join(' and ')}` +
-          (l.ban ? ` · ban ${l.ban}` : '');
+          (l.ban ? ` · ban ${l.ban}` : '') + (own ? ` · own counts from ${from}the operator, ${own.min} to ${own.max}` : '');
         card.querySelector('.peak').textContent =
           draw(card.querySelector('svg'), [s.passed, s.delayed, s.rejected], 'decisions per second');
         const stats = card.querySelector('.stats');
@@ -188,6 +190,9 @@
           l.scope === 'global' ? stat('keys', 'in Redis') : stat('keys / max_keys', `${l.keys} / ${l.max_keys}`, l.keys / l.max_keys),
           stat('evictions', String(l.evictions)),
           l.missing_key > 0 ? stat('without its key', String(l.missing_key)) : null,
+          l.own_counts ? stat('keys given own counts', String(l.own_counts.given)) : null,
+          l.own_counts ? stat('decided with own counts (clamped)', `${l.own_counts.applied} (${l.own_counts.clamped})`) : null,
+          l.own_counts && l.own_counts.untrusted > 0 ? stat('own counts from untrusted peers, ignored', String(l.own_counts.untrusted)) : null,
           l.in_flight === null ? null : stat('in flight', String(l.in_flight))].filter(Boolean));
         const title = card.querySelector('.bans-title');
         title.hidden = l.ban === null;
