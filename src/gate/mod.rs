@@ -350,19 +350,20 @@ impl Gate {
         }
         if self.limiters.annotating {
             // Local tables: a global limit's twin decides with its share.
-            self.annotate(&mut results, &standings, |l| chosen.iter().find(|u| u.limit == l)?.burst, None);
+            let tuned = |l| chosen.iter().find(|u| u.limit == l).map_or((None, None), |u| (u.burst, u.count));
+            self.annotate(&mut results, &standings, tuned, None);
         }
         Decision::Pass { wait, results, standings, permits, pending, at: now }
     }
 
     /// Marks the `results` of a passed request whose limits annotate it (their windows at
-    /// `standings`; `burst`: a limit's route's own), as `Limiter::annotates` says; `share`:
+    /// `standings`; `tuned`: a limit's route's own burst and its key's own count), as `Limiter::annotates` says; `share`:
     /// how many share each window's capacity (`None`: the limit's local twin's own share).
     fn annotate(
         &self,
         results: &mut [LimitResult],
         standings: &[Standing],
-        burst: impl Fn(LimitId) -> Option<crate::policy::Burst>,
+        tuned: impl Fn(LimitId) -> (Option<crate::policy::Burst>, Option<u64>),
         share: Option<u64>,
     ) {
         for r in results.iter_mut() {
@@ -371,7 +372,7 @@ impl Gate {
                 let len = standings[first..].iter().take_while(|s| s.limit == r.limit).count();
                 &standings[first..first + len]
             });
-            r.annotated = limiter.annotates(r.outcome, windows, burst(r.limit), share.unwrap_or(limiter.share()));
+            r.annotated = limiter.annotates(r.outcome, windows, tuned(r.limit), share.unwrap_or(limiter.share()));
         }
     }
 
@@ -399,8 +400,8 @@ impl Gate {
         self.hear(&verdicts, &global, calls);
         if self.limiters.annotating {
             // Redis's standings count the whole capacity.
-            let burst = |l| calls.iter().find(|c| c.limit == l)?.burst;
-            self.annotate(&mut global, &verdicts.standings, burst, Some(1));
+            let tuned = |l| calls.iter().find(|c| c.limit == l).map_or((None, None), |c| (c.burst, c.count));
+            self.annotate(&mut global, &verdicts.standings, tuned, Some(1));
         }
         let global_wait = global
             .iter()

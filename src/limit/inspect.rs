@@ -17,6 +17,10 @@ pub struct KeyState {
     pub key: String,
     /// Banned for this long still, if banned.
     pub ban_left_ms: Option<u64>,
+    /// The count the operator gave the key (`PUT /overrides`), as it applies (clamped to
+    /// `limit_from`'s bounds): its windows are said under it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub own_count: Option<u64>,
     /// One per window (one unless the limit has `rates:`).
     pub windows: Vec<WindowState>,
 }
@@ -68,10 +72,13 @@ impl Limiters {
         let key = limiter.key.hash(src, &self.secret.seed)?;
         let t = self.clock.now();
         let ban_left = limiter.bans.as_ref().and_then(|b| b.left(&b.lock(key.0), key.0, t.0));
+        // (A count a request's field or claim would give is not known without it.)
+        let own_count = limiter.tenant.as_ref().and_then(|t| Some(t.from.fit(t.set.given(key)?).count()));
+        let count = limiter.count(own_count);
         let windows = limiter
             .windows
             .iter()
-            .map(|algorithm| match (ban_left, algorithm.lock(key).decide(key, t, 1)) {
+            .map(|algorithm| match (ban_left, algorithm.lock_as(key, None, count).decide(key, t, 1)) {
                 // A ban refuses whatever the window says, for the time it has left (as
                 // the gate decides: `Group::decide`).
                 (Some(left), Verdict::Admit { excess, .. } | Verdict::Reject { excess, .. }) => {
@@ -93,7 +100,7 @@ impl Limiters {
                 },
             })
             .collect();
-        Some(KeyState { key: self.key_label(limit, src), ban_left_ms: ban_left.map(ms), windows })
+        Some(KeyState { key: self.key_label(limit, src), ban_left_ms: ban_left.map(ms), own_count, windows })
     }
 
     /// Forgets the key of `src` in `limit` (and lifts its ban): its next request is

@@ -483,19 +483,29 @@ impl Limiter {
     }
 
     /// Whether it annotates a request it passed with `outcome` (its windows standing at
-    /// `standings` after it), under the route's own `burst` (as configured), where `share`
+    /// `standings` after it), under the route's own `burst` (as configured) and the key's
+    /// own `count` (`limit_from`, as given), where `share`
     /// instances share each window's capacity (its local twin's; 1 for Redis's standings
     /// and a local limit): over it with `action: annotate`, or when the units the key has
     /// used of any window's capacity reach `annotate_from` of it.
-    pub(crate) fn annotates(&self, outcome: Outcome, standings: &[Standing], burst: Option<Burst>, share: u64) -> bool {
+    pub(crate) fn annotates(
+        &self,
+        outcome: Outcome,
+        standings: &[Standing],
+        (burst, count): (Option<Burst>, Option<u64>),
+        share: u64,
+    ) -> bool {
         let Some(annotates) = &self.annotates else { return false };
         if outcome.is_rejected() {
             return annotates.over;
         }
         let Some(from) = annotates.from else { return false };
         standings.iter().any(|s| {
-            // A route's own burst is a leaky bucket's, whose one window it sizes.
-            let full = burst.map_or(annotates.full[s.window], |b| b.burst.saturating_add(1));
+            // A route's own burst is a leaky bucket's, whose one window it sizes; a key's
+            // own count sizes a window or a concurrency limit (a rate's burst stays).
+            let rate = matches!(self.windows.first(), Some(Algorithm::LeakyBucket(..)));
+            let own = count.filter(|_| !rate).unwrap_or(annotates.full[s.window]);
+            let full = burst.map_or(own, |b| b.burst.saturating_add(1));
             let capacity = full.div_ceil(share).max(1);
             let used = capacity.saturating_sub(s.remaining);
             used.saturating_mul(100) >= from * capacity

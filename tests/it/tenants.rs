@@ -100,6 +100,9 @@ async fn the_operator_gives_a_key_its_own_count_without_a_reload_and_a_restart_k
         (Some(4), Some(4), Some(false))
     );
     assert_eq!(passed(sg.addr, "acme", &[], 6).await, 4);
+    let state = get(sg.admin_addr(), "/limits/quota?header:x-api-key=acme", &[]).await;
+    let state: serde_json::Value = serde_json::from_slice(&state.body).unwrap();
+    assert_eq!((state["own_count"].as_u64(), state["windows"][0]["remaining"].as_u64()), (Some(4), Some(0)), "{state}");
     assert_eq!(passed(sg.addr, "other", &[], 3).await, 2);
     // Above the bounds: kept as given, applied clamped, and said so.
     let over = admin(&sg, http::Method::PUT, "/overrides/quota?header:x-api-key=big", r#"{"limit": 50}"#).await;
