@@ -173,8 +173,9 @@ pub fn restore(limiters: &Limiters, config: &Config) {
 /// The file of the counts the operator gave keys (`PUT /overrides`) in `dir`.
 const OVERRIDES_FILE: &str = "overrides.json";
 
-/// Far above what any operator gives by hand: read no more than this.
-const MAX_OVERRIDES_BYTES: u64 = 16 << 20;
+/// What the most counts the admin API gives take when saved (100,000 keys of a limit,
+/// each named in at most 256 bytes, `admin::overrides`), with room: read no more.
+const MAX_OVERRIDES_BYTES: u64 = 64 << 20;
 
 /// The counts the operator gave keys, as last saved, when the file has a `persist:`
 /// section: read under the same rules as the state files (sluicegate's own, its size

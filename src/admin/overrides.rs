@@ -25,6 +25,12 @@ use crate::proxy::body::Response;
 /// At most this many bytes of a `PUT`'s body: `{"limit": "17592186.044415"}` and room.
 pub const MAX_BODY_BYTES: usize = 1024;
 
+/// At most this many keys of one limit have a count of their own, each named in at most
+/// `MAX_PARTS_BYTES`: what is given must fit the file it is saved in when read back
+/// (`persist::MAX_OVERRIDES_BYTES`), or a restart would lose it all.
+const MAX_GIVEN: usize = 100_000;
+const MAX_PARTS_BYTES: usize = 256;
+
 /// One saved count, as `overrides.json` keeps it.
 #[derive(Debug, Serialize, Deserialize)]
 struct Saved {
@@ -127,6 +133,10 @@ pub fn change(proxy: &Proxy, name: &str, value: Option<&str>, query: &str, body:
         Ok(parts) => parts,
         Err(refused) => return *refused,
     };
+    if parts.len() > MAX_PARTS_BYTES {
+        let why = format!("a key named in more than {MAX_PARTS_BYTES} bytes cannot be given a count\n");
+        return super::typed(StatusCode::BAD_REQUEST, "text/plain", why);
+    }
     let count = match body.map(|b| asked_count(from, b)) {
         None => None,
         Some(Ok(count)) => Some(count),
@@ -138,6 +148,11 @@ pub fn change(proxy: &Proxy, name: &str, value: Option<&str>, query: &str, body:
             return super::text(StatusCode::BAD_REQUEST, "the values given make no key\n");
         };
         match count {
+            Some(_) if set.len() >= MAX_GIVEN && set.given(key).is_none() => super::typed(
+                StatusCode::INSUFFICIENT_STORAGE,
+                "text/plain",
+                format!("{MAX_GIVEN} keys of limit {name:?} have counts of their own already: take some back first\n"),
+            ),
             Some(count) => {
                 let given = Given { key: limiters.key_label(id, src), parts: parts.clone(), count };
                 let shown = shown(from, &given);
