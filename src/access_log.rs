@@ -150,6 +150,9 @@ pub struct Entry {
     pub missing_key: Vec<String>,
     /// The limits that decided it with its key's own count (`limit_from`), and that count.
     pub own_counts: BTreeMap<String, u64>,
+    /// The money budgets that charge its response, and the row of their prices it is
+    /// charged at (`*`: any other value's).
+    pub priced_as: BTreeMap<String, String>,
     /// How long its key is held (`upstream_hold`) after the upstream refused it with a
     /// time to wait: what a replay holds it for.
     pub hold: Option<Duration>,
@@ -213,6 +216,7 @@ impl Entry {
             keys: None,
             missing_key: Vec::new(),
             own_counts: BTreeMap::new(),
+            priced_as: BTreeMap::new(),
             hold: None,
         })
     }
@@ -350,6 +354,10 @@ pub struct JsonLine<'a> {
     /// budget's); absent when none.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub own_counts: BTreeMap<String, u64>,
+    /// The money budgets that charge its response, and the row of their prices it is
+    /// charged at (`{"monthly": "gpt-4o"}`, `*`: any other value's); absent when none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub priced_as: BTreeMap<String, String>,
     /// How long the upstream's refusal of it holds its key (`upstream_hold`), ms;
     /// absent when it began no hold.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -382,6 +390,7 @@ fn json(e: &Entry) -> String {
         keys: e.log.keys.as_ref().map(|recorder| e.keys.as_ref().map(|keys| recorder.keys(keys))),
         missing_key: e.missing_key.clone(),
         own_counts: e.own_counts.clone(),
+        priced_as: e.priced_as.clone(),
         hold_ms: e.hold.map(round_ms),
     };
     // A line of strings, numbers and maps of strings always serializes.
@@ -539,6 +548,7 @@ mod tests {
             keys: Some(recorded),
             missing_key: vec!["per_tenant".to_owned(), "per_token".to_owned()],
             own_counts: BTreeMap::from([("per_org".to_owned(), 500)]),
+            priced_as: BTreeMap::from([("monthly".to_owned(), "gpt-4o".to_owned())]),
             hold: Some(Duration::from_secs(30)),
         };
         drop(entry);
@@ -566,6 +576,7 @@ mod tests {
             keys: Some(Some(keys)),
             missing_key: vec!["per_tenant".into(), "per_token".into()],
             own_counts: BTreeMap::from([("per_org".to_owned(), 500)]),
+            priced_as: BTreeMap::from([("monthly".to_owned(), "gpt-4o".to_owned())]),
             hold_ms: Some(30_000.0),
         };
         assert_eq!(read, expected, "{line}");

@@ -408,6 +408,14 @@ impl Proxy {
                 }
                 (ctx.permits, ctx.pending) = (std::mem::take(permits), std::mem::take(pending));
                 ctx.prices = ctx.pending.prices(&front.src);
+                if !ctx.prices.is_empty() {
+                    let named = |&(limit, row): &(LimitId, PriceRow)| {
+                        let table = config.limits[limit].charge.as_ref()?.prices.as_ref()?;
+                        Some((config.limits[limit].name.clone(), table.name(row)))
+                    };
+                    let priced_as = ctx.prices.iter().filter_map(named).collect();
+                    ctx.log(|e| e.priced_as = priced_as);
+                }
                 // Boxed: it is held across the exchange, and most routes hold none.
                 ctx.hold = admitted.hold.take().map(Box::new);
                 Ok(Admission::Go { route: front.route, wait: *wait })

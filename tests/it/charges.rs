@@ -638,3 +638,23 @@ fn explain_says_a_budget_in_money_and_the_row_of_prices() {
     let text = explain("gpt-4o", false);
     assert!(text.contains("0.002 USD remaining") && text.contains("prices of \"gpt-4o\""), "{text}");
 }
+
+/// The access log says which row of prices each money budget charges a response at.
+#[tokio::test]
+async fn the_access_log_says_the_row_of_prices_a_response_is_charged_at() {
+    let (backend, _) = reporting_backend(false).await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let top = format!("access_log: {{ format: json, path: \"{}\" }}", log.display());
+    let sg = proxy(backend, false, BUDGET, &top);
+    assert_eq!(ask_as(sg.addr, "/usage/1/1", "ann", "gpt-4o").await.status, 200);
+    assert_eq!(ask_as(sg.addr, "/usage/1/1", "ann", "llama-3").await.status, 200);
+    let mut text = String::new();
+    block_until("two access-log lines", Duration::from_secs(5), || {
+        text = std::fs::read_to_string(&log).unwrap_or_default();
+        text.lines().count() == 2
+    });
+    let rows: Vec<serde_json::Value> =
+        text.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["priced_as"].clone()).collect();
+    assert_eq!(rows, [serde_json::json!({"tokens": "gpt-4o"}), serde_json::json!({"tokens": "*"})], "{text}");
+}
