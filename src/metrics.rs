@@ -860,7 +860,7 @@ impl Collector for State {
         this.per_limit(
             &mut encoder,
             "limit_own_counts_invalid",
-            "Requests whose limit_from source said no count (not a number): decided with the limit's own",
+            "Requests whose limit_from source said no count (not a number, or the field twice): decided with the limit's own",
             MetricType::Counter,
             |i| tally(i, |t| &t.invalid),
         )?;
@@ -876,7 +876,7 @@ impl Collector for State {
             "limit_own_counts_given",
             "Keys the operator gave a count of their own (PUT /overrides)",
             MetricType::Gauge,
-            |i| gauge(l.tenants(i).map_or(0, |t| t.len())),
+            |i| gauge(l.tenants(i).map_or(0, |t| t.given_keys())),
         )?;
         this.per_limit(&mut encoder, "bans", "Bans imposed by each limit", MetricType::Counter, |i| {
             ConstCounter::new(l.bans(i))

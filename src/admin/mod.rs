@@ -127,12 +127,12 @@ async fn answer(head: &RequestHead<'_>, body: Option<&mut (dyn BodySource + '_)>
         (&Method::PUT, ["overrides", name, rest @ ..]) => {
             let too_large = "a count given a key takes at most 1 KiB: {\"limit\": N}\n";
             match read_body(body, overrides::MAX_BODY_BYTES, too_large).await {
-                Ok(read) => overrides::change(&proxy, name, rest.first().copied(), query, Some(&read)),
+                Ok(read) => overrides::change(&proxy, name, rest.first().copied(), query, Some(&read)).await,
                 Err(refused) => refused,
             }
         }
         (&Method::DELETE, ["overrides", name, rest @ ..]) => {
-            overrides::change(&proxy, name, rest.first().copied(), query, None)
+            overrides::change(&proxy, name, rest.first().copied(), query, None).await
         }
         (_, ["overrides", ..]) => text(StatusCode::METHOD_NOT_ALLOWED, "use GET, PUT or DELETE\n"),
         (&Method::GET, ["limits", name]) => key_lookup::answer(&proxy, name, query, false),

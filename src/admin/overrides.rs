@@ -8,7 +8,7 @@
 //! section they are saved in its directory (`overrides.json`) at each change, and given
 //! again at start.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use http::StatusCode;
 use serde::{Deserialize, Serialize};
@@ -122,8 +122,9 @@ fn parts(config: &Config, name: &str, value: Option<&str>, query: &str) -> Resul
     }
 }
 
-/// `PUT /overrides/NAME...` with `body`, or its `DELETE` (`body`: `None`).
-pub fn change(proxy: &Proxy, name: &str, value: Option<&str>, query: &str, body: Option<&[u8]>) -> Response {
+/// `PUT /overrides/NAME...` with `body`, or its `DELETE` (`body`: `None`); answered once
+/// what is given is saved (`persist:`), the file written on a blocking thread.
+pub async fn change(proxy: &Arc<Proxy>, name: &str, value: Option<&str>, query: &str, body: Option<&[u8]>) -> Response {
     let config = proxy.config();
     let limit = config.limits.position(|l| l.name == name);
     let Some((id, from)) = limit.and_then(|id| Some((id, config.limits[id].tenant.as_ref()?))) else {
@@ -142,13 +143,13 @@ pub fn change(proxy: &Proxy, name: &str, value: Option<&str>, query: &str, body:
         Some(Ok(count)) => Some(count),
         Some(Err(why)) => return super::typed(StatusCode::BAD_REQUEST, "text/plain", format!("{why}\n")),
     };
-    let answer = key_lookup::with_key(proxy, name, query_of(&parts), |_, src| {
+    let answer = key_lookup::with_key(proxy, name, &parts, |_, src| {
         let limiters = proxy.limiters();
         let (Some(key), Some(set)) = (limiters.key_found(id, src).0, limiters.tenants(id)) else {
             return super::text(StatusCode::BAD_REQUEST, "the values given make no key\n");
         };
         match count {
-            Some(_) if set.len() >= MAX_GIVEN && set.given(key).is_none() => super::typed(
+            Some(_) if set.given_keys() >= MAX_GIVEN && set.given(key).is_none() => super::typed(
                 StatusCode::INSUFFICIENT_STORAGE,
                 "text/plain",
                 format!("{MAX_GIVEN} keys of limit {name:?} have counts of their own already: take some back first\n"),
@@ -163,14 +164,13 @@ pub fn change(proxy: &Proxy, name: &str, value: Option<&str>, query: &str, body:
             None => super::text(StatusCode::NOT_FOUND, "this key has no count of its own\n"),
         }
     });
-    if answer.status.is_success() {
-        save(proxy);
+    if answer.status.is_success() && config.persist.given {
+        let proxy = Arc::clone(proxy);
+        if let Err(e) = tokio::task::spawn_blocking(move || save(&proxy)).await {
+            tracing::error!(error = %e, "the counts given keys were not saved");
+        }
     }
     answer
-}
-
-fn query_of(parts: &str) -> &str {
-    parts.strip_prefix('?').unwrap_or(parts)
 }
 
 /// The count a `PUT`'s body asks for: `{"limit": N}`, or an amount (a number or a string,
@@ -195,13 +195,11 @@ fn asked_count(from: &TenantFrom, body: &[u8]) -> Result<u64, String> {
     }
 }
 
-/// Saves every count given now, if the file keeps them (`persist:`); a failure is
-/// logged, and the counts hold in memory.
+/// Saves every count given now (the file keeps them: `persist:`), one save at a time, so
+/// that the last written holds the last given; a failure is logged, and the counts hold
+/// in memory.
 fn save(proxy: &Proxy) {
     let config = proxy.config();
-    if !config.persist.given {
-        return;
-    }
     let _one = SAVING.lock().unwrap_or_else(|p| p.into_inner());
     let overrides = config
         .limits

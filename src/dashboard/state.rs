@@ -116,7 +116,7 @@ fn limit(proxy: &Proxy, history: &History, index: LimitId, seconds: usize) -> Va
         // requests decided with one, clamped, or whose field came from an untrusted peer.
         "own_counts": limiters.tenants(index).map(|t| {
             let n = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
-            json!({ "given": t.len(), "applied": n(&t.tally.applied), "clamped": n(&t.tally.clamped),
+            json!({ "given": t.given_keys(), "applied": n(&t.tally.applied), "clamped": n(&t.tally.clamped),
                     "untrusted": n(&t.tally.untrusted) })
         }),
         "passed": series(|h| &h.passed),

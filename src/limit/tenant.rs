@@ -6,8 +6,6 @@ use std::collections::HashMap;
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use serde::Serialize;
-
 use crate::policy::key::{KeyHash, KeyPart, KeySource};
 use crate::policy::tenant::{Fit, TenantFrom};
 
@@ -28,7 +26,7 @@ impl Tenant {
 }
 
 /// A count the operator gave a key.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Given {
     /// The key as every surface writes it (`KeyText`).
     pub key: String,
@@ -56,7 +54,8 @@ pub struct Tally {
     pub applied: AtomicU64,
     /// Of them, with a count outside `[min, max]`, clamped.
     pub clamped: AtomicU64,
-    /// Requests whose source said no count (`abc`, `-1`): decided with the limit's.
+    /// Requests whose source said no count (`abc`, `-1`, or the field twice: which one
+    /// the trusted proxy set cannot be told): decided with the limit's.
     pub invalid: AtomicU64,
     /// Requests that said a count in the field from a peer not in `trusted_proxies`:
     /// ignored, the limit's count decided (a client may not raise its own limit).
@@ -64,8 +63,7 @@ pub struct Tally {
 }
 
 /// Where a key's count came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Whence {
     /// The operator (`PUT /overrides`).
     Operator,
@@ -125,11 +123,8 @@ impl Tenants {
         all
     }
 
-    pub fn is_empty(&self) -> bool {
-        !self.any.load(Ordering::Acquire)
-    }
-
-    pub fn len(&self) -> usize {
+    /// How many keys have a count the operator gave.
+    pub fn given_keys(&self) -> usize {
         self.given.read().unwrap_or_else(|p| p.into_inner()).len()
     }
 
@@ -150,6 +145,12 @@ impl Tenants {
                 let whence = match part {
                     KeyPart::Header(_) if !src.trusted_peer => {
                         tally(&self.tally.untrusted);
+                        return None;
+                    }
+                    // A proxy that adds its field after the client's (rather than
+                    // replacing it) would let the client's first value decide.
+                    KeyPart::Header(name) if src.fields.get_all(name).nth(1).is_some() => {
+                        tally(&self.tally.invalid);
                         return None;
                     }
                     KeyPart::Header(_) => Whence::Header,

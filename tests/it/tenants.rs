@@ -44,12 +44,16 @@ async fn a_trusted_proxys_field_gives_a_key_its_own_count_within_the_bounds() {
     assert_eq!(passed(sg.addr, "gold", &[("x-tenant-limit", "4")], 6).await, 4);
     assert_eq!(passed(sg.addr, "greedy", &[("x-tenant-limit", "1000")], 7).await, 5, "clamped to max");
     assert_eq!(passed(sg.addr, "odd", &[("x-tenant-limit", "four")], 4).await, 2, "not a count: the limit's");
+    // The field twice (a proxy that adds its own after the client's): which one the proxy
+    // set cannot be told, so neither counts.
+    let twice = [("x-tenant-limit", "5"), ("x-tenant-limit", "1")];
+    assert_eq!(passed(sg.addr, "twice", &twice, 4).await, 2, "the field twice: the limit's");
     // A key's count can change between its requests: its window's count stays.
     assert_eq!(passed(sg.addr, "plain", &[("x-tenant-limit", "3")], 2).await, 1);
     let m = Metrics::of(&sg).await;
     assert_eq!(m.value("sluicegate_limit_own_counts_total{limit=\"quota\"}"), 15.0, "{}", m.0);
     assert_eq!(m.value("sluicegate_limit_own_counts_clamped_total{limit=\"quota\"}"), 7.0);
-    assert_eq!(m.value("sluicegate_limit_own_counts_invalid_total{limit=\"quota\"}"), 4.0);
+    assert_eq!(m.value("sluicegate_limit_own_counts_invalid_total{limit=\"quota\"}"), 8.0);
     assert_eq!(m.value("sluicegate_limit_own_counts_untrusted_total{limit=\"quota\"}"), 0.0);
 
     // Over HTTP/2 alike.
