@@ -156,6 +156,11 @@ pub struct Entry {
     /// How long its key is held (`upstream_hold`) after the upstream refused it with a
     /// time to wait: what a replay holds it for.
     pub hold: Option<Duration>,
+    /// What a live candidate makes of it beside the enforced decision: `refused`,
+    /// `admitted` or `same` (`None`: no candidate is live).
+    pub candidate: Option<&'static str>,
+    /// The candidate's route, when it is not the one taken (`-`: none).
+    pub candidate_route: Option<String>,
 }
 
 impl AccessLog {
@@ -218,6 +223,8 @@ impl Entry {
             own_counts: BTreeMap::new(),
             priced_as: BTreeMap::new(),
             hold: None,
+            candidate: None,
+            candidate_route: None,
         })
     }
 
@@ -362,6 +369,14 @@ pub struct JsonLine<'a> {
     /// absent when it began no hold.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hold_ms: Option<f64>,
+    /// What a live candidate makes of it beside the enforced decision (`refused`: it
+    /// would refuse what is admitted; `admitted`: the other way; `same`); absent when no
+    /// candidate is live.
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    pub candidate: Option<Cow<'a, str>>,
+    /// The candidate's route, when it would route the request elsewhere (`-`: to none).
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    pub candidate_route: Option<Cow<'a, str>>,
 }
 
 /// A field that is there, even as `null`.
@@ -392,6 +407,8 @@ fn json(e: &Entry) -> String {
         own_counts: e.own_counts.clone(),
         priced_as: e.priced_as.clone(),
         hold_ms: e.hold.map(round_ms),
+        candidate: e.candidate.map(Cow::Borrowed),
+        candidate_route: e.candidate_route.as_deref().map(Cow::Borrowed),
     };
     // A line of strings, numbers and maps of strings always serializes.
     let mut out = serde_json::to_string(&line).unwrap_or_default();
@@ -550,6 +567,8 @@ mod tests {
             own_counts: BTreeMap::from([("per_org".to_owned(), 500)]),
             priced_as: BTreeMap::from([("monthly".to_owned(), "gpt-4o".to_owned())]),
             hold: Some(Duration::from_secs(30)),
+            candidate: Some("refused"),
+            candidate_route: Some("api_v2".to_owned()),
         };
         drop(entry);
         let line = queued.recv().unwrap();
@@ -578,6 +597,8 @@ mod tests {
             own_counts: BTreeMap::from([("per_org".to_owned(), 500)]),
             priced_as: BTreeMap::from([("monthly".to_owned(), "gpt-4o".to_owned())]),
             hold_ms: Some(30_000.0),
+            candidate: Some("refused".into()),
+            candidate_route: Some("api_v2".into()),
         };
         assert_eq!(read, expected, "{line}");
         assert_eq!(format!("{}\n", serde_json::to_string(&read).unwrap()), line);

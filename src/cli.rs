@@ -64,6 +64,54 @@ pub struct ConfigArg {
     pub config: Option<PathBuf>,
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct ReloadArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// Put this configuration live beside the running one, as a candidate (in place of
+    /// the one there was); it must sit in the running configuration's directory.
+    #[arg(long, value_name = "FILE", conflicts_with = "drop_candidate")]
+    pub candidate: Option<PathBuf>,
+    /// Drop the live candidate, saying what it changed.
+    #[arg(long)]
+    pub drop_candidate: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct CandidateArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// Print it as JSON (`GET /candidate`).
+    #[arg(long)]
+    pub json: bool,
+    /// Keys listed each way.
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+}
+
+/// What `sluicegate reload --candidate`, `reload --drop-candidate`, `promote` and
+/// `candidate` ask the running instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CandidateCall {
+    Load(PathBuf),
+    Drop,
+    Promote,
+    Show { json: bool, top: usize },
+}
+
+impl Command {
+    /// The candidate call this command makes, if it makes one.
+    pub fn candidate_call(&self) -> Option<CandidateCall> {
+        match self {
+            Command::Reload(ReloadArgs { candidate: Some(file), .. }) => Some(CandidateCall::Load(file.clone())),
+            Command::Reload(ReloadArgs { drop_candidate: true, .. }) => Some(CandidateCall::Drop),
+            Command::Promote(_) => Some(CandidateCall::Promote),
+            Command::Candidate(args) => Some(CandidateCall::Show { json: args.json, top: args.top }),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Subcommand, PartialEq, Eq)]
 pub enum Command {
     /// Run the proxy (the default).
@@ -71,8 +119,16 @@ pub enum Command {
     /// Validate the configuration, print every error, and exit (like `nginx -t`).
     Check(ConfigArg),
     /// Validate the configuration, then have the running instance reload it through its
-    /// admin listener (`admin.listen`; like `nginx -s reload`, or SIGHUP) and wait for the outcome.
-    Reload(ConfigArg),
+    /// admin listener (`admin.listen`; like `nginx -s reload`, or SIGHUP) and wait for the
+    /// outcome; with `--candidate FILE`, put FILE live beside it instead (every request
+    /// decided by both, only the running one acting).
+    Reload(ReloadArgs),
+    /// Make the live candidate the running configuration (refused if its file or the
+    /// instance's changed since it was loaded), as a reload does.
+    Promote(ConfigArg),
+    /// Say what the live candidate changed since it was loaded, in the shape of
+    /// `simulate`'s comparison.
+    Candidate(CandidateArgs),
     /// Print the JSON Schema of the configuration file (for editors' YAML support).
     Schema,
     /// Replay access logs through the configuration's routes and limits on a virtual
@@ -688,6 +744,58 @@ async fn ask_reload(config: &Config, file: &Path) -> Result<String, String> {
     match status {
         StatusCode::OK => Ok(why.trim_end().strip_prefix("reloaded ").unwrap_or(why.trim_end()).to_owned()),
         status => Err(format!("{} answered {status}: {}", admin.listen, why.trim_end())),
+    }
+}
+
+/// Makes `call` to the instance running `config`: prints its answer, or why it failed.
+/// A candidate is checked here first, as `check` checks a file (every error with its
+/// position), before the instance is asked to read it.
+pub async fn candidate(config: &Config, call: CandidateCall) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    let Some(admin) = config.admin.as_ref() else {
+        eprintln!("sluicegate: the configuration has no admin listener (admin.listen)");
+        return ExitCode::FAILURE;
+    };
+    let (method, target) = match &call {
+        CandidateCall::Load(file) => {
+            match crate::config::check(file) {
+                Ok(candidate) => candidate.warnings.iter().for_each(|w| eprintln!("warning: {w}")),
+                Err(e) => {
+                    eprintln!("{e}");
+                    eprintln!("{}: the candidate is invalid", file.display());
+                    return ExitCode::FAILURE;
+                }
+            }
+            let file = file.canonicalize().or_else(|_| std::path::absolute(file)).unwrap_or_else(|_| file.clone());
+            let target = form_urlencoded::Serializer::new("/candidate?".to_owned())
+                .append_pair("file", &file.to_string_lossy())
+                .finish();
+            (Method::POST, target)
+        }
+        CandidateCall::Drop => (Method::DELETE, "/candidate".to_owned()),
+        CandidateCall::Promote => (Method::POST, "/candidate/promote".to_owned()),
+        CandidateCall::Show { json, top } => {
+            (Method::GET, format!("/candidate?top={top}{}", if *json { "" } else { "&format=text" }))
+        }
+    };
+    let asked = admin_call(admin.listen, admin.token.as_deref(), &method, &target, None);
+    match tokio::time::timeout(RELOAD_WAIT, asked).await {
+        Ok(Ok((status, body))) if status.is_success() => {
+            print!("{body}");
+            ExitCode::SUCCESS
+        }
+        Ok(Ok((status, body))) => {
+            eprintln!("sluicegate: {} answered {status}: {}", admin.listen, body.trim_end());
+            ExitCode::FAILURE
+        }
+        Ok(Err(e)) => {
+            eprintln!("sluicegate: {e}");
+            ExitCode::FAILURE
+        }
+        Err(_) => {
+            eprintln!("sluicegate: {} did not answer within {}s", admin.listen, RELOAD_WAIT.as_secs());
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -53,6 +53,7 @@
 pub mod access_log;
 pub mod admin;
 pub mod admission;
+pub mod candidate;
 pub mod cli;
 pub mod clock;
 pub mod config;

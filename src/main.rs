@@ -18,7 +18,9 @@ fn main() -> ExitCode {
         Some(Command::Import(args)) => return sluicegate::cli::import(&args),
         Some(Command::Explain(args)) => return sluicegate::cli::explain(&args),
         Some(Command::Verify(args)) => return sluicegate::cli::verify(&args),
-        Some(Command::Check(ref c) | Command::Reload(ref c)) => (c.config.clone(), None),
+        Some(Command::Check(ref c) | Command::Promote(ref c)) => (c.config.clone(), None),
+        Some(Command::Reload(ref r)) => (r.config.config.clone(), None),
+        Some(Command::Candidate(ref c)) => (c.config.config.clone(), None),
         Some(Command::Run(ref r)) => (r.config.config.clone(), Some(r.clone())),
         None => (cli.run.config.config.clone(), Some(cli.run.clone())),
     };
@@ -61,11 +63,12 @@ fn main() -> ExitCode {
         std::mem::forget(config);
         return ExitCode::SUCCESS;
     }
+    let candidate_call = cli.command.as_ref().and_then(Command::candidate_call);
     match server::runtime() {
-        Ok(runtime) => {
-            let path = path.clone();
-            runtime.block_on(run(run_args, path, config))
-        }
+        Ok(runtime) => match candidate_call {
+            Some(call) => runtime.block_on(sluicegate::cli::candidate(&config, call)),
+            None => runtime.block_on(run(run_args, path.clone(), config)),
+        },
         Err(e) => {
             eprintln!("sluicegate: cannot start the runtime: {e}");
             ExitCode::FAILURE

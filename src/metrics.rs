@@ -255,6 +255,10 @@ struct Families {
     holds: Family<Labels, Counter>,
     held: Family<Labels, Counter>,
     state_writes: Family<Labels, Counter>,
+    /// What a live candidate decides differently, by limit and change; and the requests
+    /// it routes elsewhere.
+    candidate_decisions: Family<Labels, Counter>,
+    candidate_rerouted: Family<Labels, Counter>,
     pool: PoolFamilies,
     /// What the scrape-time collector reads: the running configuration's limiters.
     current: Arc<Mutex<Current>>,
@@ -386,6 +390,16 @@ impl Metrics {
         let state_writes =
             counters(r, "state_writes", "Writes of a persisted limit's state file, by limit and result (ok, failed)");
         let reloads = counters(r, "reloads", "Configuration reloads by result");
+        let candidate_decisions = counters(
+            r,
+            "candidate_decisions",
+            "Requests the live candidate decided, by limit and change from the enforced decision (refused: the candidate's limit would refuse what the enforced admits; admitted: the other way; same), since it was loaded",
+        );
+        let candidate_rerouted = counters(
+            r,
+            "candidate_rerouted",
+            "Requests the live candidate would route elsewhere, by route and candidate_route (-: none), since it was loaded",
+        );
         let build = gauges(r, "build_info", "The running version");
         build.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_owned())]).set(1);
         let current = Arc::new(Mutex::new(Current::of(config, gate)));
@@ -410,10 +424,32 @@ impl Metrics {
             holds,
             held,
             state_writes,
+            candidate_decisions,
+            candidate_rerouted,
             pool,
             current,
         };
         Metrics::of(Arc::new(families), config)
+    }
+
+    /// `sluicegate_candidate_decisions_total` of limit `name`, by `candidate::Change`.
+    pub fn candidate_series(&self, name: &str) -> [Counter; 3] {
+        crate::candidate::Change::ALL.map(|change| {
+            let labels = vec![("limit", name.to_owned()), ("change", change.as_str().to_owned())];
+            self.families.candidate_decisions.get_or_create_owned(&labels)
+        })
+    }
+
+    /// Counts a request the candidate routes to `to` rather than `from`.
+    pub fn candidate_rerouted(&self, from: &str, to: &str) {
+        let labels = vec![("route", from.to_owned()), ("candidate_route", to.to_owned())];
+        self.families.candidate_rerouted.get_or_create(&labels).inc();
+    }
+
+    /// A candidate is loaded, or none is live any more: its series start again.
+    pub fn candidate_cleared(&self) {
+        self.families.candidate_decisions.clear();
+        self.families.candidate_rerouted.clear();
     }
 
     /// The metrics of a reloaded `config`, continuing every series of this one.

@@ -2,21 +2,25 @@
 //! reload: the proxy of the configuration in force, where that configuration is read
 //! from, since when it runs, and how the last reloads went.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Instant, SystemTime};
 
 use arc_swap::ArcSwap;
 use tokio::sync::{Notify, watch};
 
+use crate::candidate::Candidate;
 use crate::proxy::Proxy;
 
 /// A request takes the proxy current when it arrives and keeps it to its end, so a
 /// reload cuts no request short.
 pub struct Running {
     proxy: ArcSwap<Proxy>,
-    /// Where the configuration is read from on a reload (`None`: no reloads).
-    source: Option<PathBuf>,
+    /// Where the configuration is read from on a reload (`None`: no reloads); a
+    /// promoted candidate's file from its promotion on.
+    source: Mutex<Option<PathBuf>>,
+    /// A candidate asked to be promoted, for the next reload to take in place of the file.
+    promoting: Mutex<Option<Arc<Candidate>>>,
     /// How many reloads there have been, and why the last one failed, if it did.
     reloads_done: watch::Sender<Reloads>,
     /// Reloads asked for through the admin API.
@@ -41,6 +45,8 @@ pub enum ReloadCause {
     Signal,
     /// The admin API's `POST /reload` (`sluicegate reload` among others).
     AdminApi,
+    /// The admin API's `POST /candidate/promote` (`sluicegate promote`).
+    Promote,
 }
 
 impl ReloadCause {
@@ -48,6 +54,7 @@ impl ReloadCause {
         match self {
             ReloadCause::Signal => "SIGHUP",
             ReloadCause::AdminApi => "POST /reload",
+            ReloadCause::Promote => "POST /candidate/promote",
         }
     }
 }
@@ -65,7 +72,8 @@ impl Running {
     pub fn new(proxy: Proxy, source: Option<PathBuf>) -> Self {
         Running {
             proxy: ArcSwap::from_pointee(proxy),
-            source,
+            source: Mutex::new(source),
+            promoting: Mutex::new(None),
             reloads_done: watch::Sender::new(Reloads::default()),
             reloads: Notify::new(),
             started: Instant::now(),
@@ -82,8 +90,18 @@ impl Running {
     }
 
     /// The file the configuration is read from again on a reload, if any.
-    pub fn source(&self) -> Option<&Path> {
-        self.source.as_deref()
+    pub fn source(&self) -> Option<PathBuf> {
+        self.source.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// The candidate a promotion asked for, taken by the reload that promotes it.
+    pub fn take_promoting(&self) -> Option<Arc<Candidate>> {
+        self.promoting.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
+
+    /// A promotion succeeded: the configuration is read from `file` from now on.
+    pub fn promoted(&self, file: PathBuf) {
+        *self.source.lock().unwrap_or_else(PoisonError::into_inner) = Some(file);
     }
 
     /// A reload that `cause` asked for succeeded: `proxy` serves the requests from now on.
@@ -121,7 +139,18 @@ impl Running {
     /// stays). `None` when the configuration was not read from a file, or the server
     /// stopped first.
     pub async fn reload(&self) -> Option<Result<(), String>> {
-        self.source.as_ref()?;
+        self.source()?;
+        self.reload_now().await
+    }
+
+    /// Asks the server to make `candidate` the running configuration, as a reload does,
+    /// and waits for the outcome (`Err`: why not; the running configuration stays).
+    pub async fn promote(&self, candidate: Arc<Candidate>) -> Option<Result<(), String>> {
+        *self.promoting.lock().unwrap_or_else(PoisonError::into_inner) = Some(candidate);
+        self.reload_now().await
+    }
+
+    async fn reload_now(&self) -> Option<Result<(), String>> {
         let mut done = self.reloads_done.subscribe();
         let before = done.borrow_and_update().count;
         self.reloads.notify_one();

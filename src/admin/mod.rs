@@ -7,7 +7,8 @@
 //! is loaded (saying so when the last reload failed); `GET /metrics` is the Prometheus
 //! text exposition; `POST /reload` reloads the configuration file, as SIGHUP does;
 //! `POST /explain` explains how a request would be answered now (`explain`), spending
-//! nothing. With
+//! nothing; `/candidate` puts a candidate configuration live beside the running one,
+//! says what it changes, drops or promotes it (`candidate`). With
 //! `admin.token`, every call must carry `Authorization: Bearer TOKEN` (compared in
 //! constant time). Only requests addressed to the listener are answered (`addressed`:
 //! a `Host` that is an IP address, `localhost` or a name of `admin.hosts`), and a call
@@ -15,6 +16,7 @@
 //! (`cross_site`).
 
 mod addressed;
+mod candidate;
 mod cross_site;
 mod key_lookup;
 pub mod overrides;
@@ -115,6 +117,13 @@ async fn answer(head: &RequestHead<'_>, body: Option<&mut (dyn BodySource + '_)>
         }
         (&Method::POST, ["reload"]) => reload(running, query).await,
         (_, ["reload"]) => text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n"),
+        (&Method::GET, ["candidate"]) => candidate::show(running, query),
+        (&Method::POST, ["candidate"]) => candidate::load(running, query),
+        (&Method::DELETE, ["candidate"]) => candidate::drop(running),
+        (&Method::POST, ["candidate", "promote"]) => candidate::promote(running).await,
+        (_, ["candidate", ..]) => {
+            text(StatusCode::METHOD_NOT_ALLOWED, "use GET, POST or DELETE /candidate, POST /candidate/promote\n")
+        }
         (&Method::POST, ["explain"]) => explain(&proxy, body).await,
         (_, ["explain"]) => text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n"),
         (&Method::GET, ["bans"]) => bans(&proxy),
@@ -144,7 +153,7 @@ async fn answer(head: &RequestHead<'_>, body: Option<&mut (dyn BodySource + '_)>
         }
         _ => text(
             StatusCode::NOT_FOUND,
-            "not found: / (the dashboard), /healthz, /readyz, /metrics, /config, /limits/NAME?PART=VALUE, /overrides, /bans, POST /reload, POST /explain\n",
+            "not found: / (the dashboard), /healthz, /readyz, /metrics, /config, /limits/NAME?PART=VALUE, /overrides, /bans, /candidate, POST /reload, POST /explain\n",
         ),
     }
 }
@@ -220,7 +229,7 @@ async fn reload(running: &Running, query: &str) -> Response {
             (Ok(a), Ok(b)) => a == b,
             _ => a == b,
         };
-        if !same(std::path::Path::new(given.as_ref()), source) {
+        if !same(std::path::Path::new(given.as_ref()), &source) {
             let body = format!(
                 "this instance reads {}, not {given}: nothing reloaded (reload {} or start an instance with {given})\n",
                 source.display(),
@@ -297,18 +306,15 @@ async fn explain(proxy: &Proxy, body: Option<&mut (dyn BodySource + '_)>) -> Res
         Ok(request) => {
             // A logged request's claims are not sent: it is explained without them.
             let claimed = if asked.logged { front::Claimed::Logged(None) } else { front::Claimed::Explained };
-            let explained = explain::explain(
-                proxy.config(),
-                proxy.gate(),
-                Some(proxy.holds()),
-                &request.head(),
-                request.peer,
-                request.scheme,
-                claimed,
-                request.body.as_deref(),
-                0,
-                "live",
-            );
+            let head = request.head();
+            let explain = |config, gate, holds, state| {
+                let body = request.body.as_deref();
+                explain::explain(config, gate, holds, &head, request.peer, request.scheme, claimed, body, 0, state)
+            };
+            let mut explained = explain(proxy.config(), proxy.gate(), Some(proxy.holds()), "live");
+            if let Some(candidate) = proxy.candidate() {
+                explained.candidate = Some(Box::new(explain(&candidate.config, &candidate.gate, None, "candidate")));
+            }
             json(StatusCode::OK, &explained)
         }
         Err(e) => typed(StatusCode::BAD_REQUEST, "text/plain", format!("{e}\n")),

@@ -667,7 +667,7 @@ pub fn check(path: &Path) -> Result<Config, LoadError> {
 /// Far above any real configuration; `-c /dev/zero` must not read until memory runs out.
 const MAX_CONFIG_BYTES: u64 = 16 << 20;
 
-fn read(path: &Path) -> Result<(String, String), LoadError> {
+pub fn read(path: &Path) -> Result<(String, String), LoadError> {
     let file = path.display().to_string();
     let bytes =
         files::read_bounded(path, MAX_CONFIG_BYTES).map_err(|source| LoadError::Read { file: file.clone(), source })?;

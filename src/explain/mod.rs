@@ -69,6 +69,10 @@ pub struct Explanation {
     pub after: u64,
     pub answer: Answer,
     pub notes: Vec<String>,
+    /// How the live candidate would decide it, from its own state (`POST /explain` while
+    /// a candidate is live: `state` is `candidate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidate: Option<Box<Explanation>>,
 }
 
 /// The client address and how it was found.
@@ -272,6 +276,7 @@ pub fn explain(
             body: None,
         },
         notes: Vec::new(),
+        candidate: None,
     };
     // The route the request took: found, or found before its token failed.
     let taken = match (&admitted.front, &admitted.verdict) {

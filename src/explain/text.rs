@@ -42,6 +42,7 @@ impl Display for Explanation {
         if !self.limits.is_empty() {
             match self.state.as_str() {
                 "live" => writeln!(f, "limits, from the running instance's state (nothing spent):")?,
+                "candidate" => writeln!(f, "limits, from the candidate's own state (nothing spent):")?,
                 _ if self.after == 0 => writeln!(f, "limits, from an empty state:")?,
                 _ => writeln!(f, "limits, from an empty state after {} identical requests:", self.after)?,
             }
@@ -79,6 +80,10 @@ impl Display for Explanation {
         }
         for note in &self.notes {
             writeln!(f, "note: {note}")?;
+        }
+        if let Some(candidate) = &self.candidate {
+            writeln!(f, "\nthe live candidate would decide it (never acting on it):")?;
+            write!(f, "{candidate}")?;
         }
         Ok(())
     }

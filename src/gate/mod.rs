@@ -119,10 +119,11 @@ impl Gate {
     }
 
     /// The gate of `config`, a reload of `old`'s: see `Limiters::reloaded` for what is
-    /// kept. Returns the names of the limits that kept their state, and of those that
-    /// start fresh.
-    pub fn reloaded(config: &Config, old: &Gate) -> (Gate, Vec<String>, Vec<String>) {
-        let (limiters, kept, fresh) = Limiters::reloaded(config, &old.limiters);
+    /// kept (`also`: a promoted candidate's gate, whose state is taken where `old` has
+    /// none to give). Returns the names of the limits that kept their state, and of those
+    /// that start fresh.
+    pub fn reloaded(config: &Config, old: &Gate, also: Option<&Gate>) -> (Gate, Vec<String>, Vec<String>) {
+        let (limiters, kept, fresh) = Limiters::reloaded(config, &old.limiters, also.map(|g| &*g.limiters));
         let gate = Gate { limiters, store: Store::new(config, old.clock.clone()), clock: old.clock.clone() };
         (gate, kept, fresh)
     }

@@ -266,22 +266,31 @@ impl Limiters {
     /// limit whose identity (name), key and algorithm (and window, for windows) are
     /// unchanged keeps every key's state, bans and requests in flight, with its new
     /// parameters applying from now on; any other starts fresh. Returns the names of both
-    /// kinds.
-    pub fn reloaded(config: &Config, old: &Limiters) -> (Arc<Self>, Vec<String>, Vec<String>) {
+    /// kinds. `also`: a second source, asked for the limits `old` cannot give their state
+    /// (a candidate's, when it is promoted: where it has the only state of a limit).
+    pub fn reloaded(config: &Config, old: &Limiters, also: Option<&Limiters>) -> (Arc<Self>, Vec<String>, Vec<String>) {
         let (mut kept, mut fresh) = (Vec::new(), Vec::new());
         let limits = config
             .limits
             .iter()
             .map(|limit| {
-                let mut new = limiter(limit);
-                match old.limits.iter().find(|o| o.id == new.id) {
-                    Some(before) if new.carry(before) => kept.push(limit.name.clone()),
+                let id = LimitName(Arc::from(limit.name.as_str()));
+                let carried = [Some(old), also].into_iter().flatten().find_map(|source| {
+                    let before = source.limits.iter().find(|o| o.id == id)?;
                     // A limit that adopted some windows' state but not all starts over.
-                    _ => {
-                        new = limiter(limit);
-                        fresh.push(limit.name.clone());
+                    let mut new = limiter(limit);
+                    new.carry(before).then_some(new)
+                });
+                let mut new = match carried {
+                    Some(new) => {
+                        kept.push(limit.name.clone());
+                        new
                     }
-                }
+                    None => {
+                        fresh.push(limit.name.clone());
+                        limiter(limit)
+                    }
+                };
                 // The counts the operator gave its keys are kept while it has `limit_from`
                 // and the same key.
                 let same_key = |o: &&Limiter| o.id == new.id && o.key == new.key;
@@ -342,6 +351,11 @@ impl Limiters {
     /// window dropped (their sum would count one key once per window).
     pub fn evictions(&self, limit: LimitId) -> u64 {
         self.limits[limit].windows.iter().map(Algorithm::evictions).max().unwrap_or(0)
+    }
+
+    /// Each limit's id and name.
+    pub fn names(&self) -> impl Iterator<Item = (LimitId, &str)> {
+        self.limits.iter_enumerated().map(|(id, l)| (id, &*l.id.0))
     }
 
     /// The most keys `limit` holds: the `max_keys` its tables were made with (a

@@ -85,6 +85,8 @@ pub struct Receipts {
     pub grpc_end: Option<Box<GrpcEnd>>,
     /// What the response reports it cost, read for the limits that charge it.
     pub meter: Option<Box<Meter>>,
+    /// The slots a live candidate holds for the request (`candidate`).
+    pub candidate: Option<Box<Permits>>,
 }
 
 /// A gRPC call whose status comes in its trailers: counted in its route's metrics, and
@@ -114,6 +116,7 @@ impl Default for Receipts {
             tunnel_idle_timeout: Receipts::TUNNEL_IDLE_TIMEOUT,
             grpc_end: None,
             meter: None,
+            candidate: None,
         }
     }
 }
@@ -124,7 +127,11 @@ impl Receipts {
 
     /// Nothing waits for the response's end: no slot, log line, gRPC end or meter.
     fn hold_nothing(&self) -> bool {
-        self.permits.is_empty() && self.access.is_none() && self.grpc_end.is_none() && self.meter.is_none()
+        self.permits.is_empty()
+            && self.access.is_none()
+            && self.grpc_end.is_none()
+            && self.meter.is_none()
+            && self.candidate.is_none()
     }
 
     /// The response's body ended with `trailers`: the gRPC status they carry goes to the

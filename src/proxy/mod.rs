@@ -27,9 +27,12 @@ use futures_util::future::BoxFuture;
 use tracing::{Level, debug, info, warn};
 use typed_index_collections::{TiSlice, TiVec};
 
+use arc_swap::ArcSwapOption;
+
 use crate::access_log::{self, AccessLog};
 use crate::admission::hold::{Hold, HoldKey, Holds};
 use crate::admission::{self, Asked, AskedBody, Decide, Origin, Refused, Verdict, Way};
+use crate::candidate::Candidate;
 use crate::clock::Clock;
 use crate::config::{Action, Config, HeaderMode, LimitAction, LimitId, LogLevel, Route, RouteId, UpstreamId};
 use crate::front::{self, FrontError};
@@ -87,6 +90,9 @@ pub struct Proxy {
     refused_keys: Option<TiVec<LimitId, RefusedKeys>>,
     /// Keys the upstreams refused with a time to wait, per route (`upstream_hold`).
     holds: Holds,
+    /// A configuration live beside this one, deciding every request again without
+    /// acting on it (`POST /candidate`).
+    candidate: ArcSwapOption<Candidate>,
 }
 
 impl Proxy {
@@ -100,8 +106,14 @@ impl Proxy {
 
     /// The proxy of `config`, reloaded while `old` served: limits keep their state as
     /// `Gate::reloaded` says (it returns the names of the limits kept and started
-    /// fresh), and metrics continue their series.
-    pub fn reloaded(config: Config, old: &Proxy) -> std::io::Result<(Self, Vec<String>, Vec<String>)> {
+    /// fresh), and metrics continue their series. A candidate live beside `old` stays
+    /// beside the new one, unless it is `promoted`: then the limits `old` cannot give
+    /// their state take the candidate's.
+    pub fn reloaded(
+        config: Config,
+        old: &Proxy,
+        promoted: Option<&Candidate>,
+    ) -> std::io::Result<(Self, Vec<String>, Vec<String>)> {
         // Opened first: a log that cannot be opened fails the reload before any state moves.
         let access_log = config.access_log.as_ref().map(|log| AccessLog::open(log, &config)).transpose()?;
         // The old configuration's lookups and health checks end now; its requests in
@@ -109,11 +121,15 @@ impl Proxy {
         for upstream in &old.upstreams {
             upstream.servers().stop();
         }
-        let (gate, kept, fresh) = Gate::reloaded(&config, &old.gate);
+        let (gate, kept, fresh) = Gate::reloaded(&config, &old.gate, promoted.map(|c| &c.gate));
         let metrics = old.metrics.reloaded(&config, &gate);
         jwks::start(&config, &metrics, old.config.jwt.as_deref());
         let holds = Holds::new(&config, Some((&old.config, &old.holds)));
-        Ok((Proxy::assemble(config, gate, metrics, access_log, holds), kept, fresh))
+        let proxy = Proxy::assemble(config, gate, metrics, access_log, holds);
+        if promoted.is_none() {
+            proxy.candidate.store(old.candidate.load_full());
+        }
+        Ok((proxy, kept, fresh))
     }
 
     fn with(config: Config, gate: Gate, metrics: Metrics) -> std::io::Result<Self> {
@@ -153,8 +169,20 @@ impl Proxy {
             quotas: response::all_quotas(&config),
             annotating_quotas: response::annotating_quotas(&config.limits),
             holds,
+            candidate: ArcSwapOption::empty(),
             config,
         }
+    }
+
+    /// The candidate live beside this configuration, if any.
+    pub fn candidate(&self) -> Option<Arc<Candidate>> {
+        self.candidate.load_full()
+    }
+
+    /// Puts `candidate` live beside this configuration, in place of the one there was
+    /// (`None`: none from now on).
+    pub fn set_candidate(&self, candidate: Option<Arc<Candidate>>) {
+        self.candidate.store(candidate);
     }
 
     pub fn config(&self) -> &Config {
@@ -236,7 +264,7 @@ impl Proxy {
         let admission = 'decided: {
             let pending = {
                 let mut admitted = self.admission(head, framing, conn);
-                if matches!(admitted.verdict, Verdict::ReadBody | Verdict::Pending) {
+                if matches!(admitted.verdict, Verdict::ReadBody | Verdict::Pending) || self.candidate.load().is_some() {
                     Box::pin(self.admit_later(admitted, head, framing, body, conn, ctx))
                 } else {
                     self.note(&admitted, conn, ctx);
@@ -319,7 +347,33 @@ impl Proxy {
             };
             admitted.verdict = Verdict::Decided(decision);
         }
+        if let Some(candidate) = self.candidate() {
+            self.judge(&candidate, &admitted, head, framing, conn, ctx).await;
+        }
         self.act(&mut admitted, head, conn, ctx)
+    }
+
+    /// Has the live `candidate` decide the request as well, beside the enforced
+    /// admission `admitted` (the body's first bytes it read, if it read any, are the
+    /// candidate's too; a body nothing read stays unread: the candidate decides without
+    /// its fields). Its decision is logged and tallied, never acted on; the slots it takes
+    /// are held with the request's.
+    async fn judge(
+        &self,
+        candidate: &Candidate,
+        admitted: &admission::Admission<'_>,
+        head: &RequestHead<'_>,
+        framing: Framing,
+        conn: &ClientConn,
+        ctx: &mut RequestCtx,
+    ) {
+        let mut asked = asked(head, framing, conn);
+        asked.body = ctx.peeked.as_deref().map_or(AskedBody::None, |peeked| AskedBody::Given(peeked.scanned()));
+        let judged = candidate.judge(&asked, &self.config, self.limiters(), admitted).await;
+        ctx.log(|e| (e.candidate, e.candidate_route) = (Some(judged.change.as_str()), judged.rerouted));
+        if !judged.permits.is_empty() {
+            ctx.candidate = Some(Box::new(judged.permits));
+        }
     }
 
     /// Notes the client and what the front of `admitted` found in `ctx` and its log line.
@@ -806,6 +860,8 @@ struct RequestCtx {
     grpc_end: Option<Box<GrpcEnd>>,
     /// Its body's first bytes, read before its admission (`json:` keys), to be sent first.
     peeked: Option<Box<Peeked>>,
+    /// The slots a live candidate holds for it.
+    candidate: Option<Box<Permits>>,
 }
 
 impl RequestCtx {
@@ -827,6 +883,7 @@ impl RequestCtx {
             meter: None,
             grpc_end: None,
             peeked: None,
+            candidate: None,
         }
     }
 
@@ -872,6 +929,7 @@ impl RequestCtx {
             tunnel_idle_timeout,
             grpc_end: self.grpc_end.take(),
             meter: self.meter.take(),
+            candidate: self.candidate.take(),
         };
         response.body.carry(receipts, pace);
         response

@@ -38,6 +38,11 @@ impl<const N: usize> TopKeys<N> {
         }
     }
 
+    /// The keys counted, most first, the summary kept.
+    pub fn sorted(&self) -> SmallVec<[TopKey; N]> {
+        TopKeys(self.0.clone()).into_sorted()
+    }
+
     /// The keys counted, most first.
     pub fn into_sorted(self) -> SmallVec<[TopKey; N]> {
         let mut top = self.0;

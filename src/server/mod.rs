@@ -7,7 +7,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -184,8 +184,12 @@ impl Server {
     /// it is invalid or a new `listen` address cannot be bound, none of it (every error is logged, the running
     /// configuration stays, and `/readyz` and `sluicegate_reloads_total` say so). `cause`
     /// is what asked for it, for the dashboard.
+    /// A candidate asked to be promoted takes the place of the file: its text, as
+    /// loaded, is the configuration, and its file the one read from then on.
     fn reload(&mut self, cause: ReloadCause) {
-        let Some(path) = self.running.source().map(Path::to_path_buf) else {
+        let promoting = self.running.take_promoting();
+        let cause = if promoting.is_some() { ReloadCause::Promote } else { cause };
+        let Some(path) = promoting.as_ref().map(|c| c.file.clone()).or_else(|| self.running.source()) else {
             warn!("reload asked for, but the configuration was not read from a file");
             return;
         };
@@ -196,7 +200,11 @@ impl Server {
             old.metrics().reload_result(false);
             self.running.reload_failed(why, cause);
         };
-        let mut config = match config::load(path) {
+        let loaded = match &promoting {
+            Some(candidate) => candidate.config_again(),
+            None => config::load(path),
+        };
+        let mut config = match loaded {
             Ok(config) => {
                 for warning in &config.warnings {
                     warn!("{warning}");
@@ -249,7 +257,7 @@ impl Server {
             // the threads that run, not the file.
             config.server.workers = old.config().server.workers;
         }
-        let (proxy, kept, fresh) = match Proxy::reloaded(config, &old) {
+        let (proxy, kept, fresh) = match Proxy::reloaded(config, &old, promoting.as_deref()) {
             Ok(reloaded) => reloaded,
             Err(e) => {
                 error!(error = %e, "cannot open the reloaded access log");
@@ -257,6 +265,10 @@ impl Server {
             }
         };
         proxy.metrics().reload_result(true);
+        if promoting.is_some() {
+            self.running.promoted(path.to_path_buf());
+            info!(file = %path.display(), "candidate promoted: its file is the configuration from now on");
+        }
         self.running.reloaded(proxy, cause);
         if let Some(listener) = admin {
             self.serve_admin(listener);

@@ -12,6 +12,7 @@ mod replay;
 pub mod report;
 pub mod synthetic;
 mod tally;
+pub use tally::Counts;
 
 use std::collections::HashMap;
 use std::fs::File;

@@ -419,7 +419,7 @@ impl Report {
 }
 
 impl Changes {
-    fn text(&self, o: &mut String, old: &str, new: &str) {
+    pub fn text(&self, o: &mut String, old: &str, new: &str) {
         let _ = writeln!(o, "\n== changes from {old} to {new}");
         let cell = |c: Option<Counts>| {
             c.map_or_else(|| "-".to_owned(), |c| format!("{}/{}/{}", c.passed, c.delayed, c.rejected))

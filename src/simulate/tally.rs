@@ -43,28 +43,41 @@ pub struct RouteTally {
     pub(super) not_simulated: Vec<(LimitId, u64)>,
 }
 
+impl Counts {
+    /// Counts a request its limits decided, as a route's: refused (banned too, or
+    /// Redis failing with `on_store_error: deny`), delayed, or passed (a dry-run limit's
+    /// refusal and a soft limit's annotation pass it).
+    pub fn outcome(&mut self, outcome: RequestOutcome) {
+        self.requests += 1;
+        match outcome {
+            RequestOutcome::Delayed => self.delayed += 1,
+            RequestOutcome::Rejected | RequestOutcome::StoreError | RequestOutcome::Banned => self.rejected += 1,
+            RequestOutcome::Passed | RequestOutcome::DryRunRejected | RequestOutcome::Annotated => self.passed += 1,
+        }
+    }
+
+    /// Counts one decision of a limit: `rejected`, else `delayed`, else passed.
+    pub fn decided(&mut self, rejected: bool, delayed: bool) {
+        self.requests += 1;
+        match (rejected, delayed) {
+            (true, _) => self.rejected += 1,
+            (false, true) => self.delayed += 1,
+            (false, false) => self.passed += 1,
+        }
+    }
+}
+
 impl RouteTally {
     pub fn outcome(&mut self, outcome: RequestOutcome) {
-        self.counts.requests += 1;
+        self.counts.outcome(outcome);
         match outcome {
-            RequestOutcome::Passed => self.counts.passed += 1,
-            RequestOutcome::Delayed => self.counts.delayed += 1,
-            // (A replay decides every limit locally: Redis never fails it.)
-            RequestOutcome::Rejected | RequestOutcome::StoreError => self.counts.rejected += 1,
-            RequestOutcome::Banned => {
-                self.counts.rejected += 1;
-                self.banned += 1;
-            }
+            RequestOutcome::Banned => self.banned += 1,
             // It passes: the limits that would refuse it only say so.
-            RequestOutcome::DryRunRejected => {
-                self.counts.passed += 1;
-                self.dry_run_rejected += 1;
-            }
+            RequestOutcome::DryRunRejected => self.dry_run_rejected += 1,
             // It passes, annotated for its upstream.
-            RequestOutcome::Annotated => {
-                self.counts.passed += 1;
-                self.annotated += 1;
-            }
+            RequestOutcome::Annotated => self.annotated += 1,
+            // (A replay decides every limit locally: Redis never fails it.)
+            _ => {}
         }
     }
 
@@ -115,18 +128,10 @@ impl LimitTally {
         wait: Duration,
         refused: Option<(u64, impl FnOnce() -> String)>,
     ) {
-        self.counts.requests += 1;
-        let slot = self.series.entry(at / 1_000_000_000).or_default();
-        if rejected {
-            self.counts.rejected += 1;
-            slot[1] += 1;
-        } else if !wait.is_zero() {
-            self.counts.delayed += 1;
+        self.counts.decided(rejected, !wait.is_zero());
+        self.series.entry(at / 1_000_000_000).or_default()[usize::from(rejected)] += 1;
+        if !rejected && !wait.is_zero() {
             self.waits.push(nanos(wait));
-            slot[0] += 1;
-        } else {
-            self.counts.passed += 1;
-            slot[0] += 1;
         }
         if let Some((hash, label)) = refused {
             self.keys.entry(hash).or_insert_with(|| KeyTally { label: label(), rejected: 0 }).rejected += 1;

@@ -52,6 +52,13 @@ pub struct Peeked {
     tail: usize,
 }
 
+impl Peeked {
+    /// The bytes scanned, as they came.
+    pub fn scanned(&self) -> &[u8] {
+        self.read.as_deref().map_or(&[], |read| &read[..read.len() - self.tail])
+    }
+}
+
 /// Why a body could not be peeked.
 #[derive(Debug)]
 pub enum PeekError {

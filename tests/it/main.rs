@@ -10,6 +10,7 @@ mod body_keys;
 mod browser;
 mod build_once;
 mod calendar;
+mod candidate;
 mod charges;
 mod chromium;
 mod common;
