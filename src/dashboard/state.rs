@@ -75,8 +75,13 @@ pub fn state(running: &Running, history: &History, since: Option<u64>) -> Value 
         "limits_left_out": config.limits.len().saturating_sub(MAX_SHOWN),
         "upstreams": upstreams(&proxy),
         "redis": redis(&proxy, history),
+        // What a live candidate changed since it was loaded (`GET /candidate`).
+        "candidate": proxy.candidate().map(|c| serde_json::to_value(c.report(CANDIDATE_KEYS)).unwrap_or_default()),
     })
 }
+
+/// Keys the candidate's panel lists each way.
+const CANDIDATE_KEYS: usize = 5;
 
 /// The keys route `route` holds after its upstream refused them: how many, those with
 /// the most time left, and the holds begun and requests answered from one since start.

@@ -311,3 +311,50 @@ async fn a_limits_card_shows_its_requests_without_its_key_once_there_are_any() {
     assert_eq!(complaints(&browser).await, []);
     browser.close().await;
 }
+
+/// The candidate's panel shows, live, what a candidate would do differently: it appears
+/// once one is loaded, its figures follow the requests, and it goes when it is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_candidate_panel_follows_a_live_candidate_without_a_reload() {
+    let Some(browser) = Chromium::start().await else { return };
+    let conf = |n: u32| {
+        Conf::new()
+            .admin()
+            .limit(
+                "per_key",
+                &format!(
+                    "key: \"header:x-user\", on_missing_key: refuse, algorithm: fixed_window, limit: {n}, window: 1h"
+                ),
+            )
+            .answering("per_key")
+            .yaml()
+    };
+    let sg = Sluicegate::start(&conf(10));
+    let candidate = sg.config.parent().unwrap().join("candidate.yaml");
+    std::fs::write(&candidate, conf(2)).unwrap();
+    let admin = sg.admin_addr();
+    open(&browser, &sg).await;
+    assert_eq!(browser.run("return document.querySelector('#candidate').hidden").await, true, "none live");
+    let call = |method: http::Method, path: String| {
+        let req = http::Request::builder().method(method).uri(path).header("host", "localhost");
+        request(admin, req.body(String::new()).unwrap())
+    };
+    assert_eq!(call(http::Method::POST, format!("/candidate?file={}", candidate.display())).await.status, 200);
+    for _ in 0..5 {
+        assert_eq!(get(sg.addr, "/", &[("x-user", "mallory")]).await.status, 200);
+    }
+    browser
+        .until(
+            "the candidate's row and key",
+            WITHIN,
+            r#"const row = document.querySelector('#candidate [data-candidate-limit="per_key"]');
+               return !document.querySelector('#candidate').hidden && row !== null
+                 && [...row.children].map((c) => c.textContent).join('|') === 'per_key|0|3|3|0'
+                 && document.querySelector('#candidate ol.newly-refused').textContent.includes('per_key: header:x-user=mallory (3)')"#,
+        )
+        .await;
+    assert_eq!(call(http::Method::DELETE, "/candidate".to_owned()).await.status, 200);
+    browser.until("the panel gone", WITHIN, "return document.querySelector('#candidate').hidden").await;
+    assert_eq!(complaints(&browser).await, []);
+    browser.close().await;
+}

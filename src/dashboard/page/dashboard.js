@@ -95,6 +95,7 @@
     $('#instance').textContent = `${i.version} · up ${duration(i.uptime_s * 1000)}` + (i.file ? ` · ${i.file}` : '');
     showRoutes(state);
     showLimits(state);
+    showCandidate(state.candidate);
     showUpstreams(state.upstreams);
     showRedis(state.redis);
     showConfiguration(state.instance);
@@ -221,6 +222,36 @@
       button.disabled = false;
       status('lifting failed: ' + error.message, 'offline');
     }
+  }
+
+  // The live candidate's changes since it was loaded; hidden while there is none.
+  function showCandidate(c) {
+    const section = $('#candidate');
+    section.hidden = !c;
+    if (!c) return;
+    const changes = c.changes;
+    section.querySelector('.about').textContent = `${c.file}, live since ${c.loaded} (${duration(c.seconds * 1000)}): `
+      + `${c.requests} requests decided by both, ${changes.newly_refused} it would newly refuse, `
+      + `${changes.newly_admitted} newly admit` + c.warnings.map((w) => `; warning: ${w}`).join('');
+    const counts = new Map(changes.limits.map((l) => [l.name, l]));
+    keyed(section.querySelector('tbody'), c.limit_decisions, (l) => l.limit,
+      () => el('tr', {}, el('td'), ...[1, 2, 3, 4].map(() => el('td', { class: 'num' }))),
+      (row, l) => {
+        const cells = row.children;
+        const rejected = (side) => (side ? side.rejected : '–');
+        row.dataset.candidateLimit = l.limit;
+        cells[0].textContent = l.limit;
+        cells[1].textContent = rejected(counts.get(l.limit)?.old);
+        cells[2].textContent = rejected(counts.get(l.limit)?.new);
+        cells[3].textContent = l.refused;
+        cells[4].textContent = l.admitted;
+      });
+    const list = (selector, items, text) =>
+      section.querySelector(selector).replaceChildren(...items.map((item) => el('li', { text: text(item) })));
+    const key = (k) => `${k.limit}: ${k.key} (${k.requests})`;
+    list('ol.newly-refused', changes.newly_refused_keys, key);
+    list('ol.newly-admitted', c.newly_admitted_keys, key);
+    list('ol.rerouted', c.rerouted, (r) => `${r.route} → ${r.candidate_route} (${r.requests})`);
   }
 
   function showUpstreams(upstreams) {
