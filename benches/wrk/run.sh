@@ -38,6 +38,9 @@
 #       build to install] (SKIP_BUILD=1: use it as is)
 #   ADMIN [0]  1: sluicegate with an admin listener too (its dashboard records history
 #              once a second, and each limit counts the keys it refuses)
+#   CANDIDATE [0]  1 (with ADMIN=1, LAYOUT=instructions): a candidate live beside
+#              sluicegate's configuration, a copy of it (`POST /candidate`): each request
+#              decided twice, the second decision tallied and logged only
 #
 # LAYOUT=instructions: each proxy (sluicegate with `server.workers: 1`, nginx with one
 # worker) runs under `valgrind --tool=callgrind` with the backend; after a warm-up the
@@ -324,6 +327,17 @@ EOF
     fi
   } >"$1"
   "$SG" check -c "$1" >/dev/null || die "sluicegate rejected $1"
+  SG_ADMIN_PORT="$admin"
+  # The candidate: a copy beside it (a file of its own, in its directory).
+  [[ "${CANDIDATE:-0}" != 1 ]] || cp "$1" "${1%.yaml}.candidate.yaml"
+}
+
+# With CANDIDATE=1, puts the copy of config $1 live beside it as a candidate.
+load_candidate() { # $1 config
+  [[ "${CANDIDATE:-0}" == 1 ]] || return 0
+  [[ -n "$SG_ADMIN_PORT" ]] || die "CANDIDATE=1 needs ADMIN=1 (the candidate is loaded through the admin API)"
+  curl -sf -X POST "http://127.0.0.1:$SG_ADMIN_PORT/candidate?file=${1%.yaml}.candidate.yaml" >/dev/null ||
+    die "the candidate of $1 was not loaded"
 }
 
 start_sg() { # $1 config, $2 port, $3 log file; sets START_PID
@@ -670,6 +684,7 @@ under_callgrind() { # $1 row, $2 port, $3 log file, the rest: the command
   pid=$!
   PIDS+=("$pid")
   wait_ready "$port" "$pid"
+  [[ "$row" != */sluicegate ]] || load_candidate "$CONFIG_OF_ROW"
   count_instructions "$row" "$pid" "$port"
   IR_ROWS+=("$row")
   stop_started "$pid"
@@ -688,6 +703,7 @@ instructions_main() {
     write_sg_conf "$TMP/sg-$c.yaml" "$port" "$(sg_limit "$c")" "$(sg_top "$c")"
     [[ "$c" != bearer && "$c" != jwt ]] || export BENCH_BEARER="$JWT_TOKEN"
     [[ "$c" != header_body && "$c" != json_body ]] || export BENCH_BODY=1024
+    CONFIG_OF_ROW="$TMP/sg-$c.yaml"
     under_callgrind "$c/sluicegate" "$port" "$TMP/sg-$c.log" "$SG" -c "$TMP/sg-$c.yaml" --log-level warn
     unset BENCH_BEARER BENCH_BODY
     if [[ "$c" != global && "$c" != bearer && "$c" != jwt && "$c" != *_body ]] && has_peer nginx; then

@@ -155,7 +155,11 @@ impl Diff {
         let sides = [enforced, candidate];
         for (n, side) in sides.iter().enumerate() {
             if let (Some(route), Some(decision)) = (side.route(), side.decision()) {
-                let counts = tally.routes.entry(route.to_owned()).or_default();
+                // (A route's name is made a `String` once, not each request.)
+                if !tally.routes.contains_key(route) {
+                    tally.routes.insert(route.to_owned(), [None; 2]);
+                }
+                let counts = tally.routes.get_mut(route).expect("inserted");
                 counts[n].get_or_insert_default().outcome(RequestOutcome::of(decision, &side.config.limits));
             }
             let refused = matches!(side.decision(), Some(Decision::Reject { .. }));

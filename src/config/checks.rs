@@ -188,6 +188,38 @@ pub(super) fn status_in(
         .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
+/// The field that names the soft limits annotating a request, by default.
+pub(super) const ANNOTATION_FIELD: HeaderName = HeaderName::from_static("ratelimit-exceeded");
+
+/// `annotation_field`: a field name no one else gives a meaning: not `RateLimit` (sent
+/// beside it), `RateLimit-Policy`, nor a field that frames, routes or forwards the
+/// request, whose meaning the upstream takes from HTTP or from this hop.
+pub(super) fn annotation_field(name: &str) -> Result<HeaderName, String> {
+    let parsed = HeaderName::from_str(name).map_err(|_| format!("invalid header name {name:?}"))?;
+    let taken = [
+        "ratelimit",
+        "ratelimit-policy",
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "upgrade",
+        "expect",
+        "x-forwarded-for",
+        "x-forwarded-proto",
+        "x-forwarded-host",
+        "forwarded",
+    ];
+    match taken.contains(&parsed.as_str()) {
+        true => Err(format!("{name:?} has its own meaning; name a field of your own, such as x-quota-exceeded")),
+        false => Ok(parsed),
+    }
+}
+
 /// A field a route sets: its value may hold variables (see `variables`).
 pub(super) fn set_field(name: &str, value: &str) -> Result<(HeaderName, Template), String> {
     let parsed = HeaderName::from_str(name).map_err(|_| format!("invalid header name {name:?}"))?;

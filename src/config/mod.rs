@@ -65,6 +65,9 @@ pub struct Config {
     /// The access log (`None`: off).
     pub access_log: Option<AccessLogConfig>,
     pub ratelimit_headers: HeaderMode,
+    /// The request field that names the soft limits annotating a request
+    /// (`annotation_field`, `ratelimit-exceeded` by default).
+    pub annotation_field: http::HeaderName,
     pub ratelimit_header_style: HeaderStyle,
     pub rejection_body: RejectionBody,
     /// How log lines show keys: credentials hashed unless the operator opts in.

@@ -32,6 +32,9 @@ pub struct RawConfig {
     pub access_log: Option<RawAccessLog>,
     #[serde(default)]
     pub ratelimit_headers: HeaderMode,
+    /// The request field that names the soft limits annotating a request, for the
+    /// upstream (`ratelimit-exceeded` by default).
+    pub annotation_field: Option<String>,
     #[serde(default)]
     pub ratelimit_header_style: HeaderStyle,
     #[serde(default)]

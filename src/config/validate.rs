@@ -150,6 +150,11 @@ pub fn compile(
         }
     }
     let keys_secret = keys_secret(&mut e, &raw);
+    let annotation_field = match &raw.annotation_field {
+        Some(name) => e.check(|| "annotation_field".into(), super::checks::annotation_field(name)),
+        None => None,
+    }
+    .unwrap_or(super::checks::ANNOTATION_FIELD);
     let persist = persist(&mut e, raw.persist.as_ref(), file);
     if let Some(log) = &raw.access_log {
         access_log_keys(&mut e, log, keys_secret.is_some(), log_keys, &limits, &routes);
@@ -170,6 +175,7 @@ pub fn compile(
                 keys: a.keys,
             }),
             ratelimit_headers: raw.ratelimit_headers,
+            annotation_field,
             ratelimit_header_style: raw.ratelimit_header_style,
             rejection_body: raw.rejection_body,
             log_keys,

@@ -650,7 +650,8 @@ fn answer(config: &Config, route: &Route, decision: &Decision, grpc: bool) -> An
     let upstream_headers = annotation.map_or_else(Vec::new, |a| {
         let text = |v: &[u8]| String::from_utf8_lossy(v).into_owned();
         let fields = a.fields();
-        vec![("ratelimit-exceeded".to_owned(), text(fields.exceeded)), ("ratelimit".to_owned(), text(fields.ratelimit))]
+        let named = config.annotation_field.to_string();
+        vec![(named, text(fields.exceeded)), ("ratelimit".to_owned(), text(fields.ratelimit))]
     });
     if config.ratelimit_headers == crate::config::HeaderMode::All {
         let mut add = |name: http::HeaderName, value: crate::wire::message::FieldValue| {

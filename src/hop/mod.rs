@@ -101,9 +101,10 @@ pub struct Hop<'a> {
     pub underscores: bool,
     /// What the variables of `set_request_headers` values stand for.
     pub vars: Request<'a>,
-    /// Some limit of the configuration annotates (`Config::annotating`): the client's own
-    /// `RateLimit-Exceeded` and `RateLimit` fields are dropped.
-    pub annotating: bool,
+    /// Some limit of the configuration annotates (`Config::annotating`): the field that
+    /// names them (`annotation_field`, `RateLimit-Exceeded` by default). The client's own
+    /// of it and of `RateLimit` are dropped.
+    pub annotating: Option<&'a [u8]>,
     /// The fields the request's soft limits set, if any annotates it.
     pub annotation: Option<Annotation<'a>>,
 }
@@ -116,10 +117,13 @@ pub struct Annotation<'a> {
     pub ratelimit: &'a [u8],
 }
 
-/// The request fields soft limits set. Where limits may annotate, a client's own are
-/// never forwarded, so that it can neither forge an annotation nor hide one (one field
-/// saying `RateLimit-Exceeded: other` first, say).
-const ANNOTATION_FIELDS: [&[u8]; 2] = [b"ratelimit-exceeded", b"ratelimit"];
+/// The request fields soft limits set: the one that names them (`Hop::annotating`) and
+/// `RateLimit`. Where limits may annotate, a client's own are never forwarded, so that
+/// it can neither forge an annotation nor hide one (one field saying
+/// `RateLimit-Exceeded: other` first, say).
+fn annotation_fields(named: &[u8]) -> [&[u8]; 2] {
+    [named, b"ratelimit"]
+}
 
 /// Whether a field named `name`, which holds `_`, is dropped. CGI and the frameworks that
 /// follow it read `X_Forwarded_For` and `X-Forwarded-For` as one variable, so a client
@@ -148,7 +152,7 @@ fn underscored_dropped(name: &[u8], hop: &Hop<'_>) -> bool {
     };
     !matches!(known, Known::Other | Known::Authorization | Known::Cookie)
         || rewrite.set_request_headers.iter().any(|(n, _)| same(n.as_str().as_bytes()))
-        || (hop.annotating && ANNOTATION_FIELDS.iter().any(|f| same(f)))
+        || hop.annotating.is_some_and(|named| annotation_fields(named).iter().any(|f| same(f)))
 }
 
 /// The fields a request with `fields` carries to the next hop, in order, given to
@@ -167,12 +171,13 @@ pub fn request_fields(fields: Fields<'_>, hop: &Hop<'_>, host: Option<&[u8]>, em
     let rewrite = hop.rewrite;
     let connection: SmallVec<[&[u8]; 2]> = fields.all_of(Known::Connection).collect();
     // (Soft limits' fields are replaced as a route's are: no test more per field.)
-    let rewrites =
-        !rewrite.set_request_headers.is_empty() || !rewrite.remove_request_headers.is_empty() || hop.annotating;
+    let rewrites = !rewrite.set_request_headers.is_empty()
+        || !rewrite.remove_request_headers.is_empty()
+        || hop.annotating.is_some();
     let replaced = |name: &[u8]| {
         rewrite.set_request_headers.iter().any(|(n, _)| n.as_str().as_bytes().eq_ignore_ascii_case(name))
             || rewrite.remove_request_headers.iter().any(|n| n.as_str().as_bytes().eq_ignore_ascii_case(name))
-            || (hop.annotating && ANNOTATION_FIELDS.iter().any(|f| f.eq_ignore_ascii_case(name)))
+            || hop.annotating.is_some_and(|named| annotation_fields(named).iter().any(|f| f.eq_ignore_ascii_case(name)))
     };
     let rfc7239 = hop.forwarded != ForwardedMode::XForwarded;
     let x_forwarded = hop.forwarded != ForwardedMode::Rfc7239;
@@ -203,9 +208,10 @@ pub fn request_fields(fields: Fields<'_>, hop: &Hop<'_>, host: Option<&[u8]>, em
     for (name, value) in rewrite.set_request_headers.iter().filter(|(n, _)| *n != header::HOST) {
         emit(name.as_str().as_bytes(), value.value(&hop.vars, &mut made));
     }
-    if let Some(annotation) = hop.annotation {
-        emit(ANNOTATION_FIELDS[0], annotation.exceeded);
-        emit(ANNOTATION_FIELDS[1], annotation.ratelimit);
+    if let (Some(annotation), Some(named)) = (hop.annotation, hop.annotating) {
+        let [exceeded, ratelimit] = annotation_fields(named);
+        emit(exceeded, annotation.exceeded);
+        emit(ratelimit, annotation.ratelimit);
     }
     if trailers {
         emit(b"te", b"trailers");
@@ -396,7 +402,7 @@ mod tests {
             authority: None,
             underscores: false,
             vars,
-            annotating: false,
+            annotating: None,
             annotation: None,
         };
         let mut out = Vec::new();
@@ -474,7 +480,7 @@ mod tests {
             underscores: true,
             vars: Request { client_ip: peer, host: None, target: b"/", tls: false },
             authority: None,
-            annotating: false,
+            annotating: None,
             annotation: None,
         }
     }
@@ -495,7 +501,8 @@ mod tests {
             h.append(http::HeaderName::from_bytes(name.as_bytes()).unwrap(), value.parse().unwrap());
         }
         let rewrite = Rewrite::default();
-        let fields = |annotating, annotation| {
+        let fields = |annotating: bool, annotation| {
+            let annotating = annotating.then_some(&b"ratelimit-exceeded"[..]);
             let hop = Hop { annotating, annotation, ..keeping_underscores(&rewrite) };
             let mut out = Vec::new();
             request_fields(Fields::from(&h), &hop, None, &mut |n, v| {

@@ -21,6 +21,7 @@ pub mod top_keys;
 use std::net::IpAddr;
 use std::num::NonZeroU64;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
@@ -93,6 +94,9 @@ pub struct Proxy {
     /// A configuration live beside this one, deciding every request again without
     /// acting on it (`POST /candidate`).
     candidate: ArcSwapOption<Candidate>,
+    /// `candidate` holds one: the one test a request pays while none is live (loading
+    /// the `ArcSwapOption` costs ~80 instructions, measured).
+    candidate_live: AtomicBool,
 }
 
 impl Proxy {
@@ -126,8 +130,10 @@ impl Proxy {
         jwks::start(&config, &metrics, old.config.jwt.as_deref());
         let holds = Holds::new(&config, Some((&old.config, &old.holds)));
         let proxy = Proxy::assemble(config, gate, metrics, access_log, holds);
-        if promoted.is_none() {
-            proxy.candidate.store(old.candidate.load_full());
+        match promoted {
+            None => proxy.set_candidate(old.candidate()),
+            // Promoted: no candidate is live any more.
+            Some(_) => proxy.metrics.candidate_cleared(),
         }
         Ok((proxy, kept, fresh))
     }
@@ -170,18 +176,23 @@ impl Proxy {
             annotating_quotas: response::annotating_quotas(&config.limits),
             holds,
             candidate: ArcSwapOption::empty(),
+            candidate_live: AtomicBool::new(false),
             config,
         }
     }
 
     /// The candidate live beside this configuration, if any.
     pub fn candidate(&self) -> Option<Arc<Candidate>> {
-        self.candidate.load_full()
+        match self.candidate_live.load(Ordering::Relaxed) {
+            true => self.candidate.load_full(),
+            false => None,
+        }
     }
 
     /// Puts `candidate` live beside this configuration, in place of the one there was
     /// (`None`: none from now on).
     pub fn set_candidate(&self, candidate: Option<Arc<Candidate>>) {
+        self.candidate_live.store(candidate.is_some(), Ordering::Relaxed);
         self.candidate.store(candidate);
     }
 
@@ -264,7 +275,9 @@ impl Proxy {
         let admission = 'decided: {
             let pending = {
                 let mut admitted = self.admission(head, framing, conn);
-                if matches!(admitted.verdict, Verdict::ReadBody | Verdict::Pending) || self.candidate.load().is_some() {
+                if matches!(admitted.verdict, Verdict::ReadBody | Verdict::Pending)
+                    || self.candidate_live.load(Ordering::Relaxed)
+                {
                     Box::pin(self.admit_later(admitted, head, framing, body, conn, ctx))
                 } else {
                     self.note(&admitted, conn, ctx);
@@ -552,7 +565,7 @@ impl Proxy {
                     authority: request.head.authority.map(str::as_bytes),
                     underscores: self.config.server.underscores_in_headers,
                     vars: ctx.vars(&request.head, conn),
-                    annotating: self.config.annotating,
+                    annotating: self.config.annotating.then(|| self.config.annotation_field.as_str().as_bytes()),
                     annotation: ctx.annotation.as_deref().map(response::Annotation::fields),
                 };
                 let out = Outgoing {

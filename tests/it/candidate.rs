@@ -239,8 +239,11 @@ async fn under_steady_traffic_a_lower_candidate_reports_about_its_share_newly_re
     let newly = report["changes"]["newly_refused"].as_u64().unwrap();
     assert!((5..=10).contains(&newly), "{newly} newly refused of 24: {report}");
     assert!(cli(&["promote"], &sg.config).0);
+    // 2 s at 8/s, 5 a second admitted: the whole second between refuses 3 of its 8 (the
+    // running limit, 10, none), the window the promotion fell in carries what it counted
+    // before, and may refuse all of its requests: 3 to 11.
     let refused = paced(16).await;
-    assert!((3..=7).contains(&refused), "2 s at 8/s, 5 a second admitted: {refused} refused");
+    assert!((3..=11).contains(&refused), "{refused} refused of 16");
 }
 
 #[tokio::test]

@@ -58,6 +58,8 @@ struct Seen {
     consumed: AtomicUsize,
     /// The `x-forwarded-host` of the last call.
     forwarded_host: Mutex<Option<String>>,
+    /// The soft limits that annotated the last call (`x-quota-exceeded`, as configured).
+    exceeded: Mutex<Option<String>>,
 }
 
 /// Counts a `hold` call that ends without being released: its client cancelled it.
@@ -78,6 +80,8 @@ type MsgStream = Pin<Box<dyn Stream<Item = Result<Msg, Status>> + Send>>;
 async fn unary(seen: Arc<Seen>, request: Request<Msg>) -> Result<Response<Msg>, Status> {
     let host = request.metadata().get("x-forwarded-host").map(|v| v.to_str().unwrap().to_owned());
     *seen.forwarded_host.lock().unwrap() = host;
+    let exceeded = request.metadata().get("x-quota-exceeded").map(|v| v.to_str().unwrap().to_owned());
+    *seen.exceeded.lock().unwrap() = exceeded;
     let m = request.into_inner();
     match m.text.as_str() {
         "fail" => {
@@ -384,6 +388,27 @@ async fn every_stream_shape_passes_over_tls_on_both_sides() {
     let addr = tls_addr(&sg);
     // tonic names the address it connects to as `:authority` (and `localhost` by SNI).
     every_shape(&channel(addr, Some(&ca)).await, &seen, &addr.to_string()).await;
+}
+
+/// A soft limit forwards a call over it annotated (here in the field the configuration
+/// names), and the call ends `OK`, counted `annotated`.
+#[tokio::test]
+async fn a_call_over_a_soft_limit_reaches_the_server_annotated() {
+    let seen = Arc::new(Seen::default());
+    let server = grpc_server(&seen, None).await;
+    let sg = proxy(
+        server,
+        "",
+        "admin: { listen: 127.0.0.1:0 }\nannotation_field: x-quota-exceeded\nlimits:\n  quota: { key: ip, rate: 1r/m, burst: 0, nodelay: true, action: annotate }\nroutes:\n  - { name: echo, upstream: g, limits: [quota] }\n",
+    );
+    let channel = channel(sg.addr, None).await;
+    call_unary(&channel, msg("first", 0, 0)).await.unwrap();
+    assert_eq!(*seen.exceeded.lock().unwrap(), None);
+    call_unary(&channel, msg("second", 0, 0)).await.unwrap();
+    assert_eq!(seen.exceeded.lock().unwrap().as_deref(), Some("quota"));
+    let m = Metrics::of(&sg).await;
+    assert_eq!(m.value("sluicegate_requests_total{route=\"echo\",outcome=\"annotated\"}"), 1.0, "{}", m.0);
+    assert_eq!(m.value("sluicegate_grpc_responses_total{route=\"echo\",grpc_status=\"OK\"}"), 2.0, "{}", m.0);
 }
 
 #[tokio::test]

@@ -118,6 +118,37 @@ async fn a_client_can_neither_forge_nor_hide_an_annotation() {
     assert_eq!(item(&ratelimit[0]).0, "quota");
 }
 
+/// `annotation_field` names the field the limits that annotate a request are listed in,
+/// for a backend that reads another than `RateLimit-Exceeded`; a client's own is
+/// dropped all the same, and `RateLimit-Exceeded` is then the client's to send.
+#[tokio::test]
+async fn the_annotation_goes_in_the_field_the_configuration_names() {
+    let backend = Backend::start().await;
+    let sg = Conf::new()
+        .upstream(&backend)
+        .set("annotation_field: x-quota-exceeded")
+        .limit("quota", "key: ip, rate: 1r/m, burst: 0, action: annotate")
+        .forwarding("quota")
+        .start();
+    let forged = [("x-quota-exceeded", "nothing"), ("ratelimit-exceeded", "mine")];
+    for _ in 0..2 {
+        assert_eq!(get(sg.addr, "/", &forged).await.status, 200);
+    }
+    assert_eq!(seen(&backend, "x-quota-exceeded"), [None, Some("quota".to_owned())]);
+    assert_eq!(seen(&backend, "ratelimit-exceeded"), [Some("mine".to_owned()), Some("mine".to_owned())]);
+    assert_eq!(item(&seen(&backend, "ratelimit")[1].clone().unwrap()).0, "quota");
+    // Not a field the proxy or HTTP already gives a meaning.
+    for taken in ["ratelimit", "host", "x-forwarded-for", "content-length", "not a name"] {
+        let yaml = Conf::new()
+            .set(&format!("annotation_field: \"{taken}\""))
+            .limit("quota", "key: ip, rate: 1r/m, action: annotate")
+            .answering("quota")
+            .yaml();
+        let refused = Sluicegate::try_start(&yaml).err().unwrap_or_else(|| panic!("{taken} taken"));
+        assert!(refused.contains("annotation_field"), "{taken}: {refused}");
+    }
+}
+
 /// HTTP/2 alike: a request that came over h2c and went to an HTTP/2 upstream carries the
 /// annotation as one that came over HTTP/1.1 does.
 #[tokio::test]
