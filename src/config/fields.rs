@@ -288,7 +288,7 @@ mod tests {
         let (errors, _) = found("listen: 127.0.0.1:1\nwhatever: 1\n");
         assert_eq!(
             errors,
-            ["F:2:1: whatever: unknown field `whatever`; the 19 top-level fields are listed in docs/configuration.md"]
+            ["F:2:1: whatever: unknown field `whatever`; the 20 top-level fields are listed in docs/configuration.md"]
         );
     }
 
