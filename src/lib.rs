@@ -79,6 +79,7 @@ pub mod server;
 pub mod simulate;
 pub mod store;
 pub mod suggest;
+pub mod top_keys;
 pub mod upstream;
 pub mod variables;
 pub mod verify;

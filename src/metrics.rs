@@ -432,10 +432,10 @@ impl Metrics {
         Metrics::of(Arc::new(families), config)
     }
 
-    /// `sluicegate_candidate_decisions_total` of limit `name`, by `candidate::Change`.
-    pub fn candidate_series(&self, name: &str) -> [Counter; 3] {
-        crate::candidate::Change::ALL.map(|change| {
-            let labels = vec![("limit", name.to_owned()), ("change", change.as_str().to_owned())];
+    /// `sluicegate_candidate_decisions_total` of limit `name`, one series per change.
+    pub fn candidate_series(&self, name: &str, changes: [&str; 3]) -> [Counter; 3] {
+        changes.map(|change| {
+            let labels = vec![("limit", name.to_owned()), ("change", change.to_owned())];
             self.families.candidate_decisions.get_or_create_owned(&labels)
         })
     }

@@ -23,7 +23,7 @@ pub fn load(running: &Running, query: &str) -> Response {
         return text(StatusCode::BAD_REQUEST, "name the candidate's file: POST /candidate?file=PATH\n");
     };
     let proxy = running.proxy();
-    match Candidate::load(Path::new(&file), running.source().as_deref(), &proxy) {
+    match Candidate::load(Path::new(&file), running.source().as_deref(), proxy.limiters(), proxy.metrics()) {
         Ok(candidate) => {
             let mut body = format!(
                 "candidate {} live beside {}: every request is decided by both, only the running one acts\n",

@@ -24,9 +24,9 @@ use crate::config::{Config, LimitId};
 use crate::gate::Decision;
 use crate::limit::{LimitResult, Limiters, Outcome};
 use crate::metrics::{Metrics, RequestOutcome};
-use crate::proxy::top_keys::TopKeys;
 use crate::simulate::Counts;
 use crate::simulate::report::{Change as Changed, Changes, NewlyRefused};
+use crate::top_keys::TopKeys;
 
 /// Keys kept per limit and direction: any key with more than 1/9 of them is among them.
 const KEYS: usize = 8;
@@ -285,7 +285,7 @@ impl Tally {
                 counts: [None; 2],
                 refused: TopKeys::default(),
                 admitted: TopKeys::default(),
-                series: metrics.candidate_series(name),
+                series: metrics.candidate_series(name, Change::ALL.map(Change::as_str)),
             };
             self.limits.insert(name.to_owned(), diff);
         }

@@ -16,6 +16,7 @@
 mod diff;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use http::StatusCode;
@@ -25,7 +26,7 @@ use crate::clock::Clock;
 use crate::config::{self, Config, LoadError};
 use crate::gate::{Gate, Permits};
 use crate::limit::Limiters;
-use crate::proxy::Proxy;
+use crate::metrics::Metrics;
 pub use diff::{Change, Diff, Report};
 
 /// What the Redis keys of a candidate's global limits begin with, after `redis.key_prefix`:
@@ -76,9 +77,15 @@ pub struct Judged {
 }
 
 impl Candidate {
-    /// Reads the candidate `file` for the instance that runs `enforced`, read from
-    /// `source`: beside it (in the same directory), YAML, valid as `check` says.
-    pub fn load(file: &Path, source: Option<&Path>, enforced: &Proxy) -> Result<Candidate, Refusal> {
+    /// Reads the candidate `file` for the instance whose running limits are `enforced`
+    /// (counted in `metrics`), read from `source`: beside it (in the same directory),
+    /// YAML, valid as `check` says.
+    pub fn load(
+        file: &Path,
+        source: Option<&Path>,
+        enforced: &Limiters,
+        metrics: &Arc<Metrics>,
+    ) -> Result<Candidate, Refusal> {
         let Some(source) = source else {
             return Err(Refusal::new(
                 StatusCode::CONFLICT,
@@ -114,13 +121,13 @@ impl Candidate {
             redis.key_prefix.push_str(KEY_PREFIX);
         }
         let mut warnings: Vec<String> = config.warnings.iter().map(ToString::to_string).collect();
-        warnings.extend(dropped(&config, enforced.limiters()));
-        let secret = enforced.limiters().secret().clone();
+        warnings.extend(dropped(&config, enforced));
+        let secret = enforced.secret().clone();
         let gate = Gate::keyed(&config, Clock::System, secret);
         if let Some(store) = gate.store() {
             store.watch();
         }
-        let diff = Diff::new(enforced.metrics());
+        let diff = Diff::new(metrics);
         Ok(Candidate {
             config,
             gate,

@@ -17,9 +17,9 @@ use smallvec::SmallVec;
 use crate::metrics::RouteCounts;
 use crate::proxy::Proxy;
 use crate::proxy::refused_keys::COUNTERS;
-use crate::proxy::top_keys::TopKey;
 use crate::running::Running;
 use crate::store::StoreCounts;
+use crate::top_keys::TopKey;
 
 /// Seconds of history per route and limit: 15 minutes.
 pub const SECONDS: usize = 900;

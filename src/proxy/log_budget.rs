@@ -9,7 +9,7 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use super::top_keys::TopKeys;
+use crate::top_keys::TopKeys;
 
 /// Keys named in a summary line.
 const TOP: usize = 3;

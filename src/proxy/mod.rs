@@ -16,7 +16,6 @@ mod pace;
 pub mod refused_keys;
 pub mod response;
 mod rewrite;
-pub mod top_keys;
 
 use std::net::IpAddr;
 use std::num::NonZeroU64;

@@ -7,7 +7,7 @@ use std::sync::{Mutex, PoisonError};
 
 use smallvec::SmallVec;
 
-use super::top_keys::{TopKey, TopKeys};
+use crate::top_keys::{TopKey, TopKeys};
 
 /// Keys counted per second and limit: any key with more than 1/9 of a second's refusals.
 pub const COUNTERS: usize = 8;

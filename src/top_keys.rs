@@ -1,5 +1,5 @@
-//! The keys that come most often in a stream of refusals, in bounded room: the
-//! Misra-Gries summary with `N` counters. Any key that makes more than 1/(N+1) of the
+//! The keys that come most often in a stream (of refusals, of a candidate's changes), in
+//! bounded room: the Misra-Gries summary with `N` counters. Any key that makes more than 1/(N+1) of the
 //! stream is among them, and each count is a lower bound of the key's. A key's label is
 //! built only when the key takes a counter, never while it holds one: a few keys
 //! hammering cost one label each. Hand-written: the heavy-hitter crates keep far more
