@@ -31,6 +31,11 @@ use crate::top_keys::TopKeys;
 /// Keys kept per limit and direction: any key with more than 1/9 of them is among them.
 const KEYS: usize = 8;
 
+/// Pairs of routes counted by name (in the tally and the metrics' series); those that
+/// come after are counted as `*` → `*`, so that traffic spread over many routes cannot
+/// grow either without bound.
+const REROUTES: usize = 1_000;
+
 /// What the candidate makes of a request, beside the enforced configuration (the access
 /// log's `candidate`, the `change` of `sluicegate_candidate_decisions_total`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -208,8 +213,9 @@ impl Diff {
         }
         let rerouted = (enforced.route() != candidate.route()).then(|| {
             let (from, to) = (enforced.route().unwrap_or("-").to_owned(), candidate.route().unwrap_or("-").to_owned());
-            self.metrics.candidate_rerouted(&from, &to);
-            *tally.rerouted.entry((from, to.clone())).or_default() += 1;
+            let pair = counted_as(&tally.rerouted, (from, to.clone()));
+            self.metrics.candidate_rerouted(&pair.0, &pair.1);
+            *tally.rerouted.entry(pair).or_default() += 1;
             to
         });
         (change, rerouted)
@@ -275,6 +281,15 @@ impl Diff {
             limit_decisions,
             rerouted,
         }
+    }
+}
+
+/// The pair of routes a request routed elsewhere counts under: its own, while fewer than
+/// `REROUTES` pairs are counted (or it is one of them), else `*` → `*`.
+fn counted_as(rerouted: &HashMap<(String, String), u64>, pair: (String, String)) -> (String, String) {
+    match rerouted.len() < REROUTES || rerouted.contains_key(&pair) {
+        true => pair,
+        false => ("*".to_owned(), "*".to_owned()),
     }
 }
 
@@ -355,5 +370,32 @@ impl Report {
             }
         }
         o
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pairs_of_routes_past_the_first_thousand_are_counted_together() {
+        let pair = |n: usize| (format!("r{n}"), format!("c{n}"));
+        let mut rerouted = HashMap::new();
+        for n in 0..REROUTES {
+            let counted = counted_as(&rerouted, pair(n));
+            assert_eq!(counted, pair(n));
+            *rerouted.entry(counted).or_insert(0) += 1;
+        }
+        assert_eq!(counted_as(&rerouted, pair(REROUTES)), ("*".to_owned(), "*".to_owned()));
+        assert_eq!(counted_as(&rerouted, pair(7)), pair(7), "a pair already counted keeps its own");
+    }
+
+    #[test]
+    fn a_change_is_what_the_candidate_does_beside_the_running_decision() {
+        assert_eq!(Change::of(false, true), Change::Refused);
+        assert_eq!(Change::of(true, false), Change::Admitted);
+        assert_eq!(Change::of(true, true), Change::Same);
+        assert_eq!(Change::of(false, false), Change::Same);
+        assert_eq!(Change::ALL.map(Change::as_str), ["refused", "admitted", "same"], "the metric's series, in order");
     }
 }
