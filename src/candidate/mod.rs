@@ -31,7 +31,7 @@ pub use diff::{Change, Diff, Report};
 
 /// What the Redis keys of a candidate's global limits begin with, after `redis.key_prefix`:
 /// the enforced limits' keys are never touched.
-pub const KEY_PREFIX: &str = "candidate:";
+const KEY_PREFIX: &str = "candidate:";
 
 /// A configuration deciding requests beside the enforced one, without acting.
 pub struct Candidate {
@@ -170,9 +170,8 @@ impl Candidate {
         config::parse(&self.text, &self.file.display().to_string())
     }
 
-    /// Decides `asked` as the candidate would (`body`: the first bytes of its body, when
-    /// the enforced admission read them), beside `enforced`, the enforced configuration's
-    /// admission of it; tallies what changes.
+    /// Decides `asked` as the candidate would, beside `enforced`, the enforced
+    /// configuration's admission of it; tallies what changes.
     pub async fn judge(
         &self,
         asked: &Asked<'_>,

@@ -153,6 +153,17 @@ async fn a_candidate_is_read_only_beside_the_configuration_valid_and_promoted_on
     std::fs::write(&outside, per_key(5, "")).unwrap();
     let reply = call(http::Method::POST, load(&outside)).await;
     assert_eq!(reply.status, 403, "{}", reply.text());
+    // No file named, the configuration's own file, a file that is no YAML, and a link
+    // beside the configuration to a file elsewhere: refused, nothing read.
+    assert_eq!(call(http::Method::POST, "/candidate".into()).await.status, 400);
+    assert_eq!(call(http::Method::POST, load(&sg.config)).await.status, 409);
+    let text = beside(&sg, "candidate.txt", &per_key(5, ""));
+    assert_eq!(call(http::Method::POST, load(&text)).await.status, 403);
+    let link = sg.config.parent().unwrap().join("linked.yaml");
+    std::os::unix::fs::symlink(&outside, &link).unwrap();
+    let reply = call(http::Method::POST, load(&link)).await;
+    assert_eq!(reply.status, 403, "a link is followed before the directory is checked: {}", reply.text());
+    assert_eq!(call(http::Method::GET, "/candidate".into()).await.status, 404, "none loaded");
     // Invalid: the error at its position.
     let broken = beside(&sg, "broken.yaml", &per_key(5, "").replace("limit: 5", "limit: five"));
     let reply = call(http::Method::POST, load(&broken)).await;
