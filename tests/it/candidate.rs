@@ -81,7 +81,8 @@ async fn a_candidate_that_lowers_a_limit_says_what_it_would_refuse_refuses_nothi
     let (ok, out, err) = cli(&["reload", "--candidate", candidate.to_str().unwrap()], &sg.config);
     assert!(ok, "{out}{err}");
     assert!(out.contains("live beside"), "{out}");
-    assert!(sg.log().contains("candidate live"), "{}", sg.log());
+    // (Its line is read from the process's stderr as it comes: waited for, not raced.)
+    sg.wait_for_log("the candidate's log line", |log| log.contains("candidate live"));
 
     // 8 requests of each of two keys: the running limit (10) admits them all; the
     // candidate's (5) would refuse the last 3 of each.
