@@ -161,6 +161,8 @@ pub struct Entry {
     pub candidate: Option<&'static str>,
     /// The candidate's route, when it is not the one taken (`-`: none).
     pub candidate_route: Option<String>,
+    /// Its wait in a concurrency limit's queue (`None`: it did not come to one).
+    pub queued: Option<QueueWait>,
 }
 
 impl AccessLog {
@@ -225,6 +227,7 @@ impl Entry {
             hold: None,
             candidate: None,
             candidate_route: None,
+            queued: None,
         })
     }
 
@@ -306,6 +309,18 @@ impl Values {
     }
 }
 
+/// A request's wait in a queue, as its line tells it.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueWait {
+    /// When it came to the queue.
+    pub since: Instant,
+    /// How long it waited (`None`: it waits still, and its client went away: until the
+    /// line is written).
+    pub waited: Option<Duration>,
+    /// How the wait ended (`QueueEnd::as_str`: `served`, `full`, ...).
+    pub end: &'static str,
+}
+
 /// One line of the JSON access log, as `json` writes it and as `simulate` reads it back:
 /// one type both ways. What a reader may find missing (lines of an older version, or
 /// written by hand) is optional.
@@ -377,6 +392,14 @@ pub struct JsonLine<'a> {
     /// The candidate's route, when it would route the request elsewhere (`-`: to none).
     #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
     pub candidate_route: Option<Cow<'a, str>>,
+    /// How long it waited in a concurrency limit's queue, ms; absent when it did not
+    /// come to one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queued_ms: Option<f64>,
+    /// How its wait in the queue ended: `served` (a slot), `full`, `timed_out`,
+    /// `pushed_out` (a shorter flow took its place) or `left` (the client went away).
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<Cow<'a, str>>,
 }
 
 /// A field that is there, even as `null`.
@@ -409,6 +432,8 @@ fn json(e: &Entry) -> String {
         hold_ms: e.hold.map(round_ms),
         candidate: e.candidate.map(Cow::Borrowed),
         candidate_route: e.candidate_route.as_deref().map(Cow::Borrowed),
+        queued_ms: e.queued.map(|q| round_ms(q.waited.unwrap_or_else(|| q.since.elapsed()))),
+        queue: e.queued.map(|q| Cow::Borrowed(q.end)),
     };
     // A line of strings, numbers and maps of strings always serializes.
     let mut out = serde_json::to_string(&line).unwrap_or_default();
@@ -569,6 +594,11 @@ mod tests {
             hold: Some(Duration::from_secs(30)),
             candidate: Some("refused"),
             candidate_route: Some("api_v2".to_owned()),
+            queued: Some(QueueWait {
+                since: Instant::now(),
+                waited: Some(Duration::from_micros(12_345)),
+                end: "served",
+            }),
         };
         drop(entry);
         let line = queued.recv().unwrap();
@@ -599,6 +629,8 @@ mod tests {
             hold_ms: Some(30_000.0),
             candidate: Some("refused".into()),
             candidate_route: Some("api_v2".into()),
+            queued_ms: Some(12.345),
+            queue: Some("served".into()),
         };
         assert_eq!(read, expected, "{line}");
         assert_eq!(format!("{}\n", serde_json::to_string(&read).unwrap()), line);

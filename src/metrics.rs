@@ -23,6 +23,7 @@ use typed_index_collections::{TiSlice, TiVec};
 use crate::admission::Refused;
 use crate::config::{Config, Limit, LimitAction, LimitId, RouteId};
 use crate::gate::{Decision, Gate};
+use crate::limit::queue::QueueEnd;
 use crate::limit::tenant::Tally;
 use crate::limit::{LimitResult, Limiters, Outcome};
 use crate::store::Store;
@@ -94,6 +95,7 @@ impl PoolMetrics {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RequestOutcome {
     Passed,
+    /// Passed after a wait: a rate limit's delay, or a concurrency limit's queue.
     Delayed,
     Rejected,
     /// Rejected, and the rejection started a ban.
@@ -138,13 +140,16 @@ impl RequestOutcome {
             Decision::Pass { wait, results, .. } => {
                 // One pass, the limit read only for a result over it (in a passed request:
                 // in dry run, or annotating, which would not have refused) or annotated.
-                let (mut dry_rejected, mut annotated) = (false, false);
-                for r in results.iter().filter(|r| r.annotated || r.outcome.is_rejected()) {
+                // A request that waited in a queue has its wait over: its limit says it
+                // was delayed.
+                let (mut dry_rejected, mut annotated, mut queued) = (false, false, false);
+                for r in results.iter().filter(|r| r.annotated || r.outcome != Outcome::Passed) {
                     let limit = &limits[r.limit];
                     dry_rejected |= r.outcome.is_rejected() && limit.action == LimitAction::Refuse;
                     annotated |= r.annotated && !limit.dry_run;
+                    queued |= matches!(r.outcome, Outcome::Delayed(_)) && limit.queue.is_some();
                 }
-                match (dry_rejected, wait.is_zero(), annotated) {
+                match (dry_rejected, wait.is_zero() && !queued, annotated) {
                     (true, ..) => RequestOutcome::DryRunRejected,
                     (false, false, _) => RequestOutcome::Delayed,
                     (false, true, true) => RequestOutcome::Annotated,
@@ -223,6 +228,8 @@ struct RouteSeries {
 struct LimitMetrics {
     decisions: [Counter; DECISIONS.len()],
     delay: Histogram,
+    /// How long requests waited in its queue, if it has one.
+    queue_wait: Option<Histogram>,
 }
 
 /// The counters of one configuration's routes and limits, made from the families that
@@ -246,6 +253,7 @@ struct Families {
     latency: Family<Labels, Histogram>,
     decisions: Family<Labels, Counter>,
     delays: Family<Labels, Histogram>,
+    queue_waits: Family<Labels, Histogram>,
     reloads: Family<Labels, Counter>,
     resolve_failures: Family<Labels, Counter>,
     addresses: Family<Labels, Gauge>,
@@ -348,6 +356,12 @@ impl Metrics {
             "Delays asked by each limit",
             Family::new_with_constructor(delay_histogram as fn() -> Histogram),
         );
+        let queue_waits = registered(
+            r,
+            "limit_queue_wait_seconds",
+            "How long requests waited in each concurrency limit's queue, however the wait ended",
+            Family::new_with_constructor(delay_histogram as fn() -> Histogram),
+        );
         let responses = counters(r, "upstream_responses", "Upstream responses by route and status class");
         let errors = counters(r, "upstream_errors", "Upstream exchanges that got no response, by route and kind");
         let latency = registered(
@@ -416,6 +430,7 @@ impl Metrics {
             latency,
             decisions,
             delays,
+            queue_waits,
             reloads,
             resolve_failures,
             addresses,
@@ -475,6 +490,10 @@ impl Metrics {
                     f.decisions.get_or_create_owned(&vec![("limit", limit.name.clone()), ("outcome", d.to_owned())])
                 }),
                 delay: f.delays.get_or_create_owned(&vec![("limit", limit.name.clone())]),
+                queue_wait: limit
+                    .queue
+                    .as_ref()
+                    .map(|_| f.queue_waits.get_or_create_owned(&vec![("limit", limit.name.clone())])),
             })
             .collect();
         let reloads = ["ok", "failed"].map(|r| f.reloads.get_or_create_owned(&vec![("result", r.to_owned())]));
@@ -552,6 +571,13 @@ impl Metrics {
             }
             Outcome::Rejected(_) => m.decisions[2].inc(),
         };
+    }
+
+    /// Observes a wait of `waited` in the queue of limit `limit`.
+    pub fn queue_wait(&self, limit: LimitId, waited: Duration) {
+        if let Some(histogram) = &self.limits[limit].queue_wait {
+            histogram.observe(waited.as_secs_f64());
+        }
     }
 
     /// Counts an exchange of route `route` with its upstream that took `elapsed`.
@@ -848,6 +874,32 @@ impl Collector for State {
             MetricType::Gauge,
             |i| gauge(l.in_flight(i)),
         )?;
+        // Only limits with a queue have these series.
+        let queues: Vec<(LimitId, &str)> = this
+            .names
+            .iter_enumerated()
+            .filter(|&(i, _)| l.max_wait(i).is_some())
+            .map(|(i, n)| (i, n.as_str()))
+            .collect();
+        if !queues.is_empty() {
+            {
+                let help = "Requests waiting now in each concurrency limit's queue";
+                let mut family = encoder.encode_descriptor("limit_queue_depth", help, None, MetricType::Gauge)?;
+                for &(i, limit) in &queues {
+                    let depth = ConstGauge::new(i64::try_from(l.queued(i)).unwrap_or(i64::MAX));
+                    depth.encode(family.encode_family(&vec![("limit", limit)])?)?;
+                }
+            }
+            let help = "Waits in each concurrency limit's queue, by how they ended: served (a slot), full, timed_out, \
+                        pushed_out (a request of a shorter flow took the place), left (the client went away)";
+            let mut family = encoder.encode_descriptor("limit_queue_ended", help, None, MetricType::Counter)?;
+            for &(i, limit) in &queues {
+                for end in QueueEnd::ALL {
+                    let labels = vec![("limit", limit), ("end", end.as_str())];
+                    ConstCounter::new(l.queue_ended(i, end)).encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
         this.per_limit(
             &mut encoder,
             "limit_evictions",

@@ -79,6 +79,7 @@ pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeM
         }
     }
     let tenant = tenant(e, &at, raw, policy.as_deref().unwrap_or_default());
+    let queue = queue(e, &at, raw, policy.as_deref().unwrap_or_default(), scope);
     Limit {
         name: name.to_owned(),
         key,
@@ -105,7 +106,60 @@ pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeM
         on_invalid_token: raw.on_invalid_token.unwrap_or_default(),
         response: response(e, &at, raw, status),
         tenant,
+        queue,
     }
+}
+
+/// Requests a queue holds unless it says otherwise.
+const DEFAULT_QUEUE_MAX: u64 = 100;
+/// The most a queue holds: each waiting request holds its connection's state meanwhile.
+const MOST_QUEUED: u64 = 1_000_000;
+/// How long a request waits in a queue unless it says otherwise.
+const DEFAULT_QUEUE_WAIT: Duration = Duration::from_secs(2);
+
+/// `queue:`, on a local concurrency limit that refuses without banning: its bound, its
+/// wait and the flows it serves in turn (the client's address unless it says otherwise).
+fn queue(
+    e: &mut Errors<'_>,
+    at: &str,
+    raw: &RawLimit,
+    windows: &[Policy],
+    scope: Scope,
+) -> Option<crate::policy::Queue> {
+    let queue = raw.queue.as_ref()?;
+    let at = format!("{at}.queue");
+    match windows {
+        [Policy::Concurrency { .. }] | [] => {}
+        _ => e.add(
+            at.clone(),
+            "applies to concurrency limits (a request waits for a slot; a rate limit delays with `burst`, as nginx does)",
+        ),
+    }
+    if matches!(scope, Scope::Global { .. }) {
+        e.add(at.clone(), "applies to local concurrency limits (a global limit's slots are leased in Redis)");
+    }
+    if raw.ban.is_some() {
+        e.add(at.clone(), "a limit that bans refuses at once: give either `ban` or `queue`");
+    }
+    if raw.action == Some(LimitAction::Annotate) {
+        e.add(at.clone(), "a limit with `action: annotate` refuses nothing, so nothing waits for it");
+    }
+    let max = queue.max.unwrap_or(DEFAULT_QUEUE_MAX);
+    if !(1..=MOST_QUEUED).contains(&max) {
+        e.add(format!("{at}.max"), format!("must be from 1 to {MOST_QUEUED}"));
+    }
+    let max_wait = e.positive(&format!("{at}.max_wait"), queue.max_wait.as_ref(), DEFAULT_QUEUE_WAIT);
+    let fair_by = match &queue.fair_by {
+        Some(raw) => {
+            let parts = key_parts(e, &format!("{at}.fair_by"), raw);
+            if parts.iter().any(|p| matches!(p, KeyPart::Json(_))) {
+                e.add(format!("{at}.fair_by"), "a flow is told apart by the request's head, not its body (`json:`)");
+            }
+            KeySpec(parts.into())
+        }
+        None => KeySpec([KeyPart::Ip(DEFAULT_IP_PREFIX)].into()),
+    };
+    Some(crate::policy::Queue { max: usize::try_from(max).unwrap_or(usize::MAX), max_wait, fair_by })
 }
 
 /// `limit_from:`: the bounds (amounts on a money budget) and the source, on a limit of

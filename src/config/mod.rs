@@ -371,6 +371,8 @@ pub struct Limit {
     /// Where a key's own count may come from (`limit_from`; `None`: every key has the
     /// limit's).
     pub tenant: Option<crate::policy::tenant::TenantFrom>,
+    /// A concurrency limit's waiting room (`None`: a request without a slot is refused).
+    pub queue: Option<crate::policy::Queue>,
 }
 
 /// A limit's own refusal: its body (written with the limit's name and `Retry-After`),

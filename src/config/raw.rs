@@ -397,6 +397,18 @@ pub struct RawLimit {
     pub on_invalid_token: Option<OnInvalidToken>,
     pub response: Option<RawLimitResponse>,
     pub limit_from: Option<RawLimitFrom>,
+    /// A concurrency limit's waiting room.
+    pub queue: Option<RawQueue>,
+}
+
+/// `queue: { max: 100, max_wait: 2s, fair_by: ip }`: a request a concurrency limit has no
+/// slot for waits for one, in turn by flow.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct RawQueue {
+    pub max: Option<u64>,
+    pub max_wait: Option<String>,
+    pub fair_by: Option<RawKey>,
 }
 
 /// `limit_from: { header: x-tenant-limit, min: 1, max: 1000 }`: each key may have its own

@@ -34,6 +34,7 @@ use smallvec::{SmallVec, smallvec};
 use crate::clock::{Clock, Nanos};
 use crate::config::{Config, LimitId};
 use crate::limit::algorithm::Held;
+use crate::limit::queue::{Handed, Queued};
 use crate::limit::secret::KeySecret;
 use crate::limit::table::Shard;
 use crate::limit::{LimitResult, Limiter, Limiters, Outcome, Standing, Verdict};
@@ -146,7 +147,65 @@ impl Gate {
     /// route's own burst if it gives one), local and global. The request path's one call.
     pub async fn decide(&self, limits: &[LimitUse], src: &KeySource<'_>, cost: u64) -> Decision {
         let Some(store) = &self.store else { return self.check(limits, src, cost) };
-        let chosen = self.choose(limits, src, true);
+        self.decide_chosen(store, self.choose(limits, src, true), src, cost).await
+    }
+
+    /// The limit whose queue the refusal `decision` may wait in: the one limit that
+    /// refuses it is a local concurrency limit with a queue (a request another limit
+    /// refuses too is refused at once, as it would be after waiting).
+    pub fn queue_of(&self, decision: &Decision) -> Option<LimitId> {
+        let Decision::Reject { limit, results, store_error: None, .. } = decision else { return None };
+        self.limiters.get(*limit).queue.as_ref()?;
+        let refusing = |r: &&LimitResult| r.outcome.is_rejected() && self.limiters.get(r.limit).refuses;
+        (results.iter().filter(refusing).count() == 1).then_some(*limit)
+    }
+
+    /// Brings the request `src` that limit `limit` refused (`queue_of`) to that limit's
+    /// queue (`limits`: its route's, as `decide` was given them).
+    pub fn queue(&self, limits: &[LimitUse], src: &KeySource<'_>, limit: LimitId) -> Queued {
+        let count = self.choose(limits, src, false).iter().find(|u| u.limit == limit).and_then(|u| u.count);
+        self.limiters.queue(limit, src, count)
+    }
+
+    /// Decides, as `decide` does, a request that waited in a queue and was `handed` a slot
+    /// of that queue's limit: its other limits decide it now (they may refuse it, and the
+    /// slot goes on to the next waiter); passed, it holds the slot with its others, and
+    /// the queue's limit says it was delayed `waited`.
+    pub async fn decide_holding(
+        &self,
+        limits: &[LimitUse],
+        src: &KeySource<'_>,
+        cost: u64,
+        handed: Handed,
+        waited: Duration,
+    ) -> Decision {
+        let mut chosen = self.choose(limits, src, true);
+        chosen.retain(|u| u.limit != handed.limit);
+        let decision = match &self.store {
+            Some(store) => self.decide_chosen(store, chosen, src, cost).await,
+            None => self.check_chosen::<false>(&chosen, src, cost),
+        };
+        let Decision::Pass { wait, mut results, standings, mut permits, pending, at } = decision else {
+            return decision;
+        };
+        let outcome = Outcome::Delayed(waited);
+        let standing = Standing {
+            limit: handed.limit,
+            window: 0,
+            outcome,
+            remaining: 0,
+            reset: Duration::ZERO,
+            excess: 0.0,
+            banned: false,
+        };
+        let at_limit = results.partition_point(|r| r.limit < handed.limit);
+        results.insert(at_limit, LimitResult::fold(handed.limit, handed.key, &[standing]));
+        permits.hold(handed);
+        Decision::Pass { wait, results, standings, permits, pending, at }
+    }
+
+    /// `decide` of the limits `chosen` for `src`, some of them global (`store`'s).
+    async fn decide_chosen(&self, store: &Arc<Store>, chosen: Chosen, src: &KeySource<'_>, cost: u64) -> Decision {
         let (global, local): (Chosen, Chosen) = chosen.into_iter().partition(|u| store.is_global(u.limit));
         let calls: SmallVec<[Call; 2]> = global
             .iter()

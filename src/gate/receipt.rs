@@ -11,6 +11,7 @@ use smallvec::SmallVec;
 use crate::clock::Nanos;
 use crate::ids::LimitId;
 use crate::limit::Limiters;
+use crate::limit::queue::Handed;
 use crate::policy::charge::{Charge, PriceRow};
 use crate::policy::key::{KeyHash, KeySource};
 use crate::store::{Admissions, Lease};
@@ -191,6 +192,13 @@ impl Permits {
                 limiters.release(slot.limit, slot.key);
             }
         }
+    }
+
+    /// Holds `handed`, a slot the request waited for in a queue.
+    pub(super) fn hold(&mut self, handed: Handed) {
+        let (limiters, limit, key) = handed.take();
+        self.limiters.get_or_insert(limiters);
+        self.slots.push(Slot { limit, key });
     }
 
     /// Adds `other`'s slots (the same request's, taken in a second step).

@@ -742,3 +742,172 @@ fn the_limits_missing_a_key_are_those_that_decide_the_request_and_count_it_as_mi
     with_key.insert("x-key", "k".parse().unwrap());
     assert_eq!(missing([198, 51, 100, 2], &with_key), [3]);
 }
+
+/// A concurrency limit of one slot with a queue (`queue` inside its braces), fair by
+/// `x-user`, and a rate limit beside it on route 1.
+mod queues {
+    use super::*;
+    use crate::limit::queue::{QueueEnd, Queued, Ticket};
+
+    const T0: u64 = 1_700_000_000_000_000_000;
+
+    fn gate(queue: &str) -> (Gate, ManualClock, crate::config::Config) {
+        gate_of(&format!(
+            "limits:
+  c: {{ key: ip, concurrency: 1, queue: {{ fair_by: \"header:x-user\", {queue} }} }}
+  r: {{ key: ip, rate: 1r/m, burst: 1, nodelay: true }}
+routes:
+  - {{ match: {{ path: /c }}, limits: [c], respond: {{ status: 200 }} }}
+  - {{ match: {{ path: /cr }}, limits: [c, r], respond: {{ status: 200 }} }}
+"
+        ))
+    }
+
+    fn headers(user: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert("x-user", user.parse().unwrap());
+        headers
+    }
+
+    /// Decides a request of `user` through route `route`, and brings it to the queue if
+    /// the concurrency limit refuses it.
+    fn come(gate: &Gate, config: &crate::config::Config, route: usize, user: &str) -> Result<Decision, Queued> {
+        let headers = headers(user);
+        let src = KeySource::get(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), "/", &headers);
+        let limits = &config.routes[RouteId::from(route)].limits;
+        let decision = gate.check(limits, &src, 1);
+        match gate.queue_of(&decision) {
+            Some(limit) => Err(gate.queue(limits, &src, limit)),
+            None => Ok(decision),
+        }
+    }
+
+    fn waiting(queued: Result<Decision, Queued>) -> Ticket {
+        match queued {
+            Err(Queued::Waiting(ticket)) => ticket,
+            _ => panic!("not waiting"),
+        }
+    }
+
+    fn permits(decision: Result<Decision, Queued>) -> crate::gate::Permits {
+        match decision {
+            Ok(Decision::Pass { permits, .. }) => permits,
+            _ => panic!("not passed"),
+        }
+    }
+
+    #[tokio::test]
+    async fn slots_given_back_go_round_the_flows_in_turn() {
+        let (gate, _, config) = gate("max: 10");
+        let held = permits(come(&gate, &config, 0, "a"));
+        let tickets: Vec<(&str, Ticket)> =
+            ["a", "a", "a", "b", "c"].into_iter().map(|u| (u, waiting(come(&gate, &config, 0, u)))).collect();
+        // Places in the round when each came: a's one after another; b's first and c's
+        // first each after the first of every flow before it.
+        let positions: Vec<usize> = tickets.iter().map(|(_, t)| t.position).collect();
+        assert_eq!(positions, [1, 2, 3, 2, 3]);
+        let mut holder = held;
+        let mut order = Vec::new();
+        let mut pending: Vec<_> = tickets.into_iter().map(|(u, t)| (u, Box::pin(t.wait()))).collect();
+        while !pending.is_empty() {
+            drop(holder);
+            // The one the slot went to.
+            let (i, slot) = pending
+                .iter_mut()
+                .enumerate()
+                .find_map(|(i, (_, w))| Some((i, futures_util::FutureExt::now_or_never(w.as_mut())?.unwrap())))
+                .expect("a slot handed on");
+            order.push(pending.remove(i).0);
+            holder = crate::gate::Permits::default();
+            holder.hold(slot);
+        }
+        assert_eq!(order, ["a", "b", "c", "a", "a"]);
+        drop(holder);
+        assert_eq!(gate.limiters().in_flight(LimitId::from(0)), 0);
+        assert_eq!(gate.limiters().queue_ended(LimitId::from(0), QueueEnd::Served), 5);
+    }
+
+    #[tokio::test]
+    async fn a_full_room_pushes_out_the_longest_flows_newest_or_refuses_the_longest_flow() {
+        let (gate, _, config) = gate("max: 3");
+        let _held = permits(come(&gate, &config, 0, "a"));
+        let a: Vec<Ticket> = (0..3).map(|_| waiting(come(&gate, &config, 0, "a"))).collect();
+        // a's fourth: its flow is the longest, refused, after the whole wait (no hand-off
+        // seen yet).
+        match come(&gate, &config, 0, "a") {
+            Err(Queued::Refused { end: QueueEnd::Full, retry_after }) => {
+                assert_eq!(retry_after, Duration::from_secs(2))
+            }
+            _ => panic!("a's fourth not refused"),
+        }
+        // b's first takes the place of a's newest.
+        let b = waiting(come(&gate, &config, 0, "b"));
+        let mut a = a.into_iter();
+        let (first, second, third) = (a.next().unwrap(), a.next().unwrap(), a.next().unwrap());
+        assert!(matches!(third.wait().await, Err((QueueEnd::PushedOut, _))));
+        // b's second: b has one, a two: a flow of two is not longer than b's with it.
+        assert!(matches!(come(&gate, &config, 0, "b"), Err(Queued::Refused { end: QueueEnd::Full, .. })));
+        drop((first, second, b));
+        assert_eq!(gate.limiters().queued(LimitId::from(0)), 0);
+        assert_eq!(gate.limiters().queue_ended(LimitId::from(0), QueueEnd::Left), 3);
+    }
+
+    #[tokio::test]
+    async fn a_waiter_that_left_gets_no_slot_and_a_slot_nobody_waits_for_is_freed() {
+        let (gate, _, config) = gate("max: 10");
+        let held = permits(come(&gate, &config, 0, "a"));
+        let gone = waiting(come(&gate, &config, 0, "a"));
+        let stays = waiting(come(&gate, &config, 0, "b"));
+        drop(gone);
+        drop(held);
+        let slot = stays.wait().await.expect("the slot went to the one still waiting");
+        drop(slot);
+        // Freed: the next request takes it at once, without a queue.
+        assert!(come(&gate, &config, 0, "c").is_ok());
+    }
+
+    #[tokio::test]
+    async fn the_expected_wait_is_the_gap_between_hand_offs_times_the_requests_ahead() {
+        let (gate, clock, config) = gate("max: 2, max_wait: 30s");
+        clock.set(Nanos(T0));
+        let mut held = permits(come(&gate, &config, 0, "a"));
+        for at in [100, 300] {
+            let next = waiting(come(&gate, &config, 0, "a"));
+            clock.set(Nanos(T0 + at * 1_000_000));
+            drop(held);
+            let mut p = crate::gate::Permits::default();
+            p.hold(next.wait().await.unwrap());
+            held = p;
+        }
+        // Gaps of 200 ms since the first hand-off: the second of two waiting expects 400.
+        let _waiting = [waiting(come(&gate, &config, 0, "a")), waiting(come(&gate, &config, 0, "a"))];
+        match come(&gate, &config, 0, "a") {
+            Err(Queued::Refused { retry_after, .. }) => assert_eq!(retry_after, Duration::from_millis(400)),
+            _ => panic!("not refused"),
+        }
+        drop(held);
+    }
+
+    #[tokio::test]
+    async fn a_request_another_limit_refuses_does_not_queue_and_one_refused_after_its_wait_passes_the_slot_on() {
+        let (gate, _, config) = gate("max: 10");
+        let headers = headers("a");
+        let src = KeySource::get(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), "/", &headers);
+        let both = &config.routes[RouteId::from(1)].limits;
+        let held = permits(come(&gate, &config, 1, "a"));
+        // r admits one more now (burst 1): this one waits for c.
+        let next = waiting(come(&gate, &config, 1, "a"));
+        assert!(passes(&gate.check(&plain(&[1]), &src, 1)), "r's second");
+        // c and r both refuse this one: refused at once, not queued.
+        assert!(matches!(come(&gate, &config, 1, "a"), Ok(Decision::Reject { .. })));
+        let third = waiting(come(&gate, &config, 0, "b"));
+        drop(held);
+        let slot = next.wait().await.unwrap();
+        // r refuses it now: the slot goes on to b.
+        let decision = gate.decide_holding(both, &src, 1, slot, Duration::from_millis(5)).await;
+        assert!(matches!(decision, Decision::Reject { .. }));
+        drop(decision);
+        let slot = third.wait().await.expect("the slot passed on");
+        assert_eq!(slot.limit, LimitId::from(0));
+    }
+}

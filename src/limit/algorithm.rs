@@ -150,6 +150,11 @@ impl Held<'_> {
         }
     }
 
+    /// Whether `key` holds slots here (a concurrency limit's; other algorithms: false).
+    pub fn holds(&self, KeyHash(key): KeyHash) -> bool {
+        matches!(self, Held::Concurrency(_, _, shard) if shard.get(key).is_some())
+    }
+
     /// Where `key` stands at `now`, nothing taken: the units a request could still have,
     /// and until the full quota is back (ns). What a window that admitted a request some
     /// other limit refused tells the client: the request did not count.

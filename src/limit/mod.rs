@@ -12,6 +12,7 @@ pub(crate) mod gcra_cases;
 pub mod inspect;
 pub mod key_text;
 pub mod leaky_bucket;
+pub mod queue;
 pub mod secret;
 mod shards;
 pub mod sliding_log;
@@ -91,6 +92,8 @@ pub(crate) struct Limiter {
     max_keys: usize,
     /// Its keys' own counts (`limit_from`), kept by a reload that keeps its name.
     pub(crate) tenant: Option<tenant::Tenant>,
+    /// Where a request it has no slot for waits for one (a concurrency limit's `queue:`).
+    pub(crate) queue: Option<queue::Queue>,
 }
 
 /// When a limit annotates a request (soft limits): over it (`action: annotate`), and from
@@ -478,8 +481,64 @@ impl Limiters {
         }
     }
 
-    /// Gives back a concurrency slot of limit `limit` held by `key`.
-    pub(crate) fn release(&self, limit: LimitId, key: KeyHash) {
+    /// Gives back a concurrency slot of limit `limit` held by `key`: to the next request
+    /// waiting for one, if the limit has a queue and one waits.
+    pub(crate) fn release(self: &Arc<Self>, limit: LimitId, key: KeyHash) {
+        match &self.limits[limit].queue {
+            Some(queue) => queue.rooms.hand_off(self, limit, key, || self.free(limit, key)),
+            None => self.free(limit, key),
+        }
+    }
+
+    /// A request of `src` that limit `limit` (a concurrency limit with a queue) refused
+    /// for want of a slot comes to its queue: it takes a slot freed meanwhile, or waits
+    /// in its key's room (`count`: the key's own count of slots, `limit_from`).
+    pub fn queue(self: &Arc<Self>, limit: LimitId, src: &KeySource<'_>, count: Option<u64>) -> queue::Queued {
+        let limiter = &self.limits[limit];
+        let (Some(queue), Some(key)) = (&limiter.queue, self.key_hash(limit, src)) else {
+            return queue::Queued::Refused { end: queue::QueueEnd::Full, retry_after: Duration::ZERO };
+        };
+        let flow = queue.fair_by.hash_any(src, &self.secret.seed).0.0;
+        queue.rooms.join(queue, key, flow, || {
+            let Some(window) = limiter.windows.first() else { return queue::Take::NoRoom };
+            let mut held = window.lock_as(key, None, limiter.count(count));
+            let now = self.clock.now();
+            match held.decide(key, now, 1) {
+                Verdict::Admit { state, .. } => {
+                    held.store(key, state, now, 1);
+                    queue::Take::Slot(queue::Handed::new(Arc::clone(self), limit, key))
+                }
+                Verdict::Reject { .. } if held.holds(key) => queue::Take::Busy,
+                Verdict::Reject { .. } => queue::Take::NoRoom,
+            }
+        })
+    }
+
+    /// Where a request of `src` would stand in the queue of `limit` now, nothing taken:
+    /// the requests waiting for its key's slots, and its place in the round if it joined.
+    pub fn queue_stands(&self, limit: LimitId, src: &KeySource<'_>) -> Option<(usize, usize)> {
+        let queue = self.limits[limit].queue.as_ref()?;
+        let key = self.key_hash(limit, src)?;
+        queue.rooms.would_stand(key, queue.fair_by.hash_any(src, &self.secret.seed).0.0)
+    }
+
+    /// Requests waiting in the queue of `limit` now (0 without one).
+    pub fn queued(&self, limit: LimitId) -> u64 {
+        self.limits[limit].queue.as_ref().map_or(0, |q| q.rooms.waiting())
+    }
+
+    /// Waits in the queue of `limit` that ended so, since start.
+    pub fn queue_ended(&self, limit: LimitId, end: queue::QueueEnd) -> u64 {
+        self.limits[limit].queue.as_ref().map_or(0, |q| q.rooms.ended(end))
+    }
+
+    /// The longest a request waits in the queue of `limit`, if it has one.
+    pub fn max_wait(&self, limit: LimitId) -> Option<Duration> {
+        self.limits[limit].queue.as_ref().map(|q| q.max_wait)
+    }
+
+    /// Frees a concurrency slot of limit `limit` held by `key`.
+    fn free(&self, limit: LimitId, key: KeyHash) {
         let Some(Algorithm::Concurrency(_, table)) = self.limits[limit].windows.first() else { return };
         let mut shard = table.lock(key.0);
         match shard.get(key.0) {
@@ -560,6 +619,9 @@ impl Limiter {
         self.max_keys = old.max_keys;
         self.missing = Arc::clone(&old.missing);
         self.charged = Arc::clone(&old.charged);
+        if let (Some(queue), Some(old_queue)) = (&mut self.queue, &old.queue) {
+            queue.rooms = Arc::clone(&old_queue.rooms);
+        }
         true
     }
 }
@@ -599,6 +661,7 @@ fn limiter(limit: &Limit) -> Limiter {
         share,
         max_keys: limit.max_keys,
         tenant: limit.tenant.clone().map(|from| tenant::Tenant { from, set: Arc::default() }),
+        queue: limit.queue.as_ref().map(queue::Queue::new),
     }
 }
 

@@ -18,6 +18,17 @@ use serde::{Deserialize, Serialize};
 use crate::ids::LimitId;
 use calendar::Calendar;
 
+/// A concurrency limit's waiting room (`queue:`): a request that finds no slot waits for
+/// one, in a queue of at most `max` requests for the limit's key, each for `max_wait` at
+/// most; the slots freed are handed to the waiting requests in turn by the flows that
+/// `fair_by` tells apart (one request of each flow waiting, then the next of each).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Queue {
+    pub max: usize,
+    pub max_wait: Duration,
+    pub fair_by: key::KeySpec,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Policy {
     /// Request rate with nginx `limit_req` semantics. GCRA, the token bucket and the

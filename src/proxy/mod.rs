@@ -29,7 +29,7 @@ use typed_index_collections::{TiSlice, TiVec};
 
 use arc_swap::ArcSwapOption;
 
-use crate::access_log::{self, AccessLog};
+use crate::access_log::{self, AccessLog, QueueWait};
 use crate::admission::hold::{Hold, HoldKey, Holds};
 use crate::admission::{self, Asked, AskedBody, Decide, Origin, Refused, Verdict, Way};
 use crate::candidate::Candidate;
@@ -40,6 +40,7 @@ use crate::gate::{Decision, Gate, Pending, Permits};
 use crate::grpc;
 use crate::hop::{self, Hop};
 use crate::jwks;
+use crate::limit::queue::{QueueEnd, Queued};
 use crate::limit::secret::KeySecret;
 use crate::limit::{LimitResult, Limiters, Outcome, Shown};
 use crate::metrics::{Metrics, RequestOutcome, UPSTREAM_HOLD, UpstreamResult};
@@ -276,6 +277,7 @@ impl Proxy {
                 let mut admitted = self.admission(head, framing, conn);
                 if matches!(admitted.verdict, Verdict::ReadBody | Verdict::Pending)
                     || self.candidate_live.load(Ordering::Relaxed)
+                    || self.queue_for(&admitted).is_some()
                 {
                     Box::pin(self.admit_later(admitted, head, framing, body, conn, ctx))
                 } else {
@@ -359,10 +361,61 @@ impl Proxy {
             };
             admitted.verdict = Verdict::Decided(decision);
         }
+        if let Some(limit) = self.queue_for(&admitted) {
+            self.wait_in_queue(&mut admitted, limit, ctx).await;
+        }
         if let Some(candidate) = self.candidate() {
             self.judge(&candidate, &admitted, head, framing, conn, ctx).await;
         }
         self.act(&mut admitted, head, conn, ctx)
+    }
+
+    /// The limit whose queue the request `admitted` waits in: a refusal by a concurrency
+    /// limit with a queue (`Gate::queue_of`).
+    fn queue_for(&self, admitted: &admission::Admission<'_>) -> Option<LimitId> {
+        match &admitted.verdict {
+            Verdict::Decided(decision @ Decision::Reject { .. }) => self.gate.queue_of(decision),
+            _ => None,
+        }
+    }
+
+    /// Brings the request `admitted`, which concurrency limit `limit` has no slot for, to
+    /// that limit's queue: handed a slot there, it is decided again by its other limits
+    /// (`Gate::decide_holding`); refused there (full, or its wait over), it keeps its
+    /// refusal, with the `Retry-After` the queue expects a slot after. A client that goes
+    /// away while waiting drops this future: its request leaves the queue and never
+    /// reaches the upstream. (Awaited in the boxed part of `admit`: a request that never
+    /// queues carries no room for it.)
+    async fn wait_in_queue(&self, admitted: &mut admission::Admission<'_>, limit: LimitId, ctx: &mut RequestCtx) {
+        let (Some(front), Some(cost)) = (&admitted.front, admitted.cost) else { return };
+        let since = Instant::now();
+        let ended = match self.gate.queue(&admitted.limits, &front.src, limit) {
+            Queued::Taken(handed) => Ok(handed),
+            Queued::Waiting(ticket) => {
+                // Its line, written if its client goes away meanwhile, says so.
+                ctx.log(|e| e.queued = Some(QueueWait { since, waited: None, end: QueueEnd::Left.as_str() }));
+                ticket.wait().await
+            }
+            Queued::Refused { end, retry_after } => Err((end, retry_after)),
+        };
+        let waited = since.elapsed();
+        self.metrics.queue_wait(limit, waited);
+        let end = ended.as_ref().map_or_else(|&(end, _)| end, |_| QueueEnd::Served);
+        ctx.log(|e| e.queued = Some(QueueWait { since, waited: Some(waited), end: end.as_str() }));
+        match ended {
+            Ok(handed) => {
+                let decision = self.gate.decide_holding(&admitted.limits, &front.src, cost, handed, waited).await;
+                admitted.verdict = Verdict::Decided(decision);
+            }
+            Err((_, expected)) => {
+                if let Verdict::Decided(Decision::Reject { retry_after, results, .. }) = &mut admitted.verdict {
+                    *retry_after = expected;
+                    for r in results.iter_mut().filter(|r| r.limit == limit) {
+                        r.outcome = Outcome::Rejected(expected);
+                    }
+                }
+            }
+        }
     }
 
     /// Has the live `candidate` decide the request as well, beside the enforced

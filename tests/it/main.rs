@@ -47,6 +47,7 @@ mod pacing;
 mod paths;
 mod persist;
 mod promises;
+mod queue;
 mod redis;
 mod reload;
 mod routing;

@@ -256,6 +256,7 @@ mod tests {
             on_invalid_token: Default::default(),
             response: None,
             tenant: None,
+            queue: None,
         }
     }
 

@@ -1,0 +1,234 @@
+//! A concurrency limit's queue (`queue:`), through the binary: a request without a slot
+//! waits for one, the slots go round the flows, a client that leaves never reaches the
+//! backend, a full room or a wait too long is refused with the queue's `Retry-After`,
+//! and a reload keeps the waiters.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::Full;
+
+use crate::common::*;
+
+/// One slot per client address; `queue` the inside of the limit's `queue: { }`.
+fn queued(backend: &Backend, queue: &str, log: &std::path::Path) -> Conf {
+    Conf::new()
+        .admin()
+        .upstream(backend)
+        .set(&format!("access_log: {{ format: json, path: \"{}\" }}", log.display()))
+        .limit("c", &format!("key: ip, concurrency: 1, queue: {{ {queue} }}"))
+        .forwarding("c")
+}
+
+/// Requests waiting in limit `c`'s queue now.
+async fn depth(sg: &Sluicegate) -> f64 {
+    Metrics::of(sg).await.value("sluicegate_limit_queue_depth{limit=\"c\"}")
+}
+
+/// Sends `GET path` as `user`, in the background.
+fn send(sg: &Sluicegate, path: &str, user: &'static str) -> tokio::task::JoinHandle<Reply> {
+    let (addr, path) = (sg.addr, path.to_owned());
+    tokio::spawn(async move { get(addr, &path, &[("x-user", user)]).await })
+}
+
+/// Sends `GET path` as `user` and waits until it is in the queue (`waiting` then).
+async fn join(sg: &Sluicegate, path: &str, user: &'static str, waiting: f64) -> tokio::task::JoinHandle<Reply> {
+    let sent = send(sg, path, user);
+    wait_until(&format!("{path} in the queue"), Duration::from_secs(10), async || depth(sg).await == waiting).await;
+    sent
+}
+
+/// The JSON access log lines whose target is `target`.
+fn line_of(lines: &[String], target: &str) -> serde_json::Value {
+    lines
+        .iter()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|l| l["target"] == target)
+        .unwrap_or_else(|| panic!("no line for {target} in {lines:#?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_without_a_slot_waits_for_one_and_the_slots_go_round_the_flows() {
+    let backend = Backend::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let sg = queued(&backend, "max: 10, max_wait: 30s, fair_by: \"header:x-user\"", &log).start();
+    let first = send(&sg, "/held?a1", "a");
+    wait_until("a1 at the backend", Duration::from_secs(10), async || backend.hits().len() == 1).await;
+    // Three wait: two of client a, then one of client b.
+    let waiting = [join(&sg, "/held?a2", "a", 1.0).await, join(&sg, "/held?a3", "a", 2.0).await];
+    let b = join(&sg, "/held?b1", "b", 3.0).await;
+    backend.gate.add_permits(4);
+    assert_eq!(first.await.unwrap().status, 200);
+    for w in waiting {
+        assert_eq!(w.await.unwrap().status, 200);
+    }
+    assert_eq!(b.await.unwrap().status, 200);
+    // Each slot given back went to the next flow in turn: b's request before a's second,
+    // though it came after it (first come, first served would send a3 before b1).
+    let order: Vec<String> = backend.hits().iter().map(|h| h.path_and_query.clone()).collect();
+    assert_eq!(order, ["/held?a1", "/held?a2", "/held?b1", "/held?a3"]);
+    let metrics = Metrics::of(&sg).await;
+    assert_eq!(metrics.value("sluicegate_limit_queue_ended_total{limit=\"c\",end=\"served\"}"), 3.0);
+    assert_eq!(metrics.value("sluicegate_limit_queue_depth{limit=\"c\"}"), 0.0);
+    assert_eq!(metrics.value("sluicegate_limit_queue_wait_seconds_count{limit=\"c\"}"), 3.0);
+    // A wait is a delay by the limit: counted as one, not as a refusal.
+    assert_eq!(metrics.value("sluicegate_limit_decisions_total{limit=\"c\",outcome=\"delayed\"}"), 3.0);
+    assert_eq!(metrics.get("sluicegate_limit_decisions_total{limit=\"c\",outcome=\"rejected\"}").unwrap_or(0.0), 0.0);
+    let lines = crate::logs::access_lines(&log, 4);
+    let b1 = line_of(&lines, "/held?b1");
+    assert_eq!(b1["queue"], "served", "{b1}");
+    assert!(b1["queued_ms"].as_f64().is_some_and(|ms| ms > 0.0), "{b1}");
+    assert_eq!(b1["outcome"], "delayed", "{b1}");
+    let a1 = line_of(&lines, "/held?a1");
+    assert!(a1.get("queue").is_none() && a1.get("queued_ms").is_none(), "{a1}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_the_queue_never_reaches_the_backend() {
+    let backend = Backend::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let sg = queued(&backend, "max: 10, max_wait: 30s", &log).start();
+    let first = send(&sg, "/held?first", "a");
+    wait_until("the first at the backend", Duration::from_secs(10), async || backend.hits().len() == 1).await;
+    // HTTP/1: the connection closes.
+    join(&sg, "/held?gone-h1", "a", 1.0).await.abort();
+    wait_until("the HTTP/1 client out of the queue", Duration::from_secs(10), async || depth(&sg).await == 0.0).await;
+    // HTTP/2: the stream is reset (its response future dropped), the connection stays.
+    let mut h2 = h2c::<Full<Bytes>>(sg.addr).await;
+    let req = Request::get("http://test.local/held?gone-h2").body(Full::new(Bytes::new())).unwrap();
+    let stream = tokio::spawn(async move { h2.send_request(req).await.map(|r| r.status()) });
+    wait_until("the HTTP/2 stream in the queue", Duration::from_secs(10), async || depth(&sg).await == 1.0).await;
+    stream.abort();
+    wait_until("the HTTP/2 stream out of the queue", Duration::from_secs(10), async || depth(&sg).await == 0.0).await;
+    let metrics = Metrics::of(&sg).await;
+    assert_eq!(metrics.value("sluicegate_limit_queue_ended_total{limit=\"c\",end=\"left\"}"), 2.0);
+    backend.gate.add_permits(2);
+    assert_eq!(first.await.unwrap().status, 200);
+    // The slot the first gave back was free: nobody waited for it.
+    assert_eq!(get(sg.addr, "/held?after", &[]).await.status, 200);
+    let order: Vec<String> = backend.hits().iter().map(|h| h.path_and_query.clone()).collect();
+    assert_eq!(order, ["/held?first", "/held?after"], "a request that left the queue reached the backend");
+    let lines = crate::logs::access_lines(&log, 4);
+    let gone = line_of(&lines, "/held?gone-h1");
+    assert_eq!(gone["queue"], "left", "{gone}");
+    assert!(gone["queued_ms"].as_f64().is_some_and(|ms| ms > 0.0), "{gone}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_room_pushes_out_the_longest_flow_and_a_wait_too_long_is_refused_with_the_queues_retry_after() {
+    let backend = Backend::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let sg = queued(&backend, "max: 2, max_wait: 1500ms, fair_by: \"header:x-user\"", &log).start();
+    let first = send(&sg, "/held?first", "a");
+    wait_until("the first at the backend", Duration::from_secs(10), async || backend.hits().len() == 1).await;
+    let a2 = join(&sg, "/held?a2", "a", 1.0).await;
+    let a3 = join(&sg, "/held?a3", "a", 2.0).await;
+    // Full, and a's flow is the longest: a's next is refused at once.
+    let a4 = get(sg.addr, "/held?a4", &[("x-user", "a")]).await;
+    assert_eq!(a4.status, 429);
+    // b's first pushes out a's newest: a flow of two against one of none.
+    let b1 = send(&sg, "/held?b1", "b");
+    let pushed = a3.await.unwrap();
+    assert_eq!(pushed.status, 429);
+    // No slot was handed on yet: the queue expects one after its whole wait.
+    assert_eq!(pushed.header("retry-after"), Some("2"), "{:?}", pushed.text());
+    // Nobody gives a slot back: a2 and b1 wait their 1.5 s and are refused.
+    for waited in [a2, b1] {
+        let waited = waited.await.unwrap();
+        assert_eq!(waited.status, 429);
+        assert!(waited.header("retry-after").is_some());
+    }
+    let metrics = Metrics::of(&sg).await;
+    for (end, n) in [("full", 1.0), ("pushed_out", 1.0), ("timed_out", 2.0), ("served", 0.0)] {
+        assert_eq!(metrics.value(&format!("sluicegate_limit_queue_ended_total{{limit=\"c\",end=\"{end}\"}}")), n);
+    }
+    backend.gate.add_permits(1);
+    assert_eq!(first.await.unwrap().status, 200);
+    let lines = crate::logs::access_lines(&log, 5);
+    for (target, end) in [("/held?a4", "full"), ("/held?a3", "pushed_out"), ("/held?a2", "timed_out")] {
+        let line = line_of(&lines, target);
+        assert_eq!((line["queue"].as_str(), line["outcome"].as_str()), (Some(end), Some("rejected")), "{line}");
+    }
+    let b1 = line_of(&lines, "/held?b1");
+    assert!(b1["queued_ms"].as_f64().is_some_and(|ms| ms >= 1500.0), "{b1}");
+    let order: Vec<String> = backend.hits().iter().map(|h| h.path_and_query.clone()).collect();
+    assert_eq!(order, ["/held?first"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_retry_after_of_a_refusal_is_the_queues_expected_wait() {
+    let backend = Backend::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let sg = queued(&backend, "max: 4, max_wait: 30s", &log).start();
+    let mut sent = vec![send(&sg, "/held?first", "a")];
+    wait_until("the first at the backend", Duration::from_secs(10), async || backend.hits().len() == 1).await;
+    for i in 0..4 {
+        sent.push(join(&sg, &format!("/held?w{i}"), "a", f64::from(i + 1)).await);
+    }
+    // Two slots handed on, milliseconds apart: the queue measures the gap.
+    for served in [2, 3] {
+        backend.gate.add_permits(1);
+        wait_until("a slot handed on", Duration::from_secs(10), async || backend.hits().len() == served).await;
+    }
+    for i in 4..6 {
+        sent.push(join(&sg, &format!("/held?w{i}"), "a", f64::from(i - 1)).await);
+    }
+    // Full: refused, expecting a slot after five gaps (well under a second), not after
+    // its whole wait of 30 s.
+    let refused = get(sg.addr, "/held?late", &[]).await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    backend.gate.add_permits(8);
+    for s in sent {
+        assert_eq!(s.await.unwrap().status, 200);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_keeps_the_queues_waiters() {
+    let backend = Backend::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let conf = queued(&backend, "max: 10, max_wait: 30s", &log);
+    let sg = conf.start();
+    let first = send(&sg, "/held?first", "a");
+    wait_until("the first at the backend", Duration::from_secs(10), async || backend.hits().len() == 1).await;
+    let waiter = join(&sg, "/held?waiter", "a", 1.0).await;
+    sg.reload(&conf.yaml().replace("max_wait: 30s", "max_wait: 20s"));
+    assert_eq!(depth(&sg).await, 1.0, "the reload lost the waiter");
+    backend.gate.add_permits(2);
+    assert_eq!(first.await.unwrap().status, 200);
+    assert_eq!(waiter.await.unwrap().status, 200);
+    let order: Vec<String> = backend.hits().iter().map(|h| h.path_and_query.clone()).collect();
+    assert_eq!(order, ["/held?first", "/held?waiter"]);
+}
+
+#[test]
+fn check_names_every_misplaced_queue_field() {
+    let limit = |fields: &str| {
+        let yaml = format!(
+            "listen: 127.0.0.1:0\nlimits:\n  c: {{ key: ip, {fields} }}\nroutes:\n  - {{ limits: [c], respond: {{ status: 200 }} }}\n"
+        );
+        let (code, stderr) = check_bounded(&yaml);
+        assert_eq!(code, Some(1), "{fields}: {stderr}");
+        stderr
+    };
+    for (fields, expected) in [
+        ("rate: 1r/s, queue: { max: 5 }", "limits.c.queue: applies to concurrency limits"),
+        ("concurrency: 2, ban: 1m, queue: {}", "limits.c.queue: a limit that bans refuses at once"),
+        ("concurrency: 2, queue: { max: 0 }", "limits.c.queue.max: must be from 1 to"),
+        ("concurrency: 2, queue: { max_wait: 0s }", "limits.c.queue.max_wait:"),
+        ("concurrency: 2, queue: { fair_by: \"json:user\" }", "limits.c.queue.fair_by: a flow is told apart"),
+        ("concurrency: 2, queue: { fair_by: \"nope:x\" }", "limits.c.queue.fair_by:"),
+        ("concurrency: 2, queue: { size: 3 }", "size"),
+        ("concurrency: 2, action: annotate, queue: {}", "limits.c.queue: a limit with `action: annotate`"),
+    ] {
+        let stderr = limit(fields);
+        assert!(stderr.contains(expected), "{fields}: {expected} not in\n{stderr}");
+    }
+}
