@@ -176,6 +176,17 @@ pub struct LimitWords<'a> {
     /// Where a key's own count may come from, and its bounds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub limit_from: Option<LimitFromWords>,
+    /// A concurrency limit's queue.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueueWords>,
+}
+
+/// `queue:` as the file writes it, defaults included.
+#[derive(Serialize)]
+pub struct QueueWords {
+    pub max: usize,
+    pub max_wait: String,
+    pub fair_by: Vec<String>,
 }
 
 /// `limit_from:` as the file writes it: its source (`header` or `jwt`, or neither: only
@@ -429,6 +440,11 @@ impl<'a> LimitWords<'a> {
                     .collect(),
                 min: Amount::of(t.min, t.money),
                 max: Amount::of(t.max, t.money),
+            }),
+            queue: limit.queue.as_ref().map(|q| QueueWords {
+                max: q.max,
+                max_wait: span(q.max_wait),
+                fair_by: q.fair_by.0.iter().map(ToString::to_string).collect(),
             }),
             dry_run: limit.dry_run,
             headers: limit.headers,

@@ -13,6 +13,7 @@ use super::history::{History, MAX_SHOWN};
 use crate::admission::hold::HoldTable;
 use crate::config::words::{LimitWords, RouteWords};
 use crate::config::{Config, LimitId, RouteId};
+use crate::limit::queue::QueueEnd;
 use crate::policy::Policy;
 use crate::proxy::Proxy;
 use crate::running::{Reload, Running};
@@ -115,6 +116,13 @@ fn limit(proxy: &Proxy, history: &History, index: LimitId, seconds: usize) -> Va
     let mut shown = json!({
         "keys": limiters.keys(index),
         "in_flight": limit.windows.iter().any(Policy::is_concurrency).then(|| limiters.in_flight(index)),
+        // Its queue: requests waiting now, and how waits ended since start.
+        "queue": limit.queue.as_ref().map(|q| {
+            let ended = |end| limiters.queue_ended(index, end);
+            let refused: u64 = [QueueEnd::Full, QueueEnd::TimedOut, QueueEnd::PushedOut].into_iter().map(ended).sum();
+            json!({ "waiting": limiters.queued(index), "max": q.max, "served": ended(QueueEnd::Served),
+                    "refused": refused, "left": ended(QueueEnd::Left) })
+        }),
         "evictions": limiters.evictions(index),
         "missing_key": limiters.missing(index),
         // Keys with a count of their own (`limit_from`): given by the operator, and the

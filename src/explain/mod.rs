@@ -126,8 +126,9 @@ pub struct LimitExplained {
     pub before: Option<KeyState>,
     /// Where each window stands once the request is decided (as it was, if refused).
     pub after: Vec<WindowAfter>,
-    /// `passed`, `delayed`, `rejected`, `banned` or `annotated` (a dry-run limit's: what
-    /// it would do).
+    /// `passed`, `delayed`, `rejected`, `banned`, `annotated`, or `queued` (no slot of a
+    /// concurrency limit with a queue is free: the request would wait for one) (a dry-run
+    /// limit's: what it would do).
     pub outcome: Option<String>,
     /// The currency it counts, a money budget's: its `remaining` are micro-units of it.
     #[serde(default)]
@@ -145,6 +146,24 @@ pub struct LimitExplained {
     /// never of a request another limit refuses).
     #[serde(default)]
     pub annotated: bool,
+    /// Its queue (a concurrency limit's `queue:`), and where the request would stand in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueueExplained>,
+}
+
+/// A concurrency limit's queue, as a request finds it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QueueExplained {
+    pub max: usize,
+    pub max_wait_ms: f64,
+    /// What tells its flows apart, and the request's flow, written as keys are.
+    pub fair_by: String,
+    pub flow: String,
+    /// Requests waiting for the key's slots now.
+    pub waiting: usize,
+    /// The request would wait (the limit has no slot for it and refuses nothing else):
+    /// its place in the round, itself included.
+    pub position: Option<usize>,
 }
 
 /// One window once the request is decided.
@@ -343,6 +362,14 @@ pub fn explain(
                     })
                     .collect();
                 explanation.answer = answer(config, route, decision, grpc);
+                if let Some(limit) = gate.queue_of(decision) {
+                    explanation.notes.push(format!(
+                        "limit {} has no slot free for it: it would wait in the limit's queue, and be forwarded \
+                         once handed a slot (if its other limits still admit it); the answer is its refusal if \
+                         none comes within max_wait",
+                        config.limits[limit].name
+                    ));
+                }
             }
         }
         // A preview never asks Redis; a body is given whole or not at all.
@@ -545,7 +572,9 @@ fn explain_limit(
     // Over it, a soft limit annotates rather than refuses (whether or not another refuses
     // the request).
     let soft = limit.action == crate::config::LimitAction::Annotate;
+    let queued = gate.queue_of(decision) == Some(deciding);
     let outcome = result.filter(|_| skipped.is_none()).map(|r| match (r.outcome, r.banned) {
+        (Outcome::Rejected(_), _) if queued => "queued".to_owned(),
         (Outcome::Rejected(_), true) => "banned".to_owned(),
         (Outcome::Rejected(_), false) if soft => "annotated".to_owned(),
         (Outcome::Passed, _) if r.annotated => "annotated".to_owned(),
@@ -570,6 +599,17 @@ fn explain_limit(
             .and_then(|c| c.prices.as_ref())
             .map(|p| p.name(p.row(p.by.value_in(src).as_deref()))),
         own_count: if skipped.is_none() { own_count(gate, deciding, src) } else { None },
+        queue: limit.queue.as_ref().filter(|_| skipped.is_none()).map(|queue| {
+            let (waiting, position) = limiters.queue_stands(deciding, src).unwrap_or((0, 1));
+            QueueExplained {
+                max: queue.max,
+                max_wait_ms: ms(queue.max_wait),
+                fair_by: queue.fair_by.0.iter().map(ToString::to_string).collect::<Vec<_>>().join(" + "),
+                flow: text.write(&queue.fair_by, src),
+                waiting,
+                position: (gate.queue_of(decision) == Some(deciding)).then_some(position),
+            }
+        }),
         skipped,
     }
 }

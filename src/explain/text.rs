@@ -143,6 +143,20 @@ impl Display for LimitExplained {
             }
             writeln!(f, "    the request {verb}{outcome}")?;
         }
+        if let Some(queue) = &self.queue {
+            let wait = humantime::format_duration(std::time::Duration::from_secs_f64(queue.max_wait_ms / 1000.0));
+            writeln!(
+                f,
+                "    queue: {} waiting of {} at most, fair by {} (its flow: {}), {wait} at most",
+                queue.waiting, queue.max, queue.fair_by, queue.flow
+            )?;
+            if let Some(position) = queue.position {
+                writeln!(
+                    f,
+                    "    no slot is free: it would wait, {position} in the round, and be refused if none comes in {wait}"
+                )?;
+            }
+        }
         Ok(())
     }
 }

@@ -879,10 +879,11 @@ routes:
             p.hold(next.wait().await.unwrap());
             held = p;
         }
-        // Gaps of 200 ms since the first hand-off: the second of two waiting expects 400.
+        // Gaps of 200 ms since the first hand-off: a request behind two waiting expects
+        // its slot in three.
         let _waiting = [waiting(come(&gate, &config, 0, "a")), waiting(come(&gate, &config, 0, "a"))];
         match come(&gate, &config, 0, "a") {
-            Err(Queued::Refused { retry_after, .. }) => assert_eq!(retry_after, Duration::from_millis(400)),
+            Err(Queued::Refused { retry_after, .. }) => assert_eq!(retry_after, Duration::from_millis(600)),
             _ => panic!("not refused"),
         }
         drop(held);

@@ -311,8 +311,7 @@ impl Rooms {
             _ => false,
         };
         if refused {
-            let own = room.flows.get(&flow).map_or(0, VecDeque::len);
-            let position = room.position_at(own);
+            let position = room.next_of(flow);
             let retry_after = hall.estimate(queue.max_wait, position);
             hall.tidy(key.0);
             drop(hall);
@@ -398,8 +397,7 @@ impl Rooms {
     pub(crate) fn would_stand(&self, key: KeyHash, flow: u64) -> Option<(usize, usize)> {
         let hall = self.lock();
         let room = hall.rooms.get(&key.0).filter(|r| r.waiting > 0)?;
-        let own = room.flows.get(&flow).map_or(0, VecDeque::len);
-        Some((room.waiting, room.position_at(own)))
+        Some((room.waiting, room.next_of(flow)))
     }
 }
 
@@ -440,6 +438,13 @@ impl Room {
     fn position(&self, flow: u64) -> usize {
         let own = self.flows.get(&flow).map_or(0, VecDeque::len);
         self.position_at(own.saturating_sub(1))
+    }
+
+    /// The place in the round of a request of `flow` that would join now, itself
+    /// included.
+    fn next_of(&self, flow: u64) -> usize {
+        let own = self.flows.get(&flow).map_or(0, VecDeque::len);
+        self.flows.values().map(|w| w.len().min(own + 1)).sum::<usize>() + 1
     }
 
     /// The requests served before the waiter `at` places into its flow, and it: each

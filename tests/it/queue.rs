@@ -59,6 +59,20 @@ async fn a_request_without_a_slot_waits_for_one_and_the_slots_go_round_the_flows
     // Three wait: two of client a, then one of client b.
     let waiting = [join(&sg, "/held?a2", "a", 1.0).await, join(&sg, "/held?a3", "a", 2.0).await];
     let b = join(&sg, "/held?b1", "b", 3.0).await;
+    // `explain` of c's next request: it would wait, after one of a's and b's, in the round.
+    let asked = serde_json::json!({"method": "GET", "url": "http://localhost/", "headers": {"x-user": "c"}});
+    let req = http::Request::post("/explain").header("host", "localhost").body(asked.to_string()).unwrap();
+    let explained: serde_json::Value = serde_json::from_str(&request(sg.admin_addr(), req).await.text()).unwrap();
+    let limit = &explained["limits"][0];
+    assert_eq!(limit["outcome"], "queued", "{explained}");
+    assert_eq!(limit["queue"]["waiting"], 3, "{explained}");
+    assert_eq!(limit["queue"]["position"], 3, "{explained}");
+    assert_eq!(limit["queue"]["flow"], "header:x-user=c", "{explained}");
+    // The dashboard's limit card says so too.
+    let shown: serde_json::Value =
+        serde_json::from_str(&get(sg.admin_addr(), "/dashboard.json", &[]).await.text()).unwrap();
+    let card = shown["limits"].as_array().unwrap().iter().find(|l| l["name"] == "c").unwrap();
+    assert_eq!((card["queue"]["waiting"].as_u64(), card["queue"]["max"].as_u64()), (Some(3), Some(10)), "{card}");
     backend.gate.add_permits(4);
     assert_eq!(first.await.unwrap().status, 200);
     for w in waiting {
