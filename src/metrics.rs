@@ -883,20 +883,25 @@ impl Collector for State {
             .collect();
         if !queues.is_empty() {
             {
-                let help = "Requests waiting now in each concurrency limit's queue";
+                let help =
+                    "Requests waiting now in each concurrency limit's queue, by class (\"\": a queue without classes)";
                 let mut family = encoder.encode_descriptor("limit_queue_depth", help, None, MetricType::Gauge)?;
                 for &(i, limit) in &queues {
-                    let depth = ConstGauge::new(i64::try_from(l.queued(i)).unwrap_or(i64::MAX));
-                    depth.encode(family.encode_family(&vec![("limit", limit)])?)?;
+                    for (c, class) in l.queue_classes(i).into_iter().enumerate() {
+                        let depth = ConstGauge::new(i64::try_from(l.queued(i, Some(c))).unwrap_or(i64::MAX));
+                        depth.encode(family.encode_family(&vec![("limit", limit), ("class", class)])?)?;
+                    }
                 }
             }
-            let help = "Waits in each concurrency limit's queue, by how they ended: served (a slot), full, timed_out, \
+            let help = "Waits in each concurrency limit's queue, by class and by how they ended: served (a slot), full, timed_out, \
                         pushed_out (a request of a shorter flow took the place), left (the client went away)";
             let mut family = encoder.encode_descriptor("limit_queue_ended", help, None, MetricType::Counter)?;
             for &(i, limit) in &queues {
-                for end in QueueEnd::ALL {
-                    let labels = vec![("limit", limit), ("end", end.as_str())];
-                    ConstCounter::new(l.queue_ended(i, end)).encode(family.encode_family(&labels)?)?;
+                for (c, class) in l.queue_classes(i).into_iter().enumerate() {
+                    for end in QueueEnd::ALL {
+                        let labels = vec![("limit", limit), ("class", class), ("end", end.as_str())];
+                        ConstCounter::new(l.queue_ended(i, Some(c), end)).encode(family.encode_family(&labels)?)?;
+                    }
                 }
             }
         }

@@ -10,7 +10,7 @@ use http::{HeaderName, HeaderValue};
 
 use super::calendar;
 use super::checks::{Errors, allow, check_name, key_parts, positive_duration, status_in, unknown_name};
-use super::raw::{AlgorithmName, RawAmount, RawLimit, RawPrices, RawReading, RawWindow};
+use super::raw::{AlgorithmName, RawAmount, RawLimit, RawPrices, RawQueueClass, RawReading, RawWindow};
 use super::store::scope;
 use super::units::parse_rate;
 use super::{Ban, BodyPiece, Limit, LimitAction, LimitId, LimitResponse, LogLevel, Policy, Rate};
@@ -19,7 +19,7 @@ use crate::policy::allow::Allow;
 use crate::policy::charge::{Charge, MAX_BUDGET, MAX_UNITS, MICROS, Money, Prices, Reading, Weighted};
 use crate::policy::key::{ClaimPath, DEFAULT_IP_PREFIX, KeyPart, KeySpec};
 use crate::policy::tenant::TenantFrom;
-use crate::policy::{Scope, Window};
+use crate::policy::{QueueClass, Scope, Window};
 
 /// `Retry-After` of a concurrency rejection unless the limit says otherwise.
 const DEFAULT_CONCURRENCY_RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -114,6 +114,8 @@ pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeM
 const DEFAULT_QUEUE_MAX: u64 = 100;
 /// The most a queue holds: each waiting request holds its connection's state meanwhile.
 const MOST_QUEUED: u64 = 1_000_000;
+/// The most classes a queue has.
+const MOST_CLASSES: usize = 16;
 /// How long a request waits in a queue unless it says otherwise.
 const DEFAULT_QUEUE_WAIT: Duration = Duration::from_secs(2);
 
@@ -159,7 +161,37 @@ fn queue(
         }
         None => KeySpec([KeyPart::Ip(DEFAULT_IP_PREFIX)].into()),
     };
-    Some(crate::policy::Queue { max: usize::try_from(max).unwrap_or(usize::MAX), max_wait, fair_by })
+    let classes = classes(e, &at, queue.classes.as_deref().unwrap_or_default());
+    Some(crate::policy::Queue { max: usize::try_from(max).unwrap_or(usize::MAX), max_wait, fair_by, classes })
+}
+
+/// A queue's `classes`, highest first: named once each, each but the last with a `match`
+/// (the last takes every request no other admits).
+fn classes(e: &mut Errors<'_>, at: &str, raw: &[RawQueueClass]) -> Box<[QueueClass]> {
+    if raw.len() == 1 {
+        e.add(format!("{at}.classes"), "needs two classes at least (one class is every request: leave it out)");
+    }
+    if raw.len() > MOST_CLASSES {
+        e.add(format!("{at}.classes"), format!("{MOST_CLASSES} classes at most"));
+    }
+    let mut classes: Vec<QueueClass> = Vec::new();
+    for (i, class) in raw.iter().enumerate() {
+        let here = format!("{at}.classes[{i}]");
+        check_name(e, &format!("{here}.name"), &class.name);
+        if classes.iter().any(|c| c.name == class.name) {
+            e.add(format!("{here}.name"), format!("class {:?} is named twice", class.name));
+        }
+        let last = i + 1 == raw.len();
+        if class.matcher.is_none() && !last {
+            e.add(
+                here.clone(),
+                "needs a `match` (only the last class may go without: it takes every request no class admits)",
+            );
+        }
+        let matcher = allow(e, &format!("{here}.match"), class.matcher.as_ref());
+        classes.push(QueueClass { name: class.name.clone(), matcher });
+    }
+    classes.into()
 }
 
 /// `limit_from:`: the bounds (amounts on a money budget) and the source, on a limit of

@@ -409,6 +409,19 @@ pub struct RawQueue {
     pub max: Option<u64>,
     pub max_wait: Option<String>,
     pub fair_by: Option<RawKey>,
+    /// Its classes, highest first.
+    pub classes: Option<Vec<RawQueueClass>>,
+}
+
+/// `{ name: gold, match: { claims: { tier: gold } } }`: a class of a queue's requests.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct RawQueueClass {
+    #[serde(default)]
+    #[schemars(!default)]
+    pub name: String,
+    #[serde(rename = "match")]
+    pub matcher: Option<RawAllow>,
 }
 
 /// `limit_from: { header: x-tenant-limit, min: 1, max: 1000 }`: each key may have its own

@@ -187,6 +187,9 @@ pub struct QueueWords {
     pub max: usize,
     pub max_wait: String,
     pub fair_by: Vec<String>,
+    /// Its classes' names, highest first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub classes: Vec<String>,
 }
 
 /// `limit_from:` as the file writes it: its source (`header` or `jwt`, or neither: only
@@ -445,6 +448,7 @@ impl<'a> LimitWords<'a> {
                 max: q.max,
                 max_wait: span(q.max_wait),
                 fair_by: q.fair_by.0.iter().map(ToString::to_string).collect(),
+                classes: q.classes.iter().map(|c| c.name.clone()).collect(),
             }),
             dry_run: limit.dry_run,
             headers: limit.headers,

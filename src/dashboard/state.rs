@@ -116,11 +116,12 @@ fn limit(proxy: &Proxy, history: &History, index: LimitId, seconds: usize) -> Va
     let mut shown = json!({
         "keys": limiters.keys(index),
         "in_flight": limit.windows.iter().any(Policy::is_concurrency).then(|| limiters.in_flight(index)),
-        // Its queue: requests waiting now, and how waits ended since start.
-        "queue": limit.queue.as_ref().map(|q| {
-            let ended = |end| limiters.queue_ended(index, end);
+        // Its queue (`queue` is its settings): requests waiting now, and how waits
+        // ended since start.
+        "queued": limit.queue.as_ref().map(|_| {
+            let ended = |end| limiters.queue_ended(index, None, end);
             let refused: u64 = [QueueEnd::Full, QueueEnd::TimedOut, QueueEnd::PushedOut].into_iter().map(ended).sum();
-            json!({ "waiting": limiters.queued(index), "max": q.max, "served": ended(QueueEnd::Served),
+            json!({ "waiting": limiters.queued(index, None), "served": ended(QueueEnd::Served),
                     "refused": refused, "left": ended(QueueEnd::Left) })
         }),
         "evictions": limiters.evictions(index),

@@ -154,6 +154,9 @@ pub struct LimitExplained {
 /// A concurrency limit's queue, as a request finds it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct QueueExplained {
+    /// The request's class, when the queue has classes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
     pub max: usize,
     pub max_wait_ms: f64,
     /// What tells its flows apart, and the request's flow, written as keys are.
@@ -600,8 +603,9 @@ fn explain_limit(
             .map(|p| p.name(p.row(p.by.value_in(src).as_deref()))),
         own_count: if skipped.is_none() { own_count(gate, deciding, src) } else { None },
         queue: limit.queue.as_ref().filter(|_| skipped.is_none()).map(|queue| {
-            let (waiting, position) = limiters.queue_stands(deciding, src).unwrap_or((0, 1));
+            let (class, waiting, position) = limiters.queue_stands(deciding, src).unwrap_or(("", 0, 1));
             QueueExplained {
+                class: (!class.is_empty()).then(|| class.to_owned()),
                 max: queue.max,
                 max_wait_ms: ms(queue.max_wait),
                 fair_by: queue.fair_by.0.iter().map(ToString::to_string).collect::<Vec<_>>().join(" + "),

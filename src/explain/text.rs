@@ -145,9 +145,10 @@ impl Display for LimitExplained {
         }
         if let Some(queue) = &self.queue {
             let wait = humantime::format_duration(std::time::Duration::from_secs_f64(queue.max_wait_ms / 1000.0));
+            let class = queue.class.as_ref().map_or_else(String::new, |c| format!(", its class {c}"));
             writeln!(
                 f,
-                "    queue: {} waiting of {} at most, fair by {} (its flow: {}), {wait} at most",
+                "    queue: {} waiting of {} at most, fair by {} (its flow: {}{class}), {wait} at most",
                 queue.waiting, queue.max, queue.fair_by, queue.flow
             )?;
             if let Some(position) = queue.position {

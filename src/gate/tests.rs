@@ -824,7 +824,7 @@ routes:
         assert_eq!(order, ["a", "b", "c", "a", "a"]);
         drop(holder);
         assert_eq!(gate.limiters().in_flight(LimitId::from(0)), 0);
-        assert_eq!(gate.limiters().queue_ended(LimitId::from(0), QueueEnd::Served), 5);
+        assert_eq!(gate.limiters().queue_ended(LimitId::from(0), None, QueueEnd::Served), 5);
     }
 
     #[tokio::test]
@@ -848,8 +848,8 @@ routes:
         // b's second: b has one, a two: a flow of two is not longer than b's with it.
         assert!(matches!(come(&gate, &config, 0, "b"), Err(Queued::Refused { end: QueueEnd::Full, .. })));
         drop((first, second, b));
-        assert_eq!(gate.limiters().queued(LimitId::from(0)), 0);
-        assert_eq!(gate.limiters().queue_ended(LimitId::from(0), QueueEnd::Left), 3);
+        assert_eq!(gate.limiters().queued(LimitId::from(0), None), 0);
+        assert_eq!(gate.limiters().queue_ended(LimitId::from(0), None, QueueEnd::Left), 3);
     }
 
     #[tokio::test]

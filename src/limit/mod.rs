@@ -499,7 +499,7 @@ impl Limiters {
             return queue::Queued::Refused { end: queue::QueueEnd::Full, retry_after: Duration::ZERO };
         };
         let flow = queue.fair_by.hash_any(src, &self.secret.seed).0.0;
-        queue.rooms.join(queue, key, flow, || {
+        queue.rooms.join(queue, key, queue.class_of(src), flow, || {
             let Some(window) = limiter.windows.first() else { return queue::Take::NoRoom };
             let mut held = window.lock_as(key, None, limiter.count(count));
             let now = self.clock.now();
@@ -515,21 +515,38 @@ impl Limiters {
     }
 
     /// Where a request of `src` would stand in the queue of `limit` now, nothing taken:
-    /// the requests waiting for its key's slots, and its place in the round if it joined.
-    pub fn queue_stands(&self, limit: LimitId, src: &KeySource<'_>) -> Option<(usize, usize)> {
+    /// its class's name, the requests waiting for its key's slots, and its place in the
+    /// round if it joined.
+    pub fn queue_stands(&self, limit: LimitId, src: &KeySource<'_>) -> Option<(&str, usize, usize)> {
         let queue = self.limits[limit].queue.as_ref()?;
         let key = self.key_hash(limit, src)?;
-        queue.rooms.would_stand(key, queue.fair_by.hash_any(src, &self.secret.seed).0.0)
+        let class = queue.class_of(src);
+        let flow = queue.fair_by.hash_any(src, &self.secret.seed).0.0;
+        let (waiting, position) = queue.rooms.would_stand(key, class, flow).unwrap_or((0, 1));
+        Some((queue.class_name(class), waiting, position))
     }
 
-    /// Requests waiting in the queue of `limit` now (0 without one).
-    pub fn queued(&self, limit: LimitId) -> u64 {
-        self.limits[limit].queue.as_ref().map_or(0, |q| q.rooms.waiting())
+    /// The classes of the queue of `limit`, by name (one, `""`, for a queue without;
+    /// none without a queue).
+    pub fn queue_classes(&self, limit: LimitId) -> Vec<&str> {
+        let Some(queue) = &self.limits[limit].queue else { return Vec::new() };
+        (0..queue.rooms.classes()).map(|c| queue.class_name(c)).collect()
     }
 
-    /// Waits in the queue of `limit` that ended so, since start.
-    pub fn queue_ended(&self, limit: LimitId, end: queue::QueueEnd) -> u64 {
-        self.limits[limit].queue.as_ref().map_or(0, |q| q.rooms.ended(end))
+    /// Requests waiting in the queue of `limit` now (0 without one), of every class or of
+    /// class `class` (its index in `queue_classes`).
+    pub fn queued(&self, limit: LimitId, class: Option<usize>) -> u64 {
+        let Some(queue) = &self.limits[limit].queue else { return 0 };
+        let rooms = &queue.rooms;
+        class.map_or_else(|| (0..rooms.classes()).map(|c| rooms.waiting(c)).sum(), |c| rooms.waiting(c))
+    }
+
+    /// Waits in the queue of `limit` that ended so, since start, of every class or of
+    /// class `class`.
+    pub fn queue_ended(&self, limit: LimitId, class: Option<usize>, end: queue::QueueEnd) -> u64 {
+        let Some(queue) = &self.limits[limit].queue else { return 0 };
+        let rooms = &queue.rooms;
+        class.map_or_else(|| (0..rooms.classes()).map(|c| rooms.ended(c, end)).sum(), |c| rooms.ended(c, end))
     }
 
     /// The longest a request waits in the queue of `limit`, if it has one.
@@ -619,7 +636,10 @@ impl Limiter {
         self.max_keys = old.max_keys;
         self.missing = Arc::clone(&old.missing);
         self.charged = Arc::clone(&old.charged);
-        if let (Some(queue), Some(old_queue)) = (&mut self.queue, &old.queue) {
+        // Its waiters stay while the classes they wait in do.
+        if let (Some(queue), Some(old_queue)) = (&mut self.queue, &old.queue)
+            && queue.classes.iter().map(|c| &c.name).eq(old_queue.classes.iter().map(|c| &c.name))
+        {
             queue.rooms = Arc::clone(&old_queue.rooms);
         }
         true

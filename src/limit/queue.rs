@@ -15,9 +15,14 @@
 //!   others' requests waiting gets one slot in each round, as each of them does. Round
 //!   robin over exact flows rather than APF's shuffle-sharded queues: a room's flows are
 //!   few (bounded by `max`), each is found by hash, and no two flows ever share a queue.
-//! - **Full**: a newcomer meeting a full room pushes out the newest waiter of the longest
-//!   flow, if that flow would still be longer than the newcomer's; otherwise it is
-//!   refused. A heavy client fills the room only while nobody else wants it.
+//! - **Classes** (`classes:`, highest first): a request's class is the first whose `match`
+//!   admits it, else the last. A slot goes to the highest class with requests waiting;
+//!   within a class, round the flows.
+//! - **Full**: a newcomer meeting a full room pushes out the newest waiter of the lowest
+//!   class below its own that has one (shedding the lowest class first); within its own
+//!   class, the newest waiter of the longest flow, if that flow would still be longer
+//!   than the newcomer's; otherwise it is refused. A heavy client fills the room only
+//!   while nobody else wants it.
 //! - **Retry-After from the room**: the mean time between hand-offs (a moving average)
 //!   times the requests ahead in the round; `max_wait` while no hand-off was seen.
 //! - **Leaving**: a waiter whose request ends (the client closed, reset the stream or
@@ -48,22 +53,46 @@ pub(crate) struct Queue {
     pub(crate) max: usize,
     pub(crate) max_wait: Duration,
     pub(crate) fair_by: KeySpec,
-    /// Kept by a reload that keeps the limit's state: its waiters wait on.
+    /// Its classes, highest first (none: one class).
+    pub(crate) classes: Box<[crate::policy::QueueClass]>,
+    /// Kept by a reload that keeps the limit's state (and its classes): its waiters
+    /// wait on.
     pub(crate) rooms: Arc<Rooms>,
 }
 
 impl Queue {
     pub(crate) fn new(queue: &crate::policy::Queue) -> Self {
-        Queue { max: queue.max, max_wait: queue.max_wait, fair_by: queue.fair_by.clone(), rooms: Arc::default() }
+        Queue {
+            max: queue.max,
+            max_wait: queue.max_wait,
+            fair_by: queue.fair_by.clone(),
+            classes: queue.classes.clone(),
+            rooms: Arc::new(Rooms::new(queue.classes.len().max(1))),
+        }
+    }
+
+    /// The class of `src`: the first whose `match` admits it, else the last.
+    pub(crate) fn class_of(&self, src: &crate::policy::key::KeySource<'_>) -> usize {
+        let last = self.classes.len().saturating_sub(1);
+        self.classes.iter().position(|c| !c.matcher.is_empty() && c.matcher.admits(src)).unwrap_or(last)
+    }
+
+    /// The name of class `class` (`""`: the queue has no classes).
+    pub(crate) fn class_name(&self, class: usize) -> &str {
+        self.classes.get(class).map_or("", |c| c.name.as_str())
     }
 }
 
 /// The rooms of a limit's keys that have requests waiting, and what became of them.
-#[derive(Default)]
 pub(crate) struct Rooms {
     rooms: Mutex<Hall>,
     next_id: AtomicU64,
-    /// Requests waiting now, in every room.
+    /// Per class: requests waiting now, in every room, and how waits ended.
+    counts: Box<[ClassCounts]>,
+}
+
+#[derive(Default)]
+struct ClassCounts {
     waiting: AtomicU64,
     ended: [AtomicU64; QueueEnd::ALL.len()],
 }
@@ -79,9 +108,11 @@ struct Hall {
 }
 
 impl Hall {
-    /// The room of `key`, made if it has none.
-    fn room(&mut self, key: u64) -> &mut Room {
-        self.rooms.entry(key).or_default()
+    /// The room of `key`, made (with `classes` lanes) if it has none.
+    fn room(&mut self, key: u64, classes: usize) -> &mut Room {
+        self.rooms
+            .entry(key)
+            .or_insert_with(|| Room { lanes: (0..classes).map(|_| Lane::default()).collect(), waiting: 0 })
     }
 
     /// Removes the room of `key` if nobody waits in it.
@@ -110,9 +141,15 @@ impl Hall {
     }
 }
 
-/// The requests waiting for one key's slots.
-#[derive(Default)]
+/// The requests waiting for one key's slots: a lane per class, highest first.
 struct Room {
+    lanes: Box<[Lane]>,
+    waiting: usize,
+}
+
+/// The requests of one class waiting for one key's slots.
+#[derive(Default)]
+struct Lane {
     /// The waiters of each flow, oldest first.
     flows: HashMap<u64, VecDeque<Waiter>>,
     /// The flows with waiters, in the order they are served.
@@ -208,6 +245,7 @@ pub(crate) enum Take {
 pub struct Ticket {
     rooms: Arc<Rooms>,
     key: u64,
+    class: usize,
     flow: u64,
     id: u64,
     to: oneshot::Receiver<Handed>,
@@ -225,25 +263,25 @@ impl Ticket {
         self.done = true;
         match ended {
             Ok(Ok(handed)) => {
-                self.rooms.count(QueueEnd::Served);
+                self.rooms.count(self.class, QueueEnd::Served);
                 Ok(handed)
             }
             Ok(Err(_)) => {
                 let retry_after = self.rooms.estimate(self.key, self.max_wait, None);
-                self.rooms.count(QueueEnd::PushedOut);
+                self.rooms.count(self.class, QueueEnd::PushedOut);
                 Err((QueueEnd::PushedOut, retry_after))
             }
             Err(_) => {
-                let position = self.rooms.leave(self.key, self.flow, self.id);
+                let position = self.rooms.leave(self.key, self.class, self.flow, self.id);
                 // Handed a slot as its time ran out: it is served.
                 if position.is_none()
                     && let Ok(handed) = self.to.try_recv()
                 {
-                    self.rooms.count(QueueEnd::Served);
+                    self.rooms.count(self.class, QueueEnd::Served);
                     return Ok(handed);
                 }
                 let retry_after = self.rooms.estimate(self.key, self.max_wait, position);
-                self.rooms.count(QueueEnd::TimedOut);
+                self.rooms.count(self.class, QueueEnd::TimedOut);
                 Err((QueueEnd::TimedOut, retry_after))
             }
         }
@@ -252,87 +290,109 @@ impl Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        if !self.done && self.rooms.leave(self.key, self.flow, self.id).is_some() {
-            self.rooms.count(QueueEnd::Left);
+        if !self.done && self.rooms.leave(self.key, self.class, self.flow, self.id).is_some() {
+            self.rooms.count(self.class, QueueEnd::Left);
         }
     }
 }
 
 impl Rooms {
+    fn new(classes: usize) -> Self {
+        let counts = (0..classes).map(|_| ClassCounts::default()).collect();
+        Rooms { rooms: Mutex::default(), next_id: AtomicU64::new(0), counts }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Hall> {
         self.rooms.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn count(&self, end: QueueEnd) {
+    fn count(&self, class: usize, end: QueueEnd) {
         let i = QueueEnd::ALL.iter().position(|&e| e == end).unwrap_or(0);
-        self.ended[i].fetch_add(1, Ordering::Relaxed);
+        self.counts[class].ended[i].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Requests waiting now.
-    pub(crate) fn waiting(&self) -> u64 {
-        self.waiting.load(Ordering::Relaxed)
+    fn waited(&self, class: usize, more: bool) {
+        match more {
+            true => self.counts[class].waiting.fetch_add(1, Ordering::Relaxed),
+            false => self.counts[class].waiting.fetch_sub(1, Ordering::Relaxed),
+        };
     }
 
-    /// Waits that ended so, since start.
-    pub(crate) fn ended(&self, end: QueueEnd) -> u64 {
+    /// Its classes: as many as its queue's (one without).
+    pub(crate) fn classes(&self) -> usize {
+        self.counts.len()
+    }
+
+    /// Requests of class `class` waiting now.
+    pub(crate) fn waiting(&self, class: usize) -> u64 {
+        self.counts[class].waiting.load(Ordering::Relaxed)
+    }
+
+    /// Waits of class `class` that ended so, since start.
+    pub(crate) fn ended(&self, class: usize, end: QueueEnd) -> u64 {
         let i = QueueEnd::ALL.iter().position(|&e| e == end).unwrap_or(0);
-        self.ended[i].load(Ordering::Relaxed)
+        self.counts[class].ended[i].load(Ordering::Relaxed)
     }
 
-    /// Joins the room of `key` in flow `flow`, unless `take` finds a slot free (called
-    /// under the room's lock, so that no slot is given back unseen meanwhile).
+    /// Joins the room of `key` in class `class` and flow `flow`, unless `take` finds a
+    /// slot free (called under the room's lock, so that no slot is given back unseen
+    /// meanwhile).
     pub(crate) fn join(
         self: &Arc<Self>,
         queue: &Queue,
         key: KeyHash,
+        class: usize,
         flow: u64,
         take: impl FnOnce() -> Take,
     ) -> Queued {
         let mut hall = self.lock();
-        let room = hall.room(key.0);
+        let room = hall.room(key.0, self.classes());
         let refused = match room.waiting {
             0 => match take() {
                 Take::Slot(handed) => {
                     hall.tidy(key.0);
                     drop(hall);
-                    self.count(QueueEnd::Served);
+                    self.count(class, QueueEnd::Served);
                     return Queued::Taken(handed);
                 }
                 Take::Busy => false,
                 Take::NoRoom => true,
             },
-            waiting if waiting >= queue.max => {
-                let pushed = room.push_out(flow);
-                if pushed {
-                    self.waiting.fetch_sub(1, Ordering::Relaxed);
+            waiting if waiting >= queue.max => match room.push_out(class, flow) {
+                Some(pushed) => {
+                    self.waited(pushed, false);
+                    false
                 }
-                !pushed
-            }
+                None => true,
+            },
             _ => false,
         };
         if refused {
-            let position = room.next_of(flow);
+            let position = room.next_of(class, flow);
             let retry_after = hall.estimate(queue.max_wait, position);
             hall.tidy(key.0);
             drop(hall);
-            self.count(QueueEnd::Full);
+            self.count(class, QueueEnd::Full);
             return Queued::Refused { end: QueueEnd::Full, retry_after };
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (to, from) = oneshot::channel();
-        match room.flows.entry(flow) {
+        let lane = &mut room.lanes[class];
+        match lane.flows.entry(flow) {
             Entry::Occupied(mut e) => e.get_mut().push_back(Waiter { id, to }),
             Entry::Vacant(e) => {
                 e.insert(VecDeque::from([Waiter { id, to }]));
-                room.ring.push_back(flow);
+                lane.ring.push_back(flow);
             }
         }
+        lane.waiting += 1;
         room.waiting += 1;
-        self.waiting.fetch_add(1, Ordering::Relaxed);
-        let position = room.position(flow);
+        self.waited(class, true);
+        let position = room.position(class, flow);
         Queued::Waiting(Ticket {
             rooms: Arc::clone(self),
             key: key.0,
+            class,
             flow,
             id,
             to: from,
@@ -347,8 +407,8 @@ impl Rooms {
     pub(crate) fn hand_off(&self, limiters: &Arc<Limiters>, limit: LimitId, key: KeyHash, free: impl FnOnce()) {
         let mut hall = self.lock();
         if let Some(room) = hall.rooms.get_mut(&key.0) {
-            while let Some(waiter) = room.next() {
-                self.waiting.fetch_sub(1, Ordering::Relaxed);
+            while let Some((class, waiter)) = room.next() {
+                self.waited(class, false);
                 let handed = Handed { limiters: Some(Arc::clone(limiters)), limit, key };
                 match waiter.to.send(handed) {
                     Ok(()) => {
@@ -365,21 +425,24 @@ impl Rooms {
         free();
     }
 
-    /// Takes waiter `id` of `flow` out of the room of `key`: its position then (`None`:
-    /// it was no longer there, handed a slot or pushed out).
-    fn leave(&self, key: u64, flow: u64, id: u64) -> Option<usize> {
+    /// Takes waiter `id` of `flow` in class `class` out of the room of `key`: its
+    /// position then (`None`: it was no longer there, handed a slot or pushed out).
+    fn leave(&self, key: u64, class: usize, flow: u64, id: u64) -> Option<usize> {
         let mut hall = self.lock();
         let room = hall.rooms.get_mut(&key)?;
-        let at = room.flows.get(&flow)?.iter().position(|w| w.id == id)?;
-        let position = room.position_at(at);
-        let waiters = room.flows.get_mut(&flow)?;
+        let lane = &room.lanes[class];
+        let at = lane.flows.get(&flow)?.iter().position(|w| w.id == id)?;
+        let position = room.ahead(class) + lane.position_at(at);
+        let lane = &mut room.lanes[class];
+        let waiters = lane.flows.get_mut(&flow)?;
         waiters.remove(at);
         if waiters.is_empty() {
-            room.flows.remove(&flow);
-            room.ring.retain(|&f| f != flow);
+            lane.flows.remove(&flow);
+            lane.ring.retain(|&f| f != flow);
         }
+        lane.waiting -= 1;
         room.waiting -= 1;
-        self.waiting.fetch_sub(1, Ordering::Relaxed);
+        self.waited(class, false);
         hall.tidy(key);
         Some(position)
     }
@@ -393,15 +456,62 @@ impl Rooms {
         hall.estimate(max_wait, position)
     }
 
-    /// Where a request of `flow` would stand in the room of `key` (`None`: nobody waits).
-    pub(crate) fn would_stand(&self, key: KeyHash, flow: u64) -> Option<(usize, usize)> {
+    /// Where a request of `class` and `flow` would stand in the room of `key` (`None`:
+    /// nobody waits).
+    pub(crate) fn would_stand(&self, key: KeyHash, class: usize, flow: u64) -> Option<(usize, usize)> {
         let hall = self.lock();
         let room = hall.rooms.get(&key.0).filter(|r| r.waiting > 0)?;
-        Some((room.waiting, room.next_of(flow)))
+        Some((room.waiting, room.next_of(class, flow)))
     }
 }
 
 impl Room {
+    /// The next waiter: of the highest class with one, round its flows.
+    fn next(&mut self) -> Option<(usize, Waiter)> {
+        let (class, lane) = self.lanes.iter_mut().enumerate().find(|(_, l)| l.waiting > 0)?;
+        let waiter = lane.next()?;
+        self.waiting -= 1;
+        Some((class, waiter))
+    }
+
+    /// Makes room for a request of `class` and `flow` in a full room: pushes out the
+    /// newest waiter of the lowest class below `class` that has one, or else within
+    /// `class` that of its longest flow if that flow is longer than `flow` would be with
+    /// it. The class it pushed out of, if it did.
+    fn push_out(&mut self, class: usize, flow: u64) -> Option<usize> {
+        let lowest = self.lanes.iter().rposition(|l| l.waiting > 0)?;
+        let pushed = match lowest.cmp(&class) {
+            std::cmp::Ordering::Greater => self.lanes[lowest].push_out(None),
+            std::cmp::Ordering::Equal => self.lanes[class].push_out(Some(flow)),
+            std::cmp::Ordering::Less => false,
+        };
+        pushed.then(|| {
+            self.waiting -= 1;
+            lowest
+        })
+    }
+
+    /// The waiters of the classes above `class`: all served first.
+    fn ahead(&self, class: usize) -> usize {
+        self.lanes[..class].iter().map(|l| l.waiting).sum()
+    }
+
+    /// The place of a request of `class` and `flow` that joined last, itself included.
+    fn position(&self, class: usize, flow: u64) -> usize {
+        let lane = &self.lanes[class];
+        let own = lane.flows.get(&flow).map_or(0, VecDeque::len);
+        self.ahead(class) + lane.position_at(own.saturating_sub(1))
+    }
+
+    /// The place of a request of `class` and `flow` that would join now, itself included.
+    fn next_of(&self, class: usize, flow: u64) -> usize {
+        let lane = &self.lanes[class];
+        let own = lane.flows.get(&flow).map_or(0, VecDeque::len);
+        self.ahead(class) + lane.flows.values().map(|w| w.len().min(own + 1)).sum::<usize>() + 1
+    }
+}
+
+impl Lane {
     /// The next waiter in the round: the oldest of the flow whose turn it is.
     fn next(&mut self) -> Option<Waiter> {
         while let Some(flow) = self.ring.pop_front() {
@@ -420,31 +530,21 @@ impl Room {
         None
     }
 
-    /// Makes room for a request of `flow` in a full room: pushes out the newest waiter
-    /// of the longest flow if that flow is longer than `flow` would be with it.
-    fn push_out(&mut self, flow: u64) -> bool {
-        let own = self.flows.get(&flow).map_or(0, VecDeque::len);
+    /// Pushes out the newest waiter of the longest flow: any (`None`: a request of a
+    /// higher class comes), or if longer than `flow` would be with one more.
+    fn push_out(&mut self, flow: Option<u64>) -> bool {
+        let own = flow.map_or(0, |f| self.flows.get(&f).map_or(0, VecDeque::len));
         let longest = self.flows.iter().max_by_key(|(_, w)| w.len()).map(|(&f, w)| (f, w.len()));
-        let Some((longest, len)) = longest.filter(|&(_, len)| len > own + 1) else { return false };
-        let waiters = self.flows.get_mut(&longest).expect("the longest flow");
+        let Some((longest, len)) = longest.filter(|&(_, len)| flow.is_none() || len > own + 1) else { return false };
+        let Some(waiters) = self.flows.get_mut(&longest) else { return false };
         // Dropped, its sender tells the waiter it was pushed out.
         waiters.pop_back();
-        debug_assert!(len > 1, "a flow longer than another's plus one keeps a waiter");
+        if len == 1 {
+            self.flows.remove(&longest);
+            self.ring.retain(|&f| f != longest);
+        }
         self.waiting -= 1;
         true
-    }
-
-    /// The requests ahead in the round of one of `flow`, itself included (joined last).
-    fn position(&self, flow: u64) -> usize {
-        let own = self.flows.get(&flow).map_or(0, VecDeque::len);
-        self.position_at(own.saturating_sub(1))
-    }
-
-    /// The place in the round of a request of `flow` that would join now, itself
-    /// included.
-    fn next_of(&self, flow: u64) -> usize {
-        let own = self.flows.get(&flow).map_or(0, VecDeque::len);
-        self.flows.values().map(|w| w.len().min(own + 1)).sum::<usize>() + 1
     }
 
     /// The requests served before the waiter `at` places into its flow, and it: each

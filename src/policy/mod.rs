@@ -27,6 +27,17 @@ pub struct Queue {
     pub max: usize,
     pub max_wait: Duration,
     pub fair_by: key::KeySpec,
+    /// Its classes, highest first (none: every request is of one class).
+    pub classes: Box<[QueueClass]>,
+}
+
+/// A class of a queue's requests (`classes:`): those its `match` admits (the last class:
+/// every request no class admits). A slot goes to the highest class with requests
+/// waiting; a full queue sheds the lowest class first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueClass {
+    pub name: String,
+    pub matcher: allow::Allow,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

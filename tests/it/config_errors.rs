@@ -709,7 +709,7 @@ fn long_values_in_errors_are_cut_short() {
     let cut = format!("{}…", "k".repeat(60));
     assert!(
         stderr.starts_with(&format!(
-            "FILE:3:29: limits.a.{cut}: unknown field `{cut}`; the 41 fields of `limits.NAME` are listed in docs/configuration.md\n"
+            "FILE:3:29: limits.a.{cut}: unknown field `{cut}`; the 42 fields of `limits.NAME` are listed in docs/configuration.md\n"
         )),
         "{stderr}"
     );

@@ -23,7 +23,7 @@ fn queued(backend: &Backend, queue: &str, log: &std::path::Path) -> Conf {
 
 /// Requests waiting in limit `c`'s queue now.
 async fn depth(sg: &Sluicegate) -> f64 {
-    Metrics::of(sg).await.value("sluicegate_limit_queue_depth{limit=\"c\"}")
+    Metrics::of(sg).await.value("sluicegate_limit_queue_depth{limit=\"c\",class=\"\"}")
 }
 
 /// Sends `GET path` as `user`, in the background.
@@ -72,7 +72,7 @@ async fn a_request_without_a_slot_waits_for_one_and_the_slots_go_round_the_flows
     let shown: serde_json::Value =
         serde_json::from_str(&get(sg.admin_addr(), "/dashboard.json", &[]).await.text()).unwrap();
     let card = shown["limits"].as_array().unwrap().iter().find(|l| l["name"] == "c").unwrap();
-    assert_eq!((card["queue"]["waiting"].as_u64(), card["queue"]["max"].as_u64()), (Some(3), Some(10)), "{card}");
+    assert_eq!((card["queued"]["waiting"].as_u64(), card["queue"]["max"].as_u64()), (Some(3), Some(10)), "{card}");
     backend.gate.add_permits(4);
     assert_eq!(first.await.unwrap().status, 200);
     for w in waiting {
@@ -84,8 +84,8 @@ async fn a_request_without_a_slot_waits_for_one_and_the_slots_go_round_the_flows
     let order: Vec<String> = backend.hits().iter().map(|h| h.path_and_query.clone()).collect();
     assert_eq!(order, ["/held?a1", "/held?a2", "/held?b1", "/held?a3"]);
     let metrics = Metrics::of(&sg).await;
-    assert_eq!(metrics.value("sluicegate_limit_queue_ended_total{limit=\"c\",end=\"served\"}"), 3.0);
-    assert_eq!(metrics.value("sluicegate_limit_queue_depth{limit=\"c\"}"), 0.0);
+    assert_eq!(metrics.value("sluicegate_limit_queue_ended_total{limit=\"c\",class=\"\",end=\"served\"}"), 3.0);
+    assert_eq!(metrics.value("sluicegate_limit_queue_depth{limit=\"c\",class=\"\"}"), 0.0);
     assert_eq!(metrics.value("sluicegate_limit_queue_wait_seconds_count{limit=\"c\"}"), 3.0);
     // A wait is a delay by the limit: counted as one, not as a refusal.
     assert_eq!(metrics.value("sluicegate_limit_decisions_total{limit=\"c\",outcome=\"delayed\"}"), 3.0);
@@ -118,7 +118,7 @@ async fn a_client_that_leaves_the_queue_never_reaches_the_backend() {
     stream.abort();
     wait_until("the HTTP/2 stream out of the queue", Duration::from_secs(10), async || depth(&sg).await == 0.0).await;
     let metrics = Metrics::of(&sg).await;
-    assert_eq!(metrics.value("sluicegate_limit_queue_ended_total{limit=\"c\",end=\"left\"}"), 2.0);
+    assert_eq!(metrics.value("sluicegate_limit_queue_ended_total{limit=\"c\",class=\"\",end=\"left\"}"), 2.0);
     backend.gate.add_permits(2);
     assert_eq!(first.await.unwrap().status, 200);
     // The slot the first gave back was free: nobody waited for it.
@@ -158,7 +158,10 @@ async fn a_full_room_pushes_out_the_longest_flow_and_a_wait_too_long_is_refused_
     }
     let metrics = Metrics::of(&sg).await;
     for (end, n) in [("full", 1.0), ("pushed_out", 1.0), ("timed_out", 2.0), ("served", 0.0)] {
-        assert_eq!(metrics.value(&format!("sluicegate_limit_queue_ended_total{{limit=\"c\",end=\"{end}\"}}")), n);
+        assert_eq!(
+            metrics.value(&format!("sluicegate_limit_queue_ended_total{{limit=\"c\",class=\"\",end=\"{end}\"}}")),
+            n
+        );
     }
     backend.gate.add_permits(1);
     assert_eq!(first.await.unwrap().status, 200);
@@ -204,6 +207,46 @@ async fn the_retry_after_of_a_refusal_is_the_queues_expected_wait() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_higher_class_is_served_first_and_a_full_queue_sheds_the_lowest_class() {
+    let backend = Backend::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let classes = "classes: [{ name: gold, match: { headers: { x-tier: gold } } }, { name: bronze }]";
+    let sg = queued(&backend, &format!("max: 2, max_wait: 30s, fair_by: \"header:x-user\", {classes}"), &log).start();
+    let addr = sg.addr;
+    let tier = |tier: &'static str, path: &'static str| {
+        tokio::spawn(async move { get(addr, path, &[("x-user", "u"), ("x-tier", tier)]).await })
+    };
+    let first = tier("bronze", "/held?first");
+    wait_until("the first at the backend", Duration::from_secs(10), async || backend.hits().len() == 1).await;
+    let bronze_depth = "sluicegate_limit_queue_depth{limit=\"c\",class=\"bronze\"}";
+    let gold_depth = "sluicegate_limit_queue_depth{limit=\"c\",class=\"gold\"}";
+    let b1 = tier("bronze", "/held?b1");
+    wait_until("b1 waiting", Duration::from_secs(10), async || Metrics::of(&sg).await.value(bronze_depth) == 1.0).await;
+    let b2 = tier("bronze", "/held?b2");
+    wait_until("b2 waiting", Duration::from_secs(10), async || Metrics::of(&sg).await.value(bronze_depth) == 2.0).await;
+    // Full: gold's first takes the place of bronze's newest, though of the same flow.
+    let g1 = tier("gold", "/held?g1");
+    assert_eq!(b2.await.unwrap().status, 429, "bronze's newest not shed");
+    wait_until("g1 waiting", Duration::from_secs(10), async || Metrics::of(&sg).await.value(gold_depth) == 1.0).await;
+    // A bronze request finds the queue full of its own class and gold: refused.
+    assert_eq!(get(sg.addr, "/held?b3", &[("x-user", "v")]).await.status, 429);
+    backend.gate.add_permits(3);
+    for r in [first, g1, b1] {
+        assert_eq!(r.await.unwrap().status, 200);
+    }
+    // gold, though it came after b1, went first.
+    let order: Vec<String> = backend.hits().iter().map(|h| h.path_and_query.clone()).collect();
+    assert_eq!(order, ["/held?first", "/held?g1", "/held?b1"]);
+    let m = Metrics::of(&sg).await;
+    let ended = |class: &str, end: &str| {
+        m.value(&format!("sluicegate_limit_queue_ended_total{{limit=\"c\",class=\"{class}\",end=\"{end}\"}}"))
+    };
+    assert_eq!((ended("bronze", "pushed_out"), ended("bronze", "full"), ended("bronze", "served")), (1.0, 1.0, 1.0));
+    assert_eq!((ended("gold", "served"), ended("gold", "pushed_out")), (1.0, 0.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_keeps_the_queues_waiters() {
     let backend = Backend::start().await;
     let dir = tempfile::tempdir().unwrap();
@@ -241,6 +284,19 @@ fn check_names_every_misplaced_queue_field() {
         ("concurrency: 2, queue: { fair_by: \"nope:x\" }", "limits.c.queue.fair_by:"),
         ("concurrency: 2, queue: { size: 3 }", "size"),
         ("concurrency: 2, action: annotate, queue: {}", "limits.c.queue: a limit with `action: annotate`"),
+        ("concurrency: 2, queue: { classes: [{ name: a }] }", "limits.c.queue.classes: needs two classes at least"),
+        (
+            "concurrency: 2, queue: { classes: [{ name: a }, { name: b }] }",
+            "limits.c.queue.classes[0]: needs a `match`",
+        ),
+        (
+            "concurrency: 2, queue: { classes: [{ name: a, match: { cidrs: [10.0.0.0/8] } }, { name: a }] }",
+            "limits.c.queue.classes[1].name: class \"a\" is named twice",
+        ),
+        (
+            "concurrency: 2, queue: { classes: [{ name: a, match: { cidrs: [nope] } }, { name: b }] }",
+            "limits.c.queue.classes[0].match.cidrs[0]",
+        ),
     ] {
         let stderr = limit(fields);
         assert!(stderr.contains(expected), "{fields}: {expected} not in\n{stderr}");

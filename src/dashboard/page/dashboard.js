@@ -195,8 +195,8 @@
           l.own_counts ? stat('decided with own counts (clamped)', `${l.own_counts.applied} (${l.own_counts.clamped})`) : null,
           l.own_counts && l.own_counts.untrusted > 0 ? stat('own counts from untrusted peers, ignored', String(l.own_counts.untrusted)) : null,
           l.in_flight === null ? null : stat('in flight', String(l.in_flight)),
-          l.queue ? stat('waiting / queue max', `${l.queue.waiting} / ${l.queue.max}`, l.queue.waiting / l.queue.max) : null,
-          l.queue ? stat('waits served · refused · left', `${l.queue.served} · ${l.queue.refused} · ${l.queue.left}`) : null].filter(Boolean));
+          l.queued ? stat('waiting / queue max', `${l.queued.waiting} / ${l.queue.max}`, l.queued.waiting / l.queue.max) : null,
+          l.queued ? stat('waits served · refused · left', `${l.queued.served} · ${l.queued.refused} · ${l.queued.left}`) : null].filter(Boolean));
         const title = card.querySelector('.bans-title');
         title.hidden = l.ban === null;
         title.textContent = `Banned now: ${l.banned}` + (l.banned > l.bans.length ? ` (${l.bans.length} with the most time left shown)` : '');

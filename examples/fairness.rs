@@ -1,0 +1,228 @@
+//! The fairness benchmark's backend and load (`benches/fairness/run.sh`).
+//!
+//!     fairness backend ADDR CAPACITY SERVICE_MS
+//!     fairness load ADDR SECONDS LIGHT_RATE [TIMEOUT_MS]
+//!     fairness capacity ADDR SECONDS CONCURRENCY
+//!
+//! **backend**: answers every request `200 ok` after its service time: `SERVICE_MS` while
+//! at most `CAPACITY` requests are in progress, and longer as more are (the time grows in
+//! proportion: `SERVICE_MS × in progress / CAPACITY`), so that it completes `CAPACITY /
+//! SERVICE_MS` requests a second at most however many it is given: a backend of fixed
+//! capacity that slows everyone down when overloaded. Prints `listening on ADDR`.
+//!
+//! **load**: ten clients for `SECONDS`, each from its own loopback address
+//! (127.0.0.11 to 127.0.0.20, so that each is a distinct `ip` key) and with its own
+//! `X-Client` (`light1` … `light9`, `heavy`): nine light clients each sending
+//! `LIGHT_RATE` requests a second, one heavy client ten times as many, at evenly spaced
+//! instants whatever the answers (an open loop: a slow answer does not slow the
+//! client), each request given up after `TIMEOUT_MS` [10000]. Prints one JSON object: per
+//! class (`light`, all nine together; `heavy`), the requests sent, answered 200 within the
+//! run (`ok`) and after its end (`late`), refused (429, 503), failed or timed out, the
+//! requests a second answered 200 within the run (the goodput), and the 50th and 99th
+//! percentiles of the time to a 200.
+//!
+//! **capacity**: `CONCURRENCY` requests in progress at all times for `SECONDS` (a closed
+//! loop, each connection sending its next request once answered): prints the requests
+//! answered a second, the backend's real capacity at that many in progress (its timer
+//! adds its granularity to every service time).
+//!
+//! An example, as `bench_backend` is: a fixed path, kept compiling by `cargo test`.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+const LIGHT_CLIENTS: u8 = 9;
+/// The heavy client sends this many times a light one's requests.
+const HEAVY_FACTOR: u32 = 10;
+
+fn main() -> Result<(), Error> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let usage = "usage: fairness backend ADDR CAPACITY SERVICE_MS | fairness load ADDR SECONDS LIGHT_RATE [TIMEOUT_MS] \
+                 | fairness capacity ADDR SECONDS CONCURRENCY";
+    let arg = |i: usize| args.get(i).map(String::as_str).ok_or(usage);
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    match arg(0)? {
+        "backend" => {
+            let (capacity, service) = (arg(2)?.parse()?, Duration::from_millis(arg(3)?.parse()?));
+            runtime.block_on(backend(arg(1)?, capacity, service))
+        }
+        "load" => {
+            let addr: SocketAddr = arg(1)?.parse()?;
+            let seconds = Duration::from_secs(arg(2)?.parse()?);
+            let rate: u32 = arg(3)?.parse()?;
+            let timeout = Duration::from_millis(args.get(4).map_or(Ok(10_000), |t| t.parse())?);
+            let report = runtime.block_on(load(addr, seconds, rate, timeout))?;
+            println!("{report}");
+            Ok(())
+        }
+        "capacity" => {
+            let addr: SocketAddr = arg(1)?.parse()?;
+            let seconds = Duration::from_secs(arg(2)?.parse()?);
+            let per_second = runtime.block_on(capacity(addr, seconds, arg(3)?.parse()?))?;
+            println!("{per_second:.0}");
+            Ok(())
+        }
+        _ => Err(usage.into()),
+    }
+}
+
+/// Requests answered a second with `concurrency` in progress at all times.
+async fn capacity(addr: SocketAddr, seconds: Duration, concurrency: usize) -> Result<f64, Error> {
+    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let end = Instant::now() + seconds;
+    let loops: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let mut answered = 0u64;
+                while Instant::now() < end {
+                    let request = Request::get(format!("http://{addr}/")).body(Empty::new())?;
+                    let response = client.request(request).await?;
+                    response.into_body().collect().await?;
+                    answered += 1;
+                }
+                Ok::<_, Error>(answered)
+            })
+        })
+        .collect();
+    let mut answered = 0;
+    for l in loops {
+        answered += l.await??;
+    }
+    Ok(answered as f64 / seconds.as_secs_f64())
+}
+
+async fn backend(addr: &str, capacity: u64, service: Duration) -> Result<(), Error> {
+    let listener = TcpListener::bind(addr).await?;
+    println!("listening on {}", listener.local_addr()?);
+    let in_progress = Arc::new(AtomicU64::new(0));
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let _ = stream.set_nodelay(true);
+        let in_progress = Arc::clone(&in_progress);
+        tokio::spawn(async move {
+            let service = service_fn(move |_: Request<Incoming>| {
+                let in_progress = Arc::clone(&in_progress);
+                async move {
+                    let now = in_progress.fetch_add(1, Ordering::Relaxed) + 1;
+                    // Slower for everyone past its capacity: its throughput stays capacity / service.
+                    let factor = (now as f64 / capacity as f64).max(1.0);
+                    tokio::time::sleep(service.mul_f64(factor)).await;
+                    in_progress.fetch_sub(1, Ordering::Relaxed);
+                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok\n"))))
+                }
+            });
+            let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+        });
+    }
+}
+
+/// What one class of clients got.
+#[derive(Default)]
+struct Class {
+    sent: u64,
+    ok: u64,
+    /// Answered 200 after the run's end: not counted in the goodput.
+    late: u64,
+    refused: u64,
+    failed: u64,
+    /// Times to each 200, ms.
+    times: Vec<f64>,
+}
+
+async fn load(addr: SocketAddr, seconds: Duration, rate: u32, timeout: Duration) -> Result<String, Error> {
+    let classes: Arc<Mutex<BTreeMap<&'static str, Class>>> = Arc::default();
+    let end = Instant::now() + seconds;
+    let mut clients = Vec::new();
+    for i in 0..=LIGHT_CLIENTS {
+        let heavy = i == LIGHT_CLIENTS;
+        let (class, name) = if heavy { ("heavy", "heavy".to_owned()) } else { ("light", format!("light{}", i + 1)) };
+        let rate = if heavy { rate * HEAVY_FACTOR } else { rate };
+        let mut connector = HttpConnector::new();
+        connector.set_local_address(Some(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 11 + i))));
+        connector.set_nodelay(true);
+        let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .pool_max_idle_per_host(4096)
+            .build(connector);
+        let classes = Arc::clone(&classes);
+        clients.push(tokio::spawn(async move {
+            let every = Duration::from_secs(1) / rate.max(1);
+            let start = tokio::time::Instant::now();
+            let mut requests = Vec::new();
+            let mut n = 0u32;
+            while start.elapsed() < seconds {
+                tokio::time::sleep_until(start + every * n).await;
+                n += 1;
+                let (client, name, classes) = (client.clone(), name.clone(), Arc::clone(&classes));
+                requests.push(tokio::spawn(async move {
+                    let sent = Instant::now();
+                    let request = Request::get(format!("http://{addr}/"))
+                        .header("x-client", name)
+                        .body(Empty::new())
+                        .map_err(|e| e.to_string());
+                    let answer = async {
+                        let response = client.request(request?).await.map_err(|e| e.to_string())?;
+                        let status = response.status().as_u16();
+                        response.into_body().collect().await.map_err(|e| e.to_string())?;
+                        Ok::<_, String>(status)
+                    };
+                    let status = tokio::time::timeout(timeout, answer).await;
+                    let mut classes = classes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    let c = classes.entry(class).or_default();
+                    c.sent += 1;
+                    match status {
+                        Ok(Ok(200)) => {
+                            match Instant::now() <= end {
+                                true => c.ok += 1,
+                                false => c.late += 1,
+                            }
+                            c.times.push(sent.elapsed().as_secs_f64() * 1000.0);
+                        }
+                        Ok(Ok(429 | 503)) => c.refused += 1,
+                        _ => c.failed += 1,
+                    }
+                }));
+            }
+            for r in requests {
+                let _ = r.await;
+            }
+        }));
+    }
+    for c in clients {
+        c.await?;
+    }
+    let mut classes = classes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let secs = seconds.as_secs_f64();
+    let report: serde_json::Map<String, serde_json::Value> = classes
+        .iter_mut()
+        .map(|(name, c)| {
+            c.times.sort_by(f64::total_cmp);
+            let at = |q: f64| c.times.get(((c.times.len() as f64 * q) as usize).min(c.times.len().saturating_sub(1)));
+            let value = serde_json::json!({
+                "sent": c.sent, "ok": c.ok, "late": c.late, "refused": c.refused, "failed": c.failed,
+                "ok_per_second": c.ok as f64 / secs,
+                "p50_ms": at(0.5), "p99_ms": at(0.99),
+            });
+            ((*name).to_owned(), value)
+        })
+        .collect();
+    Ok(serde_json::Value::Object(report).to_string())
+}
