@@ -23,7 +23,6 @@
 #           and limit_req per client address at a tenth of the capacity with a burst of
 #           a second's worth, delayed (nginx's way to wait): each client's fair share, as
 #           an operator sets it, since nginx cannot share spare capacity
-#   direct  no proxy: the backend alone, overloaded
 # The table: per case, the light clients' success rate (200s of requests sent) and p99
 # time to a 200, the heavy client's 200s a second and success rate, and all clients' 200s
 # a second within the run (the goodput), against the backend's capacity as measured
@@ -31,7 +30,7 @@
 # granularity makes it a few per cent below the nominal CAPACITY / SERVICE_MS).
 #
 #   DURATION [60]  CAPACITY [50]  SERVICE_MS [20]  LIGHT_RATE [200]
-#   QUEUE_MAX [200]  MAX_WAIT [2s]  CASES ["queue plain nginx direct"]
+#   QUEUE_MAX [200]  MAX_WAIT [2s]  CASES ["queue plain nginx"]
 #   SG  the sluicegate binary [target/release/sluicegate] (SKIP_BUILD=1: as it is)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -42,12 +41,12 @@ SERVICE_MS="${SERVICE_MS:-20}"
 LIGHT_RATE="${LIGHT_RATE:-200}"
 QUEUE_MAX="${QUEUE_MAX:-200}"
 MAX_WAIT="${MAX_WAIT:-2s}"
-CASES="${CASES:-queue plain nginx direct}"
+CASES="${CASES:-queue plain nginx}"
 SG="${SG:-target/release/sluicegate}"
 NEXT_PORT=23000
 
 die() { echo "fairness: $*" >&2; exit 1; }
-# An overloaded backend holds thousands of connections open at once.
+# The load holds a connection per request in progress: thousands while a proxy queues.
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 
 if [ -z "${SKIP_BUILD:-}" ]; then
@@ -170,19 +169,14 @@ for case in $CASES; do
       nginx_conf "$tmp/nginx" "$port" >"$tmp/nginx/nginx.conf"
       nginx -p "$tmp/nginx" -c "$tmp/nginx/nginx.conf" 2>"$tmp/nginx.log" &
       ;;
-    direct) port="$BACKEND_PORT" ;;
     *) die "unknown case $case" ;;
   esac
-  if [ "$case" != direct ]; then
-    pid=$!
-    pids+=("$pid")
-    wait_ready "$port" "$pid"
-  fi
+  pid=$!
+  pids+=("$pid")
+  wait_ready "$port" "$pid"
   echo "fairness: $case, $DURATION s ..." >&2
   row "$case" "$("$FAIR" load "127.0.0.1:$port" "$DURATION" "$LIGHT_RATE")"
-  if [ "$case" != direct ]; then
-    kill "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  fi
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
 done
 

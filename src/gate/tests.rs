@@ -852,6 +852,56 @@ routes:
         assert_eq!(gate.limiters().queue_ended(LimitId::from(0), None, QueueEnd::Left), 3);
     }
 
+    /// `x-tier: gold` is class gold, every other request bronze.
+    const CLASSES: &str = "classes: [{ name: gold, match: { headers: { x-tier: gold } } }, { name: bronze }]";
+
+    fn come_as(gate: &Gate, config: &crate::config::Config, user: &str, tier: &str) -> Result<Decision, Queued> {
+        let mut headers = headers(user);
+        headers.insert("x-tier", tier.parse().unwrap());
+        let src = KeySource::get(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), "/", &headers);
+        let limits = &config.routes[RouteId::from(0)].limits;
+        let decision = gate.check(limits, &src, 1);
+        match gate.queue_of(&decision) {
+            Some(limit) => Err(gate.queue(limits, &src, limit)),
+            None => Ok(decision),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_highest_class_waiting_is_served_first_and_a_full_queue_sheds_the_lowest() {
+        let (gate, _, config) = gate(&format!("max: 3, {CLASSES}"));
+        let held = permits(come_as(&gate, &config, "a", "bronze"));
+        let bronze = [waiting(come_as(&gate, &config, "a", "bronze")), waiting(come_as(&gate, &config, "b", "bronze"))];
+        let gold = waiting(come_as(&gate, &config, "c", "gold"));
+        // Gold's place counts no bronze ahead of it; bronze's next counts gold's.
+        assert_eq!(gold.position, 1);
+        assert_eq!(
+            gate.limiters().queue_stands(
+                LimitId::from(0),
+                &KeySource::get(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), "/", &headers("d"))
+            ),
+            Some(("bronze", 3, 4))
+        );
+        // Full: a second gold pushes out bronze's newest (b's), not a gold.
+        let gold2 = waiting(come_as(&gate, &config, "c", "gold"));
+        let [a, b] = bronze;
+        assert!(matches!(b.wait().await, Err((QueueEnd::PushedOut, _))));
+        // A bronze request finds only its betters and a's: refused.
+        assert!(matches!(come_as(&gate, &config, "e", "bronze"), Err(Queued::Refused { end: QueueEnd::Full, .. })));
+        // The slot goes to gold first, then gold again, then bronze.
+        drop(held);
+        let mut holder = crate::gate::Permits::default();
+        holder.hold(gold.wait().await.unwrap());
+        drop(holder);
+        let mut holder = crate::gate::Permits::default();
+        holder.hold(gold2.wait().await.unwrap());
+        drop(holder);
+        assert!(a.wait().await.is_ok());
+        let ended = |class, end| gate.limiters().queue_ended(LimitId::from(0), Some(class), end);
+        assert_eq!((ended(0, QueueEnd::Served), ended(1, QueueEnd::Served)), (2, 1));
+        assert_eq!((ended(1, QueueEnd::PushedOut), ended(1, QueueEnd::Full)), (1, 1));
+    }
+
     #[tokio::test]
     async fn a_waiter_that_left_gets_no_slot_and_a_slot_nobody_waits_for_is_freed() {
         let (gate, _, config) = gate("max: 10");

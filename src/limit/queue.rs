@@ -530,11 +530,15 @@ impl Lane {
         None
     }
 
-    /// Pushes out the newest waiter of the longest flow: any (`None`: a request of a
-    /// higher class comes), or if longer than `flow` would be with one more.
+    /// Pushes out the newest waiter of the longest flow (of flows as long, the one whose
+    /// newest came last): any (`None`: a request of a higher class comes), or if longer
+    /// than `flow` would be with one more.
     fn push_out(&mut self, flow: Option<u64>) -> bool {
         let own = flow.map_or(0, |f| self.flows.get(&f).map_or(0, VecDeque::len));
-        let longest = self.flows.iter().max_by_key(|(_, w)| w.len()).map(|(&f, w)| (f, w.len()));
+        // Of flows as long, the one that came last.
+        let longest = (self.flows.iter())
+            .max_by_key(|(_, w)| (w.len(), w.back().map(|last| last.id)))
+            .map(|(&f, w)| (f, w.len()));
         let Some((longest, len)) = longest.filter(|&(_, len)| flow.is_none() || len > own + 1) else { return false };
         let Some(waiters) = self.flows.get_mut(&longest) else { return false };
         // Dropped, its sender tells the waiter it was pushed out.

@@ -139,6 +139,13 @@ impl Replay {
                 )
             });
         }
+        for limit in config.limits.iter().filter(|l| l.queue.is_some()) {
+            notes.push(format!(
+                "limit {} has a queue, which the replay does not model: a request it has no slot for is counted \
+                 refused at once, as without a queue (what the queue would have served, it counts refused)",
+                limit.name
+            ));
+        }
         for limit in config.limits.iter().filter(|l| l.count.is_some() && !carried.status) {
             notes.push(format!(
                 "limit {} counts only some statuses (count:), and the log has none ($status): every \

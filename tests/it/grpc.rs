@@ -894,3 +894,45 @@ async fn what_the_proxy_answers_a_grpc_call_itself_is_the_code_of_its_table() {
     made_here(&slow, "4", "a body that stopped");
     drop(tx);
 }
+
+/// A call a concurrency limit has no slot for waits in its queue; one the full queue
+/// sheds is `RESOURCE_EXHAUSTED` with the queue's pushback; a call cancelled while it
+/// waits leaves the queue and never reaches the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_call_cancelled_never_reaches_the_server_and_a_shed_one_is_resource_exhausted() {
+    let seen = Arc::new(Seen::default());
+    let server = grpc_server(&seen, None).await;
+    let sg = proxy(
+        server,
+        "",
+        "admin: { listen: 127.0.0.1:0 }\nlimits:\n  one: { key: ip, concurrency: 1, queue: { max: 1, max_wait: 30s } }\nroutes:\n  - { upstream: g, limits: [one] }\n",
+    );
+    let channel = channel(sg.addr, None).await;
+    let depth = async || Metrics::of(&sg).await.value("sluicegate_limit_queue_depth{limit=\"one\",class=\"\"}");
+    let hold = || {
+        let channel = channel.clone();
+        tokio::spawn(async move { call_unary(&channel, msg("hold", 0, 0)).await })
+    };
+    let entered = seen.entered.notified();
+    let first = hold();
+    tokio::time::timeout(Duration::from_secs(5), entered).await.expect("the call never reached the server");
+    let waiting = hold();
+    wait_until("the second call in the queue", Duration::from_secs(10), async || depth().await == 1.0).await;
+    // The queue is full: the third is shed, with the queue's expected wait.
+    let shed = call_unary(&channel, msg("x", 0, 0)).await.unwrap_err();
+    assert_eq!(shed.code(), Code::ResourceExhausted);
+    assert!(shed.metadata().get("grpc-retry-pushback-ms").is_some(), "{:?}", shed.metadata());
+    // Cancelled while it waits: out of the queue, and the server never saw it.
+    waiting.abort();
+    wait_until("the cancelled call out of the queue", Duration::from_secs(10), async || depth().await == 0.0).await;
+    let m = Metrics::of(&sg).await;
+    assert_eq!(m.value("sluicegate_limit_queue_ended_total{limit=\"one\",class=\"\",end=\"left\"}"), 1.0);
+    assert_eq!(m.value("sluicegate_limit_queue_ended_total{limit=\"one\",class=\"\",end=\"full\"}"), 1.0);
+    assert_eq!(seen.held.load(SeqCst), 1, "the cancelled call reached the server");
+    // The first cancelled too: its slot is free for the next call.
+    let gone = seen.entered.notified();
+    first.abort();
+    tokio::time::timeout(Duration::from_secs(5), gone).await.expect("the upstream call was not cancelled");
+    wait_until("the slot back", Duration::from_secs(10), async || call_unary(&channel, msg("x", 0, 0)).await.is_ok())
+        .await;
+}
