@@ -143,7 +143,7 @@ impl RequestOutcome {
                 // A request that waited in a queue has its wait over: its limit says it
                 // was delayed.
                 let (mut dry_rejected, mut annotated, mut queued) = (false, false, false);
-                for r in results.iter().filter(|r| r.annotated || r.outcome != Outcome::Passed) {
+                for r in results.iter().filter(|r| r.annotated || !matches!(r.outcome, Outcome::Passed)) {
                     let limit = &limits[r.limit];
                     dry_rejected |= r.outcome.is_rejected() && limit.action == LimitAction::Refuse;
                     annotated |= r.annotated && !limit.dry_run;

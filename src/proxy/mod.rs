@@ -275,10 +275,14 @@ impl Proxy {
         let admission = 'decided: {
             let pending = {
                 let mut admitted = self.admission(head, framing, conn);
-                if matches!(admitted.verdict, Verdict::ReadBody | Verdict::Pending)
-                    || self.candidate_live.load(Ordering::Relaxed)
-                    || self.queue_for(&admitted).is_some()
-                {
+                // (One match on the verdict: a request its limits pass pays nothing for
+                // the queue's check, which only a refusal makes.)
+                let later = match &admitted.verdict {
+                    Verdict::ReadBody | Verdict::Pending => true,
+                    Verdict::Decided(refused @ Decision::Reject { .. }) => self.gate.queue_of(refused).is_some(),
+                    Verdict::Decided(Decision::Pass { .. }) | Verdict::Refused(_) | Verdict::Held(_) => false,
+                };
+                if later || self.candidate_live.load(Ordering::Relaxed) {
                     Box::pin(self.admit_later(admitted, head, framing, body, conn, ctx))
                 } else {
                     self.note(&admitted, conn, ctx);
