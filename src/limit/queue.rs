@@ -259,32 +259,53 @@ impl Ticket {
     /// Waits for a slot, `max_wait` at most: the slot, or how the wait ended with the
     /// time after which a slot is expected.
     pub async fn wait(mut self) -> Result<Handed, (QueueEnd, Duration)> {
-        let ended = tokio::time::timeout(self.max_wait, &mut self.to).await;
-        self.done = true;
-        match ended {
-            Ok(Ok(handed)) => {
-                self.rooms.count(self.class, QueueEnd::Served);
-                Ok(handed)
-            }
-            Ok(Err(_)) => {
-                let retry_after = self.rooms.estimate(self.key, self.max_wait, None);
-                self.rooms.count(self.class, QueueEnd::PushedOut);
-                Err((QueueEnd::PushedOut, retry_after))
-            }
-            Err(_) => {
-                let position = self.rooms.leave(self.key, self.class, self.flow, self.id);
-                // Handed a slot as its time ran out: it is served.
-                if position.is_none()
-                    && let Ok(handed) = self.to.try_recv()
-                {
-                    self.rooms.count(self.class, QueueEnd::Served);
-                    return Ok(handed);
-                }
-                let retry_after = self.rooms.estimate(self.key, self.max_wait, position);
-                self.rooms.count(self.class, QueueEnd::TimedOut);
-                Err((QueueEnd::TimedOut, retry_after))
-            }
+        match tokio::time::timeout(self.max_wait, &mut self.to).await {
+            Ok(Ok(handed)) => Ok(self.served(handed)),
+            Ok(Err(_)) => Err(self.pushed_out()),
+            Err(_) => self.give_up(),
         }
+    }
+
+    /// How the wait ended, if it did, read without waiting (what a replay on a virtual
+    /// clock asks after each slot given back): handed a slot, or pushed out.
+    pub fn try_end(&mut self) -> Option<Result<Handed, (QueueEnd, Duration)>> {
+        match self.to.try_recv() {
+            Ok(handed) => Some(Ok(self.served(handed))),
+            Err(oneshot::error::TryRecvError::Empty) => None,
+            Err(oneshot::error::TryRecvError::Closed) => Some(Err(self.pushed_out())),
+        }
+    }
+
+    /// Stops waiting: its `max_wait` is over. A slot handed to it meanwhile is its.
+    pub fn give_up(mut self) -> Result<Handed, (QueueEnd, Duration)> {
+        self.done = true;
+        let position = self.rooms.leave(self.key, self.class, self.flow, self.id);
+        if position.is_none()
+            && let Ok(handed) = self.to.try_recv()
+        {
+            return Ok(self.served(handed));
+        }
+        let retry_after = self.rooms.estimate(self.key, self.max_wait, position);
+        self.rooms.count(self.class, QueueEnd::TimedOut);
+        Err((QueueEnd::TimedOut, retry_after))
+    }
+
+    /// The longest it waits.
+    pub fn max_wait(&self) -> Duration {
+        self.max_wait
+    }
+
+    fn served(&mut self, handed: Handed) -> Handed {
+        self.done = true;
+        self.rooms.count(self.class, QueueEnd::Served);
+        handed
+    }
+
+    fn pushed_out(&mut self) -> (QueueEnd, Duration) {
+        self.done = true;
+        let retry_after = self.rooms.estimate(self.key, self.max_wait, None);
+        self.rooms.count(self.class, QueueEnd::PushedOut);
+        (QueueEnd::PushedOut, retry_after)
     }
 }
 

@@ -22,7 +22,7 @@ use crate::wire::head::{Fields, RequestHead};
 pub const COMBINED: &str = r#"$remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent "$http_referer" "$http_user_agent""#;
 
 /// One request as a log line recorded it.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Logged {
     /// When it arrived, ns since the Unix epoch.
     pub at: u64,

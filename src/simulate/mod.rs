@@ -132,25 +132,25 @@ pub fn run(options: &Options) -> Result<Output, SimulateError> {
     let names = logs.names();
     let mut compared = Compared::default();
     let (mut from, mut to) = (None, None);
+    // Requests whose fate a queue deferred under some configuration, by number: where
+    // they are in the logs, and each configuration's fate once known.
+    let mut deferred: HashMap<u64, Deferred> = HashMap::new();
+    let mut number = 0u64;
     while let Some(entry) = logs.next()? {
         from.get_or_insert(entry.at);
         to = Some(entry.at);
-        let fates: SmallVec<[Fate; 2]> = replays.iter_mut().map(|r| r.take(&entry.request, entry.at)).collect();
-        if let Some((out, file)) = &mut decisions {
-            for (n, fate) in fates.iter().enumerate() {
-                let line = decision_line(&replays[n], fate, &names[entry.file], entry.line, entry.at, n, replays.len());
-                writeln!(out, "{line}").map_err(|source| SimulateError::Write { file: file.clone(), source })?;
-            }
-        }
-        if let [old, new] = &fates[..] {
-            compared.add(old, new);
-        }
-    }
-    if let Some((mut out, file)) = decisions {
-        out.flush().map_err(|source| SimulateError::Write { file, source })?;
+        let fates: SmallVec<[Option<Fate>; 2]> =
+            replays.iter_mut().map(|r| r.take(&entry.request, entry.at, number)).collect();
+        deferred.insert(number, (entry.file, entry.line, entry.at, fates));
+        number += 1;
+        settle(&mut deferred, &mut replays, &mut decisions, &mut compared, &names, false)?;
     }
     for replay in &mut replays {
         replay.finish();
+    }
+    settle(&mut deferred, &mut replays, &mut decisions, &mut compared, &names, true)?;
+    if let Some((mut out, file)) = decisions {
+        out.flush().map_err(|source| SimulateError::Write { file, source })?;
     }
     if let Some(path) = &options.plot {
         plot::draw(path, &replays)
@@ -181,6 +181,50 @@ pub fn run(options: &Options) -> Result<Output, SimulateError> {
         configs,
         changes,
     })
+}
+
+/// A request taken by every replay: its log, line and instant, and each configuration's
+/// fate once known (a queue defers it).
+type Deferred = (usize, u64, u64, SmallVec<[Option<Fate>; 2]>);
+
+/// The decisions file and where it is written, if one is.
+type Decisions = Option<(BufWriter<File>, String)>;
+
+/// Takes the fates the replays settled since the last call and writes and compares each
+/// request whose fate every configuration knows (`all`: the replays are over).
+fn settle(
+    deferred: &mut HashMap<u64, Deferred>,
+    replays: &mut [Replay],
+    decisions: &mut Decisions,
+    compared: &mut Compared,
+    names: &[String],
+    all: bool,
+) -> Result<(), SimulateError> {
+    for n in 0..replays.len() {
+        for (number, fate) in replays[n].resolved() {
+            if let Some((.., fates)) = deferred.get_mut(&number) {
+                fates[n] = Some(fate);
+            }
+        }
+    }
+    let mut known: Vec<u64> =
+        deferred.iter().filter(|(_, (.., fates))| fates.iter().all(Option::is_some)).map(|(&n, _)| n).collect();
+    known.sort_unstable();
+    for number in known {
+        let Some((file, line, at, fates)) = deferred.remove(&number) else { continue };
+        let fates: SmallVec<[Fate; 2]> = fates.into_iter().flatten().collect();
+        if let Some((out, path)) = decisions {
+            for (n, fate) in fates.iter().enumerate() {
+                let written = decision_line(&replays[n], fate, &names[file], line, at, n, replays.len());
+                writeln!(out, "{written}").map_err(|source| SimulateError::Write { file: path.clone(), source })?;
+            }
+        }
+        if let [old, new] = &fates[..] {
+            compared.add(old, new);
+        }
+    }
+    debug_assert!(!all || deferred.is_empty(), "every wait ends with the replay");
+    Ok(())
 }
 
 /// One request's fate under configuration `n` of `of`, as a JSON line.

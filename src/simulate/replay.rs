@@ -30,9 +30,11 @@ use crate::gate::{Decision, Gate, Pending, Permits};
 use crate::grpc;
 use crate::limit::Outcome;
 use crate::limit::key_text::KeyText;
+use crate::limit::queue::{Handed, Queued, Ticket};
 use crate::metrics::{RequestOutcome, UPSTREAM_HOLD};
+use crate::policy::LimitUse;
 use crate::policy::allow::Allow;
-use crate::policy::key::KeyPart;
+use crate::policy::key::{KeyPart, KeySource};
 
 /// What became of one request.
 pub struct Fate {
@@ -53,6 +55,25 @@ pub struct Fate {
     /// The request was a gRPC call (its line has a `grpc_status`): a refusal is answered
     /// with the limit's `grpc_status`.
     pub grpc: bool,
+}
+
+/// A request waiting in a concurrency limit's queue, on the virtual clock: settled when
+/// a request that ends hands it a slot, or at its deadline.
+struct Waiter {
+    /// Its number among the log's requests (the caller's).
+    number: u64,
+    ticket: Ticket,
+    arrived: u64,
+    deadline: u64,
+    request: Logged,
+}
+
+/// How a request comes to be decided: as it arrives (with its number, for a fate that a
+/// queue defers), or again once its wait in a queue ended, at `arrived`.
+enum Step {
+    Arrives(u64),
+    Handed { handed: Handed, arrived: u64 },
+    Ended { retry_after: Duration },
 }
 
 /// A request in progress: what it gives back when it ends.
@@ -83,6 +104,12 @@ pub struct Replay {
     host: Option<String>,
     /// Requests in progress by end, then admission.
     in_flight: BinaryHeap<Reverse<ByKey<(u64, u64), InProgress>>>,
+    /// Requests waiting in a queue, and the fates of those settled since `resolved`.
+    waiting: Vec<Waiter>,
+    resolved: Vec<(u64, Fate)>,
+    /// A request a concurrency limit with a queue has no slot for waits in it (else it
+    /// is refused at once: `refusing_at_once`).
+    queues: bool,
     seq: u64,
     /// The keys held after their upstream refused them, as the log's `hold_ms` says:
     /// the proxy's holds, on the virtual clock.
@@ -139,13 +166,6 @@ impl Replay {
                 )
             });
         }
-        for limit in config.limits.iter().filter(|l| l.queue.is_some()) {
-            notes.push(format!(
-                "limit {} has a queue, which the replay does not model: a request it has no slot for is counted \
-                 refused at once, as without a queue (what the queue would have served, it counts refused)",
-                limit.name
-            ));
-        }
         for limit in config.limits.iter().filter(|l| l.count.is_some() && !carried.status) {
             notes.push(format!(
                 "limit {} counts only some statuses (count:), and the log has none ($status): every \
@@ -188,9 +208,26 @@ impl Replay {
             notes,
             host,
             in_flight: BinaryHeap::new(),
+            waiting: Vec::new(),
+            resolved: Vec::new(),
+            queues: true,
             seq: 0,
             holds,
             tally,
+        }
+    }
+
+    /// Has a request that a concurrency limit with a queue has no slot for refused at
+    /// once, as without the queue, so that every fate is known when the request is taken
+    /// (what a synthetic load's connections need to go on); noted in `notes`.
+    pub fn refusing_at_once(&mut self) {
+        self.queues = false;
+        for limit in self.config.limits.iter().filter(|l| l.queue.is_some()) {
+            self.notes.push(format!(
+                "limit {} has a queue, which this prediction does not model: a request it has no slot for is \
+                 counted refused at once (what the queue would have served, it counts refused)",
+                limit.name
+            ));
         }
     }
 
@@ -200,13 +237,31 @@ impl Replay {
         self.tally = Tally::new(&self.config);
         self.holds = Holds::new(&self.config, None);
         self.in_flight.clear();
+        self.waiting.clear();
+        self.resolved.clear();
         self.seq = 0;
     }
 
-    /// Replays `request`, arriving at `at` (no earlier than the previous one), through
-    /// the proxy's own admission (`admission::admit`), on the virtual clock.
-    pub fn take(&mut self, request: &Logged, at: u64) -> Fate {
-        self.end_until(at);
+    /// Replays `request`, the log's `number`th, arriving at `at` (no earlier than the
+    /// previous one), through the proxy's own admission (`admission::admit`), on the
+    /// virtual clock: its fate, or `None` while it waits in a queue (`resolved` gives it
+    /// once settled).
+    pub fn take(&mut self, request: &Logged, at: u64, number: u64) -> Option<Fate> {
+        self.advance(at);
+        let fate = self.decide(request, at, Step::Arrives(number));
+        // A request it pushed out of a queue is settled now.
+        self.serve(at);
+        fate
+    }
+
+    /// The fates of requests settled after waiting in a queue, each with its number,
+    /// since the last call.
+    pub fn resolved(&mut self) -> Vec<(u64, Fate)> {
+        std::mem::take(&mut self.resolved)
+    }
+
+    /// Decides `request` at `at`, as `step` says.
+    fn decide(&mut self, request: &Logged, at: u64, step: Step) -> Option<Fate> {
         let grpc = request.grpc_status.is_some();
         let mut fate = Fate {
             route: None,
@@ -235,33 +290,60 @@ impl Replay {
                 }
                 _ => self.tally.no_route += 1,
             }
-            return fate;
+            return Some(fate);
         };
         let (index, src) = (front.route, &front.src);
         fate.route = Some(index);
         let route = &self.config.routes[index];
-        self.tally.second(at);
-        if !front.exempt {
+        let arrives = matches!(step, Step::Arrives(_));
+        if arrives {
+            self.tally.second(at);
+        }
+        if !front.exempt && arrives {
             // Counted as not simulated for each limit the line cannot drive.
             for &used in &route.limits {
                 let l = used.limit;
                 simulated(&self.skipped[l], &self.per_line[l], &mut self.tally, l, index, request);
             }
         }
+        let mut waited = Duration::ZERO;
         let decision = match admitted.verdict {
-            Verdict::Decided(decision) => decision,
+            Verdict::Decided(decision) => {
+                let cost = admitted.cost.unwrap_or(1);
+                let queue = if self.queues { self.gate.queue_of(&decision) } else { None };
+                match (step, queue) {
+                    (Step::Arrives(number), Some(limit)) => match self.gate.queue(&admitted.limits, src, limit) {
+                        Queued::Taken(handed) => self.holding(&admitted.limits, src, cost, handed, Duration::ZERO),
+                        Queued::Waiting(ticket) => {
+                            let wait = u64::try_from(ticket.max_wait().as_nanos()).unwrap_or(u64::MAX);
+                            let request = request.clone();
+                            let deadline = at.saturating_add(wait);
+                            self.waiting.push(Waiter { number, ticket, arrived: at, deadline, request });
+                            return None;
+                        }
+                        Queued::Refused { retry_after, .. } => queue_refused(decision, limit, retry_after),
+                    },
+                    (Step::Handed { handed, arrived }, Some(_)) => {
+                        waited = Duration::from_nanos(at.saturating_sub(arrived));
+                        self.holding(&admitted.limits, src, cost, handed, waited)
+                    }
+                    (Step::Ended { retry_after, .. }, Some(limit)) => queue_refused(decision, limit, retry_after),
+                    // Refused by another limit now, or a slot free after all: as decided.
+                    (_, _) => decision,
+                }
+            }
             Verdict::Refused(refused) => {
                 self.refused(refused, index, &mut fate);
-                return fate;
+                return Some(fate);
             }
             Verdict::Held(hold) => {
                 self.tally.routes[index].held += 1;
                 fate.outcome = UPSTREAM_HOLD;
                 fate.held = Some(hold.status.as_u16());
-                return fate;
+                return Some(fate);
             }
             // No Redis in a replay, and no body in a log line.
-            Verdict::Pending | Verdict::ReadBody => return fate,
+            Verdict::Pending | Verdict::ReadBody => return Some(fate),
         };
         let limits = &admitted.limits;
         fate.missing_key = self.gate.missing_keys(limits, src).collect();
@@ -295,7 +377,7 @@ impl Replay {
                 self.tally.rejected_at(at);
             }
             Decision::Pass { wait, permits, pending, .. } => {
-                fate.wait = wait;
+                fate.wait = waited + wait;
                 self.tally.routes[index].waited(wait);
                 let wait = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
                 let answered = at.saturating_add(wait).saturating_add(request.duration.unwrap_or(0));
@@ -311,7 +393,20 @@ impl Replay {
                 );
             }
         }
-        fate
+        Some(fate)
+    }
+
+    /// `Gate::decide_holding` on the virtual clock: without Redis, it decides at once.
+    fn holding(
+        &self,
+        limits: &[LimitUse],
+        src: &KeySource<'_>,
+        cost: u64,
+        handed: Handed,
+        waited: Duration,
+    ) -> Decision {
+        let deciding = self.gate.decide_holding(limits, src, cost, handed, waited);
+        futures_util::FutureExt::now_or_never(deciding).expect("a replay's limits are all local")
     }
 
     /// Holds `key` of route `index` from `answered`, the instant `request` was answered,
@@ -349,6 +444,67 @@ impl Replay {
         self.in_flight.push(Reverse(ByKey((end, self.seq), InProgress { permits, pending, status })));
     }
 
+    /// Moves the virtual clock on to `at`: every request in progress that ended by then
+    /// ends (its slots handed to requests waiting in a queue, which are decided then),
+    /// and every wait in a queue that ran out by then ends, each at its instant, in order.
+    fn advance(&mut self, at: u64) {
+        loop {
+            let end = self.in_flight.peek().map(|h| h.0.0.0);
+            let deadline = self.waiting.iter().map(|w| w.deadline).min();
+            let next = match (end, deadline) {
+                (Some(end), Some(deadline)) => end.min(deadline),
+                (Some(t), None) | (None, Some(t)) => t,
+                (None, None) => break,
+            };
+            if next > at {
+                break;
+            }
+            // A slot given back at the instant a wait runs out is handed on first.
+            if end == Some(next) {
+                self.end_until(next);
+                self.serve(next);
+            } else {
+                self.expire(next);
+            }
+        }
+    }
+
+    /// Settles, at `now`, the waiting requests whose wait has ended: handed a slot
+    /// (decided again, holding it) or pushed out; until none has.
+    fn serve(&mut self, now: u64) {
+        while let Some((i, ended)) =
+            self.waiting.iter_mut().enumerate().find_map(|(i, w)| Some((i, w.ticket.try_end()?)))
+        {
+            let waiter = self.waiting.swap_remove(i);
+            let step = match ended {
+                Ok(handed) => Step::Handed { handed, arrived: waiter.arrived },
+                Err((_, retry_after)) => Step::Ended { retry_after },
+            };
+            self.settle(waiter.number, &waiter.request, now, step);
+        }
+    }
+
+    /// Ends, at `now`, the waits that ran out by then.
+    fn expire(&mut self, now: u64) {
+        while let Some(i) = self.waiting.iter().position(|w| w.deadline <= now) {
+            let waiter = self.waiting.swap_remove(i);
+            let step = match waiter.ticket.give_up() {
+                Ok(handed) => Step::Handed { handed, arrived: waiter.arrived },
+                Err((_, retry_after)) => Step::Ended { retry_after },
+            };
+            self.settle(waiter.number, &waiter.request, now, step);
+            self.serve(now);
+        }
+    }
+
+    /// Decides the waiting request `number` at `now`, as `step` says, and keeps its fate.
+    fn settle(&mut self, number: u64, request: &Logged, now: u64, step: Step) {
+        self.clock.set(Nanos(now));
+        if let Some(fate) = self.decide(request, now, step) {
+            self.resolved.push((number, fate));
+        }
+    }
+
     /// Ends every request in progress that ended by `at`.
     fn end_until(&mut self, at: u64) {
         while self.in_flight.peek().is_some_and(|h| h.0.0.0 <= at) {
@@ -365,10 +521,23 @@ impl Replay {
         }
     }
 
-    /// The end of the log: every request still in progress ends.
+    /// The end of the log: every request still in progress ends, and every wait in a
+    /// queue with it.
     pub fn finish(&mut self) {
-        self.end_until(u64::MAX);
+        self.advance(u64::MAX);
     }
+}
+
+/// `decision`, a refusal by `limit` that waited in its queue (or could not): refused after
+/// `retry_after`, as the queue expects a slot.
+fn queue_refused(mut decision: Decision, limit: LimitId, expected: Duration) -> Decision {
+    if let Decision::Reject { retry_after, results, .. } = &mut decision {
+        *retry_after = expected;
+        for r in results.iter_mut().filter(|r| r.limit == limit) {
+            r.outcome = Outcome::Rejected(expected);
+        }
+    }
+    decision
 }
 
 /// Whether limit `l` can decide `request`, given why the log cannot drive it

@@ -780,3 +780,45 @@ routes:
     let replayed: Vec<u16> = decisions(&dir.path().join("d.jsonl")).iter().map(status).collect();
     assert_eq!(replayed, answers, "the replay decides by the logged fields as the proxy did");
 }
+
+/// A concurrency limit's queue on a replay: a request with no slot waits for the one a
+/// logged request gives back when it ends, decided then, or is refused when its wait
+/// runs out; against the same limit without a queue, which refuses them all.
+#[test]
+fn a_queue_on_a_replay_hands_the_slots_a_logged_request_gives_back_to_the_requests_waiting() {
+    let dir = tempfile::tempdir().unwrap();
+    let limit = "listen: 127.0.0.1:0\nlimits:\n  c: { key: ip, concurrency: 1QUEUE }\nroutes:\n  - { limits: [c], respond: { status: 200 } }\n";
+    write(dir.path(), "queue.yaml", &limit.replace("QUEUE", ", queue: { max: 5, max_wait: 500ms }"));
+    write(dir.path(), "plain.yaml", &limit.replace("QUEUE", ""));
+    // (ms from 10:00:00, duration ms): the first holds the slot to 300; the second gets
+    // it then (to 600), the third at 600 (to 700), the fourth at 700 (to 800); the fifth
+    // would get it at 800, after its 500 ms: refused at 760.
+    let log: String = [(0, 300), (100, 300), (150, 100), (250, 100), (260, 100)]
+        .iter()
+        .map(|(at, duration)| {
+            format!(
+                "{{\"time\":\"2026-11-22T10:00:00.{at:03}Z\",\"client\":\"10.0.0.1\",\"method\":\"GET\",\"target\":\"/{at}\",\"status\":200,\"duration_ms\":{duration}.0}}\n"
+            )
+        })
+        .collect();
+    write(dir.path(), "access.log", &log);
+    let report =
+        simulate_json(dir.path(), &["-c", "queue.yaml", "-c", "plain.yaml", "--decisions", "d.jsonl", "access.log"]);
+    let lines = decisions(&dir.path().join("d.jsonl"));
+    let queued: Vec<(u16, u64)> = lines
+        .iter()
+        .filter(|d| d["config_index"] == 0)
+        .map(|d| (status(d), d["wait_ms"].as_f64().unwrap().round() as u64))
+        .collect();
+    assert_eq!(queued, [(200, 0), (200, 200), (200, 450), (200, 450), (429, 0)], "{lines:#?}");
+    let plain: Vec<u16> = lines.iter().filter(|d| d["config_index"] == 1).map(status).collect();
+    assert_eq!(plain, [200, 429, 429, 429, 429]);
+    let route = &report["configs"][0]["routes"][0];
+    assert_eq!(
+        (route["passed"].as_u64(), route["delayed"].as_u64(), route["rejected"].as_u64()),
+        (Some(1), Some(3), Some(1)),
+        "{report:#}"
+    );
+    // Without the queue, the three it served are refused.
+    assert_eq!(report["changes"]["newly_refused"], 3, "{report:#}");
+}

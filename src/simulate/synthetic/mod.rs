@@ -100,7 +100,8 @@ impl Model {
         let requests = (0..spec.connections.get().min(spec.keys.count()))
             .map(|connection| request(&config, &spec, connection))
             .collect();
-        let replay = Replay::new(config, name, &carried, None);
+        let mut replay = Replay::new(config, name, &carried, None);
+        replay.refusing_at_once();
         Model { replay, spec, requests }
     }
 
@@ -129,7 +130,7 @@ impl Model {
         let (mut requests, mut admitted) = (0u64, 0u64);
         let mut send = |replay: &mut Replay, connection: u32, at: u64| -> Fate {
             let key = connection as usize % keys;
-            let fate = replay.take(&self.requests[key], at);
+            let fate = replay.take(&self.requests[key], at, 0).expect("a replay that refuses at once decides at once");
             let second = (at - start.0) / 1_000_000_000;
             let index = usize::try_from(second).unwrap_or(usize::MAX);
             if seconds.len() <= index {
