@@ -111,6 +111,16 @@ pub enum RequestOutcome {
 }
 
 impl RequestOutcome {
+    /// The outcome of a request that waited in a concurrency limit's queue for its slot
+    /// (`of` its decision once handed one): passed after a wait is delayed. (Not looked
+    /// for by `of`, which every request pays for: its reader knows.)
+    pub fn after_queue(self) -> RequestOutcome {
+        match self {
+            RequestOutcome::Passed | RequestOutcome::Annotated => RequestOutcome::Delayed,
+            other => other,
+        }
+    }
+
     const ALL: [RequestOutcome; 7] = [
         RequestOutcome::Passed,
         RequestOutcome::Delayed,
@@ -140,16 +150,13 @@ impl RequestOutcome {
             Decision::Pass { wait, results, .. } => {
                 // One pass, the limit read only for a result over it (in a passed request:
                 // in dry run, or annotating, which would not have refused) or annotated.
-                // A request that waited in a queue has its wait over: its limit says it
-                // was delayed.
-                let (mut dry_rejected, mut annotated, mut queued) = (false, false, false);
-                for r in results.iter().filter(|r| r.annotated || !matches!(r.outcome, Outcome::Passed)) {
+                let (mut dry_rejected, mut annotated) = (false, false);
+                for r in results.iter().filter(|r| r.annotated || r.outcome.is_rejected()) {
                     let limit = &limits[r.limit];
                     dry_rejected |= r.outcome.is_rejected() && limit.action == LimitAction::Refuse;
                     annotated |= r.annotated && !limit.dry_run;
-                    queued |= matches!(r.outcome, Outcome::Delayed(_)) && limit.queue.is_some();
                 }
-                match (dry_rejected, wait.is_zero() && !queued, annotated) {
+                match (dry_rejected, wait.is_zero(), annotated) {
                     (true, ..) => RequestOutcome::DryRunRejected,
                     (false, false, _) => RequestOutcome::Delayed,
                     (false, true, true) => RequestOutcome::Annotated,

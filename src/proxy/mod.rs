@@ -286,7 +286,7 @@ impl Proxy {
                     Box::pin(self.admit_later(admitted, head, framing, body, conn, ctx))
                 } else {
                     self.note(&admitted, conn, ctx);
-                    break 'decided self.act(&mut admitted, head, conn, ctx);
+                    break 'decided self.act(&mut admitted, head, conn, ctx, false);
                 }
             };
             pending.await
@@ -365,13 +365,14 @@ impl Proxy {
             };
             admitted.verdict = Verdict::Decided(decision);
         }
+        let mut queued = false;
         if let Some(limit) = self.queue_for(&admitted) {
-            self.wait_in_queue(&mut admitted, limit, ctx).await;
+            queued = self.wait_in_queue(&mut admitted, limit, ctx).await;
         }
         if let Some(candidate) = self.candidate() {
             self.judge(&candidate, &admitted, head, framing, conn, ctx).await;
         }
-        self.act(&mut admitted, head, conn, ctx)
+        self.act(&mut admitted, head, conn, ctx, queued)
     }
 
     /// The limit whose queue the request `admitted` waits in: a refusal by a concurrency
@@ -389,13 +390,20 @@ impl Proxy {
     /// refusal, with the `Retry-After` the queue expects a slot after. A client that goes
     /// away while waiting drops this future: its request leaves the queue and never
     /// reaches the upstream. (Awaited in the boxed part of `admit`: a request that never
-    /// queues carries no room for it.)
-    async fn wait_in_queue(&self, admitted: &mut admission::Admission<'_>, limit: LimitId, ctx: &mut RequestCtx) {
-        let (Some(front), Some(cost)) = (&admitted.front, admitted.cost) else { return };
+    /// queues carries no room for it.) Whether it waited for the slot it holds.
+    async fn wait_in_queue(
+        &self,
+        admitted: &mut admission::Admission<'_>,
+        limit: LimitId,
+        ctx: &mut RequestCtx,
+    ) -> bool {
+        let (Some(front), Some(cost)) = (&admitted.front, admitted.cost) else { return false };
         let since = Instant::now();
+        let mut waits = false;
         let ended = match self.gate.queue(&admitted.limits, &front.src, limit) {
             Queued::Taken(handed) => Ok(handed),
             Queued::Waiting(ticket) => {
+                waits = true;
                 // Its line, written if its client goes away meanwhile, says so.
                 ctx.log(|e| e.queued = Some(QueueWait { since, waited: None, end: QueueEnd::Left.as_str() }));
                 ticket.wait().await
@@ -410,6 +418,7 @@ impl Proxy {
             Ok(handed) => {
                 let decision = self.gate.decide_holding(&admitted.limits, &front.src, cost, handed, waited).await;
                 admitted.verdict = Verdict::Decided(decision);
+                waits
             }
             Err((_, expected)) => {
                 if let Verdict::Decided(Decision::Reject { retry_after, results, .. }) = &mut admitted.verdict {
@@ -418,6 +427,7 @@ impl Proxy {
                         r.outcome = Outcome::Rejected(expected);
                     }
                 }
+                false
             }
         }
     }
@@ -467,13 +477,15 @@ impl Proxy {
 
     /// Acts on the admission's verdict (decided): a refusal or a hold answered, the
     /// limits' decision counted, logged, and answered or passed on to `serve`. (Read where
-    /// it lies: what `serve` needs is taken out of it, the rest is not moved.)
+    /// it lies: what `serve` needs is taken out of it, the rest is not moved.) `queued`:
+    /// the request waited in a queue for the slot it was decided with.
     fn act(
         &self,
         admitted: &mut admission::Admission<'_>,
         head: &RequestHead<'_>,
         conn: &ClientConn,
         ctx: &mut RequestCtx,
+        queued: bool,
     ) -> Result<Admission, ProxyError> {
         let config = &self.config;
         if !matches!(admitted.verdict, Verdict::Decided(_)) {
@@ -488,7 +500,10 @@ impl Proxy {
             unreachable!("a decision has a route")
         };
         let route = &config.routes[front.route];
-        let outcome = RequestOutcome::of(decision, &config.limits);
+        let mut outcome = RequestOutcome::of(decision, &config.limits);
+        if queued {
+            outcome = outcome.after_queue();
+        }
         self.metrics.request(front.route, outcome);
         ctx.log(|e| {
             e.outcome = outcome.as_str();

@@ -347,7 +347,10 @@ impl Replay {
         };
         let limits = &admitted.limits;
         fate.missing_key = self.gate.missing_keys(limits, src).collect();
-        let outcome = RequestOutcome::of(&decision, &self.config.limits);
+        let mut outcome = RequestOutcome::of(&decision, &self.config.limits);
+        if !waited.is_zero() && matches!(decision, Decision::Pass { .. }) {
+            outcome = outcome.after_queue();
+        }
         fate.outcome = outcome.as_str();
         let results = decision.results();
         for l in limits.iter().map(|u| u.limit) {
