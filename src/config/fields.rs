@@ -275,7 +275,7 @@ mod tests {
                 "F:5:29: upstreams.a.servers[0].wieght: unknown field `wieght`; did you mean `weight`?",
                 "F:6:30: upstreams.a.health_check.intervall: unknown field `intervall`; did you mean `interval`?",
                 "F:8:14: routes[0].match.hots: unknown field `hots`; did you mean `host`?",
-                "F:9:5: routes[0].colour: unknown field `colour`; the 18 fields of `routes[i]` are listed in docs/configuration.md",
+                "F:9:5: routes[0].colour: unknown field `colour`; the 19 fields of `routes[i]` are listed in docs/configuration.md",
             ]
         );
         assert!(missing.is_empty(), "{missing:?}");

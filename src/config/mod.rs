@@ -449,6 +449,9 @@ pub struct Route {
     pub max_body_bytes: Option<u64>,
     /// How fast each response's body is sent (`None`: as fast as the client takes it).
     pub body_rate: Option<BodyRate>,
+    /// The class its requests wait in, in the queues of its limits that have one of this
+    /// name (`priority:`; `None`: each queue's classes' matches say).
+    pub priority: Option<Box<str>>,
     /// Whether its requests' tokens are verified, and what an invalid one gets.
     pub token: TokenUse,
     /// Keys the upstream refused with a time to wait are answered here until then.

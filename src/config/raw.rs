@@ -646,6 +646,8 @@ pub struct RawRoute {
     pub max_body_bytes: Option<RawSize>,
     pub response_body_rate: Option<RawBodyRate>,
     pub upstream_hold: Option<RawUpstreamHold>,
+    /// The class its requests wait in, in the queues of its limits that have it.
+    pub priority: Option<String>,
 }
 
 /// `upstream_hold: true`, or `{ by: LIMIT | route, max: 1h, max_keys: 10000 }`: a key the

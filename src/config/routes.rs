@@ -191,6 +191,16 @@ fn route(
         );
     }
     let upstream_hold = upstream_hold(e, &at, raw, &limits, compiled);
+    let priority = raw.priority.as_deref().map(|name| {
+        let classes = |l: &LimitId| compiled.get(*l).and_then(|l| l.queue.as_ref()).map(|q| &q.classes[..]);
+        if !candidates.iter().filter_map(classes).flatten().any(|c| c.name == name) {
+            e.add(
+                format!("{at}.priority"),
+                format!("{name:?} names no class of the queues of this route's limits (a concurrency limit's `queue.classes`)"),
+            );
+        }
+        Box::from(name)
+    });
     let max_body_bytes = body_size(e, &format!("{at}.max_body_bytes"), raw.max_body_bytes.as_ref()).or(max_body_bytes);
     let body_rate = raw.response_body_rate.as_ref().and_then(|r| {
         let per_second = body_size(e, &format!("{at}.response_body_rate.bytes_per_second"), Some(&r.bytes_per_second));
@@ -210,6 +220,7 @@ fn route(
         rewrite,
         max_body_bytes,
         body_rate,
+        priority,
         token,
         upstream_hold,
         body_fields,

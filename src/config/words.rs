@@ -90,6 +90,9 @@ pub struct RouteWords<'a> {
     pub max_body_bytes: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream_hold: Option<HoldWords<'a>>,
+    /// The class its requests wait in, in its limits' queues.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<&'a str>,
 }
 
 /// A route's `upstream_hold`: whose key it holds (a limit's name, or `route`), for how
@@ -413,6 +416,7 @@ impl<'a> RouteWords<'a> {
                 })
                 .collect(),
             max_body_bytes: route.max_body_bytes.map(size),
+            priority: route.priority.as_deref(),
             upstream_hold: route.upstream_hold.as_ref().map(|h| HoldWords {
                 by: match h.by {
                     HoldBy::Limit(limit) => &config.limits[limit].name,

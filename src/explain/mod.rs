@@ -361,7 +361,9 @@ pub fn explain(
                     .map(|&used| {
                         let state =
                             |l: LimitId| route.candidates.iter().position(|&c| c == l).and_then(|i| before[i].clone());
-                        explain_limit(config, gate, &text, &front.src, front.exempt, used, decision, state)
+                        let src = &front.src;
+                        let priority = route.priority.as_deref();
+                        explain_limit(config, gate, &text, src, front.exempt, used, decision, state, priority)
                     })
                     .collect();
                 explanation.answer = answer(config, route, decision, grpc);
@@ -532,7 +534,7 @@ fn action(config: &Config, route: &Route) -> String {
 
 /// What limit `used` of a route made of the request `src` (`exempt`: the route's
 /// allow-list exempts it), from `decision` and the key's state before (`before`, by
-/// limit); its key written by `text`.
+/// limit); its key written by `text`; `priority`: the route's class in queues.
 #[allow(clippy::too_many_arguments)]
 fn explain_limit(
     config: &Config,
@@ -543,6 +545,7 @@ fn explain_limit(
     used: crate::policy::LimitUse,
     decision: &Decision,
     before: impl Fn(LimitId) -> Option<KeyState>,
+    priority: Option<&str>,
 ) -> LimitExplained {
     let choice = gate.choice(used, src, false);
     let deciding = choice.used.limit;
@@ -603,7 +606,7 @@ fn explain_limit(
             .map(|p| p.name(p.row(p.by.value_in(src).as_deref()))),
         own_count: if skipped.is_none() { own_count(gate, deciding, src) } else { None },
         queue: limit.queue.as_ref().filter(|_| skipped.is_none()).map(|queue| {
-            let (class, waiting, position) = limiters.queue_stands(deciding, src).unwrap_or(("", 0, 1));
+            let (class, waiting, position) = limiters.queue_stands(deciding, src, priority).unwrap_or(("", 0, 1));
             QueueExplained {
                 class: (!class.is_empty()).then(|| class.to_owned()),
                 max: queue.max,

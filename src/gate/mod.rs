@@ -161,10 +161,11 @@ impl Gate {
     }
 
     /// Brings the request `src` that limit `limit` refused (`queue_of`) to that limit's
-    /// queue (`limits`: its route's, as `decide` was given them).
-    pub fn queue(&self, limits: &[LimitUse], src: &KeySource<'_>, limit: LimitId) -> Queued {
+    /// queue (`limits`: its route's, as `decide` was given them; `priority`: its route's
+    /// class).
+    pub fn queue(&self, limits: &[LimitUse], src: &KeySource<'_>, limit: LimitId, priority: Option<&str>) -> Queued {
         let count = self.choose(limits, src, false).iter().find(|u| u.limit == limit).and_then(|u| u.count);
-        self.limiters.queue(limit, src, count)
+        self.limiters.queue(limit, src, count, priority)
     }
 
     /// Decides, as `decide` does, a request that waited in a queue and was `handed` a slot

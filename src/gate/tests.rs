@@ -777,7 +777,7 @@ routes:
         let limits = &config.routes[RouteId::from(route)].limits;
         let decision = gate.check(limits, &src, 1);
         match gate.queue_of(&decision) {
-            Some(limit) => Err(gate.queue(limits, &src, limit)),
+            Some(limit) => Err(gate.queue(limits, &src, limit, None)),
             None => Ok(decision),
         }
     }
@@ -862,7 +862,7 @@ routes:
         let limits = &config.routes[RouteId::from(0)].limits;
         let decision = gate.check(limits, &src, 1);
         match gate.queue_of(&decision) {
-            Some(limit) => Err(gate.queue(limits, &src, limit)),
+            Some(limit) => Err(gate.queue(limits, &src, limit, None)),
             None => Ok(decision),
         }
     }
@@ -878,7 +878,8 @@ routes:
         assert_eq!(
             gate.limiters().queue_stands(
                 LimitId::from(0),
-                &KeySource::get(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), "/", &headers("d"))
+                &KeySource::get(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), "/", &headers("d")),
+                None
             ),
             Some(("bronze", 3, 4))
         );

@@ -492,14 +492,21 @@ impl Limiters {
 
     /// A request of `src` that limit `limit` (a concurrency limit with a queue) refused
     /// for want of a slot comes to its queue: it takes a slot freed meanwhile, or waits
-    /// in its key's room (`count`: the key's own count of slots, `limit_from`).
-    pub fn queue(self: &Arc<Self>, limit: LimitId, src: &KeySource<'_>, count: Option<u64>) -> queue::Queued {
+    /// in its key's room (`count`: the key's own count of slots, `limit_from`; `priority`:
+    /// its route's class).
+    pub fn queue(
+        self: &Arc<Self>,
+        limit: LimitId,
+        src: &KeySource<'_>,
+        count: Option<u64>,
+        priority: Option<&str>,
+    ) -> queue::Queued {
         let limiter = &self.limits[limit];
         let (Some(queue), Some(key)) = (&limiter.queue, self.key_hash(limit, src)) else {
             return queue::Queued::Refused { end: queue::QueueEnd::Full, retry_after: Duration::ZERO };
         };
         let flow = queue.fair_by.hash_any(src, &self.secret.seed).0.0;
-        queue.rooms.join(queue, key, queue.class_of(src), flow, || {
+        queue.rooms.join(queue, key, queue.class_of(src, priority), flow, || {
             let Some(window) = limiter.windows.first() else { return queue::Take::NoRoom };
             let mut held = window.lock_as(key, None, limiter.count(count));
             let now = self.clock.now();
@@ -517,10 +524,15 @@ impl Limiters {
     /// Where a request of `src` would stand in the queue of `limit` now, nothing taken:
     /// its class's name, the requests waiting for its key's slots, and its place in the
     /// round if it joined.
-    pub fn queue_stands(&self, limit: LimitId, src: &KeySource<'_>) -> Option<(&str, usize, usize)> {
+    pub fn queue_stands(
+        &self,
+        limit: LimitId,
+        src: &KeySource<'_>,
+        priority: Option<&str>,
+    ) -> Option<(&str, usize, usize)> {
         let queue = self.limits[limit].queue.as_ref()?;
         let key = self.key_hash(limit, src)?;
-        let class = queue.class_of(src);
+        let class = queue.class_of(src, priority);
         let flow = queue.fair_by.hash_any(src, &self.secret.seed).0.0;
         let (waiting, position) = queue.rooms.would_stand(key, class, flow).unwrap_or((0, 1));
         Some((queue.class_name(class), waiting, position))

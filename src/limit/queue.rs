@@ -71,8 +71,12 @@ impl Queue {
         }
     }
 
-    /// The class of `src`: the first whose `match` admits it, else the last.
-    pub(crate) fn class_of(&self, src: &crate::policy::key::KeySource<'_>) -> usize {
+    /// The class of `src`: the one its route's `priority` names, if this queue has it;
+    /// else the first whose `match` admits it, else the last.
+    pub(crate) fn class_of(&self, src: &crate::policy::key::KeySource<'_>, priority: Option<&str>) -> usize {
+        if let Some(class) = priority.and_then(|name| self.classes.iter().position(|c| c.name == name)) {
+            return class;
+        }
         let last = self.classes.len().saturating_sub(1);
         self.classes.iter().position(|c| !c.matcher.is_empty() && c.matcher.admits(src)).unwrap_or(last)
     }

@@ -400,7 +400,8 @@ impl Proxy {
         let (Some(front), Some(cost)) = (&admitted.front, admitted.cost) else { return false };
         let since = Instant::now();
         let mut waits = false;
-        let ended = match self.gate.queue(&admitted.limits, &front.src, limit) {
+        let priority = self.config.routes[front.route].priority.as_deref();
+        let ended = match self.gate.queue(&admitted.limits, &front.src, limit, priority) {
             Queued::Taken(handed) => Ok(handed),
             Queued::Waiting(ticket) => {
                 waits = true;

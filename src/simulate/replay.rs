@@ -312,17 +312,19 @@ impl Replay {
                 let cost = admitted.cost.unwrap_or(1);
                 let queue = if self.queues { self.gate.queue_of(&decision) } else { None };
                 match (step, queue) {
-                    (Step::Arrives(number), Some(limit)) => match self.gate.queue(&admitted.limits, src, limit) {
-                        Queued::Taken(handed) => self.holding(&admitted.limits, src, cost, handed, Duration::ZERO),
-                        Queued::Waiting(ticket) => {
-                            let wait = u64::try_from(ticket.max_wait().as_nanos()).unwrap_or(u64::MAX);
-                            let request = request.clone();
-                            let deadline = at.saturating_add(wait);
-                            self.waiting.push(Waiter { number, ticket, arrived: at, deadline, request });
-                            return None;
+                    (Step::Arrives(number), Some(limit)) => {
+                        match self.gate.queue(&admitted.limits, src, limit, route.priority.as_deref()) {
+                            Queued::Taken(handed) => self.holding(&admitted.limits, src, cost, handed, Duration::ZERO),
+                            Queued::Waiting(ticket) => {
+                                let wait = u64::try_from(ticket.max_wait().as_nanos()).unwrap_or(u64::MAX);
+                                let request = request.clone();
+                                let deadline = at.saturating_add(wait);
+                                self.waiting.push(Waiter { number, ticket, arrived: at, deadline, request });
+                                return None;
+                            }
+                            Queued::Refused { retry_after, .. } => queue_refused(decision, limit, retry_after),
                         }
-                        Queued::Refused { retry_after, .. } => queue_refused(decision, limit, retry_after),
-                    },
+                    }
                     (Step::Handed { handed, arrived }, Some(_)) => {
                         waited = Duration::from_nanos(at.saturating_sub(arrived));
                         self.holding(&admitted.limits, src, cost, handed, waited)

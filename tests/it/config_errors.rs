@@ -88,7 +88,7 @@ FILE:8:19: upstreams.app.fail_timeout: must be longer than zero (turn passive he
 FILE:10:52: limits.per_ip.delay: must not exceed burst (2); use `nodelay: true` for no delay
 FILE:12:33: routes[0].match.hots: unknown field `hots`; did you mean `host`?
 FILE:15:37: routes[0].rewrite.keep: unknown field `keep`; expected `prefix` or `to`
-FILE:16:5: routes[0].colour: unknown field `colour`; the 18 fields of `routes[i]` are listed in docs/configuration.md
+FILE:16:5: routes[0].colour: unknown field `colour`; the 19 fields of `routes[i]` are listed in docs/configuration.md
 FILE: configuration is invalid
 "
     );

@@ -247,6 +247,46 @@ async fn a_higher_class_is_served_first_and_a_full_queue_sheds_the_lowest_class(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routes_priority_names_the_class_its_requests_wait_in() {
+    let backend = Backend::start().await;
+    let classes = "classes: [{ name: gold, match: { headers: { x-tier: gold } } }, { name: bronze }]";
+    let sg = Conf::new()
+        .admin()
+        .upstream(&backend)
+        .limit("c", &format!("key: ip, concurrency: 1, queue: {{ max: 10, max_wait: 30s, {classes} }}"))
+        .route("match: { path: /held, methods: [POST] }, upstream: b, limits: [c], priority: gold")
+        .forwarding("c")
+        .start();
+    let addr = sg.addr;
+    let first = tokio::spawn(async move { get(addr, "/held?first", &[]).await });
+    wait_until("the first at the backend", Duration::from_secs(10), async || backend.hits().len() == 1).await;
+    let bronze = tokio::spawn(async move { get(addr, "/held?bronze", &[]).await });
+    let depth = async |class: &str| {
+        Metrics::of(&sg).await.value(&format!("sluicegate_limit_queue_depth{{limit=\"c\",class=\"{class}\"}}"))
+    };
+    wait_until("bronze waiting", Duration::from_secs(10), async || depth("bronze").await == 1.0).await;
+    // A POST takes the route whose priority is gold, with no header saying so.
+    let gold = tokio::spawn(async move {
+        request(addr, Request::post("/held?gold").header("host", "localhost").body(Full::new(Bytes::new())).unwrap())
+            .await
+    });
+    wait_until("gold waiting", Duration::from_secs(10), async || depth("gold").await == 1.0).await;
+    backend.gate.add_permits(3);
+    for r in [first, bronze] {
+        assert_eq!(r.await.unwrap().status, 200);
+    }
+    assert_eq!(gold.await.unwrap().status, 200);
+    let order: Vec<String> = backend.hits().iter().map(|h| h.path_and_query.clone()).collect();
+    assert_eq!(order, ["/held?first", "/held?gold", "/held?bronze"]);
+    // A priority that names no class of the route's queues is refused, at its place.
+    let (code, stderr) = check_bounded(
+        "listen: 127.0.0.1:0\nlimits:\n  c: { key: ip, concurrency: 1, queue: {} }\nroutes:\n  - { limits: [c], respond: { status: 200 }, priority: gold }\n",
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("routes[0].priority: \"gold\" names no class of the queues"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_keeps_the_queues_waiters() {
     let backend = Backend::start().await;
     let dir = tempfile::tempdir().unwrap();
