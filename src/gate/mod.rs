@@ -180,7 +180,8 @@ impl Gate {
         handed: Handed,
         waited: Duration,
     ) -> Decision {
-        let mut chosen = self.choose(limits, src, true);
+        // (Its keys' own counts were tallied when it was first decided.)
+        let mut chosen = self.choose(limits, src, false);
         chosen.retain(|u| u.limit != handed.limit);
         let decision = match &self.store {
             Some(store) => self.decide_chosen(store, chosen, src, cost).await,
