@@ -111,12 +111,12 @@ pub enum RequestOutcome {
 }
 
 impl RequestOutcome {
-    /// The outcome of a request that waited in a concurrency limit's queue for its slot
-    /// (`of` its decision once handed one): passed after a wait is delayed. (Not looked
-    /// for by `of`, which every request pays for: its reader knows.)
-    pub fn after_queue(self) -> RequestOutcome {
+    /// This outcome of a request that `waited` in a concurrency limit's queue for its
+    /// slot (or did not): passed after a wait is delayed. (Not looked for by `of`, which
+    /// every request pays for: its reader knows.)
+    pub fn after_queue(self, waited: bool) -> RequestOutcome {
         match self {
-            RequestOutcome::Passed | RequestOutcome::Annotated => RequestOutcome::Delayed,
+            RequestOutcome::Passed | RequestOutcome::Annotated if waited => RequestOutcome::Delayed,
             other => other,
         }
     }
@@ -855,6 +855,45 @@ impl Current {
     }
 }
 
+impl Current {
+    /// The queues' series: depth and ends by class, of the limits with a queue only.
+    fn queues(&self, encoder: &mut DescriptorEncoder) -> std::fmt::Result {
+        let l = &self.limiters;
+        let queues: Vec<(LimitId, &str)> = self
+            .names
+            .iter_enumerated()
+            .filter(|&(i, _)| l.max_wait(i).is_some())
+            .map(|(i, n)| (i, n.as_str()))
+            .collect();
+        if queues.is_empty() {
+            return Ok(());
+        }
+        {
+            let help =
+                "Requests waiting now in each concurrency limit's queue, by class (\"\": a queue without classes)";
+            let mut family = encoder.encode_descriptor("limit_queue_depth", help, None, MetricType::Gauge)?;
+            for &(i, limit) in &queues {
+                for (c, class) in l.queue_classes(i).into_iter().enumerate() {
+                    let depth = ConstGauge::new(i64::try_from(l.queued(i, Some(c))).unwrap_or(i64::MAX));
+                    depth.encode(family.encode_family(&vec![("limit", limit), ("class", class)])?)?;
+                }
+            }
+        }
+        let help = "Waits in each concurrency limit's queue, by class and by how they ended: served (a slot), full, \
+                    timed_out, pushed_out (a request of a shorter flow took the place), left (the client went away)";
+        let mut family = encoder.encode_descriptor("limit_queue_ended", help, None, MetricType::Counter)?;
+        for &(i, limit) in &queues {
+            for (c, class) in l.queue_classes(i).into_iter().enumerate() {
+                for end in QueueEnd::ALL {
+                    let labels = vec![("limit", limit), ("class", class), ("end", end.as_str())];
+                    ConstCounter::new(l.queue_ended(i, Some(c), end)).encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Collector for State {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
         let current = self.0.lock().unwrap_or_else(PoisonError::into_inner);
@@ -881,37 +920,7 @@ impl Collector for State {
             MetricType::Gauge,
             |i| gauge(l.in_flight(i)),
         )?;
-        // Only limits with a queue have these series.
-        let queues: Vec<(LimitId, &str)> = this
-            .names
-            .iter_enumerated()
-            .filter(|&(i, _)| l.max_wait(i).is_some())
-            .map(|(i, n)| (i, n.as_str()))
-            .collect();
-        if !queues.is_empty() {
-            {
-                let help =
-                    "Requests waiting now in each concurrency limit's queue, by class (\"\": a queue without classes)";
-                let mut family = encoder.encode_descriptor("limit_queue_depth", help, None, MetricType::Gauge)?;
-                for &(i, limit) in &queues {
-                    for (c, class) in l.queue_classes(i).into_iter().enumerate() {
-                        let depth = ConstGauge::new(i64::try_from(l.queued(i, Some(c))).unwrap_or(i64::MAX));
-                        depth.encode(family.encode_family(&vec![("limit", limit), ("class", class)])?)?;
-                    }
-                }
-            }
-            let help = "Waits in each concurrency limit's queue, by class and by how they ended: served (a slot), full, timed_out, \
-                        pushed_out (a request of a shorter flow took the place), left (the client went away)";
-            let mut family = encoder.encode_descriptor("limit_queue_ended", help, None, MetricType::Counter)?;
-            for &(i, limit) in &queues {
-                for (c, class) in l.queue_classes(i).into_iter().enumerate() {
-                    for end in QueueEnd::ALL {
-                        let labels = vec![("limit", limit), ("class", class), ("end", end.as_str())];
-                        ConstCounter::new(l.queue_ended(i, Some(c), end)).encode(family.encode_family(&labels)?)?;
-                    }
-                }
-            }
-        }
+        this.queues(&mut encoder)?;
         this.per_limit(
             &mut encoder,
             "limit_evictions",

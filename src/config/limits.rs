@@ -79,9 +79,9 @@ pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeM
         }
     }
     let tenant = tenant(e, &at, raw, policy.as_deref().unwrap_or_default());
-    let queue = queue(e, &at, raw, policy.as_deref().unwrap_or_default(), scope);
     Limit {
         name: name.to_owned(),
+        queue: queue(e, &at, raw, policy.as_deref().unwrap_or_default(), scope),
         key,
         // A placeholder only where an error is already recorded: then no Config is built.
         windows: policy.unwrap_or_default(),
@@ -106,7 +106,6 @@ pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeM
         on_invalid_token: raw.on_invalid_token.unwrap_or_default(),
         response: response(e, &at, raw, status),
         tenant,
-        queue,
     }
 }
 

@@ -191,16 +191,7 @@ fn route(
         );
     }
     let upstream_hold = upstream_hold(e, &at, raw, &limits, compiled);
-    let priority = raw.priority.as_deref().map(|name| {
-        let classes = |l: &LimitId| compiled.get(*l).and_then(|l| l.queue.as_ref()).map(|q| &q.classes[..]);
-        if !candidates.iter().filter_map(classes).flatten().any(|c| c.name == name) {
-            e.add(
-                format!("{at}.priority"),
-                format!("{name:?} names no class of the queues of this route's limits (a concurrency limit's `queue.classes`)"),
-            );
-        }
-        Box::from(name)
-    });
+    let priority = priority(e, &at, raw, &candidates, compiled);
     let max_body_bytes = body_size(e, &format!("{at}.max_body_bytes"), raw.max_body_bytes.as_ref()).or(max_body_bytes);
     let body_rate = raw.response_body_rate.as_ref().and_then(|r| {
         let per_second = body_size(e, &format!("{at}.response_body_rate.bytes_per_second"), Some(&r.bytes_per_second));
@@ -226,6 +217,27 @@ fn route(
         body_fields,
         body_match,
     }
+}
+
+/// A route's `priority`: a class of the queues of its limits (`candidates`).
+fn priority(
+    e: &mut Errors<'_>,
+    at: &str,
+    raw: &RawRoute,
+    candidates: &[LimitId],
+    compiled: &TiSlice<LimitId, Limit>,
+) -> Option<Box<str>> {
+    let name = raw.priority.as_deref()?;
+    let classes = |l: &LimitId| compiled.get(*l).and_then(|l| l.queue.as_ref()).map(|q| &q.classes[..]);
+    if !candidates.iter().filter_map(classes).flatten().any(|c| c.name == name) {
+        e.add(
+            format!("{at}.priority"),
+            format!(
+                "{name:?} names no class of the queues of this route's limits (a concurrency limit's `queue.classes`)"
+            ),
+        );
+    }
+    Some(Box::from(name))
 }
 
 /// A route's match on fields of the JSON body (`match: { json: { model: "gpt-4o*" } }`):

@@ -605,20 +605,32 @@ fn explain_limit(
             .and_then(|c| c.prices.as_ref())
             .map(|p| p.name(p.row(p.by.value_in(src).as_deref()))),
         own_count: if skipped.is_none() { own_count(gate, deciding, src) } else { None },
-        queue: limit.queue.as_ref().filter(|_| skipped.is_none()).map(|queue| {
-            let (class, waiting, position) = limiters.queue_stands(deciding, src, priority).unwrap_or(("", 0, 1));
-            QueueExplained {
-                class: (!class.is_empty()).then(|| class.to_owned()),
-                max: queue.max,
-                max_wait_ms: ms(queue.max_wait),
-                fair_by: queue.fair_by.0.iter().map(ToString::to_string).collect::<Vec<_>>().join(" + "),
-                flow: text.write(&queue.fair_by, src),
-                waiting,
-                position: (gate.queue_of(decision) == Some(deciding)).then_some(position),
-            }
-        }),
+        queue: if skipped.is_none() { queue_explained(gate, text, deciding, src, decision, priority) } else { None },
         skipped,
     }
+}
+
+/// The queue of limit `limit`, if it has one, and where `src` (of a route whose class
+/// in queues is `priority`) would stand in it, `decision` being its limits'.
+fn queue_explained(
+    gate: &Gate,
+    text: &KeyText,
+    limit: LimitId,
+    src: &KeySource<'_>,
+    decision: &Decision,
+    priority: Option<&str>,
+) -> Option<QueueExplained> {
+    let queue = gate.limiters().get(limit).queue.as_ref()?;
+    let (class, waiting, position) = gate.limiters().queue_stands(limit, src, priority).unwrap_or(("", 0, 1));
+    Some(QueueExplained {
+        class: (!class.is_empty()).then(|| class.to_owned()),
+        max: queue.max,
+        max_wait_ms: ms(queue.max_wait),
+        fair_by: queue.fair_by.0.iter().map(ToString::to_string).collect::<Vec<_>>().join(" + "),
+        flow: text.write(&queue.fair_by, src),
+        waiting,
+        position: (gate.queue_of(decision) == Some(limit)).then_some(position),
+    })
 }
 
 /// A key's own count as `explain` says it: an amount on a money budget.

@@ -75,6 +75,17 @@ pub enum Decision {
 }
 
 impl Decision {
+    /// This refusal by `limit`, which waited in its queue (or could not), refused after
+    /// `expected`, as the queue expects a slot.
+    pub fn refused_after(&mut self, limit: LimitId, expected: Duration) {
+        if let Decision::Reject { retry_after, results, .. } = self {
+            *retry_after = expected;
+            for r in results.iter_mut().filter(|r| r.limit == limit) {
+                r.outcome = Outcome::Rejected(expected);
+            }
+        }
+    }
+
     /// One result per limit that decided the request.
     pub fn results(&self) -> &[LimitResult] {
         match self {

@@ -422,11 +422,8 @@ impl Proxy {
                 waits
             }
             Err((_, expected)) => {
-                if let Verdict::Decided(Decision::Reject { retry_after, results, .. }) = &mut admitted.verdict {
-                    *retry_after = expected;
-                    for r in results.iter_mut().filter(|r| r.limit == limit) {
-                        r.outcome = Outcome::Rejected(expected);
-                    }
+                if let Verdict::Decided(decision) = &mut admitted.verdict {
+                    decision.refused_after(limit, expected);
                 }
                 false
             }
@@ -501,10 +498,7 @@ impl Proxy {
             unreachable!("a decision has a route")
         };
         let route = &config.routes[front.route];
-        let mut outcome = RequestOutcome::of(decision, &config.limits);
-        if queued {
-            outcome = outcome.after_queue();
-        }
+        let outcome = RequestOutcome::of(decision, &config.limits).after_queue(queued);
         self.metrics.request(front.route, outcome);
         ctx.log(|e| {
             e.outcome = outcome.as_str();

@@ -308,32 +308,18 @@ impl Replay {
         }
         let mut waited = Duration::ZERO;
         let decision = match admitted.verdict {
-            Verdict::Decided(decision) => {
+            Verdict::Decided(decision) if self.queues => {
                 let cost = admitted.cost.unwrap_or(1);
-                let queue = if self.queues { self.gate.queue_of(&decision) } else { None };
-                match (step, queue) {
-                    (Step::Arrives(number), Some(limit)) => {
-                        match self.gate.queue(&admitted.limits, src, limit, route.priority.as_deref()) {
-                            Queued::Taken(handed) => self.holding(&admitted.limits, src, cost, handed, Duration::ZERO),
-                            Queued::Waiting(ticket) => {
-                                let wait = u64::try_from(ticket.max_wait().as_nanos()).unwrap_or(u64::MAX);
-                                let request = request.clone();
-                                let deadline = at.saturating_add(wait);
-                                self.waiting.push(Waiter { number, ticket, arrived: at, deadline, request });
-                                return None;
-                            }
-                            Queued::Refused { retry_after, .. } => queue_refused(decision, limit, retry_after),
-                        }
+                let found = Found { limits: &admitted.limits, src, cost, priority: route.priority.as_deref() };
+                match queue_step(&self.gate, &mut self.waiting, step, decision, &found, request, at) {
+                    Some((decision, queued)) => {
+                        waited = queued;
+                        decision
                     }
-                    (Step::Handed { handed, arrived }, Some(_)) => {
-                        waited = Duration::from_nanos(at.saturating_sub(arrived));
-                        self.holding(&admitted.limits, src, cost, handed, waited)
-                    }
-                    (Step::Ended { retry_after, .. }, Some(limit)) => queue_refused(decision, limit, retry_after),
-                    // Refused by another limit now, or a slot free after all: as decided.
-                    (_, _) => decision,
+                    None => return None,
                 }
             }
+            Verdict::Decided(decision) => decision,
             Verdict::Refused(refused) => {
                 self.refused(refused, index, &mut fate);
                 return Some(fate);
@@ -349,10 +335,7 @@ impl Replay {
         };
         let limits = &admitted.limits;
         fate.missing_key = self.gate.missing_keys(limits, src).collect();
-        let mut outcome = RequestOutcome::of(&decision, &self.config.limits);
-        if !waited.is_zero() && matches!(decision, Decision::Pass { .. }) {
-            outcome = outcome.after_queue();
-        }
+        let outcome = RequestOutcome::of(&decision, &self.config.limits).after_queue(!waited.is_zero());
         fate.outcome = outcome.as_str();
         let results = decision.results();
         for l in limits.iter().map(|u| u.limit) {
@@ -399,19 +382,6 @@ impl Replay {
             }
         }
         Some(fate)
-    }
-
-    /// `Gate::decide_holding` on the virtual clock: without Redis, it decides at once.
-    fn holding(
-        &self,
-        limits: &[LimitUse],
-        src: &KeySource<'_>,
-        cost: u64,
-        handed: Handed,
-        waited: Duration,
-    ) -> Decision {
-        let deciding = self.gate.decide_holding(limits, src, cost, handed, waited);
-        futures_util::FutureExt::now_or_never(deciding).expect("a replay's limits are all local")
     }
 
     /// Holds `key` of route `index` from `answered`, the instant `request` was answered,
@@ -533,16 +503,51 @@ impl Replay {
     }
 }
 
-/// `decision`, a refusal by `limit` that waited in its queue (or could not): refused after
-/// `retry_after`, as the queue expects a slot.
-fn queue_refused(mut decision: Decision, limit: LimitId, expected: Duration) -> Decision {
-    if let Decision::Reject { retry_after, results, .. } = &mut decision {
-        *retry_after = expected;
-        for r in results.iter_mut().filter(|r| r.limit == limit) {
-            r.outcome = Outcome::Rejected(expected);
+/// What the admission found of a request, as its queue step needs it.
+struct Found<'a, 's> {
+    limits: &'a [LimitUse],
+    src: &'a KeySource<'s>,
+    cost: u64,
+    /// Its route's class in queues.
+    priority: Option<&'a str>,
+}
+
+/// The queue step of a request its limits decided at `at` (`decision`), as `step` says:
+/// a refusal a queue may take brings it to the queue (`None`: it waits there, in
+/// `waiting`); handed a slot, it is decided again holding it; its wait over, it is
+/// refused with what the queue expects. The decision, and how long it waited.
+fn queue_step(
+    gate: &Gate,
+    waiting: &mut Vec<Waiter>,
+    step: Step,
+    mut decision: Decision,
+    found: &Found<'_, '_>,
+    request: &Logged,
+    at: u64,
+) -> Option<(Decision, Duration)> {
+    let Some(limit) = gate.queue_of(&decision) else { return Some((decision, Duration::ZERO)) };
+    // Without Redis, `decide_holding` decides at once.
+    let holding = |handed, waited| {
+        let deciding = gate.decide_holding(found.limits, found.src, found.cost, handed, waited);
+        futures_util::FutureExt::now_or_never(deciding).expect("a replay's limits are all local")
+    };
+    match step {
+        Step::Arrives(number) => match gate.queue(found.limits, found.src, limit, found.priority) {
+            Queued::Taken(handed) => return Some((holding(handed, Duration::ZERO), Duration::ZERO)),
+            Queued::Waiting(ticket) => {
+                let deadline = at.saturating_add(u64::try_from(ticket.max_wait().as_nanos()).unwrap_or(u64::MAX));
+                waiting.push(Waiter { number, ticket, arrived: at, deadline, request: request.clone() });
+                return None;
+            }
+            Queued::Refused { retry_after, .. } => decision.refused_after(limit, retry_after),
+        },
+        Step::Handed { handed, arrived } => {
+            let waited = Duration::from_nanos(at.saturating_sub(arrived));
+            return Some((holding(handed, waited), waited));
         }
+        Step::Ended { retry_after } => decision.refused_after(limit, retry_after),
     }
-    decision
+    Some((decision, Duration::ZERO))
 }
 
 /// Whether limit `l` can decide `request`, given why the log cannot drive it
