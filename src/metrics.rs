@@ -892,6 +892,35 @@ impl Current {
         }
         Ok(())
     }
+
+    /// Each adaptive concurrency limit's ceiling and the latencies it moves by.
+    fn ceilings(&self, encoder: &mut DescriptorEncoder) -> std::fmt::Result {
+        let l = &self.limiters;
+        let ceilings: Vec<_> =
+            self.names.iter_enumerated().filter_map(|(i, n)| Some((n.as_str(), l.ceiling(i)?.read()))).collect();
+        if ceilings.is_empty() {
+            return Ok(());
+        }
+        {
+            let help = "Requests in progress each adaptive concurrency limit lets a key have now (its ceiling)";
+            let mut family = encoder.encode_descriptor("limit_ceiling", help, None, MetricType::Gauge)?;
+            for (limit, read) in &ceilings {
+                let ceiling = ConstGauge::new(i64::try_from(read.ceiling).unwrap_or(i64::MAX));
+                ceiling.encode(family.encode_family(&vec![("limit", *limit)])?)?;
+            }
+        }
+        let help = "What each adaptive concurrency limit's ceiling moves by: the median time its slots were held in \
+                    the last window (recent), and the least such median (ground; the target is 1.25 times it)";
+        let mut family = encoder.encode_descriptor("limit_latency_seconds", help, None, MetricType::Gauge)?;
+        for (limit, read) in &ceilings {
+            for (of, span) in [("recent", read.recent), ("ground", read.ground)] {
+                let Some(span) = span else { continue };
+                let gauge = ConstGauge::new(span.as_secs_f64());
+                gauge.encode(family.encode_family(&vec![("limit", *limit), ("of", of)])?)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Collector for State {
@@ -921,6 +950,7 @@ impl Collector for State {
             |i| gauge(l.in_flight(i)),
         )?;
         this.queues(&mut encoder)?;
+        this.ceilings(&mut encoder)?;
         this.per_limit(
             &mut encoder,
             "limit_evictions",

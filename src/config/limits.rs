@@ -10,7 +10,9 @@ use http::{HeaderName, HeaderValue};
 
 use super::calendar;
 use super::checks::{Errors, allow, check_name, key_parts, positive_duration, status_in, unknown_name};
-use super::raw::{AlgorithmName, RawAmount, RawLimit, RawPrices, RawQueueClass, RawReading, RawWindow};
+use super::raw::{
+    AlgorithmName, RawAdaptive, RawAmount, RawConcurrency, RawLimit, RawPrices, RawQueueClass, RawReading, RawWindow,
+};
 use super::store::scope;
 use super::units::parse_rate;
 use super::{Ban, BodyPiece, Limit, LimitAction, LimitId, LimitResponse, LogLevel, Policy, Rate};
@@ -609,7 +611,7 @@ impl Kind {
                 &["limit", "window"]
             }
             Kind::Windows => &["rates"],
-            Kind::Concurrency => &["concurrency", "retry_after"],
+            Kind::Concurrency => &["concurrency", "retry_after", "adaptive"],
         }
     }
 }
@@ -623,7 +625,7 @@ const MAX_WINDOW_LIMIT: u64 = (1 << 24) - 1;
 /// The limit's policies (one per window): what kind of limit it is decides which fields
 /// apply, and every other field given is an error.
 fn policy(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Vec<Policy>> {
-    let kind = match (raw.algorithm, &raw.rates, raw.concurrency) {
+    let kind = match (raw.algorithm, &raw.rates, &raw.concurrency) {
         (algorithm, None, None) => Kind::Algorithm(algorithm.unwrap_or(AlgorithmName::LeakyBucket)),
         (None, Some(_), None) => Kind::Windows,
         (None, None, Some(_)) => Kind::Concurrency,
@@ -644,6 +646,7 @@ fn policy(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Vec<Policy>> {
         ("refill", raw.refill.is_some()),
         ("interval", raw.interval.is_some()),
         ("retry_after", raw.retry_after.is_some()),
+        ("adaptive", raw.adaptive.is_some()),
     ];
     for (field, _) in given.iter().filter(|(field, given)| *given && !kind.fields().contains(field)) {
         let fields = kind.fields().join(", ");
@@ -749,16 +752,69 @@ fn policy(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> Option<Vec<Policy>> {
             })
         }
         Kind::Concurrency => {
-            let max = raw.concurrency.unwrap_or(0);
-            if max == 0 {
-                e.add(format!("{at}.concurrency"), "must be a positive integer");
-            }
+            let (max, adaptive) = match &raw.concurrency {
+                Some(RawConcurrency::Word(word)) if word == "adaptive" => adaptive(e, at, raw),
+                Some(RawConcurrency::Word(word)) => {
+                    e.add(
+                        format!("{at}.concurrency"),
+                        format!("must be a positive integer or `adaptive`, not {word:?}"),
+                    );
+                    (1, None)
+                }
+                &Some(RawConcurrency::Count(max)) => {
+                    if max == 0 {
+                        e.add(format!("{at}.concurrency"), "must be a positive integer (or `adaptive`)");
+                    }
+                    if raw.adaptive.is_some() {
+                        e.add(format!("{at}.adaptive"), "applies to `concurrency: adaptive` (this limit's is fixed)");
+                    }
+                    (max, None)
+                }
+                None => (0, None),
+            };
             let retry_after =
                 e.duration(&format!("{at}.retry_after"), raw.retry_after.as_ref(), DEFAULT_CONCURRENCY_RETRY_AFTER);
-            Some(Policy::Concurrency { max, retry_after })
+            Some(Policy::Concurrency { max, retry_after, adaptive })
         }
     };
     one.map(|policy| vec![policy])
+}
+
+/// An adaptive ceiling's least unless it says otherwise.
+const DEFAULT_ADAPTIVE_MIN: u64 = 4;
+/// An adaptive ceiling's most unless it says otherwise.
+const DEFAULT_ADAPTIVE_MAX: u64 = 1000;
+/// How often an adaptive ceiling moves unless it says otherwise.
+const DEFAULT_ADAPTIVE_WINDOW: Duration = Duration::from_millis(500);
+/// The bounds of an adaptive ceiling's window: a few samples at least, and a move now and then.
+const ADAPTIVE_WINDOWS: std::ops::RangeInclusive<Duration> = Duration::from_millis(10)..=Duration::from_secs(60);
+
+/// `concurrency: adaptive` with `adaptive: { min, max, window }`: the most its ceiling
+/// reaches, and how it learns, on a local limit whose keys have no counts of their own.
+fn adaptive(e: &mut Errors<'_>, at: &str, raw: &RawLimit) -> (u64, Option<crate::policy::Adaptive>) {
+    let given = raw.adaptive.as_ref().unwrap_or(&RawAdaptive { min: None, max: None, window: None });
+    let at_adaptive = format!("{at}.adaptive");
+    let (min, max) = (given.min.unwrap_or(DEFAULT_ADAPTIVE_MIN), given.max.unwrap_or(DEFAULT_ADAPTIVE_MAX));
+    if min == 0 {
+        e.add(format!("{at_adaptive}.min"), "must be a positive integer");
+    }
+    if !(min.max(1)..=MOST_QUEUED).contains(&max) {
+        e.add(format!("{at_adaptive}.max"), format!("must be from `min` ({min}) to {MOST_QUEUED}"));
+    }
+    let window = e.positive(&format!("{at_adaptive}.window"), given.window.as_ref(), DEFAULT_ADAPTIVE_WINDOW);
+    if !ADAPTIVE_WINDOWS.contains(&window) {
+        e.add(format!("{at_adaptive}.window"), "must be from 10ms to 60s");
+    }
+    if raw.scope == Some(super::raw::ScopeName::Global) {
+        e.add(
+            format!("{at}.concurrency"),
+            "adaptive applies to local limits (each instance learns from the requests it sends)",
+        );
+    }
+    if raw.limit_from.is_some() {
+        e.add(format!("{at}.limit_from"), "a ceiling that learns and a count per key exclude each other");
+    }
+    (max.max(1), Some(crate::policy::Adaptive { min: min.max(1), window }))
 }
 
 /// `rates: [10r/s, 10000r/d]`: each window admits N per W (a token bucket of capacity N

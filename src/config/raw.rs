@@ -365,7 +365,9 @@ pub struct RawLimit {
     pub capacity: Option<u64>,
     pub refill: Option<String>,
     pub interval: Option<String>,
-    pub concurrency: Option<u64>,
+    pub concurrency: Option<RawConcurrency>,
+    /// The bounds of a ceiling that learns (`concurrency: adaptive`).
+    pub adaptive: Option<RawAdaptive>,
     pub retry_after: Option<String>,
     pub status: Option<u16>,
     pub grpc_status: Option<String>,
@@ -444,6 +446,24 @@ pub struct RawPersist {
     pub dir: Option<String>,
     /// How often the state is written (besides at shutdown).
     pub interval: Option<String>,
+}
+
+/// `concurrency: 50`, or `concurrency: adaptive`: a ceiling that learns, within
+/// `adaptive:`'s bounds.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum RawConcurrency {
+    Count(u64),
+    Word(String),
+}
+
+/// `adaptive: { min: 4, max: 200, window: 500ms }`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct RawAdaptive {
+    pub min: Option<u64>,
+    pub max: Option<u64>,
+    pub window: Option<String>,
 }
 
 /// `window: 1m`, or a calendar window: `{ calendar: month, tz: Europe/Berlin, reset_day: 1 }`.

@@ -265,9 +265,27 @@ pub enum PolicyWords {
         window: WindowWords,
     },
     Concurrency {
-        concurrency: u64,
+        concurrency: ConcurrencyWords,
         retry_after: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        adaptive: Option<AdaptiveWords>,
     },
+}
+
+/// `concurrency: 50`, or `concurrency: adaptive`.
+#[derive(Serialize)]
+#[serde(untagged)]
+pub enum ConcurrencyWords {
+    Count(u64),
+    Word(&'static str),
+}
+
+/// `adaptive:` as the file writes it, defaults included.
+#[derive(Serialize)]
+pub struct AdaptiveWords {
+    pub min: u64,
+    pub max: u64,
+    pub window: String,
 }
 
 /// A window: its length (`1m`), or `{ calendar: month, tz: Europe/Berlin, reset_day: 1 }`.
@@ -552,9 +570,14 @@ impl PolicyWords {
             }
             &Policy::SlidingWindow { limit, window } => windowed("sliding_window", limit, window),
             &Policy::SlidingLog { limit, window } => windowed("sliding_log", limit, window),
-            &Policy::Concurrency { max, retry_after } => {
-                PolicyWords::Concurrency { concurrency: max, retry_after: span(retry_after) }
-            }
+            &Policy::Concurrency { max, retry_after, adaptive } => PolicyWords::Concurrency {
+                concurrency: match adaptive {
+                    Some(_) => ConcurrencyWords::Word("adaptive"),
+                    None => ConcurrencyWords::Count(max),
+                },
+                retry_after: span(retry_after),
+                adaptive: adaptive.map(|a| AdaptiveWords { min: a.min, max, window: span(a.window) }),
+            },
         }
     }
 }

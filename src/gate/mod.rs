@@ -413,7 +413,7 @@ impl Gate {
                 shard.store(key, admit.state, now, cost);
                 if let Held::Concurrency(..) = shard {
                     permits.limiters.get_or_insert_with(|| Arc::clone(&self.limiters));
-                    permits.slots.push(Slot { limit, key });
+                    permits.slots.push(Slot { limit, key, since: now });
                 }
             }
             if group.limiter.settles_after() && !PREVIEW {

@@ -29,6 +29,8 @@ pub struct Permits {
 pub(super) struct Slot {
     pub(super) limit: LimitId,
     pub(super) key: KeyHash,
+    /// When it was taken (an adaptive limit learns how long slots are held).
+    pub(super) since: Nanos,
 }
 
 /// A local admission that `Pending::settle` may take back.
@@ -189,16 +191,16 @@ impl Permits {
     fn release_local(&mut self) {
         if let Some(limiters) = self.limiters.take() {
             for slot in self.slots.drain(..) {
-                limiters.release(slot.limit, slot.key);
+                limiters.release(slot.limit, slot.key, Some(slot.since));
             }
         }
     }
 
     /// Holds `handed`, a slot the request waited for in a queue.
     pub(super) fn hold(&mut self, handed: Handed) {
-        let (limiters, limit, key) = handed.take();
-        self.limiters.get_or_insert(limiters);
-        self.slots.push(Slot { limit, key });
+        let (limit, key, since) = (handed.limit, handed.key, handed.since);
+        self.limiters.get_or_insert(handed.take());
+        self.slots.push(Slot { limit, key, since });
     }
 
     /// Adds `other`'s slots (the same request's, taken in a second step).

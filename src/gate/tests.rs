@@ -963,3 +963,108 @@ routes:
         assert_eq!(slot.limit, LimitId::from(0));
     }
 }
+
+/// An adaptive concurrency limit (`concurrency: adaptive`) with a queue, on the manual
+/// clock: the ceiling it learns bounds the slots, a ceiling come down hands nothing on
+/// until the key is back under it, and one gone up hands its spare slots to the waiters.
+mod adaptive {
+    use super::*;
+    use crate::limit::queue::{Queued, Ticket};
+
+    const T0: u64 = 1_700_000_000_000_000_000;
+
+    fn at(clock: &ManualClock, ms: u64) {
+        clock.set(Nanos(T0 + ms * 1_000_000));
+    }
+
+    fn come(gate: &Gate, config: &crate::config::Config) -> Result<crate::gate::Permits, Ticket> {
+        let headers = HeaderMap::new();
+        let src = KeySource::get(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), "/", &headers);
+        let limits = &config.routes[RouteId::from(0)].limits;
+        let decision = gate.check(limits, &src, 1);
+        match (gate.queue_of(&decision), decision) {
+            (None, Decision::Pass { permits, .. }) => Ok(permits),
+            (Some(limit), _) => match gate.queue(limits, &src, limit, None) {
+                Queued::Waiting(ticket) => Err(ticket),
+                _ => panic!("neither a slot nor a place in the queue"),
+            },
+            _ => panic!("refused"),
+        }
+    }
+
+    fn pass(gate: &Gate, config: &crate::config::Config) -> crate::gate::Permits {
+        come(gate, config).unwrap_or_else(|_| panic!("waits"))
+    }
+
+    fn wait(gate: &Gate, config: &crate::config::Config) -> Ticket {
+        come(gate, config).err().expect("passes")
+    }
+
+    fn held(ticket: &mut Ticket) -> crate::gate::Permits {
+        let mut permits = crate::gate::Permits::default();
+        permits.hold(ticket.try_end().expect("handed a slot").expect("served"));
+        permits
+    }
+
+    fn setup() -> (Gate, ManualClock, crate::config::Config) {
+        let (gate, clock, config) = gate_of(
+            "limits:
+  c: { key: ip, concurrency: adaptive, adaptive: { min: 2, max: 8, window: 100ms }, queue: { max: 10, max_wait: 30s } }
+routes:
+  - { limits: [c], respond: { status: 200 } }
+",
+        );
+        at(&clock, 0);
+        (gate, clock, config)
+    }
+
+    #[tokio::test]
+    async fn a_ceiling_gone_up_hands_its_spare_slots_to_the_waiters() {
+        let (gate, clock, config) = setup();
+        let ceiling = || gate.limiters().ceiling(LimitId::from(0)).unwrap().get();
+        assert_eq!(ceiling(), 2, "it starts at min");
+        let (a, b) = (pass(&gate, &config), pass(&gate, &config));
+        let mut waiting: Vec<Ticket> = (0..3).map(|_| wait(&gate, &config)).collect();
+        at(&clock, 20);
+        drop(a);
+        let first = held(&mut waiting[0]);
+        assert!(waiting[1].try_end().is_none());
+        // The window's end: slots held as fast as the ground, all held: doubled.
+        at(&clock, 120);
+        drop(b);
+        assert_eq!(ceiling(), 4);
+        let (second, third) = (held(&mut waiting[1]), held(&mut waiting[2]));
+        assert_eq!(gate.limiters().in_flight(LimitId::from(0)), 3);
+        drop((first, second, third));
+    }
+
+    #[tokio::test]
+    async fn a_ceiling_come_down_hands_nothing_on_until_the_key_is_under_it() {
+        let (gate, clock, config) = setup();
+        let ceiling = || gate.limiters().ceiling(LimitId::from(0)).unwrap().get();
+        let (a, b) = (pass(&gate, &config), pass(&gate, &config));
+        at(&clock, 20);
+        drop(a);
+        at(&clock, 120);
+        drop(b);
+        assert_eq!(ceiling(), 4);
+        let mut four: Vec<_> = (0..4).map(|_| pass(&gate, &config)).collect();
+        let mut fifth = wait(&gate, &config);
+        // Held ten times as long as the ground: halved (at most) to 2, the slot handed on
+        // as the key held no more than its ceiling before.
+        at(&clock, 1_200);
+        four.pop();
+        assert_eq!(ceiling(), 2);
+        four.push(held(&mut fifth));
+        let mut sixth = wait(&gate, &config);
+        // Four held, two allowed: the next two given back are freed, the third handed on.
+        for left in [3, 2] {
+            four.pop();
+            assert!(sixth.try_end().is_none(), "handed on over the ceiling");
+            assert_eq!(gate.limiters().in_flight(LimitId::from(0)), left);
+        }
+        four.pop();
+        let _sixth = held(&mut sixth);
+        assert_eq!(gate.limiters().in_flight(LimitId::from(0)), 2);
+    }
+}

@@ -5,6 +5,7 @@ use std::borrow::Cow;
 use std::sync::{Arc, MutexGuard};
 
 use super::Verdict;
+use super::adaptive::Ceiling;
 use super::concurrency::Concurrency;
 use super::fixed_window::FixedWindow;
 use super::leaky_bucket::LeakyBucket;
@@ -23,7 +24,8 @@ pub(crate) enum Algorithm {
     FixedWindow(FixedWindow, Arc<KeyTable>),
     SlidingWindow(SlidingWindow, Arc<KeyTable<[u64; 2]>>),
     SlidingLog(SlidingLog, Arc<LogTable>),
-    Concurrency(Concurrency, Arc<KeyTable>),
+    /// With the ceiling it learns, if adaptive (its `max` then bounds the ceiling).
+    Concurrency(Concurrency, Arc<KeyTable>, Option<Arc<Ceiling>>),
 }
 
 /// A limit's algorithm with the locked shard that holds one key. By value (or a copy
@@ -53,9 +55,11 @@ impl Algorithm {
             &Policy::SlidingLog { limit, window } => {
                 Algorithm::SlidingLog(SlidingLog::new(limit, window), Arc::new(LogTable::new(max_keys)))
             }
-            &Policy::Concurrency { max, retry_after } => {
-                Algorithm::Concurrency(Concurrency::new(max, retry_after), Arc::new(KeyTable::new(max_keys)))
-            }
+            &Policy::Concurrency { max, retry_after, adaptive } => Algorithm::Concurrency(
+                Concurrency::new(max, retry_after),
+                Arc::new(KeyTable::new(max_keys)),
+                adaptive.map(|adaptive| Arc::new(Ceiling::new(adaptive, max))),
+            ),
         }
     }
 
@@ -66,8 +70,16 @@ impl Algorithm {
     /// requests in flight; a window's state is only meaningful for the same window.
     pub fn adopt(&mut self, old: &Algorithm) -> bool {
         match (self, old) {
-            (Algorithm::LeakyBucket(_, t), Algorithm::LeakyBucket(_, o))
-            | (Algorithm::Concurrency(_, t), Algorithm::Concurrency(_, o)) => *t = Arc::clone(o),
+            (Algorithm::LeakyBucket(_, t), Algorithm::LeakyBucket(_, o)) => *t = Arc::clone(o),
+            (Algorithm::Concurrency(_, t, c), Algorithm::Concurrency(_, o, learned)) => {
+                *t = Arc::clone(o);
+                // What the ceiling learned is kept while it learns within the same bounds.
+                if let (Some(c), Some(learned)) = (c, learned)
+                    && learned.same(c.min, c.max, c.window)
+                {
+                    *c = Arc::clone(learned);
+                }
+            }
             (Algorithm::FixedWindow(a, t), Algorithm::FixedWindow(b, o)) if a.same_windows(b) => *t = Arc::clone(o),
             (Algorithm::SlidingWindow(a, t), Algorithm::SlidingWindow(b, o)) if a.window() == b.window() => {
                 *t = Arc::clone(o)
@@ -116,13 +128,16 @@ impl Algorithm {
                 Held::SlidingWindow(count.map_or(*a, |n| a.with_limit(n)), t, t.lock(key))
             }
             Algorithm::SlidingLog(a, t) => Held::SlidingLog(count.map_or(*a, |n| a.with_limit(n)), t, t.lock(key)),
-            Algorithm::Concurrency(a, t) => Held::Concurrency(count.map_or(*a, |n| a.with_max(n)), t, t.lock(key)),
+            Algorithm::Concurrency(a, t, ceiling) => {
+                let max = count.or_else(|| ceiling.as_ref().map(|c| c.get()));
+                Held::Concurrency(max.map_or(*a, |n| a.with_max(n)), t, t.lock(key))
+            }
         }
     }
 
     pub fn keys(&self) -> usize {
         match self {
-            Algorithm::LeakyBucket(_, t) | Algorithm::FixedWindow(_, t) | Algorithm::Concurrency(_, t) => t.keys(),
+            Algorithm::LeakyBucket(_, t) | Algorithm::FixedWindow(_, t) | Algorithm::Concurrency(_, t, _) => t.keys(),
             Algorithm::SlidingWindow(_, t) => t.keys(),
             Algorithm::SlidingLog(_, t) => t.keys(),
         }
@@ -130,7 +145,9 @@ impl Algorithm {
 
     pub fn evictions(&self) -> u64 {
         match self {
-            Algorithm::LeakyBucket(_, t) | Algorithm::FixedWindow(_, t) | Algorithm::Concurrency(_, t) => t.evictions(),
+            Algorithm::LeakyBucket(_, t) | Algorithm::FixedWindow(_, t) | Algorithm::Concurrency(_, t, _) => {
+                t.evictions()
+            }
             Algorithm::SlidingWindow(_, t) => t.evictions(),
             Algorithm::SlidingLog(_, t) => t.evictions(),
         }

@@ -22,6 +22,11 @@ impl Concurrency {
         Concurrency { max, retry_after: u64::try_from(retry_after.as_nanos()).unwrap_or(u64::MAX) }
     }
 
+    /// The most requests a key has in progress.
+    pub fn max(&self) -> u64 {
+        self.max
+    }
+
     /// This limit with `max` in place of its own (a tenant's, `limit_from`).
     pub fn with_max(&self, max: u64) -> Self {
         Concurrency { max, ..*self }

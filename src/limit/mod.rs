@@ -3,6 +3,7 @@
 //! A leaf below the decision: `gate` locks and decides these for a request, a reload
 //! carries them over by limit name (`LimitName`), the admin API inspects them.
 
+pub mod adaptive;
 pub mod algorithm;
 pub mod ban;
 pub mod concurrency;
@@ -343,7 +344,7 @@ impl Limiters {
 
     /// Requests in flight under `limit`, if it is a concurrency limit (else 0).
     pub fn in_flight(&self, limit: LimitId) -> usize {
-        let Some(Algorithm::Concurrency(_, table)) = self.limits[limit].windows.first() else { return 0 };
+        let Some(Algorithm::Concurrency(_, table, _)) = self.limits[limit].windows.first() else { return 0 };
         let mut n = 0u64;
         table.each(|_, in_flight| n += in_flight);
         usize::try_from(n).unwrap_or(usize::MAX)
@@ -481,12 +482,30 @@ impl Limiters {
         }
     }
 
-    /// Gives back a concurrency slot of limit `limit` held by `key`: to the next request
-    /// waiting for one, if the limit has a queue and one waits.
-    pub(crate) fn release(self: &Arc<Self>, limit: LimitId, key: KeyHash) {
-        match &self.limits[limit].queue {
-            Some(queue) => queue.rooms.hand_off(self, limit, key, || self.free(limit, key)),
+    /// Gives back a concurrency slot of limit `limit` held by `key` since `since`
+    /// (`None`: handed to a request that went away before it used it): to the next
+    /// request waiting for one, if the limit has a queue and one waits. An adaptive
+    /// limit's ceiling learns how long it was held.
+    pub(crate) fn release(self: &Arc<Self>, limit: LimitId, key: KeyHash, since: Option<Nanos>) {
+        let queue = self.limits[limit].queue.as_ref();
+        let full = match queue {
+            Some(queue) => queue.rooms.hand_off(self, limit, key),
             None => self.free(limit, key),
+        };
+        if let (Some(ceiling), Some(since)) = (self.ceiling(limit), since) {
+            let now = self.clock.now();
+            let rose = ceiling.sample(Duration::from_nanos(now.0.saturating_sub(since.0)), full, now);
+            if let (true, Some(queue)) = (rose, queue) {
+                queue.rooms.hand_spare(self, limit, key);
+            }
+        }
+    }
+
+    /// The ceiling of `limit`, if it is an adaptive concurrency limit.
+    pub fn ceiling(&self, limit: LimitId) -> Option<&adaptive::Ceiling> {
+        match self.limits[limit].windows.first() {
+            Some(Algorithm::Concurrency(_, _, ceiling)) => ceiling.as_deref(),
+            _ => None,
         }
     }
 
@@ -513,7 +532,7 @@ impl Limiters {
             match held.decide(key, now, 1) {
                 Verdict::Admit { state, .. } => {
                     held.store(key, state, now, 1);
-                    queue::Take::Slot(queue::Handed::new(Arc::clone(self), limit, key))
+                    queue::Take::Slot(queue::Handed::new(Arc::clone(self), limit, key, now))
                 }
                 Verdict::Reject { .. } if held.holds(key) => queue::Take::Busy,
                 Verdict::Reject { .. } => queue::Take::NoRoom,
@@ -566,13 +585,47 @@ impl Limiters {
         self.limits[limit].queue.as_ref().map(|q| q.max_wait)
     }
 
-    /// Frees a concurrency slot of limit `limit` held by `key`.
-    fn free(&self, limit: LimitId, key: KeyHash) {
-        let Some(Algorithm::Concurrency(_, table)) = self.limits[limit].windows.first() else { return };
+    /// Frees a concurrency slot of limit `limit` held by `key`: whether the key's slots
+    /// were all held.
+    fn free(&self, limit: LimitId, key: KeyHash) -> bool {
+        let Some(Algorithm::Concurrency(slots, table, ceiling)) = self.limits[limit].windows.first() else {
+            return false;
+        };
+        let mut shard = table.lock(key.0);
+        let held = shard.get(key.0).unwrap_or(0);
+        match held {
+            2.. => shard.replace(key.0, held - 1),
+            _ => shard.remove(key.0),
+        }
+        held >= ceiling.as_ref().map_or(slots.max(), |c| c.get())
+    }
+
+    /// Whether `key` holds more slots of `limit` than its ceiling lets it now (an adaptive
+    /// ceiling came down): a slot it gives back is then freed, not handed on.
+    fn over(&self, limit: LimitId, key: KeyHash) -> bool {
+        let Some(Algorithm::Concurrency(_, table, Some(ceiling))) = self.limits[limit].windows.first() else {
+            return false;
+        };
+        table.lock(key.0).get(key.0).unwrap_or(0) > ceiling.get()
+    }
+
+    /// Takes one more slot of `limit` for `key`, if it holds fewer than it may now (an
+    /// adaptive ceiling went up, a reload raised `concurrency`): for a waiter. Not for a
+    /// limit whose keys have counts of their own (`limit_from`), not known here.
+    fn spare(&self, limit: LimitId, key: KeyHash) -> bool {
+        let limiter = &self.limits[limit];
+        let Some(Algorithm::Concurrency(slots, table, ceiling)) = limiter.windows.first() else { return false };
+        if limiter.tenant.is_some() {
+            return false;
+        }
+        let most = ceiling.as_ref().map_or(slots.max(), |c| c.get());
         let mut shard = table.lock(key.0);
         match shard.get(key.0) {
-            Some(in_flight) if in_flight > 1 => shard.replace(key.0, in_flight - 1),
-            _ => shard.remove(key.0),
+            Some(held) if held < most => {
+                shard.replace(key.0, held + 1);
+                true
+            }
+            _ => false,
         }
     }
 }
@@ -711,7 +764,9 @@ fn shared(policy: &Policy, instances: u64) -> Policy {
         Policy::FixedWindow { limit, ref window } => Policy::FixedWindow { limit: part(limit), window: window.clone() },
         Policy::SlidingWindow { limit, window } => Policy::SlidingWindow { limit: part(limit), window },
         Policy::SlidingLog { limit, window } => Policy::SlidingLog { limit: part(limit), window },
-        Policy::Concurrency { max, retry_after } => Policy::Concurrency { max: part(max), retry_after },
+        Policy::Concurrency { max, retry_after, adaptive } => {
+            Policy::Concurrency { max: part(max), retry_after, adaptive }
+        }
     }
 }
 

@@ -203,24 +203,25 @@ pub struct Handed {
     limiters: Option<Arc<Limiters>>,
     pub limit: LimitId,
     pub key: KeyHash,
+    /// When it was handed (or taken).
+    pub since: Nanos,
 }
 
 impl Handed {
-    pub(crate) fn new(limiters: Arc<Limiters>, limit: LimitId, key: KeyHash) -> Self {
-        Handed { limiters: Some(limiters), limit, key }
+    pub(crate) fn new(limiters: Arc<Limiters>, limit: LimitId, key: KeyHash, since: Nanos) -> Self {
+        Handed { limiters: Some(limiters), limit, key, since }
     }
 
     /// The slot, to be held by the request's permits (which give it back).
-    pub fn take(mut self) -> (Arc<Limiters>, LimitId, KeyHash) {
-        let limiters = self.limiters.take().expect("a slot not yet taken");
-        (limiters, self.limit, self.key)
+    pub fn take(mut self) -> Arc<Limiters> {
+        self.limiters.take().expect("a slot not yet taken")
     }
 }
 
 impl Drop for Handed {
     fn drop(&mut self) {
         if let Some(limiters) = self.limiters.take() {
-            limiters.release(self.limit, self.key);
+            limiters.release(self.limit, self.key, None);
         }
     }
 }
@@ -427,27 +428,56 @@ impl Rooms {
         })
     }
 
-    /// Hands the slot `key` gives back in `limit` to its next waiter, if one waits; else
-    /// `free`s it (under the room's lock: a newcomer joining meanwhile sees it free).
-    pub(crate) fn hand_off(&self, limiters: &Arc<Limiters>, limit: LimitId, key: KeyHash, free: impl FnOnce()) {
+    /// Hands the slot `key` gives back in `limit` to its next waiter, if one waits and the
+    /// key is not over its ceiling (an adaptive one, come down); else frees it (under the
+    /// room's lock: a newcomer joining meanwhile sees it free). Slots the key may hold
+    /// beyond its own (a reload raised `concurrency`) go to the next waiters too. Whether
+    /// the key's slots were all held (a slot handed on: they still are).
+    pub(crate) fn hand_off(&self, limiters: &Arc<Limiters>, limit: LimitId, key: KeyHash) -> bool {
+        let mut hall = self.lock();
+        let Some(room) = hall.rooms.get_mut(&key.0).filter(|_| !limiters.over(limit, key)) else {
+            return limiters.free(limit, key);
+        };
+        if !self.give(room, limiters, limit, key) {
+            hall.tidy(key.0);
+            return limiters.free(limit, key);
+        }
+        self.give_spare(room, limiters, limit, key);
+        hall.handed(limiters.clock().now());
+        hall.tidy(key.0);
+        true
+    }
+
+    /// Hands the slots `key` may hold beyond those it holds (its adaptive ceiling went up)
+    /// to its waiters, if any wait.
+    pub(crate) fn hand_spare(&self, limiters: &Arc<Limiters>, limit: LimitId, key: KeyHash) {
         let mut hall = self.lock();
         if let Some(room) = hall.rooms.get_mut(&key.0) {
-            while let Some((class, waiter)) = room.next() {
-                self.waited(class, false);
-                let handed = Handed { limiters: Some(Arc::clone(limiters)), limit, key };
-                match waiter.to.send(handed) {
-                    Ok(()) => {
-                        hall.handed(limiters.clock().now());
-                        hall.tidy(key.0);
-                        return;
-                    }
-                    // Its request is ending: the slot is not its to give back.
-                    Err(mut handed) => handed.limiters = None,
-                }
-            }
+            self.give_spare(room, limiters, limit, key);
             hall.tidy(key.0);
         }
-        free();
+    }
+
+    /// Takes and hands on spare slots of `key` while requests wait in `room`.
+    fn give_spare(&self, room: &mut Room, limiters: &Arc<Limiters>, limit: LimitId, key: KeyHash) {
+        while room.waiting > 0 && limiters.spare(limit, key) {
+            if !self.give(room, limiters, limit, key) {
+                limiters.free(limit, key);
+            }
+        }
+    }
+
+    /// Hands a slot of `key` to the next waiter of `room` still waiting: false if none is.
+    fn give(&self, room: &mut Room, limiters: &Arc<Limiters>, limit: LimitId, key: KeyHash) -> bool {
+        while let Some((class, waiter)) = room.next() {
+            self.waited(class, false);
+            match waiter.to.send(Handed::new(Arc::clone(limiters), limit, key, limiters.clock().now())) {
+                Ok(()) => return true,
+                // Its request is ending: the slot is not its to give back.
+                Err(mut handed) => handed.limiters = None,
+            }
+        }
+        false
     }
 
     /// Takes waiter `id` of `flow` in class `class` out of the room of `key`: its

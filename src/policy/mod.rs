@@ -58,8 +58,18 @@ pub enum Policy {
     SlidingWindow { limit: u64, window: Duration },
     /// At most `limit` admissions in any interval of `window`, exactly.
     SlidingLog { limit: u64, window: Duration },
-    /// Requests in progress (nginx `limit_conn`); a rejection says `Retry-After`.
-    Concurrency { max: u64, retry_after: Duration },
+    /// Requests in progress (nginx `limit_conn`); a rejection says `Retry-After`. With
+    /// `adaptive`, `max` is the most the ceiling it learns may reach.
+    Concurrency { max: u64, retry_after: Duration, adaptive: Option<Adaptive> },
+}
+
+/// A concurrency ceiling that learns (`concurrency: adaptive`): it starts at `min`, moves
+/// once a `window` by the latency of the requests that held its slots, and stays within
+/// `min` and the limit's `max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Adaptive {
+    pub min: u64,
+    pub window: Duration,
 }
 
 impl Policy {

@@ -352,7 +352,7 @@ fn params_of(policy: &Policy, count: Option<u64>, lease_ttl_ms: u64) -> (&'stati
         Policy::FixedWindow { limit, window: Window::Calendar(_) } => ("cw", [count.unwrap_or(limit), 0, 0]),
         Policy::SlidingWindow { limit, window } => ("sw", [count.unwrap_or(limit), window.as_millis() as u64, 0]),
         Policy::SlidingLog { limit, window } => ("sl", [count.unwrap_or(limit), ns(window), 0]),
-        Policy::Concurrency { max, retry_after } => ("cc", [count.unwrap_or(max), ns(retry_after), lease_ttl_ms]),
+        Policy::Concurrency { max, retry_after, .. } => ("cc", [count.unwrap_or(max), ns(retry_after), lease_ttl_ms]),
     }
 }
 

@@ -195,6 +195,8 @@
           l.own_counts ? stat('decided with own counts (clamped)', `${l.own_counts.applied} (${l.own_counts.clamped})`) : null,
           l.own_counts && l.own_counts.untrusted > 0 ? stat('own counts from untrusted peers, ignored', String(l.own_counts.untrusted)) : null,
           l.in_flight === null ? null : stat('in flight', String(l.in_flight)),
+          l.ceiling ? stat('ceiling (learns within min–max)', `${l.ceiling.now} (${l.ceiling.min}–${l.ceiling.max})`, (l.in_flight || 0) / l.ceiling.now) : null,
+          l.ceiling && l.ceiling.recent_ms !== null ? stat('held ms: recent / ground', `${l.ceiling.recent_ms.toFixed(1)} / ${l.ceiling.ground_ms.toFixed(1)}`) : null,
           l.queued ? stat('waiting / queue max', `${l.queued.waiting} / ${l.queue.max}`, l.queued.waiting / l.queue.max) : null,
           l.queued ? stat('waits served · refused · left', `${l.queued.served} · ${l.queued.refused} · ${l.queued.left}`) : null].filter(Boolean));
         const title = card.querySelector('.bans-title');

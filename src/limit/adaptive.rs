@@ -1,0 +1,270 @@
+//! A concurrency limit's ceiling that learns (`concurrency: adaptive`): how many requests
+//! its slots let in at once, raised while the requests that hold them are as fast as they
+//! get and lowered when they slow down, so that a backend's own queue stays short and the
+//! requests it cannot take now wait in sluicegate's (fairly, with a `queue:`) or are
+//! refused at once.
+//!
+//! - **The latency**: each slot given back is a sample, the time from its taking to its
+//!   giving back (the request's time upstream and its response's sending). A window
+//!   (`window`, once the time is over and a slot is given back) takes the median of its
+//!   last `KEPT` samples: a few slow streams do not move it.
+//! - **The ground**: the least window median seen, the backend's latency without a queue
+//!   of its own. It only falls, except at `min`: a window measured with the ceiling at
+//!   `min` is the latency with the fewest requests the limit lets in, and is the ground
+//!   from then on (so a backend that became slower for good is learned again, as Envoy
+//!   re-measures its minimum by pinning the limit to its least, but without pinning: the
+//!   ceiling goes there only when latency sends it).
+//! - **The move**, once a window, by the gradient `target / median` where the target is
+//!   `TOLERANCE` × the ground (Envoy's adaptive concurrency and Netflix's Gradient2 move
+//!   alike): over the target, the ceiling is multiplied by it (halved at most in a
+//!   window); within it, and only if the ceiling was reached in the window (a slot given
+//!   back with the key's slots all held, or handed to a waiter), it grows by it (by one
+//!   at least; doubled at most). From the start, until a first window over the target,
+//!   it doubles (a slow start, as TCP's): a cold proxy reaches a backend's capacity in a
+//!   few windows. A ceiling that nothing fills does not grow.
+//!
+//! Why a gradient rather than AIMD: against a backend whose latency grows with its load,
+//! the gradient lands on the ceiling that keeps the latency at the target in one window
+//! (`ceiling × target / latency`), where AIMD saws around it. Why the median of a
+//! window rather than a moving average: one slow response (a download) weighs one
+//! sample, not its length. Why written here: `tower`'s and the crates near it limit a
+//! `Service` with their own semaphore and have no per-key table or waiting room to
+//! steer, which is what the ceiling bounds here.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use crate::clock::Nanos;
+use crate::policy::Adaptive;
+
+/// The target latency, as a multiple of the ground: a backend's queue may add this much.
+pub const TOLERANCE: f64 = 1.25;
+/// Samples a window keeps (its last ones) to take their median.
+const KEPT: usize = 64;
+
+/// A limit's ceiling and what it learns it from. Shared by every key of the limit: a
+/// limit keyed per client gives each client this many slots.
+pub struct Ceiling {
+    pub(crate) min: u64,
+    pub(crate) max: u64,
+    pub(crate) window: Duration,
+    now: AtomicU64,
+    learner: Mutex<Learner>,
+}
+
+/// A window being measured, and what the windows before taught.
+struct Learner {
+    /// When the window began (`None`: before its first sample).
+    start: Option<u64>,
+    /// Its last samples (ns), `KEPT` at most, and where the next goes.
+    kept: [u64; KEPT],
+    samples: usize,
+    /// A slot was given back with the ceiling reached.
+    full: bool,
+    /// The ground (ns).
+    ground: Option<f64>,
+    /// The last window's median (ns).
+    recent: Option<f64>,
+    /// No window has gone over the target yet: the ceiling doubles.
+    starting: bool,
+}
+
+/// What a ceiling reads now: for metrics, the dashboard and `explain`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CeilingNow {
+    pub ceiling: u64,
+    pub min: u64,
+    pub max: u64,
+    /// The last window's median latency.
+    pub recent: Option<Duration>,
+    /// The least window median: the ground the target is drawn from.
+    pub ground: Option<Duration>,
+}
+
+impl Ceiling {
+    pub fn new(adaptive: Adaptive, max: u64) -> Self {
+        let learner = Learner {
+            start: None,
+            kept: [0; KEPT],
+            samples: 0,
+            full: false,
+            ground: None,
+            recent: None,
+            starting: true,
+        };
+        Ceiling {
+            min: adaptive.min,
+            max,
+            window: adaptive.window,
+            now: AtomicU64::new(adaptive.min),
+            learner: Mutex::new(learner),
+        }
+    }
+
+    /// Whether it learns within these bounds (a reload keeps what it learned then).
+    pub fn same(&self, min: u64, max: u64, window: Duration) -> bool {
+        (self.min, self.max, self.window) == (min, max, window)
+    }
+
+    /// The most requests a key of the limit may have in progress now.
+    #[inline]
+    pub fn get(&self) -> u64 {
+        self.now.load(Ordering::Relaxed)
+    }
+
+    /// A slot held `held` was given back at `now`; `full`: the key's slots were all held
+    /// then (or the slot went on to a waiter). Closes the window, and moves the ceiling,
+    /// when its time is over: whether it went up.
+    pub fn sample(&self, held: Duration, full: bool, now: Nanos) -> bool {
+        let mut learner = self.learner.lock().unwrap_or_else(PoisonError::into_inner);
+        let start = *learner.start.get_or_insert(now.0);
+        let slot = learner.samples % KEPT;
+        learner.kept[slot] = u64::try_from(held.as_nanos()).unwrap_or(u64::MAX);
+        learner.samples += 1;
+        learner.full |= full;
+        if now.0.saturating_sub(start) < u64::try_from(self.window.as_nanos()).unwrap_or(u64::MAX) {
+            return false;
+        }
+        let was = self.get();
+        let next = learner.close(was, self.min).clamp(self.min, self.max);
+        learner.start = Some(now.0);
+        self.now.store(next, Ordering::Relaxed);
+        next > was
+    }
+
+    /// What it reads now.
+    pub fn read(&self) -> CeilingNow {
+        let learner = self.learner.lock().unwrap_or_else(PoisonError::into_inner);
+        let span = |ns: Option<f64>| ns.map(|ns| Duration::from_nanos(ns as u64));
+        CeilingNow {
+            ceiling: self.get(),
+            min: self.min,
+            max: self.max,
+            recent: span(learner.recent),
+            ground: span(learner.ground),
+        }
+    }
+}
+
+impl Learner {
+    /// Ends the window (its samples taken), and says where the ceiling, at `ceiling`, goes.
+    fn close(&mut self, ceiling: u64, min: u64) -> u64 {
+        let kept = &mut self.kept[..self.samples.min(KEPT)];
+        let middle = kept.len() / 2;
+        let median = *kept.select_nth_unstable(middle).1 as f64;
+        let full = std::mem::take(&mut self.full);
+        self.samples = 0;
+        self.recent = Some(median);
+        let ground = match self.ground {
+            Some(ground) if ceiling > min => ground.min(median),
+            _ => median,
+        };
+        self.ground = Some(ground);
+        let gradient = ground * TOLERANCE / median.max(1.0);
+        if gradient < 1.0 {
+            self.starting = false;
+            return (ceiling as f64 * gradient.max(0.5)) as u64;
+        }
+        match (full, self.starting) {
+            (false, _) => ceiling,
+            (true, true) => ceiling.saturating_mul(2),
+            (true, false) => ((ceiling as f64 * gradient.min(2.0)) as u64).max(ceiling + 1),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn ceiling(min: u64, max: u64) -> Ceiling {
+        Ceiling::new(Adaptive { min, window: Duration::from_millis(100) }, max)
+    }
+
+    /// A window of `n` samples of `ms` each, ending at `end_ms`.
+    fn window(c: &Ceiling, end_ms: u64, ms: u64, full: bool) {
+        for i in 0..10 {
+            c.sample(Duration::from_millis(ms), full, Nanos((end_ms - 100) * MS + i * 10 * MS));
+        }
+        c.sample(Duration::from_millis(ms), full, Nanos(end_ms * MS));
+    }
+
+    #[test]
+    fn starts_at_min_and_doubles_while_full_and_fast() {
+        let c = ceiling(4, 100);
+        assert_eq!(c.get(), 4);
+        window(&c, 100, 20, true);
+        assert_eq!(c.get(), 8);
+        window(&c, 200, 20, true);
+        assert_eq!(c.get(), 16);
+        // Not reached: it stays.
+        window(&c, 300, 20, false);
+        assert_eq!(c.get(), 16);
+        let read = c.read();
+        assert_eq!(read.ground, Some(Duration::from_millis(20)));
+        assert_eq!(read.recent, Some(Duration::from_millis(20)));
+    }
+
+    #[test]
+    fn slower_than_the_target_lowers_it_by_the_gradient_and_halves_at_most() {
+        let c = ceiling(4, 100);
+        for end in [100, 200, 300, 400] {
+            window(&c, end, 20, true);
+        }
+        assert_eq!(c.get(), 64);
+        // 40 ms against a target of 25: × 0.625.
+        window(&c, 500, 40, true);
+        assert_eq!(c.get(), 40);
+        // 200 ms: halved, not more.
+        window(&c, 600, 200, true);
+        assert_eq!(c.get(), 20);
+        // Back within the target: grows by the gradient (× 1.25), no more doubling.
+        window(&c, 700, 20, true);
+        assert_eq!(c.get(), 25);
+        window(&c, 800, 25, true);
+        assert_eq!(c.get(), 26, "at the target: one more");
+    }
+
+    #[test]
+    fn stays_within_min_and_max() {
+        let c = ceiling(4, 10);
+        for end in [100, 200, 300] {
+            window(&c, end, 20, true);
+        }
+        assert_eq!(c.get(), 10);
+        window(&c, 400, 500, true);
+        assert_eq!(c.get(), 5);
+        window(&c, 500, 500, true);
+        assert_eq!(c.get(), 4, "halved to 2 at most, kept at min");
+    }
+
+    #[test]
+    fn a_ground_measured_at_min_replaces_a_lower_one() {
+        let c = ceiling(2, 100);
+        window(&c, 100, 10, true);
+        assert_eq!(c.get(), 4);
+        // The backend is now 50 ms at best: the ceiling falls to min...
+        window(&c, 200, 50, true);
+        assert_eq!(c.get(), 2);
+        assert_eq!(c.read().ground, Some(Duration::from_millis(10)));
+        // ...where the window measured is the ground, and the ceiling grows again.
+        window(&c, 300, 50, true);
+        assert_eq!(c.read().ground, Some(Duration::from_millis(50)));
+        assert_eq!(c.get(), 3);
+    }
+
+    #[test]
+    fn the_median_ignores_a_few_slow_responses() {
+        let c = ceiling(4, 100);
+        for i in 0..20 {
+            let held = if i % 5 == 0 { 10_000 } else { 20 };
+            c.sample(Duration::from_millis(held), true, Nanos(i * 5 * MS));
+        }
+        c.sample(Duration::from_millis(20), true, Nanos(100 * MS));
+        assert_eq!(c.read().recent, Some(Duration::from_millis(20)));
+        assert_eq!(c.get(), 8);
+    }
+}
