@@ -1,14 +1,15 @@
 //! The fairness benchmark's backend and load (`benches/fairness/run.sh`).
 //!
 //!     fairness backend ADDR CAPACITY SERVICE_MS
-//!     fairness load ADDR SECONDS LIGHT_RATE [TIMEOUT_MS]
+//!     fairness load ADDR SECONDS LIGHT_RATE [TIMEOUT_MS] [SPLIT_S]
 //!     fairness capacity ADDR SECONDS CONCURRENCY
 //!
 //! **backend**: answers every request `200 ok` after its service time: `SERVICE_MS` while
 //! at most `CAPACITY` requests are in progress, and longer as more are (the time grows in
 //! proportion: `SERVICE_MS × in progress / CAPACITY`), so that it completes `CAPACITY /
 //! SERVICE_MS` requests a second at most however many it is given: a backend of fixed
-//! capacity that slows everyone down when overloaded. Prints `listening on ADDR`.
+//! capacity that slows everyone down when overloaded. `GET /capacity/N` sets its capacity
+//! to N from then on (a backend that loses half its servers). Prints `listening on ADDR`.
 //!
 //! **load**: ten clients for `SECONDS`, each from its own loopback address
 //! (127.0.0.11 to 127.0.0.20, so that each is a distinct `ip` key) and with its own
@@ -19,7 +20,9 @@
 //! class (`light`, all nine together; `heavy`), the requests sent, answered 200 within the
 //! run (`ok`) and after its end (`late`), refused (429, 503), failed or timed out, the
 //! requests a second answered 200 within the run (the goodput), and the 50th and 99th
-//! percentiles of the time to a 200.
+//! percentiles of the time to a 200. With `SPLIT_S`, each class also has `phases`: the same
+//! of the requests sent before that second and of those sent from it, and `worst_second`:
+//! the most requests sent in one second that failed or timed out (an error burst).
 //!
 //! **capacity**: `CONCURRENCY` requests in progress at all times for `SECONDS` (a closed
 //! loop, each connection sending its next request once answered): prints the requests
@@ -54,7 +57,7 @@ const HEAVY_FACTOR: u32 = 10;
 
 fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: fairness backend ADDR CAPACITY SERVICE_MS | fairness load ADDR SECONDS LIGHT_RATE [TIMEOUT_MS] \
+    let usage = "usage: fairness backend ADDR CAPACITY SERVICE_MS | fairness load ADDR SECONDS LIGHT_RATE [TIMEOUT_MS] [SPLIT_S] \
                  | fairness capacity ADDR SECONDS CONCURRENCY";
     let arg = |i: usize| args.get(i).map(String::as_str).ok_or(usage);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -68,7 +71,8 @@ fn main() -> Result<(), Error> {
             let seconds = Duration::from_secs(arg(2)?.parse()?);
             let rate: u32 = arg(3)?.parse()?;
             let timeout = Duration::from_millis(args.get(4).map_or(Ok(10_000), |t| t.parse())?);
-            let report = runtime.block_on(load(addr, seconds, rate, timeout))?;
+            let split = args.get(5).map(|s| s.parse::<f64>()).transpose()?;
+            let report = runtime.block_on(load(addr, seconds, rate, timeout, split))?;
             println!("{report}");
             Ok(())
         }
@@ -113,17 +117,22 @@ async fn backend(addr: &str, capacity: u64, service: Duration) -> Result<(), Err
     let listener = TcpListener::bind(addr).await?;
     println!("listening on {}", listener.local_addr()?);
     let in_progress = Arc::new(AtomicU64::new(0));
+    let capacity = Arc::new(AtomicU64::new(capacity));
     loop {
         let (stream, _) = listener.accept().await?;
         let _ = stream.set_nodelay(true);
-        let in_progress = Arc::clone(&in_progress);
+        let (in_progress, capacity) = (Arc::clone(&in_progress), Arc::clone(&capacity));
         tokio::spawn(async move {
-            let service = service_fn(move |_: Request<Incoming>| {
-                let in_progress = Arc::clone(&in_progress);
+            let service = service_fn(move |request: Request<Incoming>| {
+                let (in_progress, capacity) = (Arc::clone(&in_progress), Arc::clone(&capacity));
                 async move {
+                    if let Some(n) = request.uri().path().strip_prefix("/capacity/").and_then(|n| n.parse().ok()) {
+                        capacity.store(n, Ordering::Relaxed);
+                        return Ok(Response::new(Full::new(Bytes::from(format!("capacity {n}\n")))));
+                    }
                     let now = in_progress.fetch_add(1, Ordering::Relaxed) + 1;
                     // Slower for everyone past its capacity: its throughput stays capacity / service.
-                    let factor = (now as f64 / capacity as f64).max(1.0);
+                    let factor = (now as f64 / capacity.load(Ordering::Relaxed).max(1) as f64).max(1.0);
                     tokio::time::sleep(service.mul_f64(factor)).await;
                     in_progress.fetch_sub(1, Ordering::Relaxed);
                     Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok\n"))))
@@ -134,22 +143,48 @@ async fn backend(addr: &str, capacity: u64, service: Duration) -> Result<(), Err
     }
 }
 
-/// What one class of clients got.
-#[derive(Default)]
-struct Class {
-    sent: u64,
-    ok: u64,
-    /// Answered 200 after the run's end: not counted in the goodput.
-    late: u64,
-    refused: u64,
-    failed: u64,
-    /// Times to each 200, ms.
-    times: Vec<f64>,
+/// How one request ended: when it was sent (seconds since the run's start), and its
+/// time to a 200 (ms).
+struct Answer {
+    at: f64,
+    end: End,
+    ms: f64,
 }
 
-async fn load(addr: SocketAddr, seconds: Duration, rate: u32, timeout: Duration) -> Result<String, Error> {
-    let classes: Arc<Mutex<BTreeMap<&'static str, Class>>> = Arc::default();
-    let end = Instant::now() + seconds;
+#[derive(PartialEq)]
+enum End {
+    Ok,
+    /// Answered 200 after the run's end: not counted in the goodput.
+    Late,
+    /// 429 or 503.
+    Refused,
+    Failed,
+}
+
+/// What `answers`, sent over `seconds`, got.
+fn summary<'a>(answers: impl Iterator<Item = &'a Answer>, seconds: f64) -> serde_json::Value {
+    let answers: Vec<&Answer> = answers.collect();
+    let count = |end: End| answers.iter().filter(|a| a.end == end).count();
+    let mut times: Vec<f64> = answers.iter().filter(|a| matches!(a.end, End::Ok | End::Late)).map(|a| a.ms).collect();
+    times.sort_by(f64::total_cmp);
+    let at = |q: f64| times.get(((times.len() as f64 * q) as usize).min(times.len().saturating_sub(1))).copied();
+    serde_json::json!({
+        "sent": answers.len(), "ok": count(End::Ok), "late": count(End::Late), "refused": count(End::Refused),
+        "failed": count(End::Failed), "ok_per_second": count(End::Ok) as f64 / seconds.max(1e-9),
+        "p50_ms": at(0.5), "p99_ms": at(0.99),
+    })
+}
+
+async fn load(
+    addr: SocketAddr,
+    seconds: Duration,
+    rate: u32,
+    timeout: Duration,
+    split: Option<f64>,
+) -> Result<String, Error> {
+    let classes: Arc<Mutex<BTreeMap<&'static str, Vec<Answer>>>> = Arc::default();
+    let begun = Instant::now();
+    let end = begun + seconds;
     let mut clients = Vec::new();
     for i in 0..=LIGHT_CLIENTS {
         let heavy = i == LIGHT_CLIENTS;
@@ -185,20 +220,19 @@ async fn load(addr: SocketAddr, seconds: Duration, rate: u32, timeout: Duration)
                         Ok::<_, String>(status)
                     };
                     let status = tokio::time::timeout(timeout, answer).await;
+                    let end = match status {
+                        Ok(Ok(200)) if Instant::now() <= end => End::Ok,
+                        Ok(Ok(200)) => End::Late,
+                        Ok(Ok(429 | 503)) => End::Refused,
+                        _ => End::Failed,
+                    };
+                    let answer = Answer {
+                        at: sent.duration_since(begun).as_secs_f64(),
+                        end,
+                        ms: sent.elapsed().as_secs_f64() * 1000.0,
+                    };
                     let mut classes = classes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                    let c = classes.entry(class).or_default();
-                    c.sent += 1;
-                    match status {
-                        Ok(Ok(200)) => {
-                            match Instant::now() <= end {
-                                true => c.ok += 1,
-                                false => c.late += 1,
-                            }
-                            c.times.push(sent.elapsed().as_secs_f64() * 1000.0);
-                        }
-                        Ok(Ok(429 | 503)) => c.refused += 1,
-                        _ => c.failed += 1,
-                    }
+                    classes.entry(class).or_default().push(answer);
                 }));
             }
             for r in requests {
@@ -209,18 +243,23 @@ async fn load(addr: SocketAddr, seconds: Duration, rate: u32, timeout: Duration)
     for c in clients {
         c.await?;
     }
-    let mut classes = classes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let classes = classes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let secs = seconds.as_secs_f64();
     let report: serde_json::Map<String, serde_json::Value> = classes
-        .iter_mut()
-        .map(|(name, c)| {
-            c.times.sort_by(f64::total_cmp);
-            let at = |q: f64| c.times.get(((c.times.len() as f64 * q) as usize).min(c.times.len().saturating_sub(1)));
-            let value = serde_json::json!({
-                "sent": c.sent, "ok": c.ok, "late": c.late, "refused": c.refused, "failed": c.failed,
-                "ok_per_second": c.ok as f64 / secs,
-                "p50_ms": at(0.5), "p99_ms": at(0.99),
-            });
+        .iter()
+        .map(|(name, answers)| {
+            let mut value = summary(answers.iter(), secs);
+            if let Some(split) = split {
+                let before = summary(answers.iter().filter(|a| a.at < split), split);
+                let after = summary(answers.iter().filter(|a| a.at >= split), secs - split);
+                value["phases"] = serde_json::json!([before, after]);
+                let last = secs.ceil() as usize;
+                let mut failed = vec![0u64; last + 1];
+                for a in answers.iter().filter(|a| a.end == End::Failed) {
+                    failed[(a.at as usize).min(last)] += 1;
+                }
+                value["worst_second"] = failed.into_iter().max().unwrap_or(0).into();
+            }
             ((*name).to_owned(), value)
         })
         .collect();

@@ -29,8 +29,21 @@
 # first: CAPACITY requests in progress at all times, straight to it, for 5 s (its timer's
 # granularity makes it a few per cent below the nominal CAPACITY / SERVICE_MS).
 #
-#   DURATION [60]  CAPACITY [50]  SERVICE_MS [20]  LIGHT_RATE [200]
-#   QUEUE_MAX [200]  MAX_WAIT [2s]  CASES ["queue plain nginx"]
+#
+# Then, when the backend slows (a second table): the same clients at SLOW_RATE (light:
+# 9 x 100 = 900 a second, heavy 1,000) and the backend's capacity halved at half time
+# (`GET /capacity/N` on it), through sluicegate with the queue in two classes (gold: the
+# light clients' addresses, bronze: the rest) in front of
+#   adaptive  `concurrency: adaptive` (`adaptive: { min: 4, max: 200 }`, 500 ms windows)
+#   fixed     `concurrency: CAPACITY`, as before
+# Per phase (before and after the halving, by the second a request was sent): gold's
+# success and p99, bronze's 200s a second, the most requests failed or timed out in one
+# second (an error burst), and the adaptive ceiling (from /metrics, once a second): its
+# value before, its value at the end, and how long after the halving it first came within
+# 1.5 x the new capacity.
+#
+#   DURATION [60]  CAPACITY [50]  SERVICE_MS [20]  LIGHT_RATE [200]  SLOW_RATE [100]
+#   QUEUE_MAX [200]  MAX_WAIT [2s]  CASES ["queue plain nginx"]  SLOW_CASES ["adaptive fixed"]
 #   SG  the sluicegate binary [target/release/sluicegate] (SKIP_BUILD=1: as it is)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -42,6 +55,8 @@ LIGHT_RATE="${LIGHT_RATE:-200}"
 QUEUE_MAX="${QUEUE_MAX:-200}"
 MAX_WAIT="${MAX_WAIT:-2s}"
 CASES="${CASES:-queue plain nginx}"
+SLOW_CASES="${SLOW_CASES:-adaptive fixed}"
+SLOW_RATE="${SLOW_RATE:-100}"
 SG="${SG:-target/release/sluicegate}"
 NEXT_PORT=23000
 
@@ -87,7 +102,7 @@ wait_ready "$BACKEND_PORT" "$!"
 # Its real capacity: CAPACITY requests in progress at all times, straight to it.
 measured="$("$FAIR" capacity "127.0.0.1:$BACKEND_PORT" 5 "$CAPACITY")"
 
-sluicegate_conf() { # $1 port, $2 the limit's queue line (empty: none)
+sluicegate_conf() { # $1 port, $2 the limit's queue line (empty: none), $3 concurrency [CAPACITY], $4 more
   cat <<EOF
 listen: 127.0.0.1:$1
 upstreams:
@@ -96,10 +111,11 @@ limits:
   slots:
     key: host
     on_missing_key: shared
-    concurrency: $CAPACITY
+    concurrency: ${3:-$CAPACITY}
 $2
 routes:
   - { upstream: backend, limits: [slots] }
+${4:-}
 EOF
 }
 
@@ -180,3 +196,71 @@ for case in $CASES; do
   wait "$pid" 2>/dev/null || true
 done
 
+[ -n "$SLOW_CASES" ] || exit 0
+half=$(( CAPACITY / 2 ))
+split=$(( DURATION / 2 ))
+echo
+echo "When the backend slows: $CAPACITY slots, $half from $split s on; 9 light clients (gold) at $SLOW_RATE/s,"
+echo "1 heavy (bronze) at $((SLOW_RATE * 10))/s; $DURATION s."
+echo
+echo "| case | gold: 200s, before / after | gold: p99, before / after | bronze: 200s/s, before / after | worst second: failed | ceiling: before, at the end, within 1.5 × $half after |"
+echo "|---|---:|---:|---:|---:|---:|"
+slow_row() { # $1 case, $2 the load's report, $3 the ceiling's samples (one "second value" a line)
+  python3 - "$1" "$2" "$3" "$split" "$half" <<'PY'
+import json, sys
+case, report, samples, split, half = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], float(sys.argv[4]), int(sys.argv[5])
+gold, bronze = report.get("light", {}), report.get("heavy", {})
+pct = lambda c: 100.0 * (c.get("ok", 0) + c.get("late", 0)) / max(c.get("sent", 0), 1)
+ms = lambda v: "-" if v is None else f"{v:.0f} ms"
+g, b = gold.get("phases", [{}, {}]), bronze.get("phases", [{}, {}])
+worst = max(gold.get("worst_second", 0), bronze.get("worst_second", 0))
+ceiling = "-"
+points = [tuple(map(float, l.split())) for l in samples.splitlines() if l.strip()]
+before = [v for t, v in points if t < split]
+if before:
+    follow = next((t - split for t, v in points if t >= split and v <= 1.5 * half), None)
+    follow = "not within the run" if follow is None else f"{follow:.0f} s"
+    ceiling = f"{before[-1]:.0f}, {points[-1][1]:.0f}, {follow}"
+print(f"| {case} | {pct(g[0]):.1f} % / {pct(g[1]):.1f} % | {ms(g[0].get('p99_ms'))} / {ms(g[1].get('p99_ms'))} | "
+      f"{b[0].get('ok_per_second', 0):.0f} / {b[1].get('ok_per_second', 0):.0f} | {worst} | {ceiling} |")
+PY
+}
+classes='[{ name: gold, match: { cidrs: [127.0.0.8/29, 127.0.0.16/30] } }, { name: bronze }]'
+for case in $SLOW_CASES; do
+  port="$(free_port)"; NEXT_PORT=$((port + 1))
+  admin="$(free_port)"; NEXT_PORT=$((admin + 1))
+  queue="    queue: { max: $QUEUE_MAX, max_wait: $MAX_WAIT, fair_by: ip, classes: $classes }"
+  case "$case" in
+    adaptive) sluicegate_conf "$port" "    adaptive: { min: 4, max: 200, window: ${WINDOW:-500ms} }
+$queue" adaptive "admin: { listen: 127.0.0.1:$admin }" >"$tmp/$case.yaml" ;;
+    fixed) sluicegate_conf "$port" "$queue" "$CAPACITY" "admin: { listen: 127.0.0.1:$admin }" >"$tmp/$case.yaml" ;;
+    *) die "unknown slow case $case" ;;
+  esac
+  "$SG" check -c "$tmp/$case.yaml" >/dev/null || die "sluicegate rejected $tmp/$case.yaml"
+  "$SG" -c "$tmp/$case.yaml" --log-level warn 2>"$tmp/$case.log" &
+  pid=$!
+  pids+=("$pid")
+  wait_ready "$port" "$pid"
+  curl -s -o /dev/null "http://127.0.0.1:$BACKEND_PORT/capacity/$CAPACITY"
+  echo "fairness: $case (the backend slows at $split s), $DURATION s ..." >&2
+  "$FAIR" load "127.0.0.1:$port" "$DURATION" "$SLOW_RATE" 10000 "$split" >"$tmp/$case.json" &
+  load=$!
+  : >"$tmp/$case.ceiling"
+  begun="$(date +%s.%N)"
+  slowed=""
+  for _ in $(seq 0 "$DURATION"); do
+    now="$(awk -v b="$begun" -v n="$(date +%s.%N)" 'BEGIN { printf "%.1f", n - b }')"
+    if [ -z "$slowed" ] && awk -v n="$now" -v s="$split" 'BEGIN { exit !(n >= s) }'; then
+      curl -s -o /dev/null "http://127.0.0.1:$BACKEND_PORT/capacity/$half"
+      slowed=1
+    fi
+    value="$(curl -s --max-time 1 "http://127.0.0.1:$admin/metrics" | awk '/^sluicegate_limit_ceiling\{/ { print $2 }')"
+    [ -n "$value" ] && echo "$now $value" >>"$tmp/$case.ceiling"
+    sleep 1
+  done
+  wait "$load"
+  echo "fairness: $case: the ceiling (seconds since the load began, value): $(tr '\n' ' ' <"$tmp/$case.ceiling")" >&2
+  slow_row "$case" "$(cat "$tmp/$case.json")" "$(cat "$tmp/$case.ceiling")"
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+done

@@ -20,8 +20,12 @@
 //!   window); within it, and only if the ceiling was reached in the window (a slot given
 //!   back with the key's slots all held, or handed to a waiter), it grows by it (by one
 //!   at least; doubled at most). From the start, until a first window over the target,
-//!   it doubles (a slow start, as TCP's): a cold proxy reaches a backend's capacity in a
-//!   few windows. A ceiling that nothing fills does not grow.
+//!   it doubles, and its windows end early, once a round of its slots was given back (a
+//!   slow start, as TCP's, that doubles once a round trip): a cold proxy reaches a
+//!   backend's capacity in a few of the backend's latencies, not a few windows. A ceiling
+//!   that nothing fills does not grow, and one the window used less than half of comes
+//!   down to twice what it used: a surge, or a backend that slows, meets no more than
+//!   that before the latency is heard.
 //!
 //! Why a gradient rather than AIMD: against a backend whose latency grows with its load,
 //! the gradient lands on the ceiling that keeps the latency at the target in one window
@@ -42,6 +46,8 @@ use crate::policy::Adaptive;
 pub const TOLERANCE: f64 = 1.25;
 /// Samples a window keeps (its last ones) to take their median.
 const KEPT: usize = 64;
+/// The fewest samples a round of the slow start takes.
+const MIN_ROUND: u64 = 4;
 
 /// A limit's ceiling and what it learns it from. Shared by every key of the limit: a
 /// limit keyed per client gives each client this many slots.
@@ -62,6 +68,8 @@ struct Learner {
     samples: usize,
     /// A slot was given back with the ceiling reached.
     full: bool,
+    /// The most slots a key held when one was given back.
+    peak: u64,
     /// The ground (ns).
     ground: Option<f64>,
     /// The last window's median (ns).
@@ -89,6 +97,7 @@ impl Ceiling {
             kept: [0; KEPT],
             samples: 0,
             full: false,
+            peak: 0,
             ground: None,
             recent: None,
             starting: true,
@@ -113,20 +122,24 @@ impl Ceiling {
         self.now.load(Ordering::Relaxed)
     }
 
-    /// A slot held `held` was given back at `now`; `full`: the key's slots were all held
-    /// then (or the slot went on to a waiter). Closes the window, and moves the ceiling,
-    /// when its time is over: whether it went up.
-    pub fn sample(&self, held: Duration, full: bool, now: Nanos) -> bool {
+    /// A slot held `held` was given back at `now`, when its key held `in_flight` slots
+    /// (itself included; `None`: it went on to a waiter, all being held). Closes the
+    /// window, and moves the ceiling, when its time is over: whether it went up.
+    pub fn sample(&self, held: Duration, in_flight: Option<u64>, now: Nanos) -> bool {
         let mut learner = self.learner.lock().unwrap_or_else(PoisonError::into_inner);
         let start = *learner.start.get_or_insert(now.0);
         let slot = learner.samples % KEPT;
         learner.kept[slot] = u64::try_from(held.as_nanos()).unwrap_or(u64::MAX);
         learner.samples += 1;
-        learner.full |= full;
-        if now.0.saturating_sub(start) < u64::try_from(self.window.as_nanos()).unwrap_or(u64::MAX) {
+        let was = self.get();
+        learner.full |= in_flight.is_none_or(|n| n >= was);
+        learner.peak = learner.peak.max(in_flight.unwrap_or(was));
+        // Starting, a window is also over once as many slots as the ceiling were given
+        // back (a round of them, as TCP's slow start doubles once a round trip).
+        let round = learner.starting && learner.full && learner.samples as u64 >= was.max(MIN_ROUND);
+        if now.0.saturating_sub(start) < u64::try_from(self.window.as_nanos()).unwrap_or(u64::MAX) && !round {
             return false;
         }
-        let was = self.get();
         let next = learner.close(was, self.min).clamp(self.min, self.max);
         learner.start = Some(now.0);
         self.now.store(next, Ordering::Relaxed);
@@ -153,7 +166,10 @@ impl Learner {
         let kept = &mut self.kept[..self.samples.min(KEPT)];
         let middle = kept.len() / 2;
         let median = *kept.select_nth_unstable(middle).1 as f64;
-        let full = std::mem::take(&mut self.full);
+        let (full, peak) = (std::mem::take(&mut self.full), std::mem::take(&mut self.peak));
+        // A ceiling far above what the window used comes down to twice that: a surge
+        // then meets the backend at twice its load at most before the latency is heard.
+        let used = if full { ceiling } else { ceiling.min(peak.saturating_mul(2)) };
         self.samples = 0;
         self.recent = Some(median);
         let ground = match self.ground {
@@ -164,10 +180,10 @@ impl Learner {
         let gradient = ground * TOLERANCE / median.max(1.0);
         if gradient < 1.0 {
             self.starting = false;
-            return (ceiling as f64 * gradient.max(0.5)) as u64;
+            return (used as f64 * gradient.max(0.5)) as u64;
         }
         match (full, self.starting) {
-            (false, _) => ceiling,
+            (false, _) => used,
             (true, true) => ceiling.saturating_mul(2),
             (true, false) => ((ceiling as f64 * gradient.min(2.0)) as u64).max(ceiling + 1),
         }
@@ -184,25 +200,53 @@ mod tests {
         Ceiling::new(Adaptive { min, window: Duration::from_millis(100) }, max)
     }
 
-    /// A window of `n` samples of `ms` each, ending at `end_ms`.
-    fn window(c: &Ceiling, end_ms: u64, ms: u64, full: bool) {
-        for i in 0..10 {
-            c.sample(Duration::from_millis(ms), full, Nanos((end_ms - 100) * MS + i * 10 * MS));
+    /// A slot given back to a waiter: the key's slots all held.
+    const FULL: Option<u64> = None;
+
+    /// A window (of 100 ms) ending at `end_ms`: two slots held `ms` each given back, at
+    /// its start and at its end (too few for a round of the slow start), with `in_flight`.
+    fn window(c: &Ceiling, end_ms: u64, ms: u64, in_flight: Option<u64>) {
+        c.sample(Duration::from_millis(ms), in_flight, Nanos((end_ms - 100) * MS));
+        c.sample(Duration::from_millis(ms), in_flight, Nanos(end_ms * MS));
+    }
+
+    #[test]
+    fn starting_it_doubles_once_a_round_of_its_slots_was_given_back() {
+        let c = ceiling(4, 100);
+        for i in 0..4 {
+            assert_eq!(c.get(), 4);
+            c.sample(Duration::from_millis(20), FULL, Nanos(i * MS));
         }
-        c.sample(Duration::from_millis(ms), full, Nanos(end_ms * MS));
+        for i in 0..8 {
+            assert_eq!(c.get(), 8);
+            c.sample(Duration::from_millis(20), FULL, Nanos((10 + i) * MS));
+        }
+        assert_eq!(c.get(), 16);
+        // Past the slow start, windows end with their time only.
+        for i in 0..20 {
+            c.sample(Duration::from_millis(40), FULL, Nanos((20 + i) * MS));
+        }
+        assert_eq!(c.get(), 10);
+        for i in 0..20 {
+            c.sample(Duration::from_millis(20), FULL, Nanos((40 + i) * MS));
+        }
+        assert_eq!(c.get(), 10);
     }
 
     #[test]
     fn starts_at_min_and_doubles_while_full_and_fast() {
         let c = ceiling(4, 100);
         assert_eq!(c.get(), 4);
-        window(&c, 100, 20, true);
+        window(&c, 100, 20, FULL);
         assert_eq!(c.get(), 8);
-        window(&c, 200, 20, true);
+        window(&c, 200, 20, FULL);
         assert_eq!(c.get(), 16);
         // Not reached: it stays.
-        window(&c, 300, 20, false);
+        window(&c, 300, 20, Some(10));
         assert_eq!(c.get(), 16);
+        // Less than half used: down to twice what was.
+        window(&c, 400, 20, Some(3));
+        assert_eq!(c.get(), 6);
         let read = c.read();
         assert_eq!(read.ground, Some(Duration::from_millis(20)));
         assert_eq!(read.recent, Some(Duration::from_millis(20)));
@@ -212,19 +256,19 @@ mod tests {
     fn slower_than_the_target_lowers_it_by_the_gradient_and_halves_at_most() {
         let c = ceiling(4, 100);
         for end in [100, 200, 300, 400] {
-            window(&c, end, 20, true);
+            window(&c, end, 20, FULL);
         }
         assert_eq!(c.get(), 64);
         // 40 ms against a target of 25: × 0.625.
-        window(&c, 500, 40, true);
+        window(&c, 500, 40, FULL);
         assert_eq!(c.get(), 40);
         // 200 ms: halved, not more.
-        window(&c, 600, 200, true);
+        window(&c, 600, 200, FULL);
         assert_eq!(c.get(), 20);
         // Back within the target: grows by the gradient (× 1.25), no more doubling.
-        window(&c, 700, 20, true);
+        window(&c, 700, 20, FULL);
         assert_eq!(c.get(), 25);
-        window(&c, 800, 25, true);
+        window(&c, 800, 25, FULL);
         assert_eq!(c.get(), 26, "at the target: one more");
     }
 
@@ -232,26 +276,26 @@ mod tests {
     fn stays_within_min_and_max() {
         let c = ceiling(4, 10);
         for end in [100, 200, 300] {
-            window(&c, end, 20, true);
+            window(&c, end, 20, FULL);
         }
         assert_eq!(c.get(), 10);
-        window(&c, 400, 500, true);
+        window(&c, 400, 500, FULL);
         assert_eq!(c.get(), 5);
-        window(&c, 500, 500, true);
+        window(&c, 500, 500, FULL);
         assert_eq!(c.get(), 4, "halved to 2 at most, kept at min");
     }
 
     #[test]
     fn a_ground_measured_at_min_replaces_a_lower_one() {
         let c = ceiling(2, 100);
-        window(&c, 100, 10, true);
+        window(&c, 100, 10, FULL);
         assert_eq!(c.get(), 4);
         // The backend is now 50 ms at best: the ceiling falls to min...
-        window(&c, 200, 50, true);
+        window(&c, 200, 50, FULL);
         assert_eq!(c.get(), 2);
         assert_eq!(c.read().ground, Some(Duration::from_millis(10)));
         // ...where the window measured is the ground, and the ceiling grows again.
-        window(&c, 300, 50, true);
+        window(&c, 300, 50, FULL);
         assert_eq!(c.read().ground, Some(Duration::from_millis(50)));
         assert_eq!(c.get(), 3);
     }
@@ -261,10 +305,10 @@ mod tests {
         let c = ceiling(4, 100);
         for i in 0..20 {
             let held = if i % 5 == 0 { 10_000 } else { 20 };
-            c.sample(Duration::from_millis(held), true, Nanos(i * 5 * MS));
+            c.sample(Duration::from_millis(held), Some(1), Nanos(i * 5 * MS));
         }
-        c.sample(Duration::from_millis(20), true, Nanos(100 * MS));
+        c.sample(Duration::from_millis(20), Some(1), Nanos(100 * MS));
         assert_eq!(c.read().recent, Some(Duration::from_millis(20)));
-        assert_eq!(c.get(), 8);
+        assert_eq!(c.get(), 4, "not reached: it stays");
     }
 }

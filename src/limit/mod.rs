@@ -488,13 +488,13 @@ impl Limiters {
     /// limit's ceiling learns how long it was held.
     pub(crate) fn release(self: &Arc<Self>, limit: LimitId, key: KeyHash, since: Option<Nanos>) {
         let queue = self.limits[limit].queue.as_ref();
-        let full = match queue {
+        let in_flight = match queue {
             Some(queue) => queue.rooms.hand_off(self, limit, key),
-            None => self.free(limit, key),
+            None => Some(self.free(limit, key)),
         };
         if let (Some(ceiling), Some(since)) = (self.ceiling(limit), since) {
             let now = self.clock.now();
-            let rose = ceiling.sample(Duration::from_nanos(now.0.saturating_sub(since.0)), full, now);
+            let rose = ceiling.sample(Duration::from_nanos(now.0.saturating_sub(since.0)), in_flight, now);
             if let (true, Some(queue)) = (rose, queue) {
                 queue.rooms.hand_spare(self, limit, key);
             }
@@ -585,19 +585,17 @@ impl Limiters {
         self.limits[limit].queue.as_ref().map(|q| q.max_wait)
     }
 
-    /// Frees a concurrency slot of limit `limit` held by `key`: whether the key's slots
-    /// were all held.
-    fn free(&self, limit: LimitId, key: KeyHash) -> bool {
-        let Some(Algorithm::Concurrency(slots, table, ceiling)) = self.limits[limit].windows.first() else {
-            return false;
-        };
+    /// Frees a concurrency slot of limit `limit` held by `key`: the slots the key held,
+    /// this one included.
+    fn free(&self, limit: LimitId, key: KeyHash) -> u64 {
+        let Some(Algorithm::Concurrency(_, table, _)) = self.limits[limit].windows.first() else { return 0 };
         let mut shard = table.lock(key.0);
         let held = shard.get(key.0).unwrap_or(0);
         match held {
             2.. => shard.replace(key.0, held - 1),
             _ => shard.remove(key.0),
         }
-        held >= ceiling.as_ref().map_or(slots.max(), |c| c.get())
+        held
     }
 
     /// Whether `key` holds more slots of `limit` than its ceiling lets it now (an adaptive

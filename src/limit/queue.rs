@@ -431,21 +431,21 @@ impl Rooms {
     /// Hands the slot `key` gives back in `limit` to its next waiter, if one waits and the
     /// key is not over its ceiling (an adaptive one, come down); else frees it (under the
     /// room's lock: a newcomer joining meanwhile sees it free). Slots the key may hold
-    /// beyond its own (a reload raised `concurrency`) go to the next waiters too. Whether
-    /// the key's slots were all held (a slot handed on: they still are).
-    pub(crate) fn hand_off(&self, limiters: &Arc<Limiters>, limit: LimitId, key: KeyHash) -> bool {
+    /// beyond its own (a reload raised `concurrency`) go to the next waiters too. The
+    /// slots the key held when it freed this one (`None`: handed on, all are held).
+    pub(crate) fn hand_off(&self, limiters: &Arc<Limiters>, limit: LimitId, key: KeyHash) -> Option<u64> {
         let mut hall = self.lock();
         let Some(room) = hall.rooms.get_mut(&key.0).filter(|_| !limiters.over(limit, key)) else {
-            return limiters.free(limit, key);
+            return Some(limiters.free(limit, key));
         };
         if !self.give(room, limiters, limit, key) {
             hall.tidy(key.0);
-            return limiters.free(limit, key);
+            return Some(limiters.free(limit, key));
         }
         self.give_spare(room, limiters, limit, key);
         hall.handed(limiters.clock().now());
         hall.tidy(key.0);
-        true
+        None
     }
 
     /// Hands the slots `key` may hold beyond those it holds (its adaptive ceiling went up)

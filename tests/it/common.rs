@@ -726,10 +726,20 @@ impl StrictFraming {
     }
 }
 
-/// A port on which nothing listens (bound, then released).
+/// A port on which nothing listens (bound, then released), below the kernel's ephemeral
+/// range (32768 and up by default): a port the test then listens on is not taken
+/// meanwhile as the source port of some other test's outgoing connection.
 pub fn closed_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let seed = std::process::id().wrapping_mul(7919);
+    for _ in 0..1000 {
+        let port = 20_000 + (seed.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed) * 61) % 12_000) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port from 20000 to 31999");
 }
 
 /// Writes `bytes` on a new connection and reads until the server closes it: every use

@@ -310,7 +310,7 @@ fn concurrency_and_rate_fields_are_not_mixed() {
     let (ok, stderr) = check(&yaml);
     assert!(!ok);
     let expected = [
-        "FILE:3:40: limits.a.burst: does not apply to concurrency limits (its fields: concurrency, retry_after)",
+        "FILE:3:40: limits.a.burst: does not apply to concurrency limits (its fields: concurrency, retry_after, adaptive)",
         "FILE:4:23: limits.b.rate: does not apply to concurrency limits",
         "FILE:5:6: limits.c: needs `rate: N r/DURATION` (e.g. 10r/s), `concurrency: N`, or an `algorithm`",
     ];
@@ -709,7 +709,7 @@ fn long_values_in_errors_are_cut_short() {
     let cut = format!("{}…", "k".repeat(60));
     assert!(
         stderr.starts_with(&format!(
-            "FILE:3:29: limits.a.{cut}: unknown field `{cut}`; the 42 fields of `limits.NAME` are listed in docs/configuration.md\n"
+            "FILE:3:29: limits.a.{cut}: unknown field `{cut}`; the 43 fields of `limits.NAME` are listed in docs/configuration.md\n"
         )),
         "{stderr}"
     );
@@ -988,7 +988,7 @@ FILE:6:60: limits.d.window: must be longer than zero
 FILE:7:40: limits.e.count: does not apply to concurrency limits (a slot is held by every request)
 FILE:8:39: limits.f.max_keys: must be a positive integer
 FILE:9:52: limits.g.capacity: must be a positive integer
-FILE:10:30: limits.h.concurrency: must be a positive integer
+FILE:10:30: limits.h.concurrency: must be a positive integer (or `adaptive`)
 FILE:12:17: routes[0].limits[1]: limit \"a\" is listed twice
 FILE: configuration is invalid
 "

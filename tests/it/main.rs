@@ -2,6 +2,7 @@
 // A failed unwrap is a failed test; helpers outside #[test] functions unwrap too.
 #![allow(clippy::unwrap_used)]
 
+mod adaptive;
 mod admin;
 mod algorithms;
 mod bench;
