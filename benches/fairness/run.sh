@@ -219,7 +219,7 @@ points = [tuple(map(float, l.split())) for l in samples.splitlines() if l.strip(
 before = [v for t, v in points if t < split]
 if before:
     follow = next((t - split for t, v in points if t >= split and v <= 1.5 * half), None)
-    follow = "not within the run" if follow is None else f"{follow:.0f} s"
+    follow = "not within the run" if follow is None else f"{follow:.1f} s"
     ceiling = f"{before[-1]:.0f}, {points[-1][1]:.0f}, {follow}"
 print(f"| {case} | {pct(g[0]):.1f} % / {pct(g[1]):.1f} % | {ms(g[0].get('p99_ms'))} / {ms(g[1].get('p99_ms'))} | "
       f"{b[0].get('ok_per_second', 0):.0f} / {b[1].get('ok_per_second', 0):.0f} | {worst} | {ceiling} |")
