@@ -190,7 +190,16 @@ fn classes(e: &mut Errors<'_>, at: &str, raw: &[RawQueueClass]) -> Box<[QueueCla
             );
         }
         let matcher = allow(e, &format!("{here}.match"), class.matcher.as_ref());
-        classes.push(QueueClass { name: class.name.clone(), matcher });
+        let share = class.share.as_deref().and_then(|text| {
+            let percent = text.trim().strip_suffix('%').and_then(|n| n.trim().parse::<u8>().ok());
+            let percent = percent.filter(|n| (1..=100).contains(n));
+            e.check(|| format!("{here}.share"), percent.ok_or_else(|| format!("{text:?}: a share from 1% to 100%")))
+        });
+        classes.push(QueueClass { name: class.name.clone(), matcher, share: share.unwrap_or(0) });
+    }
+    let shared: u32 = classes.iter().map(|c| u32::from(c.share)).sum();
+    if shared > 100 {
+        e.add(format!("{at}.classes"), format!("the classes' shares add up to {shared}%: 100% at most"));
     }
     classes.into()
 }

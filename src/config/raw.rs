@@ -424,6 +424,9 @@ pub struct RawQueueClass {
     pub name: String,
     #[serde(rename = "match")]
     pub matcher: Option<RawAllow>,
+    /// The share of the slots handed on that it is sure of while it has requests waiting
+    /// (`20%`).
+    pub share: Option<String>,
 }
 
 /// `limit_from: { header: x-tenant-limit, min: 1, max: 1000 }`: each key may have its own

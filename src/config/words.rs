@@ -190,9 +190,17 @@ pub struct QueueWords {
     pub max: usize,
     pub max_wait: String,
     pub fair_by: Vec<String>,
-    /// Its classes' names, highest first.
+    /// Its classes, highest first.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub classes: Vec<String>,
+    pub classes: Vec<ClassWords>,
+}
+
+/// A queue's class: its name, and its share if it has one (its `match` is not written).
+#[derive(Serialize)]
+pub struct ClassWords {
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub share: Option<String>,
 }
 
 /// `limit_from:` as the file writes it: its source (`header` or `jwt`, or neither: only
@@ -470,7 +478,9 @@ impl<'a> LimitWords<'a> {
                 max: q.max,
                 max_wait: span(q.max_wait),
                 fair_by: q.fair_by.0.iter().map(ToString::to_string).collect(),
-                classes: q.classes.iter().map(|c| c.name.clone()).collect(),
+                classes: (q.classes.iter())
+                    .map(|c| ClassWords { name: c.name.clone(), share: (c.share > 0).then(|| format!("{}%", c.share)) })
+                    .collect(),
             }),
             dry_run: limit.dry_run,
             headers: limit.headers,

@@ -904,6 +904,39 @@ routes:
     }
 
     #[tokio::test]
+    async fn a_class_with_a_share_is_handed_its_share_of_the_slots_and_keeps_its_share_of_the_room() {
+        let shared = "classes: [{ name: gold, match: { headers: { x-tier: gold } } }, { name: bronze, share: 25% }]";
+        let (gate, _, config) = gate(&format!("max: 8, {shared}"));
+        let held = permits(come_as(&gate, &config, "a", "bronze"));
+        let mut tickets: Vec<(&str, Ticket)> = Vec::new();
+        for (user, tier) in
+            [("g1", "gold"), ("g2", "gold"), ("g3", "gold"), ("g4", "gold"), ("b1", "bronze"), ("b2", "bronze")]
+        {
+            tickets.push((user, waiting(come_as(&gate, &config, user, tier))));
+        }
+        // Each hand-off earns bronze a quarter of a slot while it waits: the fourth is its.
+        let mut order = Vec::new();
+        let mut holder = held;
+        while !tickets.is_empty() {
+            drop(holder);
+            let handed = tickets.iter_mut().enumerate().find_map(|(i, (_, t))| Some((i, t.try_end()?.ok()?)));
+            let (at, handed) = handed.expect("one handed the slot");
+            order.push(tickets.remove(at).0);
+            holder = crate::gate::Permits::default();
+            holder.hold(handed);
+        }
+        assert_eq!(order, ["g1", "g2", "g3", "b1", "g4", "b2"]);
+        // A full room (8): bronze's two are its share (25 %), not pushed out by gold.
+        let _bronze =
+            [waiting(come_as(&gate, &config, "b1", "bronze")), waiting(come_as(&gate, &config, "b2", "bronze"))];
+        let _gold: Vec<Ticket> = (1..=6).map(|i| waiting(come_as(&gate, &config, &format!("g{i}"), "gold"))).collect();
+        assert!(matches!(come_as(&gate, &config, "g7", "gold"), Err(Queued::Refused { end: QueueEnd::Full, .. })));
+        // A third bronze pushes out nothing above it (nor a bronze of a flow as short).
+        assert!(matches!(come_as(&gate, &config, "b3", "bronze"), Err(Queued::Refused { end: QueueEnd::Full, .. })));
+        drop(holder);
+    }
+
+    #[tokio::test]
     async fn a_waiter_that_left_gets_no_slot_and_a_slot_nobody_waits_for_is_freed() {
         let (gate, _, config) = gate("max: 10");
         let held = permits(come(&gate, &config, 0, "a"));

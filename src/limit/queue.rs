@@ -112,11 +112,17 @@ struct Hall {
 }
 
 impl Hall {
-    /// The room of `key`, made (with `classes` lanes) if it has none.
-    fn room(&mut self, key: u64, classes: usize) -> &mut Room {
-        self.rooms
-            .entry(key)
-            .or_insert_with(|| Room { lanes: (0..classes).map(|_| Lane::default()).collect(), waiting: 0 })
+    /// The room of `key`, made (with a lane of each of `classes`, one without) if it has
+    /// none.
+    fn room(&mut self, key: u64, classes: &[crate::policy::QueueClass]) -> &mut Room {
+        self.rooms.entry(key).or_insert_with(|| {
+            let share = |c: &crate::policy::QueueClass| Lane { share: u32::from(c.share), ..Lane::default() };
+            let lanes = match classes {
+                [] => vec![Lane::default()],
+                _ => classes.iter().map(share).collect(),
+            };
+            Room { lanes: lanes.into(), waiting: 0 }
+        })
     }
 
     /// Removes the room of `key` if nobody waits in it.
@@ -154,6 +160,10 @@ struct Room {
 /// The requests of one class waiting for one key's slots.
 #[derive(Default)]
 struct Lane {
+    /// The share (percent) of the slots handed on that it is sure of while it has
+    /// requests waiting, and what it earned of it: a slot each 100.
+    share: u32,
+    earned: u32,
     /// The waiters of each flow, oldest first.
     flows: HashMap<u64, VecDeque<Waiter>>,
     /// The flows with waiters, in the order they are served.
@@ -372,7 +382,7 @@ impl Rooms {
         take: impl FnOnce() -> Take,
     ) -> Queued {
         let mut hall = self.lock();
-        let room = hall.room(key.0, self.classes());
+        let room = hall.room(key.0, &queue.classes);
         let refused = match room.waiting {
             0 => match take() {
                 Take::Slot(handed) => {
@@ -384,7 +394,7 @@ impl Rooms {
                 Take::Busy => false,
                 Take::NoRoom => true,
             },
-            waiting if waiting >= queue.max => match room.push_out(class, flow) {
+            waiting if waiting >= queue.max => match room.push_out(class, flow, queue.max) {
                 Some(pushed) => {
                     self.waited(pushed, false);
                     false
@@ -521,20 +531,36 @@ impl Rooms {
 }
 
 impl Room {
-    /// The next waiter: of the highest class with one, round its flows.
+    /// The next waiter, round its class's flows: of the highest class that has earned a
+    /// slot of its share (each class with a share and requests waiting earns it at every
+    /// hand-off; one without requests waiting earns nothing and keeps nothing: what it
+    /// does not use is lent), else of the highest class with one.
     fn next(&mut self) -> Option<(usize, Waiter)> {
-        let (class, lane) = self.lanes.iter_mut().enumerate().find(|(_, l)| l.waiting > 0)?;
+        for lane in self.lanes.iter_mut() {
+            lane.earned = if lane.waiting > 0 { lane.earned + lane.share } else { 0 };
+        }
+        let earned = self.lanes.iter().position(|l| l.waiting > 0 && l.earned >= 100);
+        let class = earned.or_else(|| self.lanes.iter().position(|l| l.waiting > 0))?;
+        let lane = &mut self.lanes[class];
+        if earned.is_some() {
+            lane.earned -= 100;
+        }
         let waiter = lane.next()?;
         self.waiting -= 1;
         Some((class, waiter))
     }
 
-    /// Makes room for a request of `class` and `flow` in a full room: pushes out the
-    /// newest waiter of the lowest class below `class` that has one, or else within
-    /// `class` that of its longest flow if that flow is longer than `flow` would be with
-    /// it. The class it pushed out of, if it did.
-    fn push_out(&mut self, class: usize, flow: u64) -> Option<usize> {
-        let lowest = self.lanes.iter().rposition(|l| l.waiting > 0)?;
+    /// Makes room for a request of `class` and `flow` in a full room (of `max`): pushes
+    /// out the newest waiter of the lowest class below `class` that has one (and, if it
+    /// has a share, more waiting than its share of `max`: a class sure of a share of the
+    /// slots is sure of that share of the room), or else within `class` that of its
+    /// longest flow if that flow is longer than `flow` would be with it. The class it
+    /// pushed out of, if it did.
+    fn push_out(&mut self, class: usize, flow: u64, max: usize) -> Option<usize> {
+        let over_share = |l: &Lane| l.waiting > 0 && l.waiting * 100 > l.share as usize * max;
+        let lowest = (self.lanes.iter().enumerate().rev())
+            .find(|&(c, l)| if c == class { l.waiting > 0 } else { over_share(l) })
+            .map(|(c, _)| c)?;
         let pushed = match lowest.cmp(&class) {
             std::cmp::Ordering::Greater => self.lanes[lowest].push_out(None),
             std::cmp::Ordering::Equal => self.lanes[class].push_out(Some(flow)),

@@ -38,6 +38,9 @@ pub struct Queue {
 pub struct QueueClass {
     pub name: String,
     pub matcher: allow::Allow,
+    /// The share (percent, 0: none) of the slots handed on that it is sure of while it
+    /// has requests waiting, whatever the classes above it want (`share:`).
+    pub share: u8,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

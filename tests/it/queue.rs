@@ -337,6 +337,14 @@ fn check_names_every_misplaced_queue_field() {
             "concurrency: 2, queue: { classes: [{ name: a, match: { cidrs: [nope] } }, { name: b }] }",
             "limits.c.queue.classes[0].match.cidrs[0]",
         ),
+        (
+            "concurrency: 2, queue: { classes: [{ name: a, match: { cidrs: [10.0.0.0/8] } }, { name: b, share: 0% }] }",
+            "limits.c.queue.classes[1].share: \"0%\": a share from 1% to 100%",
+        ),
+        (
+            "concurrency: 2, queue: { classes: [{ name: a, match: { cidrs: [10.0.0.0/8] }, share: 60% }, { name: b, share: 50% }] }",
+            "limits.c.queue.classes: the classes' shares add up to 110%: 100% at most",
+        ),
     ] {
         let stderr = limit(fields);
         assert!(stderr.contains(expected), "{fields}: {expected} not in\n{stderr}");
