@@ -163,6 +163,8 @@ pub struct Entry {
     pub candidate_route: Option<String>,
     /// Its wait in a concurrency limit's queue (`None`: it did not come to one).
     pub queued: Option<QueueWait>,
+    /// The class it waited in, when the queue has classes.
+    pub queue_class: Option<String>,
 }
 
 impl AccessLog {
@@ -228,6 +230,7 @@ impl Entry {
             candidate: None,
             candidate_route: None,
             queued: None,
+            queue_class: None,
         })
     }
 
@@ -400,6 +403,9 @@ pub struct JsonLine<'a> {
     /// `pushed_out` (a shorter flow took its place) or `left` (the client went away).
     #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<Cow<'a, str>>,
+    /// The class it waited in, when the queue has classes.
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    pub queue_class: Option<Cow<'a, str>>,
 }
 
 /// A field that is there, even as `null`.
@@ -434,6 +440,7 @@ fn json(e: &Entry) -> String {
         candidate_route: e.candidate_route.as_deref().map(Cow::Borrowed),
         queued_ms: e.queued.map(|q| round_ms(q.waited.unwrap_or_else(|| q.since.elapsed()))),
         queue: e.queued.map(|q| Cow::Borrowed(q.end)),
+        queue_class: e.queue_class.as_deref().map(Cow::Borrowed),
     };
     // A line of strings, numbers and maps of strings always serializes.
     let mut out = serde_json::to_string(&line).unwrap_or_default();
@@ -599,6 +606,7 @@ mod tests {
                 waited: Some(Duration::from_micros(12_345)),
                 end: "served",
             }),
+            queue_class: Some("gold".to_owned()),
         };
         drop(entry);
         let line = queued.recv().unwrap();
@@ -631,6 +639,7 @@ mod tests {
             candidate_route: Some("api_v2".into()),
             queued_ms: Some(12.345),
             queue: Some("served".into()),
+            queue_class: Some("gold".into()),
         };
         assert_eq!(read, expected, "{line}");
         assert_eq!(format!("{}\n", serde_json::to_string(&read).unwrap()), line);

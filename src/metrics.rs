@@ -236,7 +236,8 @@ struct LimitMetrics {
     decisions: [Counter; DECISIONS.len()],
     delay: Histogram,
     /// How long requests waited in its queue, if it has one.
-    queue_wait: Option<Histogram>,
+    /// Per class of its queue (one without classes; none without a queue).
+    queue_wait: Vec<Histogram>,
 }
 
 /// The counters of one configuration's routes and limits, made from the families that
@@ -366,7 +367,8 @@ impl Metrics {
         let queue_waits = registered(
             r,
             "limit_queue_wait_seconds",
-            "How long requests waited in each concurrency limit's queue, however the wait ended",
+            "How long requests waited in each concurrency limit's queue, by class (\"\": a queue without classes), \
+             however the wait ended",
             Family::new_with_constructor(delay_histogram as fn() -> Histogram),
         );
         let responses = counters(r, "upstream_responses", "Upstream responses by route and status class");
@@ -497,10 +499,18 @@ impl Metrics {
                     f.decisions.get_or_create_owned(&vec![("limit", limit.name.clone()), ("outcome", d.to_owned())])
                 }),
                 delay: f.delays.get_or_create_owned(&vec![("limit", limit.name.clone())]),
-                queue_wait: limit
-                    .queue
-                    .as_ref()
-                    .map(|_| f.queue_waits.get_or_create_owned(&vec![("limit", limit.name.clone())])),
+                queue_wait: limit.queue.as_ref().map_or_else(Vec::new, |queue| {
+                    let classes: Vec<&str> = match &queue.classes[..] {
+                        [] => vec![""],
+                        classes => classes.iter().map(|c| c.name.as_str()).collect(),
+                    };
+                    (classes.into_iter())
+                        .map(|class| {
+                            let labels = vec![("limit", limit.name.clone()), ("class", class.to_owned())];
+                            f.queue_waits.get_or_create_owned(&labels)
+                        })
+                        .collect()
+                }),
             })
             .collect();
         let reloads = ["ok", "failed"].map(|r| f.reloads.get_or_create_owned(&vec![("result", r.to_owned())]));
@@ -580,9 +590,9 @@ impl Metrics {
         };
     }
 
-    /// Observes a wait of `waited` in the queue of limit `limit`.
-    pub fn queue_wait(&self, limit: LimitId, waited: Duration) {
-        if let Some(histogram) = &self.limits[limit].queue_wait {
+    /// Observes a wait of `waited` in class `class` of the queue of limit `limit`.
+    pub fn queue_wait(&self, limit: LimitId, class: usize, waited: Duration) {
+        if let Some(histogram) = self.limits[limit].queue_wait.get(class) {
             histogram.observe(waited.as_secs_f64());
         }
     }

@@ -557,6 +557,15 @@ impl Limiters {
         Some((queue.class_name(class), waiting, position))
     }
 
+    /// The class a request of `src` (of a route whose class in queues is `priority`) waits
+    /// in, in the queue of `limit`: its index and its name (`""`: the queue has no
+    /// classes); `None` without a queue.
+    pub fn queue_class(&self, limit: LimitId, src: &KeySource<'_>, priority: Option<&str>) -> Option<(usize, &str)> {
+        let queue = self.limits[limit].queue.as_ref()?;
+        let class = queue.class_of(src, priority);
+        Some((class, queue.class_name(class)))
+    }
+
     /// The classes of the queue of `limit`, by name (one, `""`, for a queue without;
     /// none without a queue).
     pub fn queue_classes(&self, limit: LimitId) -> Vec<&str> {

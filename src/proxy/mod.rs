@@ -412,7 +412,11 @@ impl Proxy {
             Queued::Refused { end, retry_after } => Err((end, retry_after)),
         };
         let waited = since.elapsed();
-        self.metrics.queue_wait(limit, waited);
+        let (class, name) = self.limiters().queue_class(limit, &front.src, priority).unwrap_or((0, ""));
+        self.metrics.queue_wait(limit, class, waited);
+        if !name.is_empty() {
+            ctx.log(|e| e.queue_class = Some(name.to_owned()));
+        }
         let end = ended.as_ref().map_or_else(|&(end, _)| end, |_| QueueEnd::Served);
         ctx.log(|e| e.queued = Some(QueueWait { since, waited: Some(waited), end: end.as_str() }));
         match ended {

@@ -86,7 +86,7 @@ async fn a_request_without_a_slot_waits_for_one_and_the_slots_go_round_the_flows
     let metrics = Metrics::of(&sg).await;
     assert_eq!(metrics.value("sluicegate_limit_queue_ended_total{limit=\"c\",class=\"\",end=\"served\"}"), 3.0);
     assert_eq!(metrics.value("sluicegate_limit_queue_depth{limit=\"c\",class=\"\"}"), 0.0);
-    assert_eq!(metrics.value("sluicegate_limit_queue_wait_seconds_count{limit=\"c\"}"), 3.0);
+    assert_eq!(metrics.value("sluicegate_limit_queue_wait_seconds_count{limit=\"c\",class=\"\"}"), 3.0);
     // A wait is a delay by the limit: counted as one, not as a refusal.
     assert_eq!(metrics.value("sluicegate_limit_decisions_total{limit=\"c\",outcome=\"delayed\"}"), 3.0);
     assert_eq!(metrics.get("sluicegate_limit_decisions_total{limit=\"c\",outcome=\"rejected\"}").unwrap_or(0.0), 0.0);
@@ -244,6 +244,18 @@ async fn a_higher_class_is_served_first_and_a_full_queue_sheds_the_lowest_class(
     };
     assert_eq!((ended("bronze", "pushed_out"), ended("bronze", "full"), ended("bronze", "served")), (1.0, 1.0, 1.0));
     assert_eq!((ended("gold", "served"), ended("gold", "pushed_out")), (1.0, 0.0));
+    // Each class's waits in its own histogram, and the class in each waiter's line.
+    let waits =
+        |class: &str| m.value(&format!("sluicegate_limit_queue_wait_seconds_count{{limit=\"c\",class=\"{class}\"}}"));
+    assert_eq!((waits("gold"), waits("bronze")), (1.0, 3.0));
+    let lines = crate::logs::access_lines(&log, 5);
+    for (target, class) in
+        [("/held?g1", "gold"), ("/held?b1", "bronze"), ("/held?b2", "bronze"), ("/held?b3", "bronze")]
+    {
+        let line = line_of(&lines, target);
+        assert_eq!(line["queue_class"], class, "{line}");
+    }
+    assert!(line_of(&lines, "/held?first")["queue_class"].is_null());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
