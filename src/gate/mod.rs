@@ -33,6 +33,7 @@ use smallvec::{SmallVec, smallvec};
 
 use crate::clock::{Clock, Nanos};
 use crate::config::{Config, LimitId};
+use crate::limit::adaptive::Since;
 use crate::limit::algorithm::Held;
 use crate::limit::queue::{Handed, Queued};
 use crate::limit::secret::KeySecret;
@@ -413,7 +414,7 @@ impl Gate {
                 shard.store(key, admit.state, now, cost);
                 if let Held::Concurrency(..) = shard {
                     permits.limiters.get_or_insert_with(|| Arc::clone(&self.limiters));
-                    permits.slots.push(Slot { limit, key, since: now });
+                    permits.slots.push(Slot { limit, key, since: Since::at(now) });
                 }
             }
             if group.limiter.settles_after() && !PREVIEW {

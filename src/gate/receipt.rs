@@ -11,6 +11,7 @@ use smallvec::SmallVec;
 use crate::clock::Nanos;
 use crate::ids::LimitId;
 use crate::limit::Limiters;
+use crate::limit::adaptive::Since;
 use crate::limit::queue::Handed;
 use crate::policy::charge::{Charge, PriceRow};
 use crate::policy::key::{KeyHash, KeySource};
@@ -30,7 +31,7 @@ pub(super) struct Slot {
     pub(super) limit: LimitId,
     pub(super) key: KeyHash,
     /// When it was taken (an adaptive limit learns how long slots are held).
-    pub(super) since: Nanos,
+    pub(super) since: Since,
 }
 
 /// A local admission that `Pending::settle` may take back.

@@ -49,6 +49,23 @@ const KEPT: usize = 64;
 /// The fewest samples a round of the slow start takes.
 const MIN_ROUND: u64 = 4;
 
+/// When a slot was taken, as the slot keeps it: microseconds of the clock in 32 bits, so
+/// that a slot stays 16 bytes (every passed request moves its slots with it); a slot held
+/// longer than 71 minutes is measured modulo that.
+#[derive(Clone, Copy, Debug)]
+pub struct Since(u32);
+
+impl Since {
+    pub fn at(now: Nanos) -> Self {
+        Since((now.0 / 1_000) as u32)
+    }
+
+    /// How long a slot taken then was held at `now`.
+    pub fn held(self, now: Nanos) -> Duration {
+        Duration::from_micros(u64::from(Since::at(now).0.wrapping_sub(self.0)))
+    }
+}
+
 /// A limit's ceiling and what it learns it from. Shared by every key of the limit: a
 /// limit keyed per client gives each client this many slots.
 pub struct Ceiling {
@@ -298,6 +315,13 @@ mod tests {
         window(&c, 300, 50, FULL);
         assert_eq!(c.read().ground, Some(Duration::from_millis(50)));
         assert_eq!(c.get(), 3);
+    }
+
+    #[test]
+    fn a_slots_time_is_kept_in_32_bits_of_microseconds_across_their_wrap() {
+        let wrap = (1u64 << 32) * 1_000;
+        let since = Since::at(Nanos(wrap - 1_000_000));
+        assert_eq!(since.held(Nanos(wrap + 2_000_000)), Duration::from_millis(3));
     }
 
     #[test]

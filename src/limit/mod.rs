@@ -486,7 +486,7 @@ impl Limiters {
     /// (`None`: handed to a request that went away before it used it): to the next
     /// request waiting for one, if the limit has a queue and one waits. An adaptive
     /// limit's ceiling learns how long it was held.
-    pub(crate) fn release(self: &Arc<Self>, limit: LimitId, key: KeyHash, since: Option<Nanos>) {
+    pub(crate) fn release(self: &Arc<Self>, limit: LimitId, key: KeyHash, since: Option<adaptive::Since>) {
         let queue = self.limits[limit].queue.as_ref();
         let in_flight = match queue {
             Some(queue) => queue.rooms.hand_off(self, limit, key),
@@ -494,7 +494,7 @@ impl Limiters {
         };
         if let (Some(ceiling), Some(since)) = (self.ceiling(limit), since) {
             let now = self.clock.now();
-            let rose = ceiling.sample(Duration::from_nanos(now.0.saturating_sub(since.0)), in_flight, now);
+            let rose = ceiling.sample(since.held(now), in_flight, now);
             if let (true, Some(queue)) = (rose, queue) {
                 queue.rooms.hand_spare(self, limit, key);
             }
@@ -532,7 +532,7 @@ impl Limiters {
             match held.decide(key, now, 1) {
                 Verdict::Admit { state, .. } => {
                     held.store(key, state, now, 1);
-                    queue::Take::Slot(queue::Handed::new(Arc::clone(self), limit, key, now))
+                    queue::Take::Slot(queue::Handed::new(Arc::clone(self), limit, key, adaptive::Since::at(now)))
                 }
                 Verdict::Reject { .. } if held.holds(key) => queue::Take::Busy,
                 Verdict::Reject { .. } => queue::Take::NoRoom,

@@ -214,11 +214,11 @@ pub struct Handed {
     pub limit: LimitId,
     pub key: KeyHash,
     /// When it was handed (or taken).
-    pub since: Nanos,
+    pub since: super::adaptive::Since,
 }
 
 impl Handed {
-    pub(crate) fn new(limiters: Arc<Limiters>, limit: LimitId, key: KeyHash, since: Nanos) -> Self {
+    pub(crate) fn new(limiters: Arc<Limiters>, limit: LimitId, key: KeyHash, since: super::adaptive::Since) -> Self {
         Handed { limiters: Some(limiters), limit, key, since }
     }
 
@@ -481,7 +481,8 @@ impl Rooms {
     fn give(&self, room: &mut Room, limiters: &Arc<Limiters>, limit: LimitId, key: KeyHash) -> bool {
         while let Some((class, waiter)) = room.next() {
             self.waited(class, false);
-            match waiter.to.send(Handed::new(Arc::clone(limiters), limit, key, limiters.clock().now())) {
+            let since = super::adaptive::Since::at(limiters.clock().now());
+            match waiter.to.send(Handed::new(Arc::clone(limiters), limit, key, since)) {
                 Ok(()) => return true,
                 // Its request is ending: the slot is not its to give back.
                 Err(mut handed) => handed.limiters = None,
