@@ -259,6 +259,46 @@ async fn a_higher_class_is_served_first_and_a_full_queue_sheds_the_lowest_class(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_class_with_a_share_is_handed_its_share_while_a_higher_class_waits() {
+    let backend = Backend::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let classes = "classes: [{ name: gold, match: { headers: { x-tier: gold } } }, { name: bronze, share: 50% }]";
+    let sg = queued(&backend, &format!("max: 10, max_wait: 30s, fair_by: \"header:x-user\", {classes}"), &log).start();
+    let addr = sg.addr;
+    let tier = |tier: &'static str, user: &'static str, path: &'static str| {
+        tokio::spawn(async move { get(addr, path, &[("x-user", user), ("x-tier", tier)]).await })
+    };
+    let depth = async |class: &str| {
+        Metrics::of(&sg).await.value(&format!("sluicegate_limit_queue_depth{{limit=\"c\",class=\"{class}\"}}"))
+    };
+    let first = tier("bronze", "u", "/held?first");
+    wait_until("the first at the backend", Duration::from_secs(10), async || backend.hits().len() == 1).await;
+    let mut sent = vec![first];
+    for (class, user, path, gold, bronze) in [
+        ("gold", "g", "/held?g1", 1.0, 0.0),
+        ("gold", "g", "/held?g2", 2.0, 0.0),
+        ("bronze", "b", "/held?b1", 2.0, 1.0),
+    ] {
+        sent.push(tier(class, user, path));
+        wait_until(path, Duration::from_secs(10), async || {
+            depth("gold").await == gold && depth("bronze").await == bronze
+        })
+        .await;
+    }
+    backend.gate.add_permits(4);
+    for r in sent {
+        assert_eq!(r.await.unwrap().status, 200);
+    }
+    // Half of the slots handed on while bronze waits are its: the second.
+    let order: Vec<String> = backend.hits().iter().map(|h| h.path_and_query.clone()).collect();
+    assert_eq!(order, ["/held?first", "/held?g1", "/held?b1", "/held?g2"]);
+    let config: serde_json::Value = serde_json::from_slice(&get(sg.admin_addr(), "/config", &[]).await.body).unwrap();
+    let words = &config["limits"][0]["queue"]["classes"];
+    assert_eq!(words, &serde_json::json!([{"name": "gold"}, {"name": "bronze", "share": "50%"}]), "{config}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_routes_priority_names_the_class_its_requests_wait_in() {
     let backend = Backend::start().await;
     let classes = "classes: [{ name: gold, match: { headers: { x-tier: gold } } }, { name: bronze }]";
