@@ -44,6 +44,7 @@
 #
 #   DURATION [60]  CAPACITY [50]  SERVICE_MS [20]  LIGHT_RATE [200]  SLOW_RATE [100]
 #   QUEUE_MAX [200]  MAX_WAIT [2s]  CASES ["queue plain nginx"]  SLOW_CASES ["adaptive fixed"]
+#   WINDOW [500ms]  the adaptive ceiling's window
 #   SG  the sluicegate binary [target/release/sluicegate] (SKIP_BUILD=1: as it is)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -79,21 +80,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() { # first port >= NEXT_PORT on 127.0.0.1 that nothing answers on
-  local p="$NEXT_PORT"
-  while timeout 1 bash -c "exec 3<>/dev/tcp/127.0.0.1/$p" 2>/dev/null; do p=$((p + 1)); done
-  echo "$p"
-}
-
-wait_ready() { # poll until the port answers HTTP (bounded: 100 tries x 0.1 s)
-  local port="$1" pid="$2" i
-  for i in $(seq 100); do
-    kill -0 "$pid" 2>/dev/null || die "process $pid for port $port died while starting"
-    if curl -s -o /dev/null --max-time 1 "http://127.0.0.1:$port/"; then return 0; fi
-    sleep 0.1
-  done
-  die "nothing answering on 127.0.0.1:$port"
-}
+# free_port, wait_ready
+. benches/lib.sh
 
 BACKEND_PORT="$(free_port)"; NEXT_PORT=$((BACKEND_PORT + 1))
 "$FAIR" backend "127.0.0.1:$BACKEND_PORT" "$CAPACITY" "$SERVICE_MS" >"$tmp/backend.out" &
