@@ -151,33 +151,7 @@ pub struct LimitExplained {
     pub queue: Option<QueueExplained>,
     /// Its ceiling now, an adaptive concurrency limit's (`concurrency: adaptive`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ceiling: Option<CeilingExplained>,
-}
-
-/// An adaptive concurrency limit's ceiling as it stands: the requests in progress it lets
-/// a key have, its bounds, and the latencies it moves by (ms; `None` before a first
-/// window).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CeilingExplained {
-    pub now: u64,
-    pub min: u64,
-    pub max: u64,
-    /// The median time its slots were held in the last window.
-    pub recent_ms: Option<f64>,
-    /// The least such median: its target is 1.25 times it.
-    pub ground_ms: Option<f64>,
-}
-
-impl CeilingExplained {
-    pub fn of(read: crate::limit::adaptive::CeilingNow) -> Self {
-        CeilingExplained {
-            now: read.ceiling,
-            min: read.min,
-            max: read.max,
-            recent_ms: read.recent.map(ms),
-            ground_ms: read.ground.map(ms),
-        }
-    }
+    pub ceiling: Option<crate::limit::adaptive::CeilingShown>,
 }
 
 /// A concurrency limit's queue, as a request finds it.
@@ -635,7 +609,7 @@ fn explain_limit(
             .map(|p| p.name(p.row(p.by.value_in(src).as_deref()))),
         own_count: if skipped.is_none() { own_count(gate, deciding, src) } else { None },
         queue: if skipped.is_none() { queue_explained(gate, text, deciding, src, decision, priority) } else { None },
-        ceiling: gate.limiters().ceiling(deciding).map(|c| CeilingExplained::of(c.read())),
+        ceiling: gate.limiters().ceiling(deciding).map(|c| c.read().shown()),
         skipped,
     }
 }

@@ -39,6 +39,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 use crate::clock::Nanos;
 use crate::policy::Adaptive;
 
@@ -105,6 +107,33 @@ pub struct CeilingNow {
     pub recent: Option<Duration>,
     /// The least window median: the ground the target is drawn from.
     pub ground: Option<Duration>,
+}
+
+/// A ceiling as every surface shows it (`explain`, the dashboard, `simulate`'s report):
+/// the requests in progress it lets a key have, its bounds, and the latencies it moves by
+/// (ms; `None` before a first window).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct CeilingShown {
+    pub now: u64,
+    pub min: u64,
+    pub max: u64,
+    /// The median time its slots were held in the last window.
+    pub recent_ms: Option<f64>,
+    /// The least such median: its target is `TOLERANCE` times it.
+    pub ground_ms: Option<f64>,
+}
+
+impl CeilingNow {
+    pub fn shown(self) -> CeilingShown {
+        let ms = |d: Duration| d.as_nanos() as f64 / 1e6;
+        CeilingShown {
+            now: self.ceiling,
+            min: self.min,
+            max: self.max,
+            recent_ms: self.recent.map(ms),
+            ground_ms: self.ground.map(ms),
+        }
+    }
 }
 
 impl Ceiling {

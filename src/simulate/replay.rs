@@ -118,6 +118,12 @@ pub struct Replay {
 }
 
 impl Replay {
+    /// The ceiling of `limit` as the replay left it, if it is an adaptive concurrency
+    /// limit.
+    pub fn ceiling(&self, limit: LimitId) -> Option<crate::limit::adaptive::CeilingShown> {
+        self.gate.limiters().ceiling(limit).map(|c| c.read().shown())
+    }
+
     /// `config` (loaded from `name`) for a log that carries `carried`. Global limits
     /// become one local limit with the whole budget: the log is taken as every request
     /// all instances saw.
@@ -434,6 +440,9 @@ impl Replay {
             if next > at {
                 break;
             }
+            // Slots are given back at their instant (an adaptive ceiling measures how long
+            // they were held).
+            self.clock.set(Nanos(next));
             // A slot given back at the instant a wait runs out is handed on first.
             if end == Some(next) {
                 self.end_until(next);

@@ -11,6 +11,7 @@ use serde::Serialize;
 use super::intake::Intake;
 use super::replay::Replay;
 use super::tally::{Counts, KeyTally};
+use crate::config::LimitId;
 
 /// Delays, in milliseconds.
 #[derive(Debug, Serialize)]
@@ -93,6 +94,10 @@ pub struct LimitReport {
     pub not_simulated_requests: u64,
     pub delay: Option<Percentiles>,
     pub top_keys: Vec<KeyReport>,
+    /// An adaptive concurrency limit's ceiling at the end of the replay, as the logged
+    /// durations taught it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ceiling: Option<crate::limit::adaptive::CeilingShown>,
 }
 
 #[derive(Debug, Serialize)]
@@ -116,6 +121,7 @@ pub struct Report {
 
 impl Report {
     pub fn of(replay: &mut Replay, top: usize) -> Report {
+        let ceilings: Vec<_> = (0..replay.config.limits.len()).map(|i| replay.ceiling(LimitId::from(i))).collect();
         let config = &replay.config;
         let tally = &mut replay.tally;
         let routes = config
@@ -129,7 +135,8 @@ impl Report {
             .iter()
             .zip(tally.limits.iter_mut())
             .zip(&replay.skipped)
-            .map(|((limit, t), skipped)| {
+            .zip(ceilings)
+            .map(|(((limit, t), skipped), ceiling)| {
                 let mut keys: Vec<&KeyTally> = t.keys.values().collect();
                 keys.sort_unstable_by(|a, b| b.rejected.cmp(&a.rejected).then_with(|| a.label.cmp(&b.label)));
                 let top_keys =
@@ -159,6 +166,7 @@ impl Report {
                     not_simulated_requests: t.not_simulated,
                     delay: Percentiles::of(&mut t.waits),
                     top_keys,
+                    ceiling,
                 }
             })
             .collect();
@@ -401,6 +409,18 @@ impl Report {
             }
             if l.delay.is_some() {
                 let _ = writeln!(o, "    {}", delay_text(&l.delay));
+            }
+            if let Some(c) = &l.ceiling {
+                let ms = |m: Option<f64>| m.map_or_else(|| "-".to_owned(), |m| format!("{m:.1} ms"));
+                let _ = writeln!(
+                    o,
+                    "    ceiling at the end: {} ({}–{}); slots held: {} recent, {} ground",
+                    c.now,
+                    c.min,
+                    c.max,
+                    ms(c.recent_ms),
+                    ms(c.ground_ms)
+                );
             }
             if !l.top_keys.is_empty() {
                 let _ = writeln!(o, "    keys refused most:");

@@ -822,3 +822,30 @@ fn a_queue_on_a_replay_hands_the_slots_a_logged_request_gives_back_to_the_reques
     // Without the queue, the three it served are refused.
     assert_eq!(report["changes"]["newly_refused"], 3, "{report:#}");
 }
+
+/// An adaptive concurrency limit on a replay learns from the logged durations: requests
+/// of 20 ms, four at a time, raise its ceiling from min, and the report says where it
+/// ended and what it measured.
+#[test]
+fn an_adaptive_ceiling_on_a_replay_learns_from_the_logged_durations() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = "listen: 127.0.0.1:0\nlimits:\n  c: { key: ip, concurrency: adaptive, adaptive: { min: 1, max: 50, window: 10ms } }\nroutes:\n  - { limits: [c], respond: { status: 200 } }\n";
+    write(dir.path(), "adaptive.yaml", config);
+    // Every 5 ms for 400 ms, each lasting 20 ms: four in progress if all pass.
+    let log: String = (0..80)
+        .map(|i| {
+            let at = i * 5;
+            format!(
+                "{{\"time\":\"2026-11-22T10:00:00.{at:03}Z\",\"client\":\"10.0.0.1\",\"method\":\"GET\",\"target\":\"/{at}\",\"status\":200,\"duration_ms\":20.0}}\n"
+            )
+        })
+        .collect();
+    write(dir.path(), "access.log", &log);
+    let report = simulate_json(dir.path(), &["-c", "adaptive.yaml", "access.log"]);
+    let ceiling = &report["configs"][0]["limits"][0]["ceiling"];
+    assert!(ceiling["now"].as_u64().is_some_and(|n| n >= 4), "{report:#}");
+    assert_eq!((ceiling["min"].as_u64(), ceiling["max"].as_u64()), (Some(1), Some(50)), "{report:#}");
+    assert_eq!(ceiling["ground_ms"].as_f64(), Some(20.0), "{report:#}");
+    let (_, text, _) = simulate(dir.path(), &["-c", "adaptive.yaml", "access.log"]);
+    assert!(text.contains("ceiling at the end: "), "{text}");
+}
