@@ -915,7 +915,7 @@ impl Current {
             let help = "Requests in progress each adaptive concurrency limit lets a key have now (its ceiling)";
             let mut family = encoder.encode_descriptor("limit_ceiling", help, None, MetricType::Gauge)?;
             for (limit, read) in &ceilings {
-                let ceiling = ConstGauge::new(i64::try_from(read.ceiling).unwrap_or(i64::MAX));
+                let ceiling = ConstGauge::new(i64::try_from(read.now).unwrap_or(i64::MAX));
                 ceiling.encode(family.encode_family(&vec![("limit", *limit)])?)?;
             }
         }
@@ -923,9 +923,9 @@ impl Current {
                     the last window (recent), and the least such median (ground; the target is 1.25 times it)";
         let mut family = encoder.encode_descriptor("limit_latency_seconds", help, None, MetricType::Gauge)?;
         for (limit, read) in &ceilings {
-            for (of, span) in [("recent", read.recent), ("ground", read.ground)] {
-                let Some(span) = span else { continue };
-                let gauge = ConstGauge::new(span.as_secs_f64());
+            for (of, ms) in [("recent", read.recent_ms), ("ground", read.ground_ms)] {
+                let Some(ms) = ms else { continue };
+                let gauge = ConstGauge::new(ms / 1000.0);
                 gauge.encode(family.encode_family(&vec![("limit", *limit), ("of", of)])?)?;
             }
         }

@@ -125,7 +125,7 @@ fn limit(proxy: &Proxy, history: &History, index: LimitId, seconds: usize) -> Va
                     "refused": refused, "left": ended(QueueEnd::Left) })
         }),
         // An adaptive concurrency limit's ceiling now, and the latencies (ms) it moves by.
-        "ceiling": limiters.ceiling(index).map(|c| c.read().shown()),
+        "ceiling": limiters.ceiling(index).map(|c| c.read()),
         "evictions": limiters.evictions(index),
         "missing_key": limiters.missing(index),
         // Keys with a count of their own (`limit_from`): given by the operator, and the

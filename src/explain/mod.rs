@@ -609,7 +609,7 @@ fn explain_limit(
             .map(|p| p.name(p.row(p.by.value_in(src).as_deref()))),
         own_count: if skipped.is_none() { own_count(gate, deciding, src) } else { None },
         queue: if skipped.is_none() { queue_explained(gate, text, deciding, src, decision, priority) } else { None },
-        ceiling: gate.limiters().ceiling(deciding).map(|c| c.read().shown()),
+        ceiling: gate.limiters().ceiling(deciding).map(|c| c.read()),
         skipped,
     }
 }

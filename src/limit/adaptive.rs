@@ -97,21 +97,9 @@ struct Learner {
     starting: bool,
 }
 
-/// What a ceiling reads now: for metrics, the dashboard and `explain`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct CeilingNow {
-    pub ceiling: u64,
-    pub min: u64,
-    pub max: u64,
-    /// The last window's median latency.
-    pub recent: Option<Duration>,
-    /// The least window median: the ground the target is drawn from.
-    pub ground: Option<Duration>,
-}
-
-/// A ceiling as every surface shows it (`explain`, the dashboard, `simulate`'s report):
-/// the requests in progress it lets a key have, its bounds, and the latencies it moves by
-/// (ms; `None` before a first window).
+/// A ceiling as it reads now, as every surface shows it (metrics, `explain`, the
+/// dashboard, `simulate`'s report): the requests in progress it lets a key have, its
+/// bounds, and the latencies it moves by (ms; `None` before a first window).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct CeilingShown {
     pub now: u64,
@@ -121,19 +109,6 @@ pub struct CeilingShown {
     pub recent_ms: Option<f64>,
     /// The least such median: its target is `TOLERANCE` times it.
     pub ground_ms: Option<f64>,
-}
-
-impl CeilingNow {
-    pub fn shown(self) -> CeilingShown {
-        let ms = |d: Duration| d.as_nanos() as f64 / 1e6;
-        CeilingShown {
-            now: self.ceiling,
-            min: self.min,
-            max: self.max,
-            recent_ms: self.recent.map(ms),
-            ground_ms: self.ground.map(ms),
-        }
-    }
 }
 
 impl Ceiling {
@@ -193,15 +168,15 @@ impl Ceiling {
     }
 
     /// What it reads now.
-    pub fn read(&self) -> CeilingNow {
+    pub fn read(&self) -> CeilingShown {
         let learner = self.learner.lock().unwrap_or_else(PoisonError::into_inner);
-        let span = |ns: Option<f64>| ns.map(|ns| Duration::from_nanos(ns as u64));
-        CeilingNow {
-            ceiling: self.get(),
+        let ms = |ns: Option<f64>| ns.map(|ns| ns / 1e6);
+        CeilingShown {
+            now: self.get(),
             min: self.min,
             max: self.max,
-            recent: span(learner.recent),
-            ground: span(learner.ground),
+            recent_ms: ms(learner.recent),
+            ground_ms: ms(learner.ground),
         }
     }
 }
@@ -294,8 +269,7 @@ mod tests {
         window(&c, 400, 20, Some(3));
         assert_eq!(c.get(), 6);
         let read = c.read();
-        assert_eq!(read.ground, Some(Duration::from_millis(20)));
-        assert_eq!(read.recent, Some(Duration::from_millis(20)));
+        assert_eq!((read.ground_ms, read.recent_ms), (Some(20.0), Some(20.0)));
     }
 
     #[test]
@@ -339,10 +313,10 @@ mod tests {
         // The backend is now 50 ms at best: the ceiling falls to min...
         window(&c, 200, 50, FULL);
         assert_eq!(c.get(), 2);
-        assert_eq!(c.read().ground, Some(Duration::from_millis(10)));
+        assert_eq!(c.read().ground_ms, Some(10.0));
         // ...where the window measured is the ground, and the ceiling grows again.
         window(&c, 300, 50, FULL);
-        assert_eq!(c.read().ground, Some(Duration::from_millis(50)));
+        assert_eq!(c.read().ground_ms, Some(50.0));
         assert_eq!(c.get(), 3);
     }
 
@@ -361,7 +335,7 @@ mod tests {
             c.sample(Duration::from_millis(held), Some(1), Nanos(i * 5 * MS));
         }
         c.sample(Duration::from_millis(20), Some(1), Nanos(100 * MS));
-        assert_eq!(c.read().recent, Some(Duration::from_millis(20)));
+        assert_eq!(c.read().recent_ms, Some(20.0));
         assert_eq!(c.get(), 4, "not reached: it stays");
     }
 }

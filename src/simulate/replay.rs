@@ -121,7 +121,7 @@ impl Replay {
     /// The ceiling of `limit` as the replay left it, if it is an adaptive concurrency
     /// limit.
     pub fn ceiling(&self, limit: LimitId) -> Option<crate::limit::adaptive::CeilingShown> {
-        self.gate.limiters().ceiling(limit).map(|c| c.read().shown())
+        self.gate.limiters().ceiling(limit).map(|c| c.read())
     }
 
     /// `config` (loaded from `name`) for a log that carries `carried`. Global limits
