@@ -919,8 +919,8 @@ impl Current {
                 ceiling.encode(family.encode_family(&vec![("limit", *limit)])?)?;
             }
         }
-        let help = "What each adaptive concurrency limit's ceiling moves by: the median time its slots were held in \
-                    the last window (recent), and the least such median (ground; the target is 1.25 times it)";
+        let help = "What each adaptive concurrency limit's ceiling moves by: the median time to the upstream's answer \
+                    of the requests holding its slots in the last window (recent), and the least such median (ground; the target is 1.25 times it)";
         let mut family = encoder.encode_descriptor("limit_latency_seconds", help, None, MetricType::Gauge)?;
         for (limit, read) in &ceilings {
             for (of, ms) in [("recent", read.recent_ms), ("ground", read.ground_ms)] {

@@ -24,6 +24,8 @@ pub struct Permits {
     pub(super) slots: SmallVec<[Slot; 2]>,
     /// Slots in global concurrency limits; each is given back when dropped.
     pub(super) leases: Vec<Lease>,
+    /// The upstream's response head came: adaptive ceilings have had their samples.
+    answered: bool,
 }
 
 /// A local concurrency slot: held by `key` in limit `limit`.
@@ -191,10 +193,22 @@ impl Permits {
 
     fn release_local(&mut self) {
         if let Some(limiters) = self.limiters.take() {
+            let sampled = self.answered;
             for slot in self.slots.drain(..) {
-                limiters.release(slot.limit, slot.key, Some(slot.since));
+                limiters.release(slot.limit, slot.key, (!sampled).then_some(slot.since));
             }
         }
+    }
+
+    /// The upstream's response head came: an adaptive limit's ceiling learns from the
+    /// time to it (so a client that reads its response slowly, holding the slot, does
+    /// not teach it that the upstream is slow); the slots are given back later unsampled.
+    pub fn answered(&mut self) {
+        let Some(limiters) = &self.limiters else { return };
+        for slot in &self.slots {
+            limiters.answered(slot.limit, slot.key, slot.since);
+        }
+        self.answered = true;
     }
 
     /// Holds `handed`, a slot the request waited for in a queue.

@@ -1072,6 +1072,22 @@ routes:
     }
 
     #[tokio::test]
+    async fn a_ceiling_learns_the_time_to_the_upstreams_answer_not_the_clients_reading() {
+        let (gate, clock, config) = setup();
+        let (mut a, mut b) = (pass(&gate, &config), pass(&gate, &config));
+        // Answered at 20 ms; the clients read their responses for ten seconds.
+        at(&clock, 20);
+        a.answered();
+        at(&clock, 120);
+        b.answered();
+        at(&clock, 10_000);
+        drop((a, b));
+        let read = gate.limiters().ceiling(LimitId::from(0)).unwrap().read();
+        assert_eq!(read.recent_ms, Some(120.0), "the median of 20 and 120 ms, not of ten seconds");
+        assert_eq!(read.now, 4, "fast and full: doubled");
+    }
+
+    #[tokio::test]
     async fn a_ceiling_come_down_hands_nothing_on_until_the_key_is_under_it() {
         let (gate, clock, config) = setup();
         let ceiling = || gate.limiters().ceiling(LimitId::from(0)).unwrap().get();

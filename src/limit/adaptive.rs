@@ -4,8 +4,9 @@
 //! requests it cannot take now wait in sluicegate's (fairly, with a `queue:`) or are
 //! refused at once.
 //!
-//! - **The latency**: each slot given back is a sample, the time from its taking to its
-//!   giving back (the request's time upstream and its response's sending). A window
+//! - **The latency**: each request holding a slot is a sample, the time from the slot's
+//!   taking to the upstream's response head (`Permits::answered`; to its giving back when
+//!   none came): a client reading its response slowly teaches it nothing. A window
 //!   (`window`, once the time is over and a slot is given back) takes the median of its
 //!   last `KEPT` samples: a few slow streams do not move it.
 //! - **The ground**: the least window median seen, the backend's latency without a queue
@@ -105,7 +106,7 @@ pub struct CeilingShown {
     pub now: u64,
     pub min: u64,
     pub max: u64,
-    /// The median time its slots were held in the last window.
+    /// The median time to the upstream's answer of the last window's slots.
     pub recent_ms: Option<f64>,
     /// The least such median: its target is `TOLERANCE` times it.
     pub ground_ms: Option<f64>,

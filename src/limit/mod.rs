@@ -493,12 +493,38 @@ impl Limiters {
             None => Some(self.free(limit, key)),
         };
         if let (Some(ceiling), Some(since)) = (self.ceiling(limit), since) {
-            let now = self.clock.now();
-            let rose = ceiling.sample(since.held(now), in_flight, now);
-            if let (true, Some(queue)) = (rose, queue) {
-                queue.rooms.hand_spare(self, limit, key);
-            }
+            self.learn(ceiling, limit, key, since, in_flight);
         }
+    }
+
+    /// `ceiling`, of `limit`, learns from a slot of `key` taken at `since` (its key
+    /// holding `in_flight`, `None`: all it may): a ceiling gone up hands its new slots to
+    /// the waiting requests.
+    fn learn(
+        self: &Arc<Self>,
+        ceiling: &adaptive::Ceiling,
+        limit: LimitId,
+        key: KeyHash,
+        since: adaptive::Since,
+        in_flight: Option<u64>,
+    ) {
+        let now = self.clock.now();
+        if ceiling.sample(since.held(now), in_flight, now)
+            && let Some(queue) = &self.limits[limit].queue
+        {
+            queue.rooms.hand_spare(self, limit, key);
+        }
+    }
+
+    /// The upstream answered a request holding a slot of `limit` for `key` since `since`:
+    /// an adaptive limit's ceiling learns the time to its answer (the key's slots held
+    /// now telling whether the ceiling was reached).
+    pub(crate) fn answered(self: &Arc<Self>, limit: LimitId, key: KeyHash, since: adaptive::Since) {
+        let Some(Algorithm::Concurrency(_, table, Some(ceiling))) = self.limits[limit].windows.first() else {
+            return;
+        };
+        let in_flight = table.lock(key.0).get(key.0).unwrap_or(0);
+        self.learn(ceiling, limit, key, since, Some(in_flight));
     }
 
     /// The ceiling of `limit`, if it is an adaptive concurrency limit.
