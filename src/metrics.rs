@@ -890,7 +890,8 @@ impl Current {
             }
         }
         let help = "Waits in each concurrency limit's queue, by class and by how they ended: served (a slot), full, \
-                    timed_out, pushed_out (a request of a shorter flow took the place), left (the client went away)";
+                    timed_out, pushed_out (a request of a shorter flow took the place), left (the client went away), \
+                    store_error (Redis failed while it waited for a global limit's slot: decided again)";
         let mut family = encoder.encode_descriptor("limit_queue_ended", help, None, MetricType::Counter)?;
         for &(i, limit) in &queues {
             for (c, class) in l.queue_classes(i).into_iter().enumerate() {

@@ -83,7 +83,7 @@ pub(super) fn limit(e: &mut Errors<'_>, name: &str, raw: &RawLimit, all: &BTreeM
     let tenant = tenant(e, &at, raw, policy.as_deref().unwrap_or_default());
     Limit {
         name: name.to_owned(),
-        queue: queue(e, &at, raw, policy.as_deref().unwrap_or_default(), scope),
+        queue: queue(e, &at, raw, policy.as_deref().unwrap_or_default()),
         key,
         // A placeholder only where an error is already recorded: then no Config is built.
         windows: policy.unwrap_or_default(),
@@ -120,15 +120,9 @@ const MOST_CLASSES: usize = 16;
 /// How long a request waits in a queue unless it says otherwise.
 const DEFAULT_QUEUE_WAIT: Duration = Duration::from_secs(2);
 
-/// `queue:`, on a local concurrency limit that refuses without banning: its bound, its
+/// `queue:`, on a concurrency limit that refuses without banning: its bound, its
 /// wait and the flows it serves in turn (the client's address unless it says otherwise).
-fn queue(
-    e: &mut Errors<'_>,
-    at: &str,
-    raw: &RawLimit,
-    windows: &[Policy],
-    scope: Scope,
-) -> Option<crate::policy::Queue> {
+fn queue(e: &mut Errors<'_>, at: &str, raw: &RawLimit, windows: &[Policy]) -> Option<crate::policy::Queue> {
     let queue = raw.queue.as_ref()?;
     let at = format!("{at}.queue");
     match windows {
@@ -137,9 +131,6 @@ fn queue(
             at.clone(),
             "applies to concurrency limits (a request waits for a slot; a rate limit delays with `burst`, as nginx does)",
         ),
-    }
-    if matches!(scope, Scope::Global { .. }) {
-        e.add(at.clone(), "applies to local concurrency limits (a global limit's slots are leased in Redis)");
     }
     if raw.ban.is_some() {
         e.add(at.clone(), "a limit that bans refuses at once: give either `ban` or `queue`");

@@ -43,7 +43,7 @@ use crate::policy::key::{KeyHash, KeySource};
 use crate::policy::{LimitUse, OnMissingKey, OnStoreError, Scope};
 use crate::store::{Admissions, Call, Store, StoreError, Verdicts, near_key};
 pub use receipt::{Charges, Pending, Permits};
-use receipt::{Refundable, Slot};
+use receipt::{HeldLease, Refundable, Slot};
 
 /// `Retry-After` of a request refused because Redis cannot answer (`on_store_error: deny`).
 const DENIED_RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -163,8 +163,9 @@ impl Gate {
     }
 
     /// The limit whose queue the refusal `decision` may wait in: the one limit that
-    /// refuses it is a local concurrency limit with a queue (a request another limit
-    /// refuses too is refused at once, as it would be after waiting).
+    /// refuses it is a concurrency limit with a queue (a request another limit refuses
+    /// too is refused at once, as it would be after waiting; one refused because Redis
+    /// could not answer is refused as its `on_store_error` says).
     pub fn queue_of(&self, decision: &Decision) -> Option<LimitId> {
         let Decision::Reject { limit, results, store_error: None, .. } = decision else { return None };
         self.limiters.get(*limit).queue.as_ref()?;
@@ -174,10 +175,43 @@ impl Gate {
 
     /// Brings the request `src` that limit `limit` refused (`queue_of`) to that limit's
     /// queue (`limits`: its route's, as `decide` was given them; `priority`: its route's
-    /// class).
+    /// class). A global limit's waiters here are handed the slots this instance's
+    /// requests give back; the first to wait for a key's slots starts asking Redis for
+    /// those given back elsewhere (`ask_for_slots`).
     pub fn queue(&self, limits: &[LimitUse], src: &KeySource<'_>, limit: LimitId, priority: Option<&str>) -> Queued {
-        let count = self.choose(limits, src, false).iter().find(|u| u.limit == limit).and_then(|u| u.count);
-        self.limiters.queue(limit, src, count, priority)
+        let used = self.choose(limits, src, false).into_iter().find(|u| u.limit == limit);
+        let count = used.and_then(|u| u.count);
+        let Some(store) = self.store.as_ref().filter(|store| store.is_global(limit)) else {
+            return self.limiters.queue(limit, src, count, priority, false);
+        };
+        let queued = self.limiters.queue(limit, src, count, priority, true);
+        if let Queued::Waiting(_) = &queued
+            && let Some(key) = self.limiters.key_hash(limit, src)
+            && let Some(every) = self.limiters.start_asking(limit, key)
+        {
+            let burst = used.and_then(|u| u.burst);
+            let (hash, _) = self.limiters.get(limit).key.global_any(src);
+            let (base, near) = (store.base(limit, hash), near_key((hash >> 64) as u64, burst, count));
+            let call = Call { limit, burst, count, base, near };
+            tokio::spawn(ask_for_slots(Arc::clone(store), Arc::clone(&self.limiters), call, key, every));
+        }
+        queued
+    }
+
+    /// Decides again, as `decide` does, a request whose wait in a global limit's queue
+    /// ended because Redis could not answer (`QueueEnd::StoreError`): its limits'
+    /// `on_store_error` decide it now, unless Redis answers again.
+    pub async fn decide_again(&self, limits: &[LimitUse], src: &KeySource<'_>, cost: u64) -> Decision {
+        // (Its keys' own counts were tallied when it was first decided.)
+        self.decide_unchosen(self.choose(limits, src, false), src, cost).await
+    }
+
+    /// `decide` of the limits `chosen` for `src`: through Redis if the gate has it.
+    async fn decide_unchosen(&self, chosen: Chosen, src: &KeySource<'_>, cost: u64) -> Decision {
+        match &self.store {
+            Some(store) => self.decide_chosen(store, chosen, src, cost).await,
+            None => self.check_chosen::<false>(&chosen, src, cost),
+        }
     }
 
     /// Decides, as `decide` does, a request that waited in a queue and was `handed` a slot
@@ -195,10 +229,7 @@ impl Gate {
         // (Its keys' own counts were tallied when it was first decided.)
         let mut chosen = self.choose(limits, src, false);
         chosen.retain(|u| u.limit != handed.limit);
-        let decision = match &self.store {
-            Some(store) => self.decide_chosen(store, chosen, src, cost).await,
-            None => self.check_chosen::<false>(&chosen, src, cost),
-        };
+        let decision = self.decide_unchosen(chosen, src, cost).await;
         let Decision::Pass { wait, mut results, standings, mut permits, pending, at } = decision else {
             return decision;
         };
@@ -493,7 +524,16 @@ impl Gate {
         if let Some(rejection) = self.rejection(&results) {
             return self.reject(rejection, results, standings);
         }
-        permits.leases = verdicts.leases;
+        permits.leases = (verdicts.leases.into_iter())
+            .map(|lease| {
+                let key = results.iter().find(|r| r.limit == lease.limit()).map_or(KeyHash(0), |r| r.key);
+                HeldLease { key, lease }
+            })
+            .collect();
+        if permits.leases.iter().any(|held| self.limiters.get(held.lease.limit()).queue.is_some()) {
+            // (Its leases are handed to the requests waiting for them.)
+            permits.limiters.get_or_insert_with(|| Arc::clone(&self.limiters));
+        }
         let counted: SmallVec<_> =
             verdicts.admissions.into_iter().filter(|a| self.limiters.get(a.limit).settles_after()).collect();
         if !counted.is_empty() {
@@ -669,6 +709,35 @@ impl Gate {
 
 /// One limit's part in a local decision: its key, its shards locked for the key (one per
 /// window, then its bans), and what its windows decided once the clock was read.
+/// Asks Redis, every `every`, for a slot of the global limit of `call` for the requests
+/// waiting here for the slots of `key`, while any wait: one ask per room, not one per
+/// waiter (Redis's load would grow with the queue). A slot granted is handed to the next
+/// of them in the room's order, or given back if none waits any more. The slots this
+/// instance's requests give back are handed on without asking (`Permits`); those given
+/// back elsewhere, or lapsed, reach the waiters only so. Redis failing ends every wait:
+/// each request is decided again (`Gate::decide_again`).
+async fn ask_for_slots(store: Arc<Store>, limiters: Arc<Limiters>, call: Call, key: KeyHash, every: Duration) {
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        if !limiters.keep_asking(call.limit, key) {
+            return;
+        }
+        match store.decide(std::slice::from_ref(&call), 1, None).await {
+            Ok(mut verdicts) => {
+                if let Some(lease) = verdicts.leases.pop() {
+                    drop(limiters.give_back_lease(call.limit, key, Box::new(lease)));
+                }
+            }
+            Err(_) => {
+                limiters.ask_again(call.limit, key);
+                return;
+            }
+        }
+    }
+}
+
 struct Group<'a> {
     limit: LimitId,
     limiter: &'a Limiter,

@@ -23,7 +23,7 @@ pub struct Permits {
     pub(super) limiters: Option<Arc<Limiters>>,
     pub(super) slots: SmallVec<[Slot; 2]>,
     /// Slots in global concurrency limits; each is given back when dropped.
-    pub(super) leases: Vec<Lease>,
+    pub(super) leases: Vec<HeldLease>,
     /// The upstream's response head came: adaptive ceilings have had their samples.
     answered: bool,
 }
@@ -34,6 +34,13 @@ pub(super) struct Slot {
     pub(super) key: KeyHash,
     /// When it was taken (an adaptive limit learns how long slots are held).
     pub(super) since: Since,
+}
+
+/// A slot of a global concurrency limit: its lease, held by `key` (as the limit's local
+/// tables know it, and its queue's rooms).
+pub(super) struct HeldLease {
+    pub(super) key: KeyHash,
+    pub(super) lease: Lease,
 }
 
 /// A local admission that `Pending::settle` may take back.
@@ -174,13 +181,13 @@ impl Permits {
     }
 
     /// Gives the local slots back now, and returns the release of the global ones, to
-    /// be awaited (`None`: there are none).
+    /// be awaited (`None`: there are none, or each was handed to a request waiting here
+    /// for it).
     pub fn finish(&mut self) -> Option<impl Future<Output = ()> + Send + 'static> {
-        self.release_local();
-        if self.leases.is_empty() {
+        let leases = self.release_local();
+        if leases.is_empty() {
             return None;
         }
-        let leases = std::mem::take(&mut self.leases);
         Some(async move {
             futures_util::future::join_all(leases.into_iter().map(Lease::release)).await;
         })
@@ -191,13 +198,27 @@ impl Permits {
         !self.leases.is_empty()
     }
 
-    fn release_local(&mut self) {
-        if let Some(limiters) = self.limiters.take() {
-            let sampled = self.answered;
-            for slot in self.slots.drain(..) {
-                limiters.release(slot.limit, slot.key, (!sampled).then_some(slot.since));
-            }
+    /// Gives the local slots back, and hands each lease of a limit with a queue to a
+    /// request waiting here for it: the leases left, to be released in Redis.
+    fn release_local(&mut self) -> Vec<Lease> {
+        let mut leases: Vec<Lease> = Vec::new();
+        let Some(limiters) = self.limiters.take() else {
+            leases.extend(self.leases.drain(..).map(|held| held.lease));
+            return leases;
+        };
+        let sampled = self.answered;
+        for slot in self.slots.drain(..) {
+            limiters.release(slot.limit, slot.key, (!sampled).then_some(slot.since));
         }
+        for HeldLease { key, lease } in self.leases.drain(..) {
+            if limiters.get(lease.limit()).queue.is_none() {
+                leases.push(lease);
+                continue;
+            }
+            let back = limiters.give_back_lease(lease.limit(), key, Box::new(lease));
+            leases.extend(back.and_then(|back| back.downcast::<Lease>().ok()).map(|lease| *lease));
+        }
+        leases
     }
 
     /// The upstream's response head came: an adaptive limit's ceiling learns from the
@@ -211,11 +232,20 @@ impl Permits {
         self.answered = true;
     }
 
-    /// Holds `handed`, a slot the request waited for in a queue.
+    /// Holds `handed`, a slot the request waited for in a queue (a global limit's: its
+    /// lease).
     pub(super) fn hold(&mut self, handed: Handed) {
         let (limit, key, since) = (handed.limit, handed.key, handed.since);
-        self.limiters.get_or_insert(handed.take());
-        self.slots.push(Slot { limit, key, since });
+        let (limiters, lease) = handed.take();
+        self.limiters.get_or_insert(limiters);
+        match lease {
+            Some(lease) => {
+                if let Ok(lease) = lease.downcast::<Lease>() {
+                    self.leases.push(HeldLease { key, lease: *lease });
+                }
+            }
+            None => self.slots.push(Slot { limit, key, since }),
+        }
     }
 
     /// Adds `other`'s slots (the same request's, taken in a second step).
@@ -227,8 +257,9 @@ impl Permits {
 }
 
 impl Drop for Permits {
-    /// Local slots are given back at once; each lease queues its own release.
+    /// Local slots are given back at once; each lease is handed to a request waiting for
+    /// it, or queues its own release.
     fn drop(&mut self) {
-        self.release_local();
+        drop(self.release_local());
     }
 }

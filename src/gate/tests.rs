@@ -995,6 +995,43 @@ routes:
         let slot = third.wait().await.expect("the slot passed on");
         assert_eq!(slot.limit, LimitId::from(0));
     }
+
+    /// A global limit's slot (its lease, here a marker that counts its release) given
+    /// back while requests wait goes to the next of them; one whose request ends without
+    /// taking it hands it on; with nobody waiting, it comes back to be released. Redis
+    /// failing ends every wait (`store_error`).
+    #[tokio::test]
+    async fn a_lease_given_back_goes_to_the_next_waiter_and_comes_back_when_none_waits() {
+        struct Lease(Arc<std::sync::atomic::AtomicUsize>);
+        impl Drop for Lease {
+            fn drop(&mut self) {
+                self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        let (gate, _, config) = gate("max: 10");
+        let limiters = gate.limiters();
+        let limit = LimitId::from(0);
+        let (ip, headers) = (IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), HeaderMap::new());
+        let key = limiters.key_hash(limit, &KeySource::get(ip, "/", &headers)).unwrap();
+        let released = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let _held = permits(come(&gate, &config, 0, "a"));
+        let (first, second) = (waiting(come(&gate, &config, 0, "a")), waiting(come(&gate, &config, 0, "b")));
+        assert!(limiters.give_back_lease(limit, key, Box::new(Lease(Arc::clone(&released)))).is_none());
+        // The first's request ends before it takes the slot: on to the second.
+        drop(first.wait().await.expect("handed the lease"));
+        let handed = second.wait().await.expect("handed on");
+        let (_, lease) = handed.take();
+        assert!(lease.expect("a lease").downcast::<Lease>().is_ok());
+        assert_eq!(released.load(std::sync::atomic::Ordering::Relaxed), 1, "released once, when taken and dropped");
+        // Nobody waits: it comes back.
+        let back = limiters.give_back_lease(limit, key, Box::new(Lease(Arc::clone(&released))));
+        assert!(back.is_some());
+        // Redis failing: every waiter is to be decided again.
+        let third = waiting(come(&gate, &config, 0, "c"));
+        limiters.ask_again(limit, key);
+        assert!(matches!(third.wait().await, Err((QueueEnd::StoreError, _))));
+        assert_eq!(limiters.queue_ended(limit, None, QueueEnd::StoreError), 1);
+    }
 }
 
 /// An adaptive concurrency limit (`concurrency: adaptive`) with a queue, on the manual

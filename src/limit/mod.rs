@@ -538,13 +538,15 @@ impl Limiters {
     /// A request of `src` that limit `limit` (a concurrency limit with a queue) refused
     /// for want of a slot comes to its queue: it takes a slot freed meanwhile, or waits
     /// in its key's room (`count`: the key's own count of slots, `limit_from`; `priority`:
-    /// its route's class).
+    /// its route's class; `leased`: the limit's slots are leased in Redis, which refused
+    /// it one just now, and it waits).
     pub fn queue(
         self: &Arc<Self>,
         limit: LimitId,
         src: &KeySource<'_>,
         count: Option<u64>,
         priority: Option<&str>,
+        leased: bool,
     ) -> queue::Queued {
         let limiter = &self.limits[limit];
         let (Some(queue), Some(key)) = (&limiter.queue, self.key_hash(limit, src)) else {
@@ -552,7 +554,9 @@ impl Limiters {
         };
         let flow = queue.fair_by.hash_any(src, &self.secret.seed).0.0;
         queue.rooms.join(queue, key, queue.class_of(src, priority), flow, || {
-            let Some(window) = limiter.windows.first() else { return queue::Take::NoRoom };
+            let Some(window) = limiter.windows.first().filter(|_| !leased) else {
+                return if leased { queue::Take::Busy } else { queue::Take::NoRoom };
+            };
             let mut held = window.lock_as(key, None, limiter.count(count));
             let now = self.clock.now();
             match held.decide(key, now, 1) {
@@ -564,6 +568,43 @@ impl Limiters {
                 Verdict::Reject { .. } => queue::Take::NoRoom,
             }
         })
+    }
+
+    /// Hands `lease`, a slot of global limit `limit` that `key` gives back, to the next
+    /// request waiting here for one, if the limit has a queue and one waits: the lease
+    /// back if none does (to be released in Redis).
+    pub fn give_back_lease(
+        self: &Arc<Self>,
+        limit: LimitId,
+        key: KeyHash,
+        lease: queue::Leased,
+    ) -> Option<queue::Leased> {
+        match &self.limits[limit].queue {
+            Some(queue) => queue.rooms.hand_lease(self, limit, key, lease),
+            None => Some(lease),
+        }
+    }
+
+    /// Whether the caller is to ask Redis, at the interval returned, for slots of global
+    /// limit `limit` for the requests waiting here for those of `key` (one caller per
+    /// room; it asks while `keep_asking`).
+    pub fn start_asking(&self, limit: LimitId, key: KeyHash) -> Option<Duration> {
+        let queue = self.limits[limit].queue.as_ref()?;
+        queue.rooms.start_asking(key).then(|| queue.ask_every())
+    }
+
+    /// Whether requests still wait for slots of `key` in the queue of `limit` (else the
+    /// one asking Redis for them stops).
+    pub fn keep_asking(&self, limit: LimitId, key: KeyHash) -> bool {
+        self.limits[limit].queue.as_ref().is_some_and(|q| q.rooms.keep_asking(key))
+    }
+
+    /// Redis could not answer for the slots of global limit `limit`: every request
+    /// waiting here for those of `key` is to be decided again.
+    pub fn ask_again(&self, limit: LimitId, key: KeyHash) {
+        if let Some(queue) = &self.limits[limit].queue {
+            queue.rooms.ask_again(key);
+        }
     }
 
     /// Where a request of `src` would stand in the queue of `limit` now, nothing taken:

@@ -28,11 +28,20 @@
 //! - **Leaving**: a waiter whose request ends (the client closed, reset the stream or
 //!   cancelled the call) leaves the room when its `Ticket` drops; a slot sent to it in
 //!   the meantime goes back, and on to the next, when its `Handed` drops.
+//! - **Global limits** (slots leased in Redis): the rooms are this instance's. A lease
+//!   given back while requests wait here is handed to the next of them (`hand_lease`),
+//!   still held in Redis, so that no other instance's newcomer takes it between its
+//!   release and a waiter's ask; slots given back elsewhere reach the waiters through
+//!   one ask of Redis per room at an interval (`Queue::ask_every`, asked by the gate), a
+//!   slot granted so being handed in the room's order. Redis failing meanwhile ends
+//!   every wait of the room (`QueueEnd::StoreError`): each request is decided again, as
+//!   its limits' `on_store_error` say.
 //!
 //! Written here rather than taken from a crate: the semaphores and fair queues of crates
 //! (tokio's `Semaphore`, async-lock) are FIFO over one queue, with no flows, no bound
 //! with push-out, and no hand-off into a key's table of slots.
 
+use std::any::Any;
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -47,6 +56,15 @@ use crate::policy::key::{KeyHash, KeySpec};
 
 /// Weight of a new gap between hand-offs in their moving average.
 const GAP_WEIGHT: f64 = 0.2;
+
+/// The bounds of the interval at which a global limit's room asks Redis for a slot.
+const ASK_EVERY_LEAST: Duration = Duration::from_millis(10);
+const ASK_EVERY_MOST: Duration = Duration::from_millis(200);
+
+/// A global limit's slot as the store holds it (its lease), opaque here (the store's
+/// types are not this module's to know): handed from a request that gives it back to
+/// the next waiter, as a local slot is.
+pub type Leased = Box<dyn Any + Send>;
 
 /// A limit's queue: its bounds and its rooms.
 pub(crate) struct Queue {
@@ -85,6 +103,12 @@ impl Queue {
     pub(crate) fn class_name(&self, class: usize) -> &str {
         self.classes.get(class).map_or("", |c| c.name.as_str())
     }
+
+    /// How often a room of a global limit asks Redis for a slot freed elsewhere: a
+    /// tenth of `max_wait`, from 10 to 200 ms.
+    pub(crate) fn ask_every(&self) -> Duration {
+        (self.max_wait / 10).clamp(ASK_EVERY_LEAST, ASK_EVERY_MOST)
+    }
 }
 
 /// The rooms of a limit's keys that have requests waiting, and what became of them.
@@ -121,7 +145,7 @@ impl Hall {
                 [] => vec![Lane::default()],
                 _ => classes.iter().map(share).collect(),
             };
-            Room { lanes: lanes.into(), waiting: 0 }
+            Room { lanes: lanes.into(), waiting: 0, asked: false }
         })
     }
 
@@ -155,6 +179,8 @@ impl Hall {
 struct Room {
     lanes: Box<[Lane]>,
     waiting: usize,
+    /// Someone asks Redis for its key's slots (a global limit's room).
+    asked: bool,
 }
 
 /// The requests of one class waiting for one key's slots.
@@ -173,7 +199,15 @@ struct Lane {
 
 struct Waiter {
     id: u64,
-    to: oneshot::Sender<Handed>,
+    to: oneshot::Sender<Turn>,
+}
+
+/// What a waiter is sent.
+enum Turn {
+    /// A slot.
+    Slot(Handed),
+    /// Redis could not answer for a global limit's slots: it is to be decided again.
+    AskAgain,
 }
 
 /// How a request's wait in a queue ended.
@@ -189,11 +223,20 @@ pub enum QueueEnd {
     PushedOut,
     /// Its client went away while it waited.
     Left,
+    /// Redis could not answer for the global limit's slots: it was decided again, as its
+    /// limits' `on_store_error` say.
+    StoreError,
 }
 
 impl QueueEnd {
-    pub const ALL: [QueueEnd; 5] =
-        [QueueEnd::Served, QueueEnd::Full, QueueEnd::TimedOut, QueueEnd::PushedOut, QueueEnd::Left];
+    pub const ALL: [QueueEnd; 6] = [
+        QueueEnd::Served,
+        QueueEnd::Full,
+        QueueEnd::TimedOut,
+        QueueEnd::PushedOut,
+        QueueEnd::Left,
+        QueueEnd::StoreError,
+    ];
 
     /// Its name wherever it is named: the access log's `queue`, the metrics' `outcome`.
     pub fn as_str(self) -> &'static str {
@@ -203,6 +246,7 @@ impl QueueEnd {
             QueueEnd::TimedOut => "timed_out",
             QueueEnd::PushedOut => "pushed_out",
             QueueEnd::Left => "left",
+            QueueEnd::StoreError => "store_error",
         }
     }
 }
@@ -215,23 +259,41 @@ pub struct Handed {
     pub key: KeyHash,
     /// When it was handed (or taken).
     pub since: super::adaptive::Since,
+    /// A global limit's slot: its lease (`None`: a local slot).
+    lease: Option<Leased>,
 }
 
 impl Handed {
     pub(crate) fn new(limiters: Arc<Limiters>, limit: LimitId, key: KeyHash, since: super::adaptive::Since) -> Self {
-        Handed { limiters: Some(limiters), limit, key, since }
+        Handed { limiters: Some(limiters), limit, key, since, lease: None }
     }
 
-    /// The slot, to be held by the request's permits (which give it back).
-    pub fn take(mut self) -> Arc<Limiters> {
-        self.limiters.take().expect("a slot not yet taken")
+    /// A slot of `key` in `limit`, handed now.
+    fn now(limiters: &Arc<Limiters>, limit: LimitId, key: KeyHash) -> Self {
+        Handed::new(Arc::clone(limiters), limit, key, super::adaptive::Since::at(limiters.clock().now()))
+    }
+
+    /// The slot, to be held by the request's permits (which give it back), and its
+    /// lease if it is a global limit's.
+    pub fn take(mut self) -> (Arc<Limiters>, Option<Leased>) {
+        (self.limiters.take().expect("a slot not yet taken"), self.lease.take())
+    }
+
+    /// Makes its drop do nothing (its slot was not handed on, under the room's lock:
+    /// whoever has it frees it), and gives back its lease, if it has one.
+    fn defuse(&mut self) -> Option<Leased> {
+        self.limiters = None;
+        self.lease.take()
     }
 }
 
 impl Drop for Handed {
     fn drop(&mut self) {
-        if let Some(limiters) = self.limiters.take() {
-            limiters.release(self.limit, self.key, None);
+        let Some(limiters) = self.limiters.take() else { return };
+        match self.lease.take() {
+            // Handed on, or else dropped: released in Redis.
+            Some(lease) => drop(limiters.give_back_lease(self.limit, self.key, lease)),
+            None => limiters.release(self.limit, self.key, None),
         }
     }
 }
@@ -263,7 +325,7 @@ pub struct Ticket {
     class: usize,
     flow: u64,
     id: u64,
-    to: oneshot::Receiver<Handed>,
+    to: oneshot::Receiver<Turn>,
     /// Requests ahead of it in the round when it came, itself included.
     pub position: usize,
     max_wait: Duration,
@@ -275,7 +337,7 @@ impl Ticket {
     /// time after which a slot is expected.
     pub async fn wait(mut self) -> Result<Handed, (QueueEnd, Duration)> {
         match tokio::time::timeout(self.max_wait, &mut self.to).await {
-            Ok(Ok(handed)) => Ok(self.served(handed)),
+            Ok(Ok(turn)) => self.turn(turn),
             Ok(Err(_)) => Err(self.pushed_out()),
             Err(_) => self.give_up(),
         }
@@ -285,7 +347,7 @@ impl Ticket {
     /// clock asks after each slot given back): handed a slot, or pushed out.
     pub fn try_end(&mut self) -> Option<Result<Handed, (QueueEnd, Duration)>> {
         match self.to.try_recv() {
-            Ok(handed) => Some(Ok(self.served(handed))),
+            Ok(turn) => Some(self.turn(turn)),
             Err(oneshot::error::TryRecvError::Empty) => None,
             Err(oneshot::error::TryRecvError::Closed) => Some(Err(self.pushed_out())),
         }
@@ -296,9 +358,9 @@ impl Ticket {
         self.done = true;
         let position = self.rooms.leave(self.key, self.class, self.flow, self.id);
         if position.is_none()
-            && let Ok(handed) = self.to.try_recv()
+            && let Ok(turn) = self.to.try_recv()
         {
-            return Ok(self.served(handed));
+            return self.turn(turn);
         }
         let retry_after = self.rooms.estimate(self.key, self.max_wait, position);
         self.rooms.count(self.class, QueueEnd::TimedOut);
@@ -310,10 +372,18 @@ impl Ticket {
         self.max_wait
     }
 
-    fn served(&mut self, handed: Handed) -> Handed {
+    /// What it was sent: a slot, or Redis failing for a global limit's.
+    fn turn(&mut self, turn: Turn) -> Result<Handed, (QueueEnd, Duration)> {
         self.done = true;
-        self.rooms.count(self.class, QueueEnd::Served);
-        handed
+        let end = match turn {
+            Turn::Slot(handed) => {
+                self.rooms.count(self.class, QueueEnd::Served);
+                return Ok(handed);
+            }
+            Turn::AskAgain => QueueEnd::StoreError,
+        };
+        self.rooms.count(self.class, end);
+        Err((end, Duration::ZERO))
     }
 
     fn pushed_out(&mut self) -> (QueueEnd, Duration) {
@@ -448,7 +518,8 @@ impl Rooms {
         let Some(room) = hall.rooms.get_mut(&key.0).filter(|_| !limiters.over(limit, key)) else {
             return Some(limiters.free(limit, key));
         };
-        if !self.give(room, limiters, limit, key) {
+        if let Err(mut handed) = self.give(room, Handed::now(limiters, limit, key)) {
+            handed.defuse();
             hall.tidy(key.0);
             return Some(limiters.free(limit, key));
         }
@@ -468,27 +539,88 @@ impl Rooms {
         }
     }
 
+    /// Hands the lease of a global limit's slot that `key` gives back in `limit` to its
+    /// next waiter, if one waits here: the lease back if none does (to be released).
+    pub(crate) fn hand_lease(
+        &self,
+        limiters: &Arc<Limiters>,
+        limit: LimitId,
+        key: KeyHash,
+        lease: Leased,
+    ) -> Option<Leased> {
+        let mut hall = self.lock();
+        let Some(room) = hall.rooms.get_mut(&key.0) else { return Some(lease) };
+        let mut handed = Handed::now(limiters, limit, key);
+        handed.lease = Some(lease);
+        let back = match self.give(room, handed) {
+            Ok(()) => {
+                hall.handed(limiters.clock().now());
+                None
+            }
+            Err(mut handed) => handed.defuse(),
+        };
+        hall.tidy(key.0);
+        back
+    }
+
     /// Takes and hands on spare slots of `key` while requests wait in `room`.
     fn give_spare(&self, room: &mut Room, limiters: &Arc<Limiters>, limit: LimitId, key: KeyHash) {
         while room.waiting > 0 && limiters.spare(limit, key) {
-            if !self.give(room, limiters, limit, key) {
+            if let Err(mut handed) = self.give(room, Handed::now(limiters, limit, key)) {
+                handed.defuse();
                 limiters.free(limit, key);
             }
         }
     }
 
-    /// Hands a slot of `key` to the next waiter of `room` still waiting: false if none is.
-    fn give(&self, room: &mut Room, limiters: &Arc<Limiters>, limit: LimitId, key: KeyHash) -> bool {
+    /// Hands `handed` to the next waiter of `room` still waiting: `handed` back if none is
+    /// (to be `defuse`d under the lock: its drop would come back here).
+    fn give(&self, room: &mut Room, mut handed: Handed) -> Result<(), Handed> {
         while let Some((class, waiter)) = room.next() {
             self.waited(class, false);
-            let since = super::adaptive::Since::at(limiters.clock().now());
-            match waiter.to.send(Handed::new(Arc::clone(limiters), limit, key, since)) {
-                Ok(()) => return true,
-                // Its request is ending: the slot is not its to give back.
-                Err(mut handed) => handed.limiters = None,
+            match waiter.to.send(Turn::Slot(handed)) {
+                Ok(()) => return Ok(()),
+                // Its request is ending: on to the next.
+                Err(Turn::Slot(back)) => handed = back,
+                Err(Turn::AskAgain) => unreachable!("a slot was sent"),
             }
         }
-        false
+        Err(handed)
+    }
+
+    /// Whether the caller is to ask Redis for the slots of `key` (a global limit's) for
+    /// its room's waiters: true for one caller while the room has waiters.
+    pub(crate) fn start_asking(&self, key: KeyHash) -> bool {
+        let mut hall = self.lock();
+        let Some(room) = hall.rooms.get_mut(&key.0).filter(|r| r.waiting > 0 && !r.asked) else { return false };
+        room.asked = true;
+        true
+    }
+
+    /// Whether the one asking Redis for the slots of `key` asks on: requests wait for
+    /// them. If none does, it stops (the next to come starts again).
+    pub(crate) fn keep_asking(&self, key: KeyHash) -> bool {
+        let mut hall = self.lock();
+        match hall.rooms.get_mut(&key.0) {
+            Some(room) if room.waiting > 0 => true,
+            Some(room) => {
+                room.asked = false;
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Ends the wait of every request in the room of `key`: Redis could not answer for
+    /// the slots they wait for; each is decided again.
+    pub(crate) fn ask_again(&self, key: KeyHash) {
+        let mut hall = self.lock();
+        let Some(mut room) = hall.rooms.remove(&key.0) else { return };
+        while let Some((class, waiter)) = room.next() {
+            self.waited(class, false);
+            // (A request ending meanwhile needs no answer.)
+            let _ = waiter.to.send(Turn::AskAgain);
+        }
     }
 
     /// Takes waiter `id` of `flow` in class `class` out of the room of `key`: its

@@ -387,7 +387,8 @@ impl Proxy {
     /// Brings the request `admitted`, which concurrency limit `limit` has no slot for, to
     /// that limit's queue: handed a slot there, it is decided again by its other limits
     /// (`Gate::decide_holding`); refused there (full, or its wait over), it keeps its
-    /// refusal, with the `Retry-After` the queue expects a slot after. A client that goes
+    /// refusal, with the `Retry-After` the queue expects a slot after; its wait ended by
+    /// Redis failing (a global limit's), it is decided again (`Gate::decide_again`). A client that goes
     /// away while waiting drops this future: its request leaves the queue and never
     /// reaches the upstream. (Awaited in the boxed part of `admit`: a request that never
     /// queues carries no room for it.) Whether it waited for the slot it holds.
@@ -424,6 +425,10 @@ impl Proxy {
                 let decision = self.gate.decide_holding(&admitted.limits, &front.src, cost, handed, waited).await;
                 admitted.verdict = Verdict::Decided(decision);
                 waits
+            }
+            Err((QueueEnd::StoreError, _)) => {
+                admitted.verdict = Verdict::Decided(self.gate.decide_again(&admitted.limits, &front.src, cost).await);
+                false
             }
             Err((_, expected)) => {
                 if let Verdict::Decided(decision) = &mut admitted.verdict {

@@ -15,10 +15,13 @@ use tracing::debug;
 
 use super::Store;
 use super::script::{RENEW, ScriptCall};
+use crate::ids::LimitId;
 
 /// One request's slot in a global concurrency limit, released on drop.
 pub struct Lease {
     pub(super) store: Arc<Store>,
+    /// The limit whose slot it is.
+    pub(super) limit: LimitId,
     pub(super) key: String,
     pub(super) id: String,
 }
@@ -43,6 +46,11 @@ impl Book {
 }
 
 impl Lease {
+    /// The limit whose slot it is.
+    pub fn limit(&self) -> LimitId {
+        self.limit
+    }
+
     /// Gives the slot back, and waits (at most a few timeouts) until Redis has.
     pub async fn release(mut self) {
         if let Some(release) = self.take() {

@@ -296,6 +296,7 @@ impl Store {
                 for (call, id) in calls.iter().zip(&ids).filter(|(_, id)| !id.is_empty()) {
                     drop(Lease {
                         store: Arc::clone(self),
+                        limit: call.limit,
                         key: self.spec(call.limit).key(&call.base, 0),
                         id: id.clone(),
                     });

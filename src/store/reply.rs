@@ -88,7 +88,8 @@ impl Store {
             let call = &calls[c];
             let spec = self.spec(call.limit);
             if spec.leases {
-                let lease = Lease { store: Arc::clone(self), key: spec.key(&call.base, 0), id: ids[c].clone() };
+                let (key, id) = (spec.key(&call.base, 0), ids[c].clone());
+                let lease = Lease { store: Arc::clone(self), limit: call.limit, key, id };
                 if !rejected {
                     self.leases.add(&lease.id, &lease.key);
                 }

@@ -2,11 +2,13 @@
 //! shared by several instances (`decisions`), what happens when Redis fails, is paused,
 //! forgets its scripts or starts late (`outages`), and Redis as deployed: a cluster,
 //! TLS, credentials, leases of an instance that dies, keys' TTLs (`deployments`), a
-//! master found through sentinels and their failover (`sentinel`).
+//! master found through sentinels and their failover (`sentinel`), requests waiting for a
+//! global slot (`queues`).
 
 mod decisions;
 mod deployments;
 mod outages;
+mod queues;
 mod sentinel;
 
 use std::net::{IpAddr, Ipv4Addr};
