@@ -187,13 +187,14 @@ impl Gate {
         let queued = self.limiters.queue(limit, src, count, priority, true);
         if let Queued::Waiting(_) = &queued
             && let Some(key) = self.limiters.key_hash(limit, src)
-            && let Some(every) = self.limiters.start_asking(limit, key)
+            && let Some((asker, every)) = self.limiters.start_asking(limit, key)
         {
             let burst = used.and_then(|u| u.burst);
             let (hash, _) = self.limiters.get(limit).key.global_any(src);
             let (base, near) = (store.base(limit, hash), near_key((hash >> 64) as u64, burst, count));
             let call = Call { limit, burst, count, base, near };
-            tokio::spawn(ask_for_slots(Arc::clone(store), Arc::clone(&self.limiters), call, key, every));
+            let asking = Asking { limiters: Arc::clone(&self.limiters), call, key, asker, every };
+            tokio::spawn(ask_for_slots(Arc::clone(store), asking));
         }
         queued
     }
@@ -709,6 +710,18 @@ impl Gate {
 
 /// One limit's part in a local decision: its key, its shards locked for the key (one per
 /// window, then its bans), and what its windows decided once the clock was read.
+/// Who asks Redis for a global limit's slots for the requests waiting here for those of
+/// one key (`ask_for_slots`).
+struct Asking {
+    limiters: Arc<Limiters>,
+    /// The call that asks for a slot of the key.
+    call: Call,
+    /// The key's room, and the asker's id there.
+    key: KeyHash,
+    asker: u64,
+    every: Duration,
+}
+
 /// Asks Redis, every `every`, for a slot of the global limit of `call` for the requests
 /// waiting here for the slots of `key`, while any wait: one ask per room, not one per
 /// waiter (Redis's load would grow with the queue). A slot granted is handed to the next
@@ -716,12 +729,13 @@ impl Gate {
 /// instance's requests give back are handed on without asking (`Permits`); those given
 /// back elsewhere, or lapsed, reach the waiters only so. Redis failing ends every wait:
 /// each request is decided again (`Gate::decide_again`).
-async fn ask_for_slots(store: Arc<Store>, limiters: Arc<Limiters>, call: Call, key: KeyHash, every: Duration) {
+async fn ask_for_slots(store: Arc<Store>, asking: Asking) {
+    let Asking { limiters, call, key, asker, every } = asking;
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        if !limiters.keep_asking(call.limit, key) {
+        if !limiters.keep_asking(call.limit, key, asker) {
             return;
         }
         match store.decide(std::slice::from_ref(&call), 1, None).await {

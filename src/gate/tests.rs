@@ -998,8 +998,8 @@ routes:
 
     /// A global limit's slot (its lease, here a marker that counts its release) given
     /// back while requests wait goes to the next of them; one whose request ends without
-    /// taking it hands it on; with nobody waiting, it comes back to be released. Redis
-    /// failing ends every wait (`store_error`).
+    /// taking it hands it on; with nobody waiting, it comes back to be released. One
+    /// asks Redis per room; Redis failing ends every wait (`store_error`).
     #[tokio::test]
     async fn a_lease_given_back_goes_to_the_next_waiter_and_comes_back_when_none_waits() {
         struct Lease(Arc<std::sync::atomic::AtomicUsize>);
@@ -1026,11 +1026,19 @@ routes:
         // Nobody waits: it comes back.
         let back = limiters.give_back_lease(limit, key, Box::new(Lease(Arc::clone(&released))));
         assert!(back.is_some());
-        // Redis failing: every waiter is to be decided again.
+        // One asks Redis for the room's slots, while it has waiters.
         let third = waiting(come(&gate, &config, 0, "c"));
+        let (asker, _) = limiters.start_asking(limit, key).expect("the first to ask");
+        assert!(limiters.start_asking(limit, key).is_none(), "one asker per room");
+        assert!(limiters.keep_asking(limit, key, asker));
+        // Redis failing: every waiter is to be decided again.
         limiters.ask_again(limit, key);
         assert!(matches!(third.wait().await, Err((QueueEnd::StoreError, _))));
         assert_eq!(limiters.queue_ended(limit, None, QueueEnd::StoreError), 1);
+        // The room made again has an asker of its own; the old one stops.
+        let _fourth = waiting(come(&gate, &config, 0, "d"));
+        let (again, _) = limiters.start_asking(limit, key).expect("a new room's asker");
+        assert!(!limiters.keep_asking(limit, key, asker) && limiters.keep_asking(limit, key, again));
     }
 }
 

@@ -585,18 +585,18 @@ impl Limiters {
         }
     }
 
-    /// Whether the caller is to ask Redis, at the interval returned, for slots of global
-    /// limit `limit` for the requests waiting here for those of `key` (one caller per
-    /// room; it asks while `keep_asking`).
-    pub fn start_asking(&self, limit: LimitId, key: KeyHash) -> Option<Duration> {
+    /// Whether the caller is to ask Redis for slots of global limit `limit` for the
+    /// requests waiting here for those of `key`, as whom and at what interval (one
+    /// caller per room; it asks while `keep_asking`).
+    pub fn start_asking(&self, limit: LimitId, key: KeyHash) -> Option<(u64, Duration)> {
         let queue = self.limits[limit].queue.as_ref()?;
-        queue.rooms.start_asking(key).then(|| queue.ask_every())
+        Some((queue.rooms.start_asking(key)?, queue.ask_every()))
     }
 
-    /// Whether requests still wait for slots of `key` in the queue of `limit` (else the
-    /// one asking Redis for them stops).
-    pub fn keep_asking(&self, limit: LimitId, key: KeyHash) -> bool {
-        self.limits[limit].queue.as_ref().is_some_and(|q| q.rooms.keep_asking(key))
+    /// Whether `asker` asks on for slots of `key` in the queue of `limit`: requests still
+    /// wait for them in the room it asks for (else it stops).
+    pub fn keep_asking(&self, limit: LimitId, key: KeyHash, asker: u64) -> bool {
+        self.limits[limit].queue.as_ref().is_some_and(|q| q.rooms.keep_asking(key, asker))
     }
 
     /// Redis could not answer for the slots of global limit `limit`: every request

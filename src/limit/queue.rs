@@ -145,7 +145,7 @@ impl Hall {
                 [] => vec![Lane::default()],
                 _ => classes.iter().map(share).collect(),
             };
-            Room { lanes: lanes.into(), waiting: 0, asked: false }
+            Room { lanes: lanes.into(), waiting: 0, asker: None }
         })
     }
 
@@ -179,8 +179,9 @@ impl Hall {
 struct Room {
     lanes: Box<[Lane]>,
     waiting: usize,
-    /// Someone asks Redis for its key's slots (a global limit's room).
-    asked: bool,
+    /// Who asks Redis for its key's slots, if someone does (a global limit's room): a
+    /// room emptied and made again has a new asker, the old one stopping.
+    asker: Option<u64>,
 }
 
 /// The requests of one class waiting for one key's slots.
@@ -589,22 +590,23 @@ impl Rooms {
     }
 
     /// Whether the caller is to ask Redis for the slots of `key` (a global limit's) for
-    /// its room's waiters: true for one caller while the room has waiters.
-    pub(crate) fn start_asking(&self, key: KeyHash) -> bool {
+    /// its room's waiters, and as whom: one caller per room while it has waiters.
+    pub(crate) fn start_asking(&self, key: KeyHash) -> Option<u64> {
+        let asker = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut hall = self.lock();
-        let Some(room) = hall.rooms.get_mut(&key.0).filter(|r| r.waiting > 0 && !r.asked) else { return false };
-        room.asked = true;
-        true
+        let room = hall.rooms.get_mut(&key.0).filter(|r| r.waiting > 0 && r.asker.is_none())?;
+        room.asker = Some(asker);
+        Some(asker)
     }
 
-    /// Whether the one asking Redis for the slots of `key` asks on: requests wait for
-    /// them. If none does, it stops (the next to come starts again).
-    pub(crate) fn keep_asking(&self, key: KeyHash) -> bool {
+    /// Whether `asker` asks Redis on for the slots of `key`: requests wait for them, in
+    /// the room it asks for. If none does, it stops (the next to come starts again).
+    pub(crate) fn keep_asking(&self, key: KeyHash, asker: u64) -> bool {
         let mut hall = self.lock();
-        match hall.rooms.get_mut(&key.0) {
+        match hall.rooms.get_mut(&key.0).filter(|r| r.asker == Some(asker)) {
             Some(room) if room.waiting > 0 => true,
             Some(room) => {
-                room.asked = false;
+                room.asker = None;
                 false
             }
             None => false,
