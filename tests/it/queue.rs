@@ -39,6 +39,25 @@ async fn join(sg: &Sluicegate, path: &str, user: &'static str, waiting: f64) -> 
     sent
 }
 
+/// Limit `c`'s queue (`queue` its first fields) with classes gold (`x-tier: gold`) and
+/// bronze (`bronze`: its fields after its name), fair by `x-user`.
+fn classed(backend: &Backend, queue: &str, bronze: &str, log: &std::path::Path) -> Sluicegate {
+    let classes =
+        format!("classes: [{{ name: gold, match: {{ headers: {{ x-tier: gold }} }} }}, {{ name: bronze{bronze} }}]");
+    queued(backend, &format!("{queue}, fair_by: \"header:x-user\", {classes}"), log).start()
+}
+
+/// Sends `GET path` as `user` of tier `tier` (`x-tier`), in the background.
+fn send_in(sg: &Sluicegate, tier: &'static str, user: &'static str, path: &str) -> tokio::task::JoinHandle<Reply> {
+    let (addr, path) = (sg.addr, path.to_owned());
+    tokio::spawn(async move { get(addr, &path, &[("x-user", user), ("x-tier", tier)]).await })
+}
+
+/// Requests of class `class` waiting in limit `c`'s queue now.
+async fn class_depth(sg: &Sluicegate, class: &str) -> f64 {
+    Metrics::of(sg).await.value(&format!("sluicegate_limit_queue_depth{{limit=\"c\",class=\"{class}\"}}"))
+}
+
 /// The JSON access log lines whose target is `target`.
 fn line_of(lines: &[String], target: &str) -> serde_json::Value {
     lines
@@ -211,24 +230,17 @@ async fn a_higher_class_is_served_first_and_a_full_queue_sheds_the_lowest_class(
     let backend = Backend::start().await;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("access.log");
-    let classes = "classes: [{ name: gold, match: { headers: { x-tier: gold } } }, { name: bronze }]";
-    let sg = queued(&backend, &format!("max: 2, max_wait: 30s, fair_by: \"header:x-user\", {classes}"), &log).start();
-    let addr = sg.addr;
-    let tier = |tier: &'static str, path: &'static str| {
-        tokio::spawn(async move { get(addr, path, &[("x-user", "u"), ("x-tier", tier)]).await })
-    };
-    let first = tier("bronze", "/held?first");
+    let sg = classed(&backend, "max: 2, max_wait: 30s", "", &log);
+    let first = send_in(&sg, "bronze", "u", "/held?first");
     wait_until("the first at the backend", Duration::from_secs(10), async || backend.hits().len() == 1).await;
-    let bronze_depth = "sluicegate_limit_queue_depth{limit=\"c\",class=\"bronze\"}";
-    let gold_depth = "sluicegate_limit_queue_depth{limit=\"c\",class=\"gold\"}";
-    let b1 = tier("bronze", "/held?b1");
-    wait_until("b1 waiting", Duration::from_secs(10), async || Metrics::of(&sg).await.value(bronze_depth) == 1.0).await;
-    let b2 = tier("bronze", "/held?b2");
-    wait_until("b2 waiting", Duration::from_secs(10), async || Metrics::of(&sg).await.value(bronze_depth) == 2.0).await;
+    let b1 = send_in(&sg, "bronze", "u", "/held?b1");
+    wait_until("b1 waiting", Duration::from_secs(10), async || class_depth(&sg, "bronze").await == 1.0).await;
+    let b2 = send_in(&sg, "bronze", "u", "/held?b2");
+    wait_until("b2 waiting", Duration::from_secs(10), async || class_depth(&sg, "bronze").await == 2.0).await;
     // Full: gold's first takes the place of bronze's newest, though of the same flow.
-    let g1 = tier("gold", "/held?g1");
+    let g1 = send_in(&sg, "gold", "u", "/held?g1");
     assert_eq!(b2.await.unwrap().status, 429, "bronze's newest not shed");
-    wait_until("g1 waiting", Duration::from_secs(10), async || Metrics::of(&sg).await.value(gold_depth) == 1.0).await;
+    wait_until("g1 waiting", Duration::from_secs(10), async || class_depth(&sg, "gold").await == 1.0).await;
     // A bronze request finds the queue full of its own class and gold: refused.
     assert_eq!(get(sg.addr, "/held?b3", &[("x-user", "v")]).await.status, 429);
     backend.gate.add_permits(3);
@@ -263,16 +275,8 @@ async fn a_class_with_a_share_is_handed_its_share_while_a_higher_class_waits() {
     let backend = Backend::start().await;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("access.log");
-    let classes = "classes: [{ name: gold, match: { headers: { x-tier: gold } } }, { name: bronze, share: 50% }]";
-    let sg = queued(&backend, &format!("max: 10, max_wait: 30s, fair_by: \"header:x-user\", {classes}"), &log).start();
-    let addr = sg.addr;
-    let tier = |tier: &'static str, user: &'static str, path: &'static str| {
-        tokio::spawn(async move { get(addr, path, &[("x-user", user), ("x-tier", tier)]).await })
-    };
-    let depth = async |class: &str| {
-        Metrics::of(&sg).await.value(&format!("sluicegate_limit_queue_depth{{limit=\"c\",class=\"{class}\"}}"))
-    };
-    let first = tier("bronze", "u", "/held?first");
+    let sg = classed(&backend, "max: 10, max_wait: 30s", ", share: 50%", &log);
+    let first = send_in(&sg, "bronze", "u", "/held?first");
     wait_until("the first at the backend", Duration::from_secs(10), async || backend.hits().len() == 1).await;
     let mut sent = vec![first];
     for (class, user, path, gold, bronze) in [
@@ -280,9 +284,9 @@ async fn a_class_with_a_share_is_handed_its_share_while_a_higher_class_waits() {
         ("gold", "g", "/held?g2", 2.0, 0.0),
         ("bronze", "b", "/held?b1", 2.0, 1.0),
     ] {
-        sent.push(tier(class, user, path));
+        sent.push(send_in(&sg, class, user, path));
         wait_until(path, Duration::from_secs(10), async || {
-            depth("gold").await == gold && depth("bronze").await == bronze
+            class_depth(&sg, "gold").await == gold && class_depth(&sg, "bronze").await == bronze
         })
         .await;
     }
@@ -313,16 +317,13 @@ async fn a_routes_priority_names_the_class_its_requests_wait_in() {
     let first = tokio::spawn(async move { get(addr, "/held?first", &[]).await });
     wait_until("the first at the backend", Duration::from_secs(10), async || backend.hits().len() == 1).await;
     let bronze = tokio::spawn(async move { get(addr, "/held?bronze", &[]).await });
-    let depth = async |class: &str| {
-        Metrics::of(&sg).await.value(&format!("sluicegate_limit_queue_depth{{limit=\"c\",class=\"{class}\"}}"))
-    };
-    wait_until("bronze waiting", Duration::from_secs(10), async || depth("bronze").await == 1.0).await;
+    wait_until("bronze waiting", Duration::from_secs(10), async || class_depth(&sg, "bronze").await == 1.0).await;
     // A POST takes the route whose priority is gold, with no header saying so.
     let gold = tokio::spawn(async move {
         request(addr, Request::post("/held?gold").header("host", "localhost").body(Full::new(Bytes::new())).unwrap())
             .await
     });
-    wait_until("gold waiting", Duration::from_secs(10), async || depth("gold").await == 1.0).await;
+    wait_until("gold waiting", Duration::from_secs(10), async || class_depth(&sg, "gold").await == 1.0).await;
     backend.gate.add_permits(3);
     for r in [first, bronze] {
         assert_eq!(r.await.unwrap().status, 200);
