@@ -199,14 +199,6 @@ impl Gate {
         queued
     }
 
-    /// Decides again, as `decide` does, a request whose wait in a global limit's queue
-    /// ended because Redis could not answer (`QueueEnd::StoreError`): its limits'
-    /// `on_store_error` decide it now, unless Redis answers again.
-    pub async fn decide_again(&self, limits: &[LimitUse], src: &KeySource<'_>, cost: u64) -> Decision {
-        // (Its keys' own counts were tallied when it was first decided.)
-        self.decide_unchosen(self.choose(limits, src, false), src, cost).await
-    }
-
     /// `decide` of the limits `chosen` for `src`: through Redis if the gate has it.
     async fn decide_unchosen(&self, chosen: Chosen, src: &KeySource<'_>, cost: u64) -> Decision {
         match &self.store {
@@ -218,19 +210,22 @@ impl Gate {
     /// Decides, as `decide` does, a request that waited in a queue and was `handed` a slot
     /// of that queue's limit: its other limits decide it now (they may refuse it, and the
     /// slot goes on to the next waiter); passed, it holds the slot with its others, and
-    /// the queue's limit says it was delayed `waited`.
+    /// the queue's limit says it was delayed `waited`. Handed nothing, its wait in a
+    /// global limit's queue ended because Redis could not answer (`QueueEnd::StoreError`):
+    /// all its limits decide it again, so their `on_store_error` do unless Redis answers.
     pub async fn decide_holding(
         &self,
         limits: &[LimitUse],
         src: &KeySource<'_>,
         cost: u64,
-        handed: Handed,
+        handed: Option<Handed>,
         waited: Duration,
     ) -> Decision {
         // (Its keys' own counts were tallied when it was first decided.)
         let mut chosen = self.choose(limits, src, false);
-        chosen.retain(|u| u.limit != handed.limit);
+        chosen.retain(|u| handed.as_ref().is_none_or(|handed| u.limit != handed.limit));
         let decision = self.decide_unchosen(chosen, src, cost).await;
+        let Some(handed) = handed else { return decision };
         let Decision::Pass { wait, mut results, standings, mut permits, pending, at } = decision else {
             return decision;
         };
@@ -446,7 +441,7 @@ impl Gate {
                 shard.store(key, admit.state, now, cost);
                 if let Held::Concurrency(..) = shard {
                     permits.limiters.get_or_insert_with(|| Arc::clone(&self.limiters));
-                    permits.slots.push(Slot { limit, key, since: Since::at(now) });
+                    permits.slots.push(Slot { limit, key, since: Some(Since::at(now)) });
                 }
             }
             if group.limiter.settles_after() && !PREVIEW {
@@ -728,7 +723,7 @@ struct Asking {
 /// of them in the room's order, or given back if none waits any more. The slots this
 /// instance's requests give back are handed on without asking (`Permits`); those given
 /// back elsewhere, or lapsed, reach the waiters only so. Redis failing ends every wait:
-/// each request is decided again (`Gate::decide_again`).
+/// each request is decided again (`Gate::decide_holding`, handed nothing).
 async fn ask_for_slots(store: Arc<Store>, asking: Asking) {
     let Asking { limiters, call, key, asker, every } = asking;
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);

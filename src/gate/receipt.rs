@@ -24,17 +24,19 @@ pub struct Permits {
     pub(super) slots: SmallVec<[Slot; 2]>,
     /// Slots in global concurrency limits; each is given back when dropped.
     pub(super) leases: Vec<HeldLease>,
-    /// The upstream's response head came: adaptive ceilings have had their samples.
-    answered: bool,
 }
 
 /// A local concurrency slot: held by `key` in limit `limit`.
 pub(super) struct Slot {
     pub(super) limit: LimitId,
     pub(super) key: KeyHash,
-    /// When it was taken (an adaptive limit learns how long slots are held).
-    pub(super) since: Since,
+    /// When it was taken (an adaptive limit learns how long slots are held; `None`: it
+    /// has learnt it, from the upstream's answer).
+    pub(super) since: Option<Since>,
 }
+
+// Every passed request moves its slots with it.
+const _: () = assert!(size_of::<Slot>() == 16);
 
 /// A slot of a global concurrency limit: its lease, held by `key` (as the limit's local
 /// tables know it, and its queue's rooms).
@@ -184,7 +186,11 @@ impl Permits {
     /// be awaited (`None`: there are none, or each was handed to a request waiting here
     /// for it).
     pub fn finish(&mut self) -> Option<impl Future<Output = ()> + Send + 'static> {
-        let leases = self.release_local();
+        self.release_slots();
+        if self.leases.is_empty() {
+            return None;
+        }
+        let leases = self.pass_leases();
         if leases.is_empty() {
             return None;
         }
@@ -198,19 +204,24 @@ impl Permits {
         !self.leases.is_empty()
     }
 
-    /// Gives the local slots back, and hands each lease of a limit with a queue to a
-    /// request waiting here for it: the leases left, to be released in Redis.
-    fn release_local(&mut self) -> Vec<Lease> {
-        let mut leases: Vec<Lease> = Vec::new();
-        let Some(limiters) = self.limiters.take() else {
-            leases.extend(self.leases.drain(..).map(|held| held.lease));
-            return leases;
-        };
-        let sampled = self.answered;
-        for slot in self.slots.drain(..) {
-            limiters.release(slot.limit, slot.key, (!sampled).then_some(slot.since));
+    /// Gives the local slots back.
+    fn release_slots(&mut self) {
+        if let Some(limiters) = &self.limiters {
+            for slot in self.slots.drain(..) {
+                limiters.release(slot.limit, slot.key, slot.since);
+            }
         }
-        for HeldLease { key, lease } in self.leases.drain(..) {
+    }
+
+    /// Hands each lease of a limit with a queue to a request waiting here for it: the
+    /// leases left, to be released in Redis. (Apart: most requests hold none, and pay
+    /// nothing for its loop.)
+    #[cold]
+    fn pass_leases(&mut self) -> Vec<Lease> {
+        let held = std::mem::take(&mut self.leases);
+        let Some(limiters) = &self.limiters else { return held.into_iter().map(|held| held.lease).collect() };
+        let mut leases = Vec::with_capacity(held.len());
+        for HeldLease { key, lease } in held {
             if limiters.get(lease.limit()).queue.is_none() {
                 leases.push(lease);
                 continue;
@@ -226,10 +237,11 @@ impl Permits {
     /// not teach it that the upstream is slow); the slots are given back later unsampled.
     pub fn answered(&mut self) {
         let Some(limiters) = &self.limiters else { return };
-        for slot in &self.slots {
-            limiters.answered(slot.limit, slot.key, slot.since);
+        for slot in &mut self.slots {
+            if let Some(since) = slot.since.take() {
+                limiters.answered(slot.limit, slot.key, since);
+            }
         }
-        self.answered = true;
     }
 
     /// Holds `handed`, a slot the request waited for in a queue (a global limit's: its
@@ -244,7 +256,7 @@ impl Permits {
                     self.leases.push(HeldLease { key, lease: *lease });
                 }
             }
-            None => self.slots.push(Slot { limit, key, since }),
+            None => self.slots.push(Slot { limit, key, since: Some(since) }),
         }
     }
 
@@ -260,6 +272,9 @@ impl Drop for Permits {
     /// Local slots are given back at once; each lease is handed to a request waiting for
     /// it, or queues its own release.
     fn drop(&mut self) {
-        drop(self.release_local());
+        self.release_slots();
+        if !self.leases.is_empty() {
+            drop(self.pass_leases());
+        }
     }
 }

@@ -989,7 +989,7 @@ routes:
         drop(held);
         let slot = next.wait().await.unwrap();
         // r refuses it now: the slot goes on to b.
-        let decision = gate.decide_holding(both, &src, 1, slot, Duration::from_millis(5)).await;
+        let decision = gate.decide_holding(both, &src, 1, Some(slot), Duration::from_millis(5)).await;
         assert!(matches!(decision, Decision::Reject { .. }));
         drop(decision);
         let slot = third.wait().await.expect("the slot passed on");

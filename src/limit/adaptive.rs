@@ -36,6 +36,7 @@
 //! `Service` with their own semaphore and have no per-key table or waiting room to
 //! steer, which is what the ceiling bounds here.
 
+use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
@@ -52,20 +53,21 @@ const KEPT: usize = 64;
 /// The fewest samples a round of the slow start takes.
 const MIN_ROUND: u64 = 4;
 
-/// When a slot was taken, as the slot keeps it: microseconds of the clock in 32 bits, so
-/// that a slot stays 16 bytes (every passed request moves its slots with it); a slot held
-/// longer than 71 minutes is measured modulo that.
+/// When a slot was taken, as the slot keeps it: microseconds of the clock in 32 bits, the
+/// lowest always set (2 µs steps), so that a slot with an `Option` of it stays 16 bytes
+/// (every passed request moves its slots with it); a slot held longer than 71 minutes is
+/// measured modulo that.
 #[derive(Clone, Copy, Debug)]
-pub struct Since(u32);
+pub struct Since(NonZeroU32);
 
 impl Since {
     pub fn at(now: Nanos) -> Self {
-        Since((now.0 / 1_000) as u32)
+        Since(NonZeroU32::new((now.0 / 1_000) as u32 | 1).unwrap_or(NonZeroU32::MIN))
     }
 
     /// How long a slot taken then was held at `now`.
     pub fn held(self, now: Nanos) -> Duration {
-        Duration::from_micros(u64::from(Since::at(now).0.wrapping_sub(self.0)))
+        Duration::from_micros(u64::from(Since::at(now).0.get().wrapping_sub(self.0.get())))
     }
 }
 

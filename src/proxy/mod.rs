@@ -388,10 +388,11 @@ impl Proxy {
     /// that limit's queue: handed a slot there, it is decided again by its other limits
     /// (`Gate::decide_holding`); refused there (full, or its wait over), it keeps its
     /// refusal, with the `Retry-After` the queue expects a slot after; its wait ended by
-    /// Redis failing (a global limit's), it is decided again (`Gate::decide_again`). A client that goes
-    /// away while waiting drops this future: its request leaves the queue and never
-    /// reaches the upstream. (Awaited in the boxed part of `admit`: a request that never
-    /// queues carries no room for it.) Whether it waited for the slot it holds.
+    /// Redis failing (a global limit's), it is decided again by all its limits. A
+    /// client that goes away while waiting drops this future: its request leaves the
+    /// queue and never reaches the upstream. (Awaited in the boxed part of `admit`: a
+    /// request that never queues carries no room for it.) Whether it waited for the slot
+    /// it holds.
     async fn wait_in_queue(
         &self,
         admitted: &mut admission::Admission<'_>,
@@ -420,23 +421,21 @@ impl Proxy {
         }
         let end = ended.as_ref().map_or_else(|&(end, _)| end, |_| QueueEnd::Served);
         ctx.log(|e| e.queued = Some(QueueWait { since, waited: Some(waited), end: end.as_str() }));
-        match ended {
-            Ok(handed) => {
-                let decision = self.gate.decide_holding(&admitted.limits, &front.src, cost, handed, waited).await;
-                admitted.verdict = Verdict::Decided(decision);
-                waits
-            }
-            Err((QueueEnd::StoreError, _)) => {
-                admitted.verdict = Verdict::Decided(self.gate.decide_again(&admitted.limits, &front.src, cost).await);
-                false
-            }
+        let handed = match ended {
+            Ok(handed) => Some(handed),
+            // Redis failed while it waited for a global slot: decided again.
+            Err((QueueEnd::StoreError, _)) => None,
             Err((_, expected)) => {
                 if let Verdict::Decided(decision) = &mut admitted.verdict {
                     decision.refused_after(limit, expected);
                 }
-                false
+                return false;
             }
-        }
+        };
+        let served = handed.is_some();
+        let decision = self.gate.decide_holding(&admitted.limits, &front.src, cost, handed, waited).await;
+        admitted.verdict = Verdict::Decided(decision);
+        waits && served
     }
 
     /// Has the live `candidate` decide the request as well, beside the enforced

@@ -537,7 +537,7 @@ fn queue_step(
     let Some(limit) = gate.queue_of(&decision) else { return Some((decision, Duration::ZERO)) };
     // Without Redis, `decide_holding` decides at once.
     let holding = |handed, waited| {
-        let deciding = gate.decide_holding(found.limits, found.src, found.cost, handed, waited);
+        let deciding = gate.decide_holding(found.limits, found.src, found.cost, Some(handed), waited);
         futures_util::FutureExt::now_or_never(deciding).expect("a replay's limits are all local")
     };
     match step {
