@@ -1,7 +1,7 @@
 //! The fairness benchmark's backend and load (`benches/fairness/run.sh`).
 //!
 //!     fairness backend ADDR CAPACITY SERVICE_MS
-//!     fairness load ADDR SECONDS LIGHT_RATE [TIMEOUT_MS] [SPLIT_S]
+//!     fairness load ADDR[,ADDR…] SECONDS LIGHT_RATE [TIMEOUT_MS] [SPLIT_S]
 //!     fairness capacity ADDR SECONDS CONCURRENCY
 //!
 //! **backend**: answers every request `200 ok` after its service time: `SERVICE_MS` while
@@ -16,7 +16,9 @@
 //! `X-Client` (`light1` … `light9`, `heavy`): nine light clients each sending
 //! `LIGHT_RATE` requests a second, one heavy client ten times as many, at evenly spaced
 //! instants whatever the answers (an open loop: a slow answer does not slow the
-//! client), each request given up after `TIMEOUT_MS` [10000]. Prints one JSON object: per
+//! client), each request given up after `TIMEOUT_MS` [10000]. `ADDR` may be several,
+//! comma-separated (instances sharing global limits): client `i` (from 0: light1 … light9,
+//! heavy) sends to the `i`-th modulo their number. Prints one JSON object: per
 //! class (`light`, all nine together; `heavy`), the requests sent, answered 200 within the
 //! run (`ok`) and after its end (`late`), refused (429, 503), failed or timed out, the
 //! requests a second answered 200 within the run (the goodput), and the 50th and 99th
@@ -57,7 +59,7 @@ const HEAVY_FACTOR: u32 = 10;
 
 fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: fairness backend ADDR CAPACITY SERVICE_MS | fairness load ADDR SECONDS LIGHT_RATE [TIMEOUT_MS] [SPLIT_S] \
+    let usage = "usage: fairness backend ADDR CAPACITY SERVICE_MS | fairness load ADDR[,ADDR…] SECONDS LIGHT_RATE [TIMEOUT_MS] [SPLIT_S] \
                  | fairness capacity ADDR SECONDS CONCURRENCY";
     let arg = |i: usize| args.get(i).map(String::as_str).ok_or(usage);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -67,12 +69,12 @@ fn main() -> Result<(), Error> {
             runtime.block_on(backend(arg(1)?, capacity, service))
         }
         "load" => {
-            let addr: SocketAddr = arg(1)?.parse()?;
+            let addrs = arg(1)?.split(',').map(str::parse).collect::<Result<Vec<SocketAddr>, _>>()?;
             let seconds = Duration::from_secs(arg(2)?.parse()?);
             let rate: u32 = arg(3)?.parse()?;
             let timeout = Duration::from_millis(args.get(4).map_or(Ok(10_000), |t| t.parse())?);
             let split = args.get(5).map(|s| s.parse::<f64>()).transpose()?;
-            let report = runtime.block_on(load(addr, seconds, rate, timeout, split))?;
+            let report = runtime.block_on(load(&addrs, seconds, rate, timeout, split))?;
             println!("{report}");
             Ok(())
         }
@@ -176,7 +178,7 @@ fn summary<'a>(answers: impl Iterator<Item = &'a Answer>, seconds: f64) -> serde
 }
 
 async fn load(
-    addr: SocketAddr,
+    addrs: &[SocketAddr],
     seconds: Duration,
     rate: u32,
     timeout: Duration,
@@ -190,6 +192,7 @@ async fn load(
         let heavy = i == LIGHT_CLIENTS;
         let (class, name) = if heavy { ("heavy", "heavy".to_owned()) } else { ("light", format!("light{}", i + 1)) };
         let rate = if heavy { rate * HEAVY_FACTOR } else { rate };
+        let addr = addrs[usize::from(i) % addrs.len()];
         let mut connector = HttpConnector::new();
         connector.set_local_address(Some(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 11 + i))));
         connector.set_nodelay(true);

@@ -23,6 +23,10 @@
 #           and limit_req per client address at a tenth of the capacity with a burst of
 #           a second's worth, delayed (nginx's way to wait): each client's fair share, as
 #           an operator sets it, since nginx cannot share spare capacity
+#   global  two sluicegate instances sharing the queue's limit through a redis-server
+#           (`scope: global`, started here; skipped without `redis-server`), the clients
+#           split between them: light1, 3, 5, 7, 9 through the first, light2, 4, 6, 8 and
+#           the heavy one through the second (not in CASES by default)
 # The table: per case, the light clients' success rate (200s of requests sent) and p99
 # time to a 200, the heavy client's 200s a second and success rate, and all clients' 200s
 # a second within the run (the goodput), against the backend's capacity as measured
@@ -43,7 +47,7 @@
 # 1.5 x the new capacity.
 #
 #   DURATION [60]  CAPACITY [50]  SERVICE_MS [20]  LIGHT_RATE [200]  SLOW_RATE [100]
-#   QUEUE_MAX [200]  MAX_WAIT [2s]  CASES ["queue plain nginx"]  SLOW_CASES ["adaptive fixed"]
+#   QUEUE_MAX [200]  MAX_WAIT [2s]  CASES ["queue plain nginx"]  SLOW_CASES ["adaptive fixed"] (empty: none)
 #   WINDOW [500ms]  the adaptive ceiling's window
 #   SG  the sluicegate binary [target/release/sluicegate] (SKIP_BUILD=1: as it is)
 set -euo pipefail
@@ -55,8 +59,8 @@ SERVICE_MS="${SERVICE_MS:-20}"
 LIGHT_RATE="${LIGHT_RATE:-200}"
 QUEUE_MAX="${QUEUE_MAX:-200}"
 MAX_WAIT="${MAX_WAIT:-2s}"
-CASES="${CASES:-queue plain nginx}"
-SLOW_CASES="${SLOW_CASES:-adaptive fixed}"
+CASES="${CASES-queue plain nginx}"
+SLOW_CASES="${SLOW_CASES-adaptive fixed}"
 SLOW_RATE="${SLOW_RATE:-100}"
 SG="${SG:-target/release/sluicegate}"
 NEXT_PORT=23000
@@ -159,6 +163,7 @@ PY
 }
 for case in $CASES; do
   port="$(free_port)"; NEXT_PORT=$((port + 1))
+  targets="127.0.0.1:$port"
   case "$case" in
     queue | plain)
       queue=""
@@ -166,6 +171,26 @@ for case in $CASES; do
       sluicegate_conf "$port" "$queue" >"$tmp/$case.yaml"
       "$SG" check -c "$tmp/$case.yaml" >/dev/null || die "sluicegate rejected $tmp/$case.yaml"
       "$SG" -c "$tmp/$case.yaml" --log-level warn 2>"$tmp/$case.log" &
+      ;;
+    global)
+      command -v redis-server >/dev/null || { echo "fairness: redis-server is not installed: case global skipped" >&2; continue; }
+      rport="$(free_port)"; NEXT_PORT=$((rport + 1))
+      redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no >"$tmp/redis.log" 2>&1 &
+      pids+=($!)
+      for _ in $(seq 100); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
+      second="$(free_port)"; NEXT_PORT=$((second + 1))
+      shared="    scope: global
+    on_store_error: local
+    instances: 2
+    queue: { max: $QUEUE_MAX, max_wait: $MAX_WAIT, fair_by: ip }"
+      sluicegate_conf "$second" "$shared" "" "redis: { url: \"redis://127.0.0.1:$rport\" }" >"$tmp/global-2.yaml"
+      "$SG" -c "$tmp/global-2.yaml" --log-level warn 2>"$tmp/global-2.log" &
+      pids+=($!)
+      wait_ready "$second" "$!"
+      targets="127.0.0.1:$port,127.0.0.1:$second"
+      sluicegate_conf "$port" "$shared" "" "redis: { url: \"redis://127.0.0.1:$rport\" }" >"$tmp/global.yaml"
+      "$SG" check -c "$tmp/global.yaml" >/dev/null || die "sluicegate rejected $tmp/global.yaml"
+      "$SG" -c "$tmp/global.yaml" --log-level warn 2>"$tmp/global.log" &
       ;;
     nginx)
       command -v nginx >/dev/null || { echo "fairness: nginx is not installed: case nginx skipped" >&2; continue; }
@@ -179,7 +204,7 @@ for case in $CASES; do
   pids+=("$pid")
   wait_ready "$port" "$pid"
   echo "fairness: $case, $DURATION s ..." >&2
-  row "$case" "$("$FAIR" load "127.0.0.1:$port" "$DURATION" "$LIGHT_RATE")"
+  row "$case" "$("$FAIR" load "$targets" "$DURATION" "$LIGHT_RATE")"
   kill "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
 done

@@ -267,6 +267,9 @@ impl Gate {
         {
             return refused;
         }
+        if let Some(behind) = self.behind_waiters(&calls, src) {
+            return behind;
+        }
         let first = self.check_chosen::<false>(&local, src, cost);
         if calls.is_empty() || matches!(first, Decision::Reject { .. }) {
             return first;
@@ -373,6 +376,20 @@ impl Gate {
         let left = |at: u64| Nanos(at).since(now);
         let status = self.limiters.get(limit).status;
         Some(self.refusal(limit, src, known.window, status, left(known.until), left(known.reset)))
+    }
+
+    /// The refusal of a request by a global concurrency limit whose queue has requests
+    /// waiting here for its key's slots, if one has: it queues behind them without asking
+    /// Redis, as a newcomer does behind a local limit's waiters (else it would take a slot
+    /// freed elsewhere before the room's asker could hand it to the oldest).
+    fn behind_waiters(&self, calls: &[Call], src: &KeySource<'_>) -> Option<Decision> {
+        let call = calls.iter().find(|c| {
+            let limiter = self.limiters.get(c.limit);
+            limiter.queue.is_some() && limiter.refuses && self.limiters.has_waiters(c.limit, src)
+        })?;
+        let limiter = self.limiters.get(call.limit);
+        let wait = self.limiters.max_wait(call.limit).unwrap_or_default();
+        Some(self.refusal(call.limit, src, 0, limiter.status, wait, Duration::ZERO))
     }
 
     /// Decides `src` against the `chosen` limits, all local. The clock is read once every
@@ -718,8 +735,9 @@ struct Asking {
 }
 
 /// Asks Redis, every `every`, for a slot of the global limit of `call` for the requests
-/// waiting here for the slots of `key`, while any wait: one ask per room, not one per
-/// waiter (Redis's load would grow with the queue). A slot granted is handed to the next
+/// waiting here for the slots of `key`, while any wait: one asker per room, not one per
+/// waiter (Redis's load would grow with the queue), asking on at a tick while Redis grants
+/// slots and requests wait, then until the next tick. A slot granted is handed to the next
 /// of them in the room's order, or given back if none waits any more. The slots this
 /// instance's requests give back are handed on without asking (`Permits`); those given
 /// back elsewhere, or lapsed, reach the waiters only so. Redis failing ends every wait:
@@ -730,18 +748,21 @@ async fn ask_for_slots(store: Arc<Store>, asking: Asking) {
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        if !limiters.keep_asking(call.limit, key, asker) {
-            return;
-        }
-        match store.decide(std::slice::from_ref(&call), 1, None).await {
-            Ok(mut verdicts) => {
-                if let Some(lease) = verdicts.leases.pop() {
-                    drop(limiters.give_back_lease(call.limit, key, Box::new(lease)));
-                }
-            }
-            Err(_) => {
-                limiters.ask_again(call.limit, key);
+        // At each tick, as many slots as Redis grants while requests wait: several may
+        // have been freed since the last.
+        loop {
+            if !limiters.keep_asking(call.limit, key, asker) {
                 return;
+            }
+            match store.decide(std::slice::from_ref(&call), 1, None).await {
+                Ok(mut verdicts) => match verdicts.leases.pop() {
+                    Some(lease) => drop(limiters.give_back_lease(call.limit, key, Box::new(lease))),
+                    None => break,
+                },
+                Err(_) => {
+                    limiters.ask_again(call.limit, key);
+                    return;
+                }
             }
         }
     }

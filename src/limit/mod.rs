@@ -599,6 +599,12 @@ impl Limiters {
         self.limits[limit].queue.as_ref().is_some_and(|q| q.rooms.keep_asking(key, asker))
     }
 
+    /// Whether requests wait here for the slots of `src`'s key in the queue of `limit`.
+    pub fn has_waiters(&self, limit: LimitId, src: &KeySource<'_>) -> bool {
+        let Some(queue) = &self.limits[limit].queue else { return false };
+        self.key_hash(limit, src).is_some_and(|key| queue.rooms.has_waiters(key))
+    }
+
     /// Redis could not answer for the slots of global limit `limit`: every request
     /// waiting here for those of `key` is to be decided again.
     pub fn ask_again(&self, limit: LimitId, key: KeyHash) {

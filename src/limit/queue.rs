@@ -613,6 +613,11 @@ impl Rooms {
         }
     }
 
+    /// Whether requests wait in the room of `key`.
+    pub(crate) fn has_waiters(&self, key: KeyHash) -> bool {
+        self.lock().rooms.get(&key.0).is_some_and(|r| r.waiting > 0)
+    }
+
     /// Ends the wait of every request in the room of `key`: Redis could not answer for
     /// the slots they wait for; each is decided again.
     pub(crate) fn ask_again(&self, key: KeyHash) {

@@ -1,9 +1,9 @@
 //! A queue on a global concurrency limit (slots leased in Redis), with two instances and
 //! a real Redis: a lease given back is handed to a request waiting on the same instance
 //! (no other instance's newcomer takes it meanwhile); one given back on another instance
-//! reaches the waiters through their room's ask of Redis; a request that leaves while
-//! waiting never reaches the backend and takes no slot; Redis failing while requests
-//! wait decides them again, as `on_store_error` says.
+//! reaches the waiters through their room's ask of Redis, a newcomer waiting behind them;
+//! a request that leaves while waiting never reaches the backend and takes no slot; Redis
+//! failing while requests wait decides them again, as `on_store_error` says.
 
 use std::time::Duration;
 
@@ -120,6 +120,29 @@ async fn a_global_slot_given_back_on_another_instance_reaches_the_waiters_throug
     }
     let metrics = Metrics::of(&a).await;
     assert_eq!(metrics.value("sluicegate_limit_queue_ended_total{limit=\"slots\",class=\"\",end=\"served\"}"), 3.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newcomer_waits_behind_the_requests_waiting_on_its_instance_though_redis_has_a_slot_free() {
+    let redis = Redis::start();
+    let backend = Backend::start().await;
+    let a = slots(&redis, &backend, "max: 10, max_wait: 20s", "deny", None).start();
+    let b = slots(&redis, &backend, "", "deny", None).start();
+    let held = send(&b, "/held?b1");
+    at_backend(&backend, 1).await;
+    let first = send(&a, "/held?a1");
+    wait_until("a1 in a's queue", Duration::from_secs(10), async || depth(&a).await == 1.0).await;
+    backend.gate.add_permits(1);
+    assert_eq!(held.await.unwrap(), 200);
+    // The slot is free in Redis; a2 comes before a's room asks again (every 200 ms), and
+    // waits its turn behind a1 rather than taking it.
+    let second = send(&a, "/held?a2");
+    at_backend(&backend, 2).await;
+    backend.gate.add_permits(1);
+    at_backend(&backend, 3).await;
+    backend.gate.add_permits(1);
+    assert_eq!((first.await.unwrap(), second.await.unwrap()), (200, 200));
+    assert_eq!(seen(&backend), ["/held?b1", "/held?a1", "/held?a2"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
