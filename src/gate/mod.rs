@@ -2,7 +2,9 @@
 //!
 //! 1. Overrides and allow-lists pick the limits that decide the request (`choose`).
 //! 2. A one-unit request for a key the near-cache knows Redis refuses one unit is refused
-//!    at once, as Redis would; heavier requests ask Redis (their wait is longer).
+//!    at once, as Redis would; heavier requests ask Redis (their wait is longer). A
+//!    request for a key whose global concurrency limit has requests waiting here for its
+//!    slots (a queue) is refused by it at once, to wait behind them (`behind_waiters`).
 //! 3. The local limits decide, all or nothing (`check_chosen`): every shard of every
 //!    limit locked in one order, the clock read once, a rejection stores nothing. A
 //!    local rejection costs Redis nothing.
@@ -720,8 +722,6 @@ impl Gate {
     }
 }
 
-/// One limit's part in a local decision: its key, its shards locked for the key (one per
-/// window, then its bans), and what its windows decided once the clock was read.
 /// Who asks Redis for a global limit's slots for the requests waiting here for those of
 /// one key (`ask_for_slots`).
 struct Asking {
@@ -768,6 +768,8 @@ async fn ask_for_slots(store: Arc<Store>, asking: Asking) {
     }
 }
 
+/// One limit's part in a local decision: its key, its shards locked for the key (one per
+/// window, then its bans), and what its windows decided once the clock was read.
 struct Group<'a> {
     limit: LimitId,
     limiter: &'a Limiter,
