@@ -32,10 +32,11 @@
 //!   given back while requests wait here is handed to the next of them (`hand_lease`),
 //!   still held in Redis, so that no other instance's newcomer takes it between its
 //!   release and a waiter's ask; slots given back elsewhere reach the waiters through
-//!   one ask of Redis per room at an interval (`Queue::ask_every`, asked by the gate), a
-//!   slot granted so being handed in the room's order. Redis failing meanwhile ends
-//!   every wait of the room (`QueueEnd::StoreError`): each request is decided again, as
-//!   its limits' `on_store_error` say.
+//!   one asker of Redis per room, at an interval (`Queue::ask_every`; the asker is the
+//!   gate's), a slot granted so being handed in the room's order; a newcomer waits
+//!   behind the room's waiters without asking Redis (the gate's `behind_waiters`).
+//!   Redis failing meanwhile ends every wait of the room (`QueueEnd::StoreError`): each
+//!   request is decided again, as its limits' `on_store_error` say.
 //!
 //! Written here rather than taken from a crate: the semaphores and fair queues of crates
 //! (tokio's `Semaphore`, async-lock) are FIFO over one queue, with no flows, no bound
