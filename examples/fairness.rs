@@ -1,6 +1,6 @@
 //! The fairness benchmark's backend and load (`benches/fairness/run.sh`).
 //!
-//!     fairness backend ADDR CAPACITY SERVICE_MS
+//!     fairness backend ADDR CAPACITY SERVICE_MS [SHED_AT]
 //!     fairness load ADDR[,ADDR…] SECONDS LIGHT_RATE [TIMEOUT_MS] [SPLIT_S]
 //!     fairness capacity ADDR SECONDS CONCURRENCY
 //!
@@ -9,7 +9,10 @@
 //! proportion: `SERVICE_MS × in progress / CAPACITY`), so that it completes `CAPACITY /
 //! SERVICE_MS` requests a second at most however many it is given: a backend of fixed
 //! capacity that slows everyone down when overloaded. `GET /capacity/N` sets its capacity
-//! to N from then on (a backend that loses half its servers). Prints `listening on ADDR`.
+//! to N from then on (a backend that loses half its servers). With `SHED_AT` (a factor,
+//! as `1.5`), a request that finds `SHED_AT × CAPACITY` in progress is answered `503` at
+//! once: a backend that sheds when overloaded instead of slowing down. Prints `listening
+//! on ADDR`.
 //!
 //! **load**: ten clients for `SECONDS`, each from its own loopback address
 //! (127.0.0.11 to 127.0.0.20, so that each is a distinct `ip` key) and with its own
@@ -59,14 +62,15 @@ const HEAVY_FACTOR: u32 = 10;
 
 fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: fairness backend ADDR CAPACITY SERVICE_MS | fairness load ADDR[,ADDR…] SECONDS LIGHT_RATE [TIMEOUT_MS] [SPLIT_S] \
+    let usage = "usage: fairness backend ADDR CAPACITY SERVICE_MS [SHED_AT] | fairness load ADDR[,ADDR…] SECONDS LIGHT_RATE [TIMEOUT_MS] [SPLIT_S] \
                  | fairness capacity ADDR SECONDS CONCURRENCY";
     let arg = |i: usize| args.get(i).map(String::as_str).ok_or(usage);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match arg(0)? {
         "backend" => {
             let (capacity, service) = (arg(2)?.parse()?, Duration::from_millis(arg(3)?.parse()?));
-            runtime.block_on(backend(arg(1)?, capacity, service))
+            let shed_at = args.get(4).map(|f| f.parse::<f64>()).transpose()?;
+            runtime.block_on(backend(arg(1)?, capacity, service, shed_at))
         }
         "load" => {
             let addrs = arg(1)?.split(',').map(str::parse).collect::<Result<Vec<SocketAddr>, _>>()?;
@@ -115,7 +119,7 @@ async fn capacity(addr: SocketAddr, seconds: Duration, concurrency: usize) -> Re
     Ok(answered as f64 / seconds.as_secs_f64())
 }
 
-async fn backend(addr: &str, capacity: u64, service: Duration) -> Result<(), Error> {
+async fn backend(addr: &str, capacity: u64, service: Duration, shed_at: Option<f64>) -> Result<(), Error> {
     let listener = TcpListener::bind(addr).await?;
     println!("listening on {}", listener.local_addr()?);
     let in_progress = Arc::new(AtomicU64::new(0));
@@ -133,8 +137,15 @@ async fn backend(addr: &str, capacity: u64, service: Duration) -> Result<(), Err
                         return Ok(Response::new(Full::new(Bytes::from(format!("capacity {n}\n")))));
                     }
                     let now = in_progress.fetch_add(1, Ordering::Relaxed) + 1;
+                    let load = now as f64 / capacity.load(Ordering::Relaxed).max(1) as f64;
+                    if shed_at.is_some_and(|at| load > at) {
+                        in_progress.fetch_sub(1, Ordering::Relaxed);
+                        let mut shed = Response::new(Full::new(Bytes::from_static(b"overloaded\n")));
+                        *shed.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+                        return Ok(shed);
+                    }
                     // Slower for everyone past its capacity: its throughput stays capacity / service.
-                    let factor = (now as f64 / capacity.load(Ordering::Relaxed).max(1) as f64).max(1.0);
+                    let factor = load.max(1.0);
                     tokio::time::sleep(service.mul_f64(factor)).await;
                     in_progress.fetch_sub(1, Ordering::Relaxed);
                     Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok\n"))))

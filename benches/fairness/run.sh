@@ -49,6 +49,8 @@
 #   DURATION [60]  CAPACITY [50]  SERVICE_MS [20]  LIGHT_RATE [200]  SLOW_RATE [100]
 #   QUEUE_MAX [200]  MAX_WAIT [2s]  CASES ["queue plain nginx"]  SLOW_CASES ["adaptive fixed"] (empty: none)
 #   WINDOW [500ms]  the adaptive ceiling's window
+#   SHED_AT  the backend answers 503 at once past SHED_AT x its capacity in progress (as
+#            1.5; unset: it slows down instead)
 #   SG  the sluicegate binary [target/release/sluicegate] (SKIP_BUILD=1: as it is)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -88,7 +90,7 @@ trap cleanup EXIT
 . benches/lib.sh
 
 BACKEND_PORT="$(free_port)"; NEXT_PORT=$((BACKEND_PORT + 1))
-"$FAIR" backend "127.0.0.1:$BACKEND_PORT" "$CAPACITY" "$SERVICE_MS" >"$tmp/backend.out" &
+"$FAIR" backend "127.0.0.1:$BACKEND_PORT" "$CAPACITY" "$SERVICE_MS" ${SHED_AT:+"$SHED_AT"} >"$tmp/backend.out" &
 pids+=($!)
 wait_ready "$BACKEND_PORT" "$!"
 # Its real capacity: CAPACITY requests in progress at all times, straight to it.

@@ -234,12 +234,14 @@ impl Permits {
 
     /// The upstream's response head came: an adaptive limit's ceiling learns from the
     /// time to it (so a client that reads its response slowly, holding the slot, does
-    /// not teach it that the upstream is slow); the slots are given back later unsampled.
-    pub fn answered(&mut self) {
+    /// not teach it that the upstream is slow), or, the upstream saying it is overloaded
+    /// (`shed`: 429, 503), that it is over what the upstream takes; the slots are given
+    /// back later unsampled.
+    pub fn answered(&mut self, shed: bool) {
         let Some(limiters) = &self.limiters else { return };
         for slot in &mut self.slots {
             if let Some(since) = slot.since.take() {
-                limiters.answered(slot.limit, slot.key, since);
+                limiters.answered(slot.limit, slot.key, since, shed);
             }
         }
     }

@@ -1122,14 +1122,36 @@ routes:
         let (mut a, mut b) = (pass(&gate, &config), pass(&gate, &config));
         // Answered at 20 ms; the clients read their responses for ten seconds.
         at(&clock, 20);
-        a.answered();
+        a.answered(false);
         at(&clock, 120);
-        b.answered();
+        b.answered(false);
         at(&clock, 10_000);
         drop((a, b));
         let read = gate.limiters().ceiling(LimitId::from(0)).unwrap().read();
         assert_eq!(read.recent_ms, Some(120.0), "the median of 20 and 120 ms, not of ten seconds");
         assert_eq!(read.now, 4, "fast and full: doubled");
+    }
+
+    #[tokio::test]
+    async fn answers_the_upstream_shed_bring_the_ceiling_down_though_fast() {
+        let (gate, clock, config) = setup();
+        let ceiling = || gate.limiters().ceiling(LimitId::from(0)).unwrap().get();
+        let (a, b) = (pass(&gate, &config), pass(&gate, &config));
+        at(&clock, 20);
+        drop(a);
+        at(&clock, 120);
+        drop(b);
+        assert_eq!(ceiling(), 4);
+        // All four answered at once, 503: fast, full, yet halved.
+        let mut four: Vec<_> = (0..4).map(|_| pass(&gate, &config)).collect();
+        at(&clock, 121);
+        for p in &mut four[..3] {
+            p.answered(true);
+        }
+        at(&clock, 221);
+        four[3].answered(true);
+        assert_eq!(ceiling(), 2);
+        drop(four);
     }
 
     #[tokio::test]

@@ -88,6 +88,8 @@ struct Learner {
     /// Its last samples (ns), `KEPT` at most, and where the next goes.
     kept: [u64; KEPT],
     samples: usize,
+    /// Answers that said the upstream is overloaded (`shed`), not among the samples.
+    shed: usize,
     /// A slot was given back with the ceiling reached.
     full: bool,
     /// The most slots a key held when one was given back.
@@ -120,6 +122,7 @@ impl Ceiling {
             start: None,
             kept: [0; KEPT],
             samples: 0,
+            shed: 0,
             full: false,
             peak: 0,
             ground: None,
@@ -150,17 +153,35 @@ impl Ceiling {
     /// (itself included; `None`: it went on to a waiter, all being held). Closes the
     /// window, and moves the ceiling, when its time is over: whether it went up.
     pub fn sample(&self, held: Duration, in_flight: Option<u64>, now: Nanos) -> bool {
+        self.note(Some(held), in_flight, now)
+    }
+
+    /// The upstream answered a request holding a slot that it is overloaded (429, 503):
+    /// not a time to learn (such answers come back fast), but a sign that the ceiling is
+    /// above what it can take. As `sample`.
+    pub fn shed(&self, in_flight: Option<u64>, now: Nanos) -> bool {
+        self.note(None, in_flight, now)
+    }
+
+    /// A slot given back after `held` (`None`: shed), as `sample` says.
+    fn note(&self, held: Option<Duration>, in_flight: Option<u64>, now: Nanos) -> bool {
         let mut learner = self.learner.lock().unwrap_or_else(PoisonError::into_inner);
         let start = *learner.start.get_or_insert(now.0);
-        let slot = learner.samples % KEPT;
-        learner.kept[slot] = u64::try_from(held.as_nanos()).unwrap_or(u64::MAX);
-        learner.samples += 1;
+        match held {
+            Some(held) => {
+                let slot = learner.samples % KEPT;
+                learner.kept[slot] = u64::try_from(held.as_nanos()).unwrap_or(u64::MAX);
+                learner.samples += 1;
+            }
+            None => learner.shed += 1,
+        }
         let was = self.get();
         learner.full |= in_flight.is_none_or(|n| n >= was);
         learner.peak = learner.peak.max(in_flight.unwrap_or(was));
         // Starting, a window is also over once as many slots as the ceiling were given
         // back (a round of them, as TCP's slow start doubles once a round trip).
-        let round = learner.starting && learner.full && learner.samples as u64 >= was.max(MIN_ROUND);
+        let answers = (learner.samples + learner.shed) as u64;
+        let round = learner.starting && learner.full && answers >= was.max(MIN_ROUND);
         if now.0.saturating_sub(start) < u64::try_from(self.window.as_nanos()).unwrap_or(u64::MAX) && !round {
             return false;
         }
@@ -187,14 +208,21 @@ impl Ceiling {
 impl Learner {
     /// Ends the window (its samples taken), and says where the ceiling, at `ceiling`, goes.
     fn close(&mut self, ceiling: u64, min: u64) -> u64 {
-        let kept = &mut self.kept[..self.samples.min(KEPT)];
-        let middle = kept.len() / 2;
-        let median = *kept.select_nth_unstable(middle).1 as f64;
         let (full, peak) = (std::mem::take(&mut self.full), std::mem::take(&mut self.peak));
         // A ceiling far above what the window used comes down to twice that: a surge
         // then meets the backend at twice its load at most before the latency is heard.
         let used = if full { ceiling } else { ceiling.min(peak.saturating_mul(2)) };
-        self.samples = 0;
+        let (samples, shed) = (std::mem::take(&mut self.samples), std::mem::take(&mut self.shed));
+        if shed > 0 {
+            // Over what the upstream takes: down by the share of answers it shed (halved
+            // at most, one slot at least), the times of the others not heeded.
+            self.starting = false;
+            let kept = samples as f64 / (samples + shed) as f64;
+            return ((used as f64 * kept.max(0.5)) as u64).min(ceiling.saturating_sub(1));
+        }
+        let kept = &mut self.kept[..samples.min(KEPT)];
+        let middle = kept.len() / 2;
+        let median = *kept.select_nth_unstable(middle).1 as f64;
         self.recent = Some(median);
         let ground = match self.ground {
             Some(ground) if ceiling > min => ground.min(median),
@@ -255,6 +283,36 @@ mod tests {
             c.sample(Duration::from_millis(20), FULL, Nanos((40 + i) * MS));
         }
         assert_eq!(c.get(), 10);
+    }
+
+    /// Answers saying the upstream is overloaded (429, 503) are not times to learn (they
+    /// come back fast): the ceiling comes down by their share of the window's answers,
+    /// halved at most, one slot at least, and stops its slow start.
+    #[test]
+    fn answers_the_upstream_shed_bring_it_down_by_their_share() {
+        let c = ceiling(4, 100);
+        window(&c, 100, 20, FULL);
+        window(&c, 200, 20, FULL);
+        assert_eq!(c.get(), 16);
+        // A quarter shed, the others fast: down a quarter, not up.
+        for i in 0..3 {
+            c.sample(Duration::from_millis(1), FULL, Nanos((200 + i) * MS));
+        }
+        c.shed(FULL, Nanos(300 * MS));
+        assert_eq!(c.get(), 12);
+        // All shed: halved at most.
+        c.shed(FULL, Nanos(350 * MS));
+        c.shed(FULL, Nanos(400 * MS));
+        assert_eq!(c.get(), 6);
+        // One in a hundred: one slot at least.
+        for i in 0..99 {
+            c.sample(Duration::from_millis(20), FULL, Nanos(400 * MS + i * 1000));
+        }
+        c.shed(FULL, Nanos(500 * MS));
+        assert_eq!(c.get(), 5);
+        // Fast again with nothing shed: no slow start (it doubled before), the gradient.
+        window(&c, 600, 20, FULL);
+        assert!(c.get() < 10, "{}", c.get());
     }
 
     #[test]

@@ -518,12 +518,17 @@ impl Limiters {
 
     /// The upstream answered a request holding a slot of `limit` for `key` since `since`:
     /// an adaptive limit's ceiling learns the time to its answer (the key's slots held
-    /// now telling whether the ceiling was reached).
-    pub(crate) fn answered(self: &Arc<Self>, limit: LimitId, key: KeyHash, since: adaptive::Since) {
+    /// now telling whether the ceiling was reached), or, the answer saying the upstream
+    /// is overloaded (`shed`), that it is above what the upstream takes.
+    pub(crate) fn answered(self: &Arc<Self>, limit: LimitId, key: KeyHash, since: adaptive::Since, shed: bool) {
         let Some(Algorithm::Concurrency(_, table, Some(ceiling))) = self.limits[limit].windows.first() else {
             return;
         };
         let in_flight = table.lock(key.0).get(key.0).unwrap_or(0);
+        if shed {
+            ceiling.shed(Some(in_flight), self.clock.now());
+            return;
+        }
         self.learn(ceiling, limit, key, since, Some(in_flight));
     }
 

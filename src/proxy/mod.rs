@@ -656,9 +656,10 @@ impl Proxy {
                     .map(|b| upstream::RequestBody::new(b, limit, timeout).with_peeked(peeked));
                 let started = Instant::now();
                 let forwarded = self.upstreams[*upstream].forward(&out, body.as_mut()).await;
-                if forwarded.is_ok() {
-                    // An adaptive ceiling learns the upstream's time, not the client's.
-                    ctx.permits.answered();
+                if let Ok(answer) = &forwarded {
+                    // An adaptive ceiling learns the upstream's time, not the client's; an
+                    // upstream that says it is overloaded brings it down.
+                    ctx.permits.answered(matches!(answer.status.as_u16(), 429 | 503));
                 }
                 self.forwarded(forwarded, started, &out, index, ctx.hold.as_deref(), &mut ctx.log)
             }
