@@ -1132,15 +1132,21 @@ routes:
         assert_eq!(read.now, 4, "fast and full: doubled");
     }
 
+    /// Its two slots taken and given back, fast and full, in its first window (20 and
+    /// 120 ms): the ceiling doubles.
+    fn doubled(gate: &Gate, clock: &ManualClock, config: &crate::config::Config) {
+        let (a, b) = (pass(gate, config), pass(gate, config));
+        at(clock, 20);
+        drop(a);
+        at(clock, 120);
+        drop(b);
+    }
+
     #[tokio::test]
     async fn answers_the_upstream_shed_bring_the_ceiling_down_though_fast() {
         let (gate, clock, config) = setup();
         let ceiling = || gate.limiters().ceiling(LimitId::from(0)).unwrap().get();
-        let (a, b) = (pass(&gate, &config), pass(&gate, &config));
-        at(&clock, 20);
-        drop(a);
-        at(&clock, 120);
-        drop(b);
+        doubled(&gate, &clock, &config);
         assert_eq!(ceiling(), 4);
         // All four answered at once, 503: fast, full, yet halved.
         let mut four: Vec<_> = (0..4).map(|_| pass(&gate, &config)).collect();
@@ -1158,11 +1164,7 @@ routes:
     async fn a_ceiling_come_down_hands_nothing_on_until_the_key_is_under_it() {
         let (gate, clock, config) = setup();
         let ceiling = || gate.limiters().ceiling(LimitId::from(0)).unwrap().get();
-        let (a, b) = (pass(&gate, &config), pass(&gate, &config));
-        at(&clock, 20);
-        drop(a);
-        at(&clock, 120);
-        drop(b);
+        doubled(&gate, &clock, &config);
         assert_eq!(ceiling(), 4);
         let mut four: Vec<_> = (0..4).map(|_| pass(&gate, &config)).collect();
         let mut fifth = wait(&gate, &config);

@@ -26,6 +26,13 @@ fn slots(redis: &Redis, backend: &Backend, queue: &str, on_error: &str, log: Opt
     }
 }
 
+/// Instance `a`, with the queue (`max: 10, max_wait: 20s`: its room asks Redis every
+/// 200 ms; its access log at `log`), and instance `b`, without, sharing limit `slots`.
+fn pair(redis: &Redis, backend: &Backend, log: Option<&std::path::Path>) -> (Sluicegate, Sluicegate) {
+    let a = slots(redis, backend, "max: 10, max_wait: 20s", "deny", log).start();
+    (a, slots(redis, backend, "", "deny", None).start())
+}
+
 /// Requests waiting in the queue of limit `slots` on `sg`.
 async fn depth(sg: &Sluicegate) -> f64 {
     Metrics::of(sg).await.value("sluicegate_limit_queue_depth{limit=\"slots\",class=\"\"}")
@@ -61,8 +68,7 @@ async fn a_global_slot_given_back_goes_to_a_request_waiting_on_the_same_instance
     let backend = Backend::start().await;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("access.log");
-    let a = slots(&redis, &backend, "max: 10, max_wait: 20s", "deny", Some(&log)).start();
-    let b = slots(&redis, &backend, "", "deny", None).start();
+    let (a, b) = pair(&redis, &backend, Some(&log));
     let first = send(&a, "/held?a1");
     at_backend(&backend, 1).await;
     let second = send(&a, "/held?a2");
@@ -91,9 +97,7 @@ async fn a_global_slot_given_back_goes_to_a_request_waiting_on_the_same_instance
 async fn a_global_slot_given_back_on_another_instance_reaches_the_waiters_through_redis() {
     let redis = Redis::start();
     let backend = Backend::start().await;
-    // max_wait 20 s: the room asks Redis every 200 ms.
-    let a = slots(&redis, &backend, "max: 10, max_wait: 20s", "deny", None).start();
-    let b = slots(&redis, &backend, "", "deny", None).start();
+    let (a, b) = pair(&redis, &backend, None);
     let held = send(&b, "/held?b1");
     at_backend(&backend, 1).await;
     let waiting = [send(&a, "/held?a1"), send(&a, "/held?a2"), send(&a, "/held?a3")];
@@ -126,8 +130,7 @@ async fn a_global_slot_given_back_on_another_instance_reaches_the_waiters_throug
 async fn a_newcomer_waits_behind_the_requests_waiting_on_its_instance_though_redis_has_a_slot_free() {
     let redis = Redis::start();
     let backend = Backend::start().await;
-    let a = slots(&redis, &backend, "max: 10, max_wait: 20s", "deny", None).start();
-    let b = slots(&redis, &backend, "", "deny", None).start();
+    let (a, b) = pair(&redis, &backend, None);
     let held = send(&b, "/held?b1");
     at_backend(&backend, 1).await;
     let first = send(&a, "/held?a1");
@@ -149,8 +152,7 @@ async fn a_newcomer_waits_behind_the_requests_waiting_on_its_instance_though_red
 async fn a_request_that_leaves_a_global_limits_queue_never_reaches_the_backend_nor_keeps_a_slot() {
     let redis = Redis::start();
     let backend = Backend::start().await;
-    let a = slots(&redis, &backend, "max: 10, max_wait: 20s", "deny", None).start();
-    let b = slots(&redis, &backend, "", "deny", None).start();
+    let (a, b) = pair(&redis, &backend, None);
     let first = send(&a, "/held?a1");
     at_backend(&backend, 1).await;
     let gone = send(&a, "/held?gone2");
